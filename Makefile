@@ -1,0 +1,76 @@
+# Troupe. `make run` sets everything up and starts the stack; `make test` sets everything up and
+# runs every test. Both work on a fresh Debian machine with Node and make.
+SHELL := /bin/bash
+.DEFAULT_GOAL := build
+
+# Node >= 22 is required. An older system Node gets Node 24 LTS from the npm registry's `node`
+# package, installed into .toolchain/ and used for every step below (npm included).
+SYSTEM_NODE_MAJOR := $(shell node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
+ifeq ($(shell test $(SYSTEM_NODE_MAJOR) -ge 22 && echo yes),yes)
+TOOLCHAIN_NODE :=
+else
+TOOLCHAIN_NODE := .toolchain/node_modules/.bin/node
+export PATH := $(CURDIR)/.toolchain/node_modules/.bin:$(PATH)
+endif
+
+SANDBOX_IMAGE ?= troupe-sandbox:busybox
+B ?=
+TROUPE := node dist/services/cli/main.js
+
+.PHONY: build run test lint bench toolchain host sandbox-image sandbox-image-if-missing sandbox-image-debian clean
+
+toolchain: $(TOOLCHAIN_NODE)
+.toolchain/node_modules/.bin/node:
+	@echo "System Node is $(SYSTEM_NODE_MAJOR); installing Node 24 into .toolchain/"
+	npm install --prefix .toolchain --no-save --no-audit --no-fund node@24
+	@test -x $@ && $@ --version
+
+node_modules/.installed: package-lock.json | toolchain
+	npm ci --no-audit --no-fund
+	@touch $@
+
+services/shared/gen/.generated: node_modules/.installed buf.yaml buf.gen.yaml $(shell find proto -name '*.proto')
+	npx buf generate
+	@touch $@
+
+build: node_modules/.installed services/shared/gen/.generated
+	npx tsc -p tsconfig.json
+
+lint: services/shared/gen/.generated
+	npx buf lint
+	@if git rev-parse --verify -q main >/dev/null; then \
+	  npx buf breaking --against '.git#branch=main'; \
+	else echo "lint: no main branch here; buf breaking skipped"; fi
+
+# The machine side of the sandbox: Docker engine running, runsc registered.
+host:
+	bash sandbox/host-setup.sh
+
+sandbox-image: host
+	@set -e; ctx=$$(mktemp -d); trap 'rm -rf "$$ctx"' EXIT; \
+	  cp sandbox/Dockerfile "$$ctx/"; cp "$$(command -v busybox)" "$$ctx/busybox"; \
+	  docker build -q -t $(SANDBOX_IMAGE) "$$ctx" >/dev/null; echo "built $(SANDBOX_IMAGE)"
+
+sandbox-image-if-missing: host
+	@docker image inspect $(SANDBOX_IMAGE) >/dev/null 2>&1 || $(MAKE) --no-print-directory sandbox-image
+
+# The richer image (python3): a Debian root filesystem made with debootstrap from Debian's archive.
+sandbox-image-debian: host
+	@command -v debootstrap >/dev/null || (apt-get update -qq && apt-get install -y -qq debootstrap)
+	@set -e; ctx=$$(mktemp -d); trap 'rm -rf "$$ctx"' EXIT; \
+	  debootstrap --variant=minbase --include=python3 bookworm "$$ctx/root" >/dev/null; \
+	  tar -C "$$ctx/root" -cf "$$ctx/rootfs.tar" .; cp sandbox/Dockerfile.debian "$$ctx/Dockerfile"; \
+	  docker build -q -t troupe-sandbox:debian "$$ctx" >/dev/null; echo "built troupe-sandbox:debian"
+
+run: build
+	@$(MAKE) --no-print-directory sandbox-image-if-missing || echo "run: no sandbox available; tools will report errors until Docker runs (see docs/sandbox.md)"
+	$(TROUPE) up
+
+test: build lint sandbox-image-if-missing
+	node --test --test-concurrency=1 --test-timeout=300000 'dist/test/**/*.test.js'
+
+bench: build sandbox-image-if-missing
+	@if [ -n "$(B)" ]; then node dist/bench/$(B).js; else for b in dist/bench/*.js; do node $$b || exit 1; done; fi
+
+clean:
+	rm -rf dist services/shared/gen node_modules/.installed

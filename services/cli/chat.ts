@@ -1,0 +1,114 @@
+// `troupe chat`: a terminal client of the gateway's Chat stream.
+//   troupe chat "MESSAGE"   one turn, then exit (0 if the turn completed)
+//   troupe chat             interactive: a line typed while the agent works is sent as steering;
+//                           Ctrl-C aborts the running turn, a second Ctrl-C exits
+import readline from "node:readline";
+import { randomBytes } from "node:crypto";
+import { loadConfig } from "../shared/config.js";
+import { statusName } from "../shared/errors.js";
+import { GatewayService, type ChatResponse } from "../shared/gen/troupe/v1/gateway_pb.js";
+import { StopReason, type AgentEvent } from "../shared/gen/troupe/v1/session_pb.js";
+import { createClient } from "../shared/rpc.js";
+
+const dim = (s: string) => (process.stderr.isTTY ? `\x1b[2m${s}\x1b[0m` : s);
+const red = (s: string) => (process.stderr.isTTY ? `\x1b[31m${s}\x1b[0m` : s);
+
+export async function chatCommand(args: string[]): Promise<number> {
+  const cfg = loadConfig(args, process.env, { session: { type: "string" }, agent: { type: "string" } });
+  const message = cfg.rest.join(" ").trim();
+  const client = createClient(GatewayService, cfg.addr.gateway);
+  const call = client.chat();
+  const prefix = randomBytes(4).toString("hex");
+  let n = 0;
+  const frameId = () => `cli-${prefix}-${++n}`;
+  let running = false;
+  let lastStop = StopReason.UNSPECIFIED;
+  let interrupts = 0;
+
+  const render = (ev: AgentEvent) => {
+    const p = ev.payload;
+    switch (p.case) {
+      case "agentStart":
+        running = true;
+        break;
+      case "messageUpdate":
+        if (p.value.delta.case === "text") process.stdout.write(p.value.delta.value);
+        else if (p.value.delta.case === "thinking") process.stderr.write(dim(p.value.delta.value));
+        break;
+      case "toolExecutionStart":
+        process.stderr.write(dim(`\n[tool ${p.value.toolName}] ${p.value.argumentsJson}\n`));
+        break;
+      case "toolExecutionUpdate":
+        process.stderr.write(dim(p.value.output));
+        break;
+      case "toolExecutionEnd":
+        process.stderr.write(dim(p.value.skipped ? `[skipped ${p.value.toolName}: ${p.value.result}]\n` : `[${p.value.toolName} ${p.value.isError ? "failed" : "done"}]\n`));
+        break;
+      case "toolCallsSkipped":
+        process.stderr.write(dim(`[steering: skipped ${p.value.toolCallIds.length} tool call(s)]\n`));
+        break;
+      case "error":
+        process.stderr.write(red(`\n[error ${p.value.code}] ${p.value.message}\n`));
+        break;
+      case "agentEnd":
+        running = false;
+        lastStop = p.value.stopReason;
+        process.stdout.write("\n");
+        if (p.value.stopReason !== StopReason.COMPLETED) process.stderr.write(dim(`[${StopReason[p.value.stopReason].toLowerCase()}${p.value.errorMessage ? `: ${p.value.errorMessage}` : ""}]\n`));
+        break;
+    }
+  };
+
+  const ended = new Promise<number>((resolve) => {
+    call.on("data", (resp: ChatResponse) => {
+      if (resp.kind.case === "opened") process.stderr.write(dim(`session ${resp.kind.value.sessionId}\n`));
+      else if (resp.kind.case === "event") render(resp.kind.value);
+    });
+    call.on("error", (err: { code?: number; details?: string }) => {
+      if (err.code === 1) return resolve(lastStop === StopReason.COMPLETED ? 0 : 130); // cancelled by us
+      process.stderr.write(red(`troupe chat: ${statusName(err.code ?? 2)}: ${err.details ?? String(err)}\n`));
+      if (err.code === 14) process.stderr.write(`Is Troupe running? Start it with \`make run\` (gateway expected at ${cfg.addr.gateway}).\n`);
+      resolve(1);
+    });
+    call.on("end", () => resolve(lastStop === StopReason.COMPLETED ? 0 : 1));
+  });
+
+  call.write({ frame: { frameId: frameId(), kind: { case: "open", value: { sessionId: String(cfg.flags.session ?? ""), agentId: String(cfg.flags.agent ?? ""), create: true } } } });
+
+  if (message) {
+    call.write({ frame: { frameId: frameId(), kind: { case: "prompt", value: { text: message } } } });
+    call.end(); // the stream ends once the session has nothing left to do
+    process.on("SIGINT", () => {
+      if (interrupts++ === 0 && running) call.write({ frame: { frameId: frameId(), kind: { case: "abort", value: { reason: "Ctrl-C" } } } });
+      else call.cancel();
+    });
+    const code = await ended;
+    client.close();
+    return code;
+  }
+
+  const rl = readline.createInterface({ input: process.stdin, output: process.stderr, terminal: process.stdin.isTTY });
+  rl.on("line", (line) => {
+    const text = line.trim();
+    if (!text) return;
+    // While the agent works, what you type corrects it; otherwise it starts a new turn.
+    const kind = running ? { case: "steer" as const, value: { text } } : { case: "prompt" as const, value: { text } };
+    call.write({ frame: { frameId: frameId(), kind } });
+  });
+  rl.on("SIGINT", () => {
+    if (running && interrupts === 0) {
+      interrupts++;
+      call.write({ frame: { frameId: frameId(), kind: { case: "abort", value: { reason: "Ctrl-C" } } } });
+      process.stderr.write(dim("\n[abort sent; Ctrl-C again to exit]\n"));
+      setTimeout(() => (interrupts = 0), 3000).unref();
+      return;
+    }
+    rl.close();
+    call.cancel();
+  });
+  rl.on("close", () => call.end());
+  const code = await ended;
+  rl.close();
+  client.close();
+  return code;
+}

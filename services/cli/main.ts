@@ -1,0 +1,63 @@
+#!/usr/bin/env node
+// troupe: one binary for every service, the supervisor and the chat client.
+import { loadConfig } from "../shared/config.js";
+import { runService, type ServiceStarter } from "../shared/service.js";
+
+const USAGE = `usage: troupe <command> [flags]
+
+services (one process each):
+  gateway | router | runner | memory | sandbox
+  model-server          the scripted OpenAI-compatible model server (HTTP)
+all at once:
+  up                    start all five services (and the scripted model when no
+                        OPENAI_BASE_URL is set), restart any that crash, stop on Ctrl-C
+client:
+  chat [--session ID] [MESSAGE]
+                        stream a reply; with MESSAGE run one turn and exit
+
+flags (also as environment variables):
+  --data-dir DIR        TROUPE_DATA_DIR (default ./data)
+  --gateway|--router|--runner|--memory|--sandbox HOST:PORT
+                        TROUPE_<NAME>_ADDR (defaults 127.0.0.1:50051..50055)
+  --model-server HOST:PORT  TROUPE_MODEL_SERVER_ADDR (default 127.0.0.1:50060)
+  --max-message-bytes N TROUPE_MAX_MESSAGE_BYTES (default 4194304)
+model: OPENAI_BASE_URL, OPENAI_API_KEY, TROUPE_MODEL; tracing: OTEL_EXPORTER_OTLP_ENDPOINT
+`;
+
+const SERVICES: Record<string, () => Promise<ServiceStarter>> = {
+  gateway: async () => (await import("../gateway/server.js")).startGateway,
+  router: async () => (await import("../router/server.js")).startRouter,
+  runner: async () => (await import("../runner/server.js")).startRunner,
+  memory: async () => (await import("../memory/server.js")).startMemory,
+  sandbox: async () => (await import("../sandbox/server.js")).startSandbox,
+};
+
+async function main(argv: string[]): Promise<void> {
+  const [command, ...args] = argv;
+  if (!command || command === "help" || command === "--help" || command === "-h") {
+    process.stdout.write(USAGE);
+    return;
+  }
+  if (command in SERVICES) {
+    const cfg = loadConfig(args);
+    await runService(command, cfg, await SERVICES[command]());
+    return;
+  }
+  switch (command) {
+    case "model-server":
+      return (await import("./model-server.js")).modelServerCommand(args);
+    case "up":
+      return (await import("./up.js")).upCommand(args);
+    case "chat":
+      process.exitCode = await (await import("./chat.js")).chatCommand(args);
+      return;
+    default:
+      process.stderr.write(`troupe: unknown command "${command}"\n\n${USAGE}`);
+      process.exitCode = 2;
+  }
+}
+
+main(process.argv.slice(2)).catch((err: Error) => {
+  process.stderr.write(`troupe: ${err.message}\n`);
+  process.exit(1);
+});

@@ -1,0 +1,26 @@
+import { loadConfig } from "../shared/config.js";
+import { createLogger } from "../shared/log.js";
+import { startScriptedModelServer } from "../scripted-model/server.js";
+
+export async function modelServerCommand(args: string[]): Promise<void> {
+  const cfg = loadConfig(args, process.env, { "token-rate": { type: "string" } });
+  const logger = createLogger("model");
+  const [host, port] = splitHostPort(cfg.addr.model);
+  const tokenRate = Number(cfg.flags["token-rate"] ?? process.env.TROUPE_SCRIPTED_TOKEN_RATE ?? 0);
+  if (!Number.isFinite(tokenRate) || tokenRate < 0) throw new Error("--token-rate must be a number >= 0");
+  const server = await startScriptedModelServer({ host, port, tokenRate });
+  logger.info(`scripted model server (OpenAI API) on http://${host}:${server.port}/v1`, { tokenRate });
+  const stop = async () => {
+    await server.close();
+    process.exit(0);
+  };
+  process.on("SIGTERM", () => void stop());
+  process.on("SIGINT", () => void stop());
+}
+
+export function splitHostPort(address: string): [string, number] {
+  const i = address.lastIndexOf(":");
+  const port = Number(address.slice(i + 1));
+  if (i <= 0 || !Number.isInteger(port) || port < 0 || port > 65535) throw new Error(`"${address}" is not HOST:PORT`);
+  return [address.slice(0, i).replace(/^\[|\]$/g, ""), port];
+}

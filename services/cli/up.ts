@@ -1,0 +1,100 @@
+// `troupe up`: the whole stack as child processes of one supervisor. A child that dies is started
+// again after a backoff; Ctrl-C (or SIGTERM) drains every child and exits when they are gone.
+import { spawn, type ChildProcess } from "node:child_process";
+import { fileURLToPath } from "node:url";
+import { loadConfig, modelBaseUrl, type Config } from "../shared/config.js";
+import { Health, HealthCheckResponse_ServingStatus as Serving } from "../shared/gen/grpc/health/v1/health_pb.js";
+import { createLogger } from "../shared/log.js";
+import { createClient } from "../shared/rpc.js";
+
+const MAIN = fileURLToPath(new URL("./main.js", import.meta.url));
+
+interface Child {
+  name: string;
+  args: string[];
+  proc?: ChildProcess;
+  restarts: number;
+  startedAt: number;
+}
+
+export async function upCommand(args: string[]): Promise<void> {
+  const cfg = loadConfig(args);
+  const logger = createLogger("up");
+  const shared = ["--data-dir", cfg.dataDir, "--gateway", cfg.addr.gateway, "--router", cfg.addr.router, "--runner", cfg.addr.runner, "--memory", cfg.addr.memory, "--sandbox", cfg.addr.sandbox, "--model-server", cfg.addr.model, "--max-message-bytes", String(cfg.maxMessageBytes)];
+  const names = ["router", "memory", "sandbox", "runner", "gateway"];
+  if (!cfg.openaiBaseUrl) {
+    names.unshift("model-server");
+    logger.warn(`OPENAI_BASE_URL is not set: using Troupe's scripted model server at ${modelBaseUrl(cfg)} (deterministic replies, see docs/scripted-model.md). Set OPENAI_BASE_URL, OPENAI_API_KEY and TROUPE_MODEL to use a real model.`);
+  } else {
+    logger.info(`model endpoint ${cfg.openaiBaseUrl}, model ${cfg.model}`);
+  }
+  const children: Child[] = names.map((name) => ({ name, args: [name, ...shared], restarts: 0, startedAt: 0 }));
+  let stopping = false;
+
+  const start = (child: Child) => {
+    child.startedAt = Date.now();
+    const proc = spawn(process.execPath, [MAIN, ...child.args], { stdio: ["ignore", "inherit", "inherit"], env: process.env });
+    child.proc = proc;
+    proc.on("exit", (code, signal) => {
+      child.proc = undefined;
+      if (stopping) return;
+      // A child that ran for a minute is considered healthy again: its backoff starts over.
+      if (Date.now() - child.startedAt > 60_000) child.restarts = 0;
+      const delay = Math.min(30_000, 500 * 2 ** child.restarts++);
+      logger.error(`${child.name} exited (${signal ?? `code ${code}`}); restarting in ${delay} ms`);
+      setTimeout(() => !stopping && start(child), delay);
+    });
+  };
+  for (const child of children) start(child);
+
+  const stop = (signal: string) => {
+    if (stopping) {
+      logger.warn("second signal: killing children");
+      for (const c of children) c.proc?.kill("SIGKILL");
+      process.exit(130);
+    }
+    stopping = true;
+    logger.info(`${signal}: stopping all services`);
+    // The gateway first, so no new work arrives while the others drain.
+    const order = [...children].reverse();
+    void (async () => {
+      for (const c of order) {
+        const proc = c.proc;
+        if (!proc) continue;
+        const exited = new Promise<void>((resolve) => proc.once("exit", () => resolve()));
+        proc.kill("SIGTERM");
+        const timer = setTimeout(() => proc.kill("SIGKILL"), cfg.drainGraceMs + 5000);
+        await exited;
+        clearTimeout(timer);
+      }
+      logger.info("all services stopped");
+      process.exit(0);
+    })();
+  };
+  process.on("SIGINT", () => stop("SIGINT"));
+  process.on("SIGTERM", () => stop("SIGTERM"));
+
+  if (await waitServing(cfg, 60_000)) {
+    logger.info(`Troupe is up. Gateway: ${cfg.addr.gateway}. Chat with it:  npx troupe chat   (or: npx troupe chat "hello")`);
+  } else {
+    logger.error("the gateway did not report SERVING within 60 s; see the logs above");
+  }
+}
+
+async function waitServing(cfg: Config, timeoutMs: number): Promise<boolean> {
+  const health = createClient(Health, cfg.addr.gateway);
+  const deadline = Date.now() + timeoutMs;
+  try {
+    while (Date.now() < deadline) {
+      const ok = await health.check({ service: "" }, { timeoutMs: 1000 }).then(
+        (r) => r.status === Serving.SERVING,
+        () => false,
+      );
+      if (ok) return true;
+      await new Promise((r) => setTimeout(r, 250));
+    }
+    return false;
+  } finally {
+    health.close();
+  }
+}

@@ -1,0 +1,324 @@
+// The gateway: Troupe's public gRPC face. It validates what clients send, asks the router once per
+// session which runner owns it (and caches the answer), then connects the client's stream straight
+// to that runner. Events flow runner -> gateway -> client with backpressure honoured at each step;
+// the router is never on that path.
+import { create } from "@bufbuild/protobuf";
+import { SpanKind, trace, type Context, type Span } from "@opentelemetry/api";
+import type { Config } from "../shared/config.js";
+import { Status, grpcCode, invalidArgumentIf, toStatus, unavailable } from "../shared/errors.js";
+import { validateFrame, validateSessionRef } from "../shared/frames.js";
+import { ChatResponseSchema, GatewayService, type ChatRequest } from "../shared/gen/troupe/v1/gateway_pb.js";
+import { RouterService, type ResolveSessionResponse } from "../shared/gen/troupe/v1/router_pb.js";
+import { RunnerService, type AttachResponse } from "../shared/gen/troupe/v1/runner_pb.js";
+import { ClientFrameSchema, type ClientFrame, type SessionInfo } from "../shared/gen/troupe/v1/session_pb.js";
+import { DEFAULT_AGENT } from "../shared/ids.js";
+import type { Logger } from "../shared/log.js";
+import { RpcServer, createClient, type ServiceClient, type grpc } from "../shared/rpc.js";
+import type { RunningService } from "../shared/service.js";
+import { GenAI, contextToRecord, extractContext, tracer } from "../shared/telemetry.js";
+
+type RunnerClient = ServiceClient<(typeof RunnerService)["method"]>;
+type RouterClient = ServiceClient<(typeof RouterService)["method"]>;
+
+/** Session -> owning runner, from the router. Bounded; dropped when the runner is gone. */
+class PlacementCache {
+  private readonly entries = new Map<string, ResolveSessionResponse>();
+  constructor(
+    private readonly router: RouterClient,
+    private readonly capacity = 100_000,
+  ) {}
+
+  async resolve(sessionId: string, agentId: string): Promise<ResolveSessionResponse> {
+    const hit = sessionId ? this.entries.get(sessionId) : undefined;
+    if (hit) {
+      // Refresh recency: a Map iterates in insertion order, so the first key is the least recent.
+      this.entries.delete(sessionId);
+      this.entries.set(sessionId, hit);
+      return hit;
+    }
+    const res = await this.router.resolveSession({ sessionId, agentId });
+    this.entries.set(res.sessionId, res);
+    if (this.entries.size > this.capacity) this.entries.delete(this.entries.keys().next().value!);
+    return res;
+  }
+
+  invalidate(sessionId: string): void {
+    this.entries.delete(sessionId);
+  }
+}
+
+class RunnerPool {
+  private readonly clients = new Map<string, RunnerClient>();
+  constructor(private readonly maxMessageBytes: number) {}
+  get(address: string): RunnerClient {
+    let c = this.clients.get(address);
+    if (!c) this.clients.set(address, (c = createClient(RunnerService, address, { maxMessageBytes: this.maxMessageBytes })));
+    return c;
+  }
+  close(): void {
+    for (const c of this.clients.values()) c.close();
+  }
+}
+
+const isGone = (err: unknown) => grpcCode(err) === Status.UNAVAILABLE;
+
+/**
+ * One span per turn the client starts, named invoke_agent as the GenAI conventions say for a
+ * remote agent call. Its context travels inside the frame, so the runner's spans join it.
+ */
+class TurnSpans {
+  private readonly byFrame = new Map<string, Span>();
+  private readonly byTurn = new Map<string, Span>();
+  constructor(
+    private readonly parent: Context,
+    private readonly sessionId: () => string,
+    private readonly agentId: () => string,
+  ) {}
+
+  /** Returns the frame with trace context added. */
+  start(frame: ClientFrame): ClientFrame {
+    const kind = frame.kind.case;
+    if (kind !== "prompt" && kind !== "followUp" && kind !== "steer") return frame;
+    const span = tracer.startSpan(
+      `invoke_agent ${this.agentId()}`,
+      {
+        kind: SpanKind.CLIENT,
+        attributes: { [GenAI.OPERATION_NAME]: "invoke_agent", [GenAI.AGENT_ID]: this.agentId(), [GenAI.CONVERSATION_ID]: this.sessionId() },
+      },
+      this.parent,
+    );
+    this.byFrame.set(frame.frameId, span);
+    return create(ClientFrameSchema, { ...frame, traceContext: contextToRecord(trace.setSpan(this.parent, span)) });
+  }
+
+  observe(resp: AttachResponse): void {
+    if (resp.kind.case !== "event" || this.byFrame.size + this.byTurn.size === 0) return;
+    const ev = resp.kind.value;
+    const p = ev.payload;
+    if (p.case === "agentStart") {
+      const span = this.byFrame.get(p.value.frameId);
+      if (span) {
+        this.byFrame.delete(p.value.frameId);
+        this.byTurn.set(ev.turnId, span);
+      }
+    } else if (p.case === "agentEnd") {
+      this.byTurn.get(ev.turnId)?.end();
+      this.byTurn.delete(ev.turnId);
+    } else if (p.case === "queueApplied") {
+      // A steer or follow-up joined a run traced by its prompt's span: its own span ends here.
+      // (A prompt's span was moved to byTurn at agent_start, which comes first.)
+      this.byFrame.get(p.value.frameId)?.end();
+      this.byFrame.delete(p.value.frameId);
+    }
+  }
+
+  endAll(): void {
+    for (const s of [...this.byFrame.values(), ...this.byTurn.values()]) s.end();
+    this.byFrame.clear();
+    this.byTurn.clear();
+  }
+}
+
+export async function startGateway(cfg: Config, logger: Logger): Promise<RunningService> {
+  const router = createClient(RouterService, cfg.addr.router);
+  const placements = new PlacementCache(router);
+  const runners = new RunnerPool(cfg.maxMessageBytes);
+
+  /** Calls the session's runner; if the runner is gone, asks the router again once. */
+  const withRunner = async <T>(sessionId: string, fn: (runner: RunnerClient, placement: ResolveSessionResponse) => Promise<T>): Promise<T> => {
+    validateSessionRef(sessionId, "", false);
+    for (let attempt = 0; ; attempt++) {
+      const placement = await placements.resolve(sessionId, "");
+      try {
+        return await fn(runners.get(placement.runner!.address), placement);
+      } catch (err) {
+        if (!isGone(err) || attempt > 0) throw err;
+        placements.invalidate(sessionId);
+      }
+    }
+  };
+
+  const submit = async (sessionId: string, frame: ClientFrame, metadata: grpc.Metadata) => {
+    validateFrame(frame, true);
+    const spans = new TurnSpans(extractContext(metadata), () => sessionId, () => "");
+    const traced = spans.start(frame);
+    try {
+      const res = await withRunner(sessionId, (runner) => runner.submit({ sessionId, frame: traced }));
+      return { accepted: res.accepted };
+    } finally {
+      spans.endAll();
+    }
+  };
+
+  const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes });
+  server.add(GatewayService, {
+    chat(call) {
+      let state: "awaiting-open" | "opening" | "open" | "done" = "awaiting-open";
+      let runnerCall: grpc.ClientDuplexStream<{ frame: ClientFrame }, AttachResponse> | undefined;
+      const queued: ClientFrame[] = [];
+      let halfClosed = false;
+      let sessionId = "";
+      let agentId = DEFAULT_AGENT;
+      const spans = new TurnSpans(extractContext(call.metadata), () => sessionId, () => agentId);
+
+      const finish = (err?: unknown) => {
+        if (state === "done") return;
+        state = "done";
+        spans.endAll();
+        if (err !== undefined) {
+          runnerCall?.cancel();
+          if (!call.cancelled) call.emit("error", toStatus(err));
+        } else if (!call.cancelled) call.end();
+      };
+      const forward = (frame: ClientFrame) => {
+        if (!runnerCall!.write({ frame })) {
+          call.pause();
+          runnerCall!.once("drain", () => call.resume());
+        }
+      };
+
+      const open = async (openFrame: ClientFrame, attempt: number): Promise<void> => {
+        const o = openFrame.kind.case === "open" ? openFrame.kind.value : undefined;
+        const placement = await placements.resolve(o?.sessionId ?? "", o?.agentId ?? "");
+        sessionId = placement.sessionId;
+        agentId = placement.agentId;
+        // A session the router named for us is new: the runner must create it.
+        const frame = o?.sessionId ? openFrame : create(ClientFrameSchema, { ...openFrame, kind: { case: "open", value: { ...o!, sessionId, create: true } } });
+        const rc = runners.get(placement.runner!.address).attach();
+        runnerCall = rc;
+        let received = false;
+        rc.on("data", (resp: AttachResponse) => {
+          received = true;
+          if (resp.kind.case === "opened") {
+            agentId = resp.kind.value.agentId;
+            state = "open";
+            for (const f of queued.splice(0)) forward(f);
+            if (halfClosed) rc.end();
+          }
+          spans.observe(resp);
+          if (state === "done") return;
+          if (!call.write(create(ChatResponseSchema, { kind: resp.kind }))) {
+            rc.pause();
+            call.once("drain", () => rc.resume());
+          }
+        });
+        rc.on("error", (err) => {
+          if (!received && isGone(err) && attempt === 0 && state !== "done") {
+            placements.invalidate(sessionId);
+            open(openFrame, 1).catch(finish);
+            return;
+          }
+          finish(err);
+        });
+        rc.on("end", () => finish());
+        rc.write({ frame });
+      };
+
+      call.on("data", (req: ChatRequest) => {
+        try {
+          const frame = req.frame;
+          if (state === "done") return;
+          if (state === "awaiting-open") {
+            validateFrame(frame, false);
+            state = "opening";
+            open(frame, 0).catch(finish);
+            return;
+          }
+          validateFrame(frame, true);
+          const traced = spans.start(frame);
+          if (state === "opening") queued.push(traced);
+          else forward(traced);
+        } catch (err) {
+          finish(err);
+        }
+      });
+      // The client is done sending: pass that on once its frames are forwarded; the runner ends
+      // the stream when the session has nothing left to do.
+      call.on("end", () => {
+        halfClosed = true;
+        if (state === "open") runnerCall!.end();
+        else if (state === "awaiting-open") finish();
+      });
+      call.on("cancelled", () => {
+        state = "done";
+        spans.endAll();
+        runnerCall?.cancel();
+      });
+    },
+
+    async createSession(req) {
+      validateSessionRef(req.sessionId, req.agentId, true);
+      const placement = await placements.resolve(req.sessionId, req.agentId);
+      const res = await runners
+        .get(placement.runner!.address)
+        .ensureSession({ open: { sessionId: placement.sessionId, agentId: placement.agentId, create: true } })
+        .catch((err) => {
+          if (isGone(err)) placements.invalidate(placement.sessionId);
+          throw err;
+        });
+      return { session: res.session };
+    },
+
+    sendMessage: (req, call) => submit(req.sessionId, create(ClientFrameSchema, { frameId: req.frameId, kind: { case: "prompt", value: { text: req.text } } }), call.metadata),
+    steer: (req, call) => submit(req.sessionId, create(ClientFrameSchema, { frameId: req.frameId, kind: { case: "steer", value: { text: req.text } } }), call.metadata),
+    followUp: (req, call) => submit(req.sessionId, create(ClientFrameSchema, { frameId: req.frameId, kind: { case: "followUp", value: { text: req.text } } }), call.metadata),
+    abort: (req, call) =>
+      submit(req.sessionId, create(ClientFrameSchema, { frameId: req.frameId, kind: { case: "abort", value: { reason: req.reason, clearQueue: req.clearQueue } } }), call.metadata),
+
+    async subscribe(call) {
+      const { sessionId, afterSeq } = call.request;
+      validateSessionRef(sessionId, "", false);
+      const placement = await placements.resolve(sessionId, "");
+      const upstream = runners.get(placement.runner!.address).replay({ sessionId, afterSeq });
+      call.on("cancelled", () => upstream.cancel());
+      upstream.on("data", (resp: { event?: unknown }) => {
+        if (!call.write({ event: resp.event } as never)) {
+          upstream.pause();
+          call.once("drain", () => upstream.resume());
+        }
+      });
+      upstream.on("error", (err) => {
+        if (isGone(err)) placements.invalidate(sessionId);
+        if (!call.cancelled) call.emit("error", toStatus(err));
+      });
+      upstream.on("end", () => call.end());
+    },
+
+    async getHistory(req) {
+      const page = await withRunner(req.sessionId, (runner) => runner.readHistory({ sessionId: req.sessionId, pageSize: req.pageSize, pageToken: req.pageToken }));
+      return { messages: page.messages, nextPageToken: page.nextPageToken };
+    },
+
+    async listSessions(req) {
+      invalidArgumentIf(req.pageSize < 0 || req.pageSize > 1000, "page_size must be between 0 and 1000");
+      invalidArgumentIf(req.pageToken !== "" && !/^\d{1,9}$/.test(req.pageToken), "page_token is not one this service issued");
+      const { runners: live } = await router.listRunners({});
+      if (live.length === 0) throw unavailable("no runner is registered");
+      // Every runner lists what its store holds; a shared store shows a session more than once.
+      const all = new Map<string, SessionInfo>();
+      for (const r of live) {
+        let token = "";
+        do {
+          const page = await runners.get(r.address).listStoredSessions({ pageSize: 1000, pageToken: token });
+          for (const s of page.sessions) if (!all.has(s.sessionId) || s.running) all.set(s.sessionId, s);
+          token = page.nextPageToken;
+        } while (token !== "");
+      }
+      const sorted = [...all.values()].sort((a, b) => a.sessionId.localeCompare(b.sessionId));
+      const size = req.pageSize || 100;
+      const offset = req.pageToken ? Number(req.pageToken) : 0;
+      return { sessions: sorted.slice(offset, offset + size), nextPageToken: offset + size < sorted.length ? String(offset + size) : "" };
+    },
+  });
+
+  const port = await server.listen(cfg.addr.gateway);
+  logger.info(`gateway serving on port ${port}`, { maxMessageBytes: cfg.maxMessageBytes });
+  return {
+    async drain() {
+      await server.drain(cfg.drainGraceMs);
+      runners.close();
+      router.close();
+    },
+  };
+}
+

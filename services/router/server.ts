@@ -1,0 +1,83 @@
+// The router: which agent and session a message is for, and which runner owns that session.
+// Runners register and renew a lease; sessions are placed by rendezvous (highest-random-weight)
+// hashing over the live runners, so a runner joining or leaving moves only its own share.
+import { createHash } from "node:crypto";
+import type { Config } from "../shared/config.js";
+import { invalidArgumentIf, unavailable } from "../shared/errors.js";
+import { validateSessionRef } from "../shared/frames.js";
+import { RouterService, type RunnerInfo } from "../shared/gen/troupe/v1/router_pb.js";
+import { DEFAULT_AGENT, newId } from "../shared/ids.js";
+import type { Logger } from "../shared/log.js";
+import { RpcServer } from "../shared/rpc.js";
+import type { RunningService } from "../shared/service.js";
+
+const LEASE_TTL_MS = 6000;
+
+interface Lease {
+  runner: RunnerInfo;
+  expires: number;
+  draining: boolean;
+}
+
+export class RunnerDirectory {
+  private readonly leases = new Map<string, Lease>();
+
+  renew(runner: RunnerInfo, draining: boolean, now = Date.now()): void {
+    this.leases.set(runner.runnerId, { runner, expires: now + LEASE_TTL_MS, draining });
+  }
+
+  live(now = Date.now()): RunnerInfo[] {
+    const out: RunnerInfo[] = [];
+    for (const [id, lease] of this.leases) {
+      if (lease.expires < now) this.leases.delete(id);
+      else if (!lease.draining) out.push(lease.runner);
+    }
+    return out;
+  }
+
+  /** The runner with the highest hash weight for this key. */
+  place(key: string): RunnerInfo | undefined {
+    let best: RunnerInfo | undefined;
+    let bestWeight = -1n;
+    for (const runner of this.live()) {
+      const weight = createHash("sha256").update(`${runner.runnerId}\0${key}`).digest().readBigUInt64BE(0);
+      if (weight > bestWeight) {
+        best = runner;
+        bestWeight = weight;
+      }
+    }
+    return best;
+  }
+}
+
+export const sessionKey = (agentId: string, sessionId: string) => `agent:${agentId}:${sessionId}`;
+
+export async function startRouter(cfg: Config, logger: Logger): Promise<RunningService> {
+  const directory = new RunnerDirectory();
+  const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes });
+  server.add(RouterService, {
+    async resolveSession(req) {
+      validateSessionRef(req.sessionId, req.agentId, true);
+      const sessionId = req.sessionId || newId();
+      const agentId = req.agentId || DEFAULT_AGENT;
+      // Placement hashes the session id alone: the session's log, not its agent, decides where it lives.
+      const runner = directory.place(sessionId);
+      if (!runner) throw unavailable("no runner is registered with the router yet; start one with `troupe runner`");
+      return { sessionId, agentId, sessionKey: sessionKey(agentId, sessionId), runner };
+    },
+    async registerRunner(req) {
+      invalidArgumentIf(!req.runner?.runnerId || !req.runner.address, "runner.runner_id and runner.address are required");
+      const known = directory.live().some((r) => r.runnerId === req.runner!.runnerId);
+      directory.renew(req.runner!, req.draining);
+      if (!known && !req.draining) logger.info(`runner ${req.runner!.runnerId} registered at ${req.runner!.address}`);
+      if (req.draining) logger.info(`runner ${req.runner!.runnerId} is draining`);
+      return { leaseTtlMs: LEASE_TTL_MS };
+    },
+    async listRunners() {
+      return { runners: directory.live() };
+    },
+  });
+  const port = await server.listen(cfg.addr.router);
+  logger.info(`router serving on port ${port}`);
+  return { drain: () => server.drain(cfg.drainGraceMs) };
+}

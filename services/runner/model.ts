@@ -1,0 +1,188 @@
+// The model, behind one narrow interface: stream a reply to a conversation. The implementation
+// speaks the OpenAI chat-completions protocol through the official SDK over an undici connection
+// pool, so any OpenAI-compatible endpoint (or Troupe's scripted model server) plugs in by URL.
+import OpenAI from "openai";
+import { Agent, fetch as undiciFetch } from "undici";
+
+export interface ModelToolCall {
+  id: string;
+  name: string;
+  argumentsJson: string;
+}
+
+export type ModelMessage =
+  | { role: "system" | "user"; content: string }
+  | { role: "assistant"; content: string; toolCalls: ModelToolCall[] }
+  | { role: "tool"; toolCallId: string; content: string };
+
+export interface ModelTool {
+  name: string;
+  description: string;
+  parameters: Record<string, unknown>;
+}
+
+export interface ModelRequest {
+  model: string;
+  messages: ModelMessage[];
+  tools: ModelTool[];
+  maxTokens?: number;
+}
+
+export interface ModelUsage {
+  inputTokens: number;
+  outputTokens: number;
+  cacheReadInputTokens: number;
+}
+
+export type FinishReason = "stop" | "tool_calls" | "length" | "other";
+
+/** What a streamed reply yields, in order: deltas, then exactly one `done`. */
+export type ModelChunk =
+  | { type: "text"; delta: string }
+  | { type: "thinking"; delta: string }
+  | { type: "tool_call"; index: number; id?: string; name?: string; argumentsDelta: string }
+  | { type: "done"; finishReason: FinishReason; rawFinishReason: string; usage?: ModelUsage; responseModel: string; responseId: string };
+
+/** A failed model call. `status` is the HTTP status when the endpoint answered. */
+export class ModelError extends Error {
+  constructor(
+    message: string,
+    readonly retryable: boolean,
+    readonly status?: number,
+    readonly aborted = false,
+  ) {
+    super(message);
+    this.name = "ModelError";
+  }
+}
+
+export interface ModelClient {
+  readonly providerName: string;
+  stream(request: ModelRequest, signal: AbortSignal): AsyncIterable<ModelChunk>;
+  close(): Promise<void>;
+}
+
+export interface OpenAIModelOptions {
+  baseUrl: string;
+  apiKey: string;
+  /** Connect and first-byte timeout. */
+  timeoutMs?: number;
+  /** Longest silence allowed inside a streamed reply. */
+  idleTimeoutMs?: number;
+}
+
+function toOpenAI(m: ModelMessage): OpenAI.Chat.ChatCompletionMessageParam {
+  switch (m.role) {
+    case "system":
+    case "user":
+      return { role: m.role, content: m.content };
+    case "tool":
+      return { role: "tool", tool_call_id: m.toolCallId, content: m.content };
+    case "assistant":
+      return m.toolCalls.length === 0
+        ? { role: "assistant", content: m.content }
+        : {
+            role: "assistant",
+            content: m.content || null,
+            tool_calls: m.toolCalls.map((c) => ({ id: c.id, type: "function" as const, function: { name: c.name, arguments: c.argumentsJson } })),
+          };
+  }
+}
+
+const FINISH: Record<string, FinishReason> = { stop: "stop", tool_calls: "tool_calls", function_call: "tool_calls", length: "length" };
+
+export class OpenAIModelClient implements ModelClient {
+  readonly providerName: string;
+  private readonly pool: Agent;
+  private readonly client: OpenAI;
+
+  constructor(options: OpenAIModelOptions) {
+    const timeout = options.timeoutMs ?? 60_000;
+    // One keep-alive pool per runner process; many sessions share its connections.
+    this.pool = new Agent({
+      connections: 128,
+      keepAliveTimeout: 30_000,
+      connectTimeout: 10_000,
+      headersTimeout: timeout,
+      bodyTimeout: options.idleTimeoutMs ?? 120_000,
+    });
+    this.client = new OpenAI({
+      baseURL: options.baseUrl,
+      apiKey: options.apiKey || "unused",
+      // Retries and fallbacks belong to the agent loop, which knows whether output was already sent.
+      maxRetries: 0,
+      timeout,
+      fetch: undiciFetch as unknown as typeof fetch,
+      fetchOptions: { dispatcher: this.pool } as never,
+    });
+    this.providerName = new URL(options.baseUrl).hostname.endsWith("openai.com") ? "openai" : "openai_compatible";
+  }
+
+  async *stream(request: ModelRequest, signal: AbortSignal): AsyncIterable<ModelChunk> {
+    let stream: AsyncIterable<OpenAI.Chat.ChatCompletionChunk>;
+    try {
+      stream = await this.client.chat.completions.create(
+        {
+          model: request.model,
+          messages: request.messages.map(toOpenAI),
+          stream: true,
+          stream_options: { include_usage: true },
+          ...(request.tools.length > 0
+            ? { tools: request.tools.map((t) => ({ type: "function" as const, function: { name: t.name, description: t.description, parameters: t.parameters } })) }
+            : {}),
+          ...(request.maxTokens ? { max_tokens: request.maxTokens } : {}),
+        },
+        { signal },
+      );
+    } catch (err) {
+      throw classify(err, signal);
+    }
+    let finish = "";
+    let usage: ModelUsage | undefined;
+    let responseModel = request.model;
+    let responseId = "";
+    try {
+      for await (const chunk of stream) {
+        responseModel = chunk.model || responseModel;
+        responseId = chunk.id || responseId;
+        if (chunk.usage) {
+          usage = {
+            inputTokens: chunk.usage.prompt_tokens ?? 0,
+            outputTokens: chunk.usage.completion_tokens ?? 0,
+            cacheReadInputTokens: chunk.usage.prompt_tokens_details?.cached_tokens ?? 0,
+          };
+        }
+        const choice = chunk.choices[0];
+        if (!choice) continue;
+        const delta = choice.delta as typeof choice.delta & { reasoning_content?: string; reasoning?: string };
+        const thinking = delta.reasoning_content ?? delta.reasoning;
+        if (thinking) yield { type: "thinking", delta: thinking };
+        if (delta.content) yield { type: "text", delta: delta.content };
+        for (const call of delta.tool_calls ?? []) {
+          yield { type: "tool_call", index: call.index, id: call.id, name: call.function?.name, argumentsDelta: call.function?.arguments ?? "" };
+        }
+        if (choice.finish_reason) finish = choice.finish_reason;
+      }
+    } catch (err) {
+      throw classify(err, signal);
+    }
+    if (signal.aborted) throw new ModelError("aborted", false, undefined, true);
+    if (finish === "") throw new ModelError("the model stream ended without a finish reason", true);
+    yield { type: "done", finishReason: FINISH[finish] ?? "other", rawFinishReason: finish, usage, responseModel, responseId };
+  }
+
+  async close(): Promise<void> {
+    await this.pool.close();
+  }
+}
+
+function classify(err: unknown, signal: AbortSignal): ModelError {
+  if (err instanceof ModelError) return err;
+  if (signal.aborted || err instanceof OpenAI.APIUserAbortError) return new ModelError("aborted", false, undefined, true);
+  if (err instanceof OpenAI.APIError && typeof err.status === "number") {
+    const retryable = err.status === 408 || err.status === 409 || err.status === 429 || err.status >= 500;
+    return new ModelError(`model endpoint answered ${err.status}: ${err.message}`, retryable, err.status);
+  }
+  // Connection refused, reset, cut mid-stream, timeouts: worth another try.
+  return new ModelError(`model endpoint unreachable: ${(err as Error)?.message ?? String(err)}`, true);
+}

@@ -1,0 +1,266 @@
+// The runner process: RunnerService over the session actors, plus registration with the router
+// so the gateway can find the runner that owns a session.
+import { create } from "@bufbuild/protobuf";
+import { context } from "@opentelemetry/api";
+import type { Config } from "../shared/config.js";
+import { modelBaseUrl } from "../shared/config.js";
+import { invalidArgument, notFound, resourceExhausted, toStatus } from "../shared/errors.js";
+import { validateFrame } from "../shared/frames.js";
+import { MemoryService, MemoryKind } from "../shared/gen/troupe/v1/memory_pb.js";
+import { RouterService } from "../shared/gen/troupe/v1/router_pb.js";
+import { AttachResponseSchema, RunnerService, type AttachRequest } from "../shared/gen/troupe/v1/runner_pb.js";
+import { SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
+import { SessionInfoSchema, type AgentEvent } from "../shared/gen/troupe/v1/session_pb.js";
+import { timestampFromMs } from "@bufbuild/protobuf/wkt";
+import type { Logger } from "../shared/log.js";
+import type { RunningService } from "../shared/service.js";
+import { RpcServer, createClient, type grpc, type ServiceClient } from "../shared/rpc.js";
+import { contextFromRecord } from "../shared/telemetry.js";
+import { OpenAIModelClient } from "./model.js";
+import type { EventSubscriber, SessionActor } from "./session-actor.js";
+import { JsonlSessionStore } from "./session-log.js";
+import { SessionRegistry } from "./session-registry.js";
+import { execTool } from "./tools.js";
+
+/** A subscriber that stops taking events for this long is cut off (it can resume by seq). */
+const SLOW_SUBSCRIBER_MS = 30_000;
+
+/** Writes events to one gRPC stream, and reports when the stream is full. */
+class StreamSubscriber<M> implements EventSubscriber {
+  private waiting?: Promise<void>;
+  private closed = false;
+  private lastSeq = 0;
+
+  constructor(
+    private readonly call: grpc.ServerWritableStream<unknown, M> | grpc.ServerDuplexStream<unknown, M>,
+    private readonly wrap: (event: AgentEvent) => M,
+  ) {
+    const close = () => (this.closed = true);
+    call.once("cancelled", close);
+    call.once("close", close);
+  }
+
+  send(event: AgentEvent): void {
+    if (this.closed) return;
+    this.lastSeq = Number(event.seq);
+    if (this.call.write(this.wrap(event)) || this.waiting) return;
+    this.waiting = new Promise<void>((resolve) => {
+      const done = () => {
+        clearTimeout(timer);
+        this.call.removeListener("drain", done);
+        this.call.removeListener("close", done);
+        this.waiting = undefined;
+        resolve();
+      };
+      const timer = setTimeout(() => {
+        this.closed = true;
+        const status = toStatus(resourceExhausted(`this stream stopped reading for ${SLOW_SUBSCRIBER_MS} ms; resume with Subscribe(after_seq=${this.lastSeq})`));
+        this.call.emit("error", status);
+        done();
+      }, SLOW_SUBSCRIBER_MS);
+      this.call.once("drain", done);
+      this.call.once("close", done);
+    });
+  }
+
+  pressure(): Promise<void> | undefined {
+    return this.closed ? undefined : this.waiting;
+  }
+}
+
+function pageParams(pageSize: number, pageToken: string): { size: number; offset: number } {
+  if (pageSize < 0 || pageSize > 1000) throw invalidArgument("page_size must be between 0 and 1000");
+  if (pageToken !== "" && !/^\d{1,9}$/.test(pageToken)) throw invalidArgument("page_token is not one this service issued");
+  return { size: pageSize === 0 ? 100 : pageSize, offset: pageToken === "" ? 0 : Number(pageToken) };
+}
+
+type MemoryClient = ServiceClient<(typeof MemoryService)["method"]>;
+
+/** The run's system prompt: who the agent is, what it can do, and what it remembers. */
+async function systemPrompt(memory: MemoryClient, agentId: string, query: string, signal: AbortSignal, logger: Logger): Promise<string> {
+  const lines = [
+    `You are ${agentId}, an agent served by Troupe.`,
+    `Current time: ${new Date().toISOString()}.`,
+    "Shell commands run through the exec tool in an isolated sandbox without network access.",
+  ];
+  try {
+    const found = await memory.searchMemories({ scope: { tenant: "local", owner: "local" }, query, k: 5 }, { timeoutMs: 500, signal });
+    const relevant = found.results.filter((r) => r.score > 0.3 && r.memory?.kind !== MemoryKind.UNSPECIFIED);
+    if (relevant.length > 0) lines.push("What you remember that may be relevant:", ...relevant.map((r) => `- ${r.memory?.text}`));
+  } catch (err) {
+    // Memory is an aid, not a dependency: the run goes on without it.
+    logger.debug("memory search skipped", { error: String((err as Error).message ?? err) });
+  }
+  return lines.join("\n");
+}
+
+export async function startRunner(cfg: Config, logger: Logger): Promise<RunningService> {
+  const store = new JsonlSessionStore(cfg.dataDir);
+  const model = new OpenAIModelClient({ baseUrl: modelBaseUrl(cfg), apiKey: cfg.openaiApiKey });
+  const sandbox = createClient(SandboxService, cfg.addr.sandbox);
+  const memory = createClient(MemoryService, cfg.addr.memory);
+  const router = createClient(RouterService, cfg.addr.router);
+  const tools = [execTool(sandbox, cfg.execTimeoutMs)];
+  const registry = new SessionRegistry({
+    store,
+    logger,
+    runDeps: (agentId) => ({
+      agentId,
+      modelName: cfg.model,
+      model,
+      tools,
+      systemPrompt: (query, signal) => systemPrompt(memory, agentId, query, signal, logger),
+    }),
+  });
+
+  const requireActor = async (sessionId: string): Promise<SessionActor> => {
+    const actor = await registry.get(sessionId);
+    if (!actor) throw notFound(`session ${sessionId} does not exist`);
+    return actor;
+  };
+
+  const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes });
+  server.add(RunnerService, {
+    attach(call) {
+      let opened: Promise<SessionActor> | undefined;
+      let subscriber: StreamSubscriber<unknown> | undefined;
+      let failed = false;
+      const inflight = new Set<Promise<unknown>>();
+      const fail = (err: unknown) => {
+        if (failed || call.cancelled) return;
+        failed = true;
+        call.emit("error", toStatus(err));
+      };
+      call.on("data", (req: AttachRequest) => {
+        try {
+          const frame = req.frame;
+          if (!opened) {
+            validateFrame(frame, false);
+            if (frame.kind.case !== "open") return;
+            const open = frame.kind.value;
+            opened = registry.open(open, frame.frameId).then(async ({ actor, opened: info }) => {
+              call.write(create(AttachResponseSchema, { kind: { case: "opened", value: info } }));
+              subscriber = new StreamSubscriber(call, (event) => create(AttachResponseSchema, { kind: { case: "event", value: event } }));
+              await actor.attach(subscriber, open.replayAfterSeq === undefined ? undefined : Number(open.replayAfterSeq));
+              return actor;
+            });
+            opened.catch(fail);
+            return;
+          }
+          validateFrame(frame, true);
+          const traceContext = context.active();
+          const admitted = opened.then((actor) => actor.submit(frame, traceContext));
+          inflight.add(admitted);
+          admitted.catch(fail).finally(() => inflight.delete(admitted));
+        } catch (err) {
+          fail(err);
+        }
+      });
+      // The gateway half-closes when its client does: finish once the session has nothing left to do.
+      call.on("end", () => {
+        (opened ?? Promise.reject(new Error("no open frame")))
+          .then(async (actor) => {
+            // Frames sent just before the half-close are admitted first, so their runs count.
+            await Promise.allSettled(inflight);
+            await actor.whenIdle();
+          })
+          .then(
+            () => !failed && !call.cancelled && call.end(),
+            () => !failed && !call.cancelled && call.end(),
+          );
+      });
+      const detach = () => {
+        if (opened && subscriber) {
+          const sub = subscriber;
+          opened.then((actor) => actor.detach(sub), () => undefined);
+        }
+      };
+      call.on("cancelled", detach);
+      call.on("close", detach);
+    },
+
+    async ensureSession(req) {
+      if (!req.open) throw invalidArgument("open is required");
+      const { opened } = await registry.open(req.open);
+      return { session: opened };
+    },
+
+    async submit(req) {
+      validateFrame(req.frame, true);
+      const actor = await requireActor(req.sessionId);
+      const traceContext = Object.keys(req.frame.traceContext).length > 0 ? contextFromRecord(req.frame.traceContext) : context.active();
+      return { accepted: await actor.submit(req.frame, traceContext) };
+    },
+
+    async replay(call) {
+      const actor = await requireActor(call.request.sessionId);
+      const subscriber = new StreamSubscriber(call, (event) => ({ event }) as never);
+      call.on("cancelled", () => actor.detach(subscriber));
+      call.on("close", () => actor.detach(subscriber));
+      await actor.attach(subscriber, Number(call.request.afterSeq));
+    },
+
+    async readHistory(req) {
+      const { size, offset } = pageParams(req.pageSize, req.pageToken);
+      const actor = await requireActor(req.sessionId);
+      const messages = actor.messages.slice(offset, offset + size);
+      const next = offset + size < actor.messages.length ? String(offset + size) : "";
+      return { messages, nextPageToken: next };
+    },
+
+    async listStoredSessions(req) {
+      const { size, offset } = pageParams(req.pageSize, req.pageToken);
+      const live = new Map((await registry.loaded()).map((a) => [a.sessionId, a]));
+      const stored = (await store.list()).sort((a, b) => a.sessionId.localeCompare(b.sessionId));
+      const page = stored.slice(offset, offset + size).map(
+        (s) =>
+          live.get(s.sessionId)?.info() ??
+          create(SessionInfoSchema, { sessionId: s.sessionId, agentId: s.agentId, createTime: timestampFromMs(s.createdMs), updateTime: timestampFromMs(s.updateMs) }),
+      );
+      return { sessions: page, nextPageToken: offset + size < stored.length ? String(offset + size) : "" };
+    },
+  });
+
+  const port = await server.listen(cfg.addr.runner);
+  logger.info(`runner ${cfg.runnerId} serving on port ${port}`, { model: cfg.model, endpoint: modelBaseUrl(cfg) });
+  const registration = registerWithRouter(router, cfg.runnerId, cfg.advertise, logger);
+
+  return {
+    async drain() {
+      await registration.stop();
+      await server.drain(cfg.drainGraceMs);
+      await registry.close();
+      await model.close();
+      for (const c of [sandbox, memory, router]) c.close();
+    },
+  };
+}
+
+/** Registers the runner with the router and renews the lease until stopped. */
+function registerWithRouter(router: ServiceClient<(typeof RouterService)["method"]>, runnerId: string, address: string, logger: Logger) {
+  let stopped = false;
+  let timer: NodeJS.Timeout | undefined;
+  let warned = false;
+  const beat = async () => {
+    if (stopped) return;
+    let next = 1000;
+    try {
+      const res = await router.registerRunner({ runner: { runnerId, address } }, { timeoutMs: 2000 });
+      if (warned) logger.info("registered with the router again");
+      warned = false;
+      next = Math.max(200, Math.floor(res.leaseTtlMs / 3));
+    } catch (err) {
+      if (!warned) logger.warn("cannot reach the router; retrying", { error: (err as Error).message });
+      warned = true;
+    }
+    if (!stopped) timer = setTimeout(beat, next);
+  };
+  void beat();
+  return {
+    async stop() {
+      stopped = true;
+      clearTimeout(timer);
+      await router.registerRunner({ runner: { runnerId, address }, draining: true }, { timeoutMs: 1000 }).catch(() => undefined);
+    },
+  };
+}

@@ -1,0 +1,391 @@
+// One actor per session. It owns the session's state (conversation, seq, queues), admits client
+// frames in arrival order, runs one agent run at a time (the turn lock), and publishes every event
+// to the streams attached to it. A frame is acknowledged only after it is durably in the log.
+import { create, fromJson, toJson, type JsonValue } from "@bufbuild/protobuf";
+import { timestampFromMs, timestampNow } from "@bufbuild/protobuf/wkt";
+import { ROOT_CONTEXT, type Context } from "@opentelemetry/api";
+import {
+  AgentEventSchema,
+  ChatMessageSchema,
+  ClientFrameSchema,
+  Role,
+  SessionInfoSchema,
+  StopReason,
+  type AgentEvent,
+  type ChatMessage,
+  type ClientFrame,
+  type SessionInfo,
+} from "../shared/gen/troupe/v1/session_pb.js";
+import { FRAME_KIND, validateFrame } from "../shared/frames.js";
+import { newId } from "../shared/ids.js";
+import type { Logger } from "../shared/log.js";
+import { contextFromRecord } from "../shared/telemetry.js";
+import { runAgent, type EventPayload, type QueuedMessage, type RunDeps, type RunHost } from "./loop.js";
+import type { LogRecord, SessionLog, SessionStore } from "./session-log.js";
+
+/** Where an actor's events go: a client stream, seen through its backpressure. */
+export interface EventSubscriber {
+  send(event: AgentEvent): void;
+  /** Pending while the subscriber's stream is full. */
+  pressure(): Promise<void> | undefined;
+}
+
+export interface ActorDeps {
+  store: SessionStore;
+  logger: Logger;
+  runDeps(agentId: string): RunDeps;
+}
+
+/** Recent events (deltas included) kept in memory for resuming clients. */
+const RING_SIZE = 4096;
+/** seq values are reserved in the log in blocks, so a restart never reuses one a client saw. */
+const SEQ_BLOCK = 1024;
+/** Token deltas and partial tool output are not persisted; the complete messages are. */
+const TRANSIENT: ReadonlySet<EventPayload["case"]> = new Set(["messageUpdate", "toolExecutionUpdate"]);
+
+interface Queued extends QueuedMessage {
+  arrival: number;
+}
+
+export class SessionActor {
+  readonly messages: ChatMessage[] = [];
+  private seq = 0;
+  private reservedUpTo = 0;
+  private createdMs = Date.now();
+  private updatedMs = Date.now();
+  private arrivals = 0;
+  /** frame_id -> its acknowledgement, so a resent frame is acknowledged without acting again. */
+  private readonly acks = new Map<string, Promise<AgentEvent>>();
+  /** Messages waiting for the turn lock. */
+  private readonly queue: Queued[] = [];
+  /** Messages for the running run: steering (next boundary) and follow-ups (after it). */
+  private readonly steering: Queued[] = [];
+  private readonly followUps: Queued[] = [];
+  private run?: { turnId: string; controller: AbortController; done: Promise<void> };
+  private readonly subscribers = new Set<EventSubscriber>();
+  private readonly ring: AgentEvent[] = [];
+  private pendingDelta?: { messageId: string; kind: "text" | "thinking"; text: string };
+  private flushScheduled = false;
+  private idleWaiters: (() => void)[] = [];
+  private closing = false;
+
+  private constructor(
+    readonly sessionId: string,
+    readonly agentId: string,
+    private readonly log: SessionLog,
+    private readonly deps: ActorDeps,
+  ) {}
+
+  static async create(sessionId: string, agentId: string, deps: ActorDeps): Promise<SessionActor> {
+    const log = await deps.store.create(sessionId, agentId);
+    return new SessionActor(sessionId, agentId, log, deps);
+  }
+
+  /** Rebuilds the actor from its log. A run the log shows as unfinished was cut off by a crash. */
+  static async load(sessionId: string, deps: ActorDeps): Promise<SessionActor> {
+    const records = await deps.store.read(sessionId);
+    const head = records[0];
+    if (!head || head.t !== "session") throw new Error(`session log ${sessionId} has no header`);
+    const actor = new SessionActor(sessionId, head.agentId, await deps.store.open(sessionId), deps);
+    actor.createdMs = head.createdMs;
+    actor.replayLog(records);
+    return actor;
+  }
+
+  private replayLog(records: LogRecord[]): void {
+    const accepted = new Map<string, ClientFrame>();
+    const applied = new Set<string>();
+    let openTurn: string | undefined;
+    for (const rec of records) {
+      if (rec.t === "seq") this.reservedUpTo = Math.max(this.reservedUpTo, rec.upTo);
+      else if (rec.t === "frame") {
+        const frame = fromJson(ClientFrameSchema, rec.frame as JsonValue);
+        accepted.set(frame.frameId, frame);
+      } else if (rec.t === "event") {
+        const ev = fromJson(AgentEventSchema, rec.event as JsonValue);
+        this.seq = Math.max(this.seq, Number(ev.seq));
+        this.updatedMs = ev.time ? Number(ev.time.seconds) * 1000 + Math.floor(ev.time.nanos / 1e6) : this.updatedMs;
+        const p = ev.payload;
+        if (p.case === "messageEnd" && p.value.message) this.messages.push(p.value.message);
+        else if (p.case === "frameAccepted" && !p.value.duplicate) this.acks.set(p.value.frameId, Promise.resolve(ev));
+        else if (p.case === "queueApplied") applied.add(p.value.frameId);
+        else if (p.case === "agentStart") openTurn = ev.turnId;
+        else if (p.case === "agentEnd") openTurn = undefined;
+      }
+    }
+    this.seq = Math.max(this.seq, this.reservedUpTo);
+    if (openTurn !== undefined) this.recordInterruptedRun(openTurn);
+    // Accepted messages that never entered a run are still owed a run, in arrival order.
+    for (const frame of accepted.values()) {
+      if (applied.has(frame.frameId)) continue;
+      const q = this.toQueued(frame, ROOT_CONTEXT);
+      if (q) this.queue.push(q);
+      if (!this.acks.has(frame.frameId)) {
+        this.acks.set(frame.frameId, Promise.resolve(this.emit({ case: "frameAccepted", value: { frameId: frame.frameId, kind: FRAME_KIND[frame.kind.case!] } })));
+      }
+    }
+  }
+
+  /** Closes a run cut off by a crash: every tool call gets a result, then agent_end INTERRUPTED. */
+  private recordInterruptedRun(turnId: string): void {
+    this.run = { turnId, controller: new AbortController(), done: Promise.resolve() };
+    const answered = new Set(this.messages.filter((m) => m.role === Role.TOOL).map((m) => m.toolCallId));
+    for (const m of [...this.messages]) {
+      for (const call of m.role === Role.ASSISTANT ? m.toolCalls : []) {
+        if (answered.has(call.id)) continue;
+        const result = create(ChatMessageSchema, { id: newId(), role: Role.TOOL, toolCallId: call.id, toolName: call.name, text: "Interrupted: the runner stopped while this call was running.", isError: true, time: timestampNow() });
+        this.emit({ case: "toolExecutionEnd", value: { toolCallId: call.id, toolName: call.name, result: result.text, isError: true } });
+        this.emit({ case: "messageEnd", value: { message: result } });
+        this.messages.push(result);
+      }
+    }
+    this.emit({ case: "agentEnd", value: { stopReason: StopReason.INTERRUPTED, errorMessage: "the runner stopped during this run" } });
+    this.run = undefined;
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // Frames
+
+  /** Admits one frame (not `open`) and resolves to its frame_accepted event once it is durable. */
+  submit(frame: ClientFrame, traceContext: Context = ROOT_CONTEXT): Promise<AgentEvent> {
+    validateFrame(frame, true);
+    const earlier = this.acks.get(frame.frameId);
+    if (earlier) {
+      const kind = FRAME_KIND[frame.kind.case!];
+      return earlier.then(() => this.emit({ case: "frameAccepted", value: { frameId: frame.frameId, kind, duplicate: true } }));
+    }
+    const ack = this.admit(frame, traceContext);
+    this.acks.set(frame.frameId, ack);
+    ack.catch(() => this.acks.delete(frame.frameId));
+    return ack;
+  }
+
+  private async admit(frame: ClientFrame, traceContext: Context): Promise<AgentEvent> {
+    // The log serialises appends, so frames are admitted in the order they arrived.
+    await this.log.append({ t: "frame", frame: toJson(ClientFrameSchema, frame) }, true);
+    const kind = frame.kind;
+    const q = this.toQueued(frame, traceContext);
+    let position = 0;
+    if (kind.case === "abort") {
+      // handled after the acknowledgement, below
+    } else if (this.run && kind.case === "steer") {
+      this.steering.push(q!);
+    } else if (this.run && kind.case === "followUp" && this.queue.length === 0) {
+      this.followUps.push(q!);
+      position = 1;
+    } else {
+      this.queue.push(q!);
+      position = this.queue.length - 1 + (this.run ? 1 : 0);
+    }
+    const ack = this.emit({ case: "frameAccepted", value: { frameId: frame.frameId, kind: FRAME_KIND[kind.case!], queuePosition: position } });
+    if (kind.case === "abort") this.abort(kind.value.reason, kind.value.clearQueue);
+    this.schedule();
+    return ack;
+  }
+
+  private toQueued(frame: ClientFrame, traceContext: Context): Queued | undefined {
+    const k = frame.kind;
+    if (k.case !== "prompt" && k.case !== "steer" && k.case !== "followUp") return undefined;
+    const ctx = Object.keys(frame.traceContext).length > 0 ? contextFromRecord(frame.traceContext) : traceContext;
+    return { frameId: frame.frameId, kind: FRAME_KIND[k.case], text: k.value.text, traceContext: ctx, arrival: ++this.arrivals };
+  }
+
+  private abort(reason: string, clearQueue: boolean): void {
+    if (clearQueue) {
+      for (const q of [...this.steering.splice(0), ...this.followUps.splice(0), ...this.queue.splice(0)]) {
+        this.emit({ case: "error", value: { code: "CANCELLED", message: `dropped by an abort that cleared the queue${reason ? `: ${reason}` : ""}`, frameId: q.frameId } });
+      }
+    }
+    this.run?.controller.abort(new Error(reason || "aborted"));
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // Runs
+
+  get running(): boolean {
+    return this.run !== undefined;
+  }
+
+  get idle(): boolean {
+    return !this.run && this.queue.length === 0;
+  }
+
+  /** Resolves once no run is going and nothing waits for one. */
+  whenIdle(): Promise<void> {
+    return this.idle ? Promise.resolve() : new Promise((resolve) => this.idleWaiters.push(resolve));
+  }
+
+  private schedule(): void {
+    if (this.run || this.closing) return;
+    const next = this.queue.shift();
+    if (!next) {
+      for (const wake of this.idleWaiters.splice(0)) wake();
+      return;
+    }
+    const controller = new AbortController();
+    const turnId = newId();
+    const run = { turnId, controller, done: Promise.resolve() };
+    this.run = run;
+    run.done = this.execute(next, controller.signal).finally(() => {
+      // Steering or follow-ups that came too late for the run are not lost: they run next.
+      const late = [...this.steering.splice(0), ...this.followUps.splice(0)].sort((a, b) => a.arrival - b.arrival);
+      this.queue.unshift(...late);
+      this.run = undefined;
+      this.schedule();
+    });
+  }
+
+  private async execute(first: Queued, signal: AbortSignal): Promise<void> {
+    const host: RunHost = {
+      sessionId: this.sessionId,
+      signal,
+      messages: this.messages,
+      emit: (payload) => void this.emit(payload),
+      delta: (messageId, kind, text) => this.delta(messageId, kind, text),
+      pressure: () => this.pressure(),
+      takeSteering: () => this.steering.splice(0),
+      takeFollowUps: () => this.followUps.splice(0),
+    };
+    try {
+      await runAgent(host, this.deps.runDeps(this.agentId), first);
+    } catch (err) {
+      // A bug in the loop ends this run only; the session keeps serving.
+      this.deps.logger.error("run failed", { session: this.sessionId, error: String((err as Error)?.stack ?? err) });
+      this.emit({ case: "error", value: { code: "INTERNAL", message: "the run failed unexpectedly", retryable: true } });
+      this.emit({ case: "agentEnd", value: { stopReason: StopReason.ERROR, errorMessage: "internal error" } });
+    }
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // Events
+
+  private emit(payload: EventPayload): AgentEvent {
+    this.flushDelta();
+    return this.publish(payload);
+  }
+
+  private publish(payload: EventPayload): AgentEvent {
+    const now = Date.now();
+    this.updatedMs = now;
+    // create() turns the payload's init object into a message.
+    const event = create(AgentEventSchema, { sessionId: this.sessionId, seq: BigInt(++this.seq), turnId: this.run?.turnId ?? "", time: timestampFromMs(now), payload: payload as never });
+    if (this.seq >= this.reservedUpTo - SEQ_BLOCK / 2) {
+      this.reservedUpTo = this.seq + SEQ_BLOCK;
+      this.persist({ t: "seq", upTo: this.reservedUpTo }, true);
+    }
+    if (!TRANSIENT.has(payload.case)) this.persist({ t: "event", event: toJson(AgentEventSchema, event) }, payload.case === "agentEnd");
+    this.ring.push(event);
+    if (this.ring.length > RING_SIZE) this.ring.splice(0, this.ring.length - RING_SIZE);
+    for (const sub of this.subscribers) sub.send(event);
+    return event;
+  }
+
+  private persist(record: LogRecord, sync: boolean): void {
+    this.log.append(record, sync).catch((err: unknown) => {
+      this.deps.logger.error("session log append failed", { session: this.sessionId, error: String(err) });
+    });
+  }
+
+  /** Deltas that arrive in one burst (one network read, one event-loop turn) become one event. */
+  private delta(messageId: string, kind: "text" | "thinking", text: string): void {
+    const p = this.pendingDelta;
+    if (p && p.messageId === messageId && p.kind === kind) {
+      p.text += text;
+      return;
+    }
+    this.flushDelta();
+    this.pendingDelta = { messageId, kind, text };
+    if (!this.flushScheduled) {
+      this.flushScheduled = true;
+      setImmediate(() => {
+        this.flushScheduled = false;
+        this.flushDelta();
+      });
+    }
+  }
+
+  private flushDelta(): void {
+    const p = this.pendingDelta;
+    if (!p) return;
+    this.pendingDelta = undefined;
+    this.publish({ case: "messageUpdate", value: { messageId: p.messageId, delta: { case: p.kind, value: p.text } } });
+  }
+
+  private pressure(): Promise<void> | undefined {
+    let waits: Promise<void>[] | undefined;
+    for (const sub of this.subscribers) {
+      const p = sub.pressure();
+      if (p) (waits ??= []).push(p);
+    }
+    return waits && Promise.all(waits).then(() => undefined);
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // Subscribers
+
+  /**
+   * Adds a subscriber. With afterSeq, first sends what the session still holds after that seq:
+   * from memory when the ring covers it, else the complete events from the log. Live events that
+   * happen meanwhile are held back and follow in order, each exactly once.
+   */
+  async attach(sub: EventSubscriber, afterSeq?: number): Promise<void> {
+    if (afterSeq === undefined || afterSeq >= this.seq) {
+      this.subscribers.add(sub);
+      return;
+    }
+    const held: AgentEvent[] = [];
+    const holder: EventSubscriber = { send: (e) => void held.push(e), pressure: () => undefined };
+    this.subscribers.add(holder);
+    let last = afterSeq;
+    const forward = (e: AgentEvent) => {
+      const seq = Number(e.seq);
+      if (seq > last) {
+        sub.send(e);
+        last = seq;
+      }
+    };
+    try {
+      const floor = this.ring.length > 0 ? Number(this.ring[0].seq) : this.seq + 1;
+      if (afterSeq + 1 < floor) {
+        for (const rec of await this.deps.store.read(this.sessionId)) {
+          if (rec.t !== "event") continue;
+          const e = fromJson(AgentEventSchema, rec.event as JsonValue);
+          if (Number(e.seq) < floor) forward(e);
+        }
+      }
+      for (const e of this.ring) forward(e);
+      for (const e of held) forward(e);
+    } finally {
+      this.subscribers.delete(holder);
+    }
+    this.subscribers.add(sub);
+  }
+
+  detach(sub: EventSubscriber): void {
+    this.subscribers.delete(sub);
+  }
+
+  info(): SessionInfo {
+    return create(SessionInfoSchema, {
+      sessionId: this.sessionId,
+      agentId: this.agentId,
+      createTime: timestampFromMs(this.createdMs),
+      updateTime: timestampFromMs(this.updatedMs),
+      lastSeq: BigInt(this.seq),
+      messageCount: this.messages.length,
+      running: this.running,
+    });
+  }
+
+  get lastSeq(): number {
+    return this.seq;
+  }
+
+  /** Stops the running run (if any) and closes the log. */
+  async close(): Promise<void> {
+    this.closing = true;
+    this.run?.controller.abort(new Error("runner shutting down"));
+    await this.run?.done;
+    await this.log.close();
+  }
+}

@@ -1,0 +1,265 @@
+// The sandbox service, first version: one hardened container per session, created on first use,
+// and Exec of shell commands inside it with streamed output, a timeout, an output cap, and a kill
+// that reaches every process the command started.
+//
+// Two users live in each container. The keeper (PID 1's child, the process that holds the
+// container open) runs as 65533; every command runs as 65534. Killing "all processes of 65534"
+// (kill -9 -1, run as 65534) therefore ends a command's whole process tree, however it forked or
+// detached, and neither touches the keeper nor lets untrusted code touch it.
+import { createHash } from "node:crypto";
+import Docker from "dockerode";
+import type { Config } from "../shared/config.js";
+import { RpcError, Status, failedPrecondition, invalidArgumentIf, unavailable } from "../shared/errors.js";
+import { ExecResponseSchema, SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
+import { isSessionId } from "../shared/ids.js";
+import type { Logger } from "../shared/log.js";
+import { RpcServer, ServingStatus, write } from "../shared/rpc.js";
+import type { RunningService } from "../shared/service.js";
+import { create } from "@bufbuild/protobuf";
+
+const KEEPER_USER = "65533:65533";
+const TOOL_USER = "65534:65534";
+const WORKSPACE = "/workspace";
+const MAX_OUTPUT_BYTES = 1024 * 1024;
+const MAX_TIMEOUT_MS = 30 * 60_000;
+const MAX_COMMAND_CHARS = 64 * 1024;
+
+export interface SandboxLimits {
+  memoryBytes: number;
+  nanoCpus: number;
+  pids: number;
+  tmpBytes: number;
+  workspaceBytes: number;
+}
+
+export const DEFAULT_LIMITS: SandboxLimits = {
+  memoryBytes: 512 * 1024 * 1024,
+  nanoCpus: 1_000_000_000,
+  pids: 256,
+  tmpBytes: 64 * 1024 * 1024,
+  workspaceBytes: 256 * 1024 * 1024,
+};
+
+/** The container settings every sandbox gets; their hash is a label, so drift is visible. */
+export function containerSpec(image: string, runtime: string, sessionId: string, limits: SandboxLimits): Docker.ContainerCreateOptions {
+  const hostConfig: Docker.HostConfig = {
+    NetworkMode: "none",
+    CapDrop: ["ALL"],
+    SecurityOpt: ["no-new-privileges"],
+    ReadonlyRootfs: true,
+    Init: true,
+    PidsLimit: limits.pids,
+    Memory: limits.memoryBytes,
+    MemorySwap: limits.memoryBytes,
+    NanoCpus: limits.nanoCpus,
+    Ulimits: [
+      { Name: "nofile", Soft: 1024, Hard: 1024 },
+      { Name: "core", Soft: 0, Hard: 0 },
+    ],
+    Tmpfs: {
+      "/tmp": `rw,nosuid,nodev,noexec,size=${limits.tmpBytes},uid=65534,gid=65534,mode=1777`,
+      [WORKSPACE]: `rw,nosuid,nodev,size=${limits.workspaceBytes},uid=65534,gid=65534,mode=0700`,
+    },
+    Runtime: runtime,
+  };
+  const configHash = createHash("sha256").update(JSON.stringify({ image, hostConfig })).digest("hex").slice(0, 16);
+  return {
+    Image: image,
+    name: containerName(sessionId),
+    User: KEEPER_USER,
+    Cmd: ["sleep", "2147483647"],
+    WorkingDir: WORKSPACE,
+    // Nothing from the service's own environment reaches the container.
+    Env: ["PATH=/bin:/usr/bin", `HOME=${WORKSPACE}`],
+    NetworkDisabled: true,
+    Labels: {
+      "troupe.owner": "troupe-sandbox",
+      "troupe.session": sessionId,
+      "troupe.created": String(Date.now()),
+      "troupe.config": configHash,
+    },
+    HostConfig: hostConfig,
+  };
+}
+
+export const containerName = (sessionId: string): string =>
+  `troupe-sbx-${createHash("sha256").update(sessionId).digest("hex").slice(0, 24)}`;
+
+/** Splits Docker's multiplexed exec stream (8-byte header: stream type, 3 zero bytes, length). */
+async function* demux(stream: AsyncIterable<Buffer>): AsyncIterable<{ stream: "stdout" | "stderr"; data: Buffer }> {
+  let buf: Buffer = Buffer.alloc(0);
+  for await (const chunk of stream) {
+    buf = buf.length === 0 ? chunk : Buffer.concat([buf, chunk]);
+    while (buf.length >= 8) {
+      const size = buf.readUInt32BE(4);
+      if (buf.length < 8 + size) break;
+      yield { stream: buf[0] === 2 ? "stderr" : "stdout", data: buf.subarray(8, 8 + size) as Buffer };
+      buf = buf.subarray(8 + size);
+    }
+  }
+}
+
+export async function startSandbox(cfg: Config, logger: Logger): Promise<RunningService> {
+  const docker = new Docker();
+  const containers = new Map<string, Promise<Docker.Container>>();
+  let engineUp = false;
+  const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes });
+
+  const checkEngine = async () => {
+    const up = await docker.ping().then(
+      () => true,
+      () => false,
+    );
+    if (up !== engineUp) {
+      engineUp = up;
+      server.setStatus(SandboxService.typeName, up ? ServingStatus.SERVING : ServingStatus.NOT_SERVING);
+      server.setStatus("", up ? ServingStatus.SERVING : ServingStatus.NOT_SERVING);
+      if (up) logger.info("Docker engine reachable");
+      else logger.error(`no Docker engine at ${process.env.DOCKER_HOST ?? "/var/run/docker.sock"}: start dockerd or set DOCKER_HOST`);
+    }
+    return up;
+  };
+  const requireEngine = async () => {
+    if (!(engineUp || (await checkEngine()))) {
+      throw unavailable(`no Docker engine reachable at ${process.env.DOCKER_HOST ?? "/var/run/docker.sock"}: start dockerd (or set DOCKER_HOST) and retry`);
+    }
+  };
+
+  const sandboxFor = (sessionId: string): Promise<Docker.Container> => {
+    let p = containers.get(sessionId);
+    if (!p) {
+      p = ensureContainer(sessionId);
+      containers.set(sessionId, p);
+      p.catch(() => containers.delete(sessionId));
+    }
+    return p;
+  };
+
+  const ensureContainer = async (sessionId: string): Promise<Docker.Container> => {
+    const existing = docker.getContainer(containerName(sessionId));
+    const state = await existing.inspect().then(
+      (info) => info.State,
+      () => undefined,
+    );
+    if (state?.Running) return existing;
+    if (state) await existing.remove({ force: true });
+    const spec = containerSpec(cfg.sandboxImage, cfg.sandboxRuntime, sessionId, DEFAULT_LIMITS);
+    let container: Docker.Container;
+    try {
+      container = await docker.createContainer(spec);
+    } catch (err) {
+      const status = (err as { statusCode?: number }).statusCode;
+      if (status === 404) throw failedPrecondition(`sandbox image ${cfg.sandboxImage} is missing: build it with \`make sandbox-image\``);
+      throw err;
+    }
+    await container.start();
+    return container;
+  };
+
+  /** Ends every process the session's commands started (see the header comment). */
+  const killCommands = async (container: Docker.Container) => {
+    const exec = await container.exec({ Cmd: ["kill", "-9", "-1"], User: TOOL_USER, AttachStdout: false, AttachStderr: false });
+    await exec.start({ Detach: true });
+  };
+
+  server.add(SandboxService, {
+    async exec(call) {
+      const req = call.request;
+      invalidArgumentIf(!isSessionId(req.sessionId), "session_id is missing or malformed");
+      invalidArgumentIf(req.command.trim() === "", "command must not be empty");
+      invalidArgumentIf(req.command.length > MAX_COMMAND_CHARS, `command is over ${MAX_COMMAND_CHARS} characters`);
+      invalidArgumentIf(req.timeoutMs > MAX_TIMEOUT_MS, `timeout_ms must be at most ${MAX_TIMEOUT_MS}`);
+      await requireEngine();
+      const container = await sandboxFor(req.sessionId);
+      const started = Date.now();
+      const exec = await container.exec({
+        Cmd: ["/bin/sh", "-c", req.command],
+        User: TOOL_USER,
+        WorkingDir: WORKSPACE,
+        Env: ["PATH=/bin:/usr/bin", `HOME=${WORKSPACE}`],
+        AttachStdin: req.stdin.length > 0,
+        AttachStdout: true,
+        AttachStderr: true,
+        Tty: false,
+      });
+      const stream = (await exec.start({ hijack: true, stdin: req.stdin.length > 0 })) as NodeJS.ReadWriteStream & AsyncIterable<Buffer> & { destroy(): void };
+      if (req.stdin.length > 0) stream.end(Buffer.from(req.stdin));
+      let timedOut = false;
+      let cancelled = false;
+      const timeoutMs = req.timeoutMs || cfg.execTimeoutMs;
+      const kill = () => killCommands(container).catch((err: Error) => logger.warn("kill failed", { session: req.sessionId, error: err.message }));
+      const timer = setTimeout(() => {
+        timedOut = true;
+        void kill();
+      }, timeoutMs);
+      call.once("cancelled", () => {
+        cancelled = true;
+        void kill();
+      });
+      let sent = 0;
+      let truncated = false;
+      try {
+        for await (const part of demux(stream)) {
+          if (cancelled) break;
+          if (sent >= MAX_OUTPUT_BYTES) {
+            truncated = true;
+            continue; // keep reading so the process is not blocked on a full pipe
+          }
+          const data = part.data.subarray(0, MAX_OUTPUT_BYTES - sent);
+          truncated ||= data.length < part.data.length;
+          sent += data.length;
+          const msg = create(ExecResponseSchema, { kind: { case: part.stream, value: data } });
+          const wait = write(call, msg);
+          if (wait) await wait;
+        }
+      } finally {
+        clearTimeout(timer);
+        stream.destroy();
+      }
+      if (cancelled) return;
+      const info = await exec.inspect();
+      const oomKilled = await container.inspect().then((c) => c.State.OOMKilled, () => false);
+      call.write(
+        create(ExecResponseSchema, {
+          kind: { case: "exit", value: { exitCode: info.ExitCode ?? -1, timedOut, truncated, oomKilled, durationMs: Date.now() - started } },
+        }),
+      );
+      call.end();
+    },
+
+    async releaseSandbox(req) {
+      invalidArgumentIf(!isSessionId(req.sessionId), "session_id is missing or malformed");
+      await requireEngine();
+      containers.delete(req.sessionId);
+      const removed = await docker
+        .getContainer(containerName(req.sessionId))
+        .remove({ force: true })
+        .then(
+          () => true,
+          (err: { statusCode?: number }) => {
+            if (err.statusCode === 404) return false;
+            throw new RpcError(Status.INTERNAL, `could not remove the sandbox: ${String(err)}`);
+          },
+        );
+      return { removed };
+    },
+  });
+
+  await checkEngine();
+  if (!engineUp) {
+    // checkEngine only logs on a change; say it once at start as well.
+    server.setStatus(SandboxService.typeName, ServingStatus.NOT_SERVING);
+    server.setStatus("", ServingStatus.NOT_SERVING);
+    logger.error(`no Docker engine at ${process.env.DOCKER_HOST ?? "/var/run/docker.sock"}: tools will fail until dockerd runs`);
+  }
+  const watch = setInterval(() => void checkEngine(), 5000);
+  watch.unref();
+  const port = await server.listen(cfg.addr.sandbox);
+  logger.info(`sandbox serving on port ${port}`, { image: cfg.sandboxImage, runtime: cfg.sandboxRuntime });
+  return {
+    async drain() {
+      clearInterval(watch);
+      await server.drain(cfg.drainGraceMs);
+    },
+  };
+}

@@ -1,0 +1,271 @@
+// A scripted model server that speaks the OpenAI HTTP API (chat completions with SSE streaming and
+// tool calls, embeddings, model list). It stands in for a real model where none can be reached and
+// in tests; its replies follow fixed rules, documented in docs/scripted-model.md:
+//
+//   last message is a tool result  -> a text reply that quotes each result of the batch
+//   "$ CMD"                        -> one `exec` tool call running CMD
+//   "$$ A ;; B ;; C"               -> one batch of `exec` calls
+//   "!tokens N [rate=R]"           -> N tokens ("t1 t2 ..."), at R tokens/s if given
+//   "!bench N"                     -> N tokens, each "@<write time in ms> " (for latency figures)
+//   "!think TEXT"                  -> TEXT as reasoning deltas, then a short answer
+//   "!fail STATUS [times=N]"       -> HTTP STATUS with an OpenAI error body (only the first N times)
+//   "!cut N"                       -> N tokens, then the connection is cut mid-stream
+//   anything else                  -> "You said: TEXT", one token per word
+import http from "node:http";
+import { once } from "node:events";
+import { performance } from "node:perf_hooks";
+import { HASH_EMBEDDING_DIM, hashEmbedding } from "../shared/hash-embedding.js";
+
+export interface ScriptedModelOptions {
+  host?: string;
+  port?: number;
+  /** Default tokens per second for streamed replies; 0 streams as fast as the client reads. */
+  tokenRate?: number;
+}
+
+interface ToolCallOut {
+  id: string;
+  name: string;
+  arguments: string;
+}
+interface Reply {
+  text: string[]; // tokens, each written as one chunk
+  thinking?: string[];
+  toolCalls?: ToolCallOut[];
+  rate: number;
+  cutAfter?: number;
+  stamp?: boolean;
+  fail?: { status: number; message: string };
+}
+
+interface InMessage {
+  role: string;
+  content?: unknown;
+  name?: string;
+  tool_call_id?: string;
+}
+
+const nowMs = () => performance.timeOrigin + performance.now();
+const words = (s: string) => s.split(/(?<=\s)/).filter((w) => w.length > 0);
+
+function contentText(content: unknown): string {
+  if (typeof content === "string") return content;
+  if (Array.isArray(content)) return content.map((p) => (typeof p?.text === "string" ? p.text : "")).join("");
+  return "";
+}
+
+function option(text: string, name: string): number | undefined {
+  const m = new RegExp(`\\b${name}=(\\d+(?:\\.\\d+)?)`).exec(text);
+  return m ? Number(m[1]) : undefined;
+}
+
+export class ScriptedModel {
+  private readonly failures = new Map<string, number>();
+  private callCounter = 0;
+  constructor(private readonly tokenRate: number) {}
+
+  /** The reply the rules give for a conversation. */
+  reply(messages: InMessage[], toolNames: Set<string>): Reply {
+    const rate = this.tokenRate;
+    const last = messages[messages.length - 1];
+    if (!last) return { text: words("Nothing to answer."), rate };
+    if (last.role === "tool") {
+      const results: string[] = [];
+      for (let i = messages.length - 1; i >= 0 && messages[i].role === "tool"; i--) {
+        const body = contentText(messages[i].content).trim().replace(/\s+/g, " ").slice(0, 200);
+        results.unshift(body === "" ? "(no output)" : body);
+      }
+      return { text: words(`Tool results: ${results.join(" | ")}`), rate };
+    }
+    const text = contentText(last.content).trim();
+
+    if (text.startsWith("$$ ") || text.startsWith("$ ")) {
+      const commands = text.startsWith("$$ ") ? text.slice(3).split(" ;; ") : [text.slice(2)];
+      if (!toolNames.has("exec")) return { text: words("I have no exec tool here."), rate };
+      return {
+        text: [],
+        rate,
+        toolCalls: commands.map((command) => ({
+          id: `call_${(++this.callCounter).toString(36)}`,
+          name: "exec",
+          arguments: JSON.stringify({ command: command.trim() }),
+        })),
+      };
+    }
+    const directive = /^!(\w+)\s*(.*)$/s.exec(text);
+    if (directive) {
+      const [, name, arg] = directive;
+      const n = Number.parseInt(arg, 10);
+      switch (name) {
+        case "tokens":
+          return { text: Array.from({ length: n > 0 ? n : 1 }, (_, i) => `t${i + 1} `), rate: option(arg, "rate") ?? rate };
+        case "bench":
+          return { text: Array.from({ length: n > 0 ? n : 1 }, () => ""), rate: option(arg, "rate") ?? rate, stamp: true };
+        case "think":
+          return { thinking: words(arg), text: words("Thought about it."), rate };
+        case "cut":
+          return { text: Array.from({ length: 1000 }, (_, i) => `t${i + 1} `), rate, cutAfter: n > 0 ? n : 1 };
+        case "fail": {
+          const status = n >= 400 && n <= 599 ? n : 500;
+          const times = option(arg, "times");
+          const seen = (this.failures.get(text) ?? 0) + 1;
+          this.failures.set(text, seen);
+          if (times === undefined || seen <= times) {
+            return { text: [], rate, fail: { status, message: `scripted failure ${status} (${seen}${times ? `/${times}` : ""})` } };
+          }
+          return { text: words(`Recovered after ${times} failures.`), rate };
+        }
+      }
+    }
+    return { text: words(`You said: ${text}`), rate };
+  }
+}
+
+function countTokens(messages: InMessage[]): number {
+  let n = 0;
+  for (const m of messages) n += Math.ceil(contentText(m.content).length / 4) + 4;
+  return n;
+}
+
+async function readJson(req: http.IncomingMessage): Promise<Record<string, unknown>> {
+  const chunks: Buffer[] = [];
+  for await (const c of req) chunks.push(c as Buffer);
+  return JSON.parse(Buffer.concat(chunks).toString("utf8") || "{}");
+}
+
+function sendJson(res: http.ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}) {
+  const data = JSON.stringify(body);
+  res.writeHead(status, { "content-type": "application/json", "content-length": Buffer.byteLength(data), ...headers });
+  res.end(data);
+}
+
+async function streamReply(res: http.ServerResponse, reply: Reply, model: string, promptTokens: number, includeUsage: boolean) {
+  const id = `chatcmpl-${Date.now().toString(36)}${Math.random().toString(36).slice(2, 8)}`;
+  const created = Math.floor(Date.now() / 1000);
+  res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache", connection: "keep-alive" });
+  let aborted = false;
+  res.on("close", () => (aborted = !res.writableFinished));
+  const send = async (delta: Record<string, unknown>, finish: string | null = null) => {
+    const chunk = { id, object: "chat.completion.chunk", created, model, choices: [{ index: 0, delta, finish_reason: finish }] };
+    if (!res.write(`data: ${JSON.stringify(chunk)}\n\n`)) await once(res, "drain");
+  };
+  const pause = reply.rate > 0 ? 1000 / reply.rate : 0;
+  const wait = () => (pause > 0 ? new Promise((r) => setTimeout(r, pause)) : undefined);
+
+  await send({ role: "assistant", content: "" });
+  let written = 0;
+  for (const t of reply.thinking ?? []) {
+    if (aborted) return;
+    await send({ reasoning_content: t });
+    await wait();
+  }
+  for (const t of reply.text) {
+    if (aborted) return;
+    if (reply.cutAfter !== undefined && written >= reply.cutAfter) {
+      res.socket?.destroy();
+      return;
+    }
+    await send({ content: reply.stamp ? `@${nowMs().toFixed(3)} ` : t });
+    written++;
+    await wait();
+  }
+  for (const [index, call] of (reply.toolCalls ?? []).entries()) {
+    await send({ tool_calls: [{ index, id: call.id, type: "function", function: { name: call.name, arguments: "" } }] });
+    // Arguments arrive in two pieces, as real providers split them.
+    const half = Math.ceil(call.arguments.length / 2);
+    await send({ tool_calls: [{ index, function: { arguments: call.arguments.slice(0, half) } }] });
+    await send({ tool_calls: [{ index, function: { arguments: call.arguments.slice(half) } }] });
+  }
+  await send({}, reply.toolCalls?.length ? "tool_calls" : "stop");
+  if (includeUsage) {
+    const completion = written + (reply.thinking?.length ?? 0) + (reply.toolCalls?.length ?? 0) * 10;
+    const usage = { prompt_tokens: promptTokens, completion_tokens: completion, total_tokens: promptTokens + completion };
+    res.write(`data: ${JSON.stringify({ id, object: "chat.completion.chunk", created, model, choices: [], usage })}\n\n`);
+  }
+  res.end("data: [DONE]\n\n");
+}
+
+function completeReply(res: http.ServerResponse, reply: Reply, model: string, promptTokens: number) {
+  const calls = reply.toolCalls ?? [];
+  const completion = reply.text.length;
+  sendJson(res, 200, {
+    id: `chatcmpl-${Date.now().toString(36)}`,
+    object: "chat.completion",
+    created: Math.floor(Date.now() / 1000),
+    model,
+    choices: [
+      {
+        index: 0,
+        finish_reason: calls.length ? "tool_calls" : "stop",
+        message: {
+          role: "assistant",
+          content: calls.length ? null : reply.text.join(""),
+          ...(calls.length ? { tool_calls: calls.map((c) => ({ id: c.id, type: "function", function: { name: c.name, arguments: c.arguments } })) } : {}),
+        },
+      },
+    ],
+    usage: { prompt_tokens: promptTokens, completion_tokens: completion, total_tokens: promptTokens + completion },
+  });
+}
+
+export interface RunningModelServer {
+  port: number;
+  close(): Promise<void>;
+}
+
+export async function startScriptedModelServer(options: ScriptedModelOptions = {}): Promise<RunningModelServer> {
+  const model = new ScriptedModel(options.tokenRate ?? 0);
+  const server = http.createServer(async (req, res) => {
+    try {
+      const url = new URL(req.url ?? "/", "http://x");
+      if (req.method === "GET" && url.pathname === "/healthz") return sendJson(res, 200, { ok: true });
+      if (req.method === "GET" && url.pathname === "/v1/models") {
+        return sendJson(res, 200, { object: "list", data: [{ id: "scripted-1", object: "model", created: 0, owned_by: "troupe" }] });
+      }
+      if (req.method === "POST" && url.pathname === "/v1/embeddings") {
+        const body = await readJson(req);
+        const inputs = Array.isArray(body.input) ? body.input.map(String) : [String(body.input ?? "")];
+        const dim = typeof body.dimensions === "number" ? body.dimensions : HASH_EMBEDDING_DIM;
+        return sendJson(res, 200, {
+          object: "list",
+          model: body.model ?? "scripted-embedding",
+          data: inputs.map((text, index) => ({ object: "embedding", index, embedding: Array.from(hashEmbedding(text, dim)) })),
+          usage: { prompt_tokens: inputs.join(" ").length >> 2, total_tokens: inputs.join(" ").length >> 2 },
+        });
+      }
+      if (req.method === "POST" && url.pathname === "/v1/chat/completions") {
+        const body = await readJson(req);
+        const messages = Array.isArray(body.messages) ? (body.messages as InMessage[]) : [];
+        const tools = Array.isArray(body.tools) ? (body.tools as { function?: { name?: string } }[]) : [];
+        const reply = model.reply(messages, new Set(tools.map((t) => t.function?.name ?? "")));
+        const modelName = typeof body.model === "string" ? body.model : "scripted-1";
+        if (reply.fail) {
+          const type = reply.fail.status === 429 ? "rate_limit_error" : reply.fail.status >= 500 ? "server_error" : "invalid_request_error";
+          return sendJson(res, reply.fail.status, { error: { message: reply.fail.message, type, code: null } }, reply.fail.status === 429 ? { "retry-after": "1" } : {});
+        }
+        const promptTokens = countTokens(messages);
+        if (body.stream === true) {
+          const includeUsage = (body.stream_options as { include_usage?: boolean } | undefined)?.include_usage === true;
+          return await streamReply(res, reply, modelName, promptTokens, includeUsage);
+        }
+        return completeReply(res, reply, modelName, promptTokens);
+      }
+      sendJson(res, 404, { error: { message: `no route ${req.method} ${url.pathname}`, type: "invalid_request_error" } });
+    } catch (err) {
+      if (!res.headersSent) sendJson(res, 400, { error: { message: (err as Error).message, type: "invalid_request_error" } });
+      else res.destroy();
+    }
+  });
+  server.keepAliveTimeout = 60_000;
+  server.listen(options.port ?? 0, options.host ?? "127.0.0.1");
+  await once(server, "listening");
+  const port = (server.address() as { port: number }).port;
+  return {
+    port,
+    close: () =>
+      new Promise((resolve) => {
+        server.closeAllConnections();
+        server.close(() => resolve());
+      }),
+  };
+}

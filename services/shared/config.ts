@@ -1,0 +1,99 @@
+// Where everything is. Each setting comes from a flag, else an environment variable, else a
+// default on 127.0.0.1; the same names work for `troupe up` and for one service at a time.
+import { parseArgs } from "node:util";
+import path from "node:path";
+
+export interface Addresses {
+  gateway: string;
+  router: string;
+  runner: string;
+  memory: string;
+  sandbox: string;
+  /** The scripted model server (HTTP). */
+  model: string;
+}
+
+export interface Config {
+  addr: Addresses;
+  dataDir: string;
+  /** Largest gRPC message any server accepts (RESOURCE_EXHAUSTED beyond). */
+  maxMessageBytes: number;
+  /** How long a draining server waits for running calls. */
+  drainGraceMs: number;
+  /** Runner: its id, and the address the gateway should dial (defaults to addr.runner). */
+  runnerId: string;
+  advertise: string;
+  /** Model endpoint; empty means "use the scripted model server". */
+  openaiBaseUrl: string;
+  openaiApiKey: string;
+  model: string;
+  /** Default tool timeout for sandbox exec. */
+  execTimeoutMs: number;
+  /** Sandbox image and container runtime (runc or runsc). */
+  sandboxImage: string;
+  sandboxRuntime: string;
+  /** Extra positional arguments after the flags. */
+  rest: string[];
+}
+
+const DEFAULTS = {
+  gateway: "127.0.0.1:50051",
+  router: "127.0.0.1:50052",
+  runner: "127.0.0.1:50053",
+  memory: "127.0.0.1:50054",
+  sandbox: "127.0.0.1:50055",
+  model: "127.0.0.1:50060",
+};
+
+export const FLAG_OPTIONS = {
+  "data-dir": { type: "string" },
+  gateway: { type: "string" },
+  router: { type: "string" },
+  runner: { type: "string" },
+  memory: { type: "string" },
+  sandbox: { type: "string" },
+  "model-server": { type: "string" },
+  "runner-id": { type: "string" },
+  advertise: { type: "string" },
+  "max-message-bytes": { type: "string" },
+  "drain-grace-ms": { type: "string" },
+} as const;
+
+function positiveInt(name: string, value: string | undefined, fallback: number): number {
+  if (value === undefined || value === "") return fallback;
+  const n = Number(value);
+  if (!Number.isInteger(n) || n <= 0) throw new Error(`${name} must be a positive integer, got "${value}"`);
+  return n;
+}
+
+export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env, extra: Record<string, { type: "string" | "boolean"; short?: string }> = {}): Config & { flags: Record<string, string | boolean | undefined> } {
+  const { values, positionals } = parseArgs({ args: argv, options: { ...FLAG_OPTIONS, ...extra }, allowPositionals: true, strict: true });
+  const v = values as Record<string, string | undefined>;
+  const addr: Addresses = {
+    gateway: v.gateway ?? env.TROUPE_GATEWAY_ADDR ?? DEFAULTS.gateway,
+    router: v.router ?? env.TROUPE_ROUTER_ADDR ?? DEFAULTS.router,
+    runner: v.runner ?? env.TROUPE_RUNNER_ADDR ?? DEFAULTS.runner,
+    memory: v.memory ?? env.TROUPE_MEMORY_ADDR ?? DEFAULTS.memory,
+    sandbox: v.sandbox ?? env.TROUPE_SANDBOX_ADDR ?? DEFAULTS.sandbox,
+    model: v["model-server"] ?? env.TROUPE_MODEL_SERVER_ADDR ?? DEFAULTS.model,
+  };
+  return {
+    addr,
+    dataDir: path.resolve(v["data-dir"] ?? env.TROUPE_DATA_DIR ?? "./data"),
+    maxMessageBytes: positiveInt("--max-message-bytes", v["max-message-bytes"] ?? env.TROUPE_MAX_MESSAGE_BYTES, 4 * 1024 * 1024),
+    drainGraceMs: positiveInt("--drain-grace-ms", v["drain-grace-ms"] ?? env.TROUPE_DRAIN_GRACE_MS, 10_000),
+    runnerId: v["runner-id"] ?? env.TROUPE_RUNNER_ID ?? `runner-${addr.runner}`,
+    advertise: v.advertise ?? env.TROUPE_RUNNER_ADVERTISE ?? addr.runner,
+    openaiBaseUrl: env.OPENAI_BASE_URL ?? "",
+    openaiApiKey: env.OPENAI_API_KEY ?? "",
+    model: env.TROUPE_MODEL ?? "scripted-1",
+    execTimeoutMs: positiveInt("TROUPE_EXEC_TIMEOUT_MS", env.TROUPE_EXEC_TIMEOUT_MS, 60_000),
+    sandboxImage: env.TROUPE_SANDBOX_IMAGE ?? "troupe-sandbox:busybox",
+    sandboxRuntime: env.TROUPE_SANDBOX_RUNTIME ?? "runc",
+    rest: positionals,
+    flags: values as Record<string, string | boolean | undefined>,
+  };
+}
+
+/** The base URL the runner's model client uses: the configured endpoint, else the scripted server. */
+export const modelBaseUrl = (c: Config): string => c.openaiBaseUrl || `http://${c.addr.model}/v1`;

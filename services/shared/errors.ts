@@ -1,0 +1,48 @@
+// Errors that cross a gRPC boundary. Handlers throw RpcError with the status a caller should see;
+// anything else thrown is a bug and reaches the caller as INTERNAL without its message.
+import { status as Status } from "@grpc/grpc-js";
+
+export { Status };
+
+export class RpcError extends Error {
+  constructor(
+    readonly code: Status,
+    message: string,
+  ) {
+    super(message);
+    this.name = "RpcError";
+  }
+}
+
+export const invalidArgument = (msg: string) => new RpcError(Status.INVALID_ARGUMENT, msg);
+export const notFound = (msg: string) => new RpcError(Status.NOT_FOUND, msg);
+export const failedPrecondition = (msg: string) => new RpcError(Status.FAILED_PRECONDITION, msg);
+export const resourceExhausted = (msg: string) => new RpcError(Status.RESOURCE_EXHAUSTED, msg);
+export const unavailable = (msg: string) => new RpcError(Status.UNAVAILABLE, msg);
+
+/** The status name of a numeric code, e.g. 14 -> "UNAVAILABLE". */
+export function statusName(code: number): string {
+  return Status[code] ?? `CODE_${code}`;
+}
+
+/** The gRPC status carried by an error from a grpc-js client call, if it is one. */
+export function grpcCode(err: unknown): Status | undefined {
+  const code = (err as { code?: unknown } | null)?.code;
+  return typeof code === "number" ? code : undefined;
+}
+
+/** Converts a thrown value into the status object grpc-js sends. */
+export function toStatus(err: unknown): { code: Status; details: string } {
+  if (err instanceof RpcError) return { code: err.code, details: err.message };
+  const code = grpcCode(err);
+  // A failed downstream call keeps its status: the caller learns UNAVAILABLE, not INTERNAL.
+  if (code !== undefined && code !== Status.OK) {
+    return { code, details: (err as { details?: string }).details ?? String(err) };
+  }
+  return { code: Status.INTERNAL, details: "internal error" };
+}
+
+/** Throws INVALID_ARGUMENT with `message` when `condition` holds. */
+export function invalidArgumentIf(condition: boolean, message: string): void {
+  if (condition) throw invalidArgument(message);
+}

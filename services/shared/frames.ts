@@ -1,0 +1,42 @@
+// Validation of client frames, shared by the gateway (to fail fast at the edge) and the runner
+// (which owns the session and must not trust its callers either).
+import { FrameKind, type ClientFrame } from "./gen/troupe/v1/session_pb.js";
+import { failedPrecondition, invalidArgument } from "./errors.js";
+import { isAgentId, isFrameId, isSessionId } from "./ids.js";
+
+export const FRAME_KIND: Record<NonNullable<ClientFrame["kind"]["case"]>, FrameKind> = {
+  open: FrameKind.OPEN,
+  prompt: FrameKind.PROMPT,
+  steer: FrameKind.STEER,
+  followUp: FrameKind.FOLLOW_UP,
+  abort: FrameKind.ABORT,
+};
+
+/** Checks a frame; `opened` says whether the stream already carried its open frame. */
+export function validateFrame(frame: ClientFrame | undefined, opened: boolean): asserts frame is ClientFrame {
+  if (!frame) throw invalidArgument("the request carries no frame");
+  if (!isFrameId(frame.frameId)) throw invalidArgument("frame_id must be 1-128 printable ASCII characters");
+  const kind = frame.kind;
+  if (kind.case === undefined) throw invalidArgument(`frame ${frame.frameId} has no kind: set one of open, prompt, steer, follow_up, abort`);
+  if (!opened && kind.case !== "open") throw failedPrecondition(`frame ${frame.frameId} (${kind.case}) arrived before the session was opened: send an open frame first`);
+  if (opened && kind.case === "open") throw failedPrecondition(`frame ${frame.frameId}: this stream's session is already open`);
+  switch (kind.case) {
+    case "open":
+      validateSessionRef(kind.value.sessionId, kind.value.agentId, true);
+      break;
+    case "prompt":
+    case "steer":
+    case "followUp":
+      if (kind.value.text.trim() === "") throw invalidArgument(`frame ${frame.frameId}: text must not be empty`);
+      break;
+    case "abort":
+      break;
+  }
+}
+
+export function validateSessionRef(sessionId: string, agentId: string, allowEmptySession: boolean): void {
+  if (sessionId === "" ? !allowEmptySession : !isSessionId(sessionId)) {
+    throw invalidArgument(`session_id ${JSON.stringify(sessionId.slice(0, 64))} is not valid: 1-128 of A-Z a-z 0-9 . _ : -`);
+  }
+  if (agentId !== "" && !isAgentId(agentId)) throw invalidArgument(`agent_id ${JSON.stringify(agentId.slice(0, 64))} is not valid: 1-64 of a-z 0-9 _ -`);
+}

@@ -1,0 +1,16 @@
+import { randomUUID } from "node:crypto";
+
+export const newId = (): string => randomUUID();
+
+/** The agent a session belongs to when the client names none. */
+export const DEFAULT_AGENT = "main";
+
+// Session ids become file names under the data directory and container labels, so they are
+// restricted to a safe alphabet; client frame ids only need to be printable and bounded.
+const SESSION_ID = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/;
+const FRAME_ID = /^[\x21-\x7e]{1,128}$/;
+const AGENT_ID = /^[a-z0-9][a-z0-9_-]{0,63}$/;
+
+export const isSessionId = (s: string): boolean => SESSION_ID.test(s) && !s.includes("..");
+export const isFrameId = (s: string): boolean => FRAME_ID.test(s);
+export const isAgentId = (s: string): boolean => AGENT_ID.test(s);

@@ -1,0 +1,43 @@
+// How a service process lives: start it, serve, and on SIGTERM or SIGINT drain it (health goes
+// NOT_SERVING, running calls get a grace period) and flush telemetry before exiting.
+import type { Config } from "./config.js";
+import { createLogger, type Logger } from "./log.js";
+import { startTelemetry } from "./telemetry.js";
+
+export interface RunningService {
+  /** Stop taking work, finish or cancel what is running, release resources. */
+  drain(): Promise<void>;
+}
+
+export type ServiceStarter = (cfg: Config, logger: Logger) => Promise<RunningService>;
+
+export async function runService(name: string, cfg: Config, start: ServiceStarter): Promise<void> {
+  const logger = createLogger(name);
+  const telemetry = await startTelemetry(name);
+  let service: RunningService;
+  try {
+    service = await start(cfg, logger);
+  } catch (err) {
+    logger.error(`failed to start: ${(err as Error).message}`);
+    await telemetry.shutdown();
+    process.exit(1);
+  }
+  let stopping = false;
+  const stop = async (signal: string) => {
+    if (stopping) return;
+    stopping = true;
+    logger.info(`${signal}: draining`);
+    const hardStop = setTimeout(() => process.exit(1), cfg.drainGraceMs + 5000);
+    hardStop.unref();
+    try {
+      await service.drain();
+    } catch (err) {
+      logger.error(`drain failed: ${(err as Error).message}`);
+    }
+    await telemetry.shutdown().catch(() => undefined);
+    logger.info("stopped");
+    process.exit(0);
+  };
+  process.on("SIGTERM", () => void stop("SIGTERM"));
+  process.on("SIGINT", () => void stop("SIGINT"));
+}

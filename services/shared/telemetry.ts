@@ -1,0 +1,84 @@
+// Tracing through @opentelemetry/api only. The SDK and the OTLP exporter are loaded at process
+// start, and only when OTEL_EXPORTER_OTLP_ENDPOINT is set; otherwise every span is a no-op.
+import { ROOT_CONTEXT, context, propagation, trace, type Context, type TextMapGetter, type TextMapSetter } from "@opentelemetry/api";
+import type { Metadata } from "@grpc/grpc-js";
+
+export const tracer = trace.getTracer("troupe", "0.1.0");
+
+// GenAI semantic-convention attribute names (Development stability), copied here rather than
+// imported from @opentelemetry/semantic-conventions/incubating, which may break in minor releases.
+export const GenAI = {
+  OPERATION_NAME: "gen_ai.operation.name",
+  PROVIDER_NAME: "gen_ai.provider.name",
+  REQUEST_MODEL: "gen_ai.request.model",
+  REQUEST_MAX_TOKENS: "gen_ai.request.max_tokens",
+  REQUEST_STREAM: "gen_ai.request.stream",
+  RESPONSE_MODEL: "gen_ai.response.model",
+  RESPONSE_ID: "gen_ai.response.id",
+  RESPONSE_FINISH_REASONS: "gen_ai.response.finish_reasons",
+  RESPONSE_TIME_TO_FIRST_CHUNK: "gen_ai.response.time_to_first_chunk",
+  USAGE_INPUT_TOKENS: "gen_ai.usage.input_tokens",
+  USAGE_OUTPUT_TOKENS: "gen_ai.usage.output_tokens",
+  USAGE_CACHE_READ_INPUT_TOKENS: "gen_ai.usage.cache_read.input_tokens",
+  CONVERSATION_ID: "gen_ai.conversation.id",
+  AGENT_ID: "gen_ai.agent.id",
+  AGENT_NAME: "gen_ai.agent.name",
+  TOOL_NAME: "gen_ai.tool.name",
+  TOOL_CALL_ID: "gen_ai.tool.call.id",
+  TOOL_TYPE: "gen_ai.tool.type",
+  TOOL_DESCRIPTION: "gen_ai.tool.description",
+  ERROR_TYPE: "error.type",
+} as const;
+
+const metadataGetter: TextMapGetter<Metadata> = {
+  keys: (m) => Object.keys(m.getMap()),
+  get: (m, key) => {
+    const values = m.get(key);
+    return values.length === 0 ? undefined : values.map(String);
+  },
+};
+const metadataSetter: TextMapSetter<Metadata> = { set: (m, key, value) => m.set(key, value) };
+const recordGetter: TextMapGetter<Record<string, string>> = { keys: (r) => Object.keys(r), get: (r, k) => r[k] };
+const recordSetter: TextMapSetter<Record<string, string>> = { set: (r, k, v) => void (r[k] = v) };
+
+export const extractContext = (metadata: Metadata): Context => propagation.extract(ROOT_CONTEXT, metadata, metadataGetter);
+export const injectContext = (ctx: Context, metadata: Metadata): void => propagation.inject(ctx, metadata, metadataSetter);
+
+/** Trace context as a string map, for carriers that are not call metadata (a stream's frames). */
+export function contextToRecord(ctx: Context = context.active()): Record<string, string> {
+  const carrier: Record<string, string> = {};
+  propagation.inject(ctx, carrier, recordSetter);
+  return carrier;
+}
+export const contextFromRecord = (carrier: Record<string, string>): Context => propagation.extract(ROOT_CONTEXT, carrier, recordGetter);
+
+export interface Telemetry {
+  shutdown(): Promise<void>;
+}
+
+/**
+ * Wires the OTel SDK for this process when OTEL_EXPORTER_OTLP_ENDPOINT is set: W3C trace-context
+ * propagation, an async-local context manager, batched OTLP/HTTP export. The standard OTEL_*
+ * variables (headers, sampling, batch delays) are honoured by the SDK itself.
+ */
+export async function startTelemetry(serviceName: string): Promise<Telemetry> {
+  if (!process.env.OTEL_EXPORTER_OTLP_ENDPOINT) return { shutdown: async () => {} };
+  const [{ TracerProvider, BatchSpanProcessor }, { AsyncLocalStorageContextManager }, core, { OTLPTraceExporter }, { resourceFromAttributes }] =
+    await Promise.all([
+      import("@opentelemetry/sdk-trace"),
+      import("@opentelemetry/context-async-hooks"),
+      import("@opentelemetry/core"),
+      import("@opentelemetry/exporter-trace-otlp-http"),
+      import("@opentelemetry/resources"),
+    ]);
+  const provider = new TracerProvider({
+    resource: resourceFromAttributes({ "service.name": process.env.OTEL_SERVICE_NAME ?? `troupe-${serviceName}` }),
+    spanProcessors: [new BatchSpanProcessor({ exporter: new OTLPTraceExporter() })],
+  });
+  context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
+  propagation.setGlobalPropagator(
+    new core.CompositePropagator({ propagators: [new core.W3CTraceContextPropagator(), new core.W3CBaggagePropagator()] }),
+  );
+  trace.setGlobalTracerProvider(provider);
+  return { shutdown: () => provider.shutdown() };
+}
