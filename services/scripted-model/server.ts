@@ -10,6 +10,7 @@
 //   "!think TEXT"                  -> TEXT as reasoning deltas, then a short answer
 //   "!fail STATUS [times=N]"       -> HTTP STATUS with an OpenAI error body (only the first N times)
 //   "!cut N"                       -> N tokens, then the connection is cut mid-stream
+//   "!call NAME ARGS"              -> one call of tool NAME with ARGS as its raw arguments text
 //   anything else                  -> "You said: TEXT", one token per word
 import http from "node:http";
 import { once } from "node:events";
@@ -103,6 +104,12 @@ export class ScriptedModel {
           return { text: Array.from({ length: n > 0 ? n : 1 }, () => ""), rate: option(arg, "rate") ?? rate, stamp: true };
         case "think":
           return { thinking: words(arg), text: words("Thought about it."), rate };
+        case "call": {
+          // A tool call exactly as given, valid or not: for testing how bad calls are handled.
+          const m = /^(\S+)\s*(.*)$/s.exec(arg);
+          if (!m) break;
+          return { text: [], rate, toolCalls: [{ id: `call_${(++this.callCounter).toString(36)}`, name: m[1], arguments: m[2] }] };
+        }
         case "cut":
           return { text: Array.from({ length: 1000 }, (_, i) => `t${i + 1} `), rate, cutAfter: n > 0 ? n : 1 };
         case "fail": {

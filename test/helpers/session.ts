@@ -1,0 +1,108 @@
+// A test client for one Chat stream: send frames, collect events, wait for what should come.
+import { toJson } from "@bufbuild/protobuf";
+import type { GatewayService } from "../../services/shared/gen/troupe/v1/gateway_pb.js";
+import { type ChatResponse } from "../../services/shared/gen/troupe/v1/gateway_pb.js";
+import { AgentEventSchema, type AgentEvent, type ClientFrame, type SessionOpened } from "../../services/shared/gen/troupe/v1/session_pb.js";
+import type { MessageInitShape } from "@bufbuild/protobuf";
+import type { ClientFrameSchema } from "../../services/shared/gen/troupe/v1/session_pb.js";
+import type { grpc, ServiceClient } from "../../services/shared/rpc.js";
+
+type Kind = NonNullable<MessageInitShape<typeof ClientFrameSchema>["kind"]>;
+
+export class ChatSession {
+  readonly events: AgentEvent[] = [];
+  opened?: SessionOpened;
+  status?: grpc.StatusObject;
+  private waiters: (() => void)[] = [];
+  private n = 0;
+  readonly call: grpc.ClientDuplexStream<{ frame: MessageInitShape<typeof ClientFrameSchema> }, ChatResponse>;
+
+  constructor(gateway: ServiceClient<(typeof GatewayService)["method"]>) {
+    this.call = gateway.chat() as never;
+    this.call.on("data", (resp: ChatResponse) => {
+      if (resp.kind.case === "opened") this.opened = resp.kind.value;
+      else if (resp.kind.case === "event") this.events.push(resp.kind.value);
+      this.wake();
+    });
+    this.call.on("status", (s: grpc.StatusObject) => {
+      this.status = s;
+      this.wake();
+    });
+    this.call.on("error", () => undefined);
+  }
+
+  private wake() {
+    for (const w of this.waiters.splice(0)) w();
+  }
+
+  send(kind: Kind, frameId = `f${++this.n}`): string {
+    this.call.write({ frame: { frameId, kind } });
+    return frameId;
+  }
+
+  open(sessionId = "", create = true): string {
+    return this.send({ case: "open", value: { sessionId, create } });
+  }
+
+  prompt(text: string): string {
+    return this.send({ case: "prompt", value: { text } });
+  }
+
+  /** Resolves with the first event (after `from`) that matches, or rejects after timeoutMs. */
+  async waitFor(match: (e: AgentEvent) => boolean, timeoutMs = 15_000, from = 0): Promise<AgentEvent> {
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      const hit = this.events.slice(from).find(match);
+      if (hit) return hit;
+      if (this.status) throw new Error(`stream ended (${this.status.code} ${this.status.details}) before the event came; got: ${this.describe()}`);
+      const left = deadline - Date.now();
+      if (left <= 0) throw new Error(`timed out; got: ${this.describe()}`);
+      await new Promise<void>((resolve) => {
+        const t = setTimeout(resolve, left);
+        this.waiters.push(() => {
+          clearTimeout(t);
+          resolve();
+        });
+      });
+    }
+  }
+
+  waitForPayload(kase: AgentEvent["payload"]["case"], timeoutMs?: number, from = 0): Promise<AgentEvent> {
+    return this.waitFor((e) => e.payload.case === kase, timeoutMs, from);
+  }
+
+  async waitOpened(timeoutMs = 10_000): Promise<SessionOpened> {
+    const deadline = Date.now() + timeoutMs;
+    while (!this.opened) {
+      if (this.status) throw new Error(`stream ended: ${this.status.code} ${this.status.details}`);
+      if (Date.now() > deadline) throw new Error("not opened in time");
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    return this.opened;
+  }
+
+  async ended(timeoutMs = 15_000): Promise<grpc.StatusObject> {
+    const deadline = Date.now() + timeoutMs;
+    while (!this.status) {
+      if (Date.now() > deadline) throw new Error(`stream did not end; got: ${this.describe()}`);
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    return this.status;
+  }
+
+  cases(): string[] {
+    return this.events.map((e) => e.payload.case ?? "?");
+  }
+
+  describe(): string {
+    return this.events.map((e) => JSON.stringify(toJson(AgentEventSchema, e))).join("\n").slice(-4000);
+  }
+
+  close(): void {
+    this.call.cancel();
+  }
+}
+
+/** Frame id helper for unary calls. */
+export const frame = (k: Kind, frameId: string): MessageInitShape<typeof ClientFrameSchema> => ({ frameId, kind: k });
+export type { ClientFrame };

@@ -1,0 +1,144 @@
+// Starts Troupe's real processes for a test: the scripted model server and the five services, each
+// `node dist/services/cli/main.js <name>` on its own free loopback port, with a fresh data dir.
+import { spawn, type ChildProcess } from "node:child_process";
+import { mkdtemp, rm } from "node:fs/promises";
+import net from "node:net";
+import os from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { Health, HealthCheckResponse_ServingStatus as Serving } from "../../services/shared/gen/grpc/health/v1/health_pb.js";
+import { GatewayService } from "../../services/shared/gen/troupe/v1/gateway_pb.js";
+import { RouterService } from "../../services/shared/gen/troupe/v1/router_pb.js";
+import { createClient, type ServiceClient } from "../../services/shared/rpc.js";
+
+export const MAIN = fileURLToPath(new URL("../../services/cli/main.js", import.meta.url));
+
+export async function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const srv = net.createServer();
+    srv.unref();
+    srv.on("error", reject);
+    srv.listen(0, "127.0.0.1", () => {
+      const { port } = srv.address() as net.AddressInfo;
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+export type ServiceName = "model-server" | "router" | "memory" | "sandbox" | "runner" | "gateway";
+export const SERVICE_ORDER: ServiceName[] = ["model-server", "router", "memory", "sandbox", "runner", "gateway"];
+
+export interface Stack {
+  addr: Record<ServiceName, string>;
+  dataDir: string;
+  env: NodeJS.ProcessEnv;
+  gateway: ServiceClient<(typeof GatewayService)["method"]>;
+  /** Everything the processes wrote to stderr, for failure messages. */
+  logs(): string;
+  start(name: ServiceName): Promise<void>;
+  kill(name: ServiceName, signal?: NodeJS.Signals): Promise<number | null>;
+  process(name: ServiceName): ChildProcess | undefined;
+  stop(): Promise<void>;
+}
+
+export interface StackOptions {
+  env?: NodeJS.ProcessEnv;
+  services?: ServiceName[];
+  dataDir?: string;
+}
+
+export function flagsFor(addr: Record<ServiceName, string>, dataDir: string): string[] {
+  return [
+    "--data-dir", dataDir,
+    "--gateway", addr.gateway,
+    "--router", addr.router,
+    "--runner", addr.runner,
+    "--memory", addr.memory,
+    "--sandbox", addr.sandbox,
+    "--model-server", addr["model-server"],
+  ];
+}
+
+export async function waitFor<T>(what: string, fn: () => Promise<T | undefined | false>, timeoutMs = 20_000, everyMs = 100): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  let lastErr: unknown;
+  while (Date.now() < deadline) {
+    try {
+      const v = await fn();
+      if (v) return v;
+    } catch (err) {
+      lastErr = err;
+    }
+    await new Promise((r) => setTimeout(r, everyMs));
+  }
+  throw new Error(`timed out waiting for ${what}${lastErr ? `: ${String(lastErr)}` : ""}`);
+}
+
+export async function waitServing(address: string, timeoutMs = 20_000): Promise<void> {
+  const health = createClient(Health, address);
+  try {
+    await waitFor(`${address} to serve`, async () => (await health.check({ service: "" }, { timeoutMs: 500 })).status === Serving.SERVING, timeoutMs);
+  } finally {
+    health.close();
+  }
+}
+
+export async function startStack(options: StackOptions = {}): Promise<Stack> {
+  const dataDir = options.dataDir ?? (await mkdtemp(path.join(os.tmpdir(), "troupe-test-")));
+  const addr = {} as Record<ServiceName, string>;
+  for (const name of SERVICE_ORDER) addr[name] = `127.0.0.1:${await freePort()}`;
+  const env: NodeJS.ProcessEnv = { ...process.env, TROUPE_LOG_LEVEL: "info", ...options.env };
+  delete env.OPENAI_BASE_URL;
+  if (options.env?.OPENAI_BASE_URL) env.OPENAI_BASE_URL = options.env.OPENAI_BASE_URL;
+  const procs = new Map<ServiceName, ChildProcess>();
+  let logText = "";
+
+  const start = async (name: ServiceName) => {
+    const proc = spawn(process.execPath, [MAIN, name, ...flagsFor(addr, dataDir)], { env, stdio: ["ignore", "pipe", "pipe"] });
+    proc.stdout!.on("data", (d) => (logText += d));
+    proc.stderr!.on("data", (d) => (logText += d));
+    procs.set(name, proc);
+    if (name === "model-server") {
+      await waitFor("the model server", async () => (await fetch(`http://${addr[name]}/healthz`)).ok);
+    } else {
+      await waitServing(addr[name]).catch((err) => {
+        throw new Error(`${err.message}\n--- logs ---\n${logText}`);
+      });
+    }
+  };
+
+  const services = options.services ?? SERVICE_ORDER;
+  for (const name of services) await start(name);
+  if (services.includes("runner")) {
+    const router = createClient(RouterService, addr.router);
+    await waitFor("the runner to register", async () => (await router.listRunners({})).runners.length > 0);
+    router.close();
+  }
+  const gateway = createClient(GatewayService, addr.gateway);
+
+  const kill = async (name: ServiceName, signal: NodeJS.Signals = "SIGTERM") => {
+    const proc = procs.get(name);
+    if (!proc || proc.exitCode !== null || proc.signalCode !== null) return proc?.exitCode ?? null;
+    const exited = new Promise<number | null>((resolve) => proc.once("exit", (code) => resolve(code)));
+    proc.kill(signal);
+    const code = await exited;
+    procs.delete(name);
+    return code;
+  };
+
+  return {
+    addr,
+    dataDir,
+    env,
+    gateway,
+    logs: () => logText,
+    start,
+    kill,
+    process: (name) => procs.get(name),
+    async stop() {
+      gateway.close();
+      for (const name of [...SERVICE_ORDER].reverse()) await kill(name, "SIGTERM");
+      if (!options.dataDir) await rm(dataDir, { recursive: true, force: true });
+    },
+  };
+}
