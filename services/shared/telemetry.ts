@@ -52,6 +52,11 @@ export function contextToRecord(ctx: Context = context.active()): Record<string,
 }
 export const contextFromRecord = (carrier: Record<string, string>): Context => propagation.extract(ROOT_CONTEXT, carrier, recordGetter);
 
+function envInt(name: string): number | undefined {
+  const v = Number(process.env[name]);
+  return Number.isInteger(v) && v > 0 ? v : undefined;
+}
+
 export interface Telemetry {
   shutdown(): Promise<void>;
 }
@@ -73,7 +78,16 @@ export async function startTelemetry(serviceName: string): Promise<Telemetry> {
     ]);
   const provider = new TracerProvider({
     resource: resourceFromAttributes({ "service.name": process.env.OTEL_SERVICE_NAME ?? `troupe-${serviceName}` }),
-    spanProcessors: [new BatchSpanProcessor({ exporter: new OTLPTraceExporter() })],
+    // The v3 SDK leaves environment configuration to its callers: honour the standard OTEL_BSP_*.
+    spanProcessors: [
+      new BatchSpanProcessor({
+        exporter: new OTLPTraceExporter(),
+        scheduledDelayMillis: envInt("OTEL_BSP_SCHEDULE_DELAY"),
+        exportTimeoutMillis: envInt("OTEL_BSP_EXPORT_TIMEOUT"),
+        maxQueueSize: envInt("OTEL_BSP_MAX_QUEUE_SIZE"),
+        maxExportBatchSize: envInt("OTEL_BSP_MAX_EXPORT_BATCH_SIZE"),
+      }),
+    ],
   });
   context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
   propagation.setGlobalPropagator(

@@ -1,0 +1,120 @@
+// One turn is one trace across gateway, runner, memory and sandbox: every process exports its
+// spans over OTLP/HTTP to a collector run by this test, and the test reads them back.
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+import http from "node:http";
+import { once } from "node:events";
+import { ChatSession } from "./helpers/session.js";
+import { startStack, waitFor, type Stack } from "./helpers/stack.js";
+
+interface Span {
+  service: string;
+  traceId: string;
+  spanId: string;
+  parentSpanId: string;
+  name: string;
+  kind: number;
+  attributes: Record<string, unknown>;
+}
+
+const spans: Span[] = [];
+let collector: http.Server;
+let stack: Stack;
+
+function attrValue(v: Record<string, unknown>): unknown {
+  if ("stringValue" in v) return v.stringValue;
+  if ("intValue" in v) return Number(v.intValue);
+  if ("doubleValue" in v) return v.doubleValue;
+  if ("boolValue" in v) return v.boolValue;
+  if ("arrayValue" in v) return ((v.arrayValue as { values?: Record<string, unknown>[] }).values ?? []).map(attrValue);
+  return undefined;
+}
+const attrs = (list: { key: string; value: Record<string, unknown> }[] = []) => Object.fromEntries(list.map((a) => [a.key, attrValue(a.value)]));
+
+before(async () => {
+  collector = http.createServer(async (req, res) => {
+    const chunks: Buffer[] = [];
+    for await (const c of req) chunks.push(c as Buffer);
+    let body: { resourceSpans?: { resource?: { attributes?: [] }; scopeSpans?: { spans?: Record<string, never>[] }[] }[] };
+    try {
+      body = JSON.parse(Buffer.concat(chunks).toString("utf8"));
+    } catch (err) {
+      console.error("collector: not JSON:", req.headers["content-type"], String(err));
+      res.writeHead(400).end();
+      return;
+    }
+    for (const rs of body.resourceSpans ?? []) {
+      const service = String(attrs(rs.resource?.attributes)["service.name"]);
+      for (const ss of rs.scopeSpans ?? []) {
+        for (const s of ss.spans ?? []) {
+          spans.push({ service, traceId: s.traceId, spanId: s.spanId, parentSpanId: s.parentSpanId ?? "", name: s.name, kind: s.kind, attributes: attrs(s.attributes) });
+        }
+      }
+    }
+    res.writeHead(200, { "content-type": "application/json" });
+    res.end("{}");
+  });
+  collector.listen(0, "127.0.0.1");
+  await once(collector, "listening");
+  const port = (collector.address() as { port: number }).port;
+  stack = await startStack({ env: { OTEL_EXPORTER_OTLP_ENDPOINT: `http://127.0.0.1:${port}`, OTEL_BSP_SCHEDULE_DELAY: "100" } });
+});
+
+after(async () => {
+  await stack?.stop();
+  collector?.close();
+});
+
+test("a turn with a tool call is one trace through gateway, runner, memory and sandbox", async () => {
+  const s = new ChatSession(stack.gateway);
+  s.open();
+  const opened = await s.waitOpened();
+  s.prompt("$ echo traced");
+  await s.waitForPayload("agentEnd", 30_000);
+  s.close();
+
+  const runnerTurn = await waitFor("the runner's invoke_agent span", async () =>
+    spans.find((x) => x.name === "invoke_agent main" && x.service === "troupe-runner" && x.attributes["gen_ai.conversation.id"] === opened.sessionId),
+  );
+  const traceId = runnerTurn.traceId;
+  const inTrace = () => spans.filter((x) => x.traceId === traceId);
+  await waitFor("the gateway, sandbox and memory spans", async () => {
+    const names = inTrace().map((x) => `${x.service} ${x.name}`);
+    return ["troupe-sandbox troupe.v1.SandboxService/Exec", "troupe-memory troupe.v1.MemoryService/SearchMemories", "troupe-gateway invoke_agent main"].every((n) => names.includes(n));
+  });
+  const trace = inTrace();
+  if (process.env.DEBUG_SPANS) console.log(spans.map((x) => `${x.traceId.slice(0, 8)} ${x.spanId.slice(0, 6)}<-${x.parentSpanId.slice(0, 6)} ${x.service} ${x.name}`).join("\n"));
+  const services = new Set(trace.map((x) => x.service));
+  for (const svc of ["troupe-gateway", "troupe-runner", "troupe-memory", "troupe-sandbox"]) assert.ok(services.has(svc), `${svc} is in the trace (${[...services]})`);
+
+  const byName = (name: string) => trace.filter((x) => x.name === name);
+  const gatewayTurn = byName("invoke_agent main").find((x) => x.service === "troupe-gateway");
+  assert.ok(gatewayTurn, "the gateway opened the turn's span");
+  assert.equal(gatewayTurn.kind, 3, "CLIENT: the gateway invokes a remote agent");
+  assert.equal(runnerTurn.kind, 1, "INTERNAL: the runner runs the agent");
+  assert.equal(runnerTurn.parentSpanId, gatewayTurn.spanId, "the runner's turn is a child of the gateway's");
+  assert.equal(runnerTurn.attributes["gen_ai.operation.name"], "invoke_agent");
+  assert.equal(runnerTurn.attributes["gen_ai.agent.id"], "main");
+
+  const chats = byName("chat scripted-1");
+  assert.equal(chats.length, 2, "two model calls: the tool call, then the answer");
+  for (const c of chats) {
+    assert.equal(c.parentSpanId, runnerTurn.spanId);
+    assert.equal(c.kind, 3);
+    assert.equal(c.attributes["gen_ai.operation.name"], "chat");
+    assert.equal(c.attributes["gen_ai.request.model"], "scripted-1");
+    assert.ok(Number(c.attributes["gen_ai.usage.output_tokens"]) > 0);
+    assert.ok(typeof c.attributes["gen_ai.provider.name"] === "string");
+  }
+  const tool = byName("execute_tool exec")[0];
+  assert.ok(tool, "the tool call has its span");
+  assert.equal(tool.parentSpanId, runnerTurn.spanId);
+  assert.equal(tool.attributes["gen_ai.tool.name"], "exec");
+  assert.ok(String(tool.attributes["gen_ai.tool.call.id"]).length > 0);
+
+  // The sandbox's server span hangs under the runner's client span, under execute_tool.
+  const execServer = trace.find((x) => x.service === "troupe-sandbox" && x.name === "troupe.v1.SandboxService/Exec")!;
+  const execClient = trace.find((x) => x.spanId === execServer.parentSpanId)!;
+  assert.equal(execClient.service, "troupe-runner");
+  assert.equal(execClient.parentSpanId, tool.spanId);
+});
