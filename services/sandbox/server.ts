@@ -41,7 +41,13 @@ export const DEFAULT_LIMITS: SandboxLimits = {
 };
 
 /** The container settings every sandbox gets; their hash is a label, so drift is visible. */
-export function containerSpec(image: string, runtime: string, sessionId: string, limits: SandboxLimits): Docker.ContainerCreateOptions {
+/**
+ * An instance is one Troupe deployment's sandboxes (by default, one data directory). It is part of
+ * every container's name and labels, so two deployments on one host never share a container.
+ */
+export const instanceOf = (dataDir: string): string => createHash("sha256").update(dataDir).digest("hex").slice(0, 12);
+
+export function containerSpec(image: string, runtime: string, instance: string, sessionId: string, limits: SandboxLimits): Docker.ContainerCreateOptions {
   const hostConfig: Docker.HostConfig = {
     NetworkMode: "none",
     CapDrop: ["ALL"],
@@ -65,7 +71,7 @@ export function containerSpec(image: string, runtime: string, sessionId: string,
   const configHash = createHash("sha256").update(JSON.stringify({ image, hostConfig })).digest("hex").slice(0, 16);
   return {
     Image: image,
-    name: containerName(sessionId),
+    name: containerName(instance, sessionId),
     User: KEEPER_USER,
     Cmd: ["sleep", "2147483647"],
     WorkingDir: WORKSPACE,
@@ -74,6 +80,7 @@ export function containerSpec(image: string, runtime: string, sessionId: string,
     NetworkDisabled: true,
     Labels: {
       "troupe.owner": "troupe-sandbox",
+      "troupe.instance": instance,
       "troupe.session": sessionId,
       "troupe.created": String(Date.now()),
       "troupe.config": configHash,
@@ -82,8 +89,8 @@ export function containerSpec(image: string, runtime: string, sessionId: string,
   };
 }
 
-export const containerName = (sessionId: string): string =>
-  `troupe-sbx-${createHash("sha256").update(sessionId).digest("hex").slice(0, 24)}`;
+export const containerName = (instance: string, sessionId: string): string =>
+  `troupe-sbx-${instance}-${createHash("sha256").update(sessionId).digest("hex").slice(0, 20)}`;
 
 /** Splits Docker's multiplexed exec stream (8-byte header: stream type, 3 zero bytes, length). */
 async function* demux(stream: AsyncIterable<Buffer>): AsyncIterable<{ stream: "stdout" | "stderr"; data: Buffer }> {
@@ -101,6 +108,7 @@ async function* demux(stream: AsyncIterable<Buffer>): AsyncIterable<{ stream: "s
 
 export async function startSandbox(cfg: Config, logger: Logger): Promise<RunningService> {
   const docker = new Docker();
+  const instance = instanceOf(cfg.dataDir);
   const containers = new Map<string, Promise<Docker.Container>>();
   let engineUp = false;
   const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes });
@@ -136,14 +144,14 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
   };
 
   const ensureContainer = async (sessionId: string): Promise<Docker.Container> => {
-    const existing = docker.getContainer(containerName(sessionId));
+    const existing = docker.getContainer(containerName(instance, sessionId));
     const state = await existing.inspect().then(
       (info) => info.State,
       () => undefined,
     );
     if (state?.Running) return existing;
     if (state) await existing.remove({ force: true });
-    const spec = containerSpec(cfg.sandboxImage, cfg.sandboxRuntime, sessionId, DEFAULT_LIMITS);
+    const spec = containerSpec(cfg.sandboxImage, cfg.sandboxRuntime, instance, sessionId, DEFAULT_LIMITS);
     let container: Docker.Container;
     try {
       container = await docker.createContainer(spec);
@@ -232,7 +240,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
       await requireEngine();
       containers.delete(req.sessionId);
       const removed = await docker
-        .getContainer(containerName(req.sessionId))
+        .getContainer(containerName(instance, req.sessionId))
         .remove({ force: true })
         .then(
           () => true,
@@ -255,7 +263,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
   const watch = setInterval(() => void checkEngine(), 5000);
   watch.unref();
   const port = await server.listen(cfg.addr.sandbox);
-  logger.info(`sandbox serving on port ${port}`, { image: cfg.sandboxImage, runtime: cfg.sandboxRuntime });
+  logger.info(`sandbox serving on port ${port}`, { image: cfg.sandboxImage, runtime: cfg.sandboxRuntime, instance });
   return {
     async drain() {
       clearInterval(watch);

@@ -1,6 +1,7 @@
 // Starts Troupe's real processes for a test: the scripted model server and the five services, each
 // `node dist/services/cli/main.js <name>` on its own free loopback port, with a fresh data dir.
-import { spawn, type ChildProcess } from "node:child_process";
+import { execFile, spawn, type ChildProcess } from "node:child_process";
+import { promisify } from "node:util";
 import { mkdtemp, rm } from "node:fs/promises";
 import net from "node:net";
 import os from "node:os";
@@ -10,7 +11,9 @@ import { Health, HealthCheckResponse_ServingStatus as Serving } from "../../serv
 import { GatewayService } from "../../services/shared/gen/troupe/v1/gateway_pb.js";
 import { RouterService } from "../../services/shared/gen/troupe/v1/router_pb.js";
 import { createClient, type ServiceClient } from "../../services/shared/rpc.js";
+import { instanceOf } from "../../services/sandbox/server.js";
 
+const run = promisify(execFile);
 export const MAIN = fileURLToPath(new URL("../../services/cli/main.js", import.meta.url));
 
 export async function freePort(): Promise<number> {
@@ -83,6 +86,13 @@ export async function waitServing(address: string, timeoutMs = 20_000): Promise<
   }
 }
 
+/** Removes the containers a test stack's sandbox made (and only those). */
+export async function removeSandboxes(dataDir: string): Promise<void> {
+  const { stdout } = await run("docker", ["ps", "-aq", "--filter", `label=troupe.instance=${instanceOf(dataDir)}`]);
+  const ids = stdout.split("\n").filter(Boolean);
+  if (ids.length > 0) await run("docker", ["rm", "-f", ...ids]);
+}
+
 export async function startStack(options: StackOptions = {}): Promise<Stack> {
   const dataDir = options.dataDir ?? (await mkdtemp(path.join(os.tmpdir(), "troupe-test-")));
   const addr = {} as Record<ServiceName, string>;
@@ -138,6 +148,7 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
     async stop() {
       gateway.close();
       for (const name of [...SERVICE_ORDER].reverse()) await kill(name, "SIGTERM");
+      if (services.includes("sandbox")) await removeSandboxes(dataDir);
       if (!options.dataDir) await rm(dataDir, { recursive: true, force: true });
     },
   };

@@ -1,0 +1,157 @@
+// First versions of the memory service (real LanceDB files) and the sandbox service (real Docker).
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
+import { promisify } from "node:util";
+import { Health, HealthCheckResponse_ServingStatus as Serving } from "../services/shared/gen/grpc/health/v1/health_pb.js";
+import { MemoryService, MemoryKind } from "../services/shared/gen/troupe/v1/memory_pb.js";
+import { SandboxService, type ExecExit } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
+import { Status } from "../services/shared/errors.js";
+import { createClient, type ServiceClient } from "../services/shared/rpc.js";
+import { containerName, instanceOf } from "../services/sandbox/server.js";
+import { startStack, waitFor, type Stack } from "./helpers/stack.js";
+
+const run = promisify(execFile);
+let stack: Stack;
+before(async () => {
+  stack = await startStack({ services: ["memory", "sandbox"] });
+});
+after(async () => {
+  await stack?.stop();
+});
+
+describe("memory service", () => {
+  test("memories are stored in LanceDB and found by meaning within their owner's scope", async () => {
+    const memory = createClient(MemoryService, stack.addr.memory);
+    const alice = { tenant: "t1", owner: "alice", agentId: "main" };
+    const added = await memory.addMemories({
+      scope: alice,
+      memories: [
+        { text: "Alice prefers green tea in the morning", kind: MemoryKind.FACT },
+        { text: "Alice's dog is called Biscuit" },
+        { text: "The quarterly report is due on Friday" },
+      ],
+    });
+    assert.equal(added.ids.length, 3);
+    await memory.addMemories({ scope: { tenant: "t1", owner: "bob", agentId: "main" }, memories: [{ text: "Bob prefers green tea too" }] });
+    const found = await memory.searchMemories({ scope: { tenant: "t1", owner: "alice" }, query: "what tea does she prefer", k: 2 });
+    assert.equal(found.results[0].memory!.text, "Alice prefers green tea in the morning");
+    assert.ok(found.results.every((r) => r.memory!.scope!.owner === "alice"), "never another owner's memory");
+    assert.ok(found.results[0].score > found.results[1].score);
+    const otherTenant = await memory.searchMemories({ scope: { tenant: "t2", owner: "alice" }, query: "green tea" });
+    assert.equal(otherTenant.results.length, 0);
+    memory.close();
+  });
+
+  test("bad input: INVALID_ARGUMENT, and nothing reaches LanceDB as raw filter text", async () => {
+    const memory = createClient(MemoryService, stack.addr.memory);
+    const scope = { tenant: "t1", owner: "alice", agentId: "main" };
+    await assert.rejects(memory.addMemories({ scope, memories: [{ text: "  " }] }), { code: Status.INVALID_ARGUMENT });
+    await assert.rejects(memory.addMemories({ scope, memories: [] }), { code: Status.INVALID_ARGUMENT });
+    await assert.rejects(memory.addMemories({ scope: { tenant: "t1" }, memories: [{ text: "x" }] }), { code: Status.INVALID_ARGUMENT });
+    await assert.rejects(memory.searchMemories({ scope: { tenant: "t1", owner: "x' OR '1'='1" }, query: "tea" }), { code: Status.INVALID_ARGUMENT });
+    await assert.rejects(memory.searchMemories({ scope, query: "tea", k: 101 }), { code: Status.INVALID_ARGUMENT });
+    await assert.rejects(memory.searchMemories({ scope, query: "x".repeat(9000) }), { code: Status.INVALID_ARGUMENT });
+    memory.close();
+  });
+});
+
+async function exec(sandbox: ServiceClient<(typeof SandboxService)["method"]>, sessionId: string, command: string, timeoutMs = 0) {
+  let out = "";
+  let exit: ExecExit | undefined;
+  for await (const m of sandbox.exec({ sessionId, command, timeoutMs })) {
+    if (m.kind.case === "stdout" || m.kind.case === "stderr") out += Buffer.from(m.kind.value).toString();
+    if (m.kind.case === "exit") exit = m.kind.value;
+  }
+  return { out, exit: exit! };
+}
+
+describe("sandbox service", () => {
+  test("runs commands in a hardened container: no network, no capabilities, read-only root, non-root", async () => {
+    const sandbox = createClient(SandboxService, stack.addr.sandbox);
+    const id = `sbx-${Date.now()}`;
+    const r = await exec(sandbox, id, "id -u; cat /proc/self/status | grep CapEff; ls /sys/class/net; touch /x 2>&1; echo hi > /workspace/f && cat /workspace/f");
+    assert.equal(r.exit.exitCode, 0);
+    const lines = r.out.trim().split("\n");
+    assert.equal(lines[0], "65534");
+    assert.match(lines[1], /CapEff:\s+0000000000000000/);
+    assert.equal(lines[2], "lo", "only the loopback interface");
+    assert.match(lines[3], /Read-only file system/);
+    assert.equal(lines[4], "hi");
+    const { stdout } = await run("docker", ["inspect", containerName(instanceOf(stack.dataDir), id)]);
+    const [{ HostConfig: hostConfig, Config: config }] = JSON.parse(stdout);
+    const labels = config.Labels;
+    const env: string[] = config.Env;
+    assert.equal(hostConfig.NetworkMode, "none");
+    assert.deepEqual(hostConfig.CapDrop, ["ALL"]);
+    assert.ok(hostConfig.ReadonlyRootfs && hostConfig.Init);
+    assert.equal(hostConfig.Memory, hostConfig.MemorySwap);
+    assert.ok(hostConfig.PidsLimit > 0);
+    assert.equal(labels["troupe.session"], id);
+    assert.ok(!env.some((e: string) => /OPENAI|TROUPE|SECRET|KEY/.test(e)), "no host environment");
+    assert.equal((await sandbox.releaseSandbox({ sessionId: id })).removed, true);
+    await assert.rejects(run("docker", ["inspect", containerName(instanceOf(stack.dataDir), id)]));
+    sandbox.close();
+  });
+
+  test("a timeout kills the whole process tree, detached children included", async () => {
+    const sandbox = createClient(SandboxService, stack.addr.sandbox);
+    const id = `sbx-timeout-${Date.now()}`;
+    const t0 = performance.now();
+    const r = await exec(sandbox, id, "setsid sh -c 'sleep 300' & (sleep 301 &) ; trap '' TERM; echo started; sleep 302", 1000);
+    const ms = performance.now() - t0;
+    assert.ok(r.exit.timedOut);
+    assert.match(r.out, /started/);
+    assert.ok(ms < 5000, `took ${ms.toFixed(0)} ms`);
+    const left = await exec(sandbox, id, "ps -o args | grep -c '[s]leep 30' || true");
+    assert.equal(left.out.trim(), "0", "no sleep survived");
+    await sandbox.releaseSandbox({ sessionId: id });
+    sandbox.close();
+  });
+
+  test("output over the cap is cut and flagged", async () => {
+    const sandbox = createClient(SandboxService, stack.addr.sandbox);
+    const id = `sbx-flood-${Date.now()}`;
+    const r = await exec(sandbox, id, "yes 0123456789 | head -c 3000000");
+    assert.ok(r.exit.truncated);
+    assert.equal(r.out.length, 1024 * 1024);
+    await sandbox.releaseSandbox({ sessionId: id });
+    sandbox.close();
+  });
+
+  test("gVisor: the same sandbox runs under runsc", async () => {
+    const gv = await startStack({ services: ["sandbox"], env: { TROUPE_SANDBOX_RUNTIME: "runsc" } });
+    const sandbox = createClient(SandboxService, gv.addr.sandbox);
+    const id = `sbx-gvisor-${Date.now()}`;
+    const r = await exec(sandbox, id, "dmesg 2>/dev/null | head -1; id -u");
+    assert.equal(r.exit.exitCode, 0);
+    assert.match(r.out, /gVisor/i, "the kernel is gVisor's");
+    const { stdout } = await run("docker", ["inspect", "--format", "{{.HostConfig.Runtime}}", containerName(instanceOf(gv.dataDir), id)]);
+    assert.equal(stdout.trim(), "runsc");
+    await sandbox.releaseSandbox({ sessionId: id });
+    sandbox.close();
+    await gv.stop();
+  });
+
+  test("with no Docker engine: NOT_SERVING, and calls fail UNAVAILABLE with how to fix it", async () => {
+    const down = await startStack({ services: ["memory"] });
+    // The sandbox refuses to report SERVING, so start it by hand and read its health.
+    const { spawn } = await import("node:child_process");
+    const { MAIN, freePort } = await import("./helpers/stack.js");
+    const port = await freePort();
+    const proc = spawn(process.execPath, [MAIN, "sandbox", "--sandbox", `127.0.0.1:${port}`], { env: { ...process.env, DOCKER_HOST: "unix:///nonexistent/docker.sock" }, stdio: "ignore" });
+    const health = createClient(Health, `127.0.0.1:${port}`);
+    const status = await waitFor("health", async () => (await health.check({ service: "troupe.v1.SandboxService" }, { timeoutMs: 500 })).status);
+    assert.equal(status, Serving.NOT_SERVING);
+    const sandbox = createClient(SandboxService, `127.0.0.1:${port}`);
+    await assert.rejects(exec(sandbox, "s1", "true"), (e: { code: number; details: string }) => {
+      assert.equal(e.code, Status.UNAVAILABLE);
+      assert.match(e.details, /start dockerd/);
+      return true;
+    });
+    sandbox.close();
+    health.close();
+    proc.kill("SIGTERM");
+    await down.stop();
+  });
+});

@@ -1,0 +1,153 @@
+// Process lifecycle: `troupe up` as a supervisor, SIGTERM draining, and the chat CLI.
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { spawn, execFile, type ChildProcess } from "node:child_process";
+import { mkdtemp, rm } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { promisify } from "node:util";
+import { Health, HealthCheckResponse_ServingStatus as Serving } from "../services/shared/gen/grpc/health/v1/health_pb.js";
+import { GatewayService } from "../services/shared/gen/troupe/v1/gateway_pb.js";
+import { RouterService } from "../services/shared/gen/troupe/v1/router_pb.js";
+import { createClient } from "../services/shared/rpc.js";
+import { ChatSession } from "./helpers/session.js";
+import { MAIN, SERVICE_ORDER, flagsFor, freePort, startStack, waitFor, waitServing, type ServiceName } from "./helpers/stack.js";
+
+const run = promisify(execFile);
+
+describe("troupe up", () => {
+  let dataDir: string;
+  let addr: Record<ServiceName, string>;
+  let up: ChildProcess;
+  let log = "";
+
+  before(async () => {
+    dataDir = await mkdtemp(path.join(os.tmpdir(), "troupe-up-"));
+    addr = {} as Record<ServiceName, string>;
+    for (const name of SERVICE_ORDER) addr[name] = `127.0.0.1:${await freePort()}`;
+    const env = { ...process.env };
+    delete env.OPENAI_BASE_URL;
+    up = spawn(process.execPath, [MAIN, "up", ...flagsFor(addr, dataDir)], { env, stdio: ["ignore", "pipe", "pipe"] });
+    up.stdout!.on("data", (d) => (log += d));
+    up.stderr!.on("data", (d) => (log += d));
+    await waitFor("troupe up to say it is up", async () => log.includes("Troupe is up"), 60_000);
+  });
+
+  after(async () => {
+    if (up.exitCode === null) up.kill("SIGKILL");
+    await rm(dataDir, { recursive: true, force: true });
+  });
+
+  test("starts the scripted model when no endpoint is configured, and says so", () => {
+    assert.match(log, /OPENAI_BASE_URL is not set: using Troupe's scripted model server/);
+    for (const name of ["router", "memory", "sandbox", "runner", "gateway"]) assert.match(log, new RegExp(`${name}: ${name === "runner" ? "runner \\S+ serving" : `${name} serving`}`));
+  });
+
+  test("restarts a crashed child, and the stack serves again", async () => {
+    const router = createClient(RouterService, addr.router);
+    const before = (await router.listRunners({})).runners;
+    assert.equal(before.length, 1);
+    // Find the runner's pid through its gRPC port's owner: the child of `up` with "runner" in argv.
+    const { stdout } = await run("pgrep", ["-P", String(up.pid), "-f", " runner "]);
+    const pid = Number(stdout.trim().split("\n")[0]);
+    assert.ok(pid > 0);
+    process.kill(pid, "SIGKILL");
+    await waitFor("the supervisor to notice", async () => /runner exited \(SIGKILL\); restarting/.test(log));
+    await waitServing(addr.runner, 30_000);
+    const gateway = createClient(GatewayService, addr.gateway);
+    const s = new ChatSession(gateway);
+    s.open();
+    await s.waitOpened();
+    s.prompt("are you back?");
+    const end = await s.waitForPayload("agentEnd", 20_000);
+    s.close();
+    gateway.close();
+    router.close();
+    assert.equal(end.payload.case, "agentEnd");
+  });
+
+  test("Ctrl-C stops every service and exits 0", async () => {
+    const children = (await run("pgrep", ["-P", String(up.pid)])).stdout.trim().split("\n").map(Number);
+    assert.equal(children.length, 6, "model server and five services");
+    const exited = new Promise<number | null>((resolve) => up.once("exit", (code) => resolve(code)));
+    up.kill("SIGINT");
+    assert.equal(await exited, 0);
+    for (const pid of children) assert.throws(() => process.kill(pid, 0), "child " + pid + " is gone");
+    assert.match(log, /all services stopped/);
+  });
+});
+
+describe("one service process", () => {
+  test("SIGTERM: health goes NOT_SERVING, the server drains, the process exits 0", async () => {
+    const port = await freePort();
+    const proc = spawn(process.execPath, [MAIN, "router", "--router", `127.0.0.1:${port}`], { stdio: "ignore" });
+    await waitServing(`127.0.0.1:${port}`);
+    const health = createClient(Health, `127.0.0.1:${port}`);
+    const watch = health.watch({ service: "troupe.v1.RouterService" });
+    const seen: Serving[] = [];
+    watch.on("data", (r) => seen.push(r.status));
+    watch.on("error", () => undefined);
+    await waitFor("the first health status", async () => seen.length > 0);
+    const exited = new Promise<number | null>((resolve) => proc.once("exit", (code) => resolve(code)));
+    proc.kill("SIGTERM");
+    assert.equal(await exited, 0);
+    health.close();
+    assert.deepEqual(seen, [Serving.SERVING, Serving.NOT_SERVING]);
+  });
+
+  test("a bad flag is refused with a message and exit code 1", async () => {
+    const res = await run(process.execPath, [MAIN, "router", "--max-message-bytes", "lots"]).catch((e) => e);
+    assert.equal(res.code, 1);
+    assert.match(res.stderr, /--max-message-bytes must be a positive integer/);
+  });
+});
+
+describe("troupe chat", () => {
+  let stack: Awaited<ReturnType<typeof startStack>>;
+  before(async () => {
+    stack = await startStack();
+  });
+  after(async () => {
+    await stack?.stop();
+  });
+
+  test("with a message: streams the reply, shows tool activity, exits 0", async () => {
+    const { stdout, stderr } = await run(process.execPath, [MAIN, "chat", "--gateway", stack.addr.gateway, "--session", "cli-1", "$ echo from-cli"]);
+    assert.equal(stdout, "Tool results: from-cli [exit 0]\n");
+    assert.match(stderr, /session cli-1/);
+    assert.match(stderr, /\[tool exec\] \{"command":"echo from-cli"\}/);
+    assert.match(stderr, /from-cli\n/);
+    // The session keeps its history across invocations.
+    await run(process.execPath, [MAIN, "chat", "--gateway", stack.addr.gateway, "--session", "cli-1", "second"]);
+    const history = await stack.gateway.getHistory({ sessionId: "cli-1" });
+    assert.equal(history.messages.at(-1)!.text, "You said: second");
+  });
+
+  test("a failed turn exits non-zero; an unreachable gateway says how to fix it", async () => {
+    const failed = await run(process.execPath, [MAIN, "chat", "--gateway", stack.addr.gateway, "!fail 500"]).catch((e) => e);
+    assert.equal(failed.code, 1);
+    assert.match(failed.stderr, /MODEL_ERROR/);
+    const port = await freePort();
+    const down = await run(process.execPath, [MAIN, "chat", "--gateway", `127.0.0.1:${port}`, "hi"]).catch((e) => e);
+    assert.equal(down.code, 1);
+    assert.match(down.stderr, /UNAVAILABLE/);
+    assert.match(down.stderr, /make run/);
+  });
+
+  test("interactive: a line typed while the agent works is sent as steering", async () => {
+    const proc = spawn(process.execPath, [MAIN, "chat", "--gateway", stack.addr.gateway, "--session", "cli-steer"], { stdio: ["pipe", "pipe", "pipe"] });
+    let out = "";
+    let err = "";
+    proc.stdout!.on("data", (d) => (out += d));
+    proc.stderr!.on("data", (d) => (err += d));
+    await waitFor("the session to open", async () => err.includes("session cli-steer"));
+    proc.stdin!.write("$$ sleep 1 ;; echo second\n");
+    await waitFor("the first tool to start", async () => err.includes("[tool exec]"));
+    proc.stdin!.write("stop please\n");
+    await waitFor("the steered answer", async () => out.includes("You said: stop please"), 20_000);
+    proc.stdin!.end();
+    const code = await new Promise((resolve) => proc.once("exit", resolve));
+    assert.equal(code, 0);
+    assert.match(err, /\[steering: skipped 1 tool call\(s\)\]/);
+  });
+});

@@ -1,0 +1,119 @@
+// The scripted model server, driven by the official openai client as the runner drives it.
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import OpenAI from "openai";
+import { startScriptedModelServer, type RunningModelServer } from "../services/scripted-model/server.js";
+import { OpenAIModelClient, ModelError, type ModelChunk } from "../services/runner/model.js";
+
+let server: RunningModelServer;
+let openai: OpenAI;
+let model: OpenAIModelClient;
+const tools = [{ name: "exec", description: "run", parameters: { type: "object" } }];
+
+before(async () => {
+  server = await startScriptedModelServer({ port: 0 });
+  const baseURL = `http://127.0.0.1:${server.port}/v1`;
+  openai = new OpenAI({ baseURL, apiKey: "test", maxRetries: 0 });
+  model = new OpenAIModelClient({ baseUrl: baseURL, apiKey: "test" });
+});
+after(async () => {
+  await model.close();
+  await server.close();
+});
+
+async function collect(text: string, withTools = true): Promise<ModelChunk[]> {
+  const out: ModelChunk[] = [];
+  for await (const c of model.stream({ model: "scripted-1", messages: [{ role: "user", content: text }], tools: withTools ? tools : [] }, new AbortController().signal)) out.push(c);
+  return out;
+}
+const textOf = (chunks: ModelChunk[]) => chunks.map((c) => (c.type === "text" ? c.delta : "")).join("");
+
+describe("scripted model rules", () => {
+  test("plain text is echoed, one token per word, with usage", async () => {
+    const chunks = await collect("hello wide world");
+    assert.equal(textOf(chunks), "You said: hello wide world");
+    assert.equal(chunks.filter((c) => c.type === "text").length, 5);
+    const done = chunks.at(-1)!;
+    assert.ok(done.type === "done" && done.finishReason === "stop" && done.usage!.outputTokens === 5);
+  });
+
+  test("'$ CMD' calls exec; '$$ A ;; B' calls it once per command in one batch", async () => {
+    const one = await collect("$ ls -l");
+    const calls = one.filter((c) => c.type === "tool_call");
+    const args = calls.map((c) => (c.type === "tool_call" ? c.argumentsDelta : "")).join("");
+    assert.deepEqual(JSON.parse(args), { command: "ls -l" });
+    assert.ok(one.at(-1)!.type === "done" && (one.at(-1) as { finishReason: string }).finishReason === "tool_calls");
+    const batch = await collect("$$ echo a ;; echo b ;; echo c");
+    const indexes = new Set(batch.flatMap((c) => (c.type === "tool_call" ? [c.index] : [])));
+    assert.deepEqual([...indexes], [0, 1, 2]);
+    const noTool = await collect("$ ls", false);
+    assert.equal(textOf(noTool), "I have no exec tool here.");
+  });
+
+  test("a tool result gets an answer quoting it", async () => {
+    const res = await openai.chat.completions.create({
+      model: "scripted-1",
+      messages: [
+        { role: "user", content: "$ echo x" },
+        { role: "assistant", content: null, tool_calls: [{ id: "c1", type: "function", function: { name: "exec", arguments: "{}" } }] },
+        { role: "tool", tool_call_id: "c1", content: "x\n[exit 0]" },
+      ],
+    });
+    assert.equal(res.choices[0].message.content, "Tool results: x [exit 0]");
+  });
+
+  test("!tokens N streams exactly N tokens, at the given rate", async () => {
+    const t0 = performance.now();
+    const chunks = await collect("!tokens 10 rate=100");
+    const ms = performance.now() - t0;
+    assert.equal(textOf(chunks), Array.from({ length: 10 }, (_, i) => `t${i + 1} `).join(""));
+    assert.ok(ms >= 90, `10 tokens at 100/s took ${ms.toFixed(0)} ms`);
+  });
+
+  test("!think streams reasoning before the answer", async () => {
+    const chunks = await collect("!think step by step");
+    assert.equal(chunks.filter((c) => c.type === "thinking").map((c) => (c.type === "thinking" ? c.delta : "")).join(""), "step by step");
+    assert.equal(textOf(chunks), "Thought about it.");
+  });
+
+  test("!fail answers with the status (429 with Retry-After), only the first N times with times=N", async () => {
+    await assert.rejects(openai.chat.completions.create({ model: "m", messages: [{ role: "user", content: "!fail 429" }] }), (err: InstanceType<typeof OpenAI.APIError>) => {
+      assert.equal(err.status, 429);
+      assert.equal(err.headers?.get("retry-after"), "1");
+      return true;
+    });
+    const msg = "!fail 503 times=2";
+    for (let i = 0; i < 2; i++) await assert.rejects(collect(msg), (e: ModelError) => e.status === 503 && e.retryable);
+    assert.equal(textOf(await collect(msg)), "Recovered after 2 failures.");
+    await assert.rejects(collect("!fail 400"), (e: ModelError) => e.status === 400 && !e.retryable);
+  });
+
+  test("!cut N cuts the stream after N tokens: a retryable error, not a hang", async () => {
+    await assert.rejects(collect("!cut 3"), (e: ModelError) => e instanceof ModelError && e.retryable);
+  });
+
+  test("embeddings are deterministic and normalised", async () => {
+    const a = await openai.embeddings.create({ model: "e", input: ["the cat sat", "the cat sat", "stock prices fell"] });
+    const [x, y, z] = a.data.map((d) => d.embedding);
+    assert.deepEqual(x, y);
+    const norm = Math.sqrt(x.reduce((s, v) => s + v * v, 0));
+    assert.ok(Math.abs(norm - 1) < 1e-5);
+    const dot = (p: number[], q: number[]) => p.reduce((s, v, i) => s + v * q[i], 0);
+    assert.ok(dot(x, z) < 0.5);
+  });
+
+  test("an abort reaches the HTTP request", async () => {
+    const ac = new AbortController();
+    const it = model.stream({ model: "m", messages: [{ role: "user", content: "!tokens 1000 rate=50" }], tools: [] }, ac.signal)[Symbol.asyncIterator]();
+    await it.next();
+    const t0 = performance.now();
+    ac.abort();
+    await assert.rejects(
+      (async () => {
+        for (;;) if ((await it.next()).done) break;
+      })(),
+      (e: ModelError) => e.aborted,
+    );
+    assert.ok(performance.now() - t0 < 200);
+  });
+});
