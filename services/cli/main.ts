@@ -39,6 +39,9 @@ async function main(argv: string[]): Promise<void> {
     return;
   }
   if (command in SERVICES) {
+    // Session logs fsync on every acknowledgement; with libuv's default of 4 threads, a burst of
+    // new sessions queues behind a handful of disk syncs. Set before the pool first starts.
+    process.env.UV_THREADPOOL_SIZE ??= "16";
     const cfg = loadConfig(args);
     await runService(command, cfg, await SERVICES[command]());
     return;

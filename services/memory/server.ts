@@ -57,11 +57,16 @@ function scopePredicate(scope: MemoryScope | undefined, requireAgent = false): s
 export async function startMemory(cfg: Config, logger: Logger): Promise<RunningService> {
   const db = await lancedb.connect(path.join(cfg.dataDir, "memory"));
   let table: lancedb.Table | undefined;
+  // Until the table exists, searches would ask LanceDB for its table list every time; another
+  // replica may create it, so "missing" is only believed for a second.
+  let missingUntil = 0;
   const openTable = async (createIfMissing: boolean): Promise<lancedb.Table | undefined> => {
     if (table) return table;
+    if (!createIfMissing && Date.now() < missingUntil) return undefined;
     const names = await db.tableNames();
     if (names.includes(TABLE)) table = await db.openTable(TABLE);
     else if (createIfMissing) table = await db.createEmptyTable(TABLE, schema, { existOk: true });
+    else missingUntil = Date.now() + 1000;
     return table;
   };
   await openTable(false);

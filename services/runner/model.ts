@@ -3,6 +3,7 @@
 // pool, so any OpenAI-compatible endpoint (or Troupe's scripted model server) plugs in by URL.
 import OpenAI from "openai";
 import { Agent, fetch as undiciFetch } from "undici";
+import { decodeSse } from "./sse.js";
 
 export interface ModelToolCall {
   id: string;
@@ -119,21 +120,25 @@ export class OpenAIModelClient implements ModelClient {
   }
 
   async *stream(request: ModelRequest, signal: AbortSignal): AsyncIterable<ModelChunk> {
-    let stream: AsyncIterable<OpenAI.Chat.ChatCompletionChunk>;
+    let body: AsyncIterable<Uint8Array>;
     try {
-      stream = await this.client.chat.completions.create(
-        {
-          model: request.model,
-          messages: request.messages.map(toOpenAI),
-          stream: true,
-          stream_options: { include_usage: true },
-          ...(request.tools.length > 0
-            ? { tools: request.tools.map((t) => ({ type: "function" as const, function: { name: t.name, description: t.description, parameters: t.parameters } })) }
-            : {}),
-          ...(request.maxTokens ? { max_tokens: request.maxTokens } : {}),
-        },
-        { signal },
-      );
+      const response = await this.client.chat.completions
+        .create(
+          {
+            model: request.model,
+            messages: request.messages.map(toOpenAI),
+            stream: true,
+            stream_options: { include_usage: true },
+            ...(request.tools.length > 0
+              ? { tools: request.tools.map((t) => ({ type: "function" as const, function: { name: t.name, description: t.description, parameters: t.parameters } })) }
+              : {}),
+            ...(request.maxTokens ? { max_tokens: request.maxTokens } : {}),
+          },
+          { signal },
+        )
+        .asResponse();
+      if (!response.body) throw new ModelError("the model endpoint answered without a body", true);
+      body = response.body as unknown as AsyncIterable<Uint8Array>;
     } catch (err) {
       throw classify(err, signal);
     }
@@ -142,7 +147,15 @@ export class OpenAIModelClient implements ModelClient {
     let responseModel = request.model;
     let responseId = "";
     try {
-      for await (const chunk of stream) {
+      for await (const sse of decodeSse(body)) {
+        if (sse.data === "[DONE]") break;
+        let chunk: OpenAI.Chat.ChatCompletionChunk & { error?: { message?: string } };
+        try {
+          chunk = JSON.parse(sse.data);
+        } catch {
+          throw new ModelError(`the model stream sent an event that is not JSON: ${sse.data.slice(0, 200)}`, true);
+        }
+        if (chunk.error || sse.event === "error") throw new ModelError(`the model stream reported an error: ${chunk.error?.message ?? sse.data.slice(0, 200)}`, true);
         responseModel = chunk.model || responseModel;
         responseId = chunk.id || responseId;
         if (chunk.usage) {
@@ -152,13 +165,13 @@ export class OpenAIModelClient implements ModelClient {
             cacheReadInputTokens: chunk.usage.prompt_tokens_details?.cached_tokens ?? 0,
           };
         }
-        const choice = chunk.choices[0];
+        const choice = chunk.choices?.[0];
         if (!choice) continue;
         const delta = choice.delta as typeof choice.delta & { reasoning_content?: string; reasoning?: string };
-        const thinking = delta.reasoning_content ?? delta.reasoning;
+        const thinking = delta?.reasoning_content ?? delta?.reasoning;
         if (thinking) yield { type: "thinking", delta: thinking };
-        if (delta.content) yield { type: "text", delta: delta.content };
-        for (const call of delta.tool_calls ?? []) {
+        if (delta?.content) yield { type: "text", delta: delta.content };
+        for (const call of delta?.tool_calls ?? []) {
           yield { type: "tool_call", index: call.index, id: call.id, name: call.function?.name, argumentsDelta: call.function?.arguments ?? "" };
         }
         if (choice.finish_reason) finish = choice.finish_reason;

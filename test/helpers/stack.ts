@@ -106,7 +106,7 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
   const start = async (name: ServiceName) => {
     const proc = spawn(process.execPath, [MAIN, name, ...flagsFor(addr, dataDir)], { env, stdio: ["ignore", "pipe", "pipe"] });
     proc.stdout!.on("data", (d) => (logText += d));
-    proc.stderr!.on("data", (d) => (logText += d));
+    proc.stderr!.on("data", (d) => { logText += d; if (env.TEST_STDERR) process.stderr.write(d); });
     procs.set(name, proc);
     if (name === "model-server") {
       await waitFor("the model server", async () => (await fetch(`http://${addr[name]}/healthz`)).ok);

@@ -1,0 +1,53 @@
+// The model-stream SSE decoder, fed byte sequences split the ways a network splits them.
+import { describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { decodeSse, type SseEvent } from "../services/runner/sse.js";
+
+async function decode(parts: (string | Uint8Array)[]): Promise<SseEvent[]> {
+  const enc = new TextEncoder();
+  async function* body() {
+    for (const p of parts) yield typeof p === "string" ? enc.encode(p) : p;
+  }
+  const out: SseEvent[] = [];
+  for await (const ev of decodeSse(body())) out.push(ev);
+  return out;
+}
+
+describe("decodeSse", () => {
+  test("events end at a blank line; LF, CRLF and CR all end lines", async () => {
+    const expected = [
+      { event: "message", data: "a" },
+      { event: "message", data: "b" },
+    ];
+    assert.deepEqual(await decode(["data: a\n\ndata: b\n\n"]), expected);
+    assert.deepEqual(await decode(["data: a\r\n\r\ndata: b\r\n\r\n"]), expected);
+    assert.deepEqual(await decode(["data: a\r\rdata: b\r\r"]), expected);
+  });
+
+  test("any split of the bytes gives the same events, a CRLF split in two included", async () => {
+    const text = 'data: {"x":1}\r\n\r\n: keep-alive\r\nevent: error\r\ndata: {"y":2}\r\n\r\ndata: [DONE]\r\n\r\n';
+    const whole = await decode([text]);
+    assert.deepEqual(whole, [
+      { event: "message", data: '{"x":1}' },
+      { event: "error", data: '{"y":2}' },
+      { event: "message", data: "[DONE]" },
+    ]);
+    for (let cut = 1; cut < text.length; cut++) assert.deepEqual(await decode([text.slice(0, cut), text.slice(cut)]), whole, `cut at ${cut}`);
+    assert.deepEqual(await decode(text.split("")), whole, "one character at a time");
+  });
+
+  test("a multi-byte character split across reads is decoded whole", async () => {
+    const bytes = new TextEncoder().encode("data: héllo 🎭\n\n");
+    const out = await decode([bytes.slice(0, 8), bytes.slice(8, 14), bytes.slice(14)]);
+    assert.deepEqual(out, [{ event: "message", data: "héllo 🎭" }]);
+  });
+
+  test("multi-line data is joined with newlines; comments and unknown fields are ignored", async () => {
+    assert.deepEqual(await decode(["data: one\ndata: two\nid: 7\nretry: 10\n: note\ndata:three\n\n"]), [{ event: "message", data: "one\ntwo\nthree" }]);
+  });
+
+  test("a last event without its blank line is still delivered; empty events are not", async () => {
+    assert.deepEqual(await decode(["\n\n\ndata: tail"]), [{ event: "message", data: "tail" }]);
+    assert.deepEqual(await decode(["event: ping\n\n"]), []);
+  });
+});
