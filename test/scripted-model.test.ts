@@ -32,7 +32,11 @@ describe("scripted model rules", () => {
   test("plain text is echoed, one token per word, with usage", async () => {
     const chunks = await collect("hello wide world");
     assert.equal(textOf(chunks), "You said: hello wide world");
-    assert.equal(chunks.filter((c) => c.type === "text").length, 5);
+    // The server sends one SSE event per word (counted through the SDK's own iterator).
+    const sdkStream = await openai.chat.completions.create({ model: "m", stream: true, messages: [{ role: "user", content: "hello wide world" }] });
+    const contents: string[] = [];
+    for await (const c of sdkStream) if (c.choices[0]?.delta.content) contents.push(c.choices[0].delta.content);
+    assert.deepEqual(contents, ["You ", "said: ", "hello ", "wide ", "world"]);
     const done = chunks.at(-1)!;
     assert.ok(done.type === "done" && done.finishReason === "stop" && done.usage!.outputTokens === 5);
   });
@@ -62,11 +66,12 @@ describe("scripted model rules", () => {
     assert.equal(res.choices[0].message.content, "Tool results: x [exit 0]");
   });
 
-  test("!tokens N streams exactly N tokens, at the given rate", async () => {
+  test("!tokens N streams exactly N tokens, at the given rate; paced tokens are not merged", async () => {
     const t0 = performance.now();
     const chunks = await collect("!tokens 10 rate=100");
     const ms = performance.now() - t0;
     assert.equal(textOf(chunks), Array.from({ length: 10 }, (_, i) => `t${i + 1} `).join(""));
+    assert.ok(chunks.filter((c) => c.type === "text").length >= 8, "tokens 10 ms apart arrive as separate reads");
     assert.ok(ms >= 90, `10 tokens at 100/s took ${ms.toFixed(0)} ms`);
   });
 

@@ -1,15 +1,14 @@
 // The model-stream SSE decoder, fed byte sequences split the ways a network splits them.
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { decodeSse, type SseEvent } from "../services/runner/sse.js";
+import { SseDecoder, type SseEvent } from "../services/runner/sse.js";
 
 async function decode(parts: (string | Uint8Array)[]): Promise<SseEvent[]> {
   const enc = new TextEncoder();
-  async function* body() {
-    for (const p of parts) yield typeof p === "string" ? enc.encode(p) : p;
-  }
+  const decoder = new SseDecoder();
   const out: SseEvent[] = [];
-  for await (const ev of decodeSse(body())) out.push(ev);
+  for (const p of parts) out.push(...decoder.push(typeof p === "string" ? enc.encode(p) : p));
+  out.push(...decoder.end());
   return out;
 }
 

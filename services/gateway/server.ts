@@ -2,15 +2,16 @@
 // session which runner owns it (and caches the answer), then connects the client's stream straight
 // to that runner. Events flow runner -> gateway -> client with backpressure honoured at each step;
 // the router is never on that path.
-import { create } from "@bufbuild/protobuf";
+import { create, fromBinary } from "@bufbuild/protobuf";
+import { BinaryReader, WireType } from "@bufbuild/protobuf/wire";
 import { SpanKind, trace, type Context, type Span } from "@opentelemetry/api";
 import type { Config } from "../shared/config.js";
 import { Status, grpcCode, invalidArgumentIf, toStatus, unavailable } from "../shared/errors.js";
 import { validateFrame, validateSessionRef } from "../shared/frames.js";
-import { ChatResponseSchema, GatewayService, type ChatRequest } from "../shared/gen/troupe/v1/gateway_pb.js";
+import { GatewayService, type ChatRequest } from "../shared/gen/troupe/v1/gateway_pb.js";
 import { RouterService, type ResolveSessionResponse } from "../shared/gen/troupe/v1/router_pb.js";
-import { RunnerService, type AttachResponse } from "../shared/gen/troupe/v1/runner_pb.js";
-import { ClientFrameSchema, type ClientFrame, type SessionInfo } from "../shared/gen/troupe/v1/session_pb.js";
+import { AttachResponseSchema, RunnerService, type AttachResponse } from "../shared/gen/troupe/v1/runner_pb.js";
+import { AgentEventSchema, ClientFrameSchema, type ClientFrame, type SessionInfo } from "../shared/gen/troupe/v1/session_pb.js";
 import { DEFAULT_AGENT } from "../shared/ids.js";
 import type { Logger } from "../shared/log.js";
 import { RpcServer, createClient, type ServiceClient, type grpc } from "../shared/rpc.js";
@@ -52,7 +53,11 @@ class RunnerPool {
   constructor(private readonly maxMessageBytes: number) {}
   get(address: string): RunnerClient {
     let c = this.clients.get(address);
-    if (!c) this.clients.set(address, (c = createClient(RunnerService, address, { maxMessageBytes: this.maxMessageBytes })));
+    if (!c) {
+      // Session streams are forwarded as bytes: see needsDecoding.
+      c = createClient(RunnerService, address, { maxMessageBytes: this.maxMessageBytes, rawResponses: ["attach", "replay"] });
+      this.clients.set(address, c);
+    }
     return c;
   }
   close(): void {
@@ -61,6 +66,34 @@ class RunnerPool {
 }
 
 const isGone = (err: unknown) => grpcCode(err) === Status.UNAVAILABLE;
+
+// The runner's AttachResponse and the client's ChatResponse (likewise ReplayResponse and
+// SubscribeResponse) have the same fields under the same numbers, so the runner's bytes are the
+// client's bytes: the gateway forwards them without decoding and re-encoding every token. It
+// decodes only what it acts on: the open answer and the events that delimit turns for tracing.
+const OPENED = AttachResponseSchema.field.opened.number;
+const EVENT = AttachResponseSchema.field.event.number;
+const OBSERVED = new Set([AgentEventSchema.field.agentStart.number, AgentEventSchema.field.agentEnd.number, AgentEventSchema.field.queueApplied.number]);
+
+/** Whether a runner response is one the gateway must look into; most are only forwarded. */
+export function needsDecoding(bytes: Uint8Array): boolean {
+  const r = new BinaryReader(bytes);
+  while (r.pos < r.len) {
+    const [no, wire] = r.tag();
+    if (no === OPENED) return true;
+    if (no === EVENT && wire === WireType.LengthDelimited) {
+      const ev = new BinaryReader(r.bytes());
+      while (ev.pos < ev.len) {
+        const [field, w] = ev.tag();
+        if (OBSERVED.has(field)) return true;
+        ev.skip(w, field);
+      }
+      return false;
+    }
+    r.skip(wire, no);
+  }
+  return false;
+}
 
 /**
  * One span per turn the client starts, named invoke_agent as the GenAI conventions say for a
@@ -154,7 +187,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
   server.add(GatewayService, {
     chat(call) {
       let state: "awaiting-open" | "opening" | "open" | "done" = "awaiting-open";
-      let runnerCall: grpc.ClientDuplexStream<{ frame: ClientFrame }, AttachResponse> | undefined;
+      let runnerCall: grpc.ClientDuplexStream<{ frame: ClientFrame }, Buffer> | undefined;
       const queued: ClientFrame[] = [];
       let halfClosed = false;
       let sessionId = "";
@@ -184,20 +217,23 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
         agentId = placement.agentId;
         // A session the router named for us is new: the runner must create it.
         const frame = o?.sessionId ? openFrame : create(ClientFrameSchema, { ...openFrame, kind: { case: "open", value: { ...o!, sessionId, create: true } } });
-        const rc = runners.get(placement.runner!.address).attach();
+        const rc = runners.get(placement.runner!.address).attach() as unknown as grpc.ClientDuplexStream<{ frame: ClientFrame }, Buffer>;
         runnerCall = rc;
         let received = false;
-        rc.on("data", (resp: AttachResponse) => {
+        rc.on("data", (bytes: Buffer) => {
           received = true;
-          if (resp.kind.case === "opened") {
-            agentId = resp.kind.value.agentId;
-            state = "open";
-            for (const f of queued.splice(0)) forward(f);
-            if (halfClosed) rc.end();
+          if (needsDecoding(bytes)) {
+            const resp = fromBinary(AttachResponseSchema, bytes);
+            if (resp.kind.case === "opened") {
+              agentId = resp.kind.value.agentId;
+              state = "open";
+              for (const f of queued.splice(0)) forward(f);
+              if (halfClosed) rc.end();
+            }
+            spans.observe(resp);
           }
-          spans.observe(resp);
           if (state === "done") return;
-          if (!call.write(create(ChatResponseSchema, { kind: resp.kind }))) {
+          if (!call.write(bytes as never)) {
             rc.pause();
             call.once("drain", () => rc.resume());
           }
@@ -269,10 +305,10 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       const { sessionId, afterSeq } = call.request;
       validateSessionRef(sessionId, "", false);
       const placement = await placements.resolve(sessionId, "");
-      const upstream = runners.get(placement.runner!.address).replay({ sessionId, afterSeq });
+      const upstream = runners.get(placement.runner!.address).replay({ sessionId, afterSeq }) as unknown as grpc.ClientReadableStream<Buffer>;
       call.on("cancelled", () => upstream.cancel());
-      upstream.on("data", (resp: { event?: unknown }) => {
-        if (!call.write({ event: resp.event } as never)) {
+      upstream.on("data", (bytes: Buffer) => {
+        if (!call.write(bytes as never)) {
           upstream.pause();
           call.once("drain", () => upstream.resume());
         }

@@ -3,7 +3,7 @@
 // pool, so any OpenAI-compatible endpoint (or Troupe's scripted model server) plugs in by URL.
 import OpenAI from "openai";
 import { Agent, fetch as undiciFetch } from "undici";
-import { decodeSse } from "./sse.js";
+import { SseDecoder, type SseEvent } from "./sse.js";
 
 export interface ModelToolCall {
   id: string;
@@ -90,6 +90,14 @@ function toOpenAI(m: ModelMessage): OpenAI.Chat.ChatCompletionMessageParam {
   }
 }
 
+interface StreamState {
+  finish: string;
+  usage?: ModelUsage;
+  responseModel: string;
+  responseId: string;
+}
+const DONE = Symbol("done");
+
 const FINISH: Record<string, FinishReason> = { stop: "stop", tool_calls: "tool_calls", function_call: "tool_calls", length: "length" };
 
 export class OpenAIModelClient implements ModelClient {
@@ -142,46 +150,71 @@ export class OpenAIModelClient implements ModelClient {
     } catch (err) {
       throw classify(err, signal);
     }
-    let finish = "";
-    let usage: ModelUsage | undefined;
-    let responseModel = request.model;
-    let responseId = "";
+    const state: StreamState = { finish: "", responseModel: request.model, responseId: "" };
+    const decoder = new SseDecoder();
+    let ended = false;
     try {
-      for await (const sse of decodeSse(body)) {
-        if (sse.data === "[DONE]") break;
-        let chunk: OpenAI.Chat.ChatCompletionChunk & { error?: { message?: string } };
-        try {
-          chunk = JSON.parse(sse.data);
-        } catch {
-          throw new ModelError(`the model stream sent an event that is not JSON: ${sse.data.slice(0, 200)}`, true);
+      for await (const bytes of body) {
+        // Consecutive text (or thinking) deltas of one network read leave as one chunk: the
+        // session would merge them into one event anyway, and this way the loop runs once per
+        // read instead of once per token.
+        const batch: ModelChunk[] = [];
+        for (const sse of decoder.push(bytes)) {
+          const out = this.parseEvent(sse, state);
+          if (out === DONE) {
+            ended = true;
+            break;
+          }
+          for (const c of out ?? []) {
+            const last = batch[batch.length - 1];
+            if ((c.type === "text" || c.type === "thinking") && last?.type === c.type) last.delta += c.delta;
+            else batch.push(c);
+          }
         }
-        if (chunk.error || sse.event === "error") throw new ModelError(`the model stream reported an error: ${chunk.error?.message ?? sse.data.slice(0, 200)}`, true);
-        responseModel = chunk.model || responseModel;
-        responseId = chunk.id || responseId;
-        if (chunk.usage) {
-          usage = {
-            inputTokens: chunk.usage.prompt_tokens ?? 0,
-            outputTokens: chunk.usage.completion_tokens ?? 0,
-            cacheReadInputTokens: chunk.usage.prompt_tokens_details?.cached_tokens ?? 0,
-          };
-        }
-        const choice = chunk.choices?.[0];
-        if (!choice) continue;
-        const delta = choice.delta as typeof choice.delta & { reasoning_content?: string; reasoning?: string };
-        const thinking = delta?.reasoning_content ?? delta?.reasoning;
-        if (thinking) yield { type: "thinking", delta: thinking };
-        if (delta?.content) yield { type: "text", delta: delta.content };
-        for (const call of delta?.tool_calls ?? []) {
-          yield { type: "tool_call", index: call.index, id: call.id, name: call.function?.name, argumentsDelta: call.function?.arguments ?? "" };
-        }
-        if (choice.finish_reason) finish = choice.finish_reason;
+        for (const c of batch) yield c;
+        if (ended) break;
       }
+      if (!ended) for (const sse of decoder.end()) if (this.parseEvent(sse, state) === DONE) break;
     } catch (err) {
       throw classify(err, signal);
     }
     if (signal.aborted) throw new ModelError("aborted", false, undefined, true);
-    if (finish === "") throw new ModelError("the model stream ended without a finish reason", true);
-    yield { type: "done", finishReason: FINISH[finish] ?? "other", rawFinishReason: finish, usage, responseModel, responseId };
+    if (state.finish === "") throw new ModelError("the model stream ended without a finish reason", true);
+    yield { type: "done", finishReason: FINISH[state.finish] ?? "other", rawFinishReason: state.finish, usage: state.usage, responseModel: state.responseModel, responseId: state.responseId };
+  }
+
+  /** One SSE event of a chat-completions stream: the chunks it carries, or DONE at the end marker. */
+  private parseEvent(sse: SseEvent, state: StreamState): ModelChunk[] | typeof DONE | undefined {
+    if (sse.data === "[DONE]") return DONE;
+    let chunk: OpenAI.Chat.ChatCompletionChunk & { error?: { message?: string } };
+    try {
+      chunk = JSON.parse(sse.data);
+    } catch {
+      throw new ModelError(`the model stream sent an event that is not JSON: ${sse.data.slice(0, 200)}`, true);
+    }
+    if (chunk.error || sse.event === "error") throw new ModelError(`the model stream reported an error: ${chunk.error?.message ?? sse.data.slice(0, 200)}`, true);
+    state.responseModel = chunk.model || state.responseModel;
+    state.responseId = chunk.id || state.responseId;
+    if (chunk.usage) {
+      state.usage = {
+        inputTokens: chunk.usage.prompt_tokens ?? 0,
+        outputTokens: chunk.usage.completion_tokens ?? 0,
+        cacheReadInputTokens: chunk.usage.prompt_tokens_details?.cached_tokens ?? 0,
+      };
+    }
+    const choice = chunk.choices?.[0];
+    if (!choice) return undefined;
+    if (choice.finish_reason) state.finish = choice.finish_reason;
+    const delta = choice.delta as (typeof choice.delta & { reasoning_content?: string; reasoning?: string }) | undefined;
+    if (!delta) return undefined;
+    const out: ModelChunk[] = [];
+    const thinking = delta.reasoning_content ?? delta.reasoning;
+    if (thinking) out.push({ type: "thinking", delta: thinking });
+    if (delta.content) out.push({ type: "text", delta: delta.content });
+    for (const call of delta.tool_calls ?? []) {
+      out.push({ type: "tool_call", index: call.index, id: call.id, name: call.function?.name, argumentsDelta: call.function?.arguments ?? "" });
+    }
+    return out;
   }
 
   async close(): Promise<void> {

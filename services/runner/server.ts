@@ -77,14 +77,15 @@ function pageParams(pageSize: number, pageToken: string): { size: number; offset
 type MemoryClient = ServiceClient<(typeof MemoryService)["method"]>;
 
 /** The run's system prompt: who the agent is, what it can do, and what it remembers. */
-async function systemPrompt(memory: MemoryClient, agentId: string, query: string, signal: AbortSignal, logger: Logger): Promise<string> {
+async function systemPrompt(memory: MemoryClient, k: number, agentId: string, query: string, signal: AbortSignal, logger: Logger): Promise<string> {
   const lines = [
     `You are ${agentId}, an agent served by Troupe.`,
     `Current time: ${new Date().toISOString()}.`,
     "Shell commands run through the exec tool in an isolated sandbox without network access.",
   ];
+  if (k === 0) return lines.join("\n");
   try {
-    const found = await memory.searchMemories({ scope: { tenant: "local", owner: "local" }, query, k: 5 }, { timeoutMs: 500, signal });
+    const found = await memory.searchMemories({ scope: { tenant: "local", owner: "local" }, query, k }, { timeoutMs: 500, signal });
     const relevant = found.results.filter((r) => r.score > 0.3 && r.memory?.kind !== MemoryKind.UNSPECIFIED);
     if (relevant.length > 0) lines.push("What you remember that may be relevant:", ...relevant.map((r) => `- ${r.memory?.text}`));
   } catch (err) {
@@ -109,7 +110,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
       modelName: cfg.model,
       model,
       tools,
-      systemPrompt: (query, signal) => systemPrompt(memory, agentId, query, signal, logger),
+      systemPrompt: (query, signal) => systemPrompt(memory, cfg.memoryContextK, agentId, query, signal, logger),
     }),
   });
 

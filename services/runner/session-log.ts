@@ -33,28 +33,56 @@ export interface SessionStore {
   list(): Promise<StoredSession[]>;
 }
 
+/**
+ * Group commit: records appended while a write is in flight are written together by the next one,
+ * and fsynced once if any of them asked for it. Order is append order; a promise resolves when
+ * its record is written (and synced, if asked). After a failed write every later append fails:
+ * nothing is acknowledged past a hole in the log.
+ */
 class JsonlSessionLog implements SessionLog {
-  // Appends are chained so records land in call order even though each write is async.
-  private tail: Promise<void> = Promise.resolve();
+  private batch: string[] = [];
+  private batchSync = false;
+  private waiters: { resolve(): void; reject(err: unknown): void }[] = [];
+  private writing?: Promise<void>;
+  private failed?: unknown;
   private dirty = false;
   constructor(private readonly fh: FileHandle) {}
 
   append(record: LogRecord, sync = false): Promise<void> {
-    const line = JSON.stringify(record) + "\n";
-    this.tail = this.tail.then(async () => {
-      await this.fh.appendFile(line);
-      this.dirty = true;
-      if (sync) {
-        await this.fh.datasync();
-        this.dirty = false;
+    if (this.failed) return Promise.reject(this.failed);
+    this.batch.push(JSON.stringify(record) + "\n");
+    this.batchSync ||= sync;
+    const done = new Promise<void>((resolve, reject) => this.waiters.push({ resolve, reject }));
+    this.writing ??= this.drain();
+    return done;
+  }
+
+  private async drain(): Promise<void> {
+    while (this.batch.length > 0) {
+      const data = this.batch.join("");
+      const sync = this.batchSync;
+      const waiters = this.waiters;
+      this.batch = [];
+      this.batchSync = false;
+      this.waiters = [];
+      try {
+        await this.fh.appendFile(data);
+        if (sync) await this.fh.datasync();
+        this.dirty = !sync;
+        for (const w of waiters) w.resolve();
+      } catch (err) {
+        this.failed = err;
+        for (const w of [...waiters, ...this.waiters]) w.reject(err);
+        this.waiters = [];
+        this.batch = [];
       }
-    });
-    return this.tail;
+    }
+    this.writing = undefined;
   }
 
   async close(): Promise<void> {
-    await this.tail.catch(() => undefined);
-    if (this.dirty) await this.fh.datasync().catch(() => undefined);
+    await this.writing;
+    if (this.dirty && !this.failed) await this.fh.datasync().catch(() => undefined);
     await this.fh.close();
   }
 }

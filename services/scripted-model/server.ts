@@ -152,12 +152,22 @@ async function streamReply(res: http.ServerResponse, reply: Reply, model: string
   res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache", connection: "keep-alive" });
   let aborted = false;
   res.on("close", () => (aborted = !res.writableFinished));
+  // Every chunk is the same JSON around its delta: only the delta is encoded per token.
+  const head = `data: {"id":${JSON.stringify(id)},"object":"chat.completion.chunk","created":${created},"model":${JSON.stringify(model)},"choices":[{"index":0,"delta":`;
   const send = async (delta: Record<string, unknown>, finish: string | null = null) => {
-    const chunk = { id, object: "chat.completion.chunk", created, model, choices: [{ index: 0, delta, finish_reason: finish }] };
-    if (!res.write(`data: ${JSON.stringify(chunk)}\n\n`)) await once(res, "drain");
+    if (!res.write(`${head}${JSON.stringify(delta)},"finish_reason":${JSON.stringify(finish)}}]}\n\n`)) {
+      // A corked stream never drains: let the buffered burst out before waiting.
+      if (corked) res.uncork();
+      await once(res, "drain");
+      if (corked) res.cork();
+    }
   };
   const pause = reply.rate > 0 ? 1000 / reply.rate : 0;
   const wait = () => (pause > 0 ? new Promise((r) => setTimeout(r, pause)) : undefined);
+  // Unpaced, the whole reply is written in one burst: corked, it leaves in a few syscalls instead
+  // of one per token, the way a provider's network stack would batch it.
+  const corked = pause === 0;
+  if (corked) res.cork();
 
   await send({ role: "assistant", content: "" });
   let written = 0;
@@ -169,6 +179,7 @@ async function streamReply(res: http.ServerResponse, reply: Reply, model: string
   for (const t of reply.text) {
     if (aborted) return;
     if (reply.cutAfter !== undefined && written >= reply.cutAfter) {
+      if (corked) res.uncork();
       res.socket?.destroy();
       return;
     }
@@ -183,6 +194,7 @@ async function streamReply(res: http.ServerResponse, reply: Reply, model: string
     await send({ tool_calls: [{ index, function: { arguments: call.arguments.slice(0, half) } }] });
     await send({ tool_calls: [{ index, function: { arguments: call.arguments.slice(half) } }] });
   }
+  if (corked) res.uncork();
   await send({}, reply.toolCalls?.length ? "tool_calls" : "stop");
   if (includeUsage) {
     const completion = written + (reply.thinking?.length ?? 0) + (reply.toolCalls?.length ?? 0) * 10;

@@ -27,6 +27,8 @@ export interface Config {
   openaiBaseUrl: string;
   openaiApiKey: string;
   model: string;
+  /** How many memories a run's system prompt gets (0: memory is not consulted). */
+  memoryContextK: number;
   /** Default tool timeout for sandbox exec. */
   execTimeoutMs: number;
   /** Sandbox image and container runtime (runc or runsc). */
@@ -87,6 +89,7 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env,
     openaiBaseUrl: env.OPENAI_BASE_URL ?? "",
     openaiApiKey: env.OPENAI_API_KEY ?? "",
     model: env.TROUPE_MODEL ?? "scripted-1",
+    memoryContextK: env.TROUPE_MEMORY_CONTEXT_K === "0" ? 0 : positiveInt("TROUPE_MEMORY_CONTEXT_K", env.TROUPE_MEMORY_CONTEXT_K, 5),
     execTimeoutMs: positiveInt("TROUPE_EXEC_TIMEOUT_MS", env.TROUPE_EXEC_TIMEOUT_MS, 60_000),
     sandboxImage: env.TROUPE_SANDBOX_IMAGE ?? "troupe-sandbox:busybox",
     sandboxRuntime: env.TROUPE_SANDBOX_RUNTIME ?? "runc",

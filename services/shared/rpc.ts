@@ -34,12 +34,17 @@ class MalformedMessage {
 
 const asBuffer = (bytes: Uint8Array): Buffer => Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
 
+/** Messages may also be written as bytes already encoded (a proxy forwarding what it received). */
 function serialize<D extends DescMessage>(schema: D) {
-  return (msg: MessageShape<D> | MessageInitShape<D>): Buffer =>
-    asBuffer(toBinary(schema, isMessage(msg, schema) ? msg : create(schema, msg as MessageInitShape<D>)));
+  return (msg: MessageShape<D> | MessageInitShape<D> | Uint8Array): Buffer =>
+    msg instanceof Uint8Array
+      ? asBuffer(msg)
+      : asBuffer(toBinary(schema, isMessage(msg, schema) ? msg : create(schema, msg as MessageInitShape<D>)));
 }
 
-function methodDefinition(method: DescMethod): grpc.MethodDefinition<unknown, unknown> {
+const passBytes = (bytes: Buffer) => bytes;
+
+function methodDefinition(method: DescMethod, rawResponse = false): grpc.MethodDefinition<unknown, unknown> {
   const { input, output, methodKind } = method;
   return {
     path: `/${method.parent.typeName}/${method.name}`,
@@ -54,15 +59,18 @@ function methodDefinition(method: DescMethod): grpc.MethodDefinition<unknown, un
       }
     },
     responseSerialize: serialize(output) as (m: unknown) => Buffer,
-    responseDeserialize: (bytes: Buffer) => fromBinary(output, bytes),
+    responseDeserialize: rawResponse ? passBytes : (bytes: Buffer) => fromBinary(output, bytes),
     originalName: method.localName,
   };
 }
 
-/** The grpc-js service definition of a protobuf-es service descriptor. */
-export function serviceDefinition(service: DescService): grpc.ServiceDefinition {
+/**
+ * The grpc-js service definition of a protobuf-es service descriptor. Methods named in
+ * rawResponses hand their responses to the caller as the received bytes, undecoded.
+ */
+export function serviceDefinition(service: DescService, rawResponses: readonly string[] = []): grpc.ServiceDefinition {
   const def: Record<string, grpc.MethodDefinition<unknown, unknown>> = {};
-  for (const method of service.methods) def[method.localName] = methodDefinition(method);
+  for (const method of service.methods) def[method.localName] = methodDefinition(method, rawResponses.includes(method.localName));
   return def as grpc.ServiceDefinition;
 }
 
@@ -310,6 +318,11 @@ export class RpcServer {
 
 export interface ClientOptions {
   maxMessageBytes?: number;
+  /**
+   * Streaming methods whose responses arrive as undecoded bytes (typed as the message, so the
+   * caller must cast). For proxies that forward what they receive.
+   */
+  rawResponses?: readonly string[];
   /** Deadline for unary calls that set none. */
   defaultDeadlineMs?: number;
 }
@@ -320,7 +333,7 @@ export function createClient<S extends GenServiceMethods>(
   address: string,
   options: ClientOptions = {},
 ): ServiceClient<S> {
-  const Ctor = grpc.makeGenericClientConstructor(serviceDefinition(service), service.typeName);
+  const Ctor = grpc.makeGenericClientConstructor(serviceDefinition(service, options.rawResponses), service.typeName);
   const raw = new Ctor(address, grpc.credentials.createInsecure(), channelOptions(options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES));
   const defaultDeadline = options.defaultDeadlineMs ?? DEFAULT_DEADLINE_MS;
   const client: Record<string, unknown> = { close: () => raw.close() };
