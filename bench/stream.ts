@@ -16,6 +16,7 @@ import { fileURLToPath } from "node:url";
 import * as grpc from "@grpc/grpc-js";
 import type { ChatResponse } from "../services/shared/gen/troupe/v1/gateway_pb.js";
 import { GatewayService } from "../services/shared/gen/troupe/v1/gateway_pb.js";
+import { StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { createClient, type ServiceClient } from "../services/shared/rpc.js";
 import { startStack } from "../test/helpers/stack.js";
 
@@ -36,6 +37,7 @@ interface TroupeFigures {
 /** Opens S sessions, then (if warm) starts the clock; sends one `!bench T` prompt to each. */
 async function troupeRun(clients: Gateway[], warm: boolean): Promise<TroupeFigures> {
   const latencies: number[] = [];
+  const failures: string[] = [];
   let tokens = 0;
   let deltaEvents = 0;
   const sessions = Array.from({ length: S }, (_, i) => {
@@ -59,6 +61,7 @@ async function troupeRun(clients: Gateway[], warm: boolean): Promise<TroupeFigur
           tokens++;
         }
       } else if (p.case === "agentEnd") {
+        if (p.value.stopReason !== StopReason.COMPLETED) failures.push(`${StopReason[p.value.stopReason]}: ${p.value.errorMessage}`);
         call.end();
       }
     });
@@ -74,6 +77,7 @@ async function troupeRun(clients: Gateway[], warm: boolean): Promise<TroupeFigur
   for (const s of sessions) s.call.write({ frame: { frameId: "p", kind: { case: "prompt", value: { text: `!bench ${T}` } } } });
   await Promise.all(sessions.map((s) => s.isDone));
   const seconds = (performance.now() - t0) / 1000;
+  if (failures.length > 0) throw new Error(`${failures.length} runs did not complete, e.g. ${failures[0]}`);
   if (tokens !== S * T) throw new Error(`expected ${S * T} tokens, received ${tokens}`);
   return { tokensPerS: tokens / seconds, eventsPerS: deltaEvents / seconds, latencies };
 }

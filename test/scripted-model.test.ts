@@ -75,6 +75,14 @@ describe("scripted model rules", () => {
     assert.ok(ms >= 90, `10 tokens at 100/s took ${ms.toFixed(0)} ms`);
   });
 
+  test("a long unpaced reply arrives whole (a burst larger than every socket buffer)", async () => {
+    const chunks = await collect("!tokens 20000");
+    const text = textOf(chunks);
+    assert.equal(text.split(" ").filter(Boolean).length, 20000);
+    assert.ok(text.endsWith("t20000 "));
+    assert.ok(chunks.at(-1)!.type === "done");
+  });
+
   test("!think streams reasoning before the answer", async () => {
     const chunks = await collect("!think step by step");
     assert.equal(chunks.filter((c) => c.type === "thinking").map((c) => (c.type === "thinking" ? c.delta : "")).join(""), "step by step");

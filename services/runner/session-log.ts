@@ -66,7 +66,9 @@ class JsonlSessionLog implements SessionLog {
       this.batchSync = false;
       this.waiters = [];
       try {
-        await this.fh.appendFile(data);
+        const bytes = Buffer.from(data, "utf8");
+        // The file is opened for appending, so each write lands at the end; loop on short writes.
+        for (let off = 0; off < bytes.length; ) off += (await this.fh.write(bytes, off)).bytesWritten;
         if (sync) await this.fh.datasync();
         this.dirty = !sync;
         for (const w of waiters) w.resolve();

@@ -152,22 +152,24 @@ async function streamReply(res: http.ServerResponse, reply: Reply, model: string
   res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache", connection: "keep-alive" });
   let aborted = false;
   res.on("close", () => (aborted = !res.writableFinished));
+  const pause = reply.rate > 0 ? 1000 / reply.rate : 0;
+  const wait = () => (pause > 0 ? new Promise((r) => setTimeout(r, pause)) : undefined);
+  // Unpaced, a reply is one burst: chunks are gathered and written up to 16 KiB at a time, the
+  // way a provider's network stack would batch them, instead of one write per token.
+  const batching = pause === 0;
+  let pending = "";
+  const flush = async () => {
+    if (pending === "") return;
+    const data = pending;
+    pending = "";
+    if (!res.write(data)) await once(res, "drain");
+  };
   // Every chunk is the same JSON around its delta: only the delta is encoded per token.
   const head = `data: {"id":${JSON.stringify(id)},"object":"chat.completion.chunk","created":${created},"model":${JSON.stringify(model)},"choices":[{"index":0,"delta":`;
   const send = async (delta: Record<string, unknown>, finish: string | null = null) => {
-    if (!res.write(`${head}${JSON.stringify(delta)},"finish_reason":${JSON.stringify(finish)}}]}\n\n`)) {
-      // A corked stream never drains: let the buffered burst out before waiting.
-      if (corked) res.uncork();
-      await once(res, "drain");
-      if (corked) res.cork();
-    }
+    pending += `${head}${JSON.stringify(delta)},"finish_reason":${JSON.stringify(finish)}}]}\n\n`;
+    if (!batching || pending.length >= 16384) await flush();
   };
-  const pause = reply.rate > 0 ? 1000 / reply.rate : 0;
-  const wait = () => (pause > 0 ? new Promise((r) => setTimeout(r, pause)) : undefined);
-  // Unpaced, the whole reply is written in one burst: corked, it leaves in a few syscalls instead
-  // of one per token, the way a provider's network stack would batch it.
-  const corked = pause === 0;
-  if (corked) res.cork();
 
   await send({ role: "assistant", content: "" });
   let written = 0;
@@ -179,7 +181,7 @@ async function streamReply(res: http.ServerResponse, reply: Reply, model: string
   for (const t of reply.text) {
     if (aborted) return;
     if (reply.cutAfter !== undefined && written >= reply.cutAfter) {
-      if (corked) res.uncork();
+      await flush();
       res.socket?.destroy();
       return;
     }
@@ -194,13 +196,13 @@ async function streamReply(res: http.ServerResponse, reply: Reply, model: string
     await send({ tool_calls: [{ index, function: { arguments: call.arguments.slice(0, half) } }] });
     await send({ tool_calls: [{ index, function: { arguments: call.arguments.slice(half) } }] });
   }
-  if (corked) res.uncork();
   await send({}, reply.toolCalls?.length ? "tool_calls" : "stop");
   if (includeUsage) {
     const completion = written + (reply.thinking?.length ?? 0) + (reply.toolCalls?.length ?? 0) * 10;
     const usage = { prompt_tokens: promptTokens, completion_tokens: completion, total_tokens: promptTokens + completion };
-    res.write(`data: ${JSON.stringify({ id, object: "chat.completion.chunk", created, model, choices: [], usage })}\n\n`);
+    pending += `data: ${JSON.stringify({ id, object: "chat.completion.chunk", created, model, choices: [], usage })}\n\n`;
   }
+  await flush();
   res.end("data: [DONE]\n\n");
 }
 
