@@ -25,8 +25,11 @@ toolchain: $(TOOLCHAIN_NODE)
 	npm install --prefix .toolchain --no-save --no-audit --no-fund node@24
 	@test -x $@ && $@ --version
 
-node_modules/.installed: package-lock.json | toolchain
-	npm ci --no-audit --no-fund
+# `npm install --no-save` rather than `npm ci`: the registry these machines reach lacks the
+# non-linux-x64 builds of @lancedb/lancedb 0.39 (optional dependencies), so the lock cannot list
+# them and `npm ci` would refuse it. Versions still come from package-lock.json.
+node_modules/.installed: package-lock.json package.json | toolchain
+	npm install --no-save --no-audit --no-fund
 	@touch $@
 
 services/shared/gen/.generated: node_modules/.installed buf.yaml buf.gen.yaml $(shell find proto -name '*.proto')
