@@ -4,7 +4,7 @@ import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { StopReason, Role, FrameKind, type AgentEvent } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { ChatSession } from "./helpers/session.js";
-import { startStack, type Stack } from "./helpers/stack.js";
+import { startStack, waitFor, type Stack } from "./helpers/stack.js";
 
 let stack: Stack;
 before(async () => {
@@ -144,6 +144,36 @@ describe("a conversation with a tool call", () => {
     assert.deepEqual(ends, [StopReason.ABORTED, StopReason.COMPLETED]);
     const history = await stack.gateway.getHistory({ sessionId });
     assert.equal(history.messages.at(-1)!.text, "You said: after that");
+  });
+});
+
+describe("backpressure", () => {
+  test("a client that stops reading stops the model stream; when it reads again every token arrives", async () => {
+    const N = 400_000;
+    const written = async () => ((await (await fetch(`http://${stack.addr["model-server"]}/stats`)).json()) as { chunks_written: number }).chunks_written;
+    const before = await written();
+    const s = new ChatSession(stack.gateway);
+    s.open();
+    await s.waitOpened();
+    s.prompt(`!tokens ${N}`);
+    await s.waitForPayload("messageUpdate", 20_000);
+    s.call.pause();
+    // Buffers fill along the path, then nothing moves: the model server is held back too.
+    let last = -1;
+    const stalled = await waitFor("the model server to stop writing", async () => {
+      const now = await written();
+      const still = now === last;
+      last = now;
+      return still ? now : false;
+    }, 20_000, 1000);
+    assert.ok(stalled - before < N, `the model server wrote ${stalled - before} of ${N} chunks while the client was not reading`);
+    s.call.resume();
+    const end = await s.waitForPayload("agentEnd", 60_000);
+    s.close();
+    assert.ok(end.payload.case === "agentEnd" && end.payload.value.stopReason === StopReason.COMPLETED);
+    const text = s.events.map((e) => (e.payload.case === "messageUpdate" && e.payload.value.delta.case === "text" ? e.payload.value.delta.value : "")).join("");
+    assert.ok(text.endsWith(`t${N} `), "the last token arrived");
+    assert.equal(text.length, Array.from({ length: N }, (_, i) => `t${i + 1} `.length).reduce((a, b) => a + b, 0), "every token arrived, once");
   });
 });
 

@@ -5,6 +5,7 @@ import { fileURLToPath } from "node:url";
 import { loadConfig, modelBaseUrl, type Config } from "../shared/config.js";
 import { Health, HealthCheckResponse_ServingStatus as Serving } from "../shared/gen/grpc/health/v1/health_pb.js";
 import { createLogger } from "../shared/log.js";
+import { RouterService } from "../shared/gen/troupe/v1/router_pb.js";
 import { createClient } from "../shared/rpc.js";
 
 const MAIN = fileURLToPath(new URL("./main.js", import.meta.url));
@@ -74,27 +75,46 @@ export async function upCommand(args: string[]): Promise<void> {
   process.on("SIGINT", () => stop("SIGINT"));
   process.on("SIGTERM", () => stop("SIGTERM"));
 
-  if (await waitServing(cfg, 60_000)) {
+  const missing = await waitReady(cfg, 60_000);
+  if (missing.length === 0) {
     logger.info(`Troupe is up. Gateway: ${cfg.addr.gateway}. Chat with it:  npx troupe chat   (or: npx troupe chat "hello")`);
   } else {
-    logger.error("the gateway did not report SERVING within 60 s; see the logs above");
+    logger.error(`not ready after 60 s: ${missing.join(", ")}; see the logs above`);
   }
 }
 
-async function waitServing(cfg: Config, timeoutMs: number): Promise<boolean> {
-  const health = createClient(Health, cfg.addr.gateway);
+/**
+ * Waits until every service answers its health check and the runner has registered with the
+ * router. A sandbox without a Docker engine answers NOT_SERVING: that counts as up (the rest of
+ * Troupe works; tools report the error), with a warning. Returns what is still not ready.
+ */
+async function waitReady(cfg: Config, timeoutMs: number): Promise<string[]> {
+  const logger = createLogger("up");
   const deadline = Date.now() + timeoutMs;
+  const pending = new Set(["router", "memory", "sandbox", "runner", "gateway", "runner registration"]);
+  const addresses: Record<string, string> = { router: cfg.addr.router, memory: cfg.addr.memory, sandbox: cfg.addr.sandbox, runner: cfg.addr.runner, gateway: cfg.addr.gateway };
+  const router = createClient(RouterService, cfg.addr.router);
   try {
-    while (Date.now() < deadline) {
-      const ok = await health.check({ service: "" }, { timeoutMs: 1000 }).then(
-        (r) => r.status === Serving.SERVING,
-        () => false,
-      );
-      if (ok) return true;
-      await new Promise((r) => setTimeout(r, 250));
+    while (pending.size > 0 && Date.now() < deadline) {
+      for (const name of [...pending]) {
+        if (name === "runner registration") {
+          const n = await router.listRunners({}, { timeoutMs: 1000 }).then((r) => r.runners.length, () => 0);
+          if (n > 0) pending.delete(name);
+          continue;
+        }
+        const health = createClient(Health, addresses[name]);
+        const status = await health.check({ service: "" }, { timeoutMs: 1000 }).then((r) => r.status, () => undefined);
+        health.close();
+        if (status === Serving.SERVING) pending.delete(name);
+        else if (status === Serving.NOT_SERVING && name === "sandbox") {
+          logger.warn("the sandbox is NOT_SERVING (no Docker engine): tool calls will fail until one runs; see docs/sandbox.md");
+          pending.delete(name);
+        }
+      }
+      if (pending.size > 0) await new Promise((r) => setTimeout(r, 250));
     }
-    return false;
+    return [...pending];
   } finally {
-    health.close();
+    router.close();
   }
 }

@@ -40,6 +40,11 @@ export interface ActorDeps {
 const RING_SIZE = 4096;
 /** seq values are reserved in the log in blocks, so a restart never reuses one a client saw. */
 const SEQ_BLOCK = 1024;
+/**
+ * Largest text one coalesced delta event carries. Stream buffers along the way (grpc-js, Node
+ * streams) count messages, not bytes: bounding the message bounds what backpressure lets pile up.
+ */
+const MAX_DELTA_CHARS = 16 * 1024;
 /** Token deltas and partial tool output are not persisted; the complete messages are. */
 const TRANSIENT: ReadonlySet<EventPayload["case"]> = new Set(["messageUpdate", "toolExecutionUpdate"]);
 
@@ -289,7 +294,7 @@ export class SessionActor {
   /** Deltas that arrive in one burst (one network read, one event-loop turn) become one event. */
   private delta(messageId: string, kind: "text" | "thinking", text: string): void {
     const p = this.pendingDelta;
-    if (p && p.messageId === messageId && p.kind === kind) {
+    if (p && p.messageId === messageId && p.kind === kind && p.text.length + text.length <= MAX_DELTA_CHARS) {
       p.text += text;
       return;
     }

@@ -146,6 +146,9 @@ function sendJson(res: http.ServerResponse, status: number, body: unknown, heade
   res.end(data);
 }
 
+/** Chunks written by this process, for tests that check backpressure reaches the model server. */
+const stats = { chunksWritten: 0 };
+
 async function streamReply(res: http.ServerResponse, reply: Reply, model: string, promptTokens: number, includeUsage: boolean) {
   const id = `chatcmpl-${Date.now().toString(36)}${Math.random().toString(36).slice(2, 8)}`;
   const created = Math.floor(Date.now() / 1000);
@@ -168,6 +171,7 @@ async function streamReply(res: http.ServerResponse, reply: Reply, model: string
   const head = `data: {"id":${JSON.stringify(id)},"object":"chat.completion.chunk","created":${created},"model":${JSON.stringify(model)},"choices":[{"index":0,"delta":`;
   const send = async (delta: Record<string, unknown>, finish: string | null = null) => {
     pending += `${head}${JSON.stringify(delta)},"finish_reason":${JSON.stringify(finish)}}]}\n\n`;
+    stats.chunksWritten++;
     if (!batching || pending.length >= 16384) await flush();
   };
 
@@ -240,6 +244,7 @@ export async function startScriptedModelServer(options: ScriptedModelOptions = {
     try {
       const url = new URL(req.url ?? "/", "http://x");
       if (req.method === "GET" && url.pathname === "/healthz") return sendJson(res, 200, { ok: true });
+      if (req.method === "GET" && url.pathname === "/stats") return sendJson(res, 200, { chunks_written: stats.chunksWritten });
       if (req.method === "GET" && url.pathname === "/v1/models") {
         return sendJson(res, 200, { object: "list", data: [{ id: "scripted-1", object: "model", created: 0, owned_by: "troupe" }] });
       }
