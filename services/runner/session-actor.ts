@@ -129,6 +129,7 @@ export class SessionActor {
         this.acks.set(frame.frameId, Promise.resolve(this.emit({ case: "frameAccepted", value: { frameId: frame.frameId, kind: FRAME_KIND[frame.kind.case!] } })));
       }
     }
+    this.schedule();
   }
 
   /** Closes a run cut off by a crash: every tool call gets a result, then agent_end INTERRUPTED. */

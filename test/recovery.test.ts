@@ -1,0 +1,67 @@
+// A runner killed mid-turn: nothing acknowledged is lost, the cut-off run is recorded as
+// interrupted with every tool call paired, and what was queued runs after the restart.
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+import { Role, StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
+import { ChatSession } from "./helpers/session.js";
+import { startStack, waitFor, type Stack } from "./helpers/stack.js";
+
+let stack: Stack;
+before(async () => {
+  stack = await startStack();
+});
+after(async () => {
+  await stack?.stop();
+});
+
+test("SIGKILL during a tool call: the run is interrupted, the follow-up survives and runs", async () => {
+  const s = new ChatSession(stack.gateway);
+  s.open("crash-1");
+  await s.waitOpened();
+  s.prompt("$ echo working; sleep 30");
+  await s.waitFor((e) => e.payload.case === "toolExecutionUpdate");
+  const followId = s.send({ case: "followUp", value: { text: "after the crash" } });
+  await s.waitFor((e) => e.payload.case === "frameAccepted" && e.payload.value.frameId === followId);
+  const lastSeen = Number(s.events.at(-1)!.seq);
+
+  await stack.kill("runner", "SIGKILL");
+  const st = await s.ended();
+  assert.equal(st.code, 14, "the client's stream ends UNAVAILABLE when its runner dies");
+  await stack.start("runner");
+
+  // The client reconnects and resumes from the last event it saw.
+  const again = new ChatSession(stack.gateway);
+  await waitFor("the session to reopen", async () => {
+    const c = new ChatSession(stack.gateway);
+    c.send({ case: "open", value: { sessionId: "crash-1", replayAfterSeq: BigInt(lastSeen) } });
+    try {
+      await c.waitOpened(3000);
+      c.close();
+      return true;
+    } catch {
+      c.close();
+      return false;
+    }
+  });
+  again.send({ case: "open", value: { sessionId: "crash-1", replayAfterSeq: BigInt(lastSeen) } });
+  await again.waitOpened();
+  const followEnd = await again.waitFor((e) => e.payload.case === "agentEnd" && e.payload.value.stopReason === StopReason.COMPLETED, 20_000);
+  again.close();
+
+  const interrupted = again.events.find((e) => e.payload.case === "agentEnd" && e.payload.value.stopReason === StopReason.INTERRUPTED);
+  assert.ok(interrupted, "the cut-off run is recorded as interrupted");
+  assert.ok(Number(interrupted.seq) > lastSeen, "seq continues after what the client saw, never reused");
+  const seqs = again.events.map((e) => Number(e.seq));
+  assert.deepEqual(seqs, [...seqs].sort((a, b) => a - b), "in order");
+  assert.equal(new Set(seqs).size, seqs.length, "each event once");
+  assert.ok(again.events.some((e) => e.payload.case === "queueApplied" && e.payload.value.frameId === followId), "the follow-up ran");
+  assert.ok(Number(followEnd.seq) > Number(interrupted.seq));
+
+  const history = await stack.gateway.getHistory({ sessionId: "crash-1" });
+  const roles = history.messages.map((m) => Role[m.role]);
+  assert.deepEqual(roles, ["USER", "ASSISTANT", "TOOL", "USER", "ASSISTANT"]);
+  assert.equal(history.messages[2].toolCallId, history.messages[1].toolCalls[0].id, "the cut-off call has its result");
+  assert.match(history.messages[2].text, /Interrupted/);
+  assert.equal(history.messages[3].frameId, followId);
+  assert.equal(history.messages[4].text, "You said: after the crash");
+});
