@@ -287,7 +287,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       const placement = await placements.resolve(req.sessionId, req.agentId);
       const res = await runners
         .get(placement.runner!.address)
-        .ensureSession({ open: { sessionId: placement.sessionId, agentId: placement.agentId, create: true } })
+        .ensureSession({ open: { sessionId: placement.sessionId, agentId: placement.agentId, create: true, queueMode: req.queueMode } })
         .catch((err) => {
           if (isGone(err)) placements.invalidate(placement.sessionId);
           throw err;
@@ -295,7 +295,8 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       return { session: res.session };
     },
 
-    sendMessage: (req, call) => submit(req.sessionId, create(ClientFrameSchema, { frameId: req.frameId, kind: { case: "prompt", value: { text: req.text } } }), call.metadata),
+    sendMessage: (req, call) =>
+      submit(req.sessionId, create(ClientFrameSchema, { frameId: req.frameId, kind: { case: "prompt", value: { text: req.text, queueMode: req.queueMode } } }), call.metadata),
     steer: (req, call) => submit(req.sessionId, create(ClientFrameSchema, { frameId: req.frameId, kind: { case: "steer", value: { text: req.text } } }), call.metadata),
     followUp: (req, call) => submit(req.sessionId, create(ClientFrameSchema, { frameId: req.frameId, kind: { case: "followUp", value: { text: req.text } } }), call.metadata),
     abort: (req, call) =>

@@ -74,7 +74,9 @@ export interface RunOutcome {
 const SKIPPED_BY_STEER = "Skipped due to queued user message.";
 const SKIPPED_BY_ABORT = "Not run: the run was aborted.";
 
-export async function runAgent(host: RunHost, deps: RunDeps, first: QueuedMessage): Promise<RunOutcome> {
+/** Runs the agent for the messages that start the run (usually one; several in collect mode). */
+export async function runAgent(host: RunHost, deps: RunDeps, initial: QueuedMessage[]): Promise<RunOutcome> {
+  const first = initial[0];
   const span = tracer.startSpan(
     `invoke_agent ${deps.agentId}`,
     {
@@ -92,7 +94,7 @@ export async function runAgent(host: RunHost, deps: RunDeps, first: QueuedMessag
   );
   const usage = create(UsageSchema);
   try {
-    const outcome = await context.with(trace.setSpan(first.traceContext, span), () => runLoop(host, deps, first, usage));
+    const outcome = await context.with(trace.setSpan(first.traceContext, span), () => runLoop(host, deps, initial, usage));
     span.setAttributes({ [GenAI.USAGE_INPUT_TOKENS]: usage.inputTokens, [GenAI.USAGE_OUTPUT_TOKENS]: usage.outputTokens });
     if (outcome.stopReason === StopReason.ERROR) span.setStatus({ code: SpanStatusCode.ERROR, message: outcome.errorMessage });
     host.emit({ case: "agentEnd", value: { stopReason: outcome.stopReason, errorMessage: outcome.errorMessage, usage } });
@@ -102,10 +104,10 @@ export async function runAgent(host: RunHost, deps: RunDeps, first: QueuedMessag
   }
 }
 
-async function runLoop(host: RunHost, deps: RunDeps, first: QueuedMessage, usage: Usage): Promise<RunOutcome> {
-  host.emit({ case: "agentStart", value: { agentId: deps.agentId, model: deps.modelName, frameId: first.frameId } });
-  const system = await deps.systemPrompt(first.text, host.signal);
-  let pending: QueuedMessage[] = [first];
+async function runLoop(host: RunHost, deps: RunDeps, initial: QueuedMessage[], usage: Usage): Promise<RunOutcome> {
+  host.emit({ case: "agentStart", value: { agentId: deps.agentId, model: deps.modelName, frameId: initial[0].frameId } });
+  const system = await deps.systemPrompt(initial.map((q) => q.text).join("\n"), host.signal);
+  let pending: QueuedMessage[] = initial;
   let step = 0;
   for (;;) {
     for (;;) {

@@ -17,7 +17,7 @@ import type { RunningService } from "../shared/service.js";
 import { RpcServer, createClient, type grpc, type ServiceClient } from "../shared/rpc.js";
 import { contextFromRecord } from "../shared/telemetry.js";
 import { OpenAIModelClient } from "./model.js";
-import type { EventSubscriber, SessionActor } from "./session-actor.js";
+import { FrameRefused, type EventSubscriber, type SessionActor } from "./session-actor.js";
 import { JsonlSessionStore } from "./session-log.js";
 import { SessionRegistry } from "./session-registry.js";
 import { execTool } from "./tools.js";
@@ -152,7 +152,8 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
           const traceContext = context.active();
           const admitted = opened.then((actor) => actor.submit(frame, traceContext));
           inflight.add(admitted);
-          admitted.catch(fail).finally(() => inflight.delete(admitted));
+          // A refused frame does not end the stream: the session already told it why, by event.
+          admitted.catch((err) => err instanceof FrameRefused || fail(err)).finally(() => inflight.delete(admitted));
         } catch (err) {
           fail(err);
         }

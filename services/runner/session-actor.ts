@@ -8,6 +8,7 @@ import {
   AgentEventSchema,
   ChatMessageSchema,
   ClientFrameSchema,
+  QueueMode,
   Role,
   SessionInfoSchema,
   StopReason,
@@ -17,6 +18,7 @@ import {
   type SessionInfo,
 } from "../shared/gen/troupe/v1/session_pb.js";
 import { FRAME_KIND, validateFrame } from "../shared/frames.js";
+import { RpcError, Status, failedPrecondition, resourceExhausted, statusName } from "../shared/errors.js";
 import { newId } from "../shared/ids.js";
 import type { Logger } from "../shared/log.js";
 import { contextFromRecord } from "../shared/telemetry.js";
@@ -45,12 +47,19 @@ const SEQ_BLOCK = 1024;
  * streams) count messages, not bytes: bounding the message bounds what backpressure lets pile up.
  */
 const MAX_DELTA_CHARS = 16 * 1024;
+/** Messages a session holds waiting (queued, steering, follow-ups, collecting) before it refuses more. */
+export const MAILBOX_LIMIT = 100;
+/** Collect mode: prompts that arrive within this quiet window run together. */
+export const COLLECT_WINDOW_MS = 500;
 /** Token deltas and partial tool output are not persisted; the complete messages are. */
 const TRANSIENT: ReadonlySet<EventPayload["case"]> = new Set(["messageUpdate", "toolExecutionUpdate"]);
 
 interface Queued extends QueuedMessage {
   arrival: number;
 }
+
+/** A frame the session would not take (mailbox full, reject mode); nothing of it was recorded. */
+export class FrameRefused extends RpcError {}
 
 export class SessionActor {
   readonly messages: ChatMessage[] = [];
@@ -61,8 +70,14 @@ export class SessionActor {
   private arrivals = 0;
   /** frame_id -> its acknowledgement, so a resent frame is acknowledged without acting again. */
   private readonly acks = new Map<string, Promise<AgentEvent>>();
-  /** Messages waiting for the turn lock. */
-  private readonly queue: Queued[] = [];
+  /** Runs waiting for the turn lock, each one or more messages, in order of arrival. */
+  private readonly queue: Queued[][] = [];
+  /** Collect mode: prompts gathered until the quiet window passes. */
+  private collecting: Queued[] = [];
+  private collectTimer?: NodeJS.Timeout;
+  private queueMode = QueueMode.STEER;
+  /** Frames between their mailbox check and their place in a queue (their log write in flight). */
+  private admitting = 0;
   /** Messages for the running run: steering (next boundary) and follow-ups (after it). */
   private readonly steering: Queued[] = [];
   private readonly followUps: Queued[] = [];
@@ -103,6 +118,7 @@ export class SessionActor {
     let openTurn: string | undefined;
     for (const rec of records) {
       if (rec.t === "seq") this.reservedUpTo = Math.max(this.reservedUpTo, rec.upTo);
+      else if (rec.t === "settings") this.queueMode = rec.queueMode;
       else if (rec.t === "frame") {
         const frame = fromJson(ClientFrameSchema, rec.frame as JsonValue);
         accepted.set(frame.frameId, frame);
@@ -124,7 +140,7 @@ export class SessionActor {
     for (const frame of accepted.values()) {
       if (applied.has(frame.frameId)) continue;
       const q = this.toQueued(frame, ROOT_CONTEXT);
-      if (q) this.queue.push(q);
+      if (q) this.queue.push([q]);
       if (!this.acks.has(frame.frameId)) {
         this.acks.set(frame.frameId, Promise.resolve(this.emit({ case: "frameAccepted", value: { frameId: frame.frameId, kind: FRAME_KIND[frame.kind.case!] } })));
       }
@@ -167,26 +183,95 @@ export class SessionActor {
   }
 
   private async admit(frame: ClientFrame, traceContext: Context): Promise<AgentEvent> {
-    // The log serialises appends, so frames are admitted in the order they arrived.
-    await this.log.append({ t: "frame", frame: toJson(ClientFrameSchema, frame) }, true);
     const kind = frame.kind;
+    // Refusals come before the frame is recorded: a refused frame leaves no trace but the error.
+    if (kind.case !== "abort" && this.waiting() + this.admitting >= MAILBOX_LIMIT) {
+      throw this.refuse(frame, resourceExhausted(`session ${this.sessionId} has ${MAILBOX_LIMIT} messages waiting; retry when its runs have caught up`));
+    }
+    if (kind.case === "prompt" && this.run && this.modeOf(kind.value.queueMode) === QueueMode.REJECT) {
+      throw this.refuse(frame, failedPrecondition(`a run is going in session ${this.sessionId} and this prompt's queue mode is reject`));
+    }
+    // The log serialises appends, so frames are admitted in the order they arrived.
+    const counted = kind.case !== "abort";
+    if (counted) this.admitting++;
+    try {
+      await this.log.append({ t: "frame", frame: toJson(ClientFrameSchema, frame) }, true);
+    } finally {
+      if (counted) this.admitting--;
+    }
     const q = this.toQueued(frame, traceContext);
     let position = 0;
+    let interrupt = false;
     if (kind.case === "abort") {
       // handled after the acknowledgement, below
-    } else if (this.run && kind.case === "steer") {
+    } else if (!this.run) {
+      this.queue.push([q!]);
+      position = this.queue.length - 1;
+    } else if (kind.case === "steer") {
       this.steering.push(q!);
-    } else if (this.run && kind.case === "followUp" && this.queue.length === 0) {
-      this.followUps.push(q!);
-      position = 1;
-    } else {
-      this.queue.push(q!);
-      position = this.queue.length - 1 + (this.run ? 1 : 0);
+    } else if (kind.case === "followUp") {
+      // A follow-up joins the running run after its last step, unless runs already wait ahead of it.
+      if (this.queue.length === 0 && this.collecting.length === 0) this.followUps.push(q!);
+      else this.queue.push([q!]);
+      position = this.queue.length + 1;
+    } else if (kind.case === "prompt") {
+      switch (this.modeOf(kind.value.queueMode)) {
+        case QueueMode.FOLLOWUP:
+          this.queue.push([q!]);
+          position = this.queue.length;
+          break;
+        case QueueMode.COLLECT:
+          this.collecting.push(q!);
+          clearTimeout(this.collectTimer);
+          this.collectTimer = setTimeout(() => this.closeCollection(), COLLECT_WINDOW_MS);
+          position = this.queue.length + 1;
+          break;
+        case QueueMode.INTERRUPT:
+          this.queue.unshift([q!]);
+          position = 0;
+          interrupt = true;
+          break;
+        default:
+          this.steering.push(q!);
+      }
     }
     const ack = this.emit({ case: "frameAccepted", value: { frameId: frame.frameId, kind: FRAME_KIND[kind.case!], queuePosition: position } });
     if (kind.case === "abort") this.abort(kind.value.reason, kind.value.clearQueue);
+    if (interrupt) this.run?.controller.abort(new Error(`interrupted by ${frame.frameId}`));
     this.schedule();
     return ack;
+  }
+
+  private modeOf(mode: QueueMode): QueueMode {
+    return mode === QueueMode.UNSPECIFIED ? this.queueMode : mode;
+  }
+
+  private waiting(): number {
+    let n = this.steering.length + this.followUps.length + this.collecting.length;
+    for (const group of this.queue) n += group.length;
+    return n;
+  }
+
+  /** Tells every subscriber why a frame was refused (the caller gets the status too). */
+  private refuse(frame: ClientFrame, err: RpcError): FrameRefused {
+    this.emit({ case: "error", value: { code: statusName(err.code), message: err.message, retryable: err.code === Status.RESOURCE_EXHAUSTED, frameId: frame.frameId } });
+    return new FrameRefused(err.code, err.message);
+  }
+
+  /** The quiet window passed: the gathered prompts become one run. */
+  private closeCollection(): void {
+    this.collectTimer = undefined;
+    if (this.collecting.length === 0) return;
+    this.queue.push(this.collecting);
+    this.collecting = [];
+    this.schedule();
+  }
+
+  /** Sets the session's default queue mode (kept in the log). */
+  async setQueueMode(mode: QueueMode): Promise<void> {
+    if (mode === QueueMode.UNSPECIFIED || mode === this.queueMode) return;
+    this.queueMode = mode;
+    await this.log.append({ t: "settings", queueMode: mode }, true);
   }
 
   private toQueued(frame: ClientFrame, traceContext: Context): Queued | undefined {
@@ -198,7 +283,9 @@ export class SessionActor {
 
   private abort(reason: string, clearQueue: boolean): void {
     if (clearQueue) {
-      for (const q of [...this.steering.splice(0), ...this.followUps.splice(0), ...this.queue.splice(0)]) {
+      clearTimeout(this.collectTimer);
+      const dropped = [...this.steering.splice(0), ...this.followUps.splice(0), ...this.queue.splice(0).flat(), ...this.collecting.splice(0)];
+      for (const q of dropped.sort((a, b) => a.arrival - b.arrival)) {
         this.emit({ case: "error", value: { code: "CANCELLED", message: `dropped by an abort that cleared the queue${reason ? `: ${reason}` : ""}`, frameId: q.frameId } });
       }
     }
@@ -213,7 +300,7 @@ export class SessionActor {
   }
 
   get idle(): boolean {
-    return !this.run && this.queue.length === 0;
+    return !this.run && this.queue.length === 0 && this.collecting.length === 0;
   }
 
   /** Resolves once no run is going and nothing waits for one. */
@@ -235,13 +322,13 @@ export class SessionActor {
     run.done = this.execute(next, controller.signal).finally(() => {
       // Steering or follow-ups that came too late for the run are not lost: they run next.
       const late = [...this.steering.splice(0), ...this.followUps.splice(0)].sort((a, b) => a.arrival - b.arrival);
-      this.queue.unshift(...late);
+      if (late.length > 0) this.queue.unshift(late);
       this.run = undefined;
       this.schedule();
     });
   }
 
-  private async execute(first: Queued, signal: AbortSignal): Promise<void> {
+  private async execute(first: Queued[], signal: AbortSignal): Promise<void> {
     const host: RunHost = {
       sessionId: this.sessionId,
       signal,
@@ -390,6 +477,7 @@ export class SessionActor {
   /** Stops the running run (if any) and closes the log. */
   async close(): Promise<void> {
     this.closing = true;
+    clearTimeout(this.collectTimer);
     this.run?.controller.abort(new Error("runner shutting down"));
     await this.run?.done;
     await this.log.close();

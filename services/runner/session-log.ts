@@ -9,6 +9,8 @@ import path from "node:path";
 export type LogRecord =
   | { t: "session"; sessionId: string; agentId: string; createdMs: number }
   | { t: "frame"; frame: unknown }
+  // The session's default queue mode changed.
+  | { t: "settings"; queueMode: number }
   | { t: "event"; event: unknown }
   // seq values up to `upTo` may have been handed out; a restart continues after it.
   | { t: "seq"; upTo: number };

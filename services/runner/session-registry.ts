@@ -39,6 +39,7 @@ export class SessionRegistry {
       );
       created = true;
     }
+    await actor.setQueueMode(open.queueMode);
     const opened = create(SessionOpenedSchema, { sessionId, agentId: actor.agentId, lastSeq: BigInt(actor.lastSeq), created, frameId });
     return { actor, opened };
   }

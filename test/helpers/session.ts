@@ -67,6 +67,23 @@ export class ChatSession {
     }
   }
 
+  /** Resolves once `condition` (over the whole session so far) holds; checked once per arrival. */
+  async until(condition: () => boolean, timeoutMs = 15_000): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    while (!condition()) {
+      if (this.status) throw new Error(`stream ended (${this.status.code} ${this.status.details}); got: ${this.describe()}`);
+      const left = deadline - Date.now();
+      if (left <= 0) throw new Error(`timed out; got: ${this.describe()}`);
+      await new Promise<void>((resolve) => {
+        const t = setTimeout(resolve, left);
+        this.waiters.push(() => {
+          clearTimeout(t);
+          resolve();
+        });
+      });
+    }
+  }
+
   waitForPayload(kase: AgentEvent["payload"]["case"], timeoutMs?: number, from = 0): Promise<AgentEvent> {
     return this.waitFor((e) => e.payload.case === kase, timeoutMs, from);
   }
