@@ -1,7 +1,9 @@
 // What happens to a prompt that arrives while a run is going, mode by mode.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { QueueMode, Role, StopReason, type AgentEvent } from "../services/shared/gen/troupe/v1/session_pb.js";
+import { readFile } from "node:fs/promises";
+import path from "node:path";
+import { FrameKind, QueueMode, Role, StopReason, type AgentEvent } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { Status } from "../services/shared/errors.js";
 import { ChatSession } from "./helpers/session.js";
 import { startStack, type Stack } from "./helpers/stack.js";
@@ -125,6 +127,30 @@ describe("queue modes", () => {
     s.close();
     assert.equal(runsStartedBy(s)[1], second);
     assert.ok(!s.events.some((e) => e.payload.case === "toolCallsSkipped"));
+  });
+
+  test("/stop, /kill and !kill typed as a message abort at once, and every abort is audited", async () => {
+    const s = await openSession(QueueMode.FOLLOWUP);
+    s.prompt("!tokens 5000 rate=200");
+    await s.waitForPayload("messageUpdate");
+    const stopId = s.prompt("/stop");
+    await s.until(() => ends(s).length >= 1, 5000);
+    assert.deepEqual(ends(s), [StopReason.ABORTED], "not queued behind the run in followup mode: it stopped it");
+    const ack = s.events.find((e) => e.payload.case === "frameAccepted" && e.payload.value.frameId === stopId)!;
+    assert.ok(ack.payload.case === "frameAccepted" && ack.payload.value.kind === FrameKind.ABORT);
+    // Unary, and while idle: an abort with nothing to stop; nothing is sent to the model.
+    await stack.gateway.sendMessage({ sessionId: s.opened!.sessionId, frameId: "k1", text: "  !KILL " });
+    await new Promise((r) => setTimeout(r, 300));
+    s.close();
+    assert.equal(runsStartedBy(s).length, 1);
+    const history = await stack.gateway.getHistory({ sessionId: s.opened!.sessionId });
+    assert.ok(!history.messages.some((m) => /stop|kill/i.test(m.text)), "stop commands never reach the conversation");
+    const audit = (await readFile(path.join(stack.dataDir, "audit.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l));
+    const mine = audit.filter((r) => r.sessionId === s.opened!.sessionId);
+    assert.deepEqual(mine.map((r) => [r.action, r.frameId]), [["abort", stopId], ["abort", "k1"]]);
+    assert.match(mine[0].reason, /\/stop typed as a message/);
+    assert.ok(mine[0].turnId.length > 0, "the aborted run is named");
+    assert.equal(mine[1].turnId, "", "nothing was running");
   });
 
   test("a full mailbox refuses with RESOURCE_EXHAUSTED and drops nothing it accepted", async () => {

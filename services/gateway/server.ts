@@ -7,7 +7,7 @@ import { BinaryReader, WireType } from "@bufbuild/protobuf/wire";
 import { SpanKind, trace, type Context, type Span } from "@opentelemetry/api";
 import type { Config } from "../shared/config.js";
 import { Status, grpcCode, invalidArgumentIf, toStatus, unavailable } from "../shared/errors.js";
-import { validateFrame, validateSessionRef } from "../shared/frames.js";
+import { catchStopCommand, validateFrame, validateSessionRef } from "../shared/frames.js";
 import { GatewayService, type ChatRequest } from "../shared/gen/troupe/v1/gateway_pb.js";
 import { RouterService, type ResolveSessionResponse } from "../shared/gen/troupe/v1/router_pb.js";
 import { AttachResponseSchema, RunnerService, type AttachResponse } from "../shared/gen/troupe/v1/runner_pb.js";
@@ -171,8 +171,9 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
     }
   };
 
-  const submit = async (sessionId: string, frame: ClientFrame, metadata: grpc.Metadata) => {
-    validateFrame(frame, true);
+  const submit = async (sessionId: string, sent: ClientFrame, metadata: grpc.Metadata) => {
+    validateFrame(sent, true);
+    const frame = catchStopCommand(sent);
     const spans = new TurnSpans(extractContext(metadata), () => sessionId, () => "");
     const traced = spans.start(frame);
     try {
@@ -261,7 +262,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
             return;
           }
           validateFrame(frame, true);
-          const traced = spans.start(frame);
+          const traced = spans.start(catchStopCommand(frame));
           if (state === "opening") queued.push(traced);
           else forward(traced);
         } catch (err) {

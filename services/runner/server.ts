@@ -18,6 +18,7 @@ import { RpcServer, createClient, type grpc, type ServiceClient } from "../share
 import { contextFromRecord } from "../shared/telemetry.js";
 import { OpenAIModelClient } from "./model.js";
 import { FrameRefused, type EventSubscriber, type SessionActor } from "./session-actor.js";
+import { AuditLog } from "./audit-log.js";
 import { JsonlSessionStore } from "./session-log.js";
 import { SessionRegistry } from "./session-registry.js";
 import { execTool } from "./tools.js";
@@ -102,8 +103,10 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   const memory = createClient(MemoryService, cfg.addr.memory);
   const router = createClient(RouterService, cfg.addr.router);
   const tools = [execTool(sandbox, cfg.execTimeoutMs)];
+  const audit = new AuditLog(cfg.dataDir);
   const registry = new SessionRegistry({
     store,
+    audit,
     logger,
     runDeps: (agentId) => ({
       agentId,
@@ -232,6 +235,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
       await registration.stop();
       await server.drain(cfg.drainGraceMs);
       await registry.close();
+      await audit.close();
       await model.close();
       for (const c of [sandbox, memory, router]) c.close();
     },

@@ -23,6 +23,7 @@ import { newId } from "../shared/ids.js";
 import type { Logger } from "../shared/log.js";
 import { contextFromRecord } from "../shared/telemetry.js";
 import { runAgent, type EventPayload, type QueuedMessage, type RunDeps, type RunHost } from "./loop.js";
+import type { AuditLog } from "./audit-log.js";
 import type { LogRecord, SessionLog, SessionStore } from "./session-log.js";
 
 /** Where an actor's events go: a client stream, seen through its backpressure. */
@@ -34,6 +35,7 @@ export interface EventSubscriber {
 
 export interface ActorDeps {
   store: SessionStore;
+  audit: AuditLog;
   logger: Logger;
   runDeps(agentId: string): RunDeps;
 }
@@ -236,8 +238,8 @@ export class SessionActor {
       }
     }
     const ack = this.emit({ case: "frameAccepted", value: { frameId: frame.frameId, kind: FRAME_KIND[kind.case!], queuePosition: position } });
-    if (kind.case === "abort") this.abort(kind.value.reason, kind.value.clearQueue);
-    if (interrupt) this.run?.controller.abort(new Error(`interrupted by ${frame.frameId}`));
+    if (kind.case === "abort") this.abort(frame.frameId, kind.value.reason, kind.value.clearQueue);
+    if (interrupt && this.run) this.abort(frame.frameId, "interrupted by a prompt in interrupt mode", false);
     this.schedule();
     return ack;
   }
@@ -281,7 +283,10 @@ export class SessionActor {
     return { frameId: frame.frameId, kind: FRAME_KIND[k.case], text: k.value.text, traceContext: ctx, arrival: ++this.arrivals };
   }
 
-  private abort(reason: string, clearQueue: boolean): void {
+  private abort(frameId: string, reason: string, clearQueue: boolean): void {
+    this.deps.audit
+      .record({ action: "abort", sessionId: this.sessionId, frameId, reason, turnId: this.run?.turnId ?? "", clearQueue })
+      .catch((err: unknown) => this.deps.logger.error("audit log write failed", { error: String(err) }));
     if (clearQueue) {
       clearTimeout(this.collectTimer);
       const dropped = [...this.steering.splice(0), ...this.followUps.splice(0), ...this.queue.splice(0).flat(), ...this.collecting.splice(0)];

@@ -1,6 +1,7 @@
 // Validation of client frames, shared by the gateway (to fail fast at the edge) and the runner
 // (which owns the session and must not trust its callers either).
-import { FrameKind, type ClientFrame } from "./gen/troupe/v1/session_pb.js";
+import { create } from "@bufbuild/protobuf";
+import { ClientFrameSchema, FrameKind, type ClientFrame } from "./gen/troupe/v1/session_pb.js";
 import { failedPrecondition, invalidArgument } from "./errors.js";
 import { isAgentId, isFrameId, isSessionId } from "./ids.js";
 
@@ -11,6 +12,22 @@ export const FRAME_KIND: Record<NonNullable<ClientFrame["kind"]["case"]>, FrameK
   followUp: FrameKind.FOLLOW_UP,
   abort: FrameKind.ABORT,
 };
+
+/**
+ * Messages that mean "stop", typed by a user into any chat. The gateway turns a message that is
+ * exactly one of these into an abort, so it takes effect at once instead of waiting behind the
+ * run it means to stop (and is never sent to the model).
+ */
+const STOP_COMMANDS = new Set(["/stop", "/kill", "!kill", "/abort"]);
+
+/** The frame itself, or an abort with the same id when its text is a stop command. */
+export function catchStopCommand(frame: ClientFrame): ClientFrame {
+  const k = frame.kind;
+  if ((k.case === "prompt" || k.case === "steer" || k.case === "followUp") && STOP_COMMANDS.has(k.value.text.trim().toLowerCase())) {
+    return create(ClientFrameSchema, { frameId: frame.frameId, traceContext: frame.traceContext, kind: { case: "abort", value: { reason: `${k.value.text.trim()} typed as a message` } } });
+  }
+  return frame;
+}
 
 /** Checks a frame; `opened` says whether the stream already carried its open frame. */
 export function validateFrame(frame: ClientFrame | undefined, opened: boolean): asserts frame is ClientFrame {
