@@ -51,6 +51,10 @@ test("SIGKILL during a tool call: the run is interrupted, the follow-up survives
   const interrupted = again.events.find((e) => e.payload.case === "agentEnd" && e.payload.value.stopReason === StopReason.INTERRUPTED);
   assert.ok(interrupted, "the cut-off run is recorded as interrupted");
   assert.ok(Number(interrupted.seq) > lastSeen, "seq continues after what the client saw, never reused");
+  const gap = again.events[0];
+  assert.ok(gap.payload.case === "gap", "the seqs skipped after the crash are reported as a gap");
+  assert.equal(Number(gap.payload.value.firstSeq), lastSeen + 1);
+  assert.equal(Number(again.events[1].seq), Number(gap.seq) + 1, "and numbering continues right after it");
   const seqs = again.events.map((e) => Number(e.seq));
   assert.deepEqual(seqs, [...seqs].sort((a, b) => a - b), "in order");
   assert.equal(new Set(seqs).size, seqs.length, "each event once");

@@ -115,7 +115,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
       tools,
       systemPrompt: (query, signal) => systemPrompt(memory, cfg.memoryContextK, agentId, query, signal, logger),
     }),
-  });
+  }, { passivateAfterMs: cfg.passivateAfterMs });
 
   const requireActor = async (sessionId: string): Promise<SessionActor> => {
     const actor = await registry.get(sessionId);

@@ -80,6 +80,7 @@ export class SessionActor {
   private queueMode = QueueMode.STEER;
   /** Frames between their mailbox check and their place in a queue (their log write in flight). */
   private admitting = 0;
+  private activeMs = Date.now();
   /** Messages for the running run: steering (next boundary) and follow-ups (after it). */
   private readonly steering: Queued[] = [];
   private readonly followUps: Queued[] = [];
@@ -118,7 +119,9 @@ export class SessionActor {
     const accepted = new Map<string, ClientFrame>();
     const applied = new Set<string>();
     let openTurn: string | undefined;
+    let closedAt: number | undefined;
     for (const rec of records) {
+      closedAt = rec.t === "closed" ? rec.seq : undefined;
       if (rec.t === "seq") this.reservedUpTo = Math.max(this.reservedUpTo, rec.upTo);
       else if (rec.t === "settings") this.queueMode = rec.queueMode;
       else if (rec.t === "frame") {
@@ -136,7 +139,11 @@ export class SessionActor {
         else if (p.case === "agentEnd") openTurn = undefined;
       }
     }
-    this.seq = Math.max(this.seq, this.reservedUpTo);
+    // After a clean close the log knows the last seq; after a crash, seqs up to the reservation may
+    // have reached clients, so numbering continues past it (a replay reports the jump as a gap).
+    if (closedAt !== undefined) this.seq = Math.max(this.seq, closedAt);
+    else this.seq = Math.max(this.seq, this.reservedUpTo);
+    this.reservedUpTo = this.seq;
     if (openTurn !== undefined) this.recordInterruptedRun(openTurn);
     // Accepted messages that never entered a run are still owed a run, in arrival order.
     for (const frame of accepted.values()) {
@@ -173,6 +180,7 @@ export class SessionActor {
   /** Admits one frame (not `open`) and resolves to its frame_accepted event once it is durable. */
   submit(frame: ClientFrame, traceContext: Context = ROOT_CONTEXT): Promise<AgentEvent> {
     validateFrame(frame, true);
+    this.activeMs = Date.now();
     const earlier = this.acks.get(frame.frameId);
     if (earlier) {
       const kind = FRAME_KIND[frame.kind.case!];
@@ -308,6 +316,16 @@ export class SessionActor {
     return !this.run && this.queue.length === 0 && this.collecting.length === 0;
   }
 
+  /** Nothing running, waiting, arriving or watching: the actor may leave memory. */
+  get passivatable(): boolean {
+    return this.idle && this.subscribers.size === 0 && this.admitting === 0 && !this.closing;
+  }
+
+  /** Last time anything happened in or to this actor. */
+  get lastActiveMs(): number {
+    return this.activeMs;
+  }
+
   /** Resolves once no run is going and nothing waits for one. */
   whenIdle(): Promise<void> {
     return this.idle ? Promise.resolve() : new Promise((resolve) => this.idleWaiters.push(resolve));
@@ -365,6 +383,7 @@ export class SessionActor {
   private publish(payload: EventPayload): AgentEvent {
     const now = Date.now();
     this.updatedMs = now;
+    this.activeMs = now;
     // create() turns the payload's init object into a message.
     const event = create(AgentEventSchema, { sessionId: this.sessionId, seq: BigInt(++this.seq), turnId: this.run?.turnId ?? "", time: timestampFromMs(now), payload: payload as never });
     if (this.seq >= this.reservedUpTo - SEQ_BLOCK / 2) {
@@ -427,6 +446,7 @@ export class SessionActor {
    * happen meanwhile are held back and follow in order, each exactly once.
    */
   async attach(sub: EventSubscriber, afterSeq?: number): Promise<void> {
+    this.activeMs = Date.now();
     if (afterSeq === undefined || afterSeq >= this.seq) {
       this.subscribers.add(sub);
       return;
@@ -437,10 +457,13 @@ export class SessionActor {
     let last = afterSeq;
     const forward = (e: AgentEvent) => {
       const seq = Number(e.seq);
-      if (seq > last) {
-        sub.send(e);
-        last = seq;
+      if (seq <= last) return;
+      if (seq > last + 1) {
+        // Say so rather than leave a hole: the gap event takes the last missing seq.
+        sub.send(create(AgentEventSchema, { sessionId: this.sessionId, seq: BigInt(seq - 1), turnId: e.turnId, time: e.time, payload: { case: "gap", value: { firstSeq: BigInt(last + 1) } } }));
       }
+      sub.send(e);
+      last = seq;
     };
     try {
       const floor = this.ring.length > 0 ? Number(this.ring[0].seq) : this.seq + 1;
@@ -460,6 +483,7 @@ export class SessionActor {
   }
 
   detach(sub: EventSubscriber): void {
+    this.activeMs = Date.now();
     this.subscribers.delete(sub);
   }
 
@@ -485,6 +509,8 @@ export class SessionActor {
     clearTimeout(this.collectTimer);
     this.run?.controller.abort(new Error("runner shutting down"));
     await this.run?.done;
+    this.flushDelta();
+    await this.log.append({ t: "closed", seq: this.seq }, true).catch(() => undefined);
     await this.log.close();
   }
 }

@@ -13,7 +13,9 @@ export type LogRecord =
   | { t: "settings"; queueMode: number }
   | { t: "event"; event: unknown }
   // seq values up to `upTo` may have been handed out; a restart continues after it.
-  | { t: "seq"; upTo: number };
+  | { t: "seq"; upTo: number }
+  // The actor left memory cleanly with `seq` as its last seq: nothing was handed out beyond it.
+  | { t: "closed"; seq: number };
 
 export interface SessionLog {
   append(record: LogRecord, sync?: boolean): Promise<void>;

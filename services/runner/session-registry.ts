@@ -7,16 +7,51 @@ import { validateSessionRef } from "../shared/frames.js";
 import { DEFAULT_AGENT, newId } from "../shared/ids.js";
 import { SessionActor, type ActorDeps } from "./session-actor.js";
 
+export interface RegistryOptions {
+  /** Actors with nothing to do for this long leave memory; they are reloaded from their log. */
+  passivateAfterMs: number;
+}
+
 export class SessionRegistry {
   private readonly actors = new Map<string, Promise<SessionActor>>();
+  /** Sessions leaving memory right now: a load waits until their log is flushed and closed. */
+  private readonly leaving = new Map<string, Promise<void>>();
+  private readonly sweeper: NodeJS.Timeout;
 
-  constructor(private readonly deps: ActorDeps) {}
+  constructor(
+    private readonly deps: ActorDeps,
+    private readonly options: RegistryOptions = { passivateAfterMs: 600_000 },
+  ) {
+    this.sweeper = setInterval(() => this.passivateIdle(), Math.max(50, Math.min(30_000, options.passivateAfterMs / 2)));
+    this.sweeper.unref();
+  }
+
+  /** Evicts the actors that have been passivatable for longer than the configured time. */
+  passivateIdle(now = Date.now()): void {
+    for (const [id, p] of this.actors) {
+      void p.then((actor) => {
+        if (this.actors.get(id) !== p || !actor.passivatable || now - actor.lastActiveMs < this.options.passivateAfterMs) return;
+        this.actors.delete(id);
+        const closed = actor.close().finally(() => this.leaving.delete(id));
+        this.leaving.set(id, closed);
+        this.deps.logger.debug(`passivated session ${id}`);
+      }, () => undefined);
+    }
+  }
+
+  /** How many actors are in memory. */
+  get size(): number {
+    return this.actors.size;
+  }
 
   /** The live actor of a stored session, loading it if needed; undefined if no such session. */
   async get(sessionId: string): Promise<SessionActor | undefined> {
     validateSessionRef(sessionId, "", false);
     const live = this.actors.get(sessionId);
     if (live) return live;
+    await this.leaving.get(sessionId);
+    const again = this.actors.get(sessionId);
+    if (again) return again;
     if (!(await this.deps.store.exists(sessionId))) return undefined;
     return this.remember(sessionId, () => SessionActor.load(sessionId, this.deps));
   }
@@ -60,6 +95,8 @@ export class SessionRegistry {
   }
 
   async close(): Promise<void> {
+    clearInterval(this.sweeper);
+    await Promise.allSettled(this.leaving.values());
     await Promise.allSettled([...this.actors.values()].map(async (p) => (await p).close()));
     this.actors.clear();
   }

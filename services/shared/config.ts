@@ -27,6 +27,8 @@ export interface Config {
   openaiBaseUrl: string;
   openaiApiKey: string;
   model: string;
+  /** Runner: sessions with nothing to do leave memory after this long (reloaded from their log). */
+  passivateAfterMs: number;
   /** How many memories a run's system prompt gets (0: memory is not consulted). */
   memoryContextK: number;
   /** Default tool timeout for sandbox exec. */
@@ -89,6 +91,7 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env,
     openaiBaseUrl: env.OPENAI_BASE_URL ?? "",
     openaiApiKey: env.OPENAI_API_KEY ?? "",
     model: env.TROUPE_MODEL ?? "scripted-1",
+    passivateAfterMs: positiveInt("TROUPE_PASSIVATE_AFTER_MS", env.TROUPE_PASSIVATE_AFTER_MS, 600_000),
     memoryContextK: env.TROUPE_MEMORY_CONTEXT_K === "0" ? 0 : positiveInt("TROUPE_MEMORY_CONTEXT_K", env.TROUPE_MEMORY_CONTEXT_K, 5),
     execTimeoutMs: positiveInt("TROUPE_EXEC_TIMEOUT_MS", env.TROUPE_EXEC_TIMEOUT_MS, 60_000),
     sandboxImage: env.TROUPE_SANDBOX_IMAGE ?? "troupe-sandbox:busybox",

@@ -35,7 +35,10 @@ export class ChatSession {
     for (const w of this.waiters.splice(0)) w();
   }
 
-  send(kind: Kind, frameId = `f${++this.n}`): string {
+  /** Frame ids are unique per ChatSession, so two streams on one session never collide. */
+  private readonly prefix = Math.random().toString(36).slice(2, 8);
+
+  send(kind: Kind, frameId = `f-${this.prefix}-${++this.n}`): string {
     this.call.write({ frame: { frameId, kind } });
     return frameId;
   }
