@@ -49,6 +49,9 @@ before(async () => {
     async releaseSandbox() {
       throw new RpcError(Status.FAILED_PRECONDITION, "nope");
     },
+    async killProcesses() {
+      return { sandboxFound: false };
+    },
   });
   const port = await server.listen("127.0.0.1:0");
   address = `127.0.0.1:${port}`;

@@ -69,7 +69,15 @@ export function execTool(sandbox: SandboxClient, defaultTimeoutMs: number): Tool
           }
         }
       } catch (err) {
-        if (ctx.signal.aborted) return { output: clip(output + "\n[aborted]"), isError: true };
+        if (ctx.signal.aborted) {
+          // Cancelling the call makes the sandbox kill the command too, but in its own time; an
+          // aborted call is reported only once its processes are known to be dead.
+          const killed = await sandbox.killProcesses({ sessionId: ctx.sessionId }, { timeoutMs: 5000 }).then(
+            () => true,
+            () => false,
+          );
+          return { output: clip(output + (killed ? "\n[aborted: the command and everything it started were killed]" : "\n[aborted; the sandbox did not confirm the kill]")), isError: true };
+        }
         const code = grpcCode(err);
         const detail = (err as { details?: string }).details ?? (err as Error).message;
         const hint = code === Status.UNAVAILABLE ? "the sandbox is unavailable: " : "";

@@ -7,6 +7,7 @@
 // (kill -9 -1, run as 65534) therefore ends a command's whole process tree, however it forked or
 // detached, and neither touches the keeper nor lets untrusted code touch it.
 import { createHash } from "node:crypto";
+import { once } from "node:events";
 import Docker from "dockerode";
 import type { Config } from "../shared/config.js";
 import { RpcError, Status, failedPrecondition, invalidArgumentIf, unavailable } from "../shared/errors.js";
@@ -164,10 +165,12 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
     return container;
   };
 
-  /** Ends every process the session's commands started (see the header comment). */
+  /** Ends every process the session's commands started (see the header comment); resolves once done. */
   const killCommands = async (container: Docker.Container) => {
-    const exec = await container.exec({ Cmd: ["kill", "-9", "-1"], User: TOOL_USER, AttachStdout: false, AttachStderr: false });
-    await exec.start({ Detach: true });
+    const exec = await container.exec({ Cmd: ["kill", "-9", "-1"], User: TOOL_USER, AttachStdout: true, AttachStderr: true });
+    const stream = (await exec.start({ hijack: true, stdin: false })) as NodeJS.ReadableStream;
+    stream.resume();
+    await once(stream, "end");
   };
 
   server.add(SandboxService, {
@@ -233,6 +236,16 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
         }),
       );
       call.end();
+    },
+
+    async killProcesses(req) {
+      invalidArgumentIf(!isSessionId(req.sessionId), "session_id is missing or malformed");
+      await requireEngine();
+      const container = docker.getContainer(containerName(instance, req.sessionId));
+      const running = await container.inspect().then((c) => c.State.Running, () => false);
+      if (!running) return { sandboxFound: false };
+      await killCommands(container);
+      return { sandboxFound: true };
     },
 
     async releaseSandbox(req) {
