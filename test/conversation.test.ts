@@ -3,7 +3,7 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { StopReason, Role, FrameKind, type AgentEvent } from "../services/shared/gen/troupe/v1/session_pb.js";
-import { ChatSession } from "./helpers/session.js";
+import { ChatSession, subscribeUntil } from "./helpers/session.js";
 import { startStack, waitFor, type Stack } from "./helpers/stack.js";
 
 let stack: Stack;
@@ -107,16 +107,7 @@ describe("a conversation with a tool call", () => {
     s.close();
     const all = s.events;
     const cut = Number(all[5].seq);
-    const sub = stack.gateway.subscribe({ sessionId: opened.sessionId, afterSeq: BigInt(cut) });
-    const got: AgentEvent[] = [];
-    await new Promise<void>((resolve, reject) => {
-      sub.on("data", (r) => {
-        got.push(r.event!);
-        if (r.event!.payload.case === "agentEnd") resolve();
-      });
-      sub.on("error", (e) => (e as unknown as { code: number }).code === 1 || reject(e));
-    });
-    sub.cancel();
+    const got = await subscribeUntil(stack.gateway, opened.sessionId, BigInt(cut), 1);
     assert.deepEqual(got.map((e) => Number(e.seq)), all.filter((e) => Number(e.seq) > cut).map((e) => Number(e.seq)));
   });
 
@@ -130,16 +121,7 @@ describe("a conversation with a tool call", () => {
     const aborted = await stack.gateway.abort({ sessionId, frameId: "u3", reason: "test" });
     assert.ok(aborted.accepted?.payload.case === "frameAccepted" && aborted.accepted.payload.value.kind === FrameKind.ABORT);
     // The follow-up survives the abort and runs next.
-    const sub = stack.gateway.subscribe({ sessionId, afterSeq: 0n });
-    const seen: AgentEvent[] = [];
-    await new Promise<void>((resolve, reject) => {
-      sub.on("data", (r) => {
-        seen.push(r.event!);
-        if (seen.filter((e) => e.payload.case === "agentEnd").length === 2) resolve();
-      });
-      sub.on("error", (e) => (e as unknown as { code: number }).code === 1 || reject(e));
-    });
-    sub.cancel();
+    const seen = await subscribeUntil(stack.gateway, sessionId, 0n, 2);
     const ends = seen.filter((e) => e.payload.case === "agentEnd").map((e) => (e.payload.case === "agentEnd" ? e.payload.value.stopReason : 0));
     assert.deepEqual(ends, [StopReason.ABORTED, StopReason.COMPLETED]);
     const history = await stack.gateway.getHistory({ sessionId });

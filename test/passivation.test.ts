@@ -2,8 +2,8 @@
 // that reaches past what memory held says where the token deltas were.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
-import { Role, StopReason, type AgentEvent } from "../services/shared/gen/troupe/v1/session_pb.js";
-import { ChatSession } from "./helpers/session.js";
+import { Role, StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
+import { ChatSession, subscribeUntil } from "./helpers/session.js";
 import { startStack, waitFor, type Stack } from "./helpers/stack.js";
 
 let stack: Stack;
@@ -13,20 +13,6 @@ before(async () => {
 after(async () => {
   await stack?.stop();
 });
-
-async function subscribeUntilEnd(sessionId: string, afterSeq: bigint, ends: number): Promise<AgentEvent[]> {
-  const sub = stack.gateway.subscribe({ sessionId, afterSeq });
-  const got: AgentEvent[] = [];
-  await new Promise<void>((resolve, reject) => {
-    sub.on("data", (r) => {
-      got.push(r.event!);
-      if (got.filter((e) => e.payload.case === "agentEnd").length === ends) resolve();
-    });
-    sub.on("error", (e) => ((e as unknown as { code: number }).code === 1 ? undefined : reject(e)));
-  });
-  sub.cancel();
-  return got;
-}
 
 test("an idle session leaves memory, comes back from its log, and a replay reports the gap", async () => {
   const s = new ChatSession(stack.gateway);
@@ -38,7 +24,7 @@ test("an idle session leaves memory, comes back from its log, and a replay repor
   const live = s.events;
   await waitFor("the session to be passivated", async () => stack.logs().includes("passivated session passive-1"), 10_000);
 
-  const replayed = await subscribeUntilEnd("passive-1", 0n, 1);
+  const replayed = await subscribeUntil(stack.gateway, "passive-1", 0n, 1);
   // Every seq is accounted for: each event, or a gap event covering first_seq..its own seq.
   let expected = 1;
   for (const e of replayed) {

@@ -53,28 +53,16 @@ export class ChatSession {
 
   /** Resolves with the first event (after `from`) that matches, or rejects after timeoutMs. */
   async waitFor(match: (e: AgentEvent) => boolean, timeoutMs = 15_000, from = 0): Promise<AgentEvent> {
-    const deadline = Date.now() + timeoutMs;
-    for (;;) {
-      const hit = this.events.slice(from).find(match);
-      if (hit) return hit;
-      if (this.status) throw new Error(`stream ended (${this.status.code} ${this.status.details}) before the event came; got: ${this.describe()}`);
-      const left = deadline - Date.now();
-      if (left <= 0) throw new Error(`timed out; got: ${this.describe()}`);
-      await new Promise<void>((resolve) => {
-        const t = setTimeout(resolve, left);
-        this.waiters.push(() => {
-          clearTimeout(t);
-          resolve();
-        });
-      });
-    }
+    let hit: AgentEvent | undefined;
+    await this.until(() => (hit = this.events.slice(from).find(match)) !== undefined, timeoutMs);
+    return hit!;
   }
 
   /** Resolves once `condition` (over the whole session so far) holds; checked once per arrival. */
   async until(condition: () => boolean, timeoutMs = 15_000): Promise<void> {
     const deadline = Date.now() + timeoutMs;
     while (!condition()) {
-      if (this.status) throw new Error(`stream ended (${this.status.code} ${this.status.details}); got: ${this.describe()}`);
+      if (this.status) throw new Error(`stream ended (${this.status.code} ${this.status.details}) first; got: ${this.describe()}`);
       const left = deadline - Date.now();
       if (left <= 0) throw new Error(`timed out; got: ${this.describe()}`);
       await new Promise<void>((resolve) => {
@@ -121,6 +109,21 @@ export class ChatSession {
   close(): void {
     this.call.cancel();
   }
+}
+
+/** Subscribe(after_seq) until `ends` agent_end events have arrived; returns every event received. */
+export async function subscribeUntil(gateway: ServiceClient<(typeof GatewayService)["method"]>, sessionId: string, afterSeq: bigint, ends: number): Promise<AgentEvent[]> {
+  const sub = gateway.subscribe({ sessionId, afterSeq });
+  const got: AgentEvent[] = [];
+  await new Promise<void>((resolve, reject) => {
+    sub.on("data", (r) => {
+      got.push(r.event!);
+      if (got.filter((e) => e.payload.case === "agentEnd").length === ends) resolve();
+    });
+    sub.on("error", (e) => ((e as unknown as { code: number }).code === 1 ? undefined : reject(e)));
+  });
+  sub.cancel();
+  return got;
 }
 
 /** Frame id helper for unary calls. */
