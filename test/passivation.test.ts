@@ -2,7 +2,7 @@
 // that reaches past what memory held says where the token deltas were.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
-import { Role, StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
+import { QueueMode, Role, StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { ChatSession, subscribeUntil } from "./helpers/session.js";
 import { startStack, waitFor, type Stack } from "./helpers/stack.js";
 
@@ -56,6 +56,30 @@ test("an idle session leaves memory, comes back from its log, and a replay repor
   assert.equal(Number(again.events[0].seq), Number(live.at(-1)!.seq) + 1);
   const history = await stack.gateway.getHistory({ sessionId: "passive-1" });
   assert.deepEqual(history.messages.map((m) => Role[m.role]), ["USER", "ASSISTANT", "USER", "ASSISTANT"]);
+});
+
+test("messages dropped by an abort that cleared the queue stay dropped after a reload", async () => {
+  const s = new ChatSession(stack.gateway);
+  s.send({ case: "open", value: { sessionId: "passive-3", create: true, queueMode: QueueMode.FOLLOWUP } });
+  await s.waitOpened();
+  s.prompt("!tokens 2000 rate=500");
+  await s.waitForPayload("messageUpdate");
+  const dropped = [s.prompt("queued one"), s.prompt("queued two")];
+  s.send({ case: "abort", value: { clearQueue: true } });
+  await s.waitForPayload("agentEnd");
+  await s.until(() => s.events.filter((e) => e.payload.case === "error" && e.payload.value.code === "CANCELLED").length === 2);
+  s.close();
+  await waitFor("passivation", async () => stack.logs().includes("passivated session passive-3"), 10_000);
+  const again = new ChatSession(stack.gateway);
+  again.open("passive-3", false);
+  await again.waitOpened();
+  again.prompt("only this runs");
+  await again.waitForPayload("agentEnd");
+  await new Promise((r) => setTimeout(r, 300));
+  again.close();
+  assert.equal(again.events.filter((e) => e.payload.case === "agentStart").length, 1);
+  const users = (await stack.gateway.getHistory({ sessionId: "passive-3" })).messages.filter((m) => m.role === Role.USER).map((m) => m.frameId);
+  assert.ok(!users.some((id) => dropped.includes(id)), "no dropped message ran");
 });
 
 test("a session with a client attached, or a run going, stays in memory", async () => {

@@ -135,6 +135,8 @@ export class SessionActor {
         if (p.case === "messageEnd" && p.value.message) this.messages.push(p.value.message);
         else if (p.case === "frameAccepted" && !p.value.duplicate) this.acks.set(p.value.frameId, Promise.resolve(ev));
         else if (p.case === "queueApplied") applied.add(p.value.frameId);
+        // Dropped by an abort that cleared the queue: owed nothing.
+        else if (p.case === "error" && p.value.code === "CANCELLED" && p.value.frameId) applied.add(p.value.frameId);
         else if (p.case === "agentStart") openTurn = ev.turnId;
         else if (p.case === "agentEnd") openTurn = undefined;
       }
