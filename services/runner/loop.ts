@@ -27,6 +27,7 @@ import {
   type ToolCall,
   type Usage,
 } from "../shared/gen/troupe/v1/session_pb.js";
+import { failpoint } from "../shared/failpoints.js";
 import { newId } from "../shared/ids.js";
 import { GenAI, tracer } from "../shared/telemetry.js";
 import { ModelError, type FinishReason, type ModelClient, type ModelMessage } from "./model.js";
@@ -106,6 +107,7 @@ export async function runAgent(host: RunHost, deps: RunDeps, initial: QueuedMess
 
 async function runLoop(host: RunHost, deps: RunDeps, initial: QueuedMessage[], usage: Usage): Promise<RunOutcome> {
   host.emit({ case: "agentStart", value: { agentId: deps.agentId, model: deps.modelName, frameId: initial[0].frameId } });
+  failpoint("runner.run", initial.map((q) => q.text).join("\n"));
   const system = await deps.systemPrompt(initial.map((q) => q.text).join("\n"), host.signal);
   let pending: QueuedMessage[] = initial;
   let step = 0;

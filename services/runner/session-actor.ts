@@ -51,10 +51,21 @@ const SEQ_BLOCK = 1024;
 const MAX_DELTA_CHARS = 16 * 1024;
 /** Messages a session holds waiting (queued, steering, follow-ups, collecting) before it refuses more. */
 export const MAILBOX_LIMIT = 100;
+/** Supervision: this many unexpected run failures within RESTART_WINDOW_MS mark the session failed. */
+export const RESTART_LIMIT = 5;
+export const RESTART_WINDOW_MS = 60_000;
 /** Collect mode: prompts that arrive within this quiet window run together. */
 export const COLLECT_WINDOW_MS = 500;
 /** Token deltas and partial tool output are not persisted; the complete messages are. */
 const TRANSIENT: ReadonlySet<EventPayload["case"]> = new Set(["messageUpdate", "toolExecutionUpdate"]);
+
+interface CutOff {
+  reason: StopReason;
+  message: string;
+  /** The messages that started the cut-off run (known when this process saw it fail). */
+  startedBy?: QueuedMessage[];
+}
+const INTERRUPTED: CutOff = { reason: StopReason.INTERRUPTED, message: "the runner stopped while this run was going" };
 
 interface Queued extends QueuedMessage {
   arrival: number;
@@ -81,6 +92,10 @@ export class SessionActor {
   /** Frames between their mailbox check and their place in a queue (their log write in flight). */
   private admitting = 0;
   private activeMs = Date.now();
+  /** Times of recent unexpected run failures (supervision). */
+  private restarts: number[] = [];
+  /** Set when the session gave up after too many failures: why. */
+  private failed?: string;
   /** Messages for the running run: steering (next boundary) and follow-ups (after it). */
   private readonly steering: Queued[] = [];
   private readonly followUps: Queued[] = [];
@@ -115,7 +130,11 @@ export class SessionActor {
     return actor;
   }
 
-  private replayLog(records: LogRecord[]): void {
+  /**
+   * Rebuilds state from the log. `liveSeq` is given when this process already numbered events
+   * (a restart in place): numbering goes on from it, with no reservation jump.
+   */
+  private replayLog(records: LogRecord[], liveSeq?: number, cutOff: CutOff = INTERRUPTED): void {
     const accepted = new Map<string, ClientFrame>();
     const applied = new Set<string>();
     let openTurn: string | undefined;
@@ -143,10 +162,17 @@ export class SessionActor {
     }
     // After a clean close the log knows the last seq; after a crash, seqs up to the reservation may
     // have reached clients, so numbering continues past it (a replay reports the jump as a gap).
-    if (closedAt !== undefined) this.seq = Math.max(this.seq, closedAt);
+    if (liveSeq !== undefined) this.seq = Math.max(this.seq, liveSeq);
+    else if (closedAt !== undefined) this.seq = Math.max(this.seq, closedAt);
     else this.seq = Math.max(this.seq, this.reservedUpTo);
-    this.reservedUpTo = this.seq;
-    if (openTurn !== undefined) this.recordInterruptedRun(openTurn);
+    this.reservedUpTo = Math.max(this.seq, liveSeq === undefined ? 0 : this.reservedUpTo);
+    if (openTurn !== undefined) {
+      // A failed run's starting messages are kept (in history, once) but not run again: they may
+      // be what triggers the failure. After a crash they run again, having never really started.
+      const starters = (cutOff.startedBy ?? []).filter((q) => !applied.has(q.frameId));
+      for (const q of starters) applied.add(q.frameId);
+      this.closeCutOffRun(openTurn, cutOff.reason, cutOff.message, starters);
+    }
     // Accepted messages that never entered a run are still owed a run, in arrival order.
     for (const frame of accepted.values()) {
       if (applied.has(frame.frameId)) continue;
@@ -156,23 +182,31 @@ export class SessionActor {
         this.acks.set(frame.frameId, Promise.resolve(this.emit({ case: "frameAccepted", value: { frameId: frame.frameId, kind: FRAME_KIND[frame.kind.case!] } })));
       }
     }
-    this.schedule();
+    // In a restart the failed run's own ending schedules what is next.
+    if (liveSeq === undefined) this.schedule();
   }
 
-  /** Closes a run cut off by a crash: every tool call gets a result, then agent_end INTERRUPTED. */
-  private recordInterruptedRun(turnId: string): void {
+  /** Closes a run that was cut off (crash, or a failure): every tool call gets a result, then agent_end. */
+  private closeCutOffRun(turnId: string, reason: StopReason, message: string, unappliedStarters: QueuedMessage[] = []): void {
     this.run = { turnId, controller: new AbortController(), done: Promise.resolve() };
+    for (const q of unappliedStarters) {
+      this.emit({ case: "queueApplied", value: { frameId: q.frameId, kind: q.kind } });
+      const user = create(ChatMessageSchema, { id: newId(), role: Role.USER, text: q.text, frameId: q.frameId, time: timestampNow() });
+      this.emit({ case: "messageStart", value: { message: user } });
+      this.emit({ case: "messageEnd", value: { message: user } });
+      this.messages.push(user);
+    }
     const answered = new Set(this.messages.filter((m) => m.role === Role.TOOL).map((m) => m.toolCallId));
     for (const m of [...this.messages]) {
       for (const call of m.role === Role.ASSISTANT ? m.toolCalls : []) {
         if (answered.has(call.id)) continue;
-        const result = create(ChatMessageSchema, { id: newId(), role: Role.TOOL, toolCallId: call.id, toolName: call.name, text: "Interrupted: the runner stopped while this call was running.", isError: true, time: timestampNow() });
+        const result = create(ChatMessageSchema, { id: newId(), role: Role.TOOL, toolCallId: call.id, toolName: call.name, text: `Interrupted: ${message}.`, isError: true, time: timestampNow() });
         this.emit({ case: "toolExecutionEnd", value: { toolCallId: call.id, toolName: call.name, result: result.text, isError: true } });
         this.emit({ case: "messageEnd", value: { message: result } });
         this.messages.push(result);
       }
     }
-    this.emit({ case: "agentEnd", value: { stopReason: StopReason.INTERRUPTED, errorMessage: "the runner stopped during this run" } });
+    this.emit({ case: "agentEnd", value: { stopReason: reason, errorMessage: message } });
     this.run = undefined;
   }
 
@@ -183,6 +217,9 @@ export class SessionActor {
   submit(frame: ClientFrame, traceContext: Context = ROOT_CONTEXT): Promise<AgentEvent> {
     validateFrame(frame, true);
     this.activeMs = Date.now();
+    if (this.failed && frame.kind.case !== "abort") {
+      return Promise.reject(this.refuse(frame, failedPrecondition(`session ${this.sessionId} has failed: ${this.failed}`)));
+    }
     const earlier = this.acks.get(frame.frameId);
     if (earlier) {
       const kind = FRAME_KIND[frame.kind.case!];
@@ -367,10 +404,37 @@ export class SessionActor {
     try {
       await runAgent(host, this.deps.runDeps(this.agentId), first);
     } catch (err) {
-      // A bug in the loop ends this run only; the session keeps serving.
-      this.deps.logger.error("run failed", { session: this.sessionId, error: String((err as Error)?.stack ?? err) });
-      this.emit({ case: "error", value: { code: "INTERNAL", message: "the run failed unexpectedly", retryable: true } });
-      this.emit({ case: "agentEnd", value: { stopReason: StopReason.ERROR, errorMessage: "internal error" } });
+      // Not a model or tool failure (those end runs normally): a bug. Its state is suspect, so
+      // the actor rebuilds itself from its log; other sessions are untouched.
+      this.deps.logger.error("run failed unexpectedly; restarting the session from its log", { session: this.sessionId, error: String((err as Error)?.stack ?? err) });
+      await this.restartFromLog(first);
+    }
+  }
+
+  /** Supervision: backoff, then state rebuilt from the log; too many failures mark the session failed. */
+  private async restartFromLog(startedBy: QueuedMessage[]): Promise<void> {
+    const now = Date.now();
+    this.restarts = [...this.restarts.filter((t) => now - t < RESTART_WINDOW_MS), now];
+    this.emit({ case: "error", value: { code: "INTERNAL", message: "the run failed unexpectedly; the session restarts from its log", retryable: true } });
+    await this.log.flush().catch(() => undefined);
+    const records = await this.deps.store.read(this.sessionId);
+    await new Promise((r) => setTimeout(r, 100 * 2 ** (this.restarts.length - 1)));
+    const liveSeq = this.seq;
+    this.messages.length = 0;
+    this.acks.clear();
+    this.queue.length = 0;
+    this.steering.length = 0;
+    this.followUps.length = 0;
+    this.collecting = [];
+    clearTimeout(this.collectTimer);
+    // What was queued comes back from the log (accepted, never applied) and runs after this.
+    this.replayLog(records, liveSeq, { reason: StopReason.ERROR, message: "the run failed unexpectedly", startedBy });
+    if (this.restarts.length >= RESTART_LIMIT) {
+      this.failed = `${this.restarts.length} unexpected failures within ${RESTART_WINDOW_MS / 1000} s; see the runner's log`;
+      for (const q of this.queue.splice(0).flat()) {
+        this.emit({ case: "error", value: { code: "CANCELLED", message: "dropped: the session failed", frameId: q.frameId } });
+      }
+      this.emit({ case: "error", value: { code: "SESSION_FAILED", message: `session ${this.sessionId} has failed: ${this.failed}`, retryable: false } });
     }
   }
 

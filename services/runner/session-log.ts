@@ -19,6 +19,8 @@ export type LogRecord =
 
 export interface SessionLog {
   append(record: LogRecord, sync?: boolean): Promise<void>;
+  /** Resolves once everything appended so far is written. */
+  flush(): Promise<void>;
   close(): Promise<void>;
 }
 
@@ -59,6 +61,10 @@ class JsonlSessionLog implements SessionLog {
     const done = new Promise<void>((resolve, reject) => this.waiters.push({ resolve, reject }));
     this.writing ??= this.drain();
     return done;
+  }
+
+  async flush(): Promise<void> {
+    await this.writing;
   }
 
   private async drain(): Promise<void> {
