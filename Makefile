@@ -17,7 +17,7 @@ SANDBOX_IMAGE ?= troupe-sandbox:busybox
 B ?=
 TROUPE := node dist/services/cli/main.js
 
-.PHONY: build run test lint bench toolchain host sandbox-image sandbox-image-if-missing sandbox-image-debian clean
+.PHONY: build run test lint bench soak toolchain host sandbox-image sandbox-image-if-missing sandbox-image-debian clean
 
 toolchain: $(TOOLCHAIN_NODE)
 .toolchain/node_modules/.bin/node:
@@ -70,7 +70,13 @@ run: build
 	$(TROUPE) up
 
 test: build lint sandbox-image-if-missing
-	node --test --test-concurrency=1 --test-timeout=300000 'dist/test/**/*.test.js'
+	node --test --test-concurrency=1 --test-timeout=300000 'dist/test/*.test.js'
+
+# The soak (issue 3): 500 sessions of random traffic while the runner is killed three times
+# (about 3 minutes). It passes since the fix of 2026-11-22 but has not yet run often enough to
+# gate CI; SOAK_SESSIONS=N and SOAK_KILLS=N change it.
+soak: build sandbox-image-if-missing
+	node --test --test-timeout=600000 dist/test/soak/soak.test.js
 
 bench: build sandbox-image-if-missing
 	@if [ -n "$(B)" ]; then node dist/bench/$(B).js; else for b in dist/bench/*.js; do node $$b || exit 1; done; fi

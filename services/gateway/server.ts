@@ -199,6 +199,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
         if (state === "done") return;
         state = "done";
         spans.endAll();
+        if (err !== undefined && toStatus(err).code === Status.INTERNAL) logger.error("chat stream failed", { error: String((err as Error)?.stack ?? err) });
         if (err !== undefined) {
           runnerCall?.cancel();
           if (!call.cancelled) call.emit("error", toStatus(err));
@@ -223,6 +224,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
         let received = false;
         rc.on("data", (bytes: Buffer) => {
           received = true;
+          if (state === "done") return;
           if (needsDecoding(bytes)) {
             const resp = fromBinary(AttachResponseSchema, bytes);
             if (resp.kind.case === "opened") {
@@ -233,13 +235,14 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
             }
             spans.observe(resp);
           }
-          if (state === "done") return;
           if (!call.write(bytes as never)) {
             rc.pause();
             call.once("drain", () => rc.resume());
           }
         });
+        let upstreamFailed = false;
         rc.on("error", (err) => {
+          upstreamFailed = true;
           if (!received && isGone(err) && attempt === 0 && state !== "done") {
             placements.invalidate(sessionId);
             open(openFrame, 1).catch(finish);
@@ -247,7 +250,10 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
           }
           finish(err);
         });
-        rc.on("end", () => finish());
+        // grpc-js may end the readable side of a call that failed too: only a clean end is one.
+        rc.on("end", () => {
+          if (!upstreamFailed) finish();
+        });
         rc.write({ frame });
       };
 

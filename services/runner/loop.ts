@@ -113,10 +113,16 @@ async function runLoop(host: RunHost, deps: RunDeps, initial: QueuedMessage[], u
   let step = 0;
   for (;;) {
     for (;;) {
-      if (host.signal.aborted) return { stopReason: StopReason.ABORTED, errorMessage: "" };
       step++;
       host.emit({ case: "turnStart", value: { step } });
+      // Messages taken from the queues always reach the history, even when the run is aborted
+      // before it could answer them: an acknowledged message is never dropped.
       injectUserMessages(host, pending);
+      pending = [];
+      if (host.signal.aborted) {
+        host.emit({ case: "turnEnd", value: { step, stopReason: StopReason.ABORTED } });
+        return { stopReason: StopReason.ABORTED, errorMessage: "" };
+      }
       const { message: assistant, errorMessage } = await streamAssistant(host, deps, system);
       addUsage(usage, assistant.usage);
       const calls = assistant.toolCalls;
@@ -126,7 +132,10 @@ async function runLoop(host: RunHost, deps: RunDeps, initial: QueuedMessage[], u
       }
       pending = calls.length > 0 ? await executeToolCalls(host, deps, assistant) : [];
       host.emit({ case: "turnEnd", value: { step, stopReason: assistant.stopReason } });
-      if (host.signal.aborted) return { stopReason: StopReason.ABORTED, errorMessage: "" };
+      if (host.signal.aborted) {
+        injectUserMessages(host, pending); // steering taken during the batch, kept (see above)
+        return { stopReason: StopReason.ABORTED, errorMessage: "" };
+      }
       if (calls.length === 0) {
         // Steering that arrived while the final answer streamed gets its own step.
         pending = host.takeSteering();

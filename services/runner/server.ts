@@ -4,7 +4,7 @@ import { create } from "@bufbuild/protobuf";
 import { context } from "@opentelemetry/api";
 import type { Config } from "../shared/config.js";
 import { modelBaseUrl } from "../shared/config.js";
-import { invalidArgument, notFound, resourceExhausted, toStatus } from "../shared/errors.js";
+import { Status, invalidArgument, notFound, resourceExhausted, toStatus } from "../shared/errors.js";
 import { validateFrame } from "../shared/frames.js";
 import { MemoryService, MemoryKind } from "../shared/gen/troupe/v1/memory_pb.js";
 import { RouterService } from "../shared/gen/troupe/v1/router_pb.js";
@@ -133,6 +133,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
       const fail = (err: unknown) => {
         if (failed || call.cancelled) return;
         failed = true;
+        if (toStatus(err).code === Status.INTERNAL) logger.error("session stream failed", { error: String((err as Error)?.stack ?? err) });
         call.emit("error", toStatus(err));
       };
       call.on("data", (req: AttachRequest) => {

@@ -136,7 +136,8 @@ export class SessionActor {
    */
   private replayLog(records: LogRecord[], liveSeq?: number, cutOff: CutOff = INTERRUPTED): void {
     const accepted = new Map<string, ClientFrame>();
-    const applied = new Set<string>();
+    /** Frames dropped on request (an abort that cleared the queue, a failed session). */
+    const dropped = new Set<string>();
     let openTurn: string | undefined;
     let closedAt: number | undefined;
     for (const rec of records) {
@@ -153,9 +154,7 @@ export class SessionActor {
         const p = ev.payload;
         if (p.case === "messageEnd" && p.value.message) this.messages.push(p.value.message);
         else if (p.case === "frameAccepted" && !p.value.duplicate) this.acks.set(p.value.frameId, Promise.resolve(ev));
-        else if (p.case === "queueApplied") applied.add(p.value.frameId);
-        // Dropped by an abort that cleared the queue: owed nothing.
-        else if (p.case === "error" && p.value.code === "CANCELLED" && p.value.frameId) applied.add(p.value.frameId);
+        else if (p.case === "error" && p.value.code === "CANCELLED" && p.value.frameId) dropped.add(p.value.frameId);
         else if (p.case === "agentStart") openTurn = ev.turnId;
         else if (p.case === "agentEnd") openTurn = undefined;
       }
@@ -166,16 +165,17 @@ export class SessionActor {
     else if (closedAt !== undefined) this.seq = Math.max(this.seq, closedAt);
     else this.seq = Math.max(this.seq, this.reservedUpTo);
     this.reservedUpTo = Math.max(this.seq, liveSeq === undefined ? 0 : this.reservedUpTo);
+    // Every accepted message is in the history, or was dropped on request, or is owed a run.
+    const inHistory = new Set(this.messages.filter((m) => m.role === Role.USER).map((m) => m.frameId));
     if (openTurn !== undefined) {
       // A failed run's starting messages are kept (in history, once) but not run again: they may
       // be what triggers the failure. After a crash they run again, having never really started.
-      const starters = (cutOff.startedBy ?? []).filter((q) => !applied.has(q.frameId));
-      for (const q of starters) applied.add(q.frameId);
+      const starters = (cutOff.startedBy ?? []).filter((q) => !inHistory.has(q.frameId) && !dropped.has(q.frameId));
+      for (const q of starters) inHistory.add(q.frameId);
       this.closeCutOffRun(openTurn, cutOff.reason, cutOff.message, starters);
     }
-    // Accepted messages that never entered a run are still owed a run, in arrival order.
     for (const frame of accepted.values()) {
-      if (applied.has(frame.frameId)) continue;
+      if (inHistory.has(frame.frameId) || dropped.has(frame.frameId)) continue;
       const q = this.toQueued(frame, ROOT_CONTEXT);
       if (q) this.queue.push([q]);
       if (!this.acks.has(frame.frameId)) {

@@ -2,7 +2,8 @@
 // <data-dir>/sessions/. Every accepted client frame and every complete event is appended in seq
 // order; a record that was acknowledged was fsynced first. Token deltas are not kept (the complete
 // message that follows them is). Anything that can append and replay records can replace it.
-import { mkdir, open, readFile, readdir, stat, type FileHandle } from "node:fs/promises";
+import { randomUUID } from "node:crypto";
+import { link, mkdir, open, readFile, readdir, stat, unlink, type FileHandle } from "node:fs/promises";
 import path from "node:path";
 
 /** One line of the log. Frames and events are stored in protobuf JSON form. */
@@ -45,6 +46,16 @@ export interface SessionStore {
  * its record is written (and synced, if asked). After a failed write every later append fails:
  * nothing is acknowledged past a hole in the log.
  */
+/** Makes a directory's entries (a newly linked file) durable. */
+async function syncDir(dir: string): Promise<void> {
+  const fh = await open(dir, "r");
+  try {
+    await fh.sync();
+  } finally {
+    await fh.close();
+  }
+}
+
 class JsonlSessionLog implements SessionLog {
   private batch: string[] = [];
   private batchSync = false;
@@ -116,17 +127,50 @@ export class JsonlSessionStore implements SessionStore {
     );
   }
 
+  /**
+   * Creates the log with its header atomically: the header is written and fsynced to a temporary
+   * file that is then linked into place. A crash leaves either no log or a complete header, and
+   * link() fails with EEXIST if someone else created the session first.
+   */
   async create(sessionId: string, agentId: string): Promise<SessionLog> {
     await mkdir(this.dir, { recursive: true });
-    // "wx": two creators of one id cannot both succeed.
-    const fh = await open(this.file(sessionId), "wx");
-    const log = new JsonlSessionLog(fh);
-    await log.append({ t: "session", sessionId, agentId, createdMs: Date.now() }, true);
-    return log;
+    const final = this.file(sessionId);
+    const tmp = `${final}.${process.pid}.${randomUUID()}.tmp`;
+    const header: LogRecord = { t: "session", sessionId, agentId, createdMs: Date.now() };
+    const fh = await open(tmp, "wx");
+    try {
+      await fh.write(JSON.stringify(header) + "\n");
+      await fh.datasync();
+    } finally {
+      await fh.close();
+    }
+    try {
+      await link(tmp, final);
+    } finally {
+      await unlink(tmp).catch(() => undefined);
+    }
+    await syncDir(this.dir);
+    return new JsonlSessionLog(await open(final, "a"));
   }
 
+  /** Opens for appending. A record torn by a crash at the very end is cut off first. */
   async open(sessionId: string): Promise<SessionLog> {
-    return new JsonlSessionLog(await open(this.file(sessionId), "a"));
+    const file = this.file(sessionId);
+    const fh = await open(file, "r+");
+    const { size } = await fh.stat();
+    if (size > 0) {
+      // Find the last newline; anything after it is a partial record that was never acknowledged.
+      const tailLen = Math.min(size, 64 * 1024);
+      const { buffer, bytesRead } = await fh.read(Buffer.alloc(tailLen), 0, tailLen, size - tailLen);
+      const lastNl = buffer.subarray(0, bytesRead).lastIndexOf(10);
+      if (lastNl !== bytesRead - 1) {
+        if (lastNl < 0 && size > tailLen) throw new Error(`session log ${sessionId}: last record longer than 64 KiB and torn`);
+        await fh.truncate(size - tailLen + lastNl + 1);
+        await fh.datasync();
+      }
+    }
+    await fh.close();
+    return new JsonlSessionLog(await open(file, "a"));
   }
 
   async read(sessionId: string): Promise<LogRecord[]> {
@@ -149,7 +193,7 @@ export class JsonlSessionStore implements SessionStore {
     const names = await readdir(this.dir).catch(() => [] as string[]);
     const out: StoredSession[] = [];
     for (const name of names) {
-      if (!name.endsWith(".jsonl")) continue;
+      if (!name.endsWith(".jsonl")) continue; // leftover .tmp files of interrupted creates are skipped
       const file = path.join(this.dir, name);
       try {
         // The header is the first line; reading 4 KiB avoids reading whole logs to list them.

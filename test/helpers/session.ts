@@ -111,14 +111,30 @@ export class ChatSession {
   }
 }
 
-/** Subscribe(after_seq) until `ends` agent_end events have arrived; returns every event received. */
-export async function subscribeUntil(gateway: ServiceClient<(typeof GatewayService)["method"]>, sessionId: string, afterSeq: bigint, ends: number): Promise<AgentEvent[]> {
+/**
+ * Subscribe(after_seq) until `ends` agent_end events have arrived (or, with `quietMs`, until
+ * nothing arrives for that long); returns every event received.
+ */
+export async function subscribeUntil(
+  gateway: ServiceClient<(typeof GatewayService)["method"]>,
+  sessionId: string,
+  afterSeq: bigint,
+  ends: number,
+  untilQuiet?: () => boolean,
+): Promise<AgentEvent[]> {
   const sub = gateway.subscribe({ sessionId, afterSeq });
   const got: AgentEvent[] = [];
   await new Promise<void>((resolve, reject) => {
+    let quiet: NodeJS.Timeout | undefined;
+    const settle = () => {
+      clearTimeout(quiet);
+      quiet = setTimeout(() => untilQuiet?.() && resolve(), 300);
+    };
+    if (untilQuiet) settle();
     sub.on("data", (r) => {
       got.push(r.event!);
-      if (got.filter((e) => e.payload.case === "agentEnd").length === ends) resolve();
+      if (untilQuiet) settle();
+      else if (got.filter((e) => e.payload.case === "agentEnd").length === ends) resolve();
     });
     sub.on("error", (e) => ((e as unknown as { code: number }).code === 1 ? undefined : reject(e)));
   });
