@@ -2,7 +2,9 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import * as grpc from "@grpc/grpc-js";
-import { create, toBinary } from "@bufbuild/protobuf";
+import { create, toBinary, type DescMessage } from "@bufbuild/protobuf";
+import { ChatResponseSchema, SubscribeResponseSchema } from "../services/shared/gen/troupe/v1/gateway_pb.js";
+import { AttachResponseSchema, ReplayResponseSchema } from "../services/shared/gen/troupe/v1/runner_pb.js";
 import { context, propagation, trace } from "@opentelemetry/api";
 import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-hooks";
 import { W3CTraceContextPropagator } from "@opentelemetry/core";
@@ -71,6 +73,12 @@ describe("the rpc adapter", () => {
     const msg = create(ResolveSessionRequestSchema, { sessionId: "s", agentId: "a" });
     const bytes = router.resolveSession.requestSerialize(msg);
     assert.deepEqual(router.resolveSession.requestDeserialize(bytes), msg);
+  });
+
+  test("the runner's stream responses have the public ones' wire shape (the gateway forwards their bytes)", () => {
+    const shape = (schema: DescMessage) => schema.fields.map((f) => [f.number, f.name, f.fieldKind, f.fieldKind === "message" ? f.message.typeName : "", f.oneof?.name ?? ""]);
+    assert.deepEqual(shape(AttachResponseSchema), shape(ChatResponseSchema));
+    assert.deepEqual(shape(ReplayResponseSchema), shape(SubscribeResponseSchema));
   });
 
   test("unary round trip with typed request and response", async () => {

@@ -39,6 +39,20 @@ test("a failed run restarts the session from its log; what was queued still runs
   assert.equal(history.messages[1].frameId, after1);
 });
 
+test("a prompt sent while the session restarts waits for it and then runs", async () => {
+  const s = new ChatSession(stack.gateway);
+  s.open("sup-4");
+  await s.waitOpened();
+  s.prompt("boom here");
+  await s.waitFor((e) => e.payload.case === "error" && /restarts from its log/.test(e.payload.value.message));
+  const during = s.send({ case: "prompt", value: { text: "sent during the restart" } });
+  await s.until(() => ends(s).length >= 2, 20_000);
+  s.close();
+  assert.deepEqual(ends(s), [StopReason.ERROR, StopReason.COMPLETED]);
+  const history = await stack.gateway.getHistory({ sessionId: "sup-4" });
+  assert.deepEqual(history.messages.map((m) => m.frameId || Role[m.role]), [history.messages[0].frameId, during, "ASSISTANT"]);
+});
+
 test("five failures within a minute mark the session failed; another session is untouched", async () => {
   const s = new ChatSession(stack.gateway);
   s.open("sup-2");

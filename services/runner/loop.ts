@@ -107,8 +107,9 @@ export async function runAgent(host: RunHost, deps: RunDeps, initial: QueuedMess
 
 async function runLoop(host: RunHost, deps: RunDeps, initial: QueuedMessage[], usage: Usage): Promise<RunOutcome> {
   host.emit({ case: "agentStart", value: { agentId: deps.agentId, model: deps.modelName, frameId: initial[0].frameId } });
-  failpoint("runner.run", initial.map((q) => q.text).join("\n"));
-  const system = await deps.systemPrompt(initial.map((q) => q.text).join("\n"), host.signal);
+  const query = initial.map((q) => q.text).join("\n");
+  failpoint("runner.run", query);
+  const system = await deps.systemPrompt(query, host.signal);
   let pending: QueuedMessage[] = initial;
   let step = 0;
   for (;;) {
@@ -150,7 +151,8 @@ async function runLoop(host: RunHost, deps: RunDeps, initial: QueuedMessage[], u
   }
 }
 
-function injectUserMessages(host: RunHost, queued: QueuedMessage[]): void {
+/** Puts user messages into the conversation, each announced as applied. Also used by recovery. */
+export function injectUserMessages(host: Pick<RunHost, "emit" | "messages">, queued: readonly QueuedMessage[]): void {
   for (const q of queued) {
     host.emit({ case: "queueApplied", value: { frameId: q.frameId, kind: q.kind } });
     const message = create(ChatMessageSchema, { id: newId(), role: Role.USER, text: q.text, frameId: q.frameId, time: timestampNow() });
@@ -159,7 +161,7 @@ function injectUserMessages(host: RunHost, queued: QueuedMessage[]): void {
 }
 
 /** Complete messages are announced (message_start, message_end) and join the conversation. */
-function pushMessage(host: RunHost, message: ChatMessage): void {
+function pushMessage(host: Pick<RunHost, "emit" | "messages">, message: ChatMessage): void {
   host.emit({ case: "messageStart", value: { message } });
   host.emit({ case: "messageEnd", value: { message } });
   host.messages.push(message);

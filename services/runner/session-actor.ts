@@ -22,7 +22,7 @@ import { RpcError, Status, failedPrecondition, resourceExhausted, statusName } f
 import { newId } from "../shared/ids.js";
 import type { Logger } from "../shared/log.js";
 import { contextFromRecord } from "../shared/telemetry.js";
-import { runAgent, type EventPayload, type QueuedMessage, type RunDeps, type RunHost } from "./loop.js";
+import { injectUserMessages, runAgent, type EventPayload, type QueuedMessage, type RunDeps, type RunHost } from "./loop.js";
 import type { AuditLog } from "./audit-log.js";
 import type { LogRecord, SessionLog, SessionStore } from "./session-log.js";
 
@@ -96,6 +96,8 @@ export class SessionActor {
   private restarts: number[] = [];
   /** Set when the session gave up after too many failures: why. */
   private failed?: string;
+  /** Pending while a restart rebuilds state from the log; admissions wait for it. */
+  private restarting?: Promise<void>;
   /** Messages for the running run: steering (next boundary) and follow-ups (after it). */
   private readonly steering: Queued[] = [];
   private readonly followUps: Queued[] = [];
@@ -161,10 +163,13 @@ export class SessionActor {
     }
     // After a clean close the log knows the last seq; after a crash, seqs up to the reservation may
     // have reached clients, so numbering continues past it (a replay reports the jump as a gap).
-    if (liveSeq !== undefined) this.seq = Math.max(this.seq, liveSeq);
-    else if (closedAt !== undefined) this.seq = Math.max(this.seq, closedAt);
-    else this.seq = Math.max(this.seq, this.reservedUpTo);
-    this.reservedUpTo = Math.max(this.seq, liveSeq === undefined ? 0 : this.reservedUpTo);
+    if (liveSeq !== undefined) {
+      // A restart in place: the reservation already covers liveSeq.
+      this.seq = Math.max(this.seq, liveSeq);
+    } else {
+      this.seq = Math.max(this.seq, closedAt ?? this.reservedUpTo);
+      this.reservedUpTo = this.seq; // the next event writes a fresh reservation
+    }
     // Every accepted message is in the history, or was dropped on request, or is owed a run.
     const inHistory = new Set(this.messages.filter((m) => m.role === Role.USER).map((m) => m.frameId));
     if (openTurn !== undefined) {
@@ -189,13 +194,7 @@ export class SessionActor {
   /** Closes a run that was cut off (crash, or a failure): every tool call gets a result, then agent_end. */
   private closeCutOffRun(turnId: string, reason: StopReason, message: string, unappliedStarters: QueuedMessage[] = []): void {
     this.run = { turnId, controller: new AbortController(), done: Promise.resolve() };
-    for (const q of unappliedStarters) {
-      this.emit({ case: "queueApplied", value: { frameId: q.frameId, kind: q.kind } });
-      const user = create(ChatMessageSchema, { id: newId(), role: Role.USER, text: q.text, frameId: q.frameId, time: timestampNow() });
-      this.emit({ case: "messageStart", value: { message: user } });
-      this.emit({ case: "messageEnd", value: { message: user } });
-      this.messages.push(user);
-    }
+    injectUserMessages({ emit: (payload) => void this.emit(payload), messages: this.messages }, unappliedStarters);
     const answered = new Set(this.messages.filter((m) => m.role === Role.TOOL).map((m) => m.toolCallId));
     for (const m of [...this.messages]) {
       for (const call of m.role === Role.ASSISTANT ? m.toolCalls : []) {
@@ -232,7 +231,10 @@ export class SessionActor {
   }
 
   private async admit(frame: ClientFrame, traceContext: Context): Promise<AgentEvent> {
+    // While the actor rebuilds itself from its log the mailbox waits, in arrival order.
+    while (this.restarting) await this.restarting;
     const kind = frame.kind;
+    if (this.failed && kind.case !== "abort") throw this.refuse(frame, failedPrecondition(`session ${this.sessionId} has failed: ${this.failed}`));
     // Refusals come before the frame is recorded: a refused frame leaves no trace but the error.
     if (kind.case !== "abort" && this.waiting() + this.admitting >= MAILBOX_LIMIT) {
       throw this.refuse(frame, resourceExhausted(`session ${this.sessionId} has ${MAILBOX_LIMIT} messages waiting; retry when its runs have caught up`));
@@ -416,25 +418,35 @@ export class SessionActor {
     const now = Date.now();
     this.restarts = [...this.restarts.filter((t) => now - t < RESTART_WINDOW_MS), now];
     this.emit({ case: "error", value: { code: "INTERNAL", message: "the run failed unexpectedly; the session restarts from its log", retryable: true } });
-    await this.log.flush().catch(() => undefined);
-    const records = await this.deps.store.read(this.sessionId);
-    await new Promise((r) => setTimeout(r, 100 * 2 ** (this.restarts.length - 1)));
-    const liveSeq = this.seq;
-    this.messages.length = 0;
-    this.acks.clear();
-    this.queue.length = 0;
-    this.steering.length = 0;
-    this.followUps.length = 0;
-    this.collecting = [];
-    clearTimeout(this.collectTimer);
-    // What was queued comes back from the log (accepted, never applied) and runs after this.
-    this.replayLog(records, liveSeq, { reason: StopReason.ERROR, message: "the run failed unexpectedly", startedBy });
-    if (this.restarts.length >= RESTART_LIMIT) {
-      this.failed = `${this.restarts.length} unexpected failures within ${RESTART_WINDOW_MS / 1000} s; see the runner's log`;
-      for (const q of this.queue.splice(0).flat()) {
-        this.emit({ case: "error", value: { code: "CANCELLED", message: "dropped: the session failed", frameId: q.frameId } });
+    let done!: () => void;
+    this.restarting = new Promise((resolve) => (done = resolve));
+    try {
+      // New frames wait (see admit); the ones already past that point land in the log first, so
+      // the read below holds every accepted frame and the queues rebuilt from it miss none.
+      while (this.admitting > 0) await new Promise((r) => setTimeout(r, 5));
+      await new Promise((r) => setTimeout(r, 100 * 2 ** (this.restarts.length - 1)));
+      await this.log.flush().catch(() => undefined);
+      const records = await this.deps.store.read(this.sessionId);
+      const liveSeq = this.seq;
+      this.messages.length = 0;
+      this.acks.clear();
+      this.queue.length = 0;
+      this.steering.length = 0;
+      this.followUps.length = 0;
+      this.collecting = [];
+      clearTimeout(this.collectTimer);
+      // What was queued comes back from the log (accepted, never applied) and runs after this.
+      this.replayLog(records, liveSeq, { reason: StopReason.ERROR, message: "the run failed unexpectedly", startedBy });
+      if (this.restarts.length >= RESTART_LIMIT) {
+        this.failed = `${this.restarts.length} unexpected failures within ${RESTART_WINDOW_MS / 1000} s; see the runner's log`;
+        for (const q of this.queue.splice(0).flat()) {
+          this.emit({ case: "error", value: { code: "CANCELLED", message: "dropped: the session failed", frameId: q.frameId } });
+        }
+        this.emit({ case: "error", value: { code: "SESSION_FAILED", message: `session ${this.sessionId} has failed: ${this.failed}`, retryable: false } });
       }
-      this.emit({ case: "error", value: { code: "SESSION_FAILED", message: `session ${this.sessionId} has failed: ${this.failed}`, retryable: false } });
+    } finally {
+      this.restarting = undefined;
+      done();
     }
   }
 
