@@ -6,7 +6,7 @@ import { create, fromBinary } from "@bufbuild/protobuf";
 import { BinaryReader, WireType } from "@bufbuild/protobuf/wire";
 import { SpanKind, trace, type Context, type Span } from "@opentelemetry/api";
 import type { Config } from "../shared/config.js";
-import { Status, grpcCode, invalidArgumentIf, toStatus, unavailable } from "../shared/errors.js";
+import { SESSION_OWNER_KEY, Status, grpcCode, invalidArgumentIf, toStatus, unavailable } from "../shared/errors.js";
 import { catchStopCommand, validateFrame, validateSessionRef } from "../shared/frames.js";
 import { GatewayService, type ChatRequest } from "../shared/gen/troupe/v1/gateway_pb.js";
 import { RouterService, type ResolveSessionResponse } from "../shared/gen/troupe/v1/router_pb.js";
@@ -46,6 +46,28 @@ class PlacementCache {
   invalidate(sessionId: string): void {
     this.entries.delete(sessionId);
   }
+
+  /**
+   * Reacts to a runner's refusal. Returns whether a retry can succeed: the runner is gone (ask
+   * the router again), or the session is live on another runner (go there; placement changed
+   * while its owner kept running, and the owner keeps it until it passivates).
+   */
+  reroute(sessionId: string, err: unknown): boolean {
+    const code = grpcCode(err);
+    if (code === Status.UNAVAILABLE) {
+      this.invalidate(sessionId);
+      return true;
+    }
+    if (code !== Status.ABORTED) return false;
+    const owner = (err as { metadata?: grpc.Metadata }).metadata?.get(SESSION_OWNER_KEY)[0];
+    const hit = this.entries.get(sessionId);
+    if (typeof owner === "string" && owner !== "" && hit && hit.runner?.address !== owner) {
+      this.entries.set(sessionId, { ...hit, runner: { ...hit.runner!, runnerId: "", address: owner } });
+    } else {
+      this.invalidate(sessionId);
+    }
+    return true;
+  }
 }
 
 class RunnerPool {
@@ -64,8 +86,6 @@ class RunnerPool {
     for (const c of this.clients.values()) c.close();
   }
 }
-
-const isGone = (err: unknown) => grpcCode(err) === Status.UNAVAILABLE;
 
 // The runner's AttachResponse and the client's ChatResponse (likewise ReplayResponse and
 // SubscribeResponse) have the same fields under the same numbers, so the runner's bytes are the
@@ -157,7 +177,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
   const placements = new PlacementCache(router);
   const runners = new RunnerPool(cfg.maxMessageBytes);
 
-  /** Calls the session's runner; if the runner is gone, asks the router again once. */
+  /** Calls the session's runner; if it is gone or the session moved, retries once where it is now. */
   const withRunner = async <T>(sessionId: string, fn: (runner: RunnerClient, placement: ResolveSessionResponse) => Promise<T>): Promise<T> => {
     validateSessionRef(sessionId, "", false);
     for (let attempt = 0; ; attempt++) {
@@ -165,8 +185,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       try {
         return await fn(runners.get(placement.runner!.address), placement);
       } catch (err) {
-        if (!isGone(err) || attempt > 0) throw err;
-        placements.invalidate(sessionId);
+        if (attempt > 0 || !placements.reroute(sessionId, err)) throw err;
       }
     }
   };
@@ -243,8 +262,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
         let upstreamFailed = false;
         rc.on("error", (err) => {
           upstreamFailed = true;
-          if (!received && isGone(err) && attempt === 0 && state !== "done") {
-            placements.invalidate(sessionId);
+          if (!received && attempt === 0 && state !== "done" && placements.reroute(sessionId, err)) {
             open(openFrame, 1).catch(finish);
             return;
           }
@@ -291,14 +309,10 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
 
     async createSession(req) {
       validateSessionRef(req.sessionId, req.agentId, true);
-      const placement = await placements.resolve(req.sessionId, req.agentId);
-      const res = await runners
-        .get(placement.runner!.address)
-        .ensureSession({ open: { sessionId: placement.sessionId, agentId: placement.agentId, create: true, queueMode: req.queueMode } })
-        .catch((err) => {
-          if (isGone(err)) placements.invalidate(placement.sessionId);
-          throw err;
-        });
+      const first = await placements.resolve(req.sessionId, req.agentId);
+      const res = await withRunner(first.sessionId, (runner, placement) =>
+        runner.ensureSession({ open: { sessionId: placement.sessionId, agentId: first.agentId, create: true, queueMode: req.queueMode } }),
+      );
       return { session: res.session };
     },
 
@@ -312,20 +326,36 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
     async subscribe(call) {
       const { sessionId, afterSeq } = call.request;
       validateSessionRef(sessionId, "", false);
-      const placement = await placements.resolve(sessionId, "");
-      const upstream = runners.get(placement.runner!.address).replay({ sessionId, afterSeq }) as unknown as grpc.ClientReadableStream<Buffer>;
-      call.on("cancelled", () => upstream.cancel());
-      upstream.on("data", (bytes: Buffer) => {
-        if (!call.write(bytes as never)) {
-          upstream.pause();
-          call.once("drain", () => upstream.resume());
-        }
-      });
-      upstream.on("error", (err) => {
-        if (isGone(err)) placements.invalidate(sessionId);
-        if (!call.cancelled) call.emit("error", toStatus(err));
-      });
-      upstream.on("end", () => call.end());
+      let upstream: grpc.ClientReadableStream<Buffer> | undefined;
+      call.on("cancelled", () => upstream?.cancel());
+      const attempt = async (n: number): Promise<void> => {
+        const placement = await placements.resolve(sessionId, "");
+        if (call.cancelled) return;
+        const up = runners.get(placement.runner!.address).replay({ sessionId, afterSeq }) as unknown as grpc.ClientReadableStream<Buffer>;
+        upstream = up;
+        let received = false;
+        let failed = false;
+        up.on("data", (bytes: Buffer) => {
+          received = true;
+          if (!call.write(bytes as never)) {
+            up.pause();
+            call.once("drain", () => up.resume());
+          }
+        });
+        up.on("error", (err) => {
+          failed = true;
+          if (call.cancelled) return;
+          // Before anything was sent, a moved session or a gone runner is retried once.
+          if (!received && n === 0 && placements.reroute(sessionId, err)) {
+            attempt(1).catch((e) => call.emit("error", toStatus(e)));
+            return;
+          }
+          call.emit("error", toStatus(err));
+        });
+        // grpc-js may end the readable side of a failed call too: only a clean end is one.
+        up.on("end", () => failed || call.end());
+      };
+      await attempt(0);
     },
 
     async getHistory(req) {

@@ -1,10 +1,11 @@
 // The runner process: RunnerService over the session actors, plus registration with the router
 // so the gateway can find the runner that owns a session.
+import { randomUUID } from "node:crypto";
 import { create } from "@bufbuild/protobuf";
 import { context } from "@opentelemetry/api";
 import type { Config } from "../shared/config.js";
 import { modelBaseUrl } from "../shared/config.js";
-import { Status, invalidArgument, notFound, resourceExhausted, toStatus } from "../shared/errors.js";
+import { Status, invalidArgument, notFound, resourceExhausted, toStatus, type RpcError } from "../shared/errors.js";
 import { validateFrame } from "../shared/frames.js";
 import { MemoryService, MemoryKind } from "../shared/gen/troupe/v1/memory_pb.js";
 import { RouterService } from "../shared/gen/troupe/v1/router_pb.js";
@@ -67,6 +68,12 @@ class StreamSubscriber<M> implements EventSubscriber {
   pressure(): Promise<void> | undefined {
     return this.closed ? undefined : this.waiting;
   }
+
+  close(err: RpcError): void {
+    if (this.closed) return;
+    this.closed = true;
+    this.call.emit("error", toStatus(err));
+  }
 }
 
 function pageParams(pageSize: number, pageToken: string): { size: number; offset: number } {
@@ -97,7 +104,9 @@ async function systemPrompt(memory: MemoryClient, k: number, agentId: string, qu
 }
 
 export async function startRunner(cfg: Config, logger: Logger): Promise<RunningService> {
-  const store = new JsonlSessionStore(cfg.dataDir);
+  // Runners that share a data directory arbitrate sessions through the store (session-lease.ts).
+  const store = new JsonlSessionStore(cfg.dataDir, { runnerId: cfg.runnerId, address: cfg.advertise, incarnation: randomUUID() }, cfg.runnerLivenessMs);
+  await store.start();
   const model = new OpenAIModelClient({ baseUrl: modelBaseUrl(cfg), apiKey: cfg.openaiApiKey });
   const sandbox = createClient(SandboxService, cfg.addr.sandbox);
   const memory = createClient(MemoryService, cfg.addr.memory);
@@ -236,6 +245,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
       await registration.stop();
       await server.drain(cfg.drainGraceMs);
       await registry.close();
+      await store.stop();
       await audit.close();
       await model.close();
       for (const c of [sandbox, memory, router]) c.close();

@@ -25,12 +25,15 @@ import { contextFromRecord } from "../shared/telemetry.js";
 import { injectUserMessages, runAgent, type EventPayload, type QueuedMessage, type RunDeps, type RunHost } from "./loop.js";
 import type { AuditLog } from "./audit-log.js";
 import type { LogRecord, SessionLog, SessionStore } from "./session-log.js";
+import { SessionElsewhere } from "./session-lease.js";
 
 /** Where an actor's events go: a client stream, seen through its backpressure. */
 export interface EventSubscriber {
   send(event: AgentEvent): void;
   /** Pending while the subscriber's stream is full. */
   pressure(): Promise<void> | undefined;
+  /** The actor can serve it no more (the session moved to another runner): end with `err`. */
+  close(err: RpcError): void;
 }
 
 export interface ActorDeps {
@@ -108,6 +111,10 @@ export class SessionActor {
   private flushScheduled = false;
   private idleWaiters: (() => void)[] = [];
   private closing = false;
+  /** Set once another runner took the session: from then on this actor only refuses. */
+  private lost?: SessionElsewhere;
+  /** Called once when the session is lost, so the registry forgets this actor. */
+  onLost?: () => void;
 
   private constructor(
     readonly sessionId: string,
@@ -123,10 +130,13 @@ export class SessionActor {
 
   /** Rebuilds the actor from its log. A run the log shows as unfinished was cut off by a crash. */
   static async load(sessionId: string, deps: ActorDeps): Promise<SessionActor> {
-    const records = await deps.store.read(sessionId);
+    const { log, records } = await deps.store.activate(sessionId);
     const head = records[0];
-    if (!head || head.t !== "session") throw new Error(`session log ${sessionId} has no header`);
-    const actor = new SessionActor(sessionId, head.agentId, await deps.store.open(sessionId), deps);
+    if (!head || head.t !== "session") {
+      await log.close();
+      throw new Error(`session log ${sessionId} has no header`);
+    }
+    const actor = new SessionActor(sessionId, head.agentId, log, deps);
     actor.createdMs = head.createdMs;
     actor.replayLog(records);
     return actor;
@@ -143,7 +153,8 @@ export class SessionActor {
     let openTurn: string | undefined;
     let closedAt: number | undefined;
     for (const rec of records) {
-      closedAt = rec.t === "closed" ? rec.seq : undefined;
+      // A clean close counts if nothing but the next activation's epoch record followed it.
+      if (rec.t !== "epoch") closedAt = rec.t === "closed" ? rec.seq : undefined;
       if (rec.t === "seq") this.reservedUpTo = Math.max(this.reservedUpTo, rec.upTo);
       else if (rec.t === "settings") this.queueMode = rec.queueMode;
       else if (rec.t === "frame") {
@@ -216,6 +227,7 @@ export class SessionActor {
   submit(frame: ClientFrame, traceContext: Context = ROOT_CONTEXT): Promise<AgentEvent> {
     validateFrame(frame, true);
     this.activeMs = Date.now();
+    if (this.lost) return Promise.reject(this.lost);
     if (this.failed && frame.kind.case !== "abort") {
       return Promise.reject(this.refuse(frame, failedPrecondition(`session ${this.sessionId} has failed: ${this.failed}`)));
     }
@@ -247,6 +259,9 @@ export class SessionActor {
     if (counted) this.admitting++;
     try {
       await this.log.append({ t: "frame", frame: toJson(ClientFrameSchema, frame) }, true);
+    } catch (err) {
+      if (err instanceof SessionElsewhere) this.loseSession(err);
+      throw err;
     } finally {
       if (counted) this.admitting--;
     }
@@ -477,8 +492,27 @@ export class SessionActor {
 
   private persist(record: LogRecord, sync: boolean): void {
     this.log.append(record, sync).catch((err: unknown) => {
+      if (err instanceof SessionElsewhere) return this.loseSession(err);
       this.deps.logger.error("session log append failed", { session: this.sessionId, error: String(err) });
     });
+  }
+
+  /**
+   * Another runner took the session (this one was presumed dead). Stop at once: the run is
+   * aborted, streams end with ABORTED so clients reconnect through the router, and the registry
+   * forgets the actor. Nothing it writes from now on counts.
+   */
+  private loseSession(err: SessionElsewhere): void {
+    if (this.lost) return;
+    this.lost = err;
+    this.closing = true;
+    this.deps.logger.warn(`session ${this.sessionId} was taken over by another runner; dropping it here`);
+    clearTimeout(this.collectTimer);
+    this.run?.controller.abort(err);
+    for (const sub of this.subscribers) sub.close(err);
+    this.subscribers.clear();
+    for (const wake of this.idleWaiters.splice(0)) wake();
+    this.onLost?.();
   }
 
   /** Deltas that arrive in one burst (one network read, one event-loop turn) become one event. */
@@ -524,13 +558,14 @@ export class SessionActor {
    * happen meanwhile are held back and follow in order, each exactly once.
    */
   async attach(sub: EventSubscriber, afterSeq?: number): Promise<void> {
+    if (this.lost) throw this.lost;
     this.activeMs = Date.now();
     if (afterSeq === undefined || afterSeq >= this.seq) {
       this.subscribers.add(sub);
       return;
     }
     const held: AgentEvent[] = [];
-    const holder: EventSubscriber = { send: (e) => void held.push(e), pressure: () => undefined };
+    const holder: EventSubscriber = { send: (e) => void held.push(e), pressure: () => undefined, close: (err) => sub.close(err) };
     this.subscribers.add(holder);
     let last = afterSeq;
     const forward = (e: AgentEvent) => {
@@ -557,6 +592,7 @@ export class SessionActor {
     } finally {
       this.subscribers.delete(holder);
     }
+    if (this.lost) throw this.lost;
     this.subscribers.add(sub);
   }
 

@@ -5,10 +5,13 @@
 import { randomUUID } from "node:crypto";
 import { link, mkdir, open, readFile, readdir, stat, unlink, type FileHandle } from "node:fs/promises";
 import path from "node:path";
+import { SessionElsewhere, SessionLeases, type Lease, type Owner } from "./session-lease.js";
 
 /** One line of the log. Frames and events are stored in protobuf JSON form. */
 export type LogRecord =
   | { t: "session"; sessionId: string; agentId: string; createdMs: number }
+  // A runner took the session (see session-lease.ts); records of older epochs after it are void.
+  | { t: "epoch"; epoch: number; runnerId: string }
   | { t: "frame"; frame: unknown }
   // The session's default queue mode changed.
   | { t: "settings"; queueMode: number }
@@ -19,9 +22,14 @@ export type LogRecord =
   | { t: "closed"; seq: number };
 
 export interface SessionLog {
+  /**
+   * Appends a record; with `sync`, resolves once it is on disk. Rejects with SessionElsewhere
+   * once another runner has taken the session: nothing more is acknowledged here.
+   */
   append(record: LogRecord, sync?: boolean): Promise<void>;
   /** Resolves once everything appended so far is written. */
   flush(): Promise<void>;
+  /** Flushes, then gives the session up (its lease) for the next activation anywhere. */
   close(): Promise<void>;
 }
 
@@ -34,18 +42,15 @@ export interface StoredSession {
 
 export interface SessionStore {
   exists(sessionId: string): Promise<boolean>;
+  /** A new session, owned by this runner. Fails with EEXIST if the session exists. */
   create(sessionId: string, agentId: string): Promise<SessionLog>;
-  open(sessionId: string): Promise<SessionLog>;
+  /** Takes a stored session for this runner: its log to append to and its records so far. */
+  activate(sessionId: string): Promise<{ log: SessionLog; records: LogRecord[] }>;
+  /** The session's valid records (a stale owner's late writes left out). */
   read(sessionId: string): Promise<LogRecord[]>;
   list(): Promise<StoredSession[]>;
 }
 
-/**
- * Group commit: records appended while a write is in flight are written together by the next one,
- * and fsynced once if any of them asked for it. Order is append order; a promise resolves when
- * its record is written (and synced, if asked). After a failed write every later append fails:
- * nothing is acknowledged past a hole in the log.
- */
 /** Makes a directory's entries (a newly linked file) durable. */
 async function syncDir(dir: string): Promise<void> {
   const fh = await open(dir, "r");
@@ -56,6 +61,16 @@ async function syncDir(dir: string): Promise<void> {
   }
 }
 
+/** An idle log closes its file after this long and reopens it on the next append. */
+const IDLE_CLOSE_MS = 2000;
+
+/**
+ * Group commit: records appended while a write is in flight are written together by the next one,
+ * and fsynced once if any of them asked for it. Order is append order; a promise resolves when
+ * its record is written (and synced, if asked). After a failed write every later append fails:
+ * nothing is acknowledged past a hole in the log. Each line carries the writer's epoch, and every
+ * sync checks that the lease still holds.
+ */
 class JsonlSessionLog implements SessionLog {
   private batch: string[] = [];
   private batchSync = false;
@@ -63,11 +78,22 @@ class JsonlSessionLog implements SessionLog {
   private writing?: Promise<void>;
   private failed?: unknown;
   private dirty = false;
-  constructor(private readonly fh: FileHandle) {}
+  private fh?: FileHandle;
+  private idleTimer?: NodeJS.Timeout;
+  private readonly linePrefix: string;
+
+  constructor(
+    private readonly sessionId: string,
+    private readonly file: string,
+    private readonly lease: Lease,
+    private readonly leases: SessionLeases,
+  ) {
+    this.linePrefix = `{"e":${lease.epoch},`;
+  }
 
   append(record: LogRecord, sync = false): Promise<void> {
     if (this.failed) return Promise.reject(this.failed);
-    this.batch.push(JSON.stringify(record) + "\n");
+    this.batch.push(this.linePrefix + JSON.stringify(record).slice(1) + "\n");
     this.batchSync ||= sync;
     const done = new Promise<void>((resolve, reject) => this.waiters.push({ resolve, reject }));
     this.writing ??= this.drain();
@@ -79,6 +105,7 @@ class JsonlSessionLog implements SessionLog {
   }
 
   private async drain(): Promise<void> {
+    clearTimeout(this.idleTimer);
     while (this.batch.length > 0) {
       const data = this.batch.join("");
       const sync = this.batchSync;
@@ -89,8 +116,14 @@ class JsonlSessionLog implements SessionLog {
       try {
         const bytes = Buffer.from(data, "utf8");
         // The file is opened for appending, so each write lands at the end; loop on short writes.
-        for (let off = 0; off < bytes.length; ) off += (await this.fh.write(bytes, off)).bytesWritten;
-        if (sync) await this.fh.datasync();
+        const fh = (this.fh ??= await open(this.file, "a"));
+        for (let off = 0; off < bytes.length; ) off += (await fh.write(bytes, off)).bytesWritten;
+        if (sync) {
+          await fh.datasync();
+          // Checked after the sync: a lease still held now was held when the record landed, so
+          // the record precedes any new owner's epoch record and counts.
+          if (!(await this.leases.holds(this.lease))) throw new SessionElsewhere(`session ${this.sessionId} was taken over by another runner; this runner no longer writes it`);
+        }
         this.dirty = !sync;
         for (const w of waiters) w.resolve();
       } catch (err) {
@@ -101,19 +134,75 @@ class JsonlSessionLog implements SessionLog {
       }
     }
     this.writing = undefined;
+    // Thousands of idle sessions should not hold thousands of open files.
+    if (!this.dirty && this.fh) {
+      this.idleTimer = setTimeout(() => {
+        if (this.writing || this.dirty || !this.fh) return;
+        const fh = this.fh;
+        this.fh = undefined;
+        fh.close().catch(() => undefined);
+      }, IDLE_CLOSE_MS);
+      this.idleTimer.unref();
+    }
   }
 
   async close(): Promise<void> {
+    clearTimeout(this.idleTimer);
     await this.writing;
-    if (this.dirty && !this.failed) await this.fh.datasync().catch(() => undefined);
-    await this.fh.close();
+    if (this.dirty && !this.failed) await this.fh?.datasync().catch(() => undefined);
+    await this.fh?.close();
+    this.fh = undefined;
+    if (!this.failed) await this.leases.release(this.lease);
   }
+}
+
+/**
+ * Parses a log's text. Only the last line can be torn (a crash mid-append, never acknowledged).
+ * Records stamped with an epoch older than the latest epoch record before them were written by an
+ * owner that had already lost the session: they are left out.
+ */
+function parseLog(sessionId: string, text: string): LogRecord[] {
+  const records: LogRecord[] = [];
+  const lines = text.split("\n");
+  let current = 0;
+  for (let i = 0; i < lines.length; i++) {
+    if (lines[i] === "") continue;
+    let rec: LogRecord & { e?: number };
+    try {
+      rec = JSON.parse(lines[i]) as LogRecord & { e?: number };
+    } catch {
+      if (i < lines.length - 2) throw new Error(`session log ${sessionId} is corrupt at line ${i + 1}`);
+      continue;
+    }
+    if (rec.t === "epoch") current = Math.max(current, rec.epoch);
+    else if (rec.e !== undefined && rec.e < current) continue;
+    delete rec.e;
+    records.push(rec);
+  }
+  return records;
 }
 
 export class JsonlSessionStore implements SessionStore {
   private readonly dir: string;
-  constructor(dataDir: string) {
+  readonly leases: SessionLeases;
+
+  /**
+   * `owner` is the runner process that will write through this store; by default an anonymous
+   * one (fine for a single runner, and for tools that only read).
+   */
+  constructor(dataDir: string, owner?: Owner, livenessMs?: number) {
     this.dir = path.join(dataDir, "sessions");
+    this.leases = new SessionLeases(this.dir, owner ?? { runnerId: `local-${process.pid}`, address: "", incarnation: randomUUID() }, livenessMs);
+  }
+
+  /** Starts the runner's heartbeat: other runners treat this runner's sessions as live from now. */
+  start(): Promise<void> {
+    return this.leases.start();
+  }
+
+  /** Stops the heartbeat; call after every log is closed. */
+  stop(): Promise<void> {
+    return this.leases.stop();
   }
 
   private file(sessionId: string): string {
@@ -128,65 +217,57 @@ export class JsonlSessionStore implements SessionStore {
   }
 
   /**
-   * Creates the log with its header atomically: the header is written and fsynced to a temporary
-   * file that is then linked into place. A crash leaves either no log or a complete header, and
-   * link() fails with EEXIST if someone else created the session first.
+   * Creates the log with its header atomically: the header (and the first epoch) is written and
+   * fsynced to a temporary file that is then linked into place. A crash leaves either no log or a
+   * complete header, and link() fails with EEXIST if someone else created the session first.
    */
   async create(sessionId: string, agentId: string): Promise<SessionLog> {
     await mkdir(this.dir, { recursive: true });
     const final = this.file(sessionId);
+    if (await this.exists(sessionId)) throw Object.assign(new Error(`session ${sessionId} exists`), { code: "EEXIST" });
+    const lease = await this.leases.acquire(sessionId, 0);
     const tmp = `${final}.${process.pid}.${randomUUID()}.tmp`;
     const header: LogRecord = { t: "session", sessionId, agentId, createdMs: Date.now() };
-    const fh = await open(tmp, "wx");
+    const epoch: LogRecord = { t: "epoch", epoch: lease.epoch, runnerId: this.leases.self.runnerId };
     try {
-      await fh.write(JSON.stringify(header) + "\n");
-      await fh.datasync();
-    } finally {
-      await fh.close();
-    }
-    try {
+      const fh = await open(tmp, "wx");
+      try {
+        await fh.write(`${JSON.stringify(header)}\n{"e":${lease.epoch},${JSON.stringify(epoch).slice(1)}\n`);
+        await fh.datasync();
+      } finally {
+        await fh.close();
+      }
       await link(tmp, final);
+    } catch (err) {
+      await this.leases.release(lease);
+      throw err;
     } finally {
       await unlink(tmp).catch(() => undefined);
     }
     await syncDir(this.dir);
-    return new JsonlSessionLog(await open(final, "a"));
+    return new JsonlSessionLog(sessionId, final, lease, this.leases);
   }
 
-  /** Opens for appending. A record torn by a crash at the very end is cut off first. */
-  async open(sessionId: string): Promise<SessionLog> {
+  async activate(sessionId: string): Promise<{ log: SessionLog; records: LogRecord[] }> {
     const file = this.file(sessionId);
-    const fh = await open(file, "r+");
-    const { size } = await fh.stat();
-    if (size > 0) {
-      // Find the last newline; anything after it is a partial record that was never acknowledged.
-      const tailLen = Math.min(size, 64 * 1024);
-      const { buffer, bytesRead } = await fh.read(Buffer.alloc(tailLen), 0, tailLen, size - tailLen);
-      const lastNl = buffer.subarray(0, bytesRead).lastIndexOf(10);
-      if (lastNl !== bytesRead - 1) {
-        if (lastNl < 0 && size > tailLen) throw new Error(`session log ${sessionId}: last record longer than 64 KiB and torn`);
-        await fh.truncate(size - tailLen + lastNl + 1);
-        await fh.datasync();
-      }
+    const before = parseLog(sessionId, await readFile(file, "utf8"));
+    let lastEpoch = 0;
+    for (const r of before) if (r.t === "epoch") lastEpoch = Math.max(lastEpoch, r.epoch);
+    const lease = await this.leases.acquire(sessionId, lastEpoch);
+    try {
+      await repairTornTail(sessionId, file);
+      const log = new JsonlSessionLog(sessionId, file, lease, this.leases);
+      await log.append({ t: "epoch", epoch: lease.epoch, runnerId: this.leases.self.runnerId }, true);
+      // Read again: the previous owner may have appended between the first read and the lease.
+      return { log, records: await this.read(sessionId) };
+    } catch (err) {
+      await this.leases.release(lease);
+      throw err;
     }
-    await fh.close();
-    return new JsonlSessionLog(await open(file, "a"));
   }
 
   async read(sessionId: string): Promise<LogRecord[]> {
-    const text = await readFile(this.file(sessionId), "utf8");
-    const records: LogRecord[] = [];
-    const lines = text.split("\n");
-    for (let i = 0; i < lines.length; i++) {
-      if (lines[i] === "") continue;
-      try {
-        records.push(JSON.parse(lines[i]) as LogRecord);
-      } catch {
-        // Only the last line can be torn (a crash mid-append); it was never acknowledged.
-        if (i < lines.length - 2) throw new Error(`session log ${sessionId} is corrupt at line ${i + 1}`);
-      }
-    }
-    return records;
+    return parseLog(sessionId, await readFile(this.file(sessionId), "utf8"));
   }
 
   async list(): Promise<StoredSession[]> {
@@ -209,5 +290,24 @@ export class JsonlSessionStore implements SessionStore {
       }
     }
     return out;
+  }
+}
+
+/** A record torn by a crash at the very end is cut off before anything is appended after it. */
+async function repairTornTail(sessionId: string, file: string): Promise<void> {
+  const fh = await open(file, "r+");
+  try {
+    const { size } = await fh.stat();
+    if (size === 0) return;
+    // Find the last newline; anything after it is a partial record that was never acknowledged.
+    const tailLen = Math.min(size, 64 * 1024);
+    const { buffer, bytesRead } = await fh.read(Buffer.alloc(tailLen), 0, tailLen, size - tailLen);
+    const lastNl = buffer.subarray(0, bytesRead).lastIndexOf(10);
+    if (lastNl === bytesRead - 1) return;
+    if (lastNl < 0 && size > tailLen) throw new Error(`session log ${sessionId}: last record longer than 64 KiB and torn`);
+    await fh.truncate(size - tailLen + lastNl + 1);
+    await fh.datasync();
+  } finally {
+    await fh.close();
   }
 }

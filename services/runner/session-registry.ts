@@ -90,7 +90,10 @@ export class SessionRegistry {
     if (existing) return existing;
     const p = make();
     this.actors.set(sessionId, p);
-    p.catch(() => this.actors.delete(sessionId));
+    const forget = () => {
+      if (this.actors.get(sessionId) === p) this.actors.delete(sessionId);
+    };
+    p.then((actor) => (actor.onLost = forget), forget);
     return p;
   }
 

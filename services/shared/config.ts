@@ -27,6 +27,11 @@ export interface Config {
   openaiBaseUrl: string;
   openaiApiKey: string;
   model: string;
+  /**
+   * Runner: a runner whose heartbeat in the shared store is older than this is presumed dead, and
+   * its sessions may be taken over by another runner.
+   */
+  runnerLivenessMs: number;
   /** Runner: sessions with nothing to do leave memory after this long (reloaded from their log). */
   passivateAfterMs: number;
   /** How many memories a run's system prompt gets (0: memory is not consulted). */
@@ -91,6 +96,7 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env,
     openaiBaseUrl: env.OPENAI_BASE_URL ?? "",
     openaiApiKey: env.OPENAI_API_KEY ?? "",
     model: env.TROUPE_MODEL ?? "scripted-1",
+    runnerLivenessMs: positiveInt("TROUPE_RUNNER_LIVENESS_MS", env.TROUPE_RUNNER_LIVENESS_MS, 10_000),
     passivateAfterMs: positiveInt("TROUPE_PASSIVATE_AFTER_MS", env.TROUPE_PASSIVATE_AFTER_MS, 600_000),
     memoryContextK: env.TROUPE_MEMORY_CONTEXT_K === "0" ? 0 : positiveInt("TROUPE_MEMORY_CONTEXT_K", env.TROUPE_MEMORY_CONTEXT_K, 5),
     execTimeoutMs: positiveInt("TROUPE_EXEC_TIMEOUT_MS", env.TROUPE_EXEC_TIMEOUT_MS, 60_000),

@@ -1,6 +1,6 @@
 // Errors that cross a gRPC boundary. Handlers throw RpcError with the status a caller should see;
 // anything else thrown is a bug and reaches the caller as INTERNAL without its message.
-import { status as Status } from "@grpc/grpc-js";
+import { Metadata, status as Status } from "@grpc/grpc-js";
 
 export { Status };
 
@@ -12,6 +12,11 @@ export class RpcError extends Error {
     super(message);
     this.name = "RpcError";
   }
+
+  /** Trailing metadata the caller receives with the status (for example where to retry). */
+  get trailers(): Record<string, string> {
+    return {};
+  }
 }
 
 export const invalidArgument = (msg: string) => new RpcError(Status.INVALID_ARGUMENT, msg);
@@ -19,6 +24,12 @@ export const notFound = (msg: string) => new RpcError(Status.NOT_FOUND, msg);
 export const failedPrecondition = (msg: string) => new RpcError(Status.FAILED_PRECONDITION, msg);
 export const resourceExhausted = (msg: string) => new RpcError(Status.RESOURCE_EXHAUSTED, msg);
 export const unavailable = (msg: string) => new RpcError(Status.UNAVAILABLE, msg);
+
+/**
+ * Trailing metadata with which a runner refuses a session that is live on another runner
+ * (status ABORTED): the owner's address, where the gateway retries.
+ */
+export const SESSION_OWNER_KEY = "troupe-session-owner";
 
 /** The status name of a numeric code, e.g. 14 -> "UNAVAILABLE". */
 export function statusName(code: number): string {
@@ -32,8 +43,14 @@ export function grpcCode(err: unknown): Status | undefined {
 }
 
 /** Converts a thrown value into the status object grpc-js sends. */
-export function toStatus(err: unknown): { code: Status; details: string } {
-  if (err instanceof RpcError) return { code: err.code, details: err.message };
+export function toStatus(err: unknown): { code: Status; details: string; metadata?: Metadata } {
+  if (err instanceof RpcError) {
+    const entries = Object.entries(err.trailers);
+    if (entries.length === 0) return { code: err.code, details: err.message };
+    const metadata = new Metadata();
+    for (const [k, v] of entries) metadata.set(k, v);
+    return { code: err.code, details: err.message, metadata };
+  }
   const code = grpcCode(err);
   // A failed downstream call keeps its status: the caller learns UNAVAILABLE, not INTERNAL.
   if (code !== undefined && code !== Status.OK) {

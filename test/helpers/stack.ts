@@ -39,8 +39,13 @@ export interface Stack {
   /** Everything the processes wrote to stderr, for failure messages. */
   logs(): string;
   start(name: ServiceName): Promise<void>;
-  kill(name: ServiceName, signal?: NodeJS.Signals): Promise<number | null>;
-  process(name: ServiceName): ChildProcess | undefined;
+  /**
+   * Starts another process of a service under its own key (a second runner, say), on a fresh
+   * port unless `addr` is given; `args` are extra flags. Returns its address.
+   */
+  startInstance(key: string, name: ServiceName, opts?: { addr?: string; args?: string[]; env?: NodeJS.ProcessEnv }): Promise<string>;
+  kill(key: string, signal?: NodeJS.Signals): Promise<number | null>;
+  process(key: string): ChildProcess | undefined;
   stop(): Promise<void>;
 }
 
@@ -100,21 +105,27 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
   const env: NodeJS.ProcessEnv = { ...process.env, TROUPE_LOG_LEVEL: "info", ...options.env };
   delete env.OPENAI_BASE_URL;
   if (options.env?.OPENAI_BASE_URL) env.OPENAI_BASE_URL = options.env.OPENAI_BASE_URL;
-  const procs = new Map<ServiceName, ChildProcess>();
+  const procs = new Map<string, ChildProcess>();
   let logText = "";
 
-  const start = async (name: ServiceName) => {
-    const proc = spawn(process.execPath, [MAIN, name, ...flagsFor(addr, dataDir)], { env, stdio: ["ignore", "pipe", "pipe"] });
+  const spawnService = async (key: string, name: ServiceName, at: Record<ServiceName, string>, args: string[] = [], extraEnv: NodeJS.ProcessEnv = {}) => {
+    const proc = spawn(process.execPath, [MAIN, name, ...flagsFor(at, dataDir), ...args], { env: { ...env, ...extraEnv }, stdio: ["ignore", "pipe", "pipe"] });
     proc.stdout!.on("data", (d) => (logText += d));
     proc.stderr!.on("data", (d) => { logText += d; if (env.TEST_STDERR) process.stderr.write(d); });
-    procs.set(name, proc);
+    procs.set(key, proc);
     if (name === "model-server") {
-      await waitFor("the model server", async () => (await fetch(`http://${addr[name]}/healthz`)).ok);
+      await waitFor("the model server", async () => (await fetch(`http://${at[name]}/healthz`)).ok);
     } else {
-      await waitServing(addr[name]).catch((err) => {
+      await waitServing(at[name]).catch((err) => {
         throw new Error(`${err.message}\n--- logs ---\n${logText}`);
       });
     }
+  };
+  const start = (name: ServiceName) => spawnService(name, name, addr);
+  const startInstance = async (key: string, name: ServiceName, opts: { addr?: string; args?: string[]; env?: NodeJS.ProcessEnv } = {}) => {
+    const at = { ...addr, [name]: opts.addr ?? `127.0.0.1:${await freePort()}` };
+    await spawnService(key, name, at, opts.args, opts.env);
+    return at[name];
   };
 
   const services = options.services ?? SERVICE_ORDER;
@@ -126,13 +137,15 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
   }
   const gateway = createClient(GatewayService, addr.gateway);
 
-  const kill = async (name: ServiceName, signal: NodeJS.Signals = "SIGTERM") => {
-    const proc = procs.get(name);
+  const kill = async (key: string, signal: NodeJS.Signals = "SIGTERM") => {
+    const proc = procs.get(key);
     if (!proc || proc.exitCode !== null || proc.signalCode !== null) return proc?.exitCode ?? null;
     const exited = new Promise<number | null>((resolve) => proc.once("exit", (code) => resolve(code)));
+    // A stopped process would not act on SIGTERM.
+    if (signal === "SIGTERM") proc.kill("SIGCONT");
     proc.kill(signal);
     const code = await exited;
-    procs.delete(name);
+    procs.delete(key);
     return code;
   };
 
@@ -143,10 +156,12 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
     gateway,
     logs: () => logText,
     start,
+    startInstance,
     kill,
-    process: (name) => procs.get(name),
+    process: (key) => procs.get(key),
     async stop() {
       gateway.close();
+      for (const key of procs.keys()) if (!(SERVICE_ORDER as string[]).includes(key)) await kill(key, "SIGTERM");
       for (const name of [...SERVICE_ORDER].reverse()) await kill(name, "SIGTERM");
       if (services.includes("sandbox")) await removeSandboxes(dataDir);
       if (!options.dataDir) await rm(dataDir, { recursive: true, force: true });
