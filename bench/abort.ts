@@ -62,7 +62,7 @@ try {
   }
 
   // Baseline 1: a raw grpc-js unary round trip to another process.
-  const server = spawn(process.execPath, [fileURLToPath(new URL("./raw-grpc-server.js", import.meta.url))], { stdio: ["ignore", "pipe", "inherit"] });
+  const server = spawn(process.execPath, [fileURLToPath(new URL("./support/raw-grpc-server.js", import.meta.url))], { stdio: ["ignore", "pipe", "inherit"] });
   const [line] = (await once(server.stdout!, "data")) as [Buffer];
   const raw = new grpc.Client(`127.0.0.1:${line.toString().trim()}`, grpc.credentials.createInsecure());
   const identity = (b: Buffer) => b;

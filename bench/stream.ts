@@ -84,7 +84,7 @@ async function troupeRun(clients: Gateway[], warm: boolean): Promise<TroupeFigur
 
 /** The raw baseline: a bare grpc-js server process; `run(n)` streams n messages on each of S streams. */
 async function startRaw(): Promise<{ run(n: number): Promise<number>; stop(): void }> {
-  const server = spawn(process.execPath, [fileURLToPath(new URL("./raw-grpc-server.js", import.meta.url))], { stdio: ["ignore", "pipe", "inherit"] });
+  const server = spawn(process.execPath, [fileURLToPath(new URL("./support/raw-grpc-server.js", import.meta.url))], { stdio: ["ignore", "pipe", "inherit"] });
   const [line] = (await once(server.stdout!, "data")) as [Buffer];
   const address = `127.0.0.1:${line.toString().trim()}`;
   const clients = Array.from({ length: 4 }, () => new grpc.Client(address, grpc.credentials.createInsecure()));

@@ -2,15 +2,15 @@
 // session which runner owns it (and caches the answer), then connects the client's stream straight
 // to that runner. Events flow runner -> gateway -> client with backpressure honoured at each step;
 // the router is never on that path.
-import { create, fromBinary } from "@bufbuild/protobuf";
+import { create, fromBinary, type MessageInitShape } from "@bufbuild/protobuf";
 import { BinaryReader, WireType } from "@bufbuild/protobuf/wire";
 import { SpanKind, trace, type Context, type Span } from "@opentelemetry/api";
 import type { Config } from "../shared/config.js";
 import { SESSION_OWNER_KEY, Status, grpcCode, invalidArgumentIf, toStatus, unavailable } from "../shared/errors.js";
 import { catchStopCommand, validateFrame, validateSessionRef } from "../shared/frames.js";
-import { GatewayService, type ChatRequest } from "../shared/gen/troupe/v1/gateway_pb.js";
+import { GatewayService, SubscribeResponseSchema, type ChatRequest } from "../shared/gen/troupe/v1/gateway_pb.js";
 import { RouterService, type ResolveSessionResponse } from "../shared/gen/troupe/v1/router_pb.js";
-import { AttachResponseSchema, RunnerService, type AttachResponse } from "../shared/gen/troupe/v1/runner_pb.js";
+import { AttachResponseSchema, RunnerService, type AttachRequestSchema, type AttachResponse } from "../shared/gen/troupe/v1/runner_pb.js";
 import { AgentEventSchema, ClientFrameSchema, type ClientFrame, type SessionInfo } from "../shared/gen/troupe/v1/session_pb.js";
 import { DEFAULT_AGENT } from "../shared/ids.js";
 import type { Logger } from "../shared/log.js";
@@ -115,6 +115,43 @@ export function needsDecoding(bytes: Uint8Array): boolean {
   return false;
 }
 
+type AttachRequestInit = MessageInitShape<typeof AttachRequestSchema>;
+
+/**
+ * Leaves a runner's Attach stream without resetting it: `detach`, then half-close; the runner
+ * ends the stream. HTTP/2 servers close a connection that resets streams too fast (nghttp2 allows
+ * a burst of about 1,000), and one connection carries every client's stream to that runner, so a
+ * wave of clients leaving must not become a wave of resets. A runner that does not answer within
+ * 10 s is reset after all.
+ */
+function leaveRunnerCall(rc: grpc.ClientDuplexStream<AttachRequestInit, unknown>): void {
+  rc.on("error", () => undefined);
+  try {
+    rc.write({ detach: true });
+    rc.end();
+  } catch {
+    rc.cancel();
+    return;
+  }
+  rc.resume();
+  const timer = setTimeout(() => rc.cancel(), 10_000);
+  timer.unref();
+  rc.once("status", () => clearTimeout(timer));
+}
+
+/**
+ * An AttachResponse carrying an event, as the SubscribeResponse with that event: the event's bytes
+ * are the same, only the field number differs (2 there, 1 here), so one tag byte changes. Anything
+ * else (the `opened` answer) is not for a subscriber: undefined.
+ */
+function asSubscribeResponse(bytes: Buffer): Buffer | undefined {
+  const eventTag = (EVENT << 3) | WireType.LengthDelimited;
+  if (bytes.length === 0 || bytes[0] !== eventTag) return undefined;
+  const out = Buffer.from(bytes);
+  out[0] = (SubscribeResponseSchema.field.event.number << 3) | WireType.LengthDelimited;
+  return out;
+}
+
 /**
  * One span per turn the client starts, named invoke_agent as the GenAI conventions say for a
  * remote agent call. Its context travels inside the frame, so the runner's spans join it.
@@ -207,7 +244,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
   server.add(GatewayService, {
     chat(call) {
       let state: "awaiting-open" | "opening" | "open" | "done" = "awaiting-open";
-      let runnerCall: grpc.ClientDuplexStream<{ frame: ClientFrame }, Buffer> | undefined;
+      let runnerCall: grpc.ClientDuplexStream<AttachRequestInit, Buffer> | undefined;
       const queued: ClientFrame[] = [];
       let halfClosed = false;
       let sessionId = "";
@@ -238,7 +275,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
         agentId = placement.agentId;
         // A session the router named for us is new: the runner must create it.
         const frame = o?.sessionId ? openFrame : create(ClientFrameSchema, { ...openFrame, kind: { case: "open", value: { ...o!, sessionId, create: true } } });
-        const rc = runners.get(placement.runner!.address).attach() as unknown as grpc.ClientDuplexStream<{ frame: ClientFrame }, Buffer>;
+        const rc = runners.get(placement.runner!.address).attach() as unknown as grpc.ClientDuplexStream<AttachRequestInit, Buffer>;
         runnerCall = rc;
         let received = false;
         rc.on("data", (bytes: Buffer) => {
@@ -303,7 +340,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       call.on("cancelled", () => {
         state = "done";
         spans.endAll();
-        runnerCall?.cancel();
+        if (runnerCall) leaveRunnerCall(runnerCall);
       });
     },
 
@@ -323,21 +360,25 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
     abort: (req, call) =>
       submit(req.sessionId, create(ClientFrameSchema, { frameId: req.frameId, kind: { case: "abort", value: { reason: req.reason, clearQueue: req.clearQueue } } }), call.metadata),
 
+    // Served over the runner's Attach stream (open with replay_after_seq, no create) rather than
+    // Replay, so that a client leaving ends the runner's stream without a reset.
     async subscribe(call) {
       const { sessionId, afterSeq } = call.request;
       validateSessionRef(sessionId, "", false);
-      let upstream: grpc.ClientReadableStream<Buffer> | undefined;
-      call.on("cancelled", () => upstream?.cancel());
+      let upstream: grpc.ClientDuplexStream<AttachRequestInit, Buffer> | undefined;
+      call.on("cancelled", () => upstream && leaveRunnerCall(upstream));
       const attempt = async (n: number): Promise<void> => {
         const placement = await placements.resolve(sessionId, "");
         if (call.cancelled) return;
-        const up = runners.get(placement.runner!.address).replay({ sessionId, afterSeq }) as unknown as grpc.ClientReadableStream<Buffer>;
+        const up = runners.get(placement.runner!.address).attach() as unknown as grpc.ClientDuplexStream<AttachRequestInit, Buffer>;
         upstream = up;
         let received = false;
         let failed = false;
         up.on("data", (bytes: Buffer) => {
           received = true;
-          if (!call.write(bytes as never)) {
+          if (call.cancelled) return;
+          const event = asSubscribeResponse(bytes);
+          if (event && !call.write(event as never)) {
             up.pause();
             call.once("drain", () => up.resume());
           }
@@ -353,7 +394,8 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
           call.emit("error", toStatus(err));
         });
         // grpc-js may end the readable side of a failed call too: only a clean end is one.
-        up.on("end", () => failed || call.end());
+        up.on("end", () => failed || call.cancelled || call.end());
+        up.write({ frame: { frameId: "subscribe", kind: { case: "open", value: { sessionId, create: false, replayAfterSeq: afterSeq } } } });
       };
       await attempt(0);
     },

@@ -43,7 +43,7 @@ class StreamSubscriber<M> implements EventSubscriber {
   }
 
   send(event: AgentEvent): void {
-    if (this.closed) return;
+    if (this.closed || this.call.writableEnded) return;
     this.lastSeq = Number(event.seq);
     if (this.call.write(this.wrap(event)) || this.waiting) return;
     this.waiting = new Promise<void>((resolve) => {
@@ -138,24 +138,40 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
       let opened: Promise<SessionActor> | undefined;
       let subscriber: StreamSubscriber<unknown> | undefined;
       let failed = false;
+      let detached = false;
       const inflight = new Set<Promise<unknown>>();
       const fail = (err: unknown) => {
-        if (failed || call.cancelled) return;
+        if (failed || detached || call.cancelled) return;
         failed = true;
         if (toStatus(err).code === Status.INTERNAL) logger.error("session stream failed", { error: String((err as Error)?.stack ?? err) });
         call.emit("error", toStatus(err));
       };
+      const detach = () => {
+        if (opened && subscriber) {
+          const sub = subscriber;
+          opened.then((actor) => actor.detach(sub), () => undefined);
+        }
+      };
       call.on("data", (req: AttachRequest) => {
         try {
+          if (req.detach) {
+            // The client left: end cleanly (no reset); the session itself goes on.
+            detached = true;
+            detach();
+            if (!failed && !call.cancelled) call.end();
+            return;
+          }
           const frame = req.frame;
           if (!opened) {
             validateFrame(frame, false);
             if (frame.kind.case !== "open") return;
             const open = frame.kind.value;
             opened = registry.open(open, frame.frameId).then(async ({ actor, opened: info }) => {
+              if (detached) return actor;
               call.write(create(AttachResponseSchema, { kind: { case: "opened", value: info } }));
               subscriber = new StreamSubscriber(call, (event) => create(AttachResponseSchema, { kind: { case: "event", value: event } }));
               await actor.attach(subscriber, open.replayAfterSeq === undefined ? undefined : Number(open.replayAfterSeq));
+              if (detached) actor.detach(subscriber);
               return actor;
             });
             opened.catch(fail);
@@ -173,6 +189,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
       });
       // The gateway half-closes when its client does: finish once the session has nothing left to do.
       call.on("end", () => {
+        if (detached) return;
         (opened ?? Promise.reject(new Error("no open frame")))
           .then(async (actor) => {
             // Frames sent just before the half-close are admitted first, so their runs count.
@@ -180,16 +197,10 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
             await actor.whenIdle();
           })
           .then(
-            () => !failed && !call.cancelled && call.end(),
-            () => !failed && !call.cancelled && call.end(),
+            () => !failed && !call.cancelled && !detached && call.end(),
+            () => !failed && !call.cancelled && !detached && call.end(),
           );
       });
-      const detach = () => {
-        if (opened && subscriber) {
-          const sub = subscriber;
-          opened.then((actor) => actor.detach(sub), () => undefined);
-        }
-      };
       call.on("cancelled", detach);
       call.on("close", detach);
     },
@@ -233,6 +244,25 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
           create(SessionInfoSchema, { sessionId: s.sessionId, agentId: s.agentId, createTime: timestampFromMs(s.createdMs), updateTime: timestampFromMs(s.updateMs) }),
       );
       return { sessions: page, nextPageToken: offset + size < stored.length ? String(offset + size) : "" };
+    },
+
+    async getRunnerStats(req) {
+      const actors = await registry.loaded();
+      const gc = (globalThis as { gc?: () => void }).gc;
+      if (req.collectGarbage && gc) gc();
+      const mem = process.memoryUsage();
+      return {
+        runnerId: cfg.runnerId,
+        liveSessions: actors.length,
+        runningSessions: actors.filter((a) => a.running).length,
+        heapUsedBytes: BigInt(mem.heapUsed),
+        rssBytes: BigInt(mem.rss),
+        garbageCollected: req.collectGarbage && gc !== undefined,
+      };
+    },
+
+    async passivateIdle(req) {
+      return { passivated: await registry.passivateIdle(req.idleForMs) };
     },
   });
 

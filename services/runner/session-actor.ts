@@ -45,6 +45,12 @@ export interface ActorDeps {
 
 /** Recent events (deltas included) kept in memory for resuming clients. */
 const RING_SIZE = 4096;
+/**
+ * What the ring keeps once the session is idle. Everything but token deltas is in the log, so a
+ * client resuming from further back loses only deltas (reported as a gap); thousands of idle
+ * sessions must not each hold a full ring.
+ */
+const IDLE_RING_SIZE = 64;
 /** seq values are reserved in the log in blocks, so a restart never reuses one a client saw. */
 const SEQ_BLOCK = 1024;
 /**
@@ -391,6 +397,7 @@ export class SessionActor {
     if (this.run || this.closing) return;
     const next = this.queue.shift();
     if (!next) {
+      if (this.ring.length > IDLE_RING_SIZE) this.ring.splice(0, this.ring.length - IDLE_RING_SIZE);
       for (const wake of this.idleWaiters.splice(0)) wake();
       return;
     }

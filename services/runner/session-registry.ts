@@ -22,21 +22,28 @@ export class SessionRegistry {
     private readonly deps: ActorDeps,
     private readonly options: RegistryOptions = { passivateAfterMs: 600_000 },
   ) {
-    this.sweeper = setInterval(() => this.passivateIdle(), Math.max(50, Math.min(30_000, options.passivateAfterMs / 2)));
+    this.sweeper = setInterval(() => void this.passivateIdle(), Math.max(50, Math.min(30_000, options.passivateAfterMs / 2)));
     this.sweeper.unref();
   }
 
-  /** Evicts the actors that have been passivatable for longer than the configured time. */
-  passivateIdle(now = Date.now()): void {
-    for (const [id, p] of this.actors) {
-      void p.then((actor) => {
-        if (this.actors.get(id) !== p || !actor.passivatable || now - actor.lastActiveMs < this.options.passivateAfterMs) return;
-        this.actors.delete(id);
-        const closed = actor.close().finally(() => this.leaving.delete(id));
-        this.leaving.set(id, closed);
-        this.deps.logger.debug(`passivated session ${id}`);
-      }, () => undefined);
+  /**
+   * Evicts the actors that have been passivatable for at least `idleForMs` (by default the
+   * configured time). Resolves with how many left, once their logs are closed.
+   */
+  async passivateIdle(idleForMs = this.options.passivateAfterMs): Promise<number> {
+    const now = Date.now();
+    const closing: Promise<void>[] = [];
+    for (const [id, p] of [...this.actors]) {
+      const actor = await p.catch(() => undefined);
+      if (!actor || this.actors.get(id) !== p || !actor.passivatable || now - actor.lastActiveMs < idleForMs) continue;
+      this.actors.delete(id);
+      const closed = actor.close().finally(() => this.leaving.delete(id));
+      this.leaving.set(id, closed);
+      closing.push(closed);
+      this.deps.logger.debug(`passivated session ${id}`);
     }
+    await Promise.allSettled(closing);
+    return closing.length;
   }
 
   /** How many actors are in memory. */

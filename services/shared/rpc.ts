@@ -325,6 +325,11 @@ export interface ClientOptions {
   rawResponses?: readonly string[];
   /** Deadline for unary calls that set none. */
   defaultDeadlineMs?: number;
+  /**
+   * A connection of its own, not shared with other clients of the same address (grpc-js shares
+   * them process-wide by default). For a process that must look like several clients.
+   */
+  ownConnection?: boolean;
 }
 
 /** A typed client for one service at host:port. */
@@ -334,7 +339,9 @@ export function createClient<S extends GenServiceMethods>(
   options: ClientOptions = {},
 ): ServiceClient<S> {
   const Ctor = grpc.makeGenericClientConstructor(serviceDefinition(service, options.rawResponses), service.typeName);
-  const raw = new Ctor(address, grpc.credentials.createInsecure(), channelOptions(options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES));
+  const channel = channelOptions(options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES);
+  if (options.ownConnection) channel["grpc.use_local_subchannel_pool"] = 1;
+  const raw = new Ctor(address, grpc.credentials.createInsecure(), channel);
   const defaultDeadline = options.defaultDeadlineMs ?? DEFAULT_DEADLINE_MS;
   const client: Record<string, unknown> = { close: () => raw.close() };
 

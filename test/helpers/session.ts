@@ -109,6 +109,18 @@ export class ChatSession {
   close(): void {
     this.call.cancel();
   }
+
+  /**
+   * Half-closes and waits for the server to end the stream (once the session has nothing left to
+   * do). Unlike close(), this sends no stream reset: a client that opens and leaves thousands of
+   * streams on one connection must leave this way, or the server's HTTP/2 rapid-reset guard
+   * (about 1,000 resets in a burst) closes the connection.
+   */
+  async finish(timeoutMs = 15_000): Promise<grpc.StatusObject> {
+    this.call.end();
+    await this.until(() => this.status !== undefined, timeoutMs);
+    return this.status!;
+  }
 }
 
 /**
