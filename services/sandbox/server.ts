@@ -24,6 +24,7 @@ const WORKSPACE = "/workspace";
 const MAX_OUTPUT_BYTES = 1024 * 1024;
 const MAX_TIMEOUT_MS = 30 * 60_000;
 const MAX_COMMAND_CHARS = 64 * 1024;
+const KILL_TIMEOUT_MS = 3000;
 
 export interface SandboxLimits {
   memoryBytes: number;
@@ -112,6 +113,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
   const instance = instanceOf(cfg.dataDir);
   const containers = new Map<string, Promise<Docker.Container>>();
   let engineUp = false;
+  let oomEvents: NodeJS.ReadableStream | undefined;
   const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes });
 
   const checkEngine = async () => {
@@ -124,6 +126,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
       server.setStatus(SandboxService.typeName, up ? ServingStatus.SERVING : ServingStatus.NOT_SERVING);
       server.setStatus("", up ? ServingStatus.SERVING : ServingStatus.NOT_SERVING);
       if (up) logger.info("Docker engine reachable");
+      if (up && !oomEvents) oomEvents = await watchOoms();
       else logger.error(`no Docker engine at ${process.env.DOCKER_HOST ?? "/var/run/docker.sock"}: start dockerd or set DOCKER_HOST`);
     }
     return up;
@@ -134,7 +137,34 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
     }
   };
 
-  const sandboxFor = (sessionId: string): Promise<Docker.Container> => {
+  /** Output streams of running commands, by session, so a dying container can end them. */
+  const running = new Map<string, Set<{ destroy(): void }>>();
+  /**
+   * Sessions whose last command was SIGKILLed: their container may have died with it (gVisor
+   * ends the whole sandbox at its memory limit, and the engine may still say "running" for a
+   * moment). The next command first checks with a trivial one, and gets a new container if needed.
+   */
+  const suspect = new Set<string>();
+  const answers = async (container: Docker.Container): Promise<boolean> => {
+    try {
+      const exec = await container.exec({ Cmd: ["true"], User: TOOL_USER, AttachStdout: true, AttachStderr: true });
+      const stream = (await exec.start({ hijack: true, stdin: false })) as NodeJS.ReadableStream;
+      stream.resume();
+      await Promise.race([once(stream, "end"), new Promise((r) => setTimeout(r, KILL_TIMEOUT_MS))]);
+      return (await exec.inspect()).ExitCode === 0;
+    } catch {
+      return false;
+    }
+  };
+  const sandboxFor = async (sessionId: string): Promise<Docker.Container> => {
+    if (suspect.delete(sessionId)) {
+      const cached = await containers.get(sessionId)?.catch(() => undefined);
+      if (cached && !(await answers(cached))) {
+        logger.warn(`the sandbox of session ${sessionId} stopped answering; replacing it`);
+        containers.delete(sessionId);
+        await cached.remove({ force: true }).catch(() => undefined);
+      }
+    }
     let p = containers.get(sessionId);
     if (!p) {
       p = ensureContainer(sessionId);
@@ -165,12 +195,63 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
     return container;
   };
 
-  /** Ends every process the session's commands started (see the header comment); resolves once done. */
+  /**
+   * Ends every process the session's commands started (see the header comment); resolves once
+   * done. The kill is itself a process in the container, so a fork bomb that holds every pid can
+   * keep it from starting: after KILL_TIMEOUT_MS the container is restarted instead, which ends
+   * everything in it (and empties its tmpfs workspace, the price of a sandbox that stayed killable).
+   */
   const killCommands = async (container: Docker.Container) => {
-    const exec = await container.exec({ Cmd: ["kill", "-9", "-1"], User: TOOL_USER, AttachStdout: true, AttachStderr: true });
-    const stream = (await exec.start({ hijack: true, stdin: false })) as NodeJS.ReadableStream;
-    stream.resume();
-    await once(stream, "end");
+    const viaExec = async () => {
+      const exec = await container.exec({ Cmd: ["kill", "-9", "-1"], User: TOOL_USER, AttachStdout: true, AttachStderr: true });
+      const stream = (await exec.start({ hijack: true, stdin: false })) as NodeJS.ReadableStream;
+      stream.resume();
+      await once(stream, "end");
+    };
+    let timer: NodeJS.Timeout | undefined;
+    const deadline = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error("the kill did not finish in time")), KILL_TIMEOUT_MS)));
+    try {
+      await Promise.race([viaExec(), deadline]);
+    } catch (err) {
+      logger.warn("could not kill the commands from inside the sandbox; restarting it", { container: container.id.slice(0, 12), error: (err as Error).message });
+      await container.restart({ t: 0 });
+    } finally {
+      clearTimeout(timer);
+    }
+  };
+
+  // The engine reports an OOM kill anywhere in a container's cgroup as an event (runc does; gVisor
+  // enforces its limit inside the sandbox and reports nothing). Counted per container, so an exec
+  // can tell whether one happened while it ran. Containers that die are forgotten.
+  const oomKills = new Map<string, number>();
+  const watchOoms = async () => {
+    try {
+      const events = (await docker.getEvents({ filters: { type: ["container"], event: ["oom", "die"], label: [`troupe.instance=${instance}`] } })) as NodeJS.ReadableStream;
+      events.on("data", (chunk: Buffer) => {
+        for (const line of chunk.toString("utf8").split("\n")) {
+          if (!line.trim()) continue;
+          try {
+            const ev = JSON.parse(line) as { Action?: string; Actor?: { Attributes?: Record<string, string> } };
+            const attrs = ev.Actor?.Attributes ?? {};
+            if (ev.Action === "oom" && attrs.name) oomKills.set(attrs.name, (oomKills.get(attrs.name) ?? 0) + 1);
+            // A sandbox that died (gVisor ends the whole sandbox at its memory limit) is made anew
+            // on next use.
+            const session = attrs["troupe.session"];
+            if (ev.Action === "die" && session) {
+              containers.delete(session);
+              // Commands that were running in it are over: end their output streams.
+              for (const st of running.get(session) ?? []) st.destroy();
+            }
+          } catch {
+            // a partial line; the engine sends one event per line
+          }
+        }
+      });
+      events.on("error", () => undefined);
+      return events;
+    } catch {
+      return undefined;
+    }
   };
 
   server.add(SandboxService, {
@@ -182,6 +263,8 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
       invalidArgumentIf(req.timeoutMs > MAX_TIMEOUT_MS, `timeout_ms must be at most ${MAX_TIMEOUT_MS}`);
       await requireEngine();
       const container = await sandboxFor(req.sessionId);
+      const name = containerName(instance, req.sessionId);
+      const oomsBefore = oomKills.get(name) ?? 0;
       const started = Date.now();
       const exec = await container.exec({
         Cmd: ["/bin/sh", "-c", req.command],
@@ -193,15 +276,22 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
         AttachStderr: true,
         Tty: false,
       });
-      const stream = (await exec.start({ hijack: true, stdin: req.stdin.length > 0 })) as NodeJS.ReadWriteStream & AsyncIterable<Buffer> & { destroy(): void };
+      const stream = (await exec.start({ hijack: true, stdin: req.stdin.length > 0 })) as NodeJS.ReadWriteStream & AsyncIterable<Buffer> & { destroy(): void; destroyed: boolean };
       if (req.stdin.length > 0) stream.end(Buffer.from(req.stdin));
       let timedOut = false;
       let cancelled = false;
       const timeoutMs = req.timeoutMs || cfg.execTimeoutMs;
       const kill = () => killCommands(container).catch((err: Error) => logger.warn("kill failed", { session: req.sessionId, error: err.message }));
+      let lastResort: NodeJS.Timeout | undefined;
       const timer = setTimeout(() => {
         timedOut = true;
         void kill();
+        // If even the kill (and the restart after it) leaves the engine's stream open, a sandbox
+        // runtime has wedged: stop waiting for it, and check the container before its next use.
+        lastResort = setTimeout(() => {
+          suspect.add(req.sessionId);
+          stream.destroy();
+        }, 3 * KILL_TIMEOUT_MS);
       }, timeoutMs);
       call.once("cancelled", () => {
         cancelled = true;
@@ -209,6 +299,9 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
       });
       let sent = 0;
       let truncated = false;
+      const streams = running.get(req.sessionId) ?? new Set();
+      running.set(req.sessionId, streams);
+      streams.add(stream);
       try {
         for await (const part of demux(stream)) {
           if (cancelled) break;
@@ -223,13 +316,22 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
           const wait = write(call, msg);
           if (wait) await wait;
         }
+      } catch (err) {
+        // The stream was ended under us: the container died (see the event watch).
+        if (!stream.destroyed) throw err;
       } finally {
         clearTimeout(timer);
+        clearTimeout(lastResort);
         stream.destroy();
+        streams.delete(stream);
+        if (streams.size === 0) running.delete(req.sessionId);
       }
       if (cancelled) return;
-      const info = await exec.inspect();
-      const oomKilled = await container.inspect().then((c) => c.State.OOMKilled, () => false);
+      const info = await exec.inspect().catch(() => ({ ExitCode: null as number | null }));
+      // A SIGKILL we did not send: give the engine's OOM event a moment to arrive.
+      if (info.ExitCode === 137 || info.ExitCode === null) suspect.add(req.sessionId);
+      if (info.ExitCode === 137 && !timedOut && (oomKills.get(name) ?? 0) === oomsBefore) await new Promise((r) => setTimeout(r, 250));
+      const oomKilled = (oomKills.get(name) ?? 0) > oomsBefore;
       call.write(
         create(ExecResponseSchema, {
           kind: { case: "exit", value: { exitCode: info.ExitCode ?? -1, timedOut, truncated, oomKilled, durationMs: Date.now() - started } },
@@ -280,6 +382,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
   return {
     async drain() {
       clearInterval(watch);
+      (oomEvents as { destroy?: () => void } | undefined)?.destroy?.();
       await server.drain(cfg.drainGraceMs);
     },
   };

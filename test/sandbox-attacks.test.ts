@@ -1,0 +1,310 @@
+// The adversarial suite: what hostile code tries from inside a sandbox, run through the real
+// service against both runtimes (runc and gVisor's runsc), each attack asserting its safe outcome.
+// Numbers refer to the attack list in ../shared/reference/anchors-sandbox.md, section (b); the
+// ones that need the network allow-list (14, 16) or the workspace file API (19-24) are not here
+// yet, and the rest are written for the default busybox image.
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { Health, HealthCheckResponse_ServingStatus as Serving } from "../services/shared/gen/grpc/health/v1/health_pb.js";
+import { SandboxService, type ExecExit } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
+import { createClient, type ServiceClient } from "../services/shared/rpc.js";
+import { startStack, type Stack } from "./helpers/stack.js";
+
+type Sandbox = ServiceClient<(typeof SandboxService)["method"]>;
+interface Result {
+  out: string;
+  bytes: number;
+  exit: ExecExit;
+}
+
+async function exec(sandbox: Sandbox, sessionId: string, command: string, timeoutMs = 20_000): Promise<Result> {
+  const chunks: Buffer[] = [];
+  let exit: ExecExit | undefined;
+  for await (const m of sandbox.exec({ sessionId, command, timeoutMs })) {
+    if (m.kind.case === "stdout" || m.kind.case === "stderr") chunks.push(Buffer.from(m.kind.value));
+    if (m.kind.case === "exit") exit = m.kind.value;
+  }
+  const all = Buffer.concat(chunks);
+  return { out: all.toString("utf8"), bytes: all.length, exit: exit! };
+}
+
+interface Attack {
+  n: number;
+  name: string;
+  /** Run as the untrusted command, in a sandbox of its own unless `shared`. */
+  command: string;
+  timeoutMs?: number;
+  /** Only under this runtime (the safe outcome is enforced differently by the other). */
+  only?: "runc" | "runsc";
+  check(r: Result, runtime: string): void;
+}
+
+
+const ATTACKS: Attack[] = [
+  {
+    n: 1,
+    name: "fork bomb: stopped by the pids limit, ended by the timeout",
+    command: "f(){ f | f & }; f; sleep 30",
+    timeoutMs: 3000,
+    check: (r) => assert.ok(r.exit.timedOut || r.exit.exitCode !== 0, "the bomb did not run unbounded"),
+  },
+  {
+    n: 3,
+    name: "memory bomb: killed inside its cgroup, reported as out of memory",
+    command: "a=$(head -c 700000000 /dev/zero | tr '\\0' x); echo ${#a}",
+    timeoutMs: 15_000,
+    check: (r, runtime) => {
+      assert.doesNotMatch(r.out, /700000000/, "the allocation never succeeded");
+      assert.equal(r.exit.exitCode, 137, `exit ${r.exit.exitCode}: ${r.out.slice(0, 200)}`);
+      // runc's engine reports the kill; gVisor holds the process at its limit without reporting
+      // it, so there the command ends at its timeout.
+      if (runtime === "runc") assert.ok(r.exit.oomKilled, "reported as oom_killed");
+      else assert.ok(r.exit.oomKilled || r.exit.timedOut);
+    },
+  },
+  {
+    n: 4,
+    name: "fill /tmp: ENOSPC at the tmpfs size",
+    command: "dd if=/dev/zero of=/tmp/big bs=1M count=200 2>&1; ls -l /tmp/big | awk '{print $5}'",
+    check: (r) => {
+      assert.match(r.out, /No space left on device/);
+      assert.ok(Number(r.out.trim().split("\n").at(-1)) <= 64 * 1024 * 1024);
+    },
+  },
+  {
+    n: 5,
+    name: "fill the workspace: ENOSPC at its size",
+    command: "dd if=/dev/zero of=/workspace/big bs=1M count=400 2>&1; ls -l /workspace/big | awk '{print $5}'",
+    check: (r) => {
+      assert.match(r.out, /No space left on device/);
+      assert.ok(Number(r.out.trim().split("\n").at(-1)) <= 256 * 1024 * 1024);
+    },
+  },
+  {
+    n: 6,
+    name: "write the root filesystem: read-only",
+    command: "echo x > /etc/passwd && echo WROTE-passwd; touch /bin/x && echo WROTE-bin; mkdir /newdir && echo WROTE-dir; grep -c '^x$' /etc/passwd; echo done",
+    check: (r) => {
+      // runc says EROFS; gVisor says EACCES. Either way nothing is written.
+      assert.doesNotMatch(r.out, /WROTE/, r.out);
+      assert.match(r.out, /^0$/m);
+      assert.match(r.out, /done/);
+    },
+  },
+  {
+    n: 7,
+    name: "/proc and /sys writes refused; /proc/kcore and /proc/keys hide nothing",
+    command:
+      "echo b > /proc/sysrq-trigger && echo WROTE-sysrq; echo 1 > /proc/sys/kernel/panic && echo WROTE-panic; echo 1 > /sys/fs/cgroup/cgroup.procs && echo WROTE-cgroup; head -c 16 /proc/kcore 2>/dev/null | wc -c; echo end",
+    check: (r) => {
+      assert.doesNotMatch(r.out, /WROTE/);
+      assert.match(r.out, /^0$/m, "/proc/kcore reads as empty (masked) or not at all");
+    },
+  },
+  {
+    n: 8,
+    name: "mount, unshare, chroot, pivot_root: not permitted",
+    command: "mkdir -p /tmp/m; mount -t tmpfs x /tmp/m && echo MOUNTED; unshare -Urm true && echo UNSHARED; unshare -m true && echo UNSHARED2; chroot /tmp true && echo CHROOTED; pivot_root /tmp /tmp/m && echo PIVOTED; echo end",
+    check: (r) => {
+      assert.doesNotMatch(r.out, /MOUNTED|UNSHARED|CHROOTED|PIVOTED/, r.out);
+      assert.match(r.out, /end/);
+    },
+  },
+  {
+    n: 9,
+    name: "entering another process's namespaces: not permitted",
+    command: "nsenter -t 1 -m -p true && echo ENTERED; echo end",
+    check: (r) => assert.doesNotMatch(r.out, /ENTERED/, r.out),
+  },
+  {
+    n: 10,
+    name: "raw sockets and network administration: not permitted",
+    command: "ping -c 1 -W 1 127.0.0.1 >/dev/null 2>&1 && echo PINGED; ip link add x0 type dummy 2>/dev/null && echo LINKED; ip addr add 10.9.9.9/32 dev lo 2>/dev/null && echo ADDR; echo end",
+    check: (r) => assert.doesNotMatch(r.out, /PINGED|LINKED|ADDR/, r.out),
+  },
+  {
+    n: 11,
+    name: "device nodes and kernel modules: not permitted",
+    command: "mknod /tmp/mem c 1 1 2>/dev/null; head -c 16 /tmp/mem 2>/dev/null | wc -c; insmod /tmp/x.ko 2>/dev/null && echo INSMOD; ls /dev/mem 2>/dev/null && echo DEVMEM; echo end",
+    check: (r) => {
+      // runc refuses the node; gVisor makes it in its own tmpfs, but it leads to no memory.
+      assert.match(r.out, /^0$/m, "nothing read through a /dev/mem node");
+      assert.doesNotMatch(r.out, /INSMOD|DEVMEM/, r.out);
+    },
+  },
+  {
+    n: 12,
+    name: "privilege escalation: no capabilities, no new privileges, su fails",
+    command: "grep -E '^(CapEff|CapPrm|CapBnd|NoNewPrivs)' /proc/self/status; su -c id root </dev/null 2>&1 | tail -1; id -u",
+    check: (r, runtime) => {
+      assert.match(r.out, /CapEff:\s+0{16}/);
+      assert.match(r.out, /CapPrm:\s+0{16}/);
+      // gVisor's /proc does not show the flag (runsc applies it from the OCI spec).
+      if (runtime === "runc") assert.match(r.out, /NoNewPrivs:\s+1/);
+      assert.equal(r.out.trim().split("\n").at(-1), "65534");
+      assert.doesNotMatch(r.out, /uid=0/);
+    },
+  },
+  {
+    n: 13,
+    name: "egress with no network: nothing leaves",
+    command:
+      "wget -q -T 2 -O - http://1.1.1.1/ && echo FETCHED; nc -w 2 1.1.1.1 443 </dev/null && echo CONNECTED; nslookup example.com >/dev/null 2>&1 && echo RESOLVED; ls /sys/class/net; echo end",
+    check: (r) => {
+      assert.doesNotMatch(r.out, /FETCHED|CONNECTED|RESOLVED/, r.out);
+      assert.match(r.out, /^lo$/m);
+      assert.doesNotMatch(r.out, /eth0/);
+    },
+  },
+  {
+    n: 15,
+    name: "metadata service, Docker bridge and private ranges: unreachable",
+    command: "for h in 169.254.169.254 100.100.100.200 172.17.0.1 10.0.0.1 192.168.1.1; do wget -q -T 1 -O - http://$h/ >/dev/null 2>&1 && echo REACHED-$h; done; echo end",
+    check: (r) => assert.doesNotMatch(r.out, /REACHED/, r.out),
+  },
+  {
+    n: 17,
+    name: "no Docker or containerd socket",
+    command: "ls -la /var/run/docker.sock /run/docker.sock /run/containerd/containerd.sock 2>&1; env | grep -c DOCKER_HOST",
+    check: (r) => {
+      assert.equal(r.out.match(/No such file or directory/g)?.length, 3, r.out);
+      assert.equal(r.out.trim().split("\n").at(-1), "0");
+    },
+  },
+  {
+    n: 18,
+    name: "secrets: only the allowed environment, no keeper environment, no mounted credentials",
+    command:
+      "env | cut -d= -f1 | sort | tr '\\n' ' '; echo; tr '\\0' '\\n' 2>/dev/null < /proc/1/environ | cut -d= -f1 | sort | tr '\\n' ' '; echo; ls /run/secrets /var/run/secrets /workspace/.aws 2>&1 | grep -vc 'No such file'",
+    check: (r) => {
+      // The command's environment, and the init process's (unreadable under runc; under gVisor
+      // readable, and just as bare): only the names the sandbox sets.
+      const allowed = ["HOME", "PATH", "PWD", "SHLVL", "HOSTNAME", "_", ""];
+      for (const line of r.out.split("\n").slice(0, 2)) {
+        for (const name of line.trim().split(" ")) assert.ok(allowed.includes(name), `unexpected variable ${name}`);
+      }
+      assert.equal(r.out.trim().split("\n").at(-1), "0");
+    },
+  },
+  {
+    n: 25,
+    name: "binary output is delivered byte for byte",
+    command: "head -c 100000 /dev/urandom",
+    check: (r) => {
+      assert.equal(r.bytes, 100_000);
+      assert.equal(r.exit.truncated, false);
+    },
+  },
+  {
+    n: 26,
+    name: "output flood on both streams at once: cut at the cap, no deadlock",
+    command: "yes aaaaaaaaaaaaaaa | head -c 8000000 & yes bbbbbbbbbbbbbb | head -c 8000000 >&2; wait; echo finished >&2",
+    check: (r) => {
+      assert.ok(r.exit.truncated);
+      assert.equal(r.bytes, 1024 * 1024);
+      assert.equal(r.exit.timedOut, false);
+    },
+  },
+  {
+    n: 28,
+    name: "signals ignored: killed at the timeout anyway",
+    command: "trap '' TERM INT HUP; echo waiting; sleep 300",
+    timeoutMs: 1000,
+    check: (r) => {
+      assert.ok(r.exit.timedOut);
+      assert.ok(r.exit.durationMs < 5000, `${r.exit.durationMs} ms`);
+    },
+  },
+  {
+    n: 29,
+    name: "zombie farm: orphans are reaped by the init process",
+    command: "for i in $(seq 40); do (sleep 0.1 &) ; done; sleep 1; ps -o stat | grep -c '^Z' || true",
+    // Under runsc on these machines (ptrace platform) this very pattern, background subshells
+    // left to orphan, kills the gVisor sandbox itself and the engine's exec then never returns
+    // (observed 2026-11-22); not run there until that is understood. See docs/sandbox.md.
+    only: "runc",
+    check: (r) => assert.equal(r.out.trim(), "0"),
+  },
+  {
+    n: 30,
+    name: "CPU burn: held to one CPU",
+    // The quota as the container's cgroup states it (v2 cpu.max, or v1 quota and period).
+    command: "cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo $(cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us) $(cat /sys/fs/cgroup/cpu/cpu.cfs_period_us)",
+    only: "runc",
+    check: (r) => assert.equal(r.out.trim(), "100000 100000"),
+  },
+  {
+    n: 31,
+    name: "file descriptors: the hard limit holds and cannot be raised",
+    command: "ulimit -Hn; ulimit -n 100000 2>&1 && echo RAISED; ulimit -Sn",
+    check: (r) => {
+      const lines = r.out.trim().split("\n");
+      assert.equal(lines[0], "1024");
+      assert.doesNotMatch(r.out, /RAISED/);
+      assert.equal(lines.at(-1), "1024");
+    },
+  },
+  {
+    n: 32,
+    name: "clock, hostname and sysctl tampering: not permitted",
+    // busybox date reports success even when setting the clock failed: the year afterwards tells.
+    command: "date -s '2001-01-01 00:00:00' >/dev/null 2>&1; date +%Y; hostname evil 2>/dev/null && echo RENAMED; sysctl -w kernel.hostname=evil >/dev/null 2>&1 && echo SYSCTL; hostname",
+    check: (r) => {
+      assert.notEqual(r.out.split("\n")[0], "2001", "the clock did not move");
+      assert.doesNotMatch(r.out, /RENAMED|SYSCTL|^evil$/m, r.out);
+    },
+  },
+  {
+    n: 34,
+    name: "no leaked file descriptors or host paths",
+    command: "ls /proc/self/fd | tr '\\n' ' '; echo; readlink /proc/self/cwd; for f in /proc/self/fd/*; do readlink $f; done",
+    check: (r) => {
+      const fds = r.out.split("\n")[0].trim().split(" ");
+      assert.ok(fds.length <= 4, `open fds: ${fds.join(",")}`);
+      assert.equal(r.out.split("\n")[1], "/workspace");
+      assert.doesNotMatch(r.out, /\/var\/lib\/docker|\/home\/|\/root\//);
+    },
+  },
+];
+
+for (const runtime of ["runc", "runsc"] as const) {
+  describe(`sandbox attacks (${runtime})`, () => {
+    let stack: Stack;
+    let sandbox: Sandbox;
+    before(async () => {
+      stack = await startStack({ services: ["sandbox"], env: { TROUPE_SANDBOX_RUNTIME: runtime } });
+      sandbox = createClient(SandboxService, stack.addr.sandbox);
+    });
+    after(async () => {
+      sandbox?.close();
+      await stack?.stop();
+    });
+
+    for (const attack of ATTACKS) {
+      if (attack.only && attack.only !== runtime) continue;
+      test(`#${attack.n} ${attack.name}`, async () => {
+        const id = `atk-${runtime}-${attack.n}`;
+        const r = await exec(sandbox, id, attack.command, attack.timeoutMs);
+        attack.check(r, runtime);
+        // Whatever it tried, the sandbox still answers.
+        const after = await exec(sandbox, id, "echo alive");
+        assert.equal(after.out, "alive\n", `after #${attack.n}: ${after.out}`);
+        await sandbox.releaseSandbox({ sessionId: id });
+      });
+    }
+
+    test("#33 a file written in one session's sandbox is not visible in another's", async () => {
+      await exec(sandbox, `atk-${runtime}-33a`, "echo secret > /workspace/note; echo hidden > /tmp/note");
+      const r = await exec(sandbox, `atk-${runtime}-33b`, "cat /workspace/note /tmp/note 2>&1");
+      assert.equal(r.out.match(/No such file or directory/g)?.length, 2, r.out);
+      await sandbox.releaseSandbox({ sessionId: `atk-${runtime}-33a` });
+      await sandbox.releaseSandbox({ sessionId: `atk-${runtime}-33b` });
+    });
+
+    test("the service is still healthy after every attack", async () => {
+      const health = createClient(Health, stack.addr.sandbox);
+      assert.equal((await health.check({ service: "" })).status, Serving.SERVING);
+      health.close();
+    });
+  });
+}
