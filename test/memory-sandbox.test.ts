@@ -133,6 +133,37 @@ describe("sandbox service", () => {
     await gv.stop();
   });
 
+  test("the reaper removes stopped and idle sandboxes of its own instance, and only those", async () => {
+    const { mkdtemp, rm } = await import("node:fs/promises");
+    const os = await import("node:os");
+    const path = await import("node:path");
+    const dataDir = await mkdtemp(path.join(os.tmpdir(), "troupe-reap-"));
+    const mine = instanceOf(dataDir);
+    const other = `other${Date.now()}`;
+    const orphan = (await run("docker", ["create", "--label", "troupe.owner=troupe-sandbox", "--label", `troupe.instance=${mine}`, "--label", "troupe.session=orphan", "troupe-sandbox:busybox", "true"])).stdout.trim();
+    const foreign = (await run("docker", ["create", "--label", "troupe.owner=troupe-sandbox", "--label", `troupe.instance=${other}`, "--label", "troupe.session=orphan", "troupe-sandbox:busybox", "true"])).stdout.trim();
+    const exists = async (id: string) => run("docker", ["inspect", id]).then(() => true, () => false);
+    const reaped = await startStack({ services: ["sandbox"], dataDir, env: { TROUPE_SANDBOX_IDLE_MS: "1500" } });
+    try {
+      assert.equal(await exists(orphan), false, "a stopped container of this instance is removed at start-up");
+      assert.equal(await exists(foreign), true, "another instance's container is left alone");
+      const sandbox = createClient(SandboxService, reaped.addr.sandbox);
+      const busy = exec(sandbox, "reap-1", "sleep 3; echo slept", 10_000);
+      await new Promise((r) => setTimeout(r, 500));
+      const name = containerName(mine, "reap-1");
+      assert.equal(await exists(name), true);
+      assert.match((await busy).out, /slept/, "a command running past the idle time is not cut short");
+      await waitFor("the idle sandbox to be removed", async () => !(await exists(name)), 10_000, 200);
+      const again = await exec(sandbox, "reap-1", "echo back");
+      assert.equal(again.out, "back\n", "the next use makes a new sandbox");
+      sandbox.close();
+    } finally {
+      await reaped.stop();
+      await run("docker", ["rm", "-f", foreign]).catch(() => undefined);
+      await rm(dataDir, { recursive: true, force: true });
+    }
+  });
+
   test("with no Docker engine: NOT_SERVING, and calls fail UNAVAILABLE with how to fix it", async () => {
     const down = await startStack({ services: ["memory"] });
     // The sandbox refuses to report SERVING, so start it by hand and read its health.

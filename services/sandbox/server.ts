@@ -137,6 +137,43 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
     }
   };
 
+  /** When each session's sandbox was last used, for the reaper. */
+  const lastUsed = new Map<string, number>();
+
+  /**
+   * Removes this instance's containers that are stopped (orphans of a crash or of the engine),
+   * older than the maximum age, or unused for the idle time with no command running. Containers
+   * of other instances are never touched. At start-up, running containers left by a previous
+   * process count as used now: their sessions may come back.
+   */
+  const reap = async (): Promise<number> => {
+    const now = Date.now();
+    const list = await docker.listContainers({ all: true, filters: { label: [`troupe.instance=${instance}`, "troupe.owner=troupe-sandbox"] } });
+    let removed = 0;
+    for (const c of list) {
+      const session = c.Labels["troupe.session"] ?? "";
+      const created = Number(c.Labels["troupe.created"] ?? c.Created * 1000);
+      if (c.State === "running" && !lastUsed.has(session)) lastUsed.set(session, now);
+      const busy = (running.get(session)?.size ?? 0) > 0;
+      const why =
+        c.State !== "running" ? "stopped" : now - created > cfg.sandboxMaxAgeMs ? "past its maximum age" : !busy && now - lastUsed.get(session)! > cfg.sandboxIdleMs ? "idle" : undefined;
+      if (!why) continue;
+      containers.delete(session);
+      lastUsed.delete(session);
+      await docker
+        .getContainer(c.Id)
+        .remove({ force: true })
+        .then(
+          () => {
+            removed++;
+            logger.info(`removed the sandbox of session ${session}: ${why}`);
+          },
+          (err: Error) => logger.warn("could not remove a sandbox", { container: c.Id.slice(0, 12), error: err.message }),
+        );
+    }
+    return removed;
+  };
+
   /** Output streams of running commands, by session, so a dying container can end them. */
   const running = new Map<string, Set<{ destroy(): void }>>();
   /**
@@ -263,6 +300,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
       invalidArgumentIf(req.timeoutMs > MAX_TIMEOUT_MS, `timeout_ms must be at most ${MAX_TIMEOUT_MS}`);
       await requireEngine();
       const container = await sandboxFor(req.sessionId);
+      lastUsed.set(req.sessionId, Date.now());
       const name = containerName(instance, req.sessionId);
       const oomsBefore = oomKills.get(name) ?? 0;
       const started = Date.now();
@@ -377,11 +415,16 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
   }
   const watch = setInterval(() => void checkEngine(), 5000);
   watch.unref();
+  const reapAll = () => (engineUp ? reap().catch((err: Error) => logger.warn("reaper failed", { error: err.message })) : undefined);
+  await reapAll();
+  const reaper = setInterval(() => void reapAll(), Math.max(500, Math.min(60_000, cfg.sandboxIdleMs / 4)));
+  reaper.unref();
   const port = await server.listen(cfg.addr.sandbox);
   logger.info(`sandbox serving on port ${port}`, { image: cfg.sandboxImage, runtime: cfg.sandboxRuntime, instance });
   return {
     async drain() {
       clearInterval(watch);
+      clearInterval(reaper);
       (oomEvents as { destroy?: () => void } | undefined)?.destroy?.();
       await server.drain(cfg.drainGraceMs);
     },

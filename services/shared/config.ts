@@ -41,6 +41,10 @@ export interface Config {
   /** Sandbox image and container runtime (runc or runsc). */
   sandboxImage: string;
   sandboxRuntime: string;
+  /** Sandbox: a session's container unused for this long is removed (made anew on next use). */
+  sandboxIdleMs: number;
+  /** Sandbox: no container lives longer than this. */
+  sandboxMaxAgeMs: number;
   /** Extra positional arguments after the flags. */
   rest: string[];
 }
@@ -102,6 +106,8 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env,
     execTimeoutMs: positiveInt("TROUPE_EXEC_TIMEOUT_MS", env.TROUPE_EXEC_TIMEOUT_MS, 60_000),
     sandboxImage: env.TROUPE_SANDBOX_IMAGE ?? "troupe-sandbox:busybox",
     sandboxRuntime: env.TROUPE_SANDBOX_RUNTIME ?? "runc",
+    sandboxIdleMs: positiveInt("TROUPE_SANDBOX_IDLE_MS", env.TROUPE_SANDBOX_IDLE_MS, 30 * 60_000),
+    sandboxMaxAgeMs: positiveInt("TROUPE_SANDBOX_MAX_AGE_MS", env.TROUPE_SANDBOX_MAX_AGE_MS, 24 * 3600_000),
     rest: positionals,
     flags: values as Record<string, string | boolean | undefined>,
   };
