@@ -17,11 +17,11 @@ import { createClient } from "../services/shared/rpc.js";
 import { containerName, instanceOf } from "../services/sandbox/server.js";
 import { ChatSession } from "../test/helpers/session.js";
 import { startStack } from "../test/helpers/stack.js";
+import { pct } from "./support/stats.js";
 
 const run = promisify(execFile);
 const { values } = parseArgs({ options: { runs: { type: "string", default: "30" } } });
 const RUNS = Number(values.runs);
-const pct = (xs: number[], p: number) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor((p / 100) * xs.length))];
 const fmt = (xs: number[]) => `p50=${pct(xs, 50).toFixed(1)} ms p99=${pct(xs, 99).toFixed(1)} ms (n=${xs.length})`;
 
 const stack = await startStack({ env: { TROUPE_LOG_LEVEL: "warn" } });

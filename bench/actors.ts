@@ -19,13 +19,13 @@ import { RunnerService } from "../services/shared/gen/troupe/v1/runner_pb.js";
 import { createClient } from "../services/shared/rpc.js";
 import { ChatSession } from "../test/helpers/session.js";
 import { startStack, type Stack } from "../test/helpers/stack.js";
+import { pct } from "./support/stats.js";
 
 const { values } = parseArgs({ options: { sessions: { type: "string", default: "10000" }, concurrency: { type: "string", default: "64" }, turns: { type: "string", default: "2000" } } });
 const N = Number(values.sessions);
 const CONCURRENCY = Number(values.concurrency);
 const TURNS = Number(values.turns);
 const WARM = Math.min(200, N);
-const pct = (xs: number[], p: number) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor((p / 100) * xs.length))];
 const fmt = (xs: number[]) => `p50=${pct(xs, 50).toFixed(1)} p99=${pct(xs, 99).toFixed(1)} ms`;
 const kb = (bytes: number) => (bytes / 1024).toFixed(2);
 

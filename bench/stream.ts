@@ -19,12 +19,12 @@ import { GatewayService } from "../services/shared/gen/troupe/v1/gateway_pb.js";
 import { StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { createClient, type ServiceClient } from "../services/shared/rpc.js";
 import { startStack } from "../test/helpers/stack.js";
+import { pct } from "./support/stats.js";
 
 const { values } = parseArgs({ options: { sessions: { type: "string", default: "200" }, tokens: { type: "string", default: "200" } } });
 const S = Number(values.sessions);
 const T = Number(values.tokens);
 const now = () => performance.timeOrigin + performance.now();
-const pct = (xs: number[], p: number) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor((p / 100) * xs.length))];
 
 type Gateway = ServiceClient<(typeof GatewayService)["method"]>;
 

@@ -16,10 +16,11 @@
 // This needs a filesystem with POSIX create-exclusive and unlink visibility across the runners
 // (a local disk, or a shared volume with close-to-open consistency).
 import { randomUUID } from "node:crypto";
-import { link, mkdir, open, readFile, rename, stat, unlink, utimes, writeFile } from "node:fs/promises";
+import { mkdir, readFile, rename, stat, unlink, utimes, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { RpcError, SESSION_OWNER_KEY, Status } from "../shared/errors.js";
+import { createExclusive } from "./exclusive-file.js";
 
 /** One runner process: `incarnation` tells a restarted runner from its killed predecessor. */
 export interface Owner {
@@ -154,30 +155,6 @@ export class SessionLeases {
 
   async release(lease: Lease): Promise<void> {
     await unlink(lease.file).catch(() => undefined);
-  }
-}
-
-/**
- * Creates `file` with `content`, or returns false if it exists. The content is written to a
- * temporary file first and linked into place, so a reader never sees a lease half-written.
- */
-async function createExclusive(file: string, content: string): Promise<boolean> {
-  const tmp = `${file}.${randomUUID()}.tmp`;
-  const fh = await open(tmp, "wx");
-  try {
-    await fh.writeFile(content);
-    await fh.datasync();
-  } finally {
-    await fh.close();
-  }
-  try {
-    await link(tmp, file);
-    return true;
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === "EEXIST") return false;
-    throw err;
-  } finally {
-    await unlink(tmp).catch(() => undefined);
   }
 }
 

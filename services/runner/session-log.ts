@@ -3,8 +3,9 @@
 // order; a record that was acknowledged was fsynced first. Token deltas are not kept (the complete
 // message that follows them is). Anything that can append and replay records can replace it.
 import { randomUUID } from "node:crypto";
-import { link, mkdir, open, readFile, readdir, stat, unlink, type FileHandle } from "node:fs/promises";
+import { mkdir, open, readFile, readdir, stat, type FileHandle } from "node:fs/promises";
 import path from "node:path";
+import { createExclusive, syncDir } from "./exclusive-file.js";
 import { SessionElsewhere, SessionLeases, type Lease, type Owner } from "./session-lease.js";
 
 /** One line of the log. Frames and events are stored in protobuf JSON form. */
@@ -51,14 +52,10 @@ export interface SessionStore {
   list(): Promise<StoredSession[]>;
 }
 
-/** Makes a directory's entries (a newly linked file) durable. */
-async function syncDir(dir: string): Promise<void> {
-  const fh = await open(dir, "r");
-  try {
-    await fh.sync();
-  } finally {
-    await fh.close();
-  }
+/** One line of the log; records written by an owner carry its epoch (the header has none). */
+function logLine(record: LogRecord, epoch?: number): string {
+  const json = JSON.stringify(record);
+  return epoch === undefined ? `${json}\n` : `{"e":${epoch},${json.slice(1)}\n`;
 }
 
 /** An idle log closes its file after this long and reopens it on the next append. */
@@ -80,20 +77,17 @@ class JsonlSessionLog implements SessionLog {
   private dirty = false;
   private fh?: FileHandle;
   private idleTimer?: NodeJS.Timeout;
-  private readonly linePrefix: string;
 
   constructor(
     private readonly sessionId: string,
     private readonly file: string,
     private readonly lease: Lease,
     private readonly leases: SessionLeases,
-  ) {
-    this.linePrefix = `{"e":${lease.epoch},`;
-  }
+  ) {}
 
   append(record: LogRecord, sync = false): Promise<void> {
     if (this.failed) return Promise.reject(this.failed);
-    this.batch.push(this.linePrefix + JSON.stringify(record).slice(1) + "\n");
+    this.batch.push(logLine(record, this.lease.epoch));
     this.batchSync ||= sync;
     const done = new Promise<void>((resolve, reject) => this.waiters.push({ resolve, reject }));
     this.writing ??= this.drain();
@@ -226,23 +220,15 @@ export class JsonlSessionStore implements SessionStore {
     const final = this.file(sessionId);
     if (await this.exists(sessionId)) throw Object.assign(new Error(`session ${sessionId} exists`), { code: "EEXIST" });
     const lease = await this.leases.acquire(sessionId, 0);
-    const tmp = `${final}.${process.pid}.${randomUUID()}.tmp`;
     const header: LogRecord = { t: "session", sessionId, agentId, createdMs: Date.now() };
     const epoch: LogRecord = { t: "epoch", epoch: lease.epoch, runnerId: this.leases.self.runnerId };
     try {
-      const fh = await open(tmp, "wx");
-      try {
-        await fh.write(`${JSON.stringify(header)}\n{"e":${lease.epoch},${JSON.stringify(epoch).slice(1)}\n`);
-        await fh.datasync();
-      } finally {
-        await fh.close();
+      if (!(await createExclusive(final, logLine(header) + logLine(epoch, lease.epoch)))) {
+        throw Object.assign(new Error(`session ${sessionId} exists`), { code: "EEXIST" });
       }
-      await link(tmp, final);
     } catch (err) {
       await this.leases.release(lease);
       throw err;
-    } finally {
-      await unlink(tmp).catch(() => undefined);
     }
     await syncDir(this.dir);
     return new JsonlSessionLog(sessionId, final, lease, this.leases);

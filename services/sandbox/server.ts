@@ -108,6 +108,28 @@ async function* demux(stream: AsyncIterable<Buffer>): AsyncIterable<{ stream: "s
   }
 }
 
+/**
+ * Runs a short command as the tool user with its output discarded, and resolves once it has
+ * ended (with its exec, to inspect if the caller cares); rejects if it cannot start or has not
+ * ended within KILL_TIMEOUT_MS.
+ */
+async function runBriefly(container: Docker.Container, cmd: string[]): Promise<Docker.Exec> {
+  let timer: NodeJS.Timeout | undefined;
+  const deadline = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`${cmd.join(" ")} did not finish in time`)), KILL_TIMEOUT_MS)));
+  const run = async () => {
+    const exec = await container.exec({ Cmd: cmd, User: TOOL_USER, AttachStdout: true, AttachStderr: true });
+    const stream = (await exec.start({ hijack: true, stdin: false })) as NodeJS.ReadableStream;
+    stream.resume();
+    await once(stream, "end");
+    return exec;
+  };
+  try {
+    return await Promise.race([run(), deadline]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 export async function startSandbox(cfg: Config, logger: Logger): Promise<RunningService> {
   const docker = new Docker();
   const instance = instanceOf(cfg.dataDir);
@@ -182,17 +204,11 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
    * moment). The next command first checks with a trivial one, and gets a new container if needed.
    */
   const suspect = new Set<string>();
-  const answers = async (container: Docker.Container): Promise<boolean> => {
-    try {
-      const exec = await container.exec({ Cmd: ["true"], User: TOOL_USER, AttachStdout: true, AttachStderr: true });
-      const stream = (await exec.start({ hijack: true, stdin: false })) as NodeJS.ReadableStream;
-      stream.resume();
-      await Promise.race([once(stream, "end"), new Promise((r) => setTimeout(r, KILL_TIMEOUT_MS))]);
-      return (await exec.inspect()).ExitCode === 0;
-    } catch {
-      return false;
-    }
-  };
+  const answers = (container: Docker.Container): Promise<boolean> =>
+    runBriefly(container, ["true"]).then(
+      async (exec) => (await exec.inspect()).ExitCode === 0,
+      () => false,
+    );
   const sandboxFor = async (sessionId: string): Promise<Docker.Container> => {
     if (suspect.delete(sessionId)) {
       const cached = await containers.get(sessionId)?.catch(() => undefined);
@@ -239,21 +255,11 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
    * everything in it (and empties its tmpfs workspace, the price of a sandbox that stayed killable).
    */
   const killCommands = async (container: Docker.Container) => {
-    const viaExec = async () => {
-      const exec = await container.exec({ Cmd: ["kill", "-9", "-1"], User: TOOL_USER, AttachStdout: true, AttachStderr: true });
-      const stream = (await exec.start({ hijack: true, stdin: false })) as NodeJS.ReadableStream;
-      stream.resume();
-      await once(stream, "end");
-    };
-    let timer: NodeJS.Timeout | undefined;
-    const deadline = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error("the kill did not finish in time")), KILL_TIMEOUT_MS)));
     try {
-      await Promise.race([viaExec(), deadline]);
+      await runBriefly(container, ["kill", "-9", "-1"]);
     } catch (err) {
       logger.warn("could not kill the commands from inside the sandbox; restarting it", { container: container.id.slice(0, 12), error: (err as Error).message });
       await container.restart({ t: 0 });
-    } finally {
-      clearTimeout(timer);
     }
   };
 
