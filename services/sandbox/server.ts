@@ -305,12 +305,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
       invalidArgumentIf(req.command.length > MAX_COMMAND_CHARS, `command is over ${MAX_COMMAND_CHARS} characters`);
       invalidArgumentIf(req.timeoutMs > MAX_TIMEOUT_MS, `timeout_ms must be at most ${MAX_TIMEOUT_MS}`);
       await requireEngine();
-      const container = await sandboxFor(req.sessionId);
-      lastUsed.set(req.sessionId, Date.now());
-      const name = containerName(instance, req.sessionId);
-      const oomsBefore = oomKills.get(name) ?? 0;
-      const started = Date.now();
-      const exec = await container.exec({
+      const execOptions: Docker.ExecCreateOptions = {
         Cmd: ["/bin/sh", "-c", req.command],
         User: TOOL_USER,
         WorkingDir: WORKSPACE,
@@ -319,7 +314,23 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
         AttachStdout: true,
         AttachStderr: true,
         Tty: false,
-      });
+      };
+      let container = await sandboxFor(req.sessionId);
+      let exec: Docker.Exec;
+      try {
+        exec = await container.exec(execOptions);
+      } catch (err) {
+        // 409: the cached container has stopped (it died, and the engine's event has not reached
+        // us yet). Forget it; the session gets a new sandbox.
+        if ((err as { statusCode?: number }).statusCode !== 409) throw err;
+        containers.delete(req.sessionId);
+        container = await sandboxFor(req.sessionId);
+        exec = await container.exec(execOptions);
+      }
+      lastUsed.set(req.sessionId, Date.now());
+      const name = containerName(instance, req.sessionId);
+      const oomsBefore = oomKills.get(name) ?? 0;
+      const started = Date.now();
       const stream = (await exec.start({ hijack: true, stdin: req.stdin.length > 0 })) as NodeJS.ReadWriteStream & AsyncIterable<Buffer> & { destroy(): void; destroyed: boolean };
       if (req.stdin.length > 0) stream.end(Buffer.from(req.stdin));
       let timedOut = false;
