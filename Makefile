@@ -49,20 +49,27 @@ lint: services/shared/gen/.generated
 host:
 	bash sandbox/host-setup.sh
 
+# The sandbox images carry the in-container agent (sandbox/agent), built static here; the image's
+# troupe.agent label is a hash of the agent's source and the Dockerfile, so an image made from older
+# sources counts as missing.
+SANDBOX_SOURCES_HASH = $(shell cat sandbox/agent/troupe-agent.c sandbox/Dockerfile | sha256sum | cut -c1-16)
+AGENT_BUILD = gcc -static -O2 -Wall -o "$$ctx/troupe-agent" sandbox/agent/troupe-agent.c
+
 sandbox-image: host
 	@set -e; ctx=$$(mktemp -d); trap 'rm -rf "$$ctx"' EXIT; \
-	  cp sandbox/Dockerfile "$$ctx/"; cp "$$(command -v busybox)" "$$ctx/busybox"; \
-	  docker build -q -t $(SANDBOX_IMAGE) "$$ctx" >/dev/null; echo "built $(SANDBOX_IMAGE)"
+	  $(AGENT_BUILD); cp sandbox/Dockerfile "$$ctx/"; cp "$$(command -v busybox)" "$$ctx/busybox"; \
+	  docker build -q --label troupe.agent=$(SANDBOX_SOURCES_HASH) -t $(SANDBOX_IMAGE) "$$ctx" >/dev/null; echo "built $(SANDBOX_IMAGE)"
 
 sandbox-image-if-missing: host
-	@docker image inspect $(SANDBOX_IMAGE) >/dev/null 2>&1 || $(MAKE) --no-print-directory sandbox-image
+	@test "$$(docker image inspect -f '{{index .Config.Labels "troupe.agent"}}' $(SANDBOX_IMAGE) 2>/dev/null)" = "$(SANDBOX_SOURCES_HASH)" \
+	  || $(MAKE) --no-print-directory sandbox-image
 
 # The richer image (python3): a Debian root filesystem made with debootstrap from Debian's archive.
 sandbox-image-debian: host
 	@command -v debootstrap >/dev/null || (apt-get update -qq && apt-get install -y -qq debootstrap)
 	@set -e; ctx=$$(mktemp -d); trap 'rm -rf "$$ctx"' EXIT; \
 	  debootstrap --variant=minbase --include=python3 bookworm "$$ctx/root" >/dev/null; \
-	  tar -C "$$ctx/root" -cf "$$ctx/rootfs.tar" .; cp sandbox/Dockerfile.debian "$$ctx/Dockerfile"; \
+	  tar -C "$$ctx/root" -cf "$$ctx/rootfs.tar" .; cp sandbox/Dockerfile.debian "$$ctx/Dockerfile"; $(AGENT_BUILD); \
 	  docker build -q -t troupe-sandbox:debian "$$ctx" >/dev/null; echo "built troupe-sandbox:debian"
 
 run: build

@@ -14,7 +14,7 @@ import * as grpc from "@grpc/grpc-js";
 import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
 import { StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { createClient } from "../services/shared/rpc.js";
-import { containerName, instanceOf } from "../services/sandbox/server.js";
+import { containerName, instanceOf } from "../services/sandbox/fleet.js";
 import { ChatSession } from "../test/helpers/session.js";
 import { startStack } from "../test/helpers/stack.js";
 import { pct } from "./support/stats.js";
@@ -86,7 +86,7 @@ try {
   // Baseline 2: the docker CLI killing a command's processes in a running container.
   const probe = `bench-abort-cli-${Date.now()}`;
   for await (const _ of sandbox.exec({ sessionId: probe, command: "true" })) void _;
-  const name = containerName(instanceOf(stack.dataDir), probe);
+  const name = containerName(instanceOf(stack.dataDir), `session:${probe}`);
   const cli: number[] = [];
   for (let i = 0; i < Math.min(RUNS, 20); i++) {
     await run("docker", ["exec", "-d", "-u", "65534:65534", name, "sleep", "60"]);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes sure this machine can run Troupe's sandboxes: a Docker engine that is running, gVisor's
-# runsc registered as a runtime, and a static busybox to build the default image from.
-# Installs Debian's docker.io, runsc and busybox-static when they are missing (root needed), and
+# runsc registered as a runtime, a static busybox to build the default image from, and a C
+# compiler with static libc for the in-sandbox agent (sandbox/agent).
+# Installs Debian's docker.io, runsc, busybox-static, gcc and libc6-dev when missing (root needed), and
 # starts dockerd in the background when no engine answers.
 set -euo pipefail
 
@@ -11,6 +12,8 @@ missing=()
 command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
 command -v runsc >/dev/null 2>&1 || missing+=(runsc)
 dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
+command -v gcc >/dev/null 2>&1 || missing+=(gcc)
+dpkg -s libc6-dev >/dev/null 2>&1 || missing+=(libc6-dev)
 
 if ((${#missing[@]} > 0)); then
   if [[ "$(id -u)" != 0 ]]; then

@@ -8,7 +8,7 @@ import { MemoryService, MemoryKind } from "../services/shared/gen/troupe/v1/memo
 import { SandboxService, type ExecExit } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
 import { Status } from "../services/shared/errors.js";
 import { createClient, type ServiceClient } from "../services/shared/rpc.js";
-import { containerName, instanceOf } from "../services/sandbox/server.js";
+import { containerName, instanceOf } from "../services/sandbox/fleet.js";
 import { startStack, waitFor, type Stack } from "./helpers/stack.js";
 
 const run = promisify(execFile);
@@ -78,7 +78,7 @@ describe("sandbox service", () => {
     assert.equal(lines[2], "lo", "only the loopback interface");
     assert.match(lines[3], /Read-only file system/);
     assert.equal(lines[4], "hi");
-    const { stdout } = await run("docker", ["inspect", containerName(instanceOf(stack.dataDir), id)]);
+    const { stdout } = await run("docker", ["inspect", containerName(instanceOf(stack.dataDir), `session:${id}`)]);
     const [{ HostConfig: hostConfig, Config: config }] = JSON.parse(stdout);
     const labels = config.Labels;
     const env: string[] = config.Env;
@@ -87,10 +87,14 @@ describe("sandbox service", () => {
     assert.ok(hostConfig.ReadonlyRootfs && hostConfig.Init);
     assert.equal(hostConfig.Memory, hostConfig.MemorySwap);
     assert.ok(hostConfig.PidsLimit > 0);
-    assert.equal(labels["troupe.session"], id);
+    // Claimed from the warm pool (labels cannot change after creation): the session is in the
+    // container's name, and the service lists it under its scope key.
+    assert.equal(labels["troupe.pool"], "true");
+    const listed = (await sandbox.listSandboxes({})).sandboxes.find((s) => s.scopeKey === `session:${id}`);
+    assert.equal(listed?.name, containerName(instanceOf(stack.dataDir), `session:${id}`));
     assert.ok(!env.some((e: string) => /OPENAI|TROUPE|SECRET|KEY/.test(e)), "no host environment");
     assert.equal((await sandbox.releaseSandbox({ sessionId: id })).removed, true);
-    await assert.rejects(run("docker", ["inspect", containerName(instanceOf(stack.dataDir), id)]));
+    await assert.rejects(run("docker", ["inspect", containerName(instanceOf(stack.dataDir), `session:${id}`)]));
     sandbox.close();
   });
 
@@ -126,7 +130,7 @@ describe("sandbox service", () => {
     const r = await exec(sandbox, id, "dmesg 2>/dev/null | head -1; id -u");
     assert.equal(r.exit.exitCode, 0);
     assert.match(r.out, /gVisor/i, "the kernel is gVisor's");
-    const { stdout } = await run("docker", ["inspect", "--format", "{{.HostConfig.Runtime}}", containerName(instanceOf(gv.dataDir), id)]);
+    const { stdout } = await run("docker", ["inspect", "--format", "{{.HostConfig.Runtime}}", containerName(instanceOf(gv.dataDir), `session:${id}`)]);
     assert.equal(stdout.trim(), "runsc");
     await sandbox.releaseSandbox({ sessionId: id });
     sandbox.close();
@@ -150,7 +154,7 @@ describe("sandbox service", () => {
       const sandbox = createClient(SandboxService, reaped.addr.sandbox);
       const busy = exec(sandbox, "reap-1", "sleep 3; echo slept", 10_000);
       await new Promise((r) => setTimeout(r, 500));
-      const name = containerName(mine, "reap-1");
+      const name = containerName(mine, "session:reap-1");
       assert.equal(await exists(name), true);
       assert.match((await busy).out, /slept/, "a command running past the idle time is not cut short");
       await waitFor("the idle sandbox to be removed", async () => !(await exists(name)), 10_000, 200);

@@ -42,7 +42,7 @@ before(async () => {
     },
   });
   server.add(SandboxService, {
-    exec(call) {
+    exec(call: { request: { command: string }; write(m: unknown): void; end(): void }) {
       // Server streaming: echo the command back in pieces, then an exit status.
       for (const ch of call.request.command) call.write({ kind: { case: "stdout", value: Buffer.from(ch) } } as never);
       call.write({ kind: { case: "exit", value: { exitCode: 7 } } } as never);
@@ -54,7 +54,9 @@ before(async () => {
     async killProcesses() {
       return { sandboxFound: false };
     },
-  });
+    // Not exercised here.
+    ...Object.fromEntries(["signalExec", "readFile", "writeFile", "listFiles", "listSandboxes"].map((m) => [m, async () => Promise.reject(new RpcError(Status.UNIMPLEMENTED, m))])),
+  } as never);
   const port = await server.listen("127.0.0.1:0");
   address = `127.0.0.1:${port}`;
 });

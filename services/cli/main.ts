@@ -14,6 +14,9 @@ all at once:
 client:
   chat [--session ID] [MESSAGE]
                         stream a reply; with MESSAGE run one turn and exit
+operations:
+  sandbox ls | exec --session ID -- CMD... | rm --session ID
+                        list sandboxes, run a command in one, remove one
 
 flags (also as environment variables):
   --data-dir DIR        TROUPE_DATA_DIR (default ./data)
@@ -38,6 +41,10 @@ async function main(argv: string[]): Promise<void> {
     process.stdout.write(USAGE);
     return;
   }
+  if (command === "sandbox" && ["ls", "exec", "rm"].includes(args[0] ?? "")) {
+    process.exitCode = await (await import("./sandbox.js")).sandboxCommand(args);
+    return;
+  }
   if (command in SERVICES) {
     // Session logs fsync on every acknowledgement; with libuv's default of 4 threads, a burst of
     // new sessions queues behind a handful of disk syncs. Set before the pool first starts.
@@ -54,6 +61,7 @@ async function main(argv: string[]): Promise<void> {
     case "chat":
       process.exitCode = await (await import("./chat.js")).chatCommand(args);
       return;
+
     default:
       process.stderr.write(`troupe: unknown command "${command}"\n\n${USAGE}`);
       process.exitCode = 2;

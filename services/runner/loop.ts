@@ -364,6 +364,7 @@ async function runToolCall(host: RunHost, deps: RunDeps, call: ToolCall): Promis
     const result = await context.with(trace.setSpan(context.active(), span), () =>
       tool.execute(args as Record<string, unknown>, {
         sessionId: host.sessionId,
+        agentId: deps.agentId,
         toolCallId: call.id,
         signal: host.signal,
         onUpdate: (chunk) => host.emit({ case: "toolExecutionUpdate", value: { toolCallId: call.id, toolName: call.name, output: chunk } }),

@@ -22,7 +22,7 @@ import { FrameRefused, type EventSubscriber, type SessionActor } from "./session
 import { AuditLog } from "./audit-log.js";
 import { JsonlSessionStore } from "./session-log.js";
 import { SessionRegistry } from "./session-registry.js";
-import { execTool } from "./tools.js";
+import { execTool, fileTools } from "./tools.js";
 
 /** A subscriber that stops taking events for this long is cut off (it can resume by seq). */
 const SLOW_SUBSCRIBER_MS = 30_000;
@@ -89,7 +89,7 @@ async function systemPrompt(memory: MemoryClient, k: number, agentId: string, qu
   const lines = [
     `You are ${agentId}, an agent served by Troupe.`,
     `Current time: ${new Date().toISOString()}.`,
-    "Shell commands run through the exec tool in an isolated sandbox without network access.",
+    "Shell commands (exec) and workspace files (read_file, write_file, list_files) live in an isolated sandbox without network access.",
   ];
   if (k === 0) return lines.join("\n");
   try {
@@ -111,7 +111,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   const sandbox = createClient(SandboxService, cfg.addr.sandbox);
   const memory = createClient(MemoryService, cfg.addr.memory);
   const router = createClient(RouterService, cfg.addr.router);
-  const tools = [execTool(sandbox, cfg.execTimeoutMs)];
+  const tools = [execTool(sandbox, cfg.execTimeoutMs), ...fileTools(sandbox)];
   const audit = new AuditLog(cfg.dataDir);
   const registry = new SessionRegistry({
     store,

@@ -1,12 +1,14 @@
 // Tools the agent can call. A tool is a name, a JSON schema for its arguments, and an execute
 // function that gets the run's AbortSignal and a way to stream partial output. Tools that touch
-// anything outside the runner (shell commands above all) go through the sandbox service.
+// anything outside the runner (shell commands, workspace files) go through the sandbox service:
+// nothing the model asks for runs or is written in the runner's own process or file system.
 import { SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
 import type { ServiceClient } from "../shared/rpc.js";
 import { grpcCode, Status } from "../shared/errors.js";
 
 export interface ToolContext {
   sessionId: string;
+  agentId: string;
   toolCallId: string;
   signal: AbortSignal;
   /** Partial output, shown to the client as tool_execution_update events. */
@@ -36,6 +38,100 @@ function clip(text: string): string {
   return `${text.slice(0, half)}\n[... ${text.length - MAX_RESULT_CHARS} characters cut ...]\n${text.slice(-half)}`;
 }
 
+/** A failed sandbox call as the model should see it: what failed and why, as the service said. */
+function sandboxFailure(tool: string, err: unknown): ToolResult {
+  const code = grpcCode(err);
+  const detail = (err as { details?: string }).details ?? (err as Error).message;
+  const hint = code === Status.UNAVAILABLE ? "the sandbox is unavailable: " : "";
+  return { output: `${tool} failed: ${hint}${detail}`, isError: true };
+}
+
+/** Deadline of a workspace file call. */
+const FILE_CALL_TIMEOUT_MS = 30_000;
+/** Bytes of a file read_file returns (the model's context is the real limit). */
+const READ_LIMIT_BYTES = 256 * 1024;
+
+const pathArg = (tool: string, args: Record<string, unknown>, required: boolean): string => {
+  const p = args.path ?? "";
+  if (typeof p !== "string" || (required && p.trim() === "")) throw new ToolArgumentError(`${tool}: \`path\` must be a non-empty string (relative to the workspace)`);
+  return p;
+};
+
+class ToolArgumentError extends Error {}
+
+/** A file tool: argument errors and sandbox failures become results the model can act on. */
+function fileTool(spec: Omit<Tool, "execute">, run: (args: Record<string, unknown>, ctx: ToolContext) => Promise<string>): Tool {
+  return {
+    ...spec,
+    async execute(args, ctx) {
+      try {
+        return { output: clip(await run(args, ctx)), isError: false };
+      } catch (err) {
+        if (err instanceof ToolArgumentError) return { output: err.message, isError: true };
+        return sandboxFailure(spec.name, err);
+      }
+    },
+  };
+}
+
+/** `read_file`, `write_file`, `list_files`: the session's sandbox workspace. */
+export function fileTools(sandbox: SandboxClient): Tool[] {
+  const opts = (ctx: ToolContext) => ({ signal: ctx.signal, timeoutMs: FILE_CALL_TIMEOUT_MS });
+  return [
+    fileTool(
+      {
+        name: "read_file",
+        description: "Read a text file from this session's sandbox workspace (/workspace).",
+        parameters: { type: "object", properties: { path: { type: "string", description: "Path relative to the workspace." } }, required: ["path"], additionalProperties: false },
+      },
+      async (args, ctx) => {
+        const path = pathArg("read_file", args, true);
+        const file = await sandbox.readFile({ sessionId: ctx.sessionId, agentId: ctx.agentId, path, maxBytes: READ_LIMIT_BYTES }, opts(ctx));
+        const text = Buffer.from(file.data).toString("utf8");
+        return file.truncated ? `${text}\n[file is ${file.size} bytes; the first ${file.data.length} are shown]` : text;
+      },
+    ),
+    fileTool(
+      {
+        name: "write_file",
+        description: "Write a file in this session's sandbox workspace (/workspace), replacing it if it exists; missing directories are made.",
+        parameters: {
+          type: "object",
+          properties: {
+            path: { type: "string", description: "Path relative to the workspace." },
+            content: { type: "string", description: "The whole new content." },
+            executable: { type: "boolean", description: "Make the file executable (mode 0755)." },
+          },
+          required: ["path", "content"],
+          additionalProperties: false,
+        },
+      },
+      async (args, ctx) => {
+        const path = pathArg("write_file", args, true);
+        if (typeof args.content !== "string") throw new ToolArgumentError("write_file: `content` must be a string");
+        const data = Buffer.from(args.content, "utf8");
+        await sandbox.writeFile({ sessionId: ctx.sessionId, agentId: ctx.agentId, path, data, createParents: true, mode: args.executable === true ? 0o755 : 0 }, opts(ctx));
+        return `wrote ${data.length} bytes to ${path}`;
+      },
+    ),
+    fileTool(
+      {
+        name: "list_files",
+        description: "List a directory of this session's sandbox workspace (/workspace): name, type and size of each entry.",
+        parameters: { type: "object", properties: { path: { type: "string", description: "Directory relative to the workspace; empty for the workspace itself." } }, additionalProperties: false },
+      },
+      async (args, ctx) => {
+        const path = pathArg("list_files", args, false);
+        const { entries, truncated } = await sandbox.listFiles({ sessionId: ctx.sessionId, agentId: ctx.agentId, path, maxEntries: 500 }, opts(ctx));
+        const kinds = ["?", "file", "dir", "link", "other"];
+        const lines = entries.map((e) => `${kinds[e.type] ?? "?"}\t${e.size}\t${e.name}`);
+        if (truncated) lines.push("[more entries not shown]");
+        return lines.length ? lines.join("\n") : "(empty)";
+      },
+    ),
+  ];
+}
+
 /** `exec`: a shell command in the session's sandbox container. */
 export function execTool(sandbox: SandboxClient, defaultTimeoutMs: number): Tool {
   return {
@@ -54,7 +150,7 @@ export function execTool(sandbox: SandboxClient, defaultTimeoutMs: number): Tool
       const command = args.command;
       if (typeof command !== "string" || command.trim() === "") return { output: "exec: `command` must be a non-empty string", isError: true };
       const timeoutMs = typeof args.timeout_ms === "number" && args.timeout_ms > 0 ? Math.floor(args.timeout_ms) : defaultTimeoutMs;
-      const call = sandbox.exec({ sessionId: ctx.sessionId, command, timeoutMs }, { signal: ctx.signal });
+      const call = sandbox.exec({ sessionId: ctx.sessionId, agentId: ctx.agentId, command, timeoutMs }, { signal: ctx.signal });
       let output = "";
       let exit: { exitCode: number; timedOut: boolean; truncated: boolean; oomKilled: boolean } | undefined;
       try {
@@ -72,16 +168,13 @@ export function execTool(sandbox: SandboxClient, defaultTimeoutMs: number): Tool
         if (ctx.signal.aborted) {
           // Cancelling the call makes the sandbox kill the command too, but in its own time; an
           // aborted call is reported only once its processes are known to be dead.
-          const killed = await sandbox.killProcesses({ sessionId: ctx.sessionId }, { timeoutMs: 5000 }).then(
+          const killed = await sandbox.killProcesses({ sessionId: ctx.sessionId, agentId: ctx.agentId }, { timeoutMs: 5000 }).then(
             () => true,
             () => false,
           );
           return { output: clip(output + (killed ? "\n[aborted: the command and everything it started were killed]" : "\n[aborted; the sandbox did not confirm the kill]")), isError: true };
         }
-        const code = grpcCode(err);
-        const detail = (err as { details?: string }).details ?? (err as Error).message;
-        const hint = code === Status.UNAVAILABLE ? "the sandbox is unavailable: " : "";
-        return { output: `exec failed: ${hint}${detail}`, isError: true };
+        return sandboxFailure("exec", err);
       }
       if (!exit) return { output: clip(output + "\n[no exit status]"), isError: true };
       const notes = [

@@ -1,130 +1,99 @@
-// The sandbox service, first version: one hardened container per session, created on first use,
-// and Exec of shell commands inside it with streamed output, a timeout, an output cap, and a kill
-// that reaches every process the command started.
+// The sandbox service: untrusted tool code in hardened containers (fleet.ts), run by the agent
+// inside each one (agent-connection.ts). This file is the gRPC face: it validates requests, maps
+// them to a sandbox by scope key, streams output with backpressure, and turns what the agent
+// reports into statuses a caller can act on.
 //
-// Two users live in each container. The keeper (PID 1's child, the process that holds the
-// container open) runs as 65533; every command runs as 65534. Killing "all processes of 65534"
-// (kill -9 -1, run as 65534) therefore ends a command's whole process tree, however it forked or
-// detached, and neither touches the keeper nor lets untrusted code touch it.
-import { createHash } from "node:crypto";
-import { once } from "node:events";
+// Every process in a sandbox runs as one unprivileged user, the agent included; the agent's
+// kill(-1) therefore reaches every process a command started, however it forked, detached or
+// masked signals, and needs no new process to do it. An agent that does not answer is not
+// trusted to: after KILL_TIMEOUT_MS its container is removed instead.
+import { randomUUID } from "node:crypto";
+import { create } from "@bufbuild/protobuf";
+import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import Docker from "dockerode";
 import type { Config } from "../shared/config.js";
-import { RpcError, Status, failedPrecondition, invalidArgumentIf, unavailable } from "../shared/errors.js";
-import { ExecResponseSchema, SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
-import { isSessionId } from "../shared/ids.js";
+import { RpcError, Status, invalidArgumentIf, notFound, unavailable } from "../shared/errors.js";
+import { ExecResponseSchema, FileType, SandboxService, Signal } from "../shared/gen/troupe/v1/sandbox_pb.js";
+import { DEFAULT_AGENT, isAgentId, isSessionId } from "../shared/ids.js";
 import type { Logger } from "../shared/log.js";
 import { RpcServer, ServingStatus, write } from "../shared/rpc.js";
 import type { RunningService } from "../shared/service.js";
-import { create } from "@bufbuild/protobuf";
+import { AgentError, AgentGone, type AgentExit, type RunningExec } from "./agent-connection.js";
+import { DEFAULT_LIMITS, SandboxFleet, instanceOf, type Sandbox } from "./fleet.js";
 
-const KEEPER_USER = "65533:65533";
-const TOOL_USER = "65534:65534";
-const WORKSPACE = "/workspace";
-const MAX_OUTPUT_BYTES = 1024 * 1024;
+const DEFAULT_OUTPUT_BYTES = 1024 * 1024;
+const MAX_OUTPUT_BYTES = 16 * 1024 * 1024;
+/** Output the agent may send ahead of what the caller has taken. */
+const OUTPUT_WINDOW_BYTES = 256 * 1024;
 const MAX_TIMEOUT_MS = 30 * 60_000;
 const MAX_COMMAND_CHARS = 64 * 1024;
 const KILL_TIMEOUT_MS = 3000;
+const FILE_OP_TIMEOUT_MS = 15_000;
+const DEFAULT_READ_BYTES = 1024 * 1024;
+const DEFAULT_LIST_ENTRIES = 1000;
+const MAX_LIST_ENTRIES = 10_000;
+const MAX_PATH_BYTES = 4096;
 
-export interface SandboxLimits {
-  memoryBytes: number;
-  nanoCpus: number;
-  pids: number;
-  tmpBytes: number;
-  workspaceBytes: number;
-}
-
-export const DEFAULT_LIMITS: SandboxLimits = {
-  memoryBytes: 512 * 1024 * 1024,
-  nanoCpus: 1_000_000_000,
-  pids: 256,
-  tmpBytes: 64 * 1024 * 1024,
-  workspaceBytes: 256 * 1024 * 1024,
+const SIGNALS: Partial<Record<Signal, number>> = {
+  [Signal.HANGUP]: 1,
+  [Signal.INTERRUPT]: 2,
+  [Signal.QUIT]: 3,
+  [Signal.KILL]: 9,
+  [Signal.TERMINATE]: 15,
 };
 
-/** The container settings every sandbox gets; their hash is a label, so drift is visible. */
-/**
- * An instance is one Troupe deployment's sandboxes (by default, one data directory). It is part of
- * every container's name and labels, so two deployments on one host never share a container.
- */
-export const instanceOf = (dataDir: string): string => createHash("sha256").update(dataDir).digest("hex").slice(0, 12);
+// Linux errno values the agent reports, as statuses a caller can act on.
+const ERRNO_STATUS: Record<number, [Status, string]> = {
+  1: [Status.PERMISSION_DENIED, "not permitted"],
+  2: [Status.NOT_FOUND, "no such file or directory"],
+  11: [Status.RESOURCE_EXHAUSTED, "too many commands running in this sandbox"],
+  13: [Status.PERMISSION_DENIED, "permission denied"],
+  17: [Status.ALREADY_EXISTS, "already exists"],
+  18: [Status.PERMISSION_DENIED, "a symbolic link leads out of the workspace"],
+  20: [Status.FAILED_PRECONDITION, "a part of the path is not a directory"],
+  21: [Status.FAILED_PRECONDITION, "is a directory"],
+  22: [Status.FAILED_PRECONDITION, "not a regular file"],
+  28: [Status.RESOURCE_EXHAUSTED, "the workspace is full"],
+  36: [Status.INVALID_ARGUMENT, "path too long"],
+  40: [Status.PERMISSION_DENIED, "too many symbolic links, or a link where none was before"],
+  122: [Status.RESOURCE_EXHAUSTED, "the workspace is full"],
+};
 
-export function containerSpec(image: string, runtime: string, instance: string, sessionId: string, limits: SandboxLimits): Docker.ContainerCreateOptions {
-  const hostConfig: Docker.HostConfig = {
-    NetworkMode: "none",
-    CapDrop: ["ALL"],
-    SecurityOpt: ["no-new-privileges"],
-    ReadonlyRootfs: true,
-    Init: true,
-    PidsLimit: limits.pids,
-    Memory: limits.memoryBytes,
-    MemorySwap: limits.memoryBytes,
-    NanoCpus: limits.nanoCpus,
-    Ulimits: [
-      { Name: "nofile", Soft: 1024, Hard: 1024 },
-      { Name: "core", Soft: 0, Hard: 0 },
-    ],
-    Tmpfs: {
-      "/tmp": `rw,nosuid,nodev,noexec,size=${limits.tmpBytes},uid=65534,gid=65534,mode=1777`,
-      [WORKSPACE]: `rw,nosuid,nodev,size=${limits.workspaceBytes},uid=65534,gid=65534,mode=0700`,
-    },
-    Runtime: runtime,
-  };
-  const configHash = createHash("sha256").update(JSON.stringify({ image, hostConfig })).digest("hex").slice(0, 16);
-  return {
-    Image: image,
-    name: containerName(instance, sessionId),
-    User: KEEPER_USER,
-    Cmd: ["sleep", "2147483647"],
-    WorkingDir: WORKSPACE,
-    // Nothing from the service's own environment reaches the container.
-    Env: ["PATH=/bin:/usr/bin", `HOME=${WORKSPACE}`],
-    NetworkDisabled: true,
-    Labels: {
-      "troupe.owner": "troupe-sandbox",
-      "troupe.instance": instance,
-      "troupe.session": sessionId,
-      "troupe.created": String(Date.now()),
-      "troupe.config": configHash,
-    },
-    HostConfig: hostConfig,
-  };
-}
-
-export const containerName = (instance: string, sessionId: string): string =>
-  `troupe-sbx-${instance}-${createHash("sha256").update(sessionId).digest("hex").slice(0, 20)}`;
-
-/** Splits Docker's multiplexed exec stream (8-byte header: stream type, 3 zero bytes, length). */
-async function* demux(stream: AsyncIterable<Buffer>): AsyncIterable<{ stream: "stdout" | "stderr"; data: Buffer }> {
-  let buf: Buffer = Buffer.alloc(0);
-  for await (const chunk of stream) {
-    buf = buf.length === 0 ? chunk : Buffer.concat([buf, chunk]);
-    while (buf.length >= 8) {
-      const size = buf.readUInt32BE(4);
-      if (buf.length < 8 + size) break;
-      yield { stream: buf[0] === 2 ? "stderr" : "stdout", data: buf.subarray(8, 8 + size) as Buffer };
-      buf = buf.subarray(8 + size);
-    }
+/** What a caller should see for a failed agent request. */
+function agentStatus(err: unknown, what: string): Error {
+  if (err instanceof AgentError) {
+    const [code, text] = ERRNO_STATUS[err.errno] ?? [Status.INTERNAL, err.message];
+    return new RpcError(code, `${what}: ${text}`);
   }
+  if (err instanceof AgentGone) return unavailable(`${what}: the sandbox ended (${err.message}); it is made anew on the next call`);
+  return err as Error;
 }
 
 /**
- * Runs a short command as the tool user with its output discarded, and resolves once it has
- * ended (with its exec, to inspect if the caller cares); rejects if it cannot start or has not
- * ended within KILL_TIMEOUT_MS.
+ * A request's path as the agent takes it: relative to the workspace, without `.` or empty parts.
+ * `..` is refused outright rather than resolved, and so are NUL bytes and absolute paths outside
+ * the workspace. Links are the agent's business (it follows them only inside the workspace).
  */
-async function runBriefly(container: Docker.Container, cmd: string[]): Promise<Docker.Exec> {
+export function workspacePath(path: string, allowRoot: boolean): string {
+  invalidArgumentIf(path.includes("\0"), "path must not contain a NUL byte");
+  invalidArgumentIf(Buffer.byteLength(path) > MAX_PATH_BYTES, `path is over ${MAX_PATH_BYTES} bytes`);
+  let rel = path;
+  if (path.startsWith("/")) {
+    if (path !== "/workspace" && !path.startsWith("/workspace/")) throw new RpcError(Status.PERMISSION_DENIED, "absolute paths must be under /workspace");
+    rel = path.slice("/workspace".length);
+  }
+  const parts = rel.split("/").filter((p) => p !== "" && p !== ".");
+  invalidArgumentIf(parts.includes(".."), "path must not contain `..`");
+  invalidArgumentIf(parts.some((p) => Buffer.byteLength(p) > 255), "a path component is over 255 bytes");
+  invalidArgumentIf(!allowRoot && parts.length === 0, "path names the workspace itself, not a file in it");
+  return parts.join("/");
+}
+
+/** Rejects with `onTimeout()`'s error when `work` has not settled in time. */
+async function within<T>(work: Promise<T>, ms: number, onTimeout: () => Error): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
-  const deadline = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`${cmd.join(" ")} did not finish in time`)), KILL_TIMEOUT_MS)));
-  const run = async () => {
-    const exec = await container.exec({ Cmd: cmd, User: TOOL_USER, AttachStdout: true, AttachStderr: true });
-    const stream = (await exec.start({ hijack: true, stdin: false })) as NodeJS.ReadableStream;
-    stream.resume();
-    await once(stream, "end");
-    return exec;
-  };
   try {
-    return await Promise.race([run(), deadline]);
+    return await Promise.race([work, new Promise<never>((_, reject) => (timer = setTimeout(() => reject(onTimeout()), ms)))]);
   } finally {
     clearTimeout(timer);
   }
@@ -133,10 +102,14 @@ async function runBriefly(container: Docker.Container, cmd: string[]): Promise<D
 export async function startSandbox(cfg: Config, logger: Logger): Promise<RunningService> {
   const docker = new Docker();
   const instance = instanceOf(cfg.dataDir);
-  const containers = new Map<string, Promise<Docker.Container>>();
-  let engineUp = false;
-  let oomEvents: NodeJS.ReadableStream | undefined;
+  const fleet = new SandboxFleet(
+    docker,
+    { image: cfg.sandboxImage, runtime: cfg.sandboxRuntime, instance, limits: DEFAULT_LIMITS, poolSize: cfg.sandboxPoolSize, idleMs: cfg.sandboxIdleMs, maxAgeMs: cfg.sandboxMaxAgeMs },
+    logger,
+  );
   const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes });
+  const engineHint = `no Docker engine reachable at ${process.env.DOCKER_HOST ?? "/var/run/docker.sock"}: start dockerd (or set DOCKER_HOST) and retry`;
+  let engineUp = false;
 
   const checkEngine = async () => {
     const up = await docker.ping().then(
@@ -147,279 +120,221 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
       engineUp = up;
       server.setStatus(SandboxService.typeName, up ? ServingStatus.SERVING : ServingStatus.NOT_SERVING);
       server.setStatus("", up ? ServingStatus.SERVING : ServingStatus.NOT_SERVING);
-      if (up) logger.info("Docker engine reachable");
-      if (up && !oomEvents) oomEvents = await watchOoms();
-      else logger.error(`no Docker engine at ${process.env.DOCKER_HOST ?? "/var/run/docker.sock"}: start dockerd or set DOCKER_HOST`);
+      if (up) {
+        logger.info("Docker engine reachable");
+        await fleet.watch();
+        fleet.fill();
+      } else logger.error(engineHint);
     }
     return up;
   };
   const requireEngine = async () => {
-    if (!(engineUp || (await checkEngine()))) {
-      throw unavailable(`no Docker engine reachable at ${process.env.DOCKER_HOST ?? "/var/run/docker.sock"}: start dockerd (or set DOCKER_HOST) and retry`);
-    }
+    if (!(engineUp || (await checkEngine()))) throw unavailable(engineHint);
   };
 
-  /** When each session's sandbox was last used, for the reaper. */
-  const lastUsed = new Map<string, number>();
+  /** Whose sandbox a request is for, by the deployment's scope. */
+  const scopeKey = (req: { sessionId: string; agentId: string }): string => {
+    invalidArgumentIf(!isSessionId(req.sessionId), "session_id is missing or malformed");
+    invalidArgumentIf(req.agentId !== "" && !isAgentId(req.agentId), "agent_id is malformed");
+    if (cfg.sandboxScope === "shared") return "shared";
+    if (cfg.sandboxScope === "agent") return `agent:${req.agentId || DEFAULT_AGENT}`;
+    return `session:${req.sessionId}`;
+  };
 
   /**
-   * Removes this instance's containers that are stopped (orphans of a crash or of the engine),
-   * older than the maximum age, or unused for the idle time with no command running. Containers
-   * of other instances are never touched. At start-up, running containers left by a previous
-   * process count as used now: their sessions may come back.
+   * Kills every command in the sandbox; if its agent does not confirm in time, removes the
+   * container instead (which ends everything in it, workspace included).
    */
-  const reap = async (): Promise<number> => {
-    const now = Date.now();
-    const list = await docker.listContainers({ all: true, filters: { label: [`troupe.instance=${instance}`, "troupe.owner=troupe-sandbox"] } });
-    let removed = 0;
-    for (const c of list) {
-      const session = c.Labels["troupe.session"] ?? "";
-      const created = Number(c.Labels["troupe.created"] ?? c.Created * 1000);
-      if (c.State === "running" && !lastUsed.has(session)) lastUsed.set(session, now);
-      const busy = (running.get(session)?.size ?? 0) > 0;
-      const why =
-        c.State !== "running" ? "stopped" : now - created > cfg.sandboxMaxAgeMs ? "past its maximum age" : !busy && now - lastUsed.get(session)! > cfg.sandboxIdleMs ? "idle" : undefined;
-      if (!why) continue;
-      containers.delete(session);
-      lastUsed.delete(session);
-      await docker
-        .getContainer(c.Id)
-        .remove({ force: true })
-        .then(
-          () => {
-            removed++;
-            logger.info(`removed the sandbox of session ${session}: ${why}`);
-          },
-          (err: Error) => logger.warn("could not remove a sandbox", { container: c.Id.slice(0, 12), error: err.message }),
-        );
-    }
-    return removed;
-  };
-
-  /** Output streams of running commands, by session, so a dying container can end them. */
-  const running = new Map<string, Set<{ destroy(): void }>>();
-  /**
-   * Sessions whose last command was SIGKILLed: their container may have died with it (gVisor
-   * ends the whole sandbox at its memory limit, and the engine may still say "running" for a
-   * moment). The next command first checks with a trivial one, and gets a new container if needed.
-   */
-  const suspect = new Set<string>();
-  const answers = (container: Docker.Container): Promise<boolean> =>
-    runBriefly(container, ["true"]).then(
-      async (exec) => (await exec.inspect()).ExitCode === 0,
-      () => false,
-    );
-  const sandboxFor = async (sessionId: string): Promise<Docker.Container> => {
-    if (suspect.delete(sessionId)) {
-      const cached = await containers.get(sessionId)?.catch(() => undefined);
-      if (cached && !(await answers(cached))) {
-        logger.warn(`the sandbox of session ${sessionId} stopped answering; replacing it`);
-        containers.delete(sessionId);
-        await cached.remove({ force: true }).catch(() => undefined);
-      }
-    }
-    let p = containers.get(sessionId);
-    if (!p) {
-      p = ensureContainer(sessionId);
-      containers.set(sessionId, p);
-      p.catch(() => containers.delete(sessionId));
-    }
-    return p;
-  };
-
-  const ensureContainer = async (sessionId: string): Promise<Docker.Container> => {
-    const existing = docker.getContainer(containerName(instance, sessionId));
-    const state = await existing.inspect().then(
-      (info) => info.State,
-      () => undefined,
-    );
-    if (state?.Running) return existing;
-    if (state) await existing.remove({ force: true });
-    const spec = containerSpec(cfg.sandboxImage, cfg.sandboxRuntime, instance, sessionId, DEFAULT_LIMITS);
-    let container: Docker.Container;
+  const killAll = async (sandbox: Sandbox) => {
     try {
-      container = await docker.createContainer(spec);
+      await within(sandbox.agent.killAll(), KILL_TIMEOUT_MS, () => new Error("no answer"));
     } catch (err) {
-      const status = (err as { statusCode?: number }).statusCode;
-      if (status === 404) throw failedPrecondition(`sandbox image ${cfg.sandboxImage} is missing: build it with \`make sandbox-image\``);
-      throw err;
+      await fleet.discard(sandbox, `its agent did not confirm a kill (${(err as Error).message})`);
     }
-    await container.start();
-    return container;
   };
 
-  /**
-   * Ends every process the session's commands started (see the header comment); resolves once
-   * done. The kill is itself a process in the container, so a fork bomb that holds every pid can
-   * keep it from starting: after KILL_TIMEOUT_MS the container is restarted instead, which ends
-   * everything in it (and empties its tmpfs workspace, the price of a sandbox that stayed killable).
-   */
-  const killCommands = async (container: Docker.Container) => {
+  /** Running commands by the id the caller got, for SignalExec. */
+  const running = new Map<string, { key: string; exec: RunningExec; agent: Sandbox["agent"] }>();
+
+  /** A file request: the key's sandbox, the agent's answer within a deadline, errors as statuses. */
+  const fileOp = async <T>(req: { sessionId: string; agentId: string }, what: string, op: (sandbox: Sandbox) => Promise<T>): Promise<T> => {
+    const key = scopeKey(req);
+    await requireEngine();
+    const sandbox = await fleet.get(key);
+    sandbox.lastUsed = Date.now();
     try {
-      await runBriefly(container, ["kill", "-9", "-1"]);
+      return await within(op(sandbox), FILE_OP_TIMEOUT_MS, () => new AgentGone(`no answer within ${FILE_OP_TIMEOUT_MS} ms`));
     } catch (err) {
-      logger.warn("could not kill the commands from inside the sandbox; restarting it", { container: container.id.slice(0, 12), error: (err as Error).message });
-      await container.restart({ t: 0 });
-    }
-  };
-
-  // The engine reports an OOM kill anywhere in a container's cgroup as an event (runc does; gVisor
-  // enforces its limit inside the sandbox and reports nothing). Counted per container, so an exec
-  // can tell whether one happened while it ran. Containers that die are forgotten.
-  const oomKills = new Map<string, number>();
-  const watchOoms = async () => {
-    try {
-      const events = (await docker.getEvents({ filters: { type: ["container"], event: ["oom", "die"], label: [`troupe.instance=${instance}`] } })) as NodeJS.ReadableStream;
-      events.on("data", (chunk: Buffer) => {
-        for (const line of chunk.toString("utf8").split("\n")) {
-          if (!line.trim()) continue;
-          try {
-            const ev = JSON.parse(line) as { Action?: string; Actor?: { Attributes?: Record<string, string> } };
-            const attrs = ev.Actor?.Attributes ?? {};
-            if (ev.Action === "oom" && attrs.name) oomKills.set(attrs.name, (oomKills.get(attrs.name) ?? 0) + 1);
-            // A sandbox that died (gVisor ends the whole sandbox at its memory limit) is made anew
-            // on next use.
-            const session = attrs["troupe.session"];
-            if (ev.Action === "die" && session) {
-              containers.delete(session);
-              // Commands that were running in it are over: end their output streams.
-              for (const st of running.get(session) ?? []) st.destroy();
-            }
-          } catch {
-            // a partial line; the engine sends one event per line
-          }
-        }
-      });
-      events.on("error", () => undefined);
-      return events;
-    } catch {
-      return undefined;
+      if (err instanceof AgentGone && sandbox.agent.alive) await fleet.discard(sandbox, `${what} went unanswered`);
+      throw agentStatus(err, what);
     }
   };
 
   server.add(SandboxService, {
     async exec(call) {
       const req = call.request;
-      invalidArgumentIf(!isSessionId(req.sessionId), "session_id is missing or malformed");
+      const key = scopeKey(req);
       invalidArgumentIf(req.command.trim() === "", "command must not be empty");
       invalidArgumentIf(req.command.length > MAX_COMMAND_CHARS, `command is over ${MAX_COMMAND_CHARS} characters`);
+      invalidArgumentIf(req.command.includes("\0"), "command must not contain a NUL byte");
       invalidArgumentIf(req.timeoutMs > MAX_TIMEOUT_MS, `timeout_ms must be at most ${MAX_TIMEOUT_MS}`);
+      invalidArgumentIf(req.maxOutputBytes > MAX_OUTPUT_BYTES, `max_output_bytes must be at most ${MAX_OUTPUT_BYTES}`);
       await requireEngine();
-      const execOptions: Docker.ExecCreateOptions = {
-        Cmd: ["/bin/sh", "-c", req.command],
-        User: TOOL_USER,
-        WorkingDir: WORKSPACE,
-        Env: ["PATH=/bin:/usr/bin", `HOME=${WORKSPACE}`],
-        AttachStdin: req.stdin.length > 0,
-        AttachStdout: true,
-        AttachStderr: true,
-        Tty: false,
-      };
-      let container = await sandboxFor(req.sessionId);
-      let exec: Docker.Exec;
-      try {
-        exec = await container.exec(execOptions);
-      } catch (err) {
-        // 409: the cached container has stopped (it died, and the engine's event has not reached
-        // us yet). Forget it; the session gets a new sandbox.
-        if ((err as { statusCode?: number }).statusCode !== 409) throw err;
-        containers.delete(req.sessionId);
-        container = await sandboxFor(req.sessionId);
-        exec = await container.exec(execOptions);
-      }
-      lastUsed.set(req.sessionId, Date.now());
-      const name = containerName(instance, req.sessionId);
-      const oomsBefore = oomKills.get(name) ?? 0;
-      const started = Date.now();
-      const stream = (await exec.start({ hijack: true, stdin: req.stdin.length > 0 })) as NodeJS.ReadWriteStream & AsyncIterable<Buffer> & { destroy(): void; destroyed: boolean };
-      if (req.stdin.length > 0) stream.end(Buffer.from(req.stdin));
-      let timedOut = false;
-      let cancelled = false;
       const timeoutMs = req.timeoutMs || cfg.execTimeoutMs;
-      const kill = () => killCommands(container).catch((err: Error) => logger.warn("kill failed", { session: req.sessionId, error: err.message }));
-      let lastResort: NodeJS.Timeout | undefined;
-      const timer = setTimeout(() => {
-        timedOut = true;
-        void kill();
-        // If even the kill (and the restart after it) leaves the engine's stream open, a sandbox
-        // runtime has wedged: stop waiting for it, and check the container before its next use.
-        lastResort = setTimeout(() => {
-          suspect.add(req.sessionId);
-          stream.destroy();
-        }, 3 * KILL_TIMEOUT_MS);
-      }, timeoutMs);
+
+      // Output waits here for the caller; the agent sends at most a window ahead of it.
+      const queue: { stream: "stdout" | "stderr"; data: Buffer }[] = [];
+      let outcome: { exit: AgentExit } | { lost: Error } | undefined;
+      let wake: (() => void) | undefined;
+      const handlers = {
+        output: (stream: "stdout" | "stderr", data: Buffer) => (queue.push({ stream, data }), wake?.()),
+        exit: (exit: AgentExit) => ((outcome = { exit }), wake?.()),
+        lost: (err: Error) => ((outcome = { lost: err }), wake?.()),
+      };
+      const options = { timeoutMs, maxOutputBytes: req.maxOutputBytes || DEFAULT_OUTPUT_BYTES, windowBytes: OUTPUT_WINDOW_BYTES, stdin: req.stdin };
+      let sandbox = await fleet.get(key);
+      let exec: RunningExec;
+      try {
+        exec = sandbox.agent.exec(req.command, options, handlers);
+      } catch (err) {
+        // Its connection ended a moment ago (the container died): a new sandbox, once.
+        if (!(err instanceof AgentGone)) throw err;
+        sandbox = await fleet.get(key);
+        exec = sandbox.agent.exec(req.command, options, handlers);
+      }
+      sandbox.lastUsed = Date.now();
+      const started = Date.now();
+      const oomsBefore = fleet.ooms(sandbox.id);
+      const execId = randomUUID();
+      running.set(execId, { key, exec, agent: sandbox.agent });
+
+      let cancelled = false;
+      let fellBack = false;
       call.once("cancelled", () => {
         cancelled = true;
-        void kill();
+        wake?.();
+        void killAll(sandbox);
       });
-      let sent = 0;
-      let truncated = false;
-      const streams = running.get(req.sessionId) ?? new Set();
-      running.set(req.sessionId, streams);
-      streams.add(stream);
+      // The agent ends a command at its timeout; if it has not reported by a while after, it is
+      // not trusted to, and the container goes.
+      const fallback = setTimeout(() => {
+        fellBack = true;
+        void fleet.discard(sandbox, "its agent did not end a command at its timeout");
+      }, timeoutMs + KILL_TIMEOUT_MS);
       try {
-        for await (const part of demux(stream)) {
-          if (cancelled) break;
-          if (sent >= MAX_OUTPUT_BYTES) {
-            truncated = true;
-            continue; // keep reading so the process is not blocked on a full pipe
-          }
-          const data = part.data.subarray(0, MAX_OUTPUT_BYTES - sent);
-          truncated ||= data.length < part.data.length;
-          sent += data.length;
-          const msg = create(ExecResponseSchema, { kind: { case: part.stream, value: data } });
-          const wait = write(call, msg);
-          if (wait) await wait;
+        const first = write(call, create(ExecResponseSchema, { kind: { case: "started", value: { execId } } }));
+        if (first) await first;
+        while (!cancelled) {
+          const part = queue.shift();
+          if (part) {
+            const wait = write(call, create(ExecResponseSchema, { kind: { case: part.stream, value: part.data } }));
+            if (wait) await wait;
+            exec.credit(part.data.length);
+          } else if (outcome) break;
+          else await new Promise<void>((resolve) => (wake = resolve));
         }
-      } catch (err) {
-        // The stream was ended under us: the container died (see the event watch).
-        if (!stream.destroyed) throw err;
       } finally {
-        clearTimeout(timer);
-        clearTimeout(lastResort);
-        stream.destroy();
-        streams.delete(stream);
-        if (streams.size === 0) running.delete(req.sessionId);
+        clearTimeout(fallback);
+        running.delete(execId);
       }
       if (cancelled) return;
-      const info = await exec.inspect().catch(() => ({ ExitCode: null as number | null }));
+
+      let exit: AgentExit;
+      if ("lost" in outcome!) {
+        // A command that could not start is the caller's error to see; one whose sandbox ended
+        // under it (killed by the engine, or by us) reports as killed.
+        if (outcome.lost instanceof AgentError) throw agentStatus(outcome.lost, "exec");
+        exit = { exitCode: 137, signal: 9, timedOut: fellBack, truncated: false };
+      } else exit = outcome!.exit;
       // A SIGKILL we did not send: give the engine's OOM event a moment to arrive.
-      if (info.ExitCode === 137 || info.ExitCode === null) suspect.add(req.sessionId);
-      if (info.ExitCode === 137 && !timedOut && (oomKills.get(name) ?? 0) === oomsBefore) await new Promise((r) => setTimeout(r, 250));
-      const oomKilled = (oomKills.get(name) ?? 0) > oomsBefore;
+      if (exit.exitCode === 137 && !exit.timedOut && fleet.ooms(sandbox.id) === oomsBefore) await new Promise((r) => setTimeout(r, 250));
       call.write(
         create(ExecResponseSchema, {
-          kind: { case: "exit", value: { exitCode: info.ExitCode ?? -1, timedOut, truncated, oomKilled, durationMs: Date.now() - started } },
+          kind: {
+            case: "exit",
+            value: { exitCode: exit.exitCode, timedOut: exit.timedOut, truncated: exit.truncated, oomKilled: fleet.ooms(sandbox.id) > oomsBefore, durationMs: Date.now() - started },
+          },
         }),
       );
       call.end();
     },
 
+    async signalExec(req) {
+      const key = scopeKey(req);
+      const signo = SIGNALS[req.signal];
+      invalidArgumentIf(signo === undefined, "signal is missing or not one of HANGUP, INTERRUPT, QUIT, KILL, TERMINATE");
+      const target = running.get(req.execId);
+      // Another scope's command is as unknown to the caller as a finished one.
+      if (!target || target.key !== key) throw notFound(`no running command ${req.execId} in this sandbox`);
+      try {
+        await within(target.exec.signal(signo!), KILL_TIMEOUT_MS, () => new AgentGone("no answer"));
+      } catch (err) {
+        if (err instanceof AgentError && err.errno === 3) throw notFound(`command ${req.execId} has ended`);
+        throw agentStatus(err, "signal");
+      }
+      return {};
+    },
+
     async killProcesses(req) {
-      invalidArgumentIf(!isSessionId(req.sessionId), "session_id is missing or malformed");
+      const key = scopeKey(req);
       await requireEngine();
-      const container = docker.getContainer(containerName(instance, req.sessionId));
-      const running = await container.inspect().then((c) => c.State.Running, () => false);
-      if (!running) return { sandboxFound: false };
-      await killCommands(container);
+      const sandbox = await fleet.find(key);
+      if (!sandbox) return { sandboxFound: false };
+      await killAll(sandbox);
       return { sandboxFound: true };
     },
 
+    async readFile(req) {
+      const path = workspacePath(req.path, false);
+      const max = Math.min(req.maxBytes || DEFAULT_READ_BYTES, cfg.maxMessageBytes - 64 * 1024);
+      const file = await fileOp(req, `read ${req.path}`, (s) => s.agent.readFile(path, max));
+      return { data: file.data, size: BigInt(file.size), truncated: file.truncated };
+    },
+
+    async writeFile(req) {
+      const path = workspacePath(req.path, false);
+      invalidArgumentIf(req.mode > 0o7777, "mode must be permission bits, at most 0o7777");
+      invalidArgumentIf((req.mode & 0o7000) !== 0, "setuid, setgid and sticky bits are not allowed");
+      await fileOp(req, `write ${req.path}`, (s) => s.agent.writeFile(path, req.data, { mode: req.mode, createParents: req.createParents }));
+      return { bytesWritten: BigInt(req.data.length) };
+    },
+
+    async listFiles(req) {
+      const path = workspacePath(req.path, true);
+      invalidArgumentIf(req.maxEntries > MAX_LIST_ENTRIES, `max_entries must be at most ${MAX_LIST_ENTRIES}`);
+      const listing = await fileOp(req, `list ${req.path || "/workspace"}`, (s) => s.agent.list(path, req.maxEntries || DEFAULT_LIST_ENTRIES));
+      const types = { file: FileType.FILE, directory: FileType.DIRECTORY, symlink: FileType.SYMLINK, other: FileType.OTHER };
+      return {
+        truncated: listing.truncated,
+        entries: listing.entries
+          .sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))
+          .map((e) => ({ name: e.name, type: types[e.type], size: BigInt(e.size), modifyTime: timestampFromMs(e.mtimeMs) })),
+      };
+    },
+
     async releaseSandbox(req) {
-      invalidArgumentIf(!isSessionId(req.sessionId), "session_id is missing or malformed");
+      const key = scopeKey(req);
       await requireEngine();
-      containers.delete(req.sessionId);
-      const removed = await docker
-        .getContainer(containerName(instance, req.sessionId))
-        .remove({ force: true })
-        .then(
-          () => true,
-          (err: { statusCode?: number }) => {
-            if (err.statusCode === 404) return false;
-            throw new RpcError(Status.INTERNAL, `could not remove the sandbox: ${String(err)}`);
-          },
-        );
-      return { removed };
+      return { removed: await fleet.release(key) };
+    },
+
+    async listSandboxes() {
+      await requireEngine();
+      const list = await fleet.list();
+      return {
+        sandboxes: list.map((s) => ({
+          containerId: s.containerId,
+          name: s.name,
+          scopeKey: s.scopeKey,
+          state: s.state,
+          createTime: timestampFromMs(s.createdAt),
+          lastUseTime: s.lastUsed === undefined ? undefined : timestampFromMs(s.lastUsed),
+          pooled: s.pooled,
+          runningCommands: s.runningCommands,
+          runtime: cfg.sandboxRuntime,
+          image: cfg.sandboxImage,
+        })),
+      };
     },
   });
 
@@ -428,22 +343,23 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
     // checkEngine only logs on a change; say it once at start as well.
     server.setStatus(SandboxService.typeName, ServingStatus.NOT_SERVING);
     server.setStatus("", ServingStatus.NOT_SERVING);
-    logger.error(`no Docker engine at ${process.env.DOCKER_HOST ?? "/var/run/docker.sock"}: tools will fail until dockerd runs`);
+    logger.error(`${engineHint}; tools will fail until dockerd runs`);
   }
   const watch = setInterval(() => void checkEngine(), 5000);
   watch.unref();
-  const reapAll = () => (engineUp ? reap().catch((err: Error) => logger.warn("reaper failed", { error: err.message })) : undefined);
-  await reapAll();
-  const reaper = setInterval(() => void reapAll(), Math.max(500, Math.min(60_000, cfg.sandboxIdleMs / 4)));
+  const reap = () => (engineUp ? fleet.reap().catch((err: Error) => logger.warn("reaper failed", { error: err.message })) : undefined);
+  await reap();
+  const reaper = setInterval(() => void reap(), Math.max(500, Math.min(60_000, cfg.sandboxIdleMs / 4)));
   reaper.unref();
   const port = await server.listen(cfg.addr.sandbox);
-  logger.info(`sandbox serving on port ${port}`, { image: cfg.sandboxImage, runtime: cfg.sandboxRuntime, instance });
+  logger.info(`sandbox serving on port ${port}`, { image: cfg.sandboxImage, runtime: cfg.sandboxRuntime, instance, pool: cfg.sandboxPoolSize, scope: cfg.sandboxScope });
   return {
     async drain() {
       clearInterval(watch);
       clearInterval(reaper);
-      (oomEvents as { destroy?: () => void } | undefined)?.destroy?.();
       await server.drain(cfg.drainGraceMs);
+      await fleet.shutdown();
     },
   };
 }
+

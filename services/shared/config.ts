@@ -45,6 +45,10 @@ export interface Config {
   sandboxIdleMs: number;
   /** Sandbox: no container lives longer than this. */
   sandboxMaxAgeMs: number;
+  /** Sandbox: how many started, unclaimed containers wait for new sessions (0: none). */
+  sandboxPoolSize: number;
+  /** Sandbox: who shares a container: each session, each agent, or everyone. */
+  sandboxScope: "session" | "agent" | "shared";
   /** Extra positional arguments after the flags. */
   rest: string[];
 }
@@ -79,6 +83,12 @@ function positiveInt(name: string, value: string | undefined, fallback: number):
   return n;
 }
 
+function sandboxScope(value: string | undefined): Config["sandboxScope"] {
+  if (value === undefined || value === "") return "session";
+  if (value === "session" || value === "agent" || value === "shared") return value;
+  throw new Error(`TROUPE_SANDBOX_SCOPE must be session, agent or shared, got "${value}"`);
+}
+
 export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env, extra: Record<string, { type: "string" | "boolean"; short?: string }> = {}): Config & { flags: Record<string, string | boolean | undefined> } {
   const { values, positionals } = parseArgs({ args: argv, options: { ...FLAG_OPTIONS, ...extra }, allowPositionals: true, strict: true });
   const v = values as Record<string, string | undefined>;
@@ -108,6 +118,8 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env,
     sandboxRuntime: env.TROUPE_SANDBOX_RUNTIME ?? "runc",
     sandboxIdleMs: positiveInt("TROUPE_SANDBOX_IDLE_MS", env.TROUPE_SANDBOX_IDLE_MS, 30 * 60_000),
     sandboxMaxAgeMs: positiveInt("TROUPE_SANDBOX_MAX_AGE_MS", env.TROUPE_SANDBOX_MAX_AGE_MS, 24 * 3600_000),
+    sandboxPoolSize: env.TROUPE_SANDBOX_POOL === "0" ? 0 : positiveInt("TROUPE_SANDBOX_POOL", env.TROUPE_SANDBOX_POOL, 2),
+    sandboxScope: sandboxScope(env.TROUPE_SANDBOX_SCOPE),
     rest: positionals,
     flags: values as Record<string, string | boolean | undefined>,
   };

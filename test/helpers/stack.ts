@@ -11,7 +11,7 @@ import { Health, HealthCheckResponse_ServingStatus as Serving } from "../../serv
 import { GatewayService } from "../../services/shared/gen/troupe/v1/gateway_pb.js";
 import { RouterService } from "../../services/shared/gen/troupe/v1/router_pb.js";
 import { createClient, type ServiceClient } from "../../services/shared/rpc.js";
-import { instanceOf } from "../../services/sandbox/server.js";
+import { instanceOf } from "../../services/sandbox/fleet.js";
 
 const run = promisify(execFile);
 export const MAIN = fileURLToPath(new URL("../../services/cli/main.js", import.meta.url));

@@ -1,0 +1,94 @@
+// `troupe sandbox`: the operator's view of the sandbox service.
+//   troupe sandbox ls                                   this deployment's sandboxes
+//   troupe sandbox exec --session ID [--stdin] -- CMD   run CMD in the session's sandbox; exits with its code
+//   troupe sandbox rm --session ID                      remove the session's sandbox and workspace
+// --agent NAME names the session's agent (it matters when TROUPE_SANDBOX_SCOPE=agent).
+import { timestampMs } from "@bufbuild/protobuf/wkt";
+import { loadConfig } from "../shared/config.js";
+import { statusName } from "../shared/errors.js";
+import { SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
+import { createClient } from "../shared/rpc.js";
+
+const USAGE = `usage: troupe sandbox ls
+       troupe sandbox exec --session ID [--agent NAME] [--timeout-ms N] [--stdin] -- COMMAND...
+       troupe sandbox rm --session ID [--agent NAME]
+`;
+
+const ago = (ms: number | undefined) => {
+  if (ms === undefined) return "-";
+  const s = Math.max(0, Math.round((Date.now() - ms) / 1000));
+  return s < 120 ? `${s}s ago` : s < 7200 ? `${Math.round(s / 60)}m ago` : `${Math.round(s / 3600)}h ago`;
+};
+
+async function readStdin(): Promise<Buffer> {
+  const chunks: Buffer[] = [];
+  for await (const chunk of process.stdin) chunks.push(chunk as Buffer);
+  return Buffer.concat(chunks);
+}
+
+export async function sandboxCommand(args: string[]): Promise<number> {
+  const [sub, ...rest] = args;
+  const cfg = loadConfig(rest, process.env, { session: { type: "string" }, agent: { type: "string" }, "timeout-ms": { type: "string" }, stdin: { type: "boolean" } });
+  const flags = cfg.flags as Record<string, string | boolean | undefined>;
+  const sessionId = (flags.session as string | undefined) ?? "";
+  const agentId = (flags.agent as string | undefined) ?? "";
+  const client = createClient(SandboxService, cfg.addr.sandbox);
+  try {
+    switch (sub) {
+      case "ls": {
+        const { sandboxes } = await client.listSandboxes({}, { timeoutMs: 10_000 });
+        const rows = sandboxes.map((s) => [
+          s.name,
+          s.pooled && !s.scopeKey ? "(pool)" : s.scopeKey || "?",
+          s.state,
+          String(s.runningCommands),
+          ago(s.createTime ? timestampMs(s.createTime) : undefined),
+          ago(s.lastUseTime ? timestampMs(s.lastUseTime) : undefined),
+        ]);
+        const head = ["NAME", "SCOPE", "STATE", "RUNNING", "CREATED", "LAST USED"];
+        const widths = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i].length)));
+        for (const r of [head, ...rows]) process.stdout.write(r.map((c, i) => c.padEnd(widths[i])).join("  ").trimEnd() + "\n");
+        return 0;
+      }
+      case "exec": {
+        const command = cfg.rest.join(" ").trim();
+        if (!sessionId || !command) {
+          process.stderr.write(USAGE);
+          return 2;
+        }
+        const stdin = flags.stdin ? await readStdin() : new Uint8Array();
+        const timeoutMs = Number(flags["timeout-ms"] ?? 0);
+        let code = 1;
+        for await (const m of client.exec({ sessionId, agentId, command, stdin, timeoutMs })) {
+          if (m.kind.case === "stdout") process.stdout.write(m.kind.value);
+          else if (m.kind.case === "stderr") process.stderr.write(m.kind.value);
+          else if (m.kind.case === "exit") {
+            const e = m.kind.value;
+            code = e.exitCode;
+            const notes = [e.timedOut && "timed out", e.oomKilled && "out of memory", e.truncated && "output truncated"].filter(Boolean);
+            if (notes.length) process.stderr.write(`troupe sandbox: ${notes.join(", ")}\n`);
+          }
+        }
+        return code < 0 ? 1 : Math.min(code, 255);
+      }
+      case "rm": {
+        if (!sessionId) {
+          process.stderr.write(USAGE);
+          return 2;
+        }
+        const { removed } = await client.releaseSandbox({ sessionId, agentId }, { timeoutMs: 30_000 });
+        process.stdout.write(removed ? `removed the sandbox of ${sessionId}\n` : `${sessionId} had no sandbox\n`);
+        return 0;
+      }
+      default:
+        process.stderr.write(USAGE);
+        return 2;
+    }
+  } catch (err) {
+    const e = err as { code?: number; details?: string; message: string };
+    process.stderr.write(`troupe sandbox: ${e.code !== undefined ? `${statusName(e.code)}: ${e.details}` : e.message}\n`);
+    return 1;
+  } finally {
+    client.close();
+  }
+}

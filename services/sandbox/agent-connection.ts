@@ -1,0 +1,323 @@
+// The service's side of the in-sandbox agent (sandbox/agent/troupe-agent.c): one connection per
+// container, over the container's attached stdin and stdout, carrying framed requests and replies.
+// A command costs a frame each way instead of a Docker API exec.
+//
+// Frames: u32 length (of what follows), u8 type, u32 request id, payload; big-endian. Docker wraps
+// the container's output in its own 8-byte headers (stream, length), unwrapped here first; the
+// agent's stderr is diagnostics only.
+import type { Duplex } from "node:stream";
+import type Docker from "dockerode";
+
+export const AGENT_VERSION = "troupe-agent/1";
+const SYNC_MAGIC = Buffer.from("\0TRPSYNC", "latin1");
+const HELLO_TIMEOUT_MS = 5000;
+
+const enum Req {
+  Hello = 1,
+  Claim = 2,
+  Exec = 3,
+  Stdin = 4,
+  StdinClose = 5,
+  Signal = 6,
+  Credit = 7,
+  KillAll = 8,
+  Read = 9,
+  Write = 10,
+  List = 11,
+}
+
+const enum Rep {
+  Hello = 64,
+  Ok = 65,
+  Err = 66,
+  Out = 67,
+  Exit = 68,
+  File = 69,
+  Listing = 70,
+}
+
+/** A failed request, with the errno the agent met (ENOENT, EXDEV for a link leading out, ...). */
+export class AgentError extends Error {
+  constructor(
+    readonly errno: number,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+/** The connection ended (the container stopped, or the engine dropped the attach). */
+export class AgentGone extends Error {}
+
+export interface AgentExit {
+  /** 128 + the signal's number when a signal ended it. */
+  exitCode: number;
+  signal: number;
+  timedOut: boolean;
+  truncated: boolean;
+}
+
+export interface ExecHandlers {
+  output(stream: "stdout" | "stderr", data: Buffer): void;
+  exit(exit: AgentExit): void;
+  /** The connection ended before the command did. */
+  lost(err: Error): void;
+}
+
+export interface ExecOptions {
+  timeoutMs: number;
+  maxOutputBytes: number;
+  /** Output the agent may send before the service acknowledges it (credit()). */
+  windowBytes: number;
+  stdin?: Uint8Array;
+}
+
+export interface RunningExec {
+  readonly id: number;
+  /** The service passed this much output on: the agent may send as much again. */
+  credit(bytes: number): void;
+  signal(signo: number): Promise<void>;
+}
+
+export interface FileEntryInfo {
+  name: string;
+  type: "file" | "directory" | "symlink" | "other";
+  size: number;
+  mtimeMs: number;
+}
+
+interface Pending {
+  resolve(frame: { type: number; payload: Buffer }): void;
+  reject(err: Error): void;
+}
+
+function frame(type: Req, id: number, ...parts: Uint8Array[]): Buffer {
+  const len = parts.reduce((n, p) => n + p.length, 0);
+  const head = Buffer.alloc(9);
+  head.writeUInt32BE(5 + len, 0);
+  head.writeUInt8(type, 4);
+  head.writeUInt32BE(id, 5);
+  return Buffer.concat([head, ...parts]);
+}
+
+const u32 = (v: number) => {
+  const b = Buffer.alloc(4);
+  b.writeUInt32BE(v >>> 0);
+  return b;
+};
+
+export class AgentConnection {
+  private nextId = 1;
+  private readonly pending = new Map<number, Pending>();
+  private readonly execs = new Map<number, ExecHandlers>();
+  /** Docker's framing (8-byte headers) not yet complete. */
+  private raw: Buffer = Buffer.alloc(0);
+  /** The agent's frames not yet complete. */
+  private buf: Buffer = Buffer.alloc(0);
+  /** Until the agent's reply to our HELLO, bytes are skipped up to the sync marker. */
+  private synced = false;
+  private ended: Error | undefined;
+  /** What the agent last said it was claimed for (empty: a pooled sandbox). */
+  claimedFor = "";
+
+  private constructor(
+    private readonly stream: Duplex,
+    private readonly diagnostics: (line: string) => void,
+  ) {
+    stream.on("data", (chunk: Buffer) => this.onRaw(chunk));
+    const end = () => this.end(new AgentGone("the sandbox's agent connection ended"));
+    stream.on("end", end);
+    stream.on("close", end);
+    stream.on("error", (err: Error) => this.end(new AgentGone(`the sandbox's agent connection failed: ${err.message}`)));
+  }
+
+  /**
+   * Attaches to the container's stdio (before start(), for a new container, so nothing is
+   * missed) and returns the connection; call hello() once the container runs.
+   */
+  static async attach(container: Docker.Container, diagnostics: (line: string) => void): Promise<AgentConnection> {
+    const stream = (await container.attach({ stream: true, stdin: true, stdout: true, stderr: true, hijack: true })) as unknown as Duplex;
+    return new AgentConnection(stream, diagnostics);
+  }
+
+  get alive(): boolean {
+    return !this.ended;
+  }
+
+  get runningCommands(): number {
+    return this.execs.size;
+  }
+
+  /**
+   * Greets the agent and checks its version; ends commands an earlier connection left behind.
+   * Sets claimedFor from its answer.
+   */
+  async hello(): Promise<void> {
+    this.synced = false;
+    const id = this.nextId++;
+    let timer: NodeJS.Timeout | undefined;
+    const timeout = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new AgentGone(`the sandbox's agent did not answer within ${HELLO_TIMEOUT_MS} ms (an image without troupe-agent?)`)), HELLO_TIMEOUT_MS);
+    });
+    try {
+      const reply = await Promise.race([this.request(Req.Hello, id), timeout]);
+      const [version, claim = ""] = reply.payload.toString("utf8").split("\n");
+      if (version !== AGENT_VERSION) throw new AgentGone(`the sandbox image's agent is ${version}, this service speaks ${AGENT_VERSION}: rebuild it with \`make sandbox-image\``);
+      this.claimedFor = claim;
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  async claim(key: string): Promise<void> {
+    await this.request(Req.Claim, this.nextId++, Buffer.from(key, "utf8"));
+    this.claimedFor = key;
+  }
+
+  exec(command: string, opts: ExecOptions, handlers: ExecHandlers): RunningExec {
+    if (this.ended) throw this.ended;
+    const id = this.nextId++;
+    this.execs.set(id, handlers);
+    const head = Buffer.alloc(13);
+    head.writeUInt32BE(opts.timeoutMs, 0);
+    head.writeUInt32BE(opts.maxOutputBytes, 4);
+    head.writeUInt32BE(opts.windowBytes, 8);
+    head.writeUInt8(opts.stdin?.length ? 1 : 0, 12);
+    this.stream.write(frame(Req.Exec, id, head, Buffer.from(command, "utf8")));
+    if (opts.stdin?.length) {
+      // In pieces well under the agent's frame limit; the agent buffers what the pipe cannot take.
+      for (let off = 0; off < opts.stdin.length; off += 1 << 20) this.stream.write(frame(Req.Stdin, id, opts.stdin.subarray(off, off + (1 << 20))));
+      this.stream.write(frame(Req.StdinClose, id));
+    }
+    return {
+      id,
+      credit: (bytes) => {
+        if (!this.ended && this.execs.has(id)) this.stream.write(frame(Req.Credit, id, u32(bytes)));
+      },
+      signal: async (signo) => {
+        await this.request(Req.Signal, id, Buffer.from([signo]));
+      },
+    };
+  }
+
+  /** Kills every process of the sandbox but the agent; resolves once they are dead. */
+  async killAll(): Promise<void> {
+    await this.request(Req.KillAll, this.nextId++);
+  }
+
+  async readFile(path: string, maxBytes: number): Promise<{ data: Buffer; size: number; truncated: boolean }> {
+    const { payload } = await this.request(Req.Read, this.nextId++, u32(maxBytes), Buffer.from(path, "utf8"));
+    return { size: Number(payload.readBigUInt64BE(0)), truncated: payload[8] === 1, data: payload.subarray(9) };
+  }
+
+  async writeFile(path: string, data: Uint8Array, opts: { mode: number; createParents: boolean }): Promise<void> {
+    const p = Buffer.from(path, "utf8");
+    const head = Buffer.alloc(7);
+    head.writeUInt8(opts.createParents ? 1 : 0, 0);
+    head.writeUInt32BE(opts.mode, 1);
+    head.writeUInt16BE(p.length, 5);
+    await this.request(Req.Write, this.nextId++, head, p, data);
+  }
+
+  async list(path: string, maxEntries: number): Promise<{ entries: FileEntryInfo[]; truncated: boolean }> {
+    const { payload } = await this.request(Req.List, this.nextId++, u32(maxEntries), Buffer.from(path, "utf8"));
+    const types = ["other", "file", "directory", "symlink", "other"] as const;
+    const entries: FileEntryInfo[] = [];
+    for (let off = 1; off + 19 <= payload.length; ) {
+      const nameLen = payload.readUInt16BE(off + 17);
+      entries.push({
+        type: types[payload[off]] ?? "other",
+        size: Number(payload.readBigUInt64BE(off + 1)),
+        mtimeMs: Number(payload.readBigInt64BE(off + 9)),
+        name: payload.subarray(off + 19, off + 19 + nameLen).toString("utf8"),
+      });
+      off += 19 + nameLen;
+    }
+    return { entries, truncated: payload[0] === 1 };
+  }
+
+  /** Drops the attachment; the agent and its commands go on until the next connection greets it. */
+  close(): void {
+    this.end(new AgentGone("the sandbox's agent connection was closed"));
+    this.stream.destroy();
+  }
+
+  private request(type: Req, id: number, ...parts: Uint8Array[]): Promise<{ type: number; payload: Buffer }> {
+    if (this.ended) return Promise.reject(this.ended);
+    return new Promise((resolve, reject) => {
+      this.pending.set(id, { resolve, reject });
+      this.stream.write(frame(type, id, ...parts));
+    });
+  }
+
+  private onRaw(chunk: Buffer) {
+    this.raw = this.raw.length ? Buffer.concat([this.raw, chunk]) : chunk;
+    while (this.raw.length >= 8) {
+      const size = this.raw.readUInt32BE(4);
+      if (this.raw.length < 8 + size) break;
+      const body = this.raw.subarray(8, 8 + size);
+      if (this.raw[0] === 2) this.diagnostics(body.toString("utf8").trimEnd());
+      else this.onFrames(body);
+      this.raw = this.raw.subarray(8 + size);
+    }
+  }
+
+  private onFrames(chunk: Buffer) {
+    this.buf = this.buf.length ? Buffer.concat([this.buf, chunk]) : chunk;
+    if (!this.synced) {
+      // Bytes of frames meant for an earlier connection may come first: skip to the marker.
+      const at = this.buf.indexOf(SYNC_MAGIC);
+      if (at < 0) {
+        this.buf = this.buf.subarray(Math.max(0, this.buf.length - SYNC_MAGIC.length + 1));
+        return;
+      }
+      this.buf = this.buf.subarray(at + SYNC_MAGIC.length);
+      this.synced = true;
+    }
+    while (this.buf.length >= 9) {
+      const len = this.buf.readUInt32BE(0);
+      if (this.buf.length < 4 + len) break;
+      const type = this.buf[4];
+      const id = this.buf.readUInt32BE(5);
+      // Copied: the payload may outlive the buffer it arrived in (queued output, file data).
+      const payload = Buffer.from(this.buf.subarray(9, 4 + len));
+      this.buf = this.buf.subarray(4 + len);
+      this.dispatch(type, id, payload);
+    }
+  }
+
+  private dispatch(type: number, id: number, payload: Buffer) {
+    if (type === Rep.Out) {
+      this.execs.get(id)?.output(payload[0] === 2 ? "stderr" : "stdout", payload.subarray(1));
+      return;
+    }
+    if (type === Rep.Exit) {
+      const handlers = this.execs.get(id);
+      this.execs.delete(id);
+      const flags = payload[8];
+      handlers?.exit({ exitCode: payload.readInt32BE(0), signal: payload.readInt32BE(4), timedOut: (flags & 1) !== 0, truncated: (flags & 2) !== 0 });
+      return;
+    }
+    const execHandlers = this.execs.get(id);
+    const waiting = this.pending.get(id);
+    if (type === Rep.Err && !waiting && execHandlers) {
+      // The command could not start (fork failed, too many running).
+      this.execs.delete(id);
+      execHandlers.lost(new AgentError(payload.readInt32BE(0), payload.subarray(4).toString("utf8")));
+      return;
+    }
+    if (!waiting) return;
+    this.pending.delete(id);
+    if (type === Rep.Err) waiting.reject(new AgentError(payload.readInt32BE(0), payload.subarray(4).toString("utf8")));
+    else waiting.resolve({ type, payload });
+  }
+
+  private end(err: Error) {
+    if (this.ended) return;
+    this.ended = err;
+    for (const p of this.pending.values()) p.reject(err);
+    this.pending.clear();
+    for (const h of this.execs.values()) h.lost(err);
+    this.execs.clear();
+  }
+}

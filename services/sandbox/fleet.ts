@@ -1,0 +1,474 @@
+// The sandbox containers of one deployment: made hardened, kept warm in a pool, claimed by a
+// scope key (a session, an agent, or everyone), reaped when idle, old or dead.
+//
+// A pooled container is tenant-neutral: same image and settings as any other, nothing of a
+// session in it. A claim renames it to its key's name and tells its agent whom it serves, and it
+// is never handed to another key: released or reaped, it is removed. Docker labels cannot change
+// after creation, so a claimed pool container carries its key in its name (a hash) and in its
+// agent; one created for a key directly also has the key in its labels.
+import { createHash, randomBytes } from "node:crypto";
+import Docker from "dockerode";
+import { failedPrecondition } from "../shared/errors.js";
+import type { Logger } from "../shared/log.js";
+import { AgentConnection } from "./agent-connection.js";
+
+const WORKSPACE = "/workspace";
+const SANDBOX_USER = "65534:65534";
+
+export interface SandboxLimits {
+  memoryBytes: number;
+  nanoCpus: number;
+  pids: number;
+  tmpBytes: number;
+  workspaceBytes: number;
+}
+
+export const DEFAULT_LIMITS: SandboxLimits = {
+  memoryBytes: 512 * 1024 * 1024,
+  nanoCpus: 1_000_000_000,
+  pids: 256,
+  tmpBytes: 64 * 1024 * 1024,
+  workspaceBytes: 256 * 1024 * 1024,
+};
+
+export interface FleetOptions {
+  image: string;
+  runtime: string;
+  /** This deployment's sandboxes (see instanceOf); part of every name and label. */
+  instance: string;
+  limits: SandboxLimits;
+  poolSize: number;
+  idleMs: number;
+  maxAgeMs: number;
+}
+
+/** One running sandbox and the connection to its agent. */
+export interface Sandbox {
+  readonly id: string;
+  readonly container: Docker.Container;
+  readonly agent: AgentConnection;
+  readonly createdAt: number;
+  name: string;
+  key: string;
+  lastUsed: number;
+}
+
+/**
+ * An instance is one Troupe deployment's sandboxes (by default, one data directory). It is part of
+ * every container's name and labels, so two deployments on one host never share a container.
+ */
+export const instanceOf = (dataDir: string): string => createHash("sha256").update(dataDir).digest("hex").slice(0, 12);
+
+export const containerName = (instance: string, key: string): string =>
+  `troupe-sbx-${instance}-${createHash("sha256").update(key).digest("hex").slice(0, 20)}`;
+
+const poolPrefix = (instance: string) => `troupe-sbx-${instance}-pool-`;
+
+/** The settings every sandbox gets, name and labels aside. */
+function settings(opts: FleetOptions): Docker.ContainerCreateOptions {
+  const { limits } = opts;
+  return {
+    Image: opts.image,
+    User: SANDBOX_USER,
+    Cmd: ["troupe-agent"],
+    WorkingDir: WORKSPACE,
+    // Nothing from the service's own environment reaches the container.
+    Env: ["PATH=/usr/local/bin:/usr/bin:/bin", `HOME=${WORKSPACE}`],
+    NetworkDisabled: true,
+    // The agent's channel: stdin stays open across attachments, so a restarted service can
+    // attach again and go on.
+    OpenStdin: true,
+    StdinOnce: false,
+    AttachStdin: true,
+    AttachStdout: true,
+    AttachStderr: true,
+    Tty: false,
+    HostConfig: {
+      NetworkMode: "none",
+      CapDrop: ["ALL"],
+      SecurityOpt: ["no-new-privileges"],
+      ReadonlyRootfs: true,
+      Init: true,
+      PidsLimit: limits.pids,
+      Memory: limits.memoryBytes,
+      MemorySwap: limits.memoryBytes,
+      NanoCpus: limits.nanoCpus,
+      Ulimits: [
+        { Name: "nofile", Soft: 1024, Hard: 1024 },
+        { Name: "core", Soft: 0, Hard: 0 },
+      ],
+      Tmpfs: {
+        "/tmp": `rw,nosuid,nodev,noexec,size=${limits.tmpBytes},uid=65534,gid=65534,mode=1777`,
+        // The engine makes tmpfs noexec unless told otherwise; scripts and programs the agent
+        // writes in its workspace must run (the container is the boundary, not the mount).
+        [WORKSPACE]: `rw,exec,nosuid,nodev,size=${limits.workspaceBytes},uid=65534,gid=65534,mode=0700`,
+      },
+      // Commands talk to the service through the agent's stdout: the engine must not keep a copy.
+      LogConfig: { Type: "none", Config: {} },
+      Runtime: opts.runtime,
+    },
+  };
+}
+
+/**
+ * A hash of the settings, kept as a label: containers made under other settings are replaced
+ * when idle, and never adopted.
+ */
+const configHash = (opts: FleetOptions) => createHash("sha256").update(JSON.stringify(settings(opts))).digest("hex").slice(0, 16);
+
+/** A new sandbox's full spec: for a scope key, or for the pool (no key). */
+export function containerSpec(opts: FleetOptions, name: string, key: string | undefined): Docker.ContainerCreateOptions {
+  const labels: Record<string, string> = {
+    "troupe.owner": "troupe-sandbox",
+    "troupe.instance": opts.instance,
+    "troupe.created": String(Date.now()),
+    "troupe.config": configHash(opts),
+  };
+  if (key === undefined) labels["troupe.pool"] = "true";
+  else {
+    labels["troupe.scope"] = key;
+    if (key.startsWith("session:")) labels["troupe.session"] = key.slice("session:".length);
+  }
+  return { ...settings(opts), name, Labels: labels };
+}
+
+export interface SandboxSummary {
+  containerId: string;
+  name: string;
+  scopeKey: string;
+  state: string;
+  createdAt: number;
+  lastUsed?: number;
+  pooled: boolean;
+  runningCommands: number;
+}
+
+export class SandboxFleet {
+  private readonly byKey = new Map<string, Promise<Sandbox>>();
+  /** The warm pool: started, greeted, unclaimed. */
+  private readonly pool: Sandbox[] = [];
+  /** Names of containers being made, which the reaper must leave alone. */
+  private readonly making = new Set<string>();
+  private filling = false;
+  private closed = false;
+  /** OOM kills the engine reported, by container id. */
+  private readonly oomKills = new Map<string, number>();
+  private events: NodeJS.ReadableStream | undefined;
+
+  constructor(
+    private readonly docker: Docker,
+    private readonly opts: FleetOptions,
+    private readonly logger: Logger,
+  ) {}
+
+  /** Watches the engine's events; call once the engine answers. */
+  async watch(): Promise<void> {
+    if (this.events) return;
+    try {
+      this.events = (await this.docker.getEvents({ filters: { type: ["container"], event: ["oom", "die"], label: [`troupe.instance=${this.opts.instance}`] } })) as NodeJS.ReadableStream;
+    } catch {
+      return;
+    }
+    this.events.on("data", (chunk: Buffer) => {
+      for (const line of chunk.toString("utf8").split("\n")) {
+        if (!line.trim()) continue;
+        try {
+          const ev = JSON.parse(line) as { Action?: string; Actor?: { ID?: string } };
+          const id = ev.Actor?.ID ?? "";
+          if (ev.Action === "oom") this.oomKills.set(id, (this.ooms(id)) + 1);
+          if (ev.Action === "die") void this.forget(id);
+        } catch {
+          // a partial line; the engine sends one event per line
+        }
+      }
+    });
+    this.events.on("error", () => undefined);
+  }
+
+  ooms(containerId: string): number {
+    return this.oomKills.get(containerId) ?? 0;
+  }
+
+  /** The key's sandbox: the one it has, else one from the pool, else a new one. */
+  async get(key: string): Promise<Sandbox> {
+    let p = this.byKey.get(key);
+    if (p) {
+      const sandbox = await p.catch(() => undefined);
+      if (sandbox?.agent.alive) return sandbox;
+      if (this.byKey.get(key) === p) this.byKey.delete(key);
+    }
+    p = this.byKey.get(key);
+    if (!p) {
+      p = this.acquire(key);
+      this.byKey.set(key, p);
+      p.catch(() => {
+        if (this.byKey.get(key) === p) this.byKey.delete(key);
+      });
+    }
+    return p;
+  }
+
+  /** The key's sandbox if it has one (adopting one a previous service process left), without making one. */
+  async find(key: string): Promise<Sandbox | undefined> {
+    const known = await this.byKey.get(key)?.catch(() => undefined);
+    if (known?.agent.alive) return known;
+    const adopted = await this.adopt(key, containerName(this.opts.instance, key));
+    if (adopted) this.byKey.set(key, Promise.resolve(adopted));
+    return adopted;
+  }
+
+  /** Removes the key's sandbox and its workspace; false if it had none. */
+  async release(key: string): Promise<boolean> {
+    const known = await this.byKey.get(key)?.catch(() => undefined);
+    this.byKey.delete(key);
+    known?.agent.close();
+    return this.remove(this.docker.getContainer(containerName(this.opts.instance, key)));
+  }
+
+  /** Removes a sandbox that stopped answering; its key gets a new one on next use. */
+  async discard(sandbox: Sandbox, why: string): Promise<void> {
+    this.logger.warn(`discarding the sandbox of ${sandbox.key}: ${why}`);
+    await this.forget(sandbox.id);
+    sandbox.agent.close();
+    await this.remove(sandbox.container);
+  }
+
+  private async acquire(key: string): Promise<Sandbox> {
+    const name = containerName(this.opts.instance, key);
+    const existing = await this.adopt(key, name);
+    if (existing) return existing;
+    const claimed = await this.claimFromPool(key, name);
+    if (claimed) return claimed;
+    return this.make(name, key);
+  }
+
+  /**
+   * Takes over the key's container if one is running (left by an earlier service process):
+   * attaches and greets its agent. A container that is stopped, or whose agent does not answer
+   * (an image from before the agent), is removed.
+   */
+  private async adopt(key: string, name: string): Promise<Sandbox | undefined> {
+    const container = this.docker.getContainer(name);
+    const info = await container.inspect().catch(() => undefined);
+    if (!info) return undefined;
+    if (!info.State.Running || info.Config.Labels?.["troupe.config"] !== configHash(this.opts)) {
+      await this.remove(container);
+      return undefined;
+    }
+    const agent = await AgentConnection.attach(container, this.diagnostics(name));
+    try {
+      await agent.hello();
+    } catch (err) {
+      this.logger.warn(`the sandbox ${name} does not answer; replacing it`, { error: (err as Error).message });
+      agent.close();
+      await this.remove(container);
+      return undefined;
+    }
+    const createdAt = Number(info.Config.Labels?.["troupe.created"] ?? Date.parse(info.Created));
+    return { id: info.Id, container, agent, createdAt, name, key: agent.claimedFor || key, lastUsed: Date.now() };
+  }
+
+  private async claimFromPool(key: string, name: string): Promise<Sandbox | undefined> {
+    for (let sandbox = this.pool.shift(); sandbox; sandbox = this.pool.shift()) {
+      this.fill();
+      if (!sandbox.agent.alive) continue;
+      try {
+        await sandbox.container.rename({ name });
+        await sandbox.agent.claim(key);
+      } catch (err) {
+        this.logger.warn("could not claim a pooled sandbox; trying another", { error: (err as Error).message });
+        sandbox.agent.close();
+        await this.remove(sandbox.container);
+        continue;
+      }
+      sandbox.name = name;
+      sandbox.key = key;
+      sandbox.lastUsed = Date.now();
+      return sandbox;
+    }
+    this.fill();
+    return undefined;
+  }
+
+  /** Creates, attaches to, starts and greets a sandbox; for a key, or for the pool (no key). */
+  private async make(name: string, key?: string): Promise<Sandbox> {
+    this.making.add(name);
+    try {
+      let container: Docker.Container;
+      try {
+        container = await this.docker.createContainer(containerSpec(this.opts, name, key));
+      } catch (err) {
+        const status = (err as { statusCode?: number }).statusCode;
+        if (status === 404) throw failedPrecondition(`sandbox image ${this.opts.image} is missing: build it with \`make sandbox-image\``);
+        if (status === 409 && key !== undefined) {
+          // The name is taken: a container made for this key a moment ago by someone else, or
+          // one left stopped. Take it if it runs, else clear the name and make it once more.
+          const adopted = await this.adopt(key, name);
+          if (adopted) return adopted;
+          container = await this.docker.createContainer(containerSpec(this.opts, name, key));
+        } else throw err;
+      }
+      try {
+        const agent = await AgentConnection.attach(container, this.diagnostics(name));
+        await container.start();
+        await agent.hello();
+        if (key !== undefined) await agent.claim(key);
+        const now = Date.now();
+        return { id: container.id, container, agent, createdAt: now, name, key: key ?? "", lastUsed: now };
+      } catch (err) {
+        await this.remove(container);
+        throw err;
+      }
+    } finally {
+      this.making.delete(name);
+    }
+  }
+
+  /** Tops the pool up in the background, one container at a time. */
+  fill(): void {
+    if (this.filling || this.closed || this.pool.length >= this.opts.poolSize) return;
+    this.filling = true;
+    void (async () => {
+      try {
+        while (!this.closed && this.pool.length < this.opts.poolSize) {
+          const sandbox = await this.make(`${poolPrefix(this.opts.instance)}${randomBytes(6).toString("hex")}`);
+          if (this.closed) {
+            sandbox.agent.close();
+            await this.remove(sandbox.container);
+          } else this.pool.push(sandbox);
+        }
+      } catch (err) {
+        this.logger.warn("could not fill the sandbox pool", { error: (err as Error).message });
+      } finally {
+        this.filling = false;
+      }
+    })();
+  }
+
+  get pooled(): number {
+    return this.pool.length;
+  }
+
+  /** Waits until the pool is full (tests and benchmarks), or the deadline passes. */
+  async poolReady(timeoutMs: number): Promise<boolean> {
+    const until = Date.now() + timeoutMs;
+    while (this.pool.length < this.opts.poolSize && Date.now() < until) await new Promise((r) => setTimeout(r, 20));
+    return this.pool.length >= this.opts.poolSize;
+  }
+
+  /**
+   * Removes this instance's containers that are stopped, made under other settings, older than
+   * the maximum age, or unused for the idle time with no command running; and pooled ones this
+   * process did not make (left by an earlier one). Other deployments' containers are never
+   * touched. A claimed container this process has not used yet counts as used when first seen:
+   * its key may come back.
+   */
+  async reap(): Promise<number> {
+    const now = Date.now();
+    const list = await this.docker.listContainers({ all: true, filters: { label: [`troupe.instance=${this.opts.instance}`, "troupe.owner=troupe-sandbox"] } });
+    const live = await this.live();
+    let removed = 0;
+    for (const c of list) {
+      const name = (c.Names[0] ?? "").replace(/^\//, "");
+      if (this.making.has(name)) continue;
+      const mine = live.get(c.Id);
+      const pooled = name.startsWith(poolPrefix(this.opts.instance));
+      const created = Number(c.Labels["troupe.created"] ?? c.Created * 1000);
+      if (c.State === "running" && !mine && !pooled) this.firstSeen.set(c.Id, this.firstSeen.get(c.Id) ?? now);
+      const lastUsed = mine?.lastUsed ?? this.firstSeen.get(c.Id) ?? now;
+      const busy = (mine?.agent.runningCommands ?? 0) > 0;
+      const why =
+        c.State !== "running"
+          ? "stopped"
+          : pooled && !this.pool.some((s) => s.id === c.Id)
+            ? "a pooled sandbox this process did not make"
+            : now - created > this.opts.maxAgeMs
+              ? "past its maximum age"
+              : busy
+                ? undefined
+                : c.Labels["troupe.config"] !== configHash(this.opts)
+                  ? "made under other settings"
+                  : !pooled && now - lastUsed > this.opts.idleMs
+                    ? "idle"
+                    : undefined;
+      if (!why) continue;
+      await this.forget(c.Id);
+      this.firstSeen.delete(c.Id);
+      this.oomKills.delete(c.Id);
+      if (await this.remove(this.docker.getContainer(c.Id))) {
+        removed++;
+        this.logger.info(`removed sandbox ${name}: ${why}`, { scope: mine?.key ?? c.Labels["troupe.scope"] ?? "" });
+      }
+    }
+    this.fill();
+    return removed;
+  }
+
+  private readonly firstSeen = new Map<string, number>();
+
+  /** This instance's containers as the engine lists them, with what this process knows of each. */
+  async list(): Promise<SandboxSummary[]> {
+    const list = await this.docker.listContainers({ all: true, filters: { label: [`troupe.instance=${this.opts.instance}`, "troupe.owner=troupe-sandbox"] } });
+    const live = await this.live();
+    return list.map((c) => {
+      const name = (c.Names[0] ?? "").replace(/^\//, "");
+      const mine = live.get(c.Id);
+      return {
+        containerId: c.Id,
+        name,
+        scopeKey: mine?.key ?? c.Labels["troupe.scope"] ?? "",
+        state: c.State,
+        createdAt: Number(c.Labels["troupe.created"] ?? c.Created * 1000),
+        lastUsed: mine?.lastUsed,
+        pooled: name.startsWith(poolPrefix(this.opts.instance)),
+        runningCommands: mine?.agent.runningCommands ?? 0,
+      };
+    });
+  }
+
+  /** Ends the engine watch and removes the pool (tenant-neutral, cheap to make again). Claimed sandboxes stay. */
+  async shutdown(): Promise<void> {
+    this.closed = true;
+    (this.events as { destroy?: () => void } | undefined)?.destroy?.();
+    const pool = this.pool.splice(0);
+    await Promise.all(pool.map(async (s) => (s.agent.close(), this.remove(s.container))));
+    for (const p of this.byKey.values()) void p.then((s) => s.agent.close(), () => undefined);
+  }
+
+  private async live(): Promise<Map<string, Sandbox>> {
+    const live = new Map<string, Sandbox>();
+    for (const s of this.pool) live.set(s.id, s);
+    for (const p of this.byKey.values()) {
+      const s = await p.catch(() => undefined);
+      if (s) live.set(s.id, s);
+    }
+    return live;
+  }
+
+  /** Drops every record of a container (it died, or is being removed). */
+  private async forget(containerId: string): Promise<void> {
+    const i = this.pool.findIndex((s) => s.id === containerId);
+    if (i >= 0) this.pool.splice(i, 1)[0].agent.close();
+    for (const [key, p] of this.byKey) {
+      const s = await p.catch(() => undefined);
+      if (s?.id === containerId && this.byKey.get(key) === p) this.byKey.delete(key);
+    }
+  }
+
+  private async remove(container: Docker.Container): Promise<boolean> {
+    return container.remove({ force: true }).then(
+      () => true,
+      (err: { statusCode?: number; message?: string }) => {
+        // 404: gone already; 409: someone (the die-event handler, a release) is removing it.
+        if (err.statusCode !== 404 && err.statusCode !== 409) this.logger.warn("could not remove a sandbox", { container: container.id.slice(0, 12), error: err.message });
+        return false;
+      },
+    );
+  }
+
+  private diagnostics(name: string) {
+    return (line: string) => {
+      if (line) this.logger.warn(`sandbox agent (${name}): ${line}`);
+    };
+  }
+}

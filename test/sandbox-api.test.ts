@@ -1,0 +1,329 @@
+// The sandbox service's API beyond a plain command: workspace files (and the attacks on them,
+// 19-24 of anchors-sandbox.md section (b)), signals, stdin, backpressure, the warm pool, scopes,
+// a service restart, the operator CLI, and the runner's file tools end to end. Real Docker.
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
+import { promisify } from "node:util";
+import { Health, HealthCheckResponse_ServingStatus as Serving } from "../services/shared/gen/grpc/health/v1/health_pb.js";
+import { FileType, SandboxService, Signal, type ExecExit } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
+import { Status } from "../services/shared/errors.js";
+import { createClient, type ServiceClient } from "../services/shared/rpc.js";
+import { StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
+import { containerName, instanceOf } from "../services/sandbox/fleet.js";
+import { ChatSession } from "./helpers/session.js";
+import { MAIN, startStack, waitFor, type Stack } from "./helpers/stack.js";
+
+const run = promisify(execFile);
+type Sandbox = ServiceClient<(typeof SandboxService)["method"]>;
+
+async function exec(sandbox: Sandbox, sessionId: string, command: string, extra: { timeoutMs?: number; stdin?: Uint8Array; agentId?: string } = {}) {
+  let out = "";
+  let exit: ExecExit | undefined;
+  for await (const m of sandbox.exec({ sessionId, command, timeoutMs: extra.timeoutMs ?? 20_000, stdin: extra.stdin, agentId: extra.agentId })) {
+    if (m.kind.case === "stdout" || m.kind.case === "stderr") out += Buffer.from(m.kind.value).toString();
+    if (m.kind.case === "exit") exit = m.kind.value;
+  }
+  return { out, exit: exit! };
+}
+
+/** Asserts the call fails with `code`, and returns its message. */
+async function failsWith(call: Promise<unknown>, code: Status): Promise<string> {
+  let details = "";
+  await assert.rejects(call, (e: { code: number; details: string }) => {
+    assert.equal(e.code, code, `${Status[e.code]}: ${e.details}`);
+    details = e.details;
+    return true;
+  });
+  return details;
+}
+
+for (const runtime of ["runc", "runsc"] as const) {
+  describe(`sandbox workspace files (${runtime})`, () => {
+    let stack: Stack;
+    let sandbox: Sandbox;
+    const id = `files-${runtime}`;
+    before(async () => {
+      stack = await startStack({ services: ["sandbox"], env: { TROUPE_SANDBOX_RUNTIME: runtime } });
+      sandbox = createClient(SandboxService, stack.addr.sandbox);
+    });
+    after(async () => {
+      await sandbox?.releaseSandbox({ sessionId: id }).catch(() => undefined);
+      sandbox?.close();
+      await stack?.stop();
+    });
+
+    test("write, read and list round trip; commands see the same files", async () => {
+      const bytes = Buffer.from(Array.from({ length: 70_000 }, (_, i) => (i * 7) % 256));
+      assert.equal((await sandbox.writeFile({ sessionId: id, path: "data/bin/blob", data: bytes, createParents: true })).bytesWritten, 70_000n);
+      const back = await sandbox.readFile({ sessionId: id, path: "/workspace/data/bin/blob" });
+      assert.ok(Buffer.from(back.data).equals(bytes), "binary content byte for byte");
+      assert.equal(back.size, 70_000n);
+      assert.equal(back.truncated, false);
+      const part = await sandbox.readFile({ sessionId: id, path: "data/bin/blob", maxBytes: 100 });
+      assert.equal(part.data.length, 100);
+      assert.equal(part.truncated, true);
+
+      await sandbox.writeFile({ sessionId: id, path: "run.sh", data: Buffer.from("#!/bin/sh\necho ran $1\n"), mode: 0o755 });
+      const r = await exec(sandbox, id, "./run.sh ok; cat data/bin/blob | wc -c; echo made > data/by-command");
+      assert.equal(r.out, "ran ok\n70000\n");
+      assert.equal(Buffer.from((await sandbox.readFile({ sessionId: id, path: "data/by-command" })).data).toString(), "made\n");
+
+      const listing = await sandbox.listFiles({ sessionId: id, path: "data" });
+      assert.deepEqual(
+        listing.entries.map((e) => [e.name, e.type]),
+        [
+          ["bin", FileType.DIRECTORY],
+          ["by-command", FileType.FILE],
+        ],
+      );
+      const root = await sandbox.listFiles({ sessionId: id, path: "" });
+      assert.ok(root.entries.some((e) => e.name === "run.sh" && e.type === FileType.FILE && e.size === 22n));
+      await failsWith(sandbox.writeFile({ sessionId: id, path: "no/such/dir/f", data: Buffer.from("x") }), Status.NOT_FOUND);
+    });
+
+    test("#19 path traversal, absolute paths, NUL bytes and overlong paths are refused", async () => {
+      await failsWith(sandbox.readFile({ sessionId: id, path: "../../etc/passwd" }), Status.INVALID_ARGUMENT);
+      await failsWith(sandbox.readFile({ sessionId: id, path: "data/../../etc/passwd" }), Status.INVALID_ARGUMENT);
+      await failsWith(sandbox.readFile({ sessionId: id, path: "/etc/shadow" }), Status.PERMISSION_DENIED);
+      await failsWith(sandbox.readFile({ sessionId: id, path: "/workspace/../etc/passwd" }), Status.INVALID_ARGUMENT);
+      await failsWith(sandbox.readFile({ sessionId: id, path: "a\0b" }), Status.INVALID_ARGUMENT);
+      await failsWith(sandbox.readFile({ sessionId: id, path: "x/".repeat(2100) }), Status.INVALID_ARGUMENT);
+      await failsWith(sandbox.readFile({ sessionId: id, path: "y".repeat(300) }), Status.INVALID_ARGUMENT);
+      await failsWith(sandbox.writeFile({ sessionId: id, path: "../escape", data: Buffer.from("x") }), Status.INVALID_ARGUMENT);
+      await failsWith(sandbox.listFiles({ sessionId: id, path: "/" }), Status.PERMISSION_DENIED);
+      // No decoding: "%2e%2e" is a name like any other, and there is no such file.
+      await failsWith(sandbox.readFile({ sessionId: id, path: "%2e%2e/etc/passwd" }), Status.NOT_FOUND);
+      await failsWith(sandbox.readFile({ sessionId: id, path: "" }), Status.INVALID_ARGUMENT);
+    });
+
+    test("#20 #21 links lead nowhere outside the workspace; links inside it work", async () => {
+      await exec(sandbox, id, "mkdir -p sub/inner && echo inside > sub/inner/f && ln -sf / rootlink && ln -sf .. sub/up && ln -sf ../../.. sub/inner/up3 && ln -sf /workspace/sub/inner abs && ln -sf inner/f sub/rel");
+      assert.match(await failsWith(sandbox.readFile({ sessionId: id, path: "rootlink/etc/hostname" }), Status.PERMISSION_DENIED), /leads out of the workspace/);
+      await failsWith(sandbox.listFiles({ sessionId: id, path: "rootlink" }), Status.PERMISSION_DENIED);
+      await failsWith(sandbox.readFile({ sessionId: id, path: "sub/inner/up3/etc/passwd" }), Status.PERMISSION_DENIED);
+      await failsWith(sandbox.readFile({ sessionId: id, path: "sub/up/../outside" }), Status.INVALID_ARGUMENT);
+      await failsWith(sandbox.writeFile({ sessionId: id, path: "rootlink/tmp/planted", data: Buffer.from("x") }), Status.PERMISSION_DENIED);
+      // Links that stay inside are followed.
+      assert.equal(Buffer.from((await sandbox.readFile({ sessionId: id, path: "abs/f" })).data).toString(), "inside\n");
+      assert.equal(Buffer.from((await sandbox.readFile({ sessionId: id, path: "sub/rel" })).data).toString(), "inside\n");
+      assert.equal(Buffer.from((await sandbox.readFile({ sessionId: id, path: "sub/up/sub/inner/f" })).data).toString(), "inside\n");
+      const r = await exec(sandbox, id, "ls /tmp/planted 2>&1");
+      assert.match(r.out, /No such file/);
+    });
+
+    test("#22 a write through a link that points outside is refused; nothing lands outside", async () => {
+      await exec(sandbox, id, "ln -sf /tmp/target dangling && ln -sf /etc/passwd pw");
+      await failsWith(sandbox.writeFile({ sessionId: id, path: "dangling", data: Buffer.from("x") }), Status.PERMISSION_DENIED);
+      await failsWith(sandbox.writeFile({ sessionId: id, path: "pw", data: Buffer.from("x") }), Status.PERMISSION_DENIED);
+      const r = await exec(sandbox, id, "ls /tmp/target 2>&1; grep -c '^x$' /etc/passwd");
+      assert.match(r.out, /No such file/);
+      assert.match(r.out, /^0$/m);
+    });
+
+    test("#23 a directory swapped for a link while files are written: nothing lands outside", async () => {
+      // A loop in the sandbox turns `race` back and forth between a directory and a link to /tmp
+      // while the service writes race/f over and over.
+      const loop = exec(sandbox, id, "end=$(($(date +%s) + 4)); while [ $(date +%s) -lt $end ]; do rm -rf race; mkdir race; rm -rf race; ln -s /tmp race; done; rm -rf race", { timeoutMs: 10_000 });
+      const outcomes = new Map<string, number>();
+      const t0 = Date.now();
+      while (Date.now() - t0 < 3000) {
+        const code = await sandbox.writeFile({ sessionId: id, path: "race/f", data: Buffer.from("x") }).then(
+          () => "OK",
+          (e: { code: number }) => Status[e.code],
+        );
+        outcomes.set(code, (outcomes.get(code) ?? 0) + 1);
+      }
+      await loop;
+      for (const code of outcomes.keys()) assert.ok(["OK", "PERMISSION_DENIED", "NOT_FOUND", "FAILED_PRECONDITION"].includes(code), `unexpected ${code}`);
+      const r = await exec(sandbox, id, "ls /tmp/f 2>&1");
+      assert.match(r.out, /No such file/, `a write escaped to /tmp (outcomes: ${JSON.stringify([...outcomes])})`);
+    });
+
+    test("#24 hard links to files outside the workspace cannot be made", async () => {
+      const r = await exec(sandbox, id, "ln /etc/passwd hard 2>&1; echo rc=$?");
+      assert.match(r.out, /rc=1/);
+      await failsWith(sandbox.readFile({ sessionId: id, path: "hard" }), Status.NOT_FOUND);
+    });
+
+    test("FIFOs, directories and device-like files are not read; a full workspace is RESOURCE_EXHAUSTED", async () => {
+      await exec(sandbox, id, "mkfifo pipe");
+      // Would block forever if opened for a blocking read.
+      await failsWith(sandbox.readFile({ sessionId: id, path: "pipe" }), Status.FAILED_PRECONDITION);
+      await failsWith(sandbox.readFile({ sessionId: id, path: "sub" }), Status.FAILED_PRECONDITION);
+      await failsWith(sandbox.writeFile({ sessionId: id, path: "sub", data: Buffer.from("x") }), Status.FAILED_PRECONDITION);
+      await failsWith(sandbox.writeFile({ sessionId: id, path: "s", data: Buffer.from("x"), mode: 0o4755 }), Status.INVALID_ARGUMENT);
+      await exec(sandbox, id, "dd if=/dev/zero of=fill bs=1M count=300 2>/dev/null; true");
+      await failsWith(sandbox.writeFile({ sessionId: id, path: "more", data: Buffer.alloc(2 * 1024 * 1024) }), Status.RESOURCE_EXHAUSTED);
+      await exec(sandbox, id, "rm -f fill");
+      assert.equal((await sandbox.writeFile({ sessionId: id, path: "more", data: Buffer.alloc(1024) })).bytesWritten, 1024n);
+      const health = createClient(Health, stack.addr.sandbox);
+      assert.equal((await health.check({ service: "" })).status, Serving.SERVING);
+      health.close();
+    });
+  });
+}
+
+describe("sandbox processes, pool, scopes and restarts (runc)", () => {
+  let stack: Stack;
+  let sandbox: Sandbox;
+  before(async () => {
+    stack = await startStack({ services: ["sandbox"], env: { TROUPE_SANDBOX_POOL: "2" } });
+    sandbox = createClient(SandboxService, stack.addr.sandbox);
+  });
+  after(async () => {
+    sandbox?.close();
+    await stack?.stop();
+  });
+
+  test("a signal reaches the running command by the id its first message gave", async () => {
+    const id = "proc-signal";
+    const call = sandbox.exec({ sessionId: id, command: "trap 'echo got INT; exit 3' INT; echo ready; while :; do sleep 0.1; done", timeoutMs: 20_000 });
+    let execId = "";
+    let out = "";
+    let exit: ExecExit | undefined;
+    for await (const m of call) {
+      if (m.kind.case === "started") execId = m.kind.value.execId;
+      if (m.kind.case === "stdout") {
+        out += Buffer.from(m.kind.value).toString();
+        if (out === "ready\n") {
+          // Another session cannot signal it, and an unknown id is not found.
+          await failsWith(sandbox.signalExec({ sessionId: "proc-other", execId, signal: Signal.KILL }), Status.NOT_FOUND);
+          await failsWith(sandbox.signalExec({ sessionId: id, execId: "nope", signal: Signal.KILL }), Status.NOT_FOUND);
+          await failsWith(sandbox.signalExec({ sessionId: id, execId, signal: Signal.UNSPECIFIED }), Status.INVALID_ARGUMENT);
+          await sandbox.signalExec({ sessionId: id, execId, signal: Signal.INTERRUPT });
+        }
+      }
+      if (m.kind.case === "exit") exit = m.kind.value;
+    }
+    assert.ok(execId);
+    assert.equal(out, "ready\ngot INT\n");
+    assert.equal(exit?.exitCode, 3);
+    await failsWith(sandbox.signalExec({ sessionId: id, execId, signal: Signal.KILL }), Status.NOT_FOUND);
+    await sandbox.releaseSandbox({ sessionId: id });
+  });
+
+  test("stdin reaches the command whole, and is closed after", async () => {
+    const data = Buffer.alloc(3_000_000, "a");
+    const r = await exec(sandbox, "proc-stdin", "wc -c; cat; echo end", { stdin: data });
+    assert.equal(r.out, "3000000\nend\n");
+    await sandbox.releaseSandbox({ sessionId: "proc-stdin" });
+  });
+
+  test("backpressure: a caller that stops reading stops the command's output at its source", async () => {
+    const id = "proc-backpressure";
+    // Counts 64 KiB blocks written; each write blocks once nobody reads.
+    const call = sandbox.exec({ sessionId: id, command: "i=0; while :; do head -c 65536 /dev/zero; i=$((i+1)); echo $i > /workspace/progress; done", timeoutMs: 30_000, maxOutputBytes: 16 * 1024 * 1024 });
+    const it = call[Symbol.asyncIterator]();
+    await it.next(); // started
+    await it.next(); // the first output
+    await new Promise((r) => setTimeout(r, 1500));
+    const progress = Number(Buffer.from((await sandbox.readFile({ sessionId: id, path: "progress" })).data).toString());
+    // Unthrottled, /dev/zero makes thousands of blocks a second; held back, the agent's window,
+    // the pipe and the transport's buffers hold a few MiB at most.
+    assert.ok(progress < 100, `${progress} blocks written while nobody read`);
+    call.cancel();
+    await sandbox.killProcesses({ sessionId: id });
+    await sandbox.releaseSandbox({ sessionId: id });
+  });
+
+  test("the warm pool: claimed per session, refilled, never reused across sessions", async () => {
+    const name = (key: string) => containerName(instanceOf(stack.dataDir), key);
+    const pooled = async () => (await sandbox.listSandboxes({})).sandboxes.filter((s) => s.pooled && s.scopeKey === "").map((s) => s.containerId);
+    await waitFor("a full pool", async () => (await pooled()).length === 2, 30_000, 100);
+    const before = await pooled();
+    await exec(sandbox, "pool-a", "echo a > mine");
+    const a = (await run("docker", ["inspect", "-f", "{{.Id}}", name("session:pool-a")])).stdout.trim();
+    assert.ok(before.includes(a), "session a got a pooled container");
+    await waitFor("the pool to refill", async () => (await pooled()).length === 2, 30_000, 100);
+    const listed = (await sandbox.listSandboxes({})).sandboxes.find((s) => s.containerId === a);
+    assert.equal(listed?.scopeKey, "session:pool-a");
+    await sandbox.releaseSandbox({ sessionId: "pool-a" });
+    await exec(sandbox, "pool-b", "true");
+    const b = (await run("docker", ["inspect", "-f", "{{.Id}}", name("session:pool-b")])).stdout.trim();
+    assert.notEqual(a, b);
+    const all = (await sandbox.listSandboxes({})).sandboxes.map((s) => s.containerId);
+    assert.ok(!all.includes(a), "a released container is gone, not back in the pool");
+    assert.match((await exec(sandbox, "pool-b", "cat mine 2>&1")).out, /No such file/);
+    await sandbox.releaseSandbox({ sessionId: "pool-b" });
+  });
+
+  test("a restarted service takes its sessions' sandboxes back, files included", async () => {
+    await sandbox.writeFile({ sessionId: "restart-1", path: "kept", data: Buffer.from("still here") });
+    await stack.kill("sandbox");
+    await stack.start("sandbox");
+    const r = await exec(sandbox, "restart-1", "cat kept");
+    assert.equal(r.out, "still here");
+    await sandbox.releaseSandbox({ sessionId: "restart-1" });
+  });
+
+  test("the operator CLI lists, runs in and removes sandboxes", async () => {
+    const cli = (sub: string, ...args: string[]) => run(process.execPath, [MAIN, "sandbox", sub, "--sandbox", stack.addr.sandbox, "--data-dir", stack.dataDir, ...args]);
+    const ran = await cli("exec", "--session", "cli-1", "--", "echo", "from", "cli");
+    assert.equal(ran.stdout, "from cli\n");
+    await assert.rejects(cli("exec", "--session", "cli-1", "--", "exit 4"), (e: { code: number }) => e.code === 4);
+    const ls = (await cli("ls")).stdout;
+    assert.match(ls, /^NAME\s+SCOPE\s+STATE/);
+    assert.match(ls, /session:cli-1\s+running/);
+    assert.match(ls, /\(pool\)/);
+    assert.match((await cli("rm", "--session", "cli-1")).stdout, /removed the sandbox of cli-1/);
+    assert.doesNotMatch((await cli("ls")).stdout, /session:cli-1/);
+  });
+});
+
+describe("sandbox scope: agent", () => {
+  test("sessions of one agent share a sandbox; another agent's sessions do not see it", async () => {
+    const stack = await startStack({ services: ["sandbox"], env: { TROUPE_SANDBOX_SCOPE: "agent", TROUPE_SANDBOX_POOL: "0" } });
+    const sandbox = createClient(SandboxService, stack.addr.sandbox);
+    try {
+      await sandbox.writeFile({ sessionId: "s1", agentId: "writer", path: "notes", data: Buffer.from("shared within writer") });
+      assert.equal(Buffer.from((await sandbox.readFile({ sessionId: "s2", agentId: "writer", path: "notes" })).data).toString(), "shared within writer");
+      await failsWith(sandbox.readFile({ sessionId: "s1", agentId: "other", path: "notes" }), Status.NOT_FOUND);
+      await failsWith(sandbox.readFile({ sessionId: "s1", agentId: "Bad Agent!", path: "notes" }), Status.INVALID_ARGUMENT);
+      const keys = (await sandbox.listSandboxes({})).sandboxes.map((s) => s.scopeKey).sort();
+      assert.deepEqual(keys, ["agent:other", "agent:writer"]);
+      await sandbox.releaseSandbox({ sessionId: "s9", agentId: "writer" });
+      await sandbox.releaseSandbox({ sessionId: "s9", agentId: "other" });
+    } finally {
+      sandbox.close();
+      await stack.stop();
+    }
+  });
+});
+
+describe("the runner's file tools", () => {
+  test("write_file, read_file and list_files run in the session's sandbox; refusals reach the model", async () => {
+    const stack = await startStack();
+    const s = new ChatSession(stack.gateway);
+    try {
+      s.open();
+      await s.waitOpened();
+      const results: string[] = [];
+      for (const prompt of [
+        '!call write_file {"path": "notes/todo.txt", "content": "buy milk"}',
+        '!call read_file {"path": "notes/todo.txt"}',
+        '!call list_files {"path": "notes"}',
+        '!call read_file {"path": "../../etc/passwd"}',
+        '!call read_file {"path": "missing.txt"}',
+        "$ cat notes/todo.txt",
+      ]) {
+        const from = s.events.length;
+        s.prompt(prompt);
+        const toolEnd = await s.waitForPayload("toolExecutionEnd", 20_000, from);
+        const end = await s.waitForPayload("agentEnd", 20_000, from);
+        assert.ok(end.payload.case === "agentEnd" && end.payload.value.stopReason === StopReason.COMPLETED, prompt);
+        assert.ok(toolEnd.payload.case === "toolExecutionEnd");
+        results.push(`${toolEnd.payload.value.isError ? "ERR" : "OK"} ${toolEnd.payload.value.result}`);
+      }
+      assert.equal(results[0], "OK wrote 8 bytes to notes/todo.txt");
+      assert.equal(results[1], "OK buy milk");
+      assert.match(results[2], /^OK file\t8\ttodo\.txt$/);
+      assert.match(results[3], /^ERR read_file failed: path must not contain `\.\.`/);
+      assert.match(results[4], /^ERR read_file failed: .*no such file/);
+      assert.match(results[5], /^OK buy milk\n\[exit 0\]$/);
+    } finally {
+      s.close();
+      await stack.stop();
+    }
+  });
+});
