@@ -2,7 +2,7 @@
 // and once while a sandbox command runs (`sleep 60`), each time checking that the command's
 // process is gone. Baselines in the same run: a raw grpc-js unary round trip between two
 // processes (the floor for any reply) and killing a container's processes with
-// `docker exec ... kill -9 -1` through the docker CLI (the floor for a kill).
+// `docker exec ... killall -9` through the docker CLI (the floor for a kill).
 //
 //   node dist/bench/abort.js [--runs 30]
 import { execFile, spawn } from "node:child_process";
@@ -91,7 +91,8 @@ try {
   for (let i = 0; i < Math.min(RUNS, 20); i++) {
     await run("docker", ["exec", "-d", "-u", "65534:65534", name, "sleep", "60"]);
     const t0 = performance.now();
-    await run("docker", ["exec", "-u", "65534:65534", name, "kill", "-9", "-1"]);
+    // Not `kill -9 -1`: the sandbox's agent runs as the same user and would die with it.
+    await run("docker", ["exec", "-u", "65534:65534", name, "killall", "-9", "sleep"]);
     cli.push(performance.now() - t0);
   }
   await sandbox.releaseSandbox({ sessionId: probe });
@@ -100,7 +101,7 @@ try {
   console.log(`abort during model streaming -> agent_end: ${fmt(streaming)}`);
   console.log(`abort during a sandbox command (sleep 60, verified dead) -> agent_end: ${fmt(tool)}`);
   console.log(`baseline raw grpc-js round trip: ${fmt(rtt)}`);
-  console.log(`baseline docker CLI exec kill -9 -1: ${fmt(cli)}`);
+  console.log(`baseline docker CLI exec killall -9: ${fmt(cli)}`);
   console.log(`RESULT abort_stream_p99_ms=${pct(streaming, 99).toFixed(1)} abort_tool_p99_ms=${pct(tool, 99).toFixed(1)}`);
 } finally {
   sandbox.close();

@@ -229,7 +229,7 @@ describe("sandbox processes, pool, scopes and restarts (runc)", () => {
 
   test("the warm pool: claimed per session, refilled, never reused across sessions", async () => {
     const name = (key: string) => containerName(instanceOf(stack.dataDir), key);
-    const pooled = async () => (await sandbox.listSandboxes({})).sandboxes.filter((s) => s.pooled && s.scopeKey === "").map((s) => s.containerId);
+    const pooled = async () => (await sandbox.listSandboxes({})).sandboxes.filter((s) => s.pooled && s.scopeKey === "" && s.state === "running").map((s) => s.containerId);
     await waitFor("a full pool", async () => (await pooled()).length === 2, 30_000, 100);
     const before = await pooled();
     await exec(sandbox, "pool-a", "echo a > mine");

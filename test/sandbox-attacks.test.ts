@@ -1,8 +1,8 @@
 // The adversarial suite: what hostile code tries from inside a sandbox, run through the real
 // service against both runtimes (runc and gVisor's runsc), each attack asserting its safe outcome.
-// Numbers refer to the attack list in ../shared/reference/anchors-sandbox.md, section (b); the
-// ones that need the network allow-list (14, 16) or the workspace file API (19-24) are not here
-// yet, and the rest are written for the default busybox image.
+// Numbers refer to the attack list in ../shared/reference/anchors-sandbox.md, section (b). The
+// file API's (19-24) are in sandbox-api.test.ts; 14 and 16 need an egress allow-list, which does
+// not exist (no network at all); the rest are written for the default busybox image.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { Health, HealthCheckResponse_ServingStatus as Serving } from "../services/shared/gen/grpc/health/v1/health_pb.js";
@@ -37,6 +37,8 @@ interface Attack {
   /** Only under this runtime (the safe outcome is enforced differently by the other). */
   only?: "runc" | "runsc";
   check(r: Result, runtime: string): void;
+  /** A command run in the same sandbox afterwards, and what its output must be. */
+  afterwards?: { command: string; expect: string };
 }
 
 
@@ -206,6 +208,17 @@ const ATTACKS: Attack[] = [
     },
   },
   {
+    n: 27,
+    name: "timeout evasion: detached, double-forked and nohup'd descendants all die at the timeout",
+    command: "setsid nohup sleep 1000 >/dev/null 2>&1 & (sleep 1001 &) ; sh -c 'sleep 1002 & exit'; echo started; sleep 300",
+    timeoutMs: 1000,
+    check: (r) => {
+      assert.ok(r.exit.timedOut);
+      assert.match(r.out, /started/);
+    },
+    afterwards: { command: "ps -o args | grep -c '[s]leep 100' || true", expect: "0\n" },
+  },
+  {
     n: 28,
     name: "signals ignored: killed at the timeout anyway",
     command: "trap '' TERM INT HUP; echo waiting; sleep 300",
@@ -220,8 +233,8 @@ const ATTACKS: Attack[] = [
     name: "zombie farm: orphans are reaped by the init process",
     command: "for i in $(seq 40); do (sleep 0.1 &) ; done; sleep 1; ps -o stat | grep -c '^Z' || true",
     // Under runsc on these machines (ptrace platform) this very pattern, background subshells
-    // left to orphan, kills the gVisor sandbox itself and the engine's exec then never returns
-    // (observed 2026-11-22); not run there until that is understood. See docs/sandbox.md.
+    // left to orphan, ends the gVisor sandbox itself (observed 2026-11-22, with Docker's exec and
+    // with the agent alike); not run there until that is understood. See docs/sandbox.md.
     only: "runc",
     check: (r) => assert.equal(r.out.trim(), "0"),
   },
@@ -286,6 +299,7 @@ for (const runtime of ["runc", "runsc"] as const) {
         const id = `atk-${runtime}-${attack.n}`;
         const r = await exec(sandbox, id, attack.command, attack.timeoutMs);
         attack.check(r, runtime);
+        if (attack.afterwards) assert.equal((await exec(sandbox, id, attack.afterwards.command)).out, attack.afterwards.expect);
         // Whatever it tried, the sandbox still answers.
         const after = await exec(sandbox, id, "echo alive");
         assert.equal(after.out, "alive\n", `after #${attack.n}: ${after.out}`);

@@ -269,8 +269,17 @@ export class SandboxFleet {
   }
 
   private async claimFromPool(key: string, name: string): Promise<Sandbox | undefined> {
-    for (let sandbox = this.pool.shift(); sandbox; sandbox = this.pool.shift()) {
+    try {
+      return await this.claimOne(key, name);
+    } finally {
+      // Refilled after the claim, not during it: a container being made competes with the
+      // rename for the engine.
       this.fill();
+    }
+  }
+
+  private async claimOne(key: string, name: string): Promise<Sandbox | undefined> {
+    for (let sandbox = this.pool.shift(); sandbox; sandbox = this.pool.shift()) {
       if (!sandbox.agent.alive) continue;
       try {
         await sandbox.container.rename({ name });
@@ -286,7 +295,6 @@ export class SandboxFleet {
       sandbox.lastUsed = Date.now();
       return sandbox;
     }
-    this.fill();
     return undefined;
   }
 
@@ -417,7 +425,8 @@ export class SandboxFleet {
         containerId: c.Id,
         name,
         scopeKey: mine?.key ?? c.Labels["troupe.scope"] ?? "",
-        state: c.State,
+        // Running, but not yet greeted (or not yet pooled): not ready for a claim.
+        state: this.making.has(name) ? "starting" : c.State,
         createdAt: Number(c.Labels["troupe.created"] ?? c.Created * 1000),
         lastUsed: mine?.lastUsed,
         pooled: name.startsWith(poolPrefix(this.opts.instance)),

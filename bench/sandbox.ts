@@ -1,0 +1,143 @@
+// bench/sandbox: what a tool call pays for its sandbox, against the docker CLI in the same run.
+//   cold exec: the first command of a new session with no warm pool (create, start, greet the
+//              agent, run `true`) vs `docker run --rm` of the same image with the same hardening;
+//   warm exec: `true` in a session's running sandbox through the service vs `docker exec`;
+//   pool claim: taking a warm container for a new session (rename, claim), measured in-process
+//              on the service's own fleet, and the first command of a session with a warm pool
+//              through the service.
+//
+//   node dist/bench/sandbox.js [--runtime runc|runsc] [--warm 200] [--cold 15]
+import { execFile } from "node:child_process";
+import { promisify } from "node:util";
+import { parseArgs } from "node:util";
+import Docker from "dockerode";
+import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
+import { createClient, type ServiceClient } from "../services/shared/rpc.js";
+import { createLogger } from "../services/shared/log.js";
+import { DEFAULT_LIMITS, SandboxFleet, containerName, instanceOf } from "../services/sandbox/fleet.js";
+import { startStack } from "../test/helpers/stack.js";
+import { pct } from "./support/stats.js";
+
+const run = promisify(execFile);
+const { values } = parseArgs({ options: { runtime: { type: "string", default: "runc" }, warm: { type: "string", default: "200" }, cold: { type: "string", default: "15" } } });
+const RUNTIME = values.runtime!;
+const WARM = Number(values.warm);
+const COLD = Number(values.cold);
+const IMAGE = process.env.TROUPE_SANDBOX_IMAGE ?? "troupe-sandbox:busybox";
+const fmt = (xs: number[]) => `p50=${pct(xs, 50).toFixed(1)} ms p95=${pct(xs, 95).toFixed(1)} ms (n=${xs.length})`;
+type Sandbox = ServiceClient<(typeof SandboxService)["method"]>;
+
+async function timedExec(sandbox: Sandbox, sessionId: string, command = "true"): Promise<number> {
+  const t0 = performance.now();
+  let code = -1;
+  for await (const m of sandbox.exec({ sessionId, command })) if (m.kind.case === "exit") code = m.kind.value.exitCode;
+  if (code !== 0) throw new Error(`${command} exited ${code}`);
+  return performance.now() - t0;
+}
+
+const env = { TROUPE_LOG_LEVEL: "warn", TROUPE_SANDBOX_RUNTIME: RUNTIME };
+
+// Cold: no pool, so every new session makes its container.
+const coldStack = await startStack({ services: ["sandbox"], env: { ...env, TROUPE_SANDBOX_POOL: "0" } });
+const coldClient = createClient(SandboxService, coldStack.addr.sandbox);
+const cold: number[] = [];
+const warm: number[] = [];
+let cliExec: number[] = [];
+try {
+  await timedExec(coldClient, "bench-cold-warmup");
+  await coldClient.releaseSandbox({ sessionId: "bench-cold-warmup" });
+  for (let i = 0; i < COLD; i++) {
+    const id = `bench-cold-${i}`;
+    cold.push(await timedExec(coldClient, id));
+    await coldClient.releaseSandbox({ sessionId: id });
+  }
+
+  // Warm: one session's running sandbox, through the service and through the CLI.
+  const id = "bench-warm";
+  await timedExec(coldClient, id);
+  for (let i = 0; i < 20; i++) await timedExec(coldClient, id);
+  for (let i = 0; i < WARM; i++) warm.push(await timedExec(coldClient, id));
+  const name = containerName(instanceOf(coldStack.dataDir), `session:${id}`);
+  const cliRuns = Math.min(WARM, 50);
+  for (let i = 0; i < cliRuns + 5; i++) {
+    const t0 = performance.now();
+    await run("docker", ["exec", name, "true"]);
+    cliExec.push(performance.now() - t0);
+  }
+  cliExec = cliExec.slice(5);
+  await coldClient.releaseSandbox({ sessionId: id });
+} finally {
+  coldClient.close();
+  await coldStack.stop();
+}
+
+// The CLI's cold start, same image and hardening.
+const cliRun: number[] = [];
+const runArgs = [
+  "run", "--rm", "--runtime", RUNTIME, "--network", "none", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+  "--read-only", "--init", "--pids-limit", "256", "--memory", "512m", "--memory-swap", "512m", "--cpus", "1",
+  "--tmpfs", "/tmp:rw,nosuid,nodev,noexec,size=64m", "--tmpfs", "/workspace:rw,exec,nosuid,nodev,size=256m",
+  "--user", "65534:65534", "--log-driver", "none", "--entrypoint", "/bin/true", IMAGE,
+];
+for (let i = 0; i < COLD + 1; i++) {
+  const t0 = performance.now();
+  await run("docker", runArgs);
+  if (i > 0) cliRun.push(performance.now() - t0);
+}
+
+// Pool claim, in-process on a fleet of its own: the time from asking for a new key's sandbox to
+// having it, with a warm container waiting.
+const logger = createLogger("bench", "warn");
+const fleet = new SandboxFleet(
+  new Docker(),
+  { image: IMAGE, runtime: RUNTIME, instance: `bench${Date.now().toString(36)}`, limits: DEFAULT_LIMITS, poolSize: 1, idleMs: 3600_000, maxAgeMs: 3600_000 },
+  logger,
+);
+const claim: number[] = [];
+try {
+  for (let i = 0; i < COLD; i++) {
+    fleet.fill();
+    if (!(await fleet.poolReady(30_000))) throw new Error("the pool did not fill");
+    const key = `session:bench-claim-${i}`;
+    const t0 = performance.now();
+    await fleet.get(key);
+    claim.push(performance.now() - t0);
+    await fleet.release(key);
+  }
+} finally {
+  await fleet.shutdown();
+}
+
+// And through the service: a new session's first command with a warm pool.
+const poolStack = await startStack({ services: ["sandbox"], env: { ...env, TROUPE_SANDBOX_POOL: "1" } });
+const poolClient = createClient(SandboxService, poolStack.addr.sandbox);
+const firstWithPool: number[] = [];
+try {
+  for (let i = 0; i < COLD; i++) {
+    // Wait for the pool to refill (the listing shows an unclaimed pooled container).
+    for (let t = 0; t < 300; t++) {
+      const { sandboxes } = await poolClient.listSandboxes({});
+      if (sandboxes.some((s) => s.pooled && s.scopeKey === "" && s.state === "running")) break;
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    const id = `bench-pool-${i}`;
+    firstWithPool.push(await timedExec(poolClient, id));
+    await poolClient.releaseSandbox({ sessionId: id });
+  }
+} finally {
+  poolClient.close();
+  await poolStack.stop();
+}
+
+const ratio = (a: number[], b: number[]) => (pct(a, 50) / pct(b, 50)).toFixed(2);
+console.log(`runtime=${RUNTIME} image=${IMAGE}`);
+console.log(`cold exec through the service (no pool):      ${fmt(cold)}`);
+console.log(`baseline docker run --rm through the CLI:     ${fmt(cliRun)}`);
+console.log(`warm exec through the service:                ${fmt(warm)}`);
+console.log(`baseline docker exec through the CLI:         ${fmt(cliExec)}`);
+console.log(`pool claim (in-process fleet):                ${fmt(claim)}`);
+console.log(`first exec of a session with a warm pool:     ${fmt(firstWithPool)}`);
+console.log(
+  `RESULT warm_exec_p50_ms=${pct(warm, 50).toFixed(2)} warm_vs_cli_exec=${ratio(warm, cliExec)} cold_vs_cli_run=${ratio(cold, cliRun)} pool_claim_p50_ms=${pct(claim, 50).toFixed(2)}`,
+);
+process.exit(0);
