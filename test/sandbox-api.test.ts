@@ -271,6 +271,96 @@ describe("sandbox processes, pool, scopes and restarts (runc)", () => {
   });
 });
 
+describe("sandbox abuse and accounting (runc)", () => {
+  let stack: Stack;
+  let sandbox: Sandbox;
+  before(async () => {
+    stack = await startStack({ services: ["sandbox"], env: { TROUPE_SANDBOX_POOL: "1" } });
+    sandbox = createClient(SandboxService, stack.addr.sandbox);
+  });
+  after(async () => {
+    sandbox?.close();
+    await stack?.stop();
+  });
+
+  test("#2 thread bomb: held by the pids limit, killed at the timeout, the sandbox still answers", async () => {
+    // A real pthread bomb, compiled here and written into the workspace (busybox has no threads).
+    const { mkdtemp, readFile, writeFile, rm } = await import("node:fs/promises");
+    const os = await import("node:os");
+    const path = await import("node:path");
+    const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-threads-"));
+    const src = path.join(dir, "bomb.c");
+    await writeFile(
+      src,
+      "#include <pthread.h>\n#include <stdio.h>\n#include <unistd.h>\nstatic void *idle(void *a) { (void)a; for (;;) pause(); }\nint main(void) { int n = 0; pthread_t t; while (n < 100000 && pthread_create(&t, 0, idle, 0) == 0) n++; printf(\"threads=%d\\n\", n); fflush(stdout); for (;;) pause(); }\n",
+    );
+    await run("gcc", ["-static", "-O2", "-pthread", "-o", path.join(dir, "bomb"), src]);
+    await sandbox.writeFile({ sessionId: "abuse-threads", path: "bomb", data: await readFile(path.join(dir, "bomb")), mode: 0o755 });
+    await rm(dir, { recursive: true, force: true });
+    const r = await exec(sandbox, "abuse-threads", "./bomb", { timeoutMs: 3000 });
+    const threads = Number(/threads=(\d+)/.exec(r.out)?.[1]);
+    assert.ok(threads > 0 && threads < 256, `the pids limit stopped it at ${threads} threads`);
+    assert.ok(r.exit.timedOut);
+    assert.equal((await exec(sandbox, "abuse-threads", "echo alive")).out, "alive\n");
+    await sandbox.releaseSandbox({ sessionId: "abuse-threads" });
+  });
+
+  test("#35 API abuse: hundreds of concurrent commands, an oversized write, garbage on the port", async () => {
+    const id = "abuse-api";
+    await exec(sandbox, id, "true");
+    // More commands at once than a sandbox runs (64): the rest are refused, none is lost.
+    const outcomes = await Promise.all(
+      Array.from({ length: 300 }, () =>
+        exec(sandbox, id, "sleep 1; echo done").then(
+          (r) => (r.out === "done\n" ? "done" : `odd: ${r.out}`),
+          (e: { code: number }) => Status[e.code],
+        ),
+      ),
+    );
+    const counts = outcomes.reduce<Record<string, number>>((m, o) => ((m[o] = (m[o] ?? 0) + 1), m), {});
+    assert.deepEqual(Object.keys(counts).sort(), ["RESOURCE_EXHAUSTED", "done"], JSON.stringify(counts));
+    assert.ok(counts.done >= 32, JSON.stringify(counts));
+    // Over the message limit: refused by the transport before it reaches the sandbox.
+    await failsWith(sandbox.writeFile({ sessionId: id, path: "big", data: Buffer.alloc(5 * 1024 * 1024) }), Status.RESOURCE_EXHAUSTED);
+    // Bytes that are not HTTP/2 at all.
+    const net = await import("node:net");
+    const [host, port] = stack.addr.sandbox.split(":");
+    await new Promise<void>((resolve) => {
+      const sock = net.connect(Number(port), host, () => sock.end(Buffer.from("GET / HTTP/1.1\r\n\r\n\x00\xff garbage")));
+      sock.on("error", () => resolve());
+      sock.on("close", () => resolve());
+      sock.resume();
+    });
+    assert.equal((await exec(sandbox, id, "echo still")).out, "still\n");
+    const health = createClient(Health, stack.addr.sandbox);
+    assert.equal((await health.check({ service: "" })).status, Serving.SERVING);
+    health.close();
+    await sandbox.releaseSandbox({ sessionId: id });
+  });
+
+  test("a command that kills the agent ends only its own sandbox; the next command gets a new one", async () => {
+    await sandbox.writeFile({ sessionId: "abuse-agent", path: "f", data: Buffer.from("x") });
+    const r = await exec(sandbox, "abuse-agent", "kill -9 $PPID; sleep 5");
+    assert.equal(r.exit.exitCode, 137);
+    const again = await exec(sandbox, "abuse-agent", "ls");
+    assert.equal(again.out, "", "a new sandbox, with an empty workspace");
+    await sandbox.releaseSandbox({ sessionId: "abuse-agent" });
+  });
+
+  test("nothing leaks: after releases and a shutdown, the instance has no container left", async () => {
+    const count = async () => (await run("docker", ["ps", "-aq", "--filter", `label=troupe.instance=${instanceOf(stack.dataDir)}`])).stdout.trim().split("\n").filter(Boolean).length;
+    for (const id of ["leak-1", "leak-2", "leak-3"]) {
+      await exec(sandbox, id, "echo hi > f; sleep 0.1");
+      await exec(sandbox, id, "sleep 30", { timeoutMs: 300 });
+    }
+    assert.ok((await count()) >= 3);
+    for (const id of ["leak-1", "leak-2", "leak-3"]) assert.equal((await sandbox.releaseSandbox({ sessionId: id })).removed, true);
+    await stack.kill("sandbox");
+    assert.equal(await count(), 0, "the pool is removed at shutdown, and every released sandbox is gone");
+    await stack.start("sandbox");
+  });
+});
+
 describe("sandbox scope: agent", () => {
   test("sessions of one agent share a sandbox; another agent's sessions do not see it", async () => {
     const stack = await startStack({ services: ["sandbox"], env: { TROUPE_SANDBOX_SCOPE: "agent", TROUPE_SANDBOX_POOL: "0" } });

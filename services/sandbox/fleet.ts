@@ -149,7 +149,8 @@ export class SandboxFleet {
   private readonly pool: Sandbox[] = [];
   /** Names of containers being made, which the reaper must leave alone. */
   private readonly making = new Set<string>();
-  private filling = false;
+  /** The background fill under way, if any (shutdown waits for it, so nothing it makes leaks). */
+  private filling: Promise<void> | undefined;
   private closed = false;
   /** OOM kills the engine reported, by container id. */
   private readonly oomKills = new Map<string, number>();
@@ -335,8 +336,7 @@ export class SandboxFleet {
   /** Tops the pool up in the background, one container at a time. */
   fill(): void {
     if (this.filling || this.closed || this.pool.length >= this.opts.poolSize) return;
-    this.filling = true;
-    void (async () => {
+    const run = async () => {
       try {
         while (!this.closed && this.pool.length < this.opts.poolSize) {
           const sandbox = await this.make(`${poolPrefix(this.opts.instance)}${randomBytes(6).toString("hex")}`);
@@ -347,10 +347,10 @@ export class SandboxFleet {
         }
       } catch (err) {
         this.logger.warn("could not fill the sandbox pool", { error: (err as Error).message });
-      } finally {
-        this.filling = false;
       }
-    })();
+    };
+    // Cleared in a callback, which always runs after this assignment.
+    this.filling = run().finally(() => (this.filling = undefined));
   }
 
   get pooled(): number {
@@ -439,6 +439,7 @@ export class SandboxFleet {
   async shutdown(): Promise<void> {
     this.closed = true;
     (this.events as { destroy?: () => void } | undefined)?.destroy?.();
+    await this.filling;
     const pool = this.pool.splice(0);
     await Promise.all(pool.map(async (s) => (s.agent.close(), this.remove(s.container))));
     for (const p of this.byKey.values()) void p.then((s) => s.agent.close(), () => undefined);

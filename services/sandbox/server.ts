@@ -210,11 +210,14 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
 
       let cancelled = false;
       let fellBack = false;
-      call.once("cancelled", () => {
+      // Only while the command runs: grpc-js may also report a call it ended itself (with an
+      // error status) as cancelled, and that must not kill the sandbox's other commands.
+      const onCancelled = () => {
         cancelled = true;
         wake?.();
         void killAll(sandbox);
-      });
+      };
+      call.once("cancelled", onCancelled);
       // The agent ends a command at its timeout; if it has not reported by a while after, it is
       // not trusted to, and the container goes.
       const fallback = setTimeout(() => {
@@ -236,6 +239,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
       } finally {
         clearTimeout(fallback);
         running.delete(execId);
+        call.removeListener("cancelled", onCancelled);
       }
       if (cancelled) return;
 
