@@ -5,10 +5,11 @@ import { execFile } from "node:child_process";
 import { promisify } from "node:util";
 import { Health, HealthCheckResponse_ServingStatus as Serving } from "../services/shared/gen/grpc/health/v1/health_pb.js";
 import { MemoryService, MemoryKind } from "../services/shared/gen/troupe/v1/memory_pb.js";
-import { SandboxService, type ExecExit } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
+import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
 import { Status } from "../services/shared/errors.js";
-import { createClient, type ServiceClient } from "../services/shared/rpc.js";
+import { createClient } from "../services/shared/rpc.js";
 import { containerName, instanceOf } from "../services/sandbox/fleet.js";
+import { exec } from "./helpers/sandbox.js";
 import { startStack, waitFor, type Stack } from "./helpers/stack.js";
 
 const run = promisify(execFile);
@@ -56,16 +57,6 @@ describe("memory service", () => {
   });
 });
 
-async function exec(sandbox: ServiceClient<(typeof SandboxService)["method"]>, sessionId: string, command: string, timeoutMs = 0) {
-  let out = "";
-  let exit: ExecExit | undefined;
-  for await (const m of sandbox.exec({ sessionId, command, timeoutMs })) {
-    if (m.kind.case === "stdout" || m.kind.case === "stderr") out += Buffer.from(m.kind.value).toString();
-    if (m.kind.case === "exit") exit = m.kind.value;
-  }
-  return { out, exit: exit! };
-}
-
 describe("sandbox service", () => {
   test("runs commands in a hardened container: no network, no capabilities, read-only root, non-root", async () => {
     const sandbox = createClient(SandboxService, stack.addr.sandbox);
@@ -102,7 +93,7 @@ describe("sandbox service", () => {
     const sandbox = createClient(SandboxService, stack.addr.sandbox);
     const id = `sbx-timeout-${Date.now()}`;
     const t0 = performance.now();
-    const r = await exec(sandbox, id, "setsid sh -c 'sleep 300' & (sleep 301 &) ; trap '' TERM; echo started; sleep 302", 1000);
+    const r = await exec(sandbox, id, "setsid sh -c 'sleep 300' & (sleep 301 &) ; trap '' TERM; echo started; sleep 302", { timeoutMs: 1000 });
     const ms = performance.now() - t0;
     assert.ok(r.exit.timedOut);
     assert.match(r.out, /started/);
@@ -152,7 +143,7 @@ describe("sandbox service", () => {
       assert.equal(await exists(orphan), false, "a stopped container of this instance is removed at start-up");
       assert.equal(await exists(foreign), true, "another instance's container is left alone");
       const sandbox = createClient(SandboxService, reaped.addr.sandbox);
-      const busy = exec(sandbox, "reap-1", "sleep 3; echo slept", 10_000);
+      const busy = exec(sandbox, "reap-1", "sleep 3; echo slept", { timeoutMs: 10_000 });
       await new Promise((r) => setTimeout(r, 500));
       const name = containerName(mine, "session:reap-1");
       assert.equal(await exists(name), true);

@@ -8,24 +8,15 @@ import { promisify } from "node:util";
 import { Health, HealthCheckResponse_ServingStatus as Serving } from "../services/shared/gen/grpc/health/v1/health_pb.js";
 import { FileType, SandboxService, Signal, type ExecExit } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
 import { Status } from "../services/shared/errors.js";
-import { createClient, type ServiceClient } from "../services/shared/rpc.js";
+import { createClient } from "../services/shared/rpc.js";
 import { StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { containerName, instanceOf } from "../services/sandbox/fleet.js";
+import { exec, type SandboxClient } from "./helpers/sandbox.js";
 import { ChatSession } from "./helpers/session.js";
 import { MAIN, startStack, waitFor, type Stack } from "./helpers/stack.js";
 
 const run = promisify(execFile);
-type Sandbox = ServiceClient<(typeof SandboxService)["method"]>;
-
-async function exec(sandbox: Sandbox, sessionId: string, command: string, extra: { timeoutMs?: number; stdin?: Uint8Array; agentId?: string } = {}) {
-  let out = "";
-  let exit: ExecExit | undefined;
-  for await (const m of sandbox.exec({ sessionId, command, timeoutMs: extra.timeoutMs ?? 20_000, stdin: extra.stdin, agentId: extra.agentId })) {
-    if (m.kind.case === "stdout" || m.kind.case === "stderr") out += Buffer.from(m.kind.value).toString();
-    if (m.kind.case === "exit") exit = m.kind.value;
-  }
-  return { out, exit: exit! };
-}
+type Sandbox = SandboxClient;
 
 /** Asserts the call fails with `code`, and returns its message. */
 async function failsWith(call: Promise<unknown>, code: Status): Promise<string> {

@@ -6,27 +6,13 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { Health, HealthCheckResponse_ServingStatus as Serving } from "../services/shared/gen/grpc/health/v1/health_pb.js";
-import { SandboxService, type ExecExit } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
-import { createClient, type ServiceClient } from "../services/shared/rpc.js";
+import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
+import { createClient } from "../services/shared/rpc.js";
+import { exec, type ExecResult, type SandboxClient } from "./helpers/sandbox.js";
 import { startStack, type Stack } from "./helpers/stack.js";
 
-type Sandbox = ServiceClient<(typeof SandboxService)["method"]>;
-interface Result {
-  out: string;
-  bytes: number;
-  exit: ExecExit;
-}
-
-async function exec(sandbox: Sandbox, sessionId: string, command: string, timeoutMs = 20_000): Promise<Result> {
-  const chunks: Buffer[] = [];
-  let exit: ExecExit | undefined;
-  for await (const m of sandbox.exec({ sessionId, command, timeoutMs })) {
-    if (m.kind.case === "stdout" || m.kind.case === "stderr") chunks.push(Buffer.from(m.kind.value));
-    if (m.kind.case === "exit") exit = m.kind.value;
-  }
-  const all = Buffer.concat(chunks);
-  return { out: all.toString("utf8"), bytes: all.length, exit: exit! };
-}
+type Sandbox = SandboxClient;
+type Result = ExecResult;
 
 interface Attack {
   n: number;
@@ -297,7 +283,7 @@ for (const runtime of ["runc", "runsc"] as const) {
       if (attack.only && attack.only !== runtime) continue;
       test(`#${attack.n} ${attack.name}`, async () => {
         const id = `atk-${runtime}-${attack.n}`;
-        const r = await exec(sandbox, id, attack.command, attack.timeoutMs);
+        const r = await exec(sandbox, id, attack.command, { timeoutMs: attack.timeoutMs });
         attack.check(r, runtime);
         if (attack.afterwards) assert.equal((await exec(sandbox, id, attack.afterwards.command)).out, attack.afterwards.expect);
         // Whatever it tried, the sandbox still answers.

@@ -91,6 +91,16 @@ interface Pending {
   reject(err: Error): void;
 }
 
+/** Rejects with `onTimeout()`'s error when `work` has not settled in time. */
+export async function within<T>(work: Promise<T>, ms: number, onTimeout: () => Error): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([work, new Promise<never>((_, reject) => (timer = setTimeout(() => reject(onTimeout()), ms)))]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 function frame(type: Req, id: number, ...parts: Uint8Array[]): Buffer {
   const len = parts.reduce((n, p) => n + p.length, 0);
   const head = Buffer.alloc(9);
@@ -154,19 +164,14 @@ export class AgentConnection {
    */
   async hello(): Promise<void> {
     this.synced = false;
-    const id = this.nextId++;
-    let timer: NodeJS.Timeout | undefined;
-    const timeout = new Promise<never>((_, reject) => {
-      timer = setTimeout(() => reject(new AgentGone(`the sandbox's agent did not answer within ${HELLO_TIMEOUT_MS} ms (an image without troupe-agent?)`)), HELLO_TIMEOUT_MS);
-    });
-    try {
-      const reply = await Promise.race([this.request(Req.Hello, id), timeout]);
-      const [version, claim = ""] = reply.payload.toString("utf8").split("\n");
-      if (version !== AGENT_VERSION) throw new AgentGone(`the sandbox image's agent is ${version}, this service speaks ${AGENT_VERSION}: rebuild it with \`make sandbox-image\``);
-      this.claimedFor = claim;
-    } finally {
-      clearTimeout(timer);
-    }
+    const reply = await within(
+      this.request(Req.Hello, this.nextId++),
+      HELLO_TIMEOUT_MS,
+      () => new AgentGone(`the sandbox's agent did not answer within ${HELLO_TIMEOUT_MS} ms (an image without troupe-agent?)`),
+    );
+    const [version, claim = ""] = reply.payload.toString("utf8").split("\n");
+    if (version !== AGENT_VERSION) throw new AgentGone(`the sandbox image's agent is ${version}, this service speaks ${AGENT_VERSION}: rebuild it with \`make sandbox-image\``);
+    this.claimedFor = claim;
   }
 
   async claim(key: string): Promise<void> {

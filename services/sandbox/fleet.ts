@@ -155,6 +155,8 @@ export class SandboxFleet {
   /** OOM kills the engine reported, by container id. */
   private readonly oomKills = new Map<string, number>();
   private events: NodeJS.ReadableStream | undefined;
+  /** When the reaper first saw a claimed container this process has not used (its key may come back). */
+  private readonly firstSeen = new Map<string, number>();
 
   constructor(
     private readonly docker: Docker,
@@ -373,15 +375,9 @@ export class SandboxFleet {
    */
   async reap(): Promise<number> {
     const now = Date.now();
-    const list = await this.docker.listContainers({ all: true, filters: { label: [`troupe.instance=${this.opts.instance}`, "troupe.owner=troupe-sandbox"] } });
-    const live = await this.live();
     let removed = 0;
-    for (const c of list) {
-      const name = (c.Names[0] ?? "").replace(/^\//, "");
+    for (const { c, name, mine, pooled, created } of await this.containers()) {
       if (this.making.has(name)) continue;
-      const mine = live.get(c.Id);
-      const pooled = name.startsWith(poolPrefix(this.opts.instance));
-      const created = Number(c.Labels["troupe.created"] ?? c.Created * 1000);
       if (c.State === "running" && !mine && !pooled) this.firstSeen.set(c.Id, this.firstSeen.get(c.Id) ?? now);
       const lastUsed = mine?.lastUsed ?? this.firstSeen.get(c.Id) ?? now;
       const busy = (mine?.agent.runningCommands ?? 0) > 0;
@@ -412,25 +408,32 @@ export class SandboxFleet {
     return removed;
   }
 
-  private readonly firstSeen = new Map<string, number>();
-
   /** This instance's containers as the engine lists them, with what this process knows of each. */
   async list(): Promise<SandboxSummary[]> {
+    return (await this.containers()).map(({ c, name, mine, pooled, created }) => ({
+      containerId: c.Id,
+      name,
+      scopeKey: mine?.key ?? c.Labels["troupe.scope"] ?? "",
+      // Running, but not yet greeted (or not yet pooled): not ready for a claim.
+      state: this.making.has(name) ? "starting" : c.State,
+      createdAt: created,
+      lastUsed: mine?.lastUsed,
+      pooled,
+      runningCommands: mine?.agent.runningCommands ?? 0,
+    }));
+  }
+
+  private async containers() {
     const list = await this.docker.listContainers({ all: true, filters: { label: [`troupe.instance=${this.opts.instance}`, "troupe.owner=troupe-sandbox"] } });
     const live = await this.live();
     return list.map((c) => {
       const name = (c.Names[0] ?? "").replace(/^\//, "");
-      const mine = live.get(c.Id);
       return {
-        containerId: c.Id,
+        c,
         name,
-        scopeKey: mine?.key ?? c.Labels["troupe.scope"] ?? "",
-        // Running, but not yet greeted (or not yet pooled): not ready for a claim.
-        state: this.making.has(name) ? "starting" : c.State,
-        createdAt: Number(c.Labels["troupe.created"] ?? c.Created * 1000),
-        lastUsed: mine?.lastUsed,
+        mine: live.get(c.Id),
         pooled: name.startsWith(poolPrefix(this.opts.instance)),
-        runningCommands: mine?.agent.runningCommands ?? 0,
+        created: Number(c.Labels["troupe.created"] ?? c.Created * 1000),
       };
     });
   }

@@ -18,7 +18,7 @@ import { DEFAULT_AGENT, isAgentId, isSessionId } from "../shared/ids.js";
 import type { Logger } from "../shared/log.js";
 import { RpcServer, ServingStatus, write } from "../shared/rpc.js";
 import type { RunningService } from "../shared/service.js";
-import { AgentError, AgentGone, type AgentExit, type RunningExec } from "./agent-connection.js";
+import { AgentError, AgentGone, within, type AgentExit, type RunningExec } from "./agent-connection.js";
 import { DEFAULT_LIMITS, SandboxFleet, instanceOf, type Sandbox } from "./fleet.js";
 
 const DEFAULT_OUTPUT_BYTES = 1024 * 1024;
@@ -87,16 +87,6 @@ export function workspacePath(path: string, allowRoot: boolean): string {
   invalidArgumentIf(parts.some((p) => Buffer.byteLength(p) > 255), "a path component is over 255 bytes");
   invalidArgumentIf(!allowRoot && parts.length === 0, "path names the workspace itself, not a file in it");
   return parts.join("/");
-}
-
-/** Rejects with `onTimeout()`'s error when `work` has not settled in time. */
-async function within<T>(work: Promise<T>, ms: number, onTimeout: () => Error): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  try {
-    return await Promise.race([work, new Promise<never>((_, reject) => (timer = setTimeout(() => reject(onTimeout()), ms)))]);
-  } finally {
-    clearTimeout(timer);
-  }
 }
 
 export async function startSandbox(cfg: Config, logger: Logger): Promise<RunningService> {
@@ -192,16 +182,10 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
         lost: (err: Error) => ((outcome = { lost: err }), wake?.()),
       };
       const options = { timeoutMs, maxOutputBytes: req.maxOutputBytes || DEFAULT_OUTPUT_BYTES, windowBytes: OUTPUT_WINDOW_BYTES, stdin: req.stdin };
-      let sandbox = await fleet.get(key);
-      let exec: RunningExec;
-      try {
-        exec = sandbox.agent.exec(req.command, options, handlers);
-      } catch (err) {
-        // Its connection ended a moment ago (the container died): a new sandbox, once.
-        if (!(err instanceof AgentGone)) throw err;
-        sandbox = await fleet.get(key);
-        exec = sandbox.agent.exec(req.command, options, handlers);
-      }
+      // get() hands out only sandboxes whose agent connection is alive; one that dies from here
+      // on reports the command as lost (killed), below.
+      const sandbox = await fleet.get(key);
+      const exec = sandbox.agent.exec(req.command, options, handlers);
       sandbox.lastUsed = Date.now();
       const started = Date.now();
       const oomsBefore = fleet.ooms(sandbox.id);

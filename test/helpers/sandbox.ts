@@ -1,0 +1,29 @@
+// Running a command through the sandbox service, for tests: its whole output and exit status.
+import { SandboxService, type ExecExit } from "../../services/shared/gen/troupe/v1/sandbox_pb.js";
+import type { ServiceClient } from "../../services/shared/rpc.js";
+
+export type SandboxClient = ServiceClient<(typeof SandboxService)["method"]>;
+
+export interface ExecResult {
+  /** stdout and stderr as they came, decoded as UTF-8. */
+  out: string;
+  bytes: number;
+  exit: ExecExit;
+}
+
+export async function exec(
+  sandbox: SandboxClient,
+  sessionId: string,
+  command: string,
+  opts: { timeoutMs?: number; stdin?: Uint8Array; agentId?: string } = {},
+): Promise<ExecResult> {
+  const chunks: Buffer[] = [];
+  let exit: ExecExit | undefined;
+  for await (const m of sandbox.exec({ sessionId, command, timeoutMs: opts.timeoutMs ?? 20_000, stdin: opts.stdin, agentId: opts.agentId })) {
+    if (m.kind.case === "stdout" || m.kind.case === "stderr") chunks.push(Buffer.from(m.kind.value));
+    if (m.kind.case === "exit") exit = m.kind.value;
+  }
+  if (!exit) throw new Error(`${command}: the stream ended without an exit status`);
+  const all = Buffer.concat(chunks);
+  return { out: all.toString("utf8"), bytes: all.length, exit };
+}
