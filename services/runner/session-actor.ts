@@ -80,6 +80,24 @@ interface Queued extends QueuedMessage {
   arrival: number;
 }
 
+/**
+ * The seq a reloaded session numbers on from. After a clean close the log knows the last seq; after
+ * a crash, seqs up to the reservation may have reached clients, so numbering continues past it (a
+ * replay reports the jump as a gap). A clean close counts if nothing but the next activations'
+ * epoch records followed it.
+ */
+function resumeSeq(records: readonly LogRecord[]): number {
+  let last = 0;
+  let reserved = 0;
+  let closedAt: number | undefined;
+  for (const rec of records) {
+    if (rec.t !== "epoch") closedAt = rec.t === "closed" ? rec.seq : undefined;
+    if (rec.t === "seq") reserved = Math.max(reserved, rec.upTo);
+    else if (rec.t === "event") last = Math.max(last, Number((rec.event as { seq?: string }).seq ?? 0));
+  }
+  return Math.max(last, closedAt ?? reserved);
+}
+
 /** A frame the session would not take (mailbox full, reject mode); nothing of it was recorded. */
 export class FrameRefused extends RpcError {}
 
@@ -144,7 +162,18 @@ export class SessionActor {
     }
     const actor = new SessionActor(sessionId, head.agentId, log, deps);
     actor.createdMs = head.createdMs;
-    actor.replayLog(records);
+    // Recovery publishes events at once (a cut-off run's end, acknowledgements owed), and clients
+    // see them before the log does. Their seqs must be reserved durably first: a process that died
+    // before its first write would otherwise leave the next activation to hand the same seqs out
+    // again, for other events, to clients that already hold them.
+    const resumeAt = resumeSeq(records);
+    try {
+      await log.append({ t: "seq", upTo: resumeAt + SEQ_BLOCK }, true);
+    } catch (err) {
+      await log.close().catch(() => undefined);
+      throw err;
+    }
+    actor.replayLog(records, undefined, INTERRUPTED, resumeAt + SEQ_BLOCK);
     return actor;
   }
 
@@ -152,17 +181,13 @@ export class SessionActor {
    * Rebuilds state from the log. `liveSeq` is given when this process already numbered events
    * (a restart in place): numbering goes on from it, with no reservation jump.
    */
-  private replayLog(records: LogRecord[], liveSeq?: number, cutOff: CutOff = INTERRUPTED): void {
+  private replayLog(records: LogRecord[], liveSeq?: number, cutOff: CutOff = INTERRUPTED, reservedUpTo?: number): void {
     const accepted = new Map<string, ClientFrame>();
     /** Frames dropped on request (an abort that cleared the queue, a failed session). */
     const dropped = new Set<string>();
     let openTurn: string | undefined;
-    let closedAt: number | undefined;
     for (const rec of records) {
-      // A clean close counts if nothing but the next activation's epoch record followed it.
-      if (rec.t !== "epoch") closedAt = rec.t === "closed" ? rec.seq : undefined;
-      if (rec.t === "seq") this.reservedUpTo = Math.max(this.reservedUpTo, rec.upTo);
-      else if (rec.t === "settings") this.queueMode = rec.queueMode;
+      if (rec.t === "settings") this.queueMode = rec.queueMode;
       else if (rec.t === "frame") {
         const frame = fromJson(ClientFrameSchema, rec.frame as JsonValue);
         accepted.set(frame.frameId, frame);
@@ -178,14 +203,13 @@ export class SessionActor {
         else if (p.case === "agentEnd") openTurn = undefined;
       }
     }
-    // After a clean close the log knows the last seq; after a crash, seqs up to the reservation may
-    // have reached clients, so numbering continues past it (a replay reports the jump as a gap).
     if (liveSeq !== undefined) {
       // A restart in place: the reservation already covers liveSeq.
       this.seq = Math.max(this.seq, liveSeq);
     } else {
-      this.seq = Math.max(this.seq, closedAt ?? this.reservedUpTo);
-      this.reservedUpTo = this.seq; // the next event writes a fresh reservation
+      this.seq = resumeSeq(records);
+      // Given by load(), which made it durable; without it the next event writes a fresh one.
+      this.reservedUpTo = reservedUpTo ?? this.seq;
     }
     // Every accepted message is in the history, or was dropped on request, or is owed a run.
     const inHistory = new Set(this.messages.filter((m) => m.role === Role.USER).map((m) => m.frameId));

@@ -6,6 +6,8 @@
 // follow-ups), in the order it was acknowledged.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
+import { readFile } from "node:fs/promises";
+import path from "node:path";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import { QueueMode, Role, type ClientFrameSchema } from "../../services/shared/gen/troupe/v1/session_pb.js";
 import { ChatSession, subscribeUntil } from "../helpers/session.js";
@@ -198,7 +200,18 @@ test(`soak: ${SESSIONS} sessions, random traffic, the runner killed ${KILLS} tim
     }
     if (i % 2 === 0) {
       const byAck = [...want].sort((a, b) => firstAck.get(a)! - firstAck.get(b)!);
-      assert.deepEqual(ids, byAck, `${c.sessionId}: in the order acknowledged`);
+      if (JSON.stringify(ids) !== JSON.stringify(byAck)) {
+        // Everything needed to tell why: what the client saw, and the session's log as written.
+        const raw = await readFile(path.join(stack.dataDir, "sessions", `${c.sessionId}.jsonl`), "utf8").catch(() => "");
+        const digest = raw.split("\n").filter(Boolean).map((l) => {
+          const r = JSON.parse(l) as { e?: number; t: string; frame?: { frameId: string }; event?: Record<string, { frameId?: string; duplicate?: boolean; message?: { frameId?: string; role?: string } } & { seq?: string }>; upTo?: number; epoch?: number };
+          const ev = r.event ?? {};
+          const kind = Object.keys(ev).find((k) => !["sessionId", "seq", "turnId", "time"].includes(k)) ?? "";
+          const v = ev[kind] ?? {};
+          return `${r.e ?? "-"}:${r.t}${r.frame ? ` ${r.frame.frameId}` : ""}${r.upTo ? ` ${r.upTo}` : ""}${r.epoch ? ` ${r.epoch}` : ""}${r.event ? ` #${String(ev.seq)} ${kind}${v.frameId ? ` ${v.frameId}` : ""}${v.duplicate ? " dup" : ""}${v.message?.role === "ROLE_USER" ? ` user ${v.message.frameId}` : ""}` : ""}`;
+        });
+        assert.fail(`${c.sessionId}: not in the order acknowledged: history ${ids.join(",")} vs ${byAck.join(",")}\nclient acks: ${JSON.stringify(c.ackLog)}\nlog:\n${digest.join("\n")}`);
+      }
       ordered++;
     }
   }
