@@ -7,7 +7,7 @@ import type { Config } from "../shared/config.js";
 import { modelBaseUrl } from "../shared/config.js";
 import { Status, invalidArgument, notFound, resourceExhausted, toStatus, type RpcError } from "../shared/errors.js";
 import { validateFrame } from "../shared/frames.js";
-import { MemoryService, MemoryKind } from "../shared/gen/troupe/v1/memory_pb.js";
+import { MemoryService } from "../shared/gen/troupe/v1/memory_pb.js";
 import { RouterService } from "../shared/gen/troupe/v1/router_pb.js";
 import { AttachResponseSchema, RunnerService, type AttachRequest } from "../shared/gen/troupe/v1/runner_pb.js";
 import { SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
@@ -17,6 +17,7 @@ import type { Logger } from "../shared/log.js";
 import type { RunningService } from "../shared/service.js";
 import { RpcServer, createClient, type grpc, type ServiceClient } from "../shared/rpc.js";
 import { contextFromRecord } from "../shared/telemetry.js";
+import { DEFAULT_RECALL, MemoryRecall } from "./memory-recall.js";
 import { OpenAIModelClient } from "./model.js";
 import { FrameRefused, type EventSubscriber, type SessionActor } from "./session-actor.js";
 import { AuditLog } from "./audit-log.js";
@@ -82,24 +83,15 @@ function pageParams(pageSize: number, pageToken: string): { size: number; offset
   return { size: pageSize === 0 ? 100 : pageSize, offset: pageToken === "" ? 0 : Number(pageToken) };
 }
 
-type MemoryClient = ServiceClient<(typeof MemoryService)["method"]>;
-
 /** The run's system prompt: who the agent is, what it can do, and what it remembers. */
-async function systemPrompt(memory: MemoryClient, k: number, agentId: string, query: string, signal: AbortSignal, logger: Logger): Promise<string> {
+async function systemPrompt(recall: MemoryRecall, agentId: string, query: string, signal: AbortSignal): Promise<string> {
   const lines = [
     `You are ${agentId}, an agent served by Troupe.`,
     `Current time: ${new Date().toISOString()}.`,
     "Shell commands (exec) and workspace files (read_file, write_file, list_files) live in an isolated sandbox without network access.",
   ];
-  if (k === 0) return lines.join("\n");
-  try {
-    const found = await memory.searchMemories({ scope: { tenant: "local", owner: "local" }, query, k }, { timeoutMs: 500, signal });
-    const relevant = found.results.filter((r) => r.score > 0.3 && r.memory?.kind !== MemoryKind.UNSPECIFIED);
-    if (relevant.length > 0) lines.push("What you remember that may be relevant:", ...relevant.map((r) => `- ${r.memory?.text}`));
-  } catch (err) {
-    // Memory is an aid, not a dependency: the run goes on without it.
-    logger.debug("memory search skipped", { error: String((err as Error).message ?? err) });
-  }
+  const remembered = await recall.recall({ tenant: "local", owner: "local" }, query, signal);
+  if (remembered.length > 0) lines.push("What you remember that may be relevant:", ...remembered.map((text) => `- ${text}`));
   return lines.join("\n");
 }
 
@@ -110,6 +102,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   const model = new OpenAIModelClient({ baseUrl: modelBaseUrl(cfg), apiKey: cfg.openaiApiKey });
   const sandbox = createClient(SandboxService, cfg.addr.sandbox);
   const memory = createClient(MemoryService, cfg.addr.memory);
+  const recall = new MemoryRecall(memory, { ...DEFAULT_RECALL, k: cfg.memoryContextK }, logger);
   const router = createClient(RouterService, cfg.addr.router);
   const tools = [execTool(sandbox, cfg.execTimeoutMs), ...fileTools(sandbox)];
   const audit = new AuditLog(cfg.dataDir);
@@ -122,7 +115,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
       modelName: cfg.model,
       model,
       tools,
-      systemPrompt: (query, signal) => systemPrompt(memory, cfg.memoryContextK, agentId, query, signal, logger),
+      systemPrompt: (query, signal) => systemPrompt(recall, agentId, query, signal),
     }),
   }, { passivateAfterMs: cfg.passivateAfterMs });
 

@@ -1,0 +1,99 @@
+// What a run remembers: the memories its prompt carries, found by one search per run. Memory is an
+// aid, not a dependency: a slow or failing memory service costs the run its memories, never the run.
+//
+// Most scopes hold no memories at all (a new user, an agent that never saved any), and a search
+// per run start is a gRPC round trip on the path to the first token. When many runs start at once
+// those round trips queue in the runner and dominate the start of every run. So a scope whose
+// search found nothing is remembered as empty for a short while, and runs that start meanwhile
+// skip the search; concurrent first searches of one scope wait for the first one's answer instead
+// of all asking the same question.
+import type { MessageInitShape } from "@bufbuild/protobuf";
+import type { MemoryScopeSchema, MemoryService } from "../shared/gen/troupe/v1/memory_pb.js";
+import { MemoryKind } from "../shared/gen/troupe/v1/memory_pb.js";
+import type { Logger } from "../shared/log.js";
+import type { ServiceClient } from "../shared/rpc.js";
+
+type MemoryClient = ServiceClient<(typeof MemoryService)["method"]>;
+type MemoryScope = MessageInitShape<typeof MemoryScopeSchema>;
+
+export interface MemoryRecallOptions {
+  /** Memories per run (0: recall is off). */
+  k: number;
+  /** Deadline of one search. */
+  timeoutMs: number;
+  /**
+   * How long a scope found empty is believed empty. A memory saved elsewhere in that window
+   * reaches runs this much later; one saved through this runner clears the belief at once.
+   */
+  emptyForMs: number;
+  /** Results below this similarity are not worth the prompt's room. */
+  minScore: number;
+}
+
+export const DEFAULT_RECALL: Omit<MemoryRecallOptions, "k"> = { timeoutMs: 500, emptyForMs: 5000, minScore: 0.3 };
+
+export class MemoryRecall {
+  /** Scope -> time until which it is believed to hold no memories. */
+  private readonly emptyUntil = new Map<string, number>();
+  /** Scope -> the first search of a scope not known to be empty, while it is in flight. */
+  private readonly probes = new Map<string, Promise<boolean>>();
+  /** Searches skipped because their scope was known to be empty (for tests and stats). */
+  skipped = 0;
+
+  constructor(
+    private readonly memory: MemoryClient,
+    private readonly options: MemoryRecallOptions,
+    private readonly logger: Logger,
+  ) {}
+
+  /** The texts of the memories in `scope` relevant to `query`, best first; [] when there are none. */
+  async recall(scope: MemoryScope, query: string, signal: AbortSignal): Promise<string[]> {
+    if (this.options.k === 0) return [];
+    const key = scopeKey(scope);
+    if ((this.emptyUntil.get(key) ?? 0) > Date.now()) {
+      this.skipped++;
+      return [];
+    }
+    const probe = this.probes.get(key);
+    if (probe) {
+      // Someone is asking already; if the scope turns out empty there is nothing to find here either.
+      if (await probe) {
+        this.skipped++;
+        return [];
+      }
+      return this.search(scope, key, query, signal);
+    }
+    let found: Promise<string[]>;
+    const isEmpty = new Promise<boolean>((resolve) => {
+      found = this.search(scope, key, query, signal, resolve);
+    });
+    this.probes.set(key, isEmpty);
+    void isEmpty.finally(() => this.probes.delete(key));
+    return found!;
+  }
+
+  /** Drops what is believed about a scope (a memory was saved to it). */
+  invalidate(scope: MemoryScope): void {
+    this.emptyUntil.delete(scopeKey(scope));
+  }
+
+  private async search(scope: MemoryScope, key: string, query: string, signal: AbortSignal, reportEmpty?: (empty: boolean) => void): Promise<string[]> {
+    try {
+      const res = await this.memory.searchMemories({ scope, query, k: this.options.k }, { timeoutMs: this.options.timeoutMs, signal });
+      // A vector search returns the nearest memories whatever their score: none at all means none exist.
+      const empty = res.results.length === 0;
+      if (empty) this.emptyUntil.set(key, Date.now() + this.options.emptyForMs);
+      else this.emptyUntil.delete(key);
+      reportEmpty?.(empty);
+      return res.results.filter((r) => r.score >= this.options.minScore && r.memory?.kind !== MemoryKind.UNSPECIFIED).map((r) => r.memory!.text);
+    } catch (err) {
+      reportEmpty?.(false);
+      this.logger.debug("memory search skipped", { error: String((err as Error).message ?? err) });
+      return [];
+    }
+  }
+}
+
+function scopeKey(scope: MemoryScope): string {
+  return JSON.stringify([scope.tenant ?? "", scope.owner ?? "", scope.agentId ?? ""]);
+}

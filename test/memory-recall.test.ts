@@ -1,0 +1,71 @@
+// The runner's memory recall against a real memory service (LanceDB files, gRPC): scopes found
+// empty are not searched again for a while, concurrent first searches ask once, and a memory
+// service that is down costs a run its memories, never the run.
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+import { MemoryService } from "../services/shared/gen/troupe/v1/memory_pb.js";
+import { createLogger } from "../services/shared/log.js";
+import { createClient } from "../services/shared/rpc.js";
+import { MemoryRecall } from "../services/runner/memory-recall.js";
+import { startStack, type Stack } from "./helpers/stack.js";
+
+let stack: Stack;
+let memory: ReturnType<typeof createClient<(typeof MemoryService)["method"]>>;
+before(async () => {
+  stack = await startStack({ services: ["memory"] });
+  memory = createClient(MemoryService, stack.addr.memory);
+});
+after(async () => {
+  memory?.close();
+  await stack?.stop();
+});
+
+const signal = new AbortController().signal;
+const logger = createLogger("test", "error");
+
+test("an empty scope is searched once for a burst of runs, then skipped until its belief expires or is dropped", async () => {
+  const recall = new MemoryRecall(memory, { k: 5, timeoutMs: 2000, emptyForMs: 60_000, minScore: 0.3 }, logger);
+  const scope = { tenant: "t1", owner: "carol", agentId: "main" };
+  const burst = await Promise.all(Array.from({ length: 20 }, (_, i) => recall.recall(scope, `question ${i}`, signal)));
+  assert.deepEqual(burst.flat(), []);
+  assert.equal(recall.skipped, 19, "one search answered the whole burst");
+
+  await memory.addMemories({ scope, memories: [{ text: "Carol keeps bees on her roof" }] });
+  // Believed empty: the new memory is not seen yet (the documented staleness) ...
+  assert.deepEqual(await recall.recall(scope, "what does Carol keep on her roof", signal), []);
+  assert.equal(recall.skipped, 20);
+  // ... until the belief is dropped, as a save through this runner does.
+  recall.invalidate(scope);
+  assert.deepEqual(await recall.recall(scope, "what does Carol keep on her roof", signal), ["Carol keeps bees on her roof"]);
+  // A scope with memories is searched every time.
+  await recall.recall(scope, "bees", signal);
+  assert.equal(recall.skipped, 20);
+  // Another scope is its own question.
+  assert.deepEqual(await recall.recall({ tenant: "t1", owner: "dave", agentId: "main" }, "bees", signal), []);
+  assert.equal(recall.skipped, 20);
+});
+
+test("the belief that a scope is empty expires", async () => {
+  const recall = new MemoryRecall(memory, { k: 5, timeoutMs: 2000, emptyForMs: 300, minScore: 0.3 }, logger);
+  const scope = { tenant: "t1", owner: "erin", agentId: "main" };
+  assert.deepEqual(await recall.recall(scope, "anything", signal), []);
+  await memory.addMemories({ scope, memories: [{ text: "Erin's flight leaves at nine" }] });
+  await new Promise((r) => setTimeout(r, 350));
+  assert.deepEqual(await recall.recall(scope, "when does Erin's flight leave", signal), ["Erin's flight leaves at nine"]);
+});
+
+test("recall is off with k = 0, and a memory service that is down costs the run only its memories", async () => {
+  const off = new MemoryRecall(memory, { k: 0, timeoutMs: 2000, emptyForMs: 60_000, minScore: 0.3 }, logger);
+  assert.deepEqual(await off.recall({ tenant: "t1", owner: "erin" }, "flight", signal), []);
+
+  const recall = new MemoryRecall(memory, { k: 5, timeoutMs: 300, emptyForMs: 60_000, minScore: 0.3 }, logger);
+  const scope = { tenant: "t1", owner: "erin", agentId: "main" };
+  await stack.kill("memory", "SIGKILL");
+  const t0 = Date.now();
+  assert.deepEqual(await recall.recall(scope, "when does Erin's flight leave", signal), []);
+  assert.ok(Date.now() - t0 < 2000, `gave up within its deadline (${Date.now() - t0} ms)`);
+  // A failed search proves nothing about the scope: once memory is back, the next run finds it.
+  await stack.start("memory");
+  assert.deepEqual(await recall.recall(scope, "when does Erin's flight leave", signal), ["Erin's flight leaves at nine"]);
+  assert.equal(recall.skipped, 0);
+});
