@@ -17,7 +17,7 @@ SANDBOX_IMAGE ?= troupe-sandbox:busybox
 B ?=
 TROUPE := node dist/services/cli/main.js
 
-.PHONY: build run test lint bench soak toolchain host sandbox-image sandbox-image-if-missing sandbox-image-debian clean
+.PHONY: build run test lint bench soak toolchain host sandbox-image sandbox-image-if-missing sandbox-image-debian python-client clean
 
 toolchain: $(TOOLCHAIN_NODE)
 .toolchain/node_modules/.bin/node:
@@ -72,13 +72,22 @@ sandbox-image-debian: host
 	  tar -C "$$ctx/root" -cf "$$ctx/rootfs.tar" .; cp sandbox/Dockerfile.debian "$$ctx/Dockerfile"; $(AGENT_BUILD); \
 	  docker build -q -t troupe-sandbox:debian "$$ctx" >/dev/null; echo "built troupe-sandbox:debian"
 
+# The Python example client (examples/python): Debian's grpcio and protoc, stubs made from proto/.
+# Debian's own python3, not whichever one comes first on PATH: the packages are installed for it.
+PYTHON := /usr/bin/python3
+python-client:
+	@if ! $(PYTHON) -c 'import grpc, google.protobuf' 2>/dev/null || ! command -v protoc >/dev/null || ! command -v grpc_python_plugin >/dev/null; then \
+	  apt-get update -qq && apt-get install -y -qq python3-grpcio python3-protobuf protobuf-compiler protobuf-compiler-grpc >/dev/null; fi
+	@rm -rf .gen/python && mkdir -p .gen/python
+	protoc -I proto --python_out=.gen/python --grpc_python_out=.gen/python --plugin=protoc-gen-grpc_python=$$(command -v grpc_python_plugin) proto/troupe/v1/*.proto
+
 run: build
 	@$(MAKE) --no-print-directory sandbox-image-if-missing || echo "run: no sandbox available; tools will report errors until Docker runs (see docs/sandbox.md)"
 	$(TROUPE) up
 
 # Every test, the soak included (test/soak: 500 sessions of random traffic while the runner is
 # killed three times, about 3 minutes; SOAK_SESSIONS=N and SOAK_KILLS=N change it).
-test: build lint sandbox-image-if-missing
+test: build lint sandbox-image-if-missing python-client
 	node --test --test-concurrency=1 --test-timeout=600000 'dist/test/*.test.js' 'dist/test/soak/*.test.js'
 
 # The soak alone.
@@ -89,4 +98,4 @@ bench: build sandbox-image-if-missing
 	@if [ -n "$(B)" ]; then node dist/bench/$(B).js; else for b in dist/bench/*.js; do node $$b || exit 1; done; fi
 
 clean:
-	rm -rf dist services/shared/gen node_modules/.installed
+	rm -rf dist services/shared/gen node_modules/.installed .gen

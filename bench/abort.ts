@@ -13,7 +13,6 @@ import { fileURLToPath } from "node:url";
 import * as grpc from "@grpc/grpc-js";
 import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
 import { StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
-import { createClient } from "../services/shared/rpc.js";
 import { containerName, instanceOf } from "../services/sandbox/fleet.js";
 import { ChatSession } from "../test/helpers/session.js";
 import { startStack } from "../test/helpers/stack.js";
@@ -25,7 +24,7 @@ const RUNS = Number(values.runs);
 const fmt = (xs: number[]) => `p50=${pct(xs, 50).toFixed(1)} ms p99=${pct(xs, 99).toFixed(1)} ms (n=${xs.length})`;
 
 const stack = await startStack({ env: { TROUPE_LOG_LEVEL: "warn" } });
-const sandbox = createClient(SandboxService, stack.addr.sandbox);
+const sandbox = stack.client(SandboxService, stack.addr.sandbox);
 try {
   const streaming: number[] = [];
   const tool: number[] = [];

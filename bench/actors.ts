@@ -16,7 +16,6 @@
 import { readdir } from "node:fs/promises";
 import { parseArgs } from "node:util";
 import { RunnerService } from "../services/shared/gen/troupe/v1/runner_pb.js";
-import { createClient } from "../services/shared/rpc.js";
 import { ChatSession } from "../test/helpers/session.js";
 import { startStack, type Stack } from "../test/helpers/stack.js";
 import { pct } from "./support/stats.js";
@@ -80,7 +79,7 @@ const stack = await startStack({
   services: ["model-server", "router", "runner", "gateway"],
   env: { TROUPE_LOG_LEVEL: "warn", TROUPE_MEMORY_CONTEXT_K: "0", NODE_OPTIONS: "--expose-gc" },
 });
-const runner = createClient(RunnerService, stack.addr.runner);
+const runner = stack.client(RunnerService, stack.addr.runner);
 const runnerPid = stack.process("runner")!.pid!;
 const stats = () => runner.getRunnerStats({ collectGarbage: true });
 const openFiles = async () => (await readdir(`/proc/${runnerPid}/fd`)).length;

@@ -124,7 +124,7 @@ const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.len
 const stack = await startStack({ env: { TROUPE_LOG_LEVEL: "warn", ...JSON.parse(process.env.BENCH_ENV ?? "{}") } });
 try {
   // Clients as users have them: a few connections, many streams on each.
-  const clients = Array.from({ length: 4 }, () => createClient(GatewayService, stack.addr.gateway));
+  const clients = Array.from({ length: 4 }, () => createClient(GatewayService, stack.addr.gateway, { headers: { authorization: `Bearer ${stack.apiKey}` } }));
   const raw = await startRaw();
   await raw.run(20); // warm-up: JIT and connections on both sides
   await troupeRun(clients, true);

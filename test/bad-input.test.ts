@@ -22,13 +22,20 @@ after(async () => {
 const identity = (b: Buffer) => b;
 const GARBAGE = Buffer.from([0xff, 0xff, 0xff, 0xff, 0x0f]);
 
+/** The stack's development key, as a raw grpc-js client must send it. */
+function authorized(): grpc.Metadata {
+  const md = new grpc.Metadata();
+  md.set("authorization", `Bearer ${stack.apiKey}`);
+  return md;
+}
+
 function rawUnary(method: string, body: Buffer): Promise<grpc.ServiceError | null> {
-  return new Promise((resolve) => raw.makeUnaryRequest(method, identity, identity, body, (err) => resolve(err)));
+  return new Promise((resolve) => raw.makeUnaryRequest(method, identity, identity, body, authorized(), (err) => resolve(err)));
 }
 
 function rawChat(frames: Buffer[]): Promise<grpc.StatusObject> {
   return new Promise((resolve) => {
-    const call = raw.makeBidiStreamRequest("/troupe.v1.GatewayService/Chat", identity, identity);
+    const call = raw.makeBidiStreamRequest("/troupe.v1.GatewayService/Chat", identity, identity, authorized());
     call.on("data", () => undefined);
     call.on("error", () => undefined);
     call.on("status", resolve);

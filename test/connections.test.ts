@@ -28,7 +28,7 @@ test("2,400 clients cancelling their streams leave a long-running session on the
 
   // Each client has its own connection to the gateway (a real client would), and cancels its
   // stream once it is open: a reset on its own connection, which the gateway must not pass on.
-  const clients = Array.from({ length: 4 }, () => createClient(GatewayService, stack.addr.gateway, { ownConnection: true }));
+  const clients = Array.from({ length: 4 }, () => createClient(GatewayService, stack.addr.gateway, { ownConnection: true, headers: { authorization: `Bearer ${stack.apiKey}` } }));
   try {
     const leave = async (client: (typeof clients)[number]) => {
       for (let i = 0; i < 75; i++) {

@@ -13,7 +13,7 @@ let stack: Stack;
 let memory: ReturnType<typeof createClient<(typeof MemoryService)["method"]>>;
 before(async () => {
   stack = await startStack({ services: ["memory"] });
-  memory = createClient(MemoryService, stack.addr.memory);
+  memory = stack.client(MemoryService, stack.addr.memory);
 });
 after(async () => {
   memory?.close();

@@ -23,7 +23,7 @@ after(async () => {
 
 describe("memory service", () => {
   test("memories are stored in LanceDB and found by meaning within their owner's scope", async () => {
-    const memory = createClient(MemoryService, stack.addr.memory);
+    const memory = stack.client(MemoryService, stack.addr.memory);
     const alice = { tenant: "t1", owner: "alice", agentId: "main" };
     const added = await memory.addMemories({
       scope: alice,
@@ -45,7 +45,7 @@ describe("memory service", () => {
   });
 
   test("bad input: INVALID_ARGUMENT, and nothing reaches LanceDB as raw filter text", async () => {
-    const memory = createClient(MemoryService, stack.addr.memory);
+    const memory = stack.client(MemoryService, stack.addr.memory);
     const scope = { tenant: "t1", owner: "alice", agentId: "main" };
     await assert.rejects(memory.addMemories({ scope, memories: [{ text: "  " }] }), { code: Status.INVALID_ARGUMENT });
     await assert.rejects(memory.addMemories({ scope, memories: [] }), { code: Status.INVALID_ARGUMENT });
@@ -59,7 +59,7 @@ describe("memory service", () => {
 
 describe("sandbox service", () => {
   test("runs commands in a hardened container: no network, no capabilities, read-only root, non-root", async () => {
-    const sandbox = createClient(SandboxService, stack.addr.sandbox);
+    const sandbox = stack.client(SandboxService, stack.addr.sandbox);
     const id = `sbx-${Date.now()}`;
     const r = await exec(sandbox, id, "id -u; cat /proc/self/status | grep CapEff; ls /sys/class/net; touch /x 2>&1; echo hi > /workspace/f && cat /workspace/f");
     assert.equal(r.exit.exitCode, 0);
@@ -90,7 +90,7 @@ describe("sandbox service", () => {
   });
 
   test("a timeout kills the whole process tree, detached children included", async () => {
-    const sandbox = createClient(SandboxService, stack.addr.sandbox);
+    const sandbox = stack.client(SandboxService, stack.addr.sandbox);
     const id = `sbx-timeout-${Date.now()}`;
     const t0 = performance.now();
     const r = await exec(sandbox, id, "setsid sh -c 'sleep 300' & (sleep 301 &) ; trap '' TERM; echo started; sleep 302", { timeoutMs: 1000 });
@@ -105,7 +105,7 @@ describe("sandbox service", () => {
   });
 
   test("output over the cap is cut and flagged", async () => {
-    const sandbox = createClient(SandboxService, stack.addr.sandbox);
+    const sandbox = stack.client(SandboxService, stack.addr.sandbox);
     const id = `sbx-flood-${Date.now()}`;
     const r = await exec(sandbox, id, "yes 0123456789 | head -c 3000000");
     assert.ok(r.exit.truncated);
@@ -116,7 +116,7 @@ describe("sandbox service", () => {
 
   test("gVisor: the same sandbox runs under runsc", async () => {
     const gv = await startStack({ services: ["sandbox"], env: { TROUPE_SANDBOX_RUNTIME: "runsc" } });
-    const sandbox = createClient(SandboxService, gv.addr.sandbox);
+    const sandbox = gv.client(SandboxService, gv.addr.sandbox);
     const id = `sbx-gvisor-${Date.now()}`;
     const r = await exec(sandbox, id, "dmesg 2>/dev/null | head -1; id -u");
     assert.equal(r.exit.exitCode, 0);
@@ -142,7 +142,7 @@ describe("sandbox service", () => {
     try {
       assert.equal(await exists(orphan), false, "a stopped container of this instance is removed at start-up");
       assert.equal(await exists(foreign), true, "another instance's container is left alone");
-      const sandbox = createClient(SandboxService, reaped.addr.sandbox);
+      const sandbox = reaped.client(SandboxService, reaped.addr.sandbox);
       const busy = exec(sandbox, "reap-1", "sleep 3; echo slept", { timeoutMs: 10_000 });
       await new Promise((r) => setTimeout(r, 500));
       const name = containerName(mine, "session:reap-1");
@@ -165,11 +165,11 @@ describe("sandbox service", () => {
     const { spawn } = await import("node:child_process");
     const { MAIN, freePort } = await import("./helpers/stack.js");
     const port = await freePort();
-    const proc = spawn(process.execPath, [MAIN, "sandbox", "--sandbox", `127.0.0.1:${port}`], { env: { ...process.env, DOCKER_HOST: "unix:///nonexistent/docker.sock" }, stdio: "ignore" });
+    const proc = spawn(process.execPath, [MAIN, "sandbox", "--sandbox", `127.0.0.1:${port}`, "--data-dir", down.dataDir], { env: { ...process.env, DOCKER_HOST: "unix:///nonexistent/docker.sock" }, stdio: "ignore" });
     const health = createClient(Health, `127.0.0.1:${port}`);
     const status = await waitFor("health", async () => (await health.check({ service: "troupe.v1.SandboxService" }, { timeoutMs: 500 })).status);
     assert.equal(status, Serving.NOT_SERVING);
-    const sandbox = createClient(SandboxService, `127.0.0.1:${port}`);
+    const sandbox = down.client(SandboxService, `127.0.0.1:${port}`);
     await assert.rejects(exec(sandbox, "s1", "true"), (e: { code: number; details: string }) => {
       assert.equal(e.code, Status.UNAVAILABLE);
       assert.match(e.details, /start dockerd/);

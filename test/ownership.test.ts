@@ -9,7 +9,8 @@ import { RouterService } from "../services/shared/gen/troupe/v1/router_pb.js";
 import { RunnerService } from "../services/shared/gen/troupe/v1/runner_pb.js";
 import { Role } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { SESSION_OWNER_KEY, Status } from "../services/shared/errors.js";
-import { createClient, type grpc, type ServiceClient } from "../services/shared/rpc.js";
+import type { grpc, ServiceClient } from "../services/shared/rpc.js";
+import { LEGACY_OWNER } from "../services/runner/session-log.js";
 import { ChatSession } from "./helpers/session.js";
 import { startStack, waitFor, type Stack } from "./helpers/stack.js";
 
@@ -24,10 +25,11 @@ before(async () => {
   stack = await startStack({ services: ["model-server", "router", "runner", "gateway"], env: { TROUPE_RUNNER_LIVENESS_MS: "1500", TROUPE_MEMORY_CONTEXT_K: "0" } });
   addrA = stack.addr.runner;
   addrB = await stack.startInstance("runner-b", "runner", { args: ["--runner-id", "runner-b"] });
-  router = createClient(RouterService, stack.addr.router);
+  router = stack.client(RouterService, stack.addr.router);
   await waitFor("both runners to register", async () => (await router.listRunners({})).runners.length === 2);
-  runnerA = createClient(RunnerService, addrA);
-  runnerB = createClient(RunnerService, addrB);
+  // As the gateway calls them: internal token, on behalf of the development key's identity.
+  runnerA = stack.client(RunnerService, addrA, { as: LEGACY_OWNER });
+  runnerB = stack.client(RunnerService, addrB, { as: LEGACY_OWNER });
 });
 after(async () => {
   for (const c of [runnerA, runnerB, router]) c?.close();

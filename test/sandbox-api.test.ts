@@ -36,7 +36,7 @@ for (const runtime of ["runc", "runsc"] as const) {
     const id = `files-${runtime}`;
     before(async () => {
       stack = await startStack({ services: ["sandbox"], env: { TROUPE_SANDBOX_RUNTIME: runtime } });
-      sandbox = createClient(SandboxService, stack.addr.sandbox);
+      sandbox = stack.client(SandboxService, stack.addr.sandbox);
     });
     after(async () => {
       await sandbox?.releaseSandbox({ sessionId: id }).catch(() => undefined);
@@ -160,7 +160,7 @@ describe("sandbox processes, pool, scopes and restarts (runc)", () => {
   let sandbox: Sandbox;
   before(async () => {
     stack = await startStack({ services: ["sandbox"], env: { TROUPE_SANDBOX_POOL: "2" } });
-    sandbox = createClient(SandboxService, stack.addr.sandbox);
+    sandbox = stack.client(SandboxService, stack.addr.sandbox);
   });
   after(async () => {
     sandbox?.close();
@@ -267,7 +267,7 @@ describe("sandbox abuse and accounting (runc)", () => {
   let sandbox: Sandbox;
   before(async () => {
     stack = await startStack({ services: ["sandbox"], env: { TROUPE_SANDBOX_POOL: "1" } });
-    sandbox = createClient(SandboxService, stack.addr.sandbox);
+    sandbox = stack.client(SandboxService, stack.addr.sandbox);
   });
   after(async () => {
     sandbox?.close();
@@ -355,7 +355,7 @@ describe("sandbox abuse and accounting (runc)", () => {
 describe("sandbox scope: agent", () => {
   test("sessions of one agent share a sandbox; another agent's sessions do not see it", async () => {
     const stack = await startStack({ services: ["sandbox"], env: { TROUPE_SANDBOX_SCOPE: "agent", TROUPE_SANDBOX_POOL: "0" } });
-    const sandbox = createClient(SandboxService, stack.addr.sandbox);
+    const sandbox = stack.client(SandboxService, stack.addr.sandbox);
     try {
       await sandbox.writeFile({ sessionId: "s1", agentId: "writer", path: "notes", data: Buffer.from("shared within writer") });
       assert.equal(Buffer.from((await sandbox.readFile({ sessionId: "s2", agentId: "writer", path: "notes" })).data).toString(), "shared within writer");

@@ -272,7 +272,7 @@ for (const runtime of ["runc", "runsc"] as const) {
     let sandbox: Sandbox;
     before(async () => {
       stack = await startStack({ services: ["sandbox"], env: { TROUPE_SANDBOX_RUNTIME: runtime } });
-      sandbox = createClient(SandboxService, stack.addr.sandbox);
+      sandbox = stack.client(SandboxService, stack.addr.sandbox);
     });
     after(async () => {
       sandbox?.close();

@@ -9,16 +9,18 @@ import { JsonlSessionStore, type LogRecord } from "../services/runner/session-lo
 import { SessionElsewhere } from "../services/runner/session-lease.js";
 import { Status } from "../services/shared/errors.js";
 
+const OWNER = { tenant: "t1", principal: "alice" };
+
 test("the session log: atomic create, torn tail repaired, appends in order", async () => {
   const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-log-"));
   try {
     const store = new JsonlSessionStore(dir);
-    const log = await store.create("s1", "main");
-    await assert.rejects(store.create("s1", "main"), { code: "EEXIST" });
+    const log = await store.create("s1", "main", OWNER);
+    await assert.rejects(store.create("s1", "main", OWNER), { code: "EEXIST" });
     await Promise.all(Array.from({ length: 50 }, (_, i) => log.append({ t: "seq", upTo: i }, i % 7 === 0)));
     await log.close();
     let records = await store.read("s1");
-    assert.deepEqual(records[0], { t: "session", sessionId: "s1", agentId: "main", createdMs: (records[0] as { createdMs: number }).createdMs });
+    assert.deepEqual(records[0], { t: "session", sessionId: "s1", agentId: "main", createdMs: (records[0] as { createdMs: number }).createdMs, tenant: "t1", principal: "alice" });
     assert.deepEqual(records[1], { t: "epoch", epoch: 1, runnerId: store.leases.self.runnerId });
     assert.deepEqual(records.slice(2).map((r) => (r as { upTo: number }).upTo), Array.from({ length: 50 }, (_, i) => i));
 
@@ -56,7 +58,7 @@ test("session leases: a live owner's session is refused; a dead owner's is taken
   try {
     const a = await storeFor("a", "a-1");
     const b = await storeFor("b", "b-1");
-    const logA = await a.create("s", "main");
+    const logA = await a.create("s", "main", OWNER);
     await logA.append({ t: "seq", upTo: 1 }, true);
 
     // A is alive (fresh heartbeat): B's activation is refused, and leaves no trace in the log.
@@ -67,7 +69,7 @@ test("session leases: a live owner's session is refused; a dead owner's is taken
       assert.match(err.message, /live on runner a/);
       return true;
     });
-    await assert.rejects(b.create("s", "main"), { code: "EEXIST" });
+    await assert.rejects(b.create("s", "main", OWNER), { code: "EEXIST" });
     assert.deepEqual(epochs(await b.read("s")), [1]);
     await logA.append({ t: "seq", upTo: 2 }, true);
 
@@ -96,7 +98,7 @@ test("session leases: a live owner's session is refused; a dead owner's is taken
 
     // A runner that stops cleanly removes its heartbeat: its leases are dead at once.
     const c = await storeFor("c", "c-1");
-    await c.create("t", "main");
+    await c.create("t", "main", OWNER);
     await c.stop();
     const { log: taken } = await b.activate("t");
     await taken.close();

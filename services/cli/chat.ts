@@ -4,6 +4,7 @@
 //                           Ctrl-C aborts the running turn, a second Ctrl-C exits
 import readline from "node:readline";
 import { randomBytes } from "node:crypto";
+import { clientApiKey } from "../shared/auth.js";
 import { loadConfig } from "../shared/config.js";
 import { statusName } from "../shared/errors.js";
 import { GatewayService, type ChatResponse } from "../shared/gen/troupe/v1/gateway_pb.js";
@@ -16,7 +17,7 @@ const red = (s: string) => (process.stderr.isTTY ? `\x1b[31m${s}\x1b[0m` : s);
 export async function chatCommand(args: string[]): Promise<number> {
   const cfg = loadConfig(args, process.env, { session: { type: "string" }, agent: { type: "string" } });
   const message = cfg.rest.join(" ").trim();
-  const client = createClient(GatewayService, cfg.addr.gateway);
+  const client = createClient(GatewayService, cfg.addr.gateway, { headers: { authorization: `Bearer ${await clientApiKey(cfg.dataDir)}` } });
   const call = client.chat();
   const prefix = randomBytes(4).toString("hex");
   let n = 0;

@@ -15,6 +15,8 @@ client:
   chat [--session ID] [MESSAGE]
                         stream a reply; with MESSAGE run one turn and exit
 operations:
+  keys create --tenant T --principal P [--name N]
+                        add a client API key (printed once; only its hash is kept)
   sandbox ls | exec --session ID -- CMD... | rm --session ID
                         list sandboxes, run a command in one, remove one
 
@@ -24,6 +26,9 @@ flags (also as environment variables):
                         TROUPE_<NAME>_ADDR (defaults 127.0.0.1:50051..50055)
   --model-server HOST:PORT  TROUPE_MODEL_SERVER_ADDR (default 127.0.0.1:50060)
   --max-message-bytes N TROUPE_MAX_MESSAGE_BYTES (default 4194304)
+  --api-keys FILE       TROUPE_API_KEYS_FILE (default DATA_DIR/auth/api-keys.json)
+credentials: TROUPE_API_KEY (clients; else DATA_DIR/auth/dev-key, made by troupe up),
+  TROUPE_INTERNAL_TOKEN (between services; else DATA_DIR/auth/internal-token)
 model: OPENAI_BASE_URL, OPENAI_API_KEY, TROUPE_MODEL; tracing: OTEL_EXPORTER_OTLP_ENDPOINT
 `;
 
@@ -39,6 +44,10 @@ async function main(argv: string[]): Promise<void> {
   const [command, ...args] = argv;
   if (!command || command === "help" || command === "--help" || command === "-h") {
     process.stdout.write(USAGE);
+    return;
+  }
+  if (command === "keys") {
+    process.exitCode = await (await import("./keys.js")).keysCommand(args);
     return;
   }
   if (command === "sandbox" && ["ls", "exec", "rm"].includes(args[0] ?? "")) {

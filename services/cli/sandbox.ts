@@ -4,6 +4,7 @@
 //   troupe sandbox rm --session ID                      remove the session's sandbox and workspace
 // --agent NAME names the session's agent (it matters when TROUPE_SANDBOX_SCOPE=agent).
 import { timestampMs } from "@bufbuild/protobuf/wkt";
+import { internalCredentials } from "../shared/auth.js";
 import { loadConfig } from "../shared/config.js";
 import { statusName } from "../shared/errors.js";
 import { SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
@@ -32,7 +33,8 @@ export async function sandboxCommand(args: string[]): Promise<number> {
   const flags = cfg.flags as Record<string, string | boolean | undefined>;
   const sessionId = (flags.session as string | undefined) ?? "";
   const agentId = (flags.agent as string | undefined) ?? "";
-  const client = createClient(SandboxService, cfg.addr.sandbox);
+  // An operator's tool on a machine of the stack: it speaks to the sandbox service as Troupe does.
+  const client = createClient(SandboxService, cfg.addr.sandbox, { headers: (await internalCredentials(cfg.dataDir)).headers });
   try {
     switch (sub) {
       case "ls": {

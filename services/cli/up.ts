@@ -2,6 +2,7 @@
 // again after a backoff; Ctrl-C (or SIGTERM) drains every child and exits when they are gone.
 import { spawn, type ChildProcess } from "node:child_process";
 import { fileURLToPath } from "node:url";
+import { authPaths, ensureDevKey, internalCredentials, internalToken } from "../shared/auth.js";
 import { loadConfig, modelBaseUrl, type Config } from "../shared/config.js";
 import { Health, HealthCheckResponse_ServingStatus as Serving } from "../shared/gen/grpc/health/v1/health_pb.js";
 import { createLogger } from "../shared/log.js";
@@ -21,7 +22,7 @@ interface Child {
 export async function upCommand(args: string[]): Promise<void> {
   const cfg = loadConfig(args);
   const logger = createLogger("up");
-  const shared = ["--data-dir", cfg.dataDir, "--gateway", cfg.addr.gateway, "--router", cfg.addr.router, "--runner", cfg.addr.runner, "--memory", cfg.addr.memory, "--sandbox", cfg.addr.sandbox, "--model-server", cfg.addr.model, "--max-message-bytes", String(cfg.maxMessageBytes)];
+  const shared = ["--data-dir", cfg.dataDir, "--gateway", cfg.addr.gateway, "--router", cfg.addr.router, "--runner", cfg.addr.runner, "--memory", cfg.addr.memory, "--sandbox", cfg.addr.sandbox, "--model-server", cfg.addr.model, "--max-message-bytes", String(cfg.maxMessageBytes), "--api-keys", cfg.apiKeysFile];
   const names = ["router", "memory", "sandbox", "runner", "gateway"];
   if (!cfg.openaiBaseUrl) {
     names.unshift("model-server");
@@ -29,6 +30,9 @@ export async function upCommand(args: string[]): Promise<void> {
   } else {
     logger.info(`model endpoint ${cfg.openaiBaseUrl}, model ${cfg.model}`);
   }
+  // Made before the children start, so they all read the same files (auth.ts).
+  await internalToken(cfg.dataDir);
+  const dev = await ensureDevKey(cfg.dataDir, cfg.apiKeysFile);
   const children: Child[] = names.map((name) => ({ name, args: [name, ...shared], restarts: 0, startedAt: 0 }));
   let stopping = false;
 
@@ -77,7 +81,11 @@ export async function upCommand(args: string[]): Promise<void> {
 
   const missing = await waitReady(cfg, 60_000);
   if (missing.length === 0) {
-    logger.info(`Troupe is up. Gateway: ${cfg.addr.gateway}. Chat with it:  npx troupe chat   (or: npx troupe chat "hello")`);
+    logger.info(
+      `Troupe is up. Gateway: ${cfg.addr.gateway}. Chat with it:  npx troupe chat   (or: npx troupe chat "hello")\n` +
+        `  development API key (tenant local, principal dev${dev.created ? ", made just now" : ""}): ${dev.key}\n` +
+        `  kept in ${authPaths(cfg.dataDir).devKey}; troupe chat uses it unless TROUPE_API_KEY is set. Other clients send it as \`authorization: Bearer <key>\`.`,
+    );
   } else {
     logger.error(`not ready after 60 s: ${missing.join(", ")}; see the logs above`);
   }
@@ -93,7 +101,7 @@ async function waitReady(cfg: Config, timeoutMs: number): Promise<string[]> {
   const deadline = Date.now() + timeoutMs;
   const pending = new Set(["router", "memory", "sandbox", "runner", "gateway", "runner registration"]);
   const addresses: Record<string, string> = { router: cfg.addr.router, memory: cfg.addr.memory, sandbox: cfg.addr.sandbox, runner: cfg.addr.runner, gateway: cfg.addr.gateway };
-  const router = createClient(RouterService, cfg.addr.router);
+  const router = createClient(RouterService, cfg.addr.router, { headers: (await internalCredentials(cfg.dataDir)).headers });
   try {
     while (pending.size > 0 && Date.now() < deadline) {
       for (const name of [...pending]) {

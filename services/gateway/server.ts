@@ -5,16 +5,21 @@
 import { create, fromBinary, type MessageInitShape } from "@bufbuild/protobuf";
 import { BinaryReader, WireType } from "@bufbuild/protobuf/wire";
 import { SpanKind, trace, type Context, type Span } from "@opentelemetry/api";
+import { ApiKeys, apiKeyAuth, identityHeaders, identityOf, internalCredentials } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
 import { SESSION_OWNER_KEY, Status, grpcCode, invalidArgumentIf, toStatus, unavailable } from "../shared/errors.js";
 import { catchStopCommand, validateFrame, validateSessionRef } from "../shared/frames.js";
 import { GatewayService, SubscribeResponseSchema, type ChatRequest } from "../shared/gen/troupe/v1/gateway_pb.js";
+import { Health } from "../shared/gen/grpc/health/v1/health_pb.js";
+import { ServerReflection } from "../shared/gen/grpc/reflection/v1/reflection_pb.js";
+import { reflectionService } from "../shared/reflection.js";
+import { GatewayLimits, limitsFromEnv } from "./limits.js";
 import { RouterService, type ResolveSessionResponse } from "../shared/gen/troupe/v1/router_pb.js";
 import { AttachResponseSchema, RunnerService, type AttachRequestSchema, type AttachResponse } from "../shared/gen/troupe/v1/runner_pb.js";
 import { AgentEventSchema, ClientFrameSchema, type ClientFrame, type SessionInfo } from "../shared/gen/troupe/v1/session_pb.js";
 import { DEFAULT_AGENT } from "../shared/ids.js";
 import type { Logger } from "../shared/log.js";
-import { RpcServer, createClient, type ServiceClient, type grpc } from "../shared/rpc.js";
+import { RpcServer, createClient, grpc, type ServiceClient } from "../shared/rpc.js";
 import type { RunningService } from "../shared/service.js";
 import { GenAI, contextToRecord, extractContext, tracer } from "../shared/telemetry.js";
 
@@ -22,7 +27,7 @@ type RunnerClient = ServiceClient<(typeof RunnerService)["method"]>;
 type RouterClient = ServiceClient<(typeof RouterService)["method"]>;
 
 /** Session -> owning runner, from the router. Bounded; dropped when the runner is gone. */
-class PlacementCache {
+export class PlacementCache {
   private readonly entries = new Map<string, ResolveSessionResponse>();
   constructor(
     private readonly router: RouterClient,
@@ -72,12 +77,15 @@ class PlacementCache {
 
 class RunnerPool {
   private readonly clients = new Map<string, RunnerClient>();
-  constructor(private readonly maxMessageBytes: number) {}
+  constructor(
+    private readonly maxMessageBytes: number,
+    private readonly headers: Record<string, string>,
+  ) {}
   get(address: string): RunnerClient {
     let c = this.clients.get(address);
     if (!c) {
       // Session streams are forwarded as bytes: see needsDecoding.
-      c = createClient(RunnerService, address, { maxMessageBytes: this.maxMessageBytes, rawResponses: ["attach", "replay"] });
+      c = createClient(RunnerService, address, { maxMessageBytes: this.maxMessageBytes, rawResponses: ["attach", "replay"], headers: this.headers });
       this.clients.set(address, c);
     }
     return c;
@@ -209,10 +217,30 @@ class TurnSpans {
   }
 }
 
+/**
+ * The metadata that carries a client's verified identity (set by apiKeyAuth) on to the runner,
+ * which serves a session only to its owner.
+ */
+function onBehalfOf(call: { metadata: grpc.Metadata }): grpc.Metadata {
+  const md = new grpc.Metadata();
+  for (const [k, v] of Object.entries(identityHeaders(identityOf(call.metadata)))) md.set(k, v);
+  return md;
+}
+
 export async function startGateway(cfg: Config, logger: Logger): Promise<RunningService> {
-  const router = createClient(RouterService, cfg.addr.router);
+  const internal = await internalCredentials(cfg.dataDir);
+  const keys = await ApiKeys.load(cfg.apiKeysFile, process.env.TROUPE_API_KEYS ?? "");
+  keys.watch(2000, (err) => logger.error("API keys file unreadable; keeping the keys read before", { error: String((err as Error).message ?? err) }));
+  if (keys.size === 0) logger.warn(`no API keys configured: every call will be refused until one exists (troupe keys create, or ${cfg.apiKeysFile})`);
+  const limits = new GatewayLimits(limitsFromEnv(process.env));
+  /** Prompts, steering and follow-ups draw from the tenant's and the session's budgets; aborts never do. */
+  const admit = (tenant: string, sessionId: string, frame: ClientFrame) => {
+    const kind = frame.kind.case;
+    if (kind === "prompt" || kind === "steer" || kind === "followUp") limits.admitMessage(tenant, sessionId);
+  };
+  const router = createClient(RouterService, cfg.addr.router, { headers: internal.headers });
   const placements = new PlacementCache(router);
-  const runners = new RunnerPool(cfg.maxMessageBytes);
+  const runners = new RunnerPool(cfg.maxMessageBytes, internal.headers);
 
   /** Calls the session's runner; if it is gone or the session moved, retries once where it is now. */
   const withRunner = async <T>(sessionId: string, fn: (runner: RunnerClient, placement: ResolveSessionResponse) => Promise<T>): Promise<T> => {
@@ -227,20 +255,23 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
     }
   };
 
-  const submit = async (sessionId: string, sent: ClientFrame, metadata: grpc.Metadata) => {
+  const submit = async (sessionId: string, sent: ClientFrame, call: { metadata: grpc.Metadata }) => {
+    const metadata = call.metadata;
+    const caller = onBehalfOf(call);
     validateFrame(sent, true);
     const frame = catchStopCommand(sent);
+    admit(identityOf(metadata).tenant, sessionId, frame);
     const spans = new TurnSpans(extractContext(metadata), () => sessionId, () => "");
     const traced = spans.start(frame);
     try {
-      const res = await withRunner(sessionId, (runner) => runner.submit({ sessionId, frame: traced }));
+      const res = await withRunner(sessionId, (runner) => runner.submit({ sessionId, frame: traced }, { metadata: caller }));
       return { accepted: res.accepted };
     } finally {
       spans.endAll();
     }
   };
 
-  const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes });
+  const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes, authenticate: apiKeyAuth(keys) });
   server.add(GatewayService, {
     chat(call) {
       let state: "awaiting-open" | "opening" | "open" | "done" = "awaiting-open";
@@ -250,11 +281,15 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       let sessionId = "";
       let agentId = DEFAULT_AGENT;
       const spans = new TurnSpans(extractContext(call.metadata), () => sessionId, () => agentId);
+      const caller = onBehalfOf(call);
+      const tenant = identityOf(call.metadata).tenant;
+      let releaseStream: (() => void) | undefined;
 
       const finish = (err?: unknown) => {
         if (state === "done") return;
         state = "done";
         spans.endAll();
+        releaseStream?.();
         if (err !== undefined && toStatus(err).code === Status.INTERNAL) logger.error("chat stream failed", { error: String((err as Error)?.stack ?? err) });
         if (err !== undefined) {
           runnerCall?.cancel();
@@ -275,7 +310,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
         agentId = placement.agentId;
         // A session the router named for us is new: the runner must create it.
         const frame = o?.sessionId ? openFrame : create(ClientFrameSchema, { ...openFrame, kind: { case: "open", value: { ...o!, sessionId, create: true } } });
-        const rc = runners.get(placement.runner!.address).attach() as unknown as grpc.ClientDuplexStream<AttachRequestInit, Buffer>;
+        const rc = runners.get(placement.runner!.address).attach({ metadata: caller }) as unknown as grpc.ClientDuplexStream<AttachRequestInit, Buffer>;
         runnerCall = rc;
         let received = false;
         rc.on("data", (bytes: Buffer) => {
@@ -318,12 +353,17 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
           if (state === "done") return;
           if (state === "awaiting-open") {
             validateFrame(frame, false);
+            releaseStream = limits.openStream(tenant);
             state = "opening";
             open(frame, 0).catch(finish);
             return;
           }
           validateFrame(frame, true);
-          const traced = spans.start(catchStopCommand(frame));
+          const stopAware = catchStopCommand(frame);
+          // Over a limit, the stream ends with RESOURCE_EXHAUSTED and when to retry; frames not
+          // yet acknowledged are the client's to resend, as after any broken stream.
+          admit(tenant, sessionId, stopAware);
+          const traced = spans.start(stopAware);
           if (state === "opening") queued.push(traced);
           else forward(traced);
         } catch (err) {
@@ -340,25 +380,26 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       call.on("cancelled", () => {
         state = "done";
         spans.endAll();
+        releaseStream?.();
         if (runnerCall) leaveRunnerCall(runnerCall);
       });
     },
 
-    async createSession(req) {
+    async createSession(req, call) {
       validateSessionRef(req.sessionId, req.agentId, true);
       const first = await placements.resolve(req.sessionId, req.agentId);
       const res = await withRunner(first.sessionId, (runner, placement) =>
-        runner.ensureSession({ open: { sessionId: placement.sessionId, agentId: first.agentId, create: true, queueMode: req.queueMode } }),
+        runner.ensureSession({ open: { sessionId: placement.sessionId, agentId: first.agentId, create: true, queueMode: req.queueMode } }, { metadata: onBehalfOf(call) }),
       );
       return { session: res.session };
     },
 
     sendMessage: (req, call) =>
-      submit(req.sessionId, create(ClientFrameSchema, { frameId: req.frameId, kind: { case: "prompt", value: { text: req.text, queueMode: req.queueMode } } }), call.metadata),
-    steer: (req, call) => submit(req.sessionId, create(ClientFrameSchema, { frameId: req.frameId, kind: { case: "steer", value: { text: req.text } } }), call.metadata),
-    followUp: (req, call) => submit(req.sessionId, create(ClientFrameSchema, { frameId: req.frameId, kind: { case: "followUp", value: { text: req.text } } }), call.metadata),
+      submit(req.sessionId, create(ClientFrameSchema, { frameId: req.frameId, kind: { case: "prompt", value: { text: req.text, queueMode: req.queueMode } } }), call),
+    steer: (req, call) => submit(req.sessionId, create(ClientFrameSchema, { frameId: req.frameId, kind: { case: "steer", value: { text: req.text } } }), call),
+    followUp: (req, call) => submit(req.sessionId, create(ClientFrameSchema, { frameId: req.frameId, kind: { case: "followUp", value: { text: req.text } } }), call),
     abort: (req, call) =>
-      submit(req.sessionId, create(ClientFrameSchema, { frameId: req.frameId, kind: { case: "abort", value: { reason: req.reason, clearQueue: req.clearQueue } } }), call.metadata),
+      submit(req.sessionId, create(ClientFrameSchema, { frameId: req.frameId, kind: { case: "abort", value: { reason: req.reason, clearQueue: req.clearQueue } } }), call),
 
     // Served over the runner's Attach stream (open with replay_after_seq, no create) rather than
     // Replay, so that a client leaving ends the runner's stream without a reset.
@@ -366,11 +407,17 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       const { sessionId, afterSeq } = call.request;
       validateSessionRef(sessionId, "", false);
       let upstream: grpc.ClientDuplexStream<AttachRequestInit, Buffer> | undefined;
+      const caller = onBehalfOf(call);
+      const release = limits.openStream(identityOf(call.metadata).tenant);
+      call.once("close", release);
+      call.once("cancelled", release);
+      call.once("finish", release);
+      call.once("error", release);
       call.on("cancelled", () => upstream && leaveRunnerCall(upstream));
       const attempt = async (n: number): Promise<void> => {
         const placement = await placements.resolve(sessionId, "");
         if (call.cancelled) return;
-        const up = runners.get(placement.runner!.address).attach() as unknown as grpc.ClientDuplexStream<AttachRequestInit, Buffer>;
+        const up = runners.get(placement.runner!.address).attach({ metadata: caller }) as unknown as grpc.ClientDuplexStream<AttachRequestInit, Buffer>;
         upstream = up;
         let received = false;
         let failed = false;
@@ -400,12 +447,13 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       await attempt(0);
     },
 
-    async getHistory(req) {
-      const page = await withRunner(req.sessionId, (runner) => runner.readHistory({ sessionId: req.sessionId, pageSize: req.pageSize, pageToken: req.pageToken }));
+    async getHistory(req, call) {
+      const page = await withRunner(req.sessionId, (runner) => runner.readHistory({ sessionId: req.sessionId, pageSize: req.pageSize, pageToken: req.pageToken }, { metadata: onBehalfOf(call) }));
       return { messages: page.messages, nextPageToken: page.nextPageToken };
     },
 
-    async listSessions(req) {
+    async listSessions(req, call) {
+      const caller = onBehalfOf(call);
       invalidArgumentIf(req.pageSize < 0 || req.pageSize > 1000, "page_size must be between 0 and 1000");
       invalidArgumentIf(req.pageToken !== "" && !/^\d{1,9}$/.test(req.pageToken), "page_token is not one this service issued");
       const { runners: live } = await router.listRunners({});
@@ -415,7 +463,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       for (const r of live) {
         let token = "";
         do {
-          const page = await runners.get(r.address).listStoredSessions({ pageSize: 1000, pageToken: token });
+          const page = await runners.get(r.address).listStoredSessions({ pageSize: 1000, pageToken: token }, { metadata: caller });
           for (const s of page.sessions) if (!all.has(s.sessionId) || s.running) all.set(s.sessionId, s);
           token = page.nextPageToken;
         } while (token !== "");
@@ -427,11 +475,17 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
     },
   });
 
+  // Reflection lets any gRPC tool discover the public API (grpcurl list, describe); it is open to
+  // all, like health: the schema is public, what it reaches is not.
+  server.add(ServerReflection, reflectionService([GatewayService, Health]));
+
   const port = await server.listen(cfg.addr.gateway);
   logger.info(`gateway serving on port ${port}`, { maxMessageBytes: cfg.maxMessageBytes });
   return {
     async drain() {
       await server.drain(cfg.drainGraceMs);
+      keys.stop();
+      limits.stop();
       runners.close();
       router.close();
     },

@@ -7,6 +7,7 @@ import * as lancedb from "@lancedb/lancedb";
 import { Field, FixedSizeList, Float32, Int32, Schema, Timestamp, TimeUnit, Utf8 } from "apache-arrow";
 import { create } from "@bufbuild/protobuf";
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
+import { internalCredentials } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
 import { invalidArgument, invalidArgumentIf } from "../shared/errors.js";
 import { MemoryKind, MemorySchema, MemoryService, type MemoryScope } from "../shared/gen/troupe/v1/memory_pb.js";
@@ -71,7 +72,7 @@ export async function startMemory(cfg: Config, logger: Logger): Promise<RunningS
   };
   await openTable(false);
 
-  const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes });
+  const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes, authenticate: (await internalCredentials(cfg.dataDir)).authenticate });
   server.add(MemoryService, {
     async addMemories(req) {
       scopePredicate(req.scope, true);

@@ -2,6 +2,7 @@
 // Runners register and renew a lease; sessions are placed by rendezvous (highest-random-weight)
 // hashing over the live runners, so a runner joining or leaving moves only its own share.
 import { createHash } from "node:crypto";
+import { internalCredentials } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
 import { invalidArgumentIf, unavailable } from "../shared/errors.js";
 import { validateSessionRef } from "../shared/frames.js";
@@ -54,7 +55,7 @@ export const sessionKey = (agentId: string, sessionId: string) => `agent:${agent
 
 export async function startRouter(cfg: Config, logger: Logger): Promise<RunningService> {
   const directory = new RunnerDirectory();
-  const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes });
+  const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes, authenticate: (await internalCredentials(cfg.dataDir)).authenticate });
   server.add(RouterService, {
     async resolveSession(req) {
       validateSessionRef(req.sessionId, req.agentId, true);

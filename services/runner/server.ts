@@ -3,9 +3,10 @@
 import { randomUUID } from "node:crypto";
 import { create } from "@bufbuild/protobuf";
 import { context } from "@opentelemetry/api";
+import { identityOf, internalCredentials, sameIdentity, type Identity } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
 import { modelBaseUrl } from "../shared/config.js";
-import { Status, invalidArgument, notFound, resourceExhausted, toStatus, type RpcError } from "../shared/errors.js";
+import { Status, invalidArgument, resourceExhausted, toStatus, type RpcError } from "../shared/errors.js";
 import { validateFrame } from "../shared/frames.js";
 import { MemoryService } from "../shared/gen/troupe/v1/memory_pb.js";
 import { RouterService } from "../shared/gen/troupe/v1/router_pb.js";
@@ -84,13 +85,13 @@ function pageParams(pageSize: number, pageToken: string): { size: number; offset
 }
 
 /** The run's system prompt: who the agent is, what it can do, and what it remembers. */
-async function systemPrompt(recall: MemoryRecall, agentId: string, query: string, signal: AbortSignal): Promise<string> {
+async function systemPrompt(recall: MemoryRecall, agentId: string, owner: Identity, query: string, signal: AbortSignal): Promise<string> {
   const lines = [
     `You are ${agentId}, an agent served by Troupe.`,
     `Current time: ${new Date().toISOString()}.`,
     "Shell commands (exec) and workspace files (read_file, write_file, list_files) live in an isolated sandbox without network access.",
   ];
-  const remembered = await recall.recall({ tenant: "local", owner: "local" }, query, signal);
+  const remembered = await recall.recall({ tenant: owner.tenant, owner: owner.principal }, query, signal);
   if (remembered.length > 0) lines.push("What you remember that may be relevant:", ...remembered.map((text) => `- ${text}`));
   return lines.join("\n");
 }
@@ -100,32 +101,31 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   const store = new JsonlSessionStore(cfg.dataDir, { runnerId: cfg.runnerId, address: cfg.advertise, incarnation: randomUUID() }, cfg.runnerLivenessMs);
   await store.start();
   const model = new OpenAIModelClient({ baseUrl: modelBaseUrl(cfg), apiKey: cfg.openaiApiKey });
-  const sandbox = createClient(SandboxService, cfg.addr.sandbox);
-  const memory = createClient(MemoryService, cfg.addr.memory);
+  const credentials = await internalCredentials(cfg.dataDir);
+  const sandbox = createClient(SandboxService, cfg.addr.sandbox, { headers: credentials.headers });
+  const memory = createClient(MemoryService, cfg.addr.memory, { headers: credentials.headers });
   const recall = new MemoryRecall(memory, { ...DEFAULT_RECALL, k: cfg.memoryContextK }, logger);
-  const router = createClient(RouterService, cfg.addr.router);
+  const router = createClient(RouterService, cfg.addr.router, { headers: credentials.headers });
   const tools = [execTool(sandbox, cfg.execTimeoutMs), ...fileTools(sandbox)];
   const audit = new AuditLog(cfg.dataDir);
   const registry = new SessionRegistry({
     store,
     audit,
     logger,
-    runDeps: (agentId) => ({
+    runDeps: (agentId, owner) => ({
       agentId,
       modelName: cfg.model,
       model,
       tools,
-      systemPrompt: (query, signal) => systemPrompt(recall, agentId, query, signal),
+      systemPrompt: (query, signal) => systemPrompt(recall, agentId, owner, query, signal),
     }),
   }, { passivateAfterMs: cfg.passivateAfterMs });
 
-  const requireActor = async (sessionId: string): Promise<SessionActor> => {
-    const actor = await registry.get(sessionId);
-    if (!actor) throw notFound(`session ${sessionId} does not exist`);
-    return actor;
-  };
+  // Session calls come from the gateway with the client's verified identity; a session answers
+  // only the tenant and principal that own it.
+  const requireActor = (sessionId: string, call: { metadata: grpc.Metadata }): Promise<SessionActor> => registry.require(sessionId, identityOf(call.metadata));
 
-  const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes });
+  const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes, authenticate: credentials.authenticate });
   server.add(RunnerService, {
     attach(call) {
       let opened: Promise<SessionActor> | undefined;
@@ -159,7 +159,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
             validateFrame(frame, false);
             if (frame.kind.case !== "open") return;
             const open = frame.kind.value;
-            opened = registry.open(open, frame.frameId).then(async ({ actor, opened: info }) => {
+            opened = registry.open(open, identityOf(call.metadata), frame.frameId).then(async ({ actor, opened: info }) => {
               if (detached) return actor;
               call.write(create(AttachResponseSchema, { kind: { case: "opened", value: info } }));
               subscriber = new StreamSubscriber(call, (event) => create(AttachResponseSchema, { kind: { case: "event", value: event } }));
@@ -198,39 +198,40 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
       call.on("close", detach);
     },
 
-    async ensureSession(req) {
+    async ensureSession(req, call) {
       if (!req.open) throw invalidArgument("open is required");
-      const { opened } = await registry.open(req.open);
+      const { opened } = await registry.open(req.open, identityOf(call.metadata));
       return { session: opened };
     },
 
-    async submit(req) {
+    async submit(req, call) {
       validateFrame(req.frame, true);
-      const actor = await requireActor(req.sessionId);
+      const actor = await requireActor(req.sessionId, call);
       const traceContext = Object.keys(req.frame.traceContext).length > 0 ? contextFromRecord(req.frame.traceContext) : context.active();
       return { accepted: await actor.submit(req.frame, traceContext) };
     },
 
     async replay(call) {
-      const actor = await requireActor(call.request.sessionId);
+      const actor = await requireActor(call.request.sessionId, call);
       const subscriber = new StreamSubscriber(call, (event) => ({ event }) as never);
       call.on("cancelled", () => actor.detach(subscriber));
       call.on("close", () => actor.detach(subscriber));
       await actor.attach(subscriber, Number(call.request.afterSeq));
     },
 
-    async readHistory(req) {
+    async readHistory(req, call) {
       const { size, offset } = pageParams(req.pageSize, req.pageToken);
-      const actor = await requireActor(req.sessionId);
+      const actor = await requireActor(req.sessionId, call);
       const messages = actor.messages.slice(offset, offset + size);
       const next = offset + size < actor.messages.length ? String(offset + size) : "";
       return { messages, nextPageToken: next };
     },
 
-    async listStoredSessions(req) {
+    async listStoredSessions(req, call) {
       const { size, offset } = pageParams(req.pageSize, req.pageToken);
+      const caller = identityOf(call.metadata);
       const live = new Map((await registry.loaded()).map((a) => [a.sessionId, a]));
-      const stored = (await store.list()).sort((a, b) => a.sessionId.localeCompare(b.sessionId));
+      const stored = (await store.list()).filter((s) => sameIdentity(s.owner, caller)).sort((a, b) => a.sessionId.localeCompare(b.sessionId));
       const page = stored.slice(offset, offset + size).map(
         (s) =>
           live.get(s.sessionId)?.info() ??

@@ -24,7 +24,8 @@ import type { Logger } from "../shared/log.js";
 import { contextFromRecord } from "../shared/telemetry.js";
 import { injectUserMessages, runAgent, type EventPayload, type QueuedMessage, type RunDeps, type RunHost } from "./loop.js";
 import type { AuditLog } from "./audit-log.js";
-import type { LogRecord, SessionLog, SessionStore } from "./session-log.js";
+import type { Identity } from "../shared/auth.js";
+import { ownerOf, type LogRecord, type SessionLog, type SessionStore } from "./session-log.js";
 import { SessionElsewhere } from "./session-lease.js";
 
 /** Where an actor's events go: a client stream, seen through its backpressure. */
@@ -40,7 +41,7 @@ export interface ActorDeps {
   store: SessionStore;
   audit: AuditLog;
   logger: Logger;
-  runDeps(agentId: string): RunDeps;
+  runDeps(agentId: string, owner: Identity): RunDeps;
 }
 
 /** Recent events (deltas included) kept in memory for resuming clients. */
@@ -143,13 +144,15 @@ export class SessionActor {
   private constructor(
     readonly sessionId: string,
     readonly agentId: string,
+    /** The tenant and principal the session belongs to; only they may use it. */
+    readonly owner: Identity,
     private readonly log: SessionLog,
     private readonly deps: ActorDeps,
   ) {}
 
-  static async create(sessionId: string, agentId: string, deps: ActorDeps): Promise<SessionActor> {
-    const log = await deps.store.create(sessionId, agentId);
-    return new SessionActor(sessionId, agentId, log, deps);
+  static async create(sessionId: string, agentId: string, owner: Identity, deps: ActorDeps): Promise<SessionActor> {
+    const log = await deps.store.create(sessionId, agentId, owner);
+    return new SessionActor(sessionId, agentId, owner, log, deps);
   }
 
   /** Rebuilds the actor from its log. A run the log shows as unfinished was cut off by a crash. */
@@ -160,7 +163,7 @@ export class SessionActor {
       await log.close();
       throw new Error(`session log ${sessionId} has no header`);
     }
-    const actor = new SessionActor(sessionId, head.agentId, log, deps);
+    const actor = new SessionActor(sessionId, head.agentId, ownerOf(head), log, deps);
     actor.createdMs = head.createdMs;
     // Recovery publishes events at once (a cut-off run's end, acknowledgements owed), and clients
     // see them before the log does. Their seqs must be reserved durably first: a process that died
@@ -450,7 +453,7 @@ export class SessionActor {
       takeFollowUps: () => this.followUps.splice(0),
     };
     try {
-      await runAgent(host, this.deps.runDeps(this.agentId), first);
+      await runAgent(host, this.deps.runDeps(this.agentId, this.owner), first);
     } catch (err) {
       // Not a model or tool failure (those end runs normally): a bug. Its state is suspect, so
       // the actor rebuilds itself from its log; other sessions are untouched.

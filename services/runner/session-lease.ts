@@ -20,7 +20,7 @@ import { mkdir, readFile, rename, stat, unlink, utimes, writeFile } from "node:f
 import os from "node:os";
 import path from "node:path";
 import { RpcError, SESSION_OWNER_KEY, Status } from "../shared/errors.js";
-import { createExclusive } from "./exclusive-file.js";
+import { createExclusive } from "../shared/exclusive-file.js";
 
 /** One runner process: `incarnation` tells a restarted runner from its killed predecessor. */
 export interface Owner {

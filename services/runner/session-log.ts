@@ -5,12 +5,15 @@
 import { randomUUID } from "node:crypto";
 import { mkdir, open, readFile, readdir, stat, type FileHandle } from "node:fs/promises";
 import path from "node:path";
-import { createExclusive, syncDir } from "./exclusive-file.js";
+import type { Identity } from "../shared/auth.js";
+import { createExclusive, syncDir } from "../shared/exclusive-file.js";
 import { SessionElsewhere, SessionLeases, type Lease, type Owner } from "./session-lease.js";
 
 /** One line of the log. Frames and events are stored in protobuf JSON form. */
 export type LogRecord =
-  | { t: "session"; sessionId: string; agentId: string; createdMs: number }
+  // The header. tenant and principal own the session; logs written before authentication existed
+  // have neither and belong to the local development identity (LEGACY_OWNER).
+  | { t: "session"; sessionId: string; agentId: string; createdMs: number; tenant?: string; principal?: string }
   // A runner took the session (see session-lease.ts); records of older epochs after it are void.
   | { t: "epoch"; epoch: number; runnerId: string }
   | { t: "frame"; frame: unknown }
@@ -34,9 +37,17 @@ export interface SessionLog {
   close(): Promise<void>;
 }
 
+/** Who owns a session whose log predates ownership: the development key's identity. */
+export const LEGACY_OWNER: Identity = { tenant: "local", principal: "dev" };
+
+export function ownerOf(head: Extract<LogRecord, { t: "session" }>): Identity {
+  return head.tenant && head.principal ? { tenant: head.tenant, principal: head.principal } : LEGACY_OWNER;
+}
+
 export interface StoredSession {
   sessionId: string;
   agentId: string;
+  owner: Identity;
   createdMs: number;
   updateMs: number;
 }
@@ -44,7 +55,7 @@ export interface StoredSession {
 export interface SessionStore {
   exists(sessionId: string): Promise<boolean>;
   /** A new session, owned by this runner. Fails with EEXIST if the session exists. */
-  create(sessionId: string, agentId: string): Promise<SessionLog>;
+  create(sessionId: string, agentId: string, owner: Identity): Promise<SessionLog>;
   /** Takes a stored session for this runner: its log to append to and its records so far. */
   activate(sessionId: string): Promise<{ log: SessionLog; records: LogRecord[] }>;
   /** The session's valid records (a stale owner's late writes left out). */
@@ -215,12 +226,12 @@ export class JsonlSessionStore implements SessionStore {
    * fsynced to a temporary file that is then linked into place. A crash leaves either no log or a
    * complete header, and link() fails with EEXIST if someone else created the session first.
    */
-  async create(sessionId: string, agentId: string): Promise<SessionLog> {
+  async create(sessionId: string, agentId: string, owner: Identity): Promise<SessionLog> {
     await mkdir(this.dir, { recursive: true });
     const final = this.file(sessionId);
     if (await this.exists(sessionId)) throw Object.assign(new Error(`session ${sessionId} exists`), { code: "EEXIST" });
     const lease = await this.leases.acquire(sessionId, 0);
-    const header: LogRecord = { t: "session", sessionId, agentId, createdMs: Date.now() };
+    const header: LogRecord = { t: "session", sessionId, agentId, createdMs: Date.now(), tenant: owner.tenant, principal: owner.principal };
     const epoch: LogRecord = { t: "epoch", epoch: lease.epoch, runnerId: this.leases.self.runnerId };
     try {
       if (!(await createExclusive(final, logLine(header) + logLine(epoch, lease.epoch)))) {
@@ -270,7 +281,7 @@ export class JsonlSessionStore implements SessionStore {
         await fh.close();
         const head = JSON.parse(buffer.subarray(0, bytesRead).toString("utf8").split("\n")[0]) as LogRecord;
         if (head.t !== "session") continue;
-        out.push({ sessionId: head.sessionId, agentId: head.agentId, createdMs: head.createdMs, updateMs: s.mtimeMs });
+        out.push({ sessionId: head.sessionId, agentId: head.agentId, owner: ownerOf(head), createdMs: head.createdMs, updateMs: s.mtimeMs });
       } catch {
         // A log being created right now, or not ours: not listed.
       }

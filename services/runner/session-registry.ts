@@ -2,7 +2,8 @@
 // log) exactly once, however many calls ask for it at the same time.
 import { create } from "@bufbuild/protobuf";
 import { SessionOpenedSchema, type OpenSession, type SessionOpened } from "../shared/gen/troupe/v1/session_pb.js";
-import { notFound } from "../shared/errors.js";
+import { sameIdentity, type Identity } from "../shared/auth.js";
+import { notFound, permissionDenied } from "../shared/errors.js";
 import { validateSessionRef } from "../shared/frames.js";
 import { DEFAULT_AGENT, newId } from "../shared/ids.js";
 import { SessionActor, type ActorDeps } from "./session-actor.js";
@@ -51,6 +52,16 @@ export class SessionRegistry {
     return this.actors.size;
   }
 
+  /**
+   * The live actor of a stored session for `caller`: NOT_FOUND if there is no such session,
+   * PERMISSION_DENIED if it belongs to another tenant or principal.
+   */
+  async require(sessionId: string, caller: Identity): Promise<SessionActor> {
+    const actor = await this.get(sessionId);
+    if (!actor) throw notFound(`session ${sessionId} does not exist`);
+    return authorize(actor, caller);
+  }
+
   /** The live actor of a stored session, loading it if needed; undefined if no such session. */
   async get(sessionId: string): Promise<SessionActor | undefined> {
     validateSessionRef(sessionId, "", false);
@@ -63,8 +74,8 @@ export class SessionRegistry {
     return this.remember(sessionId, () => SessionActor.load(sessionId, this.deps));
   }
 
-  /** Opens a session for a client: finds it, or creates it when asked to. */
-  async open(open: OpenSession, frameId = ""): Promise<{ actor: SessionActor; opened: SessionOpened }> {
+  /** Opens a session for a client: finds it (if it is the caller's), or creates it for the caller when asked to. */
+  async open(open: OpenSession, caller: Identity, frameId = ""): Promise<{ actor: SessionActor; opened: SessionOpened }> {
     validateSessionRef(open.sessionId, open.agentId, true);
     const sessionId = open.sessionId || newId();
     let actor = await this.get(sessionId);
@@ -73,7 +84,7 @@ export class SessionRegistry {
       if (open.sessionId !== "" && !open.create) throw notFound(`session ${sessionId} does not exist (set create to make it)`);
       const agentId = open.agentId || DEFAULT_AGENT;
       actor = await this.remember(sessionId, () =>
-        SessionActor.create(sessionId, agentId, this.deps).catch((err: NodeJS.ErrnoException) => {
+        SessionActor.create(sessionId, agentId, caller, this.deps).catch((err: NodeJS.ErrnoException) => {
           // Someone else created it between our check and our create: use theirs.
           if (err.code === "EEXIST") return SessionActor.load(sessionId, this.deps);
           throw err;
@@ -81,6 +92,7 @@ export class SessionRegistry {
       );
       created = true;
     }
+    authorize(actor, caller);
     await actor.setQueueMode(open.queueMode);
     const opened = create(SessionOpenedSchema, { sessionId, agentId: actor.agentId, lastSeq: BigInt(actor.lastSeq), created, frameId });
     return { actor, opened };
@@ -110,4 +122,9 @@ export class SessionRegistry {
     await Promise.allSettled([...this.actors.values()].map(async (p) => (await p).close()));
     this.actors.clear();
   }
+}
+
+function authorize(actor: SessionActor, caller: Identity): SessionActor {
+  if (!sameIdentity(actor.owner, caller)) throw permissionDenied(`session ${actor.sessionId} belongs to another principal`);
+  return actor;
 }

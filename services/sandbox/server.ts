@@ -11,6 +11,7 @@ import { randomUUID } from "node:crypto";
 import { create } from "@bufbuild/protobuf";
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import Docker from "dockerode";
+import { internalCredentials } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
 import { RpcError, Status, invalidArgumentIf, notFound, unavailable } from "../shared/errors.js";
 import { ExecResponseSchema, FileType, SandboxService, Signal } from "../shared/gen/troupe/v1/sandbox_pb.js";
@@ -97,7 +98,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
     { image: cfg.sandboxImage, runtime: cfg.sandboxRuntime, instance, limits: DEFAULT_LIMITS, poolSize: cfg.sandboxPoolSize, idleMs: cfg.sandboxIdleMs, maxAgeMs: cfg.sandboxMaxAgeMs },
     logger,
   );
-  const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes });
+  const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes, authenticate: (await internalCredentials(cfg.dataDir)).authenticate });
   const engineHint = `no Docker engine reachable at ${process.env.DOCKER_HOST ?? "/var/run/docker.sock"}: start dockerd (or set DOCKER_HOST) and retry`;
   let engineUp = false;
 

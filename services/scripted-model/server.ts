@@ -11,6 +11,7 @@
 //   "!fail STATUS [times=N]"       -> HTTP STATUS with an OpenAI error body (only the first N times)
 //   "!cut N"                       -> N tokens, then the connection is cut mid-stream
 //   "!call NAME ARGS"              -> one call of tool NAME with ARGS as its raw arguments text
+//   "!system"                      -> the request's system prompt, word by word (to test context)
 //   anything else                  -> "You said: TEXT", one token per word
 import http from "node:http";
 import { once } from "node:events";
@@ -109,6 +110,10 @@ export class ScriptedModel {
           const m = /^(\S+)\s*(.*)$/s.exec(arg);
           if (!m) break;
           return { text: [], rate, toolCalls: [{ id: `call_${(++this.callCounter).toString(36)}`, name: m[1], arguments: m[2] }] };
+        }
+        case "system": {
+          const system = messages.filter((m) => m.role === "system").map((m) => contentText(m.content)).join("\n");
+          return { text: words(system || "(no system prompt)"), rate };
         }
         case "cut":
           return { text: Array.from({ length: 1000 }, (_, i) => `t${i + 1} `), rate, cutAfter: n > 0 ? n : 1 };

@@ -49,6 +49,8 @@ export interface Config {
   sandboxPoolSize: number;
   /** Sandbox: who shares a container: each session, each agent, or everyone. */
   sandboxScope: "session" | "agent" | "shared";
+  /** Gateway: the API keys file (hashed keys, each with its tenant and principal; see auth.ts). */
+  apiKeysFile: string;
   /** Extra positional arguments after the flags. */
   rest: string[];
 }
@@ -74,6 +76,7 @@ export const FLAG_OPTIONS = {
   advertise: { type: "string" },
   "max-message-bytes": { type: "string" },
   "drain-grace-ms": { type: "string" },
+  "api-keys": { type: "string" },
 } as const;
 
 function positiveInt(name: string, value: string | undefined, fallback: number): number {
@@ -100,9 +103,11 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env,
     sandbox: v.sandbox ?? env.TROUPE_SANDBOX_ADDR ?? DEFAULTS.sandbox,
     model: v["model-server"] ?? env.TROUPE_MODEL_SERVER_ADDR ?? DEFAULTS.model,
   };
+  const dataDir = path.resolve(v["data-dir"] ?? env.TROUPE_DATA_DIR ?? "./data");
   return {
     addr,
-    dataDir: path.resolve(v["data-dir"] ?? env.TROUPE_DATA_DIR ?? "./data"),
+    dataDir,
+    apiKeysFile: path.resolve(v["api-keys"] ?? env.TROUPE_API_KEYS_FILE ?? path.join(dataDir, "auth", "api-keys.json")),
     maxMessageBytes: positiveInt("--max-message-bytes", v["max-message-bytes"] ?? env.TROUPE_MAX_MESSAGE_BYTES, 4 * 1024 * 1024),
     drainGraceMs: positiveInt("--drain-grace-ms", v["drain-grace-ms"] ?? env.TROUPE_DRAIN_GRACE_MS, 10_000),
     runnerId: v["runner-id"] ?? env.TROUPE_RUNNER_ID ?? `runner-${addr.runner}`,

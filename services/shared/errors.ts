@@ -21,6 +21,7 @@ export class RpcError extends Error {
 
 export const invalidArgument = (msg: string) => new RpcError(Status.INVALID_ARGUMENT, msg);
 export const notFound = (msg: string) => new RpcError(Status.NOT_FOUND, msg);
+export const permissionDenied = (msg: string) => new RpcError(Status.PERMISSION_DENIED, msg);
 export const failedPrecondition = (msg: string) => new RpcError(Status.FAILED_PRECONDITION, msg);
 export const resourceExhausted = (msg: string) => new RpcError(Status.RESOURCE_EXHAUSTED, msg);
 export const unavailable = (msg: string) => new RpcError(Status.UNAVAILABLE, msg);

@@ -22,6 +22,7 @@ import {
 } from "@bufbuild/protobuf";
 import type { GenService, GenServiceMethods } from "@bufbuild/protobuf/codegenv2";
 import { SpanKind, SpanStatusCode, context, trace, type Context } from "@opentelemetry/api";
+import { isOpenPath, type Authenticator } from "./auth.js";
 import { RpcError, Status, toStatus } from "./errors.js";
 import { extractContext, injectContext, tracer } from "./telemetry.js";
 
@@ -132,22 +133,42 @@ function channelOptions(maxMessageBytes: number): grpc.ChannelOptions {
 // ---------------------------------------------------------------------------------------------
 // Server
 
-/** Rejects requests that did not parse, before any handler runs. */
-const rejectMalformed: grpc.ServerInterceptor = (_method, call) => {
-  const intercepting: grpc.ServerInterceptingCall = new grpc.ServerInterceptingCall(call, {
-    start: (next) =>
-      next({
-        onReceiveMessage: (message, forward) => {
-          if (message instanceof MalformedMessage) {
-            intercepting.sendStatus({ code: Status.INVALID_ARGUMENT, details: message.reason });
-            return;
-          }
-          forward(message);
-        },
-      }),
-  });
-  return intercepting;
-};
+/**
+ * The one interceptor every server runs (one layer, so each call pays for one): the server's
+ * authenticator on the call's metadata, then requests that did not parse are refused with
+ * INVALID_ARGUMENT, both before any handler runs. A refused call ends with its status. The
+ * health and reflection services need no credentials.
+ */
+function guard(authenticate: Authenticator | undefined): grpc.ServerInterceptor {
+  return (method, call) => {
+    const open = authenticate === undefined || isOpenPath(method.path);
+    const intercepting: grpc.ServerInterceptingCall = new grpc.ServerInterceptingCall(call, {
+      start: (next) =>
+        next({
+          onReceiveMetadata: (metadata, forward) => {
+            if (!open) {
+              try {
+                authenticate(metadata, method.path);
+              } catch (err) {
+                const status = toStatus(err);
+                intercepting.sendStatus({ code: status.code, details: status.details, metadata: status.metadata ?? new grpc.Metadata() });
+                return;
+              }
+            }
+            forward(metadata);
+          },
+          onReceiveMessage: (message, forward) => {
+            if (message instanceof MalformedMessage) {
+              intercepting.sendStatus({ code: Status.INVALID_ARGUMENT, details: message.reason });
+              return;
+            }
+            forward(message);
+          },
+        }),
+    });
+    return intercepting;
+  };
+}
 
 // Server spans are errors only for the codes that mean the server failed (OTel RPC conventions).
 const SERVER_ERROR_CODES = new Set([
@@ -227,6 +248,8 @@ const spanContext = (parent: Context, span: ReturnType<typeof tracer.startSpan>)
 export interface ServerOptions {
   /** Largest message the server accepts; larger ones fail with RESOURCE_EXHAUSTED. */
   maxMessageBytes?: number;
+  /** Checks every call's credentials (auth.ts); without it the server answers anyone (tests of the adapter only). */
+  authenticate?: Authenticator;
 }
 
 /** Health states of the standard health service. */
@@ -253,7 +276,7 @@ export class RpcServer {
       "grpc.http2.min_ping_interval_without_data_ms": 60_000,
       // Node's 10 MB default per HTTP/2 session throttles fast event streams.
       "grpc-node.max_session_memory": 64,
-      interceptors: [rejectMalformed],
+      interceptors: [guard(options.authenticate)],
     });
     this.add(Health, {
       check: async (req) => {
@@ -330,6 +353,8 @@ export interface ClientOptions {
    * them process-wide by default). For a process that must look like several clients.
    */
   ownConnection?: boolean;
+  /** Metadata sent with every call: credentials (auth.ts). */
+  headers?: Record<string, string>;
 }
 
 /** A typed client for one service at host:port. */
@@ -344,6 +369,7 @@ export function createClient<S extends GenServiceMethods>(
   const raw = new Ctor(address, grpc.credentials.createInsecure(), channel);
   const defaultDeadline = options.defaultDeadlineMs ?? DEFAULT_DEADLINE_MS;
   const client: Record<string, unknown> = { close: () => raw.close() };
+  const fixedHeaders = Object.entries(options.headers ?? {});
 
   for (const method of service.methods) {
     const name = method.localName;
@@ -352,6 +378,7 @@ export function createClient<S extends GenServiceMethods>(
     const prepare = (opts: CallOptions | undefined, unary: boolean) => {
       const span = tracer.startSpan(path, { kind: SpanKind.CLIENT, attributes: { "rpc.system.name": "grpc", "rpc.method": path } });
       const metadata = opts?.metadata?.clone() ?? new grpc.Metadata();
+      for (const [k, v] of fixedHeaders) if (!metadata.get(k).length) metadata.set(k, v);
       injectContext(spanContext(context.active(), span), metadata);
       const timeout = opts?.timeoutMs ?? (unary ? defaultDeadline : undefined);
       const callOptions: grpc.CallOptions = timeout === undefined ? {} : { deadline: Date.now() + timeout };

@@ -10,7 +10,10 @@ import { fileURLToPath } from "node:url";
 import { Health, HealthCheckResponse_ServingStatus as Serving } from "../../services/shared/gen/grpc/health/v1/health_pb.js";
 import { GatewayService } from "../../services/shared/gen/troupe/v1/gateway_pb.js";
 import { RouterService } from "../../services/shared/gen/troupe/v1/router_pb.js";
-import { createClient, type ServiceClient } from "../../services/shared/rpc.js";
+import type { GenService, GenServiceMethods } from "@bufbuild/protobuf/codegenv2";
+import { createApiKey, ensureDevKey, identityHeaders, internalCredentials, type Identity } from "../../services/shared/auth.js";
+import { Status } from "../../services/shared/errors.js";
+import { createClient, type ClientOptions, type ServiceClient } from "../../services/shared/rpc.js";
 import { instanceOf } from "../../services/sandbox/fleet.js";
 
 const run = promisify(execFile);
@@ -35,7 +38,18 @@ export interface Stack {
   addr: Record<ServiceName, string>;
   dataDir: string;
   env: NodeJS.ProcessEnv;
+  /** A gateway client authenticated with the stack's development key (tenant local, principal dev). */
   gateway: ServiceClient<(typeof GatewayService)["method"]>;
+  /** The development API key, and the headers of Troupe's internal calls. */
+  apiKey: string;
+  internalHeaders: Record<string, string>;
+  /**
+   * A client that speaks as Troupe's own services do (internal token), optionally on behalf of a
+   * client identity (the headers the gateway adds), for tests that call a service directly.
+   */
+  client<S extends GenServiceMethods>(service: GenService<S>, address: string, options?: ClientOptions & { as?: Identity }): ServiceClient<S>;
+  /** A gateway client authenticated as tenant/principal (a key made for it, accepted before this resolves). */
+  gatewayAs(tenant: string, principal: string, options?: ClientOptions): Promise<ServiceClient<(typeof GatewayService)["method"]>>;
   /** Everything the processes wrote to stderr, for failure messages. */
   logs(): string;
   start(name: ServiceName): Promise<void>;
@@ -104,9 +118,14 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
   for (const name of SERVICE_ORDER) addr[name] = `127.0.0.1:${await freePort()}`;
   const env: NodeJS.ProcessEnv = { ...process.env, TROUPE_LOG_LEVEL: "info", ...options.env };
   delete env.OPENAI_BASE_URL;
+  // Credentials come from the stack's own data directory, never from the caller's environment.
+  for (const k of ["TROUPE_INTERNAL_TOKEN", "TROUPE_API_KEY", "TROUPE_API_KEYS", "TROUPE_API_KEYS_FILE"]) delete env[k];
   if (options.env?.OPENAI_BASE_URL) env.OPENAI_BASE_URL = options.env.OPENAI_BASE_URL;
   const procs = new Map<string, ChildProcess>();
   let logText = "";
+  // The credentials `troupe up` would make: every process of the stack reads them from dataDir.
+  const internal = await internalCredentials(dataDir, {});
+  const dev = await ensureDevKey(dataDir);
 
   const spawnService = async (key: string, name: ServiceName, at: Record<ServiceName, string>, args: string[] = [], extraEnv: NodeJS.ProcessEnv = {}) => {
     const proc = spawn(process.execPath, [MAIN, name, ...flagsFor(at, dataDir), ...args], { env: { ...env, ...extraEnv }, stdio: ["ignore", "pipe", "pipe"] });
@@ -131,11 +150,28 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
   const services = options.services ?? SERVICE_ORDER;
   for (const name of services) await start(name);
   if (services.includes("runner")) {
-    const router = createClient(RouterService, addr.router);
+    const router = createClient(RouterService, addr.router, { headers: internal.headers });
     await waitFor("the runner to register", async () => (await router.listRunners({})).runners.length > 0);
     router.close();
   }
-  const gateway = createClient(GatewayService, addr.gateway);
+  const gateway = createClient(GatewayService, addr.gateway, { headers: { authorization: `Bearer ${dev.key}` } });
+  const client = <S extends GenServiceMethods>(service: GenService<S>, address: string, opts: ClientOptions & { as?: Identity } = {}) =>
+    createClient(service, address, { ...opts, headers: { ...internal.headers, ...(opts.as ? identityHeaders(opts.as) : {}), ...opts.headers } });
+  const gatewayAs = async (tenant: string, principal: string, opts: ClientOptions = {}) => {
+    const key = await createApiKey(path.join(dataDir, "auth", "api-keys.json"), tenant, principal, `${tenant}-${principal}`);
+    const c = createClient(GatewayService, addr.gateway, { ...opts, headers: { authorization: `Bearer ${key}`, ...opts.headers } });
+    // The gateway re-reads its keys file every 2 s.
+    await waitFor(`the gateway to accept the key of ${tenant}/${principal}`, async () => {
+      try {
+        await c.listSessions({ pageSize: 1 }, { timeoutMs: 1000 });
+        return true;
+      } catch (err) {
+        if ((err as { code?: number }).code === Status.UNAUTHENTICATED) return false;
+        return true;
+      }
+    }, 10_000, 200);
+    return c;
+  };
 
   const kill = async (key: string, signal: NodeJS.Signals = "SIGTERM") => {
     const proc = procs.get(key);
@@ -154,6 +190,10 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
     dataDir,
     env,
     gateway,
+    apiKey: dev.key,
+    internalHeaders: internal.headers,
+    client,
+    gatewayAs,
     logs: () => logText,
     start,
     startInstance,

@@ -1,4 +1,4 @@
-// Durable, all-or-nothing file creation, shared by the session log and the session leases.
+// Durable, all-or-nothing file creation: session logs, session leases, the internal token.
 import { randomUUID } from "node:crypto";
 import { link, open, unlink } from "node:fs/promises";
 
@@ -7,9 +7,9 @@ import { link, open, unlink } from "node:fs/promises";
  * fsynced to a temporary file first and linked into place, so a reader sees the whole file or
  * none, and a crash leaves at most a `.tmp` file behind (never listed: it is not the name asked for).
  */
-export async function createExclusive(file: string, content: string): Promise<boolean> {
+export async function createExclusive(file: string, content: string, mode = 0o644): Promise<boolean> {
   const tmp = `${file}.${process.pid}.${randomUUID()}.tmp`;
-  const fh = await open(tmp, "wx");
+  const fh = await open(tmp, "wx", mode);
   try {
     await fh.writeFile(content);
     await fh.datasync();

@@ -1,0 +1,146 @@
+// Per-tenant and per-session limits at the gateway, so one tenant (or one runaway session) cannot
+// take the runtime from the others:
+// - messages that start or change work (prompt, steer, follow-up) draw from a token bucket per
+//   tenant and one per session; aborts are never limited (stopping work must always be possible);
+// - open streams (Chat, Subscribe) are capped per tenant.
+// A refusal is RESOURCE_EXHAUSTED with a retry hint: the trailer `retry-after-ms` and the same
+// figure in the message. Buckets that have refilled are dropped, so idle sessions cost nothing.
+import { RpcError, Status } from "../shared/errors.js";
+
+export interface LimitsConfig {
+  /** Messages per second a tenant may send, on average, and in a burst. */
+  tenantRate: number;
+  tenantBurst: number;
+  /** The same for one session. */
+  sessionRate: number;
+  sessionBurst: number;
+  /** Streams a tenant may hold open at once. */
+  tenantStreams: number;
+}
+
+export const DEFAULT_LIMITS: LimitsConfig = { tenantRate: 1000, tenantBurst: 2000, sessionRate: 20, sessionBurst: 50, tenantStreams: 20_000 };
+
+export const RETRY_AFTER_KEY = "retry-after-ms";
+
+export function limitsFromEnv(env: NodeJS.ProcessEnv): LimitsConfig {
+  const num = (name: string, fallback: number) => {
+    const v = env[name];
+    if (v === undefined || v === "") return fallback;
+    const n = Number(v);
+    if (!Number.isFinite(n) || n <= 0) throw new Error(`${name} must be a positive number, got "${v}"`);
+    return n;
+  };
+  return {
+    tenantRate: num("TROUPE_TENANT_RATE", DEFAULT_LIMITS.tenantRate),
+    tenantBurst: num("TROUPE_TENANT_BURST", DEFAULT_LIMITS.tenantBurst),
+    sessionRate: num("TROUPE_SESSION_RATE", DEFAULT_LIMITS.sessionRate),
+    sessionBurst: num("TROUPE_SESSION_BURST", DEFAULT_LIMITS.sessionBurst),
+    tenantStreams: num("TROUPE_TENANT_STREAMS", DEFAULT_LIMITS.tenantStreams),
+  };
+}
+
+/** A refusal that says when to come back. */
+export class RateLimited extends RpcError {
+  readonly retryAfterMs: number;
+  constructor(message: string, retryAfterMs: number) {
+    const ms = Math.max(1, Math.ceil(retryAfterMs));
+    super(Status.RESOURCE_EXHAUSTED, `${message}; retry in ${ms} ms`);
+    this.retryAfterMs = ms;
+  }
+  override get trailers(): Record<string, string> {
+    return { [RETRY_AFTER_KEY]: String(this.retryAfterMs) };
+  }
+}
+
+class TokenBucket {
+  private tokens: number;
+  private at: number;
+  constructor(
+    private readonly rate: number,
+    private readonly burst: number,
+    now: number,
+  ) {
+    this.tokens = burst;
+    this.at = now;
+  }
+
+  private refill(now: number): void {
+    this.tokens = Math.min(this.burst, this.tokens + ((now - this.at) / 1000) * this.rate);
+    this.at = now;
+  }
+
+  /** How many ms until a token is there (0: now). */
+  wait(now: number): number {
+    this.refill(now);
+    return this.tokens >= 1 ? 0 : ((1 - this.tokens) / this.rate) * 1000;
+  }
+
+  take(): void {
+    this.tokens -= 1;
+  }
+
+  full(now: number): boolean {
+    this.refill(now);
+    return this.tokens >= this.burst;
+  }
+}
+
+export class GatewayLimits {
+  private readonly tenants = new Map<string, TokenBucket>();
+  private readonly sessions = new Map<string, TokenBucket>();
+  private readonly streams = new Map<string, number>();
+  private readonly sweeper: NodeJS.Timeout;
+
+  constructor(
+    private readonly config: LimitsConfig,
+    private readonly now: () => number = Date.now,
+  ) {
+    this.sweeper = setInterval(() => this.sweep(), 10_000);
+    this.sweeper.unref();
+  }
+
+  /** One message that starts or changes work in `sessionId` for `tenant`; throws when over a limit. */
+  admitMessage(tenant: string, sessionId: string): void {
+    const now = this.now();
+    const t = this.bucket(this.tenants, tenant, this.config.tenantRate, this.config.tenantBurst, now);
+    const s = this.bucket(this.sessions, `${tenant}\0${sessionId}`, this.config.sessionRate, this.config.sessionBurst, now);
+    // Both are checked before either is drawn from, so a refusal costs the caller nothing.
+    const tenantWait = t.wait(now);
+    if (tenantWait > 0) throw new RateLimited(`tenant ${tenant} is over its limit of ${this.config.tenantRate} messages/s`, tenantWait);
+    const sessionWait = s.wait(now);
+    if (sessionWait > 0) throw new RateLimited(`session ${sessionId} is over its limit of ${this.config.sessionRate} messages/s`, sessionWait);
+    t.take();
+    s.take();
+  }
+
+  /** A stream opens for `tenant`; returns its release (call once). Throws at the cap. */
+  openStream(tenant: string): () => void {
+    const n = this.streams.get(tenant) ?? 0;
+    if (n >= this.config.tenantStreams) throw new RateLimited(`tenant ${tenant} has ${n} streams open, its limit`, 1000);
+    this.streams.set(tenant, n + 1);
+    let released = false;
+    return () => {
+      if (released) return;
+      released = true;
+      const left = (this.streams.get(tenant) ?? 1) - 1;
+      if (left <= 0) this.streams.delete(tenant);
+      else this.streams.set(tenant, left);
+    };
+  }
+
+  stop(): void {
+    clearInterval(this.sweeper);
+  }
+
+  private bucket(map: Map<string, TokenBucket>, key: string, rate: number, burst: number, now: number): TokenBucket {
+    let b = map.get(key);
+    if (!b) map.set(key, (b = new TokenBucket(rate, burst, now)));
+    return b;
+  }
+
+  /** A full bucket is the same as no bucket. */
+  private sweep(): void {
+    const now = this.now();
+    for (const map of [this.tenants, this.sessions]) for (const [k, b] of map) if (b.full(now)) map.delete(k);
+  }
+}
