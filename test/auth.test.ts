@@ -65,6 +65,7 @@ describe("clients at the gateway", () => {
         ["abort", anon.abort({ sessionId: "s", frameId: "f" })],
         ["getHistory", anon.getHistory({ sessionId: "s" })],
         ["listSessions", anon.listSessions({})],
+        ["deliver", anon.deliver({ message: { idempotencyKey: "k", context: { channel: "web", sender: { id: "1" } }, text: "hi" } })],
       ];
       for (const [name, call] of calls) await assert.rejects(call, { code: Status.UNAUTHENTICATED }, `${name} with ${JSON.stringify(headers)}`);
       const chat = await chatStatus(anon, "s", true);

@@ -28,6 +28,7 @@ before(async () => {
 
   server = new RpcServer({ maxMessageBytes: 1024 });
   server.add(RouterService, {
+    resolveInbound: async () => ({}),
     async resolveSession(req) {
       seenTraceIds.push(trace.getActiveSpan()?.spanContext().traceId ?? "");
       if (req.sessionId === "boom") throw new Error("secret internal detail");
@@ -163,7 +164,7 @@ describe("the rpc adapter", () => {
 
   test("health: SERVING per service, NOT_FOUND for unknown ones, NOT_SERVING once draining", async () => {
     const extra = new RpcServer();
-    extra.add(RouterService, { resolveSession: async () => ({}), registerRunner: async () => ({}), listRunners: async () => ({}) });
+    extra.add(RouterService, { resolveSession: async () => ({}), registerRunner: async () => ({}), listRunners: async () => ({}), resolveInbound: async () => ({}) });
     const port = await extra.listen("127.0.0.1:0");
     const health = createClient(Health, `127.0.0.1:${port}`);
     assert.equal((await health.check({ service: "" })).status, Serving.SERVING);

@@ -42,6 +42,7 @@ const router = new RpcServer().add(RouterService, {
   resolveSession: async (req) => ({ sessionId: req.sessionId, agentId: "main", sessionKey: `agent:main:${req.sessionId}`, runner: { runnerId: "r", address: "127.0.0.1:1" } }),
   registerRunner: async () => ({ leaseTtlMs: 1000 }),
   listRunners: async () => ({ runners: [] }),
+  resolveInbound: async () => ({}),
 });
 const routerPort = await router.listen("127.0.0.1:0");
 const placements = new PlacementCache(createClient(RouterService, `127.0.0.1:${routerPort}`));

@@ -5,7 +5,8 @@
 import { create, fromBinary, type MessageInitShape } from "@bufbuild/protobuf";
 import { BinaryReader, WireType } from "@bufbuild/protobuf/wire";
 import { SpanKind, trace, type Context, type Span } from "@opentelemetry/api";
-import { ApiKeys, apiKeyAuth, identityHeaders, identityOf, internalCredentials } from "../shared/auth.js";
+import { createHash } from "node:crypto";
+import { ApiKeys, NAME, apiKeyAuth, identityHeaders, identityOf, internalCredentials } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
 import { SESSION_OWNER_KEY, Status, grpcCode, invalidArgumentIf, toStatus, unavailable } from "../shared/errors.js";
 import { catchStopCommand, validateFrame, validateSessionRef } from "../shared/frames.js";
@@ -13,6 +14,7 @@ import { GatewayService, SubscribeResponseSchema, type ChatRequest } from "../sh
 import { Health } from "../shared/gen/grpc/health/v1/health_pb.js";
 import { ServerReflection } from "../shared/gen/grpc/reflection/v1/reflection_pb.js";
 import { reflectionService } from "../shared/reflection.js";
+import { normaliseInbound } from "./inbound.js";
 import { GatewayLimits, limitsFromEnv } from "./limits.js";
 import { RouterService, type ResolveSessionResponse } from "../shared/gen/troupe/v1/router_pb.js";
 import { AttachResponseSchema, RunnerService, type AttachRequestSchema, type AttachResponse } from "../shared/gen/troupe/v1/runner_pb.js";
@@ -215,6 +217,11 @@ class TurnSpans {
     this.byFrame.clear();
     this.byTurn.clear();
   }
+}
+
+/** A canonical sender as a memory scope value (the memory service's alphabet; else its hash). */
+function memoryOwnerOf(sender: string): string {
+  return NAME.test(sender) ? sender : `sender-${createHash("sha256").update(sender).digest("hex").slice(0, 32)}`;
 }
 
 /**
@@ -450,6 +457,29 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
     async getHistory(req, call) {
       const page = await withRunner(req.sessionId, (runner) => runner.readHistory({ sessionId: req.sessionId, pageSize: req.pageSize, pageToken: req.pageToken }, { metadata: onBehalfOf(call) }));
       return { messages: page.messages, nextPageToken: page.nextPageToken };
+    },
+
+    async deliver(req, call) {
+      const inbound = normaliseInbound(req.message);
+      const route = await router.resolveInbound({ context: inbound.context });
+      const sessionId = route.sessionKey;
+      const prompt = create(ClientFrameSchema, { frameId: inbound.frameId, kind: { case: "prompt", value: { text: inbound.body, queueMode: req.queueMode } } });
+      // Commands from the channel act only when the adapter says the sender may use them.
+      const frame = inbound.commandAuthorized ? catchStopCommand(prompt) : prompt;
+      admit(identityOf(call.metadata).tenant, sessionId, frame);
+      const caller = onBehalfOf(call);
+      const accepted = await withRunner(sessionId, async (runner) => {
+        try {
+          return (await runner.submit({ sessionId, frame }, { metadata: caller })).accepted;
+        } catch (err) {
+          if (grpcCode(err) !== Status.NOT_FOUND) throw err;
+          // The first message of this session key: make the session, for the routed agent.
+          // Its runs recall the sender's memories (one person across channels, after identity links).
+          await runner.ensureSession({ open: { sessionId, agentId: route.agentId, create: true, queueMode: req.queueMode }, memoryOwner: memoryOwnerOf(route.canonicalSender) }, { metadata: caller });
+          return (await runner.submit({ sessionId, frame }, { metadata: caller })).accepted;
+        }
+      });
+      return { sessionId, agentId: route.agentId, matchedTier: route.matchedTier, accepted };
     },
 
     async listSessions(req, call) {

@@ -4,7 +4,10 @@
 import { createHash } from "node:crypto";
 import { internalCredentials } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
-import { invalidArgumentIf, unavailable } from "../shared/errors.js";
+import { invalidArgument, invalidArgumentIf, unavailable } from "../shared/errors.js";
+import { ChatType, type ChannelContext } from "../shared/gen/troupe/v1/inbound_pb.js";
+import { ReloadingFile } from "../shared/reloading-file.js";
+import { EMPTY_ROUTING, InboundRouter, parseRouting } from "./bindings.js";
 import { validateSessionRef } from "../shared/frames.js";
 import { RouterService, type RunnerInfo } from "../shared/gen/troupe/v1/router_pb.js";
 import { DEFAULT_AGENT, newId } from "../shared/ids.js";
@@ -53,18 +56,39 @@ export class RunnerDirectory {
 
 export const sessionKey = (agentId: string, sessionId: string) => `agent:${agentId}:${sessionId}`;
 
+/** What the router checks of a channel context (the gateway has normalised it already). */
+function checkContext(ctx: ChannelContext | undefined): ChannelContext {
+  if (!ctx) throw invalidArgument("context is required");
+  invalidArgumentIf(!/^[a-z0-9_-]{1,32}$/.test(ctx.channel), "context.channel must be 1-32 of a-z 0-9 _ -");
+  invalidArgumentIf(ctx.chatType === ChatType.UNSPECIFIED, "context.chat_type is required");
+  invalidArgumentIf(!ctx.sender?.id, "context.sender.id is required");
+  invalidArgumentIf(ctx.chatType !== ChatType.DIRECT && !ctx.peer?.id, "context.peer.id is required for group and channel chats");
+  return ctx;
+}
+
 export async function startRouter(cfg: Config, logger: Logger): Promise<RunningService> {
   const directory = new RunnerDirectory();
+  // Routing rules, read again when the file changes (which also empties the resolution cache).
+  let routes = new InboundRouter(EMPTY_ROUTING);
+  const routing = new ReloadingFile(cfg.routingFile, parseRouting, EMPTY_ROUTING, (config) => {
+    routes = new InboundRouter(config);
+    logger.info(`routing: ${config.bindings.length} bindings, dm_scope ${config.dmScope}, default agent ${config.defaultAgent}`, { file: cfg.routingFile });
+  });
+  await routing.reload();
+  routing.watch(2000, (err) => logger.error("routing file rejected; keeping the rules read before", { error: String((err as Error).message ?? err) }));
+  const place = (sessionId: string) => {
+    // Placement hashes the session id alone: the session's log, not its agent, decides where it lives.
+    const runner = directory.place(sessionId);
+    if (!runner) throw unavailable("no runner is registered with the router yet; start one with `troupe runner`");
+    return runner;
+  };
   const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes, authenticate: (await internalCredentials(cfg.dataDir)).authenticate });
   server.add(RouterService, {
     async resolveSession(req) {
       validateSessionRef(req.sessionId, req.agentId, true);
       const sessionId = req.sessionId || newId();
       const agentId = req.agentId || DEFAULT_AGENT;
-      // Placement hashes the session id alone: the session's log, not its agent, decides where it lives.
-      const runner = directory.place(sessionId);
-      if (!runner) throw unavailable("no runner is registered with the router yet; start one with `troupe runner`");
-      return { sessionId, agentId, sessionKey: sessionKey(agentId, sessionId), runner };
+      return { sessionId, agentId, sessionKey: sessionKey(agentId, sessionId), runner: place(sessionId) };
     },
     async registerRunner(req) {
       invalidArgumentIf(!req.runner?.runnerId || !req.runner.address, "runner.runner_id and runner.address are required");
@@ -77,8 +101,17 @@ export async function startRouter(cfg: Config, logger: Logger): Promise<RunningS
     async listRunners() {
       return { runners: directory.live() };
     },
+    async resolveInbound(req) {
+      const route = routes.resolve(checkContext(req.context));
+      return { agentId: route.agentId, matchedTier: route.tier, sessionKey: route.sessionKey, canonicalSender: route.canonicalSender, runner: place(route.sessionKey) };
+    },
   });
   const port = await server.listen(cfg.addr.router);
   logger.info(`router serving on port ${port}`);
-  return { drain: () => server.drain(cfg.drainGraceMs) };
+  return {
+    async drain() {
+      routing.stop();
+      await server.drain(cfg.drainGraceMs);
+    },
+  };
 }

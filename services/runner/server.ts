@@ -3,10 +3,10 @@
 import { randomUUID } from "node:crypto";
 import { create } from "@bufbuild/protobuf";
 import { context } from "@opentelemetry/api";
-import { identityOf, internalCredentials, sameIdentity, type Identity } from "../shared/auth.js";
+import { NAME, identityOf, internalCredentials, sameIdentity } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
 import { modelBaseUrl } from "../shared/config.js";
-import { Status, invalidArgument, resourceExhausted, toStatus, type RpcError } from "../shared/errors.js";
+import { Status, invalidArgument, invalidArgumentIf, resourceExhausted, toStatus, type RpcError } from "../shared/errors.js";
 import { validateFrame } from "../shared/frames.js";
 import { MemoryService } from "../shared/gen/troupe/v1/memory_pb.js";
 import { RouterService } from "../shared/gen/troupe/v1/router_pb.js";
@@ -22,7 +22,7 @@ import { DEFAULT_RECALL, MemoryRecall } from "./memory-recall.js";
 import { OpenAIModelClient } from "./model.js";
 import { FrameRefused, type EventSubscriber, type SessionActor } from "./session-actor.js";
 import { AuditLog } from "./audit-log.js";
-import { JsonlSessionStore } from "./session-log.js";
+import { JsonlSessionStore, type SessionOwner } from "./session-log.js";
 import { SessionRegistry } from "./session-registry.js";
 import { execTool, fileTools } from "./tools.js";
 
@@ -85,13 +85,13 @@ function pageParams(pageSize: number, pageToken: string): { size: number; offset
 }
 
 /** The run's system prompt: who the agent is, what it can do, and what it remembers. */
-async function systemPrompt(recall: MemoryRecall, agentId: string, owner: Identity, query: string, signal: AbortSignal): Promise<string> {
+async function systemPrompt(recall: MemoryRecall, agentId: string, owner: SessionOwner, query: string, signal: AbortSignal): Promise<string> {
   const lines = [
     `You are ${agentId}, an agent served by Troupe.`,
     `Current time: ${new Date().toISOString()}.`,
     "Shell commands (exec) and workspace files (read_file, write_file, list_files) live in an isolated sandbox without network access.",
   ];
-  const remembered = await recall.recall({ tenant: owner.tenant, owner: owner.principal }, query, signal);
+  const remembered = await recall.recall({ tenant: owner.tenant, owner: owner.memoryOwner ?? owner.principal }, query, signal);
   if (remembered.length > 0) lines.push("What you remember that may be relevant:", ...remembered.map((text) => `- ${text}`));
   return lines.join("\n");
 }
@@ -200,7 +200,8 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
 
     async ensureSession(req, call) {
       if (!req.open) throw invalidArgument("open is required");
-      const { opened } = await registry.open(req.open, identityOf(call.metadata));
+      invalidArgumentIf(req.memoryOwner !== "" && !NAME.test(req.memoryOwner), "memory_owner must be 1-128 of A-Z a-z 0-9 . _ : @ -");
+      const { opened } = await registry.open(req.open, identityOf(call.metadata), "", req.memoryOwner);
       return { session: opened };
     },
 

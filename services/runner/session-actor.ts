@@ -24,8 +24,7 @@ import type { Logger } from "../shared/log.js";
 import { contextFromRecord } from "../shared/telemetry.js";
 import { injectUserMessages, runAgent, type EventPayload, type QueuedMessage, type RunDeps, type RunHost } from "./loop.js";
 import type { AuditLog } from "./audit-log.js";
-import type { Identity } from "../shared/auth.js";
-import { ownerOf, type LogRecord, type SessionLog, type SessionStore } from "./session-log.js";
+import { ownerOf, type LogRecord, type SessionLog, type SessionOwner, type SessionStore } from "./session-log.js";
 import { SessionElsewhere } from "./session-lease.js";
 
 /** Where an actor's events go: a client stream, seen through its backpressure. */
@@ -41,7 +40,7 @@ export interface ActorDeps {
   store: SessionStore;
   audit: AuditLog;
   logger: Logger;
-  runDeps(agentId: string, owner: Identity): RunDeps;
+  runDeps(agentId: string, owner: SessionOwner): RunDeps;
 }
 
 /** Recent events (deltas included) kept in memory for resuming clients. */
@@ -145,12 +144,12 @@ export class SessionActor {
     readonly sessionId: string,
     readonly agentId: string,
     /** The tenant and principal the session belongs to; only they may use it. */
-    readonly owner: Identity,
+    readonly owner: SessionOwner,
     private readonly log: SessionLog,
     private readonly deps: ActorDeps,
   ) {}
 
-  static async create(sessionId: string, agentId: string, owner: Identity, deps: ActorDeps): Promise<SessionActor> {
+  static async create(sessionId: string, agentId: string, owner: SessionOwner, deps: ActorDeps): Promise<SessionActor> {
     const log = await deps.store.create(sessionId, agentId, owner);
     return new SessionActor(sessionId, agentId, owner, log, deps);
   }

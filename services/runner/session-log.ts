@@ -13,7 +13,7 @@ import { SessionElsewhere, SessionLeases, type Lease, type Owner } from "./sessi
 export type LogRecord =
   // The header. tenant and principal own the session; logs written before authentication existed
   // have neither and belong to the local development identity (LEGACY_OWNER).
-  | { t: "session"; sessionId: string; agentId: string; createdMs: number; tenant?: string; principal?: string }
+  | { t: "session"; sessionId: string; agentId: string; createdMs: number; tenant?: string; principal?: string; memoryOwner?: string }
   // A runner took the session (see session-lease.ts); records of older epochs after it are void.
   | { t: "epoch"; epoch: number; runnerId: string }
   | { t: "frame"; frame: unknown }
@@ -37,11 +37,20 @@ export interface SessionLog {
   close(): Promise<void>;
 }
 
-/** Who owns a session whose log predates ownership: the development key's identity. */
-export const LEGACY_OWNER: Identity = { tenant: "local", principal: "dev" };
+/**
+ * Who a session belongs to (only they may use it), and whose memories its runs recall when that
+ * is not the principal itself (a channel sender; memoryOwner).
+ */
+export interface SessionOwner extends Identity {
+  memoryOwner?: string;
+}
 
-export function ownerOf(head: Extract<LogRecord, { t: "session" }>): Identity {
-  return head.tenant && head.principal ? { tenant: head.tenant, principal: head.principal } : LEGACY_OWNER;
+/** Who owns a session whose log predates ownership: the development key's identity. */
+export const LEGACY_OWNER: SessionOwner = { tenant: "local", principal: "dev" };
+
+export function ownerOf(head: Extract<LogRecord, { t: "session" }>): SessionOwner {
+  if (!head.tenant || !head.principal) return LEGACY_OWNER;
+  return head.memoryOwner ? { tenant: head.tenant, principal: head.principal, memoryOwner: head.memoryOwner } : { tenant: head.tenant, principal: head.principal };
 }
 
 export interface StoredSession {
@@ -55,7 +64,7 @@ export interface StoredSession {
 export interface SessionStore {
   exists(sessionId: string): Promise<boolean>;
   /** A new session, owned by this runner. Fails with EEXIST if the session exists. */
-  create(sessionId: string, agentId: string, owner: Identity): Promise<SessionLog>;
+  create(sessionId: string, agentId: string, owner: SessionOwner): Promise<SessionLog>;
   /** Takes a stored session for this runner: its log to append to and its records so far. */
   activate(sessionId: string): Promise<{ log: SessionLog; records: LogRecord[] }>;
   /** The session's valid records (a stale owner's late writes left out). */
@@ -226,12 +235,12 @@ export class JsonlSessionStore implements SessionStore {
    * fsynced to a temporary file that is then linked into place. A crash leaves either no log or a
    * complete header, and link() fails with EEXIST if someone else created the session first.
    */
-  async create(sessionId: string, agentId: string, owner: Identity): Promise<SessionLog> {
+  async create(sessionId: string, agentId: string, owner: SessionOwner): Promise<SessionLog> {
     await mkdir(this.dir, { recursive: true });
     const final = this.file(sessionId);
     if (await this.exists(sessionId)) throw Object.assign(new Error(`session ${sessionId} exists`), { code: "EEXIST" });
     const lease = await this.leases.acquire(sessionId, 0);
-    const header: LogRecord = { t: "session", sessionId, agentId, createdMs: Date.now(), tenant: owner.tenant, principal: owner.principal };
+    const header: LogRecord = { t: "session", sessionId, agentId, createdMs: Date.now(), tenant: owner.tenant, principal: owner.principal, ...(owner.memoryOwner ? { memoryOwner: owner.memoryOwner } : {}) };
     const epoch: LogRecord = { t: "epoch", epoch: lease.epoch, runnerId: this.leases.self.runnerId };
     try {
       if (!(await createExclusive(final, logLine(header) + logLine(epoch, lease.epoch)))) {

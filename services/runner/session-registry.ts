@@ -75,7 +75,7 @@ export class SessionRegistry {
   }
 
   /** Opens a session for a client: finds it (if it is the caller's), or creates it for the caller when asked to. */
-  async open(open: OpenSession, caller: Identity, frameId = ""): Promise<{ actor: SessionActor; opened: SessionOpened }> {
+  async open(open: OpenSession, caller: Identity, frameId = "", memoryOwner = ""): Promise<{ actor: SessionActor; opened: SessionOpened }> {
     validateSessionRef(open.sessionId, open.agentId, true);
     const sessionId = open.sessionId || newId();
     let actor = await this.get(sessionId);
@@ -84,7 +84,7 @@ export class SessionRegistry {
       if (open.sessionId !== "" && !open.create) throw notFound(`session ${sessionId} does not exist (set create to make it)`);
       const agentId = open.agentId || DEFAULT_AGENT;
       actor = await this.remember(sessionId, () =>
-        SessionActor.create(sessionId, agentId, caller, this.deps).catch((err: NodeJS.ErrnoException) => {
+        SessionActor.create(sessionId, agentId, memoryOwner ? { ...caller, memoryOwner } : caller, this.deps).catch((err: NodeJS.ErrnoException) => {
           // Someone else created it between our check and our create: use theirs.
           if (err.code === "EEXIST") return SessionActor.load(sessionId, this.deps);
           throw err;

@@ -11,11 +11,12 @@
 //
 // The health service answers everyone (load balancers and kubelets probe without credentials).
 import { createHash, randomBytes, timingSafeEqual } from "node:crypto";
-import { mkdir, readFile, rename, stat, writeFile } from "node:fs/promises";
+import { mkdir, readFile, rename, writeFile } from "node:fs/promises";
 import path from "node:path";
 import type * as grpc from "@grpc/grpc-js";
 import { RpcError, Status } from "./errors.js";
 import { createExclusive } from "./exclusive-file.js";
+import { ReloadingFile } from "./reloading-file.js";
 
 export interface Identity {
   tenant: string;
@@ -75,49 +76,45 @@ export function parseKeys(text: string, source: string): StoredKey[] {
 export class ApiKeys {
   private byHash = new Map<string, Identity>();
   private readonly recent = new Map<string, Identity>();
-  private fileKeys: StoredKey[] = [];
-  private fileMtime = -1;
-  private timer?: NodeJS.Timeout;
+  private readonly file: ReloadingFile<StoredKey[]>;
 
   private constructor(
-    private readonly file: string,
+    file: string,
     private readonly envKeys: StoredKey[],
-  ) {}
+  ) {
+    this.file = new ReloadingFile(file, parseKeys, [], (fileKeys) => this.index(fileKeys));
+  }
 
   static async load(file: string, envJson = ""): Promise<ApiKeys> {
     const keys = new ApiKeys(file, envJson ? parseKeys(envJson, "TROUPE_API_KEYS") : []);
+    keys.index([]);
     await keys.reload();
     return keys;
+  }
+
+  private index(fileKeys: StoredKey[]): void {
+    const next = new Map<string, Identity>();
+    for (const k of [...fileKeys, ...this.envKeys]) next.set(k.sha256, { tenant: k.tenant, principal: k.principal });
+    if (!sameKeys(this.byHash, next)) this.recent.clear();
+    this.byHash = next;
   }
 
   get size(): number {
     return this.byHash.size;
   }
 
-  /** Re-reads the file if it changed. A file that became unreadable keeps the last good keys. */
-  async reload(): Promise<void> {
-    const mtime = await stat(this.file).then(
-      (s) => s.mtimeMs,
-      () => 0,
-    );
-    if (mtime !== this.fileMtime) {
-      this.fileKeys = mtime === 0 ? [] : parseKeys(await readFile(this.file, "utf8"), this.file);
-      this.fileMtime = mtime;
-    }
-    const next = new Map<string, Identity>();
-    for (const k of [...this.fileKeys, ...this.envKeys]) next.set(k.sha256, { tenant: k.tenant, principal: k.principal });
-    if (!sameKeys(this.byHash, next)) this.recent.clear();
-    this.byHash = next;
+  /** Re-reads the keys file if it changed; a file that no longer parses keeps the last good keys. */
+  reload(): Promise<void> {
+    return this.file.reload();
   }
 
   /** Checks the file every intervalMs until stop(). */
   watch(intervalMs: number, onError: (err: unknown) => void): void {
-    this.timer = setInterval(() => this.reload().catch(onError), intervalMs);
-    this.timer.unref();
+    this.file.watch(intervalMs, onError);
   }
 
   stop(): void {
-    clearInterval(this.timer);
+    this.file.stop();
   }
 
   /**

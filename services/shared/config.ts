@@ -51,6 +51,8 @@ export interface Config {
   sandboxScope: "session" | "agent" | "shared";
   /** Gateway: the API keys file (hashed keys, each with its tenant and principal; see auth.ts). */
   apiKeysFile: string;
+  /** Router: the routing configuration (bindings, dm_scope, identity links; see router/bindings.ts). */
+  routingFile: string;
   /** Extra positional arguments after the flags. */
   rest: string[];
 }
@@ -107,6 +109,7 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env,
   return {
     addr,
     dataDir,
+    routingFile: path.resolve(env.TROUPE_ROUTING_FILE ?? path.join(dataDir, "routing.json")),
     apiKeysFile: path.resolve(v["api-keys"] ?? env.TROUPE_API_KEYS_FILE ?? path.join(dataDir, "auth", "api-keys.json")),
     maxMessageBytes: positiveInt("--max-message-bytes", v["max-message-bytes"] ?? env.TROUPE_MAX_MESSAGE_BYTES, 4 * 1024 * 1024),
     drainGraceMs: positiveInt("--drain-grace-ms", v["drain-grace-ms"] ?? env.TROUPE_DRAIN_GRACE_MS, 10_000),

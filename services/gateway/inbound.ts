@@ -1,0 +1,93 @@
+// Normalising what channel adapters deliver, before it is routed: one shape of text, a chat type
+// that is always set, typed media, the body the agent sees, and a frame id that makes a
+// redelivered message a duplicate. Anything that cannot be made sense of is INVALID_ARGUMENT.
+import { createHash } from "node:crypto";
+import { create } from "@bufbuild/protobuf";
+import { invalidArgument, invalidArgumentIf } from "../shared/errors.js";
+import { ChannelContextSchema, ChatType, MediaKind, MediaRefSchema, type ChannelContext, type InboundMessage, type MediaRef } from "../shared/gen/troupe/v1/inbound_pb.js";
+
+const MAX_MEDIA = 32;
+const MAX_TEXT_CHARS = 32_000;
+
+export interface NormalisedInbound {
+  context: ChannelContext;
+  /** The text the agent sees: the message, else what its media say, plus a line per attachment. */
+  body: string;
+  media: MediaRef[];
+  /** The session frame id: the same idempotency key always gives the same id. */
+  frameId: string;
+  commandAuthorized: boolean;
+}
+
+/** One kind of line break, no control characters but tab and newline, no trailing blanks. */
+export function normaliseText(text: string): string {
+  return text
+    .replace(/\r\n?/g, "\n")
+    .replace(/[\u0000-\u0008\u000b-\u001f\u007f]/g, "")
+    .replace(/[ \t]+$/gm, "")
+    .trim();
+}
+
+function mediaKind(mime: string): MediaKind {
+  const top = mime.split("/")[0];
+  return top === "image" ? MediaKind.IMAGE : top === "audio" ? MediaKind.AUDIO : top === "video" ? MediaKind.VIDEO : MediaKind.FILE;
+}
+
+const KIND_NAME: Record<MediaKind, string> = {
+  [MediaKind.UNSPECIFIED]: "file",
+  [MediaKind.IMAGE]: "image",
+  [MediaKind.AUDIO]: "audio",
+  [MediaKind.VIDEO]: "video",
+  [MediaKind.FILE]: "file",
+};
+
+function normaliseMedia(m: MediaRef, i: number): MediaRef {
+  invalidArgumentIf(m.url === "" || m.url.length > 2048, `media[${i}].url must be 1-2048 characters`);
+  const mime = (m.mimeType || "application/octet-stream").toLowerCase().trim();
+  invalidArgumentIf(!/^[a-z0-9.+-]+\/[a-z0-9.+-]+$/.test(mime), `media[${i}].mime_type ${JSON.stringify(mime.slice(0, 64))} is not a MIME type`);
+  const fromUrl = decodeURIComponent(new URL(m.url, "http://x/").pathname.split("/").pop() ?? "");
+  return create(MediaRefSchema, {
+    url: m.url,
+    mimeType: mime,
+    kind: m.kind === MediaKind.UNSPECIFIED ? mediaKind(mime) : m.kind,
+    sizeBytes: m.sizeBytes,
+    fileName: normaliseText(m.fileName || fromUrl || `attachment-${i + 1}`).slice(0, 255),
+    caption: normaliseText(m.caption),
+    transcript: normaliseText(m.transcript),
+  });
+}
+
+const describe = (m: MediaRef) => `[${KIND_NAME[m.kind]}: ${m.fileName} (${m.mimeType}${m.sizeBytes > 0n ? `, ${m.sizeBytes} bytes` : ""})]`;
+
+export function normaliseInbound(msg: InboundMessage | undefined): NormalisedInbound {
+  if (!msg) throw invalidArgument("message is required");
+  const key = msg.idempotencyKey;
+  invalidArgumentIf(key === "" || key.length > 256 || /[\u0000-\u001f]/.test(key), "message.idempotency_key must be 1-256 characters without control characters");
+  const c = msg.context;
+  if (!c) throw invalidArgument("message.context is required");
+  const channel = c.channel.trim().toLowerCase();
+  invalidArgumentIf(!/^[a-z0-9_-]{1,32}$/.test(channel), "message.context.channel must be 1-32 of a-z 0-9 _ -");
+  invalidArgumentIf(!c.sender?.id, "message.context.sender.id is required");
+  // A chat type not given is inferred: a chat that is the sender (or none) is direct.
+  const chatType = c.chatType !== ChatType.UNSPECIFIED ? c.chatType : !c.peer?.id || c.peer.id === c.sender!.id ? ChatType.DIRECT : ChatType.GROUP;
+  invalidArgumentIf(chatType !== ChatType.DIRECT && !c.peer?.id, "message.context.peer.id is required for group and channel chats");
+  const context = create(ChannelContextSchema, {
+    ...c,
+    channel,
+    chatType,
+    peer: c.peer?.id ? c.peer : c.sender,
+    roles: [...new Set(c.roles.map((r) => r.trim()).filter((r) => r !== ""))],
+  });
+
+  invalidArgumentIf(msg.media.length > MAX_MEDIA, `at most ${MAX_MEDIA} media per message`);
+  const media = msg.media.map(normaliseMedia);
+  const text = normaliseText(msg.text);
+  invalidArgumentIf(text.length > MAX_TEXT_CHARS, `message.text is over ${MAX_TEXT_CHARS} characters`);
+  // The body's priority chain: the text, else a transcript, else a caption, else the attachments.
+  const lead = text || media.find((m) => m.transcript)?.transcript || media.find((m) => m.caption)?.caption || "";
+  const body = [lead, ...media.map(describe)].filter((l) => l !== "").join("\n");
+  invalidArgumentIf(body === "", "the message has neither text nor media");
+
+  const frameId = `in:${createHash("sha256").update(`${channel}\0${c.accountId}\0${key}`).digest("hex").slice(0, 40)}`;
+  return { context, body, media, frameId, commandAuthorized: msg.commandAuthorized };
+}

@@ -1,0 +1,166 @@
+// Channel messages through the live stack: normalised at the gateway, routed by the bindings to an
+// agent and a session key, delivered twice but run once, commands only for senders allowed them,
+// routing changed by editing its file, and bad input refused with INVALID_ARGUMENT.
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { mkdtemp, writeFile } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { create, type MessageInitShape } from "@bufbuild/protobuf";
+import { normaliseInbound, normaliseText } from "../services/gateway/inbound.js";
+import { Status } from "../services/shared/errors.js";
+import { MemoryService } from "../services/shared/gen/troupe/v1/memory_pb.js";
+import { FrameKind, Role } from "../services/shared/gen/troupe/v1/session_pb.js";
+import { ChatType, InboundMessageSchema, MediaKind, RouteTier } from "../services/shared/gen/troupe/v1/inbound_pb.js";
+import { startStack, waitFor, type Stack } from "./helpers/stack.js";
+
+type Inbound = MessageInitShape<typeof InboundMessageSchema>;
+
+describe("normalisation (no processes)", () => {
+  test("line breaks, control characters and trailing blanks; chat type inferred; media typed; the body's priority chain", () => {
+    assert.equal(normaliseText("  one\r\ntwo\rthree  \u0007\n"), "one\ntwo\nthree");
+    const direct = normaliseInbound(create(InboundMessageSchema, { idempotencyKey: "k1", context: { channel: " Telegram ", sender: { id: "42" } }, text: "hi" }));
+    assert.equal(direct.context.channel, "telegram");
+    assert.equal(direct.context.chatType, ChatType.DIRECT);
+    assert.equal(direct.context.peer?.id, "42", "a direct chat's peer is its sender");
+    const group = normaliseInbound(
+      create(InboundMessageSchema, {
+        idempotencyKey: "k2",
+        context: { channel: "discord", sender: { id: "42" }, peer: { id: "room" }, roles: [" mod ", "mod", ""] },
+        media: [
+          { url: "https://x/voice%20note.ogg", mimeType: "Audio/OGG", transcript: "call me back\r\nplease" },
+          { url: "https://x/p.jpg", mimeType: "image/jpeg", caption: "a cat", sizeBytes: 1234n },
+        ],
+      }),
+    );
+    assert.equal(group.context.chatType, ChatType.GROUP);
+    assert.deepEqual(group.context.roles, ["mod"]);
+    assert.deepEqual(group.media.map((m) => [m.kind, m.mimeType, m.fileName]), [
+      [MediaKind.AUDIO, "audio/ogg", "voice note.ogg"],
+      [MediaKind.IMAGE, "image/jpeg", "p.jpg"],
+    ]);
+    assert.equal(group.body, "call me back\nplease\n[audio: voice note.ogg (audio/ogg)]\n[image: p.jpg (image/jpeg, 1234 bytes)]", "no text: the transcript leads");
+    const captionOnly = normaliseInbound(create(InboundMessageSchema, { idempotencyKey: "k3", context: { channel: "web", sender: { id: "1" } }, media: [{ url: "https://x/p.jpg", mimeType: "image/jpeg", caption: "a cat" }] }));
+    assert.equal(captionOnly.body.split("\n")[0], "a cat");
+    assert.equal(direct.commandAuthorized, false, "commands are denied unless granted");
+    assert.equal(normaliseInbound(create(InboundMessageSchema, { idempotencyKey: "k1", context: { channel: "telegram", sender: { id: "9" } }, text: "other" })).frameId, direct.frameId, "one key, one frame id");
+  });
+
+  test("what cannot be made sense of is INVALID_ARGUMENT", () => {
+    const bad: [Inbound, RegExp][] = [
+      [{ context: { channel: "web", sender: { id: "1" } }, text: "x" }, /idempotency_key/],
+      [{ idempotencyKey: "k", text: "x" }, /context is required/],
+      [{ idempotencyKey: "k", context: { channel: "we b", sender: { id: "1" } }, text: "x" }, /channel/],
+      [{ idempotencyKey: "k", context: { channel: "web" }, text: "x" }, /sender\.id/],
+      [{ idempotencyKey: "k", context: { channel: "web", sender: { id: "1" }, chatType: ChatType.GROUP }, text: "x" }, /peer\.id is required/],
+      [{ idempotencyKey: "k", context: { channel: "web", sender: { id: "1" } }, text: "  \r\n " }, /neither text nor media/],
+      [{ idempotencyKey: "k", context: { channel: "web", sender: { id: "1" } }, media: [{ url: "https://x/a", mimeType: "not a mime" }] }, /mime_type/],
+    ];
+    for (const [msg, why] of bad) {
+      assert.throws(() => normaliseInbound(create(InboundMessageSchema, msg)), (err: { code: number; message: string }) => err.code === Status.INVALID_ARGUMENT && why.test(err.message), JSON.stringify(msg));
+    }
+  });
+});
+
+describe("delivered through the gateway", () => {
+  let stack: Stack;
+  let routingFile: string;
+  const routing = (doc: unknown) => writeFile(routingFile, JSON.stringify(doc));
+  before(async () => {
+    const dataDir = await mkdtemp(path.join(os.tmpdir(), "troupe-inbound-"));
+    routingFile = path.join(dataDir, "routing.json");
+    await routing({
+      session: { dmScope: "per-channel-peer", identityLinks: { alice: ["telegram:42", "discord:987"] } },
+      bindings: [{ agent: "support", match: { channel: "discord", guildId: "g1" } }],
+    });
+    stack = await startStack({ dataDir, services: ["model-server", "router", "memory", "runner", "gateway"] });
+    // Before any run asks: a scope found empty is believed empty for a few seconds (memory-recall.ts).
+    const memory = stack.client(MemoryService, stack.addr.memory);
+    await memory.addMemories({ scope: { tenant: "local", owner: "alice", agentId: "main" }, memories: [{ text: "Alice keeps bees on the roof of the office" }] });
+    memory.close();
+  });
+  after(async () => {
+    await stack?.stop();
+  });
+
+  const deliver = (message: Inbound) => stack.gateway.deliver({ message });
+  const userTexts = async (sessionId: string) => (await stack.gateway.getHistory({ sessionId })).messages.filter((m) => m.role === Role.USER).map((m) => m.text);
+  const answered = (sessionId: string, n: number) =>
+    waitFor(`${n} answers in ${sessionId}`, async () => {
+      const h = (await stack.gateway.getHistory({ sessionId })).messages;
+      return h.filter((m) => m.role === Role.ASSISTANT).length >= n && h;
+    });
+
+  test("routed by a binding to its agent and session key; the same key delivered twice is run once", async () => {
+    const msg: Inbound = { idempotencyKey: "discord-msg-1", context: { channel: "discord", accountId: "bot", guildId: "g1", chatType: ChatType.GROUP, sender: { id: "987" }, peer: { id: "room-1" } }, text: "hello support" };
+    const first = await deliver(msg);
+    assert.equal(first.agentId, "support");
+    assert.equal(first.matchedTier, RouteTier.GUILD);
+    assert.equal(first.sessionId, "agent:support:discord:group:room-1");
+    assert.equal(first.accepted?.payload.case === "frameAccepted" && first.accepted.payload.value.duplicate, false);
+    const again = await deliver(msg);
+    assert.equal(again.sessionId, first.sessionId);
+    assert.equal(again.accepted?.payload.case === "frameAccepted" && again.accepted.payload.value.duplicate, true, "acknowledged as a duplicate");
+    const h = await answered(first.sessionId, 1);
+    assert.deepEqual(h.filter((m) => m.role === Role.USER).map((m) => m.text), ["hello support"], "processed once");
+  });
+
+  test("identity links: one person on two channels is one session (per-channel-peer keeps channels apart, so per-peer is set)", async () => {
+    await routing({ session: { dmScope: "per-peer", identityLinks: { alice: ["telegram:42", "discord:987"] } }, bindings: [] });
+    const viaTelegram = await waitFor("the new routing", async () => {
+      const r = await deliver({ idempotencyKey: `tg-${Date.now()}`, context: { channel: "telegram", sender: { id: "42" } }, text: "from telegram" });
+      return r.sessionId === "agent:main:dm:alice" && r;
+    });
+    const viaDiscord = await deliver({ idempotencyKey: "dc-1", context: { channel: "discord", sender: { id: "987" } }, text: "from discord" });
+    assert.equal(viaDiscord.sessionId, viaTelegram.sessionId);
+    assert.equal(viaDiscord.matchedTier, RouteTier.DEFAULT);
+    await answered(viaTelegram.sessionId, 2);
+    const texts = await userTexts(viaTelegram.sessionId);
+    assert.ok(texts.includes("from telegram") && texts.includes("from discord"), texts.join(" | "));
+  });
+
+  test("a channel session recalls its sender's memories: a linked person's on every channel, nobody else's", async () => {
+    const ask = async (channel: string, sender: string) => {
+      const r = await deliver({ idempotencyKey: `mem-${channel}-${sender}`, context: { channel, sender: { id: sender } }, text: "!system where does Alice keep bees" });
+      const h = await waitFor("the answer", async () => {
+        const all = (await stack.gateway.getHistory({ sessionId: r.sessionId })).messages;
+        const i = all.findIndex((m) => m.frameId.startsWith("in:") && m.text.startsWith("!system") && m.role === Role.USER);
+        return i >= 0 && all[i + 1]?.role === Role.ASSISTANT && all[i + 1].text;
+      });
+      return h;
+    };
+    // Identity links made telegram:42 and discord:987 both alice (set by the test above).
+    const linked = await ask("discord", "987");
+    assert.match(linked, /Alice keeps bees on the roof/, `${linked}\n${stack.logs().slice(-2000)}`);
+    assert.doesNotMatch(await ask("discord", "555"), /bees/);
+  });
+
+  test("/stop from a sender without command rights is only text; with them it aborts", async () => {
+    const ctx = { channel: "web", sender: { id: "visitor" } };
+    const plain = await deliver({ idempotencyKey: "web-1", context: ctx, text: "/stop" });
+    assert.equal(plain.accepted?.payload.case === "frameAccepted" && plain.accepted.payload.value.kind, FrameKind.PROMPT);
+    const h = await answered(plain.sessionId, 1);
+    assert.equal(h.find((m) => m.role === Role.ASSISTANT)?.text, "You said: /stop", "the model got it as text");
+    const granted = await deliver({ idempotencyKey: "web-2", context: ctx, text: "/stop", commandAuthorized: true });
+    assert.equal(granted.accepted?.payload.case === "frameAccepted" && granted.accepted.payload.value.kind, FrameKind.ABORT);
+    assert.deepEqual(await userTexts(plain.sessionId), ["/stop"], "the command never reached the conversation");
+  });
+
+  test("a routing file that does not parse is refused; the rules read before stay", async () => {
+    await routing({ bindings: [{ agent: "web-agent", match: { channel: "web" } }] });
+    await waitFor("the web binding", async () => (await deliver({ idempotencyKey: `w-${Date.now()}`, context: { channel: "web", sender: { id: "v2" } }, text: "hi" })).agentId === "web-agent");
+    await writeFile(routingFile, "{ not json");
+    await new Promise((r) => setTimeout(r, 2500));
+    const r = await deliver({ idempotencyKey: "w-after", context: { channel: "web", sender: { id: "v3" } }, text: "hi" });
+    assert.equal(r.agentId, "web-agent");
+    assert.match(stack.logs(), /routing file rejected; keeping the rules read before/);
+  });
+
+  test("bad input at the gateway: INVALID_ARGUMENT, and the gateway keeps serving", async () => {
+    await assert.rejects(deliver({ context: { channel: "web", sender: { id: "1" } }, text: "x" }), { code: Status.INVALID_ARGUMENT });
+    await assert.rejects(deliver({ idempotencyKey: "k", context: { channel: "web", sender: { id: "1" }, chatType: ChatType.GROUP }, text: "x" }), { code: Status.INVALID_ARGUMENT });
+    await assert.rejects(stack.gateway.deliver({}), { code: Status.INVALID_ARGUMENT });
+    const ok = await deliver({ idempotencyKey: "still-serving", context: { channel: "web", sender: { id: "z" } }, text: "hi" });
+    assert.ok(ok.sessionId);
+  });
+});
