@@ -77,7 +77,8 @@ async function latency(stack: Stack, live: number, turns: number, concurrency: n
 
 const stack = await startStack({
   services: ["model-server", "router", "runner", "gateway"],
-  env: { TROUPE_LOG_LEVEL: "warn", TROUPE_MEMORY_CONTEXT_K: "0", NODE_OPTIONS: "--expose-gc" },
+  // One tenant opens 10,000 sessions: the per-tenant limits are not what this measures.
+  env: { TROUPE_LOG_LEVEL: "warn", TROUPE_MEMORY_CONTEXT_K: "0", NODE_OPTIONS: "--expose-gc", TROUPE_TENANT_RATE: "1000000", TROUPE_TENANT_BURST: "1000000", TROUPE_TENANT_STREAMS: "1000000" },
 });
 const runner = stack.client(RunnerService, stack.addr.runner);
 const runnerPid = stack.process("runner")!.pid!;

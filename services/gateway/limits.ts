@@ -18,7 +18,12 @@ export interface LimitsConfig {
   tenantStreams: number;
 }
 
-export const DEFAULT_LIMITS: LimitsConfig = { tenantRate: 1000, tenantBurst: 2000, sessionRate: 20, sessionBurst: 50, tenantStreams: 20_000 };
+/**
+ * A session's burst is above its mailbox (100 waiting messages): a burst meets the mailbox's own
+ * refusal first, which is an event on a stream that stays open; the rate limit is for sustained
+ * floods, which end the stream.
+ */
+export const DEFAULT_LIMITS: LimitsConfig = { tenantRate: 1000, tenantBurst: 2000, sessionRate: 20, sessionBurst: 200, tenantStreams: 20_000 };
 
 export const RETRY_AFTER_KEY = "retry-after-ms";
 

@@ -1,140 +1,201 @@
-// The memory service, first version: memories stored in an embedded LanceDB table under the data
-// directory, embedded by the built-in local embedder, found by cosine similarity within a scope.
-// Hybrid search, MMR, learning and the rest arrive with the memory issue; the table and the scope
-// rule (one combined predicate, applied before the vector search) are already the real ones.
+// The memory service: memories in LanceDB (store.ts), found by meaning and by words and re-ranked
+// (ranking.ts), every call confined to one scope. The scope is one combined predicate built from
+// values held to a strict alphabet, applied before the vector and full-text searches; no request
+// text ever reaches LanceDB's filter language except as such a checked value.
 import path from "node:path";
-import * as lancedb from "@lancedb/lancedb";
-import { Field, FixedSizeList, Float32, Int32, Schema, Timestamp, TimeUnit, Utf8 } from "apache-arrow";
 import { create } from "@bufbuild/protobuf";
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import { internalCredentials } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
 import { invalidArgument, invalidArgumentIf } from "../shared/errors.js";
-import { MemoryKind, MemorySchema, MemoryService, type MemoryScope } from "../shared/gen/troupe/v1/memory_pb.js";
-import { HASH_EMBEDDING_DIM, HASH_EMBEDDING_MODEL, hashEmbedding } from "../shared/hash-embedding.js";
+import { Fusion, MemoryKind, MemorySchema, MemoryService, AddOutcome, type MemoryScope, type SearchOptions } from "../shared/gen/troupe/v1/memory_pb.js";
 import { newId } from "../shared/ids.js";
 import type { Logger } from "../shared/log.js";
 import { RpcServer } from "../shared/rpc.js";
 import type { RunningService } from "../shared/service.js";
+import { modelBaseUrl } from "../shared/config.js";
+import { LocalEmbedder, OpenAIEmbedder, type Embedder } from "./embedder.js";
+import { DEFAULT_RANKING, rank, type RankOptions } from "./ranking.js";
+import { MemoryStore, contentHash, sqlString, type CandidateRow, type MemoryRow } from "./store.js";
 
-const TABLE = "memories";
 const MAX_TEXT_CHARS = 8000;
 const MAX_BATCH = 1000;
-// Scope values are interpolated into LanceDB's filter language, so they are held to an alphabet
-// in which no quote, operator or keyword can be written.
+const MAX_POOL = 200;
+// Scope values and ids are interpolated into LanceDB's filter language, so they are held to an
+// alphabet in which no quote, operator or keyword can be written.
 const SCOPE_VALUE = /^[A-Za-z0-9._:@-]{1,128}$/;
+const MEMORY_ID = /^[A-Za-z0-9._:-]{1,128}$/;
 
-const schema = new Schema([
-  new Field("id", new Utf8(), false),
-  new Field("tenant", new Utf8(), false),
-  new Field("owner", new Utf8(), false),
-  new Field("agent_id", new Utf8(), false),
-  new Field("session_id", new Utf8(), false),
-  new Field("kind", new Int32(), false),
-  new Field("text", new Utf8(), false),
-  new Field("vector", new FixedSizeList(HASH_EMBEDDING_DIM, new Field("item", new Float32(), true)), false),
-  new Field("created", new Timestamp(TimeUnit.MILLISECOND), false),
-  new Field("embedder", new Utf8(), false),
-]);
-
-function scopePredicate(scope: MemoryScope | undefined, requireAgent = false): string {
+/** The one predicate a call is confined to. */
+export function scopePredicate(scope: MemoryScope | undefined, forWrite: boolean): string {
   if (!scope) throw invalidArgument("scope is required");
-  const parts: string[] = [];
-  for (const [column, value, required] of [
-    ["tenant", scope.tenant, true],
-    ["owner", scope.owner, true],
-    ["agent_id", scope.agentId, requireAgent],
-  ] as const) {
-    if (value === "") {
-      if (required) throw invalidArgument(`scope.${column === "agent_id" ? "agent_id" : column} is required`);
-      continue;
-    }
-    if (!SCOPE_VALUE.test(value)) throw invalidArgument(`scope.${column} has characters outside A-Z a-z 0-9 . _ : @ -`);
-    parts.push(`${column} = '${value}'`);
+  const value = (name: string, v: string) => {
+    if (!SCOPE_VALUE.test(v)) throw invalidArgument(`scope.${name} ${v === "" ? "is required" : "has characters outside A-Z a-z 0-9 . _ : @ -"}`);
+    return sqlString(v);
+  };
+  const parts = [`tenant = ${value("tenant", scope.tenant)}`];
+  if (scope.allOwners) {
+    invalidArgumentIf(forWrite, "scope.all_owners is for searches; a write names its owner");
+    invalidArgumentIf(scope.agentId === "", "scope.all_owners needs scope.agent_id: it reads what one agent learned");
+  } else {
+    parts.push(`owner = ${value("owner", scope.owner)}`);
   }
+  if (forWrite && scope.agentId === "") throw invalidArgument("scope.agent_id is required to write");
+  if (scope.agentId !== "") parts.push(`agent_id = ${value("agent_id", scope.agentId)}`);
   return parts.join(" AND ");
 }
 
-export async function startMemory(cfg: Config, logger: Logger): Promise<RunningService> {
-  const db = await lancedb.connect(path.join(cfg.dataDir, "memory"));
-  let table: lancedb.Table | undefined;
-  // Until the table exists, searches would ask LanceDB for its table list every time; another
-  // replica may create it, so "missing" is only believed for a second.
-  let missingUntil = 0;
-  const openTable = async (createIfMissing: boolean): Promise<lancedb.Table | undefined> => {
-    if (table) return table;
-    if (!createIfMissing && Date.now() < missingUntil) return undefined;
-    const names = await db.tableNames();
-    if (names.includes(TABLE)) table = await db.openTable(TABLE);
-    else if (createIfMissing) table = await db.createEmptyTable(TABLE, schema, { existOk: true });
-    else missingUntil = Date.now() + 1000;
-    return table;
+function rankOptions(o: SearchOptions | undefined, k: number): RankOptions & { poolFactor: number; hybrid: boolean } {
+  const num = (v: number | undefined, name: string, lo: number, hi: number, fallback: number) => {
+    if (v === undefined) return fallback;
+    invalidArgumentIf(!Number.isFinite(v) || v < lo || v > hi, `options.${name} must be between ${lo} and ${hi}`);
+    return v;
   };
-  await openTable(false);
+  return {
+    k,
+    nowMs: Date.now(),
+    poolFactor: num(o?.poolFactor, "pool_factor", 1, 50, 4),
+    hybrid: o?.hybrid ?? true,
+    fusion: o?.fusion === Fusion.RRF ? "rrf" : "weighted",
+    vectorWeight: num(o?.vectorWeight, "vector_weight", 0, 1, DEFAULT_RANKING.vectorWeight),
+    textWeight: num(o?.textWeight, "text_weight", 0, 1, DEFAULT_RANKING.textWeight),
+    rrfK: DEFAULT_RANKING.rrfK,
+    halfLifeDays: num(o?.halfLifeDays, "half_life_days", 0, 36500, DEFAULT_RANKING.halfLifeDays),
+    mmrLambda: num(o?.mmrLambda, "mmr_lambda", 0, 1, DEFAULT_RANKING.mmrLambda),
+    minScore: num(o?.minScore, "min_score", -1, 1, DEFAULT_RANKING.minScore),
+  };
+}
+
+function checkText(text: string, what: string): string {
+  const t = text.trim();
+  invalidArgumentIf(t === "", `${what} must not be empty`);
+  invalidArgumentIf(t.length > MAX_TEXT_CHARS, `${what} is over ${MAX_TEXT_CHARS} characters`);
+  return t;
+}
+
+export function embedderFor(cfg: Config, env: NodeJS.ProcessEnv): Embedder {
+  const model = env.TROUPE_EMBEDDING_MODEL ?? "";
+  if (model === "") return new LocalEmbedder();
+  const dim = Number(env.TROUPE_EMBEDDING_DIM);
+  if (!Number.isInteger(dim) || dim <= 0) throw new Error("TROUPE_EMBEDDING_MODEL needs TROUPE_EMBEDDING_DIM (the model's vector size)");
+  return new OpenAIEmbedder(modelBaseUrl(cfg), cfg.openaiApiKey, model, dim);
+}
+
+export async function startMemory(cfg: Config, logger: Logger): Promise<RunningService> {
+  const embedder = embedderFor(cfg, process.env);
+  const uri = process.env.TROUPE_MEMORY_URI || path.join(cfg.dataDir, "memory");
+  const storageOptions = process.env.TROUPE_MEMORY_STORAGE_OPTIONS ? (JSON.parse(process.env.TROUPE_MEMORY_STORAGE_OPTIONS) as Record<string, string>) : {};
+  const store = await MemoryStore.open(uri, storageOptions, embedder.name, embedder.dim, logger);
+  const maintenance = setInterval(() => void store.maintain().catch((err: unknown) => logger.warn("memory maintenance failed", { error: String(err) })), 10 * 60_000);
+  maintenance.unref();
+
+  const toMemory = (r: MemoryRow) =>
+    create(MemorySchema, {
+      id: r.id,
+      scope: { tenant: r.tenant, owner: r.owner, agentId: r.agent_id },
+      sessionId: r.session_id,
+      kind: r.kind,
+      text: r.text,
+      createTime: timestampFromMs(Number(r.created)),
+      updateTime: timestampFromMs(Number(r.updated)),
+      importance: r.importance,
+      evergreen: r.evergreen,
+      provenance: r.provenance,
+      metadata: JSON.parse(r.metadata || "{}") as Record<string, string>,
+      contentHash: r.content_hash,
+    });
 
   const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes, authenticate: (await internalCredentials(cfg.dataDir)).authenticate });
   server.add(MemoryService, {
     async addMemories(req) {
-      scopePredicate(req.scope, true);
+      const where = scopePredicate(req.scope, true);
+      const scope = req.scope!;
       invalidArgumentIf(req.memories.length === 0, "memories must not be empty");
       invalidArgumentIf(req.memories.length > MAX_BATCH, `at most ${MAX_BATCH} memories per call`);
       const now = Date.now();
-      const rows = req.memories.map((m, i) => {
-        const text = m.text.trim();
-        invalidArgumentIf(text === "", `memories[${i}].text must not be empty`);
-        invalidArgumentIf(text.length > MAX_TEXT_CHARS, `memories[${i}].text is over ${MAX_TEXT_CHARS} characters`);
-        return {
-          id: newId(),
-          tenant: req.scope!.tenant,
-          owner: req.scope!.owner,
-          agent_id: req.scope!.agentId,
-          session_id: m.sessionId,
-          kind: m.kind === MemoryKind.UNSPECIFIED ? MemoryKind.FACT : m.kind,
-          text,
-          vector: Array.from(hashEmbedding(text)),
-          created: now,
-          embedder: HASH_EMBEDDING_MODEL,
-        };
+      const upserts = new Set<string>();
+      const texts = req.memories.map((m, i) => {
+        invalidArgumentIf(m.id !== "" && !MEMORY_ID.test(m.id), `memories[${i}].id has characters outside A-Z a-z 0-9 . _ : -`);
+        invalidArgumentIf(!(m.kind in MemoryKind), `memories[${i}].kind is not a known kind`);
+        invalidArgumentIf(!(m.importance >= 0 && m.importance <= 1), `memories[${i}].importance must be between 0 and 1`);
+        if (m.id) upserts.add(m.id);
+        return checkText(m.text, `memories[${i}].text`);
       });
-      // One add is one LanceDB commit: the batch lands whole or not at all.
-      await (await openTable(true))!.add(rows);
-      return { ids: rows.map((r) => r.id) };
+      invalidArgumentIf(upserts.size !== req.memories.filter((m) => m.id).length, "an id appears twice in one batch");
+      // Embedded before anything is written: a failing embedder stores nothing (UNAVAILABLE).
+      const vectors = await embedder.embed(texts);
+      const rows: MemoryRow[] = req.memories.map((m, i) => ({
+        id: m.id || newId(),
+        tenant: scope.tenant,
+        owner: scope.owner,
+        agent_id: scope.agentId,
+        session_id: m.sessionId,
+        kind: m.kind === MemoryKind.UNSPECIFIED ? MemoryKind.FACT : m.kind,
+        text: texts[i],
+        vector: vectors[i],
+        created: now,
+        updated: now,
+        content_hash: contentHash(texts[i]),
+        importance: m.importance || 0.5,
+        evergreen: m.evergreen,
+        provenance: m.provenance,
+        metadata: JSON.stringify(m.metadata),
+        embedder: embedder.name,
+      }));
+      const results = await store.add(where, rows, upserts);
+      const outcome = { added: AddOutcome.ADDED, updated: AddOutcome.UPDATED, duplicate: AddOutcome.DUPLICATE };
+      return { ids: results.map((r) => r.id), results: results.map((r) => ({ id: r.id, outcome: outcome[r.outcome] })) };
     },
 
     async searchMemories(req) {
-      const predicate = scopePredicate(req.scope);
+      const where = scopePredicate(req.scope, false);
       invalidArgumentIf(req.k < 0 || req.k > 100, "k must be between 1 and 100 (0 means 5)");
-      invalidArgumentIf(req.query.trim() === "", "query must not be empty");
-      invalidArgumentIf(req.query.length > MAX_TEXT_CHARS, `query is over ${MAX_TEXT_CHARS} characters`);
-      const t = await openTable(false);
-      if (!t) return { results: [] };
-      const rows = await t
-        .vectorSearch(Array.from(hashEmbedding(req.query)))
-        .distanceType("cosine")
-        .where(predicate)
-        .limit(req.k || 5)
-        .toArray();
+      const query = checkText(req.query, "query");
+      const k = req.k || 5;
+      const o = rankOptions(req.options, k);
+      const pool = Math.min(MAX_POOL, k * o.poolFactor);
+      const [vector] = await embedder.embed([query]);
+      const [byVector, byText] = await Promise.all([store.vectorCandidates(where, vector, pool), o.hybrid ? store.textCandidates(where, query, pool) : Promise.resolve([] as CandidateRow[])]);
+      // One candidate per memory, with both scores when both searches found it.
+      const merged = new Map<string, CandidateRow>();
+      for (const r of byVector) merged.set(r.id, r);
+      for (const r of byText) {
+        const seen = merged.get(r.id);
+        if (seen) seen.candidate.textScore = r.candidate.textScore;
+        else merged.set(r.id, r);
+      }
+      const ranked = rank(
+        [...merged.values()].map((r) => r.candidate),
+        o,
+      );
       return {
-        results: rows.map((r) => ({
-          score: 1 - Number(r._distance),
-          memory: create(MemorySchema, {
-            id: r.id,
-            scope: { tenant: r.tenant, owner: r.owner, agentId: r.agent_id },
-            sessionId: r.session_id,
-            kind: r.kind,
-            text: r.text,
-            createTime: timestampFromMs(Number(r.created)),
-          }),
+        results: ranked.map((r) => ({
+          memory: toMemory(merged.get(r.id)!),
+          score: r.score,
+          stages: req.options?.debug ? r.stages : undefined,
         })),
       };
     },
+
+    async forgetMemories(req) {
+      const where = scopePredicate(req.scope, false);
+      invalidArgumentIf(req.ids.length === 0 || req.ids.length > MAX_BATCH, `ids must hold 1 to ${MAX_BATCH} ids`);
+      for (const id of req.ids) invalidArgumentIf(!MEMORY_ID.test(id), `id ${JSON.stringify(id.slice(0, 64))} is not a memory id`);
+      return { forgotten: await store.forget(where, req.ids) };
+    },
+
+    async getMemoryStats() {
+      const s = await store.stats();
+      return { rows: BigInt(s.rows), embedder: store.embedder, dimension: store.dim, vectorIndexed: s.indexed, unindexedRows: BigInt(s.unindexed), tableVersion: BigInt(s.version) };
+    },
   });
   const port = await server.listen(cfg.addr.memory);
-  logger.info(`memory serving on port ${port}`, { store: path.join(cfg.dataDir, "memory") });
+  logger.info(`memory serving on port ${port}`, { store: uri, embedder: embedder.name });
   return {
     async drain() {
+      clearInterval(maintenance);
       await server.drain(cfg.drainGraceMs);
-      db.close();
+      store.close();
     },
   };
 }

@@ -24,7 +24,7 @@ import { FrameRefused, type EventSubscriber, type SessionActor } from "./session
 import { AuditLog } from "./audit-log.js";
 import { JsonlSessionStore, type SessionOwner } from "./session-log.js";
 import { SessionRegistry } from "./session-registry.js";
-import { execTool, fileTools } from "./tools.js";
+import { execTool, fileTools, memoryTools } from "./tools.js";
 
 /** A subscriber that stops taking events for this long is cut off (it can resume by seq). */
 const SLOW_SUBSCRIBER_MS = 30_000;
@@ -84,6 +84,9 @@ function pageParams(pageSize: number, pageToken: string): { size: number; offset
   return { size: pageSize === 0 ? 100 : pageSize, offset: pageToken === "" ? 0 : Number(pageToken) };
 }
 
+/** Whose memories a session's runs use: its memory owner (channel sessions), else its principal. */
+const memoryScope = (owner: SessionOwner) => ({ tenant: owner.tenant, owner: owner.memoryOwner ?? owner.principal });
+
 /** The run's system prompt: who the agent is, what it can do, and what it remembers. */
 async function systemPrompt(recall: MemoryRecall, agentId: string, owner: SessionOwner, query: string, signal: AbortSignal): Promise<string> {
   const lines = [
@@ -91,7 +94,7 @@ async function systemPrompt(recall: MemoryRecall, agentId: string, owner: Sessio
     `Current time: ${new Date().toISOString()}.`,
     "Shell commands (exec) and workspace files (read_file, write_file, list_files) live in an isolated sandbox without network access.",
   ];
-  const remembered = await recall.recall({ tenant: owner.tenant, owner: owner.memoryOwner ?? owner.principal }, query, signal);
+  const remembered = await recall.recall(memoryScope(owner), query, signal);
   if (remembered.length > 0) lines.push("What you remember that may be relevant:", ...remembered.map((text) => `- ${text}`));
   return lines.join("\n");
 }
@@ -116,7 +119,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
       agentId,
       modelName: cfg.model,
       model,
-      tools,
+      tools: [...tools, ...memoryTools(memory, memoryScope(owner), agentId, () => recall.invalidate(memoryScope(owner)))],
       systemPrompt: (query, signal) => systemPrompt(recall, agentId, owner, query, signal),
     }),
   }, { passivateAfterMs: cfg.passivateAfterMs });

@@ -1,0 +1,62 @@
+// What turns text into vectors. With an embedding model configured (TROUPE_EMBEDDING_MODEL and
+// TROUPE_EMBEDDING_DIM, at OPENAI_BASE_URL or the scripted model server), the openai SDK's
+// embeddings call; without one, the built-in local embedder, so memory works offline. Vectors are
+// L2-normalised either way (cosine = dot product), and a vector of the wrong dimension is an error,
+// never stored.
+import OpenAI from "openai";
+import { RpcError, Status } from "../shared/errors.js";
+import { HASH_EMBEDDING_DIM, HASH_EMBEDDING_MODEL, hashEmbedding } from "../shared/hash-embedding.js";
+
+export interface Embedder {
+  /** Recorded with every vector: vectors of different embedders are never compared. */
+  readonly name: string;
+  readonly dim: number;
+  embed(texts: string[]): Promise<Float32Array[]>;
+}
+
+export class LocalEmbedder implements Embedder {
+  readonly name = HASH_EMBEDDING_MODEL;
+  readonly dim = HASH_EMBEDDING_DIM;
+  async embed(texts: string[]): Promise<Float32Array[]> {
+    return texts.map((t) => hashEmbedding(t));
+  }
+}
+
+export function normalise(v: ArrayLike<number>): Float32Array {
+  const out = Float32Array.from(v);
+  let n = 0;
+  for (const x of out) n += x * x;
+  n = Math.sqrt(n);
+  if (n > 0) for (let i = 0; i < out.length; i++) out[i] /= n;
+  return out;
+}
+
+export class OpenAIEmbedder implements Embedder {
+  readonly name: string;
+  private readonly client: OpenAI;
+
+  constructor(
+    baseURL: string,
+    apiKey: string,
+    private readonly model: string,
+    readonly dim: number,
+  ) {
+    this.name = `openai:${model}:${dim}`;
+    this.client = new OpenAI({ baseURL, apiKey: apiKey || "unused", maxRetries: 1, timeout: 30_000 });
+  }
+
+  async embed(texts: string[]): Promise<Float32Array[]> {
+    let res: OpenAI.Embeddings.CreateEmbeddingResponse;
+    try {
+      res = await this.client.embeddings.create({ model: this.model, input: texts });
+    } catch (err) {
+      // Nothing is stored without its vector: the caller gets UNAVAILABLE and may retry.
+      throw new RpcError(Status.UNAVAILABLE, `the embedding endpoint failed (${(err as Error).message}); nothing was stored, retry later`);
+    }
+    const out = res.data.sort((a, b) => a.index - b.index).map((d) => d.embedding as number[]);
+    for (const v of out) {
+      if (v.length !== this.dim) throw new RpcError(Status.FAILED_PRECONDITION, `the embedding model returned ${v.length} dimensions, not the configured ${this.dim}`);
+    }
+    return out.map(normalise);
+  }
+}

@@ -1,0 +1,290 @@
+// The memory table in LanceDB: its schema, the one writer that changes it, and the two candidate
+// searches (vector and full text) that ranking.ts turns into results.
+//
+// - One writer per table: every change goes through a promise chain, so this process never races
+//   itself; a commit conflict with another process is retried a few times with backoff.
+// - Each add is one LanceDB commit (a new version): a batch lands whole or not at all, and a crash
+//   in the middle leaves the table at its previous version.
+// - Equal texts in one scope are stored once (content_hash of the normalised text).
+// - A vector index (IVF_PQ) is built once the table passes INDEX_THRESHOLD rows; below it every
+//   search is exact. The full-text index is made with the table; rows added since the last
+//   optimize() are searched without the index until the next one, which runs every few writes.
+// - Every stored vector carries the embedder that made it; a table made by another embedder is
+//   refused rather than searched with vectors from two spaces.
+import { createHash } from "node:crypto";
+import * as lancedb from "@lancedb/lancedb";
+import { Bool, Field, FixedSizeList, Float32, Float64, Int32, Schema, Timestamp, TimeUnit, Utf8 } from "apache-arrow";
+import { RpcError, Status, failedPrecondition } from "../shared/errors.js";
+import type { Logger } from "../shared/log.js";
+import type { Candidate } from "./ranking.js";
+
+export const TABLE = "memories_v2";
+/** The first version's table; migrated into TABLE on start. */
+const LEGACY_TABLE = "memories";
+export const INDEX_THRESHOLD = 100_000;
+/** Writes between two optimize() runs (compaction, index catch-up). */
+const OPTIMIZE_EVERY = 20;
+
+export interface MemoryRow {
+  id: string;
+  tenant: string;
+  owner: string;
+  agent_id: string;
+  session_id: string;
+  kind: number;
+  text: string;
+  vector: Float32Array | number[];
+  created: number;
+  updated: number;
+  content_hash: string;
+  importance: number;
+  evergreen: boolean;
+  provenance: string;
+  /** JSON object of string values. */
+  metadata: string;
+  embedder: string;
+}
+
+export function schemaFor(dim: number): Schema {
+  return new Schema([
+    new Field("id", new Utf8(), false),
+    new Field("tenant", new Utf8(), false),
+    new Field("owner", new Utf8(), false),
+    new Field("agent_id", new Utf8(), false),
+    new Field("session_id", new Utf8(), false),
+    new Field("kind", new Int32(), false),
+    new Field("text", new Utf8(), false),
+    new Field("vector", new FixedSizeList(dim, new Field("item", new Float32(), true)), false),
+    new Field("created", new Timestamp(TimeUnit.MILLISECOND), false),
+    new Field("updated", new Timestamp(TimeUnit.MILLISECOND), false),
+    new Field("content_hash", new Utf8(), false),
+    new Field("importance", new Float64(), false),
+    new Field("evergreen", new Bool(), false),
+    new Field("provenance", new Utf8(), false),
+    new Field("metadata", new Utf8(), false),
+    new Field("embedder", new Utf8(), false),
+  ]);
+}
+
+/** Case, spacing and Unicode form do not make two memories different. */
+export function contentHash(text: string): string {
+  return createHash("sha256").update(text.normalize("NFKC").toLowerCase().replace(/\s+/g, " ").trim()).digest("hex");
+}
+
+/** A string literal of LanceDB's filter language. Values are checked against a strict alphabet first; this is the second wall. */
+export const sqlString = (s: string): string => `'${s.replace(/'/g, "''")}'`;
+
+export interface CandidateRow extends MemoryRow {
+  candidate: Candidate;
+}
+
+export class MemoryStore {
+  private table?: lancedb.Table;
+  private writes: Promise<unknown> = Promise.resolve();
+  private sinceOptimize = 0;
+  private indexing?: Promise<void>;
+
+  private constructor(
+    private readonly db: lancedb.Connection,
+    readonly embedder: string,
+    readonly dim: number,
+    private readonly logger: Logger,
+  ) {}
+
+  static async open(uri: string, storageOptions: Record<string, string>, embedder: string, dim: number, logger: Logger): Promise<MemoryStore> {
+    const db = await lancedb.connect(uri, { storageOptions });
+    const store = new MemoryStore(db, embedder, dim, logger);
+    await store.init();
+    return store;
+  }
+
+  private async init(): Promise<void> {
+    const names = await this.db.tableNames();
+    if (names.includes(TABLE)) {
+      this.table = await this.db.openTable(TABLE);
+      await this.checkEmbedder();
+    } else {
+      const t = await this.db.createEmptyTable(TABLE, schemaFor(this.dim), { existOk: true });
+      await t.createIndex("text", { config: lancedb.Index.fts({ withPosition: false }), replace: true });
+      this.table = t;
+    }
+    if (names.includes(LEGACY_TABLE)) await this.migrateLegacy();
+  }
+
+  /** The first version's rows, carried over with defaults for the new columns, then the old table dropped. */
+  private async migrateLegacy(): Promise<void> {
+    const old = await this.db.openTable(LEGACY_TABLE);
+    const rows = (await old.query().toArray()) as { id: string; tenant: string; owner: string; agent_id: string; session_id: string; kind: number; text: string; vector: Float32Array; created: number | Date; embedder: string }[];
+    if (rows.length > 0) {
+      if (rows.some((r) => r.embedder !== this.embedder)) throw new Error(`the memory table ${LEGACY_TABLE} was embedded by ${rows[0].embedder}, not ${this.embedder}`);
+      await this.table!.add(
+        rows.map((r) => {
+          const created = typeof r.created === "number" ? r.created : new Date(r.created).getTime();
+          return { ...r, vector: Array.from(r.vector), created, updated: created, content_hash: contentHash(r.text), importance: 0.5, evergreen: false, provenance: "migrated", metadata: "{}" };
+        }),
+      );
+    }
+    await this.db.dropTable(LEGACY_TABLE);
+    this.logger.info(`migrated ${rows.length} memories from ${LEGACY_TABLE} to ${TABLE}`);
+  }
+
+  private async checkEmbedder(): Promise<void> {
+    const sample = (await this.table!.query().select(["embedder"]).limit(1).toArray()) as { embedder: string }[];
+    if (sample.length > 0 && sample[0].embedder !== this.embedder) {
+      throw failedPrecondition(`the memory table was embedded by ${sample[0].embedder} and this service embeds with ${this.embedder}: vectors of two embedders cannot be compared; re-embed the table or configure ${sample[0].embedder}`);
+    }
+  }
+
+  private get t(): lancedb.Table {
+    return this.table!;
+  }
+
+  /** Runs a change after every earlier one, retrying commit conflicts with other writers. */
+  private write<T>(fn: () => Promise<T>): Promise<T> {
+    const run = async () => {
+      for (let attempt = 0; ; attempt++) {
+        try {
+          const out = await fn();
+          this.afterWrite();
+          return out;
+        } catch (err) {
+          if (attempt >= 4 || !/conflict|retries/i.test(String((err as Error).message))) throw err;
+          await new Promise((r) => setTimeout(r, 20 * 2 ** attempt));
+        }
+      }
+    };
+    const next = this.writes.then(run, run);
+    this.writes = next.catch(() => undefined);
+    return next;
+  }
+
+  private afterWrite(): void {
+    if (++this.sinceOptimize < OPTIMIZE_EVERY) return;
+    this.sinceOptimize = 0;
+    void this.maintain().catch((err: unknown) => this.logger.warn("memory maintenance failed", { error: String((err as Error).message ?? err) }));
+  }
+
+  /** Compaction and index catch-up; the vector index once the table is large enough. */
+  async maintain(): Promise<void> {
+    await this.write(async () => {
+      await this.t.optimize({ cleanupOlderThan: new Date(Date.now() - 3600_000) });
+    });
+    const rows = await this.t.countRows();
+    const indices = await this.t.listIndices();
+    if (rows >= INDEX_THRESHOLD && !indices.some((i) => i.columns.includes("vector")) && !this.indexing) {
+      this.indexing = this.buildVectorIndex().finally(() => (this.indexing = undefined));
+    }
+  }
+
+  async buildVectorIndex(): Promise<void> {
+    const rows = await this.t.countRows();
+    const t0 = Date.now();
+    await this.t.createIndex("vector", {
+      config: lancedb.Index.ivfPq({ distanceType: "cosine", numPartitions: Math.max(1, Math.round(Math.sqrt(rows))), numSubVectors: Math.max(1, Math.floor(this.dim / 8)) }),
+      replace: true,
+    });
+    this.logger.info(`built the vector index over ${rows} memories in ${Date.now() - t0} ms`);
+  }
+
+  async vectorIndexed(): Promise<{ indexed: boolean; unindexed: number }> {
+    const idx = (await this.t.listIndices()).find((i) => i.columns.includes("vector"));
+    if (!idx) return { indexed: false, unindexed: 0 };
+    const stats = await this.t.indexStats(idx.name);
+    return { indexed: true, unindexed: stats?.numUnindexedRows ?? 0 };
+  }
+
+  async stats(): Promise<{ rows: number; version: number; indexed: boolean; unindexed: number }> {
+    const [rows, version, idx] = await Promise.all([this.t.countRows(), this.t.version(), this.vectorIndexed()]);
+    return { rows, version, ...idx };
+  }
+
+  /** Existing rows of a scope with these content hashes or ids: hash -> id, and the ids present. */
+  private async existing(scopeWhere: string, hashes: string[], ids: string[]): Promise<{ byHash: Map<string, string>; ids: Set<string> }> {
+    const parts: string[] = [];
+    if (hashes.length > 0) parts.push(`content_hash IN (${hashes.map(sqlString).join(", ")})`);
+    if (ids.length > 0) parts.push(`id IN (${ids.map(sqlString).join(", ")})`);
+    const byHash = new Map<string, string>();
+    const present = new Set<string>();
+    if (parts.length === 0) return { byHash, ids: present };
+    const rows = (await this.t.query().where(`${scopeWhere} AND (${parts.join(" OR ")})`).select(["id", "content_hash"]).toArray()) as { id: string; content_hash: string }[];
+    for (const r of rows) {
+      byHash.set(r.content_hash, r.id);
+      present.add(r.id);
+    }
+    return { byHash, ids: present };
+  }
+
+  /**
+   * Stores a batch in one commit (upserts in one more). Rows whose text is already stored in the
+   * scope are skipped as duplicates. Returns, per row, the id it has and what happened.
+   */
+  add(scopeWhere: string, rows: MemoryRow[], upsertIds: Set<string>): Promise<{ id: string; outcome: "added" | "updated" | "duplicate" }[]> {
+    return this.write(async () => {
+      const { byHash, ids: present } = await this.existing(
+        scopeWhere,
+        rows.map((r) => r.content_hash),
+        [...upsertIds],
+      );
+      // An id given for a memory of another scope is refused rather than silently forked.
+      for (const id of upsertIds) {
+        if (!present.has(id) && (await this.t.countRows(`id = ${sqlString(id)}`)) > 0) throw new RpcError(Status.PERMISSION_DENIED, `memory ${id} belongs to another scope`);
+      }
+      const seen = new Map<string, string>();
+      const inserts: MemoryRow[] = [];
+      const updates: MemoryRow[] = [];
+      const out = rows.map((r) => {
+        const same = byHash.get(r.content_hash) ?? seen.get(r.content_hash);
+        if (same !== undefined && !(upsertIds.has(r.id) && same === r.id)) return { id: same, outcome: "duplicate" as const };
+        seen.set(r.content_hash, r.id);
+        if (upsertIds.has(r.id) && present.has(r.id)) {
+          updates.push(r);
+          return { id: r.id, outcome: "updated" as const };
+        }
+        inserts.push(r);
+        return { id: r.id, outcome: "added" as const };
+      });
+      const toRecord = (r: MemoryRow) => ({ ...r, vector: Array.from(r.vector) });
+      if (inserts.length > 0) await this.t.add(inserts.map(toRecord));
+      if (updates.length > 0) {
+        await this.t.mergeInsert("id").whenMatchedUpdateAll().whenNotMatchedInsertAll().execute(updates.map(toRecord));
+      }
+      return out;
+    });
+  }
+
+  forget(scopeWhere: string, ids: string[]): Promise<number> {
+    if (ids.length === 0) return Promise.resolve(0);
+    return this.write(async () => {
+      const where = `${scopeWhere} AND id IN (${ids.map(sqlString).join(", ")})`;
+      const n = await this.t.countRows(where);
+      if (n > 0) await this.t.delete(where);
+      return n;
+    });
+  }
+
+  /** The vector search's candidates: nearest first, with cosine similarity. */
+  async vectorCandidates(scopeWhere: string, vector: Float32Array, limit: number, exact = false): Promise<CandidateRow[]> {
+    let q = this.t.vectorSearch(Array.from(vector)).distanceType("cosine").where(scopeWhere).limit(limit);
+    if (exact) q = q.bypassVectorIndex();
+    else if ((await this.vectorIndexed()).indexed) q = q.nprobes(32).refineFactor(10);
+    const rows = (await q.toArray()) as (MemoryRow & { _distance: number })[];
+    return rows.map((r) => ({ ...r, candidate: candidateOf(r, { vectorScore: 1 - Number(r._distance) }) }));
+  }
+
+  /** The full-text search's candidates: BM25 over the text. */
+  async textCandidates(scopeWhere: string, query: string, limit: number): Promise<CandidateRow[]> {
+    const rows = (await this.t.query().fullTextSearch(query, { columns: ["text"] }).where(scopeWhere).limit(limit).toArray()) as (MemoryRow & { _score: number })[];
+    return rows.map((r) => ({ ...r, candidate: candidateOf(r, { textScore: Number(r._score) }) }));
+  }
+
+  close(): void {
+    this.table?.close();
+    this.db.close();
+  }
+}
+
+function candidateOf(r: MemoryRow, scores: { vectorScore?: number; textScore?: number }): Candidate {
+  const vector = r.vector instanceof Float32Array ? r.vector : Float32Array.from(r.vector);
+  const created = r.created as unknown;
+  return { id: r.id, vector, createdMs: created instanceof Date ? created.getTime() : Number(created), evergreen: Boolean(r.evergreen), ...scores };
+}
