@@ -184,7 +184,7 @@ describe("bad input at the gateway", () => {
     }
     s.close();
     assert.match(results[0], /\[exit 3\]/);
-    assert.match(results[1], /^Tool nope not found\. Available tools: exec, read_file, write_file, list_files\.$/);
+    assert.match(results[1], /^Tool nope not found\. Available tools: exec, read_file, write_file, list_files, memory_search, memory_save, memory_forget\.$/);
     assert.match(results[2], /^Invalid JSON in the arguments of exec/);
     assert.match(results[3], /must be a JSON object/);
     assert.match(results[4], /`command` must be a non-empty string/);

@@ -9,7 +9,11 @@ import { Role } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { Status } from "../services/shared/errors.js";
 import type { ServiceClient } from "../services/shared/rpc.js";
 import { ChatSession } from "./helpers/session.js";
-import { startStack, waitFor, type Stack } from "./helpers/stack.js";
+import { MAIN, startStack, waitFor, type Stack } from "./helpers/stack.js";
+import { execFile } from "node:child_process";
+import { promisify } from "node:util";
+
+const run = promisify(execFile);
 
 type Memory = ServiceClient<(typeof MemoryService)["method"]>;
 const texts = (rs: ScoredMemory[]) => rs.map((r) => r.memory!.text);
@@ -124,6 +128,19 @@ describe("the memory service", () => {
     assert.ok((await memory.getMemoryStats({})).rows > 0n, "still serving");
   });
 
+  test("the operator CLI adds, searches (with stage scores), forgets and counts", async () => {
+    const cli = (...args: string[]) => run(process.execPath, [MAIN, "memory", ...args, "--memory", stack.addr.memory, "--data-dir", stack.dataDir]);
+    const added = await cli("add", "--tenant", "ops", "--owner", "gina", "--evergreen", "Gina's desk is on the third floor");
+    const id = /stored as (\S+)/.exec(added.stdout)![1];
+    const found = await cli("search", "--tenant", "ops", "--owner", "gina", "--debug", "where is Gina's desk");
+    assert.match(found.stdout, new RegExp(`${id}  Gina's desk is on the third floor  \\[vector [0-9.]+ text [0-9.]+ fused`));
+    assert.match((await cli("stats")).stdout, /embedder troupe-hash-v1 \(256 dimensions\)/);
+    assert.match((await cli("forget", "--tenant", "ops", "--owner", "gina", id)).stdout, /forgot 1 of 1/);
+    const bad = await cli("search", "--tenant", "ops", "--owner", "x'y", "q").catch((e: { code: number; stderr: string }) => e);
+    assert.equal((bad as { code: number }).code, 1);
+    assert.match((bad as { stderr: string }).stderr, /INVALID_ARGUMENT: scope\.owner has characters/);
+  });
+
   test("a batch cut short by a crash leaves the table as it was: all of the batch or none, nothing older lost", async () => {
     const scope = acme("crash");
     await memory.addMemories({ scope, memories: [{ text: "stored before the crash" }] });
@@ -188,12 +205,7 @@ describe("the runner's memory tools", () => {
     const s = new ChatSession(stack.gateway);
     s.send({ case: "open", value: { sessionId: "mem-tools", create: true } });
     await s.waitOpened();
-    const turn = async (text: string) => {
-      const from = s.events.length;
-      s.prompt(text);
-      await s.waitFor((e) => e.payload.case === "agentEnd", 20_000, from);
-      return s.events.slice(from);
-    };
+    const turn = (text: string) => s.turn(text);
     const toolResult = (events: typeof s.events) => events.flatMap((e) => (e.payload.case === "toolExecutionEnd" ? [e.payload.value] : []))[0];
     // Before: recall finds nothing (and believes the scope empty).
     const empty = await turn("!system what colour does Frank like");
@@ -215,5 +227,60 @@ describe("the runner's memory tools", () => {
     const bad = toolResult(await turn('!call memory_save {"text": ""}'));
     assert.equal(bad.isError, true);
     await s.finish();
+  });
+});
+
+describe("learning from turns", () => {
+  let stack: Stack;
+  before(async () => {
+    stack = await startStack({ services: ["model-server", "router", "memory", "runner", "gateway"] });
+  });
+  after(async () => {
+    await stack?.stop();
+  });
+
+  test("facts from a turn are added, then updated, then deleted, each change in the history; the reply never waits", async () => {
+    const memory = stack.client(MemoryService, stack.addr.memory);
+    const scope = { tenant: "local", owner: "dev" };
+    const s = new ChatSession(stack.gateway);
+    s.send({ case: "open", value: { sessionId: "learn-1", create: true } });
+    await s.waitOpened();
+    const turn = (text: string) => s.turn(text);
+    const helenCar = async () => texts((await memory.searchMemories({ scope, query: "what car does Helen drive", k: 5 })).results).filter((t) => /Helen's car/.test(t));
+
+    await turn("Remember that Helen's car is a green Volvo. What time is it?");
+    await waitFor("the fact to be learned", async () => (await helenCar()).length === 1);
+    assert.deepEqual(await helenCar(), ["Helen's car is a green Volvo"]);
+
+    await turn("Remember that Helen's car is a green Volvo.");
+    await turn("Remember that Helen's car is a red Tesla now.");
+    await waitFor("the update", async () => (await helenCar())[0] === "Helen's car is a red Tesla now");
+    assert.equal((await helenCar()).length, 1, "updated in place, not added beside the old one");
+
+    await turn("Forget that Helen's car is a red Tesla now.");
+    await waitFor("the deletion", async () => (await helenCar()).length === 0);
+
+    const history = (await memory.getMemoryHistory({ scope })).changes.filter((c) => /Helen's car/.test(c.oldText + c.newText));
+    assert.deepEqual(
+      history.map((c) => [c.event, c.oldText, c.newText, c.actor]),
+      [
+        [1, "", "Helen's car is a green Volvo", "learn:learn-1"],
+        [2, "Helen's car is a green Volvo", "Helen's car is a red Tesla now", "learn:learn-1"],
+        [3, "Helen's car is a red Tesla now", "", "learn:learn-1"],
+      ],
+      "the repeated fact changed nothing and left no entry",
+    );
+
+    // Learning runs after the reply and never holds it up: a memory service that hangs does not.
+    process.kill(stack.process("memory")!.pid!, "SIGSTOP");
+    try {
+      const t0 = Date.now();
+      await turn("Remember that Helen likes jazz.");
+      assert.ok(Date.now() - t0 < 5000, `the turn ended in ${Date.now() - t0} ms with memory hung`);
+    } finally {
+      process.kill(stack.process("memory")!.pid!, "SIGCONT");
+    }
+    await s.finish();
+    memory.close();
   });
 });

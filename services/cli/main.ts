@@ -15,6 +15,8 @@ client:
   chat [--session ID] [MESSAGE]
                         stream a reply; with MESSAGE run one turn and exit
 operations:
+  memory add|search|forget|stats
+                        store, find (--debug: stage scores) and delete memories
   keys create --tenant T --principal P [--name N]
                         add a client API key (printed once; only its hash is kept)
   sandbox ls | exec --session ID -- CMD... | rm --session ID
@@ -44,6 +46,10 @@ async function main(argv: string[]): Promise<void> {
   const [command, ...args] = argv;
   if (!command || command === "help" || command === "--help" || command === "-h") {
     process.stdout.write(USAGE);
+    return;
+  }
+  if (command === "memory" && ["add", "search", "forget", "stats"].includes(args[0] ?? "")) {
+    process.exitCode = await (await import("./memory.js")).memoryCommand(args);
     return;
   }
   if (command === "keys") {

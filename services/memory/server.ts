@@ -15,7 +15,8 @@ import { RpcServer } from "../shared/rpc.js";
 import type { RunningService } from "../shared/service.js";
 import { modelBaseUrl } from "../shared/config.js";
 import { LocalEmbedder, OpenAIEmbedder, type Embedder } from "./embedder.js";
-import { DEFAULT_RANKING, rank, type RankOptions } from "./ranking.js";
+import { EVENT_OF, Learner } from "./learn.js";
+import { DEFAULT_RANKING, rank, type RankOptions, type Ranked } from "./ranking.js";
 import { MemoryStore, contentHash, sqlString, type CandidateRow, type MemoryRow } from "./store.js";
 
 const MAX_TEXT_CHARS = 8000;
@@ -45,7 +46,7 @@ export function scopePredicate(scope: MemoryScope | undefined, forWrite: boolean
   return parts.join(" AND ");
 }
 
-function rankOptions(o: SearchOptions | undefined, k: number): RankOptions & { poolFactor: number; hybrid: boolean } {
+export function rankOptions(o: SearchOptions | undefined, k: number): RankOptions & { poolFactor: number; hybrid: boolean } {
   const num = (v: number | undefined, name: string, lo: number, hi: number, fallback: number) => {
     if (v === undefined) return fallback;
     invalidArgumentIf(!Number.isFinite(v) || v < lo || v > hi, `options.${name} must be between ${lo} and ${hi}`);
@@ -73,6 +74,23 @@ function checkText(text: string, what: string): string {
   return t;
 }
 
+/**
+ * The search pipeline: vector and (when hybrid) full-text candidates, one per memory with both
+ * scores when both searches found it, then ranking.ts's stages.
+ */
+export async function search(store: MemoryStore, where: string, query: string, vector: Float32Array, o: RankOptions & { poolFactor: number; hybrid: boolean }): Promise<{ ranked: Ranked[]; rows: Map<string, CandidateRow> }> {
+  const pool = Math.min(MAX_POOL, o.k * o.poolFactor);
+  const [byVector, byText] = await Promise.all([store.vectorCandidates(where, vector, pool), o.hybrid ? store.textCandidates(where, query, pool) : Promise.resolve([] as CandidateRow[])]);
+  const rows = new Map<string, CandidateRow>();
+  for (const r of byVector) rows.set(r.id, r);
+  for (const r of byText) {
+    const seen = rows.get(r.id);
+    if (seen) seen.candidate.textScore = r.candidate.textScore;
+    else rows.set(r.id, r);
+  }
+  return { ranked: rank([...rows.values()].map((r) => r.candidate), o), rows };
+}
+
 export function embedderFor(cfg: Config, env: NodeJS.ProcessEnv): Embedder {
   const model = env.TROUPE_EMBEDDING_MODEL ?? "";
   if (model === "") return new LocalEmbedder();
@@ -86,6 +104,7 @@ export async function startMemory(cfg: Config, logger: Logger): Promise<RunningS
   const uri = process.env.TROUPE_MEMORY_URI || path.join(cfg.dataDir, "memory");
   const storageOptions = process.env.TROUPE_MEMORY_STORAGE_OPTIONS ? (JSON.parse(process.env.TROUPE_MEMORY_STORAGE_OPTIONS) as Record<string, string>) : {};
   const store = await MemoryStore.open(uri, storageOptions, embedder.name, embedder.dim, logger);
+  const learner = new Learner(modelBaseUrl(cfg), cfg.openaiApiKey, cfg.model, store, embedder, logger);
   const maintenance = setInterval(() => void store.maintain().catch((err: unknown) => logger.warn("memory maintenance failed", { error: String(err) })), 10 * 60_000);
   maintenance.unref();
 
@@ -153,24 +172,11 @@ export async function startMemory(cfg: Config, logger: Logger): Promise<RunningS
       const query = checkText(req.query, "query");
       const k = req.k || 5;
       const o = rankOptions(req.options, k);
-      const pool = Math.min(MAX_POOL, k * o.poolFactor);
       const [vector] = await embedder.embed([query]);
-      const [byVector, byText] = await Promise.all([store.vectorCandidates(where, vector, pool), o.hybrid ? store.textCandidates(where, query, pool) : Promise.resolve([] as CandidateRow[])]);
-      // One candidate per memory, with both scores when both searches found it.
-      const merged = new Map<string, CandidateRow>();
-      for (const r of byVector) merged.set(r.id, r);
-      for (const r of byText) {
-        const seen = merged.get(r.id);
-        if (seen) seen.candidate.textScore = r.candidate.textScore;
-        else merged.set(r.id, r);
-      }
-      const ranked = rank(
-        [...merged.values()].map((r) => r.candidate),
-        o,
-      );
+      const { ranked, rows } = await search(store, where, query, vector, o);
       return {
         results: ranked.map((r) => ({
-          memory: toMemory(merged.get(r.id)!),
+          memory: toMemory(rows.get(r.id)!),
           score: r.score,
           stages: req.options?.debug ? r.stages : undefined,
         })),
@@ -182,6 +188,25 @@ export async function startMemory(cfg: Config, logger: Logger): Promise<RunningS
       invalidArgumentIf(req.ids.length === 0 || req.ids.length > MAX_BATCH, `ids must hold 1 to ${MAX_BATCH} ids`);
       for (const id of req.ids) invalidArgumentIf(!MEMORY_ID.test(id), `id ${JSON.stringify(id.slice(0, 64))} is not a memory id`);
       return { forgotten: await store.forget(where, req.ids) };
+    },
+
+    async learnFromTurn(req) {
+      const where = scopePredicate(req.scope, true);
+      invalidArgumentIf(req.messages.length === 0 || req.messages.length > 100, "messages must hold 1 to 100 messages");
+      const exchange = req.messages.map((m, i) => {
+        invalidArgumentIf(m.role !== "user" && m.role !== "assistant", `messages[${i}].role must be user or assistant`);
+        return { role: m.role, text: m.text.slice(0, MAX_TEXT_CHARS) };
+      });
+      const changes = await learner.learn({ tenant: req.scope!.tenant, owner: req.scope!.owner, agentId: req.scope!.agentId }, where, req.sessionId, exchange);
+      const now = timestampFromMs(Date.now());
+      return { changes: changes.map((c) => ({ event: EVENT_OF[c.event], memoryId: c.memoryId, oldText: c.oldText, newText: c.newText, time: now, actor: `learn:${req.sessionId}` })) };
+    },
+
+    async getMemoryHistory(req) {
+      const where = scopePredicate(req.scope, false);
+      invalidArgumentIf(req.memoryId !== "" && !MEMORY_ID.test(req.memoryId), "memory_id is not a memory id");
+      const rows = await store.history(where, req.memoryId);
+      return { changes: rows.map((r) => ({ event: r.event, memoryId: r.memory_id, oldText: r.old_text, newText: r.new_text, time: timestampFromMs(r.time), actor: r.actor })) };
     },
 
     async getMemoryStats() {

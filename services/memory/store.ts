@@ -19,9 +19,18 @@ import type { Logger } from "../shared/log.js";
 import type { Candidate } from "./ranking.js";
 
 export const TABLE = "memories_v2";
+/** Every change to a memory: add, update, delete, with the text before and after. */
+export const HISTORY_TABLE = "memory_history";
 /** The first version's table; migrated into TABLE on start. */
 const LEGACY_TABLE = "memories";
 export const INDEX_THRESHOLD = 100_000;
+const SCALAR_INDEXES: [string, () => lancedb.Index][] = [
+  ["id", () => lancedb.Index.btree()],
+  ["content_hash", () => lancedb.Index.btree()],
+  ["owner", () => lancedb.Index.btree()],
+  ["tenant", () => lancedb.Index.bitmap()],
+  ["agent_id", () => lancedb.Index.bitmap()],
+];
 /** Writes between two optimize() runs (compaction, index catch-up). */
 const OPTIMIZE_EVERY = 20;
 
@@ -43,6 +52,33 @@ export interface MemoryRow {
   /** JSON object of string values. */
   metadata: string;
   embedder: string;
+}
+
+const historySchema = new Schema([
+  new Field("memory_id", new Utf8(), false),
+  new Field("tenant", new Utf8(), false),
+  new Field("owner", new Utf8(), false),
+  new Field("agent_id", new Utf8(), false),
+  new Field("event", new Int32(), false),
+  new Field("old_text", new Utf8(), false),
+  new Field("new_text", new Utf8(), false),
+  new Field("time", new Timestamp(TimeUnit.MILLISECOND), false),
+  new Field("actor", new Utf8(), false),
+]);
+
+/** What happened to a memory (the MemoryEvent numbers of the wire contract). */
+export const EVENT = { add: 1, update: 2, delete: 3 } as const;
+
+export interface HistoryRow {
+  memory_id: string;
+  tenant: string;
+  owner: string;
+  agent_id: string;
+  event: number;
+  old_text: string;
+  new_text: string;
+  time: number;
+  actor: string;
 }
 
 export function schemaFor(dim: number): Schema {
@@ -80,6 +116,7 @@ export interface CandidateRow extends MemoryRow {
 
 export class MemoryStore {
   private table?: lancedb.Table;
+  private historyTable?: lancedb.Table;
   private writes: Promise<unknown> = Promise.resolve();
   private sinceOptimize = 0;
   private indexing?: Promise<void>;
@@ -108,7 +145,25 @@ export class MemoryStore {
       await t.createIndex("text", { config: lancedb.Index.fts({ withPosition: false }), replace: true });
       this.table = t;
     }
+    this.historyTable = names.includes(HISTORY_TABLE) ? await this.db.openTable(HISTORY_TABLE) : await this.db.createEmptyTable(HISTORY_TABLE, historySchema, { existOk: true });
     if (names.includes(LEGACY_TABLE)) await this.migrateLegacy();
+  }
+
+  /** The changes of a scope (or one memory), oldest first. */
+  async history(scopeWhere: string, memoryId = ""): Promise<HistoryRow[]> {
+    const where = memoryId ? `${scopeWhere} AND memory_id = ${sqlString(memoryId)}` : scopeWhere;
+    const rows = (await this.historyTable!.query().where(where).toArray()) as HistoryRow[];
+    return rows.map((r) => ({ ...r, time: Number((r.time as unknown) instanceof Date ? (r.time as unknown as Date).getTime() : r.time) })).sort((a, b) => a.time - b.time);
+  }
+
+  private async record(changes: HistoryRow[]): Promise<void> {
+    if (changes.length > 0) await this.historyTable!.add(changes.map((c) => ({ ...c })));
+  }
+
+  /** The rows of a scope with these ids. */
+  async get(scopeWhere: string, ids: string[]): Promise<MemoryRow[]> {
+    if (ids.length === 0) return [];
+    return (await this.t.query().where(`${scopeWhere} AND id IN (${ids.map(sqlString).join(", ")})`).toArray()) as MemoryRow[];
   }
 
   /** The first version's rows, carried over with defaults for the new columns, then the old table dropped. */
@@ -171,6 +226,13 @@ export class MemoryStore {
     });
     const rows = await this.t.countRows();
     const indices = await this.t.listIndices();
+    // Scalar indexes make the scope predicate (applied before every search) and the dedupe and
+    // upsert lookups cheap instead of a scan of every row.
+    for (const [column, config] of SCALAR_INDEXES) {
+      if (rows > 0 && !indices.some((i) => i.columns.includes(column))) {
+        await this.write(() => this.t.createIndex(column, { config: config(), replace: true }));
+      }
+    }
     if (rows >= INDEX_THRESHOLD && !indices.some((i) => i.columns.includes("vector")) && !this.indexing) {
       this.indexing = this.buildVectorIndex().finally(() => (this.indexing = undefined));
     }
@@ -218,7 +280,7 @@ export class MemoryStore {
    * Stores a batch in one commit (upserts in one more). Rows whose text is already stored in the
    * scope are skipped as duplicates. Returns, per row, the id it has and what happened.
    */
-  add(scopeWhere: string, rows: MemoryRow[], upsertIds: Set<string>): Promise<{ id: string; outcome: "added" | "updated" | "duplicate" }[]> {
+  add(scopeWhere: string, rows: MemoryRow[], upsertIds: Set<string>, actor = "api"): Promise<{ id: string; outcome: "added" | "updated" | "duplicate" }[]> {
     return this.write(async () => {
       const { byHash, ids: present } = await this.existing(
         scopeWhere,
@@ -244,21 +306,28 @@ export class MemoryStore {
         return { id: r.id, outcome: "added" as const };
       });
       const toRecord = (r: MemoryRow) => ({ ...r, vector: Array.from(r.vector) });
+      const before = new Map((await this.get(scopeWhere, updates.map((u) => u.id))).map((r) => [r.id, r]));
       if (inserts.length > 0) await this.t.add(inserts.map(toRecord));
       if (updates.length > 0) {
-        await this.t.mergeInsert("id").whenMatchedUpdateAll().whenNotMatchedInsertAll().execute(updates.map(toRecord));
+        // An update keeps when the memory was first made.
+        const kept = updates.map((u) => ({ ...u, created: Number(before.get(u.id)?.created ?? u.created) }));
+        await this.t.mergeInsert("id").whenMatchedUpdateAll().whenNotMatchedInsertAll().execute(kept.map(toRecord));
       }
+      const now = Date.now();
+      const change = (r: MemoryRow, event: number, oldText: string): HistoryRow => ({ memory_id: r.id, tenant: r.tenant, owner: r.owner, agent_id: r.agent_id, event, old_text: oldText, new_text: r.text, time: now, actor });
+      await this.record([...inserts.map((r) => change(r, EVENT.add, "")), ...updates.map((r) => change(r, EVENT.update, before.get(r.id)?.text ?? ""))]);
       return out;
     });
   }
 
-  forget(scopeWhere: string, ids: string[]): Promise<number> {
+  forget(scopeWhere: string, ids: string[], actor = "api"): Promise<number> {
     if (ids.length === 0) return Promise.resolve(0);
     return this.write(async () => {
-      const where = `${scopeWhere} AND id IN (${ids.map(sqlString).join(", ")})`;
-      const n = await this.t.countRows(where);
-      if (n > 0) await this.t.delete(where);
-      return n;
+      const rows = await this.get(scopeWhere, ids);
+      if (rows.length > 0) await this.t.delete(`${scopeWhere} AND id IN (${rows.map((r) => sqlString(r.id)).join(", ")})`);
+      const now = Date.now();
+      await this.record(rows.map((r) => ({ memory_id: r.id, tenant: r.tenant, owner: r.owner, agent_id: r.agent_id, event: EVENT.delete, old_text: r.text, new_text: "", time: now, actor })));
+      return rows.length;
     });
   }
 
@@ -279,6 +348,7 @@ export class MemoryStore {
 
   close(): void {
     this.table?.close();
+    this.historyTable?.close();
     this.db.close();
   }
 }

@@ -65,6 +65,11 @@ export interface RunDeps {
   tools: readonly Tool[];
   /** The system prompt for a run that answers `query` (may consult memory). */
   systemPrompt(query: string, signal: AbortSignal): Promise<string>;
+  /**
+   * Called once a run completed, with what the user and the assistant said in it (learning from
+   * the turn happens here). It must not block: the run has ended and the reply is out.
+   */
+  afterRun?(sessionId: string, exchange: { role: "user" | "assistant"; text: string }[]): void;
 }
 
 export interface RunOutcome {
@@ -94,11 +99,19 @@ export async function runAgent(host: RunHost, deps: RunDeps, initial: QueuedMess
     first.traceContext,
   );
   const usage = create(UsageSchema);
+  const startedAt = host.messages.length;
   try {
     const outcome = await context.with(trace.setSpan(first.traceContext, span), () => runLoop(host, deps, initial, usage));
     span.setAttributes({ [GenAI.USAGE_INPUT_TOKENS]: usage.inputTokens, [GenAI.USAGE_OUTPUT_TOKENS]: usage.outputTokens });
     if (outcome.stopReason === StopReason.ERROR) span.setStatus({ code: SpanStatusCode.ERROR, message: outcome.errorMessage });
     host.emit({ case: "agentEnd", value: { stopReason: outcome.stopReason, errorMessage: outcome.errorMessage, usage } });
+    if (outcome.stopReason === StopReason.COMPLETED && deps.afterRun) {
+      const exchange = host.messages
+        .slice(startedAt)
+        .filter((m) => (m.role === Role.USER || m.role === Role.ASSISTANT) && m.text.trim() !== "")
+        .map((m) => ({ role: m.role === Role.USER ? ("user" as const) : ("assistant" as const), text: m.text }));
+      if (exchange.length > 0) deps.afterRun(host.sessionId, exchange);
+    }
     return outcome;
   } finally {
     span.end();

@@ -108,6 +108,17 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   const sandbox = createClient(SandboxService, cfg.addr.sandbox, { headers: credentials.headers });
   const memory = createClient(MemoryService, cfg.addr.memory, { headers: credentials.headers });
   const recall = new MemoryRecall(memory, { ...DEFAULT_RECALL, k: cfg.memoryContextK }, logger);
+  // Learning after each completed run, in the background: the memory service extracts and stores
+  // what is worth keeping; a failure costs only the learning. TROUPE_MEMORY_LEARN=0 turns it off.
+  const learn =
+    process.env.TROUPE_MEMORY_LEARN === "0"
+      ? undefined
+      : (scope: { tenant: string; owner: string }, agentId: string, sessionId: string, exchange: { role: string; text: string }[]) => {
+          memory.learnFromTurn({ scope: { ...scope, agentId }, sessionId, messages: exchange }, { timeoutMs: 120_000 }).then(
+            (res) => res.changes.length > 0 && recall.invalidate(scope),
+            (err: unknown) => logger.debug("learning from a turn failed", { session: sessionId, error: String((err as Error).message ?? err) }),
+          );
+        };
   const router = createClient(RouterService, cfg.addr.router, { headers: credentials.headers });
   const tools = [execTool(sandbox, cfg.execTimeoutMs), ...fileTools(sandbox)];
   const audit = new AuditLog(cfg.dataDir);
@@ -120,6 +131,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
       modelName: cfg.model,
       model,
       tools: [...tools, ...memoryTools(memory, memoryScope(owner), agentId, () => recall.invalidate(memoryScope(owner)))],
+      afterRun: learn ? (sessionId, exchange) => learn(memoryScope(owner), agentId, sessionId, exchange) : undefined,
       systemPrompt: (query, signal) => systemPrompt(recall, agentId, owner, query, signal),
     }),
   }, { passivateAfterMs: cfg.passivateAfterMs });

@@ -50,6 +50,47 @@ interface InMessage {
 const nowMs = () => performance.timeOrigin + performance.now();
 const words = (s: string) => s.split(/(?<=\s)/).filter((w) => w.length > 0);
 
+/** Learning rule 1: "remember that X" in a user line is the fact X; "forget that X" is "[forget] X". */
+function extractFacts(transcript: string): string[] {
+  const facts: string[] = [];
+  for (const line of transcript.split("\n")) {
+    if (!line.startsWith("user:")) continue;
+    for (const sentence of line.slice(5).split(/(?<=[.!?])\s+/)) {
+      const m = /^\s*(remember|forget) that (.+?)[.!?]?\s*$/i.exec(sentence);
+      if (!m) continue;
+      const fact = m[2].charAt(0).toUpperCase() + m[2].slice(1);
+      facts.push(m[1].toLowerCase() === "forget" ? `[forget] ${fact}` : fact);
+    }
+  }
+  return facts;
+}
+
+const wordSet = (s: string) => new Set(s.toLowerCase().match(/[\p{L}\p{N}']+/gu) ?? []);
+
+/**
+ * Learning rule 2: a "[forget]" fact deletes the stored memory it shares most words with (half or
+ * more); a fact already stored is NONE; one whose first three words match a stored memory's
+ * updates it; anything else is ADD.
+ */
+function decideMemory(request: string): Record<string, unknown> {
+  const raw = /New fact: (.*)/.exec(request)?.[1]?.trim() ?? "";
+  const stored = [...request.matchAll(/^(\d+): (.*)$/gm)].map((m) => ({ n: Number(m[1]), text: m[2].trim() }));
+  if (raw.startsWith("[forget] ")) {
+    const fact = wordSet(raw.slice(9));
+    let best: { n: number; overlap: number } | undefined;
+    for (const s of stored) {
+      const w = wordSet(s.text);
+      const overlap = [...fact].filter((x) => w.has(x)).length / Math.max(1, new Set([...fact, ...w]).size);
+      if (!best || overlap > best.overlap) best = { n: s.n, overlap };
+    }
+    return best && best.overlap >= 0.5 ? { event: "DELETE", n: best.n } : { event: "NONE" };
+  }
+  if (stored.some((s) => s.text.toLowerCase() === raw.toLowerCase())) return { event: "NONE" };
+  const head = (s: string) => s.toLowerCase().split(/\s+/).slice(0, 3).join(" ");
+  const same = stored.find((s) => head(s.text) === head(raw));
+  return same ? { event: "UPDATE", n: same.n, text: raw } : { event: "ADD" };
+}
+
 function contentText(content: unknown): string {
   if (typeof content === "string") return content;
   if (Array.isArray(content)) return content.map((p) => (typeof p?.text === "string" ? p.text : "")).join("");
@@ -69,6 +110,10 @@ export class ScriptedModel {
   /** The reply the rules give for a conversation. */
   reply(messages: InMessage[], toolNames: Set<string>): Reply {
     const rate = this.tokenRate;
+    // The memory service's learning requests (services/memory/learn.ts), by the marker their system prompt starts with.
+    const system = messages[0]?.role === "system" ? contentText(messages[0].content) : "";
+    if (system.startsWith("[troupe:extract-facts]")) return { text: [JSON.stringify({ facts: extractFacts(contentText(messages.at(-1)?.content)) })], rate };
+    if (system.startsWith("[troupe:decide-memory]")) return { text: [JSON.stringify(decideMemory(contentText(messages.at(-1)?.content)))], rate };
     const last = messages[messages.length - 1];
     if (!last) return { text: words("Nothing to answer."), rate };
     if (last.role === "tool") {

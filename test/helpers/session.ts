@@ -51,6 +51,14 @@ export class ChatSession {
     return this.send({ case: "prompt", value: { text } });
   }
 
+  /** Sends a prompt and resolves with the events of its run, once the run's agent_end arrived. */
+  async turn(text: string, timeoutMs = 20_000): Promise<AgentEvent[]> {
+    const from = this.events.length;
+    this.prompt(text);
+    await this.waitFor((e) => e.payload.case === "agentEnd", timeoutMs, from);
+    return this.events.slice(from);
+  }
+
   /** Resolves with the first event (after `from`) that matches, or rejects after timeoutMs. */
   async waitFor(match: (e: AgentEvent) => boolean, timeoutMs = 15_000, from = 0): Promise<AgentEvent> {
     let hit: AgentEvent | undefined;

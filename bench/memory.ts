@@ -1,0 +1,165 @@
+// bench/memory: the memory service's store and ranking at 10k, 100k and 1M synthetic memories.
+//
+// Data (deterministic): 256-d vectors drawn around 512 random topic centres (so nearest neighbours
+// mean something), each with a text of topic words and filler, spread over 100 owners of one
+// tenant. Every search is scoped to one owner, as the service's are.
+//
+// Per size: ingest rate (batches of 1,000 through the store's writer; embedding excluded, the
+// vectors are made beforehand), then hybrid search + MMR (vector and full-text candidates, fusion,
+// decay, MMR, k = 10) p50 and p95, and recall@10 of the search the service runs (the vector index
+// once the table passes its threshold) against exact search on the same data
+// (bypassVectorIndex). Separately, the MMR stage alone over 100 candidates.
+//
+//   node dist/bench/memory.js [--sizes 10000,100000,1000000] [--queries 200]
+import { mkdtemp, rm } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { parseArgs } from "node:util";
+import { createLogger } from "../services/shared/log.js";
+import { mmr } from "../services/memory/ranking.js";
+import { rankOptions, search } from "../services/memory/server.js";
+import { INDEX_THRESHOLD, MemoryStore, contentHash, sqlString, type MemoryRow } from "../services/memory/store.js";
+import { pct } from "./support/stats.js";
+
+const { values } = parseArgs({ options: { sizes: { type: "string", default: "10000,100000,1000000" }, queries: { type: "string", default: "200" } } });
+const SIZES = values.sizes.split(",").map(Number);
+const QUERIES = Number(values.queries);
+const DIM = 256;
+const TOPICS = 512;
+const OWNERS = 100;
+const EMBEDDER = "bench-synthetic";
+const logger = createLogger("bench", "warn");
+
+function rng(seed: number) {
+  let s = seed >>> 0;
+  return () => ((s = (s * 1664525 + 1013904223) >>> 0) / 2 ** 32);
+}
+const rand = rng(42);
+const gauss = () => Math.sqrt(-2 * Math.log(rand() + 1e-12)) * Math.cos(2 * Math.PI * rand());
+function unit(v: Float32Array): Float32Array {
+  let n = 0;
+  for (const x of v) n += x * x;
+  n = Math.sqrt(n);
+  for (let i = 0; i < v.length; i++) v[i] /= n;
+  return v;
+}
+const centres = Array.from({ length: TOPICS }, () => unit(Float32Array.from({ length: DIM }, gauss)));
+const WORDS = Array.from({ length: 5000 }, (_, i) => `w${i.toString(36)}`);
+const topicWords = Array.from({ length: TOPICS }, (_, t) => Array.from({ length: 6 }, (_, j) => WORDS[(t * 7 + j * 131) % WORDS.length]));
+function around(topic: number, spread: number): Float32Array {
+  const c = centres[topic];
+  return unit(Float32Array.from({ length: DIM }, (_, i) => c[i] + spread * gauss()));
+}
+
+function row(i: number, now: number): MemoryRow {
+  const topic = Math.floor(rand() * TOPICS);
+  const words = topicWords[topic];
+  const text = `memory ${i} about ${words[i % 6]} ${words[(i + 2) % 6]} and ${WORDS[Math.floor(rand() * WORDS.length)]}`;
+  return {
+    id: `m${i}`,
+    tenant: "bench",
+    owner: `o${i % OWNERS}`,
+    agent_id: "main",
+    session_id: "",
+    kind: 1,
+    text,
+    vector: around(topic, 0.08),
+    created: now - Math.floor(rand() * 90) * 86_400_000,
+    updated: now,
+    content_hash: contentHash(text),
+    importance: 0.5,
+    evergreen: false,
+    provenance: "bench",
+    metadata: "{}",
+    embedder: EMBEDDER,
+  };
+}
+
+const median = (xs: number[]) => pct(xs, 50);
+
+// The MMR stage alone: 100 candidates of 256 dimensions, k = 10.
+const mmrTimes: number[] = [];
+{
+  const vs = Array.from({ length: 100 }, () => around(Math.floor(rand() * 8), 0.3));
+  const rel = Array.from({ length: 100 }, () => rand());
+  for (let i = 0; i < 2000; i++) {
+    const t0 = performance.now();
+    mmr(vs, rel, 10, 0.7);
+    mmrTimes.push(performance.now() - t0);
+  }
+}
+const mmrMs = median(mmrTimes.slice(500));
+console.log(`MMR stage alone: 100 candidates x ${DIM} dims, k=10: p50 ${mmrMs.toFixed(3)} ms, p95 ${pct(mmrTimes.slice(500), 95).toFixed(3)} ms`);
+
+interface SizeFigures {
+  size: number;
+  ingestPerS: number;
+  p50: number;
+  p95: number;
+  exactP50: number;
+  recall10: number;
+  indexed: boolean;
+  indexBuildS: number;
+}
+const figures: SizeFigures[] = [];
+
+for (const size of SIZES) {
+  const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-bench-memory-"));
+  try {
+    const store = await MemoryStore.open(dir, {}, EMBEDDER, DIM, logger);
+    const now = Date.now();
+    const BATCH = 1000;
+    // Vectors and texts are made first: the ingest figure excludes embedding.
+    let ingestMs = 0;
+    for (let start = 0; start < size; start += BATCH) {
+      const rows = Array.from({ length: Math.min(BATCH, size - start) }, (_, j) => row(start + j, now));
+      const t0 = performance.now();
+      await store.add(`tenant = 'bench'`, rows, new Set());
+      ingestMs += performance.now() - t0;
+    }
+    const ingestPerS = size / (ingestMs / 1000);
+    // What the service's maintenance does: compaction, index catch-up, the vector index past the threshold.
+    const t0 = performance.now();
+    await store.maintain();
+    if (size >= INDEX_THRESHOLD) await store.buildVectorIndex();
+    const indexBuildS = (performance.now() - t0) / 1000;
+    const { indexed } = await store.vectorIndexed();
+
+    const latencies: number[] = [];
+    const exactLatencies: number[] = [];
+    let hits = 0;
+    let total = 0;
+    for (let q = 0; q < QUERIES; q++) {
+      const topic = Math.floor(rand() * TOPICS);
+      const vector = around(topic, 0.1);
+      const where = `tenant = 'bench' AND owner = ${sqlString(`o${q % OWNERS}`)}`;
+      const text = `${topicWords[topic][0]} ${topicWords[topic][3]}`;
+      const s0 = performance.now();
+      const { rows } = await search(store, where, text, vector, rankOptions(undefined, 10));
+      latencies.push(performance.now() - s0);
+      const byVector = [...rows.values()].filter((r) => r.candidate.vectorScore !== undefined);
+      // Recall of the vector search as served (index when built) against exact search.
+      const e0 = performance.now();
+      const exact = await store.vectorCandidates(where, vector, 10, true);
+      exactLatencies.push(performance.now() - e0);
+      const served = new Set(byVector.slice(0, 10).map((r) => r.id));
+      for (const r of exact) if (served.has(r.id)) hits++;
+      total += exact.length;
+    }
+    store.close();
+    const f: SizeFigures = { size, ingestPerS, p50: median(latencies), p95: pct(latencies, 95), exactP50: median(exactLatencies), recall10: hits / Math.max(1, total), indexed, indexBuildS };
+    figures.push(f);
+    console.log(
+      `${size} memories: ingest ${f.ingestPerS.toFixed(0)}/s; maintenance${indexed ? " + vector index" : ""} ${f.indexBuildS.toFixed(1)} s; hybrid search + MMR p50 ${f.p50.toFixed(2)} ms p95 ${f.p95.toFixed(2)} ms (${indexed ? "IVF_PQ" : "exact"}); exact vector search alone p50 ${f.exactP50.toFixed(2)} ms; recall@10 ${f.recall10.toFixed(3)}`,
+    );
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+}
+
+const largest = figures.at(-1)!;
+const at1m = figures.find((f) => f.size === 1_000_000);
+const ingest = Math.min(...figures.map((f) => f.ingestPerS));
+console.log(
+  `RESULT p50_ms_1m=${at1m ? at1m.p50.toFixed(2) : `na(largest ${largest.size}: ${largest.p50.toFixed(2)})`} recall10_1m=${at1m ? at1m.recall10.toFixed(3) : `na(largest ${largest.size}: ${largest.recall10.toFixed(3)})`} ingest_per_s=${ingest.toFixed(0)} mmr_ms_100=${mmrMs.toFixed(3)}`,
+);
