@@ -78,9 +78,16 @@ function checkText(text: string, what: string): string {
  * The search pipeline: vector and (when hybrid) full-text candidates, one per memory with both
  * scores when both searches found it, then ranking.ts's stages.
  */
-export async function search(store: MemoryStore, where: string, query: string, vector: Float32Array, o: RankOptions & { poolFactor: number; hybrid: boolean }): Promise<{ ranked: Ranked[]; rows: Map<string, CandidateRow> }> {
+export async function search(
+  store: MemoryStore,
+  where: string,
+  query: string,
+  vector: Float32Array,
+  o: RankOptions & { poolFactor: number; hybrid: boolean },
+  scope: "narrow" | "wide" = "narrow",
+): Promise<{ ranked: Ranked[]; rows: Map<string, CandidateRow> }> {
   const pool = Math.min(MAX_POOL, o.k * o.poolFactor);
-  const [byVector, byText] = await Promise.all([store.vectorCandidates(where, vector, pool), o.hybrid ? store.textCandidates(where, query, pool) : Promise.resolve([] as CandidateRow[])]);
+  const [byVector, byText] = await Promise.all([store.vectorCandidates(where, vector, pool, scope), o.hybrid ? store.textCandidates(where, query, pool) : Promise.resolve([] as CandidateRow[])]);
   const rows = new Map<string, CandidateRow>();
   for (const r of byVector) rows.set(r.id, r);
   for (const r of byText) {
@@ -173,7 +180,7 @@ export async function startMemory(cfg: Config, logger: Logger): Promise<RunningS
       const k = req.k || 5;
       const o = rankOptions(req.options, k);
       const [vector] = await embedder.embed([query]);
-      const { ranked, rows } = await search(store, where, query, vector, o);
+      const { ranked, rows } = await search(store, where, query, vector, o, req.scope!.allOwners ? "wide" : "narrow");
       return {
         results: ranked.map((r) => ({
           memory: toMemory(rows.get(r.id)!),

@@ -119,7 +119,9 @@ export class MemoryStore {
   private historyTable?: lancedb.Table;
   private writes: Promise<unknown> = Promise.resolve();
   private sinceOptimize = 0;
-  private indexing?: Promise<void>;
+  private maintaining?: Promise<void>;
+  /** Whether the vector index exists (known at open and after maintenance; searches read it). */
+  private hasVectorIndex = false;
 
   private constructor(
     private readonly db: lancedb.Connection,
@@ -147,6 +149,7 @@ export class MemoryStore {
     }
     this.historyTable = names.includes(HISTORY_TABLE) ? await this.db.openTable(HISTORY_TABLE) : await this.db.createEmptyTable(HISTORY_TABLE, historySchema, { existOk: true });
     if (names.includes(LEGACY_TABLE)) await this.migrateLegacy();
+    this.hasVectorIndex = (await this.vectorIndexed()).indexed;
   }
 
   /** The changes of a scope (or one memory), oldest first. */
@@ -219,8 +222,16 @@ export class MemoryStore {
     void this.maintain().catch((err: unknown) => this.logger.warn("memory maintenance failed", { error: String((err as Error).message ?? err) }));
   }
 
-  /** Compaction and index catch-up; the vector index once the table is large enough. */
-  async maintain(): Promise<void> {
+  /**
+   * Compaction and index catch-up; the scalar indexes; the vector index once the table is large
+   * enough. One at a time (index builds that overlap conflict); a call while one runs joins it.
+   */
+  maintain(): Promise<void> {
+    this.maintaining ??= this.runMaintenance().finally(() => (this.maintaining = undefined));
+    return this.maintaining;
+  }
+
+  private async runMaintenance(): Promise<void> {
     await this.write(async () => {
       await this.t.optimize({ cleanupOlderThan: new Date(Date.now() - 3600_000) });
     });
@@ -233,12 +244,13 @@ export class MemoryStore {
         await this.write(() => this.t.createIndex(column, { config: config(), replace: true }));
       }
     }
-    if (rows >= INDEX_THRESHOLD && !indices.some((i) => i.columns.includes("vector")) && !this.indexing) {
-      this.indexing = this.buildVectorIndex().finally(() => (this.indexing = undefined));
-    }
+    // Outside the writer's queue: building takes minutes at a million rows, and adds go on meanwhile
+    // (rows added during the build are searched without the index until the next run).
+    if (rows >= INDEX_THRESHOLD && !indices.some((i) => i.columns.includes("vector"))) await this.buildVectorIndex();
+    this.hasVectorIndex = (await this.vectorIndexed()).indexed;
   }
 
-  async buildVectorIndex(): Promise<void> {
+  private async buildVectorIndex(): Promise<void> {
     const rows = await this.t.countRows();
     const t0 = Date.now();
     await this.t.createIndex("vector", {
@@ -331,11 +343,19 @@ export class MemoryStore {
     });
   }
 
-  /** The vector search's candidates: nearest first, with cosine similarity. */
-  async vectorCandidates(scopeWhere: string, vector: Float32Array, limit: number, exact = false): Promise<CandidateRow[]> {
+  /**
+   * The vector search's candidates: nearest first, with cosine similarity. A narrow scope (one
+   * owner) is searched exactly: the scalar indexes find its rows and comparing the query with
+   * each of them is cheaper than an IVF search that must visit most partitions to find enough
+   * rows of a 1% scope (measured at 100k rows: 17 ms exact, recall 1.0; 17 ms IVF with default
+   * probes, recall 0.08; 38 ms IVF probing until enough rows, recall 1.0). A wide scope (a
+   * tenant's every owner) uses the index, probing further until it has enough rows, and refines
+   * the distances on the full vectors.
+   */
+  async vectorCandidates(scopeWhere: string, vector: Float32Array, limit: number, scope: "narrow" | "wide" = "narrow"): Promise<CandidateRow[]> {
     let q = this.t.vectorSearch(Array.from(vector)).distanceType("cosine").where(scopeWhere).limit(limit);
-    if (exact) q = q.bypassVectorIndex();
-    else if ((await this.vectorIndexed()).indexed) q = q.nprobes(32).refineFactor(10);
+    if (scope === "narrow" || !this.hasVectorIndex) q = q.bypassVectorIndex();
+    else q = q.minimumNprobes(20).maximumNprobes(0).refineFactor(10);
     const rows = (await q.toArray()) as (MemoryRow & { _distance: number })[];
     return rows.map((r) => ({ ...r, candidate: candidateOf(r, { vectorScore: 1 - Number(r._distance) }) }));
   }
