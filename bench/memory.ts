@@ -18,7 +18,7 @@ import { parseArgs } from "node:util";
 import { createLogger } from "../services/shared/log.js";
 import { mmr } from "../services/memory/ranking.js";
 import { rankOptions, search } from "../services/memory/server.js";
-import { MemoryStore, contentHash, sqlString, type MemoryRow } from "../services/memory/store.js";
+import { MemoryStore, newMemoryRow, sqlString, type MemoryRow } from "../services/memory/store.js";
 import { pct } from "./support/stats.js";
 
 const { values } = parseArgs({ options: { sizes: { type: "string", default: "10000,100000,1000000" }, queries: { type: "string", default: "200" } } });
@@ -55,24 +55,7 @@ function row(i: number, now: number): MemoryRow {
   const topic = Math.floor(rand() * TOPICS);
   const words = topicWords[topic];
   const text = `memory ${i} about ${words[i % 6]} ${words[(i + 2) % 6]} and ${WORDS[Math.floor(rand() * WORDS.length)]}`;
-  return {
-    id: `m${i}`,
-    tenant: "bench",
-    owner: `o${i % OWNERS}`,
-    agent_id: "main",
-    session_id: "",
-    kind: 1,
-    text,
-    vector: around(topic, 0.08),
-    created: now - Math.floor(rand() * 90) * 86_400_000,
-    updated: now,
-    content_hash: contentHash(text),
-    importance: 0.5,
-    evergreen: false,
-    provenance: "bench",
-    metadata: "{}",
-    embedder: EMBEDDER,
-  };
+  return newMemoryRow({ id: `m${i}`, tenant: "bench", owner: `o${i % OWNERS}`, agent_id: "main", text, vector: around(topic, 0.08), created: now - Math.floor(rand() * 90) * 86_400_000, updated: now, provenance: "bench", embedder: EMBEDDER });
 }
 
 const median = (xs: number[]) => pct(xs, 50);

@@ -13,7 +13,7 @@ import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import { LocalEmbedder } from "../services/memory/embedder.js";
 import { SearchOptionsSchema } from "../services/shared/gen/troupe/v1/memory_pb.js";
 import { rankOptions, search } from "../services/memory/server.js";
-import { MemoryStore, contentHash } from "../services/memory/store.js";
+import { MemoryStore, newMemoryRow } from "../services/memory/store.js";
 import { createLogger } from "../services/shared/log.js";
 
 interface Fixture {
@@ -36,24 +36,9 @@ before(async () => {
   const vectors = await embedder.embed(data.memories.map((m) => m.text));
   await store.add(
     "tenant = 'q' AND owner = 'q'",
-    data.memories.map((m, i) => ({
-      id: m.id,
-      tenant: "q",
-      owner: "q",
-      agent_id: "main",
-      session_id: "",
-      kind: 1,
-      text: m.text,
-      vector: vectors[i],
-      created: NOW - m.ageDays * 86_400_000,
-      updated: NOW,
-      content_hash: contentHash(m.text),
-      importance: 0.5,
-      evergreen: m.evergreen ?? false,
-      provenance: "fixture",
-      metadata: "{}",
-      embedder: embedder.name,
-    })),
+    data.memories.map((m, i) =>
+      newMemoryRow({ id: m.id, tenant: "q", owner: "q", agent_id: "main", text: m.text, vector: vectors[i], created: NOW - m.ageDays * 86_400_000, updated: NOW, evergreen: m.evergreen ?? false, provenance: "fixture", embedder: embedder.name }),
+    ),
     new Set(),
   );
   await store.maintain();

@@ -192,7 +192,7 @@ describe("with an embedding endpoint", () => {
   });
 });
 
-describe("the runner's memory tools", () => {
+describe("the runner's memory tools, and learning from turns", () => {
   let stack: Stack;
   before(async () => {
     stack = await startStack({ services: ["model-server", "router", "memory", "runner", "gateway"] });
@@ -227,16 +227,6 @@ describe("the runner's memory tools", () => {
     const bad = toolResult(await turn('!call memory_save {"text": ""}'));
     assert.equal(bad.isError, true);
     await s.finish();
-  });
-});
-
-describe("learning from turns", () => {
-  let stack: Stack;
-  before(async () => {
-    stack = await startStack({ services: ["model-server", "router", "memory", "runner", "gateway"] });
-  });
-  after(async () => {
-    await stack?.stop();
   });
 
   test("facts from a turn are added, then updated, then deleted, each change in the history; the reply never waits", async () => {

@@ -5,7 +5,7 @@
 //   troupe memory stats
 import { internalCredentials } from "../shared/auth.js";
 import { loadConfig } from "../shared/config.js";
-import { statusName } from "../shared/errors.js";
+import { describeError } from "../shared/errors.js";
 import { AddOutcome, MemoryService } from "../shared/gen/troupe/v1/memory_pb.js";
 import { createClient } from "../shared/rpc.js";
 
@@ -63,8 +63,7 @@ export async function memoryCommand(args: string[]): Promise<number> {
     process.stderr.write(USAGE);
     return 2;
   } catch (err) {
-    const e = err as { code?: number; details?: string; message: string };
-    process.stderr.write(`troupe memory ${sub}: ${e.code !== undefined ? `${statusName(e.code)}: ${e.details}` : e.message}\n`);
+    process.stderr.write(`troupe memory ${sub}: ${describeError(err)}\n`);
     return 1;
   } finally {
     client.close();

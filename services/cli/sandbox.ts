@@ -6,7 +6,7 @@
 import { timestampMs } from "@bufbuild/protobuf/wkt";
 import { internalCredentials } from "../shared/auth.js";
 import { loadConfig } from "../shared/config.js";
-import { statusName } from "../shared/errors.js";
+import { describeError } from "../shared/errors.js";
 import { SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
 import { createClient } from "../shared/rpc.js";
 
@@ -87,8 +87,7 @@ export async function sandboxCommand(args: string[]): Promise<number> {
         return 2;
     }
   } catch (err) {
-    const e = err as { code?: number; details?: string; message: string };
-    process.stderr.write(`troupe sandbox: ${e.code !== undefined ? `${statusName(e.code)}: ${e.details}` : e.message}\n`);
+    process.stderr.write(`troupe sandbox: ${describeError(err)}\n`);
     return 1;
   } finally {
     client.close();

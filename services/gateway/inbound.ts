@@ -4,6 +4,7 @@
 import { createHash } from "node:crypto";
 import { create } from "@bufbuild/protobuf";
 import { invalidArgument, invalidArgumentIf } from "../shared/errors.js";
+import { CHANNEL_NAME } from "../shared/ids.js";
 import { ChannelContextSchema, ChatType, MediaKind, MediaRefSchema, type ChannelContext, type InboundMessage, type MediaRef } from "../shared/gen/troupe/v1/inbound_pb.js";
 
 const MAX_MEDIA = 32;
@@ -66,7 +67,7 @@ export function normaliseInbound(msg: InboundMessage | undefined): NormalisedInb
   const c = msg.context;
   if (!c) throw invalidArgument("message.context is required");
   const channel = c.channel.trim().toLowerCase();
-  invalidArgumentIf(!/^[a-z0-9_-]{1,32}$/.test(channel), "message.context.channel must be 1-32 of a-z 0-9 _ -");
+  invalidArgumentIf(!CHANNEL_NAME.test(channel), "message.context.channel must be 1-32 of a-z 0-9 _ -");
   invalidArgumentIf(!c.sender?.id, "message.context.sender.id is required");
   // A chat type not given is inferred: a chat that is the sender (or none) is direct.
   const chatType = c.chatType !== ChatType.UNSPECIFIED ? c.chatType : !c.peer?.id || c.peer.id === c.sender!.id ? ChatType.DIRECT : ChatType.GROUP;

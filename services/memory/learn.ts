@@ -6,8 +6,7 @@
 import OpenAI from "openai";
 import type { Logger } from "../shared/log.js";
 import type { Embedder } from "./embedder.js";
-import { EVENT, MemoryStore, contentHash, type MemoryRow } from "./store.js";
-import { newId } from "../shared/ids.js";
+import { MemoryStore, newMemoryRow, type MemoryRow } from "./store.js";
 
 /** Markers the scripted model recognises (docs/scripted-model.md); a real model reads the instructions after them. */
 export const EXTRACT_MARKER = "[troupe:extract-facts]";
@@ -101,26 +100,7 @@ export class Learner {
   }
 
   private row(scope: { tenant: string; owner: string; agentId: string }, sessionId: string, text: string, vector: Float32Array): MemoryRow {
-    const now = Date.now();
-    return {
-      id: newId(),
-      tenant: scope.tenant,
-      owner: scope.owner,
-      agent_id: scope.agentId,
-      session_id: sessionId,
-      kind: 1,
-      text,
-      vector,
-      created: now,
-      updated: now,
-      content_hash: contentHash(text),
-      importance: 0.5,
-      evergreen: false,
-      provenance: `extraction:${sessionId}`,
-      metadata: "{}",
-      embedder: this.embedder.name,
-    };
+    return newMemoryRow({ tenant: scope.tenant, owner: scope.owner, agent_id: scope.agentId, session_id: sessionId, text, vector, provenance: `extraction:${sessionId}`, embedder: this.embedder.name });
   }
-}
 
-export const EVENT_OF = { add: EVENT.add, update: EVENT.update, delete: EVENT.delete } as const;
+}

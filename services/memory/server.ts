@@ -5,33 +5,32 @@
 import path from "node:path";
 import { create } from "@bufbuild/protobuf";
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
-import { internalCredentials } from "../shared/auth.js";
+import { NAME, internalCredentials } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
 import { invalidArgument, invalidArgumentIf } from "../shared/errors.js";
 import { Fusion, MemoryKind, MemorySchema, MemoryService, AddOutcome, type MemoryScope, type SearchOptions } from "../shared/gen/troupe/v1/memory_pb.js";
-import { newId } from "../shared/ids.js";
 import type { Logger } from "../shared/log.js";
 import { RpcServer } from "../shared/rpc.js";
 import type { RunningService } from "../shared/service.js";
 import { modelBaseUrl } from "../shared/config.js";
 import { LocalEmbedder, OpenAIEmbedder, type Embedder } from "./embedder.js";
-import { EVENT_OF, Learner } from "./learn.js";
+import { Learner } from "./learn.js";
 import { DEFAULT_RANKING, rank, type RankOptions, type Ranked } from "./ranking.js";
-import { MemoryStore, contentHash, sqlString, type CandidateRow, type MemoryRow } from "./store.js";
+import { EVENT, MemoryStore, newMemoryRow, sqlString, type CandidateRow, type MemoryRow } from "./store.js";
 
 const MAX_TEXT_CHARS = 8000;
 const MAX_BATCH = 1000;
 const MAX_POOL = 200;
 // Scope values and ids are interpolated into LanceDB's filter language, so they are held to an
-// alphabet in which no quote, operator or keyword can be written.
-const SCOPE_VALUE = /^[A-Za-z0-9._:@-]{1,128}$/;
+// alphabet in which no quote, operator or keyword can be written: scope values to the one tenants
+// and principals are held to (auth.ts NAME), ids to a narrower one.
 const MEMORY_ID = /^[A-Za-z0-9._:-]{1,128}$/;
 
 /** The one predicate a call is confined to. */
 export function scopePredicate(scope: MemoryScope | undefined, forWrite: boolean): string {
   if (!scope) throw invalidArgument("scope is required");
   const value = (name: string, v: string) => {
-    if (!SCOPE_VALUE.test(v)) throw invalidArgument(`scope.${name} ${v === "" ? "is required" : "has characters outside A-Z a-z 0-9 . _ : @ -"}`);
+    if (!NAME.test(v)) throw invalidArgument(`scope.${name} ${v === "" ? "is required" : "has characters outside A-Z a-z 0-9 . _ : @ -"}`);
     return sqlString(v);
   };
   const parts = [`tenant = ${value("tenant", scope.tenant)}`];
@@ -138,7 +137,6 @@ export async function startMemory(cfg: Config, logger: Logger): Promise<RunningS
       const scope = req.scope!;
       invalidArgumentIf(req.memories.length === 0, "memories must not be empty");
       invalidArgumentIf(req.memories.length > MAX_BATCH, `at most ${MAX_BATCH} memories per call`);
-      const now = Date.now();
       const upserts = new Set<string>();
       const texts = req.memories.map((m, i) => {
         invalidArgumentIf(m.id !== "" && !MEMORY_ID.test(m.id), `memories[${i}].id has characters outside A-Z a-z 0-9 . _ : -`);
@@ -150,24 +148,23 @@ export async function startMemory(cfg: Config, logger: Logger): Promise<RunningS
       invalidArgumentIf(upserts.size !== req.memories.filter((m) => m.id).length, "an id appears twice in one batch");
       // Embedded before anything is written: a failing embedder stores nothing (UNAVAILABLE).
       const vectors = await embedder.embed(texts);
-      const rows: MemoryRow[] = req.memories.map((m, i) => ({
-        id: m.id || newId(),
-        tenant: scope.tenant,
-        owner: scope.owner,
-        agent_id: scope.agentId,
-        session_id: m.sessionId,
-        kind: m.kind === MemoryKind.UNSPECIFIED ? MemoryKind.FACT : m.kind,
-        text: texts[i],
-        vector: vectors[i],
-        created: now,
-        updated: now,
-        content_hash: contentHash(texts[i]),
-        importance: m.importance || 0.5,
-        evergreen: m.evergreen,
-        provenance: m.provenance,
-        metadata: JSON.stringify(m.metadata),
-        embedder: embedder.name,
-      }));
+      const rows = req.memories.map((m, i) =>
+        newMemoryRow({
+          ...(m.id ? { id: m.id } : {}),
+          ...(m.kind !== MemoryKind.UNSPECIFIED ? { kind: m.kind } : {}),
+          ...(m.importance ? { importance: m.importance } : {}),
+          tenant: scope.tenant,
+          owner: scope.owner,
+          agent_id: scope.agentId,
+          session_id: m.sessionId,
+          text: texts[i],
+          vector: vectors[i],
+          evergreen: m.evergreen,
+          provenance: m.provenance,
+          metadata: JSON.stringify(m.metadata),
+          embedder: embedder.name,
+        }),
+      );
       const results = await store.add(where, rows, upserts);
       const outcome = { added: AddOutcome.ADDED, updated: AddOutcome.UPDATED, duplicate: AddOutcome.DUPLICATE };
       return { ids: results.map((r) => r.id), results: results.map((r) => ({ id: r.id, outcome: outcome[r.outcome] })) };
@@ -206,7 +203,7 @@ export async function startMemory(cfg: Config, logger: Logger): Promise<RunningS
       });
       const changes = await learner.learn({ tenant: req.scope!.tenant, owner: req.scope!.owner, agentId: req.scope!.agentId }, where, req.sessionId, exchange);
       const now = timestampFromMs(Date.now());
-      return { changes: changes.map((c) => ({ event: EVENT_OF[c.event], memoryId: c.memoryId, oldText: c.oldText, newText: c.newText, time: now, actor: `learn:${req.sessionId}` })) };
+      return { changes: changes.map((c) => ({ event: EVENT[c.event], memoryId: c.memoryId, oldText: c.oldText, newText: c.newText, time: now, actor: `learn:${req.sessionId}` })) };
     },
 
     async getMemoryHistory(req) {

@@ -16,6 +16,8 @@ import * as lancedb from "@lancedb/lancedb";
 import { Bool, Field, FixedSizeList, Float32, Float64, Int32, Schema, Timestamp, TimeUnit, Utf8 } from "apache-arrow";
 import { RpcError, Status, failedPrecondition } from "../shared/errors.js";
 import type { Logger } from "../shared/log.js";
+import { MemoryKind } from "../shared/gen/troupe/v1/memory_pb.js";
+import { newId } from "../shared/ids.js";
 import type { Candidate } from "./ranking.js";
 
 export const TABLE = "memories_v2";
@@ -54,6 +56,12 @@ export interface MemoryRow {
   embedder: string;
 }
 
+/** A row with the defaults of a memory nobody said more about: a fact of middling importance, made now. */
+export function newMemoryRow(fields: Pick<MemoryRow, "tenant" | "owner" | "agent_id" | "text" | "vector" | "embedder"> & Partial<MemoryRow>): MemoryRow {
+  const now = Date.now();
+  return { id: newId(), session_id: "", kind: MemoryKind.FACT, created: now, updated: now, content_hash: contentHash(fields.text), importance: 0.5, evergreen: false, provenance: "", metadata: "{}", ...fields };
+}
+
 const historySchema = new Schema([
   new Field("memory_id", new Utf8(), false),
   new Field("tenant", new Utf8(), false),
@@ -68,6 +76,10 @@ const historySchema = new Schema([
 
 /** What happened to a memory (the MemoryEvent numbers of the wire contract). */
 export const EVENT = { add: 1, update: 2, delete: 3 } as const;
+
+function historyRow(r: Pick<MemoryRow, "id" | "tenant" | "owner" | "agent_id">, event: number, oldText: string, newText: string, time: number, actor: string): HistoryRow {
+  return { memory_id: r.id, tenant: r.tenant, owner: r.owner, agent_id: r.agent_id, event, old_text: oldText, new_text: newText, time, actor };
+}
 
 export interface HistoryRow {
   memory_id: string;
@@ -156,7 +168,8 @@ export class MemoryStore {
   async history(scopeWhere: string, memoryId = ""): Promise<HistoryRow[]> {
     const where = memoryId ? `${scopeWhere} AND memory_id = ${sqlString(memoryId)}` : scopeWhere;
     const rows = (await this.historyTable!.query().where(where).toArray()) as HistoryRow[];
-    return rows.map((r) => ({ ...r, time: Number((r.time as unknown) instanceof Date ? (r.time as unknown as Date).getTime() : r.time) })).sort((a, b) => a.time - b.time);
+    // Timestamp columns come back as Dates or numbers; Number() makes either milliseconds.
+    return rows.map((r) => ({ ...r, time: Number(r.time) })).sort((a, b) => a.time - b.time);
   }
 
   private async record(changes: HistoryRow[]): Promise<void> {
@@ -172,14 +185,11 @@ export class MemoryStore {
   /** The first version's rows, carried over with defaults for the new columns, then the old table dropped. */
   private async migrateLegacy(): Promise<void> {
     const old = await this.db.openTable(LEGACY_TABLE);
-    const rows = (await old.query().toArray()) as { id: string; tenant: string; owner: string; agent_id: string; session_id: string; kind: number; text: string; vector: Float32Array; created: number | Date; embedder: string }[];
+    const rows = (await old.query().toArray()) as (Pick<MemoryRow, "id" | "tenant" | "owner" | "agent_id" | "session_id" | "kind" | "text" | "embedder"> & { vector: Float32Array; created: number | Date })[];
     if (rows.length > 0) {
       if (rows.some((r) => r.embedder !== this.embedder)) throw new Error(`the memory table ${LEGACY_TABLE} was embedded by ${rows[0].embedder}, not ${this.embedder}`);
       await this.table!.add(
-        rows.map((r) => {
-          const created = typeof r.created === "number" ? r.created : new Date(r.created).getTime();
-          return { ...r, vector: Array.from(r.vector), created, updated: created, content_hash: contentHash(r.text), importance: 0.5, evergreen: false, provenance: "migrated", metadata: "{}" };
-        }),
+        rows.map((r) => ({ ...newMemoryRow({ ...r, created: Number(r.created), updated: Number(r.created), provenance: "migrated" }), vector: Array.from(r.vector) })),
       );
     }
     await this.db.dropTable(LEGACY_TABLE);
@@ -272,20 +282,20 @@ export class MemoryStore {
     return { rows, version, ...idx };
   }
 
-  /** Existing rows of a scope with these content hashes or ids: hash -> id, and the ids present. */
-  private async existing(scopeWhere: string, hashes: string[], ids: string[]): Promise<{ byHash: Map<string, string>; ids: Set<string> }> {
+  /** Existing rows of a scope with these content hashes or ids: hash -> id, and the rows by id. */
+  private async existing(scopeWhere: string, hashes: string[], ids: string[]): Promise<{ byHash: Map<string, string>; byId: Map<string, Pick<MemoryRow, "id" | "text" | "created">> }> {
     const parts: string[] = [];
     if (hashes.length > 0) parts.push(`content_hash IN (${hashes.map(sqlString).join(", ")})`);
     if (ids.length > 0) parts.push(`id IN (${ids.map(sqlString).join(", ")})`);
     const byHash = new Map<string, string>();
-    const present = new Set<string>();
-    if (parts.length === 0) return { byHash, ids: present };
-    const rows = (await this.t.query().where(`${scopeWhere} AND (${parts.join(" OR ")})`).select(["id", "content_hash"]).toArray()) as { id: string; content_hash: string }[];
+    const byId = new Map<string, Pick<MemoryRow, "id" | "text" | "created">>();
+    if (parts.length === 0) return { byHash, byId };
+    const rows = (await this.t.query().where(`${scopeWhere} AND (${parts.join(" OR ")})`).select(["id", "content_hash", "text", "created"]).toArray()) as (Pick<MemoryRow, "id" | "text" | "created"> & { content_hash: string })[];
     for (const r of rows) {
       byHash.set(r.content_hash, r.id);
-      present.add(r.id);
+      byId.set(r.id, r);
     }
-    return { byHash, ids: present };
+    return { byHash, byId };
   }
 
   /**
@@ -294,7 +304,7 @@ export class MemoryStore {
    */
   add(scopeWhere: string, rows: MemoryRow[], upsertIds: Set<string>, actor = "api"): Promise<{ id: string; outcome: "added" | "updated" | "duplicate" }[]> {
     return this.write(async () => {
-      const { byHash, ids: present } = await this.existing(
+      const { byHash, byId: present } = await this.existing(
         scopeWhere,
         rows.map((r) => r.content_hash),
         [...upsertIds],
@@ -318,16 +328,17 @@ export class MemoryStore {
         return { id: r.id, outcome: "added" as const };
       });
       const toRecord = (r: MemoryRow) => ({ ...r, vector: Array.from(r.vector) });
-      const before = new Map((await this.get(scopeWhere, updates.map((u) => u.id))).map((r) => [r.id, r]));
       if (inserts.length > 0) await this.t.add(inserts.map(toRecord));
       if (updates.length > 0) {
         // An update keeps when the memory was first made.
-        const kept = updates.map((u) => ({ ...u, created: Number(before.get(u.id)?.created ?? u.created) }));
+        const kept = updates.map((u) => ({ ...u, created: Number(present.get(u.id)!.created) }));
         await this.t.mergeInsert("id").whenMatchedUpdateAll().whenNotMatchedInsertAll().execute(kept.map(toRecord));
       }
       const now = Date.now();
-      const change = (r: MemoryRow, event: number, oldText: string): HistoryRow => ({ memory_id: r.id, tenant: r.tenant, owner: r.owner, agent_id: r.agent_id, event, old_text: oldText, new_text: r.text, time: now, actor });
-      await this.record([...inserts.map((r) => change(r, EVENT.add, "")), ...updates.map((r) => change(r, EVENT.update, before.get(r.id)?.text ?? ""))]);
+      await this.record([
+        ...inserts.map((r) => historyRow(r, EVENT.add, "", r.text, now, actor)),
+        ...updates.map((r) => historyRow(r, EVENT.update, present.get(r.id)!.text, r.text, now, actor)),
+      ]);
       return out;
     });
   }
@@ -338,7 +349,7 @@ export class MemoryStore {
       const rows = await this.get(scopeWhere, ids);
       if (rows.length > 0) await this.t.delete(`${scopeWhere} AND id IN (${rows.map((r) => sqlString(r.id)).join(", ")})`);
       const now = Date.now();
-      await this.record(rows.map((r) => ({ memory_id: r.id, tenant: r.tenant, owner: r.owner, agent_id: r.agent_id, event: EVENT.delete, old_text: r.text, new_text: "", time: now, actor })));
+      await this.record(rows.map((r) => historyRow(r, EVENT.delete, r.text, "", now, actor)));
       return rows.length;
     });
   }
@@ -375,6 +386,5 @@ export class MemoryStore {
 
 function candidateOf(r: MemoryRow, scores: { vectorScore?: number; textScore?: number }): Candidate {
   const vector = r.vector instanceof Float32Array ? r.vector : Float32Array.from(r.vector);
-  const created = r.created as unknown;
-  return { id: r.id, vector, createdMs: created instanceof Date ? created.getTime() : Number(created), evergreen: Boolean(r.evergreen), ...scores };
+  return { id: r.id, vector, createdMs: Number(r.created), evergreen: Boolean(r.evergreen), ...scores };
 }

@@ -19,7 +19,7 @@
 // Within a tier the first binding in configuration order wins; with none, the default agent.
 import { createHash } from "node:crypto";
 import { ChatType, RouteTier, type ChannelContext } from "../shared/gen/troupe/v1/inbound_pb.js";
-import { isAgentId } from "../shared/ids.js";
+import { CHANNEL_NAME, isAgentId } from "../shared/ids.js";
 
 export type DmScope = "main" | "per-peer" | "per-channel-peer" | "per-account-channel-peer";
 const DM_SCOPES: readonly DmScope[] = ["main", "per-peer", "per-channel-peer", "per-account-channel-peer"];
@@ -58,8 +58,6 @@ export interface Route {
   canonicalSender: string;
 }
 
-const CHANNEL = /^[a-z0-9_-]{1,32}$/;
-
 /** Parses and checks a routing configuration; throws with the path of the first problem. */
 export function parseRouting(text: string, source: string): RoutingConfig {
   let doc: Record<string, unknown>;
@@ -94,7 +92,7 @@ export function parseRouting(text: string, source: string): RoutingConfig {
     if (typeof b !== "object" || b === null) fail(where, "must be an object");
     if (typeof b.agent !== "string" || !isAgentId(b.agent)) fail(`${where}.agent`, "is not a valid agent id");
     const m = (b.match ?? {}) as Record<string, unknown>;
-    if (typeof m.channel !== "string" || !CHANNEL.test(m.channel)) fail(`${where}.match.channel`, "is required: 1-32 of a-z 0-9 _ -");
+    if (typeof m.channel !== "string" || !CHANNEL_NAME.test(m.channel)) fail(`${where}.match.channel`, "is required: 1-32 of a-z 0-9 _ -");
     for (const f of ["accountId", "guildId", "teamId"]) if (m[f] !== undefined && (typeof m[f] !== "string" || m[f] === "")) fail(`${where}.match.${f}`, "must be a non-empty string");
     if (m.roles !== undefined && (!Array.isArray(m.roles) || m.roles.length === 0 || !m.roles.every((r) => typeof r === "string"))) fail(`${where}.match.roles`, "must be a non-empty list of strings");
     if (m.roles !== undefined && m.guildId === undefined) fail(`${where}.match.roles`, "needs match.guildId");

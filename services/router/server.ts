@@ -10,7 +10,7 @@ import { ReloadingFile } from "../shared/reloading-file.js";
 import { EMPTY_ROUTING, InboundRouter, parseRouting } from "./bindings.js";
 import { validateSessionRef } from "../shared/frames.js";
 import { RouterService, type RunnerInfo } from "../shared/gen/troupe/v1/router_pb.js";
-import { DEFAULT_AGENT, newId } from "../shared/ids.js";
+import { CHANNEL_NAME, DEFAULT_AGENT, newId } from "../shared/ids.js";
 import type { Logger } from "../shared/log.js";
 import { RpcServer } from "../shared/rpc.js";
 import type { RunningService } from "../shared/service.js";
@@ -59,7 +59,7 @@ export const sessionKey = (agentId: string, sessionId: string) => `agent:${agent
 /** What the router checks of a channel context (the gateway has normalised it already). */
 function checkContext(ctx: ChannelContext | undefined): ChannelContext {
   if (!ctx) throw invalidArgument("context is required");
-  invalidArgumentIf(!/^[a-z0-9_-]{1,32}$/.test(ctx.channel), "context.channel must be 1-32 of a-z 0-9 _ -");
+  invalidArgumentIf(!CHANNEL_NAME.test(ctx.channel), "context.channel must be 1-32 of a-z 0-9 _ -");
   invalidArgumentIf(ctx.chatType === ChatType.UNSPECIFIED, "context.chat_type is required");
   invalidArgumentIf(!ctx.sender?.id, "context.sender.id is required");
   invalidArgumentIf(ctx.chatType !== ChatType.DIRECT && !ctx.peer?.id, "context.peer.id is required for group and channel chats");

@@ -61,15 +61,13 @@ export class MemoryRecall {
         this.skipped++;
         return [];
       }
-      return this.search(scope, key, query, signal);
+      return (await this.search(scope, key, query, signal)).texts;
     }
-    let found: Promise<string[]>;
-    const isEmpty = new Promise<boolean>((resolve) => {
-      found = this.search(scope, key, query, signal, resolve);
-    });
+    const first = this.search(scope, key, query, signal);
+    const isEmpty = first.then((r) => r.empty);
     this.probes.set(key, isEmpty);
     void isEmpty.finally(() => this.probes.delete(key));
-    return found!;
+    return (await first).texts;
   }
 
   /** Drops what is believed about a scope (a memory was saved to it). */
@@ -77,19 +75,19 @@ export class MemoryRecall {
     this.emptyUntil.delete(scopeKey(scope));
   }
 
-  private async search(scope: MemoryScope, key: string, query: string, signal: AbortSignal, reportEmpty?: (empty: boolean) => void): Promise<string[]> {
+  /** One search: the relevant texts, and whether the scope holds no memory at all (false if the search failed). */
+  private async search(scope: MemoryScope, key: string, query: string, signal: AbortSignal): Promise<{ texts: string[]; empty: boolean }> {
     try {
       const res = await this.memory.searchMemories({ scope, query, k: this.options.k }, { timeoutMs: this.options.timeoutMs, signal });
       // A vector search returns the nearest memories whatever their score: none at all means none exist.
       const empty = res.results.length === 0;
       if (empty) this.emptyUntil.set(key, Date.now() + this.options.emptyForMs);
       else this.emptyUntil.delete(key);
-      reportEmpty?.(empty);
-      return res.results.filter((r) => r.score >= this.options.minScore && r.memory?.kind !== MemoryKind.UNSPECIFIED).map((r) => r.memory!.text);
+      const texts = res.results.filter((r) => r.score >= this.options.minScore && r.memory?.kind !== MemoryKind.UNSPECIFIED).map((r) => r.memory!.text);
+      return { texts, empty };
     } catch (err) {
-      reportEmpty?.(false);
       this.logger.debug("memory search skipped", { error: String((err as Error).message ?? err) });
-      return [];
+      return { texts: [], empty: false };
     }
   }
 }

@@ -175,15 +175,16 @@ export class SessionActor {
       await log.close().catch(() => undefined);
       throw err;
     }
-    actor.replayLog(records, undefined, INTERRUPTED, resumeAt + SEQ_BLOCK);
+    actor.replayLog(records, { resumeAt, reservedUpTo: resumeAt + SEQ_BLOCK });
     return actor;
   }
 
   /**
-   * Rebuilds state from the log. `liveSeq` is given when this process already numbered events
-   * (a restart in place): numbering goes on from it, with no reservation jump.
+   * Rebuilds state from the log. Numbering goes on from `live` when this process already numbered
+   * events (a restart in place, whose reservation covers it), else from `resumeAt` (resumeSeq of
+   * these records) under the reservation load() made durable.
    */
-  private replayLog(records: LogRecord[], liveSeq?: number, cutOff: CutOff = INTERRUPTED, reservedUpTo?: number): void {
+  private replayLog(records: LogRecord[], numbering: { live: number } | { resumeAt: number; reservedUpTo: number }, cutOff: CutOff = INTERRUPTED): void {
     const accepted = new Map<string, ClientFrame>();
     /** Frames dropped on request (an abort that cleared the queue, a failed session). */
     const dropped = new Set<string>();
@@ -205,13 +206,11 @@ export class SessionActor {
         else if (p.case === "agentEnd") openTurn = undefined;
       }
     }
-    if (liveSeq !== undefined) {
-      // A restart in place: the reservation already covers liveSeq.
-      this.seq = Math.max(this.seq, liveSeq);
+    if ("live" in numbering) {
+      this.seq = Math.max(this.seq, numbering.live);
     } else {
-      this.seq = resumeSeq(records);
-      // Given by load(), which made it durable; without it the next event writes a fresh one.
-      this.reservedUpTo = reservedUpTo ?? this.seq;
+      this.seq = numbering.resumeAt;
+      this.reservedUpTo = numbering.reservedUpTo;
     }
     // Every accepted message is in the history, or was dropped on request, or is owed a run.
     const inHistory = new Set(this.messages.filter((m) => m.role === Role.USER).map((m) => m.frameId));
@@ -231,7 +230,7 @@ export class SessionActor {
       }
     }
     // In a restart the failed run's own ending schedules what is next.
-    if (liveSeq === undefined) this.schedule();
+    if (!("live" in numbering)) this.schedule();
   }
 
   /** Closes a run that was cut off (crash, or a failure): every tool call gets a result, then agent_end. */
@@ -484,7 +483,7 @@ export class SessionActor {
       this.collecting = [];
       clearTimeout(this.collectTimer);
       // What was queued comes back from the log (accepted, never applied) and runs after this.
-      this.replayLog(records, liveSeq, { reason: StopReason.ERROR, message: "the run failed unexpectedly", startedBy });
+      this.replayLog(records, { live: liveSeq }, { reason: StopReason.ERROR, message: "the run failed unexpectedly", startedBy });
       if (this.restarts.length >= RESTART_LIMIT) {
         this.failed = `${this.restarts.length} unexpected failures within ${RESTART_WINDOW_MS / 1000} s; see the runner's log`;
         for (const q of this.queue.splice(0).flat()) {

@@ -40,13 +40,17 @@ function clip(text: string): string {
   return `${text.slice(0, half)}\n[... ${text.length - MAX_RESULT_CHARS} characters cut ...]\n${text.slice(-half)}`;
 }
 
-/** A failed sandbox call as the model should see it: what failed and why, as the service said. */
-function sandboxFailure(tool: string, err: unknown): ToolResult {
-  const code = grpcCode(err);
+/**
+ * A failed call to a service a tool uses (`service`: "the sandbox", "memory"), as the model should
+ * see it: what failed and why, as the service said.
+ */
+function serviceFailure(tool: string, service: string, err: unknown): ToolResult {
   const detail = (err as { details?: string }).details ?? (err as Error).message;
-  const hint = code === Status.UNAVAILABLE ? "the sandbox is unavailable: " : "";
+  const hint = grpcCode(err) === Status.UNAVAILABLE ? `${service} is unavailable: ` : "";
   return { output: `${tool} failed: ${hint}${detail}`, isError: true };
 }
+
+const sandboxFailure = (tool: string, err: unknown) => serviceFailure(tool, "the sandbox", err);
 
 /** Deadline of a workspace file call. */
 const FILE_CALL_TIMEOUT_MS = 30_000;
@@ -193,11 +197,7 @@ export function execTool(sandbox: SandboxClient, defaultTimeoutMs: number): Tool
 type MemoryClient = ServiceClient<(typeof MemoryService)["method"]>;
 type MemoryScopeInit = MessageInitShape<typeof MemoryScopeSchema>;
 
-/** A failed memory call as the model should see it. */
-function memoryFailure(tool: string, err: unknown): ToolResult {
-  const detail = (err as { details?: string }).details ?? (err as Error).message;
-  return { output: `${tool} failed: ${grpcCode(err) === Status.UNAVAILABLE ? "memory is unavailable: " : ""}${detail}`, isError: true };
-}
+const memoryFailure = (tool: string, err: unknown) => serviceFailure(tool, "memory", err);
 
 /**
  * `memory_search`, `memory_save`, `memory_forget`: the long-term memory of the session's owner

@@ -87,7 +87,7 @@ export class ApiKeys {
 
   static async load(file: string, envJson = ""): Promise<ApiKeys> {
     const keys = new ApiKeys(file, envJson ? parseKeys(envJson, "TROUPE_API_KEYS") : []);
-    keys.index([]);
+    // The first read always reports a change (a missing file as no keys), which indexes the keys.
     await keys.reload();
     return keys;
   }

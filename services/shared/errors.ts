@@ -60,6 +60,12 @@ export function toStatus(err: unknown): { code: Status; details: string; metadat
   return { code: Status.INTERNAL, details: "internal error" };
 }
 
+/** A failed call as a command-line tool reports it: the status's name and details, else the message. */
+export function describeError(err: unknown): string {
+  const e = err as { code?: number; details?: string; message?: string };
+  return e.code !== undefined ? `${statusName(e.code)}: ${e.details}` : String(e.message ?? err);
+}
+
 /** Throws INVALID_ARGUMENT with `message` when `condition` holds. */
 export function invalidArgumentIf(condition: boolean, message: string): void {
   if (condition) throw invalidArgument(message);

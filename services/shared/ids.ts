@@ -11,6 +11,9 @@ const SESSION_ID = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/;
 const FRAME_ID = /^[\x21-\x7e]{1,128}$/;
 const AGENT_ID = /^[a-z0-9][a-z0-9_-]{0,63}$/;
 
+/** A channel's name (telegram, discord, web...): it becomes part of session keys and identity links. */
+export const CHANNEL_NAME = /^[a-z0-9_-]{1,32}$/;
+
 export const isSessionId = (s: string): boolean => SESSION_ID.test(s) && !s.includes("..");
 export const isFrameId = (s: string): boolean => FRAME_ID.test(s);
 export const isAgentId = (s: string): boolean => AGENT_ID.test(s);
