@@ -42,6 +42,9 @@ describe("normalisation (no processes)", () => {
     assert.equal(group.body, "call me back\nplease\n[audio: voice note.ogg (audio/ogg)]\n[image: p.jpg (image/jpeg, 1234 bytes)]", "no text: the transcript leads");
     const captionOnly = normaliseInbound(create(InboundMessageSchema, { idempotencyKey: "k3", context: { channel: "web", sender: { id: "1" } }, media: [{ url: "https://x/p.jpg", mimeType: "image/jpeg", caption: "a cat" }] }));
     assert.equal(captionOnly.body.split("\n")[0], "a cat");
+    // A URL whose escapes or host do not parse still makes a message: the file gets a plain name.
+    const odd = normaliseInbound(create(InboundMessageSchema, { idempotencyKey: "k4", context: { channel: "web", sender: { id: "1" } }, media: [{ url: "https://x/bad%E0%A4%A", mimeType: "image/png" }, { url: "http://[oops/x.png", mimeType: "image/png" }] }));
+    assert.deepEqual(odd.media.map((m) => m.fileName), ["attachment-1", "attachment-2"]);
     assert.equal(direct.commandAuthorized, false, "commands are denied unless granted");
     assert.equal(normaliseInbound(create(InboundMessageSchema, { idempotencyKey: "k1", context: { channel: "telegram", sender: { id: "9" } }, text: "other" })).frameId, direct.frameId, "one key, one frame id");
   });

@@ -42,11 +42,20 @@ const KIND_NAME: Record<MediaKind, string> = {
   [MediaKind.FILE]: "file",
 };
 
+/** The last path segment of a media URL, decoded; "" when the URL or its escapes do not parse. */
+function fileNameOf(url: string): string {
+  try {
+    return decodeURIComponent(new URL(url, "http://x/").pathname.split("/").pop() ?? "");
+  } catch {
+    return "";
+  }
+}
+
 function normaliseMedia(m: MediaRef, i: number): MediaRef {
   invalidArgumentIf(m.url === "" || m.url.length > 2048, `media[${i}].url must be 1-2048 characters`);
   const mime = (m.mimeType || "application/octet-stream").toLowerCase().trim();
   invalidArgumentIf(!/^[a-z0-9.+-]+\/[a-z0-9.+-]+$/.test(mime), `media[${i}].mime_type ${JSON.stringify(mime.slice(0, 64))} is not a MIME type`);
-  const fromUrl = decodeURIComponent(new URL(m.url, "http://x/").pathname.split("/").pop() ?? "");
+  const fromUrl = fileNameOf(m.url);
   return create(MediaRefSchema, {
     url: m.url,
     mimeType: mime,

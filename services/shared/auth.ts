@@ -188,6 +188,8 @@ export async function ensureDevKey(dataDir: string, keysFile = authPaths(dataDir
   const existing = await readFile(paths.devKey, "utf8").then((t) => t.trim(), () => "");
   if (existing) return { key: existing, created: false };
   const key = await createApiKey(keysFile, "local", "dev", "dev");
+  // The keys file may live elsewhere (--api-keys): the data directory's auth folder is made here.
+  await mkdir(paths.dir, { recursive: true, mode: 0o700 });
   await writeFile(paths.devKey, key + "\n", { mode: 0o600 });
   return { key, created: true };
 }
