@@ -4,6 +4,8 @@ import assert from "node:assert/strict";
 import * as grpc from "@grpc/grpc-js";
 import { StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { ChatSession } from "./helpers/session.js";
+import { mkdir, writeFile } from "node:fs/promises";
+import path from "node:path";
 import { startStack, type Stack } from "./helpers/stack.js";
 
 const { status: Status } = grpc;
@@ -12,6 +14,9 @@ let raw: grpc.Client;
 
 before(async () => {
   stack = await startStack({ env: { TROUPE_MAX_MESSAGE_BYTES: String(64 * 1024) } });
+  // Quick retries, so a failing model gives up in milliseconds rather than seconds.
+  await mkdir(path.join(stack.dataDir, "agents", "main"), { recursive: true });
+  await writeFile(path.join(stack.dataDir, "agents", "main", "agent.json"), JSON.stringify({ retry: { maxRetries: 2, baseDelayMs: 20 } }));
   raw = new grpc.Client(stack.addr.gateway, grpc.credentials.createInsecure());
 });
 after(async () => {
@@ -149,6 +154,9 @@ describe("bad input at the gateway", () => {
     const err = await s.waitForPayload("error");
     const end = await s.waitForPayload("agentEnd");
     assert.ok(err.payload.case === "error" && err.payload.value.code === "MODEL_ERROR" && err.payload.value.retryable);
+    // Retried twice (agent.json) before it gave up; each retry was an event.
+    const retries = s.events.filter((e) => e.payload.case === "modelRetry");
+    assert.deepEqual(retries.map((e) => (e.payload.case === "modelRetry" ? [e.payload.value.attempt, e.payload.value.httpStatus] : [])), [[1, 500], [2, 500]]);
     assert.ok(end.payload.case === "agentEnd" && end.payload.value.stopReason === StopReason.ERROR);
     assert.match(end.payload.value.errorMessage, /500/);
     const from = s.events.length;
@@ -184,9 +192,10 @@ describe("bad input at the gateway", () => {
     }
     s.close();
     assert.match(results[0], /\[exit 3\]/);
-    assert.match(results[1], /^Tool nope not found\. Available tools: exec, read_file, write_file, list_files, memory_search, memory_save, memory_forget\.$/);
+    assert.match(results[1], /^Tool nope not found\. Available tools: exec, read_file, write_file, list_files, memory_search, memory_save, memory_forget, delegate_task\.$/);
     assert.match(results[2], /^Invalid JSON in the arguments of exec/);
     assert.match(results[3], /must be a JSON object/);
-    assert.match(results[4], /`command` must be a non-empty string/);
+    // Checked against the tool's JSON schema before the tool runs.
+    assert.match(results[4], /^The arguments of exec do not match its schema:\n- \/command: must be string/);
   });
 });

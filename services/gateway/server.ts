@@ -8,7 +8,7 @@ import { SpanKind, trace, type Context, type Span } from "@opentelemetry/api";
 import { createHash } from "node:crypto";
 import { ApiKeys, NAME, apiKeyAuth, identityHeaders, identityOf, internalCredentials } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
-import { SESSION_OWNER_KEY, Status, grpcCode, invalidArgumentIf, toStatus, unavailable } from "../shared/errors.js";
+import { SESSION_OWNER_KEY, Status, grpcCode, invalidArgument, invalidArgumentIf, toStatus, unavailable } from "../shared/errors.js";
 import { catchStopCommand, validateFrame, validateSessionRef } from "../shared/frames.js";
 import { GatewayService, SubscribeResponseSchema, type ChatRequest } from "../shared/gen/troupe/v1/gateway_pb.js";
 import { Health } from "../shared/gen/grpc/health/v1/health_pb.js";
@@ -452,6 +452,23 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
         up.write({ frame: { frameId: "subscribe", kind: { case: "open", value: { sessionId, create: false, replayAfterSeq: afterSeq } } } });
       };
       await attempt(0);
+    },
+
+    async createSchedule(req, call) {
+      if (!req.schedule) throw invalidArgument("schedule is required");
+      const schedule = req.schedule;
+      const res = await withRunner(schedule.sessionId, (runner) => runner.putSchedule({ schedule }, { metadata: onBehalfOf(call) }));
+      return { schedule: res.schedule };
+    },
+
+    async listSchedules(req, call) {
+      const res = await withRunner(req.sessionId, (runner) => runner.readSchedules({ sessionId: req.sessionId }, { metadata: onBehalfOf(call) }));
+      return { schedules: res.schedules };
+    },
+
+    async deleteSchedule(req, call) {
+      const res = await withRunner(req.sessionId, (runner) => runner.removeSchedule({ sessionId: req.sessionId, scheduleId: req.scheduleId }, { metadata: onBehalfOf(call) }));
+      return { deleted: res.deleted };
     },
 
     async getHistory(req, call) {

@@ -1,20 +1,23 @@
 // The agent loop: one run, from the message that starts it to agent_end.
 //
+//   screen the starting messages (safety checks; a blocked one never enters)
+//   resolve the model chain and build the system prompt (context.ts)
 //   outer loop (follow-ups):
 //     inner loop (steps):
 //       inject pending user messages
-//       stream the assistant's reply                       -> chat span
-//       run its tool calls one by one; before each, look    -> execute_tool spans
-//         for steering: if some arrived, the rest of the
-//         batch is skipped (paired results say so) and the
-//         steering messages are injected before the next model call
+//       fit the conversation to the window, compacting when it would not fit (transcript.ts)
+//       stream the assistant's reply, with retries and fallbacks  -> chat span
+//       run its tool calls: validated, hooked, parallel where the   -> execute_tool spans
+//         tools allow; before each group, look for steering: if some arrived, the rest of the
+//         batch is skipped (paired results say so) and the steering goes in before the next call
 //     when the model stops asking for tools, take the follow-ups queued meanwhile
 //
 // Side effects come in through RunHost (events, queues, the abort signal) and RunDeps (model,
-// tools, prompt); the loop itself holds no state between runs.
+// tools, prompt, hooks); the loop itself holds no state between runs.
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import { timestampNow } from "@bufbuild/protobuf/wkt";
 import { SpanKind, SpanStatusCode, context, trace, type Context } from "@opentelemetry/api";
+import { Ajv, type ValidateFunction } from "ajv";
 import {
   ChatMessageSchema,
   FrameKind,
@@ -30,8 +33,14 @@ import {
 import { failpoint } from "../shared/failpoints.js";
 import { newId } from "../shared/ids.js";
 import { GenAI, tracer } from "../shared/telemetry.js";
-import { ModelError, type FinishReason, type ModelClient, type ModelMessage } from "./model.js";
-import type { Tool } from "./tools.js";
+import type { AgentConfig } from "./agent-config.js";
+import { DRIFT_THRESHOLD, type ContextWarning } from "./context.js";
+import type { HookFailure, Hooks, TurnInfo } from "./hooks.js";
+import { ModelError, isContextOverflow, type FinishReason, type ModelClient, type ModelRequest, type ModelTool } from "./model.js";
+import type { SafetyVerdict } from "./safety.js";
+import type { TokenCounter } from "./tokens.js";
+import type { Tool, ToolResult } from "./tools.js";
+import { compactionCut, fitNewestFirst, sanitise, summaryMessage, toModelMessages } from "./transcript.js";
 
 export type EventPayload = NonNullable<MessageInitShape<typeof AgentEventSchema>["payload"]>;
 
@@ -44,10 +53,16 @@ export interface QueuedMessage {
   traceContext: Context;
 }
 
+/** The session's latest compaction: the model sees `summary` in place of everything before the kept message. */
+export interface Compaction {
+  summary: string;
+  firstKeptMessageId: string;
+}
+
 export interface RunHost {
   readonly sessionId: string;
   readonly signal: AbortSignal;
-  /** The conversation so far; the loop appends to it. */
+  /** The conversation so far (all of it: compaction changes the model's view, not the record); the loop appends to it. */
   readonly messages: ChatMessage[];
   emit(payload: EventPayload): void;
   /** Streamed text or thinking; consecutive deltas may be merged into one event. */
@@ -56,15 +71,36 @@ export interface RunHost {
   pressure(): Promise<void> | undefined;
   takeSteering(): QueuedMessage[];
   takeFollowUps(): QueuedMessage[];
+  /** The latest compaction_end of the session, if any. */
+  compaction(): Compaction | undefined;
+}
+
+/** What the run asks for its system prompt. */
+export interface PromptRequest {
+  query: string;
+  agent: AgentConfig;
+  ephemeral: string[];
+  driftReminder: boolean;
+  tokens: TokenCounter;
+  /** Tokens the system prompt may use before optional sources are left out. */
+  budget: number;
 }
 
 export interface RunDeps {
   agentId: string;
-  modelName: string;
+  /** The runner's model, for agents whose agent.json names none. */
+  defaultModel: string;
   model: ModelClient;
   tools: readonly Tool[];
-  /** The system prompt for a run that answers `query` (may consult memory). */
-  systemPrompt(query: string, signal: AbortSignal): Promise<string>;
+  hooks: Hooks;
+  /** Who speaks in this session (principal or channel identity), for hooks. */
+  sender: string;
+  agent(): Promise<{ config: AgentConfig; error?: string }>;
+  tokens(model: string): Promise<TokenCounter>;
+  /** The system prompt for a run that answers `query` (may consult memory and the operator's files). */
+  systemPrompt(request: PromptRequest, signal: AbortSignal): Promise<{ text: string; tokens: number; warnings: ContextWarning[] }>;
+  /** Safety checks of one inbound message: a verdict when it must be blocked (already audited). */
+  screen?(message: QueuedMessage): Promise<SafetyVerdict | undefined>;
   /**
    * Called once a run completed, with what the user and the assistant said in it (learning from
    * the turn happens here). It must not block: the run has ended and the reply is out.
@@ -79,10 +115,37 @@ export interface RunOutcome {
 
 const SKIPPED_BY_STEER = "Skipped due to queued user message.";
 const SKIPPED_BY_ABORT = "Not run: the run was aborted.";
+/** The shortest reply a request may leave room for; below it, the context is cut further. */
+const MIN_REPLY_TOKENS = 256;
+/** A summary has this much room to be written in. */
+const SUMMARY_MAX_TOKENS = 2048;
+const SUMMARY_TIMEOUT_MS = 120_000;
+/** Marks the request as a summary for a compaction (the scripted model answers it by rule). */
+export const SUMMARY_MARKER = "[troupe:summarize]";
+
+/** Everything a run settles once, at its start. */
+interface Turn {
+  host: RunHost;
+  deps: RunDeps;
+  info: TurnInfo;
+  agent: AgentConfig;
+  /** The model, then its fallbacks. */
+  models: string[];
+  tokens: TokenCounter;
+  system: { text: string; tokens: number };
+  tools: ModelTool[];
+  /** System prompt + tool schemas: the part of every request that is not the conversation. */
+  fixedTokens: number;
+  usage: Usage;
+}
 
 /** Runs the agent for the messages that start the run (usually one; several in collect mode). */
 export async function runAgent(host: RunHost, deps: RunDeps, initial: QueuedMessage[]): Promise<RunOutcome> {
-  const first = initial[0];
+  const info: TurnInfo = { sessionId: host.sessionId, agentId: deps.agentId, sender: deps.sender };
+  // A blocked message never enters the run or the history; with nothing left, there is no run.
+  const admitted = await admit(host, deps, info, initial);
+  if (admitted.length === 0) return { stopReason: StopReason.COMPLETED, errorMessage: "" };
+  const first = admitted[0];
   const span = tracer.startSpan(
     `invoke_agent ${deps.agentId}`,
     {
@@ -93,15 +156,15 @@ export async function runAgent(host: RunHost, deps: RunDeps, initial: QueuedMess
         [GenAI.AGENT_ID]: deps.agentId,
         [GenAI.AGENT_NAME]: deps.agentId,
         [GenAI.CONVERSATION_ID]: host.sessionId,
-        [GenAI.REQUEST_MODEL]: deps.modelName,
       },
     },
     first.traceContext,
   );
   const usage = create(UsageSchema);
   const startedAt = host.messages.length;
+  let outcome: RunOutcome = { stopReason: StopReason.ERROR, errorMessage: "" };
   try {
-    const outcome = await context.with(trace.setSpan(first.traceContext, span), () => runLoop(host, deps, initial, usage));
+    outcome = await context.with(trace.setSpan(first.traceContext, span), () => runLoop(host, deps, info, admitted, usage, span));
     span.setAttributes({ [GenAI.USAGE_INPUT_TOKENS]: usage.inputTokens, [GenAI.USAGE_OUTPUT_TOKENS]: usage.outputTokens });
     if (outcome.stopReason === StopReason.ERROR) span.setStatus({ code: SpanStatusCode.ERROR, message: outcome.errorMessage });
     host.emit({ case: "agentEnd", value: { stopReason: outcome.stopReason, errorMessage: outcome.errorMessage, usage } });
@@ -115,14 +178,63 @@ export async function runAgent(host: RunHost, deps: RunDeps, initial: QueuedMess
     return outcome;
   } finally {
     span.end();
+    deps.hooks.observe("agent_end", { ...info, stopReason: StopReason[outcome.stopReason] ?? "ERROR", errorMessage: outcome.errorMessage }, hookFailed(host));
   }
 }
 
-async function runLoop(host: RunHost, deps: RunDeps, initial: QueuedMessage[], usage: Usage): Promise<RunOutcome> {
-  host.emit({ case: "agentStart", value: { agentId: deps.agentId, model: deps.modelName, frameId: initial[0].frameId } });
+/** Safety checks, then the message_received hooks, for messages about to enter the run. */
+async function admit(host: RunHost, deps: RunDeps, info: TurnInfo, queued: QueuedMessage[]): Promise<QueuedMessage[]> {
+  const passed: QueuedMessage[] = [];
+  for (const q of queued) {
+    const blocked = deps.screen ? await deps.screen(q) : undefined;
+    if (blocked) {
+      host.emit({ case: "messageBlocked", value: { frameId: q.frameId, check: blocked.check, level: blocked.level, reason: blocked.reason } });
+      continue;
+    }
+    deps.hooks.observe("message_received", { ...info, frameId: q.frameId, text: q.text }, hookFailed(host));
+    passed.push(q);
+  }
+  return passed;
+}
+
+const hookFailed = (host: RunHost) => (f: HookFailure) =>
+  host.emit({ case: "error", value: { code: "HOOK_ERROR", message: `hook ${f.hook} (${f.name}) failed: ${f.message}`, retryable: false } });
+
+/** "schedule:<id>" for a frame the scheduler made ("trigger:schedule:<id>:<time>"), else "". */
+export function triggerOf(frameId: string): string {
+  const m = /^trigger:(schedule|heartbeat):([^:]+):/.exec(frameId);
+  return m ? `${m[1]}:${m[2]}` : "";
+}
+
+async function startTurn(host: RunHost, deps: RunDeps, info: TurnInfo, query: string, usage: Usage): Promise<Turn> {
+  const { config: agent, error } = await deps.agent();
+  if (error) host.emit({ case: "error", value: { code: "AGENT_CONFIG", message: error, retryable: false } });
+  const resolved = await deps.hooks.modify("before_model_resolve", { ...info, model: agent.model || deps.defaultModel }, (p, r) => ({ payload: r.model ? { ...p, model: r.model } : p }));
+  resolved.failures.forEach(hookFailed(host));
+  const models = [...new Set([resolved.payload.model, ...agent.fallbacks])];
+  const extra: string[] = [];
+  const built = await deps.hooks.modify("before_prompt_build", { ...info, query }, (p, r) => {
+    if (typeof r.instruction === "string" && r.instruction.trim() !== "") extra.push(r.instruction);
+    return { payload: p };
+  });
+  built.failures.forEach(hookFailed(host));
+  const tokens = await deps.tokens(models[0]);
+  const tools = deps.tools.map(({ name, description, parameters }) => ({ name, description, parameters }));
+  const toolTokens = tools.length === 0 ? 0 : tokens.text(JSON.stringify(tools));
+  const conversation = host.messages.filter((m) => m.role === Role.USER || m.role === Role.ASSISTANT).length;
+  // The system prompt may take up to half of what the window leaves for the request.
+  const budget = Math.max(256, Math.floor((agent.contextWindow - agent.reserveTokens - toolTokens) / 2));
+  const system = await deps.systemPrompt({ query, agent, ephemeral: extra, driftReminder: conversation >= DRIFT_THRESHOLD, tokens, budget }, host.signal);
+  for (const w of system.warnings) host.emit({ case: "error", value: { code: w.code, message: w.message, retryable: false } });
+  return { host, deps, info, agent, models, tokens, system, tools, fixedTokens: system.tokens + toolTokens, usage };
+}
+
+async function runLoop(host: RunHost, deps: RunDeps, info: TurnInfo, initial: QueuedMessage[], usage: Usage, span: ReturnType<typeof tracer.startSpan>): Promise<RunOutcome> {
+  host.emit({ case: "agentStart", value: { agentId: deps.agentId, model: "", frameId: initial[0].frameId, trigger: triggerOf(initial[0].frameId) } });
   const query = initial.map((q) => q.text).join("\n");
   failpoint("runner.run", query);
-  const system = await deps.systemPrompt(query, host.signal);
+  const turn = await startTurn(host, deps, info, query, usage);
+  span.setAttribute(GenAI.REQUEST_MODEL, turn.models[0]);
   let pending: QueuedMessage[] = initial;
   let step = 0;
   for (;;) {
@@ -137,14 +249,14 @@ async function runLoop(host: RunHost, deps: RunDeps, initial: QueuedMessage[], u
         host.emit({ case: "turnEnd", value: { step, stopReason: StopReason.ABORTED } });
         return { stopReason: StopReason.ABORTED, errorMessage: "" };
       }
-      const { message: assistant, errorMessage } = await streamAssistant(host, deps, system);
+      const { message: assistant, errorMessage } = await callModel(turn);
       addUsage(usage, assistant.usage);
       const calls = assistant.toolCalls;
       if (assistant.stopReason === StopReason.ERROR || assistant.stopReason === StopReason.ABORTED) {
         host.emit({ case: "turnEnd", value: { step, stopReason: assistant.stopReason } });
         return { stopReason: assistant.stopReason, errorMessage };
       }
-      pending = calls.length > 0 ? await executeToolCalls(host, deps, assistant) : [];
+      pending = calls.length > 0 ? await admit(host, deps, info, await executeToolCalls(turn, assistant)) : [];
       host.emit({ case: "turnEnd", value: { step, stopReason: assistant.stopReason } });
       if (host.signal.aborted) {
         injectUserMessages(host, pending); // steering taken during the batch, kept (see above)
@@ -152,14 +264,14 @@ async function runLoop(host: RunHost, deps: RunDeps, initial: QueuedMessage[], u
       }
       if (calls.length === 0) {
         // Steering that arrived while the final answer streamed gets its own step.
-        pending = host.takeSteering();
+        pending = await admit(host, deps, info, host.takeSteering());
         if (pending.length === 0) {
           if (assistant.stopReason === StopReason.LENGTH) return { stopReason: StopReason.LENGTH, errorMessage: "" };
           break;
         }
       }
     }
-    pending = host.takeFollowUps();
+    pending = await admit(host, deps, info, host.takeFollowUps());
     if (pending.length === 0) return { stopReason: StopReason.COMPLETED, errorMessage: "" };
   }
 }
@@ -180,24 +292,222 @@ function pushMessage(host: Pick<RunHost, "emit" | "messages">, message: ChatMess
   host.messages.push(message);
 }
 
-function toModelMessages(system: string, history: readonly ChatMessage[]): ModelMessage[] {
-  const out: ModelMessage[] = [{ role: "system", content: system }];
-  for (const m of history) {
-    switch (m.role) {
-      case Role.USER:
-        out.push({ role: "user", content: m.text });
-        break;
-      case Role.ASSISTANT:
-        // A failed reply with nothing in it carries no information for the model.
-        if (m.text === "" && m.toolCalls.length === 0) break;
-        out.push({ role: "assistant", content: m.text, toolCalls: m.toolCalls.map((c) => ({ id: c.id, name: c.name, argumentsJson: c.argumentsJson })) });
-        break;
-      case Role.TOOL:
-        out.push({ role: "tool", toolCallId: m.toolCallId, content: m.text });
-        break;
-    }
+// -------------------------------------------------------------------------------------------
+// The conversation as the model sees it, and compaction
+
+/** The messages after the latest compaction's cut, sanitised. */
+function conversationView(host: RunHost): { summary?: string; messages: ChatMessage[] } {
+  const c = host.compaction();
+  let from = 0;
+  if (c) {
+    const i = host.messages.findIndex((m) => m.id === c.firstKeptMessageId);
+    if (i >= 0) from = i;
   }
-  return out;
+  return { summary: c?.summary, messages: sanitise(from === 0 ? host.messages : host.messages.slice(from)).messages };
+}
+
+function viewTokens(turn: Turn, view: { summary?: string; messages: ChatMessage[] }): number {
+  let n = turn.fixedTokens + (view.summary ? turn.tokens.text(summaryMessage(view.summary).content as string) + 4 : 0);
+  for (const m of view.messages) n += turn.tokens.message(m);
+  return n;
+}
+
+/**
+ * The next request: the view of the conversation, compacted first when it would pass the window
+ * minus the reserve, then fitted newest-first; max_tokens is what the window leaves.
+ */
+async function buildRequest(turn: Turn, model: string): Promise<{ request: ModelRequest; promptTokens: number }> {
+  const { agent } = turn;
+  const limit = agent.contextWindow - agent.reserveTokens;
+  let view = conversationView(turn.host);
+  let promptTokens = viewTokens(turn, view);
+  if (promptTokens > limit && (await compact(turn, "threshold", promptTokens))) {
+    view = conversationView(turn.host);
+    promptTokens = viewTokens(turn, view);
+  }
+  if (promptTokens > limit) {
+    // Still too long (one huge block, or a summary that could not shrink it): oldest blocks go.
+    const fixed = promptTokens - view.messages.reduce((n, m) => n + turn.tokens.message(m), 0);
+    const from = fitNewestFirst(view.messages, Math.max(0, limit - fixed), turn.tokens);
+    view = { summary: view.summary, messages: view.messages.slice(Math.min(from, Math.max(0, view.messages.length - 1))) };
+    promptTokens = viewTokens(turn, view);
+  }
+  const maxTokens = Math.max(MIN_REPLY_TOKENS, Math.min(agent.maxOutputTokens, agent.contextWindow - promptTokens));
+  return { request: { model, messages: toModelMessages(turn.system.text, view.summary, view.messages), tools: turn.tools, maxTokens }, promptTokens };
+}
+
+/**
+ * Summarises the older part of the conversation view and keeps the recent part verbatim (at
+ * least keepRecentTokens, cut only between blocks). False when there is nothing older to fold.
+ */
+async function compact(turn: Turn, reason: "threshold" | "overflow", tokensBefore: number): Promise<boolean> {
+  const { host } = turn;
+  const view = conversationView(host);
+  const cut = compactionCut(view.messages, turn.agent.keepRecentTokens, turn.tokens);
+  if (cut === undefined) return false;
+  host.emit({ case: "compactionStart", value: { reason, tokensBefore } });
+  const older = view.messages.slice(0, cut);
+  let summary: string;
+  let error = "";
+  try {
+    summary = await summarise(turn, view.summary, older);
+  } catch (err) {
+    error = err instanceof ModelError && err.aborted ? "the run was aborted" : String((err as Error)?.message ?? err);
+    summary = metadataSummary(view.summary, older);
+  }
+  const after = viewTokens(turn, { summary, messages: view.messages.slice(cut) });
+  host.emit({
+    case: "compactionEnd",
+    value: { summary, firstKeptMessageId: view.messages[cut].id, messagesSummarized: older.length, tokensBefore, tokensAfter: after, fallback: error !== "", error },
+  });
+  return true;
+}
+
+function transcriptOf(messages: readonly ChatMessage[]): string {
+  const clip = (s: string) => (s.length > 2000 ? `${s.slice(0, 2000)} [...]` : s);
+  const lines: string[] = [];
+  for (const m of messages) {
+    if (m.role === Role.USER) lines.push(`user: ${clip(m.text)}`);
+    else if (m.role === Role.ASSISTANT) {
+      if (m.text) lines.push(`assistant: ${clip(m.text)}`);
+      for (const c of m.toolCalls) lines.push(`assistant called ${c.name}(${clip(c.argumentsJson)})`);
+    } else if (m.role === Role.TOOL) lines.push(`${m.toolName} result${m.isError ? " (error)" : ""}: ${clip(m.text)}`);
+  }
+  return lines.join("\n");
+}
+
+/** The model writes the structured summary; throws when it cannot. */
+async function summarise(turn: Turn, previous: string | undefined, older: readonly ChatMessage[]): Promise<string> {
+  const system = [
+    SUMMARY_MARKER,
+    "You compact a conversation so that it can go on in a limited context window. Summarise the conversation below,",
+    "merging the earlier summary if one is given. Use exactly these sections, in this order:",
+    "## Goal\n## Constraints\n## Progress\n## Decisions\n## Next steps",
+    "Keep names, paths, numbers, commands and open questions exactly. Write nothing but the summary.",
+  ].join("\n");
+  const user = `${previous ? `Earlier summary:\n${previous}\n\n` : ""}Conversation to summarise:\n${transcriptOf(older)}`;
+  const signal = AbortSignal.any([turn.host.signal, AbortSignal.timeout(SUMMARY_TIMEOUT_MS)]);
+  let text = "";
+  for await (const chunk of turn.deps.model.stream({ model: turn.models[0], messages: [{ role: "system", content: system }, { role: "user", content: user }], tools: [], maxTokens: SUMMARY_MAX_TOKENS }, signal)) {
+    if (chunk.type === "text") text += chunk.delta;
+  }
+  if (text.trim() === "") throw new Error("the model returned an empty summary");
+  return text.trim();
+}
+
+/** When the model cannot summarise: what is known without it, so the turn can go on. */
+export function metadataSummary(previous: string | undefined, older: readonly ChatMessage[]): string {
+  const count = (r: Role) => older.filter((m) => m.role === r).length;
+  const toolUses = new Map<string, number>();
+  for (const m of older) for (const c of m.toolCalls) toolUses.set(c.name, (toolUses.get(c.name) ?? 0) + 1);
+  const firstUser = older.find((m) => m.role === Role.USER)?.text ?? "";
+  const lastUser = [...older].reverse().find((m) => m.role === Role.USER)?.text ?? "";
+  const excerpt = (s: string) => (s.length > 300 ? `${s.slice(0, 300)} [...]` : s);
+  return [
+    "## Goal",
+    excerpt(firstUser) || "(unknown)",
+    "## Constraints",
+    "(not recorded: this summary was made without the model)",
+    "## Progress",
+    `${older.length} earlier messages were folded (${count(Role.USER)} from the user, ${count(Role.ASSISTANT)} from the assistant, ${count(Role.TOOL)} tool results).`,
+    toolUses.size > 0 ? `Tools used: ${[...toolUses].map(([n, k]) => `${n} ×${k}`).join(", ")}.` : "No tools were used.",
+    lastUser && lastUser !== firstUser ? `The last folded request was: ${excerpt(lastUser)}` : "",
+    previous ? `An earlier summary said:\n${previous}` : "",
+    "## Decisions",
+    "(not recorded)",
+    "## Next steps",
+    "Continue from the recent messages that follow.",
+  ]
+    .filter((s) => s !== "")
+    .join("\n");
+}
+
+// -------------------------------------------------------------------------------------------
+// Model calls: retries, fallbacks, overflow
+
+const sleep = (ms: number, signal: AbortSignal) =>
+  new Promise<void>((resolve) => {
+    if (signal.aborted) return resolve();
+    const done = () => {
+      clearTimeout(timer);
+      signal.removeEventListener("abort", done);
+      resolve();
+    };
+    const timer = setTimeout(done, ms);
+    signal.addEventListener("abort", done);
+  });
+
+/** Exponential backoff with ±25% jitter: base, 2×base, 4×base, ... */
+export function backoffMs(attempt: number, baseMs: number, random = Math.random): number {
+  return Math.round(baseMs * 2 ** attempt * (0.75 + 0.5 * random()));
+}
+
+/** Errors another model may not have: rate limits, overload, outages, auth, a model not served. */
+const fallbackWorthy = (e: ModelError) => e.retryable || e.status === 401 || e.status === 403 || e.status === 404;
+
+/**
+ * One model call of the run. A failure that sent nothing to the client is retried (retryable
+ * errors, with backoff, Retry-After honoured up to the policy's limit), then handed to the next
+ * model of the chain; an overflow compacts the context and tries once more. Once output reached
+ * the client, a failure ends the call: a retry would show it a different reply over the first.
+ */
+async function callModel(turn: Turn): Promise<{ message: ChatMessage; errorMessage: string }> {
+  const { host, agent } = turn;
+  let chain = 0;
+  let retries = 0;
+  let compacted = false;
+  for (;;) {
+    const model = turn.models[chain];
+    const { request, promptTokens } = await buildRequest(turn, model);
+    const attempt = await streamAssistant(turn, request, retries > 0 || chain > 0);
+    if (!attempt.failure) return { message: attempt.message!, errorMessage: "" };
+    const e = attempt.failure;
+    if (!e.aborted && !attempt.outputSent && !host.signal.aborted) {
+      if (!compacted && isContextOverflow(e)) {
+        compacted = true;
+        if (await compact(turn, "overflow", promptTokens)) continue;
+      }
+      if (e.retryable && retries < agent.retry.maxRetries) {
+        const delay = Math.max(e.retryAfterMs ?? 0, backoffMs(retries, agent.retry.baseDelayMs));
+        if (delay <= agent.retry.maxDelayMs) {
+          retries++;
+          host.emit({ case: "modelRetry", value: { model, attempt: retries, delayMs: delay, reason: e.message, httpStatus: e.status ?? 0 } });
+          await sleep(delay, host.signal);
+          if (!host.signal.aborted) continue;
+        }
+      }
+      if (fallbackWorthy(e) && chain + 1 < turn.models.length && !host.signal.aborted) {
+        chain++;
+        retries = 0;
+        host.emit({ case: "modelFallback", value: { fromModel: model, toModel: turn.models[chain], reason: e.message } });
+        continue;
+      }
+    }
+    return { message: failedAssistant(turn, model, attempt, e), errorMessage: e.aborted || host.signal.aborted ? "" : e.message };
+  }
+}
+
+interface Attempt {
+  /** Set when the reply completed. */
+  message?: ChatMessage;
+  failure?: ModelError;
+  /** Deltas of this attempt reached the client. */
+  outputSent: boolean;
+  /** The partial reply of a failed attempt. */
+  partial: { id: string; text: string; thinking: string };
+}
+
+/** The failed call's message: partial text kept, partial tool calls dropped (they must never run). */
+function failedAssistant(turn: Turn, model: string, attempt: Attempt, e: ModelError): ChatMessage {
+  const { host } = turn;
+  const aborted = e.aborted || host.signal.aborted;
+  const { id, text, thinking } = attempt.partial;
+  const message = create(ChatMessageSchema, { id, role: Role.ASSISTANT, model, text, thinking, stopReason: aborted ? StopReason.ABORTED : StopReason.ERROR, time: timestampNow() });
+  if (!attempt.outputSent) host.emit({ case: "messageStart", value: { message: { id, role: Role.ASSISTANT, model } } });
+  if (!aborted) host.emit({ case: "error", value: { code: "MODEL_ERROR", message: e.message, retryable: e.retryable } });
+  host.emit({ case: "messageEnd", value: { message } });
+  host.messages.push(message);
+  return message;
 }
 
 const STOP_BY_FINISH: Record<FinishReason, StopReason> = {
@@ -207,43 +517,49 @@ const STOP_BY_FINISH: Record<FinishReason, StopReason> = {
   other: StopReason.COMPLETED,
 };
 
-/** Streams one reply; a failed or aborted call still yields the (partial) message, with why. */
-async function streamAssistant(host: RunHost, deps: RunDeps, system: string): Promise<{ message: ChatMessage; errorMessage: string }> {
+/**
+ * Streams one attempt. message_start goes out with the first chunk, so an attempt that fails
+ * before answering leaves no trace but the retry or fallback event.
+ */
+async function streamAssistant(turn: Turn, request: ModelRequest, isRetry: boolean): Promise<Attempt> {
+  const { host, deps } = turn;
   const id = newId();
-  const span = tracer.startSpan(`chat ${deps.modelName}`, {
+  const span = tracer.startSpan(`chat ${request.model}`, {
     kind: SpanKind.CLIENT,
     attributes: {
       [GenAI.OPERATION_NAME]: "chat",
       [GenAI.PROVIDER_NAME]: deps.model.providerName,
-      [GenAI.REQUEST_MODEL]: deps.modelName,
+      [GenAI.REQUEST_MODEL]: request.model,
       [GenAI.REQUEST_STREAM]: true,
+      [GenAI.REQUEST_MAX_TOKENS]: request.maxTokens ?? 0,
       [GenAI.CONVERSATION_ID]: host.sessionId,
+      ...(isRetry ? { "troupe.model.retry": true } : {}),
     },
   });
   const started = performance.now();
-  const message = create(ChatMessageSchema, { id, role: Role.ASSISTANT, model: deps.modelName });
-  host.emit({ case: "messageStart", value: { message: { id, role: Role.ASSISTANT, model: deps.modelName } } });
+  const message = create(ChatMessageSchema, { id, role: Role.ASSISTANT, model: request.model });
   const calls: { id: string; name: string; args: string }[] = [];
-  let text = "";
-  let thinking = "";
-  let firstChunk = true;
+  const attempt: Attempt = { outputSent: false, partial: { id, text: "", thinking: "" } };
+  const opened = () => {
+    if (attempt.outputSent) return;
+    attempt.outputSent = true;
+    host.emit({ case: "messageStart", value: { message: { id, role: Role.ASSISTANT, model: request.model } } });
+  };
   try {
-    const request = { model: deps.modelName, messages: toModelMessages(system, host.messages), tools: deps.tools.map(({ name, description, parameters }) => ({ name, description, parameters })) };
     for await (const chunk of deps.model.stream(request, host.signal)) {
-      if (firstChunk) {
-        firstChunk = false;
-        span.setAttribute(GenAI.RESPONSE_TIME_TO_FIRST_CHUNK, (performance.now() - started) / 1000);
-      }
       switch (chunk.type) {
         case "text":
-          text += chunk.delta;
+          opened();
+          attempt.partial.text += chunk.delta;
           host.delta(id, "text", chunk.delta);
           break;
         case "thinking":
-          thinking += chunk.delta;
+          opened();
+          attempt.partial.thinking += chunk.delta;
           host.delta(id, "thinking", chunk.delta);
           break;
         case "tool_call": {
+          opened();
           const call = (calls[chunk.index] ??= { id: "", name: "", args: "" });
           if (chunk.id) call.id = chunk.id;
           if (chunk.name) call.name += chunk.name;
@@ -255,7 +571,12 @@ async function streamAssistant(host: RunHost, deps: RunDeps, system: string): Pr
           break;
         }
         case "done": {
+          span.setAttribute(GenAI.RESPONSE_TIME_TO_FIRST_CHUNK, (performance.now() - started) / 1000);
+          opened();
           message.stopReason = calls.length > 0 ? StopReason.TOOL_USE : STOP_BY_FINISH[chunk.finishReason];
+          if (chunk.finishReason === "other") {
+            host.emit({ case: "error", value: { code: "MODEL_FINISH_REASON", message: `the model stopped for an unknown reason (finish_reason ${JSON.stringify(chunk.rawFinishReason)}); its reply is taken as complete`, retryable: false } });
+          }
           if (chunk.usage) {
             const u = chunk.usage;
             message.usage = create(UsageSchema, { inputTokens: u.inputTokens, outputTokens: u.outputTokens, cacheReadInputTokens: u.cacheReadInputTokens, totalTokens: u.inputTokens + u.outputTokens });
@@ -276,26 +597,22 @@ async function streamAssistant(host: RunHost, deps: RunDeps, system: string): Pr
     message.toolCalls = calls.map((c, i) => create(ToolCallSchema, { id: c.id || `call_${id}_${i}`, name: c.name, argumentsJson: c.args }));
   } catch (err) {
     const e = err instanceof ModelError ? err : new ModelError(String((err as Error)?.message ?? err), false);
-    // Partial tool calls are dropped: a call without its complete arguments must never run.
-    message.stopReason = e.aborted ? StopReason.ABORTED : StopReason.ERROR;
     if (!e.aborted) {
       span.setStatus({ code: SpanStatusCode.ERROR, message: e.message });
       span.setAttribute(GenAI.ERROR_TYPE, e.status ? String(e.status) : "network");
-      host.emit({ case: "error", value: { code: "MODEL_ERROR", message: e.message, retryable: e.retryable } });
     }
-    return { message: endAssistant(host, message, text, thinking, span), errorMessage: e.aborted ? "" : e.message };
+    span.end();
+    attempt.failure = e;
+    return attempt;
   }
-  return { message: endAssistant(host, message, text, thinking, span), errorMessage: "" };
-}
-
-function endAssistant(host: RunHost, message: ChatMessage, text: string, thinking: string, span: ReturnType<typeof tracer.startSpan>): ChatMessage {
-  message.text = text;
-  message.thinking = thinking;
+  message.text = attempt.partial.text;
+  message.thinking = attempt.partial.thinking;
   message.time = timestampNow();
   host.emit({ case: "messageEnd", value: { message } });
   host.messages.push(message);
   span.end();
-  return message;
+  attempt.message = message;
+  return attempt;
 }
 
 function addUsage(total: Usage, u: Usage | undefined): void {
@@ -306,15 +623,21 @@ function addUsage(total: Usage, u: Usage | undefined): void {
   total.totalTokens += u.totalTokens;
 }
 
+// -------------------------------------------------------------------------------------------
+// Tool calls
+
 /**
- * Runs the batch one call at a time. Before each call the steering queue is read: if a message
- * is waiting, this call and the rest are skipped with paired results, and the steering messages
- * are returned to be injected before the next model call. A call that is already running always
- * finishes (or is cancelled by an abort).
+ * Runs the batch in the model's order. Consecutive calls of tools that declare themselves
+ * parallel run together; any other call runs alone. Before each group the steering queue is read:
+ * if a message is waiting, this group and the rest are skipped with paired results, and the
+ * steering messages are returned to be injected before the next model call. A call that is
+ * already running always finishes (or is cancelled by an abort).
  */
-async function executeToolCalls(host: RunHost, deps: RunDeps, assistant: ChatMessage): Promise<QueuedMessage[]> {
+async function executeToolCalls(turn: Turn, assistant: ChatMessage): Promise<QueuedMessage[]> {
+  const { host, deps } = turn;
   const calls = assistant.toolCalls;
-  for (let i = 0; i < calls.length; i++) {
+  const parallel = (c: ToolCall) => deps.tools.find((t) => t.name === c.name)?.parallel === true;
+  for (let i = 0; i < calls.length; ) {
     if (host.signal.aborted) {
       skipCalls(host, calls.slice(i), SKIPPED_BY_ABORT);
       return [];
@@ -327,10 +650,16 @@ async function executeToolCalls(host: RunHost, deps: RunDeps, assistant: ChatMes
       return steering;
     }
     if (assistant.stopReason === StopReason.LENGTH) {
-      finishCall(host, calls[i], "The reply hit the output limit, so these arguments may be truncated; the call was not run.", true, false);
+      finishCall(host, calls[i], { output: "The reply hit the output limit, so these arguments may be truncated; the call was not run.", isError: true }, false);
+      i++;
       continue;
     }
-    await runToolCall(host, deps, calls[i]);
+    let end = i + 1;
+    if (parallel(calls[i])) while (end < calls.length && parallel(calls[end])) end++;
+    const group = calls.slice(i, end);
+    const results = await Promise.all(group.map((call) => runToolCall(turn, call)));
+    group.forEach((call, k) => finishCall(host, call, results[k], false));
+    i = end;
   }
   return host.takeSteering();
 }
@@ -338,19 +667,48 @@ async function executeToolCalls(host: RunHost, deps: RunDeps, assistant: ChatMes
 function skipCalls(host: RunHost, calls: readonly ToolCall[], reason: string): void {
   for (const call of calls) {
     host.emit({ case: "toolExecutionStart", value: { toolCallId: call.id, toolName: call.name, argumentsJson: call.argumentsJson } });
-    finishCall(host, call, reason, true, true);
+    finishCall(host, call, { output: reason, isError: true }, true);
   }
 }
 
-function finishCall(host: RunHost, call: ToolCall, output: string, isError: boolean, skipped: boolean): void {
-  host.emit({ case: "toolExecutionEnd", value: { toolCallId: call.id, toolName: call.name, result: output, isError, skipped } });
+function finishCall(host: RunHost, call: ToolCall, result: ToolResult, skipped: boolean): void {
+  host.emit({ case: "toolExecutionEnd", value: { toolCallId: call.id, toolName: call.name, result: result.output, isError: result.isError, skipped } });
   pushMessage(
     host,
-    create(ChatMessageSchema, { id: newId(), role: Role.TOOL, toolCallId: call.id, toolName: call.name, text: output, isError, time: timestampNow() }),
+    create(ChatMessageSchema, { id: newId(), role: Role.TOOL, toolCallId: call.id, toolName: call.name, text: result.output, isError: result.isError, time: timestampNow() }),
   );
 }
 
-async function runToolCall(host: RunHost, deps: RunDeps, call: ToolCall): Promise<void> {
+/** A call the model got wrong (unknown tool, bad JSON, arguments off the schema): it sees why and can correct. */
+class ToolInputError extends Error {}
+
+const ajv = new Ajv({ allErrors: true, strict: false });
+const validators = new WeakMap<Tool, ValidateFunction>();
+
+/** The call's arguments, parsed and checked against the tool's schema. */
+function parseArguments(tool: Tool, call: ToolCall): Record<string, unknown> {
+  let args: unknown;
+  try {
+    args = call.argumentsJson.trim() === "" ? {} : JSON.parse(call.argumentsJson);
+  } catch (err) {
+    throw new ToolInputError(`Invalid JSON in the arguments of ${call.name}: ${(err as Error).message}. Received: ${call.argumentsJson.slice(0, 500)}`);
+  }
+  if (typeof args !== "object" || args === null || Array.isArray(args)) throw new ToolInputError(`The arguments of ${call.name} must be a JSON object. Received: ${call.argumentsJson.slice(0, 500)}`);
+  let validate = validators.get(tool);
+  if (!validate) {
+    validate = ajv.compile(tool.parameters);
+    validators.set(tool, validate);
+  }
+  if (!validate(args)) {
+    const problems = (validate.errors ?? []).map((e) => `${e.instancePath || "(arguments)"}: ${e.message}${e.params && "additionalProperty" in e.params ? ` (${String(e.params.additionalProperty)})` : ""}`);
+    throw new ToolInputError(`The arguments of ${call.name} do not match its schema:\n- ${problems.join("\n- ")}\nReceived: ${call.argumentsJson.slice(0, 500)}`);
+  }
+  return args as Record<string, unknown>;
+}
+
+/** One call: validated, passed by before_tool_call, executed, amended by after_tool_call. */
+async function runToolCall(turn: Turn, call: ToolCall): Promise<ToolResult> {
+  const { host, deps, info } = turn;
   const tool = deps.tools.find((t) => t.name === call.name);
   host.emit({ case: "toolExecutionStart", value: { toolCallId: call.id, toolName: call.name, argumentsJson: call.argumentsJson } });
   const span = tracer.startSpan(`execute_tool ${call.name}`, {
@@ -363,36 +721,52 @@ async function runToolCall(host: RunHost, deps: RunDeps, call: ToolCall): Promis
       ...(tool ? { [GenAI.TOOL_DESCRIPTION]: tool.description } : {}),
     },
   });
-  let output: string;
-  let isError: boolean;
+  let result: ToolResult;
   try {
     if (!tool) throw new ToolInputError(`Tool ${call.name} not found. Available tools: ${deps.tools.map((t) => t.name).join(", ") || "none"}.`);
-    let args: unknown;
-    try {
-      args = call.argumentsJson.trim() === "" ? {} : JSON.parse(call.argumentsJson);
-    } catch (err) {
-      throw new ToolInputError(`Invalid JSON in the arguments of ${call.name}: ${(err as Error).message}. Received: ${call.argumentsJson.slice(0, 500)}`);
-    }
-    if (typeof args !== "object" || args === null || Array.isArray(args)) throw new ToolInputError(`The arguments of ${call.name} must be a JSON object.`);
-    const result = await context.with(trace.setSpan(context.active(), span), () =>
-      tool.execute(args as Record<string, unknown>, {
-        sessionId: host.sessionId,
-        agentId: deps.agentId,
-        toolCallId: call.id,
-        signal: host.signal,
-        onUpdate: (chunk) => host.emit({ case: "toolExecutionUpdate", value: { toolCallId: call.id, toolName: call.name, output: chunk } }),
-      }),
+    let args = parseArguments(tool, call);
+    let blocked: string | undefined;
+    const gate = await deps.hooks.modify(
+      "before_tool_call",
+      { ...info, toolCallId: call.id, toolName: call.name, args },
+      (p, r) => {
+        if (r.block) {
+          blocked = r.reason || "no reason given";
+          return { payload: p, stop: true };
+        }
+        return { payload: r.args && typeof r.args === "object" ? { ...p, args: r.args } : p };
+      },
+      { failClosed: true },
     );
-    output = result.output;
-    isError = result.isError;
+    // A guard that cannot answer fails closed: the call does not run.
+    if (gate.closedBy) blocked = `a before_tool_call hook (${gate.closedBy.name}) failed: ${gate.closedBy.message}`;
+    if (blocked !== undefined) {
+      result = { output: `Tool execution was blocked: ${blocked}`, isError: true };
+    } else {
+      if (gate.payload.args !== args) args = parseArguments(tool, { ...call, argumentsJson: JSON.stringify(gate.payload.args) });
+      result = await context.with(trace.setSpan(context.active(), span), () =>
+        tool.execute(args, {
+          sessionId: host.sessionId,
+          agentId: deps.agentId,
+          toolCallId: call.id,
+          signal: host.signal,
+          onUpdate: (chunk) => host.emit({ case: "toolExecutionUpdate", value: { toolCallId: call.id, toolName: call.name, output: chunk } }),
+        }),
+      );
+      const amended = await deps.hooks.modify("after_tool_call", { ...info, toolCallId: call.id, toolName: call.name, args, result }, (p, r) => ({
+        payload: { ...p, result: { output: typeof r.output === "string" ? r.output : p.result.output, isError: typeof r.isError === "boolean" ? r.isError : p.result.isError } },
+      }));
+      amended.failures.forEach(hookFailed(host));
+      result = amended.payload.result;
+    }
   } catch (err) {
     // Tools throw to report failure; the model sees the message and can correct itself.
-    output = err instanceof ToolInputError ? err.message : `Tool ${call.name} failed: ${(err as Error)?.message ?? String(err)}`;
-    isError = true;
+    if (err instanceof ToolInputError) {
+      host.emit({ case: "error", value: { code: "INVALID_TOOL_CALL", message: err.message.split("\n")[0], retryable: false } });
+      result = { output: err.message, isError: true };
+    } else result = { output: `Tool ${call.name} failed: ${(err as Error)?.message ?? String(err)}`, isError: true };
   }
-  if (isError) span.setStatus({ code: SpanStatusCode.ERROR });
+  if (result.isError) span.setStatus({ code: SpanStatusCode.ERROR });
   span.end();
-  finishCall(host, call, output, isError, false);
+  return result;
 }
-
-class ToolInputError extends Error {}

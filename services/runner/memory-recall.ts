@@ -46,8 +46,8 @@ export class MemoryRecall {
     private readonly logger: Logger,
   ) {}
 
-  /** The texts of the memories in `scope` relevant to `query`, best first; [] when there are none. */
-  async recall(scope: MemoryScope, query: string, signal: AbortSignal): Promise<string[]> {
+  /** The memories in `scope` relevant to `query`, best first; [] when there are none. */
+  async recall(scope: MemoryScope, query: string, signal: AbortSignal): Promise<Recalled[]> {
     if (this.options.k === 0) return [];
     const key = scopeKey(scope);
     if ((this.emptyUntil.get(key) ?? 0) > Date.now()) {
@@ -70,20 +70,28 @@ export class MemoryRecall {
     return (await first).texts;
   }
 
+  /** Drops what is believed about every scope of a tenant (a memory was saved there; owner views span owners). */
+  invalidateTenant(tenant: string): void {
+    const prefix = JSON.stringify([tenant]).slice(0, -1) + ",";
+    for (const key of this.emptyUntil.keys()) if (key.startsWith(prefix)) this.emptyUntil.delete(key);
+  }
+
   /** Drops what is believed about a scope (a memory was saved to it). */
   invalidate(scope: MemoryScope): void {
     this.emptyUntil.delete(scopeKey(scope));
   }
 
   /** One search: the relevant texts, and whether the scope holds no memory at all (false if the search failed). */
-  private async search(scope: MemoryScope, key: string, query: string, signal: AbortSignal): Promise<{ texts: string[]; empty: boolean }> {
+  private async search(scope: MemoryScope, key: string, query: string, signal: AbortSignal): Promise<{ texts: Recalled[]; empty: boolean }> {
     try {
       const res = await this.memory.searchMemories({ scope, query, k: this.options.k }, { timeoutMs: this.options.timeoutMs, signal });
       // A vector search returns the nearest memories whatever their score: none at all means none exist.
       const empty = res.results.length === 0;
       if (empty) this.emptyUntil.set(key, Date.now() + this.options.emptyForMs);
       else this.emptyUntil.delete(key);
-      const texts = res.results.filter((r) => r.score >= this.options.minScore && r.memory?.kind !== MemoryKind.UNSPECIFIED).map((r) => r.memory!.text);
+      const texts = res.results
+        .filter((r) => r.score >= this.options.minScore && r.memory !== undefined && r.memory.kind !== MemoryKind.UNSPECIFIED)
+        .map((r) => ({ text: r.memory!.text, kind: r.memory!.kind }));
       return { texts, empty };
     } catch (err) {
       this.logger.debug("memory search skipped", { error: String((err as Error).message ?? err) });
@@ -92,6 +100,12 @@ export class MemoryRecall {
   }
 }
 
+/** One recalled memory: its text and whether it is a fact, a profile entry, an episode or a note. */
+export interface Recalled {
+  text: string;
+  kind: MemoryKind;
+}
+
 function scopeKey(scope: MemoryScope): string {
-  return JSON.stringify([scope.tenant ?? "", scope.owner ?? "", scope.agentId ?? ""]);
+  return JSON.stringify([scope.tenant ?? "", scope.owner ?? "", scope.agentId ?? "", scope.allOwners ?? false]);
 }

@@ -51,6 +51,8 @@ export class ModelError extends Error {
     readonly retryable: boolean,
     readonly status?: number,
     readonly aborted = false,
+    /** How long the endpoint asked us to wait (Retry-After, retry-after-ms), if it said. */
+    readonly retryAfterMs?: number,
   ) {
     super(message);
     this.name = "ModelError";
@@ -227,8 +229,24 @@ function classify(err: unknown, signal: AbortSignal): ModelError {
   if (signal.aborted || err instanceof OpenAI.APIUserAbortError) return new ModelError("aborted", false, undefined, true);
   if (err instanceof OpenAI.APIError && typeof err.status === "number") {
     const retryable = err.status === 408 || err.status === 409 || err.status === 429 || err.status >= 500;
-    return new ModelError(`model endpoint answered ${err.status}: ${err.message}`, retryable, err.status);
+    return new ModelError(`model endpoint answered ${err.status}: ${err.message}`, retryable, err.status, false, retryAfter(err.headers as Headers | undefined));
   }
   // Connection refused, reset, cut mid-stream, timeouts: worth another try.
   return new ModelError(`model endpoint unreachable: ${(err as Error)?.message ?? String(err)}`, true);
+}
+
+/** A Retry-After (seconds or an HTTP date) or retry-after-ms header, in milliseconds. */
+export function retryAfter(headers: Headers | undefined, now = Date.now()): number | undefined {
+  const ms = headers?.get("retry-after-ms");
+  if (ms && /^\d+(\.\d+)?$/.test(ms.trim())) return Math.ceil(Number(ms));
+  const value = headers?.get("retry-after")?.trim();
+  if (!value) return undefined;
+  if (/^\d+(\.\d+)?$/.test(value)) return Math.ceil(Number(value) * 1000);
+  const at = Date.parse(value);
+  return Number.isNaN(at) ? undefined : Math.max(0, at - now);
+}
+
+/** The endpoint refused the request as longer than the model's context window. */
+export function isContextOverflow(err: ModelError): boolean {
+  return (err.status === 400 || err.status === 413) && /context.length|maximum context|context window|too many tokens|prompt is too long|context_length_exceeded/i.test(err.message);
 }

@@ -1,6 +1,7 @@
 // The runner process: RunnerService over the session actors, plus registration with the router
 // so the gateway can find the runner that owns a session.
 import { randomUUID } from "node:crypto";
+import path from "node:path";
 import { create } from "@bufbuild/protobuf";
 import { context } from "@opentelemetry/api";
 import { NAME, identityOf, internalCredentials, sameIdentity } from "../shared/auth.js";
@@ -12,7 +13,7 @@ import { MemoryService } from "../shared/gen/troupe/v1/memory_pb.js";
 import { RouterService } from "../shared/gen/troupe/v1/router_pb.js";
 import { AttachResponseSchema, RunnerService, type AttachRequest } from "../shared/gen/troupe/v1/runner_pb.js";
 import { SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
-import { SessionInfoSchema, type AgentEvent } from "../shared/gen/troupe/v1/session_pb.js";
+import { ClientFrameSchema, QueueMode, SessionInfoSchema, type AgentEvent } from "../shared/gen/troupe/v1/session_pb.js";
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import type { Logger } from "../shared/log.js";
 import type { RunningService } from "../shared/service.js";
@@ -25,6 +26,14 @@ import { AuditLog } from "./audit-log.js";
 import { JsonlSessionStore, type SessionOwner } from "./session-log.js";
 import { SessionRegistry } from "./session-registry.js";
 import { execTool, fileTools, memoryTools } from "./tools.js";
+import { AgentConfigs, type AgentConfig } from "./agent-config.js";
+import { ContextSources, buildSystemPrompt, type Sender } from "./context.js";
+import { delegateTool } from "./delegate.js";
+import { Hooks, loadPlugins } from "./hooks.js";
+import type { RunDeps } from "./loop.js";
+import { InboundSafety } from "./safety.js";
+import { ScheduleBook, Scheduler } from "./schedules.js";
+import { TokenCounter } from "./tokens.js";
 
 /** A subscriber that stops taking events for this long is cut off (it can resume by seq). */
 const SLOW_SUBSCRIBER_MS = 30_000;
@@ -84,20 +93,34 @@ function pageParams(pageSize: number, pageToken: string): { size: number; offset
   return { size: pageSize === 0 ? 100 : pageSize, offset: pageToken === "" ? 0 : Number(pageToken) };
 }
 
-/** Whose memories a session's runs use: its memory owner (channel sessions), else its principal. */
-const memoryScope = (owner: SessionOwner) => ({ tenant: owner.tenant, owner: owner.memoryOwner ?? owner.principal });
-
-/** The run's system prompt: who the agent is, what it can do, and what it remembers. */
-async function systemPrompt(recall: MemoryRecall, agentId: string, owner: SessionOwner, query: string, signal: AbortSignal): Promise<string> {
-  const lines = [
-    `You are ${agentId}, an agent served by Troupe.`,
-    `Current time: ${new Date().toISOString()}.`,
-    "Shell commands (exec) and workspace files (read_file, write_file, list_files) live in an isolated sandbox without network access.",
-  ];
-  const remembered = await recall.recall(memoryScope(owner), query, signal);
-  if (remembered.length > 0) lines.push("What you remember that may be relevant:", ...remembered.map((text) => `- ${text}`));
-  return lines.join("\n");
+/** The channel a session serves, from its key (agent:<agent>:<channel>:...); "grpc" for direct sessions. */
+function channelOf(sessionId: string): string {
+  const parts = sessionId.split(":");
+  return parts[0] === "agent" && parts.length >= 4 && parts[2] !== "dm" ? parts[2] : "grpc";
 }
+
+/**
+ * Who speaks in a session, for context and memory. The agent's owners are the principals its
+ * agent.json lists; with none listed, whoever opened the session directly is its owner and a
+ * chat channel's sender (a session with a memory owner) is external.
+ */
+function senderOf(owner: SessionOwner, agent: AgentConfig): Sender {
+  const id = owner.memoryOwner ?? owner.principal;
+  const isOwner = agent.owners.length > 0 ? agent.owners.includes(id) : owner.memoryOwner === undefined;
+  return { id, tenant: owner.tenant, isOwner };
+}
+
+/**
+ * An owner named in agent.json recalls every memory the agent has in the tenant, whoever it is
+ * about; anyone else recalls only their own. Without named owners every principal that opens a
+ * session is its owner for the profile, but principals of one tenant are separate people: their
+ * memories stay apart.
+ */
+const memoryScope = (sender: Sender, agentId: string, agent: AgentConfig) =>
+  sender.isOwner && agent.owners.includes(sender.id) ? { tenant: sender.tenant, owner: sender.id, agentId, allOwners: true } : { tenant: sender.tenant, owner: sender.id };
+
+/** Where the memory tools read and write: the speaker's own memories. */
+const ownScope = (owner: SessionOwner) => ({ tenant: owner.tenant, owner: owner.memoryOwner ?? owner.principal });
 
 export async function startRunner(cfg: Config, logger: Logger): Promise<RunningService> {
   // Runners that share a data directory arbitrate sessions through the store (session-lease.ts).
@@ -115,26 +138,95 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
       ? undefined
       : (scope: { tenant: string; owner: string }, agentId: string, sessionId: string, exchange: { role: string; text: string }[]) => {
           memory.learnFromTurn({ scope: { ...scope, agentId }, sessionId, messages: exchange }, { timeoutMs: 120_000 }).then(
-            (res) => res.changes.length > 0 && recall.invalidate(scope),
+            (res) => res.changes.length > 0 && recall.invalidateTenant(scope.tenant),
             (err: unknown) => logger.debug("learning from a turn failed", { session: sessionId, error: String((err as Error).message ?? err) }),
           );
         };
   const router = createClient(RouterService, cfg.addr.router, { headers: credentials.headers });
   const tools = [execTool(sandbox, cfg.execTimeoutMs), ...fileTools(sandbox)];
   const audit = new AuditLog(cfg.dataDir);
-  const registry = new SessionRegistry({
-    store,
-    audit,
-    logger,
-    runDeps: (agentId, owner) => ({
+  const hooks = new Hooks();
+  await loadPlugins(hooks, cfg.hookModules);
+  const safety = new InboundSafety(hooks.threatChecks);
+  const agents = new AgentConfigs(cfg.agentsDir);
+  const sources = new ContextSources(cfg.agentsDir);
+  const counters = new Map<string, Promise<TokenCounter>>();
+  const tokensFor = (modelName: string) => {
+    let c = counters.get(modelName);
+    if (!c) counters.set(modelName, (c = TokenCounter.forModel(modelName)));
+    return c;
+  };
+  const auditFailed = (err: unknown) => logger.error("audit log write failed", { error: String(err) });
+
+  const runDeps = (actor: SessionActor): RunDeps => {
+    const { agentId, owner, subagent, sessionId } = actor;
+    const agentConfig = async () => (await agents.get(agentId)).config;
+    const sender = owner.memoryOwner ?? owner.principal;
+    const mine = ownScope(owner);
+    const runTools = [
+      ...tools,
+      ...memoryTools(memory, mine, agentId, () => recall.invalidateTenant(owner.tenant)),
+      delegateTool({ parent: actor, agent: agentConfig, createChild: (childId, sub) => registry.createChild(childId, actor, sub) }),
+    ];
+    return {
       agentId,
-      modelName: cfg.model,
+      defaultModel: cfg.model,
       model,
-      tools: [...tools, ...memoryTools(memory, memoryScope(owner), agentId, () => recall.invalidate(memoryScope(owner)))],
-      afterRun: learn ? (sessionId, exchange) => learn(memoryScope(owner), agentId, sessionId, exchange) : undefined,
-      systemPrompt: (query, signal) => systemPrompt(recall, agentId, owner, query, signal),
-    }),
-  }, { passivateAfterMs: cfg.passivateAfterMs });
+      hooks,
+      sender,
+      tools: runTools,
+      agent: () => agents.get(agentId),
+      tokens: tokensFor,
+      // Sub-agents run quietly: nothing learned from their turns.
+      afterRun: learn && !subagent ? (sid, exchange) => learn(mine, agentId, sid, exchange) : undefined,
+      async systemPrompt(req, signal) {
+        const who = senderOf(owner, req.agent);
+        const memories = await recall.recall(memoryScope(who, agentId, req.agent), req.query, signal);
+        return buildSystemPrompt(
+          sources,
+          {
+            agentId,
+            agent: req.agent,
+            sessionId,
+            channel: channelOf(sessionId),
+            sender: who,
+            tools: runTools,
+            memories,
+            ephemeral: subagent ? [subagent.instruction, ...req.ephemeral] : req.ephemeral,
+            skipContextFiles: subagent !== undefined,
+            driftReminder: req.driftReminder,
+            now: new Date(),
+          },
+          req.tokens,
+          req.budget,
+        );
+      },
+      async screen(q) {
+        const verdict = await safety.check(q.text, { sessionId, agentId, sender, frameId: q.frameId });
+        if (verdict.level !== "high" && verdict.level !== "medium") return undefined;
+        const action = verdict.level === "high" ? "message_blocked" : "message_flagged";
+        await audit
+          .record({ action, sessionId, frameId: q.frameId, tenant: owner.tenant, sender, check: verdict.check, level: verdict.level, reason: verdict.reason, excerpt: q.text.slice(0, 200) })
+          .catch(auditFailed);
+        return verdict.level === "high" ? verdict : undefined;
+      },
+    };
+  };
+  const registry = new SessionRegistry({ store, audit, logger, runDeps }, { passivateAfterMs: cfg.passivateAfterMs });
+
+  // Scheduled tasks and heartbeats: each firing is a prompt the session takes once (see schedules.ts).
+  const book = new ScheduleBook(path.join(cfg.dataDir, "schedules"), cfg.minHeartbeatSeconds);
+  const scheduler = new Scheduler(book, async (f) => {
+    const actor = await registry.get(f.sessionId);
+    if (!actor) {
+      logger.warn("a schedule names a session that no longer exists; removing it", { session: f.sessionId, schedule: f.scheduleId });
+      await book.remove(f.sessionId, f.scheduleId);
+      return;
+    }
+    const frame = create(ClientFrameSchema, { frameId: `trigger:${f.kind}:${f.scheduleId}:${f.dueMs}`, kind: { case: "prompt", value: { text: f.text, queueMode: QueueMode.FOLLOWUP } } });
+    await actor.submit(frame);
+  }, logger);
+  scheduler.start();
 
   // Session calls come from the gateway with the client's verified identity; a session answers
   // only the tenant and principal that own it.
@@ -274,6 +366,26 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
     async passivateIdle(req) {
       return { passivated: await registry.passivateIdle(req.idleForMs) };
     },
+
+    async putSchedule(req, call) {
+      if (!req.schedule) throw invalidArgument("schedule is required");
+      const actor = await requireActor(req.schedule.sessionId, call);
+      const schedule = await book.put(actor.sessionId, actor.owner, req.schedule);
+      scheduler.changed();
+      return { schedule };
+    },
+
+    async readSchedules(req, call) {
+      const actor = await requireActor(req.sessionId, call);
+      return { schedules: book.list(await book.read(actor.sessionId)) };
+    },
+
+    async removeSchedule(req, call) {
+      const actor = await requireActor(req.sessionId, call);
+      const deleted = await book.remove(actor.sessionId, req.scheduleId);
+      scheduler.changed();
+      return { deleted };
+    },
   });
 
   const port = await server.listen(cfg.addr.runner);
@@ -282,6 +394,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
 
   return {
     async drain() {
+      scheduler.stop();
       await registration.stop();
       await server.drain(cfg.drainGraceMs);
       await registry.close();

@@ -22,9 +22,9 @@ import { RpcError, Status, failedPrecondition, resourceExhausted, statusName } f
 import { newId } from "../shared/ids.js";
 import type { Logger } from "../shared/log.js";
 import { contextFromRecord } from "../shared/telemetry.js";
-import { injectUserMessages, runAgent, type EventPayload, type QueuedMessage, type RunDeps, type RunHost } from "./loop.js";
+import { injectUserMessages, runAgent, type Compaction, type EventPayload, type QueuedMessage, type RunDeps, type RunHost } from "./loop.js";
 import type { AuditLog } from "./audit-log.js";
-import { ownerOf, type LogRecord, type SessionLog, type SessionOwner, type SessionStore } from "./session-log.js";
+import { ownerOf, type LogRecord, type SessionLog, type SessionOwner, type SessionStore, type Subagent } from "./session-log.js";
 import { SessionElsewhere } from "./session-lease.js";
 
 /** Where an actor's events go: a client stream, seen through its backpressure. */
@@ -40,7 +40,8 @@ export interface ActorDeps {
   store: SessionStore;
   audit: AuditLog;
   logger: Logger;
-  runDeps(agentId: string, owner: SessionOwner): RunDeps;
+  /** What a run of this actor's session uses (model, tools, prompt, hooks). */
+  runDeps(actor: SessionActor): RunDeps;
 }
 
 /** Recent events (deltas included) kept in memory for resuming clients. */
@@ -129,6 +130,8 @@ export class SessionActor {
   private readonly steering: Queued[] = [];
   private readonly followUps: Queued[] = [];
   private run?: { turnId: string; controller: AbortController; done: Promise<void> };
+  /** The latest compaction: what the model sees in place of the messages before the cut. */
+  private compaction?: Compaction;
   private readonly subscribers = new Set<EventSubscriber>();
   private readonly ring: AgentEvent[] = [];
   private pendingDelta?: { messageId: string; kind: "text" | "thinking"; text: string };
@@ -147,11 +150,13 @@ export class SessionActor {
     readonly owner: SessionOwner,
     private readonly log: SessionLog,
     private readonly deps: ActorDeps,
+    /** Set when the session is a sub-agent's (delegate_task): its parent, depth and instruction. */
+    readonly subagent?: Subagent,
   ) {}
 
-  static async create(sessionId: string, agentId: string, owner: SessionOwner, deps: ActorDeps): Promise<SessionActor> {
-    const log = await deps.store.create(sessionId, agentId, owner);
-    return new SessionActor(sessionId, agentId, owner, log, deps);
+  static async create(sessionId: string, agentId: string, owner: SessionOwner, deps: ActorDeps, subagent?: Subagent): Promise<SessionActor> {
+    const log = await deps.store.create(sessionId, agentId, owner, subagent);
+    return new SessionActor(sessionId, agentId, owner, log, deps, subagent);
   }
 
   /** Rebuilds the actor from its log. A run the log shows as unfinished was cut off by a crash. */
@@ -162,7 +167,7 @@ export class SessionActor {
       await log.close();
       throw new Error(`session log ${sessionId} has no header`);
     }
-    const actor = new SessionActor(sessionId, head.agentId, ownerOf(head), log, deps);
+    const actor = new SessionActor(sessionId, head.agentId, ownerOf(head), log, deps, head.subagent);
     actor.createdMs = head.createdMs;
     // Recovery publishes events at once (a cut-off run's end, acknowledgements owed), and clients
     // see them before the log does. Their seqs must be reserved durably first: a process that died
@@ -202,6 +207,8 @@ export class SessionActor {
         if (p.case === "messageEnd" && p.value.message) this.messages.push(p.value.message);
         else if (p.case === "frameAccepted" && !p.value.duplicate) this.acks.set(p.value.frameId, Promise.resolve(ev));
         else if (p.case === "error" && p.value.code === "CANCELLED" && p.value.frameId) dropped.add(p.value.frameId);
+        else if (p.case === "messageBlocked") dropped.add(p.value.frameId);
+        else if (p.case === "compactionEnd") this.compaction = { summary: p.value.summary, firstKeptMessageId: p.value.firstKeptMessageId };
         else if (p.case === "agentStart") openTurn = ev.turnId;
         else if (p.case === "agentEnd") openTurn = undefined;
       }
@@ -449,9 +456,10 @@ export class SessionActor {
       pressure: () => this.pressure(),
       takeSteering: () => this.steering.splice(0),
       takeFollowUps: () => this.followUps.splice(0),
+      compaction: () => this.compaction,
     };
     try {
-      await runAgent(host, this.deps.runDeps(this.agentId, this.owner), first);
+      await runAgent(host, this.deps.runDeps(this), first);
     } catch (err) {
       // Not a model or tool failure (those end runs normally): a bug. Its state is suspect, so
       // the actor rebuilds itself from its log; other sessions are untouched.
@@ -481,6 +489,7 @@ export class SessionActor {
       this.steering.length = 0;
       this.followUps.length = 0;
       this.collecting = [];
+      this.compaction = undefined;
       clearTimeout(this.collectTimer);
       // What was queued comes back from the log (accepted, never applied) and runs after this.
       this.replayLog(records, { live: liveSeq }, { reason: StopReason.ERROR, message: "the run failed unexpectedly", startedBy });
@@ -515,7 +524,8 @@ export class SessionActor {
       this.reservedUpTo = this.seq + SEQ_BLOCK;
       this.persist({ t: "seq", upTo: this.reservedUpTo }, true);
     }
-    if (!TRANSIENT.has(payload.case)) this.persist({ t: "event", event: toJson(AgentEventSchema, event) }, payload.case === "agentEnd");
+    if (!TRANSIENT.has(payload.case)) this.persist({ t: "event", event: toJson(AgentEventSchema, event) }, payload.case === "agentEnd" || payload.case === "compactionEnd");
+    if (event.payload.case === "compactionEnd") this.compaction = { summary: event.payload.value.summary, firstKeptMessageId: event.payload.value.firstKeptMessageId };
     this.ring.push(event);
     if (this.ring.length > RING_SIZE) this.ring.splice(0, this.ring.length - RING_SIZE);
     for (const sub of this.subscribers) sub.send(event);

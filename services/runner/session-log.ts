@@ -13,7 +13,7 @@ import { SessionElsewhere, SessionLeases, type Lease, type Owner } from "./sessi
 export type LogRecord =
   // The header. tenant and principal own the session; logs written before authentication existed
   // have neither and belong to the local development identity (LEGACY_OWNER).
-  | { t: "session"; sessionId: string; agentId: string; createdMs: number; tenant?: string; principal?: string; memoryOwner?: string }
+  | { t: "session"; sessionId: string; agentId: string; createdMs: number; tenant?: string; principal?: string; memoryOwner?: string; subagent?: Subagent }
   // A runner took the session (see session-lease.ts); records of older epochs after it are void.
   | { t: "epoch"; epoch: number; runnerId: string }
   | { t: "frame"; frame: unknown }
@@ -24,6 +24,13 @@ export type LogRecord =
   | { t: "seq"; upTo: number }
   // The actor left memory cleanly with `seq` as its last seq: nothing was handed out beyond it.
   | { t: "closed"; seq: number };
+
+/** A sub-agent's session (delegate_task): whose child it is, how deep, and its task instruction. */
+export interface Subagent {
+  parentSessionId: string;
+  depth: number;
+  instruction: string;
+}
 
 export interface SessionLog {
   /**
@@ -64,7 +71,7 @@ export interface StoredSession {
 export interface SessionStore {
   exists(sessionId: string): Promise<boolean>;
   /** A new session, owned by this runner. Fails with EEXIST if the session exists. */
-  create(sessionId: string, agentId: string, owner: SessionOwner): Promise<SessionLog>;
+  create(sessionId: string, agentId: string, owner: SessionOwner, subagent?: Subagent): Promise<SessionLog>;
   /** Takes a stored session for this runner: its log to append to and its records so far. */
   activate(sessionId: string): Promise<{ log: SessionLog; records: LogRecord[] }>;
   /** The session's valid records (a stale owner's late writes left out). */
@@ -235,12 +242,12 @@ export class JsonlSessionStore implements SessionStore {
    * fsynced to a temporary file that is then linked into place. A crash leaves either no log or a
    * complete header, and link() fails with EEXIST if someone else created the session first.
    */
-  async create(sessionId: string, agentId: string, owner: SessionOwner): Promise<SessionLog> {
+  async create(sessionId: string, agentId: string, owner: SessionOwner, subagent?: Subagent): Promise<SessionLog> {
     await mkdir(this.dir, { recursive: true });
     const final = this.file(sessionId);
     if (await this.exists(sessionId)) throw Object.assign(new Error(`session ${sessionId} exists`), { code: "EEXIST" });
     const lease = await this.leases.acquire(sessionId, 0);
-    const header: LogRecord = { t: "session", sessionId, agentId, createdMs: Date.now(), tenant: owner.tenant, principal: owner.principal, ...(owner.memoryOwner ? { memoryOwner: owner.memoryOwner } : {}) };
+    const header: LogRecord = { t: "session", sessionId, agentId, createdMs: Date.now(), tenant: owner.tenant, principal: owner.principal, ...(owner.memoryOwner ? { memoryOwner: owner.memoryOwner } : {}), ...(subagent ? { subagent } : {}) };
     const epoch: LogRecord = { t: "epoch", epoch: lease.epoch, runnerId: this.leases.self.runnerId };
     try {
       if (!(await createExclusive(final, logLine(header) + logLine(epoch, lease.epoch)))) {

@@ -7,6 +7,7 @@ import { notFound, permissionDenied } from "../shared/errors.js";
 import { validateSessionRef } from "../shared/frames.js";
 import { DEFAULT_AGENT, newId } from "../shared/ids.js";
 import { SessionActor, type ActorDeps } from "./session-actor.js";
+import type { Subagent } from "./session-log.js";
 
 export interface RegistryOptions {
   /** Actors with nothing to do for this long leave memory; they are reloaded from their log. */
@@ -96,6 +97,11 @@ export class SessionRegistry {
     await actor.setQueueMode(open.queueMode);
     const opened = create(SessionOpenedSchema, { sessionId, agentId: actor.agentId, lastSeq: BigInt(actor.lastSeq), created, frameId });
     return { actor, opened };
+  }
+
+  /** A sub-agent's session (delegate_task): created for the parent's owner, never found by another. */
+  createChild(sessionId: string, parent: SessionActor, subagent: Subagent): Promise<SessionActor> {
+    return this.remember(sessionId, () => SessionActor.create(sessionId, parent.agentId, parent.owner, this.deps, subagent));
   }
 
   /** Loaded actors, for listing. */

@@ -25,7 +25,13 @@ export interface ToolResult {
 export interface Tool {
   name: string;
   description: string;
+  /** JSON schema of the arguments; calls are validated against it before execute runs. */
   parameters: Record<string, unknown>;
+  /**
+   * Safe to run at the same time as other calls of the same batch (reads, searches). Calls that
+   * change something (exec, write_file) run alone, in the order the model gave them.
+   */
+  parallel?: boolean;
   execute(args: Record<string, unknown>, ctx: ToolContext): Promise<ToolResult>;
 }
 
@@ -87,6 +93,7 @@ export function fileTools(sandbox: SandboxClient): Tool[] {
     fileTool(
       {
         name: "read_file",
+        parallel: true,
         description: "Read a text file from this session's sandbox workspace (/workspace).",
         parameters: { type: "object", properties: { path: { type: "string", description: "Path relative to the workspace." } }, required: ["path"], additionalProperties: false },
       },
@@ -123,6 +130,7 @@ export function fileTools(sandbox: SandboxClient): Tool[] {
     fileTool(
       {
         name: "list_files",
+        parallel: true,
         description: "List a directory of this session's sandbox workspace (/workspace): name, type and size of each entry.",
         parameters: { type: "object", properties: { path: { type: "string", description: "Directory relative to the workspace; empty for the workspace itself." } }, additionalProperties: false },
       },
@@ -209,6 +217,7 @@ export function memoryTools(memory: MemoryClient, scope: MemoryScopeInit, agentI
   return [
     {
       name: "memory_search",
+      parallel: true,
       description: "Search your long-term memory of this user by meaning and by words; returns the most relevant memories with their ids.",
       parameters: { type: "object", properties: { query: { type: "string" }, k: { type: "integer", minimum: 1, maximum: 20 } }, required: ["query"], additionalProperties: false },
       async execute(args, ctx) {

@@ -9,10 +9,18 @@
 //   "!bench N"                     -> N tokens, each "@<write time in ms> " (for latency figures)
 //   "!think TEXT"                  -> TEXT as reasoning deltas, then a short answer
 //   "!fail STATUS [times=N]"       -> HTTP STATUS with an OpenAI error body (only the first N times)
-//   "!cut N"                       -> N tokens, then the connection is cut mid-stream
-//   "!call NAME ARGS"              -> one call of tool NAME with ARGS as its raw arguments text
+//   "!cut N [rate=R]"              -> N tokens, then the connection is cut mid-stream
+//   "!call NAME ARGS [;; NAME ARGS]" -> calls of tool NAME with ARGS as their raw arguments text, one batch
+//   "!first"                       -> the first message after the system prompt (to see a compaction summary)
 //   "!system"                      -> the request's system prompt, word by word (to test context)
+//   "!finish REASON"               -> a short reply that ends with finish_reason REASON
+//   "!overflow N"                  -> 400 context_length_exceeded while the request has more than N messages
+//   system prompt "[troupe:summarize]" -> a structured summary of the transcript (fails with 500 if
+//                                     the transcript contains "!nosummary")
 //   anything else                  -> "You said: TEXT", one token per word
+//
+// "!fail" also takes retry-after=S (sent as the Retry-After header) and model=M (fail only requests
+// for model M, so a fallback model answers).
 import http from "node:http";
 import { once } from "node:events";
 import { performance } from "node:perf_hooks";
@@ -37,7 +45,8 @@ interface Reply {
   rate: number;
   cutAfter?: number;
   stamp?: boolean;
-  fail?: { status: number; message: string };
+  fail?: { status: number; message: string; retryAfter?: number; code?: string };
+  finish?: string;
 }
 
 interface InMessage {
@@ -108,12 +117,17 @@ export class ScriptedModel {
   constructor(private readonly tokenRate: number) {}
 
   /** The reply the rules give for a conversation. */
-  reply(messages: InMessage[], toolNames: Set<string>): Reply {
+  reply(messages: InMessage[], toolNames: Set<string>, model = ""): Reply {
     const rate = this.tokenRate;
     // The memory service's learning requests (services/memory/learn.ts), by the marker their system prompt starts with.
     const system = messages[0]?.role === "system" ? contentText(messages[0].content) : "";
     if (system.startsWith("[troupe:extract-facts]")) return { text: [JSON.stringify({ facts: extractFacts(contentText(messages.at(-1)?.content)) })], rate };
     if (system.startsWith("[troupe:decide-memory]")) return { text: [JSON.stringify(decideMemory(contentText(messages.at(-1)?.content)))], rate };
+    if (system.startsWith("[troupe:summarize]")) {
+      const transcript = contentText(messages.at(-1)?.content);
+      if (transcript.includes("!nosummary")) return { text: [], rate, fail: { status: 500, message: "scripted failure: summaries are refused for this transcript" } };
+      return { text: words(summarise(transcript)), rate };
+    }
     const last = messages[messages.length - 1];
     if (!last) return { text: words("Nothing to answer."), rate };
     if (last.role === "tool") {
@@ -151,31 +165,85 @@ export class ScriptedModel {
         case "think":
           return { thinking: words(arg), text: words("Thought about it."), rate };
         case "call": {
-          // A tool call exactly as given, valid or not: for testing how bad calls are handled.
-          const m = /^(\S+)\s*(.*)$/s.exec(arg);
-          if (!m) break;
-          return { text: [], rate, toolCalls: [{ id: `call_${(++this.callCounter).toString(36)}`, name: m[1], arguments: m[2] }] };
+          // Tool calls exactly as given, valid or not: for testing how bad calls are handled.
+          const toolCalls: ToolCallOut[] = [];
+          for (const part of arg.split(" ;; ")) {
+            const m = /^(\S+)\s*(.*)$/s.exec(part.trim());
+            if (m) toolCalls.push({ id: `call_${(++this.callCounter).toString(36)}`, name: m[1], arguments: m[2] });
+          }
+          if (toolCalls.length === 0) break;
+          return { text: [], rate, toolCalls };
+        }
+        case "first": {
+          const first = messages.find((m) => m.role !== "system");
+          return { text: words(contentText(first?.content).slice(0, 400) || "(none)"), rate };
         }
         case "system": {
           const system = messages.filter((m) => m.role === "system").map((m) => contentText(m.content)).join("\n");
           return { text: words(system || "(no system prompt)"), rate };
         }
         case "cut":
-          return { text: Array.from({ length: 1000 }, (_, i) => `t${i + 1} `), rate, cutAfter: n > 0 ? n : 1 };
+          return { text: Array.from({ length: 1000 }, (_, i) => `t${i + 1} `), rate: option(arg, "rate") ?? rate, cutAfter: n > 0 ? n : 1 };
         case "fail": {
           const status = n >= 400 && n <= 599 ? n : 500;
+          const only = /\bmodel=(\S+)/.exec(arg)?.[1];
+          if (only !== undefined && only !== model) return { text: words(`Answered by ${model}.`), rate };
           const times = option(arg, "times");
           const seen = (this.failures.get(text) ?? 0) + 1;
           this.failures.set(text, seen);
           if (times === undefined || seen <= times) {
-            return { text: [], rate, fail: { status, message: `scripted failure ${status} (${seen}${times ? `/${times}` : ""})` } };
+            return { text: [], rate, fail: { status, message: `scripted failure ${status} (${seen}${times ? `/${times}` : ""})`, retryAfter: option(arg, "retry-after") } };
           }
           return { text: words(`Recovered after ${times} failures.`), rate };
+        }
+        case "finish":
+          return { text: words("Stopped early."), rate, finish: arg.trim() || "weird" };
+        case "overflow": {
+          const count = messages.filter((m) => m.role !== "system").length;
+          if (count > (n > 0 ? n : 1)) {
+            return { text: [], rate, fail: { status: 400, code: "context_length_exceeded", message: `This model's maximum context length is exceeded: the request has ${count} messages (scripted limit ${n}).` } };
+          }
+          return { text: words(`Fits in ${count} messages.`), rate };
         }
       }
     }
     return { text: words(`You said: ${text}`), rate };
   }
+}
+
+/** The summarize rule: the five sections, filled from the transcript's first and last requests. */
+function summarise(transcript: string): string {
+  const earlier = /Earlier summary:\n([\s\S]*?)\n\nConversation to summarise:/.exec(transcript)?.[1];
+  const lines = transcript.split("\n");
+  const users = lines.filter((l) => l.startsWith("user: ")).map((l) => l.slice(6));
+  const calls = lines.filter((l) => l.startsWith("assistant called ")).length;
+  const goal = /## Goal\n(.*)/.exec(earlier ?? "")?.[1] ?? users[0] ?? "(none)";
+  return [
+    "## Goal", goal,
+    "## Constraints", "(scripted summary)",
+    "## Progress", `${users.length} requests and ${calls} tool calls folded; the last was: ${users.at(-1) ?? "(none)"}`,
+    "## Decisions", "(none)",
+    "## Next steps", "Continue with the recent messages.",
+  ].join("\n");
+}
+
+/**
+ * What the OpenAI API refuses with 400: a tool message that does not answer a call of the
+ * assistant message before it, or an assistant's call left without its tool message.
+ */
+export function pairingProblem(messages: (InMessage & { tool_calls?: { id: string }[] })[]): string | undefined {
+  let open: Set<string> | undefined;
+  for (const m of messages) {
+    if (m.role === "tool") {
+      if (!open || !open.has(m.tool_call_id ?? "")) return `messages with role 'tool' must be a response to a preceding message with 'tool_calls' (${m.tool_call_id})`;
+      open.delete(m.tool_call_id ?? "");
+      continue;
+    }
+    if (open && open.size > 0) return `an assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id' (missing: ${[...open].join(", ")})`;
+    open = m.role === "assistant" ? new Set((m.tool_calls ?? []).map((c) => c.id)) : undefined;
+  }
+  if (open && open.size > 0) return `an assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id' (missing: ${[...open].join(", ")})`;
+  return undefined;
 }
 
 function countTokens(messages: InMessage[]): number {
@@ -250,7 +318,7 @@ async function streamReply(res: http.ServerResponse, reply: Reply, model: string
     await send({ tool_calls: [{ index, function: { arguments: call.arguments.slice(0, half) } }] });
     await send({ tool_calls: [{ index, function: { arguments: call.arguments.slice(half) } }] });
   }
-  await send({}, reply.toolCalls?.length ? "tool_calls" : "stop");
+  await send({}, reply.finish ?? (reply.toolCalls?.length ? "tool_calls" : "stop"));
   if (includeUsage) {
     const completion = written + (reply.thinking?.length ?? 0) + (reply.toolCalls?.length ?? 0) * 10;
     const usage = { prompt_tokens: promptTokens, completion_tokens: completion, total_tokens: promptTokens + completion };
@@ -313,11 +381,14 @@ export async function startScriptedModelServer(options: ScriptedModelOptions = {
         const body = await readJson(req);
         const messages = Array.isArray(body.messages) ? (body.messages as InMessage[]) : [];
         const tools = Array.isArray(body.tools) ? (body.tools as { function?: { name?: string } }[]) : [];
-        const reply = model.reply(messages, new Set(tools.map((t) => t.function?.name ?? "")));
         const modelName = typeof body.model === "string" ? body.model : "scripted-1";
+        const unpaired = pairingProblem(messages);
+        if (unpaired) return sendJson(res, 400, { error: { message: `Invalid parameter: ${unpaired}`, type: "invalid_request_error", code: null } });
+        const reply = model.reply(messages, new Set(tools.map((t) => t.function?.name ?? "")), modelName);
         if (reply.fail) {
           const type = reply.fail.status === 429 ? "rate_limit_error" : reply.fail.status >= 500 ? "server_error" : "invalid_request_error";
-          return sendJson(res, reply.fail.status, { error: { message: reply.fail.message, type, code: null } }, reply.fail.status === 429 ? { "retry-after": "1" } : {});
+          const retryAfter = reply.fail.retryAfter ?? (reply.fail.status === 429 ? 1 : undefined);
+          return sendJson(res, reply.fail.status, { error: { message: reply.fail.message, type, code: reply.fail.code ?? null } }, retryAfter === undefined ? {} : { "retry-after": String(retryAfter) });
         }
         const promptTokens = countTokens(messages);
         if (body.stream === true) {

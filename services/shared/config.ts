@@ -36,6 +36,12 @@ export interface Config {
   passivateAfterMs: number;
   /** How many memories a run's system prompt gets (0: memory is not consulted). */
   memoryContextK: number;
+  /** Per-agent folders: agent.json, workspace files (AGENTS.md, SOUL.md, IDENTITY.md), skills/. */
+  agentsDir: string;
+  /** Plugin modules (comma-separated paths) that register hooks and threat checks. */
+  hookModules: string[];
+  /** The shortest heartbeat interval a schedule may ask for. */
+  minHeartbeatSeconds: number;
   /** Default tool timeout for sandbox exec. */
   execTimeoutMs: number;
   /** Sandbox image and container runtime (runc or runsc). */
@@ -120,6 +126,9 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env,
     model: env.TROUPE_MODEL ?? "scripted-1",
     runnerLivenessMs: positiveInt("TROUPE_RUNNER_LIVENESS_MS", env.TROUPE_RUNNER_LIVENESS_MS, 10_000),
     passivateAfterMs: positiveInt("TROUPE_PASSIVATE_AFTER_MS", env.TROUPE_PASSIVATE_AFTER_MS, 600_000),
+    agentsDir: path.resolve(env.TROUPE_AGENTS_DIR ?? path.join(dataDir, "agents")),
+    minHeartbeatSeconds: positiveInt("TROUPE_MIN_HEARTBEAT_S", env.TROUPE_MIN_HEARTBEAT_S, 10),
+    hookModules: (env.TROUPE_HOOKS ?? "").split(",").map((s) => s.trim()).filter((s) => s !== "").map((s) => path.resolve(s)),
     memoryContextK: env.TROUPE_MEMORY_CONTEXT_K === "0" ? 0 : positiveInt("TROUPE_MEMORY_CONTEXT_K", env.TROUPE_MEMORY_CONTEXT_K, 5),
     execTimeoutMs: positiveInt("TROUPE_EXEC_TIMEOUT_MS", env.TROUPE_EXEC_TIMEOUT_MS, 60_000),
     sandboxImage: env.TROUPE_SANDBOX_IMAGE ?? "troupe-sandbox:busybox",

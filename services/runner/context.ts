@@ -1,0 +1,309 @@
+// The system prompt of a run, assembled from ordered sources (docs/turn-pipeline.md):
+//
+//   1. tools and reference material (TOOLS.md)      5. skills (skills/*.md)
+//   2. runtime facts (agent, channel, time, ...)    6. long-term facts, then relevant memories
+//   3. workspace files AGENTS.md, SOUL.md,          7. this turn's ephemeral instruction
+//      IDENTITY.md, nearest first up the folders    8. the identity block, in <identity> tags,
+//   4. the user profile USER.md (owner only)           last: closest to the conversation
+//
+// Operator files live on the runner's side under the agents folder, never in the sandbox: they are
+// trusted configuration, and nothing the model runs can rewrite them.
+//
+//   <agents dir>/TOOLS.md, AGENTS.md, ...                 every agent
+//   <agents dir>/<agent>/agent.json, AGENTS.md, skills/   one agent
+//   <agents dir>/<agent>/sessions/<session>/AGENTS.md     one session (nearest wins)
+//   <agents dir>/<agent>/users/<tenant>/<user>/USER.md    one owner's profile
+import { mkdir, open, readdir, stat, writeFile } from "node:fs/promises";
+import path from "node:path";
+import { MemoryKind } from "../shared/gen/troupe/v1/memory_pb.js";
+import type { AgentConfig } from "./agent-config.js";
+import type { Recalled } from "./memory-recall.js";
+import type { TokenCounter } from "./tokens.js";
+
+/** Each workspace file contributes at most this many characters, and all of them this many. */
+export const FILE_CHAR_LIMIT = 4000;
+export const FILES_CHAR_LIMIT = 12_000;
+const SKILL_CHAR_LIMIT = 8000;
+const SKILLS_MAX = 32;
+/** Bytes read from any context file; more than this is never needed. */
+const READ_BYTES = 64 * 1024;
+/** From this many user and assistant messages on, the identity reminder is in every prompt. */
+export const DRIFT_THRESHOLD = 20;
+export const WORKSPACE_FILES = ["AGENTS.md", "SOUL.md", "IDENTITY.md"] as const;
+
+export const USER_TEMPLATE = `# About me
+<!-- The agent reads this file at the start of every turn. Edit it freely. -->
+- Name:
+- Role:
+- Languages:
+- Preferences:
+- Current projects:
+`;
+
+export const IDENTITY_REMINDER =
+  "# Identity reminder\nHowever long this conversation grows, you remain the agent described in the <identity> block above: keep its personality, tone and communication style.";
+
+/** Who is speaking in the session, as far as context goes. */
+export interface Sender {
+  /** The agent's owner gets the profile and every memory; anyone else is an external sender. */
+  isOwner: boolean;
+  /** A name for the sender (principal or channel identity). */
+  id: string;
+  tenant: string;
+}
+
+export interface PromptInput {
+  agentId: string;
+  agent: AgentConfig;
+  sessionId: string;
+  channel: string;
+  sender: Sender;
+  tools: readonly { name: string; description: string }[];
+  memories: readonly Recalled[];
+  /** Per-turn instruction (a sub-agent's task, a trigger, hook additions). */
+  ephemeral: string[];
+  /** Sub-agents run without workspace files or the profile. */
+  skipContextFiles: boolean;
+  /** The conversation has reached DRIFT_THRESHOLD messages. */
+  driftReminder: boolean;
+  now: Date;
+}
+
+/** Something in the context sources that could not be used as it was; the run says so by event. */
+export interface ContextWarning {
+  code: "CONTEXT_FILE" | "CONTEXT_TRIMMED";
+  message: string;
+}
+
+interface Section {
+  title: string;
+  body: string;
+  /** Dropped first when the prompt is over its budget (higher drops first); 0 never drops. */
+  dropOrder: number;
+}
+
+/** Reads the operator's files for prompts. Reads are cached briefly: many runs share them. */
+export class ContextSources {
+  private readonly cache = new Map<string, { until: number; value: Promise<FileRead | undefined> }>();
+
+  constructor(
+    readonly agentsDir: string,
+    private readonly cacheMs = 2000,
+  ) {}
+
+  /** The folders searched for workspace files, nearest first. */
+  searchPath(agentId: string, sessionId: string): string[] {
+    const agentDir = path.join(this.agentsDir, safeName(agentId));
+    return [path.join(agentDir, "sessions", safeName(sessionId)), agentDir, this.agentsDir];
+  }
+
+  /** The first readable file of this name up the search path. */
+  async nearest(dirs: readonly string[], name: string): Promise<FileRead | undefined> {
+    for (const dir of dirs) {
+      const f = await this.read(path.join(dir, name), FILE_CHAR_LIMIT);
+      if (f) return f;
+    }
+    return undefined;
+  }
+
+  /** A context file (cached for a moment); undefined when it does not exist. */
+  read(file: string, limit: number): Promise<FileRead | undefined> {
+    const now = Date.now();
+    const hit = this.cache.get(file);
+    if (hit && hit.until > now) return hit.value;
+    const value = readContextFile(file, limit);
+    this.cache.set(file, { until: now + this.cacheMs, value });
+    if (this.cache.size > 10_000) this.cache.clear();
+    return value;
+  }
+
+  async skills(agentId: string): Promise<FileRead[]> {
+    const dirs = [path.join(this.agentsDir, safeName(agentId), "skills"), path.join(this.agentsDir, "skills")];
+    const out: FileRead[] = [];
+    const seen = new Set<string>();
+    for (const dir of dirs) {
+      const names = await readdir(dir).catch(() => [] as string[]);
+      for (const name of names.filter((n) => n.endsWith(".md")).sort()) {
+        if (seen.has(name) || out.length >= SKILLS_MAX) continue;
+        seen.add(name);
+        const f = await this.read(path.join(dir, name), SKILL_CHAR_LIMIT);
+        if (f) out.push(f);
+      }
+    }
+    return out;
+  }
+
+  /** The owner's profile, created from the template the first time it is asked for. */
+  async profile(agentId: string, sender: Sender): Promise<FileRead | undefined> {
+    const dir = path.join(this.agentsDir, safeName(agentId), "users", safeName(sender.tenant), safeName(sender.id));
+    const file = path.join(dir, "USER.md");
+    const found = await this.read(file, FILE_CHAR_LIMIT);
+    if (found) return found;
+    await mkdir(dir, { recursive: true });
+    await writeFile(file, USER_TEMPLATE, { flag: "wx" }).catch((err: NodeJS.ErrnoException) => {
+      if (err.code !== "EEXIST") throw err;
+    });
+    this.cache.delete(file);
+    return this.read(file, FILE_CHAR_LIMIT);
+  }
+}
+
+export interface FileRead {
+  file: string;
+  text: string;
+  /** Why the file was used in part or not at all. */
+  problem?: string;
+}
+
+/** A folder or file name made from an id (ids may hold ':' and '@'). */
+export function safeName(id: string): string {
+  const s = id.replace(/[^A-Za-z0-9._-]/g, "_");
+  return s === "" || s === "." || s === ".." ? `_${s}` : s;
+}
+
+/** A text file, cut at `limit` characters; binary files are refused with a stated problem. */
+async function readContextFile(file: string, limit: number): Promise<FileRead | undefined> {
+  let size: number;
+  try {
+    const st = await stat(file);
+    if (!st.isFile()) return undefined;
+    size = st.size;
+  } catch {
+    return undefined;
+  }
+  const handle = await open(file, "r").catch(() => undefined);
+  if (!handle) return { file, text: "", problem: `${path.basename(file)} cannot be read` };
+  try {
+    const buf = Buffer.alloc(Math.min(size, READ_BYTES));
+    const { bytesRead } = await handle.read(buf, 0, buf.length, 0);
+    const bytes = buf.subarray(0, bytesRead);
+    if (bytes.includes(0) || !isUtf8Text(bytes, bytesRead < size)) {
+      return { file, text: "", problem: `${path.basename(file)} is not a UTF-8 text file; it was left out` };
+    }
+    let text = bytes.toString("utf8");
+    if (bytesRead < size) text = text.replace(/\uFFFD$/, "");
+    const chars = size > bytesRead ? size : text.length;
+    if (chars > limit) {
+      return { file, text: text.slice(0, limit), problem: `${path.basename(file)} has ${chars} characters; only the first ${limit} are used` };
+    }
+    return { file, text };
+  } finally {
+    await handle.close();
+  }
+}
+
+function isUtf8Text(bytes: Buffer, truncated: boolean): boolean {
+  const text = bytes.toString("utf8");
+  let bad = 0;
+  for (const ch of text) if (ch === "\uFFFD") bad++;
+  // A cut in the middle of a character at the end of a partial read is not a defect.
+  return bad <= (truncated ? 1 : 0);
+}
+
+/** Builds the system prompt; `warnings` says what was cut or left out and why. */
+export async function buildSystemPrompt(
+  sources: ContextSources,
+  input: PromptInput,
+  tokens: TokenCounter,
+  budget: number,
+): Promise<{ text: string; tokens: number; warnings: ContextWarning[] }> {
+  const warnings: ContextWarning[] = [];
+  const sections: Section[] = [];
+  const { sender } = input;
+
+  const toolLines = input.tools.map((t) => `- ${t.name}: ${t.description}`);
+  const dirs = sources.searchPath(input.agentId, input.sessionId);
+  const reference = input.skipContextFiles ? undefined : await sources.nearest(dirs, "TOOLS.md");
+  if (reference?.problem) warnings.push({ code: "CONTEXT_FILE", message: reference.problem });
+  sections.push({
+    title: "Tools",
+    body: [toolLines.length > 0 ? toolLines.join("\n") : "You have no tools in this session.", reference?.text ?? ""].filter((s) => s !== "").join("\n\n"),
+    dropOrder: 0,
+  });
+
+  sections.push({
+    title: "Runtime",
+    body: [
+      `Agent: ${input.agentId}`,
+      `Session: ${input.sessionId}`,
+      `Channel: ${input.channel}`,
+      `Current time: ${input.now.toISOString()}`,
+      "Workspace: /workspace in an isolated sandbox without network access (shell commands and files go there).",
+    ].join("\n"),
+    dropOrder: 0,
+  });
+
+  if (!input.skipContextFiles) {
+    let room = FILES_CHAR_LIMIT;
+    const parts: string[] = [];
+    for (const name of WORKSPACE_FILES) {
+      const f = await sources.nearest(dirs, name);
+      if (!f) continue;
+      if (f.problem) warnings.push({ code: "CONTEXT_FILE", message: f.problem });
+      if (f.text.trim() === "") continue;
+      let text = f.text;
+      if (text.length > room) {
+        warnings.push({ code: "CONTEXT_FILE", message: `${name} was cut to ${room} characters: workspace files share ${FILES_CHAR_LIMIT}` });
+        text = text.slice(0, room);
+      }
+      room -= text.length;
+      if (text !== "") parts.push(`### ${name}\n${text.trim()}`);
+    }
+    if (parts.length > 0) sections.push({ title: "Workspace context", body: parts.join("\n\n"), dropOrder: 4 });
+
+    if (sender.isOwner) {
+      const profile = await sources.profile(input.agentId, sender).catch((err: Error) => {
+        warnings.push({ code: "CONTEXT_FILE", message: `USER.md: ${err.message}` });
+        return undefined;
+      });
+      if (profile?.problem) warnings.push({ code: "CONTEXT_FILE", message: profile.problem });
+      if (profile && profile.text.trim() !== "") sections.push({ title: "User profile", body: profile.text.trim(), dropOrder: 0 });
+    }
+  }
+
+  const skills = await sources.skills(input.agentId);
+  for (const s of skills) if (s.problem) warnings.push({ code: "CONTEXT_FILE", message: s.problem });
+  const usable = skills.filter((s) => s.text.trim() !== "");
+  if (usable.length > 0) sections.push({ title: "Skills", body: usable.map((s) => `### ${path.basename(s.file, ".md")}\n${s.text.trim()}`).join("\n\n"), dropOrder: 3 });
+
+  const isFact = (m: Recalled) => m.kind === MemoryKind.FACT || m.kind === MemoryKind.PROFILE;
+  const facts = input.memories.filter(isFact);
+  const others = input.memories.filter((m) => !isFact(m));
+  if (facts.length > 0) sections.push({ title: "Long-term facts", body: facts.map((m) => `- ${m.text}`).join("\n"), dropOrder: 2 });
+  if (others.length > 0) sections.push({ title: "Relevant memories", body: others.map((m) => `- ${m.text}`).join("\n"), dropOrder: 1 });
+
+  const ephemeral = input.ephemeral.filter((s) => s.trim() !== "");
+  if (ephemeral.length > 0) sections.push({ title: "Instructions for this turn", body: ephemeral.join("\n\n"), dropOrder: 0 });
+
+  const identity = identityBlock(input);
+  const tail = input.driftReminder ? `${identity}\n\n${IDENTITY_REMINDER}` : identity;
+  const render = (list: Section[]) => [...list.map((s) => `## ${s.title}\n${s.body}`), tail].join("\n\n");
+
+  // Over budget, the optional sources leave in their drop order; identity and profile always stay.
+  let kept = sections;
+  let text = render(kept);
+  let count = tokens.text(text);
+  for (const order of [1, 2, 3, 4]) {
+    if (count <= budget) break;
+    const dropped = kept.filter((s) => s.dropOrder === order);
+    if (dropped.length === 0) continue;
+    kept = kept.filter((s) => s.dropOrder !== order);
+    warnings.push({ code: "CONTEXT_TRIMMED", message: `${dropped.map((s) => s.title).join(", ")} left out: the system prompt would pass its ${budget}-token budget` });
+    text = render(kept);
+    count = tokens.text(text);
+  }
+  return { text, tokens: count, warnings };
+}
+
+function identityBlock(input: PromptInput): string {
+  const { agent, sender } = input;
+  if (!sender.isOwner) {
+    return [
+      "<identity>",
+      `You are ${agent.name}, an assistant. You are talking with ${sender.id}, who is not your owner.`,
+      "Be helpful and courteous. Do not share anything about your owner or other people you know of.",
+      "</identity>",
+    ].join("\n");
+  }
+  return ["<identity>", `# Identity: ${agent.name}`, agent.persona.trim() || `You are ${agent.name}, an agent served by Troupe.`, "</identity>"].join("\n");
+}

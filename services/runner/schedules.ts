@@ -1,0 +1,264 @@
+// Triggers beyond chat: scheduled tasks (cron) and heartbeats. Each session's schedules are one
+// JSON file under <data-dir>/schedules/, written whole and renamed into place, so a schedule
+// survives any restart and every runner sharing the data directory sees it.
+//
+// Every runner runs a Scheduler over all the files. A firing submits a prompt whose frame id is
+// made of the schedule and the due time ("trigger:schedule:<id>:<ms>"): the session takes it once
+// even if two runners fire it, and only the runner that holds (or wins) the session's lease can
+// submit at all. A runner that was down when a firing was due fires it once when it comes back.
+import { mkdir, readFile, readdir, rename, rm, writeFile } from "node:fs/promises";
+import path from "node:path";
+import { create } from "@bufbuild/protobuf";
+import { timestampFromMs } from "@bufbuild/protobuf/wkt";
+import { invalidArgument, resourceExhausted } from "../shared/errors.js";
+import { ScheduleSchema, type Schedule } from "../shared/gen/troupe/v1/schedule_pb.js";
+import { newId } from "../shared/ids.js";
+import type { Logger } from "../shared/log.js";
+import type { SessionOwner } from "./session-log.js";
+import { CronError, nextFire, parseCron, type Cron } from "./cron.js";
+import { safeName } from "./context.js";
+
+export const MAX_SCHEDULES_PER_SESSION = 20;
+const SCHEDULE_ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
+export const DEFAULT_HEARTBEAT_TEXT = "Heartbeat: check whether anything needs your attention. If nothing does, reply HEARTBEAT_OK.";
+
+interface StoredSchedule {
+  scheduleId: string;
+  cron?: string;
+  everySeconds?: number;
+  text: string;
+  createdMs: number;
+  lastFireMs?: number;
+}
+
+interface ScheduleFile {
+  sessionId: string;
+  tenant: string;
+  principal: string;
+  schedules: StoredSchedule[];
+}
+
+/** A schedule as the caller sent it, checked: INVALID_ARGUMENT says what is wrong. */
+function validate(s: Schedule, minEverySeconds: number): StoredSchedule {
+  const scheduleId = s.scheduleId || `s-${newId().slice(0, 12)}`;
+  if (!SCHEDULE_ID.test(scheduleId)) throw invalidArgument("schedule_id must be 1-64 of A-Z a-z 0-9 . _ - (starting with a letter or digit)");
+  if (s.text.length > 8000) throw invalidArgument("text must be at most 8000 characters");
+  const base = { scheduleId, text: s.text, createdMs: Date.now() };
+  switch (s.when.case) {
+    case "cron":
+      try {
+        parseCron(s.when.value);
+      } catch (err) {
+        if (err instanceof CronError) throw invalidArgument(`cron: ${err.message}`);
+        throw err;
+      }
+      if (s.text.trim() === "") throw invalidArgument("text is required for a cron schedule: it is the message the task's turn starts with");
+      return { ...base, cron: s.when.value.trim() };
+    case "everySeconds":
+      if (s.when.value < minEverySeconds) throw invalidArgument(`every_seconds must be at least ${minEverySeconds}`);
+      return { ...base, everySeconds: s.when.value };
+    default:
+      throw invalidArgument("a schedule needs cron or every_seconds");
+  }
+}
+
+/** When a stored schedule fires next, after its last firing (or its creation). */
+export function dueAfter(s: StoredSchedule, cron: Cron | undefined, fromMs: number): number | undefined {
+  if (cron) return nextFire(cron, fromMs);
+  return fromMs + (s.everySeconds ?? 0) * 1000;
+}
+
+function toProto(sessionId: string, s: StoredSchedule): Schedule {
+  const cron = s.cron ? parseCron(s.cron) : undefined;
+  const next = dueAfter(s, cron, s.lastFireMs ?? s.createdMs);
+  return create(ScheduleSchema, {
+    scheduleId: s.scheduleId,
+    sessionId,
+    when: s.cron ? { case: "cron", value: s.cron } : { case: "everySeconds", value: s.everySeconds ?? 0 },
+    text: s.text,
+    createTime: timestampFromMs(s.createdMs),
+    nextFireTime: next === undefined ? undefined : timestampFromMs(next),
+    lastFireTime: s.lastFireMs === undefined ? undefined : timestampFromMs(s.lastFireMs),
+  });
+}
+
+/** The schedule files; writes to one session's file are serialised in this process. */
+export class ScheduleBook {
+  private readonly chains = new Map<string, Promise<unknown>>();
+
+  constructor(
+    readonly dir: string,
+    private readonly minEverySeconds = 10,
+  ) {}
+
+  private file(sessionId: string): string {
+    return path.join(this.dir, `${safeName(sessionId)}.json`);
+  }
+
+  async read(sessionId: string): Promise<ScheduleFile | undefined> {
+    try {
+      return JSON.parse(await readFile(this.file(sessionId), "utf8")) as ScheduleFile;
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === "ENOENT") return undefined;
+      throw err;
+    }
+  }
+
+  async all(): Promise<ScheduleFile[]> {
+    const names = await readdir(this.dir).catch(() => [] as string[]);
+    const out: ScheduleFile[] = [];
+    for (const n of names.filter((n) => n.endsWith(".json"))) {
+      try {
+        out.push(JSON.parse(await readFile(path.join(this.dir, n), "utf8")) as ScheduleFile);
+      } catch {
+        // A file being replaced right now, or one damaged by hand: the next scan sees it again.
+      }
+    }
+    return out;
+  }
+
+  private update<T>(sessionId: string, change: (file: ScheduleFile | undefined) => { file: ScheduleFile | undefined; result: T }): Promise<T> {
+    const prev = this.chains.get(sessionId) ?? Promise.resolve();
+    const next = prev.catch(() => undefined).then(async () => {
+      const { file, result } = change(await this.read(sessionId));
+      const target = this.file(sessionId);
+      if (!file || file.schedules.length === 0) await rm(target, { force: true });
+      else {
+        await mkdir(this.dir, { recursive: true });
+        const tmp = `${target}.${process.pid}.${newId()}.tmp`;
+        await writeFile(tmp, JSON.stringify(file, null, 1));
+        await rename(tmp, target);
+      }
+      return result;
+    });
+    this.chains.set(sessionId, next);
+    void next.finally(() => this.chains.get(sessionId) === next && this.chains.delete(sessionId)).catch(() => undefined);
+    return next;
+  }
+
+  list(file: ScheduleFile | undefined): Schedule[] {
+    return (file?.schedules ?? []).map((s) => toProto(file!.sessionId, s));
+  }
+
+  /** Adds or replaces (same id) a schedule of the session. */
+  put(sessionId: string, owner: SessionOwner, schedule: Schedule): Promise<Schedule> {
+    return this.update(sessionId, (file) => {
+      const others = (file?.schedules ?? []).filter((s) => s.scheduleId !== schedule.scheduleId || schedule.scheduleId === "");
+      const stored = validate(schedule, this.minEverySeconds);
+      if (others.length >= MAX_SCHEDULES_PER_SESSION) throw resourceExhausted(`a session holds at most ${MAX_SCHEDULES_PER_SESSION} schedules`);
+      const next: ScheduleFile = { sessionId, tenant: owner.tenant, principal: owner.principal, schedules: [...others, stored] };
+      return { file: next, result: toProto(sessionId, stored) };
+    });
+  }
+
+  remove(sessionId: string, scheduleId: string): Promise<boolean> {
+    return this.update(sessionId, (file) => {
+      const kept = (file?.schedules ?? []).filter((s) => s.scheduleId !== scheduleId);
+      const removed = kept.length !== (file?.schedules.length ?? 0);
+      return { file: file && { ...file, schedules: kept }, result: removed };
+    });
+  }
+
+  markFired(sessionId: string, scheduleId: string, atMs: number): Promise<void> {
+    return this.update(sessionId, (file) => {
+      const s = file?.schedules.find((x) => x.scheduleId === scheduleId);
+      if (s) s.lastFireMs = Math.max(s.lastFireMs ?? 0, atMs);
+      return { file, result: undefined };
+    });
+  }
+}
+
+/** One firing: the session, its owner, the schedule and the time it was due. */
+export interface Firing {
+  sessionId: string;
+  owner: SessionOwner;
+  scheduleId: string;
+  kind: "schedule" | "heartbeat";
+  dueMs: number;
+  /** The message the turn starts with, trigger stated first. */
+  text: string;
+}
+
+/** The turn's first message: what triggered it, then the schedule's text. */
+export function triggerText(s: StoredSchedule, dueMs: number): string {
+  const at = new Date(dueMs).toISOString();
+  if (s.cron) return `[Scheduled task ${s.scheduleId} (cron "${s.cron}", UTC) fired at ${at}. This turn was not started by the user.]\n${s.text}`;
+  return `[Heartbeat ${s.scheduleId} (every ${s.everySeconds} s) at ${at}. This turn was not started by the user.]\n${s.text || DEFAULT_HEARTBEAT_TEXT}`;
+}
+
+/** Fires due schedules of every session in the data directory. */
+export class Scheduler {
+  private timer?: NodeJS.Timeout;
+  private lastScan = 0;
+  private files: ScheduleFile[] = [];
+  private firing = new Set<string>();
+  private stopped = false;
+
+  constructor(
+    private readonly book: ScheduleBook,
+    private readonly fire: (f: Firing) => Promise<void>,
+    private readonly logger: Logger,
+    private readonly options = { tickMs: 1000, rescanMs: 5000 },
+  ) {}
+
+  start(): void {
+    const tick = () => {
+      this.tick()
+        .catch((err: unknown) => this.logger.warn("scheduler tick failed", { error: String(err) }))
+        .finally(() => {
+          if (!this.stopped) this.timer = setTimeout(tick, this.options.tickMs);
+        });
+    };
+    tick();
+  }
+
+  /** A session's schedules changed here: read them again at the next tick. */
+  changed(): void {
+    this.lastScan = 0;
+  }
+
+  stop(): void {
+    this.stopped = true;
+    clearTimeout(this.timer);
+  }
+
+  private async tick(): Promise<void> {
+    const now = Date.now();
+    if (now - this.lastScan >= this.options.rescanMs) {
+      this.files = await this.book.all();
+      this.lastScan = now;
+    }
+    for (const file of this.files) {
+      for (const s of file.schedules) {
+        const key = `${file.sessionId}\u0000${s.scheduleId}`;
+        if (this.firing.has(key)) continue;
+        const cron = s.cron ? parseCron(s.cron) : undefined;
+        const due = dueAfter(s, cron, s.lastFireMs ?? s.createdMs);
+        if (due === undefined || due > now) continue;
+        this.firing.add(key);
+        const firing: Firing = {
+          sessionId: file.sessionId,
+          owner: { tenant: file.tenant, principal: file.principal },
+          scheduleId: s.scheduleId,
+          kind: cron ? "schedule" : "heartbeat",
+          dueMs: due,
+          text: triggerText(s, due),
+        };
+        // Several missed firings (the runner was down) become one: the latest due time counts.
+        const firedAt = cron ? (latestDue(cron, due, now) ?? due) : due + Math.floor((now - due) / ((s.everySeconds ?? 1) * 1000)) * (s.everySeconds ?? 1) * 1000;
+        this.fire({ ...firing, dueMs: firedAt, text: triggerText(s, firedAt) })
+          .then(() => this.book.markFired(file.sessionId, s.scheduleId, firedAt))
+          .then(() => (s.lastFireMs = firedAt))
+          .catch((err: unknown) => this.logger.debug("schedule not fired here", { session: file.sessionId, schedule: s.scheduleId, error: String((err as Error).message ?? err) }))
+          .finally(() => this.firing.delete(key));
+      }
+    }
+  }
+}
+
+/** The last fire time of `cron` at or before `now`, starting from `from`. */
+function latestDue(cron: Cron, from: number, now: number): number | undefined {
+  let last: number | undefined = from;
+  for (let t = nextFire(cron, from), n = 0; t !== undefined && t <= now && n < 100_000; t = nextFire(cron, t), n++) last = t;
+  return last;
+}

@@ -1,0 +1,72 @@
+// Token counts for the context budget. OpenAI model families are counted with their own BPE
+// tokenizer (o200k_base for gpt-4o, gpt-4.1, gpt-5 and the o-series; cl100k_base for gpt-4 and
+// gpt-3.5). Any other family (Llama, Qwen, Mistral behind an OpenAI-compatible endpoint) is
+// estimated as 1.25 times the larger of the two counts: those tokenizers are BPEs of similar
+// vocabulary size, and a budget that over-counts compacts a little early where one that
+// under-counts gets the request refused. test/tokens.test.ts holds the estimate to that.
+//
+// Counting is the costly part of budgeting a context (about 5 MB/s), so a message is counted once:
+// counts are cached per message object, and the conversation only ever grows by new objects.
+import type { ChatMessage } from "../shared/gen/troupe/v1/session_pb.js";
+
+type Encoding = { countTokens(text: string): number };
+
+/** Chat formats add a few tokens per message (role markers, separators). */
+export const MESSAGE_OVERHEAD_TOKENS = 4;
+/** An unknown family's estimate, relative to the larger real count. */
+export const UNKNOWN_FAMILY_MARGIN = 1.25;
+
+const encodings = new Map<string, Promise<Encoding>>();
+// The tables are large (a few MB each): loaded on first use, once per process.
+const load = (name: "o200k_base" | "cl100k_base"): Promise<Encoding> => {
+  let e = encodings.get(name);
+  if (!e) {
+    e = import(`gpt-tokenizer/encoding/${name}`) as Promise<Encoding>;
+    encodings.set(name, e);
+  }
+  return e;
+};
+
+export type TokenFamily = "o200k" | "cl100k" | "estimate";
+
+export function familyOf(model: string): TokenFamily {
+  const m = model.toLowerCase().replace(/^.*\//, "");
+  if (/^(gpt-4o|gpt-4\.1|gpt-4\.5|gpt-5|o\d|chatgpt-4o|gpt-oss)/.test(m)) return "o200k";
+  if (/^(gpt-4|gpt-3\.5|text-embedding-3|text-embedding-ada)/.test(m)) return "cl100k";
+  return "estimate";
+}
+
+/** Counts tokens the way the model's family does; see the module comment for other families. */
+export class TokenCounter {
+  private readonly cache = new WeakMap<object, number>();
+
+  private constructor(
+    readonly family: TokenFamily,
+    private readonly count: (text: string) => number,
+  ) {}
+
+  static async forModel(model: string): Promise<TokenCounter> {
+    const family = familyOf(model);
+    if (family === "o200k" || family === "cl100k") {
+      const enc = await load(family === "o200k" ? "o200k_base" : "cl100k_base");
+      return new TokenCounter(family, (t) => enc.countTokens(t));
+    }
+    const [a, b] = await Promise.all([load("o200k_base"), load("cl100k_base")]);
+    return new TokenCounter(family, (t) => Math.ceil(UNKNOWN_FAMILY_MARGIN * Math.max(a.countTokens(t), b.countTokens(t))));
+  }
+
+  text(text: string): number {
+    return text === "" ? 0 : this.count(text);
+  }
+
+  /** One conversation message as the model receives it (text, tool calls, overhead). */
+  message(m: ChatMessage): number {
+    let n = this.cache.get(m);
+    if (n === undefined) {
+      n = MESSAGE_OVERHEAD_TOKENS + this.text(m.text);
+      for (const c of m.toolCalls) n += MESSAGE_OVERHEAD_TOKENS + this.text(c.name) + this.text(c.argumentsJson);
+      this.cache.set(m, n);
+    }
+    return n;
+  }
+}
