@@ -325,3 +325,40 @@ describe("agent.json", () => {
     for (const [doc, why] of bad) assert.throws(() => parseAgentConfig("a", doc), (e: Error) => e instanceof AgentConfigError && why.test(e.message), JSON.stringify(doc));
   });
 });
+
+describe("the example plugin", () => {
+  test("examples/hooks/guard.mjs loads and guards", async () => {
+    const { loadPlugins } = await import("../services/runner/hooks.js");
+    const hooks = new Hooks();
+    await loadPlugins(hooks, [path.resolve(import.meta.dirname, "../../examples/hooks/guard.mjs")]);
+    const info = { sessionId: "s", agentId: "a", sender: "u" };
+    let reason = "";
+    await hooks.modify("before_tool_call", { ...info, toolCallId: "c", toolName: "exec", args: { command: "rm -rf /workspace" } }, (p, r) => ((reason = r.reason ?? ""), { payload: p, stop: true }));
+    assert.match(reason, /recursive deletes are not allowed/);
+    const out = await hooks.modify("after_tool_call", { ...info, toolCallId: "c", toolName: "exec", args: {}, result: { output: "token sk-abcdefghijklmnop", isError: false } }, (p, r) => ({ payload: { ...p, result: { ...p.result, output: r.output ?? p.result.output } } }));
+    assert.equal(out.payload.result.output, "token [redacted]");
+    const verdict = await hooks.threatChecks[0].check("-----BEGIN PRIVATE KEY-----", { ...info, frameId: "f" }, new AbortController().signal);
+    assert.equal(verdict.level, "high");
+    await assert.rejects(loadPlugins(new Hooks(), ["/nonexistent/plugin.mjs"]), /plugin \/nonexistent\/plugin\.mjs could not be loaded/);
+  });
+});
+
+describe("the system prompt's token count", () => {
+  test("counting section by section never under-counts the whole prompt", async () => {
+    const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-ctx-"));
+    await mkdir(path.join(dir, "a1", "skills"), { recursive: true });
+    await writeFile(path.join(dir, "a1", "AGENTS.md"), "Rules:\n- be brief\n- cite sources\n");
+    await writeFile(path.join(dir, "a1", "skills", "x.md"), "## Skill\nDo the thing {\"a\": 1}\n");
+    for (const model of ["gpt-4o", "gpt-4", "llama-3"]) {
+      const tokens = await TokenCounter.forModel(model);
+      const out = await buildSystemPrompt(
+        new ContextSources(dir, 0),
+        { agentId: "a1", agent: { name: "Ada", ...DEFAULT_AGENT }, sessionId: "s", channel: "grpc", sender: { id: "u", tenant: "t", isOwner: true }, tools: [{ name: "exec", description: "run" }], memories: [{ text: "likes tea", kind: MemoryKind.FACT }], ephemeral: ["x"], skipContextFiles: false, driftReminder: true, now: new Date() },
+        tokens,
+        100_000,
+      );
+      assert.ok(out.tokens >= tokens.text(out.text), `${model}: ${out.tokens} < ${tokens.text(out.text)}`);
+      assert.ok(out.tokens <= tokens.text(out.text) + 12, `${model}: ${out.tokens} far above ${tokens.text(out.text)}`);
+    }
+  });
+});

@@ -1,6 +1,6 @@
 // What an operator says about one agent, in `<agents dir>/<agent id>/agent.json`. Every field is
 // optional; a missing file means the defaults. The file is read again when it changes, so an
-// edit takes effect at the next run without a restart.
+// edit takes effect within a second, without a restart.
 //
 //   {
 //     "name": "Ada",                          // how the agent calls itself
@@ -112,9 +112,13 @@ export function parseAgentConfig(agentId: string, json: unknown): AgentConfig {
 
 /** agent.json files, each re-read when its modification time changes. */
 export class AgentConfigs {
-  private readonly cache = new Map<string, { mtimeMs: number; config: AgentConfig; error?: string }>();
+  private readonly cache = new Map<string, { mtimeMs: number; checked: number; config: AgentConfig; error?: string }>();
 
-  constructor(readonly agentsDir: string) {}
+  constructor(
+    readonly agentsDir: string,
+    /** How long a read is trusted before the file's time is looked at again. */
+    private readonly recheckMs = 1000,
+  ) {}
 
   /** The folder of an agent's files. */
   dirOf(agentId: string): string {
@@ -124,17 +128,22 @@ export class AgentConfigs {
   /** The agent's config, and why its file was not used if it was not. */
   async get(agentId: string): Promise<{ config: AgentConfig; error?: string }> {
     const file = path.join(this.dirOf(agentId), "agent.json");
-    const mtimeMs = await stat(file).then((s) => s.mtimeMs, () => -1);
+    const now = Date.now();
     const hit = this.cache.get(agentId);
-    if (hit && hit.mtimeMs === mtimeMs) return hit;
-    let entry: { mtimeMs: number; config: AgentConfig; error?: string };
-    if (mtimeMs < 0) entry = { mtimeMs, config: { name: agentId, ...DEFAULT_AGENT } };
+    if (hit && now - hit.checked < this.recheckMs) return hit;
+    const mtimeMs = await stat(file).then((s) => s.mtimeMs, () => -1);
+    if (hit && hit.mtimeMs === mtimeMs) {
+      hit.checked = now;
+      return hit;
+    }
+    let entry: { mtimeMs: number; checked: number; config: AgentConfig; error?: string };
+    if (mtimeMs < 0) entry = { mtimeMs, checked: now, config: { name: agentId, ...DEFAULT_AGENT } };
     else {
       try {
-        entry = { mtimeMs, config: parseAgentConfig(agentId, JSON.parse(await readFile(file, "utf8"))) };
+        entry = { mtimeMs, checked: now, config: parseAgentConfig(agentId, JSON.parse(await readFile(file, "utf8"))) };
       } catch (err) {
         const why = err instanceof SyntaxError ? `not valid JSON: ${err.message}` : (err as Error).message;
-        entry = { mtimeMs, config: { name: agentId, ...DEFAULT_AGENT }, error: `${file}: ${why}; using the defaults` };
+        entry = { mtimeMs, checked: now, config: { name: agentId, ...DEFAULT_AGENT }, error: `${file}: ${why}; using the defaults` };
       }
     }
     this.cache.set(agentId, entry);

@@ -82,39 +82,56 @@ interface Section {
   dropOrder: number;
 }
 
-/** Reads the operator's files for prompts. Reads are cached briefly: many runs share them. */
+/**
+ * Reads the operator's files for prompts. A run must not pay for file system calls: directory
+ * listings and file contents are cached for a moment (2 s), so a file that does not exist costs
+ * nothing and an edit shows within seconds.
+ */
 export class ContextSources {
-  private readonly cache = new Map<string, { until: number; value: Promise<FileRead | undefined> }>();
+  private readonly files = new Map<string, { until: number; value: Promise<FileRead | undefined> }>();
+  private readonly dirs = new Map<string, { until: number; value: Promise<Set<string>> }>();
 
   constructor(
     readonly agentsDir: string,
     private readonly cacheMs = 2000,
   ) {}
 
-  /** The folders searched for workspace files, nearest first. */
-  searchPath(agentId: string, sessionId: string): string[] {
+  /** The folders searched for workspace files, nearest first (a session's own folder only if it exists). */
+  async searchPath(agentId: string, sessionId: string): Promise<string[]> {
     const agentDir = path.join(this.agentsDir, safeName(agentId));
-    return [path.join(agentDir, "sessions", safeName(sessionId)), agentDir, this.agentsDir];
+    const sessionsDir = path.join(agentDir, "sessions");
+    const own = (await this.list(sessionsDir)).has(safeName(sessionId)) ? [path.join(sessionsDir, safeName(sessionId))] : [];
+    return [...own, agentDir, this.agentsDir];
   }
 
   /** The first readable file of this name up the search path. */
   async nearest(dirs: readonly string[], name: string): Promise<FileRead | undefined> {
     for (const dir of dirs) {
+      if (!(await this.list(dir)).has(name)) continue;
       const f = await this.read(path.join(dir, name), FILE_CHAR_LIMIT);
       if (f) return f;
     }
     return undefined;
   }
 
-  /** A context file (cached for a moment); undefined when it does not exist. */
-  read(file: string, limit: number): Promise<FileRead | undefined> {
+  private cached<T>(map: Map<string, { until: number; value: Promise<T> }>, key: string, load: () => Promise<T>): Promise<T> {
     const now = Date.now();
-    const hit = this.cache.get(file);
+    const hit = map.get(key);
     if (hit && hit.until > now) return hit.value;
-    const value = readContextFile(file, limit);
-    this.cache.set(file, { until: now + this.cacheMs, value });
-    if (this.cache.size > 10_000) this.cache.clear();
+    const value = load();
+    if (map.size > 10_000) map.clear();
+    map.set(key, { until: now + this.cacheMs, value });
     return value;
+  }
+
+  /** The names in a folder (empty if there is no such folder). */
+  private list(dir: string): Promise<Set<string>> {
+    return this.cached(this.dirs, dir, async () => new Set(await readdir(dir).catch(() => [] as string[])));
+  }
+
+  /** A context file; undefined when it does not exist. */
+  read(file: string, limit: number): Promise<FileRead | undefined> {
+    return this.cached(this.files, `${limit}:${file}`, () => readContextFile(file, limit));
   }
 
   async skills(agentId: string): Promise<FileRead[]> {
@@ -122,8 +139,7 @@ export class ContextSources {
     const out: FileRead[] = [];
     const seen = new Set<string>();
     for (const dir of dirs) {
-      const names = await readdir(dir).catch(() => [] as string[]);
-      for (const name of names.filter((n) => n.endsWith(".md")).sort()) {
+      for (const name of [...(await this.list(dir))].filter((n) => n.endsWith(".md")).sort()) {
         if (seen.has(name) || out.length >= SKILLS_MAX) continue;
         seen.add(name);
         const f = await this.read(path.join(dir, name), SKILL_CHAR_LIMIT);
@@ -143,7 +159,7 @@ export class ContextSources {
     await writeFile(file, USER_TEMPLATE, { flag: "wx" }).catch((err: NodeJS.ErrnoException) => {
       if (err.code !== "EEXIST") throw err;
     });
-    this.cache.delete(file);
+    this.files.delete(`${FILE_CHAR_LIMIT}:${file}`);
     return this.read(file, FILE_CHAR_LIMIT);
   }
 }
@@ -212,7 +228,7 @@ export async function buildSystemPrompt(
   const { sender } = input;
 
   const toolLines = input.tools.map((t) => `- ${t.name}: ${t.description}`);
-  const dirs = sources.searchPath(input.agentId, input.sessionId);
+  const dirs = await sources.searchPath(input.agentId, input.sessionId);
   const reference = input.skipContextFiles ? undefined : await sources.nearest(dirs, "TOOLS.md");
   if (reference?.problem) warnings.push({ code: "CONTEXT_FILE", message: reference.problem });
   sections.push({
@@ -277,22 +293,24 @@ export async function buildSystemPrompt(
 
   const identity = identityBlock(input);
   const tail = input.driftReminder ? `${identity}\n\n${IDENTITY_REMINDER}` : identity;
-  const render = (list: Section[]) => [...list.map((s) => `## ${s.title}\n${s.body}`), tail].join("\n\n");
+  const rendered = (s: Section) => `## ${s.title}\n${s.body}`;
+  // Sections are counted apart (most come back unchanged run after run, and their counts are
+  // remembered), plus one token for the blank line that joins each to the next.
+  const cost = (s: Section) => 1 + (s.title === "Runtime" ? tokens.text(rendered(s)) : tokens.recurringText(rendered(s)));
+  const tailTokens = tokens.recurringText(tail);
 
   // Over budget, the optional sources leave in their drop order; identity and profile always stay.
   let kept = sections;
-  let text = render(kept);
-  let count = tokens.text(text);
+  let count = kept.reduce((n, s) => n + cost(s), tailTokens);
   for (const order of [1, 2, 3, 4]) {
     if (count <= budget) break;
     const dropped = kept.filter((s) => s.dropOrder === order);
     if (dropped.length === 0) continue;
     kept = kept.filter((s) => s.dropOrder !== order);
     warnings.push({ code: "CONTEXT_TRIMMED", message: `${dropped.map((s) => s.title).join(", ")} left out: the system prompt would pass its ${budget}-token budget` });
-    text = render(kept);
-    count = tokens.text(text);
+    count = kept.reduce((n, s) => n + cost(s), tailTokens);
   }
-  return { text, tokens: count, warnings };
+  return { text: [...kept.map(rendered), tail].join("\n\n"), tokens: count, warnings };
 }
 
 function identityBlock(input: PromptInput): string {

@@ -220,7 +220,7 @@ async function startTurn(host: RunHost, deps: RunDeps, info: TurnInfo, query: st
   built.failures.forEach(hookFailed(host));
   const tokens = await deps.tokens(models[0]);
   const tools = deps.tools.map(({ name, description, parameters }) => ({ name, description, parameters }));
-  const toolTokens = tools.length === 0 ? 0 : tokens.text(JSON.stringify(tools));
+  const toolTokens = tools.length === 0 ? 0 : tokens.recurringText(JSON.stringify(tools));
   const conversation = host.messages.filter((m) => m.role === Role.USER || m.role === Role.ASSISTANT).length;
   // The system prompt may take up to half of what the window leaves for the request.
   const budget = Math.max(256, Math.floor((agent.contextWindow - agent.reserveTokens - toolTokens) / 2));

@@ -156,6 +156,8 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
     if (!c) counters.set(modelName, (c = TokenCounter.forModel(modelName)));
     return c;
   };
+  // The tokenizer tables take a few hundred milliseconds to load: before serving, not in a first run.
+  await tokensFor(cfg.model);
   const auditFailed = (err: unknown) => logger.error("audit log write failed", { error: String(err) });
 
   const runDeps = (actor: SessionActor): RunDeps => {

@@ -13,7 +13,7 @@ type Encoding = { countTokens(text: string): number };
 
 /** Chat formats add a few tokens per message (role markers, separators). */
 export const MESSAGE_OVERHEAD_TOKENS = 4;
-/** An unknown family's estimate, relative to the larger real count. */
+/** An unknown family's estimate, relative to the cl100k count. */
 export const UNKNOWN_FAMILY_MARGIN = 1.25;
 
 const encodings = new Map<string, Promise<Encoding>>();
@@ -39,6 +39,8 @@ export function familyOf(model: string): TokenFamily {
 /** Counts tokens the way the model's family does; see the module comment for other families. */
 export class TokenCounter {
   private readonly cache = new WeakMap<object, number>();
+  /** Long texts that recur unchanged (tool schemas, workspace files), by content. */
+  private readonly recurring = new Map<string, number>();
 
   private constructor(
     readonly family: TokenFamily,
@@ -51,12 +53,23 @@ export class TokenCounter {
       const enc = await load(family === "o200k" ? "o200k_base" : "cl100k_base");
       return new TokenCounter(family, (t) => enc.countTokens(t));
     }
-    const [a, b] = await Promise.all([load("o200k_base"), load("cl100k_base")]);
-    return new TokenCounter(family, (t) => Math.ceil(UNKNOWN_FAMILY_MARGIN * Math.max(a.countTokens(t), b.countTokens(t))));
+    const cl = await load("cl100k_base");
+    return new TokenCounter(family, (t) => Math.ceil(UNKNOWN_FAMILY_MARGIN * cl.countTokens(t)));
   }
 
   text(text: string): number {
     return text === "" ? 0 : this.count(text);
+  }
+
+  /** Like text(), remembering the count: for texts that come back unchanged run after run. */
+  recurringText(text: string): number {
+    let n = this.recurring.get(text);
+    if (n === undefined) {
+      n = this.text(text);
+      if (this.recurring.size >= 256) this.recurring.clear();
+      this.recurring.set(text, n);
+    }
+    return n;
   }
 
   /** One conversation message as the model receives it (text, tool calls, overhead). */
