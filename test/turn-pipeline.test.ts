@@ -113,9 +113,29 @@ describe("the context builder", () => {
     at("A careful research aide");
     // before_prompt_build hooks ran highest priority first.
     assert.ok(at("INSTRUCTION-A") < at("INSTRUCTION-B"));
-    const profile = await readFile(path.join(agentsDir, "main", "users", "local", "dev", "USER.md"), "utf8");
+    const profile = await readFile(path.join(dataDir, "profiles", "main", "local", "dev", "USER.md"), "utf8");
     assert.match(profile, /^# About me/);
     at("# About me");
+  });
+
+  test("a prompt's instruction reaches its run's system prompt only; Troupe's own frame ids are refused", async () => {
+    const s = await open();
+    const from = s.events.length;
+    s.send({ case: "prompt", value: { text: "!system", instruction: "Answer in exactly three words." } });
+    await s.waitForPayload("agentEnd", 15_000, from);
+    const withIt = replyOf(s.events.slice(from));
+    const without = replyOf(await s.turn("!system"));
+    assert.match(withIt, /## Instructions for this turn\n[\s\S]*Answer in exactly three words\./);
+    assert.ok(!without.includes("Answer in exactly three words."));
+    const history = (await stack.gateway.getHistory({ sessionId: s.opened!.sessionId })).messages;
+    assert.ok(!history.some((m) => m.text.includes("Answer in exactly three words.") && m.role === Role.USER));
+    s.send({ case: "prompt", value: { text: "x" } }, "trigger:heartbeat:fake:1");
+    const status = await s.ended();
+    assert.equal(status.code, Status.INVALID_ARGUMENT);
+    assert.match(status.details, /reserved for Troupe/);
+    const long = await open();
+    long.send({ case: "prompt", value: { text: "x", instruction: "y".repeat(8001) } });
+    assert.match((await long.ended()).details, /instruction must be at most 8000 characters/);
   });
 
   test("from 20 messages on, an identity reminder follows the identity block and stays", async () => {

@@ -240,7 +240,7 @@ describe("hooks", () => {
 
 describe("the context builder", () => {
   const base = async (dir: string, over: Partial<PromptInput> = {}) => {
-    const sources = new ContextSources(dir, 0);
+    const sources = new ContextSources(dir, path.join(dir, "profiles"), 0);
     const input: PromptInput = {
       agentId: "a1",
       agent: { name: "Ada", ...DEFAULT_AGENT },
@@ -280,7 +280,7 @@ describe("the context builder", () => {
   test("USER.md is made from the template for the owner only; an external sender gets neither it nor the owner's identity", async () => {
     const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-ctx-"));
     const owner = await base(dir, { agent: { name: "Ada", ...DEFAULT_AGENT, persona: "Secret persona." } });
-    assert.equal(await readFile(path.join(dir, "a1", "users", "t1", "alice", "USER.md"), "utf8"), USER_TEMPLATE);
+    assert.equal(await readFile(path.join(dir, "profiles", "a1", "t1", "alice", "USER.md"), "utf8"), USER_TEMPLATE);
     assert.match(owner.text, /## User profile\n# About me/);
     assert.match(owner.text, /<identity>\n# Identity: Ada\nSecret persona\.\n<\/identity>$/);
     const external = await base(dir, { sender: { id: "mallory", tenant: "t1", isOwner: false }, agent: { name: "Ada", ...DEFAULT_AGENT, persona: "Secret persona." } });
@@ -296,7 +296,7 @@ describe("the context builder", () => {
       { text: "episode ".repeat(300), kind: MemoryKind.EPISODE },
       { text: "Alice likes tea", kind: MemoryKind.FACT },
     ];
-    const sources = new ContextSources(dir, 0);
+    const sources = new ContextSources(dir, path.join(dir, "profiles"), 0);
     const tokens = await TokenCounter.forModel("gpt-4o");
     const input: PromptInput = { agentId: "a1", agent: { name: "Ada", ...DEFAULT_AGENT }, sessionId: "s1", channel: "grpc", sender: { id: "alice", tenant: "t1", isOwner: true }, tools: [], memories, ephemeral: ["do X"], skipContextFiles: false, driftReminder: true, now: new Date() };
     const all = await buildSystemPrompt(sources, input, tokens, 100_000);
@@ -352,7 +352,7 @@ describe("the system prompt's token count", () => {
     for (const model of ["gpt-4o", "gpt-4", "llama-3"]) {
       const tokens = await TokenCounter.forModel(model);
       const out = await buildSystemPrompt(
-        new ContextSources(dir, 0),
+        new ContextSources(dir, path.join(dir, "profiles"), 0),
         { agentId: "a1", agent: { name: "Ada", ...DEFAULT_AGENT }, sessionId: "s", channel: "grpc", sender: { id: "u", tenant: "t", isOwner: true }, tools: [{ name: "exec", description: "run" }], memories: [{ text: "likes tea", kind: MemoryKind.FACT }], ephemeral: ["x"], skipContextFiles: false, driftReminder: true, now: new Date() },
         tokens,
         100_000,

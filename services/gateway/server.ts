@@ -265,7 +265,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
   const submit = async (sessionId: string, sent: ClientFrame, call: { metadata: grpc.Metadata }) => {
     const metadata = call.metadata;
     const caller = onBehalfOf(call);
-    validateFrame(sent, true);
+    validateFrame(sent, true, true);
     const frame = catchStopCommand(sent);
     admit(identityOf(metadata).tenant, sessionId, frame);
     const spans = new TurnSpans(extractContext(metadata), () => sessionId, () => "");
@@ -359,13 +359,13 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
           const frame = req.frame;
           if (state === "done") return;
           if (state === "awaiting-open") {
-            validateFrame(frame, false);
+            validateFrame(frame, false, true);
             releaseStream = limits.openStream(tenant);
             state = "opening";
             open(frame, 0).catch(finish);
             return;
           }
-          validateFrame(frame, true);
+          validateFrame(frame, true, true);
           const stopAware = catchStopCommand(frame);
           // Over a limit, the stream ends with RESOURCE_EXHAUSTED and when to retry; frames not
           // yet acknowledged are the client's to resend, as after any broken stream.

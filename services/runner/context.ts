@@ -12,7 +12,9 @@
 //   <agents dir>/TOOLS.md, AGENTS.md, ...                 every agent
 //   <agents dir>/<agent>/agent.json, AGENTS.md, skills/   one agent
 //   <agents dir>/<agent>/sessions/<session>/AGENTS.md     one session (nearest wins)
-//   <agents dir>/<agent>/users/<tenant>/<user>/USER.md    one owner's profile
+//   <profiles dir>/<agent>/<tenant>/<user>/USER.md        one owner's profile (user data, so it
+//                                                         lives apart: the agents folder may be
+//                                                         a read-only mount)
 import { mkdir, open, readdir, stat, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { MemoryKind } from "../shared/gen/troupe/v1/memory_pb.js";
@@ -93,6 +95,7 @@ export class ContextSources {
 
   constructor(
     readonly agentsDir: string,
+    readonly profilesDir: string,
     private readonly cacheMs = 2000,
   ) {}
 
@@ -151,7 +154,7 @@ export class ContextSources {
 
   /** The owner's profile, created from the template the first time it is asked for. */
   async profile(agentId: string, sender: Sender): Promise<FileRead | undefined> {
-    const dir = path.join(this.agentsDir, safeName(agentId), "users", safeName(sender.tenant), safeName(sender.id));
+    const dir = path.join(this.profilesDir, safeName(agentId), safeName(sender.tenant), safeName(sender.id));
     const file = path.join(dir, "USER.md");
     const found = await this.read(file, FILE_CHAR_LIMIT);
     if (found) return found;

@@ -21,14 +21,14 @@ export interface Delegation {
   agent(): Promise<AgentConfig>;
   /** Makes the child session (registered like any other). */
   createChild(sessionId: string, subagent: Subagent): Promise<SessionActor>;
+  /** Children running now, per parent session (the runner's; the limit counts these). */
+  running: Map<string, number>;
 }
 
 const MAX_TASK_CHARS = 16_000;
 
-/** Children running now, per parent session (the limit counts these). */
-const running = new Map<string, number>();
-
 export function delegateTool(d: Delegation): Tool {
+  const running = d.running;
   const depth = (d.parent.subagent?.depth ?? 0) + 1;
   return {
     name: "delegate_task",

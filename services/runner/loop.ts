@@ -49,6 +49,8 @@ export interface QueuedMessage {
   frameId: string;
   kind: FrameKind;
   text: string;
+  /** A prompt's instruction for the run it starts (not kept in the history). */
+  instruction?: string;
   /** Trace context of the frame that carried it. */
   traceContext: Context;
 }
@@ -206,13 +208,17 @@ export function triggerOf(frameId: string): string {
   return m ? `${m[1]}:${m[2]}` : "";
 }
 
-async function startTurn(host: RunHost, deps: RunDeps, info: TurnInfo, query: string, usage: Usage): Promise<Turn> {
+async function startTurn(host: RunHost, deps: RunDeps, info: TurnInfo, initial: readonly QueuedMessage[], usage: Usage): Promise<Turn> {
+  const query = initial.map((q) => q.text).join("\n");
+  // The model is settled before agent_start, which names it; what went wrong on the way follows it.
   const { config: agent, error } = await deps.agent();
-  if (error) host.emit({ case: "error", value: { code: "AGENT_CONFIG", message: error, retryable: false } });
   const resolved = await deps.hooks.modify("before_model_resolve", { ...info, model: agent.model || deps.defaultModel }, (p, r) => ({ payload: r.model ? { ...p, model: r.model } : p }));
-  resolved.failures.forEach(hookFailed(host));
   const models = [...new Set([resolved.payload.model, ...agent.fallbacks])];
-  const extra: string[] = [];
+  host.emit({ case: "agentStart", value: { agentId: deps.agentId, model: models[0], frameId: initial[0].frameId, trigger: triggerOf(initial[0].frameId) } });
+  if (error) host.emit({ case: "error", value: { code: "AGENT_CONFIG", message: error, retryable: false } });
+  resolved.failures.forEach(hookFailed(host));
+  failpoint("runner.run", query);
+  const extra = initial.map((q) => q.instruction ?? "").filter((s) => s.trim() !== "");
   const built = await deps.hooks.modify("before_prompt_build", { ...info, query }, (p, r) => {
     if (typeof r.instruction === "string" && r.instruction.trim() !== "") extra.push(r.instruction);
     return { payload: p };
@@ -230,10 +236,7 @@ async function startTurn(host: RunHost, deps: RunDeps, info: TurnInfo, query: st
 }
 
 async function runLoop(host: RunHost, deps: RunDeps, info: TurnInfo, initial: QueuedMessage[], usage: Usage, span: ReturnType<typeof tracer.startSpan>): Promise<RunOutcome> {
-  host.emit({ case: "agentStart", value: { agentId: deps.agentId, model: "", frameId: initial[0].frameId, trigger: triggerOf(initial[0].frameId) } });
-  const query = initial.map((q) => q.text).join("\n");
-  failpoint("runner.run", query);
-  const turn = await startTurn(host, deps, info, query, usage);
+  const turn = await startTurn(host, deps, info, initial, usage);
   span.setAttribute(GenAI.REQUEST_MODEL, turn.models[0]);
   let pending: QueuedMessage[] = initial;
   let step = 0;

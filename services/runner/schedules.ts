@@ -192,13 +192,15 @@ export class Scheduler {
   private lastScan = 0;
   private files: ScheduleFile[] = [];
   private firing = new Set<string>();
+  /** Schedules that did not fire here (another runner owns the session): not tried again before this time. */
+  private notBefore = new Map<string, number>();
   private stopped = false;
 
   constructor(
     private readonly book: ScheduleBook,
     private readonly fire: (f: Firing) => Promise<void>,
     private readonly logger: Logger,
-    private readonly options = { tickMs: 1000, rescanMs: 5000 },
+    private readonly options = { tickMs: 1000, rescanMs: 5000, retryMs: 15_000 },
   ) {}
 
   start(): void {
@@ -231,7 +233,7 @@ export class Scheduler {
     for (const file of this.files) {
       for (const s of file.schedules) {
         const key = `${file.sessionId}\u0000${s.scheduleId}`;
-        if (this.firing.has(key)) continue;
+        if (this.firing.has(key) || (this.notBefore.get(key) ?? 0) > now) continue;
         const cron = s.cron ? parseCron(s.cron) : undefined;
         const due = dueAfter(s, cron, s.lastFireMs ?? s.createdMs);
         if (due === undefined || due > now) continue;
@@ -248,8 +250,15 @@ export class Scheduler {
         const firedAt = cron ? (latestDue(cron, due, now) ?? due) : due + Math.floor((now - due) / ((s.everySeconds ?? 1) * 1000)) * (s.everySeconds ?? 1) * 1000;
         this.fire({ ...firing, dueMs: firedAt, text: triggerText(s, firedAt) })
           .then(() => this.book.markFired(file.sessionId, s.scheduleId, firedAt))
-          .then(() => (s.lastFireMs = firedAt))
-          .catch((err: unknown) => this.logger.debug("schedule not fired here", { session: file.sessionId, schedule: s.scheduleId, error: String((err as Error).message ?? err) }))
+          .then(() => {
+            s.lastFireMs = firedAt;
+            this.notBefore.delete(key);
+          })
+          .catch((err: unknown) => {
+            // The runner that owns the session fires it; if that one is gone, this one tries again later.
+            this.notBefore.set(key, Date.now() + this.options.retryMs);
+            this.logger.debug("schedule not fired here", { session: file.sessionId, schedule: s.scheduleId, error: String((err as Error).message ?? err) });
+          })
           .finally(() => this.firing.delete(key));
       }
     }

@@ -149,7 +149,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   await loadPlugins(hooks, cfg.hookModules);
   const safety = new InboundSafety(hooks.threatChecks);
   const agents = new AgentConfigs(cfg.agentsDir);
-  const sources = new ContextSources(cfg.agentsDir);
+  const sources = new ContextSources(cfg.agentsDir, path.join(cfg.dataDir, "profiles"));
   const counters = new Map<string, Promise<TokenCounter>>();
   const tokensFor = (modelName: string) => {
     let c = counters.get(modelName);
@@ -158,6 +158,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   };
   // The tokenizer tables take a few hundred milliseconds to load: before serving, not in a first run.
   await tokensFor(cfg.model);
+  const subagentsRunning = new Map<string, number>();
   const auditFailed = (err: unknown) => logger.error("audit log write failed", { error: String(err) });
 
   const runDeps = (actor: SessionActor): RunDeps => {
@@ -168,7 +169,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
     const runTools = [
       ...tools,
       ...memoryTools(memory, mine, agentId, () => recall.invalidateTenant(owner.tenant)),
-      delegateTool({ parent: actor, agent: agentConfig, createChild: (childId, sub) => registry.createChild(childId, actor, sub) }),
+      delegateTool({ parent: actor, agent: agentConfig, createChild: (childId, sub) => registry.createChild(childId, actor, sub), running: subagentsRunning }),
     ];
     return {
       agentId,
@@ -219,6 +220,12 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   // Scheduled tasks and heartbeats: each firing is a prompt the session takes once (see schedules.ts).
   const book = new ScheduleBook(path.join(cfg.dataDir, "schedules"), cfg.minHeartbeatSeconds);
   const scheduler = new Scheduler(book, async (f) => {
+    // The runner the router places the session on fires it (unless the session already lives here),
+    // so a firing does not pull the session away from where its clients are sent.
+    if (!registry.holds(f.sessionId)) {
+      const placed = await router.resolveSession({ sessionId: f.sessionId }, { timeoutMs: 2000 }).catch(() => undefined);
+      if (placed?.runner && placed.runner.runnerId !== cfg.runnerId) throw new Error(`session ${f.sessionId} is placed on runner ${placed.runner.runnerId}`);
+    }
     const actor = await registry.get(f.sessionId);
     if (!actor) {
       logger.warn("a schedule names a session that no longer exists; removing it", { session: f.sessionId, schedule: f.scheduleId });

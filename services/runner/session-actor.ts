@@ -382,7 +382,8 @@ export class SessionActor {
     const k = frame.kind;
     if (k.case !== "prompt" && k.case !== "steer" && k.case !== "followUp") return undefined;
     const ctx = Object.keys(frame.traceContext).length > 0 ? contextFromRecord(frame.traceContext) : traceContext;
-    return { frameId: frame.frameId, kind: FRAME_KIND[k.case], text: k.value.text, traceContext: ctx, arrival: ++this.arrivals };
+    const instruction = k.case === "prompt" && k.value.instruction !== "" ? k.value.instruction : undefined;
+    return { frameId: frame.frameId, kind: FRAME_KIND[k.case], text: k.value.text, instruction, traceContext: ctx, arrival: ++this.arrivals };
   }
 
   private abort(frameId: string, reason: string, clearQueue: boolean): void {

@@ -104,6 +104,11 @@ export class SessionRegistry {
     return this.remember(sessionId, () => SessionActor.create(sessionId, parent.agentId, parent.owner, this.deps, subagent));
   }
 
+  /** The session is live in this runner (or being loaded here). */
+  holds(sessionId: string): boolean {
+    return this.actors.has(sessionId);
+  }
+
   /** Loaded actors, for listing. */
   async loaded(): Promise<SessionActor[]> {
     const settled = await Promise.allSettled(this.actors.values());

@@ -30,9 +30,19 @@ export function catchStopCommand(frame: ClientFrame): ClientFrame {
 }
 
 /** Checks a frame; `opened` says whether the stream already carried its open frame. */
-export function validateFrame(frame: ClientFrame | undefined, opened: boolean): asserts frame is ClientFrame {
+/** Frame ids Troupe makes itself (schedules, sub-agents); a client may not use them. */
+const RESERVED_FRAME_ID = /^(trigger|delegate):/;
+/** The longest per-turn instruction a prompt may carry. */
+export const MAX_INSTRUCTION_CHARS = 8000;
+
+/**
+ * Checks a frame. `fromClient`: the frame comes from outside (the gateway's callers), so Troupe's
+ * own frame id prefixes are refused.
+ */
+export function validateFrame(frame: ClientFrame | undefined, opened: boolean, fromClient = false): asserts frame is ClientFrame {
   if (!frame) throw invalidArgument("the request carries no frame");
   if (!isFrameId(frame.frameId)) throw invalidArgument("frame_id must be 1-128 printable ASCII characters");
+  if (fromClient && RESERVED_FRAME_ID.test(frame.frameId)) throw invalidArgument(`frame_id ${JSON.stringify(frame.frameId)}: ids starting with "trigger:" or "delegate:" are reserved for Troupe`);
   const kind = frame.kind;
   if (kind.case === undefined) throw invalidArgument(`frame ${frame.frameId} has no kind: set one of open, prompt, steer, follow_up, abort`);
   if (!opened && kind.case !== "open") throw failedPrecondition(`frame ${frame.frameId} (${kind.case}) arrived before the session was opened: send an open frame first`);
@@ -45,6 +55,9 @@ export function validateFrame(frame: ClientFrame | undefined, opened: boolean): 
     case "steer":
     case "followUp":
       if (kind.value.text.trim() === "") throw invalidArgument(`frame ${frame.frameId}: text must not be empty`);
+      if (kind.case === "prompt" && kind.value.instruction.length > MAX_INSTRUCTION_CHARS) {
+        throw invalidArgument(`frame ${frame.frameId}: instruction must be at most ${MAX_INSTRUCTION_CHARS} characters`);
+      }
       break;
     case "abort":
       break;
