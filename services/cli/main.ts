@@ -15,7 +15,7 @@ client:
   chat [--session ID] [MESSAGE]
                         stream a reply; with MESSAGE run one turn and exit
 operations:
-  memory add|search|forget|stats
+  memory add|search|forget|stats|reembed
                         store, find (--debug: stage scores) and delete memories
   keys create --tenant T --principal P [--name N]
                         add a client API key (printed once; only its hash is kept)
@@ -48,7 +48,7 @@ async function main(argv: string[]): Promise<void> {
     process.stdout.write(USAGE);
     return;
   }
-  if (command === "memory" && ["add", "search", "forget", "stats"].includes(args[0] ?? "")) {
+  if (command === "memory" && ["add", "search", "forget", "stats", "reembed"].includes(args[0] ?? "")) {
     process.exitCode = await (await import("./memory.js")).memoryCommand(args);
     return;
   }

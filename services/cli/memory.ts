@@ -3,16 +3,52 @@
 //   troupe memory search --tenant T --owner O [--agent A] [-k N] [--debug] QUERY
 //   troupe memory forget --tenant T --owner O ID...
 //   troupe memory stats
+//   troupe memory reembed [--batch N] [--keep-old]   (offline: with the memory service stopped)
 import { internalCredentials } from "../shared/auth.js";
 import { loadConfig } from "../shared/config.js";
 import { describeError } from "../shared/errors.js";
 import { AddOutcome, MemoryService } from "../shared/gen/troupe/v1/memory_pb.js";
 import { createClient } from "../shared/rpc.js";
+import type { Config } from "../shared/config.js";
+import { createLogger } from "../shared/log.js";
+import { reembed } from "../memory/reembed.js";
+import { embedderFor, storeLocation } from "../memory/server.js";
+
+/** Offline: it opens the store itself, so it needs no running service (and must not race one). */
+async function reembedCommand(cfg: Config, f: Record<string, string | boolean | undefined>): Promise<number> {
+  try {
+    const batch = f.batch === undefined ? 256 : Number(f.batch);
+    if (!Number.isInteger(batch) || batch < 1 || batch > 4096) throw new Error("--batch must be an integer from 1 to 4096");
+    const embedder = embedderFor(cfg, process.env);
+    const { uri, storageOptions } = storeLocation(cfg, process.env);
+    let shown = 0;
+    const res = await reembed(uri, storageOptions, embedder, createLogger("memory"), {
+      batch,
+      keepOld: f["keep-old"] === true,
+      onProgress(done, total) {
+        if (done - shown >= 10_000 || done === total) {
+          shown = done;
+          process.stderr.write(`re-embedded ${done} of ${total}\n`);
+        }
+      },
+    });
+    process.stdout.write(`re-embedded ${res.rows} memories in ${res.ms} ms: ${res.from.table} (${res.from.embedder}) -> ${res.to.table} (${res.to.embedder})${f["keep-old"] ? `; ${res.from.table} kept` : ""}\n`);
+    return 0;
+  } catch (err) {
+    process.stderr.write(`troupe memory reembed: ${describeError(err)}\n`);
+    return 1;
+  }
+}
 
 const USAGE = `usage: troupe memory add --tenant T --owner O [--agent A] [--evergreen] TEXT
        troupe memory search --tenant T --owner O [--agent A] [-k N] [--debug] QUERY
        troupe memory forget --tenant T --owner O ID...
        troupe memory stats
+       troupe memory reembed [--batch N] [--keep-old]
+         Embeds every memory again with the embedder configured now (TROUPE_EMBEDDING_MODEL,
+         TROUPE_EMBEDDING_DIM, OPENAI_BASE_URL; none: the local one) and switches the store to
+         the new vectors. Run it with the memory service stopped, then start the service with
+         the same settings.
 `;
 
 export async function memoryCommand(args: string[]): Promise<number> {
@@ -24,8 +60,11 @@ export async function memoryCommand(args: string[]): Promise<number> {
     k: { type: "string", short: "k" },
     evergreen: { type: "boolean" },
     debug: { type: "boolean" },
+    batch: { type: "string" },
+    "keep-old": { type: "boolean" },
   });
   const f = cfg.flags as Record<string, string | boolean | undefined>;
+  if (sub === "reembed") return reembedCommand(cfg, f);
   const scope = { tenant: (f.tenant as string) ?? "", owner: (f.owner as string) ?? "", agentId: (f.agent as string) ?? "" };
   const text = cfg.rest.join(" ").trim();
   const client = createClient(MemoryService, cfg.addr.memory, { headers: (await internalCredentials(cfg.dataDir)).headers });

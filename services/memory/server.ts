@@ -105,10 +105,17 @@ export function embedderFor(cfg: Config, env: NodeJS.ProcessEnv): Embedder {
   return new OpenAIEmbedder(modelBaseUrl(cfg), cfg.openaiApiKey, model, dim);
 }
 
+/** Where the memory table lives: any LanceDB URI, and its storage options (JSON). */
+export function storeLocation(cfg: Config, env: NodeJS.ProcessEnv): { uri: string; storageOptions: Record<string, string> } {
+  return {
+    uri: env.TROUPE_MEMORY_URI || path.join(cfg.dataDir, "memory"),
+    storageOptions: env.TROUPE_MEMORY_STORAGE_OPTIONS ? (JSON.parse(env.TROUPE_MEMORY_STORAGE_OPTIONS) as Record<string, string>) : {},
+  };
+}
+
 export async function startMemory(cfg: Config, logger: Logger): Promise<RunningService> {
   const embedder = embedderFor(cfg, process.env);
-  const uri = process.env.TROUPE_MEMORY_URI || path.join(cfg.dataDir, "memory");
-  const storageOptions = process.env.TROUPE_MEMORY_STORAGE_OPTIONS ? (JSON.parse(process.env.TROUPE_MEMORY_STORAGE_OPTIONS) as Record<string, string>) : {};
+  const { uri, storageOptions } = storeLocation(cfg, process.env);
   const store = await MemoryStore.open(uri, storageOptions, embedder.name, embedder.dim, logger);
   const learner = new Learner(modelBaseUrl(cfg), cfg.openaiApiKey, cfg.model, store, embedder, logger);
   const maintenance = setInterval(() => void store.maintain().catch((err: unknown) => logger.warn("memory maintenance failed", { error: String(err) })), 10 * 60_000);

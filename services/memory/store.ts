@@ -10,7 +10,9 @@
 //   search is exact. The full-text index is made with the table; rows added since the last
 //   optimize() are searched without the index until the next one, which runs every few writes.
 // - Every stored vector carries the embedder that made it; a table made by another embedder is
-//   refused rather than searched with vectors from two spaces.
+//   refused rather than searched with vectors from two spaces. `troupe memory reembed`
+//   (reembed.ts) migrates: it writes a new table and switches the pointer in META_TABLE to it in
+//   one commit, so a reader sees the old table or the new one, never a mix.
 import { createHash } from "node:crypto";
 import * as lancedb from "@lancedb/lancedb";
 import { Bool, Field, FixedSizeList, Float32, Float64, Int32, Schema, Timestamp, TimeUnit, Utf8 } from "apache-arrow";
@@ -21,12 +23,32 @@ import { newId } from "../shared/ids.js";
 import type { Candidate } from "./ranking.js";
 
 export const TABLE = "memories_v2";
+/** key -> value rows; "memories_table" names the memory table in use (TABLE when absent). */
+export const META_TABLE = "troupe_meta";
+const ACTIVE_KEY = "memories_table";
+const metaSchema = new Schema([new Field("key", new Utf8(), false), new Field("value", new Utf8(), false)]);
+
+/** The memory table in use: the one the pointer names, else TABLE. */
+export async function activeTable(db: lancedb.Connection): Promise<string> {
+  if (!(await db.tableNames()).includes(META_TABLE)) return TABLE;
+  const meta = await db.openTable(META_TABLE);
+  const rows = (await meta.query().where(`key = ${sqlString(ACTIVE_KEY)}`).toArray()) as { value: string }[];
+  meta.close();
+  return rows[0]?.value ?? TABLE;
+}
+
+/** Points readers at another memory table: one commit of the meta table. */
+export async function setActiveTable(db: lancedb.Connection, name: string): Promise<void> {
+  const meta = await db.createEmptyTable(META_TABLE, metaSchema, { existOk: true });
+  await meta.mergeInsert("key").whenMatchedUpdateAll().whenNotMatchedInsertAll().execute([{ key: ACTIVE_KEY, value: name }]);
+  meta.close();
+}
 /** Every change to a memory: add, update, delete, with the text before and after. */
 export const HISTORY_TABLE = "memory_history";
 /** The first version's table; migrated into TABLE on start. */
 const LEGACY_TABLE = "memories";
 export const INDEX_THRESHOLD = 100_000;
-const SCALAR_INDEXES: [string, () => lancedb.Index][] = [
+export const SCALAR_INDEXES: [string, () => lancedb.Index][] = [
   ["id", () => lancedb.Index.btree()],
   ["content_hash", () => lancedb.Index.btree()],
   ["owner", () => lancedb.Index.btree()],
@@ -151,11 +173,12 @@ export class MemoryStore {
 
   private async init(): Promise<void> {
     const names = await this.db.tableNames();
-    if (names.includes(TABLE)) {
-      this.table = await this.db.openTable(TABLE);
+    const active = await activeTable(this.db);
+    if (names.includes(active)) {
+      this.table = await this.db.openTable(active);
       await this.checkEmbedder();
     } else {
-      const t = await this.db.createEmptyTable(TABLE, schemaFor(this.dim), { existOk: true });
+      const t = await this.db.createEmptyTable(active, schemaFor(this.dim), { existOk: true });
       await t.createIndex("text", { config: lancedb.Index.fts({ withPosition: false }), replace: true });
       this.table = t;
     }
@@ -199,7 +222,7 @@ export class MemoryStore {
   private async checkEmbedder(): Promise<void> {
     const sample = (await this.table!.query().select(["embedder"]).limit(1).toArray()) as { embedder: string }[];
     if (sample.length > 0 && sample[0].embedder !== this.embedder) {
-      throw failedPrecondition(`the memory table was embedded by ${sample[0].embedder} and this service embeds with ${this.embedder}: vectors of two embedders cannot be compared; re-embed the table or configure ${sample[0].embedder}`);
+      throw failedPrecondition(`the memory table was embedded by ${sample[0].embedder} and this service embeds with ${this.embedder}: vectors of two embedders cannot be compared; re-embed the table (troupe memory reembed, with this service's embedder settings) or configure ${sample[0].embedder}`);
     }
   }
 

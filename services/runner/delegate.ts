@@ -26,6 +26,8 @@ export interface Delegation {
 }
 
 const MAX_TASK_CHARS = 16_000;
+/** After an abort, how long the tool waits for the child's run to end before giving up on it. */
+const ABORT_GRACE_MS = 5000;
 
 export function delegateTool(d: Delegation): Tool {
   const running = d.running;
@@ -95,7 +97,14 @@ async function runChild(child: SessionActor, task: string, signal: AbortSignal, 
   try {
     await child.submit(create(ClientFrameSchema, { frameId, kind: { case: "prompt", value: { text: task } } }));
     if (signal.aborted) onAbort();
-    const end = await ended;
+    // The child's run ends at the abort; if it never got going, stop waiting a little after.
+    const gaveUp = new Promise<undefined>((resolve) => {
+      const later = () => setTimeout(() => resolve(undefined), ABORT_GRACE_MS).unref();
+      if (signal.aborted) later();
+      else signal.addEventListener("abort", later, { once: true });
+    });
+    const end = await Promise.race([ended, gaveUp]);
+    if (!end) return { output: `The sub-agent (session ${child.sessionId}) did not finish: its run ${signal.aborted ? "was stopped" : "ended"} before it answered.`, isError: true };
     if (end.payload.case === "messageBlocked") return { output: `The sub-agent refused the task: ${end.payload.value.reason}`, isError: true };
     const stop = end.payload.case === "agentEnd" ? end.payload.value : undefined;
     const reply = [...child.messages].reverse().find((m) => m.role === Role.ASSISTANT && m.text.trim() !== "")?.text ?? "";

@@ -63,7 +63,8 @@ export function toStatus(err: unknown): { code: Status; details: string; metadat
 /** A failed call as a command-line tool reports it: the status's name and details, else the message. */
 export function describeError(err: unknown): string {
   const e = err as { code?: number; details?: string; message?: string };
-  return e.code !== undefined ? `${statusName(e.code)}: ${e.details}` : String(e.message ?? err);
+  // gRPC errors carry a numeric code and details; anything else (file system, LanceDB) its message.
+  return typeof e.code === "number" ? `${statusName(e.code)}: ${e.details ?? e.message}` : String(e.message ?? err);
 }
 
 /** Throws INVALID_ARGUMENT with `message` when `condition` holds. */

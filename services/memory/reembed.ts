@@ -1,0 +1,92 @@
+// `troupe memory reembed`: moves every memory to another embedder's vectors. The memory table
+// refuses vectors of two embedders (store.ts), so changing the embedding model needs this:
+//
+//   1. a new table is written beside the old one: every row as it was, with the text embedded
+//      again by the configured embedder (in batches; the endpoint's failures stop the run);
+//   2. its full-text and scalar indexes are built (the vector index follows with the service's
+//      maintenance once the table is large enough);
+//   3. if the old table changed meanwhile (the memory service was still writing), nothing is
+//      switched: run again with the service stopped;
+//   4. the pointer in META_TABLE is moved to the new table in one commit, then the old table is
+//      dropped (--keep-old keeps it).
+//
+// A run that dies before step 4 leaves the old table in use and a partial new one, which the next
+// run drops. The history table is not touched: it holds texts, not vectors.
+import * as lancedb from "@lancedb/lancedb";
+import type { Logger } from "../shared/log.js";
+import type { Embedder } from "./embedder.js";
+import { SCALAR_INDEXES, activeTable, schemaFor, setActiveTable, type MemoryRow } from "./store.js";
+
+/** New tables are named memories_r<base-36 time>; anything of that shape not in use is a leftover. */
+const REEMBED_TABLE = /^memories_r[0-9a-z]+$/;
+
+export interface ReembedResult {
+  rows: number;
+  from: { table: string; embedder: string };
+  to: { table: string; embedder: string };
+  ms: number;
+}
+
+export async function reembed(
+  uri: string,
+  storageOptions: Record<string, string>,
+  embedder: Embedder,
+  logger: Logger,
+  options: { batch?: number; keepOld?: boolean; onProgress?: (done: number, total: number) => void } = {},
+): Promise<ReembedResult> {
+  const started = Date.now();
+  const batchSize = options.batch ?? 256;
+  const db = await lancedb.connect(uri, { storageOptions });
+  try {
+    const names = await db.tableNames();
+    const active = await activeTable(db);
+    if (!names.includes(active)) throw new Error(`there is no memory table at ${uri} (looked for ${active})`);
+    for (const n of names) {
+      if (REEMBED_TABLE.test(n) && n !== active) {
+        logger.info(`dropping ${n}, left by an earlier re-embed that did not finish`);
+        await db.dropTable(n);
+      }
+    }
+    const old = await db.openTable(active);
+    const version = await old.version();
+    const total = await old.countRows();
+    const sample = (await old.query().select(["embedder"]).limit(1).toArray()) as { embedder: string }[];
+    const fromEmbedder = sample[0]?.embedder ?? "(empty table)";
+    const target = `memories_r${Date.now().toString(36)}`;
+    const fresh = await db.createEmptyTable(target, schemaFor(embedder.dim));
+    const columns = ["id", "tenant", "owner", "agent_id", "session_id", "kind", "text", "created", "updated", "content_hash", "importance", "evergreen", "provenance", "metadata"];
+    let pending: Omit<MemoryRow, "vector" | "embedder">[] = [];
+    let done = 0;
+    const flush = async () => {
+      if (pending.length === 0) return;
+      const vectors = await embedder.embed(pending.map((r) => r.text));
+      await fresh.add(pending.map((r, i) => ({ ...r, created: Number(r.created), updated: Number(r.updated), vector: Array.from(vectors[i]), embedder: embedder.name })));
+      done += pending.length;
+      pending = [];
+      options.onProgress?.(done, total);
+    };
+    for await (const batch of old.query().select(columns)) {
+      for (const row of batch.toArray()) {
+        pending.push(row.toJSON() as Omit<MemoryRow, "vector" | "embedder">);
+        if (pending.length >= batchSize) await flush();
+      }
+    }
+    await flush();
+    await fresh.createIndex("text", { config: lancedb.Index.fts({ withPosition: false }), replace: true });
+    if (done > 0) for (const [column, config] of SCALAR_INDEXES) await fresh.createIndex(column, { config: config(), replace: true });
+    await old.checkoutLatest();
+    if ((await old.version()) !== version) {
+      await db.dropTable(target);
+      throw new Error(`the memory table changed while it was re-embedded (version ${version} -> ${await old.version()}): is the memory service running? Nothing was switched; stop it and run again`);
+    }
+    if (done !== total) throw new Error(`read ${done} of ${total} memories; nothing was switched`);
+    await setActiveTable(db, target);
+    old.close();
+    fresh.close();
+    if (!options.keepOld) await db.dropTable(active);
+    return { rows: done, from: { table: active, embedder: fromEmbedder }, to: { table: target, embedder: embedder.name }, ms: Date.now() - started };
+  } finally {
+    db.close();
+  }
+}
+
