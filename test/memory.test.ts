@@ -87,6 +87,16 @@ describe("the memory service", () => {
     await assert.rejects(memory.addMemories({ scope: acme("mallory"), memories: [{ id: "pref-drink", text: "overwritten" }] }), { code: Status.PERMISSION_DENIED });
   });
 
+  test("a batch sent again is all duplicates: the write path's hash filter never hides a stored text", async () => {
+    const scope = acme("bulk");
+    const batch = Array.from({ length: 1000 }, (_, i) => ({ text: `bulk fact ${i}: item ${i * 7919} is in bin ${i % 37}` }));
+    const first = await memory.addMemories({ scope, memories: batch });
+    assert.ok(first.results.every((r) => r.outcome === AddOutcome.ADDED));
+    const again = await memory.addMemories({ scope, memories: batch });
+    assert.ok(again.results.every((r) => r.outcome === AddOutcome.DUPLICATE));
+    assert.deepEqual(again.ids, first.ids);
+  });
+
   test("isolation: tenants and owners never see each other's memories; the owner's all_owners view sees what the agent learned", async () => {
     await memory.addMemories({ scope: { tenant: "acme", owner: "carol", agentId: "helper" }, memories: [{ text: "Carol's flight is on Monday" }] });
     await memory.addMemories({ scope: { tenant: "acme", owner: "dan", agentId: "helper" }, memories: [{ text: "Dan's flight is on Tuesday" }] });
