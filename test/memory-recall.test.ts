@@ -35,7 +35,7 @@ test("an empty scope is searched once for a burst of runs, then skipped until it
   assert.deepEqual(await recall.recall(scope, "what does Carol keep on her roof", signal), []);
   assert.equal(recall.skipped, 20);
   // ... until the belief is dropped, as a save through this runner does.
-  recall.invalidate(scope);
+  recall.invalidateTenant(scope.tenant);
   assert.deepEqual((await recall.recall(scope, "what does Carol keep on her roof", signal)).map((m) => m.text), ["Carol keeps bees on her roof"]);
   // A scope with memories is searched every time.
   await recall.recall(scope, "bees", signal);

@@ -16,7 +16,8 @@ import { AgentConfigError, DEFAULT_AGENT, parseAgentConfig } from "../services/r
 import { ContextSources, FILE_CHAR_LIMIT, USER_TEMPLATE, buildSystemPrompt, type PromptInput } from "../services/runner/context.js";
 import { CronError, nextFire, parseCron } from "../services/runner/cron.js";
 import { Hooks } from "../services/runner/hooks.js";
-import { backoffMs, metadataSummary, triggerOf } from "../services/runner/loop.js";
+import { backoffMs, metadataSummary } from "../services/runner/loop.js";
+import { triggerFrameId, triggerOf } from "../services/shared/frames.js";
 import { retryAfter } from "../services/runner/model.js";
 import { scanForInjection } from "../services/runner/safety.js";
 import { TokenCounter, familyOf } from "../services/runner/tokens.js";
@@ -173,6 +174,7 @@ describe("retries", () => {
   });
 
   test("a trigger's frame id names the trigger", () => {
+    assert.equal(triggerOf(triggerFrameId("heartbeat", "hb", 1700000000000)), "heartbeat:hb");
     assert.equal(triggerOf("trigger:heartbeat:hb:1700000000000"), "heartbeat:hb");
     assert.equal(triggerOf("trigger:schedule:daily.report:1700000000000"), "schedule:daily.report");
     assert.equal(triggerOf("f-123"), "");
@@ -275,6 +277,11 @@ describe("the context builder", () => {
     await writeFile(path.join(dir, "a1", "AGENTS.md"), "A".repeat(4000) + "\n");
     const over = await base(dir);
     assert.match(over.warnings[0].message, /AGENTS\.md has 4001 characters/);
+    // Larger than one read (64 KiB), cut inside a three-byte character: still text, not binary.
+    await writeFile(path.join(dir, "a1", "AGENTS.md"), "数".repeat(30_000));
+    const big = await base(dir);
+    assert.deepEqual(big.warnings.map((w) => w.message), ["AGENTS.md is 90000 bytes; only the first 4000 characters are used"]);
+    assert.ok(big.text.includes("数".repeat(4000)) && !big.text.includes("数".repeat(4001)));
   });
 
   test("USER.md is made from the template for the owner only; an external sender gets neither it nor the owner's identity", async () => {

@@ -15,6 +15,7 @@
 //   <profiles dir>/<agent>/<tenant>/<user>/USER.md        one owner's profile (user data, so it
 //                                                         lives apart: the agents folder may be
 //                                                         a read-only mount)
+import { isUtf8 } from "node:buffer";
 import { mkdir, open, readdir, stat, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { MemoryKind } from "../shared/gen/troupe/v1/memory_pb.js";
@@ -195,28 +196,24 @@ async function readContextFile(file: string, limit: number): Promise<FileRead | 
   try {
     const buf = Buffer.alloc(Math.min(size, READ_BYTES));
     const { bytesRead } = await handle.read(buf, 0, buf.length, 0);
-    const bytes = buf.subarray(0, bytesRead);
-    if (bytes.includes(0) || !isUtf8Text(bytes, bytesRead < size)) {
+    let bytes = buf.subarray(0, bytesRead);
+    // A read cut short may end inside a character: up to 3 trailing bytes of one are not a defect.
+    if (bytesRead < size) for (let k = 0; k < 3 && !isUtf8(bytes); k++) bytes = bytes.subarray(0, bytes.length - 1);
+    if (bytes.includes(0) || !isUtf8(bytes)) {
       return { file, text: "", problem: `${path.basename(file)} is not a UTF-8 text file; it was left out` };
     }
-    let text = bytes.toString("utf8");
-    if (bytesRead < size) text = text.replace(/\uFFFD$/, "");
-    const chars = size > bytesRead ? size : text.length;
-    if (chars > limit) {
-      return { file, text: text.slice(0, limit), problem: `${path.basename(file)} has ${chars} characters; only the first ${limit} are used` };
+    const text = bytes.toString("utf8");
+    if (bytesRead < size) {
+      // Only the start was read: the file's length is known in bytes, not characters.
+      return { file, text: text.slice(0, limit), problem: `${path.basename(file)} is ${size} bytes; only the first ${limit} characters are used` };
+    }
+    if (text.length > limit) {
+      return { file, text: text.slice(0, limit), problem: `${path.basename(file)} has ${text.length} characters; only the first ${limit} are used` };
     }
     return { file, text };
   } finally {
     await handle.close();
   }
-}
-
-function isUtf8Text(bytes: Buffer, truncated: boolean): boolean {
-  const text = bytes.toString("utf8");
-  let bad = 0;
-  for (const ch of text) if (ch === "\uFFFD") bad++;
-  // A cut in the middle of a character at the end of a partial read is not a defect.
-  return bad <= (truncated ? 1 : 0);
 }
 
 /** Builds the system prompt; `warnings` says what was cut or left out and why. */

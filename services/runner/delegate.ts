@@ -90,8 +90,9 @@ async function runChild(child: SessionActor, task: string, signal: AbortSignal, 
     close: () => undefined,
   };
   await child.attach(watcher);
+  const timedOut = () => signal.reason instanceof Error && signal.reason.name === "TimeoutError";
   const onAbort = () => {
-    void child.submit(create(ClientFrameSchema, { frameId: `${frameId}:abort`, kind: { case: "abort", value: { reason: signal.reason instanceof Error && signal.reason.name === "TimeoutError" ? `sub-agent timed out after ${timeoutMs} ms` : "the parent run was aborted", clearQueue: true } } })).catch(() => undefined);
+    void child.submit(create(ClientFrameSchema, { frameId: `${frameId}:abort`, kind: { case: "abort", value: { reason: timedOut() ? `sub-agent timed out after ${timeoutMs} ms` : "the parent run was aborted", clearQueue: true } } })).catch(() => undefined);
   };
   signal.addEventListener("abort", onAbort, { once: true });
   try {
@@ -109,7 +110,7 @@ async function runChild(child: SessionActor, task: string, signal: AbortSignal, 
     const stop = end.payload.case === "agentEnd" ? end.payload.value : undefined;
     const reply = [...child.messages].reverse().find((m) => m.role === Role.ASSISTANT && m.text.trim() !== "")?.text ?? "";
     if (stop && stop.stopReason !== StopReason.COMPLETED) {
-      const why = signal.aborted ? (signal.reason instanceof Error && signal.reason.name === "TimeoutError" ? `timed out after ${timeoutMs} ms` : "was aborted") : `failed: ${stop.errorMessage || "no reason given"}`;
+      const why = signal.aborted ? (timedOut() ? `timed out after ${timeoutMs} ms` : "was aborted") : `failed: ${stop.errorMessage || "no reason given"}`;
       return { output: `The sub-agent (session ${child.sessionId}) ${why}.${reply ? ` Its last reply:\n${reply}` : ""}`, isError: true };
     }
     return { output: reply || "(the sub-agent finished without a reply)", isError: false };

@@ -47,7 +47,6 @@ export type HookName = keyof HookPayloads;
 export type HookChange<N extends HookName> = Exclude<HookResults[N], void | undefined>;
 export type HookHandler<N extends HookName> = (payload: HookPayloads[N], signal: AbortSignal) => HookResults[N] | Promise<HookResults[N]>;
 
-export const OBSERVING: ReadonlySet<HookName> = new Set(["message_received", "agent_end"]);
 const DEFAULT_TIMEOUT_MS: Record<HookName, number> = {
   message_received: 5000,
   before_model_resolve: 5000,
@@ -132,10 +131,6 @@ export class Hooks {
         this.threatChecks.push({ name, check, timeoutMs: options.timeoutMs ?? 5000 });
       },
     };
-  }
-
-  has(name: HookName): boolean {
-    return (this.handlers.get(name)?.length ?? 0) > 0;
   }
 
   /** Observing hooks: started side by side, never awaited by the turn. Failures go to `onFailure`. */

@@ -31,6 +31,7 @@ import {
   type Usage,
 } from "../shared/gen/troupe/v1/session_pb.js";
 import { failpoint } from "../shared/failpoints.js";
+import { triggerOf } from "../shared/frames.js";
 import { newId } from "../shared/ids.js";
 import { GenAI, tracer } from "../shared/telemetry.js";
 import type { AgentConfig } from "./agent-config.js";
@@ -199,14 +200,13 @@ async function admit(host: RunHost, deps: RunDeps, info: TurnInfo, queued: Queue
   return passed;
 }
 
-const hookFailed = (host: RunHost) => (f: HookFailure) =>
-  host.emit({ case: "error", value: { code: "HOOK_ERROR", message: `hook ${f.hook} (${f.name}) failed: ${f.message}`, retryable: false } });
+/** Something went wrong that the run goes on past: the client sees it as an error event. */
+const report = (host: RunHost, code: string, message: string) => host.emit({ case: "error", value: { code, message, retryable: false } });
 
-/** "schedule:<id>" for a frame the scheduler made ("trigger:schedule:<id>:<time>"), else "". */
-export function triggerOf(frameId: string): string {
-  const m = /^trigger:(schedule|heartbeat):([^:]+):/.exec(frameId);
-  return m ? `${m[1]}:${m[2]}` : "";
-}
+const hookFailed = (host: RunHost) => (f: HookFailure) => report(host, "HOOK_ERROR", `hook ${f.hook} (${f.name}) failed: ${f.message}`);
+
+/** At most `max` characters of `s`, marked when cut. */
+const excerpt = (s: string, max: number) => (s.length > max ? `${s.slice(0, max)} [...]` : s);
 
 async function startTurn(host: RunHost, deps: RunDeps, info: TurnInfo, initial: readonly QueuedMessage[], usage: Usage): Promise<Turn> {
   const query = initial.map((q) => q.text).join("\n");
@@ -215,7 +215,7 @@ async function startTurn(host: RunHost, deps: RunDeps, info: TurnInfo, initial: 
   const resolved = await deps.hooks.modify("before_model_resolve", { ...info, model: agent.model || deps.defaultModel }, (p, r) => ({ payload: r.model ? { ...p, model: r.model } : p }));
   const models = [...new Set([resolved.payload.model, ...agent.fallbacks])];
   host.emit({ case: "agentStart", value: { agentId: deps.agentId, model: models[0], frameId: initial[0].frameId, trigger: triggerOf(initial[0].frameId) } });
-  if (error) host.emit({ case: "error", value: { code: "AGENT_CONFIG", message: error, retryable: false } });
+  if (error) report(host, "AGENT_CONFIG", error);
   resolved.failures.forEach(hookFailed(host));
   failpoint("runner.run", query);
   const extra = initial.map((q) => q.instruction ?? "").filter((s) => s.trim() !== "");
@@ -231,7 +231,7 @@ async function startTurn(host: RunHost, deps: RunDeps, info: TurnInfo, initial: 
   // The system prompt may take up to half of what the window leaves for the request.
   const budget = Math.max(256, Math.floor((agent.contextWindow - agent.reserveTokens - toolTokens) / 2));
   const system = await deps.systemPrompt({ query, agent, ephemeral: extra, driftReminder: conversation >= DRIFT_THRESHOLD, tokens, budget }, host.signal);
-  for (const w of system.warnings) host.emit({ case: "error", value: { code: w.code, message: w.message, retryable: false } });
+  for (const w of system.warnings) report(host, w.code, w.message);
   return { host, deps, info, agent, models, tokens, system, tools, fixedTokens: system.tokens + toolTokens, usage };
 }
 
@@ -310,7 +310,8 @@ function conversationView(host: RunHost): { summary?: string; messages: ChatMess
 }
 
 function viewTokens(turn: Turn, view: { summary?: string; messages: ChatMessage[] }): number {
-  let n = turn.fixedTokens + (view.summary ? turn.tokens.text(summaryMessage(view.summary).content as string) + 4 : 0);
+  // The summary comes back unchanged in every request until the next compaction.
+  let n = turn.fixedTokens + (view.summary ? turn.tokens.recurringText(summaryMessage(view.summary).content as string) + 4 : 0);
   for (const m of view.messages) n += turn.tokens.message(m);
   return n;
 }
@@ -367,7 +368,7 @@ async function compact(turn: Turn, reason: "threshold" | "overflow", tokensBefor
 }
 
 function transcriptOf(messages: readonly ChatMessage[]): string {
-  const clip = (s: string) => (s.length > 2000 ? `${s.slice(0, 2000)} [...]` : s);
+  const clip = (s: string) => excerpt(s, 2000);
   const lines: string[] = [];
   for (const m of messages) {
     if (m.role === Role.USER) lines.push(`user: ${clip(m.text)}`);
@@ -405,16 +406,15 @@ export function metadataSummary(previous: string | undefined, older: readonly Ch
   for (const m of older) for (const c of m.toolCalls) toolUses.set(c.name, (toolUses.get(c.name) ?? 0) + 1);
   const firstUser = older.find((m) => m.role === Role.USER)?.text ?? "";
   const lastUser = [...older].reverse().find((m) => m.role === Role.USER)?.text ?? "";
-  const excerpt = (s: string) => (s.length > 300 ? `${s.slice(0, 300)} [...]` : s);
   return [
     "## Goal",
-    excerpt(firstUser) || "(unknown)",
+    excerpt(firstUser, 300) || "(unknown)",
     "## Constraints",
     "(not recorded: this summary was made without the model)",
     "## Progress",
     `${older.length} earlier messages were folded (${count(Role.USER)} from the user, ${count(Role.ASSISTANT)} from the assistant, ${count(Role.TOOL)} tool results).`,
     toolUses.size > 0 ? `Tools used: ${[...toolUses].map(([n, k]) => `${n} ×${k}`).join(", ")}.` : "No tools were used.",
-    lastUser && lastUser !== firstUser ? `The last folded request was: ${excerpt(lastUser)}` : "",
+    lastUser && lastUser !== firstUser ? `The last folded request was: ${excerpt(lastUser, 300)}` : "",
     previous ? `An earlier summary said:\n${previous}` : "",
     "## Decisions",
     "(not recorded)",
@@ -578,7 +578,7 @@ async function streamAssistant(turn: Turn, request: ModelRequest, isRetry: boole
           opened();
           message.stopReason = calls.length > 0 ? StopReason.TOOL_USE : STOP_BY_FINISH[chunk.finishReason];
           if (chunk.finishReason === "other") {
-            host.emit({ case: "error", value: { code: "MODEL_FINISH_REASON", message: `the model stopped for an unknown reason (finish_reason ${JSON.stringify(chunk.rawFinishReason)}); its reply is taken as complete`, retryable: false } });
+            report(host, "MODEL_FINISH_REASON", `the model stopped for an unknown reason (finish_reason ${JSON.stringify(chunk.rawFinishReason)}); its reply is taken as complete`);
           }
           if (chunk.usage) {
             const u = chunk.usage;
@@ -686,7 +686,12 @@ function finishCall(host: RunHost, call: ToolCall, result: ToolResult, skipped: 
 class ToolInputError extends Error {}
 
 const ajv = new Ajv({ allErrors: true, strict: false });
-const validators = new WeakMap<Tool, ValidateFunction>();
+/**
+ * Compiled validators by schema text. Some tools are made anew for every run (the memory tools
+ * and delegate_task carry the session's scope), so keying by the tool object would compile
+ * their schemas again each run (0.7 ms each), and ajv keeps every schema object it compiled.
+ */
+const validators = new Map<string, ValidateFunction>();
 
 /** The call's arguments, parsed and checked against the tool's schema. */
 function parseArguments(tool: Tool, call: ToolCall): Record<string, unknown> {
@@ -697,10 +702,11 @@ function parseArguments(tool: Tool, call: ToolCall): Record<string, unknown> {
     throw new ToolInputError(`Invalid JSON in the arguments of ${call.name}: ${(err as Error).message}. Received: ${call.argumentsJson.slice(0, 500)}`);
   }
   if (typeof args !== "object" || args === null || Array.isArray(args)) throw new ToolInputError(`The arguments of ${call.name} must be a JSON object. Received: ${call.argumentsJson.slice(0, 500)}`);
-  let validate = validators.get(tool);
+  const key = JSON.stringify(tool.parameters);
+  let validate = validators.get(key);
   if (!validate) {
     validate = ajv.compile(tool.parameters);
-    validators.set(tool, validate);
+    validators.set(key, validate);
   }
   if (!validate(args)) {
     const problems = (validate.errors ?? []).map((e) => `${e.instancePath || "(arguments)"}: ${e.message}${e.params && "additionalProperty" in e.params ? ` (${String(e.params.additionalProperty)})` : ""}`);
@@ -765,7 +771,7 @@ async function runToolCall(turn: Turn, call: ToolCall): Promise<ToolResult> {
   } catch (err) {
     // Tools throw to report failure; the model sees the message and can correct itself.
     if (err instanceof ToolInputError) {
-      host.emit({ case: "error", value: { code: "INVALID_TOOL_CALL", message: err.message.split("\n")[0], retryable: false } });
+      report(host, "INVALID_TOOL_CALL", err.message.split("\n")[0]);
       result = { output: err.message, isError: true };
     } else result = { output: `Tool ${call.name} failed: ${(err as Error)?.message ?? String(err)}`, isError: true };
   }

@@ -76,11 +76,6 @@ export class MemoryRecall {
     for (const key of this.emptyUntil.keys()) if (key.startsWith(prefix)) this.emptyUntil.delete(key);
   }
 
-  /** Drops what is believed about a scope (a memory was saved to it). */
-  invalidate(scope: MemoryScope): void {
-    this.emptyUntil.delete(scopeKey(scope));
-  }
-
   /** One search: the relevant texts, and whether the scope holds no memory at all (false if the search failed). */
   private async search(scope: MemoryScope, key: string, query: string, signal: AbortSignal): Promise<{ texts: Recalled[]; empty: boolean }> {
     try {

@@ -63,7 +63,7 @@ function validate(s: Schedule, minEverySeconds: number): StoredSchedule {
 }
 
 /** When a stored schedule fires next, after its last firing (or its creation). */
-export function dueAfter(s: StoredSchedule, cron: Cron | undefined, fromMs: number): number | undefined {
+function dueAfter(s: StoredSchedule, cron: Cron | undefined, fromMs: number): number | undefined {
   if (cron) return nextFire(cron, fromMs);
   return fromMs + (s.everySeconds ?? 0) * 1000;
 }
@@ -190,7 +190,8 @@ export function triggerText(s: StoredSchedule, dueMs: number): string {
 export class Scheduler {
   private timer?: NodeJS.Timeout;
   private lastScan = 0;
-  private files: ScheduleFile[] = [];
+  /** Every schedule of the last scan, its cron expression parsed once. */
+  private entries: { file: ScheduleFile; schedule: StoredSchedule; cron?: Cron }[] = [];
   private firing = new Set<string>();
   /** Schedules that did not fire here (another runner owns the session): not tried again before this time. */
   private notBefore = new Map<string, number>();
@@ -227,47 +228,45 @@ export class Scheduler {
   private async tick(): Promise<void> {
     const now = Date.now();
     if (now - this.lastScan >= this.options.rescanMs) {
-      this.files = await this.book.all();
+      this.entries = (await this.book.all()).flatMap((file) => file.schedules.map((schedule) => ({ file, schedule, cron: schedule.cron ? parseCron(schedule.cron) : undefined })));
       this.lastScan = now;
     }
-    for (const file of this.files) {
-      for (const s of file.schedules) {
-        const key = `${file.sessionId}\u0000${s.scheduleId}`;
-        if (this.firing.has(key) || (this.notBefore.get(key) ?? 0) > now) continue;
-        const cron = s.cron ? parseCron(s.cron) : undefined;
-        const due = dueAfter(s, cron, s.lastFireMs ?? s.createdMs);
-        if (due === undefined || due > now) continue;
-        this.firing.add(key);
-        const firing: Firing = {
-          sessionId: file.sessionId,
-          owner: { tenant: file.tenant, principal: file.principal },
-          scheduleId: s.scheduleId,
-          kind: cron ? "schedule" : "heartbeat",
-          dueMs: due,
-          text: triggerText(s, due),
-        };
-        // Several missed firings (the runner was down) become one: the latest due time counts.
-        const firedAt = cron ? (latestDue(cron, due, now) ?? due) : due + Math.floor((now - due) / ((s.everySeconds ?? 1) * 1000)) * (s.everySeconds ?? 1) * 1000;
-        this.fire({ ...firing, dueMs: firedAt, text: triggerText(s, firedAt) })
-          .then(() => this.book.markFired(file.sessionId, s.scheduleId, firedAt))
-          .then(() => {
-            s.lastFireMs = firedAt;
-            this.notBefore.delete(key);
-          })
-          .catch((err: unknown) => {
-            // The runner that owns the session fires it; if that one is gone, this one tries again later.
-            this.notBefore.set(key, Date.now() + this.options.retryMs);
-            this.logger.debug("schedule not fired here", { session: file.sessionId, schedule: s.scheduleId, error: String((err as Error).message ?? err) });
-          })
-          .finally(() => this.firing.delete(key));
-      }
+    for (const { file, schedule: s, cron } of this.entries) {
+      const key = `${file.sessionId}\u0000${s.scheduleId}`;
+      if (this.firing.has(key) || (this.notBefore.get(key) ?? 0) > now) continue;
+      const due = dueAfter(s, cron, s.lastFireMs ?? s.createdMs);
+      if (due === undefined || due > now) continue;
+      this.firing.add(key);
+      // Several missed firings (the runner was down) become one: the latest due time counts.
+      const every = (s.everySeconds ?? 1) * 1000;
+      const dueMs = cron ? latestDue(cron, due, now) : due + Math.floor((now - due) / every) * every;
+      const firing: Firing = {
+        sessionId: file.sessionId,
+        owner: { tenant: file.tenant, principal: file.principal },
+        scheduleId: s.scheduleId,
+        kind: cron ? "schedule" : "heartbeat",
+        dueMs,
+        text: triggerText(s, dueMs),
+      };
+      this.fire(firing)
+        .then(() => this.book.markFired(file.sessionId, s.scheduleId, dueMs))
+        .then(() => {
+          s.lastFireMs = dueMs;
+          this.notBefore.delete(key);
+        })
+        .catch((err: unknown) => {
+          // The runner that owns the session fires it; if that one is gone, this one tries again later.
+          this.notBefore.set(key, Date.now() + this.options.retryMs);
+          this.logger.debug("schedule not fired here", { session: file.sessionId, schedule: s.scheduleId, error: String((err as Error).message ?? err) });
+        })
+        .finally(() => this.firing.delete(key));
     }
   }
 }
 
-/** The last fire time of `cron` at or before `now`, starting from `from`. */
-function latestDue(cron: Cron, from: number, now: number): number | undefined {
-  let last: number | undefined = from;
+/** The last fire time of `cron` at or before `now`, starting from `from` (itself due). */
+function latestDue(cron: Cron, from: number, now: number): number {
+  let last = from;
   for (let t = nextFire(cron, from), n = 0; t !== undefined && t <= now && n < 100_000; t = nextFire(cron, t), n++) last = t;
   return last;
 }

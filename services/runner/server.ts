@@ -8,7 +8,7 @@ import { NAME, identityOf, internalCredentials, sameIdentity } from "../shared/a
 import type { Config } from "../shared/config.js";
 import { modelBaseUrl } from "../shared/config.js";
 import { Status, invalidArgument, invalidArgumentIf, resourceExhausted, toStatus, type RpcError } from "../shared/errors.js";
-import { validateFrame } from "../shared/frames.js";
+import { triggerFrameId, validateFrame } from "../shared/frames.js";
 import { MemoryService } from "../shared/gen/troupe/v1/memory_pb.js";
 import { RouterService } from "../shared/gen/troupe/v1/router_pb.js";
 import { AttachResponseSchema, RunnerService, type AttachRequest } from "../shared/gen/troupe/v1/runner_pb.js";
@@ -99,13 +99,16 @@ function channelOf(sessionId: string): string {
   return parts[0] === "agent" && parts.length >= 4 && parts[2] !== "dm" ? parts[2] : "grpc";
 }
 
+/** Who speaks in a session: a channel session's memory owner, else the principal that opened it. */
+const speakerOf = (owner: SessionOwner): string => owner.memoryOwner ?? owner.principal;
+
 /**
- * Who speaks in a session, for context and memory. The agent's owners are the principals its
- * agent.json lists; with none listed, whoever opened the session directly is its owner and a
- * chat channel's sender (a session with a memory owner) is external.
+ * Who speaks, for context. The agent's owners are the principals its agent.json lists; with none
+ * listed, whoever opened the session directly is its owner and a chat channel's sender (a session
+ * with a memory owner) is external.
  */
 function senderOf(owner: SessionOwner, agent: AgentConfig): Sender {
-  const id = owner.memoryOwner ?? owner.principal;
+  const id = speakerOf(owner);
   const isOwner = agent.owners.length > 0 ? agent.owners.includes(id) : owner.memoryOwner === undefined;
   return { id, tenant: owner.tenant, isOwner };
 }
@@ -117,10 +120,7 @@ function senderOf(owner: SessionOwner, agent: AgentConfig): Sender {
  * memories stay apart.
  */
 const memoryScope = (sender: Sender, agentId: string, agent: AgentConfig) =>
-  sender.isOwner && agent.owners.includes(sender.id) ? { tenant: sender.tenant, owner: sender.id, agentId, allOwners: true } : { tenant: sender.tenant, owner: sender.id };
-
-/** Where the memory tools read and write: the speaker's own memories. */
-const ownScope = (owner: SessionOwner) => ({ tenant: owner.tenant, owner: owner.memoryOwner ?? owner.principal });
+  agent.owners.includes(sender.id) ? { tenant: sender.tenant, owner: sender.id, agentId, allOwners: true } : { tenant: sender.tenant, owner: sender.id };
 
 export async function startRunner(cfg: Config, logger: Logger): Promise<RunningService> {
   // Runners that share a data directory arbitrate sessions through the store (session-lease.ts).
@@ -164,8 +164,9 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   const runDeps = (actor: SessionActor): RunDeps => {
     const { agentId, owner, subagent, sessionId } = actor;
     const agentConfig = async () => (await agents.get(agentId)).config;
-    const sender = owner.memoryOwner ?? owner.principal;
-    const mine = ownScope(owner);
+    const sender = speakerOf(owner);
+    // Where the memory tools read and write, and what learning adds to: the speaker's own memories.
+    const mine = { tenant: owner.tenant, owner: sender };
     const runTools = [
       ...tools,
       ...memoryTools(memory, mine, agentId, () => recall.invalidateTenant(owner.tenant)),
@@ -232,7 +233,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
       await book.remove(f.sessionId, f.scheduleId);
       return;
     }
-    const frame = create(ClientFrameSchema, { frameId: `trigger:${f.kind}:${f.scheduleId}:${f.dueMs}`, kind: { case: "prompt", value: { text: f.text, queueMode: QueueMode.FOLLOWUP } } });
+    const frame = create(ClientFrameSchema, { frameId: triggerFrameId(f.kind, f.scheduleId, f.dueMs), kind: { case: "prompt", value: { text: f.text, queueMode: QueueMode.FOLLOWUP } } });
     await actor.submit(frame);
   }, logger);
   scheduler.start();

@@ -29,14 +29,22 @@ export function catchStopCommand(frame: ClientFrame): ClientFrame {
   return frame;
 }
 
-/** Checks a frame; `opened` says whether the stream already carried its open frame. */
 /** Frame ids Troupe makes itself (schedules, sub-agents); a client may not use them. */
 const RESERVED_FRAME_ID = /^(trigger|delegate):/;
+
+/** The frame id of a schedule's firing: the session takes each firing once, whoever fires it. */
+export const triggerFrameId = (kind: "schedule" | "heartbeat", scheduleId: string, dueMs: number): string => `trigger:${kind}:${scheduleId}:${dueMs}`;
+
+/** "schedule:<id>" or "heartbeat:<id>" for a frame triggerFrameId made, else "". */
+export function triggerOf(frameId: string): string {
+  const m = /^trigger:(schedule|heartbeat):([^:]+):/.exec(frameId);
+  return m ? `${m[1]}:${m[2]}` : "";
+}
 /** The longest per-turn instruction a prompt may carry. */
 export const MAX_INSTRUCTION_CHARS = 8000;
 
 /**
- * Checks a frame. `fromClient`: the frame comes from outside (the gateway's callers), so Troupe's
+ * Checks a frame; `opened` says whether the stream already carried its open frame. `fromClient`: the frame comes from outside (the gateway's callers), so Troupe's
  * own frame id prefixes are refused.
  */
 export function validateFrame(frame: ClientFrame | undefined, opened: boolean, fromClient = false): asserts frame is ClientFrame {
