@@ -2,13 +2,14 @@
 //
 // Data (deterministic): 256-d vectors drawn around 512 random topic centres (so nearest neighbours
 // mean something), each with a text of topic words and filler, spread over 100 owners of one
-// tenant. Every search is scoped to one owner, as the service's are.
+// tenant.
 //
 // Per size: ingest rate (batches of 1,000 through the store's writer; embedding excluded, the
 // vectors are made beforehand), then hybrid search + MMR (vector and full-text candidates, fusion,
-// decay, MMR, k = 10) p50 and p95, and recall@10 of the search the service runs (the vector index
-// once the table passes its threshold) against exact search on the same data
-// (bypassVectorIndex). Separately, the MMR stage alone over 100 candidates.
+// decay, MMR, k = 10) p50 and p95 for searches scoped to one owner (as the runner's are) and for
+// tenant-wide searches, each with the recall@10 of its vector candidates (the path the store
+// chose: the index once the table passes its threshold) against exact search on the same data and
+// scope (bypassVectorIndex). Separately, the MMR stage alone over 100 candidates.
 //
 //   node dist/bench/memory.js [--sizes 10000,100000,1000000] [--queries 200]
 import { mkdtemp, rm } from "node:fs/promises";
@@ -79,9 +80,10 @@ interface SizeFigures {
   ingestPerS: number;
   p50: number;
   p95: number;
+  scopedRecall10: number;
   wideP50: number;
-  exactP50: number;
-  recall10: number;
+  wideRecall10: number;
+  exactWideMs: number;
   indexed: boolean;
   indexBuildS: number;
 }
@@ -108,41 +110,39 @@ for (const size of SIZES) {
     const indexBuildS = (performance.now() - t0) / 1000;
     const { indexed } = await store.vectorIndexed();
 
-    // Scoped searches (one owner), as the runner makes them: the owner's rows, compared exactly.
-    const latencies: number[] = [];
-    for (let q = 0; q < QUERIES; q++) {
-      const topic = Math.floor(rand() * TOPICS);
-      const where = `tenant = 'bench' AND owner = ${sqlString(`o${q % OWNERS}`)}`;
-      const s0 = performance.now();
-      await search(store, where, `${topicWords[topic][0]} ${topicWords[topic][3]}`, around(topic, 0.1), rankOptions(undefined, 10));
-      latencies.push(performance.now() - s0);
-    }
-    // Tenant-wide searches (every owner), the ones that use the vector index past its threshold:
-    // their latency, and the recall@10 of the index against exact search on the same data.
-    const wide: number[] = [];
-    const exactWide: number[] = [];
-    let hits = 0;
-    let total = 0;
-    for (let q = 0; q < Math.min(QUERIES, 100); q++) {
-      const topic = Math.floor(rand() * TOPICS);
-      const vector = around(topic, 0.1);
-      const s0 = performance.now();
-      const { rows } = await search(store, "tenant = 'bench'", `${topicWords[topic][0]} ${topicWords[topic][3]}`, vector, rankOptions(undefined, 10), "wide");
-      wide.push(performance.now() - s0);
-      const served = new Set([...rows.values()].filter((r) => r.candidate.vectorScore !== undefined).slice(0, 10).map((r) => r.id));
-      const e0 = performance.now();
-      const exact = await store.vectorCandidates("tenant = 'bench'", vector, 10, "narrow");
-      exactWide.push(performance.now() - e0);
-      for (const r of exact) if (served.has(r.id)) hits++;
-      total += exact.length;
-    }
+    // Two kinds of search, each timed through the service's pipeline, and the recall@10 of its
+    // vector candidates against exact search on the same data and scope: scoped to one owner (as
+    // the runner searches), and tenant-wide (every owner, the agent owner's view).
+    const measure = async (queries: number, whereOf: (q: number) => string) => {
+      const latencies: number[] = [];
+      let hits = 0;
+      let total = 0;
+      for (let q = 0; q < queries; q++) {
+        const topic = Math.floor(rand() * TOPICS);
+        const where = whereOf(q);
+        const vector = around(topic, 0.1);
+        const s0 = performance.now();
+        const { candidates } = await search(store, where, `${topicWords[topic][0]} ${topicWords[topic][3]}`, vector, rankOptions(undefined, 10));
+        latencies.push(performance.now() - s0);
+        const served = new Set([...candidates.values()].filter((c) => c.vectorScore !== undefined).slice(0, 10).map((c) => c.id));
+        const exact = await store.vectorCandidates(where, vector, 10, "exact");
+        for (const r of exact) if (served.has(r.id)) hits++;
+        total += exact.length;
+      }
+      return { p50: median(latencies), p95: pct(latencies, 95), recall10: hits / Math.max(1, total) };
+    };
+    const scoped = await measure(QUERIES, (q) => `tenant = 'bench' AND owner = ${sqlString(`o${q % OWNERS}`)}`);
+    const wide = await measure(Math.min(QUERIES, 100), () => "tenant = 'bench'");
+    const e0 = performance.now();
+    await store.vectorCandidates("tenant = 'bench'", around(0, 0.1), 10, "exact");
+    const exactWideMs = performance.now() - e0;
     store.close();
-    const f: SizeFigures = { size, ingestPerS, p50: median(latencies), p95: pct(latencies, 95), wideP50: median(wide), exactP50: median(exactWide), recall10: hits / Math.max(1, total), indexed, indexBuildS };
+    const f: SizeFigures = { size, ingestPerS, p50: scoped.p50, p95: scoped.p95, scopedRecall10: scoped.recall10, wideP50: wide.p50, wideRecall10: wide.recall10, exactWideMs, indexed, indexBuildS };
     figures.push(f);
     console.log(
       `${size} memories: ingest ${f.ingestPerS.toFixed(0)}/s; maintenance${indexed ? " + vector index" : ""} ${f.indexBuildS.toFixed(1)} s; ` +
-        `one owner's scope (${size / OWNERS} rows): hybrid search + MMR p50 ${f.p50.toFixed(2)} ms p95 ${f.p95.toFixed(2)} ms; ` +
-        `tenant-wide: ${indexed ? "IVF_PQ" : "exact"} p50 ${f.wideP50.toFixed(2)} ms, exact alone p50 ${f.exactP50.toFixed(2)} ms, recall@10 ${f.recall10.toFixed(3)}`,
+        `one owner's scope (${size / OWNERS} rows): hybrid search + MMR p50 ${f.p50.toFixed(2)} ms p95 ${f.p95.toFixed(2)} ms, recall@10 ${f.scopedRecall10.toFixed(3)}; ` +
+        `tenant-wide: p50 ${f.wideP50.toFixed(2)} ms, recall@10 ${f.wideRecall10.toFixed(3)} (one exact vector search of the tenant: ${f.exactWideMs.toFixed(0)} ms)`,
     );
   } finally {
     await rm(dir, { recursive: true, force: true });
@@ -151,7 +151,9 @@ for (const size of SIZES) {
 
 const largest = figures.at(-1)!;
 const at1m = figures.find((f) => f.size === 1_000_000);
+// The recall reported is the lower of the two kinds of search.
+const recall = (f: SizeFigures) => Math.min(f.scopedRecall10, f.wideRecall10).toFixed(3);
 const ingest = Math.min(...figures.map((f) => f.ingestPerS));
 console.log(
-  `RESULT p50_ms_1m=${at1m ? at1m.p50.toFixed(2) : `na(largest ${largest.size}: ${largest.p50.toFixed(2)})`} recall10_1m=${at1m ? at1m.recall10.toFixed(3) : `na(largest ${largest.size}: ${largest.recall10.toFixed(3)})`} ingest_per_s=${ingest.toFixed(0)} mmr_ms_100=${mmrMs.toFixed(3)}`,
+  `RESULT p50_ms_1m=${at1m ? at1m.p50.toFixed(2) : `na(largest ${largest.size}: ${largest.p50.toFixed(2)})`} recall10_1m=${at1m ? recall(at1m) : `na(largest ${largest.size}: ${recall(largest)})`} ingest_per_s=${ingest.toFixed(0)} mmr_ms_100=${mmrMs.toFixed(3)}`,
 );

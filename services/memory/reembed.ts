@@ -15,6 +15,7 @@
 import * as lancedb from "@lancedb/lancedb";
 import type { Logger } from "../shared/log.js";
 import type { Embedder } from "./embedder.js";
+import { arrowTable } from "./columns.js";
 import { SCALAR_INDEXES, activeTable, schemaFor, setActiveTable, type MemoryRow } from "./store.js";
 
 /** New tables are named memories_r<base-36 time>; anything of that shape not in use is a leftover. */
@@ -60,7 +61,7 @@ export async function reembed(
     const flush = async () => {
       if (pending.length === 0) return;
       const vectors = await embedder.embed(pending.map((r) => r.text));
-      await fresh.add(pending.map((r, i) => ({ ...r, created: Number(r.created), updated: Number(r.updated), vector: Array.from(vectors[i]), embedder: embedder.name })));
+      await fresh.add(arrowTable(schemaFor(embedder.dim), pending.map((r, i) => ({ ...r, vector: vectors[i], embedder: embedder.name }))));
       done += pending.length;
       pending = [];
       options.onProgress?.(done, total);

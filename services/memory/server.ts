@@ -15,8 +15,8 @@ import type { RunningService } from "../shared/service.js";
 import { modelBaseUrl } from "../shared/config.js";
 import { LocalEmbedder, OpenAIEmbedder, type Embedder } from "./embedder.js";
 import { Learner } from "./learn.js";
-import { DEFAULT_RANKING, rank, type RankOptions, type Ranked } from "./ranking.js";
-import { EVENT, MemoryStore, newMemoryRow, sqlString, type CandidateRow, type MemoryRow } from "./store.js";
+import { DEFAULT_RANKING, rank, type Candidate, type RankOptions, type Ranked } from "./ranking.js";
+import { EVENT, MemoryStore, newMemoryRow, sqlString, type StoredMemory } from "./store.js";
 
 const MAX_TEXT_CHARS = 8000;
 const MAX_BATCH = 1000;
@@ -75,7 +75,8 @@ function checkText(text: string, what: string): string {
 
 /**
  * The search pipeline: vector and (when hybrid) full-text candidates, one per memory with both
- * scores when both searches found it, then ranking.ts's stages.
+ * scores when both searches found it, then ranking.ts's stages, then the winners' rows. A winner
+ * deleted between the search and the fetch of its row is left out.
  */
 export async function search(
   store: MemoryStore,
@@ -83,18 +84,19 @@ export async function search(
   query: string,
   vector: Float32Array,
   o: RankOptions & { poolFactor: number; hybrid: boolean },
-  scope: "narrow" | "wide" = "narrow",
-): Promise<{ ranked: Ranked[]; rows: Map<string, CandidateRow> }> {
+): Promise<{ ranked: Ranked[]; rows: Map<string, StoredMemory>; candidates: Map<string, Candidate> }> {
   const pool = Math.min(MAX_POOL, o.k * o.poolFactor);
-  const [byVector, byText] = await Promise.all([store.vectorCandidates(where, vector, pool, scope), o.hybrid ? store.textCandidates(where, query, pool) : Promise.resolve([] as CandidateRow[])]);
-  const rows = new Map<string, CandidateRow>();
-  for (const r of byVector) rows.set(r.id, r);
-  for (const r of byText) {
-    const seen = rows.get(r.id);
-    if (seen) seen.candidate.textScore = r.candidate.textScore;
-    else rows.set(r.id, r);
+  const [byVector, byText] = await Promise.all([store.vectorCandidates(where, vector, pool), o.hybrid ? store.textCandidates(where, query, pool) : Promise.resolve([])]);
+  const candidates = new Map<string, Candidate>();
+  for (const c of byVector) candidates.set(c.id, c);
+  for (const c of byText) {
+    const seen = candidates.get(c.id);
+    if (seen) seen.textScore = c.textScore;
+    else candidates.set(c.id, c);
   }
-  return { ranked: rank([...rows.values()].map((r) => r.candidate), o), rows };
+  const ranked = rank([...candidates.values()], o);
+  const rows = new Map((await store.get(where, ranked.map((r) => r.id))).map((r) => [r.id, r]));
+  return { ranked: ranked.filter((r) => rows.has(r.id)), rows, candidates };
 }
 
 export function embedderFor(cfg: Config, env: NodeJS.ProcessEnv): Embedder {
@@ -122,7 +124,7 @@ export async function startMemory(cfg: Config, logger: Logger): Promise<RunningS
   const maintenance = setInterval(() => void store.maintain().catch((err: unknown) => logger.warn("memory maintenance failed", { error: String(err) })), 10 * 60_000);
   maintenance.unref();
 
-  const toMemory = (r: MemoryRow) =>
+  const toMemory = (r: StoredMemory) =>
     create(MemorySchema, {
       id: r.id,
       scope: { tenant: r.tenant, owner: r.owner, agentId: r.agent_id },
@@ -185,7 +187,7 @@ export async function startMemory(cfg: Config, logger: Logger): Promise<RunningS
       const k = req.k || 5;
       const o = rankOptions(req.options, k);
       const [vector] = await embedder.embed([query]);
-      const { ranked, rows } = await search(store, where, query, vector, o, req.scope!.allOwners ? "wide" : "narrow");
+      const { ranked, rows } = await search(store, where, query, vector, o);
       return {
         results: ranked.map((r) => ({
           memory: toMemory(rows.get(r.id)!),

@@ -1,0 +1,155 @@
+// The memory store's large-table paths on real LanceDB files, at sizes made small by tuning: the
+// rewrite in scope order (with writes racing it, nothing may be lost), the vector index serving
+// scoped searches with the recall of exact search, and rows to Arrow columns.
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { mkdtemp, rm } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import * as lancedb from "@lancedb/lancedb";
+import { arrowTable } from "../services/memory/columns.js";
+import { MemoryStore, activeTable, newMemoryRow, schemaFor, sqlString, TABLE, type MemoryRow } from "../services/memory/store.js";
+import { createLogger } from "../services/shared/log.js";
+
+const DIM = 32;
+const EMBEDDER = "test-synthetic";
+const logger = createLogger("test", "error");
+
+function rng(seed: number) {
+  let s = seed >>> 0;
+  return () => ((s = (s * 1664525 + 1013904223) >>> 0) / 2 ** 32);
+}
+const rand = rng(7);
+const gauss = () => Math.sqrt(-2 * Math.log(rand() + 1e-12)) * Math.cos(2 * Math.PI * rand());
+const unit = (v: Float32Array) => {
+  const n = Math.hypot(...v);
+  return v.map((x) => x / n);
+};
+const centres = Array.from({ length: 24 }, () => unit(Float32Array.from({ length: DIM }, gauss)));
+const around = (topic: number, spread: number) => unit(centres[topic].map((c) => c + spread * gauss()));
+const scope = (owner: string) => `tenant = 't' AND owner = ${sqlString(owner)} AND agent_id = 'main'`;
+
+function memory(i: number, owner: string): MemoryRow {
+  const topic = i % centres.length;
+  return newMemoryRow({ id: `m${i}`, tenant: "t", owner, agent_id: "main", text: `memory ${i} on topic ${topic} of ${owner}`, vector: around(topic, 0.3), embedder: EMBEDDER });
+}
+
+describe("the memory store past its index threshold", () => {
+  let dir: string;
+  let store: MemoryStore;
+  const owners = ["ana", "ben", "cat", "dan"];
+  const ROWS = 6000;
+  before(async () => {
+    dir = await mkdtemp(path.join(os.tmpdir(), "troupe-memory-store-"));
+    store = await MemoryStore.open(dir, {}, EMBEDDER, DIM, logger, { indexThreshold: 4000, exactScopeRows: 500 });
+    // Owners interleaved, as many users' writes arrive.
+    for (let start = 0; start < ROWS; start += 500) {
+      const rows = Array.from({ length: 500 }, (_, j) => memory(start + j, owners[(start + j) % owners.length]));
+      await store.add("tenant = 't'", rows, new Set());
+    }
+  });
+  after(async () => {
+    store?.close();
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  test("the rewrite in scope order loses nothing written while it copies, and moves the table in use", async () => {
+    const db = await lancedb.connect(dir);
+    assert.equal(await activeTable(db), TABLE);
+    const maintenance = store.maintain();
+    // Writes racing the rewrite: new memories, an update, a delete. Some land before the copy's
+    // snapshot, the rest are carried over at the switch; either way all of them must show after.
+    let extra = 0;
+    let racing = true;
+    void maintenance.finally(() => (racing = false));
+    const raced: Promise<unknown>[] = [];
+    raced.push(store.add(scope("ana"), [{ ...memory(0, "ana"), text: "ana's memory 0, updated while the table was rewritten" }], new Set(["m0"])));
+    raced.push(store.forget(scope("ben"), ["m1"]));
+    while (racing && extra < 400) {
+      const i = ROWS + extra++;
+      raced.push(store.add(scope("dan"), [memory(i, "dan")], new Set()));
+      await new Promise((r) => setTimeout(r, 5));
+    }
+    await Promise.all(raced);
+    await maintenance;
+    const active = await activeTable(db);
+    assert.match(active, /^memories_l[0-9a-z]+$/, "the pointer names the rewritten table");
+    const stats = await store.stats();
+    assert.equal(stats.rows, ROWS + extra - 1, "every row, the racing adds included, and the one forgotten gone");
+    assert.equal(stats.indexed, true, "the rewritten table has its vector index");
+    const [updated] = await store.get(scope("ana"), ["m0"]);
+    assert.match(updated.text, /updated while the table was rewritten/);
+    assert.deepEqual(await store.get(scope("ben"), ["m1"]), []);
+    const raceIds = Array.from({ length: extra }, (_, j) => `m${ROWS + j}`);
+    assert.equal((await store.get(scope("dan"), raceIds)).length, extra);
+    // Rows of one owner now sit together: the copy is ordered by tenant, owner, then age.
+    const fresh = await db.openTable(active);
+    const owned = (await fresh.query().select(["owner"]).limit(ROWS).toArray()).map((r) => String((r as { owner: string }).owner));
+    const runs = owned.filter((o, i) => i === 0 || o !== owned[i - 1]).length;
+    assert.ok(runs <= owners.length + 2, `one run of rows per owner in the rewritten part (saw ${runs})`);
+    fresh.close();
+    db.close();
+  });
+
+  test("a scoped search through the vector index finds what exact search finds; a small scope is searched exactly", async () => {
+    let hits = 0;
+    let total = 0;
+    for (let q = 0; q < 20; q++) {
+      const where = scope(owners[q % owners.length]);
+      const vector = around(q % centres.length, 0.1);
+      const served = new Set((await store.vectorCandidates(where, vector, 40)).slice(0, 10).map((c) => c.id));
+      const exact = await store.vectorCandidates(where, vector, 10, "exact");
+      for (const c of exact) if (served.has(c.id)) hits++;
+      total += exact.length;
+    }
+    assert.ok(hits / total >= 0.9, `recall@10 of the indexed path ${hits / total}`);
+    // A scope under exactScopeRows: the exact path, so the same list as exact search, in order.
+    const only = around(3, 0.1);
+    const small = newMemoryRow({ id: "solo-1", tenant: "t", owner: "eve", agent_id: "main", text: "eve's only memory", vector: only, embedder: EMBEDDER });
+    await store.add(scope("eve"), [small], new Set());
+    const got = await store.vectorCandidates(scope("eve"), only, 5);
+    assert.deepEqual(
+      got.map((c) => c.id),
+      ["solo-1"],
+    );
+    assert.ok(Math.abs((got[0].vectorScore ?? 0) - 1) < 1e-4, "the exact path's cosine of a vector with itself");
+  });
+
+  test("a store opened again finds the rewritten table, and drops a copy left by a rewrite that never finished", async () => {
+    const db = await lancedb.connect(dir);
+    const active = await activeTable(db);
+    // What a process that died in the middle of a copy leaves: a table named in the meta table as
+    // pending, never switched to.
+    const meta = await db.openTable("troupe_meta");
+    await meta.mergeInsert("key").whenMatchedUpdateAll().whenNotMatchedInsertAll().execute([{ key: "layout_table", value: "memories_lhalfdone" }]);
+    meta.close();
+    await db.createEmptyTable("memories_lhalfdone", schemaFor(DIM));
+    const again = await MemoryStore.open(dir, {}, EMBEDDER, DIM, logger, { indexThreshold: 4000, exactScopeRows: 500 });
+    assert.equal((await again.stats()).rows, (await store.stats()).rows);
+    assert.ok(!(await db.tableNames()).includes("memories_lhalfdone"), "the unfinished copy is dropped");
+    assert.ok((await db.tableNames()).includes(active));
+    again.close();
+    db.close();
+  });
+});
+
+test("rows become Arrow columns of the schema's types; a row missing a column or with a vector of the wrong size is refused", () => {
+  const schema = schemaFor(4);
+  const rows = [
+    newMemoryRow({ tenant: "t", owner: "o", agent_id: "a", text: "héllo, 漢字 ✓", vector: [1, 0, 0, 0], embedder: "e", evergreen: true }),
+    newMemoryRow({ tenant: "t", owner: "o", agent_id: "a", text: "", vector: new Float32Array([0, 1, 0, 0]), embedder: "e", importance: 0.25 }),
+  ];
+  const table = arrowTable(schema, rows);
+  assert.equal(table.numRows, 2);
+  const [first, second] = table.toArray().map((r) => r.toJSON());
+  assert.equal(first.text, "héllo, 漢字 ✓");
+  assert.equal(second.text, "");
+  assert.equal(first.evergreen, true);
+  assert.equal(second.evergreen, false);
+  assert.equal(second.importance, 0.25);
+  assert.equal(Number(first.created), rows[0].created);
+  assert.deepEqual([...(second.vector as Iterable<number>)], [0, 1, 0, 0]);
+  const { text: _, ...noText } = rows[0];
+  assert.throws(() => arrowTable(schema, [noText]), /column text is missing/);
+  assert.throws(() => arrowTable(schema, [{ ...rows[0], vector: [1, 2, 3] }]), /3 values in a row, not 4/);
+});
