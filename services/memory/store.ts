@@ -1,5 +1,5 @@
-// The memory table in LanceDB: its schema, the one writer that changes it, and the two candidate
-// searches (vector and full text) that ranking.ts turns into results.
+// The memory table in LanceDB: its schema, the one writer that changes it, its maintenance, and
+// the two candidate searches (vector and full text) that ranking.ts turns into results.
 //
 // - One writer per table: every change goes through a promise chain, so this process never races
 //   itself; a commit conflict with another process is retried a few times with backoff.
@@ -7,8 +7,11 @@
 //   in the middle leaves the table at its previous version.
 // - Equal texts in one scope are stored once (content_hash of the normalised text).
 // - A vector index (IVF_PQ) is built once the table passes INDEX_THRESHOLD rows; below it every
-//   search is exact. The full-text index is made with the table; rows added since the last
-//   optimize() are searched without the index until the next one, which runs every few writes.
+//   search is exact, and so is a search of a small scope after it. The full-text index is made
+//   with the table; rows added since the last optimize() are searched without the index until
+//   the next one, which runs every few writes.
+// - Past the threshold, the table is rewritten in scope order from time to time (layout.ts), and
+//   readers switch to the copy through the pointer in META_TABLE.
 // - Every stored vector carries the embedder that made it; a table made by another embedder is
 //   refused rather than searched with vectors from two spaces. `troupe memory reembed`
 //   (reembed.ts) migrates: it writes a new table and switches the pointer in META_TABLE to it in
@@ -254,7 +257,8 @@ export class MemoryStore {
   /** Rows at the last count plus those added since (deletes aside): enough to know the index is due. */
   private approxRows = 0;
   private hashes?: HashFilter;
-  private maintaining?: Promise<void>;
+  private maintaining?: { mode: "now" | "when idle"; done: Promise<void> };
+  private closed = false;
   /** The vector index, once built (known at open and after maintenance; searches read it). */
   private vectorIndex?: { partitions: number };
   private readonly scopeSizes = new Map<string, { rows: number; at: number }>();
@@ -393,15 +397,26 @@ export class MemoryStore {
   }
 
   /**
-   * Compaction and index catch-up; the scalar indexes; the vector index once the table is large
-   * enough. One at a time (index builds that overlap conflict); a call while one runs joins it.
+   * Compaction and index catch-up; the scalar indexes; the vector index and the rewrite in scope
+   * order once the table is large enough. One run at a time (index builds that overlap
+   * conflict). A call while one runs joins it, unless it asks for the large-table work "now" and
+   * the running one may skip it: then a run follows the current one.
    */
   maintain(options: { vectorIndex: "now" | "when idle" } = { vectorIndex: "now" }): Promise<void> {
-    this.maintaining ??= this.runMaintenance(options.vectorIndex).finally(() => (this.maintaining = undefined));
-    return this.maintaining;
+    const mode = options.vectorIndex;
+    if (this.maintaining && (mode === "when idle" || this.maintaining.mode === "now")) return this.maintaining.done;
+    const before = this.maintaining?.done.catch(() => undefined) ?? Promise.resolve();
+    const done: Promise<void> = before
+      .then(() => this.runMaintenance(mode))
+      .finally(() => {
+        if (this.maintaining?.done === done) this.maintaining = undefined;
+      });
+    this.maintaining = { mode, done };
+    return done;
   }
 
   private async runMaintenance(vectorIndex: "now" | "when idle"): Promise<void> {
+    if (this.closed) return;
     // Outside the writer's queue: at a million rows a compaction takes seconds, and holding every
     // add for them is what a caller would feel. Adds commit beside a compaction (appends and a
     // rewrite of older fragments do not conflict). An update or delete that commits first makes
@@ -474,6 +489,7 @@ export class MemoryStore {
       if (rows >= this.tuning.indexThreshold) await this.buildVectorIndex(copy);
       const switched = copy;
       await this.write(async () => {
+        if (this.closed) throw new Error("the store was closed during the rewrite; the copy is dropped at the next start");
         await this.carryOver([...this.changedDuringCopy!], switched);
         const count = await switched.countRows();
         await writeMeta(this.db, { [ACTIVE_KEY]: name, [LAYOUT_ROWS_KEY]: String(count), [RETIRED_KEY]: oldName });
@@ -696,10 +712,17 @@ export class MemoryStore {
     return rows.map((r) => candidateOf(r, { textScore: Number(r._score) }));
   }
 
+  /**
+   * Stops timers and closes the tables. A maintenance run still going (an index build can take
+   * minutes) is not waited for: it will not switch tables any more, and its handles are left to
+   * the process's end, because LanceDB refuses to close a table an operation is using. A copy it
+   * leaves, and a replaced table not yet dropped, are dropped at the next start.
+   */
   close(): void {
+    this.closed = true;
     clearTimeout(this.pauseTimer);
-    // A replaced table not yet dropped is dropped at the next start.
     for (const timer of this.retireTimers) clearTimeout(timer);
+    if (this.maintaining) return;
     this.table?.close();
     this.historyTable?.close();
     this.db.close();
