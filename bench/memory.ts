@@ -140,7 +140,7 @@ for (const size of SIZES) {
     const f: SizeFigures = { size, ingestPerS, p50: scoped.p50, p95: scoped.p95, scopedRecall10: scoped.recall10, wideP50: wide.p50, wideRecall10: wide.recall10, exactWideMs, indexed, indexBuildS };
     figures.push(f);
     console.log(
-      `${size} memories: ingest ${f.ingestPerS.toFixed(0)}/s; maintenance${indexed ? " + vector index" : ""} ${f.indexBuildS.toFixed(1)} s; ` +
+      `${size} memories: ingest ${f.ingestPerS.toFixed(0)}/s; maintenance${indexed ? " (with the rewrite in scope order and the vector index)" : ""} ${f.indexBuildS.toFixed(1)} s; ` +
         `one owner's scope (${size / OWNERS} rows): hybrid search + MMR p50 ${f.p50.toFixed(2)} ms p95 ${f.p95.toFixed(2)} ms, recall@10 ${f.scopedRecall10.toFixed(3)}; ` +
         `tenant-wide: p50 ${f.wideP50.toFixed(2)} ms, recall@10 ${f.wideRecall10.toFixed(3)} (one exact vector search of the tenant: ${f.exactWideMs.toFixed(0)} ms)`,
     );

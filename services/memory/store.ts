@@ -64,9 +64,12 @@ export async function activeTable(db: lancedb.Connection): Promise<string> {
   return (await readMeta(db, ACTIVE_KEY)) ?? TABLE;
 }
 
-/** Points readers at another memory table: one commit of the meta table. */
+/**
+ * Points readers at another memory table (re-embed's switch): one commit of the meta table. The
+ * table was not written in scope order, so the next maintenance past the threshold rewrites it.
+ */
 export async function setActiveTable(db: lancedb.Connection, name: string): Promise<void> {
-  await writeMeta(db, { [ACTIVE_KEY]: name });
+  await writeMeta(db, { [ACTIVE_KEY]: name, [LAYOUT_ROWS_KEY]: "0" });
 }
 /** Every change to a memory: add, update, delete, with the text before and after. */
 export const HISTORY_TABLE = "memory_history";
@@ -497,6 +500,12 @@ export class MemoryStore {
         this.table = switched;
         this.layoutRows = count;
         this.changedDuringCopy = undefined;
+        // The copy is compacted and indexed: no maintenance is due because of this write (a run
+        // started now would compete with searches for the cores, for nothing).
+        await this.loadVectorIndex();
+        clearTimeout(this.pauseTimer);
+        this.sinceOptimize = 0;
+        this.lastMaintained = Date.now();
         this.retire(old, oldName);
       });
       this.logger.info(`rewrote the memory table in scope order (${rows} memories) in ${Date.now() - t0} ms`);
