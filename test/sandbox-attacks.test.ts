@@ -32,7 +32,10 @@ const ATTACKS: Attack[] = [
   {
     n: 1,
     name: "fork bomb: stopped by the pids limit, ended by the timeout",
-    command: "f(){ f | f & }; f; sleep 30",
+    // The parent waits in a shell loop, not in `sleep`: once the bomb fills the pids limit a
+    // `sleep` cannot be forked, the parent exited early, and the bomb's processes (which outlive
+    // a command that exits, by design) kept the sandbox full for the next command.
+    command: "f(){ f | f & }; f; while :; do :; done",
     timeoutMs: 3000,
     check: (r) => assert.ok(r.exit.timedOut || r.exit.exitCode !== 0, "the bomb did not run unbounded"),
   },

@@ -86,6 +86,8 @@ export interface StoreTuning {
 const DEFAULT_TUNING: StoreTuning = { indexThreshold: INDEX_THRESHOLD, exactScopeRows: 2_000 };
 /** The table is rewritten in scope order once it has grown by this fraction since the last time. */
 const LAYOUT_GROWTH = 0.25;
+/** A failed rewrite is tried again after this long (until then, the vector index is built alone). */
+const RELAYOUT_RETRY_MS = 3600_000;
 /** A table replaced by a rewrite is dropped this long after, once searches begun on it are done. */
 const RETIRE_AFTER_MS = 30_000;
 export const SCALAR_INDEXES: [string, () => lancedb.Index][] = [
@@ -271,6 +273,8 @@ export class MemoryStore {
   /** While a rewrite copies the table: the ids written since the copy's snapshot, to carry over. */
   private changedDuringCopy?: Set<string>;
   private retireTimers = new Set<NodeJS.Timeout>();
+  /** When a rewrite last failed: it costs minutes of both cores, so it is not retried at once. */
+  private relayoutFailedAt = 0;
 
   private constructor(
     private readonly db: lancedb.Connection,
@@ -455,7 +459,8 @@ export class MemoryStore {
     // maintenance that asks for them now): each takes the cores for minutes at a million rows.
     // Both run outside the writer's queue, so adds go on meanwhile.
     const now = vectorIndex === "now" || Date.now() - this.lastWrite >= WRITES_PAUSE_MS;
-    if (now && rows >= this.tuning.indexThreshold && rows >= this.layoutRows * (1 + LAYOUT_GROWTH)) await this.relayout();
+    const rewriteDue = rows >= this.tuning.indexThreshold && rows >= this.layoutRows * (1 + LAYOUT_GROWTH) && Date.now() - this.relayoutFailedAt >= RELAYOUT_RETRY_MS;
+    if (now && rewriteDue) await this.relayout();
     else if (now && rows >= this.tuning.indexThreshold && !indices.some((i) => i.columns.includes("vector"))) await this.buildVectorIndex(this.t);
     await this.loadVectorIndex();
   }
@@ -511,6 +516,7 @@ export class MemoryStore {
       this.logger.info(`rewrote the memory table in scope order (${rows} memories) in ${Date.now() - t0} ms`);
     } catch (err) {
       this.changedDuringCopy = undefined;
+      this.relayoutFailedAt = Date.now();
       if (copy && this.table !== copy) {
         copy.close();
         await this.db.dropTable(name).catch(() => undefined);
