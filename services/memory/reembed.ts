@@ -16,7 +16,7 @@ import * as lancedb from "@lancedb/lancedb";
 import type { Logger } from "../shared/log.js";
 import type { Embedder } from "./embedder.js";
 import { arrowTable } from "./columns.js";
-import { SCALAR_INDEXES, activeTable, schemaFor, setActiveTable, type MemoryRow } from "./store.js";
+import { MEMORY_COLUMNS, activeTable, indexNewTable, schemaFor, setActiveTable, type StoredMemory } from "./store.js";
 
 /** New tables are named memories_r<base-36 time>; anything of that shape not in use is a leftover. */
 const REEMBED_TABLE = /^memories_r[0-9a-z]+$/;
@@ -54,27 +54,26 @@ export async function reembed(
     const sample = (await old.query().select(["embedder"]).limit(1).toArray()) as { embedder: string }[];
     const fromEmbedder = sample[0]?.embedder ?? "(empty table)";
     const target = `memories_r${Date.now().toString(36)}`;
-    const fresh = await db.createEmptyTable(target, schemaFor(embedder.dim));
-    const columns = ["id", "tenant", "owner", "agent_id", "session_id", "kind", "text", "created", "updated", "content_hash", "importance", "evergreen", "provenance", "metadata"];
-    let pending: Omit<MemoryRow, "vector" | "embedder">[] = [];
+    const schema = schemaFor(embedder.dim);
+    const fresh = await db.createEmptyTable(target, schema);
+    let pending: StoredMemory[] = [];
     let done = 0;
     const flush = async () => {
       if (pending.length === 0) return;
       const vectors = await embedder.embed(pending.map((r) => r.text));
-      await fresh.add(arrowTable(schemaFor(embedder.dim), pending.map((r, i) => ({ ...r, vector: vectors[i], embedder: embedder.name }))));
+      await fresh.add(arrowTable(schema, pending.map((r, i) => ({ ...r, vector: vectors[i], embedder: embedder.name }))));
       done += pending.length;
       pending = [];
       options.onProgress?.(done, total);
     };
-    for await (const batch of old.query().select(columns)) {
+    for await (const batch of old.query().select(MEMORY_COLUMNS)) {
       for (const row of batch.toArray()) {
-        pending.push(row.toJSON() as Omit<MemoryRow, "vector" | "embedder">);
+        pending.push(row.toJSON() as StoredMemory);
         if (pending.length >= batchSize) await flush();
       }
     }
     await flush();
-    await fresh.createIndex("text", { config: lancedb.Index.fts({ withPosition: false }), replace: true });
-    if (done > 0) for (const [column, config] of SCALAR_INDEXES) await fresh.createIndex(column, { config: config(), replace: true });
+    await indexNewTable(fresh, done);
     await old.checkoutLatest();
     if ((await old.version()) !== version) {
       await db.dropTable(target);

@@ -121,7 +121,7 @@ export async function startMemory(cfg: Config, logger: Logger): Promise<RunningS
   const store = await MemoryStore.open(uri, storageOptions, embedder.name, embedder.dim, logger);
   const learner = new Learner(modelBaseUrl(cfg), cfg.openaiApiKey, cfg.model, store, embedder, logger);
   // Every 10 minutes, and then the vector index is built even if writes never pause.
-  const maintenance = setInterval(() => void store.maintain().catch((err: unknown) => logger.warn("memory maintenance failed", { error: String(err) })), 10 * 60_000);
+  const maintenance = setInterval(() => store.maintainInBackground("now"), 10 * 60_000);
   maintenance.unref();
 
   const toMemory = (r: StoredMemory) =>

@@ -39,13 +39,13 @@ const RETIRED_KEY = "retired_table";
 const PENDING_KEY = "layout_table";
 const metaSchema = new Schema([new Field("key", new Utf8(), false), new Field("value", new Utf8(), false)]);
 
-/** A value of the meta table, if set. */
-async function readMeta(db: lancedb.Connection, key: string): Promise<string | undefined> {
-  if (!(await db.tableNames()).includes(META_TABLE)) return undefined;
+/** The meta table's values by key (empty before anything was set). */
+async function readMeta(db: lancedb.Connection): Promise<Map<string, string>> {
+  if (!(await db.tableNames()).includes(META_TABLE)) return new Map();
   const meta = await db.openTable(META_TABLE);
-  const rows = (await meta.query().where(`key = ${sqlString(key)}`).toArray()) as { value: string }[];
+  const rows = (await meta.query().toArray()) as { key: string; value: string }[];
   meta.close();
-  return rows[0]?.value;
+  return new Map(rows.map((r) => [r.key, r.value]));
 }
 
 /** Sets values of the meta table, all in one commit. */
@@ -61,7 +61,7 @@ async function writeMeta(db: lancedb.Connection, values: Record<string, string>)
 
 /** The memory table in use: the one the pointer names, else TABLE. */
 export async function activeTable(db: lancedb.Connection): Promise<string> {
-  return (await readMeta(db, ACTIVE_KEY)) ?? TABLE;
+  return (await readMeta(db)).get(ACTIVE_KEY) ?? TABLE;
 }
 
 /**
@@ -71,6 +71,15 @@ export async function activeTable(db: lancedb.Connection): Promise<string> {
 export async function setActiveTable(db: lancedb.Connection, name: string): Promise<void> {
   await writeMeta(db, { [ACTIVE_KEY]: name, [LAYOUT_ROWS_KEY]: "0" });
 }
+/**
+ * The full-text index, and the scalar indexes once there are rows (LanceDB cannot train them on
+ * none), for a table just made: an empty one, a re-embedded copy, a rewrite in scope order.
+ */
+export async function indexNewTable(table: lancedb.Table, rows: number): Promise<void> {
+  await table.createIndex("text", { config: lancedb.Index.fts({ withPosition: false }), replace: true });
+  if (rows > 0) for (const [column, config] of SCALAR_INDEXES) await table.createIndex(column, { config: config(), replace: true });
+}
+
 /** Every change to a memory: add, update, delete, with the text before and after. */
 export const HISTORY_TABLE = "memory_history";
 /** The first version's table; migrated into TABLE on start. */
@@ -90,7 +99,7 @@ const LAYOUT_GROWTH = 0.25;
 const RELAYOUT_RETRY_MS = 3600_000;
 /** A table replaced by a rewrite is dropped this long after, once searches begun on it are done. */
 const RETIRE_AFTER_MS = 30_000;
-export const SCALAR_INDEXES: [string, () => lancedb.Index][] = [
+const SCALAR_INDEXES: [string, () => lancedb.Index][] = [
   ["id", () => lancedb.Index.btree()],
   ["content_hash", () => lancedb.Index.btree()],
   ["owner", () => lancedb.Index.btree()],
@@ -249,7 +258,7 @@ class HashFilter {
 const RANKING_COLUMNS = ["id", "vector", "created", "evergreen"];
 /** A memory as readers see it (get()). */
 export type StoredMemory = Omit<MemoryRow, "vector" | "embedder">;
-const MEMORY_COLUMNS = ["id", "tenant", "owner", "agent_id", "session_id", "kind", "text", "created", "updated", "content_hash", "importance", "evergreen", "provenance", "metadata"] satisfies (keyof StoredMemory)[];
+export const MEMORY_COLUMNS = ["id", "tenant", "owner", "agent_id", "session_id", "kind", "text", "created", "updated", "content_hash", "importance", "evergreen", "provenance", "metadata"] satisfies (keyof StoredMemory)[];
 
 export class MemoryStore {
   private table?: lancedb.Table;
@@ -295,27 +304,28 @@ export class MemoryStore {
 
   private async init(): Promise<void> {
     const names = await this.db.tableNames();
-    const active = await activeTable(this.db);
+    const meta = await readMeta(this.db);
+    const active = meta.get(ACTIVE_KEY) ?? TABLE;
     if (names.includes(active)) {
       this.table = await this.db.openTable(active);
       await this.checkEmbedder();
     } else {
-      const t = await this.db.createEmptyTable(active, schemaFor(this.dim), { existOk: true });
-      await t.createIndex("text", { config: lancedb.Index.fts({ withPosition: false }), replace: true });
+      const t = await this.db.createEmptyTable(active, this.schema, { existOk: true });
+      await indexNewTable(t, 0);
       this.table = t;
     }
     this.historyTable = names.includes(HISTORY_TABLE) ? await this.db.openTable(HISTORY_TABLE) : await this.db.createEmptyTable(HISTORY_TABLE, historySchema, { existOk: true });
     if (names.includes(LEGACY_TABLE)) await this.migrateLegacy();
     // A rewrite's table not in use was left by a run that stopped before its switch; the table a
     // rewrite replaced may outlive a process that ended before dropping it.
-    const leftovers = [await readMeta(this.db, RETIRED_KEY), await readMeta(this.db, PENDING_KEY)];
+    const leftovers = [meta.get(RETIRED_KEY), meta.get(PENDING_KEY)];
     for (const n of names) {
       if (n !== active && leftovers.includes(n)) {
         this.logger.info(`dropping ${n}: a memory table no longer in use (scope-order rewrite)`);
         await this.db.dropTable(n);
       }
     }
-    this.layoutRows = Number((await readMeta(this.db, LAYOUT_ROWS_KEY)) ?? 0);
+    this.layoutRows = Number(meta.get(LAYOUT_ROWS_KEY) ?? 0);
     await this.loadVectorIndex();
     this.approxRows = await this.t.countRows();
   }
@@ -368,16 +378,9 @@ export class MemoryStore {
   /** Runs a change after every earlier one, retrying commit conflicts with other writers. */
   private write<T>(fn: () => Promise<T>): Promise<T> {
     const run = async () => {
-      for (let attempt = 0; ; attempt++) {
-        try {
-          const out = await fn();
-          this.afterWrite();
-          return out;
-        } catch (err) {
-          if (attempt >= 4 || !isConflict(err)) throw err;
-          await new Promise((r) => setTimeout(r, 20 * 2 ** attempt));
-        }
-      }
+      const out = await retryConflicts(fn, 5);
+      this.afterWrite();
+      return out;
     };
     const next = this.writes.then(run, run);
     this.writes = next.catch(() => undefined);
@@ -389,10 +392,7 @@ export class MemoryStore {
     if (!this.vectorIndex && this.approxRows >= this.tuning.indexThreshold) {
       // Once the writes pause, a maintenance run builds the vector index if the table is due one.
       clearTimeout(this.pauseTimer);
-      this.pauseTimer = setTimeout(
-        () => void this.maintain({ vectorIndex: "when idle" }).catch((err: unknown) => this.logger.warn("memory maintenance failed", { error: String((err as Error).message ?? err) })),
-        WRITES_PAUSE_MS + 500,
-      );
+      this.pauseTimer = setTimeout(() => this.maintainInBackground("when idle"), WRITES_PAUSE_MS + 500);
       this.pauseTimer.unref();
     }
     if (++this.sinceOptimize < OPTIMIZE_EVERY || Date.now() - this.lastMaintained < MAINTAIN_INTERVAL_MS) return;
@@ -400,7 +400,12 @@ export class MemoryStore {
     this.lastMaintained = Date.now();
     // The vector index waits for a pause in writes: built in the middle of a bulk load, it takes
     // the cores the load needs (the next maintenance after the load builds it).
-    void this.maintain({ vectorIndex: "when idle" }).catch((err: unknown) => this.logger.warn("memory maintenance failed", { error: String((err as Error).message ?? err) }));
+    this.maintainInBackground("when idle");
+  }
+
+  /** maintain() for a timer or a write: nobody awaits it, so a failure is logged. */
+  maintainInBackground(mode: "now" | "when idle"): void {
+    void this.maintain({ vectorIndex: mode }).catch((err: unknown) => this.logger.warn("memory maintenance failed", { error: String((err as Error)?.message ?? err) }));
   }
 
   /**
@@ -430,17 +435,11 @@ export class MemoryStore {
     // the compaction's commit fail as a conflict; it is tried again, and after a few lost races
     // left to the next maintenance while the rest of this one goes on.
     const cleanupOlderThan = new Date(Date.now() - 3600_000);
-    for (let attempt = 1; ; attempt++) {
-      try {
-        await this.t.optimize({ cleanupOlderThan });
-        break;
-      } catch (err) {
-        if (!isConflict(err)) throw err;
-        if (attempt === 3) {
-          this.logger.warn("memory compaction lost 3 races with updates; it runs again at the next maintenance");
-          break;
-        }
-      }
+    try {
+      await retryConflicts(() => this.t.optimize({ cleanupOlderThan }), 3);
+    } catch (err) {
+      if (!isConflict(err)) throw err;
+      this.logger.warn("memory compaction lost 3 races with updates; it runs again at the next maintenance");
     }
     // The history only grows; unmaintained, each add commits a manifest listing every earlier one
     // (at 1M memories an add of 1,000 history rows took twice what it took at the start).
@@ -480,7 +479,7 @@ export class MemoryStore {
    * next start. The old table is dropped RETIRE_AFTER_MS later.
    */
   private async relayout(): Promise<void> {
-    const oldName = await activeTable(this.db);
+    const oldName = this.t.name;
     const name = layoutTableName();
     this.changedDuringCopy = new Set();
     let copy: lancedb.Table | undefined;
@@ -492,8 +491,7 @@ export class MemoryStore {
       const { table, rows } = await copyInScopeOrder(this.db, snapshot, name, this.schema);
       snapshot.close();
       copy = table;
-      await copy.createIndex("text", { config: lancedb.Index.fts({ withPosition: false }), replace: true });
-      for (const [column, config] of SCALAR_INDEXES) if (rows > 0) await copy.createIndex(column, { config: config(), replace: true });
+      await indexNewTable(copy, rows);
       if (rows >= this.tuning.indexThreshold) await this.buildVectorIndex(copy);
       const switched = copy;
       await this.write(async () => {
@@ -532,7 +530,8 @@ export class MemoryStore {
       const list = part.map(sqlString).join(", ");
       const live = (await this.t.query().where(`id IN (${list})`).toArray()) as MemoryRow[];
       if (live.length > 0) await copy.mergeInsert("id").whenMatchedUpdateAll().whenNotMatchedInsertAll().execute(arrowTable(this.schema, live));
-      const gone = part.filter((id) => !live.some((r) => r.id === id));
+      const kept = new Set(live.map((r) => r.id));
+      const gone = part.filter((id) => !kept.has(id));
       if (gone.length > 0) await copy.delete(`id IN (${gone.map(sqlString).join(", ")})`);
     }
   }
@@ -558,17 +557,20 @@ export class MemoryStore {
     this.logger.info(`built the vector index over ${rows} memories in ${Date.now() - t0} ms`);
   }
 
-  async vectorIndexed(): Promise<{ indexed: boolean; unindexed: number }> {
+  /** The vector index's statistics, if it exists. */
+  private async vectorIndexStats(): Promise<lancedb.IndexStatistics | undefined> {
     const idx = (await this.t.listIndices()).find((i) => i.columns.includes("vector"));
-    if (!idx) return { indexed: false, unindexed: 0 };
-    const stats = await this.t.indexStats(idx.name);
-    return { indexed: true, unindexed: stats?.numUnindexedRows ?? 0 };
+    return idx && (await this.t.indexStats(idx.name));
+  }
+
+  async vectorIndexed(): Promise<{ indexed: boolean; unindexed: number }> {
+    const stats = await this.vectorIndexStats();
+    return { indexed: stats !== undefined, unindexed: stats?.numUnindexedRows ?? 0 };
   }
 
   /** Reads whether the vector index exists, and its partition count for the probe arithmetic. */
   private async loadVectorIndex(): Promise<void> {
-    const idx = (await this.t.listIndices()).find((i) => i.columns.includes("vector"));
-    const stats = idx && (await this.t.indexStats(idx.name));
+    const stats = await this.vectorIndexStats();
     // LanceDB does not report the partition count; the build's own rule, applied to the rows
     // indexed now, gives it (or a few more, once optimize() has added rows: more probes, never fewer).
     this.vectorIndex = stats ? { partitions: partitionsFor(stats.numIndexedRows) } : undefined;
@@ -640,8 +642,10 @@ export class MemoryStore {
       });
       if (inserts.length > 0) await this.t.add(arrowTable(this.schema, inserts));
       this.approxRows += inserts.length;
-      for (const r of [...inserts, ...updates]) this.changedDuringCopy?.add(r.id);
-      for (const r of [...inserts, ...updates]) filter.add(r.content_hash);
+      for (const r of [...inserts, ...updates]) {
+        this.changedDuringCopy?.add(r.id);
+        filter.add(r.content_hash);
+      }
       if (updates.length > 0) {
         // An update keeps when the memory was first made.
         const kept = updates.map((u) => ({ ...u, created: Number(present.get(u.id)!.created) }));
@@ -689,7 +693,7 @@ export class MemoryStore {
    */
   async vectorCandidates(scopeWhere: string, vector: Float32Array, limit: number, path: "auto" | "exact" = "auto"): Promise<Candidate[]> {
     let q = this.t
-      .vectorSearch(Array.from(vector))
+      .vectorSearch(vector)
       .distanceType("cosine")
       .where(scopeWhere)
       .limit(limit)
@@ -746,6 +750,18 @@ export class MemoryStore {
 
 /** A commit that lost a race with another (LanceDB's optimistic concurrency): worth trying again. */
 const isConflict = (err: unknown): boolean => /conflict|retries/i.test(String((err as Error)?.message ?? err));
+
+/** Runs fn, again after a short backoff (20 ms, doubling) while it loses commit races, at most `attempts` times. */
+async function retryConflicts<T>(fn: () => Promise<T>, attempts: number): Promise<T> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await fn();
+    } catch (err) {
+      if (attempt >= attempts || !isConflict(err)) throw err;
+      await new Promise((r) => setTimeout(r, 20 * 2 ** (attempt - 1)));
+    }
+  }
+}
 
 /** IVF partitions for an index over this many rows: LanceDB's default, the square root. */
 const partitionsFor = (rows: number): number => Math.max(1, Math.round(Math.sqrt(rows)));
