@@ -1,6 +1,7 @@
 // The memory store's large-table paths on real LanceDB files, at sizes made small by tuning: the
-// rewrite in scope order (with writes racing it, nothing may be lost), the vector index serving
-// scoped searches with the recall of exact search, and rows to Arrow columns.
+// rewrite in scope order (with writes racing it, nothing may be lost), a search's rows read at
+// their addresses, the vector index serving scoped searches with the recall of exact search, and
+// rows to Arrow columns.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { mkdtemp, rm } from "node:fs/promises";
@@ -8,7 +9,7 @@ import os from "node:os";
 import path from "node:path";
 import * as lancedb from "@lancedb/lancedb";
 import { arrowTable } from "../services/memory/columns.js";
-import { MemoryStore, activeTable, newMemoryRow, schemaFor, sqlString, TABLE, type MemoryRow } from "../services/memory/store.js";
+import { MemoryStore, activeTable, newMemoryRow, schemaFor, sqlString, TABLE, type MemoryRow, type StoredCandidate } from "../services/memory/store.js";
 import { createLogger } from "../services/shared/log.js";
 
 const DIM = 32;
@@ -93,6 +94,35 @@ describe("the memory store past its index threshold", () => {
     assert.ok(runs <= owners.length + 2, `one run of rows per owner in the rewritten part (saw ${runs})`);
     fresh.close();
     db.close();
+  });
+
+  test("a search's rows are read at their addresses; a memory updated, forgotten or moved since is found by id or left out, and none crosses the scope", async () => {
+    const where = scope("cat");
+    const found = await store.vectorCandidates(where, around(5, 0.1), 8);
+    assert.equal(found.length, 8);
+    const rowsOf = async (cands: StoredCandidate[], w = where) => new Map((await store.rowsAt(w, cands)).map((r) => [r.id, r]));
+    const byIdNow = async (ids: string[]) => new Map((await store.get(where, ids)).map((r) => [r.id, r]));
+    const first = await rowsOf(found);
+    assert.deepEqual(first, await byIdNow(found.map((c) => c.id)), "each row read at its address is the memory's row");
+
+    // Since the search: one memory updated (its row is written anew elsewhere), one forgotten.
+    const [updated, forgotten] = found;
+    await store.add(where, [{ ...memory(90_000, "cat"), id: updated.id, text: "cat's memory, updated after the search" }], new Set([updated.id]));
+    assert.equal(await store.forget(where, [forgotten.id]), 1);
+    const after = await rowsOf(found);
+    assert.equal(after.get(updated.id)?.text, "cat's memory, updated after the search");
+    assert.equal(after.has(forgotten.id), false, "a memory forgotten since the search is left out");
+    assert.deepEqual(after, await byIdNow(found.map((c) => c.id)));
+
+    // Addresses that now hold other memories, here another owner's (as after a rewrite or a
+    // compaction): each memory is found by its id, within the scope.
+    const dans = await store.vectorCandidates(scope("dan"), around(5, 0.1), 5);
+    const moved = found.map((c, i) => ({ ...c, rowId: dans[i % dans.length].rowId }));
+    assert.deepEqual(await rowsOf(moved), after);
+
+    // Candidates another scope's search found are not read at their addresses for this scope.
+    assert.equal((await rowsOf(dans)).size, 0, "dan's memories through cat's scope");
+    assert.equal((await rowsOf(dans, scope("dan"))).size, 5);
   });
 
   test("a scoped search through the vector index finds what exact search finds; a small scope is searched exactly", async () => {

@@ -15,8 +15,8 @@ import type { RunningService } from "../shared/service.js";
 import { modelBaseUrl } from "../shared/config.js";
 import { LocalEmbedder, OpenAIEmbedder, type Embedder } from "./embedder.js";
 import { Learner } from "./learn.js";
-import { DEFAULT_RANKING, rank, type Candidate, type RankOptions, type Ranked } from "./ranking.js";
-import { EVENT, MemoryStore, newMemoryRow, sqlString, type StoredMemory } from "./store.js";
+import { DEFAULT_RANKING, rank, type RankOptions, type Ranked } from "./ranking.js";
+import { EVENT, MemoryStore, newMemoryRow, sqlString, type StoredCandidate, type StoredMemory } from "./store.js";
 
 const MAX_TEXT_CHARS = 8000;
 const MAX_BATCH = 1000;
@@ -84,10 +84,10 @@ export async function search(
   query: string,
   vector: Float32Array,
   o: RankOptions & { poolFactor: number; hybrid: boolean },
-): Promise<{ ranked: Ranked[]; rows: Map<string, StoredMemory>; candidates: Map<string, Candidate> }> {
+): Promise<{ ranked: Ranked[]; rows: Map<string, StoredMemory>; candidates: Map<string, StoredCandidate> }> {
   const pool = Math.min(MAX_POOL, o.k * o.poolFactor);
   const [byVector, byText] = await Promise.all([store.vectorCandidates(where, vector, pool), o.hybrid ? store.textCandidates(where, query, pool) : Promise.resolve([])]);
-  const candidates = new Map<string, Candidate>();
+  const candidates = new Map<string, StoredCandidate>();
   for (const c of byVector) candidates.set(c.id, c);
   for (const c of byText) {
     const seen = candidates.get(c.id);
@@ -95,7 +95,7 @@ export async function search(
     else candidates.set(c.id, c);
   }
   const ranked = rank([...candidates.values()], o);
-  const rows = new Map((await store.get(where, ranked.map((r) => r.id))).map((r) => [r.id, r]));
+  const rows = new Map((await store.rowsAt(where, ranked.map((r) => candidates.get(r.id)!))).map((r) => [r.id, r]));
   return { ranked: ranked.filter((r) => rows.has(r.id)), rows, candidates };
 }
 
