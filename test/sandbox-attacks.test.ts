@@ -296,6 +296,29 @@ for (const runtime of ["runc", "runsc"] as const) {
       });
     }
 
+    // Background processes outlive their command (docs/sandbox.md). Here they hold every pid of
+    // the sandbox after their command has ended: a loop that forks sleepers until the limit, and
+    // then keeps retrying, so that it takes any pid that comes free. The next command must still
+    // start. runc only, like #29: under runsc on these machines, orphaned background subshells end
+    // the gVisor sandbox itself.
+    if (runtime === "runc") {
+      test("#1 a fork bomb's leftovers hold every pid after their command ended: the next command ends them and runs", async () => {
+        const id = `atk-${runtime}-1-leftovers`;
+        const started = await exec(sandbox, id, "(while :; do sleep 1000 & done) >/dev/null 2>&1 & echo started");
+        assert.equal(started.out, "started\n");
+        assert.equal(started.exit.exitCode, 0);
+        // The loop fills the limit (256) in well under a second; nothing is run meanwhile, since
+        // any command started while there is a pid left would only take it.
+        await new Promise((r) => setTimeout(r, 3000));
+        const after = await exec(sandbox, id, "sleep 0.1 && echo alive");
+        assert.equal(after.out, "alive\n");
+        // Without the agent ending them, the sleepers (1000 s) would still be there.
+        const left = await exec(sandbox, id, "ps -o comm | grep -c '^sleep$' || true");
+        assert.equal(left.out.trim(), "0", "the leftovers were ended");
+        await sandbox.releaseSandbox({ sessionId: id });
+      });
+    }
+
     test("#33 a file written in one session's sandbox is not visible in another's", async () => {
       await exec(sandbox, `atk-${runtime}-33a`, "echo secret > /workspace/note; echo hidden > /tmp/note");
       const r = await exec(sandbox, `atk-${runtime}-33b`, "cat /workspace/note /tmp/note 2>&1");

@@ -187,6 +187,57 @@ static void reap(void) {
   }
 }
 
+/* A number from a cgroup file ("max" and anything unreadable: -1). */
+static long cgroup_number(const char *path) {
+  char buf[32];
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return -1;
+  buf[n] = 0;
+  char *end;
+  long v = strtol(buf, &end, 10);
+  return end == buf ? -1 : v;
+}
+
+/* How many more processes the container's pids limit allows, or -1 if it cannot be told
+ * (cgroup v2, then v1; gVisor shows neither). */
+static long pids_left(void) {
+  static const char *dirs[] = {"/sys/fs/cgroup", "/sys/fs/cgroup/pids"};
+  char path[64];
+  for (size_t i = 0; i < sizeof dirs / sizeof *dirs; i++) {
+    snprintf(path, sizeof path, "%s/pids.max", dirs[i]);
+    long max = cgroup_number(path);
+    snprintf(path, sizeof path, "%s/pids.current", dirs[i]);
+    long current = cgroup_number(path);
+    if (max > 0 && current >= 0) return max - current;
+  }
+  return -1;
+}
+
+/*
+ * fork() for a command, first ending the processes earlier commands left behind if they hold
+ * (nearly) every pid the sandbox may have. Background processes outlive their command, by design;
+ * but once a fork bomb run in the background, say, fills the pids limit, no command can start,
+ * or start a child, until the sandbox is released. So when no command of ours is running and
+ * fewer than PIDS_RESERVE pids are left, or the fork fails for want of one, the leftovers are
+ * ended as a timeout ends them. While a command runs they are left alone: they may be its own.
+ */
+#define PIDS_RESERVE 16
+static pid_t fork_command(void) {
+  if (n_execs == 0) {
+    long left = pids_left();
+    if (left >= 0 && left < PIDS_RESERVE) kill_all();
+  }
+  pid_t pid = fork();
+  if (pid < 0 && errno == EAGAIN && n_execs == 0) {
+    kill_all();
+    pid = fork();
+  }
+  return pid;
+}
+
 static void start_exec(uint32_t id, const uint8_t *p, size_t len) {
   if (len < 13) return reply_err(id, EINVAL, "short exec request");
   if (n_execs == MAX_EXECS) return reply_err(id, EAGAIN, "too many commands running in this sandbox");
@@ -206,7 +257,7 @@ static void start_exec(uint32_t id, const uint8_t *p, size_t len) {
     free(command), close(out[0]), close(out[1]), close(err[0]), close(err[1]);
     return reply_err(id, errno, "pipe");
   }
-  pid_t pid = fork();
+  pid_t pid = fork_command();
   if (pid == 0) {
     /* Its own session and process group, so a signal can reach the command and its children. */
     setsid();

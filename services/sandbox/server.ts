@@ -47,7 +47,8 @@ const SIGNALS: Partial<Record<Signal, number>> = {
 const ERRNO_STATUS: Record<number, [Status, string]> = {
   1: [Status.PERMISSION_DENIED, "not permitted"],
   2: [Status.NOT_FOUND, "no such file or directory"],
-  11: [Status.RESOURCE_EXHAUSTED, "too many commands running in this sandbox"],
+  // The agent's own cap on commands, or the container's pids limit held by running commands.
+  11: [Status.RESOURCE_EXHAUSTED, "too many commands or processes running in this sandbox"],
   13: [Status.PERMISSION_DENIED, "permission denied"],
   17: [Status.ALREADY_EXISTS, "already exists"],
   18: [Status.PERMISSION_DENIED, "a symbolic link leads out of the workspace"],
