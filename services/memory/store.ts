@@ -270,6 +270,11 @@ export const MEMORY_COLUMNS = ["id", "tenant", "owner", "agent_id", "session_id"
 
 export class MemoryStore {
   private table?: lancedb.Table;
+  /**
+   * The table's name, kept here: LanceDB's name getter throws ("cannot be borrowed mutably while
+   * another borrow is active") while an operation is using the table.
+   */
+  private tableName = TABLE;
   private historyTable?: lancedb.Table;
   private writes: Promise<unknown> = Promise.resolve();
   private sinceOptimize = 0;
@@ -316,6 +321,7 @@ export class MemoryStore {
     const names = await this.db.tableNames();
     const meta = await readMeta(this.db);
     const active = meta.get(ACTIVE_KEY) ?? TABLE;
+    this.tableName = active;
     if (names.includes(active)) {
       this.table = await this.db.openTable(active);
       await this.checkEmbedder();
@@ -510,7 +516,7 @@ export class MemoryStore {
    * next start. The old table is dropped RETIRE_AFTER_MS later.
    */
   private async relayout(): Promise<void> {
-    const oldName = this.t.name;
+    const oldName = this.tableName;
     const name = layoutTableName();
     this.changedDuringCopy = new Set();
     let copy: lancedb.Table | undefined;
@@ -532,6 +538,7 @@ export class MemoryStore {
         await writeMeta(this.db, { [ACTIVE_KEY]: name, [LAYOUT_ROWS_KEY]: String(count), [RETIRED_KEY]: oldName });
         const old = this.table!;
         this.table = switched;
+        this.tableName = name;
         this.layoutRows = count;
         this.changedDuringCopy = undefined;
         // The copy is compacted and indexed: no maintenance is due because of this write (a run
