@@ -9,7 +9,7 @@ import os from "node:os";
 import path from "node:path";
 import * as lancedb from "@lancedb/lancedb";
 import { arrowTable } from "../services/memory/columns.js";
-import { MemoryStore, activeTable, newMemoryRow, schemaFor, sqlString, TABLE, type MemoryRow, type StoredCandidate } from "../services/memory/store.js";
+import { MEMORY_COLUMNS, MemoryStore, activeTable, newMemoryRow, schemaFor, sqlString, TABLE, type MemoryRow, type StoredMemory } from "../services/memory/store.js";
 import { createLogger } from "../services/shared/log.js";
 
 const DIM = 32;
@@ -96,33 +96,32 @@ describe("the memory store past its index threshold", () => {
     db.close();
   });
 
-  test("a search's rows are read at their addresses; a memory updated, forgotten or moved since is found by id or left out, and none crosses the scope", async () => {
+  test("a search's candidates carry their whole memories as stored, from the scope searched only; the next search sees an update or a forget", async () => {
     const where = scope("cat");
+    // The memory's columns as plain values (LanceDB hands out Arrow row objects).
+    const plain = (m: StoredMemory) => Object.fromEntries(MEMORY_COLUMNS.map((c) => [c, m[c]]));
+    const byIdNow = async (ids: string[]) => new Map((await store.get(where, ids)).map((r) => [r.id, plain(r)]));
     const found = await store.vectorCandidates(where, around(5, 0.1), 8);
     assert.equal(found.length, 8);
-    const rowsOf = async (cands: StoredCandidate[], w = where) => new Map((await store.rowsAt(w, cands)).map((r) => [r.id, r]));
-    const byIdNow = async (ids: string[]) => new Map((await store.get(where, ids)).map((r) => [r.id, r]));
-    const first = await rowsOf(found);
-    assert.deepEqual(first, await byIdNow(found.map((c) => c.id)), "each row read at its address is the memory's row");
+    assert.deepEqual(new Map(found.map((c) => [c.id, plain(c.memory)])), await byIdNow(found.map((c) => c.id)), "each vector candidate's memory is its stored row");
+    const byText = await store.textCandidates(where, "memory", 8);
+    assert.equal(byText.length, 8);
+    assert.deepEqual(new Map(byText.map((c) => [c.id, plain(c.memory)])), await byIdNow(byText.map((c) => c.id)), "each text candidate's memory is its stored row");
+    for (const c of [...found, ...byText]) assert.equal(Number(c.memory.created), c.createdMs);
 
-    // Since the search: one memory updated (its row is written anew elsewhere), one forgotten.
     const [updated, forgotten] = found;
-    await store.add(where, [{ ...memory(90_000, "cat"), id: updated.id, text: "cat's memory, updated after the search" }], new Set([updated.id]));
+    await store.add(where, [{ ...memory(90_000, "cat"), id: updated.id, vector: updated.vector, text: "cat's memory, updated after the search" }], new Set([updated.id]));
     assert.equal(await store.forget(where, [forgotten.id]), 1);
-    const after = await rowsOf(found);
-    assert.equal(after.get(updated.id)?.text, "cat's memory, updated after the search");
-    assert.equal(after.has(forgotten.id), false, "a memory forgotten since the search is left out");
-    assert.deepEqual(after, await byIdNow(found.map((c) => c.id)));
+    const again = new Map((await store.vectorCandidates(where, around(5, 0.1), 8)).map((c) => [c.id, c.memory]));
+    assert.equal(again.get(updated.id)?.text, "cat's memory, updated after the search");
+    assert.equal(again.has(forgotten.id), false, "a forgotten memory is not a candidate");
 
-    // Addresses that now hold other memories, here another owner's (as after a rewrite or a
-    // compaction): each memory is found by its id, within the scope.
-    const dans = await store.vectorCandidates(scope("dan"), around(5, 0.1), 5);
-    const moved = found.map((c, i) => ({ ...c, rowId: dans[i % dans.length].rowId }));
-    assert.deepEqual(await rowsOf(moved), after);
-
-    // Candidates another scope's search found are not read at their addresses for this scope.
-    assert.equal((await rowsOf(dans)).size, 0, "dan's memories through cat's scope");
-    assert.equal((await rowsOf(dans, scope("dan"))).size, 5);
+    // Each searching for words of the other's memories: a leak of the scope would rank those first.
+    for (const [who, other] of [["dan", "cat"], ["cat", "dan"]]) {
+      const cands = [...(await store.vectorCandidates(scope(who), around(5, 0.1), 20)), ...(await store.textCandidates(scope(who), `${other} memory`, 20))];
+      assert.ok(cands.length > 0);
+      for (const c of cands) assert.equal(c.memory.owner, who, `${who}'s search returned ${c.memory.owner}'s memory ${c.id}`);
+    }
   });
 
   test("a scoped search through the vector index finds what exact search finds; a small scope is searched exactly", async () => {

@@ -76,9 +76,7 @@ export class Learner {
       const fact = forget ? raw.slice("[forget] ".length).trim() : raw.trim();
       if (fact === "") continue;
       const [vector] = await this.embedder.embed([fact]);
-      const near = (await this.store.vectorCandidates(where, vector, 5)).filter((c) => (c.vectorScore ?? 0) > 0.2);
-      const stored = new Map((await this.store.rowsAt(where, near)).map((r) => [r.id, r]));
-      const similar = near.flatMap((c) => stored.get(c.id) ?? []);
+      const similar = (await this.store.vectorCandidates(where, vector, 5)).filter((c) => (c.vectorScore ?? 0) > 0.2).map((c) => c.memory);
       const listed = similar.map((r, n) => `${n}: ${r.text}`).join("\n") || "(none)";
       const decision = await this.ask(DECIDE_PROMPT, `New fact: ${raw}\nStored memories:\n${listed}`);
       const event = String(decision?.event ?? "").toUpperCase();

@@ -75,8 +75,8 @@ function checkText(text: string, what: string): string {
 
 /**
  * The search pipeline: vector and (when hybrid) full-text candidates, one per memory with both
- * scores when both searches found it, then ranking.ts's stages, then the winners' rows. A winner
- * deleted between the search and the fetch of its row is left out.
+ * scores when both searches found it, then ranking.ts's stages. Each candidate carries its whole
+ * memory, so the winners are returned as the searches read them.
  */
 export async function search(
   store: MemoryStore,
@@ -84,7 +84,7 @@ export async function search(
   query: string,
   vector: Float32Array,
   o: RankOptions & { poolFactor: number; hybrid: boolean },
-): Promise<{ ranked: Ranked[]; rows: Map<string, StoredMemory>; candidates: Map<string, StoredCandidate> }> {
+): Promise<{ ranked: Ranked[]; candidates: Map<string, StoredCandidate> }> {
   const pool = Math.min(MAX_POOL, o.k * o.poolFactor);
   const [byVector, byText] = await Promise.all([store.vectorCandidates(where, vector, pool), o.hybrid ? store.textCandidates(where, query, pool) : Promise.resolve([])]);
   const candidates = new Map<string, StoredCandidate>();
@@ -94,9 +94,7 @@ export async function search(
     if (seen) seen.textScore = c.textScore;
     else candidates.set(c.id, c);
   }
-  const ranked = rank([...candidates.values()], o);
-  const rows = new Map((await store.rowsAt(where, ranked.map((r) => candidates.get(r.id)!))).map((r) => [r.id, r]));
-  return { ranked: ranked.filter((r) => rows.has(r.id)), rows, candidates };
+  return { ranked: rank([...candidates.values()], o), candidates };
 }
 
 export function embedderFor(cfg: Config, env: NodeJS.ProcessEnv): Embedder {
@@ -187,10 +185,10 @@ export async function startMemory(cfg: Config, logger: Logger): Promise<RunningS
       const k = req.k || 5;
       const o = rankOptions(req.options, k);
       const [vector] = await embedder.embed([query]);
-      const { ranked, rows } = await search(store, where, query, vector, o);
+      const { ranked, candidates } = await search(store, where, query, vector, o);
       return {
         results: ranked.map((r) => ({
-          memory: toMemory(rows.get(r.id)!),
+          memory: toMemory(candidates.get(r.id)!.memory),
           score: r.score,
           stages: req.options?.debug ? r.stages : undefined,
         })),

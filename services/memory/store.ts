@@ -256,17 +256,25 @@ class HashFilter {
   }
 }
 
-/**
- * The columns the candidate searches return: what ranking reads. A search names every column it
- * wants read, and each costs LanceDB a read per row: at 1M memories, the whole row of 40
- * candidates took about 30 ms more than these four. The k winners' rows are fetched after ranking.
- */
-const RANKING_COLUMNS = ["id", "vector", "created", "evergreen"];
-/** A candidate as the store found it: with its row address and the scope it was found in, for rowsAt(). */
-export type StoredCandidate = Candidate & { rowId: bigint; scope: string };
 /** A memory as readers see it (get()). */
 export type StoredMemory = Omit<MemoryRow, "vector" | "embedder">;
 export const MEMORY_COLUMNS = ["id", "tenant", "owner", "agent_id", "session_id", "kind", "text", "created", "updated", "content_hash", "importance", "evergreen", "provenance", "metadata"] satisfies (keyof StoredMemory)[];
+/**
+ * The columns the candidate searches return: each candidate's whole memory, and its vector for
+ * MMR. The winners then need no read of their own after ranking, and what a search returns is
+ * what ranking saw, from one version of the table. The searches read their rows in the same pass
+ * as the rest of their work, while a separate read of the winners pays another LanceDB call (about
+ * 1.5 ms here) and waits for ranking. Both searches in parallel, pools of 40, 2 cores, warm page
+ * cache (four ranking columns / whole rows / four columns then the ten winners' rows by address):
+ *
+ * - 1M memories in scope order: 13.1 / 17.7 / 19.9 ms; the whole search 1.2 to 1.5 ms faster;
+ * - 300k in scope order: 11.1 / 15.1 / 17.3 ms;
+ * - 300k in write order, compacted but never rewritten: 16.5 / 34.4 / 32.8 ms. Here whole rows
+ *   cost a little more, but the store keeps most of a large table in scope order (relayout()).
+ */
+const CANDIDATE_COLUMNS = [...MEMORY_COLUMNS, "vector"];
+/** A candidate as a search of one scope found it, with its whole memory as that search read it. */
+export type StoredCandidate = Candidate & { memory: StoredMemory };
 
 export class MemoryStore {
   private table?: lancedb.Table;
@@ -366,27 +374,6 @@ export class MemoryStore {
   async get(scopeWhere: string, ids: string[]): Promise<StoredMemory[]> {
     if (ids.length === 0) return [];
     return (await this.t.query().where(`${scopeWhere} AND id IN (${ids.map(sqlString).join(", ")})`).select(MEMORY_COLUMNS).toArray()) as StoredMemory[];
-  }
-
-  /**
-   * The rows of memories a search found, read at the row addresses the search returned: one
-   * direct read instead of a filtered query (at 1M memories, ten rows took 4.8 ms this way and
-   * 11 ms through the id index and the scope). An address names a place in one version of the
-   * table, and a row since deleted, updated (rewritten elsewhere), moved by compaction or by the
-   * rewrite in scope order is no longer there; after the rewrite another memory may be. So each
-   * row read is checked against the id it should have, and the memories not found where they
-   * were are looked up by id within the scope, as get() does (a deleted one is then left out).
-   * A row found at its address with its id is the memory a search of this scope returned: ids
-   * are unique in the table (add() makes them, and an upsert of another scope's id is refused). A
-   * read at an address applies no filter, so a candidate found in another scope than the one
-   * asked for is looked up by id within this one instead.
-   */
-  async rowsAt(scopeWhere: string, found: StoredCandidate[]): Promise<StoredMemory[]> {
-    const atAddress = found.filter((f) => f.scope === scopeWhere);
-    const expected = new Set(atAddress.map((f) => f.id));
-    const read = atAddress.length === 0 ? [] : ((await this.t.takeRowIds(atAddress.map((f) => f.rowId)).select(MEMORY_COLUMNS).toArray()) as StoredMemory[]).filter((r) => expected.delete(r.id));
-    const elsewhere = [...expected, ...found.filter((f) => f.scope !== scopeWhere).map((f) => f.id)];
-    return elsewhere.length === 0 ? read : [...read, ...(await this.get(scopeWhere, elsewhere))];
   }
 
   /** The first version's rows, carried over with defaults for the new columns, then the old table dropped. */
@@ -739,16 +726,15 @@ export class MemoryStore {
       .distanceType("cosine")
       .where(scopeWhere)
       .limit(limit)
-      .select([...RANKING_COLUMNS, "_distance"])
-      .withRowId();
+      .select([...CANDIDATE_COLUMNS, "_distance"]);
     const scopeRows = path === "exact" || !this.vectorIndex ? 0 : await this.scopeRows(scopeWhere);
     if (!this.vectorIndex || scopeRows <= this.tuning.exactScopeRows) q = q.bypassVectorIndex();
     else {
       const partitions = this.vectorIndex.partitions;
       q = q.nprobes(Math.min(partitions, Math.max(MIN_PROBES, Math.ceil((PROBE_ROWS_FACTOR * limit * partitions) / scopeRows)))).refineFactor(REFINE_FACTOR);
     }
-    const rows = (await q.toArray()) as (RankingRow & { _distance: number; _rowid: bigint })[];
-    return rows.map((r) => candidateOf(r, scopeWhere, { vectorScore: 1 - Number(r._distance) }));
+    const rows = (await q.toArray()) as (CandidateRow & { _distance: number })[];
+    return rows.map((r) => candidateOf(r, { vectorScore: 1 - Number(r._distance) }));
   }
 
   /** A scope's row count, remembered for SCOPE_SIZE_TTL_MS: it only picks a search path and its probes. */
@@ -772,10 +758,9 @@ export class MemoryStore {
       .fullTextSearch(query, { columns: ["text"] })
       .where(scopeWhere)
       .limit(limit)
-      .select([...RANKING_COLUMNS, "_score"])
-      .withRowId()
-      .toArray()) as (RankingRow & { _score: number; _rowid: bigint })[];
-    return rows.map((r) => candidateOf(r, scopeWhere, { textScore: Number(r._score) }));
+      .select([...CANDIDATE_COLUMNS, "_score"])
+      .toArray()) as (CandidateRow & { _score: number })[];
+    return rows.map((r) => candidateOf(r, { textScore: Number(r._score) }));
   }
 
   /**
@@ -813,11 +798,12 @@ async function retryConflicts<T>(fn: () => Promise<T>, attempts: number): Promis
 /** IVF partitions for an index over this many rows: LanceDB's default, the square root. */
 const partitionsFor = (rows: number): number => Math.max(1, Math.round(Math.sqrt(rows)));
 
-type RankingRow = Pick<MemoryRow, "id" | "vector" | "created" | "evergreen">;
+type CandidateRow = StoredMemory & Pick<MemoryRow, "vector">;
 
-function candidateOf(r: RankingRow & { _rowid: bigint }, scope: string, scores: { vectorScore?: number; textScore?: number }): StoredCandidate {
+/** The row itself is the memory: Arrow decodes a field when it is read, and most candidates lose. */
+function candidateOf(row: CandidateRow, scores: { vectorScore?: number; textScore?: number }): StoredCandidate {
   // LanceDB returns each vector as an Arrow vector over the batch's values; toArray() is a view
   // of them (Float32Array.from would copy through Arrow's per-element iterator: about 1 ms for 40).
-  const vector = r.vector instanceof Float32Array ? r.vector : (r.vector as unknown as { toArray(): Float32Array }).toArray();
-  return { id: r.id, rowId: r._rowid, scope, vector, createdMs: Number(r.created), evergreen: Boolean(r.evergreen), ...scores };
+  const vector = row.vector instanceof Float32Array ? row.vector : (row.vector as unknown as { toArray(): Float32Array }).toArray();
+  return { id: row.id, vector, createdMs: Number(row.created), evergreen: Boolean(row.evergreen), memory: row, ...scores };
 }
