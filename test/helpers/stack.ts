@@ -147,12 +147,34 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
     return at[name];
   };
 
+  const kill = async (key: string, signal: NodeJS.Signals = "SIGTERM") => {
+    const proc = procs.get(key);
+    if (!proc || proc.exitCode !== null || proc.signalCode !== null) return proc?.exitCode ?? null;
+    const exited = new Promise<number | null>((resolve) => proc.once("exit", (code) => resolve(code)));
+    // A stopped process would not act on SIGTERM.
+    if (signal === "SIGTERM") proc.kill("SIGCONT");
+    proc.kill(signal);
+    const code = await exited;
+    procs.delete(key);
+    return code;
+  };
+
   const services = options.services ?? SERVICE_ORDER;
-  for (const name of services) await start(name);
-  if (services.includes("runner")) {
-    const router = createClient(RouterService, addr.router, { headers: internal.headers });
-    await waitFor("the runner to register", async () => (await router.listRunners({})).runners.length > 0);
-    router.close();
+  try {
+    for (const name of services) await start(name);
+    if (services.includes("runner")) {
+      const router = createClient(RouterService, addr.router, { headers: internal.headers });
+      await waitFor("the runner to register", async () => (await router.listRunners({})).runners.length > 0);
+      router.close();
+    }
+  } catch (err) {
+    // Nobody holds a stack that failed to start, so nobody would stop what it started: the
+    // services already running would keep the test process alive, and the run would hang
+    // instead of failing.
+    for (const key of [...procs.keys()].reverse()) await kill(key, "SIGTERM");
+    if (services.includes("sandbox")) await removeSandboxes(dataDir).catch(() => undefined);
+    if (!options.dataDir) await rm(dataDir, { recursive: true, force: true });
+    throw err;
   }
   const gateway = createClient(GatewayService, addr.gateway, { headers: { authorization: `Bearer ${dev.key}` } });
   const client = <S extends GenServiceMethods>(service: GenService<S>, address: string, opts: ClientOptions & { as?: Identity } = {}) =>
@@ -171,18 +193,6 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
       }
     }, 10_000, 200);
     return c;
-  };
-
-  const kill = async (key: string, signal: NodeJS.Signals = "SIGTERM") => {
-    const proc = procs.get(key);
-    if (!proc || proc.exitCode !== null || proc.signalCode !== null) return proc?.exitCode ?? null;
-    const exited = new Promise<number | null>((resolve) => proc.once("exit", (code) => resolve(code)));
-    // A stopped process would not act on SIGTERM.
-    if (signal === "SIGTERM") proc.kill("SIGCONT");
-    proc.kill(signal);
-    const code = await exited;
-    procs.delete(key);
-    return code;
   };
 
   return {
