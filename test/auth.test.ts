@@ -166,16 +166,20 @@ describe("Troupe's internal services", () => {
 
 describe("memory follows the session's owner", () => {
   test("a run recalls its owner's memories, never another principal's", async () => {
+    // A principal whose scope no earlier run searched: the runner believes a scope found empty
+    // for 5 s, and this memory is saved past the runner, so alice's earlier runs would race it.
+    const carol = await stack.gatewayAs("acme", "carol");
     const memory = stack.client(MemoryService, stack.addr.memory);
-    await memory.addMemories({ scope: { tenant: "acme", owner: "alice", agentId: "main" }, memories: [{ text: "Alice keeps bees on the roof of the office" }] });
+    await memory.addMemories({ scope: { tenant: "acme", owner: "carol", agentId: "main" }, memories: [{ text: "Alice keeps bees on the roof of the office" }] });
     memory.close();
-    const a = await converse(alice, "alice-mem", "!system where does Alice keep bees");
+    const a = await converse(carol, "carol-mem", "!system where does Alice keep bees");
     const b = await converse(bob, "bob-mem", "!system where does Alice keep bees");
     const said = (s: ChatSession) => s.events.flatMap((e) => (e.payload.case === "messageEnd" && e.payload.value.message?.role === Role.ASSISTANT ? [e.payload.value.message.text] : [])).join(" ");
     assert.match(said(a), /Alice keeps bees on the roof/);
     assert.doesNotMatch(said(b), /bees/);
     a.close();
     b.close();
+    carol.close();
   });
 });
 
