@@ -185,12 +185,14 @@ describe("memory follows the session's owner", () => {
 
 
 describe("the development key", () => {
-  test("is made even when the keys file lives outside the data directory (--api-keys)", async () => {
-    const { mkdtemp, stat: statFile } = await import("node:fs/promises");
+  test("is made even when the keys file lives outside the data directory (--api-keys)", async (t) => {
+    const { mkdtemp, rm, stat: statFile } = await import("node:fs/promises");
     const os = await import("node:os");
     const { ensureDevKey, ApiKeys } = await import("../services/shared/auth.js");
     const dataDir = await mkdtemp(path.join(os.tmpdir(), "troupe-devkey-"));
-    const keysFile = path.join(await mkdtemp(path.join(os.tmpdir(), "troupe-keys-")), "keys.json");
+    const keysDir = await mkdtemp(path.join(os.tmpdir(), "troupe-keys-"));
+    t.after(() => Promise.all([dataDir, keysDir].map((dir) => rm(dir, { recursive: true, force: true }))));
+    const keysFile = path.join(keysDir, "keys.json");
     const dev = await ensureDevKey(dataDir, keysFile);
     assert.equal(dev.created, true);
     assert.equal((await statFile(path.join(dataDir, "auth", "dev-key"))).mode & 0o077, 0);

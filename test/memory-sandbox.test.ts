@@ -114,8 +114,10 @@ describe("sandbox service", () => {
     sandbox.close();
   });
 
-  test("gVisor: the same sandbox runs under runsc", async () => {
+  test("gVisor: the same sandbox runs under runsc", async (t) => {
     const gv = await startStack({ services: ["sandbox"], env: { TROUPE_SANDBOX_RUNTIME: "runsc" } });
+    // Stopped even when an assertion fails: a running stack would keep the test process alive.
+    t.after(() => gv.stop());
     const sandbox = gv.client(SandboxService, gv.addr.sandbox);
     const id = `sbx-gvisor-${Date.now()}`;
     const r = await exec(sandbox, id, "dmesg 2>/dev/null | head -1; id -u");
@@ -125,14 +127,14 @@ describe("sandbox service", () => {
     assert.equal(stdout.trim(), "runsc");
     await sandbox.releaseSandbox({ sessionId: id });
     sandbox.close();
-    await gv.stop();
   });
 
-  test("the reaper removes stopped and idle sandboxes of its own instance, and only those", async () => {
+  test("the reaper removes stopped and idle sandboxes of its own instance, and only those", async (t) => {
     const { mkdtemp, rm } = await import("node:fs/promises");
     const os = await import("node:os");
     const path = await import("node:path");
     const dataDir = await mkdtemp(path.join(os.tmpdir(), "troupe-reap-"));
+    t.after(() => rm(dataDir, { recursive: true, force: true }));
     const mine = instanceOf(dataDir);
     const other = `other${Date.now()}`;
     const orphan = (await run("docker", ["create", "--label", "troupe.owner=troupe-sandbox", "--label", `troupe.instance=${mine}`, "--label", "troupe.session=orphan", "troupe-sandbox:busybox", "true"])).stdout.trim();
@@ -155,17 +157,21 @@ describe("sandbox service", () => {
     } finally {
       await reaped.stop();
       await run("docker", ["rm", "-f", foreign]).catch(() => undefined);
-      await rm(dataDir, { recursive: true, force: true });
     }
   });
 
-  test("with no Docker engine: NOT_SERVING, and calls fail UNAVAILABLE with how to fix it", async () => {
+  test("with no Docker engine: NOT_SERVING, and calls fail UNAVAILABLE with how to fix it", async (t) => {
     const down = await startStack({ services: ["memory"] });
+    let proc: import("node:child_process").ChildProcess | undefined;
+    t.after(async () => {
+      proc?.kill("SIGTERM");
+      await down.stop();
+    });
     // The sandbox refuses to report SERVING, so start it by hand and read its health.
     const { spawn } = await import("node:child_process");
     const { MAIN, freePort } = await import("./helpers/stack.js");
     const port = await freePort();
-    const proc = spawn(process.execPath, [MAIN, "sandbox", "--sandbox", `127.0.0.1:${port}`, "--data-dir", down.dataDir], { env: { ...process.env, DOCKER_HOST: "unix:///nonexistent/docker.sock" }, stdio: "ignore" });
+    proc = spawn(process.execPath, [MAIN, "sandbox", "--sandbox", `127.0.0.1:${port}`, "--data-dir", down.dataDir], { env: { ...process.env, DOCKER_HOST: "unix:///nonexistent/docker.sock" }, stdio: "ignore" });
     const health = createClient(Health, `127.0.0.1:${port}`);
     const status = await waitFor("health", async () => (await health.check({ service: "troupe.v1.SandboxService" }, { timeoutMs: 500 })).status);
     assert.equal(status, Serving.NOT_SERVING);
@@ -177,7 +183,5 @@ describe("sandbox service", () => {
     });
     sandbox.close();
     health.close();
-    proc.kill("SIGTERM");
-    await down.stop();
   });
 });

@@ -158,8 +158,18 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
     procs.delete(key);
     return code;
   };
-
   const services = options.services ?? SERVICE_ORDER;
+  /** Every process of the stack stopped (extra instances first), its sandboxes and data directory removed. */
+  const teardown = async () => {
+    for (const key of procs.keys()) if (!(SERVICE_ORDER as string[]).includes(key)) await kill(key, "SIGTERM");
+    for (const name of [...SERVICE_ORDER].reverse()) await kill(name, "SIGTERM");
+    try {
+      if (services.includes("sandbox")) await removeSandboxes(dataDir);
+    } finally {
+      if (!options.dataDir) await rm(dataDir, { recursive: true, force: true });
+    }
+  };
+
   try {
     for (const name of services) await start(name);
     if (services.includes("runner")) {
@@ -170,10 +180,9 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
   } catch (err) {
     // Nobody holds a stack that failed to start, so nobody would stop what it started: the
     // services already running would keep the test process alive, and the run would hang
-    // instead of failing.
-    for (const key of [...procs.keys()].reverse()) await kill(key, "SIGTERM");
-    if (services.includes("sandbox")) await removeSandboxes(dataDir).catch(() => undefined);
-    if (!options.dataDir) await rm(dataDir, { recursive: true, force: true });
+    // instead of failing. The start's error is the one worth reporting (with no Docker engine,
+    // removing the sandboxes fails too).
+    await teardown().catch(() => undefined);
     throw err;
   }
   const gateway = createClient(GatewayService, addr.gateway, { headers: { authorization: `Bearer ${dev.key}` } });
@@ -211,10 +220,7 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
     process: (key) => procs.get(key),
     async stop() {
       gateway.close();
-      for (const key of procs.keys()) if (!(SERVICE_ORDER as string[]).includes(key)) await kill(key, "SIGTERM");
-      for (const name of [...SERVICE_ORDER].reverse()) await kill(name, "SIGTERM");
-      if (services.includes("sandbox")) await removeSandboxes(dataDir);
-      if (!options.dataDir) await rm(dataDir, { recursive: true, force: true });
+      await teardown();
     },
   };
 }
