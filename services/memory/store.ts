@@ -267,7 +267,7 @@ export const MEMORY_COLUMNS = ["id", "tenant", "owner", "agent_id", "session_id"
  * 1.5 ms here) and waits for ranking. Both searches in parallel, pools of 40, 2 cores, warm page
  * cache (four ranking columns / whole rows / four columns then the ten winners' rows by address):
  *
- * - 1M memories in scope order: 13.1 / 17.7 / 19.9 ms; the whole search 1.2 to 1.5 ms faster;
+ * - 1M memories in scope order: 13.1 / 17.7 / 19.9 ms; the whole search 1.2 to 2.2 ms faster;
  * - 300k in scope order: 11.1 / 15.1 / 17.3 ms;
  * - 300k in write order, compacted but never rewritten: 16.5 / 34.4 / 32.8 ms. Here whole rows
  *   cost a little more, but the store keeps most of a large table in scope order (relayout()).
