@@ -31,7 +31,7 @@ const DIM = 256;
 const TOPICS = 512;
 const OWNERS = 100;
 const EMBEDDER = "bench-synthetic";
-const logger = createLogger("bench", "warn");
+const logger = createLogger("bench", process.env.TROUPE_LOG_LEVEL ?? "warn");
 
 function rng(seed: number) {
   let s = seed >>> 0;
@@ -113,6 +113,8 @@ for (const size of SIZES) {
     const indexBuildS = (performance.now() - t0) / 1000;
     const { indexed, unindexed } = await store.vectorIndexed();
     if (unindexed > 0) console.log(`${size} memories: ${unindexed} rows are not in the vector index after maintenance`);
+    // How the searches below will find the table: a figure far off the usual one is read with this.
+    const layout = await store.layout();
 
     // Two kinds of search, each timed through the service's pipeline, and the recall@10 of its
     // vector candidates against exact search on the same data and scope: scoped to one owner (as
@@ -163,7 +165,9 @@ for (const size of SIZES) {
     console.log(
       `${size} memories: ingest ${f.ingestPerS.toFixed(0)}/s; maintenance${indexed ? " (with the rewrite in scope order and the vector index)" : ""} ${f.indexBuildS.toFixed(1)} s; ` +
         `one owner's scope (${size / OWNERS} rows): hybrid search + MMR p50 ${f.p50.toFixed(2)} ms p95 ${f.p95.toFixed(2)} ms (first pass p50 ${f.firstP50.toFixed(2)} ms), recall@10 ${f.scopedRecall10.toFixed(3)}; ` +
-        `tenant-wide: p50 ${f.wideP50.toFixed(2)} ms, recall@10 ${f.wideRecall10.toFixed(3)} (one exact vector search of the tenant: ${f.exactWideMs.toFixed(0)} ms)`,
+        `tenant-wide: p50 ${f.wideP50.toFixed(2)} ms, recall@10 ${f.wideRecall10.toFixed(3)} (one exact vector search of the tenant: ${f.exactWideMs.toFixed(0)} ms); ` +
+        `table: ${layout.layoutRows} of ${layout.rows} rows in scope order, vector index over ${layout.indexedRows} rows in ${layout.indexParts} part(s)` +
+        (layout.indexCheck ? `, checked at its build on ${layout.indexCheck.searches} sampled searches: recall@10 ${layout.indexCheck.recall.toFixed(3)} after ${layout.indexCheck.builds} build(s)` : ""),
     );
   } finally {
     await rm(dir, { recursive: true, force: true });
