@@ -110,11 +110,13 @@ for (const size of SIZES) {
     // What the service's maintenance does: compaction, index catch-up, the vector index past the threshold.
     const t0 = performance.now();
     await store.maintain();
+    // And the next run, as a running service's next periodic maintenance: searches are measured on
+    // the table as a service keeps it, not as the run that rewrote it left it (a compaction of
+    // the rewritten table under its vector index once took its recall@10 from 0.997 to under 0.9).
+    await store.maintain();
     const indexBuildS = (performance.now() - t0) / 1000;
     const { indexed, unindexed } = await store.vectorIndexed();
     if (unindexed > 0) console.log(`${size} memories: ${unindexed} rows are not in the vector index after maintenance`);
-    // How the searches below will find the table: a figure far off the usual one is read with this.
-    const layout = await store.layout();
 
     // Two kinds of search, each timed through the service's pipeline, and the recall@10 of its
     // vector candidates against exact search on the same data and scope: scoped to one owner (as
@@ -135,6 +137,9 @@ for (const size of SIZES) {
     const measure = async (queries: number, whereOf: (q: number) => string) => {
       const firstPass: number[] = [];
       for (let q = 0; q < queries; q++) firstPass.push((await timedSearch(whereOf(q), [1, 4])).ms);
+      // The store checks the index's first searches against exact search in the background
+      // (docs/memory.md); the timed pass starts once those checks are done.
+      await store.indexServing();
       const latencies: number[] = [];
       const asked: { where: string; vector: Float32Array; served: Set<string> }[] = [];
       for (let q = 0; q < queries; q++) {
@@ -159,6 +164,9 @@ for (const size of SIZES) {
     const e0 = performance.now();
     await store.vectorCandidates("tenant = 'bench'", around(0, 0.1), 10, "exact");
     const exactWideMs = performance.now() - e0;
+    // How the searches above found the table and its index: a figure far off the usual one is read with this.
+    const layout = await store.layout();
+    const serving = await store.indexServing();
     store.close();
     const f: SizeFigures = { size, ingestPerS, firstP50: scoped.firstP50, p50: scoped.p50, p95: scoped.p95, scopedRecall10: scoped.recall10, wideP50: wide.p50, wideRecall10: wide.recall10, exactWideMs, indexed, indexBuildS };
     figures.push(f);
@@ -167,7 +175,7 @@ for (const size of SIZES) {
         `one owner's scope (${size / OWNERS} rows): hybrid search + MMR p50 ${f.p50.toFixed(2)} ms p95 ${f.p95.toFixed(2)} ms (first pass p50 ${f.firstP50.toFixed(2)} ms), recall@10 ${f.scopedRecall10.toFixed(3)}; ` +
         `tenant-wide: p50 ${f.wideP50.toFixed(2)} ms, recall@10 ${f.wideRecall10.toFixed(3)} (one exact vector search of the tenant: ${f.exactWideMs.toFixed(0)} ms); ` +
         `table: ${layout.layoutRows} of ${layout.rows} rows in scope order, vector index over ${layout.indexedRows} rows in ${layout.indexParts} part(s)` +
-        (layout.indexCheck ? `, checked at its build on ${layout.indexCheck.searches} sampled searches: recall@10 ${layout.indexCheck.recall.toFixed(3)} after ${layout.indexCheck.builds} build(s)` : ""),
+        (serving ? `; the store's own check of its first ${serving.searches} searches since ${serving.after}: recall@10 ${serving.recall?.toFixed(3) ?? "-"}` : ""),
     );
   } finally {
     await rm(dir, { recursive: true, force: true });

@@ -10,7 +10,7 @@ import path from "node:path";
 import * as lancedb from "@lancedb/lancedb";
 import { arrowTable } from "../services/memory/columns.js";
 import { MEMORY_COLUMNS, MemoryStore, activeTable, newMemoryRow, schemaFor, sqlString, TABLE, type MemoryRow, type StoredMemory } from "../services/memory/store.js";
-import { createLogger } from "../services/shared/log.js";
+import { createLogger, type Logger } from "../services/shared/log.js";
 
 const DIM = 32;
 const EMBEDDER = "test-synthetic";
@@ -40,12 +40,9 @@ describe("the memory store past its index threshold", () => {
   let store: MemoryStore;
   const owners = ["ana", "ben", "cat", "dan"];
   const ROWS = 6000;
-  const TUNING = { indexThreshold: 4000, exactScopeRows: 500, minIndexRecall: 0.9 };
+  const TUNING = { indexThreshold: 4000, exactScopeRows: 500 };
   before(async () => {
     dir = await mkdtemp(path.join(os.tmpdir(), "troupe-memory-store-"));
-    // The index check's searches (a stored memory's vector in its owner's scope) find 0.945 to 0.99 of
-    // exact search's ten on this small, loose data, against 1.000 at the bench's million: a wanted recall
-    // of 0.9 keeps one build here, and tells a bad one.
     store = await MemoryStore.open(dir, {}, EMBEDDER, DIM, logger, TUNING);
     // Owners interleaved, as many users' writes arrive.
     for (let start = 0; start < ROWS; start += 500) {
@@ -86,11 +83,6 @@ describe("the memory store past its index threshold", () => {
     const stats = await store.stats();
     assert.equal(stats.rows, ROWS + extra - 1, "every row, the racing adds included, and the one forgotten gone");
     assert.equal(stats.indexed, true, "the rewritten table has its vector index");
-    // The index was judged by searches it served before the switch, and one build was enough.
-    const { indexCheck } = await store.layout();
-    assert.ok(indexCheck && indexCheck.searches > 0, `the new index was checked on sampled searches: ${JSON.stringify(indexCheck)}`);
-    assert.ok(indexCheck.recall >= 0.9, `the check's recall@10 ${indexCheck.recall}`);
-    assert.equal(indexCheck.builds, 1);
     const [updated] = await store.get(scope("ana"), ["m0"]);
     assert.match(updated.text, /updated while the table was rewritten/);
     assert.deepEqual(await store.get(scope("ben"), ["m1"]), []);
@@ -147,6 +139,20 @@ describe("the memory store past its index threshold", () => {
       total += exact.length;
     }
     assert.ok(hits / total >= 0.9, `recall@10 of the indexed path ${hits / total}`);
+    // The store checked the new index's first searches against exact search itself, and kept it.
+    for (let q = 0; q < 32; q++) await store.vectorCandidates(scope(owners[q % owners.length]), around(q % centres.length, 0.1), 40);
+    const serving = await store.indexServing();
+    assert.ok(serving, "an index is in use");
+    assert.equal(serving.searches, 32, "the first 32 searches through the index were checked, and no more");
+    assert.ok(serving.recall !== undefined && serving.recall >= 0.95, `the store's own recall@10 figure ${serving.recall}`);
+    assert.equal(serving.after, "a new index");
+    // A compaction rewrites fragments under the index (which can spoil it): the index is watched again.
+    for (let part = 0; part < 2; part++) await store.add(scope("ana"), Array.from({ length: 50 }, (_, j) => memory(80_000 + part * 50 + j, "ana")), new Set());
+    await store.maintain();
+    const rewatched = await store.indexServing();
+    assert.deepEqual([rewatched?.searches, rewatched?.after], [0, "a compaction"]);
+    await store.vectorCandidates(scope("ben"), around(1, 0.1), 40);
+    assert.equal((await store.indexServing())?.searches, 1, "the next search through the index is checked");
     // A scope under exactScopeRows: the exact path, so the same list as exact search, in order.
     const only = around(3, 0.1);
     const small = newMemoryRow({ id: "solo-1", tenant: "t", owner: "eve", agent_id: "main", text: "eve's only memory", vector: only, embedder: EMBEDDER });
@@ -177,10 +183,12 @@ describe("the memory store past its index threshold", () => {
   });
 });
 
-test("a vector index that serves its sampled searches below the wanted recall is built again, at most three times, and then kept", async (t) => {
+test("a vector index whose first searches find too little of what exact search finds is reported, and goes on serving", async (t) => {
   const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-memory-store-"));
-  // A recall no index can reach: every build fails the check.
-  const store = await MemoryStore.open(dir, {}, EMBEDDER, DIM, logger, { indexThreshold: 2000, exactScopeRows: 500, minIndexRecall: 1.01 });
+  const warnings: string[] = [];
+  const watched: Logger = { ...logger, warn: (m) => warnings.push(m) };
+  // A recall no index can reach: the index is judged short of it.
+  const store = await MemoryStore.open(dir, {}, EMBEDDER, DIM, watched, { indexThreshold: 2000, exactScopeRows: 500, minIndexRecall: 1.01 });
   t.after(async () => {
     store.close();
     await rm(dir, { recursive: true, force: true });
@@ -188,16 +196,22 @@ test("a vector index that serves its sampled searches below the wanted recall is
   const rows = Array.from({ length: 2400 }, (_, i) => memory(i, i % 2 === 0 ? "fay" : "gus"));
   await store.add("tenant = 't'", rows, new Set());
   await store.maintain();
-  const { indexCheck, indexParts } = await store.layout();
-  assert.equal(indexParts, 1, "one index in use");
-  assert.ok(indexCheck && indexCheck.searches > 0, `sampled searches went through each build: ${JSON.stringify(indexCheck)}`);
-  assert.equal(indexCheck.builds, 3);
-  // The last build is kept and serves: searches go through it and find what exact search finds.
+  for (let q = 0; q < 31; q++) await store.vectorCandidates(scope(q % 2 === 0 ? "fay" : "gus"), around(q % centres.length, 0.1), 40);
+  assert.equal((await store.indexServing())?.searches, 31);
+  assert.deepEqual(warnings, [], "no verdict before the 32nd search");
   const vector = around(2, 0.1);
   const served = await store.vectorCandidates(scope("fay"), vector, 10);
+  const serving = await store.indexServing();
+  assert.ok(serving && serving.searches === 32 && serving.recall !== undefined && serving.recall > 0.8, JSON.stringify(serving));
+  assert.equal(warnings.length, 1);
+  assert.match(warnings[0], /^the vector index serves recall@10 [01]\.\d{3} against exact search on its first 32 searches since a new index, below 1\.01/);
+  // It still serves: the search went through it and found the nearest memories.
   const exact = await store.vectorCandidates(scope("fay"), vector, 10, "exact");
   assert.equal(served.length, 10);
-  assert.ok(served.filter((c) => exact.some((e) => e.id === c.id)).length >= 8, "the kept index still finds the nearest memories");
+  assert.ok(served.filter((c) => exact.some((e) => e.id === c.id)).length >= 8);
+  // Searches past the first 32 are not checked.
+  await store.vectorCandidates(scope("gus"), vector, 40);
+  assert.equal((await store.indexServing())?.searches, 32);
 });
 
 test("rows become Arrow columns of the schema's types; a row missing a column or with a vector of the wrong size is refused", () => {
