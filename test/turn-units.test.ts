@@ -1,10 +1,10 @@
 // The turn pipeline's pure parts, one by one: token counts, sanitising, the compaction cut,
 // cron, backoff and Retry-After, the injection scanner, hook ordering and timeouts, the context
 // builder's files and budget, agent.json validation.
-import { describe, test } from "node:test";
+import { describe, test, type TestContext } from "node:test";
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
-import { mkdir, mkdtemp, readFile, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { create } from "@bufbuild/protobuf";
@@ -22,6 +22,13 @@ import { retryAfter } from "../services/runner/model.js";
 import { scanForInjection } from "../services/runner/safety.js";
 import { TokenCounter, familyOf } from "../services/runner/tokens.js";
 import { MISSING_RESULT, compactionCut, fitNewestFirst, sanitise } from "../services/runner/transcript.js";
+
+/** A workspace directory for one test, removed when the test ends, whether it passed or not. */
+async function contextDir(t: TestContext): Promise<string> {
+  const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-ctx-"));
+  t.after(() => rm(dir, { recursive: true, force: true }));
+  return dir;
+}
 
 let n = 0;
 const msg = (role: Role, text: string, extra: Omit<Partial<ChatMessage>, "$typeName"> = {}): ChatMessage => create(ChatMessageSchema, { id: `m${++n}`, role, text, ...extra } as never);
@@ -260,8 +267,8 @@ describe("the context builder", () => {
     return buildSystemPrompt(sources, input, await TokenCounter.forModel("gpt-4o"), 100_000);
   };
 
-  test("files are capped at 4,000 characters each and 12,000 together; binary ones are left out", async () => {
-    const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-ctx-"));
+  test("files are capped at 4,000 characters each and 12,000 together; binary ones are left out", async (t) => {
+    const dir = await contextDir(t);
     await mkdir(path.join(dir, "a1"), { recursive: true });
     await writeFile(path.join(dir, "a1", "AGENTS.md"), "A".repeat(5000));
     await writeFile(path.join(dir, "a1", "SOUL.md"), "S".repeat(3900));
@@ -284,8 +291,8 @@ describe("the context builder", () => {
     assert.ok(big.text.includes("数".repeat(4000)) && !big.text.includes("数".repeat(4001)));
   });
 
-  test("USER.md is made from the template for the owner only; an external sender gets neither it nor the owner's identity", async () => {
-    const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-ctx-"));
+  test("USER.md is made from the template for the owner only; an external sender gets neither it nor the owner's identity", async (t) => {
+    const dir = await contextDir(t);
     const owner = await base(dir, { agent: { name: "Ada", ...DEFAULT_AGENT, persona: "Secret persona." } });
     assert.equal(await readFile(path.join(dir, "profiles", "a1", "t1", "alice", "USER.md"), "utf8"), USER_TEMPLATE);
     assert.match(owner.text, /## User profile\n# About me/);
@@ -295,8 +302,8 @@ describe("the context builder", () => {
     assert.match(external.text, /talking with mallory, who is not your owner/);
   });
 
-  test("over its budget the prompt drops memories first, then facts, skills and workspace files; identity and profile stay", async () => {
-    const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-ctx-"));
+  test("over its budget the prompt drops memories first, then facts, skills and workspace files; identity and profile stay", async (t) => {
+    const dir = await contextDir(t);
     await mkdir(path.join(dir, "a1", "skills"), { recursive: true });
     await writeFile(path.join(dir, "a1", "skills", "s.md"), "skill text ".repeat(200));
     const memories = [
@@ -351,8 +358,8 @@ describe("the example plugin", () => {
 });
 
 describe("the system prompt's token count", () => {
-  test("counting section by section never under-counts the whole prompt", async () => {
-    const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-ctx-"));
+  test("counting section by section never under-counts the whole prompt", async (t) => {
+    const dir = await contextDir(t);
     await mkdir(path.join(dir, "a1", "skills"), { recursive: true });
     await writeFile(path.join(dir, "a1", "AGENTS.md"), "Rules:\n- be brief\n- cite sources\n");
     await writeFile(path.join(dir, "a1", "skills", "x.md"), "## Skill\nDo the thing {\"a\": 1}\n");
