@@ -633,11 +633,11 @@ export class MemoryStore {
    * 0.881). A check at build time with stored memories' own vectors as queries told nothing
    * either (1.000 through such an index). The searches the index is actually asked are what tells.
    */
-  private watchIndex(table: lancedb.Table, scopeWhere: string, scopeRows: number, vector: Float32Array, served: string[]): void {
+  private watchIndex(table: lancedb.Table, scopeWhere: string, scopeRows: number, vector: Float32Array, served: readonly { id: string }[]): void {
     const watch = this.indexWatch;
     if (!watch || watch.taken >= INDEX_WATCH_SEARCHES || scopeRows > INDEX_WATCH_MAX_SCOPE || served.length < 10) return;
     watch.taken++;
-    const top = new Set(served.slice(0, 10));
+    const top = new Set(served.slice(0, 10).map((r) => r.id));
     const query = Float32Array.from(vector);
     watch.checks = watch.checks
       .then(async () => {
@@ -646,7 +646,7 @@ export class MemoryStore {
         watch.hits += exact.filter((r) => top.has(r.id)).length;
         watch.total += exact.length;
         if (++watch.searches < INDEX_WATCH_SEARCHES) return;
-        const recall = watch.total === 0 ? 1 : watch.hits / watch.total;
+        const recall = recallOf(watch) ?? 1;
         const served = `the vector index serves recall@10 ${recall.toFixed(3)} against exact search on its first ${watch.searches} searches since ${watch.after}`;
         if (recall >= this.tuning.minIndexRecall) this.logger.info(served);
         else this.logger.warn(`${served}, below ${this.tuning.minIndexRecall}: searches find fewer of the nearest memories than they should (docs/memory.md)`);
@@ -662,7 +662,7 @@ export class MemoryStore {
     const watch = this.indexWatch;
     if (!watch) return null;
     await watch.checks;
-    return { after: watch.after, searches: watch.searches, recall: watch.total === 0 ? undefined : watch.hits / watch.total };
+    return { after: watch.after, searches: watch.searches, recall: recallOf(watch) };
   }
 
   /** The vector index's statistics, if it exists. */
@@ -820,7 +820,7 @@ export class MemoryStore {
     const indexed = index !== undefined && scopeRows > this.tuning.exactScopeRows;
     const q = indexed ? indexedSearch(table, scopeWhere, vector, limit, index.partitions, scopeRows) : exactSearch(table, scopeWhere, vector);
     const rows = (await q.limit(limit).select([...CANDIDATE_COLUMNS, "_distance"]).toArray()) as (CandidateRow & { _distance: number })[];
-    if (indexed) this.watchIndex(table, scopeWhere, scopeRows, vector, rows.map((r) => r.id));
+    if (indexed) this.watchIndex(table, scopeWhere, scopeRows, vector, rows);
     return rows.map((r) => candidateOf(r, { vectorScore: 1 - Number(r._distance) }));
   }
 
@@ -898,6 +898,9 @@ interface IndexWatch {
   checks: Promise<void>;
 }
 
+/** The share of exact search's top tens the checked searches found: none before a check. */
+const recallOf = (watch: IndexWatch): number | undefined => (watch.total === 0 ? undefined : watch.hits / watch.total);
+
 /**
  * A search of a scope through the IVF_PQ index (vectorCandidates says why these figures): enough
  * partitions probed to meet about PROBE_ROWS_FACTOR times the limit of the scope's rows, the best
@@ -913,16 +916,12 @@ function exactSearch(table: lancedb.Table, scopeWhere: string, vector: Float32Ar
   return table.vectorSearch(vector).distanceType("cosine").where(scopeWhere).bypassVectorIndex();
 }
 
-/** A vector as LanceDB returns it (an Arrow vector over the batch's values), as a Float32Array view. */
-function vectorOf(v: Float32Array | number[]): Float32Array {
-  // toArray() is a view of the values; Float32Array.from would copy through Arrow's per-element
-  // iterator (about 1 ms for 40 vectors).
-  return v instanceof Float32Array ? v : (v as unknown as { toArray(): Float32Array }).toArray();
-}
-
 type CandidateRow = StoredMemory & Pick<MemoryRow, "vector">;
 
 /** The row itself is the memory: Arrow decodes a field when it is read, and most candidates lose. */
 function candidateOf(row: CandidateRow, scores: { vectorScore?: number; textScore?: number }): StoredCandidate {
-  return { id: row.id, vector: vectorOf(row.vector), createdMs: Number(row.created), evergreen: Boolean(row.evergreen), memory: row, ...scores };
+  // LanceDB returns each vector as an Arrow vector over the batch's values; toArray() is a view
+  // of them (Float32Array.from would copy through Arrow's per-element iterator: about 1 ms for 40).
+  const vector = row.vector instanceof Float32Array ? row.vector : (row.vector as unknown as { toArray(): Float32Array }).toArray();
+  return { id: row.id, vector, createdMs: Number(row.created), evergreen: Boolean(row.evergreen), memory: row, ...scores };
 }
