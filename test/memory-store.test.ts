@@ -178,6 +178,11 @@ describe("the memory store past its index threshold", () => {
     assert.equal((await again.stats()).rows, (await store.stats()).rows);
     assert.ok(!(await db.tableNames()).includes("memories_lhalfdone"), "the unfinished copy is dropped");
     assert.ok((await db.tableNames()).includes(active));
+    // An index this process did not build is watched too, once a compaction runs under it.
+    assert.equal(await again.indexServing(), null);
+    for (let part = 0; part < 2; part++) await again.add(scope("eve"), Array.from({ length: 50 }, (_, j) => memory(85_000 + part * 50 + j, "eve")), new Set());
+    await again.maintain();
+    assert.deepEqual(await again.indexServing(), { after: "a compaction", searches: 0, recall: undefined });
     again.close();
     db.close();
   });

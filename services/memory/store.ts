@@ -512,8 +512,9 @@ export class MemoryStore {
       this.logger.info(`building the vector index: ${rows} memories (${why})`);
       await this.buildVectorIndex(this.t);
       this.watchIndexAnew("a new index");
-    } else if (compacted && this.indexWatch) {
-      // A compaction rewrites fragments under the index, and that has spoiled it (watchIndex).
+    } else if (compacted && this.vectorIndex) {
+      // A compaction rewrites fragments under the index, and that has spoiled it (watchIndex);
+      // so also for an index an earlier process built.
       this.watchIndexAnew("a compaction");
     }
     await this.loadVectorIndex();
