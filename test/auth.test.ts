@@ -17,6 +17,7 @@ import { Status } from "../services/shared/errors.js";
 import { createClient, type ServiceClient } from "../services/shared/rpc.js";
 import { ChatSession, subscribeUntil } from "./helpers/session.js";
 import { startStack, waitFor, type Stack } from "./helpers/stack.js";
+import { tempDir } from "./helpers/tempdir.js";
 
 type Gateway = ServiceClient<(typeof GatewayService)["method"]>;
 
@@ -186,12 +187,10 @@ describe("memory follows the session's owner", () => {
 
 describe("the development key", () => {
   test("is made even when the keys file lives outside the data directory (--api-keys)", async (t) => {
-    const { mkdtemp, rm, stat: statFile } = await import("node:fs/promises");
-    const os = await import("node:os");
+    const { stat: statFile } = await import("node:fs/promises");
     const { ensureDevKey, ApiKeys } = await import("../services/shared/auth.js");
-    const dataDir = await mkdtemp(path.join(os.tmpdir(), "troupe-devkey-"));
-    const keysDir = await mkdtemp(path.join(os.tmpdir(), "troupe-keys-"));
-    t.after(() => Promise.all([dataDir, keysDir].map((dir) => rm(dir, { recursive: true, force: true }))));
+    const dataDir = await tempDir(t, "troupe-devkey-");
+    const keysDir = await tempDir(t, "troupe-keys-");
     const keysFile = path.join(keysDir, "keys.json");
     const dev = await ensureDevKey(dataDir, keysFile);
     assert.equal(dev.created, true);

@@ -3,7 +3,7 @@
 // routing changed by editing its file, and bad input refused with INVALID_ARGUMENT.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { mkdtemp, writeFile } from "node:fs/promises";
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
@@ -67,10 +67,11 @@ describe("normalisation (no processes)", () => {
 
 describe("delivered through the gateway", () => {
   let stack: Stack;
+  let dataDir: string;
   let routingFile: string;
   const routing = (doc: unknown) => writeFile(routingFile, JSON.stringify(doc));
   before(async () => {
-    const dataDir = await mkdtemp(path.join(os.tmpdir(), "troupe-inbound-"));
+    dataDir = await mkdtemp(path.join(os.tmpdir(), "troupe-inbound-"));
     routingFile = path.join(dataDir, "routing.json");
     await routing({
       session: { dmScope: "per-channel-peer", identityLinks: { alice: ["telegram:42", "discord:987"] } },
@@ -84,6 +85,8 @@ describe("delivered through the gateway", () => {
   });
   after(async () => {
     await stack?.stop();
+    // The stack removes only a data directory it made itself.
+    if (dataDir) await rm(dataDir, { recursive: true, force: true });
   });
 
   const deliver = (message: Inbound) => stack.gateway.deliver({ message });

@@ -11,6 +11,7 @@ import { createClient } from "../services/shared/rpc.js";
 import { containerName, instanceOf } from "../services/sandbox/fleet.js";
 import { exec } from "./helpers/sandbox.js";
 import { startStack, waitFor, type Stack } from "./helpers/stack.js";
+import { tempDir } from "./helpers/tempdir.js";
 
 const run = promisify(execFile);
 let stack: Stack;
@@ -130,11 +131,7 @@ describe("sandbox service", () => {
   });
 
   test("the reaper removes stopped and idle sandboxes of its own instance, and only those", async (t) => {
-    const { mkdtemp, rm } = await import("node:fs/promises");
-    const os = await import("node:os");
-    const path = await import("node:path");
-    const dataDir = await mkdtemp(path.join(os.tmpdir(), "troupe-reap-"));
-    t.after(() => rm(dataDir, { recursive: true, force: true }));
+    const dataDir = await tempDir(t, "troupe-reap-");
     const mine = instanceOf(dataDir);
     const other = `other${Date.now()}`;
     const orphan = (await run("docker", ["create", "--label", "troupe.owner=troupe-sandbox", "--label", `troupe.instance=${mine}`, "--label", "troupe.session=orphan", "troupe-sandbox:busybox", "true"])).stdout.trim();

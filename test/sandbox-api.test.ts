@@ -14,6 +14,7 @@ import { containerName, instanceOf } from "../services/sandbox/fleet.js";
 import { exec, type SandboxClient } from "./helpers/sandbox.js";
 import { ChatSession } from "./helpers/session.js";
 import { MAIN, startStack, waitFor, type Stack } from "./helpers/stack.js";
+import { tempDir } from "./helpers/tempdir.js";
 
 const run = promisify(execFile);
 type Sandbox = SandboxClient;
@@ -274,12 +275,11 @@ describe("sandbox abuse and accounting (runc)", () => {
     await stack?.stop();
   });
 
-  test("#2 thread bomb: held by the pids limit, killed at the timeout, the sandbox still answers", async () => {
+  test("#2 thread bomb: held by the pids limit, killed at the timeout, the sandbox still answers", async (t) => {
     // A real pthread bomb, compiled here and written into the workspace (busybox has no threads).
-    const { mkdtemp, readFile, writeFile, rm } = await import("node:fs/promises");
-    const os = await import("node:os");
+    const { readFile, writeFile } = await import("node:fs/promises");
     const path = await import("node:path");
-    const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-threads-"));
+    const dir = await tempDir(t, "troupe-threads-");
     const src = path.join(dir, "bomb.c");
     await writeFile(
       src,
@@ -287,7 +287,6 @@ describe("sandbox abuse and accounting (runc)", () => {
     );
     await run("gcc", ["-static", "-O2", "-pthread", "-o", path.join(dir, "bomb"), src]);
     await sandbox.writeFile({ sessionId: "abuse-threads", path: "bomb", data: await readFile(path.join(dir, "bomb")), mode: 0o755 });
-    await rm(dir, { recursive: true, force: true });
     const r = await exec(sandbox, "abuse-threads", "./bomb", { timeoutMs: 3000 });
     const threads = Number(/threads=(\d+)/.exec(r.out)?.[1]);
     assert.ok(threads > 0 && threads < 256, `the pids limit stopped it at ${threads} threads`);

@@ -3,7 +3,7 @@
 // the scripted model. Operator files (agents/, a hooks plugin) are written before the stack starts.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { mkdir, mkdtemp, readFile, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import * as grpc from "@grpc/grpc-js";
@@ -72,6 +72,8 @@ before(async () => {
 
 after(async () => {
   await stack?.stop();
+  // The stack removes only a data directory it made itself.
+  if (dataDir) await rm(dataDir, { recursive: true, force: true });
 });
 
 async function open(agentId = "main", sessionId = ""): Promise<ChatSession> {

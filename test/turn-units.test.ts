@@ -4,8 +4,7 @@
 import { describe, test, type TestContext } from "node:test";
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
-import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
-import os from "node:os";
+import { mkdir, readFile, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { create } from "@bufbuild/protobuf";
 import * as o200k from "gpt-tokenizer/encoding/o200k_base";
@@ -22,13 +21,10 @@ import { retryAfter } from "../services/runner/model.js";
 import { scanForInjection } from "../services/runner/safety.js";
 import { TokenCounter, familyOf } from "../services/runner/tokens.js";
 import { MISSING_RESULT, compactionCut, fitNewestFirst, sanitise } from "../services/runner/transcript.js";
+import { tempDir } from "./helpers/tempdir.js";
 
-/** A workspace directory for one test, removed when the test ends, whether it passed or not. */
-async function contextDir(t: TestContext): Promise<string> {
-  const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-ctx-"));
-  t.after(() => rm(dir, { recursive: true, force: true }));
-  return dir;
-}
+/** A workspace directory for one test. */
+const contextDir = (t: TestContext) => tempDir(t, "troupe-ctx-");
 
 let n = 0;
 const msg = (role: Role, text: string, extra: Omit<Partial<ChatMessage>, "$typeName"> = {}): ChatMessage => create(ChatMessageSchema, { id: `m${++n}`, role, text, ...extra } as never);
