@@ -8,7 +8,8 @@
 // vectors are made beforehand), then hybrid search + MMR (vector and full-text candidates, fusion,
 // decay, MMR, k = 10) p50 and p95 for searches scoped to one owner (as the runner's are) and for
 // tenant-wide searches, each with the recall@10 of its vector candidates (the path the store
-// chose: the index once the table passes its threshold) against exact search on the same data and
+// chose: past the table's index threshold, the index, or exact search for a scope its watch of
+// the index found cheaper to search exactly) against exact search on the same data and
 // scope (bypassVectorIndex). Latencies are taken after a first pass of other queries over the same
 // scopes (measure() says why); the first pass's p50 is printed beside them. Separately, the MMR
 // stage alone over 100 candidates.
@@ -161,6 +162,21 @@ for (const size of SIZES) {
     };
     const scoped = await measure(QUERIES, (q) => `tenant = 'bench' AND owner = ${sqlString(`o${q % OWNERS}`)}`);
     const wide = await measure(Math.min(QUERIES, 100), () => "tenant = 'bench'");
+    // The store chose between exact search and the index for the owners' scopes by timings its
+    // watch took in the background, beside the first pass: both paths again here, vector search
+    // alone, query by query in alternating order, to show whether it chose well.
+    const paths = { exact: [] as number[], index: [] as number[] };
+    if (indexed) {
+      for (let q = 0; q < 50; q++) {
+        const where = `tenant = 'bench' AND owner = ${sqlString(`o${q % OWNERS}`)}`;
+        const vector = around(Math.floor(rand() * TOPICS), 0.1);
+        for (const path of q % 2 === 0 ? (["exact", "index"] as const) : (["index", "exact"] as const)) {
+          const p0 = performance.now();
+          await store.vectorCandidates(where, vector, 40, path);
+          paths[path].push(performance.now() - p0);
+        }
+      }
+    }
     const e0 = performance.now();
     await store.vectorCandidates("tenant = 'bench'", around(0, 0.1), 10, "exact");
     const exactWideMs = performance.now() - e0;
@@ -175,7 +191,11 @@ for (const size of SIZES) {
         `one owner's scope (${size / OWNERS} rows): hybrid search + MMR p50 ${f.p50.toFixed(2)} ms p95 ${f.p95.toFixed(2)} ms (first pass p50 ${f.firstP50.toFixed(2)} ms), recall@10 ${f.scopedRecall10.toFixed(3)}; ` +
         `tenant-wide: p50 ${f.wideP50.toFixed(2)} ms, recall@10 ${f.wideRecall10.toFixed(3)} (one exact vector search of the tenant: ${f.exactWideMs.toFixed(0)} ms); ` +
         `table: ${layout.layoutRows} of ${layout.rows} rows in scope order, vector index over ${layout.indexedRows} rows in ${layout.indexParts} part(s)` +
-        (serving ? `; the store's own check of its first ${serving.searches} searches since ${serving.after}: recall@10 ${serving.recall?.toFixed(3) ?? "-"}` : ""),
+        (serving
+          ? `; the store's own check of its first ${serving.searches} searches since ${serving.after}: recall@10 ${serving.tried.map((t) => `${t.recall?.toFixed(3) ?? "-"} at ${t.probeScale}x`).join(", ")} the probe rule's count; ` +
+            `it serves at ${serving.probeScale}x and searches scopes of up to ${serving.exactUpTo} rows exactly`
+          : "") +
+        (indexed ? `; an owner's scope, vector search alone, both paths alternating: exact p50 ${median(paths.exact).toFixed(2)} ms, index p50 ${median(paths.index).toFixed(2)} ms` : ""),
     );
   } finally {
     await rm(dir, { recursive: true, force: true });

@@ -9,7 +9,7 @@ import os from "node:os";
 import path from "node:path";
 import * as lancedb from "@lancedb/lancedb";
 import { arrowTable } from "../services/memory/columns.js";
-import { MEMORY_COLUMNS, MemoryStore, activeTable, newMemoryRow, schemaFor, sqlString, TABLE, type MemoryRow, type StoredMemory } from "../services/memory/store.js";
+import { MEMORY_COLUMNS, MemoryStore, activeTable, newMemoryRow, planFrom, schemaFor, sqlString, subVectorsFor, TABLE, type MemoryRow, type StoredMemory } from "../services/memory/store.js";
 import { createLogger, type Logger } from "../services/shared/log.js";
 
 const DIM = 32;
@@ -146,11 +146,16 @@ describe("the memory store past its index threshold", () => {
     assert.equal(serving.searches, 32, "the first 32 searches through the index were checked, and no more");
     assert.ok(serving.recall !== undefined && serving.recall >= 0.95, `the store's own recall@10 figure ${serving.recall}`);
     assert.equal(serving.after, "a new index");
+    // It serves at the fewest probes it tried that kept the recall, and tried them all on each search.
+    assert.deepEqual(serving.tried.map((t) => t.probeScale), [1, 2, 4, 8]);
+    assert.equal(serving.probeScale, serving.tried.find((t) => (t.recall ?? 0) >= 0.95)?.probeScale);
+    assert.ok(serving.exactUpTo >= TUNING.exactScopeRows);
     // A compaction rewrites fragments under the index (which can spoil it): the index is watched again.
     for (let part = 0; part < 2; part++) await store.add(scope("ana"), Array.from({ length: 50 }, (_, j) => memory(80_000 + part * 50 + j, "ana")), new Set());
     await store.maintain();
     const rewatched = await store.indexServing();
     assert.deepEqual([rewatched?.searches, rewatched?.after], [0, "a compaction"]);
+    assert.deepEqual([rewatched?.probeScale, rewatched?.exactUpTo], [serving.probeScale, serving.exactUpTo], "the last plan serves until the new watch decides");
     await store.vectorCandidates(scope("ben"), around(1, 0.1), 40);
     assert.equal((await store.indexServing())?.searches, 1, "the next search through the index is checked");
     // A scope under exactScopeRows: the exact path, so the same list as exact search, in order.
@@ -178,17 +183,19 @@ describe("the memory store past its index threshold", () => {
     assert.equal((await again.stats()).rows, (await store.stats()).rows);
     assert.ok(!(await db.tableNames()).includes("memories_lhalfdone"), "the unfinished copy is dropped");
     assert.ok((await db.tableNames()).includes(active));
-    // An index this process did not build is watched too, once a compaction runs under it.
-    assert.equal(await again.indexServing(), null);
+    // An index an earlier process built is watched from the start (the plan is not stored), and
+    // again once a compaction runs under it.
+    const unknown = [1, 2, 4, 8].map((probeScale) => ({ probeScale, recall: undefined }));
+    assert.deepEqual(await again.indexServing(), { after: "the store opened", searches: 0, recall: undefined, tried: unknown, probeScale: 1, exactUpTo: TUNING.exactScopeRows });
     for (let part = 0; part < 2; part++) await again.add(scope("eve"), Array.from({ length: 50 }, (_, j) => memory(85_000 + part * 50 + j, "eve")), new Set());
     await again.maintain();
-    assert.deepEqual(await again.indexServing(), { after: "a compaction", searches: 0, recall: undefined });
+    assert.deepEqual(await again.indexServing(), { after: "a compaction", searches: 0, recall: undefined, tried: unknown, probeScale: 1, exactUpTo: TUNING.exactScopeRows });
     again.close();
     db.close();
   });
 });
 
-test("a vector index whose first searches find too little of what exact search finds is reported, and goes on serving", async (t) => {
+test("a vector index whose first searches find too little of what exact search finds at any probe count tried is reported, and goes on serving at the most", async (t) => {
   const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-memory-store-"));
   const warnings: string[] = [];
   const watched: Logger = { ...logger, warn: (m) => warnings.push(m) };
@@ -208,8 +215,9 @@ test("a vector index whose first searches find too little of what exact search f
   const served = await store.vectorCandidates(scope("fay"), vector, 10);
   const serving = await store.indexServing();
   assert.ok(serving && serving.searches === 32 && serving.recall !== undefined && serving.recall > 0.8, JSON.stringify(serving));
+  assert.equal(serving.probeScale, 8, "no scale reached the recall: the most probes tried");
   assert.equal(warnings.length, 1);
-  assert.match(warnings[0], /^the vector index serves recall@10 [01]\.\d{3} against exact search on its first 32 searches since a new index, below 1\.01/);
+  assert.match(warnings[0], /^the vector index served recall@10 [01]\.\d{3} at 1x, [01]\.\d{3} at 2x, [01]\.\d{3} at 4x, [01]\.\d{3} at 8x the probe rule's count against exact search on its first 32 searches since a new index; probing 8x from now .*; no probe count tried reached 1\.01/);
   // It still serves: the search went through it and found the nearest memories.
   const exact = await store.vectorCandidates(scope("fay"), vector, 10, "exact");
   assert.equal(served.length, 10);
@@ -217,6 +225,29 @@ test("a vector index whose first searches find too little of what exact search f
   // Searches past the first 32 are not checked.
   await store.vectorCandidates(scope("gus"), vector, 40);
   assert.equal((await store.indexServing())?.searches, 32);
+});
+
+test("a watch's figures decide the plan: the fewest probes that keep the recall, and exact search where it costs less than the index", () => {
+  // 100 of exact search's top-ten memories; found at 1x, 2x, 4x and 8x the probe rule's count.
+  const figures = { hits: [88, 93, 99, 100], total: 100, indexedMs: [[10, 12, 11], [15, 14, 16], [21, 20, 22], [30, 31, 29]], exactMsPerRow: [0.001, 0.002, 0.0015] };
+  const tuning = { minIndexRecall: 0.95, exactScopeRows: 2000 };
+  // 4x is the first to reach 0.95; its median search takes 21 ms, and exact search 1.5 ms per
+  // 1,000 rows: scopes of up to 14,000 rows are cheaper to search exactly.
+  assert.deepEqual(planFrom(figures, tuning), { plan: { probeScale: 4, exactUpTo: 14_000 }, met: true, recalls: [0.88, 0.93, 0.99, 1], indexedMs: 21, exactMsPerRow: 0.0015 });
+  assert.deepEqual(planFrom(figures, { ...tuning, minIndexRecall: 0.9 }).plan, { probeScale: 2, exactUpTo: 10_000 });
+  // No scale reaches it: the most probes, and the caller warns.
+  const short = planFrom(figures, { ...tuning, minIndexRecall: 1.01 });
+  assert.deepEqual([short.plan.probeScale, short.met], [8, false]);
+  // Rows spread in write order make exact search dear: only the configured small scopes go exact.
+  assert.equal(planFrom({ ...figures, exactMsPerRow: [0.012, 0.013, 0.011] }, tuning).plan.exactUpTo, 2000);
+  // Exact search measured nearly free still stops at the largest scope a watch checks.
+  assert.equal(planFrom({ ...figures, exactMsPerRow: [0, 0, 0] }, tuning).plan.exactUpTo, 100_000);
+});
+
+test("the vector index's PQ sub-vectors: about one per 4 dimensions, always a divisor of the dimension", () => {
+  assert.deepEqual([256, 1536, 384, 32].map(subVectorsFor), [64, 384, 96, 8]);
+  // Dimensions a quarter of which does not divide: the next smaller divisor.
+  assert.deepEqual([30, 7, 3, 1].map(subVectorsFor), [6, 1, 1, 1]);
 });
 
 test("rows become Arrow columns of the schema's types; a row missing a column or with a vector of the wrong size is refused", () => {

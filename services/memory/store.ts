@@ -7,7 +7,9 @@
 //   in the middle leaves the table at its previous version.
 // - Equal texts in one scope are stored once (content_hash of the normalised text).
 // - A vector index (IVF_PQ) is built once the table passes INDEX_THRESHOLD rows; below it every
-//   search is exact, and so is a search of a small scope after it. The full-text index is made
+//   search is exact, and so is a search of a small scope after it. The store checks the index's
+//   first searches against exact search and serves by what they show (watchIndex): the probes
+//   that keep the recall, and exact search where it is cheaper. The full-text index is made
 //   with the table; rows added since the last optimize() are searched without the index until
 //   the next one, which runs every few writes.
 // - Past the threshold, the table is rewritten in scope order from time to time (layout.ts), and
@@ -89,9 +91,13 @@ export const INDEX_THRESHOLD = 100_000;
 export interface StoreTuning {
   /** Rows from which the table gets a vector index and is kept in scope order. */
   indexThreshold: number;
-  /** Scopes up to this size are searched exactly (vectorCandidates says why). */
+  /** Scopes up to this size are always searched exactly (vectorCandidates says why). */
   exactScopeRows: number;
-  /** A vector index whose first searches find less of exact search's top ten than this is reported (watchIndex). */
+  /**
+   * The recall@10 against exact search that searches through the vector index are to keep: the
+   * store probes as many partitions as its watch of the index found this needs, and reports an
+   * index that no probe count it tries brings this far (watchIndex).
+   */
   minIndexRecall: number;
 }
 const DEFAULT_TUNING: StoreTuning = { indexThreshold: INDEX_THRESHOLD, exactScopeRows: 2_000, minIndexRecall: 0.95 };
@@ -122,8 +128,12 @@ const MAINTAIN_INTERVAL_MS = 30_000;
 const PROBE_ROWS_FACTOR = 5;
 const MIN_PROBES = 20;
 const REFINE_FACTOR = 10;
+/** Dimensions per PQ sub-vector of the vector index (buildVectorIndex says why 4). */
+const SUB_VECTOR_DIMS = 4;
 /** The first searches through a new (or newly compacted) vector index that are checked against exact search (watchIndex). */
 const INDEX_WATCH_SEARCHES = 32;
+/** The probe counts a watch tries, as multiples of the probe rule's (indexedSearch). */
+const PROBE_SCALES = [1, 2, 4, 8] as const;
 /** Larger scopes are not checked: an exact search of one costs a second or more at a million memories. */
 const INDEX_WATCH_MAX_SCOPE = 100_000;
 /**
@@ -317,6 +327,8 @@ export class MemoryStore {
   private relayoutFailedAt = 0;
   /** How the vector index in use has served its first searches, against exact search (watchIndex). */
   private indexWatch?: IndexWatch;
+  /** How vector searches are served, as the last watch of the index decided (watchIndex). */
+  private plan: SearchPlan;
 
   private constructor(
     private readonly db: lancedb.Connection,
@@ -326,6 +338,7 @@ export class MemoryStore {
     private readonly tuning: StoreTuning,
   ) {
     this.schema = schemaFor(dim);
+    this.plan = { probeScale: 1, exactUpTo: tuning.exactScopeRows };
   }
 
   static async open(uri: string, storageOptions: Record<string, string>, embedder: string, dim: number, logger: Logger, tuning: Partial<StoreTuning> = {}): Promise<MemoryStore> {
@@ -361,6 +374,9 @@ export class MemoryStore {
     }
     this.layoutRows = Number(meta.get(LAYOUT_ROWS_KEY) ?? 0);
     await this.loadVectorIndex();
+    // How an index an earlier process built serves is not known here (the plan is not stored):
+    // its first searches decide again.
+    if (this.vectorIndex) this.watchIndexAnew("the store opened");
     this.approxRows = await this.t.countRows();
   }
 
@@ -525,8 +541,8 @@ export class MemoryStore {
    *
    * 1. From here on, the writer notes every id it adds, updates or deletes.
    * 2. The table, checked out at its current version, is copied in scope order into a new one,
-   *    which gets its full-text, scalar and vector indexes. Searches and writes use the old
-   *    table meanwhile.
+   *    which is compacted and then gets its full-text, scalar and vector indexes. Searches and
+   *    writes use the old table meanwhile.
    * 3. In the writer's queue (no write in flight): the noted ids are carried over (rows that
    *    exist now are upserted into the copy, the others deleted from it), then the pointer moves
    *    to the copy in one commit with the row count of this rewrite.
@@ -547,6 +563,9 @@ export class MemoryStore {
       const { table, rows } = await copyInScopeOrder(this.db, snapshot, name, this.schema);
       snapshot.close();
       copy = table;
+      // The next maintenance would merge the copy's fragments anyway, and a compaction under a
+      // vector index left it serving worse (buildVectorIndex): compact first, then index.
+      await copy.optimize({ cleanupOlderThan: new Date() });
       await indexNewTable(copy, rows);
       if (rows >= this.tuning.indexThreshold) await this.buildVectorIndex(copy);
       const switched = copy;
@@ -605,65 +624,106 @@ export class MemoryStore {
     this.retireTimers.add(timer);
   }
 
+  /**
+   * IVF_PQ with one PQ code byte per 4 dimensions (SUB_VECTOR_DIMS). With a byte per 8, the index
+   * over bench/memory's million memories, compacted into one fragment, served an owner's scope
+   * recall@10 0.853 and the tenant 0.800 at the probe rule's 20 probes, and more probes did not
+   * save the tenant's searches (0.995 and 0.850 at 40: the codes were too coarse to rank a
+   * topic's memories; a refine factor of 50 gave 0.997, at 103 ms). Built with a byte per 4 over
+   * the same table: 0.990 and 1.000 at 20 probes (9.2 and 20.4 ms). Builds vary (the bench's
+   * since found 0.875 to 0.897 of an owner's top ten at 20 probes, 1.000 at 40, which the watch
+   * takes care of), but the tenant's searches stayed at 0.998 to 1.000. The cost is the build
+   * (188 to 222 s against 99 to 127 s at a million, on 2 cores) and 64 bytes of index per 256-d
+   * memory instead of 32.
+   */
   private async buildVectorIndex(table: lancedb.Table): Promise<void> {
     const rows = await table.countRows();
     const t0 = Date.now();
     await table.createIndex("vector", {
-      config: lancedb.Index.ivfPq({ distanceType: "cosine", numPartitions: partitionsFor(rows), numSubVectors: Math.max(1, Math.floor(this.dim / 8)) }),
+      config: lancedb.Index.ivfPq({ distanceType: "cosine", numPartitions: partitionsFor(rows), numSubVectors: subVectorsFor(this.dim) }),
       replace: true,
     });
     this.logger.info(`built the vector index over ${rows} memories in ${Date.now() - t0} ms`);
   }
 
-  /** The vector index in use is new or was compacted under: its next searches are watched (watchIndex). */
+  /** The vector index in use is new, was compacted under or was opened: its next searches are watched (watchIndex). */
   private watchIndexAnew(after: string): void {
-    this.indexWatch = { after, taken: 0, searches: 0, hits: 0, total: 0, checks: Promise.resolve() };
+    const perScale = () => PROBE_SCALES.map(() => [] as number[]);
+    this.indexWatch = { after, taken: 0, searches: 0, hits: PROBE_SCALES.map(() => 0), total: 0, indexedMs: perScale(), exactMsPerRow: [], checks: Promise.resolve() };
   }
 
   /**
-   * Checks one of the first INDEX_WATCH_SEARCHES searches through the vector index since it was
-   * built or last compacted under against exact search of the same scope, in the background and
-   * one at a time; once all are checked, an index whose top ten held less than
-   * tuning.minIndexRecall of exact search's is reported with a warning.
+   * Takes one of the first INDEX_WATCH_SEARCHES searches of a scope past tuning.exactScopeRows
+   * since the vector index was built, compacted under or opened, and checks it in the background,
+   * one at a time: exact search of the scope, timed, then the same search through the index at
+   * each of PROBE_SCALES times the probe rule's count, timed, with how many of exact search's top
+   * ten each found. Once all are checked the store serves by what they showed (decidePlan): the
+   * fewest probes that keep tuning.minIndexRecall, and exact search for scopes it found cheaper
+   * to search that way.
    *
-   * Why: an index can serve far worse than its build promised, and nothing LanceDB reports says
-   * so. At a million memories in bench/memory, an IVF_PQ index over the table compacted into one
-   * fragment served recall@10 0.83 to 0.90 in an owner's scope (0.997 over the same rows in 20
-   * fragments of 50,000), at two and a half to four times the latency, whether the compaction
-   * came before the build or after it; rebuilding changed nothing (three builds: 0.831, 0.881,
-   * 0.881). A check at build time with stored memories' own vectors as queries told nothing
-   * either (1.000 through such an index). The searches the index is actually asked are what tells.
+   * Why the store measures rather than trusts its rules: an index can serve far worse than its
+   * build promised, and nothing LanceDB reports says so. At a million memories in bench/memory,
+   * an IVF_PQ index over the table compacted into one fragment served recall@10 0.83 to 0.90 in
+   * an owner's scope at the rule's 20 probes (0.997 over the same rows in 20 fragments of
+   * 50,000), whether the compaction came before the build or after it; rebuilding changed
+   * nothing (three builds: 0.831, 0.881, 0.881), 100 probes gave 0.998. A check at build time
+   * with stored memories' own vectors as queries told nothing either (1.000 through such an
+   * index). And whether exact search of a scope beats the index depends on how the table lies:
+   * 9.5 ms for an owner's 10,000 rows in scope order, 100 to 150 ms with the same rows spread in
+   * write order. The searches the index is actually asked, timed on the table as it is, tell both.
    */
-  private watchIndex(table: lancedb.Table, scopeWhere: string, scopeRows: number, vector: Float32Array, served: readonly { id: string }[]): void {
+  private watchIndex(table: lancedb.Table, scopeWhere: string, scopeRows: number, vector: Float32Array, limit: number): void {
     const watch = this.indexWatch;
-    if (!watch || watch.taken >= INDEX_WATCH_SEARCHES || scopeRows > INDEX_WATCH_MAX_SCOPE || served.length < 10) return;
+    const index = this.vectorIndex;
+    if (!watch || !index || watch.taken >= INDEX_WATCH_SEARCHES || scopeRows > INDEX_WATCH_MAX_SCOPE) return;
     watch.taken++;
-    const top = new Set(served.slice(0, 10).map((r) => r.id));
     const query = Float32Array.from(vector);
+    const timed = async (q: lancedb.VectorQuery, rows: number) => {
+      const t0 = performance.now();
+      const found = (await q.select(["id", "_distance"]).limit(rows).toArray()) as { id: string }[];
+      return { ids: found.map((r) => r.id), ms: performance.now() - t0 };
+    };
     watch.checks = watch.checks
       .then(async () => {
         if (this.closed || this.indexWatch !== watch) return;
-        const exact = (await exactSearch(table, scopeWhere, query).select(["id", "_distance"]).limit(10).toArray()) as { id: string }[];
-        watch.hits += exact.filter((r) => top.has(r.id)).length;
-        watch.total += exact.length;
-        if (++watch.searches < INDEX_WATCH_SEARCHES) return;
-        const recall = recallOf(watch) ?? 1;
-        const served = `the vector index serves recall@10 ${recall.toFixed(3)} against exact search on its first ${watch.searches} searches since ${watch.after}`;
-        if (recall >= this.tuning.minIndexRecall) this.logger.info(served);
-        else this.logger.warn(`${served}, below ${this.tuning.minIndexRecall}: searches find fewer of the nearest memories than they should (docs/memory.md)`);
+        const exact = await timed(exactSearch(table, scopeWhere, query), 10);
+        watch.exactMsPerRow.push(exact.ms / scopeRows);
+        for (const [i, scale] of PROBE_SCALES.entries()) {
+          const served = await timed(indexedSearch(table, scopeWhere, query, limit, index.partitions, scopeRows, scale), limit);
+          const top = new Set(served.ids.slice(0, 10));
+          watch.hits[i] += exact.ids.filter((id) => top.has(id)).length;
+          watch.indexedMs[i].push(served.ms);
+        }
+        watch.total += exact.ids.length;
+        if (++watch.searches === INDEX_WATCH_SEARCHES) this.decidePlan(watch);
       })
       .catch((err: unknown) => this.logger.warn("could not check a search of the vector index against exact search", { error: String((err as Error)?.message ?? err) }));
   }
 
+  /** Serves by what a finished watch measured (planFrom), and says so in the log. */
+  private decidePlan(watch: IndexWatch): void {
+    const { plan, met, recalls, indexedMs, exactMsPerRow } = planFrom(watch, this.tuning);
+    this.plan = plan;
+    const tried = PROBE_SCALES.map((scale, i) => `${recalls[i].toFixed(3)} at ${scale}x`).join(", ");
+    const verdict =
+      `the vector index served recall@10 ${tried} the probe rule's count against exact search on its first ${watch.searches} searches since ${watch.after}; ` +
+      `probing ${plan.probeScale}x from now (p50 ${indexedMs.toFixed(1)} ms), and searching scopes of up to ${plan.exactUpTo} rows exactly (${(exactMsPerRow * 1000).toFixed(2)} ms per 1,000 rows)`;
+    if (met) this.logger.info(verdict);
+    else this.logger.warn(`${verdict}; no probe count tried reached ${this.tuning.minIndexRecall}: searches find fewer of the nearest memories than they should (docs/memory.md)`);
+  }
+
   /**
-   * How the vector index in use has served since it was built or last compacted under, once the
-   * checks of its searches so far are done: null before any index.
+   * How the vector index in use serves, once the checks of its searches so far are done: what
+   * began its watch, the searches checked, their recall@10 at the probe scale now used and at each
+   * scale tried, and the plan (probe scale, largest scope searched exactly). Null before any index.
    */
-  async indexServing(): Promise<{ after: string; searches: number; recall: number | undefined } | null> {
+  async indexServing(): Promise<IndexServing | null> {
     const watch = this.indexWatch;
     if (!watch) return null;
     await watch.checks;
-    return { after: watch.after, searches: watch.searches, recall: recallOf(watch) };
+    const tried = PROBE_SCALES.map((probeScale, i) => ({ probeScale, recall: recallOf(watch, i) }));
+    const recall = tried.find((t) => t.probeScale === this.plan.probeScale)?.recall;
+    return { after: watch.after, searches: watch.searches, recall, tried, ...this.plan };
   }
 
   /** The vector index's statistics, if it exists. */
@@ -797,31 +857,38 @@ export class MemoryStore {
 
   /**
    * The vector search's candidates: nearest first, with cosine similarity. The path is chosen per
-   * query from the scope's size (`"exact"` forces exact search, the ground truth of the bench):
+   * query from the scope's size and the store's plan (`"exact"` forces exact search, the ground
+   * truth of the bench; `"index"` the index, once there is one, at the plan's probes):
    *
-   * - No vector index yet, or a scope of at most tuning.exactScopeRows rows (2,000): exact. Each of the scope's
-   *   rows is read and compared; a small scope costs little, and an index probe would meet too few
-   *   of its rows to fill the pool.
+   * - No vector index yet, or a scope of at most tuning.exactScopeRows rows (2,000): exact. Each of
+   *   the scope's rows is read and compared; a small scope costs little, and an index probe would
+   *   meet too few of its rows to fill the pool.
+   * - A larger scope that the last watch of the index found cheaper to search exactly (plan.exactUpTo):
+   *   exact too.
    * - Otherwise the IVF_PQ index, with the scope as a prefilter, probing enough partitions to meet
-   *   about PROBE_ROWS_FACTOR times the limit of the scope's rows (at least MIN_PROBES), and the
-   *   best limit * REFINE_FACTOR re-scored on their full vectors, so distances are exact.
+   *   about PROBE_ROWS_FACTOR times the limit of the scope's rows (at least MIN_PROBES), times the
+   *   probe scale the watch found to keep the recall (plan.probeScale), and the best
+   *   limit * REFINE_FACTOR re-scored on their full vectors, so distances are exact.
    *
-   * Why not exact for every scope: the scope's rows lie wherever they were written, and an exact
-   * search reads each one on its own (measured at 1M memories, one owner's 10,000: 10,000 reads,
-   * 100 to 150 ms). Through the index the same search took 7 ms with recall@10 0.998 against
-   * exact (20 probes, refine 5). The refine factor decides recall more than the probes do: for
-   * the whole tenant, refine 5 gave 0.927 and refine 10 0.990, at 20 probes or 40, for 2 ms more.
-   * LanceDB's own answer to narrow filters, maximumNprobes(0) (probe until the limit is met), took
-   * 108 ms there, so the probe count is computed here instead.
+   * Why not exact for every scope: in a table left in write order, an exact search reads each of
+   * the scope's rows on its own (measured at 1M memories, one owner's 10,000: 10,000 reads, 100
+   * to 150 ms), and through the index the same search took 7 ms with recall@10 0.998 against
+   * exact (20 probes, refine 5). In a table rewritten in scope order the same exact search took
+   * 9.5 ms: which path is cheaper depends on the table's layout, so the watch measures it. The
+   * refine factor decides recall more than the probes do on a good index: for the whole tenant,
+   * refine 5 gave 0.927 and refine 10 0.990, at 20 probes or 40, for 2 ms more. LanceDB's own
+   * answer to narrow filters, maximumNprobes(0) (probe until the limit is met), took 108 ms there,
+   * so the probe count is computed here instead.
    */
-  async vectorCandidates(scopeWhere: string, vector: Float32Array, limit: number, path: "auto" | "exact" = "auto"): Promise<StoredCandidate[]> {
+  async vectorCandidates(scopeWhere: string, vector: Float32Array, limit: number, path: "auto" | "exact" | "index" = "auto"): Promise<StoredCandidate[]> {
     const scopeRows = path === "exact" || !this.vectorIndex ? 0 : await this.scopeRows(scopeWhere);
     const table = this.t;
     const index = this.vectorIndex;
-    const indexed = index !== undefined && scopeRows > this.tuning.exactScopeRows;
-    const q = indexed ? indexedSearch(table, scopeWhere, vector, limit, index.partitions, scopeRows) : exactSearch(table, scopeWhere, vector);
+    const { probeScale, exactUpTo } = this.plan;
+    const indexed = index !== undefined && (path === "index" || scopeRows > exactUpTo);
+    const q = indexed ? indexedSearch(table, scopeWhere, vector, limit, index.partitions, scopeRows, probeScale) : exactSearch(table, scopeWhere, vector);
     const rows = (await q.limit(limit).select([...CANDIDATE_COLUMNS, "_distance"]).toArray()) as (CandidateRow & { _distance: number })[];
-    if (indexed) this.watchIndex(table, scopeWhere, scopeRows, vector, rows);
+    if (scopeRows > this.tuning.exactScopeRows) this.watchIndex(table, scopeWhere, scopeRows, vector, limit);
     return rows.map((r) => candidateOf(r, { vectorScore: 1 - Number(r._distance) }));
   }
 
@@ -883,32 +950,80 @@ async function retryConflicts<T>(fn: () => Promise<T>, attempts: number): Promis
   }
 }
 
+/** PQ sub-vectors for vectors of `dim` dimensions: about one per SUB_VECTOR_DIMS, a divisor of dim (as LanceDB requires). */
+export function subVectorsFor(dim: number): number {
+  for (let n = Math.max(1, Math.floor(dim / SUB_VECTOR_DIMS)); n > 1; n--) if (dim % n === 0) return n;
+  return 1;
+}
+
 /** IVF partitions for an index over this many rows: LanceDB's default, the square root. */
 const partitionsFor = (rows: number): number => Math.max(1, Math.round(Math.sqrt(rows)));
 
+/** What a watch of the vector index measured (MemoryStore.watchIndex). */
+export interface WatchFigures {
+  /** Per probe scale (PROBE_SCALES): hits in exact search's top tens, and each search's time. */
+  hits: number[];
+  indexedMs: number[][];
+  /** The size of exact search's top tens, and each exact search's time per row of its scope. */
+  total: number;
+  exactMsPerRow: number[];
+}
+
 /** The checks of a vector index's first searches (MemoryStore.watchIndex). */
-interface IndexWatch {
-  /** What began this watch: a new index, or a compaction under it. */
+interface IndexWatch extends WatchFigures {
+  /** What began this watch: a new index, a compaction under it, the store's start. */
   after: string;
-  /** Searches taken for checking, and those checked so far, with the hits and size of exact search's top tens. */
+  /** Searches taken for checking, and those checked so far. */
   taken: number;
   searches: number;
-  hits: number;
-  total: number;
   /** The checks, one after another. */
   checks: Promise<void>;
 }
 
-/** The share of exact search's top tens the checked searches found: none before a check. */
-const recallOf = (watch: IndexWatch): number | undefined => (watch.total === 0 ? undefined : watch.hits / watch.total);
+/** How vector searches are served (planFrom). */
+export interface SearchPlan {
+  /** Partitions probed, as a multiple of the probe rule's count (PROBE_SCALES). */
+  probeScale: number;
+  /** Scopes of up to this many rows are searched exactly. */
+  exactUpTo: number;
+}
+
+export type IndexServing = { after: string; searches: number; recall: number | undefined; tried: { probeScale: number; recall: number | undefined }[] } & SearchPlan;
+
+/**
+ * The plan a finished watch's figures call for: the smallest probe scale whose recall@10 reached
+ * tuning.minIndexRecall (the largest tried if none did: `met` false), and exact search for every
+ * scope it should take less time to search exactly than through the index at that scale, by the
+ * medians of the watch's timings (at least tuning.exactScopeRows rows, at most the largest scope
+ * a watch checks: exact search's cost is measured per row and may not stay linear far beyond).
+ */
+export function planFrom(figures: WatchFigures, tuning: Pick<StoreTuning, "minIndexRecall" | "exactScopeRows">): { plan: SearchPlan; met: boolean; recalls: number[]; indexedMs: number; exactMsPerRow: number } {
+  const recalls = PROBE_SCALES.map((_, i) => recallOf(figures, i) ?? 1);
+  const fit = recalls.findIndex((r) => r >= tuning.minIndexRecall);
+  const chosen = fit === -1 ? PROBE_SCALES.length - 1 : fit;
+  const indexedMs = median(figures.indexedMs[chosen]);
+  const exactMsPerRow = median(figures.exactMsPerRow);
+  const cheaperExact = exactMsPerRow > 0 ? Math.floor(indexedMs / exactMsPerRow) : INDEX_WATCH_MAX_SCOPE;
+  const exactUpTo = Math.min(INDEX_WATCH_MAX_SCOPE, Math.max(tuning.exactScopeRows, cheaperExact));
+  return { plan: { probeScale: PROBE_SCALES[chosen], exactUpTo }, met: fit !== -1, recalls, indexedMs, exactMsPerRow };
+}
+
+/** The share of exact search's top tens the checked searches found at one probe scale: none before a check. */
+const recallOf = (figures: WatchFigures, scale: number): number | undefined => (figures.total === 0 ? undefined : figures.hits[scale] / figures.total);
+
+const median = (xs: number[]): number => {
+  const sorted = [...xs].sort((a, b) => a - b);
+  return sorted[Math.floor(sorted.length / 2)] ?? 0;
+};
 
 /**
  * A search of a scope through the IVF_PQ index (vectorCandidates says why these figures): enough
- * partitions probed to meet about PROBE_ROWS_FACTOR times the limit of the scope's rows, the best
+ * partitions probed to meet about PROBE_ROWS_FACTOR times the limit of the scope's rows (at least
+ * MIN_PROBES), times the probe scale the store's watch of the index chose, and the best
  * limit * REFINE_FACTOR re-scored on their full vectors. The caller sets the limit and columns.
  */
-function indexedSearch(table: lancedb.Table, scopeWhere: string, vector: Float32Array, limit: number, partitions: number, scopeRows: number): lancedb.VectorQuery {
-  const probes = Math.min(partitions, Math.max(MIN_PROBES, Math.ceil((PROBE_ROWS_FACTOR * limit * partitions) / scopeRows)));
+function indexedSearch(table: lancedb.Table, scopeWhere: string, vector: Float32Array, limit: number, partitions: number, scopeRows: number, probeScale: number): lancedb.VectorQuery {
+  const probes = Math.min(partitions, probeScale * Math.max(MIN_PROBES, Math.ceil((PROBE_ROWS_FACTOR * limit * partitions) / scopeRows)));
   return table.vectorSearch(vector).distanceType("cosine").where(scopeWhere).nprobes(probes).refineFactor(REFINE_FACTOR);
 }
 
