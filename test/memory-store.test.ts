@@ -4,12 +4,12 @@
 // rows to Arrow columns.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdtemp, open, readdir, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import * as lancedb from "@lancedb/lancedb";
 import { arrowTable } from "../services/memory/columns.js";
-import { MEMORY_COLUMNS, MemoryStore, activeTable, newMemoryRow, planFrom, schemaFor, sqlString, subVectorsFor, TABLE, type MemoryRow, type StoredMemory } from "../services/memory/store.js";
+import { FILE_FORMAT, MEMORY_COLUMNS, MemoryStore, activeTable, newMemoryRow, planFrom, schemaFor, sqlString, subVectorsFor, TABLE, type MemoryRow, type StoredMemory } from "../services/memory/store.js";
 import { createLogger, type Logger } from "../services/shared/log.js";
 
 const DIM = 32;
@@ -35,6 +35,25 @@ function memory(i: number, owner: string): MemoryRow {
   return newMemoryRow({ id: `m${i}`, tenant: "t", owner, agent_id: "main", text: `memory ${i} on topic ${topic} of ${owner}`, vector: around(topic, 0.3), embedder: EMBEDDER });
 }
 
+/** The Lance file format of each of a table's data files ("2.1"), from the footer: major, minor (u16 LE), "LANC". */
+async function fileFormats(dir: string, table: string): Promise<Set<string>> {
+  const data = path.join(dir, `${table}.lance`, "data");
+  const formats = new Set<string>();
+  for (const name of await readdir(data)) {
+    const file = await open(path.join(data, name));
+    try {
+      const { size } = await file.stat();
+      const footer = Buffer.alloc(8);
+      await file.read(footer, 0, 8, size - 8);
+      assert.equal(footer.toString("latin1", 4), "LANC", `${name} ends as a Lance file`);
+      formats.add(`${footer.readUInt16LE(0)}.${footer.readUInt16LE(2)}`);
+    } finally {
+      await file.close();
+    }
+  }
+  return formats;
+}
+
 describe("the memory store past its index threshold", () => {
   let dir: string;
   let store: MemoryStore;
@@ -58,6 +77,8 @@ describe("the memory store past its index threshold", () => {
   test("the rewrite in scope order loses nothing written while it copies, and moves the table in use", async () => {
     const db = await lancedb.connect(dir);
     assert.equal(await activeTable(db), TABLE);
+    // LanceDB's default format makes reading whole rows several times slower (FILE_FORMAT).
+    assert.deepEqual(await fileFormats(dir, TABLE), new Set([FILE_FORMAT]), "the table the store made is in the store's file format");
     // A run started by the writes (which skips the large-table work while writes go on), then an
     // operator's "now": the second must not merely join the first.
     const byWrites = store.maintain({ vectorIndex: "when idle" });
@@ -80,6 +101,7 @@ describe("the memory store past its index threshold", () => {
     await maintenance;
     const active = await activeTable(db);
     assert.match(active, /^memories_l[0-9a-z]+$/, "the pointer names the rewritten table");
+    assert.deepEqual(await fileFormats(dir, active), new Set([FILE_FORMAT]), "the rewrite's copy is in the store's file format");
     const stats = await store.stats();
     assert.equal(stats.rows, ROWS + extra - 1, "every row, the racing adds included, and the one forgotten gone");
     assert.equal(stats.indexed, true, "the rewritten table has its vector index");

@@ -12,11 +12,10 @@
 //
 // A run that dies before step 4 leaves the old table in use and a partial new one, which the next
 // run drops. The history table is not touched: it holds texts, not vectors.
-import * as lancedb from "@lancedb/lancedb";
 import type { Logger } from "../shared/log.js";
 import type { Embedder } from "./embedder.js";
 import { arrowTable } from "./columns.js";
-import { MEMORY_COLUMNS, activeTable, indexNewTable, schemaFor, setActiveTable, type StoredMemory } from "./store.js";
+import { MEMORY_COLUMNS, activeTable, connectMemoryDb, indexNewTable, schemaFor, setActiveTable, type StoredMemory } from "./store.js";
 
 /** New tables are named memories_r<base-36 time>; anything of that shape not in use is a leftover. */
 const REEMBED_TABLE = /^memories_r[0-9a-z]+$/;
@@ -37,7 +36,7 @@ export async function reembed(
 ): Promise<ReembedResult> {
   const started = Date.now();
   const batchSize = options.batch ?? 256;
-  const db = await lancedb.connect(uri, { storageOptions });
+  const db = await connectMemoryDb(uri, storageOptions);
   try {
     const names = await db.tableNames();
     const active = await activeTable(db);
