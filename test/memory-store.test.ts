@@ -9,7 +9,7 @@ import os from "node:os";
 import path from "node:path";
 import * as lancedb from "@lancedb/lancedb";
 import { arrowTable } from "../services/memory/columns.js";
-import { FILE_FORMAT, MEMORY_COLUMNS, MemoryStore, activeTable, newMemoryRow, planFrom, schemaFor, sqlString, subVectorsFor, TABLE, type MemoryRow, type StoredMemory } from "../services/memory/store.js";
+import { FILE_FORMAT, MEMORY_COLUMNS, MemoryStore, activeTable, newMemoryRow, partitionsFor, planFrom, schemaFor, sqlString, subVectorsFor, TABLE, type MemoryRow, type StoredMemory } from "../services/memory/store.js";
 import { createLogger, type Logger } from "../services/shared/log.js";
 
 const DIM = 32;
@@ -28,6 +28,7 @@ const unit = (v: Float32Array) => {
 };
 const centres = Array.from({ length: 24 }, () => unit(Float32Array.from({ length: DIM }, gauss)));
 const around = (topic: number, spread: number) => unit(centres[topic].map((c) => c + spread * gauss()));
+const owners4 = ["ana", "ben", "cat", "dan"];
 const scope = (owner: string) => `tenant = 't' AND owner = ${sqlString(owner)} AND agent_id = 'main'`;
 
 function memory(i: number, owner: string): MemoryRow {
@@ -249,6 +250,39 @@ test("a vector index whose first searches find too little of what exact search f
   assert.equal((await store.indexServing())?.searches, 32);
 });
 
+test("the vector index keeps the partitions it was built with through later maintenance, so the probe counts computed for it hold", async (t) => {
+  const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-memory-store-"));
+  const store = await MemoryStore.open(dir, {}, EMBEDDER, DIM, logger, { indexThreshold: 20_000 });
+  const db = await lancedb.connect(dir);
+  t.after(async () => {
+    store.close();
+    db.close();
+    await rm(dir, { recursive: true, force: true });
+  });
+  // The index's partitions, from what a search through all of them ranks: each of the index's
+  // parts (a delta made by optimize() for rows added since the build) ranks its own.
+  const partitions = async () => {
+    const table = await db.openTable(await activeTable(db));
+    const plan = await table.vectorSearch(around(1, 0.1)).distanceType("cosine").nprobes(100_000).limit(10).analyzePlan();
+    table.close();
+    const metric = (name: string) => Number(new RegExp(`${name}=(\\d+)`).exec(plan)?.[1]);
+    return metric("partitions_ranked") / metric("deltas_searched");
+  };
+  const ROWS = 32_768;
+  for (let start = 0; start < ROWS; start += 4096) {
+    await store.add("tenant = 't'", Array.from({ length: 4096 }, (_, j) => memory(start + j, owners4[(start + j) % 4])), new Set());
+  }
+  await store.maintain();
+  assert.equal((await store.stats()).indexed, true);
+  const built = await partitions();
+  assert.equal(built, partitionsFor(ROWS), "the build made the partitions the store probes by");
+  // More writes, then the maintenance a running service does: LanceDB's optimize() joins
+  // partitions it finds too small and splits those too large.
+  await store.add("tenant = 't'", Array.from({ length: 100 }, (_, j) => memory(ROWS + j, "ana")), new Set());
+  await store.maintain();
+  assert.equal(await partitions(), built, "the index has as many partitions as it was built with");
+});
+
 test("a watch's figures decide the plan: the fewest probes that keep the recall, and exact search where it costs less than the index", () => {
   // 100 of exact search's top-ten memories; found at 1x, 2x, 4x and 8x the probe rule's count.
   const figures = { hits: [88, 93, 99, 100], total: 100, indexedMs: [[10, 12, 11], [15, 14, 16], [21, 20, 22], [30, 31, 29]], exactMsPerRow: [0.001, 0.002, 0.0015] };
@@ -264,6 +298,10 @@ test("a watch's figures decide the plan: the fewest probes that keep the recall,
   assert.equal(planFrom({ ...figures, exactMsPerRow: [0.012, 0.013, 0.011] }, tuning).plan.exactUpTo, 2000);
   // Exact search measured nearly free still stops at the largest scope a watch checks.
   assert.equal(planFrom({ ...figures, exactMsPerRow: [0, 0, 0] }, tuning).plan.exactUpTo, 100_000);
+});
+
+test("the vector index's partitions: about 8,192 rows each, at least one", () => {
+  assert.deepEqual([1_000_000, 100_000, 32_768, 5_000, 0].map(partitionsFor), [122, 12, 4, 1, 1]);
 });
 
 test("the vector index's PQ sub-vectors: about one per 4 dimensions, always a divisor of the dimension", () => {

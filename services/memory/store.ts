@@ -153,8 +153,19 @@ const OPTIMIZE_EVERY = 20;
 const MAINTAIN_INTERVAL_MS = 30_000;
 /** Vector search through the index (vectorCandidates says why). */
 const PROBE_ROWS_FACTOR = 5;
-const MIN_PROBES = 20;
+const MIN_PROBES = 4;
 const REFINE_FACTOR = 10;
+/**
+ * Rows per IVF partition of the vector index: Lance's own target for IVF_PQ. optimize() keeps
+ * an index near it: a partition of fewer than a quarter of it (2,048 rows) is joined into its
+ * neighbours, one of more than four times it (32,768) is split. An index built with many
+ * smaller partitions is remade by the next optimize(): at a million memories, the square root
+ * (1,000 partitions of about 1,000 rows) became 31 partitions of about 32,000, searched with
+ * probe counts computed for 1,000. Every probe then read most of the index, and an owner's
+ * search through it took 26 to 33 ms, a tenant-wide one 150 to 260 ms. Built at this size, the
+ * same index kept 113 of its 122 partitions through optimize().
+ */
+const PARTITION_ROWS = 8192;
 /** Dimensions per PQ sub-vector of the vector index (buildVectorIndex says why 4). */
 const SUB_VECTOR_DIMS = 4;
 /** The first searches through a new (or newly compacted) vector index that are checked against exact search (watchIndex). */
@@ -652,7 +663,9 @@ export class MemoryStore {
   }
 
   /**
-   * IVF_PQ with one PQ code byte per 4 dimensions (SUB_VECTOR_DIMS). With a byte per 8, the index
+   * IVF_PQ with partitions of about PARTITION_ROWS rows (why: there), and one PQ code byte per 4
+   * dimensions (SUB_VECTOR_DIMS). The figures below are of indexes built with 1,000 partitions at a
+   * million memories, which optimize() had remade into 31. With a byte per 8, the index
    * over bench/memory's million memories, compacted into one fragment, served an owner's scope
    * recall@10 0.853 and the tenant 0.800 at the probe rule's 20 probes, and more probes did not
    * save the tenant's searches (0.995 and 0.850 at 40: the codes were too coarse to rank a
@@ -693,7 +706,9 @@ export class MemoryStore {
    * an IVF_PQ index over the table compacted into one fragment served recall@10 0.83 to 0.90 in
    * an owner's scope at the rule's 20 probes (0.997 over the same rows in 20 fragments of
    * 50,000), whether the compaction came before the build or after it; rebuilding changed
-   * nothing (three builds: 0.831, 0.881, 0.881), 100 probes gave 0.998. A check at build time
+   * nothing (three builds: 0.831, 0.881, 0.881), 100 probes gave 0.998. (The cause, found later:
+   * optimize() had remade those indexes of 1,000 partitions into 31, see PARTITION_ROWS; the
+   * watch still guards against what the store cannot see.) A check at build time
    * with stored memories' own vectors as queries told nothing either (1.000 through such an
    * index). And whether exact search of a scope beats the index depends on how the table lies:
    * 9.5 ms for an owner's 10,000 rows in scope order, 100 to 150 ms with the same rows spread in
@@ -768,7 +783,8 @@ export class MemoryStore {
   private async loadVectorIndex(): Promise<void> {
     const stats = await this.vectorIndexStats();
     // LanceDB does not report the partition count; the build's own rule, applied to the rows
-    // indexed now, gives it (or a few more, once optimize() has added rows: more probes, never fewer).
+    // indexed now, gives it, or a few more once optimize() has joined small partitions (113 of
+    // 122 at a million memories in bench/memory): more probes, never fewer.
     this.vectorIndex = stats ? { partitions: partitionsFor(stats.numIndexedRows) } : undefined;
   }
 
@@ -903,7 +919,8 @@ export class MemoryStore {
    * exact (20 probes, refine 5). In a table rewritten in scope order the same exact search took
    * 9.5 ms: which path is cheaper depends on the table's layout, so the watch measures it. The
    * refine factor decides recall more than the probes do on a good index: for the whole tenant,
-   * refine 5 gave 0.927 and refine 10 0.990, at 20 probes or 40, for 2 ms more. LanceDB's own
+   * refine 5 gave 0.927 and refine 10 0.990, at 20 probes or 40 of 1,000, for 2 ms more (with
+   * partitions of PARTITION_ROWS, 5 probes of 113: 0.990 at refine 10, 0.965 at 4, 0.940 at 2). LanceDB's own
    * answer to narrow filters, maximumNprobes(0) (probe until the limit is met), took 108 ms there,
    * so the probe count is computed here instead.
    */
@@ -983,8 +1000,8 @@ export function subVectorsFor(dim: number): number {
   return 1;
 }
 
-/** IVF partitions for an index over this many rows: LanceDB's default, the square root. */
-const partitionsFor = (rows: number): number => Math.max(1, Math.round(Math.sqrt(rows)));
+/** IVF partitions for an index over this many rows: about PARTITION_ROWS each. */
+export const partitionsFor = (rows: number): number => Math.max(1, Math.round(rows / PARTITION_ROWS));
 
 /** What a watch of the vector index measured (MemoryStore.watchIndex). */
 export interface WatchFigures {
