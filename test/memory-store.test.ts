@@ -28,7 +28,7 @@ const unit = (v: Float32Array) => {
 };
 const centres = Array.from({ length: 24 }, () => unit(Float32Array.from({ length: DIM }, gauss)));
 const around = (topic: number, spread: number) => unit(centres[topic].map((c) => c + spread * gauss()));
-const owners4 = ["ana", "ben", "cat", "dan"];
+const owners = ["ana", "ben", "cat", "dan"];
 const scope = (owner: string) => `tenant = 't' AND owner = ${sqlString(owner)} AND agent_id = 'main'`;
 
 function memory(i: number, owner: string): MemoryRow {
@@ -58,7 +58,6 @@ async function fileFormats(dir: string, table: string): Promise<Set<string>> {
 describe("the memory store past its index threshold", () => {
   let dir: string;
   let store: MemoryStore;
-  const owners = ["ana", "ben", "cat", "dan"];
   const ROWS = 6000;
   const TUNING = { indexThreshold: 4000, exactScopeRows: 500 };
   before(async () => {
@@ -270,7 +269,7 @@ test("the vector index keeps the partitions it was built with through later main
   };
   const ROWS = 32_768;
   for (let start = 0; start < ROWS; start += 4096) {
-    await store.add("tenant = 't'", Array.from({ length: 4096 }, (_, j) => memory(start + j, owners4[(start + j) % 4])), new Set());
+    await store.add("tenant = 't'", Array.from({ length: 4096 }, (_, j) => memory(start + j, owners[(start + j) % owners.length])), new Set());
   }
   await store.maintain();
   assert.equal((await store.stats()).indexed, true);

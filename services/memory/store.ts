@@ -189,6 +189,8 @@ const INDEX_WATCH_SEARCHES = 32;
 const PROBE_SCALES = [1, 2, 4, 8] as const;
 /** Larger scopes are not checked: an exact search of one costs a second or more at a million memories. */
 const INDEX_WATCH_MAX_SCOPE = 100_000;
+/** Whether a watch of the index checks searches of a scope this large (and so its recall is measured, not assumed). */
+const watchable = (scopeRows: number): boolean => scopeRows <= INDEX_WATCH_MAX_SCOPE;
 /**
  * How long a scope's row count is trusted, and how many scopes' counts are kept. Counting costs a
  * LanceDB query (1.3 ms at 1M memories) on the vector search's critical path, and a user's
@@ -617,7 +619,7 @@ export class MemoryStore {
       snapshot.close();
       copy = table;
       // The next maintenance would merge the copy's fragments anyway, and a compaction under a
-      // vector index left it serving worse (buildVectorIndex): compact first, then index.
+      // vector index rewrites the index to follow the rows it moved: compact first, then index.
       await copy.optimize({ cleanupOlderThan: new Date() });
       await indexNewTable(copy, rows);
       if (rows >= this.tuning.indexThreshold) await this.buildVectorIndex(copy);
@@ -732,7 +734,7 @@ export class MemoryStore {
   private watchIndex(table: lancedb.Table, scopeWhere: string, scopeRows: number, vector: Float32Array, limit: number): void {
     const watch = this.indexWatch;
     const index = this.vectorIndex;
-    if (!watch || !index || watch.taken >= INDEX_WATCH_SEARCHES || scopeRows > INDEX_WATCH_MAX_SCOPE) return;
+    if (!watch || !index || watch.taken >= INDEX_WATCH_SEARCHES || !watchable(scopeRows)) return;
     watch.taken++;
     const query = Float32Array.from(vector);
     const timed = async (q: lancedb.VectorQuery, rows: number) => {
@@ -1085,7 +1087,7 @@ const median = (xs: number[]): number => {
  */
 function indexedSearch(table: lancedb.Table, scopeWhere: string, vector: Float32Array, limit: number, partitions: number, scopeRows: number, probeScale: number): lancedb.VectorQuery {
   const probes = Math.min(partitions, probeScale * Math.max(MIN_PROBES, Math.ceil((PROBE_ROWS_FACTOR * limit * partitions) / scopeRows)));
-  const refine = scopeRows > INDEX_WATCH_MAX_SCOPE ? REFINE_FACTOR : CHECKED_REFINE_FACTOR;
+  const refine = watchable(scopeRows) ? CHECKED_REFINE_FACTOR : REFINE_FACTOR;
   return table.vectorSearch(vector).distanceType("cosine").where(scopeWhere).nprobes(probes).refineFactor(refine);
 }
 
