@@ -1,4 +1,2 @@
-// Percentiles for the benchmarks' figures.
-
-/** The p-th percentile (nearest rank) of xs. */
-export const pct = (xs: number[], p: number): number => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor((p / 100) * xs.length))];
+// Percentiles for the benchmarks' figures: the services' own (services/shared/stats.ts).
+export { pct } from "../../services/shared/stats.js";

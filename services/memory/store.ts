@@ -25,6 +25,7 @@ import { RpcError, Status, failedPrecondition } from "../shared/errors.js";
 import type { Logger } from "../shared/log.js";
 import { MemoryKind } from "../shared/gen/troupe/v1/memory_pb.js";
 import { newId } from "../shared/ids.js";
+import { pct } from "../shared/stats.js";
 import { arrowTable } from "./columns.js";
 import { copyInScopeOrder, layoutTableName } from "./layout.js";
 import type { Candidate } from "./ranking.js";
@@ -1073,10 +1074,8 @@ export function planFrom(figures: WatchFigures, tuning: Pick<StoreTuning, "minIn
 /** The share of exact search's top tens the checked searches found at one probe scale: none before a check. */
 const recallOf = (figures: WatchFigures, scale: number): number | undefined => (figures.total === 0 ? undefined : figures.hits[scale] / figures.total);
 
-const median = (xs: number[]): number => {
-  const sorted = [...xs].sort((a, b) => a - b);
-  return sorted[Math.floor(sorted.length / 2)] ?? 0;
-};
+/** 0 for no timings, so an empty watch never looks cheap to decide from. */
+const median = (xs: number[]): number => (xs.length === 0 ? 0 : pct(xs, 50));
 
 /**
  * A search of a scope through the IVF_PQ index (vectorCandidates says why these figures): enough
