@@ -12,7 +12,7 @@ import { RouterService } from "../services/shared/gen/troupe/v1/router_pb.js";
 import { clientApiKey, internalCredentials } from "../services/shared/auth.js";
 import { createClient } from "../services/shared/rpc.js";
 import { ChatSession } from "./helpers/session.js";
-import { MAIN, SERVICE_ORDER, flagsFor, freePort, startStack, waitFor, waitServing, type ServiceName } from "./helpers/stack.js";
+import { MAIN, SERVICE_ORDER, SERVICE_TYPE, flagsFor, freePort, startStack, waitFor, waitServing, type ServiceName } from "./helpers/stack.js";
 
 const run = promisify(execFile);
 const internalHeaders = async (dataDir: string) => (await internalCredentials(dataDir, {})).headers;
@@ -64,7 +64,7 @@ describe("troupe up", () => {
     assert.ok(pid > 0);
     process.kill(pid, "SIGKILL");
     await waitFor("the supervisor to notice", async () => /runner exited \(SIGKILL\); restarting/.test(log));
-    await waitServing(addr.runner, 30_000);
+    await waitServing(addr.runner, 30_000, SERVICE_TYPE.runner);
     const gateway = createClient(GatewayService, addr.gateway, { headers: { authorization: `Bearer ${await clientApiKey(dataDir, {})}` } });
     const s = new ChatSession(gateway);
     s.open();
@@ -92,7 +92,7 @@ describe("one service process", () => {
   test("SIGTERM: health goes NOT_SERVING, the server drains, the process exits 0", async () => {
     const port = await freePort();
     const proc = spawn(process.execPath, [MAIN, "router", "--router", `127.0.0.1:${port}`], { stdio: "ignore" });
-    await waitServing(`127.0.0.1:${port}`);
+    await waitServing(`127.0.0.1:${port}`, 20_000, SERVICE_TYPE.router);
     const health = createClient(Health, `127.0.0.1:${port}`);
     const watch = health.watch({ service: "troupe.v1.RouterService" });
     const seen: Serving[] = [];
@@ -104,6 +104,30 @@ describe("one service process", () => {
     assert.equal(await exited, 0);
     health.close();
     assert.deepEqual(seen, [Serving.SERVING, Serving.NOT_SERVING]);
+  });
+
+  test("a service whose port is taken exits 1 saying so, and the port's owner answers health only for its own service", async () => {
+    const port = await freePort();
+    const at = `127.0.0.1:${port}`;
+    const owner = spawn(process.execPath, [MAIN, "router", "--router", at], { stdio: "ignore" });
+    try {
+      await waitServing(at, 20_000, SERVICE_TYPE.router);
+      const dataDir = await mkdtemp(path.join(os.tmpdir(), "troupe-port-"));
+      const res = await run(process.execPath, [MAIN, "memory", "--memory", at, "--data-dir", dataDir]).catch((e) => e);
+      await rm(dataDir, { recursive: true, force: true });
+      assert.equal(res.code, 1);
+      assert.match(res.stderr, /failed to start: .*EADDRINUSE/);
+      // What `troupe up` and the test stacks ask: by name, the memory service is not here.
+      const health = createClient(Health, at);
+      try {
+        assert.equal((await health.check({ service: SERVICE_TYPE.router })).status, Serving.SERVING);
+        await assert.rejects(health.check({ service: SERVICE_TYPE.memory }), (err: { code?: number }) => err.code === 5 /* NOT_FOUND */);
+      } finally {
+        health.close();
+      }
+    } finally {
+      owner.kill("SIGTERM");
+    }
   });
 
   test("a bad flag is refused with a message and exit code 1", async () => {

@@ -6,7 +6,11 @@ import { authPaths, ensureDevKey, internalCredentials, internalToken } from "../
 import { loadConfig, modelBaseUrl, type Config } from "../shared/config.js";
 import { Health, HealthCheckResponse_ServingStatus as Serving } from "../shared/gen/grpc/health/v1/health_pb.js";
 import { createLogger } from "../shared/log.js";
+import { GatewayService } from "../shared/gen/troupe/v1/gateway_pb.js";
+import { MemoryService } from "../shared/gen/troupe/v1/memory_pb.js";
 import { RouterService } from "../shared/gen/troupe/v1/router_pb.js";
+import { RunnerService } from "../shared/gen/troupe/v1/runner_pb.js";
+import { SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
 import { createClient } from "../shared/rpc.js";
 
 const MAIN = fileURLToPath(new URL("./main.js", import.meta.url));
@@ -92,6 +96,19 @@ export async function upCommand(args: string[]): Promise<void> {
 }
 
 /**
+ * The gRPC service each process serves, the name its health is asked by. Asking by name, not "",
+ * matters: a port answered by some other Troupe process (one left from an earlier run, or two
+ * services configured on one port) says NOT_FOUND rather than SERVING.
+ */
+export const SERVICE_TYPE = {
+  router: RouterService.typeName,
+  memory: MemoryService.typeName,
+  sandbox: SandboxService.typeName,
+  runner: RunnerService.typeName,
+  gateway: GatewayService.typeName,
+} as const;
+
+/**
  * Waits until every service answers its health check and the runner has registered with the
  * router. A sandbox without a Docker engine answers NOT_SERVING: that counts as up (the rest of
  * Troupe works; tools report the error), with a warning. Returns what is still not ready.
@@ -111,7 +128,7 @@ async function waitReady(cfg: Config, timeoutMs: number): Promise<string[]> {
           continue;
         }
         const health = createClient(Health, addresses[name]);
-        const status = await health.check({ service: "" }, { timeoutMs: 1000 }).then((r) => r.status, () => undefined);
+        const status = await health.check({ service: SERVICE_TYPE[name as keyof typeof SERVICE_TYPE] }, { timeoutMs: 1000 }).then((r) => r.status, () => undefined);
         health.close();
         if (status === Serving.SERVING) pending.delete(name);
         else if (status === Serving.NOT_SERVING && name === "sandbox") {

@@ -15,20 +15,33 @@ import { createApiKey, ensureDevKey, identityHeaders, internalCredentials, type 
 import { Status } from "../../services/shared/errors.js";
 import { createClient, type ClientOptions, type ServiceClient } from "../../services/shared/rpc.js";
 import { instanceOf } from "../../services/sandbox/fleet.js";
+import { SERVICE_TYPE } from "../../services/cli/up.js";
+
+export { SERVICE_TYPE };
 
 const run = promisify(execFile);
 export const MAIN = fileURLToPath(new URL("../../services/cli/main.js", import.meta.url));
 
+// Ports this process has handed out. The kernel may give the same ephemeral port to two bind(0)
+// calls once the first socket is closed; two services of one stack on one port would let the
+// second fail to bind while the first answers for it.
+const handedOut = new Set<number>();
+
 export async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = net.createServer();
-    srv.unref();
-    srv.on("error", reject);
-    srv.listen(0, "127.0.0.1", () => {
-      const { port } = srv.address() as net.AddressInfo;
-      srv.close(() => resolve(port));
+  for (;;) {
+    const port = await new Promise<number>((resolve, reject) => {
+      const srv = net.createServer();
+      srv.unref();
+      srv.on("error", reject);
+      srv.listen(0, "127.0.0.1", () => {
+        const { port } = srv.address() as net.AddressInfo;
+        srv.close(() => resolve(port));
+      });
     });
-  });
+    if (handedOut.has(port)) continue;
+    handedOut.add(port);
+    return port;
+  }
 }
 
 export type ServiceName = "model-server" | "router" | "memory" | "sandbox" | "runner" | "gateway";
@@ -96,10 +109,14 @@ export async function waitFor<T>(what: string, fn: () => Promise<T | undefined |
   throw new Error(`timed out waiting for ${what}${lastErr ? `: ${String(lastErr)}` : ""}`);
 }
 
-export async function waitServing(address: string, timeoutMs = 20_000): Promise<void> {
+/**
+ * Waits until `address` serves `service` (by default, anything). Naming the service matters: a
+ * port answered by another process says NOT_FOUND for a service it does not have.
+ */
+export async function waitServing(address: string, timeoutMs = 20_000, service = ""): Promise<void> {
   const health = createClient(Health, address);
   try {
-    await waitFor(`${address} to serve`, async () => (await health.check({ service: "" }, { timeoutMs: 500 })).status === Serving.SERVING, timeoutMs);
+    await waitFor(`${address} to serve ${service || "anything"}`, async () => (await health.check({ service }, { timeoutMs: 500 })).status === Serving.SERVING, timeoutMs);
   } finally {
     health.close();
   }
@@ -135,7 +152,12 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
     if (name === "model-server") {
       await waitFor("the model server", async () => (await fetch(`http://${at[name]}/healthz`)).ok);
     } else {
-      await waitServing(at[name]).catch((err) => {
+      // A process that exits first (its port taken, a bad flag) fails the start at once, with its logs.
+      const exited = new Promise<never>((_, reject) =>
+        proc.once("exit", (code, signal) => reject(new Error(`${name} exited (${signal ?? code}) before serving`))),
+      );
+      exited.catch(() => undefined);
+      await Promise.race([waitServing(at[name], 20_000, SERVICE_TYPE[name]), exited]).catch((err) => {
         throw new Error(`${err.message}\n--- logs ---\n${logText}`);
       });
     }
