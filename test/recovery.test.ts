@@ -2,6 +2,8 @@
 // interrupted with every tool call paired, and what was queued runs after the restart.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
+import { readFile, writeFile } from "node:fs/promises";
+import path from "node:path";
 import { Role, StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { ChatSession } from "./helpers/session.js";
 import { startStack, waitFor, type Stack } from "./helpers/stack.js";
@@ -68,4 +70,52 @@ test("SIGKILL during a tool call: the run is interrupted, the follow-up survives
   assert.match(history.messages[2].text, /Interrupted/);
   assert.equal(history.messages[3].frameId, followId);
   assert.equal(history.messages[4].text, "You said: after the crash");
+});
+
+test("a runner killed before a new session's events reached its log: the reload numbers past every seq a client holds", async () => {
+  const s = new ChatSession(stack.gateway);
+  s.open("crash-2");
+  await s.waitOpened();
+  const promptId = s.prompt("hello");
+  await s.waitForPayload("agentEnd");
+  const lastSeen = Number(s.events.at(-1)!.seq);
+  await stack.kill("runner", "SIGKILL");
+  await s.ended();
+
+  // Events reach clients before the log has them. Cut the log back to what a runner killed right
+  // after the prompt's fsync leaves: the prompt, and none of the events the client saw.
+  const file = path.join(stack.dataDir, "sessions", "crash-2.jsonl");
+  const lines = (await readFile(file, "utf8")).split("\n").filter(Boolean);
+  const lastFrame = lines.findLastIndex((l) => (JSON.parse(l) as { t: string }).t === "frame");
+  assert.ok(lastFrame > 0 && lastFrame < lines.length - 1, "the log holds the prompt and events after it");
+  await writeFile(file, lines.slice(0, lastFrame + 1).join("\n") + "\n");
+  await stack.start("runner");
+
+  const again = new ChatSession(stack.gateway);
+  await waitFor("the session to reopen", async () => {
+    const c = new ChatSession(stack.gateway);
+    c.send({ case: "open", value: { sessionId: "crash-2", replayAfterSeq: BigInt(lastSeen) } });
+    try {
+      await c.waitOpened(3000);
+      return true;
+    } catch {
+      return false;
+    } finally {
+      c.close();
+    }
+  });
+  again.send({ case: "open", value: { sessionId: "crash-2", replayAfterSeq: BigInt(lastSeen) } });
+  await again.waitOpened();
+  // The prompt is owed its acknowledgement and its run again; a client resuming after lastSeen
+  // sees both, which it would not if they reused seqs it already held.
+  const ack = await again.waitFor((e) => e.payload.case === "frameAccepted" && e.payload.value.frameId === promptId);
+  assert.ok(Number(ack.seq) > lastSeen, `the acknowledgement's seq ${ack.seq} is past ${lastSeen}`);
+  await again.waitFor((e) => e.payload.case === "agentEnd" && e.payload.value.stopReason === StopReason.COMPLETED, 20_000);
+  again.close();
+  const seqs = again.events.map((e) => Number(e.seq));
+  assert.ok(seqs.every((q) => q > lastSeen), "nothing at or before what the client saw");
+  assert.equal(new Set(seqs).size, seqs.length, "each event once");
+
+  const history = await stack.gateway.getHistory({ sessionId: "crash-2" });
+  assert.deepEqual(history.messages.map((m) => `${Role[m.role]} ${m.text}`), ["USER hello", "ASSISTANT You said: hello"]);
 });

@@ -52,7 +52,11 @@ const RING_SIZE = 4096;
  * sessions must not each hold a full ring.
  */
 const IDLE_RING_SIZE = 64;
-/** seq values are reserved in the log in blocks, so a restart never reuses one a client saw. */
+/**
+ * seq values are reserved in the log in blocks, so a restart never reuses one a client saw. A
+ * session's first block is written with its header; the next is reserved when the current one is
+ * half used, which leaves its write the time of 512 events to land before its seqs go out.
+ */
 const SEQ_BLOCK = 1024;
 /**
  * Largest text one coalesced delta event carries. Stream buffers along the way (grpc-js, Node
@@ -155,8 +159,15 @@ export class SessionActor {
   ) {}
 
   static async create(sessionId: string, agentId: string, owner: SessionOwner, deps: ActorDeps, subagent?: Subagent): Promise<SessionActor> {
-    const log = await deps.store.create(sessionId, agentId, owner, subagent);
-    return new SessionActor(sessionId, agentId, owner, log, deps, subagent);
+    // The first block of seqs is reserved in the log's first write. Events reach clients before
+    // the log has them, so a reservation made at the first event would be in flight while its
+    // seqs were already out: a runner killed then left no trace of them, and the next activation
+    // numbered from 1 again, giving clients new events under seqs they held (a resuming client
+    // skipped them as seen).
+    const log = await deps.store.create(sessionId, agentId, owner, subagent, [{ t: "seq", upTo: SEQ_BLOCK }]);
+    const actor = new SessionActor(sessionId, agentId, owner, log, deps, subagent);
+    actor.reservedUpTo = SEQ_BLOCK;
+    return actor;
   }
 
   /** Rebuilds the actor from its log. A run the log shows as unfinished was cut off by a crash. */

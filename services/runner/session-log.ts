@@ -70,8 +70,11 @@ export interface StoredSession {
 
 export interface SessionStore {
   exists(sessionId: string): Promise<boolean>;
-  /** A new session, owned by this runner. Fails with EEXIST if the session exists. */
-  create(sessionId: string, agentId: string, owner: SessionOwner, subagent?: Subagent): Promise<SessionLog>;
+  /**
+   * A new session, owned by this runner, its log holding the header and then `opening`, written
+   * atomically. Fails with EEXIST if the session exists.
+   */
+  create(sessionId: string, agentId: string, owner: SessionOwner, subagent?: Subagent, opening?: LogRecord[]): Promise<SessionLog>;
   /** Takes a stored session for this runner: its log to append to and its records so far. */
   activate(sessionId: string): Promise<{ log: SessionLog; records: LogRecord[] }>;
   /** The session's valid records (a stale owner's late writes left out). */
@@ -238,11 +241,12 @@ export class JsonlSessionStore implements SessionStore {
   }
 
   /**
-   * Creates the log with its header atomically: the header (and the first epoch) is written and
-   * fsynced to a temporary file that is then linked into place. A crash leaves either no log or a
-   * complete header, and link() fails with EEXIST if someone else created the session first.
+   * Creates the log with its header atomically: the header, the first epoch and the opening
+   * records are written and fsynced to a temporary file that is then linked into place. A crash
+   * leaves either no log or all of them, and link() fails with EEXIST if someone else created the
+   * session first.
    */
-  async create(sessionId: string, agentId: string, owner: SessionOwner, subagent?: Subagent): Promise<SessionLog> {
+  async create(sessionId: string, agentId: string, owner: SessionOwner, subagent?: Subagent, opening: LogRecord[] = []): Promise<SessionLog> {
     await mkdir(this.dir, { recursive: true });
     const final = this.file(sessionId);
     if (await this.exists(sessionId)) throw Object.assign(new Error(`session ${sessionId} exists`), { code: "EEXIST" });
@@ -250,7 +254,7 @@ export class JsonlSessionStore implements SessionStore {
     const header: LogRecord = { t: "session", sessionId, agentId, createdMs: Date.now(), tenant: owner.tenant, principal: owner.principal, ...(owner.memoryOwner ? { memoryOwner: owner.memoryOwner } : {}), ...(subagent ? { subagent } : {}) };
     const epoch: LogRecord = { t: "epoch", epoch: lease.epoch, runnerId: this.leases.self.runnerId };
     try {
-      if (!(await createExclusive(final, logLine(header) + logLine(epoch, lease.epoch)))) {
+      if (!(await createExclusive(final, [logLine(header), ...[epoch, ...opening].map((r) => logLine(r, lease.epoch))].join("")))) {
         throw Object.assign(new Error(`session ${sessionId} exists`), { code: "EEXIST" });
       }
     } catch (err) {
