@@ -6,7 +6,7 @@ import { readFile, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { Role, StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { ChatSession } from "./helpers/session.js";
-import { startStack, waitFor, type Stack } from "./helpers/stack.js";
+import { startStack, type Stack } from "./helpers/stack.js";
 
 let stack: Stack;
 before(async () => {
@@ -15,6 +15,23 @@ before(async () => {
 after(async () => {
   await stack?.stop();
 });
+
+/** A client's stream to the session, resumed after `afterSeq`, once the restarted runner serves it again. */
+async function resume(sessionId: string, afterSeq: number): Promise<ChatSession> {
+  const deadline = Date.now() + 20_000;
+  for (;;) {
+    const s = new ChatSession(stack.gateway);
+    s.send({ case: "open", value: { sessionId, replayAfterSeq: BigInt(afterSeq) } });
+    try {
+      await s.waitOpened(3000);
+      return s;
+    } catch (err) {
+      s.close();
+      if (Date.now() > deadline) throw err;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+}
 
 test("SIGKILL during a tool call: the run is interrupted, the follow-up survives and runs", async () => {
   const s = new ChatSession(stack.gateway);
@@ -32,21 +49,7 @@ test("SIGKILL during a tool call: the run is interrupted, the follow-up survives
   await stack.start("runner");
 
   // The client reconnects and resumes from the last event it saw.
-  const again = new ChatSession(stack.gateway);
-  await waitFor("the session to reopen", async () => {
-    const c = new ChatSession(stack.gateway);
-    c.send({ case: "open", value: { sessionId: "crash-1", replayAfterSeq: BigInt(lastSeen) } });
-    try {
-      await c.waitOpened(3000);
-      c.close();
-      return true;
-    } catch {
-      c.close();
-      return false;
-    }
-  });
-  again.send({ case: "open", value: { sessionId: "crash-1", replayAfterSeq: BigInt(lastSeen) } });
-  await again.waitOpened();
+  const again = await resume("crash-1", lastSeen);
   const followEnd = await again.waitFor((e) => e.payload.case === "agentEnd" && e.payload.value.stopReason === StopReason.COMPLETED, 20_000);
   again.close();
 
@@ -91,21 +94,7 @@ test("a runner killed before a new session's events reached its log: the reload 
   await writeFile(file, lines.slice(0, lastFrame + 1).join("\n") + "\n");
   await stack.start("runner");
 
-  const again = new ChatSession(stack.gateway);
-  await waitFor("the session to reopen", async () => {
-    const c = new ChatSession(stack.gateway);
-    c.send({ case: "open", value: { sessionId: "crash-2", replayAfterSeq: BigInt(lastSeen) } });
-    try {
-      await c.waitOpened(3000);
-      return true;
-    } catch {
-      return false;
-    } finally {
-      c.close();
-    }
-  });
-  again.send({ case: "open", value: { sessionId: "crash-2", replayAfterSeq: BigInt(lastSeen) } });
-  await again.waitOpened();
+  const again = await resume("crash-2", lastSeen);
   // The prompt is owed its acknowledgement and its run again; a client resuming after lastSeen
   // sees both, which it would not if they reused seqs it already held.
   const ack = await again.waitFor((e) => e.payload.case === "frameAccepted" && e.payload.value.frameId === promptId);
