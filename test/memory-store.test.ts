@@ -9,7 +9,7 @@ import os from "node:os";
 import path from "node:path";
 import * as lancedb from "@lancedb/lancedb";
 import { arrowTable } from "../services/memory/columns.js";
-import { FILE_FORMAT, MEMORY_COLUMNS, MemoryStore, activeTable, newMemoryRow, partitionsFor, planFrom, schemaFor, sqlString, subVectorsFor, TABLE, type MemoryRow, type StoredMemory } from "../services/memory/store.js";
+import { FILE_FORMAT, MEMORY_COLUMNS, MemoryStore, activeTable, memoryArrow, newMemoryRow, partitionsFor, planFrom, schemaFor, sqlString, subVectorsFor, TABLE, type MemoryRow, type StoredMemory } from "../services/memory/store.js";
 import { createLogger, type Logger } from "../services/shared/log.js";
 
 const DIM = 32;
@@ -310,7 +310,7 @@ test("the vector index's PQ sub-vectors: about one per 4 dimensions, always a di
 });
 
 test("rows become Arrow columns of the schema's types; a row missing a column or with a vector of the wrong size is refused", () => {
-  const schema = schemaFor(4);
+  const schema = schemaFor(4, false);
   const rows = [
     newMemoryRow({ tenant: "t", owner: "o", agent_id: "a", text: "héllo, 漢字 ✓", vector: [1, 0, 0, 0], embedder: "e", evergreen: true }),
     newMemoryRow({ tenant: "t", owner: "o", agent_id: "a", text: "", vector: new Float32Array([0, 1, 0, 0]), embedder: "e", importance: 0.25 }),
@@ -328,4 +328,60 @@ test("rows become Arrow columns of the schema's types; a row missing a column or
   const { text: _, ...noText } = rows[0];
   assert.throws(() => arrowTable(schema, [noText]), /column text is missing/);
   assert.throws(() => arrowTable(schema, [{ ...rows[0], vector: [1, 2, 3] }]), /3 values in a row, not 4/);
+});
+
+test("a memory row's payload is its columns as JSON, made at the write from the row itself", () => {
+  const rows = [
+    newMemoryRow({ tenant: "t", owner: "o", agent_id: "a", text: "héllo, \"quoted\" 漢字", vector: [1, 0, 0, 0], embedder: "e", evergreen: true, metadata: '{"k":"v"}' }),
+    newMemoryRow({ tenant: "t", owner: "o", agent_id: "a", text: "second", vector: [0, 1, 0, 0], embedder: "e", importance: 0.25, created: 1_700_000_000_000 }),
+  ];
+  // A payload a caller passes is not trusted: the row's own columns decide.
+  const table = memoryArrow(schemaFor(4), rows.map((r) => ({ ...r, payload: "{}" })));
+  for (const [i, r] of table.toArray().map((x) => x.toJSON()).entries()) {
+    const want = Object.fromEntries(MEMORY_COLUMNS.map((c) => [c, c === "created" || c === "updated" ? Number(rows[i][c]) : rows[i][c]]));
+    assert.deepEqual(JSON.parse(String(r.payload)), want);
+  }
+  // A table made before payloads existed gets none.
+  assert.ok(!memoryArrow(schemaFor(4, false), rows).schema.fields.some((f) => f.name === "payload"));
+  const { text: _, ...noText } = rows[0];
+  assert.throws(() => memoryArrow(schemaFor(4), [noText]), /column text is missing/);
+});
+
+test("a table made before payloads is searched by its columns, takes writes, and gets payloads at its next rewrite", async (t) => {
+  const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-memory-legacy-"));
+  t.after(() => rm(dir, { recursive: true, force: true }));
+  // The table as the store made it before payloads: same columns, no payload.
+  const db = await lancedb.connect(dir);
+  const old = await db.createEmptyTable(TABLE, schemaFor(DIM, false));
+  await old.add(memoryArrow(schemaFor(DIM, false), Array.from({ length: 3000 }, (_, i) => memory(i, owners[i % owners.length]))));
+  old.close();
+  const store = await MemoryStore.open(dir, {}, EMBEDDER, DIM, logger, { indexThreshold: 2500, exactScopeRows: 500 });
+  try {
+    const where = scope("ana");
+    const query = around(3, 0.1);
+    const before = await store.vectorCandidates(where, query, 10, "exact");
+    assert.equal(before.length, 10);
+    assert.ok(before.every((c) => c.memory.owner === "ana" && typeof c.memory.text === "string"), "whole memories from the columns");
+    await store.add(where, [{ ...memory(5000, "ana"), text: "written to the old table" }], new Set());
+    assert.equal((await store.get(where, ["m5000"]))[0].text, "written to the old table");
+
+    await store.maintain();
+    const active = await activeTable(db);
+    assert.notEqual(active, TABLE, "the table was rewritten although it had not grown by a quarter");
+    const fresh = await db.openTable(active);
+    assert.ok((await fresh.schema()).fields.some((f) => f.name === "payload"), "the rewritten table has payloads");
+    const payloads = (await fresh.query().where("id IN ('m5000', 'm4')").select(["id", "text", "payload"]).toArray()) as { id: string; text: string; payload: string }[];
+    assert.equal(payloads.length, 2);
+    for (const r of payloads) assert.equal((JSON.parse(r.payload) as StoredMemory).text, r.text);
+    fresh.close();
+    const after = await store.vectorCandidates(where, query, 10, "exact");
+    assert.deepEqual(after.map((c) => c.id), before.map((c) => c.id), "the same memories, now read from their payloads");
+    const plain = (m: StoredMemory) => Object.fromEntries(MEMORY_COLUMNS.map((c) => [c, c === "created" || c === "updated" ? Number(m[c]) : m[c]]));
+    assert.deepEqual(after.map((c) => plain(c.memory)), before.map((c) => plain(c.memory)));
+    await store.add(where, [{ ...memory(5001, "ana"), text: "written to the new table" }], new Set());
+    assert.equal((await store.get(where, ["m5001"]))[0].text, "written to the new table");
+  } finally {
+    store.close();
+    db.close();
+  }
 });

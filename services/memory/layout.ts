@@ -13,8 +13,7 @@
 // the last rewrite, with searches and writes going on against the old table meanwhile; this
 // module only makes the copy.
 import type * as lancedb from "@lancedb/lancedb";
-import type { Schema } from "apache-arrow";
-import { arrowTable } from "./columns.js";
+import type { Schema, Table as ArrowTable } from "apache-arrow";
 
 /** Tables this rewrite makes are named memories_l<base-36 time>. */
 export const layoutTableName = (): string => `memories_l${Date.now().toString(36)}`;
@@ -30,9 +29,16 @@ interface Key {
 
 /**
  * Copies every row of `from` (a table checked out at a fixed version, so row ids stay valid)
- * into a new empty table in scope order. Returns the new table and the rows copied.
+ * into a new empty table of `schema` in scope order, each chunk made Arrow by `toArrow`. Returns
+ * the new table and the rows copied.
  */
-export async function copyInScopeOrder(db: lancedb.Connection, from: lancedb.Table, name: string, schema: Schema): Promise<{ table: lancedb.Table; rows: number }> {
+export async function copyInScopeOrder(
+  db: lancedb.Connection,
+  from: lancedb.Table,
+  name: string,
+  schema: Schema,
+  toArrow: (schema: Schema, rows: readonly object[]) => ArrowTable,
+): Promise<{ table: lancedb.Table; rows: number }> {
   const keys: Key[] = [];
   for await (const batch of from.query().select(["tenant", "owner", "created"]).withRowId()) {
     const tenant = batch.getChild("tenant")!;
@@ -57,7 +63,7 @@ export async function copyInScopeOrder(db: lancedb.Connection, from: lancedb.Tab
       if (!row) throw new Error(`row ${k.rowId} of the snapshot could not be read back`);
       return row;
     });
-    await table.add(arrowTable(schema, ordered));
+    await table.add(toArrow(schema, ordered));
   }
   return { table, rows: keys.length };
 }

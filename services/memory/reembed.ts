@@ -14,8 +14,7 @@
 // run drops. The history table is not touched: it holds texts, not vectors.
 import type { Logger } from "../shared/log.js";
 import type { Embedder } from "./embedder.js";
-import { arrowTable } from "./columns.js";
-import { MEMORY_COLUMNS, activeTable, connectMemoryDb, indexNewTable, schemaFor, setActiveTable, type StoredMemory } from "./store.js";
+import { MEMORY_COLUMNS, activeTable, connectMemoryDb, indexNewTable, memoryArrow, schemaFor, setActiveTable, type StoredMemory } from "./store.js";
 
 /** New tables are named memories_r<base-36 time>; anything of that shape not in use is a leftover. */
 const REEMBED_TABLE = /^memories_r[0-9a-z]+$/;
@@ -60,7 +59,7 @@ export async function reembed(
     const flush = async () => {
       if (pending.length === 0) return;
       const vectors = await embedder.embed(pending.map((r) => r.text));
-      await fresh.add(arrowTable(schema, pending.map((r, i) => ({ ...r, vector: vectors[i], embedder: embedder.name }))));
+      await fresh.add(memoryArrow(schema, pending.map((r, i) => ({ ...r, vector: vectors[i], embedder: embedder.name }))));
       done += pending.length;
       pending = [];
       options.onProgress?.(done, total);
