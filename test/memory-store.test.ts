@@ -172,6 +172,15 @@ describe("the memory store past its index threshold", () => {
     assert.deepEqual(serving.tried.map((t) => t.probeScale), [1, 2, 4, 8]);
     assert.equal(serving.probeScale, serving.tried.find((t) => (t.recall ?? 0) >= 0.95)?.probeScale);
     assert.ok(serving.exactUpTo >= TUNING.exactScopeRows);
+    // The low refine factor serves scopes as large as the largest the watch checked, no larger:
+    // the tenant's scope here, never checked, keeps the high one.
+    const db = await lancedb.connect(dir);
+    const table = await db.openTable(await activeTable(db));
+    const largest = Math.max(...(await Promise.all(owners.map((o) => table.countRows(scope(o))))));
+    table.close();
+    db.close();
+    assert.equal(serving.checkedUpTo, largest, "the largest scope among the searches checked");
+    assert.ok(serving.checkedUpTo < (await store.stats()).rows);
     // A compaction rewrites fragments under the index (which can spoil it): the index is watched again.
     for (let part = 0; part < 2; part++) await store.add(scope("ana"), Array.from({ length: 50 }, (_, j) => memory(80_000 + part * 50 + j, "ana")), new Set());
     await store.maintain();
@@ -208,10 +217,10 @@ describe("the memory store past its index threshold", () => {
     // An index an earlier process built is watched from the start (the plan is not stored), and
     // again once a compaction runs under it.
     const unknown = [1, 2, 4, 8].map((probeScale) => ({ probeScale, recall: undefined }));
-    assert.deepEqual(await again.indexServing(), { after: "the store opened", searches: 0, recall: undefined, tried: unknown, probeScale: 1, exactUpTo: TUNING.exactScopeRows });
+    assert.deepEqual(await again.indexServing(), { after: "the store opened", searches: 0, recall: undefined, tried: unknown, probeScale: 1, exactUpTo: TUNING.exactScopeRows, checkedUpTo: 0 });
     for (let part = 0; part < 2; part++) await again.add(scope("eve"), Array.from({ length: 50 }, (_, j) => memory(85_000 + part * 50 + j, "eve")), new Set());
     await again.maintain();
-    assert.deepEqual(await again.indexServing(), { after: "a compaction", searches: 0, recall: undefined, tried: unknown, probeScale: 1, exactUpTo: TUNING.exactScopeRows });
+    assert.deepEqual(await again.indexServing(), { after: "a compaction", searches: 0, recall: undefined, tried: unknown, probeScale: 1, exactUpTo: TUNING.exactScopeRows, checkedUpTo: 0 });
     again.close();
     db.close();
   });

@@ -162,9 +162,9 @@ const PROBE_ROWS_FACTOR = 5;
  */
 const MIN_PROBES = 8;
 /**
- * Candidates re-scored on their full vectors, as a multiple of the limit: REFINE_FACTOR for a
- * scope the watch does not check (over INDEX_WATCH_MAX_SCOPE rows), CHECKED_REFINE_FACTOR for one
- * it does. Each re-scored candidate is a read of its own. Over the 122-partition index at a
+ * Candidates re-scored on their full vectors, as a multiple of the limit: CHECKED_REFINE_FACTOR
+ * for a scope no larger than the largest the last watch checked (checkedUpTo), REFINE_FACTOR for
+ * any other, whose recall no watch measured. Each re-scored candidate is a read of its own. Over the 122-partition index at a
  * million memories, 5 probes found the same 0.965 of an owner's top ten at refine 2, 4 and 10
  * (10.5, 11.7 and 14.9 ms), and the watch measures the recall of these searches anyway; the
  * tenant's needed the refine (0.940 at 2, 0.990 at 10), and nothing checks those.
@@ -429,6 +429,13 @@ export class MemoryStore {
   private indexWatch?: IndexWatch;
   /** How vector searches are served, as the last watch of the index decided (watchIndex). */
   private plan: SearchPlan;
+  /**
+   * The largest scope the last finished watch checked: scopes up to it are re-scored at
+   * CHECKED_REFINE_FACTOR, which the watch measured; larger ones, whose recall no watch measured,
+   * at REFINE_FACTOR. At 100,000 memories the tenant's scope (100,000 rows, within what a watch
+   * may check) served recall@10 0.953 at refine 2 after a watch of owners' scopes of 1,000 rows.
+   */
+  private checkedUpTo = 0;
 
   private constructor(
     private readonly db: lancedb.Connection,
@@ -764,7 +771,7 @@ export class MemoryStore {
   /** The vector index in use is new, was compacted under or was opened: its next searches are watched (watchIndex). */
   private watchIndexAnew(after: string): void {
     const perScale = () => PROBE_SCALES.map(() => [] as number[]);
-    this.indexWatch = { after, taken: 0, searches: 0, hits: PROBE_SCALES.map(() => 0), total: 0, indexedMs: perScale(), exactMsPerRow: [], checks: Promise.resolve() };
+    this.indexWatch = { after, taken: 0, searches: 0, largestScope: 0, hits: PROBE_SCALES.map(() => 0), total: 0, indexedMs: perScale(), exactMsPerRow: [], checks: Promise.resolve() };
   }
 
   /**
@@ -794,6 +801,7 @@ export class MemoryStore {
     const index = this.vectorIndex;
     if (!watch || !index || watch.taken >= INDEX_WATCH_SEARCHES || !watchable(scopeRows)) return;
     watch.taken++;
+    watch.largestScope = Math.max(watch.largestScope, scopeRows);
     const query = Float32Array.from(vector);
     const timed = async (q: lancedb.VectorQuery, rows: number) => {
       const t0 = performance.now();
@@ -806,7 +814,7 @@ export class MemoryStore {
         const exact = await timed(exactSearch(table, scopeWhere, query), 10);
         watch.exactMsPerRow.push(exact.ms / scopeRows);
         for (const [i, scale] of PROBE_SCALES.entries()) {
-          const served = await timed(indexedSearch(table, scopeWhere, query, limit, index.partitions, scopeRows, scale), limit);
+          const served = await timed(indexedSearch(table, scopeWhere, query, limit, index.partitions, scopeRows, scale, CHECKED_REFINE_FACTOR), limit);
           const top = new Set(served.ids.slice(0, 10));
           watch.hits[i] += exact.ids.filter((id) => top.has(id)).length;
           watch.indexedMs[i].push(served.ms);
@@ -821,6 +829,7 @@ export class MemoryStore {
   private decidePlan(watch: IndexWatch): void {
     const { plan, met, recalls, indexedMs, exactMsPerRow } = planFrom(watch, this.tuning);
     this.plan = plan;
+    this.checkedUpTo = watch.largestScope;
     const tried = PROBE_SCALES.map((scale, i) => `${recalls[i].toFixed(3)} at ${scale}x`).join(", ");
     const verdict =
       `the vector index served recall@10 ${tried} the probe rule's count against exact search on its first ${watch.searches} searches since ${watch.after}; ` +
@@ -840,7 +849,7 @@ export class MemoryStore {
     await watch.checks;
     const tried = PROBE_SCALES.map((probeScale, i) => ({ probeScale, recall: recallOf(watch, i) }));
     const recall = tried.find((t) => t.probeScale === this.plan.probeScale)?.recall;
-    return { after: watch.after, searches: watch.searches, recall, tried, ...this.plan };
+    return { after: watch.after, searches: watch.searches, recall, tried, ...this.plan, checkedUpTo: this.checkedUpTo };
   }
 
   /** The vector index's statistics, if it exists. */
@@ -986,7 +995,7 @@ export class MemoryStore {
    * - Otherwise the IVF_PQ index, with the scope as a prefilter, probing enough partitions to meet
    *   about PROBE_ROWS_FACTOR times the limit of the scope's rows (at least MIN_PROBES), times the
    *   probe scale the watch found to keep the recall (plan.probeScale), and the best
-   *   limit * REFINE_FACTOR (CHECKED_REFINE_FACTOR in a scope the watch checks) re-scored on their
+   *   limit * REFINE_FACTOR (CHECKED_REFINE_FACTOR in a scope no larger than the watch checked) re-scored on their
    *   full vectors, so distances are exact.
    *
    * Why not exact for every scope: in a table left in write order, an exact search reads each of
@@ -1006,7 +1015,8 @@ export class MemoryStore {
     const index = this.vectorIndex;
     const { probeScale, exactUpTo } = this.plan;
     const indexed = index !== undefined && (path === "index" || scopeRows > exactUpTo);
-    const q = indexed ? indexedSearch(table, scopeWhere, vector, limit, index.partitions, scopeRows, probeScale) : exactSearch(table, scopeWhere, vector);
+    const refine = scopeRows <= this.checkedUpTo ? CHECKED_REFINE_FACTOR : REFINE_FACTOR;
+    const q = indexed ? indexedSearch(table, scopeWhere, vector, limit, index.partitions, scopeRows, probeScale, refine) : exactSearch(table, scopeWhere, vector);
     const rows = (await q.limit(limit).select([...this.candidateColumns(), "_distance"]).toArray()) as (CandidateRow & { _distance: number })[];
     if (scopeRows > this.tuning.exactScopeRows) this.watchIndex(table, scopeWhere, scopeRows, vector, limit);
     return rows.map((r) => candidateOf(r, { vectorScore: 1 - Number(r._distance) }));
@@ -1100,6 +1110,8 @@ interface IndexWatch extends WatchFigures {
   /** Searches taken for checking, and those checked so far. */
   taken: number;
   searches: number;
+  /** The largest scope among the searches taken, in rows. */
+  largestScope: number;
   /** The checks, one after another. */
   checks: Promise<void>;
 }
@@ -1112,7 +1124,14 @@ export interface SearchPlan {
   exactUpTo: number;
 }
 
-export type IndexServing = { after: string; searches: number; recall: number | undefined; tried: { probeScale: number; recall: number | undefined }[] } & SearchPlan;
+export type IndexServing = {
+  after: string;
+  searches: number;
+  recall: number | undefined;
+  tried: { probeScale: number; recall: number | undefined }[];
+  /** Scopes of up to this many rows re-score CHECKED_REFINE_FACTOR times the limit, larger ones REFINE_FACTOR (0: none yet). */
+  checkedUpTo: number;
+} & SearchPlan;
 
 /**
  * The plan a finished watch's figures call for: the smallest probe scale whose recall@10 reached
@@ -1142,12 +1161,10 @@ const median = (xs: number[]): number => (xs.length === 0 ? 0 : pct(xs, 50));
  * A search of a scope through the IVF_PQ index (vectorCandidates says why these figures): enough
  * partitions probed to meet about PROBE_ROWS_FACTOR times the limit of the scope's rows (at least
  * MIN_PROBES), times the probe scale the store's watch of the index chose, and the best
- * limit * REFINE_FACTOR (CHECKED_REFINE_FACTOR for a scope the watch checks) re-scored on their
- * full vectors. The caller sets the limit and columns.
+ * limit * refine re-scored on their full vectors. The caller sets the limit and columns.
  */
-function indexedSearch(table: lancedb.Table, scopeWhere: string, vector: Float32Array, limit: number, partitions: number, scopeRows: number, probeScale: number): lancedb.VectorQuery {
+function indexedSearch(table: lancedb.Table, scopeWhere: string, vector: Float32Array, limit: number, partitions: number, scopeRows: number, probeScale: number, refine: number): lancedb.VectorQuery {
   const probes = Math.min(partitions, probeScale * Math.max(MIN_PROBES, Math.ceil((PROBE_ROWS_FACTOR * limit * partitions) / scopeRows)));
-  const refine = watchable(scopeRows) ? CHECKED_REFINE_FACTOR : REFINE_FACTOR;
   return table.vectorSearch(vector).distanceType("cosine").where(scopeWhere).nprobes(probes).refineFactor(refine);
 }
 
