@@ -948,15 +948,17 @@ export class MemoryStore {
       });
       if (inserts.length > 0) await this.t.add(memoryArrow(this.schema, inserts));
       this.approxRows += inserts.length;
-      for (const r of [...inserts, ...updates]) {
-        this.changedDuringCopy?.add(r.id);
-        filter.add(r.content_hash);
-      }
+      for (const r of [...inserts, ...updates]) filter.add(r.content_hash);
       if (updates.length > 0) {
         // An update keeps when the memory was first made.
         const kept = updates.map((u) => ({ ...u, created: Number(present.get(u.id)!.created) }));
         await this.t.mergeInsert("id").whenMatchedUpdateAll().whenNotMatchedInsertAll().execute(memoryArrow(this.schema, kept));
       }
+      // Noted for a rewrite only once committed: a rewrite that began before this point notes
+      // them here, and one that begins after takes its snapshot after the commit. Noted before the
+      // update's commit, an update could fall between the two: not noted (no rewrite yet) and
+      // not in a snapshot taken before its commit, and so lost from the copy.
+      for (const r of [...inserts, ...updates]) this.changedDuringCopy?.add(r.id);
       const now = Date.now();
       await this.record([
         ...inserts.map((r) => historyRow(r, EVENT.add, "", r.text, now, actor)),
