@@ -164,8 +164,8 @@ const MIN_PROBES = 8;
 /**
  * Candidates re-scored on their full vectors, as a multiple of the limit: CHECKED_REFINE_FACTOR
  * for a scope no larger than the largest the last watch checked (checkedUpTo), REFINE_FACTOR for
- * any other, whose recall no watch measured. Each re-scored candidate is a read of its own. Over the 122-partition index at a
- * million memories, 5 probes found the same 0.965 of an owner's top ten at refine 2, 4 and 10
+ * any other, whose recall no watch measured. Each re-scored candidate is a read of its own. Over
+ * the 122-partition index at a million memories, 5 probes found the same 0.965 of an owner's top ten at refine 2, 4 and 10
  * (10.5, 11.7 and 14.9 ms), and the watch measures the recall of these searches anyway; the
  * tenant's needed the refine (0.940 at 2, 0.990 at 10), and nothing checks those.
  */
@@ -190,7 +190,7 @@ const INDEX_WATCH_SEARCHES = 32;
 const PROBE_SCALES = [1, 2, 4, 8] as const;
 /** Larger scopes are not checked: an exact search of one costs a second or more at a million memories. */
 const INDEX_WATCH_MAX_SCOPE = 100_000;
-/** Whether a watch of the index checks searches of a scope this large (and so its recall is measured, not assumed). */
+/** Whether a watch of the index takes searches of a scope this large to check. */
 const watchable = (scopeRows: number): boolean => scopeRows <= INDEX_WATCH_MAX_SCOPE;
 /**
  * How long a scope's row count is trusted, and how many scopes' counts are kept. Counting costs a
@@ -264,8 +264,8 @@ export interface HistoryRow {
 /**
  * The memory table's columns. `payload` holds the memory again, as JSON of its MEMORY_COLUMNS,
  * computed from the other columns at every write (memoryArrow): the candidate searches read it
- * and the vector instead of fourteen columns (PACKED_CANDIDATE_COLUMNS says why). Tables made before it existed
- * have no payload (`packed` false) until their next rewrite.
+ * and the vector instead of fourteen columns (PACKED_CANDIDATE_COLUMNS says why). Tables made
+ * before it existed have no payload (`packed` false) until their next rewrite.
  */
 export function schemaFor(dim: number, packed = true): Schema {
   return new Schema([
@@ -289,6 +289,9 @@ export function schemaFor(dim: number, packed = true): Schema {
   ]);
 }
 
+/** Whether a memory table of this schema has payloads (schemaFor). */
+const hasPayload = (schema: Schema): boolean => schema.fields.some((f) => f.name === "payload");
+
 /** A memory's payload: its MEMORY_COLUMNS as JSON, times as milliseconds. */
 function payloadOf(row: Record<string, unknown>): string {
   const memory: Record<string, unknown> = {};
@@ -305,7 +308,7 @@ function payloadOf(row: Record<string, unknown>): string {
  * disagrees with its row.
  */
 export function memoryArrow(schema: Schema, rows: readonly object[]): ArrowTable {
-  if (!schema.fields.some((f) => f.name === "payload")) return arrowTable(schema, rows);
+  if (!hasPayload(schema)) return arrowTable(schema, rows);
   // Rows may be Arrow row proxies (a copy from another table): their fields are read by name.
   const names = schema.fields.map((f) => f.name);
   return arrowTable(
@@ -463,7 +466,7 @@ export class MemoryStore {
     if (names.includes(active)) {
       this.table = await this.db.openTable(active);
       await this.checkEmbedder();
-      if (!(await this.table.schema()).fields.some((f) => f.name === "payload")) {
+      if (!hasPayload(await this.table.schema())) {
         // Written as it is until the next rewrite, which makes the table anew with payloads.
         this.schema = schemaFor(this.dim, false);
         this.logger.info(`the memory table ${active} has no payload column (made before it existed): searches read its columns until its next rewrite`);
@@ -535,7 +538,7 @@ export class MemoryStore {
 
   /** Whether the table in use has payloads (schemaFor). */
   private get packed(): boolean {
-    return this.schema.fields.some((f) => f.name === "payload");
+    return hasPayload(this.schema);
   }
 
   private get t(): lancedb.Table {
@@ -997,8 +1000,8 @@ export class MemoryStore {
    * - Otherwise the IVF_PQ index, with the scope as a prefilter, probing enough partitions to meet
    *   about PROBE_ROWS_FACTOR times the limit of the scope's rows (at least MIN_PROBES), times the
    *   probe scale the watch found to keep the recall (plan.probeScale), and the best
-   *   limit * REFINE_FACTOR (CHECKED_REFINE_FACTOR in a scope no larger than the watch checked) re-scored on their
-   *   full vectors, so distances are exact.
+   *   limit * REFINE_FACTOR (CHECKED_REFINE_FACTOR in a scope no larger than the watch checked)
+   *   re-scored on their full vectors, so distances are exact.
    *
    * Why not exact for every scope: in a table left in write order, an exact search reads each of
    * the scope's rows on its own (measured at 1M memories, one owner's 10,000: 10,000 reads, 100
@@ -1007,9 +1010,9 @@ export class MemoryStore {
    * 9.5 ms: which path is cheaper depends on the table's layout, so the watch measures it. The
    * refine factor decides recall more than the probes do on a good index: for the whole tenant,
    * refine 5 gave 0.927 and refine 10 0.990, at 20 probes or 40 of 1,000, for 2 ms more (with
-   * partitions of PARTITION_ROWS, 5 probes of 113: 0.990 at refine 10, 0.965 at 4, 0.940 at 2). LanceDB's own
-   * answer to narrow filters, maximumNprobes(0) (probe until the limit is met), took 108 ms there,
-   * so the probe count is computed here instead.
+   * partitions of PARTITION_ROWS, 5 probes of 113: 0.990 at refine 10, 0.965 at 4, 0.940 at 2).
+   * LanceDB's own answer to narrow filters, maximumNprobes(0) (probe until the limit is met), took
+   * 108 ms there, so the probe count is computed here instead.
    */
   async vectorCandidates(scopeWhere: string, vector: Float32Array, limit: number, path: "auto" | "exact" | "index" = "auto"): Promise<StoredCandidate[]> {
     const scopeRows = path === "exact" || !this.vectorIndex ? 0 : await this.scopeRows(scopeWhere);
