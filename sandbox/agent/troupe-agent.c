@@ -7,10 +7,14 @@
  * attaches once to the container's stdin and stdout and speaks framed requests to this agent,
  * which forks the command itself: a command's round trip is then a pipe write and a fork.
  *
- * It runs as the container's unprivileged user under the container's init (tini), as a child
- * subreaper so orphaned processes come back to it to be reaped. It has no network, no
- * capabilities and no secret; it never interprets command output. A command can kill it (same
- * user); the container then ends and the service makes a new one.
+ * It is the container's PID 1, so orphaned processes come back to it to be reaped, and it runs as
+ * root with three capabilities only (SETUID, SETGID, KILL; the service sets them): every command
+ * and every file operation runs in a child that has become the sandbox user (65534) first. The
+ * channel to the service (fds 0 and 1) is therefore held by a process of another user, which no
+ * command can open through /proc/1/fd, signal or trace, under runc or gVisor alike (gVisor does
+ * not honour PR_SET_DUMPABLE for /proc; a user boundary it does). It has no network and no
+ * secret, and never interprets command output. Started as any other user (an older image, a
+ * service that sets --user), it runs everything as that user, as before.
  *
  * Frames, both ways: u32 length (of what follows), u8 type, u32 request id, payload; integers
  * big-endian. Requests are listed in `enum`s below with their payloads; replies name the request
@@ -29,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -43,6 +48,9 @@
 #define EXIT_GRACE_MS 200          /* after a command exits, how long background holders of its pipes may keep them */
 #define MAX_SYMLINK_HOPS 40
 #define MAX_DEPTH 256
+#define SANDBOX_UID 65534
+#define SANDBOX_GID 65534
+#define FILE_OP_TIMEOUT_MS 20000
 
 enum request {
   REQ_HELLO = 1,       /* -> HELLO (version, claim). Ends commands left by an earlier connection. */
@@ -90,6 +98,17 @@ static struct exec execs[MAX_EXECS];
 static int n_execs;
 static int sigchld_pipe[2];
 static char claim[256];
+/* Where frames go: the service (stdout), or in a file operation's child, the pipe to the agent. */
+static int channel = 1;
+/* Started as root: commands and file operations run as the sandbox user, in children. */
+static int privsep;
+
+/* In a child about to run untrusted work: become the sandbox user for good. 0, or -1. */
+static int become_sandbox_user(void) {
+  if (!privsep) return 0;
+  if (setgroups(0, NULL) < 0 || setgid(SANDBOX_GID) < 0 || setuid(SANDBOX_UID) < 0) return -1;
+  return 0;
+}
 
 static uint64_t now_ms(void) {
   struct timespec ts;
@@ -119,9 +138,9 @@ static void reply(uint8_t type, uint32_t id, const void *a, size_t alen, const v
   put32(head, (uint32_t)(5 + alen + blen));
   head[4] = type;
   put32(head + 5, id);
-  write_all(1, head, 9);
-  if (alen) write_all(1, a, alen);
-  if (blen) write_all(1, b, blen);
+  write_all(channel, head, 9);
+  if (alen) write_all(channel, a, alen);
+  if (blen) write_all(channel, b, blen);
 }
 
 static void reply_err(uint32_t id, int err, const char *what) {
@@ -278,6 +297,10 @@ static void start_exec(uint32_t id, const uint8_t *p, size_t len) {
     dup2(in[0] >= 0 ? in[0] : devnull, 0);
     dup2(out[1], 1);
     dup2(err[1], 2);
+    if (become_sandbox_user() < 0) {
+      dprintf(2, "troupe-agent: cannot become the sandbox user: %s\n", strerror(errno));
+      _exit(126);
+    }
     /* Everything else the agent holds is close-on-exec, so the command sees only 0, 1 and 2. */
     sigset_t none;
     sigemptyset(&none);
@@ -631,6 +654,66 @@ static void list_dir(uint32_t id, const uint8_t *p, size_t len) {
   free(out);
 }
 
+static void file_op(uint8_t type, uint32_t id, const uint8_t *p, size_t len) {
+  if (type == REQ_READ) read_file(id, p, len);
+  else if (type == REQ_WRITE) write_file(id, p, len);
+  else list_dir(id, p, len);
+}
+
+/*
+ * A file operation, run as the sandbox user: in a child that has dropped to it, whose one reply
+ * frame comes back through a pipe and is checked (one whole frame, this request's id, a file
+ * reply's type) before it is passed on. A child that says anything else, or takes longer than
+ * FILE_OP_TIMEOUT_MS, is killed and the request answered with an error.
+ */
+static void as_sandbox_user(uint8_t type, uint32_t id, const uint8_t *p, size_t len) {
+  if (!privsep) return file_op(type, id, p, len);
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) < 0) return reply_err(id, errno, "pipe");
+  pid_t pid = fork_command();
+  if (pid == 0) {
+    close(fds[0]);
+    int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+    dup2(devnull, 0), dup2(devnull, 1), dup2(devnull, 2); /* the service's channel is not the child's */
+    if (become_sandbox_user() < 0) _exit(126);
+    channel = fds[1];
+    file_op(type, id, p, len);
+    _exit(0);
+  }
+  int fork_errno = errno;
+  close(fds[1]);
+  if (pid < 0) return close(fds[0]), reply_err(id, fork_errno, "fork");
+  size_t cap = 64 * 1024, have = 0;
+  uint8_t *buf = malloc(cap);
+  uint64_t deadline = now_ms() + FILE_OP_TIMEOUT_MS;
+  int ok = buf != NULL;
+  while (ok) {
+    uint64_t now = now_ms();
+    struct pollfd pfd = {.fd = fds[0], .events = POLLIN};
+    int r = now >= deadline ? 0 : poll(&pfd, 1, (int)(deadline - now));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) { ok = 0; break; }
+    if (have == cap) {
+      if (cap >= 9 + (size_t)MAX_FRAME) { ok = 0; break; }
+      uint8_t *grown = realloc(buf, cap * 2);
+      if (!grown) { ok = 0; break; }
+      buf = grown, cap *= 2;
+    }
+    ssize_t n = read(fds[0], buf + have, cap - have);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) { ok = 0; break; }
+    if (n == 0) break;
+    have += n;
+  }
+  close(fds[0]);
+  kill(pid, SIGKILL); /* done or overdue: either way it has nothing more to do */
+  ok = ok && have >= 9 && get32(buf) == have - 4 && get32(buf + 5) == id &&
+       (buf[4] == REP_OK || buf[4] == REP_ERR || buf[4] == REP_FILE || buf[4] == REP_LISTING);
+  if (ok) write_all(channel, buf, have);
+  free(buf);
+  if (!ok) reply_err(id, EIO, "file operation did not complete");
+}
+
 static void handle(uint8_t type, uint32_t id, const uint8_t *p, size_t len) {
   struct exec *e;
   switch (type) {
@@ -640,7 +723,7 @@ static void handle(uint8_t type, uint32_t id, const uint8_t *p, size_t len) {
       kill_all();
       while (n_execs > 0) drop_exec(&execs[0]);
     }
-    write_all(1, SYNC_MAGIC, 8);
+    write_all(channel, SYNC_MAGIC, 8);
     {
       static const char version[] = AGENT_VERSION "\n";
       reply(REP_HELLO, id, version, sizeof version - 1, claim, strlen(claim));
@@ -677,13 +760,9 @@ static void handle(uint8_t type, uint32_t id, const uint8_t *p, size_t len) {
     reply(REP_OK, id, NULL, 0, NULL, 0);
     break;
   case REQ_READ:
-    read_file(id, p, len);
-    break;
   case REQ_WRITE:
-    write_file(id, p, len);
-    break;
   case REQ_LIST:
-    list_dir(id, p, len);
+    as_sandbox_user(type, id, p, len);
     break;
   default:
     reply_err(id, ENOSYS, "unknown request");
@@ -691,7 +770,8 @@ static void handle(uint8_t type, uint32_t id, const uint8_t *p, size_t len) {
 }
 
 int main(void) {
-  /* Orphans of commands come back to us to be reaped (tini would too; this keeps them ours). */
+  privsep = geteuid() == 0;
+  /* Orphans of commands come back to us to be reaped (we are PID 1; elsewhere this keeps them ours). */
   prctl(PR_SET_CHILD_SUBREAPER, 1);
   /* Commands run as our user: refuse them ptrace and /proc/<pid>/mem of this process. */
   prctl(PR_SET_DUMPABLE, 0);

@@ -5,12 +5,26 @@
 // Frames: u32 length (of what follows), u8 type, u32 request id, payload; big-endian. Docker wraps
 // the container's output in its own 8-byte headers (stream, length), unwrapped here first; the
 // agent's stderr is diagnostics only.
+//
+// The other end is inside a sandbox, so this side trusts nothing it reads: every length is
+// checked against a cap and against what is there before anything is read, output beyond the
+// credit window or the command's output cap is refused, and a frame for a request or command
+// this side does not know is refused too. Any such violation ends this one connection (the
+// caller discards the container and its callers get AgentGone), never the process.
 import type { Duplex } from "node:stream";
 import type Docker from "dockerode";
 
 export const AGENT_VERSION = "troupe-agent/1";
 const SYNC_MAGIC = Buffer.from("\0TRPSYNC", "latin1");
 const HELLO_TIMEOUT_MS = 5000;
+/** The largest frame either side sends: a 16 MiB file plus its header (MAX_FRAME in the agent). */
+export const MAX_FRAME = 17 << 20;
+/** Docker's own chunks of the container's output are far smaller; anything larger is not Docker. */
+const MAX_DOCKER_CHUNK = MAX_FRAME + 64 * 1024;
+/** Diagnostics lines from one sandbox: this many per window, longer lines cut. */
+const DIAGNOSTICS_PER_WINDOW = 20;
+const DIAGNOSTICS_WINDOW_MS = 10_000;
+const DIAGNOSTICS_MAX_CHARS = 300;
 
 const enum Req {
   Hello = 1,
@@ -46,8 +60,21 @@ export class AgentError extends Error {
   }
 }
 
-/** The connection ended (the container stopped, or the engine dropped the attach). */
+/** The connection ended (the container stopped, the engine dropped the attach, or the agent broke the protocol). */
 export class AgentGone extends Error {}
+
+/** What the agent sent is not the protocol: the connection ends, and the sandbox with it. */
+class ProtocolViolation extends Error {}
+
+function violation(message: string): never {
+  throw new ProtocolViolation(message);
+}
+
+/** A diagnostics line as it may reach a log: control characters escaped, cut at a bound. */
+export function escapeDiagnostic(line: string): string {
+  const escaped = line.replace(/[\u0000-\u001f\u007f-\u009f\u2028\u2029]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`);
+  return escaped.length > DIAGNOSTICS_MAX_CHARS ? `${escaped.slice(0, DIAGNOSTICS_MAX_CHARS)}... (${escaped.length} characters)` : escaped;
+}
 
 export interface AgentExit {
   /** 128 + the signal's number when a signal ended it. */
@@ -91,6 +118,23 @@ interface Pending {
   reject(err: Error): void;
 }
 
+/** A running command as this side accounts for it. */
+interface ExecState {
+  handlers: ExecHandlers;
+  window: number;
+  maxOutput: number;
+  /** Output bytes received, and credited back to the agent. */
+  received: number;
+  credited: number;
+}
+
+export interface AttachOptions {
+  /** The agent's stderr, a line at a time, escaped and rate-limited. */
+  diagnostics(line: string): void;
+  /** The agent broke the protocol: the connection has ended; discard the container. */
+  broken?(reason: string): void;
+}
+
 /** Rejects with `onTimeout()`'s error when `work` has not settled in time. */
 export async function within<T>(work: Promise<T>, ms: number, onTimeout: () => Error): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
@@ -119,7 +163,8 @@ const u32 = (v: number) => {
 export class AgentConnection {
   private nextId = 1;
   private readonly pending = new Map<number, Pending>();
-  private readonly execs = new Map<number, ExecHandlers>();
+  private readonly execs = new Map<number, ExecState>();
+  private diagnosticsWindow = { start: 0, lines: 0, dropped: 0 };
   /** Docker's framing (8-byte headers) not yet complete. */
   private raw: Buffer = Buffer.alloc(0);
   /** The agent's frames not yet complete. */
@@ -132,9 +177,9 @@ export class AgentConnection {
 
   private constructor(
     private readonly stream: Duplex,
-    private readonly diagnostics: (line: string) => void,
+    private readonly options: AttachOptions,
   ) {
-    stream.on("data", (chunk: Buffer) => this.onRaw(chunk));
+    stream.on("data", (chunk: Buffer) => this.receive(chunk));
     const end = () => this.end(new AgentGone("the sandbox's agent connection ended"));
     stream.on("end", end);
     stream.on("close", end);
@@ -145,9 +190,14 @@ export class AgentConnection {
    * Attaches to the container's stdio (before start(), for a new container, so nothing is
    * missed) and returns the connection; call hello() once the container runs.
    */
-  static async attach(container: Docker.Container, diagnostics: (line: string) => void): Promise<AgentConnection> {
+  static async attach(container: Docker.Container, options: AttachOptions): Promise<AgentConnection> {
     const stream = (await container.attach({ stream: true, stdin: true, stdout: true, stderr: true, hijack: true })) as unknown as Duplex;
-    return new AgentConnection(stream, diagnostics);
+    return new AgentConnection(stream, options);
+  }
+
+  /** A connection over any duplex stream that carries Docker's framing (tests drive it with their own). */
+  static over(stream: Duplex, options: AttachOptions): AgentConnection {
+    return new AgentConnection(stream, options);
   }
 
   get alive(): boolean {
@@ -182,7 +232,7 @@ export class AgentConnection {
   exec(command: string, opts: ExecOptions, handlers: ExecHandlers): RunningExec {
     if (this.ended) throw this.ended;
     const id = this.nextId++;
-    this.execs.set(id, handlers);
+    this.execs.set(id, { handlers, window: opts.windowBytes, maxOutput: opts.maxOutputBytes, received: 0, credited: 0 });
     const head = Buffer.alloc(13);
     head.writeUInt32BE(opts.timeoutMs, 0);
     head.writeUInt32BE(opts.maxOutputBytes, 4);
@@ -197,7 +247,10 @@ export class AgentConnection {
     return {
       id,
       credit: (bytes) => {
-        if (!this.ended && this.execs.has(id)) this.stream.write(frame(Req.Credit, id, u32(bytes)));
+        const state = this.execs.get(id);
+        if (this.ended || !state) return;
+        state.credited += bytes;
+        this.stream.write(frame(Req.Credit, id, u32(bytes)));
       },
       signal: async (signo) => {
         await this.request(Req.Signal, id, Buffer.from([signo]));
@@ -212,6 +265,7 @@ export class AgentConnection {
 
   async readFile(path: string, maxBytes: number): Promise<{ data: Buffer; size: number; truncated: boolean }> {
     const { payload } = await this.request(Req.Read, this.nextId++, u32(maxBytes), Buffer.from(path, "utf8"));
+    // Checked when it arrived (dispatch): at least its 9-byte header.
     return { size: Number(payload.readBigUInt64BE(0)), truncated: payload[8] === 1, data: payload.subarray(9) };
   }
 
@@ -230,6 +284,7 @@ export class AgentConnection {
     const entries: FileEntryInfo[] = [];
     for (let off = 1; off + 19 <= payload.length; ) {
       const nameLen = payload.readUInt16BE(off + 17);
+      if (off + 19 + nameLen > payload.length) throw new AgentError(5, "the sandbox's agent sent a listing that does not add up");
       entries.push({
         type: types[payload[off]] ?? "other",
         size: Number(payload.readBigUInt64BE(off + 1)),
@@ -255,15 +310,49 @@ export class AgentConnection {
     });
   }
 
+  /** Everything the agent sends comes through here; nothing it sends may throw past it. */
+  private receive(chunk: Buffer) {
+    if (this.ended) return;
+    try {
+      this.onRaw(chunk);
+    } catch (err) {
+      const reason = err instanceof ProtocolViolation ? err.message : `unreadable output (${(err as Error).message})`;
+      this.end(new AgentGone(`the sandbox's agent broke the protocol: ${reason}`));
+      this.stream.destroy();
+      this.options.broken?.(reason);
+    }
+  }
+
   private onRaw(chunk: Buffer) {
     this.raw = this.raw.length ? Buffer.concat([this.raw, chunk]) : chunk;
-    while (this.raw.length >= 8) {
+    while (this.raw.length >= 8 && !this.ended) {
+      const stream = this.raw[0];
       const size = this.raw.readUInt32BE(4);
+      if (stream !== 1 && stream !== 2) violation(`a chunk on stream ${stream}`);
+      if (size > MAX_DOCKER_CHUNK) violation(`a chunk of ${size} bytes`);
       if (this.raw.length < 8 + size) break;
       const body = this.raw.subarray(8, 8 + size);
-      if (this.raw[0] === 2) this.diagnostics(body.toString("utf8").trimEnd());
-      else this.onFrames(body);
       this.raw = this.raw.subarray(8 + size);
+      if (stream === 2) this.diagnose(body.toString("utf8"));
+      else this.onFrames(body);
+    }
+  }
+
+  /** The agent's stderr: escaped, and at most DIAGNOSTICS_PER_WINDOW lines per window. */
+  private diagnose(text: string) {
+    const now = Date.now();
+    const w = this.diagnosticsWindow;
+    if (now - w.start >= DIAGNOSTICS_WINDOW_MS) {
+      if (w.dropped > 0) this.options.diagnostics(`(${w.dropped} more lines dropped)`);
+      this.diagnosticsWindow = { start: now, lines: 0, dropped: 0 };
+    }
+    for (const line of text.trimEnd().split("\n")) {
+      if (line === "") continue;
+      if (this.diagnosticsWindow.lines >= DIAGNOSTICS_PER_WINDOW) this.diagnosticsWindow.dropped++;
+      else {
+        this.diagnosticsWindow.lines++;
+        this.options.diagnostics(escapeDiagnostic(line));
+      }
     }
   }
 
@@ -279,8 +368,10 @@ export class AgentConnection {
       this.buf = this.buf.subarray(at + SYNC_MAGIC.length);
       this.synced = true;
     }
-    while (this.buf.length >= 9) {
+    while (this.buf.length >= 4 && !this.ended) {
       const len = this.buf.readUInt32BE(0);
+      // Checked before waiting for it: a huge claim is refused now, not buffered for.
+      if (len < 5 || len > MAX_FRAME) violation(`a frame of ${len} bytes`);
       if (this.buf.length < 4 + len) break;
       const type = this.buf[4];
       const id = this.buf.readUInt32BE(5);
@@ -292,26 +383,37 @@ export class AgentConnection {
   }
 
   private dispatch(type: number, id: number, payload: Buffer) {
-    if (type === Rep.Out) {
-      this.execs.get(id)?.output(payload[0] === 2 ? "stderr" : "stdout", payload.subarray(1));
-      return;
-    }
-    if (type === Rep.Exit) {
-      const handlers = this.execs.get(id);
+    if (type === Rep.Out || type === Rep.Exit) {
+      const exec = this.execs.get(id);
+      if (!exec) violation(`${type === Rep.Out ? "output" : "an exit"} for command ${id}, which is not running`);
+      if (type === Rep.Out) {
+        if (payload.length < 1 || (payload[0] !== 1 && payload[0] !== 2)) violation("output without its stream");
+        const bytes = payload.length - 1;
+        exec.received += bytes;
+        if (exec.received > exec.maxOutput) violation(`command ${id} sent ${exec.received} bytes, over its cap of ${exec.maxOutput}`);
+        if (exec.received - exec.credited > exec.window) violation(`command ${id} sent past its credit window`);
+        exec.handlers.output(payload[0] === 2 ? "stderr" : "stdout", payload.subarray(1));
+        return;
+      }
+      if (payload.length !== 9) violation(`an exit of ${payload.length} bytes`);
       this.execs.delete(id);
       const flags = payload[8];
-      handlers?.exit({ exitCode: payload.readInt32BE(0), signal: payload.readInt32BE(4), timedOut: (flags & 1) !== 0, truncated: (flags & 2) !== 0 });
+      exec.handlers.exit({ exitCode: payload.readInt32BE(0), signal: payload.readInt32BE(4), timedOut: (flags & 1) !== 0, truncated: (flags & 2) !== 0 });
       return;
     }
-    const execHandlers = this.execs.get(id);
+    if (type === Rep.Err && payload.length < 4) violation("an error without its code");
+    const exec = this.execs.get(id);
     const waiting = this.pending.get(id);
-    if (type === Rep.Err && !waiting && execHandlers) {
+    if (type === Rep.Err && !waiting && exec) {
       // The command could not start (fork failed, too many running).
       this.execs.delete(id);
-      execHandlers.lost(new AgentError(payload.readInt32BE(0), payload.subarray(4).toString("utf8")));
+      exec.handlers.lost(new AgentError(payload.readInt32BE(0), payload.subarray(4).toString("utf8")));
       return;
     }
-    if (!waiting) return;
+    if (!waiting) violation(`a reply (type ${type}) to request ${id}, which was not asked`);
+    if (type === Rep.File && payload.length < 9) violation("a file reply without its header");
+    if (type === Rep.Listing && payload.length < 1) violation("a listing without its header");
+    if (![Rep.Hello, Rep.Ok, Rep.Err, Rep.File, Rep.Listing].includes(type)) violation(`a reply of type ${type}`);
     this.pending.delete(id);
     if (type === Rep.Err) waiting.reject(new AgentError(payload.readInt32BE(0), payload.subarray(4).toString("utf8")));
     else waiting.resolve({ type, payload });
@@ -322,7 +424,7 @@ export class AgentConnection {
     this.ended = err;
     for (const p of this.pending.values()) p.reject(err);
     this.pending.clear();
-    for (const h of this.execs.values()) h.lost(err);
+    for (const e of this.execs.values()) e.handlers.lost(err);
     this.execs.clear();
   }
 }

@@ -10,10 +10,16 @@ import { createHash, randomBytes } from "node:crypto";
 import Docker from "dockerode";
 import { failedPrecondition } from "../shared/errors.js";
 import type { Logger } from "../shared/log.js";
-import { AgentConnection } from "./agent-connection.js";
+import { AgentConnection, type AttachOptions } from "./agent-connection.js";
 
 const WORKSPACE = "/workspace";
-const SANDBOX_USER = "65534:65534";
+/**
+ * The agent starts as root with three capabilities and is the container's PID 1; it runs every
+ * command and file operation as 65534 (troupe-agent.c). So the attach pipes it holds belong to
+ * another user than anything untrusted: no command opens /proc/1/fd, signals or traces it.
+ */
+const AGENT_USER = "0:0";
+const AGENT_CAPABILITIES = ["SETUID", "SETGID", "KILL"];
 
 export interface SandboxLimits {
   memoryBytes: number;
@@ -69,7 +75,7 @@ function settings(opts: FleetOptions): Docker.ContainerCreateOptions {
   const { limits } = opts;
   return {
     Image: opts.image,
-    User: SANDBOX_USER,
+    User: AGENT_USER,
     Cmd: ["troupe-agent"],
     WorkingDir: WORKSPACE,
     // Nothing from the service's own environment reaches the container.
@@ -86,9 +92,11 @@ function settings(opts: FleetOptions): Docker.ContainerCreateOptions {
     HostConfig: {
       NetworkMode: "none",
       CapDrop: ["ALL"],
+      CapAdd: AGENT_CAPABILITIES,
       SecurityOpt: ["no-new-privileges"],
       ReadonlyRootfs: true,
-      Init: true,
+      // The agent is PID 1 (no docker-init holding the attach pipes): it reaps orphans itself.
+      Init: false,
       PidsLimit: limits.pids,
       Memory: limits.memoryBytes,
       MemorySwap: limits.memoryBytes,
@@ -258,7 +266,7 @@ export class SandboxFleet {
       await this.remove(container);
       return undefined;
     }
-    const agent = await AgentConnection.attach(container, this.diagnostics(name));
+    const agent = await AgentConnection.attach(container, this.attachOptions(container, name));
     try {
       await agent.hello();
     } catch (err) {
@@ -320,7 +328,7 @@ export class SandboxFleet {
         } else throw err;
       }
       try {
-        const agent = await AgentConnection.attach(container, this.diagnostics(name));
+        const agent = await AgentConnection.attach(container, this.attachOptions(container, name));
         await container.start();
         await agent.hello();
         if (key !== undefined) await agent.claim(key);
@@ -479,9 +487,20 @@ export class SandboxFleet {
     );
   }
 
-  private diagnostics(name: string) {
-    return (line: string) => {
-      if (line) this.logger.warn(`sandbox agent (${name}): ${line}`);
+  /**
+   * A sandbox's connection reports here: its agent's stderr (escaped and rate-limited by the
+   * connection), and a broken protocol, which ends that sandbox alone: forgotten and removed, so
+   * its key's next request makes a new one.
+   */
+  private attachOptions(container: Docker.Container, name: string): AttachOptions {
+    return {
+      diagnostics: (line) => this.logger.warn(`sandbox agent (${name}): ${line}`),
+      broken: (reason) => {
+        this.logger.error(`sandbox ${name} broke the agent protocol (${reason}); removing it`);
+        void this.forget(container.id)
+          .then(() => this.remove(container))
+          .catch(() => undefined);
+      },
     };
   }
 }

@@ -1,0 +1,147 @@
+// The service's side of the in-sandbox agent's protocol, driven in-process with bytes a hostile
+// sandbox could send. Whatever arrives, the connection either serves or ends itself (reporting
+// the breach, so the sandbox is discarded); nothing it reads throws past it into the process.
+// Before these checks, a forged 9-byte EXIT frame threw a RangeError out of a 'data' handler and
+// took the whole sandbox service down, with every tenant's tool calls in flight.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { Duplex } from "node:stream";
+import { AgentConnection, AgentGone, MAX_FRAME, escapeDiagnostic } from "../services/sandbox/agent-connection.js";
+
+const SYNC = Buffer.from("\0TRPSYNC", "latin1");
+const REP = { hello: 64, ok: 65, err: 66, out: 67, exit: 68, file: 69, listing: 70 };
+
+/** One of Docker's chunks: stream byte, three zero bytes, u32 length, body. */
+function chunk(body: Buffer, stream = 1): Buffer {
+  const head = Buffer.alloc(8);
+  head[0] = stream;
+  head.writeUInt32BE(body.length, 4);
+  return Buffer.concat([head, body]);
+}
+
+/** One agent frame: u32 length, u8 type, u32 id, payload. */
+function frame(type: number, id: number, payload: Buffer = Buffer.alloc(0)): Buffer {
+  const head = Buffer.alloc(9);
+  head.writeUInt32BE(5 + payload.length, 0);
+  head[4] = type;
+  head.writeUInt32BE(id, 5);
+  return Buffer.concat([head, payload]);
+}
+
+/** A connection over an in-memory stream; `feed` is what the sandbox would send. */
+function connect() {
+  const written: Buffer[] = [];
+  const stream = new Duplex({
+    read() {},
+    write(data, _enc, done) {
+      written.push(Buffer.from(data));
+      done();
+    },
+  });
+  const broken: string[] = [];
+  const diagnostics: string[] = [];
+  const conn = AgentConnection.over(stream, { diagnostics: (l) => diagnostics.push(l), broken: (r) => broken.push(r) });
+  const feed = (bytes: Buffer) => stream.push(bytes);
+  /** Greets the agent as the service does, answering as a well-behaved agent would. */
+  const greet = async () => {
+    const hello = conn.hello();
+    await new Promise((r) => setImmediate(r));
+    const id = written.at(-1)!.readUInt32BE(5);
+    feed(chunk(Buffer.concat([SYNC, frame(REP.hello, id, Buffer.from("troupe-agent/1\n"))])));
+    await hello;
+  };
+  const lastRequestId = () => written.at(-1)!.readUInt32BE(5);
+  return { conn, feed, greet, broken, diagnostics, written, lastRequestId };
+}
+
+const exitPayload = (code: number) => {
+  const p = Buffer.alloc(9);
+  p.writeInt32BE(code, 0);
+  return p;
+};
+
+test("a well-formed exchange: hello, output within the window, exit", async () => {
+  const c = connect();
+  await c.greet();
+  const out: string[] = [];
+  let exit: number | undefined;
+  const run = c.conn.exec("echo hi", { timeoutMs: 1000, maxOutputBytes: 100, windowBytes: 10 }, { output: (_s, d) => out.push(d.toString()), exit: (e) => (exit = e.exitCode), lost: () => undefined });
+  c.feed(chunk(frame(REP.out, run.id, Buffer.from("\x01hello"))));
+  run.credit(6);
+  c.feed(chunk(frame(REP.out, run.id, Buffer.from("\x01 world!!!"))));
+  c.feed(chunk(frame(REP.exit, run.id, exitPayload(0))));
+  await new Promise((r) => setImmediate(r));
+  assert.deepEqual(out, ["hello", " world!!!"]);
+  assert.equal(exit, 0);
+  assert.equal(c.conn.alive, true);
+  assert.deepEqual(c.broken, []);
+});
+
+test("forged and malformed frames end the connection, never the process", async () => {
+  const cases: [string, (c: ReturnType<typeof connect>, execId: number) => Buffer, RegExp][] = [
+    ["a 9-byte EXIT (the crash)", (_c, id) => chunk(frame(REP.exit, id)), /an exit of 0 bytes/],
+    ["an ERR without its code", (c) => chunk(frame(REP.err, c.lastRequestId())), /error without its code/],
+    ["an oversized length claim", () => chunk(Buffer.from([0xff, 0xff, 0xff, 0xff, 1, 0, 0, 0, 1])), /a frame of 4294967295 bytes/],
+    ["a length under the header", () => chunk(Buffer.from([0, 0, 0, 2, 1, 0, 0, 0, 1])), /a frame of 2 bytes/],
+    ["output for a command that is not running", () => chunk(frame(REP.out, 4242, Buffer.from("\x01x"))), /not running/],
+    ["output without its stream byte", (_c, id) => chunk(frame(REP.out, id)), /without its stream/],
+    ["output past the credit window", (_c, id) => chunk(frame(REP.out, id, Buffer.concat([Buffer.from([1]), Buffer.alloc(11)]))), /credit window/],
+    ["a reply nobody asked for", () => chunk(frame(REP.ok, 999)), /not asked/],
+    ["a Docker chunk on an unknown stream", () => chunk(Buffer.from("x"), 7), /stream 7/],
+    ["a Docker chunk larger than any frame", () => Buffer.from([1, 0, 0, 0, 0xff, 0xff, 0xff, 0xff]), /a chunk of/],
+  ];
+  for (const [name, make, why] of cases) {
+    const c = connect();
+    await c.greet();
+    let lost: Error | undefined;
+    const run = c.conn.exec("x", { timeoutMs: 1000, maxOutputBytes: 1 << 20, windowBytes: 10 }, { output: () => undefined, exit: () => undefined, lost: (e) => (lost = e) });
+    // Settled into a value at once: the rejection comes while the frame is fed.
+    const pending = c.conn.readFile("f", 10).then(() => undefined, (e: Error) => e);
+    c.feed(make(c, run.id));
+    await new Promise((r) => setImmediate(r));
+    assert.equal(c.conn.alive, false, name);
+    assert.equal(c.broken.length, 1, name);
+    assert.match(c.broken[0], why, name);
+    assert.ok(lost instanceof AgentGone, `${name}: the running command is told`);
+    const failure = await pending;
+    assert.ok(failure instanceof AgentGone && /broke the protocol/.test(failure.message), `${name}: ${failure}`);
+  }
+});
+
+test("output over the command's cap is refused even within the window", async () => {
+  const c = connect();
+  await c.greet();
+  const run = c.conn.exec("x", { timeoutMs: 1000, maxOutputBytes: 4, windowBytes: 1000 }, { output: () => undefined, exit: () => undefined, lost: () => undefined });
+  c.feed(chunk(frame(REP.out, run.id, Buffer.from("\x01abcdef"))));
+  await new Promise((r) => setImmediate(r));
+  assert.match(c.broken[0] ?? "", /over its cap of 4/);
+});
+
+test("random bytes after the greeting never throw out of the connection", async () => {
+  let seed = 7;
+  const rand = () => ((seed = (seed * 1103515245 + 12345) & 0x7fffffff) / 0x7fffffff);
+  for (let i = 0; i < 300; i++) {
+    const c = connect();
+    await c.greet();
+    const body = Buffer.from(Array.from({ length: 1 + Math.floor(rand() * 64) }, () => Math.floor(rand() * 256)));
+    // Half in Docker's framing (so the agent's frame parser sees them), half raw.
+    c.feed(i % 2 === 0 ? chunk(body) : body);
+    await new Promise((r) => setImmediate(r));
+    assert.ok(c.conn.alive || c.broken.length === 1);
+  }
+  assert.ok(MAX_FRAME > 16 << 20);
+});
+
+test("the agent's stderr reaches the log escaped and rate-limited", async () => {
+  const c = connect();
+  await c.greet();
+  const lines = Array.from({ length: 50 }, (_, i) => `line ${i} \x1b[31mred\x1b[0m \r fake: log line`).join("\n");
+  c.feed(chunk(Buffer.from(lines + "\n"), 2));
+  c.feed(chunk(Buffer.from("x".repeat(5000) + "\n"), 2));
+  await new Promise((r) => setImmediate(r));
+  assert.equal(c.diagnostics.length, 20, "at most 20 lines per window");
+  for (const l of c.diagnostics) assert.doesNotMatch(l, /[\x00-\x1f]/);
+  assert.match(c.diagnostics[0], /line 0 \\u001b\[31mred/);
+  assert.equal(escapeDiagnostic("y".repeat(1000)).length < 400, true);
+  assert.equal(c.conn.alive, true, "diagnostics are not a violation");
+});
