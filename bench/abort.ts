@@ -12,6 +12,7 @@ import { promisify } from "node:util";
 import { fileURLToPath } from "node:url";
 import * as grpc from "@grpc/grpc-js";
 import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
+import { DEV_IDENTITY } from "../services/shared/auth.js";
 import { StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { containerName, instanceOf } from "../services/sandbox/fleet.js";
 import { ChatSession } from "../test/helpers/session.js";
@@ -24,7 +25,7 @@ const RUNS = Number(values.runs);
 const fmt = (xs: number[]) => `p50=${pct(xs, 50).toFixed(1)} ms p99=${pct(xs, 99).toFixed(1)} ms (n=${xs.length})`;
 
 const stack = await startStack({ env: { TROUPE_LOG_LEVEL: "warn" } });
-const sandbox = stack.client(SandboxService, stack.addr.sandbox);
+const sandbox = stack.client(SandboxService, stack.addr.sandbox, { as: DEV_IDENTITY });
 try {
   const streaming: number[] = [];
   const tool: number[] = [];

@@ -17,7 +17,7 @@ import { parseArgs } from "node:util";
 import * as grpc from "@grpc/grpc-js";
 import { create, toBinary } from "@bufbuild/protobuf";
 import { PlacementCache } from "../services/gateway/server.js";
-import { sha256 } from "../services/shared/auth.js";
+import { sha256 } from "../services/shared/api-keys.js";
 import { ChatRequestSchema, GatewayService, SendMessageRequestSchema } from "../services/shared/gen/troupe/v1/gateway_pb.js";
 import { RouterService } from "../services/shared/gen/troupe/v1/router_pb.js";
 import { createClient } from "../services/shared/rpc.js";
@@ -113,11 +113,12 @@ const openRatio = report("open");
 const router = createClient(RouterService, "127.0.0.1:1");
 const cache = new PlacementCache(router);
 const SESSIONS = 10_000;
-for (let i = 0; i < SESSIONS; i++) (cache as unknown as { entries: Map<string, unknown> }).entries.set(`s${i}`, { sessionId: `s${i}`, agentId: "main", runner: { runnerId: "r", address: "a" } });
+const BENCH_CALLER = { tenant: "bench", principal: "p" };
+for (let i = 0; i < SESSIONS; i++) (cache as unknown as { entries: Map<string, unknown> }).entries.set(`bench/p/s${i}`, { sessionId: `s${i}`, agentId: "main", runner: { runnerId: "r", address: "a" } });
 const samples: number[] = [];
 for (let round = 0; round < 20; round++) {
   const t0 = performance.now();
-  for (let i = 0; i < 50_000; i++) await cache.resolve(`s${(i * 7919) % SESSIONS}`, "");
+  for (let i = 0; i < 50_000; i++) await cache.resolve(BENCH_CALLER, `s${(i * 7919) % SESSIONS}`, "");
   samples.push(((performance.now() - t0) * 1000) / 50_000);
 }
 router.close();

@@ -12,6 +12,7 @@ import { promisify } from "node:util";
 import { parseArgs } from "node:util";
 import Docker from "dockerode";
 import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
+import { DEV_IDENTITY } from "../services/shared/auth.js";
 import type { ServiceClient } from "../services/shared/rpc.js";
 import { createLogger } from "../services/shared/log.js";
 import { DEFAULT_LIMITS, SandboxFleet, containerName, instanceOf } from "../services/sandbox/fleet.js";
@@ -39,7 +40,7 @@ const env = { TROUPE_LOG_LEVEL: "warn", TROUPE_SANDBOX_RUNTIME: RUNTIME };
 
 // Cold: no pool, so every new session makes its container.
 const coldStack = await startStack({ services: ["sandbox"], env: { ...env, TROUPE_SANDBOX_POOL: "0" } });
-const coldClient = coldStack.client(SandboxService, coldStack.addr.sandbox);
+const coldClient = coldStack.client(SandboxService, coldStack.addr.sandbox, { as: DEV_IDENTITY });
 const cold: number[] = [];
 const warm: number[] = [];
 let cliExec: number[] = [];
@@ -110,7 +111,7 @@ try {
 
 // And through the service: a new session's first command with a warm pool.
 const poolStack = await startStack({ services: ["sandbox"], env: { ...env, TROUPE_SANDBOX_POOL: "1" } });
-const poolClient = poolStack.client(SandboxService, poolStack.addr.sandbox);
+const poolClient = poolStack.client(SandboxService, poolStack.addr.sandbox, { as: DEV_IDENTITY });
 const firstWithPool: number[] = [];
 try {
   for (let i = 0; i < COLD; i++) {

@@ -13,6 +13,7 @@ import { RouterService } from "../services/shared/gen/troupe/v1/router_pb.js";
 import { RunnerService } from "../services/shared/gen/troupe/v1/runner_pb.js";
 import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
 import { Role } from "../services/shared/gen/troupe/v1/session_pb.js";
+import { ApiKeys, createApiKey, revokeApiKey } from "../services/shared/api-keys.js";
 import { Status } from "../services/shared/errors.js";
 import { createClient, type ServiceClient } from "../services/shared/rpc.js";
 import { ChatSession, subscribeUntil } from "./helpers/session.js";
@@ -81,20 +82,47 @@ describe("clients at the gateway", () => {
     health.close();
   });
 
-  test("a session answers only the principal that opened it; others get PERMISSION_DENIED and leave no trace", async () => {
+  test("another principal's session does not exist for a caller: NOT_FOUND as for a missing one, by the same path", async () => {
     const mine = await converse(alice, "alice-1", "hello from alice");
     mine.close();
+    const missing = (err: unknown, id: string) => {
+      const e = err as { code: number; details: string };
+      assert.equal(e.code, Status.NOT_FOUND, e.details);
+      assert.match(e.details, new RegExp(`session ${id} does not exist`));
+      return true;
+    };
     for (const [who, other] of [["bob-same-tenant", bob], ["mallory-other-tenant", mallory]] as const) {
-      for (const create of [false, true]) assert.equal((await chatStatus(other, "alice-1", create)).code, Status.PERMISSION_DENIED, `${who} chat create=${create}`);
-      await assert.rejects(other.sendMessage({ sessionId: "alice-1", frameId: `${who}-1`, text: "let me in" }), { code: Status.PERMISSION_DENIED });
-      await assert.rejects(other.steer({ sessionId: "alice-1", frameId: `${who}-2`, text: "steer" }), { code: Status.PERMISSION_DENIED });
-      await assert.rejects(other.followUp({ sessionId: "alice-1", frameId: `${who}-3`, text: "more" }), { code: Status.PERMISSION_DENIED });
-      await assert.rejects(other.abort({ sessionId: "alice-1", frameId: `${who}-4` }), { code: Status.PERMISSION_DENIED });
-      await assert.rejects(other.getHistory({ sessionId: "alice-1" }), { code: Status.PERMISSION_DENIED });
-      await assert.rejects(other.createSession({ sessionId: "alice-1" }), { code: Status.PERMISSION_DENIED });
-      await assert.rejects(subscribeUntil(other, "alice-1", 0n, 1), { code: Status.PERMISSION_DENIED });
+      for (const id of ["alice-1", `never-${who}`]) {
+        const chat = await chatStatus(other, id, false);
+        assert.equal(chat.code, Status.NOT_FOUND, `${who} chat ${id}: ${chat.details}`);
+        await assert.rejects(other.sendMessage({ sessionId: id, frameId: `${who}-1`, text: "let me in" }), (e) => missing(e, id));
+        await assert.rejects(other.steer({ sessionId: id, frameId: `${who}-2`, text: "steer" }), (e) => missing(e, id));
+        await assert.rejects(other.followUp({ sessionId: id, frameId: `${who}-3`, text: "more" }), (e) => missing(e, id));
+        await assert.rejects(other.abort({ sessionId: id, frameId: `${who}-4` }), (e) => missing(e, id));
+        await assert.rejects(other.getHistory({ sessionId: id }), (e) => missing(e, id));
+        await assert.rejects(other.listSchedules({ sessionId: id }), (e) => missing(e, id));
+        await assert.rejects(subscribeUntil(other, id, 0n, 1), { code: Status.NOT_FOUND });
+      }
       assert.deepEqual((await other.listSessions({})).sessions.map((s) => s.sessionId), [], `${who} lists none of alice's sessions`);
     }
+    // The same timing as a missing session, to within noise: both look up a log the caller does not have.
+    const median = async (id: string) => {
+      const times: number[] = [];
+      for (let i = 0; i < 40; i++) {
+        const t0 = performance.now();
+        await bob.getHistory({ sessionId: id }).catch(() => undefined);
+        times.push(performance.now() - t0);
+      }
+      return times.sort((a, b) => a - b)[20];
+    };
+    const [foreign, absent] = [await median("alice-1"), await median("never-there")];
+    assert.ok(foreign < absent * 3 + 1 && absent < foreign * 3 + 1, `foreign ${foreign.toFixed(2)} ms, missing ${absent.toFixed(2)} ms`);
+
+    // The same id is free for each owner: bob's "alice-1" is a new session of his, not alice's.
+    const bobs = await bob.createSession({ sessionId: "alice-1" });
+    assert.equal(bobs.session?.sessionId, "alice-1");
+    assert.deepEqual((await bob.getHistory({ sessionId: "alice-1" })).messages, []);
+    (await converse(mallory, "alice-1", "mallory's own")).close();
     // Alice's session is as she left it: one prompt, one answer, nothing from the others.
     const history = await alice.getHistory({ sessionId: "alice-1" });
     assert.deepEqual(history.messages.map((m) => [m.role, m.text]), [
@@ -102,8 +130,25 @@ describe("clients at the gateway", () => {
       [Role.ASSISTANT, "You said: hello from alice"],
     ]);
     assert.deepEqual((await alice.listSessions({})).sessions.map((s) => s.sessionId), ["alice-1"]);
+    assert.deepEqual((await mallory.getHistory({ sessionId: "alice-1" })).messages.map((m) => m.text), ["mallory's own", "You said: mallory's own"]);
     // And she can still use it.
     (await converse(alice, "alice-1", "still mine")).close();
+  });
+
+  test("schedules of look-alike session ids stay apart: no listing, deleting or firing across owners", async () => {
+    // Tenant evil's "agent_x_main" once shared a schedule file with acme's "agent:x:main".
+    (await converse(alice, "agent:x:main", "hi")).close();
+    await alice.createSchedule({ schedule: { sessionId: "agent:x:main", scheduleId: "secret", when: { case: "cron", value: "0 3 * * *" }, text: "alice's private reminder" } });
+    (await converse(mallory, "agent_x_main", "hi")).close();
+    assert.deepEqual((await mallory.listSchedules({ sessionId: "agent_x_main" })).schedules, []);
+    assert.equal((await mallory.deleteSchedule({ sessionId: "agent_x_main", scheduleId: "secret" })).deleted, false);
+    await mallory.createSchedule({ schedule: { sessionId: "agent_x_main", scheduleId: "tick", when: { case: "everySeconds", value: 10 }, text: "mallory speaking" } });
+    assert.deepEqual((await alice.listSchedules({ sessionId: "agent:x:main" })).schedules.map((x) => [x.scheduleId, x.text]), [["secret", "alice's private reminder"]]);
+    assert.deepEqual((await mallory.listSchedules({ sessionId: "agent_x_main" })).schedules.map((x) => x.scheduleId), ["tick"]);
+    // Mallory's heartbeat fires into her own session, never into alice's.
+    await waitFor("mallory's heartbeat to fire", async () => (await mallory.getHistory({ sessionId: "agent_x_main" })).messages.some((m) => m.text.includes("mallory speaking")), 30_000, 500);
+    assert.ok(!(await alice.getHistory({ sessionId: "agent:x:main" })).messages.some((m) => m.text.includes("mallory speaking")));
+    await mallory.deleteSchedule({ sessionId: "agent_x_main", scheduleId: "tick" });
   });
 
   test("identity headers a client sends are ignored: the key alone says who it is", async () => {
@@ -114,7 +159,7 @@ describe("clients at the gateway", () => {
     const bobKey = await addKey("acme", "bob2");
     const impostor = createClient(GatewayService, stack.addr.gateway, { headers: { authorization: `Bearer ${bobKey}`, "troupe-tenant": "acme", "troupe-principal": "alice" } });
     await waitFor("the new key", async () => impostor.listSessions({}).then(() => true, (e: { code: number }) => e.code !== Status.UNAUTHENTICATED));
-    await assert.rejects(impostor.getHistory({ sessionId: "alice-1" }), { code: Status.PERMISSION_DENIED });
+    await assert.rejects(impostor.getHistory({ sessionId: "alice-1" }), { code: Status.NOT_FOUND });
     impostor.close();
   });
 
@@ -130,11 +175,47 @@ describe("clients at the gateway", () => {
     await alice.listSessions({});
     temp.close();
   });
+
+  test("revoking a key ends its open Chat and Subscribe streams within seconds", async () => {
+    const key = await addKey("acme", "streamer");
+    const client = createClient(GatewayService, stack.addr.gateway, { headers: { authorization: `Bearer ${key}` } });
+    await waitFor("the new key", async () => client.listSessions({}).then(() => true, () => false));
+    const chat = new ChatSession(client);
+    chat.send({ case: "open", value: { sessionId: "held-open", create: true } });
+    await chat.waitOpened();
+    const sub = client.subscribe({ sessionId: "held-open", afterSeq: 0n });
+    const subEnded = new Promise<grpc.StatusObject>((resolve) => sub.on("status", resolve).on("error", () => undefined).on("data", () => undefined));
+    const t0 = Date.now();
+    assert.equal(await revokeApiKey(path.join(stack.dataDir, "auth", "api-keys.json"), "streamer"), true);
+    const [chatStatus, subStatus] = await Promise.all([chat.ended(), subEnded]);
+    assert.equal(chatStatus.code, Status.UNAUTHENTICATED, chatStatus.details);
+    assert.match(chatStatus.details, /revoked/);
+    assert.equal(subStatus.code, Status.UNAUTHENTICATED, subStatus.details);
+    assert.ok(Date.now() - t0 < 8000, `ended after ${Date.now() - t0} ms`);
+    client.close();
+  });
+
+  test("a keys file broken in the same edit that removes a key keeps no removed key", async () => {
+    const kept = await addKey("acme", "kept");
+    const dropped = await addKey("acme", "dropped");
+    const keptClient = createClient(GatewayService, stack.addr.gateway, { headers: { authorization: `Bearer ${kept}` } });
+    const droppedClient = createClient(GatewayService, stack.addr.gateway, { headers: { authorization: `Bearer ${dropped}` } });
+    await waitFor("both keys", async () => (await Promise.all([keptClient, droppedClient].map((c) => c.listSessions({}).then(() => true, () => false)))).every(Boolean));
+    const file = path.join(stack.dataDir, "auth", "api-keys.json");
+    const good = await readFile(file, "utf8");
+    const doc = JSON.parse(good) as { keys: { id: string }[] };
+    // A hand edit: the key's entry deleted, and a trailing comma that makes the file invalid JSON.
+    await writeFile(file, JSON.stringify({ keys: doc.keys.filter((k) => k.id !== "dropped") }, null, 2).replace(/}\n  \]/, "},\n  ]"));
+    await waitFor("the removed key to be refused", async () => droppedClient.listSessions({}).then(() => false, (e: { code: number }) => e.code === Status.UNAUTHENTICATED));
+    await keptClient.listSessions({});
+    await alice.listSessions({});
+    await writeFile(file, JSON.stringify({ keys: doc.keys.filter((k) => k.id !== "dropped") }, null, 2));
+    for (const c of [keptClient, droppedClient]) c.close();
+  });
 });
 
 async function addKey(tenant: string, principal: string): Promise<string> {
-  const { createApiKey } = await import("../services/shared/auth.js");
-  return createApiKey(path.join(stack.dataDir, "auth", "api-keys.json"), tenant, principal, principal);
+  return createApiKey(path.join(stack.dataDir, "auth", "api-keys.json"), { tenant, principal, id: principal });
 }
 
 describe("Troupe's internal services", () => {
@@ -155,13 +236,13 @@ describe("Troupe's internal services", () => {
   });
 
   test("the runner serves a session only on behalf of its owner, even to internal callers", async () => {
-    const asBob = stack.client(RunnerService, stack.addr.runner, { as: { tenant: "acme", principal: "bob" } });
-    await assert.rejects(asBob.readHistory({ sessionId: "alice-1" }), { code: Status.PERMISSION_DENIED });
+    const asCarol = stack.client(RunnerService, stack.addr.runner, { as: { tenant: "acme", principal: "carol" } });
+    await assert.rejects(asCarol.readHistory({ sessionId: "alice-1" }), { code: Status.NOT_FOUND });
     const anonymous = stack.client(RunnerService, stack.addr.runner);
     await assert.rejects(anonymous.readHistory({ sessionId: "alice-1" }), { code: Status.UNAUTHENTICATED });
     const asAlice = stack.client(RunnerService, stack.addr.runner, { as: { tenant: "acme", principal: "alice" } });
     assert.ok((await asAlice.readHistory({ sessionId: "alice-1" })).messages.length >= 2);
-    for (const c of [asBob, anonymous, asAlice]) c.close();
+    for (const c of [asCarol, anonymous, asAlice]) c.close();
   });
 });
 
@@ -188,14 +269,15 @@ describe("memory follows the session's owner", () => {
 describe("the development key", () => {
   test("is made even when the keys file lives outside the data directory (--api-keys)", async (t) => {
     const { stat: statFile } = await import("node:fs/promises");
-    const { ensureDevKey, ApiKeys } = await import("../services/shared/auth.js");
+    const { ensureDevKey } = await import("../services/shared/auth.js");
     const dataDir = await tempDir(t, "troupe-devkey-");
     const keysDir = await tempDir(t, "troupe-keys-");
     const keysFile = path.join(keysDir, "keys.json");
     const dev = await ensureDevKey(dataDir, keysFile);
     assert.equal(dev.created, true);
     assert.equal((await statFile(path.join(dataDir, "auth", "dev-key"))).mode & 0o077, 0);
-    assert.deepEqual((await ApiKeys.load(keysFile)).verify(dev.key), { tenant: "local", principal: "dev" });
+    const verified = (await ApiKeys.load(keysFile)).verify(dev.key);
+    assert.deepEqual(verified && { tenant: verified.tenant, principal: verified.principal, role: verified.role }, { tenant: "local", principal: "dev", role: "user" });
     assert.deepEqual(await ensureDevKey(dataDir, keysFile), { key: dev.key, created: false });
   });
 });

@@ -69,6 +69,7 @@ describe("delivered through the gateway", () => {
   let stack: Stack;
   let dataDir: string;
   let routingFile: string;
+  let adapter: Awaited<ReturnType<Stack["gatewayAs"]>>;
   const routing = (doc: unknown) => writeFile(routingFile, JSON.stringify(doc));
   before(async () => {
     dataDir = await mkdtemp(path.join(os.tmpdir(), "troupe-inbound-"));
@@ -78,18 +79,22 @@ describe("delivered through the gateway", () => {
       bindings: [{ agent: "support", match: { channel: "discord", guildId: "g1" } }],
     });
     stack = await startStack({ dataDir, services: ["model-server", "router", "memory", "runner", "gateway"] });
+    // The channels' adapter: a key of the development principal's (so stack.gateway reads the
+    // sessions it makes) with the adapter role, for the channels these tests speak for.
+    adapter = await stack.gatewayAs("local", "dev", {}, { role: "adapter", channels: ["telegram", "discord", "web"] });
     // Before any run asks: a scope found empty is believed empty for a few seconds (memory-recall.ts).
     const memory = stack.client(MemoryService, stack.addr.memory);
     await memory.addMemories({ scope: { tenant: "local", owner: "alice", agentId: "main" }, memories: [{ text: "Alice keeps bees on the roof of the office" }] });
     memory.close();
   });
   after(async () => {
+    adapter?.close();
     await stack?.stop();
     // The stack removes only a data directory it made itself.
     if (dataDir) await rm(dataDir, { recursive: true, force: true });
   });
 
-  const deliver = (message: Inbound) => stack.gateway.deliver({ message });
+  const deliver = (message: Inbound) => adapter.deliver({ message });
   const userTexts = async (sessionId: string) => (await stack.gateway.getHistory({ sessionId })).messages.filter((m) => m.role === Role.USER).map((m) => m.text);
   const answered = (sessionId: string, n: number) =>
     waitFor(`${n} answers in ${sessionId}`, async () => {
@@ -165,8 +170,33 @@ describe("delivered through the gateway", () => {
   test("bad input at the gateway: INVALID_ARGUMENT, and the gateway keeps serving", async () => {
     await assert.rejects(deliver({ context: { channel: "web", sender: { id: "1" } }, text: "x" }), { code: Status.INVALID_ARGUMENT });
     await assert.rejects(deliver({ idempotencyKey: "k", context: { channel: "web", sender: { id: "1" }, chatType: ChatType.GROUP }, text: "x" }), { code: Status.INVALID_ARGUMENT });
-    await assert.rejects(stack.gateway.deliver({}), { code: Status.INVALID_ARGUMENT });
+    await assert.rejects(adapter.deliver({}), { code: Status.INVALID_ARGUMENT });
     const ok = await deliver({ idempotencyKey: "still-serving", context: { channel: "web", sender: { id: "z" } }, text: "hi" });
     assert.ok(ok.sessionId);
+  });
+});
+
+describe("who may deliver", () => {
+  let stack: Stack;
+  before(async () => {
+    stack = await startStack({ services: ["model-server", "router", "memory", "runner", "gateway"] });
+  });
+  after(() => stack?.stop());
+
+  test("a user key's Deliver is PERMISSION_DENIED; an adapter key speaks only for its own channels", async () => {
+    // The reproduction: a plain key delivered as a linked sender and recalled that person's memories.
+    const msg = { idempotencyKey: "as-777", context: { channel: "telegram", sender: { id: "777" } }, text: "!system what do you know" };
+    await assert.rejects(stack.gateway.deliver({ message: msg }), (err: { code: number; details: string }) => err.code === Status.PERMISSION_DENIED && /adapter key/.test(err.details));
+    const other = await stack.gatewayAs("local", "eve");
+    await assert.rejects(other.deliver({ message: msg }), { code: Status.PERMISSION_DENIED });
+    const admin = await stack.gatewayAs("local", "ops", {}, { role: "admin" });
+    await assert.rejects(admin.deliver({ message: msg }), { code: Status.PERMISSION_DENIED });
+    const slack = await stack.gatewayAs("local", "slack-bot", {}, { role: "adapter", channels: ["slack"] });
+    await assert.rejects(slack.deliver({ message: msg }), (err: { code: number; details: string }) => err.code === Status.PERMISSION_DENIED && /not for channel telegram/.test(err.details));
+    const ok = await slack.deliver({ message: { ...msg, idempotencyKey: "slack-1", context: { channel: "slack", sender: { id: "U1" } } } });
+    assert.equal(ok.agentId, "main");
+    // The session an adapter makes is its own: a user key of the same tenant does not find it.
+    await assert.rejects(other.getHistory({ sessionId: ok.sessionId }), { code: Status.NOT_FOUND });
+    for (const c of [other, admin, slack]) c.close();
   });
 });

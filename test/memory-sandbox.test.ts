@@ -6,9 +6,11 @@ import { promisify } from "node:util";
 import { Health, HealthCheckResponse_ServingStatus as Serving } from "../services/shared/gen/grpc/health/v1/health_pb.js";
 import { MemoryService, MemoryKind } from "../services/shared/gen/troupe/v1/memory_pb.js";
 import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
+import { DEV_IDENTITY } from "../services/shared/auth.js";
 import { Status } from "../services/shared/errors.js";
 import { createClient } from "../services/shared/rpc.js";
 import { containerName, instanceOf } from "../services/sandbox/fleet.js";
+import { scopeKey } from "../services/sandbox/scope.js";
 import { exec } from "./helpers/sandbox.js";
 import { startStack, waitFor, type Stack } from "./helpers/stack.js";
 import { tempDir } from "./helpers/tempdir.js";
@@ -60,7 +62,7 @@ describe("memory service", () => {
 
 describe("sandbox service", () => {
   test("runs commands in a hardened container: no network, no capabilities, read-only root, non-root", async () => {
-    const sandbox = stack.client(SandboxService, stack.addr.sandbox);
+    const sandbox = stack.client(SandboxService, stack.addr.sandbox, { as: DEV_IDENTITY });
     const id = `sbx-${Date.now()}`;
     const r = await exec(sandbox, id, "id -u; cat /proc/self/status | grep CapEff; ls /sys/class/net; touch /x 2>&1; echo hi > /workspace/f && cat /workspace/f");
     assert.equal(r.exit.exitCode, 0);
@@ -70,28 +72,30 @@ describe("sandbox service", () => {
     assert.equal(lines[2], "lo", "only the loopback interface");
     assert.match(lines[3], /Read-only file system/);
     assert.equal(lines[4], "hi");
-    const { stdout } = await run("docker", ["inspect", containerName(instanceOf(stack.dataDir), `session:${id}`)]);
+    const { stdout } = await run("docker", ["inspect", containerName(instanceOf(stack.dataDir), scopeKey("session", DEV_IDENTITY, id, ""))]);
     const [{ HostConfig: hostConfig, Config: config }] = JSON.parse(stdout);
     const labels = config.Labels;
     const env: string[] = config.Env;
     assert.equal(hostConfig.NetworkMode, "none");
     assert.deepEqual(hostConfig.CapDrop, ["ALL"]);
-    assert.ok(hostConfig.ReadonlyRootfs && hostConfig.Init);
+    // Only the agent (PID 1, root) holds these; every command runs as 65534 with none (CapEff above).
+    assert.deepEqual(hostConfig.CapAdd, ["SETUID", "SETGID", "KILL"]);
+    assert.ok(hostConfig.ReadonlyRootfs && !hostConfig.Init, "no docker-init: the agent is PID 1");
     assert.equal(hostConfig.Memory, hostConfig.MemorySwap);
     assert.ok(hostConfig.PidsLimit > 0);
     // Claimed from the warm pool (labels cannot change after creation): the session is in the
     // container's name, and the service lists it under its scope key.
     assert.equal(labels["troupe.pool"], "true");
-    const listed = (await sandbox.listSandboxes({})).sandboxes.find((s) => s.scopeKey === `session:${id}`);
-    assert.equal(listed?.name, containerName(instanceOf(stack.dataDir), `session:${id}`));
+    const listed = (await sandbox.listSandboxes({})).sandboxes.find((s) => s.scopeKey === scopeKey("session", DEV_IDENTITY, id, ""));
+    assert.equal(listed?.name, containerName(instanceOf(stack.dataDir), scopeKey("session", DEV_IDENTITY, id, "")));
     assert.ok(!env.some((e: string) => /OPENAI|TROUPE|SECRET|KEY/.test(e)), "no host environment");
     assert.equal((await sandbox.releaseSandbox({ sessionId: id })).removed, true);
-    await assert.rejects(run("docker", ["inspect", containerName(instanceOf(stack.dataDir), `session:${id}`)]));
+    await assert.rejects(run("docker", ["inspect", containerName(instanceOf(stack.dataDir), scopeKey("session", DEV_IDENTITY, id, ""))]));
     sandbox.close();
   });
 
   test("a timeout kills the whole process tree, detached children included", async () => {
-    const sandbox = stack.client(SandboxService, stack.addr.sandbox);
+    const sandbox = stack.client(SandboxService, stack.addr.sandbox, { as: DEV_IDENTITY });
     const id = `sbx-timeout-${Date.now()}`;
     const t0 = performance.now();
     const r = await exec(sandbox, id, "setsid sh -c 'sleep 300' & (sleep 301 &) ; trap '' TERM; echo started; sleep 302", { timeoutMs: 1000 });
@@ -106,7 +110,7 @@ describe("sandbox service", () => {
   });
 
   test("output over the cap is cut and flagged", async () => {
-    const sandbox = stack.client(SandboxService, stack.addr.sandbox);
+    const sandbox = stack.client(SandboxService, stack.addr.sandbox, { as: DEV_IDENTITY });
     const id = `sbx-flood-${Date.now()}`;
     const r = await exec(sandbox, id, "yes 0123456789 | head -c 3000000");
     assert.ok(r.exit.truncated);
@@ -119,12 +123,12 @@ describe("sandbox service", () => {
     const gv = await startStack({ services: ["sandbox"], env: { TROUPE_SANDBOX_RUNTIME: "runsc" } });
     // Stopped even when an assertion fails: a running stack would keep the test process alive.
     t.after(() => gv.stop());
-    const sandbox = gv.client(SandboxService, gv.addr.sandbox);
+    const sandbox = gv.client(SandboxService, gv.addr.sandbox, { as: DEV_IDENTITY });
     const id = `sbx-gvisor-${Date.now()}`;
     const r = await exec(sandbox, id, "dmesg 2>/dev/null | head -1; id -u");
     assert.equal(r.exit.exitCode, 0);
     assert.match(r.out, /gVisor/i, "the kernel is gVisor's");
-    const { stdout } = await run("docker", ["inspect", "--format", "{{.HostConfig.Runtime}}", containerName(instanceOf(gv.dataDir), `session:${id}`)]);
+    const { stdout } = await run("docker", ["inspect", "--format", "{{.HostConfig.Runtime}}", containerName(instanceOf(gv.dataDir), scopeKey("session", DEV_IDENTITY, id, ""))]);
     assert.equal(stdout.trim(), "runsc");
     await sandbox.releaseSandbox({ sessionId: id });
     sandbox.close();
@@ -141,10 +145,10 @@ describe("sandbox service", () => {
     try {
       assert.equal(await exists(orphan), false, "a stopped container of this instance is removed at start-up");
       assert.equal(await exists(foreign), true, "another instance's container is left alone");
-      const sandbox = reaped.client(SandboxService, reaped.addr.sandbox);
+      const sandbox = reaped.client(SandboxService, reaped.addr.sandbox, { as: DEV_IDENTITY });
       const busy = exec(sandbox, "reap-1", "sleep 3; echo slept", { timeoutMs: 10_000 });
       await new Promise((r) => setTimeout(r, 500));
-      const name = containerName(mine, "session:reap-1");
+      const name = containerName(mine, scopeKey("session", DEV_IDENTITY, "reap-1", ""));
       assert.equal(await exists(name), true);
       assert.match((await busy).out, /slept/, "a command running past the idle time is not cut short");
       await waitFor("the idle sandbox to be removed", async () => !(await exists(name)), 10_000, 200);
@@ -172,7 +176,7 @@ describe("sandbox service", () => {
     const health = createClient(Health, `127.0.0.1:${port}`);
     const status = await waitFor("health", async () => (await health.check({ service: "troupe.v1.SandboxService" }, { timeoutMs: 500 })).status);
     assert.equal(status, Serving.NOT_SERVING);
-    const sandbox = down.client(SandboxService, `127.0.0.1:${port}`);
+    const sandbox = down.client(SandboxService, `127.0.0.1:${port}`, { as: DEV_IDENTITY });
     await assert.rejects(exec(sandbox, "s1", "true"), (e: { code: number; details: string }) => {
       assert.equal(e.code, Status.UNAVAILABLE);
       assert.match(e.details, /start dockerd/);

@@ -1,10 +1,12 @@
 // One live actor per session with two runners sharing a store: the router places sessions, the
 // store's lease refuses a second activation (and the gateway follows the refusal to the owner),
 // and an owner presumed dead is fenced: what it writes after the takeover does not count.
+import { sessionLogPath } from "../services/runner/session-log.js";
+import { refOf } from "../services/shared/session-ref.js";
+import { DEV_IDENTITY } from "../services/shared/auth.js";
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { readFile } from "node:fs/promises";
-import path from "node:path";
 import { RouterService } from "../services/shared/gen/troupe/v1/router_pb.js";
 import { RunnerService } from "../services/shared/gen/troupe/v1/runner_pb.js";
 import { Role } from "../services/shared/gen/troupe/v1/session_pb.js";
@@ -25,7 +27,7 @@ before(async () => {
   stack = await startStack({ services: ["model-server", "router", "runner", "gateway"], env: { TROUPE_RUNNER_LIVENESS_MS: "1500", TROUPE_MEMORY_CONTEXT_K: "0" } });
   addrA = stack.addr.runner;
   addrB = await stack.startInstance("runner-b", "runner", { args: ["--runner-id", "runner-b"] });
-  router = stack.client(RouterService, stack.addr.router);
+  router = stack.client(RouterService, stack.addr.router, { as: DEV_IDENTITY });
   await waitFor("both runners to register", async () => (await router.listRunners({})).runners.length === 2);
   // As the gateway calls them: internal token, on behalf of the development key's identity.
   runnerA = stack.client(RunnerService, addrA, { as: LEGACY_OWNER });
@@ -60,7 +62,7 @@ function refusal(err: unknown): string | undefined {
 }
 
 const epochRecords = async (sessionId: string) =>
-  (await readFile(path.join(stack.dataDir, "sessions", `${sessionId}.jsonl`), "utf8")).split("\n").filter((l) => l.includes('"t":"epoch"')).length;
+  (await readFile(sessionLogPath(stack.dataDir, refOf(DEV_IDENTITY, sessionId)), "utf8")).split("\n").filter((l) => l.includes('"t":"epoch"')).length;
 
 test("a session live on one runner is refused by the other, which names the owner", async () => {
   const sid = await sessionPlacedOn(addrA, "own-a");
@@ -101,7 +103,7 @@ test("an owner presumed dead is fenced: its session moves, and its late writes d
   await stack.gateway.createSession({ sessionId: sid });
   await stack.gateway.sendMessage({ sessionId: sid, frameId: "b1", text: "before" });
   // The turn's end is synced to the log (what a takeover reads) shortly after clients see it.
-  const logFile = path.join(stack.dataDir, "sessions", `${sid}.jsonl`);
+  const logFile = sessionLogPath(stack.dataDir, refOf(DEV_IDENTITY, sid));
   await waitFor("the turn on B to be in the log", async () => (await readFile(logFile, "utf8")).includes('"agentEnd"'));
 
   // B stops answering (a long pause, a partition) but is not dead: its actor stays in memory.

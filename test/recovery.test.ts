@@ -1,9 +1,11 @@
 // A runner killed mid-turn: nothing acknowledged is lost, the cut-off run is recorded as
 // interrupted with every tool call paired, and what was queued runs after the restart.
+import { sessionLogPath } from "../services/runner/session-log.js";
+import { refOf } from "../services/shared/session-ref.js";
+import { DEV_IDENTITY } from "../services/shared/auth.js";
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { readFile, writeFile } from "node:fs/promises";
-import path from "node:path";
 import { Role, StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { ChatSession } from "./helpers/session.js";
 import { startStack, type Stack } from "./helpers/stack.js";
@@ -87,7 +89,7 @@ test("a runner killed before a new session's events reached its log: the reload 
 
   // Events reach clients before the log has them. Cut the log back to what a runner killed right
   // after the prompt's fsync leaves: the prompt, and none of the events the client saw.
-  const file = path.join(stack.dataDir, "sessions", "crash-2.jsonl");
+  const file = sessionLogPath(stack.dataDir, refOf(DEV_IDENTITY, "crash-2"));
   const lines = (await readFile(file, "utf8")).split("\n").filter(Boolean);
   const lastFrame = lines.findLastIndex((l) => (JSON.parse(l) as { t: string }).t === "frame");
   assert.ok(lastFrame > 0 && lastFrame < lines.length - 1, "the log holds the prompt and events after it");

@@ -7,6 +7,8 @@ import { execFile } from "node:child_process";
 import { promisify } from "node:util";
 import { Health, HealthCheckResponse_ServingStatus as Serving } from "../services/shared/gen/grpc/health/v1/health_pb.js";
 import { FileType, SandboxService, Signal, type ExecExit } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
+import { DEV_IDENTITY } from "../services/shared/auth.js";
+import { scopeKey } from "../services/sandbox/scope.js";
 import { Status } from "../services/shared/errors.js";
 import { createClient } from "../services/shared/rpc.js";
 import { StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
@@ -37,7 +39,7 @@ for (const runtime of ["runc", "runsc"] as const) {
     const id = `files-${runtime}`;
     before(async () => {
       stack = await startStack({ services: ["sandbox"], env: { TROUPE_SANDBOX_RUNTIME: runtime } });
-      sandbox = stack.client(SandboxService, stack.addr.sandbox);
+      sandbox = stack.client(SandboxService, stack.addr.sandbox, { as: DEV_IDENTITY });
     });
     after(async () => {
       await sandbox?.releaseSandbox({ sessionId: id }).catch(() => undefined);
@@ -161,7 +163,7 @@ describe("sandbox processes, pool, scopes and restarts (runc)", () => {
   let sandbox: Sandbox;
   before(async () => {
     stack = await startStack({ services: ["sandbox"], env: { TROUPE_SANDBOX_POOL: "2" } });
-    sandbox = stack.client(SandboxService, stack.addr.sandbox);
+    sandbox = stack.client(SandboxService, stack.addr.sandbox, { as: DEV_IDENTITY });
   });
   after(async () => {
     sandbox?.close();
@@ -225,14 +227,14 @@ describe("sandbox processes, pool, scopes and restarts (runc)", () => {
     await waitFor("a full pool", async () => (await pooled()).length === 2, 30_000, 100);
     const before = await pooled();
     await exec(sandbox, "pool-a", "echo a > mine");
-    const a = (await run("docker", ["inspect", "-f", "{{.Id}}", name("session:pool-a")])).stdout.trim();
+    const a = (await run("docker", ["inspect", "-f", "{{.Id}}", name(scopeKey("session", DEV_IDENTITY, "pool-a", ""))])).stdout.trim();
     assert.ok(before.includes(a), "session a got a pooled container");
     await waitFor("the pool to refill", async () => (await pooled()).length === 2, 30_000, 100);
     const listed = (await sandbox.listSandboxes({})).sandboxes.find((s) => s.containerId === a);
-    assert.equal(listed?.scopeKey, "session:pool-a");
+    assert.equal(listed?.scopeKey, scopeKey("session", DEV_IDENTITY, "pool-a", ""));
     await sandbox.releaseSandbox({ sessionId: "pool-a" });
     await exec(sandbox, "pool-b", "true");
-    const b = (await run("docker", ["inspect", "-f", "{{.Id}}", name("session:pool-b")])).stdout.trim();
+    const b = (await run("docker", ["inspect", "-f", "{{.Id}}", name(scopeKey("session", DEV_IDENTITY, "pool-b", ""))])).stdout.trim();
     assert.notEqual(a, b);
     const all = (await sandbox.listSandboxes({})).sandboxes.map((s) => s.containerId);
     assert.ok(!all.includes(a), "a released container is gone, not back in the pool");
@@ -253,13 +255,21 @@ describe("sandbox processes, pool, scopes and restarts (runc)", () => {
     const cli = (sub: string, ...args: string[]) => run(process.execPath, [MAIN, "sandbox", sub, "--sandbox", stack.addr.sandbox, "--data-dir", stack.dataDir, ...args]);
     const ran = await cli("exec", "--session", "cli-1", "--", "echo", "from", "cli");
     assert.equal(ran.stdout, "from cli\n");
-    await assert.rejects(cli("exec", "--session", "cli-1", "--", "exit 4"), (e: { code: number }) => e.code === 4);
+    // argv is kept, as docker exec keeps it: a script given to sh -c runs whole, words stay words.
+    assert.equal((await cli("exec", "--session", "cli-1", "--", "sh", "-c", "echo a; echo b")).stdout, "a\nb\n");
+    assert.equal((await cli("exec", "--session", "cli-1", "--", "printf", "[%s]\\n", "two words", "it's", "$HOME", "*")).stdout, "[two words]\n[it's]\n[$HOME]\n[*]\n");
+    await assert.rejects(cli("exec", "--session", "cli-1", "--", "sh", "-c", "exit 4"), (e: { code: number }) => e.code === 4);
     const ls = (await cli("ls")).stdout;
     assert.match(ls, /^NAME\s+SCOPE\s+STATE/);
-    assert.match(ls, /session:cli-1\s+running/);
+    const key = scopeKey("session", DEV_IDENTITY, "cli-1", "");
+    assert.match(ls, new RegExp(`${key}\\s+running`));
     assert.match(ls, /\(pool\)/);
+    // Another owner's session of the same id is another sandbox: it does not see cli-1's files.
+    await cli("exec", "--session", "cli-1", "--", "sh", "-c", "echo mine > /workspace/owned");
+    await assert.rejects(cli("exec", "--session", "cli-1", "--tenant", "other", "--principal", "bob", "--", "cat", "/workspace/owned"), (e: { code: number }) => e.code === 1);
+    assert.match((await cli("rm", "--session", "cli-1", "--tenant", "other", "--principal", "bob")).stdout, /removed the sandbox of cli-1/);
     assert.match((await cli("rm", "--session", "cli-1")).stdout, /removed the sandbox of cli-1/);
-    assert.doesNotMatch((await cli("ls")).stdout, /session:cli-1/);
+    assert.doesNotMatch((await cli("ls")).stdout, new RegExp(key));
   });
 });
 
@@ -268,7 +278,7 @@ describe("sandbox abuse and accounting (runc)", () => {
   let sandbox: Sandbox;
   before(async () => {
     stack = await startStack({ services: ["sandbox"], env: { TROUPE_SANDBOX_POOL: "1" } });
-    sandbox = stack.client(SandboxService, stack.addr.sandbox);
+    sandbox = stack.client(SandboxService, stack.addr.sandbox, { as: DEV_IDENTITY });
   });
   after(async () => {
     sandbox?.close();
@@ -328,13 +338,18 @@ describe("sandbox abuse and accounting (runc)", () => {
     await sandbox.releaseSandbox({ sessionId: id });
   });
 
-  test("a command that kills the agent ends only its own sandbox; the next command gets a new one", async () => {
+  test("a command cannot signal the agent or open its channel; a dead agent ends only its own sandbox", async () => {
     await sandbox.writeFile({ sessionId: "abuse-agent", path: "f", data: Buffer.from("x") });
-    const r = await exec(sandbox, "abuse-agent", "kill -9 $PPID; sleep 5");
-    assert.equal(r.exit.exitCode, 137);
-    const again = await exec(sandbox, "abuse-agent", "ls");
-    assert.equal(again.out, "", "a new sandbox, with an empty workspace");
+    // The agent is PID 1 and another user than every command: no signal, no /proc/1/fd.
+    const r = await exec(sandbox, "abuse-agent", "kill -9 1 2>/dev/null && echo KILLED; kill -9 $PPID 2>/dev/null && echo KILLED-PARENT; (echo x > /proc/1/fd/1) 2>/dev/null && echo WROTE; echo end");
+    assert.equal(r.out, "end\n");
+    assert.equal((await exec(sandbox, "abuse-agent", "cat f")).out, "x", "the same sandbox serves on");
+    // Killed from outside (the engine), the agent takes only its own sandbox along.
+    await run("docker", ["kill", containerName(instanceOf(stack.dataDir), scopeKey("session", DEV_IDENTITY, "abuse-agent", ""))]);
+    await waitFor("a new sandbox", async () => (await exec(sandbox, "abuse-agent", "ls").catch(() => ({ out: "failed" }))).out === "", 20_000, 200);
+    assert.equal((await exec(sandbox, "abuse-ok", "echo fine")).out, "fine\n");
     await sandbox.releaseSandbox({ sessionId: "abuse-agent" });
+    await sandbox.releaseSandbox({ sessionId: "abuse-ok" });
   });
 
   test("nothing leaks: after releases and a shutdown, the instance has no container left", async () => {
@@ -351,21 +366,43 @@ describe("sandbox abuse and accounting (runc)", () => {
   });
 });
 
-describe("sandbox scope: agent", () => {
-  test("sessions of one agent share a sandbox; another agent's sessions do not see it", async () => {
+describe("sandbox scopes agent and shared", () => {
+  test("sessions of one agent share a sandbox; another agent's sessions, or another tenant's, do not see it", async () => {
     const stack = await startStack({ services: ["sandbox"], env: { TROUPE_SANDBOX_SCOPE: "agent", TROUPE_SANDBOX_POOL: "0" } });
-    const sandbox = stack.client(SandboxService, stack.addr.sandbox);
+    const sandbox = stack.client(SandboxService, stack.addr.sandbox, { as: DEV_IDENTITY });
+    const stranger = stack.client(SandboxService, stack.addr.sandbox, { as: { tenant: "other", principal: "dev" } });
     try {
       await sandbox.writeFile({ sessionId: "s1", agentId: "writer", path: "notes", data: Buffer.from("shared within writer") });
       assert.equal(Buffer.from((await sandbox.readFile({ sessionId: "s2", agentId: "writer", path: "notes" })).data).toString(), "shared within writer");
       await failsWith(sandbox.readFile({ sessionId: "s1", agentId: "other", path: "notes" }), Status.NOT_FOUND);
+      await failsWith(stranger.readFile({ sessionId: "s1", agentId: "writer", path: "notes" }), Status.NOT_FOUND);
       await failsWith(sandbox.readFile({ sessionId: "s1", agentId: "Bad Agent!", path: "notes" }), Status.INVALID_ARGUMENT);
+      // A call that names no owner is refused: every sandbox belongs to a tenant.
+      const anonymous = stack.client(SandboxService, stack.addr.sandbox);
+      await failsWith(anonymous.readFile({ sessionId: "s1", agentId: "writer", path: "notes" }), Status.UNAUTHENTICATED);
+      anonymous.close();
       const keys = (await sandbox.listSandboxes({})).sandboxes.map((s) => s.scopeKey).sort();
-      assert.deepEqual(keys, ["agent:other", "agent:writer"]);
-      await sandbox.releaseSandbox({ sessionId: "s9", agentId: "writer" });
-      await sandbox.releaseSandbox({ sessionId: "s9", agentId: "other" });
+      assert.deepEqual(keys, [scopeKey("agent", DEV_IDENTITY, "", "other"), scopeKey("agent", DEV_IDENTITY, "", "writer"), scopeKey("agent", { tenant: "other", principal: "dev" }, "", "writer")].sort());
+      for (const c of [sandbox, stranger]) for (const agentId of ["writer", "other"]) await c.releaseSandbox({ sessionId: "s9", agentId });
     } finally {
       sandbox.close();
+      stranger.close();
+      await stack.stop();
+    }
+  });
+
+  test("the shared scope is one sandbox per tenant, never one for all", async () => {
+    const stack = await startStack({ services: ["sandbox"], env: { TROUPE_SANDBOX_SCOPE: "shared", TROUPE_SANDBOX_POOL: "0" } });
+    const a = stack.client(SandboxService, stack.addr.sandbox, { as: { tenant: "acme", principal: "alice" } });
+    const a2 = stack.client(SandboxService, stack.addr.sandbox, { as: { tenant: "acme", principal: "bob" } });
+    const b = stack.client(SandboxService, stack.addr.sandbox, { as: { tenant: "evil", principal: "alice" } });
+    try {
+      await a.writeFile({ sessionId: "s1", path: "tenant-note", data: Buffer.from("acme only") });
+      assert.equal(Buffer.from((await a2.readFile({ sessionId: "s7", path: "tenant-note" })).data).toString(), "acme only");
+      await failsWith(b.readFile({ sessionId: "s1", path: "tenant-note" }), Status.NOT_FOUND);
+      for (const c of [a, b]) await c.releaseSandbox({ sessionId: "s1" });
+    } finally {
+      for (const c of [a, a2, b]) c.close();
       await stack.stop();
     }
   });

@@ -7,6 +7,7 @@ import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { Health, HealthCheckResponse_ServingStatus as Serving } from "../services/shared/gen/grpc/health/v1/health_pb.js";
 import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
+import { DEV_IDENTITY } from "../services/shared/auth.js";
 import { createClient } from "../services/shared/rpc.js";
 import { exec, type ExecResult, type SandboxClient } from "./helpers/sandbox.js";
 import { startStack, type Stack } from "./helpers/stack.js";
@@ -275,7 +276,7 @@ for (const runtime of ["runc", "runsc"] as const) {
     let sandbox: Sandbox;
     before(async () => {
       stack = await startStack({ services: ["sandbox"], env: { TROUPE_SANDBOX_RUNTIME: runtime } });
-      sandbox = stack.client(SandboxService, stack.addr.sandbox);
+      sandbox = stack.client(SandboxService, stack.addr.sandbox, { as: DEV_IDENTITY });
     });
     after(async () => {
       sandbox?.close();

@@ -1,6 +1,9 @@
 // The turn pipeline end to end (issue 6): context building, identity, compaction, retries and
 // fallback, tools and hooks, inbound safety, sub-agents and triggers, through real processes and
 // the scripted model. Operator files (agents/, a hooks plugin) are written before the stack starts.
+import { sessionLogPath } from "../services/runner/session-log.js";
+import { refOf } from "../services/shared/session-ref.js";
+import { DEV_IDENTITY } from "../services/shared/auth.js";
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
@@ -56,7 +59,7 @@ before(async () => {
   await write("main/agent.json", json({ name: "Ada", persona: "A careful research aide who answers in plain words.", retry: FAST_RETRY, subagents: { maxDepth: 1, maxChildren: 2, timeoutMs: 60_000 } }));
   await write("main/SOUL.md", "Ada's soul: curious and exact.");
   await write("main/skills/weather.md", "Skill: to check the weather, say you cannot.");
-  await write("main/sessions/ctx-override/AGENTS.md", "This session only: answer in French.");
+  await write("main/sessions/local/dev/ctx-override/AGENTS.md", "This session only: answer in French.");
   await write("compact/agent.json", json({ contextWindow: 3000, reserveTokens: 600, keepRecentTokens: 500, maxOutputTokens: 256, retry: FAST_RETRY }));
   await write("tight/agent.json", json({ keepRecentTokens: 0, retry: FAST_RETRY }));
   await write("fallback/agent.json", json({ model: "primary", fallbacks: ["backup"], retry: { maxRetries: 1, baseDelayMs: 20 } }));
@@ -153,7 +156,8 @@ describe("the context builder", () => {
   });
 
   test("an external sender from a channel gets a neutral identity and no profile", async () => {
-    const res = await stack.gateway.deliver({ message: { idempotencyKey: "ext-1", context: { channel: "telegram", accountId: "bot", chatType: ChatType.DIRECT, sender: { id: "555" } }, text: "!system" } });
+    const adapter = await stack.gatewayAs("local", "dev", {}, { role: "adapter", channels: ["telegram"] });
+    const res = await adapter.deliver({ message: { idempotencyKey: "ext-1", context: { channel: "telegram", accountId: "bot", chatType: ChatType.DIRECT, sender: { id: "555" } }, text: "!system" } });
     const history = await waitFor("the reply", async () => {
       const h = (await stack.gateway.getHistory({ sessionId: res.sessionId })).messages;
       return h.some((m) => m.role === Role.ASSISTANT) && h;
@@ -162,6 +166,7 @@ describe("the context builder", () => {
     assert.match(prompt, /who is not your owner/);
     assert.match(prompt, /Channel: telegram/);
     assert.ok(!prompt.includes("## User profile") && !prompt.includes("# Identity: Ada") && !prompt.includes("research aide"), prompt);
+    adapter.close();
   });
 
   test("a binary or oversized workspace file is reported by event, left out or cut, and the run goes on", async () => {
@@ -238,7 +243,7 @@ describe("compaction", () => {
     const start = of(events, "compactionStart")[0];
     assert.equal(start?.reason, "overflow", s.describe());
     assert.equal(replyOf(events), "Fits in 2 messages.");
-    const log = await readFile(path.join(dataDir, "sessions", `${sessionId}.jsonl`), "utf8");
+    const log = await readFile(sessionLogPath(dataDir, refOf(DEV_IDENTITY, sessionId)), "utf8");
     assert.match(log, /"compactionEnd"/);
     await stack.kill("runner", "SIGKILL");
     await stack.start("runner");
@@ -480,7 +485,7 @@ describe("triggers", () => {
     assert.equal(await count(), settled, "no firing after the delete");
   });
 
-  test("cron schedules: next fire time in UTC; malformed expressions and bad intervals are INVALID_ARGUMENT; only the owner may schedule", async () => {
+  test("cron schedules: next fire time in UTC; malformed expressions and bad intervals are INVALID_ARGUMENT; another principal finds no such session to schedule", async () => {
     const s = await open();
     const sessionId = s.opened!.sessionId;
     s.close();
@@ -501,7 +506,7 @@ describe("triggers", () => {
       await assert.rejects(stack.gateway.createSchedule({ schedule: { sessionId, when: when as never, text: "x" } }), (e: grpc.ServiceError) => e.code === Status.INVALID_ARGUMENT && why.test(e.details), JSON.stringify(when));
     }
     const other = await stack.gatewayAs("local", "eve");
-    await assert.rejects(other.createSchedule({ schedule: { sessionId, when: { case: "everySeconds", value: 5 }, text: "x" } }), (e: grpc.ServiceError) => e.code === Status.PERMISSION_DENIED);
+    await assert.rejects(other.createSchedule({ schedule: { sessionId, when: { case: "everySeconds", value: 5 }, text: "x" } }), (e: grpc.ServiceError) => e.code === Status.NOT_FOUND);
     other.close();
     assert.equal((await stack.gateway.listSchedules({ sessionId })).schedules.length, 1);
   });

@@ -250,6 +250,7 @@ describe("the context builder", () => {
       agentId: "a1",
       agent: { name: "Ada", ...DEFAULT_AGENT },
       sessionId: "s1",
+      session: { tenant: "t1", principal: "alice", sessionId: "s1" },
       channel: "grpc",
       sender: { id: "alice", tenant: "t1", isOwner: true },
       tools: [{ name: "exec", description: "run a command" }],
@@ -308,7 +309,7 @@ describe("the context builder", () => {
     ];
     const sources = new ContextSources(dir, path.join(dir, "profiles"), 0);
     const tokens = await TokenCounter.forModel("gpt-4o");
-    const input: PromptInput = { agentId: "a1", agent: { name: "Ada", ...DEFAULT_AGENT }, sessionId: "s1", channel: "grpc", sender: { id: "alice", tenant: "t1", isOwner: true }, tools: [], memories, ephemeral: ["do X"], skipContextFiles: false, driftReminder: true, now: new Date() };
+    const input: PromptInput = { agentId: "a1", agent: { name: "Ada", ...DEFAULT_AGENT }, sessionId: "s1", session: { tenant: "t1", principal: "alice", sessionId: "s1" }, channel: "grpc", sender: { id: "alice", tenant: "t1", isOwner: true }, tools: [], memories, ephemeral: ["do X"], skipContextFiles: false, driftReminder: true, now: new Date() };
     const all = await buildSystemPrompt(sources, input, tokens, 100_000);
     assert.match(all.text, /## Long-term facts\n- Alice likes tea/);
     assert.match(all.text, /## Relevant memories/);
@@ -363,7 +364,7 @@ describe("the system prompt's token count", () => {
       const tokens = await TokenCounter.forModel(model);
       const out = await buildSystemPrompt(
         new ContextSources(dir, path.join(dir, "profiles"), 0),
-        { agentId: "a1", agent: { name: "Ada", ...DEFAULT_AGENT }, sessionId: "s", channel: "grpc", sender: { id: "u", tenant: "t", isOwner: true }, tools: [{ name: "exec", description: "run" }], memories: [{ text: "likes tea", kind: MemoryKind.FACT }], ephemeral: ["x"], skipContextFiles: false, driftReminder: true, now: new Date() },
+        { agentId: "a1", agent: { name: "Ada", ...DEFAULT_AGENT }, sessionId: "s", session: { tenant: "t", principal: "u", sessionId: "s" }, channel: "grpc", sender: { id: "u", tenant: "t", isOwner: true }, tools: [{ name: "exec", description: "run" }], memories: [{ text: "likes tea", kind: MemoryKind.FACT }], ephemeral: ["x"], skipContextFiles: false, driftReminder: true, now: new Date() },
         tokens,
         100_000,
       );

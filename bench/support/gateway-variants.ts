@@ -7,7 +7,8 @@
 // Prints "bare=PORT adapter=PORT auth=PORT" when all three listen.
 import * as grpc from "@grpc/grpc-js";
 import { create, toBinary } from "@bufbuild/protobuf";
-import { ApiKeys, apiKeyAuth, identityOf } from "../../services/shared/auth.js";
+import { ApiKeys } from "../../services/shared/api-keys.js";
+import { apiKeyAuth, identityOf } from "../../services/shared/auth.js";
 import { ChatResponseSchema, GatewayService, SendMessageResponseSchema } from "../../services/shared/gen/troupe/v1/gateway_pb.js";
 import { RouterService } from "../../services/shared/gen/troupe/v1/router_pb.js";
 import { PlacementCache } from "../../services/gateway/server.js";
@@ -52,17 +53,15 @@ const handlers = (auth: boolean) =>
   ({
     async sendMessage(req: { sessionId: string }, call: { metadata: grpc.Metadata }) {
       if (auth) {
-        identityOf(call.metadata);
-        await placements.resolve(req.sessionId, "");
+        await placements.resolve(identityOf(call.metadata), req.sessionId, "");
       }
       return {};
     },
     chat(call: grpc.ServerDuplexStream<{ frame?: { kind: { case?: string; value?: { sessionId?: string } } } }, unknown>) {
       call.once("data", async (req) => {
         if (auth) {
-          identityOf(call.metadata);
           const v = req.frame?.kind.value;
-          await placements.resolve(v?.sessionId ?? "s", "");
+          await placements.resolve(identityOf(call.metadata), v?.sessionId ?? "s", "");
         }
         call.write({ kind: { case: "opened", value: { sessionId: "s" } } });
         call.end();

@@ -1,19 +1,30 @@
 // `troupe sandbox`: the operator's view of the sandbox service.
 //   troupe sandbox ls                                   this deployment's sandboxes
-//   troupe sandbox exec --session ID [--stdin] -- CMD   run CMD in the session's sandbox; exits with its code
+//   troupe sandbox exec --session ID [--stdin] -- CMD ARG...   run CMD with its arguments in the
+//                                                       session's sandbox, as `docker exec` does; exits with its code
 //   troupe sandbox rm --session ID                      remove the session's sandbox and workspace
-// --agent NAME names the session's agent (it matters when TROUPE_SANDBOX_SCOPE=agent).
+// --agent NAME names the session's agent (it matters when TROUPE_SANDBOX_SCOPE=agent); --tenant and
+// --principal name the session's owner (default: the development identity, local/dev).
 import { timestampMs } from "@bufbuild/protobuf/wkt";
-import { internalCredentials } from "../shared/auth.js";
+import { DEV_IDENTITY, identityHeaders, internalCredentials } from "../shared/auth.js";
 import { loadConfig } from "../shared/config.js";
 import { describeError } from "../shared/errors.js";
 import { SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
 import { createClient } from "../shared/rpc.js";
 
 const USAGE = `usage: troupe sandbox ls
-       troupe sandbox exec --session ID [--agent NAME] [--timeout-ms N] [--stdin] -- COMMAND...
-       troupe sandbox rm --session ID [--agent NAME]
+       troupe sandbox exec --session ID [--tenant T] [--principal P] [--agent NAME] [--timeout-ms N] [--stdin] -- COMMAND [ARG...]
+       troupe sandbox rm --session ID [--tenant T] [--principal P] [--agent NAME]
 `;
+
+/** One word for /bin/sh, quoted so the shell passes it on unchanged. */
+const shellQuote = (word: string): string => (/^[A-Za-z0-9_@%+=:,./-]+$/.test(word) ? word : `'${word.replace(/'/g, `'\\''`)}'`);
+
+/**
+ * The sandbox runs a command line with /bin/sh -c; an argv becomes a line whose words the shell
+ * splits back exactly as given (`-- sh -c 'echo a; echo b'` runs that script, as docker exec would).
+ */
+export const argvToCommand = (argv: readonly string[]): string => argv.map(shellQuote).join(" ");
 
 const ago = (ms: number | undefined) => {
   if (ms === undefined) return "-";
@@ -29,12 +40,21 @@ async function readStdin(): Promise<Buffer> {
 
 export async function sandboxCommand(args: string[]): Promise<number> {
   const [sub, ...rest] = args;
-  const cfg = loadConfig(rest, process.env, { session: { type: "string" }, agent: { type: "string" }, "timeout-ms": { type: "string" }, stdin: { type: "boolean" } });
+  const cfg = loadConfig(rest, process.env, {
+    session: { type: "string" },
+    agent: { type: "string" },
+    tenant: { type: "string" },
+    principal: { type: "string" },
+    "timeout-ms": { type: "string" },
+    stdin: { type: "boolean" },
+  });
   const flags = cfg.flags as Record<string, string | boolean | undefined>;
   const sessionId = (flags.session as string | undefined) ?? "";
   const agentId = (flags.agent as string | undefined) ?? "";
-  // An operator's tool on a machine of the stack: it speaks to the sandbox service as Troupe does.
-  const client = createClient(SandboxService, cfg.addr.sandbox, { headers: (await internalCredentials(cfg.dataDir)).headers });
+  const owner = { tenant: (flags.tenant as string | undefined) ?? DEV_IDENTITY.tenant, principal: (flags.principal as string | undefined) ?? DEV_IDENTITY.principal };
+  // An operator's tool on a machine of the stack: it speaks to the sandbox service as Troupe does,
+  // for the session's owner.
+  const client = createClient(SandboxService, cfg.addr.sandbox, { headers: { ...(await internalCredentials(cfg.dataDir)).headers, ...identityHeaders(owner) } });
   try {
     switch (sub) {
       case "ls": {
@@ -53,8 +73,8 @@ export async function sandboxCommand(args: string[]): Promise<number> {
         return 0;
       }
       case "exec": {
-        const command = cfg.rest.join(" ").trim();
-        if (!sessionId || !command) {
+        const command = argvToCommand(cfg.rest);
+        if (!sessionId || cfg.rest.length === 0) {
           process.stderr.write(USAGE);
           return 2;
         }

@@ -6,9 +6,11 @@ import { create, fromBinary, type MessageInitShape } from "@bufbuild/protobuf";
 import { BinaryReader, WireType } from "@bufbuild/protobuf/wire";
 import { SpanKind, trace, type Context, type Span } from "@opentelemetry/api";
 import { createHash } from "node:crypto";
-import { ApiKeys, NAME, apiKeyAuth, identityHeaders, identityOf, internalCredentials } from "../shared/auth.js";
+import { ApiKeys, NAME } from "../shared/api-keys.js";
+import { apiKeyAuth, callerOf, identityHeaders, identityMetadata, identityOf, internalCredentials, type Identity } from "../shared/auth.js";
+import { refKey, refOf } from "../shared/session-ref.js";
 import type { Config } from "../shared/config.js";
-import { SESSION_OWNER_KEY, Status, grpcCode, invalidArgument, invalidArgumentIf, toStatus, unavailable } from "../shared/errors.js";
+import { RpcError, SESSION_OWNER_KEY, Status, grpcCode, invalidArgument, invalidArgumentIf, permissionDenied, toStatus, unavailable } from "../shared/errors.js";
 import { catchStopCommand, validateFrame, validateSessionRef } from "../shared/frames.js";
 import { GatewayService, SubscribeResponseSchema, type ChatRequest } from "../shared/gen/troupe/v1/gateway_pb.js";
 import { Health } from "../shared/gen/grpc/health/v1/health_pb.js";
@@ -28,7 +30,10 @@ import { GenAI, contextToRecord, extractContext, tracer } from "../shared/teleme
 type RunnerClient = ServiceClient<(typeof RunnerService)["method"]>;
 type RouterClient = ServiceClient<(typeof RouterService)["method"]>;
 
-/** Session -> owning runner, from the router. Bounded; dropped when the runner is gone. */
+/**
+ * (caller, session) -> owning runner, from the router. Bounded; dropped when the runner is gone.
+ * Sessions are named by their owner (session-ref.ts), so entries are too.
+ */
 export class PlacementCache {
   private readonly entries = new Map<string, ResolveSessionResponse>();
   constructor(
@@ -36,22 +41,23 @@ export class PlacementCache {
     private readonly capacity = 100_000,
   ) {}
 
-  async resolve(sessionId: string, agentId: string): Promise<ResolveSessionResponse> {
-    const hit = sessionId ? this.entries.get(sessionId) : undefined;
+  async resolve(caller: Identity, sessionId: string, agentId: string): Promise<ResolveSessionResponse> {
+    const key = refKey(refOf(caller, sessionId));
+    const hit = sessionId ? this.entries.get(key) : undefined;
     if (hit) {
       // Refresh recency: a Map iterates in insertion order, so the first key is the least recent.
-      this.entries.delete(sessionId);
-      this.entries.set(sessionId, hit);
+      this.entries.delete(key);
+      this.entries.set(key, hit);
       return hit;
     }
-    const res = await this.router.resolveSession({ sessionId, agentId });
-    this.entries.set(res.sessionId, res);
+    const res = await this.router.resolveSession({ sessionId, agentId }, { metadata: identityMetadata(caller) });
+    this.entries.set(refKey(refOf(caller, res.sessionId)), res);
     if (this.entries.size > this.capacity) this.entries.delete(this.entries.keys().next().value!);
     return res;
   }
 
-  invalidate(sessionId: string): void {
-    this.entries.delete(sessionId);
+  invalidate(caller: Identity, sessionId: string): void {
+    this.entries.delete(refKey(refOf(caller, sessionId)));
   }
 
   /**
@@ -59,19 +65,20 @@ export class PlacementCache {
    * the router again), or the session is live on another runner (go there; placement changed
    * while its owner kept running, and the owner keeps it until it passivates).
    */
-  reroute(sessionId: string, err: unknown): boolean {
+  reroute(caller: Identity, sessionId: string, err: unknown): boolean {
     const code = grpcCode(err);
     if (code === Status.UNAVAILABLE) {
-      this.invalidate(sessionId);
+      this.invalidate(caller, sessionId);
       return true;
     }
     if (code !== Status.ABORTED) return false;
     const owner = (err as { metadata?: grpc.Metadata }).metadata?.get(SESSION_OWNER_KEY)[0];
-    const hit = this.entries.get(sessionId);
+    const key = refKey(refOf(caller, sessionId));
+    const hit = this.entries.get(key);
     if (typeof owner === "string" && owner !== "" && hit && hit.runner?.address !== owner) {
-      this.entries.set(sessionId, { ...hit, runner: { ...hit.runner!, runnerId: "", address: owner } });
+      this.entries.set(key, { ...hit, runner: { ...hit.runner!, runnerId: "", address: owner } });
     } else {
-      this.invalidate(sessionId);
+      this.invalidate(caller, sessionId);
     }
     return true;
   }
@@ -219,9 +226,44 @@ class TurnSpans {
   }
 }
 
-/** A canonical sender as a memory scope value (the memory service's alphabet; else its hash). */
+/**
+ * A canonical sender as a memory owner: as it is when it fits the memory service's alphabet, else
+ * a hash of it under a prefix no channel name can have (channel names have no '.'). An unlinked
+ * sender is "channel:id" and principals have no ':', so a sender is never a principal's memory
+ * owner unless routing's identityLinks say so.
+ */
 function memoryOwnerOf(sender: string): string {
-  return NAME.test(sender) ? sender : `sender-${createHash("sha256").update(sender).digest("hex").slice(0, 32)}`;
+  return NAME.test(sender) ? sender : `hashed.sender:${createHash("sha256").update(sender).digest("hex")}`;
+}
+
+/** Open streams by the hash of the key they came with, so a revoked key's streams end. */
+class StreamsByKey {
+  private readonly byKey = new Map<string, Set<(err: RpcError) => void>>();
+
+  /** Registers a stream's way to end; returns its removal. */
+  add(keyHash: string, end: (err: RpcError) => void): () => void {
+    let set = this.byKey.get(keyHash);
+    if (!set) this.byKey.set(keyHash, (set = new Set()));
+    set.add(end);
+    return () => {
+      set.delete(end);
+      if (set.size === 0 && this.byKey.get(keyHash) === set) this.byKey.delete(keyHash);
+    };
+  }
+
+  /** Ends every stream whose key is no longer accepted. */
+  endRevoked(holds: (keyHash: string) => boolean): number {
+    let ended = 0;
+    for (const [hash, set] of [...this.byKey]) {
+      if (holds(hash)) continue;
+      this.byKey.delete(hash);
+      for (const end of set) {
+        end(new RpcError(Status.UNAUTHENTICATED, "this API key was revoked"));
+        ended++;
+      }
+    }
+    return ended;
+  }
 }
 
 /**
@@ -237,7 +279,13 @@ function onBehalfOf(call: { metadata: grpc.Metadata }): grpc.Metadata {
 export async function startGateway(cfg: Config, logger: Logger): Promise<RunningService> {
   const internal = await internalCredentials(cfg.dataDir);
   const keys = await ApiKeys.load(cfg.apiKeysFile, process.env.TROUPE_API_KEYS ?? "");
-  keys.watch(2000, (err) => logger.error("API keys file unreadable; keeping the keys read before", { error: String((err as Error).message ?? err) }));
+  keys.watch(2000, (err) => logger.error("API keys file does not parse; keeping only the keys still named in it", { error: String((err as Error).message ?? err) }));
+  // A revoked key's open streams end at the next reload (every 2 s), not when they next send.
+  const streams = new StreamsByKey();
+  keys.onRevoked(() => {
+    const ended = streams.endRevoked((hash) => keys.holds(hash));
+    if (ended > 0) logger.info(`ended ${ended} streams of revoked API keys`);
+  });
   if (keys.size === 0) logger.warn(`no API keys configured: every call will be refused until one exists (troupe keys create, or ${cfg.apiKeysFile})`);
   const limits = new GatewayLimits(limitsFromEnv(process.env));
   /** Prompts, steering and follow-ups draw from the tenant's and the session's budgets; aborts never do. */
@@ -249,15 +297,16 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
   const placements = new PlacementCache(router);
   const runners = new RunnerPool(cfg.maxMessageBytes, internal.headers);
 
-  /** Calls the session's runner; if it is gone or the session moved, retries once where it is now. */
-  const withRunner = async <T>(sessionId: string, fn: (runner: RunnerClient, placement: ResolveSessionResponse) => Promise<T>): Promise<T> => {
+  /** Calls the caller's session's runner; if it is gone or the session moved, retries once where it is now. */
+  const withRunner = async <T>(call: { metadata: grpc.Metadata }, sessionId: string, fn: (runner: RunnerClient, placement: ResolveSessionResponse) => Promise<T>): Promise<T> => {
     validateSessionRef(sessionId, "", false);
+    const who = identityOf(call.metadata);
     for (let attempt = 0; ; attempt++) {
-      const placement = await placements.resolve(sessionId, "");
+      const placement = await placements.resolve(who, sessionId, "");
       try {
         return await fn(runners.get(placement.runner!.address), placement);
       } catch (err) {
-        if (attempt > 0 || !placements.reroute(sessionId, err)) throw err;
+        if (attempt > 0 || !placements.reroute(who, sessionId, err)) throw err;
       }
     }
   };
@@ -271,7 +320,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
     const spans = new TurnSpans(extractContext(metadata), () => sessionId, () => "");
     const traced = spans.start(frame);
     try {
-      const res = await withRunner(sessionId, (runner) => runner.submit({ sessionId, frame: traced }, { metadata: caller }));
+      const res = await withRunner(call, sessionId, (runner) => runner.submit({ sessionId, frame: traced }, { metadata: caller }));
       return { accepted: res.accepted };
     } finally {
       spans.endAll();
@@ -289,12 +338,15 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       let agentId = DEFAULT_AGENT;
       const spans = new TurnSpans(extractContext(call.metadata), () => sessionId, () => agentId);
       const caller = onBehalfOf(call);
-      const tenant = identityOf(call.metadata).tenant;
+      const who = identityOf(call.metadata);
+      const tenant = who.tenant;
       let releaseStream: (() => void) | undefined;
+      const unwatch = streams.add(callerOf(call.metadata).keyHash, (err) => finish(err));
 
       const finish = (err?: unknown) => {
         if (state === "done") return;
         state = "done";
+        unwatch();
         spans.endAll();
         releaseStream?.();
         if (err !== undefined && toStatus(err).code === Status.INTERNAL) logger.error("chat stream failed", { error: String((err as Error)?.stack ?? err) });
@@ -312,7 +364,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
 
       const open = async (openFrame: ClientFrame, attempt: number): Promise<void> => {
         const o = openFrame.kind.case === "open" ? openFrame.kind.value : undefined;
-        const placement = await placements.resolve(o?.sessionId ?? "", o?.agentId ?? "");
+        const placement = await placements.resolve(who, o?.sessionId ?? "", o?.agentId ?? "");
         sessionId = placement.sessionId;
         agentId = placement.agentId;
         // A session the router named for us is new: the runner must create it.
@@ -341,7 +393,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
         let upstreamFailed = false;
         rc.on("error", (err) => {
           upstreamFailed = true;
-          if (!received && attempt === 0 && state !== "done" && placements.reroute(sessionId, err)) {
+          if (!received && attempt === 0 && state !== "done" && placements.reroute(who, sessionId, err)) {
             open(openFrame, 1).catch(finish);
             return;
           }
@@ -386,6 +438,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       });
       call.on("cancelled", () => {
         state = "done";
+        unwatch();
         spans.endAll();
         releaseStream?.();
         if (runnerCall) leaveRunnerCall(runnerCall);
@@ -394,8 +447,8 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
 
     async createSession(req, call) {
       validateSessionRef(req.sessionId, req.agentId, true);
-      const first = await placements.resolve(req.sessionId, req.agentId);
-      const res = await withRunner(first.sessionId, (runner, placement) =>
+      const first = await placements.resolve(identityOf(call.metadata), req.sessionId, req.agentId);
+      const res = await withRunner(call, first.sessionId, (runner, placement) =>
         runner.ensureSession({ open: { sessionId: placement.sessionId, agentId: first.agentId, create: true, queueMode: req.queueMode } }, { metadata: onBehalfOf(call) }),
       );
       return { session: res.session };
@@ -415,14 +468,20 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       validateSessionRef(sessionId, "", false);
       let upstream: grpc.ClientDuplexStream<AttachRequestInit, Buffer> | undefined;
       const caller = onBehalfOf(call);
-      const release = limits.openStream(identityOf(call.metadata).tenant);
-      call.once("close", release);
-      call.once("cancelled", release);
-      call.once("finish", release);
-      call.once("error", release);
+      const who = identityOf(call.metadata);
+      const release = limits.openStream(who.tenant);
+      // A revoked key's subscription ends too.
+      const unwatch = streams.add(callerOf(call.metadata).keyHash, (err) => {
+        if (upstream) leaveRunnerCall(upstream);
+        if (!call.cancelled) call.emit("error", toStatus(err));
+      });
+      for (const ev of ["close", "cancelled", "finish", "error"] as const) {
+        call.once(ev, release);
+        call.once(ev, unwatch);
+      }
       call.on("cancelled", () => upstream && leaveRunnerCall(upstream));
       const attempt = async (n: number): Promise<void> => {
-        const placement = await placements.resolve(sessionId, "");
+        const placement = await placements.resolve(who, sessionId, "");
         if (call.cancelled) return;
         const up = runners.get(placement.runner!.address).attach({ metadata: caller }) as unknown as grpc.ClientDuplexStream<AttachRequestInit, Buffer>;
         upstream = up;
@@ -441,7 +500,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
           failed = true;
           if (call.cancelled) return;
           // Before anything was sent, a moved session or a gone runner is retried once.
-          if (!received && n === 0 && placements.reroute(sessionId, err)) {
+          if (!received && n === 0 && placements.reroute(who, sessionId, err)) {
             attempt(1).catch((e) => call.emit("error", toStatus(e)));
             return;
           }
@@ -457,35 +516,39 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
     async createSchedule(req, call) {
       if (!req.schedule) throw invalidArgument("schedule is required");
       const schedule = req.schedule;
-      const res = await withRunner(schedule.sessionId, (runner) => runner.putSchedule({ schedule }, { metadata: onBehalfOf(call) }));
+      const res = await withRunner(call, schedule.sessionId, (runner) => runner.putSchedule({ schedule }, { metadata: onBehalfOf(call) }));
       return { schedule: res.schedule };
     },
 
     async listSchedules(req, call) {
-      const res = await withRunner(req.sessionId, (runner) => runner.readSchedules({ sessionId: req.sessionId }, { metadata: onBehalfOf(call) }));
+      const res = await withRunner(call, req.sessionId, (runner) => runner.readSchedules({ sessionId: req.sessionId }, { metadata: onBehalfOf(call) }));
       return { schedules: res.schedules };
     },
 
     async deleteSchedule(req, call) {
-      const res = await withRunner(req.sessionId, (runner) => runner.removeSchedule({ sessionId: req.sessionId, scheduleId: req.scheduleId }, { metadata: onBehalfOf(call) }));
+      const res = await withRunner(call, req.sessionId, (runner) => runner.removeSchedule({ sessionId: req.sessionId, scheduleId: req.scheduleId }, { metadata: onBehalfOf(call) }));
       return { deleted: res.deleted };
     },
 
     async getHistory(req, call) {
-      const page = await withRunner(req.sessionId, (runner) => runner.readHistory({ sessionId: req.sessionId, pageSize: req.pageSize, pageToken: req.pageToken }, { metadata: onBehalfOf(call) }));
+      const page = await withRunner(call, req.sessionId, (runner) => runner.readHistory({ sessionId: req.sessionId, pageSize: req.pageSize, pageToken: req.pageToken }, { metadata: onBehalfOf(call) }));
       return { messages: page.messages, nextPageToken: page.nextPageToken };
     },
 
     async deliver(req, call) {
+      // Only an adapter key speaks for channel senders, and only for its own channels.
+      const key = callerOf(call.metadata);
+      if (key.role !== "adapter") throw permissionDenied(`Deliver needs an adapter key (troupe keys create --role adapter --channel NAME); this key's role is ${key.role}`);
       const inbound = normaliseInbound(req.message);
-      const route = await router.resolveInbound({ context: inbound.context });
+      if (!key.channels.includes(inbound.context.channel)) throw permissionDenied(`this adapter key speaks for ${key.channels.join(", ")}, not for channel ${inbound.context.channel}`);
+      const route = await router.resolveInbound({ context: inbound.context }, { metadata: identityMetadata(key) });
       const sessionId = route.sessionKey;
       const prompt = create(ClientFrameSchema, { frameId: inbound.frameId, kind: { case: "prompt", value: { text: inbound.body, queueMode: req.queueMode } } });
       // Commands from the channel act only when the adapter says the sender may use them.
       const frame = inbound.commandAuthorized ? catchStopCommand(prompt) : prompt;
       admit(identityOf(call.metadata).tenant, sessionId, frame);
       const caller = onBehalfOf(call);
-      const accepted = await withRunner(sessionId, async (runner) => {
+      const accepted = await withRunner(call, sessionId, async (runner) => {
         try {
           return (await runner.submit({ sessionId, frame }, { metadata: caller })).accepted;
         } catch (err) {

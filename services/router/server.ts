@@ -2,7 +2,7 @@
 // Runners register and renew a lease; sessions are placed by rendezvous (highest-random-weight)
 // hashing over the live runners, so a runner joining or leaving moves only its own share.
 import { createHash } from "node:crypto";
-import { internalCredentials } from "../shared/auth.js";
+import { identityOf, internalCredentials } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
 import { invalidArgument, invalidArgumentIf, unavailable } from "../shared/errors.js";
 import { ChatType, type ChannelContext } from "../shared/gen/troupe/v1/inbound_pb.js";
@@ -12,7 +12,8 @@ import { validateSessionRef } from "../shared/frames.js";
 import { RouterService, type RunnerInfo } from "../shared/gen/troupe/v1/router_pb.js";
 import { CHANNEL_NAME, DEFAULT_AGENT, newId } from "../shared/ids.js";
 import type { Logger } from "../shared/log.js";
-import { RpcServer } from "../shared/rpc.js";
+import { RpcServer, type grpc } from "../shared/rpc.js";
+import { refKey, refOf } from "../shared/session-ref.js";
 import type { RunningService } from "../shared/service.js";
 
 const LEASE_TTL_MS = 6000;
@@ -76,19 +77,23 @@ export async function startRouter(cfg: Config, logger: Logger): Promise<RunningS
   });
   await routing.reload();
   routing.watch(2000, (err) => logger.error("routing file rejected; keeping the rules read before", { error: String((err as Error).message ?? err) }));
-  const place = (sessionId: string) => {
-    // Placement hashes the session id alone: the session's log, not its agent, decides where it lives.
-    const runner = directory.place(sessionId);
+  /**
+   * Placement hashes the session's ref (its owner's tenant and principal, from the call's
+   * metadata, and its id): the session's log, not its agent, decides where it lives, and two
+   * owners' sessions of one id are two sessions, spread like any others.
+   */
+  const place = (sessionId: string, call: { metadata: grpc.Metadata }) => {
+    const runner = directory.place(refKey(refOf(identityOf(call.metadata), sessionId)));
     if (!runner) throw unavailable("no runner is registered with the router yet; start one with `troupe runner`");
     return runner;
   };
   const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes, authenticate: (await internalCredentials(cfg.dataDir)).authenticate });
   server.add(RouterService, {
-    async resolveSession(req) {
+    async resolveSession(req, call) {
       validateSessionRef(req.sessionId, req.agentId, true);
       const sessionId = req.sessionId || newId();
       const agentId = req.agentId || DEFAULT_AGENT;
-      return { sessionId, agentId, sessionKey: sessionKey(agentId, sessionId), runner: place(sessionId) };
+      return { sessionId, agentId, sessionKey: sessionKey(agentId, sessionId), runner: place(sessionId, call) };
     },
     async registerRunner(req) {
       invalidArgumentIf(!req.runner?.runnerId || !req.runner.address, "runner.runner_id and runner.address are required");
@@ -101,9 +106,9 @@ export async function startRouter(cfg: Config, logger: Logger): Promise<RunningS
     async listRunners() {
       return { runners: directory.live() };
     },
-    async resolveInbound(req) {
+    async resolveInbound(req, call) {
       const route = routes.resolve(checkContext(req.context));
-      return { agentId: route.agentId, matchedTier: route.tier, sessionKey: route.sessionKey, canonicalSender: route.canonicalSender, runner: place(route.sessionKey) };
+      return { agentId: route.agentId, matchedTier: route.tier, sessionKey: route.sessionKey, canonicalSender: route.canonicalSender, runner: place(route.sessionKey, call) };
     },
   });
   const port = await server.listen(cfg.addr.router);

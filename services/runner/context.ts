@@ -11,14 +11,18 @@
 //
 //   <agents dir>/TOOLS.md, AGENTS.md, ...                 every agent
 //   <agents dir>/<agent>/agent.json, AGENTS.md, skills/   one agent
-//   <agents dir>/<agent>/sessions/<session>/AGENTS.md     one session (nearest wins)
+//   <agents dir>/<agent>/sessions/<tenant>/<principal>/<session>/AGENTS.md
+//                                                         one session (nearest wins)
 //   <profiles dir>/<agent>/<tenant>/<user>/USER.md        one owner's profile (user data, so it
 //                                                         lives apart: the agents folder may be
 //                                                         a read-only mount)
+//
+// Every id in those paths is encoded by filePart (session-ref.ts), so no two ids share a folder.
 import { isUtf8 } from "node:buffer";
 import { mkdir, open, readdir, stat, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { MemoryKind } from "../shared/gen/troupe/v1/memory_pb.js";
+import { filePart, type SessionRef } from "../shared/session-ref.js";
 import type { AgentConfig } from "./agent-config.js";
 import type { Recalled } from "./memory-recall.js";
 import type { TokenCounter } from "./tokens.js";
@@ -59,6 +63,8 @@ export interface PromptInput {
   agentId: string;
   agent: AgentConfig;
   sessionId: string;
+  /** The session as its owner names it: where its own workspace folder is. */
+  session: SessionRef;
   channel: string;
   sender: Sender;
   tools: readonly { name: string; description: string }[];
@@ -100,11 +106,14 @@ export class ContextSources {
     private readonly cacheMs = 2000,
   ) {}
 
-  /** The folders searched for workspace files, nearest first (a session's own folder only if it exists). */
-  async searchPath(agentId: string, sessionId: string): Promise<string[]> {
-    const agentDir = path.join(this.agentsDir, safeName(agentId));
-    const sessionsDir = path.join(agentDir, "sessions");
-    const own = (await this.list(sessionsDir)).has(safeName(sessionId)) ? [path.join(sessionsDir, safeName(sessionId))] : [];
+  /**
+   * The folders searched for workspace files, nearest first. A session's own folder
+   * (`sessions/<tenant>/<principal>/<session>`, each part as filePart encodes it) only if it exists.
+   */
+  async searchPath(agentId: string, ref: SessionRef): Promise<string[]> {
+    const agentDir = path.join(this.agentsDir, filePart(agentId));
+    const ownerDir = path.join(agentDir, "sessions", filePart(ref.tenant), filePart(ref.principal));
+    const own = (await this.list(ownerDir)).has(filePart(ref.sessionId)) ? [path.join(ownerDir, filePart(ref.sessionId))] : [];
     return [...own, agentDir, this.agentsDir];
   }
 
@@ -139,7 +148,7 @@ export class ContextSources {
   }
 
   async skills(agentId: string): Promise<FileRead[]> {
-    const dirs = [path.join(this.agentsDir, safeName(agentId), "skills"), path.join(this.agentsDir, "skills")];
+    const dirs = [path.join(this.agentsDir, filePart(agentId), "skills"), path.join(this.agentsDir, "skills")];
     const out: FileRead[] = [];
     const seen = new Set<string>();
     for (const dir of dirs) {
@@ -155,7 +164,7 @@ export class ContextSources {
 
   /** The owner's profile, created from the template the first time it is asked for. */
   async profile(agentId: string, sender: Sender): Promise<FileRead | undefined> {
-    const dir = path.join(this.profilesDir, safeName(agentId), safeName(sender.tenant), safeName(sender.id));
+    const dir = path.join(this.profilesDir, filePart(agentId), filePart(sender.tenant), filePart(sender.id));
     const file = path.join(dir, "USER.md");
     const found = await this.read(file, FILE_CHAR_LIMIT);
     if (found) return found;
@@ -173,12 +182,6 @@ export interface FileRead {
   text: string;
   /** Why the file was used in part or not at all. */
   problem?: string;
-}
-
-/** A folder or file name made from an id (ids may hold ':' and '@'). */
-export function safeName(id: string): string {
-  const s = id.replace(/[^A-Za-z0-9._-]/g, "_");
-  return s === "" || s === "." || s === ".." ? `_${s}` : s;
 }
 
 /** A text file, cut at `limit` characters; binary files are refused with a stated problem. */
@@ -228,7 +231,7 @@ export async function buildSystemPrompt(
   const { sender } = input;
 
   const toolLines = input.tools.map((t) => `- ${t.name}: ${t.description}`);
-  const dirs = await sources.searchPath(input.agentId, input.sessionId);
+  const dirs = await sources.searchPath(input.agentId, input.session);
   const reference = input.skipContextFiles ? undefined : await sources.nearest(dirs, "TOOLS.md");
   if (reference?.problem) warnings.push({ code: "CONTEXT_FILE", message: reference.problem });
   sections.push({

@@ -1,12 +1,14 @@
 // Triggers beyond chat: scheduled tasks (cron) and heartbeats. Each session's schedules are one
-// JSON file under <data-dir>/schedules/, written whole and renamed into place, so a schedule
-// survives any restart and every runner sharing the data directory sees it.
+// JSON file under <data-dir>/schedules/, named by the session's ref (tenant, principal, id; see
+// session-ref.ts), written whole, fsynced and renamed into place, so a schedule survives any
+// restart and every runner sharing the data directory sees it. The file keeps the raw ids and a
+// read compares them: a schedule fires only into the session of the principal that made it.
 //
 // Every runner runs a Scheduler over all the files. A firing submits a prompt whose frame id is
 // made of the schedule and the due time ("trigger:schedule:<id>:<ms>"): the session takes it once
 // even if two runners fire it, and only the runner that holds (or wins) the session's lease can
 // submit at all. A runner that was down when a firing was due fires it once when it comes back.
-import { mkdir, readFile, readdir, rename, rm, writeFile } from "node:fs/promises";
+import { mkdir, readFile, readdir, rename, rm } from "node:fs/promises";
 import path from "node:path";
 import { create } from "@bufbuild/protobuf";
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
@@ -14,9 +16,9 @@ import { invalidArgument, resourceExhausted } from "../shared/errors.js";
 import { ScheduleSchema, type Schedule } from "../shared/gen/troupe/v1/schedule_pb.js";
 import { newId } from "../shared/ids.js";
 import type { Logger } from "../shared/log.js";
-import type { SessionOwner } from "./session-log.js";
+import { replaceFile } from "../shared/exclusive-file.js";
+import { fileName, sameRef, type SessionRef } from "../shared/session-ref.js";
 import { CronError, nextFire, parseCron, type Cron } from "./cron.js";
-import { safeName } from "./context.js";
 
 export const MAX_SCHEDULES_PER_SESSION = 20;
 const SCHEDULE_ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
@@ -82,6 +84,19 @@ function toProto(sessionId: string, s: StoredSchedule): Schedule {
   });
 }
 
+const refOfFile = (f: ScheduleFile): SessionRef => ({ tenant: f.tenant, principal: f.principal, sessionId: f.sessionId });
+
+/** A schedule file's text as a file, or undefined when it is empty, torn or not one. */
+function parseScheduleFile(text: string): ScheduleFile | undefined {
+  try {
+    const f = JSON.parse(text) as ScheduleFile;
+    const ok = typeof f?.sessionId === "string" && typeof f.tenant === "string" && typeof f.principal === "string" && Array.isArray(f.schedules);
+    return ok ? f : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
 /** The schedule files; writes to one session's file are serialised in this process. */
 export class ScheduleBook {
   private readonly chains = new Map<string, Promise<unknown>>();
@@ -89,50 +104,70 @@ export class ScheduleBook {
   constructor(
     readonly dir: string,
     private readonly minEverySeconds = 10,
+    /** Told about a file that is not a schedule file (empty, torn, edited by hand); it is skipped. */
+    private readonly onDamaged: (file: string) => void = () => undefined,
   ) {}
 
-  private file(sessionId: string): string {
-    return path.join(this.dir, `${safeName(sessionId)}.json`);
+  private file(ref: SessionRef): string {
+    return path.join(this.dir, `${fileName(ref.tenant, ref.principal, ref.sessionId)}.json`);
   }
 
-  async read(sessionId: string): Promise<ScheduleFile | undefined> {
+  /** The session's schedules; a file that names another session, or is damaged, counts as none. */
+  async read(ref: SessionRef): Promise<ScheduleFile | undefined> {
+    const file = this.file(ref);
+    let text: string;
     try {
-      return JSON.parse(await readFile(this.file(sessionId), "utf8")) as ScheduleFile;
+      text = await readFile(file, "utf8");
     } catch (err) {
       if ((err as NodeJS.ErrnoException).code === "ENOENT") return undefined;
       throw err;
     }
+    const parsed = parseScheduleFile(text);
+    if (!parsed) this.onDamaged(file);
+    return parsed && sameRef(refOfFile(parsed), ref) ? parsed : undefined;
   }
 
   async all(): Promise<ScheduleFile[]> {
     const names = await readdir(this.dir).catch(() => [] as string[]);
     const out: ScheduleFile[] = [];
     for (const n of names.filter((n) => n.endsWith(".json"))) {
-      try {
-        out.push(JSON.parse(await readFile(path.join(this.dir, n), "utf8")) as ScheduleFile);
-      } catch {
-        // A file being replaced right now, or one damaged by hand: the next scan sees it again.
-      }
+      const file = path.join(this.dir, n);
+      const parsed = parseScheduleFile(await readFile(file, "utf8").catch(() => ""));
+      // Only a file under its own name counts, so no file can speak for another session.
+      if (parsed && this.file(refOfFile(parsed)) === file) out.push(parsed);
+      else if (!parsed) this.onDamaged(file);
     }
     return out;
   }
 
-  private update<T>(sessionId: string, change: (file: ScheduleFile | undefined) => { file: ScheduleFile | undefined; result: T }): Promise<T> {
-    const prev = this.chains.get(sessionId) ?? Promise.resolve();
+  /**
+   * Files written before schedules were named by ref (`<session>.json`) move to their ref's name,
+   * once, at start; a damaged one stays where it is and is reported.
+   */
+  async migrate(): Promise<void> {
+    const names = await readdir(this.dir).catch(() => [] as string[]);
+    for (const n of names.filter((n) => n.endsWith(".json"))) {
+      const file = path.join(this.dir, n);
+      const parsed = parseScheduleFile(await readFile(file, "utf8").catch(() => ""));
+      if (!parsed) this.onDamaged(file);
+      else if (this.file(refOfFile(parsed)) !== file && !(await this.read(refOfFile(parsed)))) await rename(file, this.file(refOfFile(parsed)));
+    }
+  }
+
+  private update<T>(ref: SessionRef, change: (file: ScheduleFile | undefined) => { file: ScheduleFile | undefined; result: T }): Promise<T> {
+    const target = this.file(ref);
+    const prev = this.chains.get(target) ?? Promise.resolve();
     const next = prev.catch(() => undefined).then(async () => {
-      const { file, result } = change(await this.read(sessionId));
-      const target = this.file(sessionId);
+      const { file, result } = change(await this.read(ref));
       if (!file || file.schedules.length === 0) await rm(target, { force: true });
       else {
         await mkdir(this.dir, { recursive: true });
-        const tmp = `${target}.${process.pid}.${newId()}.tmp`;
-        await writeFile(tmp, JSON.stringify(file, null, 1));
-        await rename(tmp, target);
+        await replaceFile(target, JSON.stringify(file, null, 1));
       }
       return result;
     });
-    this.chains.set(sessionId, next);
-    void next.finally(() => this.chains.get(sessionId) === next && this.chains.delete(sessionId)).catch(() => undefined);
+    this.chains.set(target, next);
+    void next.finally(() => this.chains.get(target) === next && this.chains.delete(target)).catch(() => undefined);
     return next;
   }
 
@@ -141,26 +176,26 @@ export class ScheduleBook {
   }
 
   /** Adds or replaces (same id) a schedule of the session. */
-  put(sessionId: string, owner: SessionOwner, schedule: Schedule): Promise<Schedule> {
-    return this.update(sessionId, (file) => {
+  put(ref: SessionRef, schedule: Schedule): Promise<Schedule> {
+    return this.update(ref, (file) => {
       const others = (file?.schedules ?? []).filter((s) => s.scheduleId !== schedule.scheduleId || schedule.scheduleId === "");
       const stored = validate(schedule, this.minEverySeconds);
       if (others.length >= MAX_SCHEDULES_PER_SESSION) throw resourceExhausted(`a session holds at most ${MAX_SCHEDULES_PER_SESSION} schedules`);
-      const next: ScheduleFile = { sessionId, tenant: owner.tenant, principal: owner.principal, schedules: [...others, stored] };
-      return { file: next, result: toProto(sessionId, stored) };
+      const next: ScheduleFile = { sessionId: ref.sessionId, tenant: ref.tenant, principal: ref.principal, schedules: [...others, stored] };
+      return { file: next, result: toProto(ref.sessionId, stored) };
     });
   }
 
-  remove(sessionId: string, scheduleId: string): Promise<boolean> {
-    return this.update(sessionId, (file) => {
+  remove(ref: SessionRef, scheduleId: string): Promise<boolean> {
+    return this.update(ref, (file) => {
       const kept = (file?.schedules ?? []).filter((s) => s.scheduleId !== scheduleId);
       const removed = kept.length !== (file?.schedules.length ?? 0);
       return { file: file && { ...file, schedules: kept }, result: removed };
     });
   }
 
-  markFired(sessionId: string, scheduleId: string, atMs: number): Promise<void> {
-    return this.update(sessionId, (file) => {
+  markFired(ref: SessionRef, scheduleId: string, atMs: number): Promise<void> {
+    return this.update(ref, (file) => {
       const s = file?.schedules.find((x) => x.scheduleId === scheduleId);
       if (s) s.lastFireMs = Math.max(s.lastFireMs ?? 0, atMs);
       return { file, result: undefined };
@@ -168,10 +203,9 @@ export class ScheduleBook {
   }
 }
 
-/** One firing: the session, its owner, the schedule and the time it was due. */
+/** One firing: the session (as its owner names it), the schedule and the time it was due. */
 export interface Firing {
-  sessionId: string;
-  owner: SessionOwner;
+  ref: SessionRef;
   scheduleId: string;
   kind: "schedule" | "heartbeat";
   dueMs: number;
@@ -232,7 +266,8 @@ export class Scheduler {
       this.lastScan = now;
     }
     for (const { file, schedule: s, cron } of this.entries) {
-      const key = `${file.sessionId}\u0000${s.scheduleId}`;
+      const ref = refOfFile(file);
+      const key = `${this.book.dir}\u0000${fileName(ref.tenant, ref.principal, ref.sessionId, s.scheduleId)}`;
       if (this.firing.has(key) || (this.notBefore.get(key) ?? 0) > now) continue;
       const due = dueAfter(s, cron, s.lastFireMs ?? s.createdMs);
       if (due === undefined || due > now) continue;
@@ -241,15 +276,14 @@ export class Scheduler {
       const every = (s.everySeconds ?? 1) * 1000;
       const dueMs = cron ? latestDue(cron, due, now) : due + Math.floor((now - due) / every) * every;
       const firing: Firing = {
-        sessionId: file.sessionId,
-        owner: { tenant: file.tenant, principal: file.principal },
+        ref,
         scheduleId: s.scheduleId,
         kind: cron ? "schedule" : "heartbeat",
         dueMs,
         text: triggerText(s, dueMs),
       };
       this.fire(firing)
-        .then(() => this.book.markFired(file.sessionId, s.scheduleId, dueMs))
+        .then(() => this.book.markFired(ref, s.scheduleId, dueMs))
         .then(() => {
           s.lastFireMs = dueMs;
           this.notBefore.delete(key);
@@ -257,7 +291,7 @@ export class Scheduler {
         .catch((err: unknown) => {
           // The runner that owns the session fires it; if that one is gone, this one tries again later.
           this.notBefore.set(key, Date.now() + this.options.retryMs);
-          this.logger.debug("schedule not fired here", { session: file.sessionId, schedule: s.scheduleId, error: String((err as Error).message ?? err) });
+          this.logger.debug("schedule not fired here", { session: ref.sessionId, schedule: s.scheduleId, error: String((err as Error).message ?? err) });
         })
         .finally(() => this.firing.delete(key));
     }

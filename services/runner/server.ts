@@ -4,7 +4,7 @@ import { randomUUID } from "node:crypto";
 import path from "node:path";
 import { create } from "@bufbuild/protobuf";
 import { context } from "@opentelemetry/api";
-import { NAME, identityOf, internalCredentials, sameIdentity } from "../shared/auth.js";
+import { NAME, identityMetadata, identityOf, internalCredentials, sameIdentity } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
 import { modelBaseUrl } from "../shared/config.js";
 import { Status, invalidArgument, invalidArgumentIf, resourceExhausted, toStatus, type RpcError } from "../shared/errors.js";
@@ -143,7 +143,6 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
           );
         };
   const router = createClient(RouterService, cfg.addr.router, { headers: credentials.headers });
-  const tools = [execTool(sandbox, cfg.execTimeoutMs), ...fileTools(sandbox)];
   const audit = new AuditLog(cfg.dataDir);
   const hooks = new Hooks();
   await loadPlugins(hooks, cfg.hookModules);
@@ -168,7 +167,8 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
     // Where the memory tools read and write, and what learning adds to: the speaker's own memories.
     const mine = { tenant: owner.tenant, owner: sender };
     const runTools = [
-      ...tools,
+      execTool(sandbox, cfg.execTimeoutMs, owner),
+      ...fileTools(sandbox, owner),
       ...memoryTools(memory, mine, agentId, () => recall.invalidateTenant(owner.tenant)),
       delegateTool({ parent: actor, agent: agentConfig, createChild: (childId, sub) => registry.createChild(childId, actor, sub), running: subagentsRunning }),
     ];
@@ -192,6 +192,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
             agentId,
             agent: req.agent,
             sessionId,
+            session: actor.ref,
             channel: channelOf(sessionId),
             sender: who,
             tools: runTools,
@@ -219,18 +220,20 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   const registry = new SessionRegistry({ store, audit, logger, runDeps }, { passivateAfterMs: cfg.passivateAfterMs });
 
   // Scheduled tasks and heartbeats: each firing is a prompt the session takes once (see schedules.ts).
-  const book = new ScheduleBook(path.join(cfg.dataDir, "schedules"), cfg.minHeartbeatSeconds);
+  const book = new ScheduleBook(path.join(cfg.dataDir, "schedules"), cfg.minHeartbeatSeconds, (file) => logger.warn("a schedule file is empty or damaged; skipping it", { file }));
+  await book.migrate();
   const scheduler = new Scheduler(book, async (f) => {
     // The runner the router places the session on fires it (unless the session already lives here),
     // so a firing does not pull the session away from where its clients are sent.
-    if (!registry.holds(f.sessionId)) {
-      const placed = await router.resolveSession({ sessionId: f.sessionId }, { timeoutMs: 2000 }).catch(() => undefined);
-      if (placed?.runner && placed.runner.runnerId !== cfg.runnerId) throw new Error(`session ${f.sessionId} is placed on runner ${placed.runner.runnerId}`);
+    if (!registry.holds(f.ref)) {
+      const placed = await router.resolveSession({ sessionId: f.ref.sessionId }, { timeoutMs: 2000, metadata: identityMetadata(f.ref) }).catch(() => undefined);
+      if (placed?.runner && placed.runner.runnerId !== cfg.runnerId) throw new Error(`session ${f.ref.sessionId} is placed on runner ${placed.runner.runnerId}`);
     }
-    const actor = await registry.get(f.sessionId);
+    // The schedule's own ref: it fires only into the session of the principal that made it.
+    const actor = await registry.get(f.ref);
     if (!actor) {
-      logger.warn("a schedule names a session that no longer exists; removing it", { session: f.sessionId, schedule: f.scheduleId });
-      await book.remove(f.sessionId, f.scheduleId);
+      logger.warn("a schedule names a session that no longer exists; removing it", { session: f.ref.sessionId, schedule: f.scheduleId });
+      await book.remove(f.ref, f.scheduleId);
       return;
     }
     const frame = create(ClientFrameSchema, { frameId: triggerFrameId(f.kind, f.scheduleId, f.dueMs), kind: { case: "prompt", value: { text: f.text, queueMode: QueueMode.FOLLOWUP } } });
@@ -348,8 +351,8 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
     async listStoredSessions(req, call) {
       const { size, offset } = pageParams(req.pageSize, req.pageToken);
       const caller = identityOf(call.metadata);
-      const live = new Map((await registry.loaded()).map((a) => [a.sessionId, a]));
-      const stored = (await store.list()).filter((s) => sameIdentity(s.owner, caller)).sort((a, b) => a.sessionId.localeCompare(b.sessionId));
+      const live = new Map((await registry.loaded()).filter((a) => sameIdentity(a.owner, caller)).map((a) => [a.sessionId, a]));
+      const stored = (await store.list(caller)).sort((a, b) => a.sessionId.localeCompare(b.sessionId));
       const page = stored.slice(offset, offset + size).map(
         (s) =>
           live.get(s.sessionId)?.info() ??
@@ -380,19 +383,19 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
     async putSchedule(req, call) {
       if (!req.schedule) throw invalidArgument("schedule is required");
       const actor = await requireActor(req.schedule.sessionId, call);
-      const schedule = await book.put(actor.sessionId, actor.owner, req.schedule);
+      const schedule = await book.put(actor.ref, req.schedule);
       scheduler.changed();
       return { schedule };
     },
 
     async readSchedules(req, call) {
       const actor = await requireActor(req.sessionId, call);
-      return { schedules: book.list(await book.read(actor.sessionId)) };
+      return { schedules: book.list(await book.read(actor.ref)) };
     },
 
     async removeSchedule(req, call) {
       const actor = await requireActor(req.sessionId, call);
-      const deleted = await book.remove(actor.sessionId, req.scheduleId);
+      const deleted = await book.remove(actor.ref, req.scheduleId);
       scheduler.changed();
       return { deleted };
     },

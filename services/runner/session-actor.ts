@@ -18,12 +18,13 @@ import {
   type SessionInfo,
 } from "../shared/gen/troupe/v1/session_pb.js";
 import { FRAME_KIND, validateFrame } from "../shared/frames.js";
-import { RpcError, Status, failedPrecondition, resourceExhausted, statusName } from "../shared/errors.js";
+import { RpcError, Status, failedPrecondition, resourceExhausted, statusName, unavailable } from "../shared/errors.js";
 import { newId } from "../shared/ids.js";
 import type { Logger } from "../shared/log.js";
 import { contextFromRecord } from "../shared/telemetry.js";
 import { injectUserMessages, runAgent, type Compaction, type EventPayload, type QueuedMessage, type RunDeps, type RunHost } from "./loop.js";
 import type { AuditLog } from "./audit-log.js";
+import { refOf, type SessionRef } from "../shared/session-ref.js";
 import { ownerOf, type LogRecord, type SessionLog, type SessionOwner, type SessionStore, type Subagent } from "./session-log.js";
 import { SessionElsewhere } from "./session-lease.js";
 
@@ -142,8 +143,11 @@ export class SessionActor {
   private flushScheduled = false;
   private idleWaiters: (() => void)[] = [];
   private closing = false;
-  /** Set once another runner took the session: from then on this actor only refuses. */
-  private lost?: SessionElsewhere;
+  /**
+   * Set once the session is lost here: another runner took it (ABORTED), or its log could not be
+   * written (UNAVAILABLE). From then on this actor only refuses; the next call loads it anew.
+   */
+  private lost?: RpcError;
   /** Called once when the session is lost, so the registry forgets this actor. */
   onLost?: () => void;
 
@@ -158,27 +162,32 @@ export class SessionActor {
     readonly subagent?: Subagent,
   ) {}
 
+  /** The session as its owner names it (the store's and the registry's key). */
+  get ref(): SessionRef {
+    return refOf(this.owner, this.sessionId);
+  }
+
   static async create(sessionId: string, agentId: string, owner: SessionOwner, deps: ActorDeps, subagent?: Subagent): Promise<SessionActor> {
     // The first block of seqs is reserved in the log's first write. Events reach clients before
     // the log has them, so a reservation made at the first event would be in flight while its
     // seqs were already out: a runner killed then left no trace of them, and the next activation
     // numbered from 1 again, giving clients new events under seqs they held (a resuming client
     // skipped them as seen).
-    const log = await deps.store.create(sessionId, agentId, owner, subagent, [{ t: "seq", upTo: SEQ_BLOCK }]);
+    const log = await deps.store.create(refOf(owner, sessionId), agentId, owner, subagent, [{ t: "seq", upTo: SEQ_BLOCK }]);
     const actor = new SessionActor(sessionId, agentId, owner, log, deps, subagent);
     actor.reservedUpTo = SEQ_BLOCK;
     return actor;
   }
 
   /** Rebuilds the actor from its log. A run the log shows as unfinished was cut off by a crash. */
-  static async load(sessionId: string, deps: ActorDeps): Promise<SessionActor> {
-    const { log, records } = await deps.store.activate(sessionId);
+  static async load(ref: SessionRef, deps: ActorDeps): Promise<SessionActor> {
+    const { log, records, corruptLines } = await deps.store.activate(ref);
     const head = records[0];
     if (!head || head.t !== "session") {
       await log.close();
-      throw new Error(`session log ${sessionId} has no header`);
+      throw new Error(`session log ${ref.sessionId} has no header`);
     }
-    const actor = new SessionActor(sessionId, head.agentId, ownerOf(head), log, deps, head.subagent);
+    const actor = new SessionActor(ref.sessionId, head.agentId, ownerOf(head), log, deps, head.subagent);
     actor.createdMs = head.createdMs;
     // Recovery publishes events at once (a cut-off run's end, acknowledgements owed), and clients
     // see them before the log does. Their seqs must be reserved durably first: a process that died
@@ -192,6 +201,11 @@ export class SessionActor {
       throw err;
     }
     actor.replayLog(records, { resumeAt, reservedUpTo: resumeAt + SEQ_BLOCK });
+    if (corruptLines.length > 0) {
+      const message = `session log lines ${corruptLines.join(", ")} were damaged and skipped; what they held is missing from this session`;
+      deps.logger.error(message, { session: ref.sessionId });
+      actor.emit({ case: "error", value: { code: "LOG_CORRUPT", message, retryable: false } });
+    }
     return actor;
   }
 
@@ -309,8 +323,13 @@ export class SessionActor {
     try {
       await this.log.append({ t: "frame", frame: toJson(ClientFrameSchema, frame) }, true);
     } catch (err) {
-      if (err instanceof SessionElsewhere) this.loseSession(err);
-      throw err;
+      if (err instanceof SessionElsewhere) {
+        this.loseSession(err, `session ${this.sessionId} was taken over by another runner; dropping it here`);
+        throw err;
+      }
+      // Not acknowledged, so the client resends; the session reloads from its log on the next call.
+      const lost = this.storageFailed(err);
+      throw lost;
     } finally {
       if (counted) this.admitting--;
     }
@@ -493,7 +512,7 @@ export class SessionActor {
       while (this.admitting > 0) await new Promise((r) => setTimeout(r, 5));
       await new Promise((r) => setTimeout(r, 100 * 2 ** (this.restarts.length - 1)));
       await this.log.flush().catch(() => undefined);
-      const records = await this.deps.store.read(this.sessionId);
+      const records = await this.deps.store.read(this.ref);
       const liveSeq = this.seq;
       this.messages.length = 0;
       this.acks.clear();
@@ -546,21 +565,35 @@ export class SessionActor {
 
   private persist(record: LogRecord, sync: boolean): void {
     this.log.append(record, sync).catch((err: unknown) => {
-      if (err instanceof SessionElsewhere) return this.loseSession(err);
-      this.deps.logger.error("session log append failed", { session: this.sessionId, error: String(err) });
+      if (err instanceof SessionElsewhere) return this.loseSession(err, `session ${this.sessionId} was taken over by another runner; dropping it here`);
+      this.storageFailed(err);
     });
   }
 
   /**
-   * Another runner took the session (this one was presumed dead). Stop at once: the run is
-   * aborted, streams end with ABORTED so clients reconnect through the router, and the registry
-   * forgets the actor. Nothing it writes from now on counts.
+   * A failed write (a full disk) fails every later append of this log: nothing is acknowledged
+   * past a hole. The actor leaves memory and gives up its lease, so the next call loads the
+   * session again from what is on disk, which succeeds once space is back.
    */
-  private loseSession(err: SessionElsewhere): void {
+  private storageFailed(err: unknown): RpcError {
+    const lost = unavailable(`session ${this.sessionId}'s log could not be written (${(err as Error).message ?? err}); retry: it is reloaded from its log on the next call`);
+    if (!this.lost) {
+      this.loseSession(lost, "session log append failed; the session leaves memory");
+      void this.log.close().catch(() => undefined);
+    }
+    return this.lost ?? lost;
+  }
+
+  /**
+   * The session cannot go on here: another runner took it (this one was presumed dead), or its
+   * log failed. Stop at once: the run is aborted, streams end with `err` so clients reconnect
+   * through the router, and the registry forgets the actor. Nothing it writes from now on counts.
+   */
+  private loseSession(err: RpcError, why: string): void {
     if (this.lost) return;
     this.lost = err;
     this.closing = true;
-    this.deps.logger.warn(`session ${this.sessionId} was taken over by another runner; dropping it here`);
+    this.deps.logger.warn(why, { session: this.sessionId });
     clearTimeout(this.collectTimer);
     this.run?.controller.abort(err);
     for (const sub of this.subscribers) sub.close(err);
@@ -635,7 +668,7 @@ export class SessionActor {
     try {
       const floor = this.ring.length > 0 ? Number(this.ring[0].seq) : this.seq + 1;
       if (afterSeq + 1 < floor) {
-        for (const rec of await this.deps.store.read(this.sessionId)) {
+        for (const rec of await this.deps.store.read(this.ref)) {
           if (rec.t !== "event") continue;
           const e = fromJson(AgentEventSchema, rec.event as JsonValue);
           if (Number(e.seq) < floor) forward(e);

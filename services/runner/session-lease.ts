@@ -3,7 +3,7 @@
 // but placement changes while a runner is still alive (it rejoins, its router lease lapses, the
 // router restarts). The store itself is therefore the arbiter:
 //
-// - Each activation of a session takes the next *epoch* by creating `<id>.lease.<epoch>`
+// - Each activation of a session takes the next *epoch* by creating `<log>.lease.<epoch>`
 //   exclusively. The file names the owner (runner id, address, process incarnation).
 // - An owner is alive while its runner's heartbeat file (`runners/<runner-id>.json`, refreshed
 //   every livenessMs/4) names the same incarnation and is younger than livenessMs. A live owner's
@@ -71,8 +71,8 @@ export class SessionLeases {
     return path.join(this.runnersDir, `${encodeURIComponent(runnerId)}.json`);
   }
 
-  private leaseFile(sessionId: string, epoch: number): string {
-    return path.join(this.sessionsDir, `${sessionId}.lease.${epoch}`);
+  private leaseFile(base: string, epoch: number): string {
+    return `${base}.lease.${epoch}`;
   }
 
   /**
@@ -117,15 +117,16 @@ export class SessionLeases {
   }
 
   /**
-   * Takes the session for this process. `lastEpoch` is the highest epoch its log records. Walks
+   * Takes the session for this process. `base` is its log's path without extension (the lease
+   * files sit beside it), `sessionId` names it in errors, `lastEpoch` is the highest epoch its log records. Walks
    * forward over lease files: each one met must belong to a dead owner (or to this process), else
    * the session is live elsewhere and the activation is refused.
    */
-  async acquire(sessionId: string, lastEpoch: number): Promise<Lease> {
+  async acquire(base: string, sessionId: string, lastEpoch: number): Promise<Lease> {
     const stale: string[] = [];
     for (let epoch = lastEpoch; ; epoch++) {
       if (epoch > 0) {
-        const file = this.leaseFile(sessionId, epoch);
+        const file = this.leaseFile(base, epoch);
         const holder = await readJson<Owner>(file);
         if (holder) {
           if (await this.alive(holder)) {
@@ -134,7 +135,7 @@ export class SessionLeases {
           stale.push(file);
         }
       }
-      const next = this.leaseFile(sessionId, epoch + 1);
+      const next = this.leaseFile(base, epoch + 1);
       if (!(await createExclusive(next, JSON.stringify(this.self)))) continue; // someone holds or took it: look at them
       // Removing the dead owner's lease is what fences it, should it still be running.
       for (const f of stale) await unlink(f).catch(() => undefined);

@@ -1,12 +1,14 @@
-// The durable record of a session: one append-only JSONL file per session under
-// <data-dir>/sessions/. Every accepted client frame and every complete event is appended in seq
+// The durable record of a session: one append-only JSONL file per session, at
+// <data-dir>/sessions/<tenant>/<principal>/<session>.jsonl (each part encoded by filePart, so no two
+// owners' ids meet in one file; the header keeps the raw ids and is compared on every read). Every accepted client frame and every complete event is appended in seq
 // order; a record that was acknowledged was fsynced first. Token deltas are not kept (the complete
 // message that follows them is). Anything that can append and replay records can replace it.
 import { randomUUID } from "node:crypto";
-import { mkdir, open, readFile, readdir, stat, type FileHandle } from "node:fs/promises";
+import { mkdir, open, readFile, readdir, rename, stat, unlink, type FileHandle } from "node:fs/promises";
 import path from "node:path";
-import type { Identity } from "../shared/auth.js";
+import { DEV_IDENTITY, type Identity } from "../shared/auth.js";
 import { createExclusive, syncDir } from "../shared/exclusive-file.js";
+import { filePart, refOf, type SessionRef } from "../shared/session-ref.js";
 import { SessionElsewhere, SessionLeases, type Lease, type Owner } from "./session-lease.js";
 
 /** One line of the log. Frames and events are stored in protobuf JSON form. */
@@ -53,7 +55,7 @@ export interface SessionOwner extends Identity {
 }
 
 /** Who owns a session whose log predates ownership: the development key's identity. */
-export const LEGACY_OWNER: SessionOwner = { tenant: "local", principal: "dev" };
+export const LEGACY_OWNER: SessionOwner = DEV_IDENTITY;
 
 export function ownerOf(head: Extract<LogRecord, { t: "session" }>): SessionOwner {
   if (!head.tenant || !head.principal) return LEGACY_OWNER;
@@ -68,18 +70,24 @@ export interface StoredSession {
   updateMs: number;
 }
 
+
+/** Sessions are addressed by ref (owner and id): the same id of two owners is two sessions. */
 export interface SessionStore {
-  exists(sessionId: string): Promise<boolean>;
+  exists(ref: SessionRef): Promise<boolean>;
   /**
    * A new session, owned by this runner, its log holding the header and then `opening`, written
-   * atomically. Fails with EEXIST if the session exists.
+   * atomically. Fails with EEXIST if the session exists. The owner is the ref's.
    */
-  create(sessionId: string, agentId: string, owner: SessionOwner, subagent?: Subagent, opening?: LogRecord[]): Promise<SessionLog>;
-  /** Takes a stored session for this runner: its log to append to and its records so far. */
-  activate(sessionId: string): Promise<{ log: SessionLog; records: LogRecord[] }>;
+  create(ref: SessionRef, agentId: string, owner: SessionOwner, subagent?: Subagent, opening?: LogRecord[]): Promise<SessionLog>;
+  /**
+   * Takes a stored session for this runner: its log to append to, its records so far, and the
+   * lines of the log that were damaged and skipped (the actor reports them).
+   */
+  activate(ref: SessionRef): Promise<{ log: SessionLog; records: LogRecord[]; corruptLines: number[] }>;
   /** The session's valid records (a stale owner's late writes left out). */
-  read(sessionId: string): Promise<LogRecord[]>;
-  list(): Promise<StoredSession[]>;
+  read(ref: SessionRef): Promise<LogRecord[]>;
+  /** One principal's sessions. */
+  list(owner: Identity): Promise<StoredSession[]>;
 }
 
 /** One line of the log; records written by an owner carry its epoch (the header has none). */
@@ -174,19 +182,29 @@ class JsonlSessionLog implements SessionLog {
     clearTimeout(this.idleTimer);
     await this.writing;
     if (this.dirty && !this.failed) await this.fh?.datasync().catch(() => undefined);
-    await this.fh?.close();
+    await this.fh?.close().catch(() => undefined);
     this.fh = undefined;
-    if (!this.failed) await this.leases.release(this.lease);
+    // Released after a failed write too: the next activation cuts a torn tail before it appends,
+    // and a damaged line in the middle is skipped by readers.
+    await this.leases.release(this.lease);
   }
 }
 
+/** A log's valid records, and the lines that did not parse (1-based; a torn last line is not one). */
+export interface ParsedLog {
+  records: LogRecord[];
+  corruptLines: number[];
+}
+
 /**
- * Parses a log's text. Only the last line can be torn (a crash mid-append, never acknowledged).
- * Records stamped with an epoch older than the latest epoch record before them were written by an
- * owner that had already lost the session: they are left out.
+ * Parses a log's text. Only the last line can be torn by a crash (never acknowledged); a line in
+ * the middle that does not parse (a damaged disk, a hand edit) is skipped and reported, so one bad
+ * record costs that record, not the session. Records stamped with an epoch older than the latest
+ * epoch record before them were written by an owner that had already lost the session: left out.
  */
-function parseLog(sessionId: string, text: string): LogRecord[] {
+export function parseLog(text: string): ParsedLog {
   const records: LogRecord[] = [];
+  const corruptLines: number[] = [];
   const lines = text.split("\n");
   let current = 0;
   for (let i = 0; i < lines.length; i++) {
@@ -194,8 +212,9 @@ function parseLog(sessionId: string, text: string): LogRecord[] {
     let rec: LogRecord & { e?: number };
     try {
       rec = JSON.parse(lines[i]) as LogRecord & { e?: number };
+      if (typeof rec !== "object" || rec === null || typeof rec.t !== "string") throw new Error("not a record");
     } catch {
-      if (i < lines.length - 2) throw new Error(`session log ${sessionId} is corrupt at line ${i + 1}`);
+      if (i < lines.length - 2) corruptLines.push(i + 1);
       continue;
     }
     if (rec.t === "epoch") current = Math.max(current, rec.epoch);
@@ -203,8 +222,22 @@ function parseLog(sessionId: string, text: string): LogRecord[] {
     delete rec.e;
     records.push(rec);
   }
-  return records;
+  return { records, corruptLines };
 }
+
+/** Whether a log's header names this session of this owner (a foreign or legacy-misplaced file does not count). */
+function headerMatches(records: LogRecord[], ref: SessionRef): boolean {
+  const head = records[0];
+  if (!head || head.t !== "session") return false;
+  const owner = ownerOf(head);
+  return head.sessionId === ref.sessionId && owner.tenant === ref.tenant && owner.principal === ref.principal;
+}
+
+/** Where a data directory keeps a session's log (for operators and tests; the store uses the same). */
+export const sessionLogPath = (dataDir: string, ref: SessionRef): string =>
+  path.join(dataDir, "sessions", filePart(ref.tenant), filePart(ref.principal), `${filePart(ref.sessionId)}.jsonl`);
+
+const notThere = (ref: SessionRef) => Object.assign(new Error(`session ${ref.sessionId} does not exist`), { code: "ENOENT" });
 
 export class JsonlSessionStore implements SessionStore {
   private readonly dir: string;
@@ -220,8 +253,9 @@ export class JsonlSessionStore implements SessionStore {
   }
 
   /** Starts the runner's heartbeat: other runners treat this runner's sessions as live from now. */
-  start(): Promise<void> {
-    return this.leases.start();
+  async start(): Promise<void> {
+    await this.leases.start();
+    await migrateFlatLogs(this.dir, (ref) => this.ownerDir(ref));
   }
 
   /** Stops the heartbeat; call after every log is closed. */
@@ -229,15 +263,32 @@ export class JsonlSessionStore implements SessionStore {
     return this.leases.stop();
   }
 
-  private file(sessionId: string): string {
-    return path.join(this.dir, `${sessionId}.jsonl`);
+  private ownerDir(owner: Identity): string {
+    return path.join(this.dir, filePart(owner.tenant), filePart(owner.principal));
   }
 
-  async exists(sessionId: string): Promise<boolean> {
-    return stat(this.file(sessionId)).then(
-      () => true,
-      () => false,
-    );
+  /** The log's path without its extension; lease files sit beside it. */
+  private base(ref: SessionRef): string {
+    return path.join(this.ownerDir(ref), filePart(ref.sessionId));
+  }
+
+  private file(ref: SessionRef): string {
+    return `${this.base(ref)}.jsonl`;
+  }
+
+  async exists(ref: SessionRef): Promise<boolean> {
+    try {
+      // The header is compared too: a name reached by hash (a very long id) must hold this id.
+      const fh = await open(this.file(ref), "r");
+      try {
+        const { bytesRead, buffer } = await fh.read(Buffer.alloc(4096), 0, 4096, 0);
+        return headerMatches(parseLog(buffer.subarray(0, bytesRead).toString("utf8").split("\n")[0]).records, ref);
+      } finally {
+        await fh.close();
+      }
+    } catch {
+      return false;
+    }
   }
 
   /**
@@ -246,53 +297,61 @@ export class JsonlSessionStore implements SessionStore {
    * leaves either no log or all of them, and link() fails with EEXIST if someone else created the
    * session first.
    */
-  async create(sessionId: string, agentId: string, owner: SessionOwner, subagent?: Subagent, opening: LogRecord[] = []): Promise<SessionLog> {
-    await mkdir(this.dir, { recursive: true });
-    const final = this.file(sessionId);
-    if (await this.exists(sessionId)) throw Object.assign(new Error(`session ${sessionId} exists`), { code: "EEXIST" });
-    const lease = await this.leases.acquire(sessionId, 0);
-    const header: LogRecord = { t: "session", sessionId, agentId, createdMs: Date.now(), tenant: owner.tenant, principal: owner.principal, ...(owner.memoryOwner ? { memoryOwner: owner.memoryOwner } : {}), ...(subagent ? { subagent } : {}) };
+  async create(ref: SessionRef, agentId: string, owner: SessionOwner, subagent?: Subagent, opening: LogRecord[] = []): Promise<SessionLog> {
+    const dir = this.ownerDir(ref);
+    await mkdir(dir, { recursive: true });
+    const final = this.file(ref);
+    if (await stat(final).then(() => true, () => false)) throw Object.assign(new Error(`session ${ref.sessionId} exists`), { code: "EEXIST" });
+    const lease = await this.leases.acquire(this.base(ref), ref.sessionId, 0);
+    const header: LogRecord = { t: "session", sessionId: ref.sessionId, agentId, createdMs: Date.now(), tenant: ref.tenant, principal: ref.principal, ...(owner.memoryOwner ? { memoryOwner: owner.memoryOwner } : {}), ...(subagent ? { subagent } : {}) };
     const epoch: LogRecord = { t: "epoch", epoch: lease.epoch, runnerId: this.leases.self.runnerId };
     try {
       if (!(await createExclusive(final, [logLine(header), ...[epoch, ...opening].map((r) => logLine(r, lease.epoch))].join("")))) {
-        throw Object.assign(new Error(`session ${sessionId} exists`), { code: "EEXIST" });
+        throw Object.assign(new Error(`session ${ref.sessionId} exists`), { code: "EEXIST" });
       }
     } catch (err) {
       await this.leases.release(lease);
       throw err;
     }
-    await syncDir(this.dir);
-    return new JsonlSessionLog(sessionId, final, lease, this.leases);
+    await syncDir(dir);
+    return new JsonlSessionLog(ref.sessionId, final, lease, this.leases);
   }
 
-  async activate(sessionId: string): Promise<{ log: SessionLog; records: LogRecord[] }> {
-    const file = this.file(sessionId);
-    const before = parseLog(sessionId, await readFile(file, "utf8"));
+  async activate(ref: SessionRef): Promise<{ log: SessionLog; records: LogRecord[]; corruptLines: number[] }> {
+    const file = this.file(ref);
+    const before = await this.read(ref);
     let lastEpoch = 0;
     for (const r of before) if (r.t === "epoch") lastEpoch = Math.max(lastEpoch, r.epoch);
-    const lease = await this.leases.acquire(sessionId, lastEpoch);
+    const lease = await this.leases.acquire(this.base(ref), ref.sessionId, lastEpoch);
     try {
-      await repairTornTail(sessionId, file);
-      const log = new JsonlSessionLog(sessionId, file, lease, this.leases);
+      await repairTornTail(ref.sessionId, file);
+      const log = new JsonlSessionLog(ref.sessionId, file, lease, this.leases);
       await log.append({ t: "epoch", epoch: lease.epoch, runnerId: this.leases.self.runnerId }, true);
       // Read again: the previous owner may have appended between the first read and the lease.
-      return { log, records: await this.read(sessionId) };
+      return { log, ...(await this.parsed(ref)) };
     } catch (err) {
       await this.leases.release(lease);
       throw err;
     }
   }
 
-  async read(sessionId: string): Promise<LogRecord[]> {
-    return parseLog(sessionId, await readFile(this.file(sessionId), "utf8"));
+  async read(ref: SessionRef): Promise<LogRecord[]> {
+    return (await this.parsed(ref)).records;
   }
 
-  async list(): Promise<StoredSession[]> {
-    const names = await readdir(this.dir).catch(() => [] as string[]);
+  private async parsed(ref: SessionRef): Promise<ParsedLog> {
+    const parsed = parseLog(await readFile(this.file(ref), "utf8"));
+    if (!headerMatches(parsed.records, ref)) throw notThere(ref);
+    return parsed;
+  }
+
+  async list(owner: Identity): Promise<StoredSession[]> {
+    const dir = this.ownerDir(owner);
+    const names = await readdir(dir).catch(() => [] as string[]);
     const out: StoredSession[] = [];
     for (const name of names) {
       if (!name.endsWith(".jsonl")) continue; // leftover .tmp files of interrupted creates are skipped
-      const file = path.join(this.dir, name);
+      const file = path.join(dir, name);
       try {
         // The header is the first line; reading 4 KiB avoids reading whole logs to list them.
         const fh = await open(file, "r");
@@ -300,13 +359,38 @@ export class JsonlSessionStore implements SessionStore {
         const s = await fh.stat();
         await fh.close();
         const head = JSON.parse(buffer.subarray(0, bytesRead).toString("utf8").split("\n")[0]) as LogRecord;
-        if (head.t !== "session") continue;
+        if (head.t !== "session" || !headerMatches([head], refOf(owner, head.sessionId))) continue;
         out.push({ sessionId: head.sessionId, agentId: head.agentId, owner: ownerOf(head), createdMs: head.createdMs, updateMs: s.mtimeMs });
       } catch {
         // A log being created right now, or not ours: not listed.
       }
     }
     return out;
+  }
+}
+
+/**
+ * Logs written before sessions were named by their owner sat flat in sessions/<id>.jsonl: each
+ * moves under its header's owner, once (its lease files are dropped: no runner holds a session
+ * while the store starts). A name the new layout already holds is left where it is, and said.
+ */
+async function migrateFlatLogs(dir: string, ownerDir: (owner: Identity) => string): Promise<void> {
+  const names = await readdir(dir).catch(() => [] as string[]);
+  for (const name of names) {
+    const file = path.join(dir, name);
+    if (/\.lease\.\d+$/.test(name)) {
+      await unlink(file).catch(() => undefined);
+      continue;
+    }
+    if (!name.endsWith(".jsonl")) continue;
+    const text = await readFile(file, "utf8").catch(() => "");
+    const head = parseLog(text.split("\n")[0]).records[0];
+    if (!head || head.t !== "session") continue;
+    const ref = refOf(ownerOf(head), head.sessionId);
+    const target = path.join(ownerDir(ref), `${filePart(ref.sessionId)}.jsonl`);
+    await mkdir(path.dirname(target), { recursive: true });
+    if (await stat(target).then(() => true, () => false)) continue;
+    await rename(file, target);
   }
 }
 

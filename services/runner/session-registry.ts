@@ -1,13 +1,16 @@
-// The runner's live actors, by session id. An actor is created on first use (or loaded from its
-// log) exactly once, however many calls ask for it at the same time.
+// The runner's live actors, by session ref (owner and id: session-ref.ts). An actor is created on
+// first use (or loaded from its log) exactly once, however many calls ask for it at the same time.
+// A caller only ever names sessions under its own identity, so another owner's session is one
+// that does not exist for it: NOT_FOUND, the same answer by the same path as a missing one.
 import { create } from "@bufbuild/protobuf";
 import { SessionOpenedSchema, type OpenSession, type SessionOpened } from "../shared/gen/troupe/v1/session_pb.js";
 import { sameIdentity, type Identity } from "../shared/auth.js";
-import { notFound, permissionDenied } from "../shared/errors.js";
+import { notFound } from "../shared/errors.js";
 import { validateSessionRef } from "../shared/frames.js";
 import { DEFAULT_AGENT, newId } from "../shared/ids.js";
 import { SessionActor, type ActorDeps } from "./session-actor.js";
 import type { Subagent } from "./session-log.js";
+import { refKey, refOf, type SessionRef } from "../shared/session-ref.js";
 
 export interface RegistryOptions {
   /** Actors with nothing to do for this long leave memory; they are reloaded from their log. */
@@ -42,7 +45,7 @@ export class SessionRegistry {
       const closed = actor.close().finally(() => this.leaving.delete(id));
       this.leaving.set(id, closed);
       closing.push(closed);
-      this.deps.logger.debug(`passivated session ${id}`);
+      this.deps.logger.debug(`passivated session ${actor.sessionId}`, { tenant: actor.owner.tenant, principal: actor.owner.principal });
     }
     await Promise.allSettled(closing);
     return closing.length;
@@ -53,41 +56,41 @@ export class SessionRegistry {
     return this.actors.size;
   }
 
-  /**
-   * The live actor of a stored session for `caller`: NOT_FOUND if there is no such session,
-   * PERMISSION_DENIED if it belongs to another tenant or principal.
-   */
+  /** The caller's session `sessionId`, live: NOT_FOUND if the caller has no such session. */
   async require(sessionId: string, caller: Identity): Promise<SessionActor> {
-    const actor = await this.get(sessionId);
+    const actor = await this.get(refOf(caller, sessionId));
     if (!actor) throw notFound(`session ${sessionId} does not exist`);
     return authorize(actor, caller);
   }
 
   /** The live actor of a stored session, loading it if needed; undefined if no such session. */
-  async get(sessionId: string): Promise<SessionActor | undefined> {
-    validateSessionRef(sessionId, "", false);
-    const live = this.actors.get(sessionId);
+  async get(ref: SessionRef): Promise<SessionActor | undefined> {
+    validateSessionRef(ref.sessionId, "", false);
+    const key = refKey(ref);
+    const live = this.actors.get(key);
     if (live) return live;
-    await this.leaving.get(sessionId);
-    const again = this.actors.get(sessionId);
+    await this.leaving.get(key);
+    const again = this.actors.get(key);
     if (again) return again;
-    if (!(await this.deps.store.exists(sessionId))) return undefined;
-    return this.remember(sessionId, () => SessionActor.load(sessionId, this.deps));
+    if (!(await this.deps.store.exists(ref))) return undefined;
+    return this.remember(ref, () => SessionActor.load(ref, this.deps));
   }
 
   /** Opens a session for a client: finds it (if it is the caller's), or creates it for the caller when asked to. */
   async open(open: OpenSession, caller: Identity, frameId = "", memoryOwner = ""): Promise<{ actor: SessionActor; opened: SessionOpened }> {
     validateSessionRef(open.sessionId, open.agentId, true);
     const sessionId = open.sessionId || newId();
-    let actor = await this.get(sessionId);
+    const ref = refOf(caller, sessionId);
+    let actor = await this.get(ref);
     let created = false;
     if (!actor) {
       if (open.sessionId !== "" && !open.create) throw notFound(`session ${sessionId} does not exist (set create to make it)`);
       const agentId = open.agentId || DEFAULT_AGENT;
-      actor = await this.remember(sessionId, () =>
-        SessionActor.create(sessionId, agentId, memoryOwner ? { ...caller, memoryOwner } : caller, this.deps).catch((err: NodeJS.ErrnoException) => {
+      const owner = memoryOwner ? { tenant: caller.tenant, principal: caller.principal, memoryOwner } : { tenant: caller.tenant, principal: caller.principal };
+      actor = await this.remember(ref, () =>
+        SessionActor.create(sessionId, agentId, owner, this.deps).catch((err: NodeJS.ErrnoException) => {
           // Someone else created it between our check and our create: use theirs.
-          if (err.code === "EEXIST") return SessionActor.load(sessionId, this.deps);
+          if (err.code === "EEXIST") return SessionActor.load(ref, this.deps);
           throw err;
         }),
       );
@@ -101,12 +104,12 @@ export class SessionRegistry {
 
   /** A sub-agent's session (delegate_task): created for the parent's owner, never found by another. */
   createChild(sessionId: string, parent: SessionActor, subagent: Subagent): Promise<SessionActor> {
-    return this.remember(sessionId, () => SessionActor.create(sessionId, parent.agentId, parent.owner, this.deps, subagent));
+    return this.remember(refOf(parent.owner, sessionId), () => SessionActor.create(sessionId, parent.agentId, parent.owner, this.deps, subagent));
   }
 
   /** The session is live in this runner (or being loaded here). */
-  holds(sessionId: string): boolean {
-    return this.actors.has(sessionId);
+  holds(ref: SessionRef): boolean {
+    return this.actors.has(refKey(ref));
   }
 
   /** Loaded actors, for listing. */
@@ -115,13 +118,14 @@ export class SessionRegistry {
     return settled.flatMap((s) => (s.status === "fulfilled" ? [s.value] : []));
   }
 
-  private remember(sessionId: string, make: () => Promise<SessionActor>): Promise<SessionActor> {
-    const existing = this.actors.get(sessionId);
+  private remember(ref: SessionRef, make: () => Promise<SessionActor>): Promise<SessionActor> {
+    const key = refKey(ref);
+    const existing = this.actors.get(key);
     if (existing) return existing;
     const p = make();
-    this.actors.set(sessionId, p);
+    this.actors.set(key, p);
     const forget = () => {
-      if (this.actors.get(sessionId) === p) this.actors.delete(sessionId);
+      if (this.actors.get(key) === p) this.actors.delete(key);
     };
     p.then((actor) => (actor.onLost = forget), forget);
     return p;
@@ -135,7 +139,8 @@ export class SessionRegistry {
   }
 }
 
+/** Defence in depth: the ref already names the caller, so this holds unless a log lies about its owner. */
 function authorize(actor: SessionActor, caller: Identity): SessionActor {
-  if (!sameIdentity(actor.owner, caller)) throw permissionDenied(`session ${actor.sessionId} belongs to another principal`);
+  if (!sameIdentity(actor.owner, caller)) throw notFound(`session ${actor.sessionId} does not exist`);
   return actor;
 }

@@ -6,6 +6,7 @@ import type { MessageInitShape } from "@bufbuild/protobuf";
 import { AddOutcome, MemoryKind, type MemoryScopeSchema, type MemoryService } from "../shared/gen/troupe/v1/memory_pb.js";
 import { SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
 import type { ServiceClient } from "../shared/rpc.js";
+import { identityMetadata, type Identity } from "../shared/auth.js";
 import { grpcCode, Status } from "../shared/errors.js";
 
 export interface ToolContext {
@@ -87,8 +88,9 @@ function fileTool(spec: Omit<Tool, "execute">, run: (args: Record<string, unknow
 }
 
 /** `read_file`, `write_file`, `list_files`: the session's sandbox workspace. */
-export function fileTools(sandbox: SandboxClient): Tool[] {
-  const opts = (ctx: ToolContext) => ({ signal: ctx.signal, timeoutMs: FILE_CALL_TIMEOUT_MS });
+export function fileTools(sandbox: SandboxClient, owner: Identity): Tool[] {
+  const metadata = identityMetadata(owner);
+  const opts = (ctx: ToolContext) => ({ signal: ctx.signal, timeoutMs: FILE_CALL_TIMEOUT_MS, metadata });
   return [
     fileTool(
       {
@@ -147,7 +149,12 @@ export function fileTools(sandbox: SandboxClient): Tool[] {
 }
 
 /** `exec`: a shell command in the session's sandbox container. */
-export function execTool(sandbox: SandboxClient, defaultTimeoutMs: number): Tool {
+/**
+ * The sandbox tools of one session's owner: every call names the owner, because the sandbox
+ * service keys sandboxes by tenant and principal as well as by session.
+ */
+export function execTool(sandbox: SandboxClient, defaultTimeoutMs: number, owner: Identity): Tool {
+  const metadata = identityMetadata(owner);
   return {
     name: "exec",
     description: "Run a shell command (/bin/sh -c) in this session's sandbox and return its output and exit code.",
@@ -164,7 +171,7 @@ export function execTool(sandbox: SandboxClient, defaultTimeoutMs: number): Tool
       const command = args.command;
       if (typeof command !== "string" || command.trim() === "") return { output: "exec: `command` must be a non-empty string", isError: true };
       const timeoutMs = typeof args.timeout_ms === "number" && args.timeout_ms > 0 ? Math.floor(args.timeout_ms) : defaultTimeoutMs;
-      const call = sandbox.exec({ sessionId: ctx.sessionId, agentId: ctx.agentId, command, timeoutMs }, { signal: ctx.signal });
+      const call = sandbox.exec({ sessionId: ctx.sessionId, agentId: ctx.agentId, command, timeoutMs }, { signal: ctx.signal, metadata });
       let output = "";
       let exit: { exitCode: number; timedOut: boolean; truncated: boolean; oomKilled: boolean } | undefined;
       try {
@@ -182,7 +189,7 @@ export function execTool(sandbox: SandboxClient, defaultTimeoutMs: number): Tool
         if (ctx.signal.aborted) {
           // Cancelling the call makes the sandbox kill the command too, but in its own time; an
           // aborted call is reported only once its processes are known to be dead.
-          const killed = await sandbox.killProcesses({ sessionId: ctx.sessionId, agentId: ctx.agentId }, { timeoutMs: 5000 }).then(
+          const killed = await sandbox.killProcesses({ sessionId: ctx.sessionId, agentId: ctx.agentId }, { timeoutMs: 5000, metadata }).then(
             () => true,
             () => false,
           );

@@ -11,13 +11,14 @@ import { randomUUID } from "node:crypto";
 import { create } from "@bufbuild/protobuf";
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import Docker from "dockerode";
-import { internalCredentials } from "../shared/auth.js";
+import { identityOf, internalCredentials } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
 import { RpcError, Status, invalidArgumentIf, notFound, unavailable } from "../shared/errors.js";
 import { ExecResponseSchema, FileType, SandboxService, Signal } from "../shared/gen/troupe/v1/sandbox_pb.js";
-import { DEFAULT_AGENT, isAgentId, isSessionId } from "../shared/ids.js";
+import { isAgentId, isSessionId } from "../shared/ids.js";
+import { scopeKey as sandboxScopeKey } from "./scope.js";
 import type { Logger } from "../shared/log.js";
-import { RpcServer, ServingStatus, write } from "../shared/rpc.js";
+import { RpcServer, ServingStatus, write, type grpc } from "../shared/rpc.js";
 import type { RunningService } from "../shared/service.js";
 import { AgentError, AgentGone, within, type AgentExit, type RunningExec } from "./agent-connection.js";
 import { DEFAULT_LIMITS, SandboxFleet, instanceOf, type Sandbox } from "./fleet.js";
@@ -124,13 +125,11 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
     if (!(engineUp || (await checkEngine()))) throw unavailable(engineHint);
   };
 
-  /** Whose sandbox a request is for, by the deployment's scope. */
-  const scopeKey = (req: { sessionId: string; agentId: string }): string => {
+  /** Whose sandbox a request is for (scope.ts): its owner is named in the call's metadata by the runner. */
+  const scopeKey = (req: { sessionId: string; agentId: string }, call: { metadata: grpc.Metadata }): string => {
     invalidArgumentIf(!isSessionId(req.sessionId), "session_id is missing or malformed");
     invalidArgumentIf(req.agentId !== "" && !isAgentId(req.agentId), "agent_id is malformed");
-    if (cfg.sandboxScope === "shared") return "shared";
-    if (cfg.sandboxScope === "agent") return `agent:${req.agentId || DEFAULT_AGENT}`;
-    return `session:${req.sessionId}`;
+    return sandboxScopeKey(cfg.sandboxScope, identityOf(call.metadata), req.sessionId, req.agentId);
   };
 
   /**
@@ -149,8 +148,8 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
   const running = new Map<string, { key: string; exec: RunningExec; agent: Sandbox["agent"] }>();
 
   /** A file request: the key's sandbox, the agent's answer within a deadline, errors as statuses. */
-  const fileOp = async <T>(req: { sessionId: string; agentId: string }, what: string, op: (sandbox: Sandbox) => Promise<T>): Promise<T> => {
-    const key = scopeKey(req);
+  const fileOp = async <T>(req: { sessionId: string; agentId: string }, call: { metadata: grpc.Metadata }, what: string, op: (sandbox: Sandbox) => Promise<T>): Promise<T> => {
+    const key = scopeKey(req, call);
     await requireEngine();
     const sandbox = await fleet.get(key);
     sandbox.lastUsed = Date.now();
@@ -165,7 +164,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
   server.add(SandboxService, {
     async exec(call) {
       const req = call.request;
-      const key = scopeKey(req);
+      const key = scopeKey(req, call);
       invalidArgumentIf(req.command.trim() === "", "command must not be empty");
       invalidArgumentIf(req.command.length > MAX_COMMAND_CHARS, `command is over ${MAX_COMMAND_CHARS} characters`);
       invalidArgumentIf(req.command.includes("\0"), "command must not contain a NUL byte");
@@ -249,8 +248,8 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
       call.end();
     },
 
-    async signalExec(req) {
-      const key = scopeKey(req);
+    async signalExec(req, call) {
+      const key = scopeKey(req, call);
       const signo = SIGNALS[req.signal];
       invalidArgumentIf(signo === undefined, "signal is missing or not one of HANGUP, INTERRUPT, QUIT, KILL, TERMINATE");
       const target = running.get(req.execId);
@@ -265,8 +264,8 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
       return {};
     },
 
-    async killProcesses(req) {
-      const key = scopeKey(req);
+    async killProcesses(req, call) {
+      const key = scopeKey(req, call);
       await requireEngine();
       const sandbox = await fleet.find(key);
       if (!sandbox) return { sandboxFound: false };
@@ -274,25 +273,25 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
       return { sandboxFound: true };
     },
 
-    async readFile(req) {
+    async readFile(req, call) {
       const path = workspacePath(req.path, false);
       const max = Math.min(req.maxBytes || DEFAULT_READ_BYTES, cfg.maxMessageBytes - 64 * 1024);
-      const file = await fileOp(req, `read ${req.path}`, (s) => s.agent.readFile(path, max));
+      const file = await fileOp(req, call, `read ${req.path}`, (s) => s.agent.readFile(path, max));
       return { data: file.data, size: BigInt(file.size), truncated: file.truncated };
     },
 
-    async writeFile(req) {
+    async writeFile(req, call) {
       const path = workspacePath(req.path, false);
       invalidArgumentIf(req.mode > 0o7777, "mode must be permission bits, at most 0o7777");
       invalidArgumentIf((req.mode & 0o7000) !== 0, "setuid, setgid and sticky bits are not allowed");
-      await fileOp(req, `write ${req.path}`, (s) => s.agent.writeFile(path, req.data, { mode: req.mode, createParents: req.createParents }));
+      await fileOp(req, call, `write ${req.path}`, (s) => s.agent.writeFile(path, req.data, { mode: req.mode, createParents: req.createParents }));
       return { bytesWritten: BigInt(req.data.length) };
     },
 
-    async listFiles(req) {
+    async listFiles(req, call) {
       const path = workspacePath(req.path, true);
       invalidArgumentIf(req.maxEntries > MAX_LIST_ENTRIES, `max_entries must be at most ${MAX_LIST_ENTRIES}`);
-      const listing = await fileOp(req, `list ${req.path || "/workspace"}`, (s) => s.agent.list(path, req.maxEntries || DEFAULT_LIST_ENTRIES));
+      const listing = await fileOp(req, call, `list ${req.path || "/workspace"}`, (s) => s.agent.list(path, req.maxEntries || DEFAULT_LIST_ENTRIES));
       const types = { file: FileType.FILE, directory: FileType.DIRECTORY, symlink: FileType.SYMLINK, other: FileType.OTHER };
       return {
         truncated: listing.truncated,
@@ -302,8 +301,8 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
       };
     },
 
-    async releaseSandbox(req) {
-      const key = scopeKey(req);
+    async releaseSandbox(req, call) {
+      const key = scopeKey(req, call);
       await requireEngine();
       return { removed: await fleet.release(key) };
     },

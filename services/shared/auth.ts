@@ -10,26 +10,34 @@
 //   believes because the call carries the internal token.
 //
 // The health service answers everyone (load balancers and kubelets probe without credentials).
-import { createHash, randomBytes, timingSafeEqual } from "node:crypto";
-import { mkdir, readFile, rename, writeFile } from "node:fs/promises";
+import { randomBytes, timingSafeEqual } from "node:crypto";
+import { mkdir, readFile, writeFile } from "node:fs/promises";
 import path from "node:path";
-import type * as grpc from "@grpc/grpc-js";
+import * as grpc from "@grpc/grpc-js";
+
+const GrpcMetadata = grpc.Metadata;
 import { RpcError, Status } from "./errors.js";
 import { createExclusive } from "./exclusive-file.js";
-import { ReloadingFile } from "./reloading-file.js";
+import { NAME, ROLES, createApiKey, type ApiKeys, type Caller, type Role } from "./api-keys.js";
+
+export { NAME };
 
 export interface Identity {
   tenant: string;
   principal: string;
 }
 
+/** The development key's identity (`troupe up` makes its key); operator tools default to it. */
+export const DEV_IDENTITY: Identity = { tenant: "local", principal: "dev" };
+
 export const AUTHORIZATION = "authorization";
 export const INTERNAL_TOKEN = "troupe-internal-token";
 export const TENANT = "troupe-tenant";
 export const PRINCIPAL = "troupe-principal";
-
-/** Tenants and principals become memory scopes and file names: the same strict alphabet. */
-export const NAME = /^[A-Za-z0-9._:@-]{1,128}$/;
+/** Set by the gateway's check for its own handlers only (never passed on): the key's role, channels and hash. */
+const ROLE = "troupe-role";
+const CHANNELS = "troupe-channels";
+const KEY_HASH = "troupe-key-hash";
 
 /** Methods anyone may call. */
 const OPEN_PATHS = ["/grpc.health.v1.Health/", "/grpc.reflection.v1.ServerReflection/", "/grpc.reflection.v1alpha.ServerReflection/"];
@@ -37,114 +45,6 @@ export const isOpenPath = (path: string): boolean => OPEN_PATHS.some((p) => path
 
 /** Checks a call's metadata; throws RpcError to refuse it. May replace headers (verified identity). */
 export type Authenticator = (metadata: grpc.Metadata, path: string) => void;
-
-export const sha256 = (text: string): string => createHash("sha256").update(text).digest("hex");
-
-/** A new API key: a prefix that says what it is, then 32 random bytes. */
-export const newApiKey = (): string => `trp_${randomBytes(32).toString("base64url")}`;
-
-export interface StoredKey extends Identity {
-  /** A name for the key, for operators (never the key). */
-  id: string;
-  sha256: string;
-}
-
-/** The keys file: `{"keys": [{"id", "tenant", "principal", "sha256"}]}`. */
-export function parseKeys(text: string, source: string): StoredKey[] {
-  let doc: unknown;
-  try {
-    doc = JSON.parse(text);
-  } catch (err) {
-    throw new Error(`${source}: not JSON (${(err as Error).message})`);
-  }
-  const keys = (doc as { keys?: unknown }).keys;
-  if (!Array.isArray(keys)) throw new Error(`${source}: expected {"keys": [...]}`);
-  return keys.map((k: Partial<StoredKey>, i) => {
-    for (const field of ["tenant", "principal"] as const) {
-      if (typeof k[field] !== "string" || !NAME.test(k[field])) throw new Error(`${source}: keys[${i}].${field} must match ${NAME}`);
-    }
-    if (typeof k.sha256 !== "string" || !/^[0-9a-f]{64}$/.test(k.sha256)) throw new Error(`${source}: keys[${i}].sha256 must be 64 hex digits`);
-    return { id: typeof k.id === "string" ? k.id : `key-${i}`, tenant: k.tenant!, principal: k.principal!, sha256: k.sha256 };
-  });
-}
-
-/**
- * The API keys a gateway accepts: the keys file (re-read when it changes, so keys can be added
- * or revoked without a restart) and TROUPE_API_KEYS (the same JSON, for deployments that
- * configure through the environment).
- */
-export class ApiKeys {
-  private byHash = new Map<string, Identity>();
-  private readonly recent = new Map<string, Identity>();
-  private readonly file: ReloadingFile<StoredKey[]>;
-
-  private constructor(
-    file: string,
-    private readonly envKeys: StoredKey[],
-  ) {
-    this.file = new ReloadingFile(file, parseKeys, [], (fileKeys) => this.index(fileKeys));
-  }
-
-  static async load(file: string, envJson = ""): Promise<ApiKeys> {
-    const keys = new ApiKeys(file, envJson ? parseKeys(envJson, "TROUPE_API_KEYS") : []);
-    // The first read always reports a change (a missing file as no keys), which indexes the keys.
-    await keys.reload();
-    return keys;
-  }
-
-  private index(fileKeys: StoredKey[]): void {
-    const next = new Map<string, Identity>();
-    for (const k of [...fileKeys, ...this.envKeys]) next.set(k.sha256, { tenant: k.tenant, principal: k.principal });
-    if (!sameKeys(this.byHash, next)) this.recent.clear();
-    this.byHash = next;
-  }
-
-  get size(): number {
-    return this.byHash.size;
-  }
-
-  /** Re-reads the keys file if it changed; a file that no longer parses keeps the last good keys. */
-  reload(): Promise<void> {
-    return this.file.reload();
-  }
-
-  /** Checks the file every intervalMs until stop(). */
-  watch(intervalMs: number, onError: (err: unknown) => void): void {
-    this.file.watch(intervalMs, onError);
-  }
-
-  stop(): void {
-    this.file.stop();
-  }
-
-  /**
-   * The identity a key stands for, or undefined. The lookup is by hash: nothing to time. Keys seen
-   * recently skip the hashing (a client sends its key on every call); the memo holds only keys
-   * that were valid and is cleared whenever the keys change, so a revoked key fails at once.
-   */
-  verify(key: string): Identity | undefined {
-    const known = this.recent.get(key);
-    if (known) return known;
-    const id = this.byHash.get(sha256(key));
-    if (id) {
-      if (this.recent.size >= RECENT_KEYS) this.recent.clear();
-      this.recent.set(key, id);
-    }
-    return id;
-  }
-}
-
-/** Valid keys remembered unhashed (see ApiKeys.verify); past this many the memo starts over. */
-const RECENT_KEYS = 10_000;
-
-function sameKeys(a: Map<string, Identity>, b: Map<string, Identity>): boolean {
-  if (a.size !== b.size) return false;
-  for (const [hash, id] of a) {
-    const other = b.get(hash);
-    if (!other || !sameIdentity(id, other)) return false;
-  }
-  return true;
-}
 
 /** Where a data directory keeps its keys. */
 export const authPaths = (dataDir: string) => ({
@@ -155,30 +55,6 @@ export const authPaths = (dataDir: string) => ({
 });
 
 /**
- * Adds a key for tenant/principal to a keys file and returns the key (shown once; only its hash
- * is kept). The file is replaced atomically, so a gateway never reads half of it.
- */
-export async function createApiKey(keysFile: string, tenant: string, principal: string, id: string): Promise<string> {
-  for (const [field, value] of [["tenant", tenant], ["principal", principal]]) {
-    if (!NAME.test(value)) throw new Error(`${field} must match ${NAME}`);
-  }
-  await mkdir(path.dirname(keysFile), { recursive: true, mode: 0o700 });
-  const existing = await readFile(keysFile, "utf8").then(
-    (t) => parseKeys(t, keysFile),
-    (err: NodeJS.ErrnoException) => {
-      if (err.code === "ENOENT") return [] as StoredKey[];
-      throw err;
-    },
-  );
-  const key = newApiKey();
-  const keys = [...existing, { id, tenant, principal, sha256: sha256(key) }];
-  const tmp = `${keysFile}.${process.pid}.tmp`;
-  await writeFile(tmp, JSON.stringify({ keys }, null, 2) + "\n", { mode: 0o600 });
-  await rename(tmp, keysFile);
-  return key;
-}
-
-/**
  * The development key of a local stack: made on first start (tenant "local", principal "dev")
  * and kept in the data directory, readable by its owner only, so `troupe chat` on the same
  * machine works without configuration.
@@ -187,7 +63,7 @@ export async function ensureDevKey(dataDir: string, keysFile = authPaths(dataDir
   const paths = authPaths(dataDir);
   const existing = await readFile(paths.devKey, "utf8").then((t) => t.trim(), () => "");
   if (existing) return { key: existing, created: false };
-  const key = await createApiKey(keysFile, "local", "dev", "dev");
+  const key = await createApiKey(keysFile, { ...DEV_IDENTITY, id: "dev" });
   // The keys file may live elsewhere (--api-keys): the data directory's auth folder is made here.
   await mkdir(paths.dir, { recursive: true, mode: 0o700 });
   await writeFile(paths.devKey, key + "\n", { mode: 0o600 });
@@ -231,18 +107,31 @@ function bearer(metadata: grpc.Metadata): string | undefined {
   return m?.[1];
 }
 
-/** The gateway's check: a known API key; its identity replaces any the client claimed. */
+/** The gateway's check: a known API key; what it stands for replaces anything the client claimed. */
 export function apiKeyAuth(keys: ApiKeys): Authenticator {
   return (metadata) => {
-    for (const k of [TENANT, PRINCIPAL, INTERNAL_TOKEN]) metadata.remove(k);
+    for (const k of [TENANT, PRINCIPAL, INTERNAL_TOKEN, ROLE, CHANNELS, KEY_HASH]) metadata.remove(k);
     const key = bearer(metadata);
     if (key === undefined) throw unauthenticated("missing credentials: send the metadata `authorization: Bearer <API key>`");
-    const id = keys.verify(key);
-    if (!id) throw unauthenticated("unknown API key");
+    const caller = keys.verify(key);
+    if (!caller) throw unauthenticated("unknown API key");
     metadata.remove(AUTHORIZATION);
-    metadata.set(TENANT, id.tenant);
-    metadata.set(PRINCIPAL, id.principal);
+    metadata.set(TENANT, caller.tenant);
+    metadata.set(PRINCIPAL, caller.principal);
+    metadata.set(ROLE, caller.role);
+    metadata.set(CHANNELS, caller.channels.join(","));
+    metadata.set(KEY_HASH, caller.keyHash);
   };
+}
+
+/** At the gateway: the verified key a call came with (set by apiKeyAuth). */
+export function callerOf(metadata: grpc.Metadata): Caller {
+  const { tenant, principal } = identityOf(metadata);
+  const role = metadata.get(ROLE)[0];
+  const channels = metadata.get(CHANNELS)[0];
+  const keyHash = metadata.get(KEY_HASH)[0];
+  if (typeof role !== "string" || !ROLES.includes(role as Role) || typeof keyHash !== "string") throw unauthenticated("the call carries no verified API key");
+  return { tenant, principal, role: role as Role, channels: typeof channels === "string" && channels !== "" ? channels.split(",") : [], keyHash };
 }
 
 /** Every other service's check: the internal token. */
@@ -269,6 +158,14 @@ export function identityOf(metadata: grpc.Metadata): Identity {
 /** Headers that carry an identity on to another service. */
 export function identityHeaders(id: Identity): Record<string, string> {
   return { [TENANT]: id.tenant, [PRINCIPAL]: id.principal };
+}
+
+/** The same headers as call metadata. */
+export function identityMetadata(id: Identity): grpc.Metadata {
+  const md = new GrpcMetadata();
+  md.set(TENANT, id.tenant);
+  md.set(PRINCIPAL, id.principal);
+  return md;
 }
 
 export const sameIdentity = (a: Identity, b: Identity): boolean => a.tenant === b.tenant && a.principal === b.principal;

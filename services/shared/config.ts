@@ -100,7 +100,7 @@ function sandboxScope(value: string | undefined): Config["sandboxScope"] {
   throw new Error(`TROUPE_SANDBOX_SCOPE must be session, agent or shared, got "${value}"`);
 }
 
-export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env, extra: Record<string, { type: "string" | "boolean"; short?: string }> = {}): Config & { flags: Record<string, string | boolean | undefined> } {
+export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env, extra: Record<string, { type: "string" | "boolean"; short?: string; multiple?: boolean }> = {}): Config & { flags: Record<string, string | boolean | string[] | undefined> } {
   const { values, positionals } = parseArgs({ args: argv, options: { ...FLAG_OPTIONS, ...extra }, allowPositionals: true, strict: true });
   const v = values as Record<string, string | undefined>;
   const addr: Addresses = {
@@ -138,7 +138,7 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env,
     sandboxPoolSize: env.TROUPE_SANDBOX_POOL === "0" ? 0 : positiveInt("TROUPE_SANDBOX_POOL", env.TROUPE_SANDBOX_POOL, 2),
     sandboxScope: sandboxScope(env.TROUPE_SANDBOX_SCOPE),
     rest: positionals,
-    flags: values as Record<string, string | boolean | undefined>,
+    flags: values as Record<string, string | boolean | string[] | undefined>,
   };
 }
 

@@ -11,7 +11,8 @@ import { Health, HealthCheckResponse_ServingStatus as Serving } from "../../serv
 import { GatewayService } from "../../services/shared/gen/troupe/v1/gateway_pb.js";
 import { RouterService } from "../../services/shared/gen/troupe/v1/router_pb.js";
 import type { GenService, GenServiceMethods } from "@bufbuild/protobuf/codegenv2";
-import { createApiKey, ensureDevKey, identityHeaders, internalCredentials, type Identity } from "../../services/shared/auth.js";
+import { createApiKey, type Role } from "../../services/shared/api-keys.js";
+import { ensureDevKey, identityHeaders, internalCredentials, type Identity } from "../../services/shared/auth.js";
 import { Status } from "../../services/shared/errors.js";
 import { createClient, type ClientOptions, type ServiceClient } from "../../services/shared/rpc.js";
 import { instanceOf } from "../../services/sandbox/fleet.js";
@@ -62,7 +63,7 @@ export interface Stack {
    */
   client<S extends GenServiceMethods>(service: GenService<S>, address: string, options?: ClientOptions & { as?: Identity }): ServiceClient<S>;
   /** A gateway client authenticated as tenant/principal (a key made for it, accepted before this resolves). */
-  gatewayAs(tenant: string, principal: string, options?: ClientOptions): Promise<ServiceClient<(typeof GatewayService)["method"]>>;
+  gatewayAs(tenant: string, principal: string, options?: ClientOptions, key?: { role?: Role; channels?: string[] }): Promise<ServiceClient<(typeof GatewayService)["method"]>>;
   /** Everything the processes wrote to stderr, for failure messages. */
   logs(): string;
   start(name: ServiceName): Promise<void>;
@@ -210,8 +211,9 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
   const gateway = createClient(GatewayService, addr.gateway, { headers: { authorization: `Bearer ${dev.key}` } });
   const client = <S extends GenServiceMethods>(service: GenService<S>, address: string, opts: ClientOptions & { as?: Identity } = {}) =>
     createClient(service, address, { ...opts, headers: { ...internal.headers, ...(opts.as ? identityHeaders(opts.as) : {}), ...opts.headers } });
-  const gatewayAs = async (tenant: string, principal: string, opts: ClientOptions = {}) => {
-    const key = await createApiKey(path.join(dataDir, "auth", "api-keys.json"), tenant, principal, `${tenant}-${principal}`);
+  const gatewayAs = async (tenant: string, principal: string, opts: ClientOptions = {}, spec: { role?: Role; channels?: string[] } = {}) => {
+    const id = `${tenant}-${principal}-${spec.role ?? "user"}-${Math.random().toString(36).slice(2, 8)}`;
+    const key = await createApiKey(path.join(dataDir, "auth", "api-keys.json"), { tenant, principal, id, ...spec });
     const c = createClient(GatewayService, addr.gateway, { ...opts, headers: { authorization: `Bearer ${key}`, ...opts.headers } });
     // The gateway re-reads its keys file every 2 s.
     await waitFor(`the gateway to accept the key of ${tenant}/${principal}`, async () => {

@@ -4,10 +4,12 @@
 // acknowledged, with the same ids. Afterwards every acknowledged message is in its session's
 // history exactly once; in sessions that use only first-in-first-out lanes (followup prompts and
 // follow-ups), in the order it was acknowledged.
+import { sessionLogPath } from "../../services/runner/session-log.js";
+import { refOf } from "../../services/shared/session-ref.js";
+import { DEV_IDENTITY } from "../../services/shared/auth.js";
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { readFile } from "node:fs/promises";
-import path from "node:path";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import { QueueMode, Role, type ClientFrameSchema } from "../../services/shared/gen/troupe/v1/session_pb.js";
 import { ChatSession, subscribeUntil } from "../helpers/session.js";
@@ -203,7 +205,7 @@ test(`soak: ${SESSIONS} sessions, random traffic, the runner killed ${KILLS} tim
       const byAck = [...want].sort((a, b) => firstAck.get(a)! - firstAck.get(b)!);
       if (JSON.stringify(ids) !== JSON.stringify(byAck)) {
         // Everything needed to tell why: what the client saw, and the session's log as written.
-        const raw = await readFile(path.join(stack.dataDir, "sessions", `${c.sessionId}.jsonl`), "utf8").catch(() => "");
+        const raw = await readFile(sessionLogPath(stack.dataDir, refOf(DEV_IDENTITY, c.sessionId)), "utf8").catch(() => "");
         const digest = raw.split("\n").filter(Boolean).map((l) => {
           const r = JSON.parse(l) as { e?: number; t: string; frame?: { frameId: string }; event?: Record<string, { frameId?: string; duplicate?: boolean; message?: { frameId?: string; role?: string } } & { seq?: string }>; upTo?: number; epoch?: number };
           const ev = r.event ?? {};
