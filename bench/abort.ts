@@ -16,7 +16,7 @@ import { DEV_IDENTITY } from "../services/shared/auth.js";
 import { StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { containerName, instanceOf } from "../services/sandbox/fleet.js";
 import { ChatSession } from "../test/helpers/session.js";
-import { startStack } from "../test/helpers/stack.js";
+import { LOAD_QUOTAS, startStack } from "../test/helpers/stack.js";
 import { pct } from "./support/stats.js";
 
 const run = promisify(execFile);
@@ -24,7 +24,7 @@ const { values } = parseArgs({ options: { runs: { type: "string", default: "30" 
 const RUNS = Number(values.runs);
 const fmt = (xs: number[]) => `p50=${pct(xs, 50).toFixed(1)} ms p99=${pct(xs, 99).toFixed(1)} ms (n=${xs.length})`;
 
-const stack = await startStack({ env: { TROUPE_LOG_LEVEL: "warn" } });
+const stack = await startStack({ env: { ...LOAD_QUOTAS, TROUPE_LOG_LEVEL: "warn" } });
 const sandbox = stack.client(SandboxService, stack.addr.sandbox, { as: DEV_IDENTITY });
 try {
   const streaming: number[] = [];

@@ -17,7 +17,7 @@ import { readdir } from "node:fs/promises";
 import { parseArgs } from "node:util";
 import { RunnerService } from "../services/shared/gen/troupe/v1/runner_pb.js";
 import { ChatSession } from "../test/helpers/session.js";
-import { startStack, type Stack } from "../test/helpers/stack.js";
+import { LOAD_QUOTAS, startStack, type Stack } from "../test/helpers/stack.js";
 import { pct } from "./support/stats.js";
 
 const { values } = parseArgs({ options: { sessions: { type: "string", default: "10000" }, concurrency: { type: "string", default: "64" }, turns: { type: "string", default: "2000" } } });
@@ -78,7 +78,7 @@ async function latency(stack: Stack, live: number, turns: number, concurrency: n
 const stack = await startStack({
   services: ["model-server", "router", "runner", "gateway"],
   // One tenant opens 10,000 sessions: the per-tenant limits are not what this measures.
-  env: { TROUPE_LOG_LEVEL: "warn", TROUPE_MEMORY_CONTEXT_K: "0", NODE_OPTIONS: "--expose-gc", TROUPE_TENANT_RATE: "1000000", TROUPE_TENANT_BURST: "1000000", TROUPE_TENANT_STREAMS: "1000000" },
+  env: { ...LOAD_QUOTAS, TROUPE_LOG_LEVEL: "warn", TROUPE_MEMORY_CONTEXT_K: "0", NODE_OPTIONS: "--expose-gc", TROUPE_TENANT_RATE: "1000000", TROUPE_TENANT_BURST: "1000000", TROUPE_TENANT_STREAMS: "1000000" },
 });
 const runner = stack.client(RunnerService, stack.addr.runner);
 const runnerPid = stack.process("runner")!.pid!;

@@ -21,7 +21,7 @@ import { sha256 } from "../services/shared/api-keys.js";
 import { ChatRequestSchema, GatewayService, SendMessageRequestSchema } from "../services/shared/gen/troupe/v1/gateway_pb.js";
 import { RouterService } from "../services/shared/gen/troupe/v1/router_pb.js";
 import { createClient } from "../services/shared/rpc.js";
-import { startStack } from "../test/helpers/stack.js";
+import { LOAD_QUOTAS, startStack } from "../test/helpers/stack.js";
 import { pct } from "./support/stats.js";
 
 const { values } = parseArgs({ options: { calls: { type: "string", default: "20000" }, concurrency: { type: "string", default: "64" } } });
@@ -126,7 +126,7 @@ const resolveUs = median(samples);
 console.log(`cached placement lookup (${SESSIONS} sessions cached): p50 ${resolveUs.toFixed(2)} us, p95 ${pct(samples, 95).toFixed(2)} us per lookup (await included)`);
 
 // 3. The real stack, authentication on.
-const stack = await startStack({ services: ["model-server", "router", "runner", "gateway"], env: { TROUPE_LOG_LEVEL: "warn", TROUPE_MEMORY_CONTEXT_K: "0", TROUPE_SESSION_RATE: "100000", TROUPE_SESSION_BURST: "100000", TROUPE_TENANT_RATE: "100000", TROUPE_TENANT_BURST: "100000" } });
+const stack = await startStack({ services: ["model-server", "router", "runner", "gateway"], env: { ...LOAD_QUOTAS, TROUPE_LOG_LEVEL: "warn", TROUPE_MEMORY_CONTEXT_K: "0", TROUPE_SESSION_RATE: "100000", TROUPE_SESSION_BURST: "100000", TROUPE_TENANT_RATE: "100000", TROUPE_TENANT_BURST: "100000" } });
 try {
   const gw = createClient(GatewayService, stack.addr.gateway, { headers: { authorization: `Bearer ${stack.apiKey}` } });
   await gw.createSession({ sessionId: "bench-1" });

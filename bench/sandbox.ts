@@ -16,7 +16,7 @@ import { DEV_IDENTITY } from "../services/shared/auth.js";
 import type { ServiceClient } from "../services/shared/rpc.js";
 import { createLogger } from "../services/shared/log.js";
 import { DEFAULT_LIMITS, SandboxFleet, containerName, instanceOf } from "../services/sandbox/fleet.js";
-import { startStack } from "../test/helpers/stack.js";
+import { LOAD_QUOTAS, startStack } from "../test/helpers/stack.js";
 import { pct } from "./support/stats.js";
 
 const run = promisify(execFile);
@@ -36,7 +36,7 @@ async function timedExec(sandbox: Sandbox, sessionId: string, command = "true"):
   return performance.now() - t0;
 }
 
-const env = { TROUPE_LOG_LEVEL: "warn", TROUPE_SANDBOX_RUNTIME: RUNTIME };
+const env = { ...LOAD_QUOTAS, TROUPE_LOG_LEVEL: "warn", TROUPE_SANDBOX_RUNTIME: RUNTIME };
 
 // Cold: no pool, so every new session makes its container.
 const coldStack = await startStack({ services: ["sandbox"], env: { ...env, TROUPE_SANDBOX_POOL: "0" } });

@@ -18,7 +18,7 @@ import type { ChatResponse } from "../services/shared/gen/troupe/v1/gateway_pb.j
 import { GatewayService } from "../services/shared/gen/troupe/v1/gateway_pb.js";
 import { StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { createClient, type ServiceClient } from "../services/shared/rpc.js";
-import { startStack } from "../test/helpers/stack.js";
+import { LOAD_QUOTAS, startStack } from "../test/helpers/stack.js";
 import { pct } from "./support/stats.js";
 
 const { values } = parseArgs({ options: { sessions: { type: "string", default: "200" }, tokens: { type: "string", default: "200" } } });
@@ -121,7 +121,7 @@ async function startRaw(): Promise<{ run(n: number): Promise<number>; stop(): vo
 const ROUNDS = 3;
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 
-const stack = await startStack({ env: { TROUPE_LOG_LEVEL: "warn", ...JSON.parse(process.env.BENCH_ENV ?? "{}") } });
+const stack = await startStack({ env: { ...LOAD_QUOTAS, TROUPE_LOG_LEVEL: "warn", ...JSON.parse(process.env.BENCH_ENV ?? "{}") } });
 try {
   // Clients as users have them: a few connections, many streams on each.
   const clients = Array.from({ length: 4 }, () => createClient(GatewayService, stack.addr.gateway, { headers: { authorization: `Bearer ${stack.apiKey}` } }));

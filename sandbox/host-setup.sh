@@ -26,19 +26,26 @@ if ((${#missing[@]} > 0)); then
 fi
 
 # Register runsc with the flags that work on these machines: ptrace platform, and no network
-# (runsc refuses to start with networking in the root network namespace).
+# (runsc refuses to start with networking in the root network namespace); and --oci-seccomp, so
+# the container's seccomp filter (services/sandbox/seccomp.ts) holds inside gVisor too: without
+# it runsc ignores the filter. An older registration is brought up to these flags.
 daemon_json=/etc/docker/daemon.json
 registered=1
-if [[ "$(id -u)" == 0 ]] && ! grep -q '"runsc"' "$daemon_json" 2>/dev/null; then
+if [[ "$(id -u)" == 0 ]]; then
   mkdir -p /etc/docker
-  node -e '
+  changed=$(node -e '
     const fs = require("fs"); const f = process.argv[1];
     let cfg = {}; try { cfg = JSON.parse(fs.readFileSync(f, "utf8")); } catch {}
-    cfg.runtimes = { ...(cfg.runtimes || {}), runsc: { path: "/usr/bin/runsc", runtimeArgs: ["--platform=ptrace", "--network=none"] } };
+    const want = { path: "/usr/bin/runsc", runtimeArgs: ["--platform=ptrace", "--network=none", "--oci-seccomp"] };
+    if (JSON.stringify(cfg.runtimes?.runsc) === JSON.stringify(want)) { console.log("no"); process.exit(0); }
+    cfg.runtimes = { ...(cfg.runtimes || {}), runsc: want };
     fs.writeFileSync(f, JSON.stringify(cfg, null, 2) + "\n");
-  ' "$daemon_json"
-  registered=0
-  log "registered the runsc runtime in $daemon_json"
+    console.log("yes");
+  ' "$daemon_json")
+  if [[ $changed == yes ]]; then
+    registered=0
+    log "registered the runsc runtime in $daemon_json"
+  fi
 fi
 
 if docker info >/dev/null 2>&1; then

@@ -151,7 +151,9 @@ describe("sandbox service", () => {
       const name = containerName(mine, scopeKey("session", DEV_IDENTITY, "reap-1", ""));
       assert.equal(await exists(name), true);
       assert.match((await busy).out, /slept/, "a command running past the idle time is not cut short");
-      await waitFor("the idle sandbox to be removed", async () => !(await exists(name)), 10_000, 200);
+      // A busy loop left behind is no command: it does not keep the sandbox, and goes with it.
+      assert.equal((await exec(sandbox, "reap-1", "(while :; do :; done) >/dev/null 2>&1 & echo left")).out, "left\n");
+      await waitFor("the idle sandbox to be removed, its leftover loop with it", async () => !(await exists(name)), 10_000, 200);
       const again = await exec(sandbox, "reap-1", "echo back");
       assert.equal(again.out, "back\n", "the next use makes a new sandbox");
       sandbox.close();

@@ -5,12 +5,36 @@
 // not exist (no network at all); the rest are written for the default busybox image.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
+import { mkdtemp, readFile, rm } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { promisify } from "node:util";
 import { Health, HealthCheckResponse_ServingStatus as Serving } from "../services/shared/gen/grpc/health/v1/health_pb.js";
 import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
 import { DEV_IDENTITY } from "../services/shared/auth.js";
 import { createClient } from "../services/shared/rpc.js";
 import { exec, type ExecResult, type SandboxClient } from "./helpers/sandbox.js";
 import { startStack, type Stack } from "./helpers/stack.js";
+import { containerName, instanceOf } from "../services/sandbox/fleet.js";
+import { scopeKey } from "../services/sandbox/scope.js";
+
+const run = promisify(execFile);
+
+/** The system calls sandbox/probes/syscall-probe.c tries, in its order. */
+const PROBED = ["bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "add_key", "keyctl", "unshare_newuser", "ptrace_attach_1", "process_vm_readv_1", "open_by_handle_at", "af_packet", "mknod_mem"];
+
+/** The probe, compiled static here (gcc from host-setup), as the bytes to write into a workspace. */
+async function compileProbe(): Promise<Buffer> {
+  const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-probe-"));
+  try {
+    const out = path.join(dir, "syscall-probe");
+    await run("gcc", ["-static", "-O2", "-o", out, path.join(process.cwd(), "sandbox", "probes", "syscall-probe.c")]);
+    return await readFile(out);
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+}
 
 type Sandbox = SandboxClient;
 type Result = ExecResult;
@@ -32,13 +56,28 @@ interface Attack {
 const ATTACKS: Attack[] = [
   {
     n: 1,
-    name: "fork bomb: stopped by the pids limit, ended by the timeout",
+    name: "fork bomb: held at the pids limit, ended by the timeout",
     // The parent waits in a shell loop, not in `sleep`: once the bomb fills the pids limit a
     // `sleep` cannot be forked, the parent exited early, and the bomb's processes (which outlive
-    // a command that exits, by design) kept the sandbox full for the next command.
-    command: "f(){ f | f & }; f; while :; do :; done",
-    timeoutMs: 3000,
-    check: (r) => assert.ok(r.exit.timedOut || r.exit.exitCode !== 0, "the bomb did not run unbounded"),
+    // a command that exits, by design) kept the sandbox full for the next command. Only shell
+    // builtins run after the bomb (nothing can fork): a counted wait, then the cgroup's counters.
+    command:
+      "f(){ f | f & }; f; i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; for d in /sys/fs/cgroup /sys/fs/cgroup/pids; do if [ -r $d/pids.events ]; then read e < $d/pids.events; read m < $d/pids.max; echo pids $e of $m; fi; done; while :; do :; done",
+    timeoutMs: 6000,
+    check: (r, runtime) => {
+      if (runtime === "runc") {
+        // The container's pids controller counts the forks it refused at its limit.
+        assert.ok(r.exit.timedOut, `the bomb ran to the timeout: exit ${r.exit.exitCode}`);
+        const m = /pids max (\d+) of (\d+)/.exec(r.out);
+        assert.ok(m, r.out.slice(-300));
+        assert.equal(Number(m[2]), 256);
+        assert.ok(Number(m[1]) > 0, "forks were refused at the limit");
+      } else {
+        // gVisor shows no cgroup files, and ends its whole sandbox at the host's pids limit
+        // (fleet.ts, hostPidsLimit): the bomb takes its own sandbox down and nothing else.
+        assert.ok(r.exit.timedOut || r.exit.exitCode === 137, `exit ${r.exit.exitCode}`);
+      }
+    },
   },
   {
     n: 3,
@@ -85,12 +124,13 @@ const ATTACKS: Attack[] = [
   },
   {
     n: 7,
-    name: "/proc and /sys writes refused; /proc/kcore and /proc/keys hide nothing",
+    name: "/proc and /sys writes refused; /proc/kcore and /proc/keys show nothing",
     command:
-      "echo b > /proc/sysrq-trigger && echo WROTE-sysrq; echo 1 > /proc/sys/kernel/panic && echo WROTE-panic; echo 1 > /sys/fs/cgroup/cgroup.procs && echo WROTE-cgroup; head -c 16 /proc/kcore 2>/dev/null | wc -c; echo end",
+      "echo b > /proc/sysrq-trigger && echo WROTE-sysrq; echo 1 > /proc/sys/kernel/panic && echo WROTE-panic; echo 1 > /sys/fs/cgroup/cgroup.procs && echo WROTE-cgroup; echo kcore $(head -c 16 /proc/kcore 2>/dev/null | wc -c); echo keys $(cat /proc/keys 2>/dev/null | wc -c); echo end",
     check: (r) => {
       assert.doesNotMatch(r.out, /WROTE/);
-      assert.match(r.out, /^0$/m, "/proc/kcore reads as empty (masked) or not at all");
+      assert.match(r.out, /^kcore 0$/m, "/proc/kcore reads as empty (masked) or not at all");
+      assert.match(r.out, /^keys 0$/m, "no keyring of the host is listed");
     },
   },
   {
@@ -220,12 +260,10 @@ const ATTACKS: Attack[] = [
   },
   {
     n: 29,
-    name: "zombie farm: orphans are reaped by the init process",
+    name: "zombie farm: orphans are reaped by the agent, PID 1",
     command: "for i in $(seq 40); do (sleep 0.1 &) ; done; sleep 1; ps -o stat | grep -c '^Z' || true",
-    // Under runsc on these machines (ptrace platform) this very pattern, background subshells
-    // left to orphan, ends the gVisor sandbox itself (observed 2026-11-22, with Docker's exec and
-    // with the agent alike); not run there until that is understood. See docs/sandbox.md.
-    only: "runc",
+    // Under runsc this pattern used to end the gVisor sandbox itself while docker-init was PID 1
+    // (observed 2026-11-22); with the agent as PID 1 it passes there too.
     check: (r) => assert.equal(r.out.trim(), "0"),
   },
   {
@@ -258,6 +296,40 @@ const ATTACKS: Attack[] = [
     },
   },
   {
+    n: 36,
+    name: "the agent's channel: PID 1's descriptors cannot be opened, PID 1 cannot be signalled; forged frames are only output",
+    // The reproduction: forged 9-byte frames written to /proc/1/fd/1 made the service exit. The
+    // agent is PID 1 and runs as another user than every command now.
+    command:
+      "for f in 0 1 2; do (printf x > /proc/1/fd/$f) 2>/dev/null && echo WROTE-$f; (timeout 1 head -c 1 /proc/1/fd/$f >/dev/null) 2>/dev/null && echo READ-$f; done; kill -9 1 2>/dev/null && echo KILLED; kill -STOP 1 2>/dev/null && echo STOPPED; echo listed $(ls /proc/1/fd 2>/dev/null | wc -l); printf 'F\\000\\000\\000\\005D\\000\\000\\000\\001\\377\\377\\377\\377\\n'; echo end",
+    check: (r, runtime) => {
+      assert.doesNotMatch(r.out, /WROTE|READ-|KILLED|STOPPED/, r.out);
+      // runc hides even the list of PID 1's descriptors; gVisor lists their numbers (not their ends).
+      if (runtime === "runc") assert.match(r.out, /^listed 0$/m);
+      assert.match(r.out, /F\0\0\0\x05D\0\0\0\x01/, "a frame a command prints is its output, nothing more");
+      assert.match(r.out, /end\n$/);
+    },
+  },
+  {
+    n: 37,
+    name: "inode and /dev/shm floods end at their bounds",
+    command:
+      "cd /tmp && seq 1 12000 | xargs touch 2>/dev/null; echo tmp $(ls /tmp | wc -l); cd /dev/shm && seq 1 6000 | xargs touch 2>/dev/null; echo shm $(ls /dev/shm | wc -l); rm -f /dev/shm/*; dd if=/dev/zero of=/dev/shm/big bs=1M count=100 2>&1 | grep -c 'No space left'; rm -f /dev/shm/big /tmp/*; echo end",
+    timeoutMs: 60_000,
+    check: (r, runtime) => {
+      const tmp = Number(/^tmp (\d+)$/m.exec(r.out)?.[1]);
+      const shm = Number(/^shm (\d+)$/m.exec(r.out)?.[1]);
+      // runc: the tmpfs inode bounds. gVisor ignores nr_inodes; its tmpfs is sandbox memory, under
+      // the memory limit, so there the flood's own size is what it reaches.
+      if (runtime === "runc") {
+        assert.ok(tmp < 8192 && tmp > 8000, `tmp held ${tmp} files`);
+        assert.ok(shm < 4096 && shm > 4000, `shm held ${shm} files`);
+      } else assert.ok(tmp <= 12_000 && shm <= 6000, r.out);
+      assert.match(r.out, /^1$/m, "/dev/shm fills at 16 MiB");
+      assert.match(r.out, /end/);
+    },
+  },
+  {
     n: 34,
     name: "no leaked file descriptors or host paths",
     command: "ls /proc/self/fd | tr '\\n' ' '; echo; readlink /proc/self/cwd; for f in /proc/self/fd/*; do readlink $f; done",
@@ -274,7 +346,9 @@ for (const runtime of ["runc", "runsc"] as const) {
   describe(`sandbox attacks (${runtime})`, () => {
     let stack: Stack;
     let sandbox: Sandbox;
+    let probe: Buffer;
     before(async () => {
+      probe = await compileProbe();
       stack = await startStack({ services: ["sandbox"], env: { TROUPE_SANDBOX_RUNTIME: runtime } });
       sandbox = stack.client(SandboxService, stack.addr.sandbox, { as: DEV_IDENTITY });
     });
@@ -297,11 +371,33 @@ for (const runtime of ["runc", "runsc"] as const) {
       });
     }
 
+    test("#38 a static probe of the system calls escapes start with finds every one refused", async () => {
+      const id = `atk-${runtime}-38`;
+      await sandbox.writeFile({ sessionId: id, path: "syscall-probe", data: probe, mode: 0o755 });
+      const r = await exec(sandbox, id, "./syscall-probe");
+      const lines = r.out.trim().split("\n");
+      assert.deepEqual(lines.map((l) => l.split(" ")[0]), PROBED, r.out);
+      for (const line of lines) assert.match(line, / (EPERM|ENOSYS)$/, `${runtime}: ${line}`);
+      await sandbox.releaseSandbox({ sessionId: id });
+    });
+
+    test("#30 CPU burn, measured: three busy loops together get one CPU", async () => {
+      const id = `atk-${runtime}-30-measured`;
+      const burn = exec(sandbox, id, "for i in 1 2 3; do (while :; do :; done) & done; sleep 8", { timeoutMs: 8000 });
+      await new Promise((r) => setTimeout(r, 2500));
+      const name = containerName(instanceOf(stack.dataDir), scopeKey("session", DEV_IDENTITY, id, ""));
+      const { stdout } = await run("docker", ["stats", "--no-stream", "--format", "{{.CPUPerc}}", name]);
+      const percent = Number.parseFloat(stdout);
+      assert.ok(percent > 50 && percent < 135, `the burn used ${stdout.trim()} of a CPU`);
+      await burn;
+      await sandbox.releaseSandbox({ sessionId: id });
+    });
+
     // Background processes outlive their command (docs/sandbox.md). Here they hold every pid of
     // the sandbox after their command has ended: a loop that forks sleepers until the limit, and
     // then keeps retrying, so that it takes any pid that comes free. The next command must still
-    // start. runc only, like #29: under runsc on these machines, orphaned background subshells end
-    // the gVisor sandbox itself.
+    // start. runc only: under runsc the loop reaches the host's pids limit first, which ends the
+    // gVisor sandbox itself (#1 there), so the next command gets a new one.
     if (runtime === "runc") {
       test("#1 a fork bomb's leftovers hold every pid after their command ended: the next command ends them and runs", async () => {
         const id = `atk-${runtime}-1-leftovers`;

@@ -1,11 +1,13 @@
 // Per-tenant and per-session limits at the gateway, so one tenant (or one runaway session) cannot
 // take the runtime from the others:
 // - messages that start or change work (prompt, steer, follow-up) draw from a token bucket per
-//   tenant and one per session; aborts are never limited (stopping work must always be possible);
+//   tenant and one per session; aborts draw from a bucket of their own per tenant (quotas.ts,
+//   abortsPerSecond), so a flood of aborts cannot fill logs and disks, while a spent message
+//   budget never stops an abort;
 // - open streams (Chat, Subscribe) are capped per tenant.
 // A refusal is RESOURCE_EXHAUSTED with a retry hint: the trailer `retry-after-ms` and the same
 // figure in the message. Buckets that have refilled are dropped, so idle sessions cost nothing.
-import { RpcError, Status } from "../shared/errors.js";
+import { RateLimited, RETRY_AFTER_KEY, TokenBucket } from "../shared/rate.js";
 
 export interface LimitsConfig {
   /** Messages per second a tenant may send, on average, and in a burst. */
@@ -25,7 +27,7 @@ export interface LimitsConfig {
  */
 export const DEFAULT_LIMITS: LimitsConfig = { tenantRate: 1000, tenantBurst: 2000, sessionRate: 20, sessionBurst: 200, tenantStreams: 20_000 };
 
-export const RETRY_AFTER_KEY = "retry-after-ms";
+export { RETRY_AFTER_KEY };
 
 export function limitsFromEnv(env: NodeJS.ProcessEnv): LimitsConfig {
   const num = (name: string, fallback: number) => {
@@ -44,55 +46,10 @@ export function limitsFromEnv(env: NodeJS.ProcessEnv): LimitsConfig {
   };
 }
 
-/** A refusal that says when to come back. */
-export class RateLimited extends RpcError {
-  readonly retryAfterMs: number;
-  constructor(message: string, retryAfterMs: number) {
-    const ms = Math.max(1, Math.ceil(retryAfterMs));
-    super(Status.RESOURCE_EXHAUSTED, `${message}; retry in ${ms} ms`);
-    this.retryAfterMs = ms;
-  }
-  override get trailers(): Record<string, string> {
-    return { [RETRY_AFTER_KEY]: String(this.retryAfterMs) };
-  }
-}
-
-class TokenBucket {
-  private tokens: number;
-  private at: number;
-  constructor(
-    private readonly rate: number,
-    private readonly burst: number,
-    now: number,
-  ) {
-    this.tokens = burst;
-    this.at = now;
-  }
-
-  private refill(now: number): void {
-    this.tokens = Math.min(this.burst, this.tokens + ((now - this.at) / 1000) * this.rate);
-    this.at = now;
-  }
-
-  /** How many ms until a token is there (0: now). */
-  wait(now: number): number {
-    this.refill(now);
-    return this.tokens >= 1 ? 0 : ((1 - this.tokens) / this.rate) * 1000;
-  }
-
-  take(): void {
-    this.tokens -= 1;
-  }
-
-  full(now: number): boolean {
-    this.refill(now);
-    return this.tokens >= this.burst;
-  }
-}
-
 export class GatewayLimits {
   private readonly tenants = new Map<string, TokenBucket>();
   private readonly sessions = new Map<string, TokenBucket>();
+  private readonly aborts = new Map<string, TokenBucket>();
   private readonly streams = new Map<string, number>();
   private readonly sweeper: NodeJS.Timeout;
 
@@ -116,6 +73,15 @@ export class GatewayLimits {
     if (sessionWait > 0) throw new RateLimited(`session ${sessionId} is over its limit of ${this.config.sessionRate} messages/s`, sessionWait);
     t.take();
     s.take();
+  }
+
+  /** One abort for `tenant`, at most `perSecond` on average and twice that in a burst. */
+  admitAbort(tenant: string, perSecond: number): void {
+    const now = this.now();
+    const b = this.bucket(this.aborts, tenant, perSecond, perSecond * 2, now);
+    const wait = b.wait(now);
+    if (wait > 0) throw new RateLimited(`tenant ${tenant} is over its quota of ${perSecond} aborts/s`, wait);
+    b.take();
   }
 
   /** A stream opens for `tenant`; returns its release (call once). Throws at the cap. */
@@ -146,6 +112,6 @@ export class GatewayLimits {
   /** A full bucket is the same as no bucket. */
   private sweep(): void {
     const now = this.now();
-    for (const map of [this.tenants, this.sessions]) for (const [k, b] of map) if (b.full(now)) map.delete(k);
+    for (const map of [this.tenants, this.sessions, this.aborts]) for (const [k, b] of map) if (b.full(now)) map.delete(k);
   }
 }

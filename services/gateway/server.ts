@@ -18,6 +18,7 @@ import { ServerReflection } from "../shared/gen/grpc/reflection/v1/reflection_pb
 import { reflectionService } from "../shared/reflection.js";
 import { normaliseInbound } from "./inbound.js";
 import { GatewayLimits, limitsFromEnv } from "./limits.js";
+import { TenantQuotas, quotasFromEnv } from "../shared/quotas.js";
 import { RouterService, type ResolveSessionResponse } from "../shared/gen/troupe/v1/router_pb.js";
 import { AttachResponseSchema, RunnerService, type AttachRequestSchema, type AttachResponse } from "../shared/gen/troupe/v1/runner_pb.js";
 import { AgentEventSchema, ClientFrameSchema, type ClientFrame, type SessionInfo } from "../shared/gen/troupe/v1/session_pb.js";
@@ -288,10 +289,12 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
   });
   if (keys.size === 0) logger.warn(`no API keys configured: every call will be refused until one exists (troupe keys create, or ${cfg.apiKeysFile})`);
   const limits = new GatewayLimits(limitsFromEnv(process.env));
-  /** Prompts, steering and follow-ups draw from the tenant's and the session's budgets; aborts never do. */
+  const quotas = await new TenantQuotas(quotasFromEnv(process.env), cfg.quotasFile).start((err) => logger.error("quotas file rejected; keeping the quotas read before", { error: String((err as Error).message ?? err) }));
+  /** Prompts, steering and follow-ups draw from the tenant's and the session's budgets; aborts from the tenant's abort quota. */
   const admit = (tenant: string, sessionId: string, frame: ClientFrame) => {
     const kind = frame.kind.case;
     if (kind === "prompt" || kind === "steer" || kind === "followUp") limits.admitMessage(tenant, sessionId);
+    else if (kind === "abort") limits.admitAbort(tenant, quotas.of(tenant).abortsPerSecond);
   };
   const router = createClient(RouterService, cfg.addr.router, { headers: internal.headers });
   const placements = new PlacementCache(router);
@@ -596,6 +599,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       await server.drain(cfg.drainGraceMs);
       keys.stop();
       limits.stop();
+      quotas.stop();
       runners.close();
       router.close();
     },

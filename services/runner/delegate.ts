@@ -13,6 +13,7 @@ import { newId } from "../shared/ids.js";
 import type { AgentConfig } from "./agent-config.js";
 import type { EventSubscriber, SessionActor } from "./session-actor.js";
 import type { Subagent } from "./session-log.js";
+import { refKey } from "../shared/session-ref.js";
 import type { Tool } from "./tools.js";
 
 export interface Delegation {
@@ -21,17 +22,22 @@ export interface Delegation {
   agent(): Promise<AgentConfig>;
   /** Makes the child session (registered like any other). */
   createChild(sessionId: string, subagent: Subagent): Promise<SessionActor>;
-  /** Children running now, per parent session (the runner's; the limit counts these). */
+  /** Children running now, per parent session by refKey (the runner's; the limit counts these). */
   running: Map<string, number>;
+  /** Sub-agents one run may start in all (the tenant's subagentsPerRun quota). */
+  perRun: number;
 }
 
 const MAX_TASK_CHARS = 16_000;
 /** After an abort, how long the tool waits for the child's run to end before giving up on it. */
 const ABORT_GRACE_MS = 5000;
 
+/** The tool for one run of `d.parent` (the runner makes the tools anew for every run). */
 export function delegateTool(d: Delegation): Tool {
   const running = d.running;
   const depth = (d.parent.subagent?.depth ?? 0) + 1;
+  const parentKey = refKey(d.parent.ref);
+  let startedThisRun = 0;
   return {
     name: "delegate_task",
     // Children of one batch work side by side (up to subagents.maxChildren).
@@ -49,9 +55,11 @@ export function delegateTool(d: Delegation): Tool {
       additionalProperties: false,
     },
     async execute(args, ctx) {
+      if (startedThisRun >= d.perRun) return { output: `delegate_task refused: this run has started ${startedThisRun} sub-agents, its quota (subagentsPerRun). Do the rest yourself.`, isError: true };
+      startedThisRun++;
       // The slot is taken before anything is awaited: calls of one batch start together.
-      const slot = (running.get(d.parent.sessionId) ?? 0) + 1;
-      running.set(d.parent.sessionId, slot);
+      const slot = (running.get(parentKey) ?? 0) + 1;
+      running.set(parentKey, slot);
       try {
         const { maxDepth, maxChildren, timeoutMs } = (await d.agent()).subagents;
         if (depth > maxDepth) return { output: `delegate_task refused: sub-agents may nest ${maxDepth} level(s) deep and this session is already at depth ${depth - 1}. Do the task yourself.`, isError: true };
@@ -66,9 +74,9 @@ export function delegateTool(d: Delegation): Tool {
         ctx.onUpdate(`sub-agent session ${childId} started\n`);
         return await runChild(child, String(args.task), AbortSignal.any([ctx.signal, AbortSignal.timeout(timeoutMs)]), timeoutMs);
       } finally {
-        const left = (running.get(d.parent.sessionId) ?? 1) - 1;
-        if (left <= 0) running.delete(d.parent.sessionId);
-        else running.set(d.parent.sessionId, left);
+        const left = (running.get(parentKey) ?? 1) - 1;
+        if (left <= 0) running.delete(parentKey);
+        else running.set(parentKey, left);
       }
     },
   };

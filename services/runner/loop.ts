@@ -109,6 +109,8 @@ export interface RunDeps {
    * the turn happens here). It must not block: the run has ended and the reply is out.
    */
   afterRun?(sessionId: string, exchange: { role: "user" | "assistant"; text: string }[]): void;
+  /** The tenant's quotas for one run (quotas.ts); none: unbounded. Read once, at the run's start. */
+  runQuotas?(): { stepsPerRun: number; toolCallsPerRun: number };
 }
 
 export interface RunOutcome {
@@ -137,6 +139,8 @@ interface Turn {
   tokens: TokenCounter;
   system: { text: string; tokens: number };
   tools: ModelTool[];
+  /** Model calls and tool calls this run may still make (its tenant's quotas). */
+  budget: { steps: number; toolCalls: number };
   /** System prompt + tool schemas: the part of every request that is not the conversation. */
   fixedTokens: number;
   usage: Usage;
@@ -232,7 +236,9 @@ async function startTurn(host: RunHost, deps: RunDeps, info: TurnInfo, initial: 
   const budget = Math.max(256, Math.floor((agent.contextWindow - agent.reserveTokens - toolTokens) / 2));
   const system = await deps.systemPrompt({ query, agent, ephemeral: extra, driftReminder: conversation >= DRIFT_THRESHOLD, tokens, budget }, host.signal);
   for (const w of system.warnings) report(host, w.code, w.message);
-  return { host, deps, info, agent, models, tokens, system, tools, fixedTokens: system.tokens + toolTokens, usage };
+  const q = deps.runQuotas?.();
+  const allowed = { steps: q?.stepsPerRun ?? Number.POSITIVE_INFINITY, toolCalls: q?.toolCallsPerRun ?? Number.POSITIVE_INFINITY };
+  return { host, deps, info, agent, models, tokens, system, tools, budget: allowed, fixedTokens: system.tokens + toolTokens, usage };
 }
 
 async function runLoop(host: RunHost, deps: RunDeps, info: TurnInfo, initial: QueuedMessage[], usage: Usage, span: ReturnType<typeof tracer.startSpan>): Promise<RunOutcome> {
@@ -251,6 +257,13 @@ async function runLoop(host: RunHost, deps: RunDeps, info: TurnInfo, initial: Qu
       if (host.signal.aborted) {
         host.emit({ case: "turnEnd", value: { step, stopReason: StopReason.ABORTED } });
         return { stopReason: StopReason.ABORTED, errorMessage: "" };
+      }
+      // A run that would pass its tenant's quota of model calls ends here, saying so.
+      if (turn.budget.steps-- <= 0) {
+        const message = `this run reached its quota of ${step - 1} model calls (stepsPerRun); send a new message to go on`;
+        report(host, "RUN_QUOTA", message);
+        host.emit({ case: "turnEnd", value: { step, stopReason: StopReason.ERROR } });
+        return { stopReason: StopReason.ERROR, errorMessage: message };
       }
       const { message: assistant, errorMessage } = await callModel(turn);
       addUsage(usage, assistant.usage);
@@ -657,9 +670,15 @@ async function executeToolCalls(turn: Turn, assistant: ChatMessage): Promise<Que
       i++;
       continue;
     }
+    if (turn.budget.toolCalls <= 0) {
+      // Over the tenant's quota of tool calls for one run: the rest are answered, not run.
+      skipCalls(host, calls.slice(i), "Not run: this run reached its quota of tool calls (toolCallsPerRun). Answer with what you have.");
+      return host.takeSteering();
+    }
     let end = i + 1;
-    if (parallel(calls[i])) while (end < calls.length && parallel(calls[end])) end++;
+    if (parallel(calls[i])) while (end < calls.length && parallel(calls[end]) && end - i < turn.budget.toolCalls) end++;
     const group = calls.slice(i, end);
+    turn.budget.toolCalls -= group.length;
     const results = await Promise.all(group.map((call) => runToolCall(turn, call)));
     group.forEach((call, k) => finishCall(host, call, results[k], false));
     i = end;

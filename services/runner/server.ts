@@ -34,6 +34,8 @@ import type { RunDeps } from "./loop.js";
 import { InboundSafety } from "./safety.js";
 import { ScheduleBook, Scheduler } from "./schedules.js";
 import { TokenCounter } from "./tokens.js";
+import { TenantRuns } from "./tenant-runs.js";
+import { TenantQuotas, quotasFromEnv } from "../shared/quotas.js";
 
 /** A subscriber that stops taking events for this long is cut off (it can resume by seq). */
 const SLOW_SUBSCRIBER_MS = 30_000;
@@ -158,6 +160,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   // The tokenizer tables take a few hundred milliseconds to load: before serving, not in a first run.
   await tokensFor(cfg.model);
   const subagentsRunning = new Map<string, number>();
+  const quotas = await new TenantQuotas(quotasFromEnv(process.env), cfg.quotasFile).start((err) => logger.error("quotas file rejected; keeping the quotas read before", { error: String((err as Error).message ?? err) }));
   const auditFailed = (err: unknown) => logger.error("audit log write failed", { error: String(err) });
 
   const runDeps = (actor: SessionActor): RunDeps => {
@@ -170,7 +173,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
       execTool(sandbox, cfg.execTimeoutMs, owner),
       ...fileTools(sandbox, owner),
       ...memoryTools(memory, mine, agentId, () => recall.invalidateTenant(owner.tenant)),
-      delegateTool({ parent: actor, agent: agentConfig, createChild: (childId, sub) => registry.createChild(childId, actor, sub), running: subagentsRunning }),
+      delegateTool({ parent: actor, agent: agentConfig, createChild: (childId, sub) => registry.createChild(childId, actor, sub), running: subagentsRunning, perRun: quotas.of(owner.tenant).subagentsPerRun }),
     ];
     return {
       agentId,
@@ -181,6 +184,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
       tools: runTools,
       agent: () => agents.get(agentId),
       tokens: tokensFor,
+      runQuotas: () => quotas.of(owner.tenant),
       // Sub-agents run quietly: nothing learned from their turns.
       afterRun: learn && !subagent ? (sid, exchange) => learn(mine, agentId, sid, exchange) : undefined,
       async systemPrompt(req, signal) {
@@ -217,7 +221,10 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
       },
     };
   };
-  const registry = new SessionRegistry({ store, audit, logger, runDeps }, { passivateAfterMs: cfg.passivateAfterMs });
+  const registry = new SessionRegistry(
+    { store, audit, logger, runDeps, runs: new TenantRuns(quotas) },
+    { passivateAfterMs: cfg.passivateAfterMs, sessionsPerMinute: (tenant) => quotas.of(tenant).sessionsPerMinute },
+  );
 
   // Scheduled tasks and heartbeats: each firing is a prompt the session takes once (see schedules.ts).
   const book = new ScheduleBook(path.join(cfg.dataDir, "schedules"), cfg.minHeartbeatSeconds, (file) => logger.warn("a schedule file is empty or damaged; skipping it", { file }));
@@ -408,6 +415,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   return {
     async drain() {
       scheduler.stop();
+      quotas.stop();
       await registration.stop();
       await server.drain(cfg.drainGraceMs);
       await registry.close();

@@ -25,6 +25,7 @@ import { contextFromRecord } from "../shared/telemetry.js";
 import { injectUserMessages, runAgent, type Compaction, type EventPayload, type QueuedMessage, type RunDeps, type RunHost } from "./loop.js";
 import type { AuditLog } from "./audit-log.js";
 import { refOf, type SessionRef } from "../shared/session-ref.js";
+import type { TenantRuns } from "./tenant-runs.js";
 import { ownerOf, type LogRecord, type SessionLog, type SessionOwner, type SessionStore, type Subagent } from "./session-log.js";
 import { SessionElsewhere } from "./session-lease.js";
 
@@ -43,6 +44,8 @@ export interface ActorDeps {
   logger: Logger;
   /** What a run of this actor's session uses (model, tools, prompt, hooks). */
   runDeps(actor: SessionActor): RunDeps;
+  /** Runs going per tenant (the concurrentRuns quota); none: no quota. */
+  runs?: TenantRuns;
 }
 
 /** Recent events (deltas included) kept in memory for resuming clients. */
@@ -105,7 +108,19 @@ function resumeSeq(records: readonly LogRecord[]): number {
 }
 
 /** A frame the session would not take (mailbox full, reject mode); nothing of it was recorded. */
-export class FrameRefused extends RpcError {}
+/** A frame the session did not take; it keeps the refusal's trailers (a retry hint). */
+export class FrameRefused extends RpcError {
+  constructor(
+    code: Status,
+    message: string,
+    private readonly carried: Record<string, string> = {},
+  ) {
+    super(code, message);
+  }
+  override get trailers(): Record<string, string> {
+    return this.carried;
+  }
+}
 
 export class SessionActor {
   readonly messages: ChatMessage[] = [];
@@ -317,6 +332,14 @@ export class SessionActor {
     if (kind.case === "prompt" && this.run && this.modeOf(kind.value.queueMode) === QueueMode.REJECT) {
       throw this.refuse(frame, failedPrecondition(`a run is going in session ${this.sessionId} and this prompt's queue mode is reject`));
     }
+    // A message that would start a run in an idle session waits for its tenant's quota of runs.
+    if (kind.case !== "abort" && this.idle) {
+      try {
+        this.deps.runs?.admit(this.owner.tenant);
+      } catch (err) {
+        throw this.refuse(frame, err as RpcError);
+      }
+    }
     // The log serialises appends, so frames are admitted in the order they arrived.
     const counted = kind.case !== "abort";
     if (counted) this.admitting++;
@@ -389,7 +412,7 @@ export class SessionActor {
   /** Tells every subscriber why a frame was refused (the caller gets the status too). */
   private refuse(frame: ClientFrame, err: RpcError): FrameRefused {
     this.emit({ case: "error", value: { code: statusName(err.code), message: err.message, retryable: err.code === Status.RESOURCE_EXHAUSTED, frameId: frame.frameId } });
-    return new FrameRefused(err.code, err.message);
+    return new FrameRefused(err.code, err.message, err.trailers);
   }
 
   /** The quiet window passed: the gathered prompts become one run. */
@@ -468,7 +491,9 @@ export class SessionActor {
     const turnId = newId();
     const run = { turnId, controller, done: Promise.resolve() };
     this.run = run;
+    this.deps.runs?.started(this.owner.tenant);
     run.done = this.execute(next, controller.signal).finally(() => {
+      this.deps.runs?.ended(this.owner.tenant);
       // Steering or follow-ups that came too late for the run are not lost: they run next.
       const late = [...this.steering.splice(0), ...this.followUps.splice(0)].sort((a, b) => a.arrival - b.arrival);
       if (late.length > 0) this.queue.unshift(late);

@@ -6,6 +6,7 @@ import { create } from "@bufbuild/protobuf";
 import { SessionOpenedSchema, type OpenSession, type SessionOpened } from "../shared/gen/troupe/v1/session_pb.js";
 import { sameIdentity, type Identity } from "../shared/auth.js";
 import { notFound } from "../shared/errors.js";
+import { Buckets } from "../shared/rate.js";
 import { validateSessionRef } from "../shared/frames.js";
 import { DEFAULT_AGENT, newId } from "../shared/ids.js";
 import { SessionActor, type ActorDeps } from "./session-actor.js";
@@ -15,6 +16,8 @@ import { refKey, refOf, type SessionRef } from "../shared/session-ref.js";
 export interface RegistryOptions {
   /** Actors with nothing to do for this long leave memory; they are reloaded from their log. */
   passivateAfterMs: number;
+  /** New sessions a tenant may make a minute (quotas.ts, sessionsPerMinute); none: no quota. */
+  sessionsPerMinute?: (tenant: string) => number;
 }
 
 export class SessionRegistry {
@@ -22,6 +25,7 @@ export class SessionRegistry {
   /** Sessions leaving memory right now: a load waits until their log is flushed and closed. */
   private readonly leaving = new Map<string, Promise<void>>();
   private readonly sweeper: NodeJS.Timeout;
+  private readonly creations = new Buckets();
 
   constructor(
     private readonly deps: ActorDeps,
@@ -86,6 +90,8 @@ export class SessionRegistry {
     if (!actor) {
       if (open.sessionId !== "" && !open.create) throw notFound(`session ${sessionId} does not exist (set create to make it)`);
       const agentId = open.agentId || DEFAULT_AGENT;
+      const perMinute = this.options.sessionsPerMinute?.(caller.tenant);
+      if (perMinute) this.creations.take(caller.tenant, perMinute / 60, perMinute, `tenant ${caller.tenant} is over its quota of ${perMinute} new sessions a minute`);
       const owner = memoryOwner ? { tenant: caller.tenant, principal: caller.principal, memoryOwner } : { tenant: caller.tenant, principal: caller.principal };
       actor = await this.remember(ref, () =>
         SessionActor.create(sessionId, agentId, owner, this.deps).catch((err: NodeJS.ErrnoException) => {
@@ -133,6 +139,7 @@ export class SessionRegistry {
 
   async close(): Promise<void> {
     clearInterval(this.sweeper);
+    this.creations.stop();
     await Promise.allSettled(this.leaving.values());
     await Promise.allSettled([...this.actors.values()].map(async (p) => (await p).close()));
     this.actors.clear();

@@ -11,6 +11,9 @@ import Docker from "dockerode";
 import { failedPrecondition } from "../shared/errors.js";
 import type { Logger } from "../shared/log.js";
 import { AgentConnection, type AttachOptions } from "./agent-connection.js";
+import { sandboxSeccompProfile } from "./seccomp.js";
+
+const SECCOMP_PROFILE = sandboxSeccompProfile();
 
 const WORKSPACE = "/workspace";
 /**
@@ -36,6 +39,16 @@ export const DEFAULT_LIMITS: SandboxLimits = {
   tmpBytes: 64 * 1024 * 1024,
   workspaceBytes: 256 * 1024 * 1024,
 };
+
+/**
+ * Inodes of each tmpfs, and the size of /dev/shm (Docker's own is 64 MiB with no inode bound):
+ * a flood of empty files ends at these under runc. gVisor ignores nr_inodes; there its tmpfs
+ * lives in the sandbox's own memory, under the memory limit.
+ */
+const TMP_INODES = 8192;
+const WORKSPACE_INODES = 65_536;
+const SHM_INODES = 4096;
+const SHM_BYTES = 16 * 1024 * 1024;
 
 export interface FleetOptions {
   image: string;
@@ -70,6 +83,14 @@ export const containerName = (instance: string, key: string): string =>
 
 const poolPrefix = (instance: string) => `troupe-sbx-${instance}-pool-`;
 
+/**
+ * The engine's pids limit for a sandbox. Under runsc on the ptrace platform every sandboxed
+ * process costs the host about ten (its stub process and threads), and gVisor ends the whole
+ * sandbox when the host limit is hit: measured here, 256 ended it at about 20 orphaned
+ * subshells. So runsc gets eight times the limit, which holds about as many sandboxed processes.
+ */
+const hostPidsLimit = (opts: FleetOptions): number => (opts.runtime === "runsc" ? opts.limits.pids * 8 : opts.limits.pids);
+
 /** The settings every sandbox gets, name and labels aside. */
 function settings(opts: FleetOptions): Docker.ContainerCreateOptions {
   const { limits } = opts;
@@ -93,11 +114,11 @@ function settings(opts: FleetOptions): Docker.ContainerCreateOptions {
       NetworkMode: "none",
       CapDrop: ["ALL"],
       CapAdd: AGENT_CAPABILITIES,
-      SecurityOpt: ["no-new-privileges"],
+      SecurityOpt: ["no-new-privileges", `seccomp=${SECCOMP_PROFILE}`],
       ReadonlyRootfs: true,
       // The agent is PID 1 (no docker-init holding the attach pipes): it reaps orphans itself.
       Init: false,
-      PidsLimit: limits.pids,
+      PidsLimit: hostPidsLimit(opts),
       Memory: limits.memoryBytes,
       MemorySwap: limits.memoryBytes,
       NanoCpus: limits.nanoCpus,
@@ -106,10 +127,11 @@ function settings(opts: FleetOptions): Docker.ContainerCreateOptions {
         { Name: "core", Soft: 0, Hard: 0 },
       ],
       Tmpfs: {
-        "/tmp": `rw,nosuid,nodev,noexec,size=${limits.tmpBytes},uid=65534,gid=65534,mode=1777`,
+        "/tmp": `rw,nosuid,nodev,noexec,size=${limits.tmpBytes},nr_inodes=${TMP_INODES},uid=65534,gid=65534,mode=1777`,
+        "/dev/shm": `rw,nosuid,nodev,noexec,size=${SHM_BYTES},nr_inodes=${SHM_INODES},mode=1777`,
         // The engine makes tmpfs noexec unless told otherwise; scripts and programs the agent
         // writes in its workspace must run (the container is the boundary, not the mount).
-        [WORKSPACE]: `rw,exec,nosuid,nodev,size=${limits.workspaceBytes},uid=65534,gid=65534,mode=0700`,
+        [WORKSPACE]: `rw,exec,nosuid,nodev,size=${limits.workspaceBytes},nr_inodes=${WORKSPACE_INODES},uid=65534,gid=65534,mode=0700`,
       },
       // Commands talk to the service through the agent's stdout: the engine must not keep a copy.
       LogConfig: { Type: "none", Config: {} },
@@ -217,6 +239,11 @@ export class SandboxFleet {
       });
     }
     return p;
+  }
+
+  /** The keys this process holds a sandbox for (or is making one for). */
+  heldKeys(): IterableIterator<string> {
+    return this.byKey.keys();
   }
 
   /** The key's sandbox if it has one (adopting one a previous service process left), without making one. */

@@ -12,3 +12,6 @@ export function scopeKey(scope: SandboxScope, owner: Identity, sessionId: string
   if (scope === "agent") return `agent:${fileName(owner.tenant, agentId || DEFAULT_AGENT)}`;
   return `session:${fileName(owner.tenant, owner.principal, sessionId)}`;
 }
+
+/** The tenant part of a scope key (as encoded): what quotas count sandboxes by. */
+export const tenantOfScopeKey = (key: string): string => key.slice(key.indexOf(":") + 1).split(".")[0];

@@ -16,7 +16,9 @@ import type { Config } from "../shared/config.js";
 import { RpcError, Status, invalidArgumentIf, notFound, unavailable } from "../shared/errors.js";
 import { ExecResponseSchema, FileType, SandboxService, Signal } from "../shared/gen/troupe/v1/sandbox_pb.js";
 import { isAgentId, isSessionId } from "../shared/ids.js";
-import { scopeKey as sandboxScopeKey } from "./scope.js";
+import { TenantQuotas, quotasFromEnv } from "../shared/quotas.js";
+import { RateLimited } from "../shared/rate.js";
+import { scopeKey as sandboxScopeKey, tenantOfScopeKey } from "./scope.js";
 import type { Logger } from "../shared/log.js";
 import { RpcServer, ServingStatus, write, type grpc } from "../shared/rpc.js";
 import type { RunningService } from "../shared/service.js";
@@ -125,6 +127,21 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
     if (!(engineUp || (await checkEngine()))) throw unavailable(engineHint);
   };
 
+  const quotas = await new TenantQuotas(quotasFromEnv(process.env), cfg.quotasFile).start((err) => logger.error("quotas file rejected; keeping the quotas read before", { error: String((err as Error).message ?? err) }));
+  /**
+   * A request that would make the key a new sandbox, from a tenant at its quota of live sandboxes,
+   * is refused (RESOURCE_EXHAUSTED, retry once one is released or reaped). Counted over the
+   * sandboxes this process holds.
+   */
+  const requireRoom = (key: string, call: { metadata: grpc.Metadata }) => {
+    const held = [...fleet.heldKeys()];
+    if (held.includes(key)) return;
+    const { tenant } = identityOf(call.metadata);
+    const limit = quotas.of(tenant).liveSandboxes;
+    const mine = held.filter((k) => tenantOfScopeKey(k) === tenantOfScopeKey(key)).length;
+    if (mine >= limit) throw new RateLimited(`tenant ${tenant} has ${mine} live sandboxes, its quota; release one (or let it idle out) first`, 5000);
+  };
+
   /** Whose sandbox a request is for (scope.ts): its owner is named in the call's metadata by the runner. */
   const scopeKey = (req: { sessionId: string; agentId: string }, call: { metadata: grpc.Metadata }): string => {
     invalidArgumentIf(!isSessionId(req.sessionId), "session_id is missing or malformed");
@@ -151,6 +168,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
   const fileOp = async <T>(req: { sessionId: string; agentId: string }, call: { metadata: grpc.Metadata }, what: string, op: (sandbox: Sandbox) => Promise<T>): Promise<T> => {
     const key = scopeKey(req, call);
     await requireEngine();
+    requireRoom(key, call);
     const sandbox = await fleet.get(key);
     sandbox.lastUsed = Date.now();
     try {
@@ -185,6 +203,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
       const options = { timeoutMs, maxOutputBytes: req.maxOutputBytes || DEFAULT_OUTPUT_BYTES, windowBytes: OUTPUT_WINDOW_BYTES, stdin: req.stdin };
       // get() hands out only sandboxes whose agent connection is alive; one that dies from here
       // on reports the command as lost (killed), below.
+      requireRoom(key, call);
       const sandbox = await fleet.get(key);
       const exec = sandbox.agent.exec(req.command, options, handlers);
       sandbox.lastUsed = Date.now();
@@ -346,6 +365,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
     async drain() {
       clearInterval(watch);
       clearInterval(reaper);
+      quotas.stop();
       await server.drain(cfg.drainGraceMs);
       await fleet.shutdown();
     },

@@ -59,6 +59,8 @@ export interface Config {
   apiKeysFile: string;
   /** Router: the routing configuration (bindings, dm_scope, identity links; see router/bindings.ts). */
   routingFile: string;
+  /** Per-tenant quotas (shared/quotas.ts); a missing file means the defaults. */
+  quotasFile: string;
   /** Extra positional arguments after the flags. */
   rest: string[];
 }
@@ -116,6 +118,7 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env,
     addr,
     dataDir,
     routingFile: path.resolve(env.TROUPE_ROUTING_FILE ?? path.join(dataDir, "routing.json")),
+    quotasFile: path.resolve(env.TROUPE_QUOTAS_FILE ?? path.join(dataDir, "quotas.json")),
     apiKeysFile: path.resolve(v["api-keys"] ?? env.TROUPE_API_KEYS_FILE ?? path.join(dataDir, "auth", "api-keys.json")),
     maxMessageBytes: positiveInt("--max-message-bytes", v["max-message-bytes"] ?? env.TROUPE_MAX_MESSAGE_BYTES, 4 * 1024 * 1024),
     drainGraceMs: positiveInt("--drain-grace-ms", v["drain-grace-ms"] ?? env.TROUPE_DRAIN_GRACE_MS, 10_000),

@@ -20,6 +20,17 @@ import { SERVICE_TYPE } from "../../services/cli/up.js";
 
 export { SERVICE_TYPE };
 
+/**
+ * Quotas out of the way, for load tests and benchmarks that play thousands of users as one
+ * tenant (a real deployment spreads them over tenants, each under its quotas).
+ */
+export const LOAD_QUOTAS = {
+  TROUPE_QUOTA_CONCURRENT_RUNS: "1000000",
+  TROUPE_QUOTA_SESSIONS_PER_MINUTE: "1000000",
+  TROUPE_QUOTA_LIVE_SANDBOXES: "100000",
+  TROUPE_QUOTA_ABORTS_PER_SECOND: "1000000",
+};
+
 const run = promisify(execFile);
 export const MAIN = fileURLToPath(new URL("../../services/cli/main.js", import.meta.url));
 

@@ -13,7 +13,7 @@ import { readFile } from "node:fs/promises";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import { QueueMode, Role, type ClientFrameSchema } from "../../services/shared/gen/troupe/v1/session_pb.js";
 import { ChatSession, subscribeUntil } from "../helpers/session.js";
-import { startStack, waitFor, type Stack } from "../helpers/stack.js";
+import { LOAD_QUOTAS, startStack, waitFor, type Stack } from "../helpers/stack.js";
 
 const SESSIONS = Number(process.env.SOAK_SESSIONS ?? 500);
 const KILLS = Number(process.env.SOAK_KILLS ?? 3);
@@ -128,7 +128,7 @@ class SoakClient {
 let stack: Stack;
 before(async () => {
   // One tenant sends thousands of frames a second here: the limits are not what this tests.
-  stack = await startStack({ env: { TROUPE_LOG_LEVEL: "warn", TROUPE_MEMORY_CONTEXT_K: "0", TROUPE_TENANT_RATE: "1000000", TROUPE_TENANT_BURST: "1000000" }, ...(process.env.SOAK_DATA_DIR ? { dataDir: process.env.SOAK_DATA_DIR } : {}) });
+  stack = await startStack({ env: { ...LOAD_QUOTAS, TROUPE_LOG_LEVEL: "warn", TROUPE_MEMORY_CONTEXT_K: "0", TROUPE_TENANT_RATE: "1000000", TROUPE_TENANT_BURST: "1000000" }, ...(process.env.SOAK_DATA_DIR ? { dataDir: process.env.SOAK_DATA_DIR } : {}) });
 });
 after(async () => {
   await stack?.stop();
