@@ -39,6 +39,9 @@ interface Exchange {
   text: string;
 }
 
+/** Marks, in a learned memory's provenance, who said it when not an owner. */
+export const FROM = ";from:";
+
 export class Learner {
   private readonly client: OpenAI;
 
@@ -65,7 +68,8 @@ export class Learner {
     }
   }
 
-  async learn(scope: { tenant: string; owner: string; agentId: string }, where: string, sessionId: string, exchange: Exchange[]): Promise<LearnedChange[]> {
+  /** `source`: who said the user lines when not an owner (kept in each memory's provenance); "" for an owner. */
+  async learn(scope: { tenant: string; owner: string; agentId: string }, where: string, sessionId: string, exchange: Exchange[], source = ""): Promise<LearnedChange[]> {
     const transcript = exchange.map((m) => `${m.role}: ${m.text}`).join("\n");
     const extracted = await this.ask(EXTRACT_PROMPT, transcript);
     const facts = Array.isArray(extracted?.facts) ? (extracted.facts as unknown[]).filter((f): f is string => typeof f === "string" && f.trim() !== "").slice(0, 20) : [];
@@ -82,13 +86,13 @@ export class Learner {
       const event = String(decision?.event ?? "").toUpperCase();
       const target = typeof decision?.n === "number" ? similar[decision.n] : undefined;
       if (event === "ADD" && !forget) {
-        const row = this.row(scope, sessionId, fact, vector);
+        const row = this.row(scope, sessionId, fact, vector, source);
         const [res] = await this.store.add(where, [row], new Set(), actor);
         if (res.outcome === "added") changes.push({ event: "add", memoryId: res.id, oldText: "", newText: fact });
       } else if (event === "UPDATE" && target && typeof decision?.text === "string" && decision.text.trim() !== "") {
         const text = decision.text.trim();
         const [v] = await this.embedder.embed([text]);
-        const row = { ...this.row(scope, sessionId, text, v), id: target.id, created: Number(target.created) };
+        const row = { ...this.row(scope, sessionId, text, v, source), id: target.id, created: Number(target.created) };
         const [res] = await this.store.add(where, [row], new Set([target.id]), actor);
         if (res.outcome === "updated") changes.push({ event: "update", memoryId: target.id, oldText: target.text, newText: text });
       } else if (event === "DELETE" && target) {
@@ -99,8 +103,9 @@ export class Learner {
     return changes;
   }
 
-  private row(scope: { tenant: string; owner: string; agentId: string }, sessionId: string, text: string, vector: Float32Array): MemoryRow {
-    return newMemoryRow({ tenant: scope.tenant, owner: scope.owner, agent_id: scope.agentId, session_id: sessionId, text, vector, provenance: `extraction:${sessionId}`, embedder: this.embedder.name });
+  private row(scope: { tenant: string; owner: string; agentId: string }, sessionId: string, text: string, vector: Float32Array, source: string): MemoryRow {
+    const provenance = `extraction:${sessionId}${source ? `${FROM}${source}` : ""}`;
+    return newMemoryRow({ tenant: scope.tenant, owner: scope.owner, agent_id: scope.agentId, session_id: sessionId, text, vector, provenance, embedder: this.embedder.name });
   }
 
 }

@@ -209,7 +209,8 @@ export async function startMemory(cfg: Config, logger: Logger): Promise<RunningS
         invalidArgumentIf(m.role !== "user" && m.role !== "assistant", `messages[${i}].role must be user or assistant`);
         return { role: m.role, text: m.text.slice(0, MAX_TEXT_CHARS) };
       });
-      const changes = await learner.learn({ tenant: req.scope!.tenant, owner: req.scope!.owner, agentId: req.scope!.agentId }, where, req.sessionId, exchange);
+      invalidArgumentIf(req.source !== "" && !NAME.test(req.source), "source must be 1-128 of A-Z a-z 0-9 . _ : @ -");
+      const changes = await learner.learn({ tenant: req.scope!.tenant, owner: req.scope!.owner, agentId: req.scope!.agentId }, where, req.sessionId, exchange, req.source);
       const now = timestampFromMs(Date.now());
       return { changes: changes.map((c) => ({ event: EVENT[c.event], memoryId: c.memoryId, oldText: c.oldText, newText: c.newText, time: now, actor: `learn:${req.sessionId}` })) };
     },

@@ -26,27 +26,66 @@ export type AuditRecord =
       reason: string;
       /** The first 200 characters of the message. */
       excerpt: string;
+    }
+  | {
+      /** A tool's output read as instructions: the model got it behind a warning. */
+      action: "tool_result_flagged";
+      sessionId: string;
+      toolCallId: string;
+      toolName: string;
+      tenant: string;
+      check: string;
+      level: string;
+      reason: string;
+      excerpt: string;
+    }
+  | {
+      /** A recalled memory read as instructions: left out of the prompt. */
+      action: "memory_withheld";
+      sessionId: string;
+      tenant: string;
+      check: string;
+      level: string;
+      reason: string;
+      excerpt: string;
     };
 
+/**
+ * Appends records in order, each fsynced before its promise resolves. A failed write (a full disk,
+ * the file removed or unwritable) fails that record only: the file is opened again for the next
+ * one, which starts on a new line so a torn record stays alone on its own.
+ */
 export class AuditLog {
   private fh?: Promise<FileHandle>;
   private tail: Promise<void> = Promise.resolve();
+  private torn = false;
   constructor(private readonly dataDir: string) {}
 
   record(rec: AuditRecord): Promise<void> {
     const line = JSON.stringify({ time: new Date().toISOString(), ...rec }) + "\n";
-    this.fh ??= mkdir(this.dataDir, { recursive: true }).then(() => open(path.join(this.dataDir, "audit.jsonl"), "a"));
-    const fh = this.fh;
-    this.tail = this.tail.then(async () => {
-      const h = await fh;
-      await h.write(line);
-      await h.datasync();
-    });
-    return this.tail;
+    const write = this.tail
+      .catch(() => undefined)
+      .then(async () => {
+        this.fh ??= mkdir(this.dataDir, { recursive: true }).then(() => open(path.join(this.dataDir, "audit.jsonl"), "a"));
+        const opened = this.fh;
+        try {
+          const h = await opened;
+          await h.write(this.torn ? `\n${line}` : line);
+          await h.datasync();
+          this.torn = false;
+        } catch (err) {
+          this.torn = true;
+          if (this.fh === opened) this.fh = undefined;
+          opened.then((h) => h.close()).catch(() => undefined);
+          throw err;
+        }
+      });
+    this.tail = write;
+    return write;
   }
 
   async close(): Promise<void> {
     await this.tail.catch(() => undefined);
-    if (this.fh) await (await this.fh).close();
+    if (this.fh) await (await this.fh.catch(() => undefined))?.close();
   }
 }

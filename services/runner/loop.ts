@@ -102,8 +102,13 @@ export interface RunDeps {
   tokens(model: string): Promise<TokenCounter>;
   /** The system prompt for a run that answers `query` (may consult memory and the operator's files). */
   systemPrompt(request: PromptRequest, signal: AbortSignal): Promise<{ text: string; tokens: number; warnings: ContextWarning[] }>;
-  /** Safety checks of one inbound message: a verdict when it must be blocked (already audited). */
+  /** Safety checks of one inbound message and its instruction: a verdict when it must be blocked (already audited). */
   screen?(message: QueuedMessage): Promise<SafetyVerdict | undefined>;
+  /**
+   * Safety checks of a tool's result before the model sees it: the result to use (the same, or
+   * behind a warning). Must not throw: a failing check is the implementation's to handle.
+   */
+  screenToolResult?(call: { id: string; name: string }, result: ToolResult): Promise<ToolResult>;
   /**
    * Called once a run completed, with what the user and the assistant said in it (learning from
    * the turn happens here). It must not block: the run has ended and the reply is out.
@@ -679,7 +684,12 @@ async function executeToolCalls(turn: Turn, assistant: ChatMessage): Promise<Que
     if (parallel(calls[i])) while (end < calls.length && parallel(calls[end]) && end - i < turn.budget.toolCalls) end++;
     const group = calls.slice(i, end);
     turn.budget.toolCalls -= group.length;
-    const results = await Promise.all(group.map((call) => runToolCall(turn, call)));
+    const results = await Promise.all(
+      group.map(async (call) => {
+        const result = await runToolCall(turn, call);
+        return deps.screenToolResult ? deps.screenToolResult(call, result) : result;
+      }),
+    );
     group.forEach((call, k) => finishCall(host, call, results[k], false));
     i = end;
   }

@@ -86,7 +86,7 @@ export class MemoryRecall {
       else this.emptyUntil.delete(key);
       const texts = res.results
         .filter((r) => r.score >= this.options.minScore && r.memory !== undefined && r.memory.kind !== MemoryKind.UNSPECIFIED)
-        .map((r) => ({ text: r.memory!.text, kind: r.memory!.kind }));
+        .map((r) => ({ text: r.memory!.text, kind: r.memory!.kind, source: sourceOf(r.memory!.provenance) }));
       return { texts, empty };
     } catch (err) {
       this.logger.debug("memory search skipped", { error: String((err as Error).message ?? err) });
@@ -99,6 +99,14 @@ export class MemoryRecall {
 export interface Recalled {
   text: string;
   kind: MemoryKind;
+  /** Who said it, when learned from someone who is not an owner of the agent. */
+  source?: string;
+}
+
+/** The non-owner a learned memory came from (memory/learn.ts writes ";from:<source>"), if any. */
+function sourceOf(provenance: string): string | undefined {
+  const at = provenance.indexOf(";from:");
+  return at < 0 ? undefined : provenance.slice(at + ";from:".length) || undefined;
 }
 
 function scopeKey(scope: MemoryScope): string {
