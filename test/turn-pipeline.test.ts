@@ -433,13 +433,17 @@ describe("screening where untrusted text enters", () => {
     const result = of(found, "toolExecutionEnd")[0].result;
     assert.match(result, /^\[Troupe: this output of memory_search contains text that reads as instructions to you \(asks the agent to drop its instructions\)/);
     assert.ok(result.includes(planted), "the data itself is still there, behind the warning");
-    const prompt = replyOf(await s.turn("!system previous instructions caller prompt"));
-    assert.ok(!prompt.includes("Ignore all previous"), "the planted memory is not recalled into the system prompt");
     const sessionId = s.opened!.sessionId;
+    const audit = async () => (await readFile(path.join(dataDir, "audit.jsonl"), "utf8")).split("\n").filter((l) => l.includes(sessionId)).map((l) => JSON.parse(l) as { action: string });
+    // A scope an earlier run found empty is believed empty for 5 s (memory-recall.ts): ask until
+    // a run's recall has met the planted memory, and check no run's prompt ever held it.
+    await waitFor("a run to recall the planted memory and withhold it", async () => {
+      const prompt = replyOf(await s.turn("!system previous instructions caller prompt"));
+      assert.ok(!prompt.includes("Ignore all previous"), "the planted memory is not recalled into the system prompt");
+      return (await audit()).some((a) => a.action === "memory_withheld");
+    }, 15_000, 500);
     s.close();
-    const audit = (await readFile(path.join(dataDir, "audit.jsonl"), "utf8")).split("\n").filter((l) => l.includes(sessionId)).map((l) => JSON.parse(l) as { action: string });
-    assert.ok(audit.some((a) => a.action === "tool_result_flagged"));
-    assert.ok(audit.some((a) => a.action === "memory_withheld"), JSON.stringify(audit));
+    assert.ok((await audit()).some((a) => a.action === "tool_result_flagged"));
   });
 });
 
