@@ -484,7 +484,8 @@ export class SessionActor {
     const next = this.queue.shift();
     if (!next) {
       if (this.ring.length > IDLE_RING_SIZE) this.ring.splice(0, this.ring.length - IDLE_RING_SIZE);
-      for (const wake of this.idleWaiters.splice(0)) wake();
+      // Prompts still gathering (collect mode) are work to come: not idle until they have run.
+      if (this.idle) for (const wake of this.idleWaiters.splice(0)) wake();
       return;
     }
     const controller = new AbortController();
