@@ -17,7 +17,7 @@ SANDBOX_IMAGE ?= troupe-sandbox:busybox
 B ?=
 TROUPE := node dist/services/cli/main.js
 
-.PHONY: build run test lint bench soak toolchain host sandbox-image sandbox-image-if-missing sandbox-image-debian python-client clean
+.PHONY: build run test test-unit lint bench soak toolchain host sandbox-image sandbox-image-if-missing sandbox-image-debian python-client clean
 
 toolchain: $(TOOLCHAIN_NODE)
 .toolchain/node_modules/.bin/node:
@@ -36,7 +36,10 @@ services/shared/gen/.generated: node_modules/.installed buf.yaml buf.gen.yaml $(
 	npx buf generate
 	@touch $@
 
+# dist/ is made anew: tsc compiles every file each time anyway, and a source moved or removed must
+# not leave its old output behind (a stale test would still run).
 build: node_modules/.installed services/shared/gen/.generated
+	rm -rf dist
 	npx tsc -p tsconfig.json
 
 lint: services/shared/gen/.generated
@@ -85,9 +88,16 @@ run: build
 	@$(MAKE) --no-print-directory sandbox-image-if-missing || echo "run: no sandbox available; tools will report errors until Docker runs (see docs/sandbox.md)"
 	$(TROUPE) up
 
-# Every test, the soak included (test/soak: 500 sessions of random traffic while the runner is
-# killed three times, about 3 minutes; SOAK_SESSIONS=N and SOAK_KILLS=N change it).
+# The in-process tier (test/unit): the session actor over the in-memory store, the loop with a
+# scripted model client, parsers and stores on files. No ports, no child processes, no Docker.
+test-unit: build
+	node --test --test-timeout=60000 'dist/test/unit/*.test.js'
+
+# Every test: the in-process tier first, then the end-to-end tier of real processes, the soak
+# included (test/soak: 500 sessions of random traffic while the runner is killed three times,
+# about 3 minutes; SOAK_SESSIONS=N and SOAK_KILLS=N change it).
 test: build lint sandbox-image-if-missing python-client
+	node --test --test-timeout=60000 'dist/test/unit/*.test.js'
 	node --test --test-concurrency=1 --test-timeout=600000 'dist/test/*.test.js' 'dist/test/soak/*.test.js'
 
 # The soak alone.

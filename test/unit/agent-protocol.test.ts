@@ -6,7 +6,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { Duplex } from "node:stream";
-import { AgentConnection, AgentGone, MAX_FRAME, escapeDiagnostic } from "../services/sandbox/agent-connection.js";
+import { AgentConnection, AgentGone, MAX_FRAME, escapeDiagnostic } from "../../services/sandbox/agent-connection.js";
 
 const SYNC = Buffer.from("\0TRPSYNC", "latin1");
 const REP = { hello: 64, ok: 65, err: 66, out: 67, exit: 68, file: 69, listing: 70 };

@@ -3,7 +3,7 @@
 // recomputes everything at every step.
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { DEFAULT_RANKING, mmr, rank, type Candidate, type RankOptions } from "../services/memory/ranking.js";
+import { DEFAULT_RANKING, mmr, rank, type Candidate, type RankOptions } from "../../services/memory/ranking.js";
 
 const NOW = Date.UTC(2026, 10, 22);
 const DAY = 86_400_000;

@@ -4,8 +4,8 @@
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
-import { InboundRouter, parseRouting } from "../services/router/bindings.js";
-import { ChannelContextSchema, ChatType, RouteTier } from "../services/shared/gen/troupe/v1/inbound_pb.js";
+import { InboundRouter, parseRouting } from "../../services/router/bindings.js";
+import { ChannelContextSchema, ChatType, RouteTier } from "../../services/shared/gen/troupe/v1/inbound_pb.js";
 
 const config = (doc: unknown) => parseRouting(JSON.stringify(doc), "routing.json");
 const ctx = (c: MessageInitShape<typeof ChannelContextSchema>) => create(ChannelContextSchema, { chatType: ChatType.DIRECT, sender: { id: "u1" }, peer: { id: "u1" }, ...c } as MessageInitShape<typeof ChannelContextSchema>);
@@ -119,7 +119,7 @@ describe("configurations that make no sense are refused, with the place of the m
 
 describe("placement across runners (rendezvous hashing)", () => {
   test("a runner joining takes only its share; a runner leaving gives up only its own sessions", async () => {
-    const { RunnerDirectory } = await import("../services/router/server.js");
+    const { RunnerDirectory } = await import("../../services/router/server.js");
     const dir = new RunnerDirectory();
     const runner = (id: string) => ({ $typeName: "troupe.v1.RunnerInfo" as const, runnerId: id, address: `${id}:1` });
     for (const id of ["r1", "r2", "r3"]) dir.renew(runner(id), false);

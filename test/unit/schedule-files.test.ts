@@ -6,9 +6,9 @@ import { mkdtemp, readdir, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { create } from "@bufbuild/protobuf";
-import { ScheduleSchema } from "../services/shared/gen/troupe/v1/schedule_pb.js";
-import { ScheduleBook } from "../services/runner/schedules.js";
-import { fileName } from "../services/shared/session-ref.js";
+import { ScheduleSchema } from "../../services/shared/gen/troupe/v1/schedule_pb.js";
+import { ScheduleBook } from "../../services/runner/schedules.js";
+import { fileName } from "../../services/shared/session-ref.js";
 
 const acme = { tenant: "acme", principal: "alice", sessionId: "agent:x:main" };
 const evil = { tenant: "evil", principal: "bob", sessionId: "agent_x_main" };

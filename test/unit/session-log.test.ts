@@ -6,10 +6,10 @@ import assert from "node:assert/strict";
 import { appendFile, mkdir, mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
-import { JsonlSessionStore, type LogRecord } from "../services/runner/session-log.js";
-import { fileName, filePart, refOf } from "../services/shared/session-ref.js";
-import { SessionElsewhere } from "../services/runner/session-lease.js";
-import { Status } from "../services/shared/errors.js";
+import { JsonlSessionStore, type LogRecord } from "../../services/runner/session-log.js";
+import { fileName, filePart, refOf } from "../../services/shared/session-ref.js";
+import { SessionElsewhere } from "../../services/runner/session-lease.js";
+import { Status } from "../../services/shared/errors.js";
 
 const OWNER = { tenant: "t1", principal: "alice" };
 const S1 = refOf(OWNER, "s1");

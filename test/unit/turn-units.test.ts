@@ -9,19 +9,19 @@ import path from "node:path";
 import { create } from "@bufbuild/protobuf";
 import * as o200k from "gpt-tokenizer/encoding/o200k_base";
 import * as cl100k from "gpt-tokenizer/encoding/cl100k_base";
-import { ChatMessageSchema, Role, type ChatMessage } from "../services/shared/gen/troupe/v1/session_pb.js";
-import { MemoryKind } from "../services/shared/gen/troupe/v1/memory_pb.js";
-import { AgentConfigError, DEFAULT_AGENT, parseAgentConfig } from "../services/runner/agent-config.js";
-import { ContextSources, FILE_CHAR_LIMIT, USER_TEMPLATE, buildSystemPrompt, type PromptInput } from "../services/runner/context.js";
-import { CronError, nextFire, parseCron } from "../services/runner/cron.js";
-import { Hooks } from "../services/runner/hooks.js";
-import { backoffMs, metadataSummary } from "../services/runner/loop.js";
-import { triggerFrameId, triggerOf } from "../services/shared/frames.js";
-import { retryAfter } from "../services/runner/model.js";
-import { scanForInjection } from "../services/runner/safety.js";
-import { TokenCounter, familyOf } from "../services/runner/tokens.js";
-import { MISSING_RESULT, compactionCut, fitNewestFirst, sanitise } from "../services/runner/transcript.js";
-import { tempDir } from "./helpers/tempdir.js";
+import { ChatMessageSchema, Role, type ChatMessage } from "../../services/shared/gen/troupe/v1/session_pb.js";
+import { MemoryKind } from "../../services/shared/gen/troupe/v1/memory_pb.js";
+import { AgentConfigError, DEFAULT_AGENT, parseAgentConfig } from "../../services/runner/agent-config.js";
+import { ContextSources, FILE_CHAR_LIMIT, USER_TEMPLATE, buildSystemPrompt, type PromptInput } from "../../services/runner/context.js";
+import { CronError, nextFire, parseCron } from "../../services/runner/cron.js";
+import { Hooks } from "../../services/runner/hooks.js";
+import { backoffMs, metadataSummary } from "../../services/runner/loop.js";
+import { triggerFrameId, triggerOf } from "../../services/shared/frames.js";
+import { retryAfter } from "../../services/runner/model.js";
+import { scanForInjection } from "../../services/runner/safety.js";
+import { TokenCounter, familyOf } from "../../services/runner/tokens.js";
+import { MISSING_RESULT, compactionCut, fitNewestFirst, sanitise } from "../../services/runner/transcript.js";
+import { tempDir } from "../helpers/tempdir.js";
 
 /** A workspace directory for one test. */
 const contextDir = (t: TestContext) => tempDir(t, "troupe-ctx-");
@@ -339,9 +339,9 @@ describe("agent.json", () => {
 
 describe("the example plugin", () => {
   test("examples/hooks/guard.mjs loads and guards", async () => {
-    const { loadPlugins } = await import("../services/runner/hooks.js");
+    const { loadPlugins } = await import("../../services/runner/hooks.js");
     const hooks = new Hooks();
-    await loadPlugins(hooks, [path.resolve(import.meta.dirname, "../../examples/hooks/guard.mjs")]);
+    await loadPlugins(hooks, [path.resolve(import.meta.dirname, "../../../examples/hooks/guard.mjs")]);
     const info = { sessionId: "s", agentId: "a", sender: "u" };
     let reason = "";
     await hooks.modify("before_tool_call", { ...info, toolCallId: "c", toolName: "exec", args: { command: "rm -rf /workspace" } }, (p, r) => ((reason = r.reason ?? ""), { payload: p, stop: true }));

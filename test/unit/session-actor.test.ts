@@ -1,0 +1,192 @@
+// The session actor in-process: the in-memory store, a scripted model client, no ports. Every
+// queue mode, dedupe, seq reservation, supervision and restart, a failing log, and the tenant's
+// quota of runs.
+import { describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { QueueMode, Role, StopReason } from "../../services/shared/gen/troupe/v1/session_pb.js";
+import { Status } from "../../services/shared/errors.js";
+import { TenantQuotas, DEFAULT_QUOTAS } from "../../services/shared/quotas.js";
+import { RETRY_AFTER_KEY } from "../../services/shared/rate.js";
+import { SessionActor } from "../../services/runner/session-actor.js";
+import { TenantRuns } from "../../services/runner/tenant-runs.js";
+import { refOf } from "../../services/shared/session-ref.js";
+import { Collector, ScriptedModel, call, echoTool, frame, lastUser, newActor, prompt, say, testRunDeps } from "../helpers/in-process.js";
+
+const answers = (actor: SessionActor) => actor.messages.filter((m) => m.role === Role.ASSISTANT).map((m) => m.text);
+const users = (actor: SessionActor) => actor.messages.filter((m) => m.role === Role.USER).map((m) => m.text);
+
+describe("a prompt", () => {
+  test("is acknowledged only once it is in the log, then runs and is answered", async () => {
+    const model = new ScriptedModel((r) => say(`You said: ${lastUser(r)}`));
+    const { actor, events, store } = await newActor(() => testRunDeps(model));
+    const ack = await actor.submit(prompt("hello", "p1"));
+    assert.equal(ack.payload.case, "frameAccepted");
+    const logged = store.records(actor.ref).filter((r) => r.t === "frame");
+    assert.equal(logged.length, 1, "the frame was in the log when it was acknowledged");
+    await events.waitFor((e) => e.payload.case === "agentEnd");
+    assert.deepEqual(events.of("agentEnd").map((e) => e.stopReason), [StopReason.COMPLETED]);
+    assert.deepEqual(users(actor), ["hello"]);
+    assert.deepEqual(answers(actor), ["You said: hello"]);
+    // seq rises by exactly one per event
+    assert.deepEqual(events.events.map((e) => Number(e.seq)), events.events.map((_, i) => i + 1));
+  });
+
+  test("sent twice under one frame id is acknowledged twice and run once", async () => {
+    const model = new ScriptedModel(() => say("ok"));
+    const { actor, events } = await newActor(() => testRunDeps(model));
+    const [a, b] = await Promise.all([actor.submit(prompt("once", "same")), actor.submit(prompt("once", "same"))]);
+    assert.equal(a.payload.case === "frameAccepted" && a.payload.value.duplicate, false);
+    assert.equal(b.payload.case === "frameAccepted" && b.payload.value.duplicate, true);
+    await actor.whenIdle();
+    assert.equal(model.requests.length, 1);
+    assert.deepEqual(users(actor), ["once"]);
+    assert.equal(events.of("agentEnd").length, 1);
+  });
+});
+
+describe("queue modes: a prompt that arrives during a run", () => {
+  /** A model whose first call asks for two slow tool calls in turn; later calls answer what they got. */
+  const setup = async (mode?: QueueMode) => {
+    const ran: string[] = [];
+    const model = new ScriptedModel((r, n) => (n === 0 ? call(["slow", { text: "a" }], ["slow", { text: "b" }]) : say(`answer ${n}: ${lastUser(r)}`, 0)));
+    const made = await newActor(() => testRunDeps(model, [echoTool("slow", 300, ran)]));
+    if (mode !== undefined) await made.actor.setQueueMode(mode);
+    await made.actor.submit(prompt("start"));
+    await made.events.waitFor((e) => e.payload.case === "toolExecutionStart");
+    return { ...made, model, ran };
+  };
+
+  test("steer (the default): unstarted calls of the batch are skipped; the message goes in before the next model call", async () => {
+    const { actor, events, ran } = await setup();
+    await actor.submit(prompt("change of plan"));
+    await actor.whenIdle();
+    assert.deepEqual(ran, ["a"], "b was never run");
+    assert.equal(events.of("toolCallsSkipped").length, 1);
+    assert.equal(events.of("agentEnd").length, 1, "one run");
+    assert.deepEqual(users(actor), ["start", "change of plan"]);
+  });
+
+  test("followup: runs as its own run after the current one", async () => {
+    const { actor, events, ran } = await setup(QueueMode.FOLLOWUP);
+    await actor.submit(prompt("afterwards"));
+    await actor.whenIdle();
+    assert.deepEqual(ran, ["a", "b"]);
+    assert.equal(events.of("agentEnd").length, 2);
+    assert.match(answers(actor).at(-1)!, /afterwards/);
+  });
+
+  test("collect: prompts within the quiet window run together as one run", async () => {
+    const seen: string[][] = [];
+    const model = new ScriptedModel((r, n) => {
+      seen.push(r.messages.filter((m) => m.role === "user").map((m) => ("content" in m ? m.content : "")));
+      return say(`answer ${n}`, n === 0 ? 100 : 0);
+    });
+    const { actor, events } = await newActor(() => testRunDeps(model));
+    await actor.setQueueMode(QueueMode.COLLECT);
+    await actor.submit(prompt("first"));
+    await events.waitFor((e) => e.payload.case === "turnStart");
+    for (const text of ["one", "two", "three"]) await actor.submit(prompt(text));
+    await actor.whenIdle();
+    assert.equal(events.of("agentEnd").length, 2, "the three gathered prompts ran as one run");
+    assert.deepEqual(seen.at(-1), ["first", "one", "two", "three"], "each message kept whole");
+  });
+
+  test("interrupt: the running run is aborted (its calls paired), then this prompt runs", async () => {
+    const { actor, events, ran } = await setup(QueueMode.INTERRUPT);
+    await actor.submit(prompt("stop that, do this"));
+    await actor.whenIdle();
+    assert.deepEqual(events.of("agentEnd").map((e) => e.stopReason), [StopReason.ABORTED, StopReason.COMPLETED]);
+    assert.ok(!ran.includes("b"));
+    const calls = actor.messages.flatMap((m) => m.toolCalls.map((c) => c.id));
+    const results = actor.messages.filter((m) => m.role === Role.TOOL).map((m) => m.toolCallId);
+    assert.deepEqual(results.sort(), calls.sort(), "every call has its result");
+  });
+
+  test("reject: refused with FAILED_PRECONDITION, and nothing is recorded", async () => {
+    const { actor, store } = await setup(QueueMode.REJECT);
+    const before = store.records(actor.ref).length;
+    await assert.rejects(actor.submit(prompt("not now")), { code: Status.FAILED_PRECONDITION });
+    assert.equal(store.records(actor.ref).filter((r) => r.t === "frame").length, store.records(actor.ref).slice(0, before).filter((r) => r.t === "frame").length);
+    await actor.whenIdle();
+  });
+});
+
+describe("seqs, supervision and the log", () => {
+  test("seqs are reserved before clients see them: a reload numbers past every seq handed out", async () => {
+    const model = new ScriptedModel(() => say("one two three four five"));
+    const { actor, events, store, deps } = await newActor(() => testRunDeps(model));
+    await actor.submit(prompt("go"));
+    await actor.whenIdle();
+    const lastSeen = Number(events.events.at(-1)!.seq);
+    assert.ok(store.records(actor.ref).some((r) => r.t === "seq" && r.upTo >= lastSeen), "the reservation covers what was sent");
+    // The process dies without closing (no "closed" record): a new activation loads the log.
+    const again = await SessionActor.load(actor.ref, deps);
+    const later = new Collector();
+    await again.attach(later);
+    await again.submit(prompt("again"));
+    await again.whenIdle();
+    assert.ok(Number(later.events[0].seq) > lastSeen, `resumed at ${later.events[0].seq}, past ${lastSeen}`);
+    assert.deepEqual(users(again), ["go", "again"]);
+  });
+
+  test("a run that throws (a bug) restarts the actor from its log; the session goes on; five in a minute fail it", async () => {
+    let fail = 1;
+    const model = new ScriptedModel(() => say("fine"));
+    const deps = testRunDeps(model, [], {
+      systemPrompt: async () => {
+        if (fail-- > 0) throw new Error("a bug in the prompt builder");
+        return { text: "sys", tokens: 1, warnings: [] };
+      },
+    });
+    const { actor, events } = await newActor(() => deps);
+    await actor.submit(prompt("boom"));
+    await events.waitFor((e) => e.payload.case === "agentEnd");
+    assert.equal(events.of("agentEnd")[0].stopReason, StopReason.ERROR);
+    await actor.whenIdle();
+    await actor.submit(prompt("after"));
+    await events.waitFor((e) => e.payload.case === "agentEnd" && e.payload.value.stopReason === StopReason.COMPLETED);
+    assert.deepEqual(answers(actor), ["fine"]);
+    // Five failures within 60 s (the first, and four more): the session is failed, later frames are refused.
+    fail = 4;
+    for (let i = 0; i < 4; i++) {
+      const from = events.events.length;
+      await actor.submit(prompt(`crash ${i}`));
+      await events.waitFor((e) => e.payload.case === "agentEnd", from, 5000);
+      await actor.whenIdle();
+    }
+    await events.waitFor((e) => e.payload.case === "error" && e.payload.value.code === "SESSION_FAILED", 0, 5000);
+    await assert.rejects(actor.submit(prompt("anyone?")), { code: Status.FAILED_PRECONDITION });
+  });
+
+  test("a log write that fails refuses the frame (UNAVAILABLE); the next activation has all that was acknowledged", async () => {
+    const model = new ScriptedModel(() => say("ok"));
+    const { actor, store, deps } = await newActor(() => testRunDeps(model));
+    await actor.submit(prompt("kept"));
+    await actor.whenIdle();
+    store.failAppends(1);
+    await assert.rejects(actor.submit(prompt("lost")), { code: Status.UNAVAILABLE });
+    await assert.rejects(actor.submit(prompt("also refused")), { code: Status.UNAVAILABLE }, "the actor has left: nothing past the hole");
+    const again = await SessionActor.load(refOf(actor.owner, actor.sessionId), deps);
+    await again.submit(prompt("resent"));
+    await again.whenIdle();
+    assert.deepEqual(users(again), ["kept", "resent"]);
+  });
+});
+
+describe("the tenant's quota of runs", () => {
+  test("a message that would start a run in an idle session waits for the quota; its own run's messages do not", async () => {
+    const quotas = new TenantQuotas({ ...DEFAULT_QUOTAS, concurrentRuns: 1 });
+    const runs = new TenantRuns(quotas);
+    const model = new ScriptedModel(() => say("slow answer here", 60));
+    const a = await newActor(() => testRunDeps(model), { deps: { runs }, sessionId: "a" });
+    const b = await newActor(() => testRunDeps(model), { deps: { runs }, sessionId: "b", store: a.store });
+    await a.actor.submit(prompt("long"));
+    await assert.rejects(b.actor.submit(prompt("me too")), (err: { code: number; trailers: Record<string, string> }) => err.code === Status.RESOURCE_EXHAUSTED && Number(err.trailers[RETRY_AFTER_KEY]) > 0);
+    await a.actor.submit(frame({ case: "followUp", value: { text: "and more" } }));
+    await a.actor.whenIdle();
+    assert.equal(runs.count("t"), 0);
+    await b.actor.submit(prompt("now"));
+    await b.actor.whenIdle();
+    assert.deepEqual(users(b.actor), ["now"]);
+  });
+});
