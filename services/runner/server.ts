@@ -31,7 +31,7 @@ import { AgentConfigs, type AgentConfig } from "./agent-config.js";
 import { ContextSources, buildSystemPrompt, type Sender } from "./context.js";
 import { delegateTool } from "./delegate.js";
 import { Hooks, loadPlugins } from "./hooks.js";
-import type { RunDeps } from "./loop.js";
+import type { RunDeps } from "./run.js";
 import { InboundSafety } from "./safety.js";
 import { ScheduleBook, Scheduler } from "./schedules.js";
 import { TokenCounter } from "./tokens.js";

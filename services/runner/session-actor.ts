@@ -22,7 +22,8 @@ import { RpcError, Status, failedPrecondition, resourceExhausted, statusName, un
 import { newId } from "../shared/ids.js";
 import type { Logger } from "../shared/log.js";
 import { contextFromRecord } from "../shared/telemetry.js";
-import { injectUserMessages, runAgent, type Compaction, type EventPayload, type QueuedMessage, type RunDeps, type RunHost } from "./loop.js";
+import { injectUserMessages, runAgent } from "./loop.js";
+import type { Compaction, EventPayload, QueuedMessage, RunDeps, RunHost } from "./run.js";
 import type { AuditLog } from "./audit-log.js";
 import { refOf, type SessionRef } from "../shared/session-ref.js";
 import type { TenantRuns } from "./tenant-runs.js";

@@ -13,7 +13,7 @@ import { DEFAULT_AGENT, type AgentConfig } from "../../services/runner/agent-con
 import { AuditLog } from "../../services/runner/audit-log.js";
 import { Hooks } from "../../services/runner/hooks.js";
 import { InMemorySessionStore } from "../../services/runner/in-memory-store.js";
-import type { RunDeps } from "../../services/runner/loop.js";
+import type { RunDeps } from "../../services/runner/run.js";
 import { ModelError, type ModelChunk, type ModelClient, type ModelRequest } from "../../services/runner/model.js";
 import { SessionActor, type ActorDeps, type EventSubscriber } from "../../services/runner/session-actor.js";
 import { TokenCounter } from "../../services/runner/tokens.js";

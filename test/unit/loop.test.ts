@@ -5,7 +5,8 @@ import { describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { ROOT_CONTEXT } from "@opentelemetry/api";
 import { FrameKind, Role, StopReason, type ChatMessage } from "../../services/shared/gen/troupe/v1/session_pb.js";
-import { runAgent, SUMMARY_MARKER, type EventPayload, type QueuedMessage, type RunHost } from "../../services/runner/loop.js";
+import { runAgent } from "../../services/runner/loop.js";
+import { SUMMARY_MARKER, type EventPayload, type QueuedMessage, type RunHost } from "../../services/runner/run.js";
 import { ModelError } from "../../services/runner/model.js";
 import { ScriptedModel, call, echoTool, lastUser, say, testRunDeps } from "../helpers/in-process.js";
 

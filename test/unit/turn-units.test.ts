@@ -15,7 +15,8 @@ import { AgentConfigError, DEFAULT_AGENT, parseAgentConfig } from "../../service
 import { ContextSources, FILE_CHAR_LIMIT, USER_TEMPLATE, buildSystemPrompt, type PromptInput } from "../../services/runner/context.js";
 import { CronError, nextFire, parseCron } from "../../services/runner/cron.js";
 import { Hooks } from "../../services/runner/hooks.js";
-import { backoffMs, metadataSummary } from "../../services/runner/loop.js";
+import { backoffMs } from "../../services/runner/model-call.js";
+import { metadataSummary } from "../../services/runner/compaction.js";
 import { triggerFrameId, triggerOf } from "../../services/shared/frames.js";
 import { retryAfter } from "../../services/runner/model.js";
 import { scanForInjection } from "../../services/runner/safety.js";

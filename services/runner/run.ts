@@ -1,0 +1,137 @@
+// What a run is given and gives back: the host (events, queues, the abort signal), its
+// dependencies (model, tools, prompt, hooks), the messages that start it, its outcome; and the
+// turn every part of a run shares once it has started (loop.ts, model-call.ts, tool-calls.ts,
+// compaction.ts). Nothing here does I/O.
+// tools, prompt, hooks); the loop itself holds no state between runs.
+import { type MessageInitShape } from "@bufbuild/protobuf";
+import { type Context } from "@opentelemetry/api";
+import {
+  FrameKind,
+  StopReason,
+  type AgentEventSchema,
+  type ChatMessage,
+  type Usage,
+} from "../shared/gen/troupe/v1/session_pb.js";
+import type { AgentConfig } from "./agent-config.js";
+import { type ContextWarning } from "./context.js";
+import type { HookFailure, Hooks, TurnInfo } from "./hooks.js";
+import { type ModelClient, type ModelTool } from "./model.js";
+import type { SafetyVerdict } from "./safety.js";
+import type { TokenCounter } from "./tokens.js";
+import type { Tool, ToolResult } from "./tools.js";
+
+export type EventPayload = NonNullable<MessageInitShape<typeof AgentEventSchema>["payload"]>;
+
+/** A user message waiting to enter a run. */
+export interface QueuedMessage {
+  frameId: string;
+  kind: FrameKind;
+  text: string;
+  /** A prompt's instruction for the run it starts (not kept in the history). */
+  instruction?: string;
+  /** Trace context of the frame that carried it. */
+  traceContext: Context;
+}
+
+/** The session's latest compaction: the model sees `summary` in place of everything before the kept message. */
+export interface Compaction {
+  summary: string;
+  firstKeptMessageId: string;
+}
+
+export interface RunHost {
+  readonly sessionId: string;
+  readonly signal: AbortSignal;
+  /** The conversation so far (all of it: compaction changes the model's view, not the record); the loop appends to it. */
+  readonly messages: ChatMessage[];
+  emit(payload: EventPayload): void;
+  /** Streamed text or thinking; consecutive deltas may be merged into one event. */
+  delta(messageId: string, kind: "text" | "thinking", text: string): void;
+  /** Resolves when every subscriber can take more events (backpressure). */
+  pressure(): Promise<void> | undefined;
+  takeSteering(): QueuedMessage[];
+  takeFollowUps(): QueuedMessage[];
+  /** The latest compaction_end of the session, if any. */
+  compaction(): Compaction | undefined;
+}
+
+/** What the run asks for its system prompt. */
+export interface PromptRequest {
+  query: string;
+  agent: AgentConfig;
+  ephemeral: string[];
+  driftReminder: boolean;
+  tokens: TokenCounter;
+  /** Tokens the system prompt may use before optional sources are left out. */
+  budget: number;
+}
+
+export interface RunDeps {
+  agentId: string;
+  /** The runner's model, for agents whose agent.json names none. */
+  defaultModel: string;
+  model: ModelClient;
+  tools: readonly Tool[];
+  hooks: Hooks;
+  /** Who speaks in this session (principal or channel identity), for hooks. */
+  sender: string;
+  agent(): Promise<{ config: AgentConfig; error?: string }>;
+  tokens(model: string): Promise<TokenCounter>;
+  /** The system prompt for a run that answers `query` (may consult memory and the operator's files). */
+  systemPrompt(request: PromptRequest, signal: AbortSignal): Promise<{ text: string; tokens: number; warnings: ContextWarning[] }>;
+  /** Safety checks of one inbound message and its instruction: a verdict when it must be blocked (already audited). */
+  screen?(message: QueuedMessage): Promise<SafetyVerdict | undefined>;
+  /**
+   * Safety checks of a tool's result before the model sees it: the result to use (the same, or
+   * behind a warning). Must not throw: a failing check is the implementation's to handle.
+   */
+  screenToolResult?(call: { id: string; name: string }, result: ToolResult): Promise<ToolResult>;
+  /**
+   * Called once a run completed, with what the user and the assistant said in it (learning from
+   * the turn happens here). It must not block: the run has ended and the reply is out.
+   */
+  afterRun?(sessionId: string, exchange: { role: "user" | "assistant"; text: string }[]): void;
+  /** The tenant's quotas for one run (quotas.ts); none: unbounded. Read once, at the run's start. */
+  runQuotas?(): { stepsPerRun: number; toolCallsPerRun: number };
+}
+
+export interface RunOutcome {
+  stopReason: StopReason;
+  errorMessage: string;
+}
+
+/** Marks the request as a summary for a compaction (the scripted model answers it by rule). */
+export const SUMMARY_MARKER = "[troupe:summarize]";
+
+/** Everything a run settles once, at its start. */
+export interface Turn {
+  host: RunHost;
+  deps: RunDeps;
+  info: TurnInfo;
+  agent: AgentConfig;
+  /** The model, then its fallbacks. */
+  models: string[];
+  tokens: TokenCounter;
+  system: { text: string; tokens: number };
+  tools: ModelTool[];
+  /** Model calls and tool calls this run may still make (its tenant's quotas). */
+  budget: { steps: number; toolCalls: number };
+  /** System prompt + tool schemas: the part of every request that is not the conversation. */
+  fixedTokens: number;
+  usage: Usage;
+}
+
+/** Something went wrong that the run goes on past: the client sees it as an error event. */
+export const report = (host: RunHost, code: string, message: string) => host.emit({ case: "error", value: { code, message, retryable: false } });
+
+export const hookFailed = (host: RunHost) => (f: HookFailure) => report(host, "HOOK_ERROR", `hook ${f.hook} (${f.name}) failed: ${f.message}`);
+
+/** At most `max` characters of `s`, marked when cut. */
+export const excerpt = (s: string, max: number) => (s.length > max ? `${s.slice(0, max)} [...]` : s);
+
+/** Complete messages are announced (message_start, message_end) and join the conversation. */
+export function pushMessage(host: Pick<RunHost, "emit" | "messages">, message: ChatMessage): void {
+  host.emit({ case: "messageStart", value: { message } });
+  host.emit({ case: "messageEnd", value: { message } });
+  host.messages.push(message);
+}
