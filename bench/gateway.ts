@@ -16,7 +16,7 @@ import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import * as grpc from "@grpc/grpc-js";
 import { create, toBinary } from "@bufbuild/protobuf";
-import { PlacementCache } from "../services/gateway/server.js";
+import { PlacementCache } from "../services/gateway/placement.js";
 import { sha256 } from "../services/shared/api-keys.js";
 import { ChatRequestSchema, GatewayService, SendMessageRequestSchema } from "../services/shared/gen/troupe/v1/gateway_pb.js";
 import { RouterService } from "../services/shared/gen/troupe/v1/router_pb.js";

@@ -11,7 +11,7 @@ import { ApiKeys } from "../../services/shared/api-keys.js";
 import { apiKeyAuth, identityOf } from "../../services/shared/auth.js";
 import { ChatResponseSchema, GatewayService, SendMessageResponseSchema } from "../../services/shared/gen/troupe/v1/gateway_pb.js";
 import { RouterService } from "../../services/shared/gen/troupe/v1/router_pb.js";
-import { PlacementCache } from "../../services/gateway/server.js";
+import { PlacementCache } from "../../services/gateway/placement.js";
 import { RpcServer, createClient } from "../../services/shared/rpc.js";
 
 const keysJson = process.argv[2];

@@ -2,6 +2,7 @@
 // that is always set, typed media, the body the agent sees, and a frame id that makes a
 // redelivered message a duplicate. Anything that cannot be made sense of is INVALID_ARGUMENT.
 import { createHash } from "node:crypto";
+import { NAME } from "../shared/api-keys.js";
 import { create } from "@bufbuild/protobuf";
 import { invalidArgument, invalidArgumentIf } from "../shared/errors.js";
 import { CHANNEL_NAME } from "../shared/ids.js";
@@ -100,4 +101,14 @@ export function normaliseInbound(msg: InboundMessage | undefined): NormalisedInb
 
   const frameId = `in:${createHash("sha256").update(`${channel}\0${c.accountId}\0${key}`).digest("hex").slice(0, 40)}`;
   return { context, body, media, frameId, commandAuthorized: msg.commandAuthorized };
+}
+
+/**
+ * A canonical sender as a memory owner: as it is when it fits the memory service's alphabet, else
+ * a hash of it under a prefix no channel name can have (channel names have no '.'). An unlinked
+ * sender is "channel:id" and principals have no ':', so a sender is never a principal's memory
+ * owner unless routing's identityLinks say so.
+ */
+export function memoryOwnerOf(sender: string): string {
+  return NAME.test(sender) ? sender : `hashed.sender:${createHash("sha256").update(sender).digest("hex")}`;
 }

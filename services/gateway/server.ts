@@ -2,270 +2,34 @@
 // session which runner owns it (and caches the answer), then connects the client's stream straight
 // to that runner. Events flow runner -> gateway -> client with backpressure honoured at each step;
 // the router is never on that path.
-import { create, fromBinary, type MessageInitShape } from "@bufbuild/protobuf";
-import { BinaryReader, WireType } from "@bufbuild/protobuf/wire";
-import { SpanKind, trace, type Context, type Span } from "@opentelemetry/api";
-import { createHash } from "node:crypto";
-import { ApiKeys, NAME } from "../shared/api-keys.js";
-import { apiKeyAuth, callerOf, identityHeaders, identityMetadata, identityOf, internalCredentials, type Identity } from "../shared/auth.js";
-import { refKey, refOf } from "../shared/session-ref.js";
+import { create, fromBinary } from "@bufbuild/protobuf";
+import { ApiKeys } from "../shared/api-keys.js";
+import { apiKeyAuth, callerOf, identityHeaders, identityMetadata, identityOf, internalCredentials } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
-import { RpcError, SESSION_OWNER_KEY, Status, grpcCode, invalidArgument, invalidArgumentIf, permissionDenied, toStatus, unavailable } from "../shared/errors.js";
+import { Status, grpcCode, invalidArgument, invalidArgumentIf, permissionDenied, toStatus, unavailable } from "../shared/errors.js";
 import { catchStopCommand, validateFrame, validateSessionRef } from "../shared/frames.js";
-import { GatewayService, SubscribeResponseSchema, type ChatRequest } from "../shared/gen/troupe/v1/gateway_pb.js";
+import { GatewayService, type ChatRequest } from "../shared/gen/troupe/v1/gateway_pb.js";
 import { Health } from "../shared/gen/grpc/health/v1/health_pb.js";
 import { ServerReflection } from "../shared/gen/grpc/reflection/v1/reflection_pb.js";
 import { reflectionService } from "../shared/reflection.js";
-import { normaliseInbound } from "./inbound.js";
+import { memoryOwnerOf, normaliseInbound } from "./inbound.js";
 import { GatewayLimits, limitsFromEnv } from "./limits.js";
 import { TenantQuotas, quotasFromEnv } from "../shared/quotas.js";
 import { RouterService, type ResolveSessionResponse } from "../shared/gen/troupe/v1/router_pb.js";
-import { AttachResponseSchema, RunnerService, type AttachRequestSchema, type AttachResponse } from "../shared/gen/troupe/v1/runner_pb.js";
-import { AgentEventSchema, ClientFrameSchema, type ClientFrame, type SessionInfo } from "../shared/gen/troupe/v1/session_pb.js";
+import { AttachResponseSchema, RunnerService } from "../shared/gen/troupe/v1/runner_pb.js";
+import { ClientFrameSchema, type ClientFrame, type SessionInfo } from "../shared/gen/troupe/v1/session_pb.js";
 import { DEFAULT_AGENT } from "../shared/ids.js";
 import type { Logger } from "../shared/log.js";
 import { RpcServer, createClient, grpc, type ServiceClient } from "../shared/rpc.js";
 import type { RunningService } from "../shared/service.js";
-import { GenAI, contextToRecord, extractContext, tracer } from "../shared/telemetry.js";
+import { extractContext } from "../shared/telemetry.js";
+
+import { PlacementCache, RunnerPool } from "./placement.js";
+import { asSubscribeResponse, leaveRunnerCall, needsDecoding, type AttachRequestInit } from "./passthrough.js";
+import { TurnSpans } from "./turn-spans.js";
+import { StreamsByKey } from "./revocation.js";
 
 type RunnerClient = ServiceClient<(typeof RunnerService)["method"]>;
-type RouterClient = ServiceClient<(typeof RouterService)["method"]>;
-
-/**
- * (caller, session) -> owning runner, from the router. Bounded; dropped when the runner is gone.
- * Sessions are named by their owner (session-ref.ts), so entries are too.
- */
-export class PlacementCache {
-  private readonly entries = new Map<string, ResolveSessionResponse>();
-  constructor(
-    private readonly router: RouterClient,
-    private readonly capacity = 100_000,
-  ) {}
-
-  async resolve(caller: Identity, sessionId: string, agentId: string): Promise<ResolveSessionResponse> {
-    const key = refKey(refOf(caller, sessionId));
-    const hit = sessionId ? this.entries.get(key) : undefined;
-    if (hit) {
-      // Refresh recency: a Map iterates in insertion order, so the first key is the least recent.
-      this.entries.delete(key);
-      this.entries.set(key, hit);
-      return hit;
-    }
-    const res = await this.router.resolveSession({ sessionId, agentId }, { metadata: identityMetadata(caller) });
-    this.entries.set(refKey(refOf(caller, res.sessionId)), res);
-    if (this.entries.size > this.capacity) this.entries.delete(this.entries.keys().next().value!);
-    return res;
-  }
-
-  invalidate(caller: Identity, sessionId: string): void {
-    this.entries.delete(refKey(refOf(caller, sessionId)));
-  }
-
-  /**
-   * Reacts to a runner's refusal. Returns whether a retry can succeed: the runner is gone (ask
-   * the router again), or the session is live on another runner (go there; placement changed
-   * while its owner kept running, and the owner keeps it until it passivates).
-   */
-  reroute(caller: Identity, sessionId: string, err: unknown): boolean {
-    const code = grpcCode(err);
-    if (code === Status.UNAVAILABLE) {
-      this.invalidate(caller, sessionId);
-      return true;
-    }
-    if (code !== Status.ABORTED) return false;
-    const owner = (err as { metadata?: grpc.Metadata }).metadata?.get(SESSION_OWNER_KEY)[0];
-    const key = refKey(refOf(caller, sessionId));
-    const hit = this.entries.get(key);
-    if (typeof owner === "string" && owner !== "" && hit && hit.runner?.address !== owner) {
-      this.entries.set(key, { ...hit, runner: { ...hit.runner!, runnerId: "", address: owner } });
-    } else {
-      this.invalidate(caller, sessionId);
-    }
-    return true;
-  }
-}
-
-class RunnerPool {
-  private readonly clients = new Map<string, RunnerClient>();
-  constructor(
-    private readonly maxMessageBytes: number,
-    private readonly headers: Record<string, string>,
-  ) {}
-  get(address: string): RunnerClient {
-    let c = this.clients.get(address);
-    if (!c) {
-      // Session streams are forwarded as bytes: see needsDecoding.
-      c = createClient(RunnerService, address, { maxMessageBytes: this.maxMessageBytes, rawResponses: ["attach", "replay"], headers: this.headers });
-      this.clients.set(address, c);
-    }
-    return c;
-  }
-  close(): void {
-    for (const c of this.clients.values()) c.close();
-  }
-}
-
-// The runner's AttachResponse and the client's ChatResponse (likewise ReplayResponse and
-// SubscribeResponse) have the same fields under the same numbers, so the runner's bytes are the
-// client's bytes: the gateway forwards them without decoding and re-encoding every token. It
-// decodes only what it acts on: the open answer and the events that delimit turns for tracing.
-const OPENED = AttachResponseSchema.field.opened.number;
-const EVENT = AttachResponseSchema.field.event.number;
-const OBSERVED = new Set([AgentEventSchema.field.agentStart.number, AgentEventSchema.field.agentEnd.number, AgentEventSchema.field.queueApplied.number]);
-
-/** Whether a runner response is one the gateway must look into; most are only forwarded. */
-export function needsDecoding(bytes: Uint8Array): boolean {
-  const r = new BinaryReader(bytes);
-  while (r.pos < r.len) {
-    const [no, wire] = r.tag();
-    if (no === OPENED) return true;
-    if (no === EVENT && wire === WireType.LengthDelimited) {
-      const ev = new BinaryReader(r.bytes());
-      while (ev.pos < ev.len) {
-        const [field, w] = ev.tag();
-        if (OBSERVED.has(field)) return true;
-        ev.skip(w, field);
-      }
-      return false;
-    }
-    r.skip(wire, no);
-  }
-  return false;
-}
-
-type AttachRequestInit = MessageInitShape<typeof AttachRequestSchema>;
-
-/**
- * Leaves a runner's Attach stream without resetting it: `detach`, then half-close; the runner
- * ends the stream. HTTP/2 servers close a connection that resets streams too fast (nghttp2 allows
- * a burst of about 1,000), and one connection carries every client's stream to that runner, so a
- * wave of clients leaving must not become a wave of resets. A runner that does not answer within
- * 10 s is reset after all.
- */
-function leaveRunnerCall(rc: grpc.ClientDuplexStream<AttachRequestInit, unknown>): void {
-  rc.on("error", () => undefined);
-  try {
-    rc.write({ detach: true });
-    rc.end();
-  } catch {
-    rc.cancel();
-    return;
-  }
-  rc.resume();
-  const timer = setTimeout(() => rc.cancel(), 10_000);
-  timer.unref();
-  rc.once("status", () => clearTimeout(timer));
-}
-
-/**
- * An AttachResponse carrying an event, as the SubscribeResponse with that event: the event's bytes
- * are the same, only the field number differs (2 there, 1 here), so one tag byte changes. Anything
- * else (the `opened` answer) is not for a subscriber: undefined.
- */
-function asSubscribeResponse(bytes: Buffer): Buffer | undefined {
-  const eventTag = (EVENT << 3) | WireType.LengthDelimited;
-  if (bytes.length === 0 || bytes[0] !== eventTag) return undefined;
-  const out = Buffer.from(bytes);
-  out[0] = (SubscribeResponseSchema.field.event.number << 3) | WireType.LengthDelimited;
-  return out;
-}
-
-/**
- * One span per turn the client starts, named invoke_agent as the GenAI conventions say for a
- * remote agent call. Its context travels inside the frame, so the runner's spans join it.
- */
-class TurnSpans {
-  private readonly byFrame = new Map<string, Span>();
-  private readonly byTurn = new Map<string, Span>();
-  constructor(
-    private readonly parent: Context,
-    private readonly sessionId: () => string,
-    private readonly agentId: () => string,
-  ) {}
-
-  /** Returns the frame with trace context added. */
-  start(frame: ClientFrame): ClientFrame {
-    const kind = frame.kind.case;
-    if (kind !== "prompt" && kind !== "followUp" && kind !== "steer") return frame;
-    const span = tracer.startSpan(
-      `invoke_agent ${this.agentId()}`,
-      {
-        kind: SpanKind.CLIENT,
-        attributes: { [GenAI.OPERATION_NAME]: "invoke_agent", [GenAI.AGENT_ID]: this.agentId(), [GenAI.CONVERSATION_ID]: this.sessionId() },
-      },
-      this.parent,
-    );
-    this.byFrame.set(frame.frameId, span);
-    return create(ClientFrameSchema, { ...frame, traceContext: contextToRecord(trace.setSpan(this.parent, span)) });
-  }
-
-  observe(resp: AttachResponse): void {
-    if (resp.kind.case !== "event" || this.byFrame.size + this.byTurn.size === 0) return;
-    const ev = resp.kind.value;
-    const p = ev.payload;
-    if (p.case === "agentStart") {
-      const span = this.byFrame.get(p.value.frameId);
-      if (span) {
-        this.byFrame.delete(p.value.frameId);
-        this.byTurn.set(ev.turnId, span);
-      }
-    } else if (p.case === "agentEnd") {
-      this.byTurn.get(ev.turnId)?.end();
-      this.byTurn.delete(ev.turnId);
-    } else if (p.case === "queueApplied") {
-      // A steer or follow-up joined a run traced by its prompt's span: its own span ends here.
-      // (A prompt's span was moved to byTurn at agent_start, which comes first.)
-      this.byFrame.get(p.value.frameId)?.end();
-      this.byFrame.delete(p.value.frameId);
-    }
-  }
-
-  endAll(): void {
-    for (const s of [...this.byFrame.values(), ...this.byTurn.values()]) s.end();
-    this.byFrame.clear();
-    this.byTurn.clear();
-  }
-}
-
-/**
- * A canonical sender as a memory owner: as it is when it fits the memory service's alphabet, else
- * a hash of it under a prefix no channel name can have (channel names have no '.'). An unlinked
- * sender is "channel:id" and principals have no ':', so a sender is never a principal's memory
- * owner unless routing's identityLinks say so.
- */
-function memoryOwnerOf(sender: string): string {
-  return NAME.test(sender) ? sender : `hashed.sender:${createHash("sha256").update(sender).digest("hex")}`;
-}
-
-/** Open streams by the hash of the key they came with, so a revoked key's streams end. */
-class StreamsByKey {
-  private readonly byKey = new Map<string, Set<(err: RpcError) => void>>();
-
-  /** Registers a stream's way to end; returns its removal. */
-  add(keyHash: string, end: (err: RpcError) => void): () => void {
-    let set = this.byKey.get(keyHash);
-    if (!set) this.byKey.set(keyHash, (set = new Set()));
-    set.add(end);
-    return () => {
-      set.delete(end);
-      if (set.size === 0 && this.byKey.get(keyHash) === set) this.byKey.delete(keyHash);
-    };
-  }
-
-  /** Ends every stream whose key is no longer accepted. */
-  endRevoked(holds: (keyHash: string) => boolean): number {
-    let ended = 0;
-    for (const [hash, set] of [...this.byKey]) {
-      if (holds(hash)) continue;
-      this.byKey.delete(hash);
-      for (const end of set) {
-        end(new RpcError(Status.UNAUTHENTICATED, "this API key was revoked"));
-        ended++;
-      }
-    }
-    return ended;
-  }
-}
 
 /**
  * The metadata that carries a client's verified identity (set by apiKeyAuth) on to the runner,
