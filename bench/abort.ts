@@ -14,7 +14,7 @@ import * as grpc from "@grpc/grpc-js";
 import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
 import { DEV_IDENTITY } from "../services/shared/auth.js";
 import { StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
-import { containerName, instanceOf } from "../services/sandbox/fleet.js";
+import { containerName, instanceOf } from "../services/sandbox/container-spec.js";
 import { ChatSession } from "../test/helpers/session.js";
 import { LOAD_QUOTAS, startStack } from "../test/helpers/stack.js";
 import { pct } from "./support/stats.js";

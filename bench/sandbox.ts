@@ -15,7 +15,8 @@ import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
 import { DEV_IDENTITY } from "../services/shared/auth.js";
 import type { ServiceClient } from "../services/shared/rpc.js";
 import { createLogger } from "../services/shared/log.js";
-import { DEFAULT_LIMITS, SandboxFleet, containerName, instanceOf } from "../services/sandbox/fleet.js";
+import { SandboxFleet } from "../services/sandbox/fleet.js";
+import { DEFAULT_LIMITS, containerName, instanceOf } from "../services/sandbox/container-spec.js";
 import { LOAD_QUOTAS, startStack } from "../test/helpers/stack.js";
 import { pct } from "./support/stats.js";
 

@@ -10,7 +10,7 @@ import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
 import { DEV_IDENTITY } from "../services/shared/auth.js";
 import { Status } from "../services/shared/errors.js";
 import { createClient } from "../services/shared/rpc.js";
-import { containerName, instanceOf } from "../services/sandbox/fleet.js";
+import { containerName, instanceOf } from "../services/sandbox/container-spec.js";
 import { scopeKey } from "../services/sandbox/scope.js";
 import { exec } from "./helpers/sandbox.js";
 import { startStack, waitFor, type Stack } from "./helpers/stack.js";

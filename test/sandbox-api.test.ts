@@ -12,7 +12,7 @@ import { scopeKey } from "../services/sandbox/scope.js";
 import { Status } from "../services/shared/errors.js";
 import { createClient } from "../services/shared/rpc.js";
 import { StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
-import { containerName, instanceOf } from "../services/sandbox/fleet.js";
+import { containerName, instanceOf } from "../services/sandbox/container-spec.js";
 import { exec, type SandboxClient } from "./helpers/sandbox.js";
 import { ChatSession } from "./helpers/session.js";
 import { MAIN, startStack, waitFor, type Stack } from "./helpers/stack.js";

@@ -16,7 +16,7 @@ import { DEV_IDENTITY } from "../services/shared/auth.js";
 import { createClient } from "../services/shared/rpc.js";
 import { exec, type ExecResult, type SandboxClient } from "./helpers/sandbox.js";
 import { startStack, type Stack } from "./helpers/stack.js";
-import { containerName, instanceOf } from "../services/sandbox/fleet.js";
+import { containerName, instanceOf } from "../services/sandbox/container-spec.js";
 import { scopeKey } from "../services/sandbox/scope.js";
 
 const run = promisify(execFile);

@@ -23,7 +23,8 @@ import type { Logger } from "../shared/log.js";
 import { RpcServer, ServingStatus, write, type grpc } from "../shared/rpc.js";
 import type { RunningService } from "../shared/service.js";
 import { AgentError, AgentGone, within, type AgentExit, type RunningExec } from "./agent-connection.js";
-import { DEFAULT_LIMITS, SandboxFleet, instanceOf, type Sandbox } from "./fleet.js";
+import { SandboxFleet, type Sandbox } from "./fleet.js";
+import { DEFAULT_LIMITS, instanceOf } from "./container-spec.js";
 
 const DEFAULT_OUTPUT_BYTES = 1024 * 1024;
 const MAX_OUTPUT_BYTES = 16 * 1024 * 1024;

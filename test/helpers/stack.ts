@@ -15,7 +15,7 @@ import { createApiKey, type Role } from "../../services/shared/api-keys.js";
 import { ensureDevKey, identityHeaders, internalCredentials, type Identity } from "../../services/shared/auth.js";
 import { Status } from "../../services/shared/errors.js";
 import { createClient, type ClientOptions, type ServiceClient } from "../../services/shared/rpc.js";
-import { instanceOf } from "../../services/sandbox/fleet.js";
+import { instanceOf } from "../../services/sandbox/container-spec.js";
 import { SERVICE_TYPE } from "../../services/cli/up.js";
 
 export { SERVICE_TYPE };
