@@ -5,7 +5,7 @@ import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { readFile, writeFile } from "node:fs/promises";
 import path from "node:path";
-import * as grpc from "@grpc/grpc-js";
+import type * as grpc from "@grpc/grpc-js";
 import { Health, HealthCheckResponse_ServingStatus as Serving } from "../services/shared/gen/grpc/health/v1/health_pb.js";
 import { GatewayService } from "../services/shared/gen/troupe/v1/gateway_pb.js";
 import { MemoryService } from "../services/shared/gen/troupe/v1/memory_pb.js";
@@ -205,7 +205,7 @@ describe("clients at the gateway", () => {
     const good = await readFile(file, "utf8");
     const doc = JSON.parse(good) as { keys: { id: string }[] };
     // A hand edit: the key's entry deleted, and a trailing comma that makes the file invalid JSON.
-    await writeFile(file, JSON.stringify({ keys: doc.keys.filter((k) => k.id !== "dropped") }, null, 2).replace(/}\n  \]/, "},\n  ]"));
+    await writeFile(file, JSON.stringify({ keys: doc.keys.filter((k) => k.id !== "dropped") }, null, 2).replace(/}\n {2}\]/, "},\n  ]"));
     await waitFor("the removed key to be refused", async () => droppedClient.listSessions({}).then(() => false, (e: { code: number }) => e.code === Status.UNAUTHENTICATED));
     await keptClient.listSessions({});
     await alice.listSessions({});

@@ -16,7 +16,9 @@ after(async () => {
 
 /** seq starts right after the open's last_seq and rises by exactly one per event. */
 function assertGapless(events: AgentEvent[], first: number): void {
-  events.forEach((e, i) => assert.equal(Number(e.seq), first + i, `event ${i} (${e.payload.case}) has seq ${e.seq}, expected ${first + i}`));
+  for (const [i, e] of events.entries()) {
+    assert.equal(Number(e.seq), first + i, `event ${i} (${e.payload.case}) has seq ${e.seq}, expected ${first + i}`);
+  }
 }
 
 describe("a conversation with a tool call", () => {

@@ -5,7 +5,7 @@ import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { MemoryService } from "../services/shared/gen/troupe/v1/memory_pb.js";
 import { createLogger } from "../services/shared/log.js";
-import { createClient } from "../services/shared/rpc.js";
+import type { createClient } from "../services/shared/rpc.js";
 import { MemoryRecall } from "../services/runner/memory-recall.js";
 import { startStack, type Stack } from "./helpers/stack.js";
 

@@ -83,7 +83,7 @@ describe("troupe up", () => {
     const exited = new Promise<number | null>((resolve) => up.once("exit", (code) => resolve(code)));
     up.kill("SIGINT");
     assert.equal(await exited, 0);
-    for (const pid of children) assert.throws(() => process.kill(pid, 0), "child " + pid + " is gone");
+    for (const pid of children) assert.throws(() => process.kill(pid, 0), `child ${pid} is gone`);
     assert.match(log, /all services stopped/);
   });
 });

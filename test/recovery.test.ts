@@ -93,7 +93,7 @@ test("a runner killed before a new session's events reached its log: the reload 
   const lines = (await readFile(file, "utf8")).split("\n").filter(Boolean);
   const lastFrame = lines.findLastIndex((l) => (JSON.parse(l) as { t: string }).t === "frame");
   assert.ok(lastFrame > 0 && lastFrame < lines.length - 1, "the log holds the prompt and events after it");
-  await writeFile(file, lines.slice(0, lastFrame + 1).join("\n") + "\n");
+  await writeFile(file, `${lines.slice(0, lastFrame + 1).join("\n")}\n`);
   await stack.start("runner");
 
   const again = await resume("crash-2", lastSeen);

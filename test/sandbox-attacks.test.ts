@@ -82,6 +82,7 @@ const ATTACKS: Attack[] = [
   {
     n: 3,
     name: "memory bomb: killed inside its cgroup, reported as out of memory",
+    // biome-ignore lint/suspicious/noTemplateCurlyInString: ${#a} is the shell's, in the sandbox
     command: "a=$(head -c 700000000 /dev/zero | tr '\\0' x); echo ${#a}",
     timeoutMs: 15_000,
     check: (r, runtime) => {

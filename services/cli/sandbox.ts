@@ -69,7 +69,7 @@ export async function sandboxCommand(args: string[]): Promise<number> {
         ]);
         const head = ["NAME", "SCOPE", "STATE", "RUNNING", "CREATED", "LAST USED"];
         const widths = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i].length)));
-        for (const r of [head, ...rows]) process.stdout.write(r.map((c, i) => c.padEnd(widths[i])).join("  ").trimEnd() + "\n");
+        for (const r of [head, ...rows]) process.stdout.write(`${r.map((c, i) => c.padEnd(widths[i])).join("  ").trimEnd()}\n`);
         return 0;
       }
       case "exec": {

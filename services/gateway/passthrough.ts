@@ -1,12 +1,12 @@
 // Byte passthrough between a runner's Attach stream and a client's Chat or Subscribe stream: what
 // the gateway must decode, how it leaves a runner's stream without a reset, and the one-byte change
 // that turns an Attach event into a Subscribe event.
-import { type MessageInitShape } from "@bufbuild/protobuf";
+import type { MessageInitShape } from "@bufbuild/protobuf";
 import { BinaryReader, WireType } from "@bufbuild/protobuf/wire";
 import { SubscribeResponseSchema } from "../shared/gen/troupe/v1/gateway_pb.js";
 import { AttachResponseSchema, type AttachRequestSchema } from "../shared/gen/troupe/v1/runner_pb.js";
 import { AgentEventSchema } from "../shared/gen/troupe/v1/session_pb.js";
-import { grpc } from "../shared/rpc.js";
+import type { grpc } from "../shared/rpc.js";
 
 // The runner's AttachResponse and the client's ChatResponse (likewise ReplayResponse and
 // SubscribeResponse) have the same fields under the same numbers, so the runner's bytes are the

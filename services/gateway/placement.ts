@@ -3,9 +3,9 @@
 import { identityMetadata, type Identity } from "../shared/auth.js";
 import { refKey, refOf } from "../shared/session-ref.js";
 import { SESSION_OWNER_KEY, Status, grpcCode } from "../shared/errors.js";
-import { RouterService, type ResolveSessionResponse } from "../shared/gen/troupe/v1/router_pb.js";
+import type { RouterService, ResolveSessionResponse } from "../shared/gen/troupe/v1/router_pb.js";
 import { RunnerService } from "../shared/gen/troupe/v1/runner_pb.js";
-import { createClient, grpc, type ServiceClient } from "../shared/rpc.js";
+import { createClient, type grpc, type ServiceClient } from "../shared/rpc.js";
 
 type RunnerClient = ServiceClient<(typeof RunnerService)["method"]>;
 type RouterClient = ServiceClient<(typeof RouterService)["method"]>;

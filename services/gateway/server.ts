@@ -16,7 +16,7 @@ import { memoryOwnerOf, normaliseInbound } from "./inbound.js";
 import { GatewayLimits, limitsFromEnv } from "./limits.js";
 import { TenantQuotas, quotasFromEnv } from "../shared/quotas.js";
 import { RouterService, type ResolveSessionResponse } from "../shared/gen/troupe/v1/router_pb.js";
-import { AttachResponseSchema, RunnerService } from "../shared/gen/troupe/v1/runner_pb.js";
+import { AttachResponseSchema, type RunnerService } from "../shared/gen/troupe/v1/runner_pb.js";
 import { ClientFrameSchema, type ClientFrame, type SessionInfo } from "../shared/gen/troupe/v1/session_pb.js";
 import { DEFAULT_AGENT } from "../shared/ids.js";
 import type { Logger } from "../shared/log.js";

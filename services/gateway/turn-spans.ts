@@ -1,7 +1,7 @@
 // The invoke_agent span of each turn a client starts through the gateway.
 import { create } from "@bufbuild/protobuf";
 import { SpanKind, trace, type Context, type Span } from "@opentelemetry/api";
-import { type AttachResponse } from "../shared/gen/troupe/v1/runner_pb.js";
+import type { AttachResponse } from "../shared/gen/troupe/v1/runner_pb.js";
 import { ClientFrameSchema, type ClientFrame } from "../shared/gen/troupe/v1/session_pb.js";
 import { GenAI, contextToRecord, tracer } from "../shared/telemetry.js";
 

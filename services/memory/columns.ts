@@ -8,8 +8,8 @@
 // missing a column fails here, before anything is written.
 import {
   Bool,
-  Data,
-  DataType,
+  type Data,
+  type DataType,
   FixedSizeList,
   Float32,
   Float64,
@@ -50,7 +50,9 @@ function column(type: DataType, name: string, rows: readonly Record<string, Cell
     // One encode of all the strings joined; each string's byte length gives its offsets.
     const strings = values.map(String);
     const valueOffsets = new Int32Array(n + 1);
-    strings.forEach((s, i) => (valueOffsets[i + 1] = valueOffsets[i] + Buffer.byteLength(s)));
+    strings.forEach((s, i) => {
+      valueOffsets[i + 1] = valueOffsets[i] + Buffer.byteLength(s);
+    });
     return makeData({ type, length: n, nullCount: 0, valueOffsets, data: Buffer.from(strings.join("")) });
   }
   if (type instanceof Bool) {

@@ -63,7 +63,7 @@ function fuse(cands: readonly Candidate[], o: RankOptions): number[] {
     const rankIn = (score: (c: Candidate) => number | undefined) => {
       const order = cands.map((c, i) => [score(c), i] as const).filter(([s]) => s !== undefined).sort((a, b) => b[0]! - a[0]!);
       const ranks = new Map<number, number>();
-      order.forEach(([, i], r) => ranks.set(i, r + 1));
+      for (const [r, [, i]] of order.entries()) ranks.set(i, r + 1);
       return ranks;
     };
     const v = rankIn((c) => c.vectorScore);
@@ -123,7 +123,7 @@ export function rank(cands: readonly Candidate[], o: RankOptions): Ranked[] {
   const decayed = cands.map((c, i) => {
     if (o.halfLifeDays <= 0 || c.evergreen) return fused[i];
     const ageDays = Math.max(0, o.nowMs - c.createdMs) / DAY_MS;
-    return fused[i] * Math.pow(0.5, ageDays / o.halfLifeDays);
+    return fused[i] * 0.5 ** (ageDays / o.halfLifeDays);
   });
   const pool = cands.map((_, i) => i).filter((i) => decayed[i] >= o.minScore);
   if (pool.length === 0) return [];

@@ -20,7 +20,7 @@
 //   one commit, so a reader sees the old table or the new one, never a mix.
 import { createHash } from "node:crypto";
 import * as lancedb from "@lancedb/lancedb";
-import { Bool, Field, FixedSizeList, Float32, Float64, Int32, Schema, Table as ArrowTable, Timestamp, TimeUnit, Utf8 } from "apache-arrow";
+import { Bool, Field, FixedSizeList, Float32, Float64, Int32, Schema, type Table as ArrowTable, Timestamp, TimeUnit, Utf8 } from "apache-arrow";
 import { RpcError, Status, failedPrecondition } from "../shared/errors.js";
 import type { Logger } from "../shared/log.js";
 import { MemoryKind } from "../shared/gen/troupe/v1/memory_pb.js";

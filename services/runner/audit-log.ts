@@ -62,7 +62,7 @@ export class AuditLog {
   constructor(private readonly dataDir: string) {}
 
   record(rec: AuditRecord): Promise<void> {
-    const line = JSON.stringify({ time: new Date().toISOString(), ...rec }) + "\n";
+    const line = `${JSON.stringify({ time: new Date().toISOString(), ...rec })}\n`;
     const write = this.tail
       .catch(() => undefined)
       .then(async () => {

@@ -72,7 +72,7 @@ export class MemoryRecall {
 
   /** Drops what is believed about every scope of a tenant (a memory was saved there; owner views span owners). */
   invalidateTenant(tenant: string): void {
-    const prefix = JSON.stringify([tenant]).slice(0, -1) + ",";
+    const prefix = `${JSON.stringify([tenant]).slice(0, -1)},`;
     for (const key of this.emptyUntil.keys()) if (key.startsWith(prefix)) this.emptyUntil.delete(key);
   }
 

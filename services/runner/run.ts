@@ -3,19 +3,19 @@
 // turn every part of a run shares once it has started (loop.ts, model-call.ts, tool-calls.ts,
 // compaction.ts). Nothing here does I/O.
 // tools, prompt, hooks); the loop itself holds no state between runs.
-import { type MessageInitShape } from "@bufbuild/protobuf";
-import { type Context } from "@opentelemetry/api";
-import {
+import type { MessageInitShape } from "@bufbuild/protobuf";
+import type { Context } from "@opentelemetry/api";
+import type {
   FrameKind,
   StopReason,
-  type AgentEventSchema,
-  type ChatMessage,
-  type Usage,
+  AgentEventSchema,
+  ChatMessage,
+  Usage,
 } from "../shared/gen/troupe/v1/session_pb.js";
 import type { AgentConfig } from "./agent-config.js";
-import { type ContextWarning } from "./context.js";
+import type { ContextWarning } from "./context.js";
 import type { HookFailure, Hooks, TurnInfo } from "./hooks.js";
-import { type ModelClient, type ModelTool } from "./model.js";
+import type { ModelClient, ModelTool } from "./model.js";
 import type { SafetyVerdict } from "./safety.js";
 import type { TokenCounter } from "./tokens.js";
 import type { Tool, ToolResult } from "./tools.js";

@@ -49,6 +49,7 @@ const HOMOGLYPH = new RegExp(`[${Object.keys(HOMOGLYPHS).join("")}]`, "g");
 export function normaliseForScan(text: string): string {
   return text
     .normalize("NFKC")
+    // biome-ignore lint/suspicious/noMisleadingCharacterClass: the class lists invisible characters one by one, to remove each
     .replace(/[\u00AD\u034F\u061C\u115F\u1160\u17B4\u17B5\u180B-\u180E\u200B-\u200F\u202A-\u202E\u2060-\u206F\uFE00-\uFE0F\uFEFF]/g, "")
     .replace(HOMOGLYPH, (c) => HOMOGLYPHS[c]);
 }

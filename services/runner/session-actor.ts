@@ -199,7 +199,7 @@ export class SessionActor {
   static async load(ref: SessionRef, deps: ActorDeps): Promise<SessionActor> {
     const { log, records, corruptLines } = await deps.store.activate(ref);
     const head = records[0];
-    if (!head || head.t !== "session") {
+    if (head?.t !== "session") {
       await log.close();
       throw new Error(`session log ${ref.sessionId} has no header`);
     }

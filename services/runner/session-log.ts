@@ -228,7 +228,7 @@ export function parseLog(text: string): ParsedLog {
 /** Whether a log's header names this session of this owner (a foreign or legacy-misplaced file does not count). */
 function headerMatches(records: LogRecord[], ref: SessionRef): boolean {
   const head = records[0];
-  if (!head || head.t !== "session") return false;
+  if (head?.t !== "session") return false;
   const owner = ownerOf(head);
   return head.sessionId === ref.sessionId && owner.tenant === ref.tenant && owner.principal === ref.principal;
 }
@@ -385,7 +385,7 @@ async function migrateFlatLogs(dir: string, ownerDir: (owner: Identity) => strin
     if (!name.endsWith(".jsonl")) continue;
     const text = await readFile(file, "utf8").catch(() => "");
     const head = parseLog(text.split("\n")[0]).records[0];
-    if (!head || head.t !== "session") continue;
+    if (head?.t !== "session") continue;
     const ref = refOf(ownerOf(head), head.sessionId);
     const target = path.join(ownerDir(ref), `${filePart(ref.sessionId)}.jsonl`);
     await mkdir(path.dirname(target), { recursive: true });

@@ -64,7 +64,7 @@ export async function executeToolCalls(turn: Turn, assistant: ChatMessage): Prom
         return deps.screenToolResult ? deps.screenToolResult(call, result) : result;
       }),
     );
-    group.forEach((call, k) => finishCall(host, call, results[k], false));
+    for (const [k, call] of group.entries()) finishCall(host, call, results[k], false);
     i = end;
   }
   return host.takeSteering();

@@ -4,7 +4,7 @@
 // nothing the model asks for runs or is written in the runner's own process or file system.
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import { AddOutcome, MemoryKind, type MemoryScopeSchema, type MemoryService } from "../shared/gen/troupe/v1/memory_pb.js";
-import { SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
+import type { SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
 import type { ServiceClient } from "../shared/rpc.js";
 import { identityMetadata, type Identity } from "../shared/auth.js";
 import { grpcCode, Status } from "../shared/errors.js";
@@ -197,13 +197,13 @@ export function execTool(sandbox: SandboxClient, defaultTimeoutMs: number, owner
         }
         return sandboxFailure("exec", err);
       }
-      if (!exit) return { output: clip(output + "\n[no exit status]"), isError: true };
+      if (!exit) return { output: clip(`${output}\n[no exit status]`), isError: true };
       const notes = [
         exit.timedOut ? `timed out after ${timeoutMs} ms` : "",
         exit.oomKilled ? "killed: out of memory" : "",
         exit.truncated ? "output truncated" : "",
       ].filter(Boolean);
-      const trailer = `[exit ${exit.exitCode}${notes.length ? "; " + notes.join("; ") : ""}]`;
+      const trailer = `[exit ${exit.exitCode}${notes.length ? `; ${notes.join("; ")}` : ""}]`;
       return { output: clip(output.length > 0 ? `${output.replace(/\n$/, "")}\n${trailer}` : trailer), isError: exit.exitCode !== 0 || exit.timedOut };
     },
   };

@@ -26,7 +26,7 @@ const DIAGNOSTICS_PER_WINDOW = 20;
 const DIAGNOSTICS_WINDOW_MS = 10_000;
 const DIAGNOSTICS_MAX_CHARS = 300;
 
-const enum Req {
+enum Req {
   Hello = 1,
   Claim = 2,
   Exec = 3,
@@ -40,7 +40,7 @@ const enum Req {
   List = 11,
 }
 
-const enum Rep {
+enum Rep {
   Hello = 64,
   Ok = 65,
   Err = 66,

@@ -2,7 +2,7 @@
 // capabilities, the seccomp filter, and the names and labels that tie a container to its
 // deployment and scope key. docs/sandbox.md says why each setting is what it is.
 import { createHash } from "node:crypto";
-import Docker from "dockerode";
+import type Docker from "dockerode";
 import { sandboxSeccompProfile } from "./seccomp.js";
 
 

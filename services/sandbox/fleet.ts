@@ -7,7 +7,7 @@
 // after creation, so a claimed pool container carries its key in its name (a hash) and in its
 // agent; one created for a key directly also has the key in its labels.
 import { randomBytes } from "node:crypto";
-import Docker from "dockerode";
+import type Docker from "dockerode";
 import { failedPrecondition } from "../shared/errors.js";
 import type { Logger } from "../shared/log.js";
 import { AgentConnection, type AttachOptions } from "./agent-connection.js";

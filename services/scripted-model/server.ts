@@ -235,7 +235,7 @@ export function pairingProblem(messages: (InMessage & { tool_calls?: { id: strin
   let open: Set<string> | undefined;
   for (const m of messages) {
     if (m.role === "tool") {
-      if (!open || !open.has(m.tool_call_id ?? "")) return `messages with role 'tool' must be a response to a preceding message with 'tool_calls' (${m.tool_call_id})`;
+      if (!open?.has(m.tool_call_id ?? "")) return `messages with role 'tool' must be a response to a preceding message with 'tool_calls' (${m.tool_call_id})`;
       open.delete(m.tool_call_id ?? "");
       continue;
     }

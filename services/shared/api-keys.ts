@@ -199,7 +199,7 @@ async function readKeysFile(keysFile: string): Promise<StoredKey[]> {
 /** Replaces the keys file atomically, so a gateway never reads half of it. */
 async function writeKeysFile(keysFile: string, keys: StoredKey[]): Promise<void> {
   await mkdir(path.dirname(keysFile), { recursive: true, mode: 0o700 });
-  await replaceFile(keysFile, JSON.stringify({ keys }, null, 2) + "\n", 0o600);
+  await replaceFile(keysFile, `${JSON.stringify({ keys }, null, 2)}\n`, 0o600);
 }
 
 export interface NewKey {

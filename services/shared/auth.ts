@@ -66,7 +66,7 @@ export async function ensureDevKey(dataDir: string, keysFile = authPaths(dataDir
   const key = await createApiKey(keysFile, { ...DEV_IDENTITY, id: "dev" });
   // The keys file may live elsewhere (--api-keys): the data directory's auth folder is made here.
   await mkdir(paths.dir, { recursive: true, mode: 0o700 });
-  await writeFile(paths.devKey, key + "\n", { mode: 0o600 });
+  await writeFile(paths.devKey, `${key}\n`, { mode: 0o600 });
   return { key, created: true };
 }
 
@@ -90,7 +90,7 @@ export async function internalToken(dataDir: string, env: NodeJS.ProcessEnv = pr
   const found = await read();
   if (found) return found;
   await mkdir(paths.dir, { recursive: true, mode: 0o700 });
-  await createExclusive(paths.internalToken, randomBytes(32).toString("base64url") + "\n", 0o600);
+  await createExclusive(paths.internalToken, `${randomBytes(32).toString("base64url")}\n`, 0o600);
   // Created here or by a process that got there first: either way, the file is the answer.
   return read();
 }

@@ -14,7 +14,7 @@ export function createLogger(service: string, level: string = process.env.TROUPE
   const min = ORDER[level as Level] ?? ORDER.info;
   const write = (lvl: Level, msg: string, fields?: Record<string, unknown>) => {
     if (ORDER[lvl] < min) return;
-    const extra = fields && Object.keys(fields).length > 0 ? " " + JSON.stringify(fields) : "";
+    const extra = fields && Object.keys(fields).length > 0 ? ` ${JSON.stringify(fields)}` : "";
     process.stderr.write(`${new Date().toISOString()} ${lvl.padEnd(5)} ${service}: ${msg}${extra}\n`);
   };
   return {

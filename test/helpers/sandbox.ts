@@ -1,5 +1,5 @@
 // Running a command through the sandbox service, for tests: its whole output and exit status.
-import { SandboxService, type ExecExit } from "../../services/shared/gen/troupe/v1/sandbox_pb.js";
+import type { SandboxService, ExecExit } from "../../services/shared/gen/troupe/v1/sandbox_pb.js";
 import type { ServiceClient } from "../../services/shared/rpc.js";
 
 export type SandboxClient = ServiceClient<(typeof SandboxService)["method"]>;

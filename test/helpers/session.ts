@@ -1,7 +1,7 @@
 // A test client for one Chat stream: send frames, collect events, wait for what should come.
 import { toJson } from "@bufbuild/protobuf";
 import type { GatewayService } from "../../services/shared/gen/troupe/v1/gateway_pb.js";
-import { type ChatResponse } from "../../services/shared/gen/troupe/v1/gateway_pb.js";
+import type { ChatResponse } from "../../services/shared/gen/troupe/v1/gateway_pb.js";
 import { AgentEventSchema, type AgentEvent, type ClientFrame, type SessionOpened } from "../../services/shared/gen/troupe/v1/session_pb.js";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import type { ClientFrameSchema } from "../../services/shared/gen/troupe/v1/session_pb.js";

@@ -136,8 +136,8 @@ test("the agent's stderr reaches the log escaped and rate-limited", async () => 
   const c = connect();
   await c.greet();
   const lines = Array.from({ length: 50 }, (_, i) => `line ${i} \x1b[31mred\x1b[0m \r fake: log line`).join("\n");
-  c.feed(chunk(Buffer.from(lines + "\n"), 2));
-  c.feed(chunk(Buffer.from("x".repeat(5000) + "\n"), 2));
+  c.feed(chunk(Buffer.from(`${lines}\n`), 2));
+  c.feed(chunk(Buffer.from(`${"x".repeat(5000)}\n`), 2));
   await new Promise((r) => setImmediate(r));
   assert.equal(c.diagnostics.length, 20, "at most 20 lines per window");
   for (const l of c.diagnostics) assert.doesNotMatch(l, /[\x00-\x1f]/);

@@ -141,7 +141,7 @@ test("sessions are named by owner and id: look-alike ids and other owners never 
     assert.notEqual(filePart("x_3ay"), filePart("x:y"));
     for (const id of ["", ".", "..", "a/b", "\u00e9"]) assert.match(filePart(id), /^[A-Za-z0-9_-]+$/, id);
     const long = "a".repeat(100) + ":".repeat(20);
-    assert.notEqual(filePart(long), filePart(long + ":"));
+    assert.notEqual(filePart(long), filePart(`${long}:`));
     assert.ok(filePart(long).length < 100);
     // A log whose header names another owner (copied or moved by hand) is not served as this one.
     await writeFile(path.join(dir, "sessions", "acme", "alice", "forged.jsonl"), '{"t":"session","sessionId":"forged","agentId":"main","createdMs":1,"tenant":"evil","principal":"bob"}\n');

@@ -279,7 +279,7 @@ describe("the context builder", () => {
     await writeFile(path.join(dir, "a1", "AGENTS.md"), "A".repeat(4000));
     const full = await base(dir);
     assert.deepEqual(full.warnings, []);
-    await writeFile(path.join(dir, "a1", "AGENTS.md"), "A".repeat(4000) + "\n");
+    await writeFile(path.join(dir, "a1", "AGENTS.md"), `${"A".repeat(4000)}\n`);
     const over = await base(dir);
     assert.match(over.warnings[0].message, /AGENTS\.md has 4001 characters/);
     // Larger than one read (64 KiB), cut inside a three-byte character: still text, not binary.
