@@ -40,7 +40,8 @@ try {
     s.send({ case: "abort", value: { reason: "bench" } });
     let end = await s.waitForPayload("agentEnd", 10_000);
     streaming.push(performance.now() - t0);
-    if (end.payload.case !== "agentEnd" || end.payload.value.stopReason !== StopReason.ABORTED) throw new Error("streaming run did not end aborted");
+    if (end.payload.case !== "agentEnd" || end.payload.value.stopReason !== StopReason.ABORTED)
+      throw new Error("streaming run did not end aborted");
 
     const from = s.events.length;
     s.prompt("$ echo started; sleep 60");
@@ -49,12 +50,16 @@ try {
     s.send({ case: "abort", value: { reason: "bench" } });
     end = await s.waitForPayload("agentEnd", 10_000, from);
     tool.push(performance.now() - t0);
-    if (end.payload.case !== "agentEnd" || end.payload.value.stopReason !== StopReason.ABORTED) throw new Error("tool run did not end aborted");
+    if (end.payload.case !== "agentEnd" || end.payload.value.stopReason !== StopReason.ABORTED)
+      throw new Error("tool run did not end aborted");
     s.close();
 
     // The process tree is dead: nothing of the command is left in the session's sandbox.
     let left = "";
-    for await (const m of sandbox.exec({ sessionId: opened.sessionId, command: "ps -o args | grep -c '[s]leep 60' || true" })) {
+    for await (const m of sandbox.exec({
+      sessionId: opened.sessionId,
+      command: "ps -o args | grep -c '[s]leep 60' || true",
+    })) {
       if (m.kind.case === "stdout") left += Buffer.from(m.kind.value).toString();
     }
     if (left.trim() !== "0") throw new Error(`run ${i}: the sleep survived the abort (${left.trim()} left)`);
@@ -62,7 +67,9 @@ try {
   }
 
   // Baseline 1: a raw grpc-js unary round trip to another process.
-  const server = spawn(process.execPath, [fileURLToPath(new URL("./support/raw-grpc-server.js", import.meta.url))], { stdio: ["ignore", "pipe", "inherit"] });
+  const server = spawn(process.execPath, [fileURLToPath(new URL("./support/raw-grpc-server.js", import.meta.url))], {
+    stdio: ["ignore", "pipe", "inherit"],
+  });
   const [line] = (await once(server.stdout!, "data")) as [Buffer];
   const raw = new grpc.Client(`127.0.0.1:${line.toString().trim()}`, grpc.credentials.createInsecure());
   const identity = (b: Buffer) => b;
@@ -102,7 +109,9 @@ try {
   console.log(`abort during a sandbox command (sleep 60, verified dead) -> agent_end: ${fmt(tool)}`);
   console.log(`baseline raw grpc-js round trip: ${fmt(rtt)}`);
   console.log(`baseline docker CLI exec killall -9: ${fmt(cli)}`);
-  console.log(`RESULT abort_stream_p99_ms=${pct(streaming, 99).toFixed(1)} abort_tool_p99_ms=${pct(tool, 99).toFixed(1)}`);
+  console.log(
+    `RESULT abort_stream_p99_ms=${pct(streaming, 99).toFixed(1)} abort_tool_p99_ms=${pct(tool, 99).toFixed(1)}`,
+  );
 } finally {
   sandbox.close();
   await stack.stop();

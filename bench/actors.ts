@@ -20,7 +20,13 @@ import { ChatSession } from "../test/helpers/session.js";
 import { LOAD_QUOTAS, startStack, type Stack } from "../test/helpers/stack.js";
 import { pct } from "./support/stats.js";
 
-const { values } = parseArgs({ options: { sessions: { type: "string", default: "10000" }, concurrency: { type: "string", default: "64" }, turns: { type: "string", default: "2000" } } });
+const { values } = parseArgs({
+  options: {
+    sessions: { type: "string", default: "10000" },
+    concurrency: { type: "string", default: "64" },
+    turns: { type: "string", default: "2000" },
+  },
+});
 const N = Number(values.sessions);
 const CONCURRENCY = Number(values.concurrency);
 const TURNS = Number(values.turns);
@@ -71,14 +77,26 @@ async function turn(stack: Stack, sessionId: string, create: boolean, text: stri
 
 async function latency(stack: Stack, live: number, turns: number, concurrency: number): Promise<Turn[]> {
   const out: Turn[] = [];
-  await pool(turns, async (i) => void out.push(await turn(stack, `act-${Math.floor(Math.random() * live)}`, false, `again ${i}`)), concurrency);
+  await pool(
+    turns,
+    async (i) => void out.push(await turn(stack, `act-${Math.floor(Math.random() * live)}`, false, `again ${i}`)),
+    concurrency,
+  );
   return out;
 }
 
 const stack = await startStack({
   services: ["model-server", "router", "runner", "gateway"],
   // One tenant opens 10,000 sessions: the per-tenant limits are not what this measures.
-  env: { ...LOAD_QUOTAS, TROUPE_LOG_LEVEL: "warn", TROUPE_MEMORY_CONTEXT_K: "0", NODE_OPTIONS: "--expose-gc", TROUPE_TENANT_RATE: "1000000", TROUPE_TENANT_BURST: "1000000", TROUPE_TENANT_STREAMS: "1000000" },
+  env: {
+    ...LOAD_QUOTAS,
+    TROUPE_LOG_LEVEL: "warn",
+    TROUPE_MEMORY_CONTEXT_K: "0",
+    NODE_OPTIONS: "--expose-gc",
+    TROUPE_TENANT_RATE: "1000000",
+    TROUPE_TENANT_BURST: "1000000",
+    TROUPE_TENANT_STREAMS: "1000000",
+  },
 });
 const runner = stack.client(RunnerService, stack.addr.runner);
 const runnerPid = stack.process("runner")!.pid!;
@@ -109,16 +127,35 @@ try {
 
   const idleActor = (Number(live.heapUsedBytes) - Number(empty.heapUsedBytes)) / live.liveSessions;
   const perPassivated = Math.max(0, Number(gone.heapUsedBytes) - Number(empty.heapUsedBytes)) / N;
-  console.log(`raised ${N} sessions (one turn each) in ${raiseS.toFixed(1)} s (${(N / raiseS).toFixed(0)} turns/s, ${CONCURRENCY} at a time)`);
-  console.log(`runner heap: ${kb(Number(empty.heapUsedBytes))} KB with no actors, ${kb(Number(live.heapUsedBytes))} KB with ${live.liveSessions} idle actors, ${kb(Number(gone.heapUsedBytes))} KB after passivating ${passivated}`);
-  console.log(`runner rss: ${(Number(live.rssBytes) / 2 ** 20).toFixed(0)} MiB with ${live.liveSessions} actors; open files: ${fdsEmpty} with none, ${fdsLive} with ${live.liveSessions} idle`);
-  console.log(`idle actor: ${kb(idleActor)} KB heap each (target <= 20); passivated session: ${kb(perPassivated)} KB each`);
-  console.log(`latency with ${WARM} live sessions (baseline, ${lowLoad.length} turns): ack ${fmt(lowLoad.map((t) => t.ack))}; first token ${fmt(lowLoad.map((t) => t.firstToken))}; agent_end ${fmt(lowLoad.map((t) => t.end))}`);
-  console.log(`latency with ${live.liveSessions} live sessions (${atLoad.length} turns, 16 at a time): ack ${fmt(atLoad.map((t) => t.ack))}; first token ${fmt(atLoad.map((t) => t.firstToken))}; agent_end ${fmt(atLoad.map((t) => t.end))}`);
-  console.log(`heap after the load turns: ${kb(Number(afterLoad.heapUsedBytes))} KB with ${afterLoad.liveSessions} actors`);
+  console.log(
+    `raised ${N} sessions (one turn each) in ${raiseS.toFixed(1)} s (${(N / raiseS).toFixed(0)} turns/s, ${CONCURRENCY} at a time)`,
+  );
+  console.log(
+    `runner heap: ${kb(Number(empty.heapUsedBytes))} KB with no actors, ${kb(Number(live.heapUsedBytes))} KB with ${live.liveSessions} idle actors, ${kb(Number(gone.heapUsedBytes))} KB after passivating ${passivated}`,
+  );
+  console.log(
+    `runner rss: ${(Number(live.rssBytes) / 2 ** 20).toFixed(0)} MiB with ${live.liveSessions} actors; open files: ${fdsEmpty} with none, ${fdsLive} with ${live.liveSessions} idle`,
+  );
+  console.log(
+    `idle actor: ${kb(idleActor)} KB heap each (target <= 20); passivated session: ${kb(perPassivated)} KB each`,
+  );
+  console.log(
+    `latency with ${WARM} live sessions (baseline, ${lowLoad.length} turns): ack ${fmt(lowLoad.map((t) => t.ack))}; first token ${fmt(lowLoad.map((t) => t.firstToken))}; agent_end ${fmt(lowLoad.map((t) => t.end))}`,
+  );
+  console.log(
+    `latency with ${live.liveSessions} live sessions (${atLoad.length} turns, 16 at a time): ack ${fmt(atLoad.map((t) => t.ack))}; first token ${fmt(atLoad.map((t) => t.firstToken))}; agent_end ${fmt(atLoad.map((t) => t.end))}`,
+  );
+  console.log(
+    `heap after the load turns: ${kb(Number(afterLoad.heapUsedBytes))} KB with ${afterLoad.liveSessions} actors`,
+  );
   const ok = live.liveSessions >= 10_000 && idleActor <= 20 * 1024;
   console.log(`targets (>= 10000 live sessions, <= 20 KB per idle actor): ${ok ? "met" : "MISSED"}`);
-  console.log(`RESULT live_sessions=${live.liveSessions} idle_actor_kb=${kb(idleActor)} p99_ms=${pct(atLoad.map((t) => t.firstToken), 99).toFixed(1)}`);
+  console.log(
+    `RESULT live_sessions=${live.liveSessions} idle_actor_kb=${kb(idleActor)} p99_ms=${pct(
+      atLoad.map((t) => t.firstToken),
+      99,
+    ).toFixed(1)}`,
+  );
 } finally {
   runner.close();
   await stack.stop();

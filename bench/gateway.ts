@@ -18,13 +18,19 @@ import * as grpc from "@grpc/grpc-js";
 import { create, toBinary } from "@bufbuild/protobuf";
 import { PlacementCache } from "../services/gateway/placement.js";
 import { sha256 } from "../services/shared/api-keys.js";
-import { ChatRequestSchema, GatewayService, SendMessageRequestSchema } from "../services/shared/gen/troupe/v1/gateway_pb.js";
+import {
+  ChatRequestSchema,
+  GatewayService,
+  SendMessageRequestSchema,
+} from "../services/shared/gen/troupe/v1/gateway_pb.js";
 import { RouterService } from "../services/shared/gen/troupe/v1/router_pb.js";
 import { createClient } from "../services/shared/rpc.js";
 import { LOAD_QUOTAS, startStack } from "../test/helpers/stack.js";
 import { pct } from "./support/stats.js";
 
-const { values } = parseArgs({ options: { calls: { type: "string", default: "20000" }, concurrency: { type: "string", default: "64" } } });
+const { values } = parseArgs({
+  options: { calls: { type: "string", default: "20000" }, concurrency: { type: "string", default: "64" } },
+});
 const CALLS = Number(values.calls);
 const CONCURRENCY = Number(values.concurrency);
 const ROUNDS = 5;
@@ -33,8 +39,17 @@ const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.len
 const KEY = "trp_bench-key-0123456789abcdefghijklmnopqrstuvwxyz";
 const keysJson = JSON.stringify({ keys: [{ id: "bench", tenant: "bench", principal: "bench", sha256: sha256(KEY) }] });
 const same = (b: Buffer) => b;
-const sendBody = Buffer.from(toBinary(SendMessageRequestSchema, create(SendMessageRequestSchema, { sessionId: "s1", frameId: "f", text: "hi" })));
-const openBody = Buffer.from(toBinary(ChatRequestSchema, create(ChatRequestSchema, { frame: { frameId: "o", kind: { case: "open", value: { sessionId: "s1", create: true } } } })));
+const sendBody = Buffer.from(
+  toBinary(SendMessageRequestSchema, create(SendMessageRequestSchema, { sessionId: "s1", frameId: "f", text: "hi" })),
+);
+const openBody = Buffer.from(
+  toBinary(
+    ChatRequestSchema,
+    create(ChatRequestSchema, {
+      frame: { frameId: "o", kind: { case: "open", value: { sessionId: "s1", create: true } } },
+    }),
+  ),
+);
 
 /** Runs `n` calls with `CONCURRENCY` in flight; returns calls per second. */
 async function drive(n: number, one: () => Promise<void>): Promise<number> {
@@ -55,7 +70,9 @@ function rawCalls(address: string, authorized: boolean) {
   return {
     unary: () =>
       new Promise<void>((resolve, reject) =>
-        client.makeUnaryRequest("/troupe.v1.GatewayService/SendMessage", same, same, sendBody, md, (err) => (err ? reject(err) : resolve())),
+        client.makeUnaryRequest("/troupe.v1.GatewayService/SendMessage", same, same, sendBody, md, (err) =>
+          err ? reject(err) : resolve(),
+        ),
       ),
     open: () =>
       new Promise<void>((resolve, reject) => {
@@ -71,16 +88,29 @@ function rawCalls(address: string, authorized: boolean) {
 }
 
 // 1. The three servers.
-const proc = spawn(process.execPath, [fileURLToPath(new URL("./support/gateway-variants.js", import.meta.url)), keysJson], { stdio: ["ignore", "pipe", "inherit"] });
+const proc = spawn(
+  process.execPath,
+  [fileURLToPath(new URL("./support/gateway-variants.js", import.meta.url)), keysJson],
+  { stdio: ["ignore", "pipe", "inherit"] },
+);
 const [line] = (await once(proc.stdout!, "data")) as [Buffer];
-const ports = Object.fromEntries(line.toString().trim().split(" ").map((kv) => kv.split("="))) as Record<"bare" | "adapter" | "auth", string>;
+const ports = Object.fromEntries(
+  line
+    .toString()
+    .trim()
+    .split(" ")
+    .map((kv) => kv.split("=")),
+) as Record<"bare" | "adapter" | "auth", string>;
 const variants = {
   bare: rawCalls(`127.0.0.1:${ports.bare}`, false),
   adapter: rawCalls(`127.0.0.1:${ports.adapter}`, false),
   auth: rawCalls(`127.0.0.1:${ports.auth}`, true),
 };
 type Name = keyof typeof variants;
-const rates: Record<"unary" | "open", Record<Name, number[]>> = { unary: { bare: [], adapter: [], auth: [] }, open: { bare: [], adapter: [], auth: [] } };
+const rates: Record<"unary" | "open", Record<Name, number[]>> = {
+  unary: { bare: [], adapter: [], auth: [] },
+  open: { bare: [], adapter: [], auth: [] },
+};
 for (const v of Object.values(variants)) {
   await drive(2000, v.unary); // warm-up: JIT, connections
   await drive(500, v.open);
@@ -114,7 +144,12 @@ const router = createClient(RouterService, "127.0.0.1:1");
 const cache = new PlacementCache(router);
 const SESSIONS = 10_000;
 const BENCH_CALLER = { tenant: "bench", principal: "p" };
-for (let i = 0; i < SESSIONS; i++) (cache as unknown as { entries: Map<string, unknown> }).entries.set(`bench/p/s${i}`, { sessionId: `s${i}`, agentId: "main", runner: { runnerId: "r", address: "a" } });
+for (let i = 0; i < SESSIONS; i++)
+  (cache as unknown as { entries: Map<string, unknown> }).entries.set(`bench/p/s${i}`, {
+    sessionId: `s${i}`,
+    agentId: "main",
+    runner: { runnerId: "r", address: "a" },
+  });
 const samples: number[] = [];
 for (let round = 0; round < 20; round++) {
   const t0 = performance.now();
@@ -123,10 +158,23 @@ for (let round = 0; round < 20; round++) {
 }
 router.close();
 const resolveUs = median(samples);
-console.log(`cached placement lookup (${SESSIONS} sessions cached): p50 ${resolveUs.toFixed(2)} us, p95 ${pct(samples, 95).toFixed(2)} us per lookup (await included)`);
+console.log(
+  `cached placement lookup (${SESSIONS} sessions cached): p50 ${resolveUs.toFixed(2)} us, p95 ${pct(samples, 95).toFixed(2)} us per lookup (await included)`,
+);
 
 // 3. The real stack, authentication on.
-const stack = await startStack({ services: ["model-server", "router", "runner", "gateway"], env: { ...LOAD_QUOTAS, TROUPE_LOG_LEVEL: "warn", TROUPE_MEMORY_CONTEXT_K: "0", TROUPE_SESSION_RATE: "100000", TROUPE_SESSION_BURST: "100000", TROUPE_TENANT_RATE: "100000", TROUPE_TENANT_BURST: "100000" } });
+const stack = await startStack({
+  services: ["model-server", "router", "runner", "gateway"],
+  env: {
+    ...LOAD_QUOTAS,
+    TROUPE_LOG_LEVEL: "warn",
+    TROUPE_MEMORY_CONTEXT_K: "0",
+    TROUPE_SESSION_RATE: "100000",
+    TROUPE_SESSION_BURST: "100000",
+    TROUPE_TENANT_RATE: "100000",
+    TROUPE_TENANT_BURST: "100000",
+  },
+});
 try {
   const gw = createClient(GatewayService, stack.addr.gateway, { headers: { authorization: `Bearer ${stack.apiKey}` } });
   await gw.createSession({ sessionId: "bench-1" });
@@ -137,20 +185,28 @@ try {
     await gw.abort({ sessionId: "bench-1", frameId: `a${n++}` });
   });
   let m = 0;
-  const opens = await drive(2000, () =>
-    new Promise<void>((resolve, reject) => {
-      const call = gw.chat();
-      call.on("data", (r) => {
-        if (r.kind.case === "opened") call.end();
-      });
-      call.on("error", reject);
-      call.on("end", () => resolve());
-      call.write({ frame: { frameId: "o", kind: { case: "open", value: { sessionId: `open-${m++}`, create: true } } } });
-    }),
+  const opens = await drive(
+    2000,
+    () =>
+      new Promise<void>((resolve, reject) => {
+        const call = gw.chat();
+        call.on("data", (r) => {
+          if (r.kind.case === "opened") call.end();
+        });
+        call.on("error", reject);
+        call.on("end", () => resolve());
+        call.write({
+          frame: { frameId: "o", kind: { case: "open", value: { sessionId: `open-${m++}`, create: true } } },
+        });
+      }),
   );
-  console.log(`real stack, authentication on: ${unary.toFixed(0)} unary calls/s (Abort: gateway + runner + fsynced log), ${opens.toFixed(0)} new sessions opened/s over Chat`);
+  console.log(
+    `real stack, authentication on: ${unary.toFixed(0)} unary calls/s (Abort: gateway + runner + fsynced log), ${opens.toFixed(0)} new sessions opened/s over Chat`,
+  );
   gw.close();
 } finally {
   await stack.stop();
 }
-console.log(`RESULT auth_overhead_ratio=${Math.max(unaryRatio, openRatio).toFixed(3)} resolve_cached_us=${resolveUs.toFixed(2)}`);
+console.log(
+  `RESULT auth_overhead_ratio=${Math.max(unaryRatio, openRatio).toFixed(3)} resolve_cached_us=${resolveUs.toFixed(2)}`,
+);

@@ -25,7 +25,9 @@ import { rankOptions, search } from "../services/memory/server.js";
 import { MemoryStore, newMemoryRow, sqlString, type MemoryRow } from "../services/memory/store.js";
 import { pct } from "./support/stats.js";
 
-const { values } = parseArgs({ options: { sizes: { type: "string", default: "10000,100000,1000000" }, queries: { type: "string", default: "200" } } });
+const { values } = parseArgs({
+  options: { sizes: { type: "string", default: "10000,100000,1000000" }, queries: { type: "string", default: "200" } },
+});
 const SIZES = values.sizes.split(",").map(Number);
 const QUERIES = Number(values.queries);
 const DIM = 256;
@@ -36,7 +38,7 @@ const logger = createLogger("bench", process.env.TROUPE_LOG_LEVEL ?? "warn");
 
 function rng(seed: number) {
   let s = seed >>> 0;
-  return () => ((s = (s * 1664525 + 1013904223) >>> 0) / 2 ** 32);
+  return () => (s = (s * 1664525 + 1013904223) >>> 0) / 2 ** 32;
 }
 const rand = rng(42);
 const gauss = () => Math.sqrt(-2 * Math.log(rand() + 1e-12)) * Math.cos(2 * Math.PI * rand());
@@ -49,7 +51,9 @@ function unit(v: Float32Array): Float32Array {
 }
 const centres = Array.from({ length: TOPICS }, () => unit(Float32Array.from({ length: DIM }, gauss)));
 const WORDS = Array.from({ length: 5000 }, (_, i) => `w${i.toString(36)}`);
-const topicWords = Array.from({ length: TOPICS }, (_, t) => Array.from({ length: 6 }, (_, j) => WORDS[(t * 7 + j * 131) % WORDS.length]));
+const topicWords = Array.from({ length: TOPICS }, (_, t) =>
+  Array.from({ length: 6 }, (_, j) => WORDS[(t * 7 + j * 131) % WORDS.length]),
+);
 function around(topic: number, spread: number): Float32Array {
   const c = centres[topic];
   return unit(Float32Array.from({ length: DIM }, (_, i) => c[i] + spread * gauss()));
@@ -59,7 +63,18 @@ function row(i: number, now: number): MemoryRow {
   const topic = Math.floor(rand() * TOPICS);
   const words = topicWords[topic];
   const text = `memory ${i} about ${words[i % 6]} ${words[(i + 2) % 6]} and ${WORDS[Math.floor(rand() * WORDS.length)]}`;
-  return newMemoryRow({ id: `m${i}`, tenant: "bench", owner: `o${i % OWNERS}`, agent_id: "main", text, vector: around(topic, 0.08), created: now - Math.floor(rand() * 90) * 86_400_000, updated: now, provenance: "bench", embedder: EMBEDDER });
+  return newMemoryRow({
+    id: `m${i}`,
+    tenant: "bench",
+    owner: `o${i % OWNERS}`,
+    agent_id: "main",
+    text,
+    vector: around(topic, 0.08),
+    created: now - Math.floor(rand() * 90) * 86_400_000,
+    updated: now,
+    provenance: "bench",
+    embedder: EMBEDDER,
+  });
 }
 
 const median = (xs: number[]) => pct(xs, 50);
@@ -76,7 +91,9 @@ const mmrTimes: number[] = [];
   }
 }
 const mmrMs = median(mmrTimes.slice(500));
-console.log(`MMR stage alone: 100 candidates x ${DIM} dims, k=10: p50 ${mmrMs.toFixed(3)} ms, p95 ${pct(mmrTimes.slice(500), 95).toFixed(3)} ms`);
+console.log(
+  `MMR stage alone: 100 candidates x ${DIM} dims, k=10: p50 ${mmrMs.toFixed(3)} ms, p95 ${pct(mmrTimes.slice(500), 95).toFixed(3)} ms`,
+);
 
 interface SizeFigures {
   size: number;
@@ -132,7 +149,13 @@ for (const size of SIZES) {
       const topic = Math.floor(rand() * TOPICS);
       const vector = around(topic, 0.1);
       const s0 = performance.now();
-      const { candidates } = await search(store, where, `${topicWords[topic][words[0]]} ${topicWords[topic][words[1]]}`, vector, rankOptions(undefined, 10));
+      const { candidates } = await search(
+        store,
+        where,
+        `${topicWords[topic][words[0]]} ${topicWords[topic][words[1]]}`,
+        vector,
+        rankOptions(undefined, 10),
+      );
       return { ms: performance.now() - s0, vector, candidates };
     };
     const measure = async (queries: number, whereOf: (q: number) => string) => {
@@ -147,7 +170,16 @@ for (const size of SIZES) {
         const where = whereOf(q);
         const { ms, vector, candidates } = await timedSearch(where, [0, 3]);
         latencies.push(ms);
-        asked.push({ where, vector, served: new Set([...candidates.values()].filter((c) => c.vectorScore !== undefined).slice(0, 10).map((c) => c.id)) });
+        asked.push({
+          where,
+          vector,
+          served: new Set(
+            [...candidates.values()]
+              .filter((c) => c.vectorScore !== undefined)
+              .slice(0, 10)
+              .map((c) => c.id),
+          ),
+        });
       }
       // The exact searches come after the timed ones: each reads a whole scope, which changes
       // what LanceDB has cached for the next search (measured apart: up to 1 ms per search).
@@ -158,7 +190,12 @@ for (const size of SIZES) {
         for (const r of exact) if (served.has(r.id)) hits++;
         total += exact.length;
       }
-      return { firstP50: median(firstPass), p50: median(latencies), p95: pct(latencies, 95), recall10: hits / Math.max(1, total) };
+      return {
+        firstP50: median(firstPass),
+        p50: median(latencies),
+        p95: pct(latencies, 95),
+        recall10: hits / Math.max(1, total),
+      };
     };
     const scoped = await measure(QUERIES, (q) => `tenant = 'bench' AND owner = ${sqlString(`o${q % OWNERS}`)}`);
     const wide = await measure(Math.min(QUERIES, 100), () => "tenant = 'bench'");
@@ -184,7 +221,19 @@ for (const size of SIZES) {
     const layout = await store.layout();
     const serving = await store.indexServing();
     store.close();
-    const f: SizeFigures = { size, ingestPerS, firstP50: scoped.firstP50, p50: scoped.p50, p95: scoped.p95, scopedRecall10: scoped.recall10, wideP50: wide.p50, wideRecall10: wide.recall10, exactWideMs, indexed, indexBuildS };
+    const f: SizeFigures = {
+      size,
+      ingestPerS,
+      firstP50: scoped.firstP50,
+      p50: scoped.p50,
+      p95: scoped.p95,
+      scopedRecall10: scoped.recall10,
+      wideP50: wide.p50,
+      wideRecall10: wide.recall10,
+      exactWideMs,
+      indexed,
+      indexBuildS,
+    };
     figures.push(f);
     console.log(
       `${size} memories: ingest ${f.ingestPerS.toFixed(0)}/s; maintenance${indexed ? " (with the rewrite in scope order and the vector index)" : ""} ${f.indexBuildS.toFixed(1)} s; ` +
@@ -195,7 +244,9 @@ for (const size of SIZES) {
           ? `; the store's own check of its first ${serving.searches} searches since ${serving.after}: recall@10 ${serving.tried.map((t) => `${t.recall?.toFixed(3) ?? "-"} at ${t.probeScale}x`).join(", ")} the probe rule's count; ` +
             `it serves at ${serving.probeScale}x and searches scopes of up to ${serving.exactUpTo} rows exactly`
           : "") +
-        (indexed ? `; an owner's scope, vector search alone, both paths alternating: exact p50 ${median(paths.exact).toFixed(2)} ms, index p50 ${median(paths.index).toFixed(2)} ms` : ""),
+        (indexed
+          ? `; an owner's scope, vector search alone, both paths alternating: exact p50 ${median(paths.exact).toFixed(2)} ms, index p50 ${median(paths.index).toFixed(2)} ms`
+          : ""),
     );
   } finally {
     await rm(dir, { recursive: true, force: true });

@@ -21,7 +21,13 @@ import { LOAD_QUOTAS, startStack } from "../test/helpers/stack.js";
 import { pct } from "./support/stats.js";
 
 const run = promisify(execFile);
-const { values } = parseArgs({ options: { runtime: { type: "string", default: "runc" }, warm: { type: "string", default: "200" }, cold: { type: "string", default: "15" } } });
+const { values } = parseArgs({
+  options: {
+    runtime: { type: "string", default: "runc" },
+    warm: { type: "string", default: "200" },
+    cold: { type: "string", default: "15" },
+  },
+});
 const RUNTIME = values.runtime!;
 const WARM = Number(values.warm);
 const COLD = Number(values.cold);
@@ -76,10 +82,37 @@ try {
 // The CLI's cold start, same image and hardening.
 const cliRun: number[] = [];
 const runArgs = [
-  "run", "--rm", "--runtime", RUNTIME, "--network", "none", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-  "--read-only", "--init", "--pids-limit", "256", "--memory", "512m", "--memory-swap", "512m", "--cpus", "1",
-  "--tmpfs", "/tmp:rw,nosuid,nodev,noexec,size=64m", "--tmpfs", "/workspace:rw,exec,nosuid,nodev,size=256m",
-  "--user", "65534:65534", "--log-driver", "none", "--entrypoint", "/bin/true", IMAGE,
+  "run",
+  "--rm",
+  "--runtime",
+  RUNTIME,
+  "--network",
+  "none",
+  "--cap-drop",
+  "ALL",
+  "--security-opt",
+  "no-new-privileges",
+  "--read-only",
+  "--init",
+  "--pids-limit",
+  "256",
+  "--memory",
+  "512m",
+  "--memory-swap",
+  "512m",
+  "--cpus",
+  "1",
+  "--tmpfs",
+  "/tmp:rw,nosuid,nodev,noexec,size=64m",
+  "--tmpfs",
+  "/workspace:rw,exec,nosuid,nodev,size=256m",
+  "--user",
+  "65534:65534",
+  "--log-driver",
+  "none",
+  "--entrypoint",
+  "/bin/true",
+  IMAGE,
 ];
 for (let i = 0; i < COLD + 1; i++) {
   const t0 = performance.now();
@@ -92,7 +125,15 @@ for (let i = 0; i < COLD + 1; i++) {
 const logger = createLogger("bench", "warn");
 const fleet = new SandboxFleet(
   new Docker(),
-  { image: IMAGE, runtime: RUNTIME, instance: `bench${Date.now().toString(36)}`, limits: DEFAULT_LIMITS, poolSize: 1, idleMs: 3600_000, maxAgeMs: 3600_000 },
+  {
+    image: IMAGE,
+    runtime: RUNTIME,
+    instance: `bench${Date.now().toString(36)}`,
+    limits: DEFAULT_LIMITS,
+    poolSize: 1,
+    idleMs: 3600_000,
+    maxAgeMs: 3600_000,
+  },
   logger,
 );
 const claim: number[] = [];

@@ -21,7 +21,9 @@ import { createClient, type ServiceClient } from "../services/shared/rpc.js";
 import { LOAD_QUOTAS, startStack } from "../test/helpers/stack.js";
 import { pct } from "./support/stats.js";
 
-const { values } = parseArgs({ options: { sessions: { type: "string", default: "200" }, tokens: { type: "string", default: "200" } } });
+const { values } = parseArgs({
+  options: { sessions: { type: "string", default: "200" }, tokens: { type: "string", default: "200" } },
+});
 const S = Number(values.sessions);
 const T = Number(values.tokens);
 const now = () => performance.timeOrigin + performance.now();
@@ -61,7 +63,8 @@ async function troupeRun(clients: Gateway[], warm: boolean): Promise<TroupeFigur
           tokens++;
         }
       } else if (p.case === "agentEnd") {
-        if (p.value.stopReason !== StopReason.COMPLETED) failures.push(`${StopReason[p.value.stopReason]}: ${p.value.errorMessage}`);
+        if (p.value.stopReason !== StopReason.COMPLETED)
+          failures.push(`${StopReason[p.value.stopReason]}: ${p.value.errorMessage}`);
         call.end();
       }
     });
@@ -74,7 +77,8 @@ async function troupeRun(clients: Gateway[], warm: boolean): Promise<TroupeFigur
     await Promise.all(sessions.map((s) => s.isOpen));
     t0 = performance.now();
   }
-  for (const s of sessions) s.call.write({ frame: { frameId: "p", kind: { case: "prompt", value: { text: `!bench ${T}` } } } });
+  for (const s of sessions)
+    s.call.write({ frame: { frameId: "p", kind: { case: "prompt", value: { text: `!bench ${T}` } } } });
   await Promise.all(sessions.map((s) => s.isDone));
   const seconds = (performance.now() - t0) / 1000;
   if (failures.length > 0) throw new Error(`${failures.length} runs did not complete, e.g. ${failures[0]}`);
@@ -84,7 +88,9 @@ async function troupeRun(clients: Gateway[], warm: boolean): Promise<TroupeFigur
 
 /** The raw baseline: a bare grpc-js server process; `run(n)` streams n messages on each of S streams. */
 async function startRaw(): Promise<{ run(n: number): Promise<number>; stop(): void }> {
-  const server = spawn(process.execPath, [fileURLToPath(new URL("./support/raw-grpc-server.js", import.meta.url))], { stdio: ["ignore", "pipe", "inherit"] });
+  const server = spawn(process.execPath, [fileURLToPath(new URL("./support/raw-grpc-server.js", import.meta.url))], {
+    stdio: ["ignore", "pipe", "inherit"],
+  });
   const [line] = (await once(server.stdout!, "data")) as [Buffer];
   const address = `127.0.0.1:${line.toString().trim()}`;
   const clients = Array.from({ length: 4 }, () => new grpc.Client(address, grpc.credentials.createInsecure()));
@@ -93,17 +99,19 @@ async function startRaw(): Promise<{ run(n: number): Promise<number>; stop(): vo
     let received = 0;
     const t0 = performance.now();
     await Promise.all(
-      Array.from({ length: S }, (_, i) =>
-        new Promise<void>((resolve, reject) => {
-          const call = clients[i % clients.length].makeBidiStreamRequest("/bench.Raw/Stream", identity, identity);
-          call.on("data", () => received++);
-          call.on("end", () => resolve());
-          call.on("error", reject);
-          const req = Buffer.alloc(4);
-          req.writeUInt32BE(n);
-          call.write(req);
-          call.end();
-        }),
+      Array.from(
+        { length: S },
+        (_, i) =>
+          new Promise<void>((resolve, reject) => {
+            const call = clients[i % clients.length].makeBidiStreamRequest("/bench.Raw/Stream", identity, identity);
+            call.on("data", () => received++);
+            call.on("end", () => resolve());
+            call.on("error", reject);
+            const req = Buffer.alloc(4);
+            req.writeUInt32BE(n);
+            call.write(req);
+            call.end();
+          }),
       ),
     );
     if (received !== S * n) throw new Error(`raw: expected ${S * n} messages, received ${received}`);
@@ -121,10 +129,14 @@ async function startRaw(): Promise<{ run(n: number): Promise<number>; stop(): vo
 const ROUNDS = 3;
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 
-const stack = await startStack({ env: { ...LOAD_QUOTAS, TROUPE_LOG_LEVEL: "warn", ...JSON.parse(process.env.BENCH_ENV ?? "{}") } });
+const stack = await startStack({
+  env: { ...LOAD_QUOTAS, TROUPE_LOG_LEVEL: "warn", ...JSON.parse(process.env.BENCH_ENV ?? "{}") },
+});
 try {
   // Clients as users have them: a few connections, many streams on each.
-  const clients = Array.from({ length: 4 }, () => createClient(GatewayService, stack.addr.gateway, { headers: { authorization: `Bearer ${stack.apiKey}` } }));
+  const clients = Array.from({ length: 4 }, () =>
+    createClient(GatewayService, stack.addr.gateway, { headers: { authorization: `Bearer ${stack.apiKey}` } }),
+  );
   const raw = await startRaw();
   await raw.run(20); // warm-up: JIT and connections on both sides
   await troupeRun(clients, true);
@@ -146,9 +158,15 @@ try {
   const events = median(warmRuns.map((r) => r.eventsPerS));
   const ratio = warmRate / rawRate;
   console.log(`sessions=${S} tokens/session=${T} total=${S * T} rounds=${ROUNDS} (medians)`);
-  console.log(`raw grpc-js single hop (own process): ${rawRate.toFixed(0)} messages/s   [rounds: ${rawRates.map((r) => r.toFixed(0)).join(", ")}]`);
-  console.log(`troupe warm (sessions open): ${warmRate.toFixed(0)} token events/s, carried in ${events.toFixed(0)} message_update events/s   [rounds: ${warmRuns.map((r) => r.tokensPerS.toFixed(0)).join(", ")}]`);
-  console.log(`troupe cold (creating ${S} sessions too): ${cold.tokensPerS.toFixed(0)} token events/s; latency p50=${pct(cold.latencies, 50).toFixed(1)} ms p99=${pct(cold.latencies, 99).toFixed(1)} ms`);
+  console.log(
+    `raw grpc-js single hop (own process): ${rawRate.toFixed(0)} messages/s   [rounds: ${rawRates.map((r) => r.toFixed(0)).join(", ")}]`,
+  );
+  console.log(
+    `troupe warm (sessions open): ${warmRate.toFixed(0)} token events/s, carried in ${events.toFixed(0)} message_update events/s   [rounds: ${warmRuns.map((r) => r.tokensPerS.toFixed(0)).join(", ")}]`,
+  );
+  console.log(
+    `troupe cold (creating ${S} sessions too): ${cold.tokensPerS.toFixed(0)} token events/s; latency p50=${pct(cold.latencies, 50).toFixed(1)} ms p99=${pct(cold.latencies, 99).toFixed(1)} ms`,
+  );
   console.log(`latency model write -> client receipt (warm): p50=${p50.toFixed(1)} ms p99=${p99.toFixed(1)} ms`);
   console.log(`RESULT stream_ratio=${ratio.toFixed(2)} p99_ms=${p99.toFixed(1)}`);
 } finally {

@@ -16,7 +16,10 @@ before(async () => {
   stack = await startStack({ env: { TROUPE_MAX_MESSAGE_BYTES: String(64 * 1024) } });
   // Quick retries, so a failing model gives up in milliseconds rather than seconds.
   await mkdir(path.join(stack.dataDir, "agents", "main"), { recursive: true });
-  await writeFile(path.join(stack.dataDir, "agents", "main", "agent.json"), JSON.stringify({ retry: { maxRetries: 2, baseDelayMs: 20 } }));
+  await writeFile(
+    path.join(stack.dataDir, "agents", "main", "agent.json"),
+    JSON.stringify({ retry: { maxRetries: 2, baseDelayMs: 20 } }),
+  );
   raw = new grpc.Client(stack.addr.gateway, grpc.credentials.createInsecure());
 });
 after(async () => {
@@ -35,7 +38,9 @@ function authorized(): grpc.Metadata {
 }
 
 function rawUnary(method: string, body: Buffer): Promise<grpc.ServiceError | null> {
-  return new Promise((resolve) => raw.makeUnaryRequest(method, identity, identity, body, authorized(), (err) => resolve(err)));
+  return new Promise((resolve) =>
+    raw.makeUnaryRequest(method, identity, identity, body, authorized(), (err) => resolve(err)),
+  );
 }
 
 function rawChat(frames: Buffer[]): Promise<grpc.StatusObject> {
@@ -114,15 +119,23 @@ describe("bad input at the gateway", () => {
     const st = await statusOf(s);
     assert.equal(st.code, Status.NOT_FOUND);
     assert.match(st.details, /no-such-session does not exist/);
-    await assert.rejects(stack.gateway.sendMessage({ sessionId: "no-such-session", frameId: "a", text: "hi" }), { code: Status.NOT_FOUND });
+    await assert.rejects(stack.gateway.sendMessage({ sessionId: "no-such-session", frameId: "a", text: "hi" }), {
+      code: Status.NOT_FOUND,
+    });
     await assert.rejects(stack.gateway.getHistory({ sessionId: "no-such-session" }), { code: Status.NOT_FOUND });
   });
 
   test("ids that could escape the data directory: INVALID_ARGUMENT", async () => {
     for (const sessionId of ["../etc/passwd", "a/b", "x".repeat(200), "bad id"]) {
-      await assert.rejects(stack.gateway.sendMessage({ sessionId, frameId: "a", text: "hi" }), { code: Status.INVALID_ARGUMENT }, sessionId);
+      await assert.rejects(
+        stack.gateway.sendMessage({ sessionId, frameId: "a", text: "hi" }),
+        { code: Status.INVALID_ARGUMENT },
+        sessionId,
+      );
     }
-    await assert.rejects(stack.gateway.createSession({ sessionId: "ok", agentId: "Not Valid" }), { code: Status.INVALID_ARGUMENT });
+    await assert.rejects(stack.gateway.createSession({ sessionId: "ok", agentId: "Not Valid" }), {
+      code: Status.INVALID_ARGUMENT,
+    });
     await assert.rejects(stack.gateway.getHistory({ sessionId: "x", pageSize: -1 }), { code: Status.INVALID_ARGUMENT });
   });
 
@@ -133,9 +146,12 @@ describe("bad input at the gateway", () => {
     s.prompt("x".repeat(100 * 1024));
     const st = await statusOf(s);
     assert.equal(st.code, Status.RESOURCE_EXHAUSTED);
-    await assert.rejects(stack.gateway.sendMessage({ sessionId: opened.sessionId, frameId: "big", text: "y".repeat(100 * 1024) }), {
-      code: Status.RESOURCE_EXHAUSTED,
-    });
+    await assert.rejects(
+      stack.gateway.sendMessage({ sessionId: opened.sessionId, frameId: "big", text: "y".repeat(100 * 1024) }),
+      {
+        code: Status.RESOURCE_EXHAUSTED,
+      },
+    );
     // The same session is still usable from a new stream.
     const again = new ChatSession(stack.gateway);
     again.open(opened.sessionId, false);
@@ -156,7 +172,15 @@ describe("bad input at the gateway", () => {
     assert.ok(err.payload.case === "error" && err.payload.value.code === "MODEL_ERROR" && err.payload.value.retryable);
     // Retried twice (agent.json) before it gave up; each retry was an event.
     const retries = s.events.filter((e) => e.payload.case === "modelRetry");
-    assert.deepEqual(retries.map((e) => (e.payload.case === "modelRetry" ? [e.payload.value.attempt, e.payload.value.httpStatus] : [])), [[1, 500], [2, 500]]);
+    assert.deepEqual(
+      retries.map((e) =>
+        e.payload.case === "modelRetry" ? [e.payload.value.attempt, e.payload.value.httpStatus] : [],
+      ),
+      [
+        [1, 500],
+        [2, 500],
+      ],
+    );
     assert.ok(end.payload.case === "agentEnd" && end.payload.value.stopReason === StopReason.ERROR);
     assert.match(end.payload.value.errorMessage, /500/);
     const from = s.events.length;
@@ -181,7 +205,13 @@ describe("bad input at the gateway", () => {
     s.open();
     await s.waitOpened();
     const results: string[] = [];
-    for (const prompt of ["$ exit 3", "!call nope {}", '!call exec {"command": "echo', "!call exec [1,2]", '!call exec {"command": 42}']) {
+    for (const prompt of [
+      "$ exit 3",
+      "!call nope {}",
+      '!call exec {"command": "echo',
+      "!call exec [1,2]",
+      '!call exec {"command": 42}',
+    ]) {
       const from = s.events.length;
       s.prompt(prompt);
       const toolEnd = await s.waitForPayload("toolExecutionEnd", 15_000, from);
@@ -192,7 +222,10 @@ describe("bad input at the gateway", () => {
     }
     s.close();
     assert.match(results[0], /\[exit 3\]/);
-    assert.match(results[1], /^Tool nope not found\. Available tools: exec, read_file, write_file, list_files, memory_search, memory_save, memory_forget, delegate_task\.$/);
+    assert.match(
+      results[1],
+      /^Tool nope not found\. Available tools: exec, read_file, write_file, list_files, memory_search, memory_save, memory_forget, delegate_task\.$/,
+    );
     assert.match(results[2], /^Invalid JSON in the arguments of exec/);
     assert.match(results[3], /must be a JSON object/);
     // Checked against the tool's JSON schema before the tool runs.

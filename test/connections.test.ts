@@ -13,7 +13,10 @@ import { startStack, type Stack } from "./helpers/stack.js";
 
 let stack: Stack;
 before(async () => {
-  stack = await startStack({ services: ["model-server", "router", "runner", "gateway"], env: { TROUPE_MEMORY_CONTEXT_K: "0" } });
+  stack = await startStack({
+    services: ["model-server", "router", "runner", "gateway"],
+    env: { TROUPE_MEMORY_CONTEXT_K: "0" },
+  });
 });
 after(async () => {
   await stack?.stop();
@@ -28,7 +31,12 @@ test("2,400 clients cancelling their streams leave a long-running session on the
 
   // Each client has its own connection to the gateway (a real client would), and cancels its
   // stream once it is open: a reset on its own connection, which the gateway must not pass on.
-  const clients = Array.from({ length: 4 }, () => createClient(GatewayService, stack.addr.gateway, { ownConnection: true, headers: { authorization: `Bearer ${stack.apiKey}` } }));
+  const clients = Array.from({ length: 4 }, () =>
+    createClient(GatewayService, stack.addr.gateway, {
+      ownConnection: true,
+      headers: { authorization: `Bearer ${stack.apiKey}` },
+    }),
+  );
   try {
     const leave = async (client: (typeof clients)[number]) => {
       for (let i = 0; i < 75; i++) {
@@ -49,8 +57,14 @@ test("2,400 clients cancelling their streams leave a long-running session on the
   const end = await stayer.waitForPayload("agentEnd", 30_000);
   assert.equal(stayer.status, undefined, `the staying stream ended early: ${stayer.status?.details}`);
   assert.equal(end.payload.case === "agentEnd" && end.payload.value.stopReason, StopReason.COMPLETED);
-  const reply = stayer.events.find((e) => e.payload.case === "messageEnd" && e.payload.value.message?.role === Role.ASSISTANT);
-  const streamed = stayer.events.map((e) => (e.payload.case === "messageUpdate" && e.payload.value.delta.case === "text" ? e.payload.value.delta.value : "")).join("");
+  const reply = stayer.events.find(
+    (e) => e.payload.case === "messageEnd" && e.payload.value.message?.role === Role.ASSISTANT,
+  );
+  const streamed = stayer.events
+    .map((e) =>
+      e.payload.case === "messageUpdate" && e.payload.value.delta.case === "text" ? e.payload.value.delta.value : "",
+    )
+    .join("");
   assert.ok(reply && reply.payload.case === "messageEnd" && reply.payload.value.message!.text.length > 3000);
   assert.equal(streamed, reply.payload.value.message!.text, "every token arrived, in order");
 

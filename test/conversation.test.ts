@@ -30,20 +30,34 @@ describe("a conversation with a tool call", () => {
     const promptId = s.prompt("$ echo hello from the sandbox");
     await s.waitForPayload("agentEnd", 30_000);
     const secondId = s.prompt("thanks");
-    const end2 = await s.waitFor((e) => e.payload.case === "agentEnd" && e.turnId !== s.events.find((x) => x.payload.case === "agentEnd")!.turnId);
+    const end2 = await s.waitFor(
+      (e) => e.payload.case === "agentEnd" && e.turnId !== s.events.find((x) => x.payload.case === "agentEnd")!.turnId,
+    );
     s.close();
 
     assertGapless(s.events, Number(opened.lastSeq) + 1);
     const firstRun = s.events.filter((e) => e.turnId === s.events[1].turnId);
     assert.deepEqual(
-      firstRun.map((e) => e.payload.case).filter((c) => c !== "messageUpdate" && c !== "toolExecutionUpdate" && c !== "usage"),
+      firstRun
+        .map((e) => e.payload.case)
+        .filter((c) => c !== "messageUpdate" && c !== "toolExecutionUpdate" && c !== "usage"),
       [
         "agentStart",
-        "turnStart", "queueApplied", "messageStart", "messageEnd", // the user message
-        "messageStart", "messageEnd", // assistant asks for exec
-        "toolExecutionStart", "toolExecutionEnd", "messageStart", "messageEnd", // tool result
+        "turnStart",
+        "queueApplied",
+        "messageStart",
+        "messageEnd", // the user message
+        "messageStart",
+        "messageEnd", // assistant asks for exec
+        "toolExecutionStart",
+        "toolExecutionEnd",
+        "messageStart",
+        "messageEnd", // tool result
         "turnEnd",
-        "turnStart", "messageStart", "messageEnd", "turnEnd", // final answer
+        "turnStart",
+        "messageStart",
+        "messageEnd",
+        "turnEnd", // final answer
         "agentEnd",
       ],
     );
@@ -55,7 +69,12 @@ describe("a conversation with a tool call", () => {
     assert.ok(toolEnd.payload.case === "toolExecutionEnd");
     assert.equal(toolEnd.payload.value.isError, false);
     assert.match(toolEnd.payload.value.result, /hello from the sandbox\n\[exit 0\]/);
-    assert.ok(firstRun.some((e) => e.payload.case === "toolExecutionUpdate" && /hello from the sandbox/.test(e.payload.value.output)), "output streamed");
+    assert.ok(
+      firstRun.some(
+        (e) => e.payload.case === "toolExecutionUpdate" && /hello from the sandbox/.test(e.payload.value.output),
+      ),
+      "output streamed",
+    );
 
     const end1 = firstRun.at(-1)!;
     assert.ok(end1.payload.case === "agentEnd");
@@ -70,12 +89,20 @@ describe("a conversation with a tool call", () => {
     );
     assert.equal(history.messages[0].frameId, promptId);
     assert.equal(history.messages[4].frameId, secondId);
-    assert.equal(history.messages[2].toolCallId, history.messages[1].toolCalls[0].id, "the result is paired with its call");
+    assert.equal(
+      history.messages[2].toolCallId,
+      history.messages[1].toolCalls[0].id,
+      "the result is paired with its call",
+    );
     assert.equal(history.messages[5].text, "You said: thanks");
 
     const paged = await stack.gateway.getHistory({ sessionId: opened.sessionId, pageSize: 4 });
     assert.equal(paged.messages.length, 4);
-    const rest = await stack.gateway.getHistory({ sessionId: opened.sessionId, pageSize: 4, pageToken: paged.nextPageToken });
+    const rest = await stack.gateway.getHistory({
+      sessionId: opened.sessionId,
+      pageSize: 4,
+      pageToken: paged.nextPageToken,
+    });
     assert.equal(rest.messages.length, 2);
     assert.equal(rest.nextPageToken, "");
 
@@ -110,7 +137,10 @@ describe("a conversation with a tool call", () => {
     const all = s.events;
     const cut = Number(all[5].seq);
     const got = await subscribeUntil(stack.gateway, opened.sessionId, BigInt(cut), 1);
-    assert.deepEqual(got.map((e) => Number(e.seq)), all.filter((e) => Number(e.seq) > cut).map((e) => Number(e.seq)));
+    assert.deepEqual(
+      got.map((e) => Number(e.seq)),
+      all.filter((e) => Number(e.seq) > cut).map((e) => Number(e.seq)),
+    );
   });
 
   test("unary send, steer, follow-up and abort are acknowledged with their frame ids", async () => {
@@ -119,12 +149,18 @@ describe("a conversation with a tool call", () => {
     const sent = await stack.gateway.sendMessage({ sessionId, frameId: "u1", text: "!tokens 300 rate=100" });
     assert.ok(sent.accepted?.payload.case === "frameAccepted" && sent.accepted.payload.value.frameId === "u1");
     const follow = await stack.gateway.followUp({ sessionId, frameId: "u2", text: "after that" });
-    assert.ok(follow.accepted?.payload.case === "frameAccepted" && follow.accepted.payload.value.kind === FrameKind.FOLLOW_UP);
+    assert.ok(
+      follow.accepted?.payload.case === "frameAccepted" && follow.accepted.payload.value.kind === FrameKind.FOLLOW_UP,
+    );
     const aborted = await stack.gateway.abort({ sessionId, frameId: "u3", reason: "test" });
-    assert.ok(aborted.accepted?.payload.case === "frameAccepted" && aborted.accepted.payload.value.kind === FrameKind.ABORT);
+    assert.ok(
+      aborted.accepted?.payload.case === "frameAccepted" && aborted.accepted.payload.value.kind === FrameKind.ABORT,
+    );
     // The follow-up survives the abort and runs next.
     const seen = await subscribeUntil(stack.gateway, sessionId, 0n, 2);
-    const ends = seen.filter((e) => e.payload.case === "agentEnd").map((e) => (e.payload.case === "agentEnd" ? e.payload.value.stopReason : 0));
+    const ends = seen
+      .filter((e) => e.payload.case === "agentEnd")
+      .map((e) => (e.payload.case === "agentEnd" ? e.payload.value.stopReason : 0));
     assert.deepEqual(ends, [StopReason.ABORTED, StopReason.COMPLETED]);
     const history = await stack.gateway.getHistory({ sessionId });
     assert.equal(history.messages.at(-1)!.text, "You said: after that");
@@ -134,7 +170,9 @@ describe("a conversation with a tool call", () => {
 describe("backpressure", () => {
   test("a client that stops reading stops the model stream; when it reads again every token arrives", async () => {
     const N = 400_000;
-    const written = async () => ((await (await fetch(`http://${stack.addr["model-server"]}/stats`)).json()) as { chunks_written: number }).chunks_written;
+    const written = async () =>
+      ((await (await fetch(`http://${stack.addr["model-server"]}/stats`)).json()) as { chunks_written: number })
+        .chunks_written;
     const before = await written();
     const s = new ChatSession(stack.gateway);
     s.open();
@@ -144,20 +182,36 @@ describe("backpressure", () => {
     s.call.pause();
     // Buffers fill along the path, then nothing moves: the model server is held back too.
     let last = -1;
-    const stalled = await waitFor("the model server to stop writing", async () => {
-      const now = await written();
-      const still = now === last;
-      last = now;
-      return still ? now : false;
-    }, 20_000, 1000);
-    assert.ok(stalled - before < N, `the model server wrote ${stalled - before} of ${N} chunks while the client was not reading`);
+    const stalled = await waitFor(
+      "the model server to stop writing",
+      async () => {
+        const now = await written();
+        const still = now === last;
+        last = now;
+        return still ? now : false;
+      },
+      20_000,
+      1000,
+    );
+    assert.ok(
+      stalled - before < N,
+      `the model server wrote ${stalled - before} of ${N} chunks while the client was not reading`,
+    );
     s.call.resume();
     const end = await s.waitForPayload("agentEnd", 60_000);
     s.close();
     assert.ok(end.payload.case === "agentEnd" && end.payload.value.stopReason === StopReason.COMPLETED);
-    const text = s.events.map((e) => (e.payload.case === "messageUpdate" && e.payload.value.delta.case === "text" ? e.payload.value.delta.value : "")).join("");
+    const text = s.events
+      .map((e) =>
+        e.payload.case === "messageUpdate" && e.payload.value.delta.case === "text" ? e.payload.value.delta.value : "",
+      )
+      .join("");
     assert.ok(text.endsWith(`t${N} `), "the last token arrived");
-    assert.equal(text.length, Array.from({ length: N }, (_, i) => `t${i + 1} `.length).reduce((a, b) => a + b, 0), "every token arrived, once");
+    assert.equal(
+      text.length,
+      Array.from({ length: N }, (_, i) => `t${i + 1} `.length).reduce((a, b) => a + b, 0),
+      "every token arrived, once",
+    );
   });
 });
 
@@ -176,8 +230,14 @@ describe("abort and steering", () => {
     assert.ok(end.payload.case === "agentEnd" && end.payload.value.stopReason === StopReason.ABORTED);
     assert.ok(elapsed < 1000, `abort took ${elapsed.toFixed(0)} ms`);
     const partial = s.events.filter((e) => e.payload.case === "messageEnd").at(-1)!;
-    assert.ok(partial.payload.case === "messageEnd" && partial.payload.value.message!.stopReason === StopReason.ABORTED);
-    const streamed = s.events.map((e) => (e.payload.case === "messageUpdate" && e.payload.value.delta.case === "text" ? e.payload.value.delta.value : "")).join("");
+    assert.ok(
+      partial.payload.case === "messageEnd" && partial.payload.value.message!.stopReason === StopReason.ABORTED,
+    );
+    const streamed = s.events
+      .map((e) =>
+        e.payload.case === "messageUpdate" && e.payload.value.delta.case === "text" ? e.payload.value.delta.value : "",
+      )
+      .join("");
     assert.ok(streamed.startsWith("t1 "));
     assert.equal(partial.payload.value.message!.text, streamed, "the partial reply kept is exactly what was streamed");
   });
@@ -201,7 +261,11 @@ describe("abort and steering", () => {
     const next = await s.waitFor((e) => e.payload.case === "toolExecutionEnd" && e.turnId !== end.turnId);
     s.close();
     assert.ok(next.payload.case === "toolExecutionEnd");
-    assert.match(next.payload.value.result, /^0\n/, `sleep still running in ${opened.sessionId}: ${next.payload.value.result}`);
+    assert.match(
+      next.payload.value.result,
+      /^0\n/,
+      `sleep still running in ${opened.sessionId}: ${next.payload.value.result}`,
+    );
   });
 
   test("a steer during a tool batch skips the unstarted calls and is applied before the next model call", async () => {
@@ -215,25 +279,38 @@ describe("abort and steering", () => {
     s.close();
     assert.ok(end.payload.case === "agentEnd" && end.payload.value.stopReason === StopReason.COMPLETED);
 
-    const ends = s.events.filter((e) => e.payload.case === "toolExecutionEnd").map((e) => (e.payload.case === "toolExecutionEnd" ? e.payload.value : undefined)!);
+    const ends = s.events
+      .filter((e) => e.payload.case === "toolExecutionEnd")
+      .map((e) => (e.payload.case === "toolExecutionEnd" ? e.payload.value : undefined)!);
     assert.equal(ends.length, 3, "every call has a result");
     assert.equal(ends[0].skipped, false, "the running call finished");
     assert.match(ends[0].result, /first/);
-    assert.deepEqual(ends.slice(1).map((e) => [e.skipped, e.isError, e.result]), [
-      [true, true, "Skipped due to queued user message."],
-      [true, true, "Skipped due to queued user message."],
-    ]);
+    assert.deepEqual(
+      ends.slice(1).map((e) => [e.skipped, e.isError, e.result]),
+      [
+        [true, true, "Skipped due to queued user message."],
+        [true, true, "Skipped due to queued user message."],
+      ],
+    );
     const skipped = s.events.find((e) => e.payload.case === "toolCallsSkipped")!;
     assert.ok(skipped.payload.case === "toolCallsSkipped");
     assert.equal(skipped.payload.value.frameId, steerId);
-    assert.deepEqual(skipped.payload.value.toolCallIds, ends.slice(1).map((e) => e.toolCallId));
+    assert.deepEqual(
+      skipped.payload.value.toolCallIds,
+      ends.slice(1).map((e) => e.toolCallId),
+    );
 
     // Order: skip -> steer applied -> steer message -> next model call answers the steer.
     const idx = (pred: (e: AgentEvent) => boolean) => s.events.findIndex(pred);
     const iSkip = idx((e) => e.payload.case === "toolCallsSkipped");
     const iApplied = idx((e) => e.payload.case === "queueApplied" && e.payload.value.frameId === steerId);
-    const iNextAssistant = s.events.findIndex((e, i) => i > iApplied && e.payload.case === "messageStart" && e.payload.value.message!.role === Role.ASSISTANT);
-    assert.ok(iSkip < iApplied && iApplied < iNextAssistant, `order skip ${iSkip} < applied ${iApplied} < next model call ${iNextAssistant}`);
+    const iNextAssistant = s.events.findIndex(
+      (e, i) => i > iApplied && e.payload.case === "messageStart" && e.payload.value.message!.role === Role.ASSISTANT,
+    );
+    assert.ok(
+      iSkip < iApplied && iApplied < iNextAssistant,
+      `order skip ${iSkip} < applied ${iApplied} < next model call ${iNextAssistant}`,
+    );
     const finalText = s.events.filter((e) => e.payload.case === "messageEnd").at(-1)!;
     assert.ok(finalText.payload.case === "messageEnd");
     assert.equal(finalText.payload.value.message!.text, "You said: stop, do something else");

@@ -20,7 +20,11 @@ let stack: Stack;
 before(async () => {
   mount = await mkdtemp(path.join(os.tmpdir(), "troupe-full-"));
   await run("mount", ["-t", "tmpfs", "-o", "size=8m", "tmpfs", mount]);
-  stack = await startStack({ dataDir: mount, services: ["model-server", "router", "runner", "gateway"], env: { TROUPE_MEMORY_CONTEXT_K: "0", TROUPE_MEMORY_LEARN: "0" } });
+  stack = await startStack({
+    dataDir: mount,
+    services: ["model-server", "router", "runner", "gateway"],
+    env: { TROUPE_MEMORY_CONTEXT_K: "0", TROUPE_MEMORY_LEARN: "0" },
+  });
 });
 after(async () => {
   await stack?.stop();
@@ -50,7 +54,8 @@ async function fill(file: string): Promise<void> {
   }
 }
 
-const replies = async (sessionId: string) => (await stack.gateway.getHistory({ sessionId })).messages.filter((m) => m.role === Role.ASSISTANT).map((m) => m.text);
+const replies = async (sessionId: string) =>
+  (await stack.gateway.getHistory({ sessionId })).messages.filter((m) => m.role === Role.ASSISTANT).map((m) => m.text);
 
 test("a full disk refuses what cannot be written; once space is back the session reloads and goes on", async () => {
   await stack.gateway.createSession({ sessionId: "full-1" });
@@ -62,15 +67,21 @@ test("a full disk refuses what cannot be written; once space is back the session
   // Larger than the slack of a file's last page (tmpfs pages are 4 KiB): the record needs new pages.
   const during = `during ${"x".repeat(20_000)}`;
   // The log cannot take the frame: refused, never acknowledged (the client resends).
-  await assert.rejects(stack.gateway.sendMessage({ sessionId: "full-1", frameId: "f2", text: during }), (e: { code: number; details: string }) => {
-    assert.equal(e.code, Status.UNAVAILABLE, e.details);
-    return true;
-  });
+  await assert.rejects(
+    stack.gateway.sendMessage({ sessionId: "full-1", frameId: "f2", text: during }),
+    (e: { code: number; details: string }) => {
+      assert.equal(e.code, Status.UNAVAILABLE, e.details);
+      return true;
+    },
+  );
 
   await rm(filler);
   // Space is back: the same frame, resent, is taken and answered; nothing acknowledged was lost.
   await waitFor("the resent message to be taken", async () =>
-    stack.gateway.sendMessage({ sessionId: "full-1", frameId: "f2", text: during }).then(() => true, () => false),
+    stack.gateway.sendMessage({ sessionId: "full-1", frameId: "f2", text: during }).then(
+      () => true,
+      () => false,
+    ),
   );
   await waitFor("its reply", async () => (await replies("full-1")).includes(`You said: ${during}`));
   const texts = (await stack.gateway.getHistory({ sessionId: "full-1" })).messages.map((m) => m.text);

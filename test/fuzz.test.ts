@@ -14,13 +14,25 @@ import { startStack, type Stack } from "./helpers/stack.js";
 const CASES = Number(process.env.FUZZ_CASES ?? 3000);
 const MAX_MESSAGE_BYTES = 256 * 1024;
 // What a bad message may get. OK: a mutation can still be a valid message (an open that creates a session).
-const CLEAN = new Set([Status.OK, Status.INVALID_ARGUMENT, Status.NOT_FOUND, Status.FAILED_PRECONDITION, Status.RESOURCE_EXHAUSTED, Status.PERMISSION_DENIED]);
+const CLEAN = new Set([
+  Status.OK,
+  Status.INVALID_ARGUMENT,
+  Status.NOT_FOUND,
+  Status.FAILED_PRECONDITION,
+  Status.RESOURCE_EXHAUSTED,
+  Status.PERMISSION_DENIED,
+]);
 
 let stack: Stack;
 before(async () => {
   stack = await startStack({
     services: ["model-server", "router", "runner", "gateway"],
-    env: { TROUPE_MEMORY_CONTEXT_K: "0", TROUPE_MAX_MESSAGE_BYTES: String(MAX_MESSAGE_BYTES), TROUPE_SESSION_RATE: "1000", TROUPE_SESSION_BURST: "1000" },
+    env: {
+      TROUPE_MEMORY_CONTEXT_K: "0",
+      TROUPE_MAX_MESSAGE_BYTES: String(MAX_MESSAGE_BYTES),
+      TROUPE_SESSION_RATE: "1000",
+      TROUPE_SESSION_BURST: "1000",
+    },
   });
 });
 after(async () => {
@@ -29,17 +41,31 @@ after(async () => {
 
 function rng(seed: number) {
   let s = seed >>> 0;
-  return () => ((s = (s * 1664525 + 1013904223) >>> 0) / 2 ** 32);
+  return () => (s = (s * 1664525 + 1013904223) >>> 0) / 2 ** 32;
 }
 
 /** Deterministic bad inputs: valid encodings cut, flipped, spliced; noise; oversized bodies. */
 function payloads(n: number, rand: () => number): { kind: string; chat: boolean; body: Buffer }[] {
   const pick = <T>(xs: T[]) => xs[Math.floor(rand() * xs.length)];
   const valid = [
-    toBinary(ChatRequestSchema, create(ChatRequestSchema, { frame: { frameId: "f1", kind: { case: "open", value: { sessionId: "fuzz-s", create: true } } } })),
-    toBinary(ChatRequestSchema, create(ChatRequestSchema, { frame: { frameId: "f2", kind: { case: "prompt", value: { text: "hello" } } } })),
-    toBinary(ChatRequestSchema, create(ChatRequestSchema, { frame: { frameId: "f3", kind: { case: "abort", value: { reason: "x" } } } })),
-    toBinary(SendMessageRequestSchema, create(SendMessageRequestSchema, { sessionId: "fuzz-unknown", frameId: "u1", text: "hi" })),
+    toBinary(
+      ChatRequestSchema,
+      create(ChatRequestSchema, {
+        frame: { frameId: "f1", kind: { case: "open", value: { sessionId: "fuzz-s", create: true } } },
+      }),
+    ),
+    toBinary(
+      ChatRequestSchema,
+      create(ChatRequestSchema, { frame: { frameId: "f2", kind: { case: "prompt", value: { text: "hello" } } } }),
+    ),
+    toBinary(
+      ChatRequestSchema,
+      create(ChatRequestSchema, { frame: { frameId: "f3", kind: { case: "abort", value: { reason: "x" } } } }),
+    ),
+    toBinary(
+      SendMessageRequestSchema,
+      create(SendMessageRequestSchema, { sessionId: "fuzz-unknown", frameId: "u1", text: "hi" }),
+    ),
   ];
   const out: { kind: string; chat: boolean; body: Buffer }[] = [];
   for (let i = 0; i < n; i++) {
@@ -54,7 +80,8 @@ function payloads(n: number, rand: () => number): { kind: string; chat: boolean;
     } else if (r < 0.5) {
       kind = "bit flips";
       body = Buffer.from(base);
-      for (let k = 0; k < 1 + Math.floor(rand() * 4); k++) body[Math.floor(rand() * body.length)] ^= 1 << Math.floor(rand() * 8);
+      for (let k = 0; k < 1 + Math.floor(rand() * 4); k++)
+        body[Math.floor(rand() * body.length)] ^= 1 << Math.floor(rand() * 8);
     } else if (r < 0.7) {
       kind = "noise";
       body = Buffer.from(Array.from({ length: Math.floor(rand() * 200) }, () => Math.floor(rand() * 256)));
@@ -65,7 +92,10 @@ function payloads(n: number, rand: () => number): { kind: string; chat: boolean;
       body[1 + Math.floor(rand() * 3)] = Math.floor(rand() * 256);
     } else if (r < 0.99) {
       kind = "spliced";
-      body = Buffer.concat([base.subarray(0, Math.floor(rand() * base.length)), Buffer.from(pick(valid)).subarray(Math.floor(rand() * 4))]);
+      body = Buffer.concat([
+        base.subarray(0, Math.floor(rand() * base.length)),
+        Buffer.from(pick(valid)).subarray(Math.floor(rand() * 4)),
+      ]);
     } else {
       kind = "oversized";
       body = Buffer.alloc(MAX_MESSAGE_BYTES + 1 + Math.floor(rand() * 1000), 0x41);
@@ -75,18 +105,32 @@ function payloads(n: number, rand: () => number): { kind: string; chat: boolean;
   return out;
 }
 
-test(`${CASES} malformed, truncated and oversized messages each get a clean status while a real session keeps working`, { timeout: 300_000 }, async () => {
+test(`${CASES} malformed, truncated and oversized messages each get a clean status while a real session keeps working`, {
+  timeout: 300_000,
+}, async () => {
   const md = new grpc.Metadata();
   md.set("authorization", `Bearer ${stack.apiKey}`);
-  const raw = new grpc.Client(stack.addr.gateway, grpc.credentials.createInsecure(), { "grpc.max_send_message_length": -1 });
+  const raw = new grpc.Client(stack.addr.gateway, grpc.credentials.createInsecure(), {
+    "grpc.max_send_message_length": -1,
+  });
   const same = (b: Buffer) => b;
   const sendOne = (p: { chat: boolean; body: Buffer }) =>
     new Promise<number>((resolve) => {
       if (!p.chat) {
-        raw.makeUnaryRequest("/troupe.v1.GatewayService/SendMessage", same, same, p.body, md, { deadline: Date.now() + 20_000 }, (err) => resolve(err ? err.code : Status.OK));
+        raw.makeUnaryRequest(
+          "/troupe.v1.GatewayService/SendMessage",
+          same,
+          same,
+          p.body,
+          md,
+          { deadline: Date.now() + 20_000 },
+          (err) => resolve(err ? err.code : Status.OK),
+        );
         return;
       }
-      const call = raw.makeBidiStreamRequest("/troupe.v1.GatewayService/Chat", same, same, md, { deadline: Date.now() + 20_000 });
+      const call = raw.makeBidiStreamRequest("/troupe.v1.GatewayService/Chat", same, same, md, {
+        deadline: Date.now() + 20_000,
+      });
       call.on("data", () => undefined);
       call.on("error", () => undefined);
       call.on("status", (s: grpc.StatusObject) => resolve(s.code));
@@ -118,7 +162,10 @@ test(`${CASES} malformed, truncated and oversized messages each get a clean stat
     codes.forEach((code, j) => {
       const key = `${batch[j].kind} -> ${Status[code]}`;
       counts.set(key, (counts.get(key) ?? 0) + 1);
-      if (!CLEAN.has(code)) bad.push(`${batch[j].chat ? "Chat" : "SendMessage"} ${batch[j].kind} (${batch[j].body.length} bytes): ${Status[code]}`);
+      if (!CLEAN.has(code))
+        bad.push(
+          `${batch[j].chat ? "Chat" : "SendMessage"} ${batch[j].kind} (${batch[j].body.length} bytes): ${Status[code]}`,
+        );
     });
   }
   fuzzing = false;
@@ -126,9 +173,19 @@ test(`${CASES} malformed, truncated and oversized messages each get a clean stat
   raw.close();
   await real.finish();
 
-  assert.deepEqual(bad.slice(0, 10), [], `every bad message gets a clean status; got: ${[...counts].map(([k, v]) => `${k}: ${v}`).join(", ")}`);
-  assert.ok((counts.get("oversized -> RESOURCE_EXHAUSTED") ?? 0) > 0 || !all.some((p) => p.kind === "oversized"), "oversized messages are RESOURCE_EXHAUSTED");
-  assert.ok([...counts.keys()].some((k) => k.endsWith("INVALID_ARGUMENT")), "malformed messages are INVALID_ARGUMENT");
+  assert.deepEqual(
+    bad.slice(0, 10),
+    [],
+    `every bad message gets a clean status; got: ${[...counts].map(([k, v]) => `${k}: ${v}`).join(", ")}`,
+  );
+  assert.ok(
+    (counts.get("oversized -> RESOURCE_EXHAUSTED") ?? 0) > 0 || !all.some((p) => p.kind === "oversized"),
+    "oversized messages are RESOURCE_EXHAUSTED",
+  );
+  assert.ok(
+    [...counts.keys()].some((k) => k.endsWith("INVALID_ARGUMENT")),
+    "malformed messages are INVALID_ARGUMENT",
+  );
   assert.ok(turns >= 3, `the real session kept working (${turns} turns)`);
   // The real session's history is whole: every turn's prompt and answer.
   const history = await stack.gateway.getHistory({ sessionId: "fuzz-real", pageSize: 1000 });

@@ -14,9 +14,16 @@ import { startStack, waitFor, type Stack } from "./helpers/stack.js";
 describe("the buckets (a clock of our own)", () => {
   test("a burst, then the rate; a refusal says how long to wait and costs nothing", () => {
     let now = 0;
-    const limits = new GatewayLimits({ tenantRate: 100, tenantBurst: 100, sessionRate: 2, sessionBurst: 3, tenantStreams: 2 }, () => now);
+    const limits = new GatewayLimits(
+      { tenantRate: 100, tenantBurst: 100, sessionRate: 2, sessionBurst: 3, tenantStreams: 2 },
+      () => now,
+    );
     for (let i = 0; i < 3; i++) limits.admitMessage("t", "s");
-    assert.throws(() => limits.admitMessage("t", "s"), (err: { code: number; retryAfterMs: number }) => err.code === Status.RESOURCE_EXHAUSTED && err.retryAfterMs === 500);
+    assert.throws(
+      () => limits.admitMessage("t", "s"),
+      (err: { code: number; retryAfterMs: number }) =>
+        err.code === Status.RESOURCE_EXHAUSTED && err.retryAfterMs === 500,
+    );
     limits.admitMessage("t", "other-session");
     now += 500;
     limits.admitMessage("t", "s");
@@ -39,7 +46,14 @@ describe("limits through the gateway", () => {
   before(async () => {
     stack = await startStack({
       services: ["model-server", "router", "runner", "gateway"],
-      env: { TROUPE_MEMORY_CONTEXT_K: "0", TROUPE_SESSION_RATE: "1", TROUPE_SESSION_BURST: "3", TROUPE_TENANT_RATE: "2", TROUPE_TENANT_BURST: "5", TROUPE_TENANT_STREAMS: "3" },
+      env: {
+        TROUPE_MEMORY_CONTEXT_K: "0",
+        TROUPE_SESSION_RATE: "1",
+        TROUPE_SESSION_BURST: "3",
+        TROUPE_TENANT_RATE: "2",
+        TROUPE_TENANT_BURST: "5",
+        TROUPE_TENANT_STREAMS: "3",
+      },
     });
     alice = await stack.gatewayAs("acme", "alice");
     bob = await stack.gatewayAs("other", "bob");
@@ -51,7 +65,8 @@ describe("limits through the gateway", () => {
   });
 
   test("unary messages over a session's budget: RESOURCE_EXHAUSTED with retry-after-ms; aborts pass; other tenants unaffected", async () => {
-    const send = (client: typeof alice, sessionId: string, n: number) => client.sendMessage({ sessionId, frameId: `${sessionId}-${n}`, text: `!tokens 2` });
+    const send = (client: typeof alice, sessionId: string, n: number) =>
+      client.sendMessage({ sessionId, frameId: `${sessionId}-${n}`, text: `!tokens 2` });
     await alice.createSession({ sessionId: "lim-1" });
     await bob.createSession({ sessionId: "lim-b" });
     for (let i = 0; i < 3; i++) await send(alice, "lim-1", i);
@@ -70,7 +85,9 @@ describe("limits through the gateway", () => {
     await send(alice, "lim-1", 4);
     // Everything accepted reached the session; the refused message did not.
     const ids = await waitFor("the accepted messages to run", async () => {
-      const h = (await alice.getHistory({ sessionId: "lim-1" })).messages.filter((m) => m.role === Role.USER).map((m) => m.frameId);
+      const h = (await alice.getHistory({ sessionId: "lim-1" })).messages
+        .filter((m) => m.role === Role.USER)
+        .map((m) => m.frameId);
       return h.includes("lim-1-4") && h;
     });
     assert.deepEqual([...ids].sort(), ["lim-1-0", "lim-1-1", "lim-1-2", "lim-1-4"]);

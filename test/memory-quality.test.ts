@@ -37,7 +37,19 @@ before(async () => {
   await store.add(
     "tenant = 'q' AND owner = 'q'",
     data.memories.map((m, i) =>
-      newMemoryRow({ id: m.id, tenant: "q", owner: "q", agent_id: "main", text: m.text, vector: vectors[i], created: NOW - m.ageDays * 86_400_000, updated: NOW, evergreen: m.evergreen ?? false, provenance: "fixture", embedder: embedder.name }),
+      newMemoryRow({
+        id: m.id,
+        tenant: "q",
+        owner: "q",
+        agent_id: "main",
+        text: m.text,
+        vector: vectors[i],
+        created: NOW - m.ageDays * 86_400_000,
+        updated: NOW,
+        evergreen: m.evergreen ?? false,
+        provenance: "fixture",
+        embedder: embedder.name,
+      }),
     ),
     new Set(),
   );
@@ -82,7 +94,8 @@ test(`labelled set: recall@${K}, repeated groups and stale-first for vector-only
   const mmrHalf = await score({ mmrLambda: 0.5 });
   const mmrStrong = await score({ mmrLambda: 0.4 });
   const noDecay = await score({ mmrLambda: 0.5, halfLifeDays: 0 });
-  const line = (name: string, s: Score) => `${name.padEnd(34)} recall@${K} ${s.recall.toFixed(3)}  repeated groups in top ${K}: ${String(s.repeats).padStart(2)}  stale fact first: ${s.staleFirst}`;
+  const line = (name: string, s: Score) =>
+    `${name.padEnd(34)} recall@${K} ${s.recall.toFixed(3)}  repeated groups in top ${K}: ${String(s.repeats).padStart(2)}  stale fact first: ${s.staleFirst}`;
   console.log(
     [
       `memory quality (${data.memories.length} memories, ${data.queries.length} queries, local embedder, decay 30 days unless said):`,

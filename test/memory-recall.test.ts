@@ -36,7 +36,10 @@ test("an empty scope is searched once for a burst of runs, then skipped until it
   assert.equal(recall.skipped, 20);
   // ... until the belief is dropped, as a save through this runner does.
   recall.invalidateTenant(scope.tenant);
-  assert.deepEqual((await recall.recall(scope, "what does Carol keep on her roof", signal)).map((m) => m.text), ["Carol keeps bees on her roof"]);
+  assert.deepEqual(
+    (await recall.recall(scope, "what does Carol keep on her roof", signal)).map((m) => m.text),
+    ["Carol keeps bees on her roof"],
+  );
   // A scope with memories is searched every time.
   await recall.recall(scope, "bees", signal);
   assert.equal(recall.skipped, 20);
@@ -51,7 +54,10 @@ test("the belief that a scope is empty expires", async () => {
   assert.deepEqual(await recall.recall(scope, "anything", signal), []);
   await memory.addMemories({ scope, memories: [{ text: "Erin's flight leaves at nine" }] });
   await new Promise((r) => setTimeout(r, 350));
-  assert.deepEqual((await recall.recall(scope, "when does Erin's flight leave", signal)).map((m) => m.text), ["Erin's flight leaves at nine"]);
+  assert.deepEqual(
+    (await recall.recall(scope, "when does Erin's flight leave", signal)).map((m) => m.text),
+    ["Erin's flight leaves at nine"],
+  );
 });
 
 test("recall is off with k = 0, and a memory service that is down costs the run only its memories", async () => {
@@ -66,6 +72,9 @@ test("recall is off with k = 0, and a memory service that is down costs the run 
   assert.ok(Date.now() - t0 < 2000, `gave up within its deadline (${Date.now() - t0} ms)`);
   // A failed search proves nothing about the scope: once memory is back, the next run finds it.
   await stack.start("memory");
-  assert.deepEqual((await recall.recall(scope, "when does Erin's flight leave", signal)).map((m) => m.text), ["Erin's flight leaves at nine"]);
+  assert.deepEqual(
+    (await recall.recall(scope, "when does Erin's flight leave", signal)).map((m) => m.text),
+    ["Erin's flight leaves at nine"],
+  );
   assert.equal(recall.skipped, 0);
 });

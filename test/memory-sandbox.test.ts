@@ -4,7 +4,10 @@ import assert from "node:assert/strict";
 import { readFile } from "node:fs/promises";
 import { execFile } from "node:child_process";
 import { promisify } from "node:util";
-import { Health, HealthCheckResponse_ServingStatus as Serving } from "../services/shared/gen/grpc/health/v1/health_pb.js";
+import {
+  Health,
+  HealthCheckResponse_ServingStatus as Serving,
+} from "../services/shared/gen/grpc/health/v1/health_pb.js";
 import { MemoryService, MemoryKind } from "../services/shared/gen/troupe/v1/memory_pb.js";
 import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
 import { DEV_IDENTITY } from "../services/shared/auth.js";
@@ -38,10 +41,20 @@ describe("memory service", () => {
       ],
     });
     assert.equal(added.ids.length, 3);
-    await memory.addMemories({ scope: { tenant: "t1", owner: "bob", agentId: "main" }, memories: [{ text: "Bob prefers green tea too" }] });
-    const found = await memory.searchMemories({ scope: { tenant: "t1", owner: "alice" }, query: "what tea does she prefer", k: 2 });
+    await memory.addMemories({
+      scope: { tenant: "t1", owner: "bob", agentId: "main" },
+      memories: [{ text: "Bob prefers green tea too" }],
+    });
+    const found = await memory.searchMemories({
+      scope: { tenant: "t1", owner: "alice" },
+      query: "what tea does she prefer",
+      k: 2,
+    });
     assert.equal(found.results[0].memory!.text, "Alice prefers green tea in the morning");
-    assert.ok(found.results.every((r) => r.memory!.scope!.owner === "alice"), "never another owner's memory");
+    assert.ok(
+      found.results.every((r) => r.memory!.scope!.owner === "alice"),
+      "never another owner's memory",
+    );
     assert.ok(found.results[0].score > found.results[1].score);
     const otherTenant = await memory.searchMemories({ scope: { tenant: "t2", owner: "alice" }, query: "green tea" });
     assert.equal(otherTenant.results.length, 0);
@@ -53,8 +66,12 @@ describe("memory service", () => {
     const scope = { tenant: "t1", owner: "alice", agentId: "main" };
     await assert.rejects(memory.addMemories({ scope, memories: [{ text: "  " }] }), { code: Status.INVALID_ARGUMENT });
     await assert.rejects(memory.addMemories({ scope, memories: [] }), { code: Status.INVALID_ARGUMENT });
-    await assert.rejects(memory.addMemories({ scope: { tenant: "t1" }, memories: [{ text: "x" }] }), { code: Status.INVALID_ARGUMENT });
-    await assert.rejects(memory.searchMemories({ scope: { tenant: "t1", owner: "x' OR '1'='1" }, query: "tea" }), { code: Status.INVALID_ARGUMENT });
+    await assert.rejects(memory.addMemories({ scope: { tenant: "t1" }, memories: [{ text: "x" }] }), {
+      code: Status.INVALID_ARGUMENT,
+    });
+    await assert.rejects(memory.searchMemories({ scope: { tenant: "t1", owner: "x' OR '1'='1" }, query: "tea" }), {
+      code: Status.INVALID_ARGUMENT,
+    });
     await assert.rejects(memory.searchMemories({ scope, query: "tea", k: 101 }), { code: Status.INVALID_ARGUMENT });
     await assert.rejects(memory.searchMemories({ scope, query: "x".repeat(9000) }), { code: Status.INVALID_ARGUMENT });
     memory.close();
@@ -65,7 +82,11 @@ describe("sandbox service", () => {
   test("runs commands in a hardened container: no network, no capabilities, read-only root, non-root", async () => {
     const sandbox = stack.client(SandboxService, stack.addr.sandbox, { as: DEV_IDENTITY });
     const id = `sbx-${Date.now()}`;
-    const r = await exec(sandbox, id, "id -u; cat /proc/self/status | grep CapEff; ls /sys/class/net; touch /x 2>&1; echo hi > /workspace/f && cat /workspace/f");
+    const r = await exec(
+      sandbox,
+      id,
+      "id -u; cat /proc/self/status | grep CapEff; ls /sys/class/net; touch /x 2>&1; echo hi > /workspace/f && cat /workspace/f",
+    );
     assert.equal(r.exit.exitCode, 0);
     const lines = r.out.trim().split("\n");
     assert.equal(lines[0], "65534");
@@ -73,7 +94,10 @@ describe("sandbox service", () => {
     assert.equal(lines[2], "lo", "only the loopback interface");
     assert.match(lines[3], /Read-only file system/);
     assert.equal(lines[4], "hi");
-    const { stdout } = await run("docker", ["inspect", containerName(instanceOf(stack.dataDir), scopeKey("session", DEV_IDENTITY, id, ""))]);
+    const { stdout } = await run("docker", [
+      "inspect",
+      containerName(instanceOf(stack.dataDir), scopeKey("session", DEV_IDENTITY, id, "")),
+    ]);
     const [{ HostConfig: hostConfig, Config: config }] = JSON.parse(stdout);
     const labels = config.Labels;
     const env: string[] = config.Env;
@@ -87,11 +111,15 @@ describe("sandbox service", () => {
     // Claimed from the warm pool (labels cannot change after creation): the session is in the
     // container's name, and the service lists it under its scope key.
     assert.equal(labels["troupe.pool"], "true");
-    const listed = (await sandbox.listSandboxes({})).sandboxes.find((s) => s.scopeKey === scopeKey("session", DEV_IDENTITY, id, ""));
+    const listed = (await sandbox.listSandboxes({})).sandboxes.find(
+      (s) => s.scopeKey === scopeKey("session", DEV_IDENTITY, id, ""),
+    );
     assert.equal(listed?.name, containerName(instanceOf(stack.dataDir), scopeKey("session", DEV_IDENTITY, id, "")));
     assert.ok(!env.some((e: string) => /OPENAI|TROUPE|SECRET|KEY/.test(e)), "no host environment");
     assert.equal((await sandbox.releaseSandbox({ sessionId: id })).removed, true);
-    await assert.rejects(run("docker", ["inspect", containerName(instanceOf(stack.dataDir), scopeKey("session", DEV_IDENTITY, id, ""))]));
+    await assert.rejects(
+      run("docker", ["inspect", containerName(instanceOf(stack.dataDir), scopeKey("session", DEV_IDENTITY, id, ""))]),
+    );
     sandbox.close();
   });
 
@@ -99,7 +127,12 @@ describe("sandbox service", () => {
     const sandbox = stack.client(SandboxService, stack.addr.sandbox, { as: DEV_IDENTITY });
     const id = `sbx-timeout-${Date.now()}`;
     const t0 = performance.now();
-    const r = await exec(sandbox, id, "setsid sh -c 'sleep 300' & (sleep 301 &) ; trap '' TERM; echo started; sleep 302", { timeoutMs: 1000 });
+    const r = await exec(
+      sandbox,
+      id,
+      "setsid sh -c 'sleep 300' & (sleep 301 &) ; trap '' TERM; echo started; sleep 302",
+      { timeoutMs: 1000 },
+    );
     const ms = performance.now() - t0;
     assert.ok(r.exit.timedOut);
     assert.match(r.out, /started/);
@@ -133,7 +166,12 @@ describe("sandbox service", () => {
     const hostKernel = (await readFile("/proc/version", "utf8")).trim();
     assert.notEqual(r.out.split("\n")[0].trim(), hostKernel, "the kernel is not the host's");
     assert.equal(r.out.split("\n")[1], "65534");
-    const { stdout } = await run("docker", ["inspect", "--format", "{{.HostConfig.Runtime}}", containerName(instanceOf(gv.dataDir), scopeKey("session", DEV_IDENTITY, id, ""))]);
+    const { stdout } = await run("docker", [
+      "inspect",
+      "--format",
+      "{{.HostConfig.Runtime}}",
+      containerName(instanceOf(gv.dataDir), scopeKey("session", DEV_IDENTITY, id, "")),
+    ]);
     assert.equal(stdout.trim(), "runsc");
     await sandbox.releaseSandbox({ sessionId: id });
     sandbox.close();
@@ -143,9 +181,37 @@ describe("sandbox service", () => {
     const dataDir = await tempDir(t, "troupe-reap-");
     const mine = instanceOf(dataDir);
     const other = `other${Date.now()}`;
-    const orphan = (await run("docker", ["create", "--label", "troupe.owner=troupe-sandbox", "--label", `troupe.instance=${mine}`, "--label", "troupe.session=orphan", "troupe-sandbox:busybox", "true"])).stdout.trim();
-    const foreign = (await run("docker", ["create", "--label", "troupe.owner=troupe-sandbox", "--label", `troupe.instance=${other}`, "--label", "troupe.session=orphan", "troupe-sandbox:busybox", "true"])).stdout.trim();
-    const exists = async (id: string) => run("docker", ["inspect", id]).then(() => true, () => false);
+    const orphan = (
+      await run("docker", [
+        "create",
+        "--label",
+        "troupe.owner=troupe-sandbox",
+        "--label",
+        `troupe.instance=${mine}`,
+        "--label",
+        "troupe.session=orphan",
+        "troupe-sandbox:busybox",
+        "true",
+      ])
+    ).stdout.trim();
+    const foreign = (
+      await run("docker", [
+        "create",
+        "--label",
+        "troupe.owner=troupe-sandbox",
+        "--label",
+        `troupe.instance=${other}`,
+        "--label",
+        "troupe.session=orphan",
+        "troupe-sandbox:busybox",
+        "true",
+      ])
+    ).stdout.trim();
+    const exists = async (id: string) =>
+      run("docker", ["inspect", id]).then(
+        () => true,
+        () => false,
+      );
     const reaped = await startStack({ services: ["sandbox"], dataDir, env: { TROUPE_SANDBOX_IDLE_MS: "1500" } });
     try {
       assert.equal(await exists(orphan), false, "a stopped container of this instance is removed at start-up");
@@ -158,7 +224,12 @@ describe("sandbox service", () => {
       assert.match((await busy).out, /slept/, "a command running past the idle time is not cut short");
       // A busy loop left behind is no command: it does not keep the sandbox, and goes with it.
       assert.equal((await exec(sandbox, "reap-1", "(while :; do :; done) >/dev/null 2>&1 & echo left")).out, "left\n");
-      await waitFor("the idle sandbox to be removed, its leftover loop with it", async () => !(await exists(name)), 10_000, 200);
+      await waitFor(
+        "the idle sandbox to be removed, its leftover loop with it",
+        async () => !(await exists(name)),
+        10_000,
+        200,
+      );
       const again = await exec(sandbox, "reap-1", "echo back");
       assert.equal(again.out, "back\n", "the next use makes a new sandbox");
       sandbox.close();
@@ -179,9 +250,15 @@ describe("sandbox service", () => {
     const { spawn } = await import("node:child_process");
     const { MAIN, freePort } = await import("./helpers/stack.js");
     const port = await freePort();
-    proc = spawn(process.execPath, [MAIN, "sandbox", "--sandbox", `127.0.0.1:${port}`, "--data-dir", down.dataDir], { env: { ...process.env, DOCKER_HOST: "unix:///nonexistent/docker.sock" }, stdio: "ignore" });
+    proc = spawn(process.execPath, [MAIN, "sandbox", "--sandbox", `127.0.0.1:${port}`, "--data-dir", down.dataDir], {
+      env: { ...process.env, DOCKER_HOST: "unix:///nonexistent/docker.sock" },
+      stdio: "ignore",
+    });
     const health = createClient(Health, `127.0.0.1:${port}`);
-    const status = await waitFor("health", async () => (await health.check({ service: "troupe.v1.SandboxService" }, { timeoutMs: 500 })).status);
+    const status = await waitFor(
+      "health",
+      async () => (await health.check({ service: "troupe.v1.SandboxService" }, { timeoutMs: 500 })).status,
+    );
     assert.equal(status, Serving.NOT_SERVING);
     const sandbox = down.client(SandboxService, `127.0.0.1:${port}`, { as: DEV_IDENTITY });
     await assert.rejects(exec(sandbox, "s1", "true"), (e: { code: number; details: string }) => {

@@ -9,7 +9,22 @@ import os from "node:os";
 import path from "node:path";
 import * as lancedb from "@lancedb/lancedb";
 import { arrowTable } from "../services/memory/columns.js";
-import { FILE_FORMAT, MEMORY_COLUMNS, MemoryStore, activeTable, memoryArrow, newMemoryRow, partitionsFor, planFrom, schemaFor, sqlString, subVectorsFor, TABLE, type MemoryRow, type StoredMemory } from "../services/memory/store.js";
+import {
+  FILE_FORMAT,
+  MEMORY_COLUMNS,
+  MemoryStore,
+  activeTable,
+  memoryArrow,
+  newMemoryRow,
+  partitionsFor,
+  planFrom,
+  schemaFor,
+  sqlString,
+  subVectorsFor,
+  TABLE,
+  type MemoryRow,
+  type StoredMemory,
+} from "../services/memory/store.js";
 import { createLogger, type Logger } from "../services/shared/log.js";
 
 const DIM = 32;
@@ -18,7 +33,7 @@ const logger = createLogger("test", "error");
 
 function rng(seed: number) {
   let s = seed >>> 0;
-  return () => ((s = (s * 1664525 + 1013904223) >>> 0) / 2 ** 32);
+  return () => (s = (s * 1664525 + 1013904223) >>> 0) / 2 ** 32;
 }
 const rand = rng(7);
 const gauss = () => Math.sqrt(-2 * Math.log(rand() + 1e-12)) * Math.cos(2 * Math.PI * rand());
@@ -33,7 +48,15 @@ const scope = (owner: string) => `tenant = 't' AND owner = ${sqlString(owner)} A
 
 function memory(i: number, owner: string): MemoryRow {
   const topic = i % centres.length;
-  return newMemoryRow({ id: `m${i}`, tenant: "t", owner, agent_id: "main", text: `memory ${i} on topic ${topic} of ${owner}`, vector: around(topic, 0.3), embedder: EMBEDDER });
+  return newMemoryRow({
+    id: `m${i}`,
+    tenant: "t",
+    owner,
+    agent_id: "main",
+    text: `memory ${i} on topic ${topic} of ${owner}`,
+    vector: around(topic, 0.3),
+    embedder: EMBEDDER,
+  });
 }
 
 /** The Lance file format of each of a table's data files ("2.1"), from the footer: major, minor (u16 LE), "LANC". */
@@ -78,7 +101,11 @@ describe("the memory store past its index threshold", () => {
     const db = await lancedb.connect(dir);
     assert.equal(await activeTable(db), TABLE);
     // LanceDB's default format makes reading whole rows several times slower (FILE_FORMAT).
-    assert.deepEqual(await fileFormats(dir, TABLE), new Set([FILE_FORMAT]), "the table the store made is in the store's file format");
+    assert.deepEqual(
+      await fileFormats(dir, TABLE),
+      new Set([FILE_FORMAT]),
+      "the table the store made is in the store's file format",
+    );
     // A run started by the writes (which skips the large-table work while writes go on), then an
     // operator's "now": the second must not merely join the first.
     const byWrites = store.maintain({ vectorIndex: "when idle" });
@@ -90,7 +117,13 @@ describe("the memory store past its index threshold", () => {
     let racing = true;
     void maintenance.finally(() => (racing = false));
     const raced: Promise<unknown>[] = [];
-    raced.push(store.add(scope("ana"), [{ ...memory(0, "ana"), text: "ana's memory 0, updated while the table was rewritten" }], new Set(["m0"])));
+    raced.push(
+      store.add(
+        scope("ana"),
+        [{ ...memory(0, "ana"), text: "ana's memory 0, updated while the table was rewritten" }],
+        new Set(["m0"]),
+      ),
+    );
     raced.push(store.forget(scope("ben"), ["m1"]));
     while (racing && extra < 400) {
       const i = ROWS + extra++;
@@ -101,7 +134,11 @@ describe("the memory store past its index threshold", () => {
     await maintenance;
     const active = await activeTable(db);
     assert.match(active, /^memories_l[0-9a-z]+$/, "the pointer names the rewritten table");
-    assert.deepEqual(await fileFormats(dir, active), new Set([FILE_FORMAT]), "the rewrite's copy is in the store's file format");
+    assert.deepEqual(
+      await fileFormats(dir, active),
+      new Set([FILE_FORMAT]),
+      "the rewrite's copy is in the store's file format",
+    );
     const stats = await store.stats();
     assert.equal(stats.rows, ROWS + extra - 1, "every row, the racing adds included, and the one forgotten gone");
     assert.equal(stats.indexed, true, "the rewritten table has its vector index");
@@ -112,7 +149,9 @@ describe("the memory store past its index threshold", () => {
     assert.equal((await store.get(scope("dan"), raceIds)).length, extra);
     // Rows of one owner now sit together: the copy is ordered by tenant, owner, then age.
     const fresh = await db.openTable(active);
-    const owned = (await fresh.query().select(["owner"]).limit(ROWS).toArray()).map((r) => String((r as { owner: string }).owner));
+    const owned = (await fresh.query().select(["owner"]).limit(ROWS).toArray()).map((r) =>
+      String((r as { owner: string }).owner),
+    );
     const runs = owned.filter((o, i) => i === 0 || o !== owned[i - 1]).length;
     assert.ok(runs <= owners.length + 2, `one run of rows per owner in the rewritten part (saw ${runs})`);
     fresh.close();
@@ -128,24 +167,50 @@ describe("the memory store past its index threshold", () => {
     const query = around(5, 0.1);
     const found = await store.vectorCandidates(where, query, 8);
     assert.equal(found.length, 8);
-    assert.deepEqual(new Map(found.map((c) => [c.id, plain(c.memory)])), await byIdNow(found.map((c) => c.id)), "each vector candidate's memory is its stored row");
+    assert.deepEqual(
+      new Map(found.map((c) => [c.id, plain(c.memory)])),
+      await byIdNow(found.map((c) => c.id)),
+      "each vector candidate's memory is its stored row",
+    );
     const byText = await store.textCandidates(where, "memory", 8);
     assert.equal(byText.length, 8);
-    assert.deepEqual(new Map(byText.map((c) => [c.id, plain(c.memory)])), await byIdNow(byText.map((c) => c.id)), "each text candidate's memory is its stored row");
+    assert.deepEqual(
+      new Map(byText.map((c) => [c.id, plain(c.memory)])),
+      await byIdNow(byText.map((c) => c.id)),
+      "each text candidate's memory is its stored row",
+    );
     for (const c of [...found, ...byText]) assert.equal(Number(c.memory.created), c.createdMs);
 
     const [updated, forgotten] = found;
-    await store.add(where, [{ ...memory(90_000, "cat"), id: updated.id, vector: updated.vector, text: "cat's memory, updated after the search" }], new Set([updated.id]));
+    await store.add(
+      where,
+      [
+        {
+          ...memory(90_000, "cat"),
+          id: updated.id,
+          vector: updated.vector,
+          text: "cat's memory, updated after the search",
+        },
+      ],
+      new Set([updated.id]),
+    );
     assert.equal(await store.forget(where, [forgotten.id]), 1);
     const again = new Map((await store.vectorCandidates(where, query, 8)).map((c) => [c.id, c.memory]));
     assert.equal(again.get(updated.id)?.text, "cat's memory, updated after the search");
     assert.equal(again.has(forgotten.id), false, "a forgotten memory is not a candidate");
 
     // Each searching for words of the other's memories: a leak of the scope would rank those first.
-    for (const [who, other] of [["dan", "cat"], ["cat", "dan"]]) {
-      const cands = [...(await store.vectorCandidates(scope(who), around(5, 0.1), 20)), ...(await store.textCandidates(scope(who), `${other} memory`, 20))];
+    for (const [who, other] of [
+      ["dan", "cat"],
+      ["cat", "dan"],
+    ]) {
+      const cands = [
+        ...(await store.vectorCandidates(scope(who), around(5, 0.1), 20)),
+        ...(await store.textCandidates(scope(who), `${other} memory`, 20)),
+      ];
       assert.ok(cands.length > 0);
-      for (const c of cands) assert.equal(c.memory.owner, who, `${who}'s search returned ${c.memory.owner}'s memory ${c.id}`);
+      for (const c of cands)
+        assert.equal(c.memory.owner, who, `${who}'s search returned ${c.memory.owner}'s memory ${c.id}`);
     }
   });
 
@@ -162,14 +227,21 @@ describe("the memory store past its index threshold", () => {
     }
     assert.ok(hits / total >= 0.9, `recall@10 of the indexed path ${hits / total}`);
     // The store checked the new index's first searches against exact search itself, and kept it.
-    for (let q = 0; q < 32; q++) await store.vectorCandidates(scope(owners[q % owners.length]), around(q % centres.length, 0.1), 40);
+    for (let q = 0; q < 32; q++)
+      await store.vectorCandidates(scope(owners[q % owners.length]), around(q % centres.length, 0.1), 40);
     const serving = await store.indexServing();
     assert.ok(serving, "an index is in use");
     assert.equal(serving.searches, 32, "the first 32 searches through the index were checked, and no more");
-    assert.ok(serving.recall !== undefined && serving.recall >= 0.95, `the store's own recall@10 figure ${serving.recall}`);
+    assert.ok(
+      serving.recall !== undefined && serving.recall >= 0.95,
+      `the store's own recall@10 figure ${serving.recall}`,
+    );
     assert.equal(serving.after, "a new index");
     // It serves at the fewest probes it tried that kept the recall, and tried them all on each search.
-    assert.deepEqual(serving.tried.map((t) => t.probeScale), [1, 2, 4, 8]);
+    assert.deepEqual(
+      serving.tried.map((t) => t.probeScale),
+      [1, 2, 4, 8],
+    );
     assert.equal(serving.probeScale, serving.tried.find((t) => (t.recall ?? 0) >= 0.95)?.probeScale);
     assert.ok(serving.exactUpTo >= TUNING.exactScopeRows);
     // The low refine factor serves scopes as large as the largest the watch checked, no larger:
@@ -182,16 +254,33 @@ describe("the memory store past its index threshold", () => {
     assert.equal(serving.checkedUpTo, largest, "the largest scope among the searches checked");
     assert.ok(serving.checkedUpTo < (await store.stats()).rows);
     // A compaction rewrites fragments under the index (which can spoil it): the index is watched again.
-    for (let part = 0; part < 2; part++) await store.add(scope("ana"), Array.from({ length: 50 }, (_, j) => memory(80_000 + part * 50 + j, "ana")), new Set());
+    for (let part = 0; part < 2; part++)
+      await store.add(
+        scope("ana"),
+        Array.from({ length: 50 }, (_, j) => memory(80_000 + part * 50 + j, "ana")),
+        new Set(),
+      );
     await store.maintain();
     const rewatched = await store.indexServing();
     assert.deepEqual([rewatched?.searches, rewatched?.after], [0, "a compaction"]);
-    assert.deepEqual([rewatched?.probeScale, rewatched?.exactUpTo], [serving.probeScale, serving.exactUpTo], "the last plan serves until the new watch decides");
+    assert.deepEqual(
+      [rewatched?.probeScale, rewatched?.exactUpTo],
+      [serving.probeScale, serving.exactUpTo],
+      "the last plan serves until the new watch decides",
+    );
     await store.vectorCandidates(scope("ben"), around(1, 0.1), 40);
     assert.equal((await store.indexServing())?.searches, 1, "the next search through the index is checked");
     // A scope under exactScopeRows: the exact path, so the same list as exact search, in order.
     const only = around(3, 0.1);
-    const small = newMemoryRow({ id: "solo-1", tenant: "t", owner: "eve", agent_id: "main", text: "eve's only memory", vector: only, embedder: EMBEDDER });
+    const small = newMemoryRow({
+      id: "solo-1",
+      tenant: "t",
+      owner: "eve",
+      agent_id: "main",
+      text: "eve's only memory",
+      vector: only,
+      embedder: EMBEDDER,
+    });
     await store.add(scope("eve"), [small], new Set());
     const got = await store.vectorCandidates(scope("eve"), only, 5);
     assert.deepEqual(
@@ -207,7 +296,11 @@ describe("the memory store past its index threshold", () => {
     // What a process that died in the middle of a copy leaves: a table named in the meta table as
     // pending, never switched to.
     const meta = await db.openTable("troupe_meta");
-    await meta.mergeInsert("key").whenMatchedUpdateAll().whenNotMatchedInsertAll().execute([{ key: "layout_table", value: "memories_lhalfdone" }]);
+    await meta
+      .mergeInsert("key")
+      .whenMatchedUpdateAll()
+      .whenNotMatchedInsertAll()
+      .execute([{ key: "layout_table", value: "memories_lhalfdone" }]);
     meta.close();
     await db.createEmptyTable("memories_lhalfdone", schemaFor(DIM));
     const again = await MemoryStore.open(dir, {}, EMBEDDER, DIM, logger, TUNING);
@@ -217,10 +310,31 @@ describe("the memory store past its index threshold", () => {
     // An index an earlier process built is watched from the start (the plan is not stored), and
     // again once a compaction runs under it.
     const unknown = [1, 2, 4, 8].map((probeScale) => ({ probeScale, recall: undefined }));
-    assert.deepEqual(await again.indexServing(), { after: "the store opened", searches: 0, recall: undefined, tried: unknown, probeScale: 1, exactUpTo: TUNING.exactScopeRows, checkedUpTo: 0 });
-    for (let part = 0; part < 2; part++) await again.add(scope("eve"), Array.from({ length: 50 }, (_, j) => memory(85_000 + part * 50 + j, "eve")), new Set());
+    assert.deepEqual(await again.indexServing(), {
+      after: "the store opened",
+      searches: 0,
+      recall: undefined,
+      tried: unknown,
+      probeScale: 1,
+      exactUpTo: TUNING.exactScopeRows,
+      checkedUpTo: 0,
+    });
+    for (let part = 0; part < 2; part++)
+      await again.add(
+        scope("eve"),
+        Array.from({ length: 50 }, (_, j) => memory(85_000 + part * 50 + j, "eve")),
+        new Set(),
+      );
     await again.maintain();
-    assert.deepEqual(await again.indexServing(), { after: "a compaction", searches: 0, recall: undefined, tried: unknown, probeScale: 1, exactUpTo: TUNING.exactScopeRows, checkedUpTo: 0 });
+    assert.deepEqual(await again.indexServing(), {
+      after: "a compaction",
+      searches: 0,
+      recall: undefined,
+      tried: unknown,
+      probeScale: 1,
+      exactUpTo: TUNING.exactScopeRows,
+      checkedUpTo: 0,
+    });
     again.close();
     db.close();
   });
@@ -231,7 +345,11 @@ test("a vector index whose first searches find too little of what exact search f
   const warnings: string[] = [];
   const watched: Logger = { ...logger, warn: (m) => warnings.push(m) };
   // A recall no index can reach: the index is judged short of it.
-  const store = await MemoryStore.open(dir, {}, EMBEDDER, DIM, watched, { indexThreshold: 2000, exactScopeRows: 500, minIndexRecall: 1.01 });
+  const store = await MemoryStore.open(dir, {}, EMBEDDER, DIM, watched, {
+    indexThreshold: 2000,
+    exactScopeRows: 500,
+    minIndexRecall: 1.01,
+  });
   t.after(async () => {
     store.close();
     await rm(dir, { recursive: true, force: true });
@@ -239,16 +357,23 @@ test("a vector index whose first searches find too little of what exact search f
   const rows = Array.from({ length: 2400 }, (_, i) => memory(i, i % 2 === 0 ? "fay" : "gus"));
   await store.add("tenant = 't'", rows, new Set());
   await store.maintain();
-  for (let q = 0; q < 31; q++) await store.vectorCandidates(scope(q % 2 === 0 ? "fay" : "gus"), around(q % centres.length, 0.1), 40);
+  for (let q = 0; q < 31; q++)
+    await store.vectorCandidates(scope(q % 2 === 0 ? "fay" : "gus"), around(q % centres.length, 0.1), 40);
   assert.equal((await store.indexServing())?.searches, 31);
   assert.deepEqual(warnings, [], "no verdict before the 32nd search");
   const vector = around(2, 0.1);
   const served = await store.vectorCandidates(scope("fay"), vector, 10);
   const serving = await store.indexServing();
-  assert.ok(serving && serving.searches === 32 && serving.recall !== undefined && serving.recall > 0.8, JSON.stringify(serving));
+  assert.ok(
+    serving && serving.searches === 32 && serving.recall !== undefined && serving.recall > 0.8,
+    JSON.stringify(serving),
+  );
   assert.equal(serving.probeScale, 8, "no scale reached the recall: the most probes tried");
   assert.equal(warnings.length, 1);
-  assert.match(warnings[0], /^the vector index served recall@10 [01]\.\d{3} at 1x, [01]\.\d{3} at 2x, [01]\.\d{3} at 4x, [01]\.\d{3} at 8x the probe rule's count against exact search on its first 32 searches since a new index; probing 8x from now .*; no probe count tried reached 1\.01/);
+  assert.match(
+    warnings[0],
+    /^the vector index served recall@10 [01]\.\d{3} at 1x, [01]\.\d{3} at 2x, [01]\.\d{3} at 4x, [01]\.\d{3} at 8x the probe rule's count against exact search on its first 32 searches since a new index; probing 8x from now .*; no probe count tried reached 1\.01/,
+  );
   // It still serves: the search went through it and found the nearest memories.
   const exact = await store.vectorCandidates(scope("fay"), vector, 10, "exact");
   assert.equal(served.length, 10);
@@ -271,14 +396,23 @@ test("the vector index keeps the partitions it was built with through later main
   // parts (a delta made by optimize() for rows added since the build) ranks its own.
   const partitions = async () => {
     const table = await db.openTable(await activeTable(db));
-    const plan = await table.vectorSearch(around(1, 0.1)).distanceType("cosine").nprobes(100_000).limit(10).analyzePlan();
+    const plan = await table
+      .vectorSearch(around(1, 0.1))
+      .distanceType("cosine")
+      .nprobes(100_000)
+      .limit(10)
+      .analyzePlan();
     table.close();
     const metric = (name: string) => Number(new RegExp(`${name}=(\\d+)`).exec(plan)?.[1]);
     return metric("partitions_ranked") / metric("deltas_searched");
   };
   const ROWS = 32_768;
   for (let start = 0; start < ROWS; start += 4096) {
-    await store.add("tenant = 't'", Array.from({ length: 4096 }, (_, j) => memory(start + j, owners[(start + j) % owners.length])), new Set());
+    await store.add(
+      "tenant = 't'",
+      Array.from({ length: 4096 }, (_, j) => memory(start + j, owners[(start + j) % owners.length])),
+      new Set(),
+    );
   }
   await store.maintain();
   assert.equal((await store.stats()).indexed, true);
@@ -286,18 +420,38 @@ test("the vector index keeps the partitions it was built with through later main
   assert.equal(built, partitionsFor(ROWS), "the build made the partitions the store probes by");
   // More writes, then the maintenance a running service does: LanceDB's optimize() joins
   // partitions it finds too small and splits those too large.
-  await store.add("tenant = 't'", Array.from({ length: 100 }, (_, j) => memory(ROWS + j, "ana")), new Set());
+  await store.add(
+    "tenant = 't'",
+    Array.from({ length: 100 }, (_, j) => memory(ROWS + j, "ana")),
+    new Set(),
+  );
   await store.maintain();
   assert.equal(await partitions(), built, "the index has as many partitions as it was built with");
 });
 
 test("a watch's figures decide the plan: the fewest probes that keep the recall, and exact search where it costs less than the index", () => {
   // 100 of exact search's top-ten memories; found at 1x, 2x, 4x and 8x the probe rule's count.
-  const figures = { hits: [88, 93, 99, 100], total: 100, indexedMs: [[10, 12, 11], [15, 14, 16], [21, 20, 22], [30, 31, 29]], exactMsPerRow: [0.001, 0.002, 0.0015] };
+  const figures = {
+    hits: [88, 93, 99, 100],
+    total: 100,
+    indexedMs: [
+      [10, 12, 11],
+      [15, 14, 16],
+      [21, 20, 22],
+      [30, 31, 29],
+    ],
+    exactMsPerRow: [0.001, 0.002, 0.0015],
+  };
   const tuning = { minIndexRecall: 0.95, exactScopeRows: 2000 };
   // 4x is the first to reach 0.95; its median search takes 21 ms, and exact search 1.5 ms per
   // 1,000 rows: scopes of up to 14,000 rows are cheaper to search exactly.
-  assert.deepEqual(planFrom(figures, tuning), { plan: { probeScale: 4, exactUpTo: 14_000 }, met: true, recalls: [0.88, 0.93, 0.99, 1], indexedMs: 21, exactMsPerRow: 0.0015 });
+  assert.deepEqual(planFrom(figures, tuning), {
+    plan: { probeScale: 4, exactUpTo: 14_000 },
+    met: true,
+    recalls: [0.88, 0.93, 0.99, 1],
+    indexedMs: 21,
+    exactMsPerRow: 0.0015,
+  });
   assert.deepEqual(planFrom(figures, { ...tuning, minIndexRecall: 0.9 }).plan, { probeScale: 2, exactUpTo: 10_000 });
   // No scale reaches it: the most probes, and the caller warns.
   const short = planFrom(figures, { ...tuning, minIndexRecall: 1.01 });
@@ -321,8 +475,24 @@ test("the vector index's PQ sub-vectors: about one per 4 dimensions, always a di
 test("rows become Arrow columns of the schema's types; a row missing a column or with a vector of the wrong size is refused", () => {
   const schema = schemaFor(4, false);
   const rows = [
-    newMemoryRow({ tenant: "t", owner: "o", agent_id: "a", text: "héllo, 漢字 ✓", vector: [1, 0, 0, 0], embedder: "e", evergreen: true }),
-    newMemoryRow({ tenant: "t", owner: "o", agent_id: "a", text: "", vector: new Float32Array([0, 1, 0, 0]), embedder: "e", importance: 0.25 }),
+    newMemoryRow({
+      tenant: "t",
+      owner: "o",
+      agent_id: "a",
+      text: "héllo, 漢字 ✓",
+      vector: [1, 0, 0, 0],
+      embedder: "e",
+      evergreen: true,
+    }),
+    newMemoryRow({
+      tenant: "t",
+      owner: "o",
+      agent_id: "a",
+      text: "",
+      vector: new Float32Array([0, 1, 0, 0]),
+      embedder: "e",
+      importance: 0.25,
+    }),
   ];
   const table = arrowTable(schema, rows);
   assert.equal(table.numRows, 2);
@@ -341,13 +511,39 @@ test("rows become Arrow columns of the schema's types; a row missing a column or
 
 test("a memory row's payload is its columns as JSON, made at the write from the row itself", () => {
   const rows = [
-    newMemoryRow({ tenant: "t", owner: "o", agent_id: "a", text: "héllo, \"quoted\" 漢字", vector: [1, 0, 0, 0], embedder: "e", evergreen: true, metadata: '{"k":"v"}' }),
-    newMemoryRow({ tenant: "t", owner: "o", agent_id: "a", text: "second", vector: [0, 1, 0, 0], embedder: "e", importance: 0.25, created: 1_700_000_000_000 }),
+    newMemoryRow({
+      tenant: "t",
+      owner: "o",
+      agent_id: "a",
+      text: 'héllo, "quoted" 漢字',
+      vector: [1, 0, 0, 0],
+      embedder: "e",
+      evergreen: true,
+      metadata: '{"k":"v"}',
+    }),
+    newMemoryRow({
+      tenant: "t",
+      owner: "o",
+      agent_id: "a",
+      text: "second",
+      vector: [0, 1, 0, 0],
+      embedder: "e",
+      importance: 0.25,
+      created: 1_700_000_000_000,
+    }),
   ];
   // A payload a caller passes is not trusted: the row's own columns decide.
-  const table = memoryArrow(schemaFor(4), rows.map((r) => ({ ...r, payload: "{}" })));
-  for (const [i, r] of table.toArray().map((x) => x.toJSON()).entries()) {
-    const want = Object.fromEntries(MEMORY_COLUMNS.map((c) => [c, c === "created" || c === "updated" ? Number(rows[i][c]) : rows[i][c]]));
+  const table = memoryArrow(
+    schemaFor(4),
+    rows.map((r) => ({ ...r, payload: "{}" })),
+  );
+  for (const [i, r] of table
+    .toArray()
+    .map((x) => x.toJSON())
+    .entries()) {
+    const want = Object.fromEntries(
+      MEMORY_COLUMNS.map((c) => [c, c === "created" || c === "updated" ? Number(rows[i][c]) : rows[i][c]]),
+    );
     assert.deepEqual(JSON.parse(String(r.payload)), want);
   }
   // A table made before payloads existed gets none.
@@ -362,7 +558,12 @@ test("a table made before payloads is searched by its columns, takes writes, and
   // The table as the store made it before payloads: same columns, no payload.
   const db = await lancedb.connect(dir);
   const old = await db.createEmptyTable(TABLE, schemaFor(DIM, false));
-  await old.add(memoryArrow(schemaFor(DIM, false), Array.from({ length: 3000 }, (_, i) => memory(i, owners[i % owners.length]))));
+  await old.add(
+    memoryArrow(
+      schemaFor(DIM, false),
+      Array.from({ length: 3000 }, (_, i) => memory(i, owners[i % owners.length])),
+    ),
+  );
   old.close();
   const store = await MemoryStore.open(dir, {}, EMBEDDER, DIM, logger, { indexThreshold: 2500, exactScopeRows: 500 });
   try {
@@ -370,7 +571,10 @@ test("a table made before payloads is searched by its columns, takes writes, and
     const query = around(3, 0.1);
     const before = await store.vectorCandidates(where, query, 10, "exact");
     assert.equal(before.length, 10);
-    assert.ok(before.every((c) => c.memory.owner === "ana" && typeof c.memory.text === "string"), "whole memories from the columns");
+    assert.ok(
+      before.every((c) => c.memory.owner === "ana" && typeof c.memory.text === "string"),
+      "whole memories from the columns",
+    );
     await store.add(where, [{ ...memory(5000, "ana"), text: "written to the old table" }], new Set());
     assert.equal((await store.get(where, ["m5000"]))[0].text, "written to the old table");
 
@@ -378,15 +582,30 @@ test("a table made before payloads is searched by its columns, takes writes, and
     const active = await activeTable(db);
     assert.notEqual(active, TABLE, "the table was rewritten although it had not grown by a quarter");
     const fresh = await db.openTable(active);
-    assert.ok((await fresh.schema()).fields.some((f) => f.name === "payload"), "the rewritten table has payloads");
-    const payloads = (await fresh.query().where("id IN ('m5000', 'm4')").select(["id", "text", "payload"]).toArray()) as { id: string; text: string; payload: string }[];
+    assert.ok(
+      (await fresh.schema()).fields.some((f) => f.name === "payload"),
+      "the rewritten table has payloads",
+    );
+    const payloads = (await fresh
+      .query()
+      .where("id IN ('m5000', 'm4')")
+      .select(["id", "text", "payload"])
+      .toArray()) as { id: string; text: string; payload: string }[];
     assert.equal(payloads.length, 2);
     for (const r of payloads) assert.equal((JSON.parse(r.payload) as StoredMemory).text, r.text);
     fresh.close();
     const after = await store.vectorCandidates(where, query, 10, "exact");
-    assert.deepEqual(after.map((c) => c.id), before.map((c) => c.id), "the same memories, now read from their payloads");
-    const plain = (m: StoredMemory) => Object.fromEntries(MEMORY_COLUMNS.map((c) => [c, c === "created" || c === "updated" ? Number(m[c]) : m[c]]));
-    assert.deepEqual(after.map((c) => plain(c.memory)), before.map((c) => plain(c.memory)));
+    assert.deepEqual(
+      after.map((c) => c.id),
+      before.map((c) => c.id),
+      "the same memories, now read from their payloads",
+    );
+    const plain = (m: StoredMemory) =>
+      Object.fromEntries(MEMORY_COLUMNS.map((c) => [c, c === "created" || c === "updated" ? Number(m[c]) : m[c]]));
+    assert.deepEqual(
+      after.map((c) => plain(c.memory)),
+      before.map((c) => plain(c.memory)),
+    );
     await store.add(where, [{ ...memory(5001, "ana"), text: "written to the new table" }], new Set());
     assert.equal((await store.get(where, ["m5001"]))[0].text, "written to the new table");
   } finally {

@@ -4,7 +4,12 @@
 // is down, a batch cut short by a crash, and the runner's memory tools.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { AddOutcome, MemoryService, type MemoryKind, type ScoredMemory } from "../services/shared/gen/troupe/v1/memory_pb.js";
+import {
+  AddOutcome,
+  MemoryService,
+  type MemoryKind,
+  type ScoredMemory,
+} from "../services/shared/gen/troupe/v1/memory_pb.js";
 import { Role } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { Status } from "../services/shared/errors.js";
 import type { ServiceClient } from "../services/shared/rpc.js";
@@ -38,16 +43,42 @@ describe("the memory service", () => {
   test("hybrid search: both searches' scores in debug; a word only the full-text side knows still counts", async () => {
     await memory.addMemories({
       scope: acme("alice"),
-      memories: [{ text: "Alice's locker code is ZX-4471" }, { text: "Alice prefers green tea in the morning" }, { text: "Alice's dog is called Biscuit" }, { text: "The team meets on Thursdays" }],
+      memories: [
+        { text: "Alice's locker code is ZX-4471" },
+        { text: "Alice prefers green tea in the morning" },
+        { text: "Alice's dog is called Biscuit" },
+        { text: "The team meets on Thursdays" },
+      ],
     });
-    const hybrid = await memory.searchMemories({ scope: acme("alice"), query: "ZX-4471", k: 2, options: { debug: true } });
+    const hybrid = await memory.searchMemories({
+      scope: acme("alice"),
+      query: "ZX-4471",
+      k: 2,
+      options: { debug: true },
+    });
     assert.equal(hybrid.results[0].memory!.text, "Alice's locker code is ZX-4471");
     assert.ok(hybrid.results[0].stages!.text > 0, "found by BM25 too");
     assert.ok(hybrid.results[0].stages!.vector > 0);
-    const vectorOnly = await memory.searchMemories({ scope: acme("alice"), query: "ZX-4471", k: 2, options: { hybrid: false, debug: true } });
-    assert.ok(vectorOnly.results.every((r) => r.stages!.text === 0), "no full-text scores when hybrid is off");
-    const rrf = await memory.searchMemories({ scope: acme("alice"), query: "ZX-4471", k: 2, options: { fusion: 2, debug: true } });
-    assert.ok(rrf.results[0].stages!.fused > 0 && rrf.results[0].stages!.fused < 0.04, "RRF scores are 1/(60+rank) sums");
+    const vectorOnly = await memory.searchMemories({
+      scope: acme("alice"),
+      query: "ZX-4471",
+      k: 2,
+      options: { hybrid: false, debug: true },
+    });
+    assert.ok(
+      vectorOnly.results.every((r) => r.stages!.text === 0),
+      "no full-text scores when hybrid is off",
+    );
+    const rrf = await memory.searchMemories({
+      scope: acme("alice"),
+      query: "ZX-4471",
+      k: 2,
+      options: { fusion: 2, debug: true },
+    });
+    assert.ok(
+      rrf.results[0].stages!.fused > 0 && rrf.results[0].stages!.fused < 0.04,
+      "RRF scores are 1/(60+rank) sums",
+    );
   });
 
   test("MMR: near-duplicates give way to other relevant memories; lambda 1 is relevance order", async () => {
@@ -62,21 +93,43 @@ describe("the memory service", () => {
         { text: "lunch is at noon" },
       ],
     });
-    const plain = texts((await memory.searchMemories({ scope, query: "when does the deploy run", k: 2, options: { mmrLambda: 1 } })).results);
-    const diverse = texts((await memory.searchMemories({ scope, query: "when does the deploy run", k: 2, options: { mmrLambda: 0.3 } })).results);
-    assert.ok(plain.every((t) => t.includes("runs")), `relevance order keeps the near-duplicates: ${plain.join(" | ")}`);
-    assert.ok(diverse.some((t) => !t.includes("runs")), `MMR brings in something else: ${diverse.join(" | ")}`);
+    const plain = texts(
+      (await memory.searchMemories({ scope, query: "when does the deploy run", k: 2, options: { mmrLambda: 1 } }))
+        .results,
+    );
+    const diverse = texts(
+      (await memory.searchMemories({ scope, query: "when does the deploy run", k: 2, options: { mmrLambda: 0.3 } }))
+        .results,
+    );
+    assert.ok(
+      plain.every((t) => t.includes("runs")),
+      `relevance order keeps the near-duplicates: ${plain.join(" | ")}`,
+    );
+    assert.ok(
+      diverse.some((t) => !t.includes("runs")),
+      `MMR brings in something else: ${diverse.join(" | ")}`,
+    );
   });
 
   test("the same text is stored once per scope; an id given is an upsert; other scopes' ids are refused", async () => {
     const scope = acme("dedupe");
-    const first = await memory.addMemories({ scope, memories: [{ text: "Bob  likes  SAILING" }, { text: "bob likes sailing" }] });
-    assert.deepEqual(first.results.map((r) => r.outcome), [AddOutcome.ADDED, AddOutcome.DUPLICATE]);
+    const first = await memory.addMemories({
+      scope,
+      memories: [{ text: "Bob  likes  SAILING" }, { text: "bob likes sailing" }],
+    });
+    assert.deepEqual(
+      first.results.map((r) => r.outcome),
+      [AddOutcome.ADDED, AddOutcome.DUPLICATE],
+    );
     assert.equal(first.ids[0], first.ids[1]);
     const again = await memory.addMemories({ scope, memories: [{ text: "Bob likes sailing" }] });
     assert.deepEqual([again.results[0].outcome, again.ids[0]], [AddOutcome.DUPLICATE, first.ids[0]]);
     // Another owner may remember the same words.
-    assert.equal((await memory.addMemories({ scope: acme("other"), memories: [{ text: "Bob likes sailing" }] })).results[0].outcome, AddOutcome.ADDED);
+    assert.equal(
+      (await memory.addMemories({ scope: acme("other"), memories: [{ text: "Bob likes sailing" }] })).results[0]
+        .outcome,
+      AddOutcome.ADDED,
+    );
 
     const up = await memory.addMemories({ scope, memories: [{ id: "pref-drink", text: "Bob drinks coffee" }] });
     assert.equal(up.results[0].outcome, AddOutcome.ADDED);
@@ -84,12 +137,17 @@ describe("the memory service", () => {
     assert.equal(changed.results[0].outcome, AddOutcome.UPDATED);
     const found = texts((await memory.searchMemories({ scope, query: "what does Bob drink", k: 5 })).results);
     assert.ok(found.includes("Bob switched to tea") && !found.includes("Bob drinks coffee"), found.join(" | "));
-    await assert.rejects(memory.addMemories({ scope: acme("mallory"), memories: [{ id: "pref-drink", text: "overwritten" }] }), { code: Status.PERMISSION_DENIED });
+    await assert.rejects(
+      memory.addMemories({ scope: acme("mallory"), memories: [{ id: "pref-drink", text: "overwritten" }] }),
+      { code: Status.PERMISSION_DENIED },
+    );
   });
 
   test("a batch sent again is all duplicates: the write path's hash filter never hides a stored text", async () => {
     const scope = acme("bulk");
-    const batch = Array.from({ length: 1000 }, (_, i) => ({ text: `bulk fact ${i}: item ${i * 7919} is in bin ${i % 37}` }));
+    const batch = Array.from({ length: 1000 }, (_, i) => ({
+      text: `bulk fact ${i}: item ${i * 7919} is in bin ${i % 37}`,
+    }));
     const first = await memory.addMemories({ scope, memories: batch });
     assert.ok(first.results.every((r) => r.outcome === AddOutcome.ADDED));
     const again = await memory.addMemories({ scope, memories: batch });
@@ -98,20 +156,58 @@ describe("the memory service", () => {
   });
 
   test("isolation: tenants and owners never see each other's memories; the owner's all_owners view sees what the agent learned", async () => {
-    await memory.addMemories({ scope: { tenant: "acme", owner: "carol", agentId: "helper" }, memories: [{ text: "Carol's flight is on Monday" }] });
-    await memory.addMemories({ scope: { tenant: "acme", owner: "dan", agentId: "helper" }, memories: [{ text: "Dan's flight is on Tuesday" }] });
-    await memory.addMemories({ scope: { tenant: "globex", owner: "carol", agentId: "helper" }, memories: [{ text: "Globex Carol's flight is on Sunday" }] });
+    await memory.addMemories({
+      scope: { tenant: "acme", owner: "carol", agentId: "helper" },
+      memories: [{ text: "Carol's flight is on Monday" }],
+    });
+    await memory.addMemories({
+      scope: { tenant: "acme", owner: "dan", agentId: "helper" },
+      memories: [{ text: "Dan's flight is on Tuesday" }],
+    });
+    await memory.addMemories({
+      scope: { tenant: "globex", owner: "carol", agentId: "helper" },
+      memories: [{ text: "Globex Carol's flight is on Sunday" }],
+    });
     const q = "when is the flight";
-    assert.deepEqual(texts((await memory.searchMemories({ scope: { tenant: "acme", owner: "carol" }, query: q, k: 10 })).results), ["Carol's flight is on Monday"]);
-    assert.deepEqual(texts((await memory.searchMemories({ scope: { tenant: "globex", owner: "carol" }, query: q, k: 10 })).results), ["Globex Carol's flight is on Sunday"]);
-    const all = texts((await memory.searchMemories({ scope: { tenant: "acme", owner: "", agentId: "helper", allOwners: true }, query: q, k: 10 })).results).sort();
-    assert.deepEqual(all, ["Carol's flight is on Monday", "Dan's flight is on Tuesday"], "every owner of the tenant, for that agent; never another tenant");
+    assert.deepEqual(
+      texts((await memory.searchMemories({ scope: { tenant: "acme", owner: "carol" }, query: q, k: 10 })).results),
+      ["Carol's flight is on Monday"],
+    );
+    assert.deepEqual(
+      texts((await memory.searchMemories({ scope: { tenant: "globex", owner: "carol" }, query: q, k: 10 })).results),
+      ["Globex Carol's flight is on Sunday"],
+    );
+    const all = texts(
+      (
+        await memory.searchMemories({
+          scope: { tenant: "acme", owner: "", agentId: "helper", allOwners: true },
+          query: q,
+          k: 10,
+        })
+      ).results,
+    ).sort();
+    assert.deepEqual(
+      all,
+      ["Carol's flight is on Monday", "Dan's flight is on Tuesday"],
+      "every owner of the tenant, for that agent; never another tenant",
+    );
     // Forgetting by id works only inside the scope.
-    const [danId] = (await memory.searchMemories({ scope: { tenant: "acme", owner: "dan" }, query: q, k: 1 })).results.map((r) => r.memory!.id);
-    assert.equal((await memory.forgetMemories({ scope: { tenant: "acme", owner: "carol" }, ids: [danId] })).forgotten, 0);
-    assert.equal((await memory.searchMemories({ scope: { tenant: "acme", owner: "dan" }, query: q, k: 1 })).results.length, 1);
+    const [danId] = (
+      await memory.searchMemories({ scope: { tenant: "acme", owner: "dan" }, query: q, k: 1 })
+    ).results.map((r) => r.memory!.id);
+    assert.equal(
+      (await memory.forgetMemories({ scope: { tenant: "acme", owner: "carol" }, ids: [danId] })).forgotten,
+      0,
+    );
+    assert.equal(
+      (await memory.searchMemories({ scope: { tenant: "acme", owner: "dan" }, query: q, k: 1 })).results.length,
+      1,
+    );
     assert.equal((await memory.forgetMemories({ scope: { tenant: "acme", owner: "dan" }, ids: [danId] })).forgotten, 1);
-    assert.equal((await memory.searchMemories({ scope: { tenant: "acme", owner: "dan" }, query: q, k: 1 })).results.length, 0);
+    assert.equal(
+      (await memory.searchMemories({ scope: { tenant: "acme", owner: "dan" }, query: q, k: 1 })).results.length,
+      0,
+    );
   });
 
   test("bad input is INVALID_ARGUMENT with a clear message; scope values never reach the filter raw", async () => {
@@ -122,10 +218,19 @@ describe("the memory service", () => {
       [memory.addMemories({ scope, memories: [{ text: "x", kind: 99 as MemoryKind }] }), /not a known kind/],
       [memory.addMemories({ scope, memories: [{ text: "x", importance: 2 }] }), /importance/],
       [memory.addMemories({ scope, memories: [{ text: "x", id: "a b" }] }), /id has characters/],
-      [memory.addMemories({ scope: { tenant: "acme", owner: "bad" }, memories: [{ text: "x" }] }), /agent_id is required to write/],
-      [memory.searchMemories({ scope: { tenant: "acme", owner: "x' OR '1'='1" }, query: "q" }), /scope\.owner has characters/],
+      [
+        memory.addMemories({ scope: { tenant: "acme", owner: "bad" }, memories: [{ text: "x" }] }),
+        /agent_id is required to write/,
+      ],
+      [
+        memory.searchMemories({ scope: { tenant: "acme", owner: "x' OR '1'='1" }, query: "q" }),
+        /scope\.owner has characters/,
+      ],
       [memory.searchMemories({ scope: { tenant: "", owner: "a" }, query: "q" }), /scope\.tenant is required/],
-      [memory.searchMemories({ scope: { tenant: "acme", owner: "", allOwners: true }, query: "q" }), /all_owners needs scope\.agent_id/],
+      [
+        memory.searchMemories({ scope: { tenant: "acme", owner: "", allOwners: true }, query: "q" }),
+        /all_owners needs scope\.agent_id/,
+      ],
       [memory.searchMemories({ scope, query: "q", k: 101 }), /k must be between/],
       [memory.searchMemories({ scope, query: "  " }), /query must not be empty/],
       [memory.searchMemories({ scope, query: "q", options: { mmrLambda: 2 } }), /mmr_lambda must be between 0 and 1/],
@@ -142,14 +247,28 @@ describe("the memory service", () => {
   });
 
   test("the operator CLI adds, searches (with stage scores), forgets and counts", async () => {
-    const cli = (...args: string[]) => run(process.execPath, [MAIN, "memory", ...args, "--memory", stack.addr.memory, "--data-dir", stack.dataDir]);
-    const added = await cli("add", "--tenant", "ops", "--owner", "gina", "--evergreen", "Gina's desk is on the third floor");
+    const cli = (...args: string[]) =>
+      run(process.execPath, [MAIN, "memory", ...args, "--memory", stack.addr.memory, "--data-dir", stack.dataDir]);
+    const added = await cli(
+      "add",
+      "--tenant",
+      "ops",
+      "--owner",
+      "gina",
+      "--evergreen",
+      "Gina's desk is on the third floor",
+    );
     const id = /stored as (\S+)/.exec(added.stdout)![1];
     const found = await cli("search", "--tenant", "ops", "--owner", "gina", "--debug", "where is Gina's desk");
-    assert.match(found.stdout, new RegExp(`${id}  Gina's desk is on the third floor  \\[vector [0-9.]+ text [0-9.]+ fused`));
+    assert.match(
+      found.stdout,
+      new RegExp(`${id}  Gina's desk is on the third floor  \\[vector [0-9.]+ text [0-9.]+ fused`),
+    );
     assert.match((await cli("stats")).stdout, /embedder troupe-hash-v1 \(256 dimensions\)/);
     assert.match((await cli("forget", "--tenant", "ops", "--owner", "gina", id)).stdout, /forgot 1 of 1/);
-    const bad = await cli("search", "--tenant", "ops", "--owner", "x'y", "q").catch((e: { code: number; stderr: string }) => e);
+    const bad = await cli("search", "--tenant", "ops", "--owner", "x'y", "q").catch(
+      (e: { code: number; stderr: string }) => e,
+    );
     assert.equal((bad as { code: number }).code, 1);
     assert.match((bad as { stderr: string }).stderr, /INVALID_ARGUMENT: scope\.owner has characters/);
   });
@@ -158,21 +277,29 @@ describe("the memory service", () => {
     const scope = acme("crash");
     await memory.addMemories({ scope, memories: [{ text: "stored before the crash" }] });
     const before = (await memory.getMemoryStats({})).rows;
-    const batch = memory.addMemories({ scope, memories: Array.from({ length: 1000 }, (_, i) => ({ text: `batch memory number ${i} about topic ${i % 17}` })) });
+    const batch = memory.addMemories({
+      scope,
+      memories: Array.from({ length: 1000 }, (_, i) => ({ text: `batch memory number ${i} about topic ${i % 17}` })),
+    });
     batch.catch(() => undefined);
     await new Promise((r) => setTimeout(r, 30));
     await stack.kill("memory", "SIGKILL");
     await stack.start("memory");
     const after = (await memory.getMemoryStats({})).rows;
     assert.ok(after === before || after === before + 1000n, `rows ${before} -> ${after}`);
-    assert.deepEqual(texts((await memory.searchMemories({ scope, query: "stored before the crash", k: 1 })).results), ["stored before the crash"]);
+    assert.deepEqual(texts((await memory.searchMemories({ scope, query: "stored before the crash", k: 1 })).results), [
+      "stored before the crash",
+    ]);
   });
 });
 
 describe("with an embedding endpoint", () => {
   let stack: Stack;
   before(async () => {
-    stack = await startStack({ services: ["model-server", "memory"], env: { TROUPE_EMBEDDING_MODEL: "scripted-embed", TROUPE_EMBEDDING_DIM: "256" } });
+    stack = await startStack({
+      services: ["model-server", "memory"],
+      env: { TROUPE_EMBEDDING_MODEL: "scripted-embed", TROUPE_EMBEDDING_DIM: "256" },
+    });
   });
   after(async () => {
     await stack?.stop();
@@ -185,11 +312,14 @@ describe("with an embedding endpoint", () => {
     const stats = await memory.getMemoryStats({});
     assert.equal(stats.embedder, "openai:scripted-embed:256");
     await stack.kill("model-server", "SIGKILL");
-    await assert.rejects(memory.addMemories({ scope, memories: [{ text: "this one cannot be embedded" }] }), (err: { code: number; details: string }) => {
-      assert.equal(err.code, Status.UNAVAILABLE);
-      assert.match(err.details, /nothing was stored/);
-      return true;
-    });
+    await assert.rejects(
+      memory.addMemories({ scope, memories: [{ text: "this one cannot be embedded" }] }),
+      (err: { code: number; details: string }) => {
+        assert.equal(err.code, Status.UNAVAILABLE);
+        assert.match(err.details, /nothing was stored/);
+        return true;
+      },
+    );
     assert.equal((await memory.getMemoryStats({})).rows, stats.rows);
     memory.close();
   });
@@ -201,7 +331,9 @@ describe("with an embedding endpoint", () => {
       (err: Error) => err.message,
     );
     assert.notEqual(local, "started");
-    await waitFor("the refusal in the log", async () => /embedded by openai:scripted-embed:256 and this service embeds with troupe-hash-v1/.test(stack.logs()));
+    await waitFor("the refusal in the log", async () =>
+      /embedded by openai:scripted-embed:256 and this service embeds with troupe-hash-v1/.test(stack.logs()),
+    );
   });
 });
 
@@ -219,16 +351,25 @@ describe("the runner's memory tools, and learning from turns", () => {
     s.send({ case: "open", value: { sessionId: "mem-tools", create: true } });
     await s.waitOpened();
     const turn = (text: string) => s.turn(text);
-    const toolResult = (events: typeof s.events) => events.flatMap((e) => (e.payload.case === "toolExecutionEnd" ? [e.payload.value] : []))[0];
+    const toolResult = (events: typeof s.events) =>
+      events.flatMap((e) => (e.payload.case === "toolExecutionEnd" ? [e.payload.value] : []))[0];
     // Before: recall finds nothing (and believes the scope empty).
     const empty = await turn("!system what colour does Frank like");
     assert.ok(!empty.some((e) => e.payload.case === "messageEnd" && /teal/.test(e.payload.value.message?.text ?? "")));
-    const saved = toolResult(await turn('!call memory_save {"text": "Frank\'s favourite colour is teal", "evergreen": true}'));
+    const saved = toolResult(
+      await turn('!call memory_save {"text": "Frank\'s favourite colour is teal", "evergreen": true}'),
+    );
     assert.equal(saved.isError, false, saved.result);
     assert.match(saved.result, /^saved as /);
     // The save cleared the runner's belief that the scope is empty: the very next run recalls it.
     const recalled = await turn("!system what colour does Frank like");
-    const prompt = recalled.flatMap((e) => (e.payload.case === "messageEnd" && e.payload.value.message?.role === Role.ASSISTANT ? [e.payload.value.message.text] : [])).join(" ");
+    const prompt = recalled
+      .flatMap((e) =>
+        e.payload.case === "messageEnd" && e.payload.value.message?.role === Role.ASSISTANT
+          ? [e.payload.value.message.text]
+          : [],
+      )
+      .join(" ");
     assert.match(prompt, /Frank's favourite colour is teal/);
     const found = toolResult(await turn('!call memory_search {"query": "favourite colour"}'));
     assert.match(found.result, /^(\S+): Frank's favourite colour is teal/);
@@ -249,7 +390,10 @@ describe("the runner's memory tools, and learning from turns", () => {
     s.send({ case: "open", value: { sessionId: "learn-1", create: true } });
     await s.waitOpened();
     const turn = (text: string) => s.turn(text);
-    const helenCar = async () => texts((await memory.searchMemories({ scope, query: "what car does Helen drive", k: 5 })).results).filter((t) => /Helen's car/.test(t));
+    const helenCar = async () =>
+      texts((await memory.searchMemories({ scope, query: "what car does Helen drive", k: 5 })).results).filter((t) =>
+        /Helen's car/.test(t),
+      );
 
     await turn("Remember that Helen's car is a green Volvo. What time is it?");
     await waitFor("the fact to be learned", async () => (await helenCar()).length === 1);
@@ -263,7 +407,9 @@ describe("the runner's memory tools, and learning from turns", () => {
     await turn("Forget that Helen's car is a red Tesla now.");
     await waitFor("the deletion", async () => (await helenCar()).length === 0);
 
-    const history = (await memory.getMemoryHistory({ scope })).changes.filter((c) => /Helen's car/.test(c.oldText + c.newText));
+    const history = (await memory.getMemoryHistory({ scope })).changes.filter((c) =>
+      /Helen's car/.test(c.oldText + c.newText),
+    );
     assert.deepEqual(
       history.map((c) => [c.event, c.oldText, c.newText, c.actor]),
       [
@@ -290,22 +436,37 @@ describe("the runner's memory tools, and learning from turns", () => {
 
 describe("re-embedding (troupe memory reembed)", () => {
   let stack: Stack;
-  const newEmbedder = (modelServer: string) => ({ TROUPE_EMBEDDING_MODEL: "scripted-embed-2", TROUPE_EMBEDDING_DIM: "256", OPENAI_BASE_URL: `http://${modelServer}/v1` });
+  const newEmbedder = (modelServer: string) => ({
+    TROUPE_EMBEDDING_MODEL: "scripted-embed-2",
+    TROUPE_EMBEDDING_DIM: "256",
+    OPENAI_BASE_URL: `http://${modelServer}/v1`,
+  });
   before(async () => {
     stack = await startStack({ services: ["model-server", "memory"] });
   });
   after(async () => {
     await stack?.stop();
   });
-  const reembedCli = (env: NodeJS.ProcessEnv) => run(process.execPath, [MAIN, "memory", "reembed", "--data-dir", stack.dataDir, "--batch", "100"], { env: { ...process.env, ...env } });
+  const reembedCli = (env: NodeJS.ProcessEnv) =>
+    run(process.execPath, [MAIN, "memory", "reembed", "--data-dir", stack.dataDir, "--batch", "100"], {
+      env: { ...process.env, ...env },
+    });
 
   test("a running service's writes stop the switch; stopped, every memory moves to the new embedder and nothing else changes", async () => {
     let memory = stack.client(MemoryService, stack.addr.memory);
     const scope = { tenant: "acme", owner: "gus", agentId: "main" };
     for (let b = 0; b < 3; b++) {
-      await memory.addMemories({ scope, memories: Array.from({ length: 1000 }, (_, i) => ({ text: `note ${b * 1000 + i} about the greenhouse and its tomato plants number ${i % 41}` })) });
+      await memory.addMemories({
+        scope,
+        memories: Array.from({ length: 1000 }, (_, i) => ({
+          text: `note ${b * 1000 + i} about the greenhouse and its tomato plants number ${i % 41}`,
+        })),
+      });
     }
-    const { ids } = await memory.addMemories({ scope, memories: [{ text: "Gus waters the orchids on Sundays", evergreen: true }, { text: "Gus dislikes loud music" }] });
+    const { ids } = await memory.addMemories({
+      scope,
+      memories: [{ text: "Gus waters the orchids on Sundays", evergreen: true }, { text: "Gus dislikes loud music" }],
+    });
     await memory.forgetMemories({ scope, ids: [ids[1]] });
     const before = await memory.getMemoryStats({});
     const history = (await memory.getMemoryHistory({ scope })).changes.length;
@@ -313,9 +474,13 @@ describe("re-embedding (troupe memory reembed)", () => {
     // With the service writing all along, the table changes under the copy: nothing is switched.
     let writing = true;
     const writer = (async () => {
-      for (let i = 0; writing; i++) await memory.addMemories({ scope: { ...scope, owner: "writer" }, memories: [{ text: `live write ${i}` }] });
+      for (let i = 0; writing; i++)
+        await memory.addMemories({ scope: { ...scope, owner: "writer" }, memories: [{ text: `live write ${i}` }] });
     })();
-    const raced = await reembedCli(newEmbedder(stack.addr["model-server"])).then(() => undefined, (e: { code: number; stderr: string }) => e);
+    const raced = await reembedCli(newEmbedder(stack.addr["model-server"])).then(
+      () => undefined,
+      (e: { code: number; stderr: string }) => e,
+    );
     writing = false;
     await writer;
     assert.equal(raced?.code, 1);
@@ -326,9 +491,17 @@ describe("re-embedding (troupe memory reembed)", () => {
 
     await stack.kill("memory", "SIGTERM");
     const done = await reembedCli(newEmbedder(stack.addr["model-server"]));
-    assert.match(done.stdout, new RegExp(`^re-embedded ${rows} memories in \\d+ ms: memories_v2 \\(troupe-hash-v1\\) -> memories_r\\w+ \\(openai:scripted-embed-2:256\\)\\n$`));
+    assert.match(
+      done.stdout,
+      new RegExp(
+        `^re-embedded ${rows} memories in \\d+ ms: memories_v2 \\(troupe-hash-v1\\) -> memories_r\\w+ \\(openai:scripted-embed-2:256\\)\\n$`,
+      ),
+    );
     // A store opened with the old embedder now refuses the table, and says how to fix it.
-    await assert.rejects(MemoryStore.open(path.join(stack.dataDir, "memory"), {}, "troupe-hash-v1", 256, createLogger("test", "error")), /embedded by openai:scripted-embed-2:256 and this service embeds with troupe-hash-v1.*troupe memory reembed/);
+    await assert.rejects(
+      MemoryStore.open(path.join(stack.dataDir, "memory"), {}, "troupe-hash-v1", 256, createLogger("test", "error")),
+      /embedded by openai:scripted-embed-2:256 and this service embeds with troupe-hash-v1.*troupe memory reembed/,
+    );
     const addr = await stack.startInstance("memory-new", "memory", { env: newEmbedder(stack.addr["model-server"]) });
     memory = stack.client(MemoryService, addr);
     const after = await memory.getMemoryStats({});
@@ -337,7 +510,12 @@ describe("re-embedding (troupe memory reembed)", () => {
     assert.deepEqual(texts(found.results), ["Gus waters the orchids on Sundays"]);
     assert.equal(found.results[0].memory!.evergreen, true);
     assert.equal((await memory.getMemoryHistory({ scope })).changes.length, history);
-    assert.equal((await memory.searchMemories({ scope, query: "loud music", k: 5 })).results.some((r) => /loud music/.test(r.memory!.text)), false);
+    assert.equal(
+      (await memory.searchMemories({ scope, query: "loud music", k: 5 })).results.some((r) =>
+        /loud music/.test(r.memory!.text),
+      ),
+      false,
+    );
     memory.close();
   });
 });

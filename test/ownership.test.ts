@@ -24,7 +24,10 @@ let runnerB: ServiceClient<(typeof RunnerService)["method"]>;
 let router: ServiceClient<(typeof RouterService)["method"]>;
 
 before(async () => {
-  stack = await startStack({ services: ["model-server", "router", "runner", "gateway"], env: { TROUPE_RUNNER_LIVENESS_MS: "1500", TROUPE_MEMORY_CONTEXT_K: "0" } });
+  stack = await startStack({
+    services: ["model-server", "router", "runner", "gateway"],
+    env: { TROUPE_RUNNER_LIVENESS_MS: "1500", TROUPE_MEMORY_CONTEXT_K: "0" },
+  });
   addrA = stack.addr.runner;
   addrB = await stack.startInstance("runner-b", "runner", { args: ["--runner-id", "runner-b"] });
   router = stack.client(RouterService, stack.addr.router, { as: DEV_IDENTITY });
@@ -47,7 +50,10 @@ async function sessionPlacedOn(address: string, prefix: string): Promise<string>
   throw new Error(`no session id placed on ${address}`);
 }
 
-const prompt = (sessionId: string, text: string) => ({ sessionId, frame: { frameId: `p-${Math.random().toString(36).slice(2)}`, kind: { case: "prompt" as const, value: { text } } } });
+const prompt = (sessionId: string, text: string) => ({
+  sessionId,
+  frame: { frameId: `p-${Math.random().toString(36).slice(2)}`, kind: { case: "prompt" as const, value: { text } } },
+});
 
 async function historyOf(client: typeof runnerA, sessionId: string): Promise<string[]> {
   return (await client.readHistory({ sessionId })).messages.map((m) => `${Role[m.role]}:${m.text}`);
@@ -62,7 +68,9 @@ function refusal(err: unknown): string | undefined {
 }
 
 const epochRecords = async (sessionId: string) =>
-  (await readFile(sessionLogPath(stack.dataDir, refOf(DEV_IDENTITY, sessionId)), "utf8")).split("\n").filter((l) => l.includes('"t":"epoch"')).length;
+  (await readFile(sessionLogPath(stack.dataDir, refOf(DEV_IDENTITY, sessionId)), "utf8"))
+    .split("\n")
+    .filter((l) => l.includes('"t":"epoch"')).length;
 
 test("a session live on one runner is refused by the other, which names the owner", async () => {
   const sid = await sessionPlacedOn(addrA, "own-a");
@@ -77,8 +85,15 @@ test("a session live on one runner is refused by the other, which names the owne
 
   // The owner serves on, untouched.
   await stack.gateway.sendMessage({ sessionId: sid, frameId: "m2", text: "still here" });
-  await waitFor("the second reply", async () => (await historyOf(runnerA, sid)).includes("ASSISTANT:You said: still here"));
-  assert.deepEqual(await historyOf(runnerA, sid), ["USER:hello", "ASSISTANT:You said: hello", "USER:still here", "ASSISTANT:You said: still here"]);
+  await waitFor("the second reply", async () =>
+    (await historyOf(runnerA, sid)).includes("ASSISTANT:You said: still here"),
+  );
+  assert.deepEqual(await historyOf(runnerA, sid), [
+    "USER:hello",
+    "ASSISTANT:You said: hello",
+    "USER:still here",
+    "ASSISTANT:You said: still here",
+  ]);
 });
 
 test("the gateway follows a refusal to the runner that owns the session", async () => {
@@ -111,7 +126,12 @@ test("an owner presumed dead is fenced: its session moves, and its late writes d
   try {
     // While B's heartbeat is fresh A refuses; once it is stale (1.5 s here) A takes the session.
     const started = Date.now();
-    await waitFor("A to take the session over", async () => (await runnerA.ensureSession({ open: { sessionId: sid } })).session, 10_000, 200);
+    await waitFor(
+      "A to take the session over",
+      async () => (await runnerA.ensureSession({ open: { sessionId: sid } })).session,
+      10_000,
+      200,
+    );
     assert.ok(Date.now() - started >= 500, "not before B's heartbeat went stale");
     await runnerA.submit(prompt(sid, "after the takeover"));
     await waitFor("the reply on A", async () => (await historyOf(runnerA, sid)).length === 4);
@@ -123,11 +143,18 @@ test("an owner presumed dead is fenced: its session moves, and its late writes d
   // and the actor leaves; the next call finds A's live lease and is pointed there.
   await assert.rejects(runnerB.submit(prompt(sid, "stale write")), (err) => (refusal(err), true));
   await assert.rejects(runnerB.submit(prompt(sid, "stale write 2")), (err) => refusal(err) === addrA);
-  assert.deepEqual(await historyOf(runnerA, sid), ["USER:before", "ASSISTANT:You said: before", "USER:after the takeover", "ASSISTANT:You said: after the takeover"]);
+  assert.deepEqual(await historyOf(runnerA, sid), [
+    "USER:before",
+    "ASSISTANT:You said: before",
+    "USER:after the takeover",
+    "ASSISTANT:You said: after the takeover",
+  ]);
 
   // The gateway still has B cached for this session: it is refused there and follows to A.
   await stack.gateway.sendMessage({ sessionId: sid, frameId: "g1", text: "via the gateway" });
-  await waitFor("the gateway's prompt on A", async () => (await historyOf(runnerA, sid)).includes("ASSISTANT:You said: via the gateway"));
+  await waitFor("the gateway's prompt on A", async () =>
+    (await historyOf(runnerA, sid)).includes("ASSISTANT:You said: via the gateway"),
+  );
   const all = await historyOf(runnerA, sid);
   assert.ok(!all.some((m) => m.includes("stale write")), "nothing B wrote after the takeover counts");
 });

@@ -22,7 +22,11 @@ test("an idle session leaves memory, comes back from its log, and a replay repor
   await s.waitForPayload("agentEnd");
   s.close();
   const live = s.events;
-  await waitFor("the session to be passivated", async () => stack.logs().includes("passivated session passive-1"), 10_000);
+  await waitFor(
+    "the session to be passivated",
+    async () => stack.logs().includes("passivated session passive-1"),
+    10_000,
+  );
 
   const replayed = await subscribeUntil(stack.gateway, "passive-1", 0n, 1);
   // Every seq is accounted for: each event, or a gap event covering first_seq..its own seq.
@@ -38,11 +42,20 @@ test("an idle session leaves memory, comes back from its log, and a replay repor
     expected = seq + 1;
   }
   assert.equal(expected - 1, Number(live.at(-1)!.seq), "the replay reaches the last event");
-  assert.ok(replayed.some((e) => e.payload.case === "gap"), "token deltas are reported as a gap");
+  assert.ok(
+    replayed.some((e) => e.payload.case === "gap"),
+    "token deltas are reported as a gap",
+  );
   const full = replayed.filter((e) => e.payload.case === "messageEnd").at(-1)!;
-  assert.ok(full.payload.case === "messageEnd" && full.payload.value.message!.text.endsWith("t50 "), "the complete message covers the gap");
+  assert.ok(
+    full.payload.case === "messageEnd" && full.payload.value.message!.text.endsWith("t50 "),
+    "the complete message covers the gap",
+  );
   const persisted = live.filter((e) => e.payload.case !== "messageUpdate").map((e) => Number(e.seq));
-  assert.deepEqual(replayed.filter((e) => e.payload.case !== "gap").map((e) => Number(e.seq)), persisted);
+  assert.deepEqual(
+    replayed.filter((e) => e.payload.case !== "gap").map((e) => Number(e.seq)),
+    persisted,
+  );
 
   // Back in use, transparently: history intact, seq continues.
   const again = new ChatSession(stack.gateway);
@@ -55,7 +68,10 @@ test("an idle session leaves memory, comes back from its log, and a replay repor
   assert.ok(end.payload.case === "agentEnd" && end.payload.value.stopReason === StopReason.COMPLETED);
   assert.equal(Number(again.events[0].seq), Number(live.at(-1)!.seq) + 1);
   const history = await stack.gateway.getHistory({ sessionId: "passive-1" });
-  assert.deepEqual(history.messages.map((m) => Role[m.role]), ["USER", "ASSISTANT", "USER", "ASSISTANT"]);
+  assert.deepEqual(
+    history.messages.map((m) => Role[m.role]),
+    ["USER", "ASSISTANT", "USER", "ASSISTANT"],
+  );
 });
 
 test("messages dropped by an abort that cleared the queue stay dropped after a reload", async () => {
@@ -67,7 +83,9 @@ test("messages dropped by an abort that cleared the queue stay dropped after a r
   const dropped = [s.prompt("queued one"), s.prompt("queued two")];
   s.send({ case: "abort", value: { clearQueue: true } });
   await s.waitForPayload("agentEnd");
-  await s.until(() => s.events.filter((e) => e.payload.case === "error" && e.payload.value.code === "CANCELLED").length === 2);
+  await s.until(
+    () => s.events.filter((e) => e.payload.case === "error" && e.payload.value.code === "CANCELLED").length === 2,
+  );
   s.close();
   await waitFor("passivation", async () => stack.logs().includes("passivated session passive-3"), 10_000);
   const again = new ChatSession(stack.gateway);
@@ -78,7 +96,9 @@ test("messages dropped by an abort that cleared the queue stay dropped after a r
   await new Promise((r) => setTimeout(r, 300));
   again.close();
   assert.equal(again.events.filter((e) => e.payload.case === "agentStart").length, 1);
-  const users = (await stack.gateway.getHistory({ sessionId: "passive-3" })).messages.filter((m) => m.role === Role.USER).map((m) => m.frameId);
+  const users = (await stack.gateway.getHistory({ sessionId: "passive-3" })).messages
+    .filter((m) => m.role === Role.USER)
+    .map((m) => m.frameId);
   assert.ok(!users.some((id) => dropped.includes(id)), "no dropped message ran");
 });
 

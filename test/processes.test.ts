@@ -6,13 +6,26 @@ import { mkdtemp, readFile, rm, stat } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { promisify } from "node:util";
-import { Health, HealthCheckResponse_ServingStatus as Serving } from "../services/shared/gen/grpc/health/v1/health_pb.js";
+import {
+  Health,
+  HealthCheckResponse_ServingStatus as Serving,
+} from "../services/shared/gen/grpc/health/v1/health_pb.js";
 import { GatewayService } from "../services/shared/gen/troupe/v1/gateway_pb.js";
 import { RouterService } from "../services/shared/gen/troupe/v1/router_pb.js";
 import { clientApiKey, internalCredentials } from "../services/shared/auth.js";
 import { createClient } from "../services/shared/rpc.js";
 import { ChatSession } from "./helpers/session.js";
-import { MAIN, SERVICE_ORDER, SERVICE_TYPE, flagsFor, freePort, startStack, waitFor, waitServing, type ServiceName } from "./helpers/stack.js";
+import {
+  MAIN,
+  SERVICE_ORDER,
+  SERVICE_TYPE,
+  flagsFor,
+  freePort,
+  startStack,
+  waitFor,
+  waitServing,
+  type ServiceName,
+} from "./helpers/stack.js";
 
 const run = promisify(execFile);
 const internalHeaders = async (dataDir: string) => (await internalCredentials(dataDir, {})).headers;
@@ -42,15 +55,24 @@ describe("troupe up", () => {
 
   test("starts the scripted model when no endpoint is configured, and says so", () => {
     assert.match(log, /OPENAI_BASE_URL is not set: using Troupe's scripted model server/);
-    for (const name of ["router", "memory", "sandbox", "runner", "gateway"]) assert.match(log, new RegExp(`${name}: ${name === "runner" ? "runner \\S+ serving" : `${name} serving`}`));
+    for (const name of ["router", "memory", "sandbox", "runner", "gateway"])
+      assert.match(log, new RegExp(`${name}: ${name === "runner" ? "runner \\S+ serving" : `${name} serving`}`));
   });
 
   test("makes a development key and an internal token on first start, and says how to use the key", async () => {
     const key = (await readFile(path.join(dataDir, "auth", "dev-key"), "utf8")).trim();
     assert.match(log, new RegExp(`development API key \\(tenant local, principal dev, made just now\\): ${key}`));
-    assert.match((await readFile(path.join(dataDir, "auth", "api-keys.json"), "utf8")), /"principal": "dev"/);
-    assert.doesNotMatch(await readFile(path.join(dataDir, "auth", "api-keys.json"), "utf8"), new RegExp(key), "only the key's hash is stored");
-    assert.equal((await stat(path.join(dataDir, "auth", "dev-key"))).mode & 0o077, 0, "the key file is readable by its owner only");
+    assert.match(await readFile(path.join(dataDir, "auth", "api-keys.json"), "utf8"), /"principal": "dev"/);
+    assert.doesNotMatch(
+      await readFile(path.join(dataDir, "auth", "api-keys.json"), "utf8"),
+      new RegExp(key),
+      "only the key's hash is stored",
+    );
+    assert.equal(
+      (await stat(path.join(dataDir, "auth", "dev-key"))).mode & 0o077,
+      0,
+      "the key file is readable by its owner only",
+    );
     assert.ok((await readFile(path.join(dataDir, "auth", "internal-token"), "utf8")).trim().length >= 32);
   });
 
@@ -65,7 +87,9 @@ describe("troupe up", () => {
     process.kill(pid, "SIGKILL");
     await waitFor("the supervisor to notice", async () => /runner exited \(SIGKILL\); restarting/.test(log));
     await waitServing(addr.runner, 30_000, SERVICE_TYPE.runner);
-    const gateway = createClient(GatewayService, addr.gateway, { headers: { authorization: `Bearer ${await clientApiKey(dataDir, {})}` } });
+    const gateway = createClient(GatewayService, addr.gateway, {
+      headers: { authorization: `Bearer ${await clientApiKey(dataDir, {})}` },
+    });
     const s = new ChatSession(gateway);
     s.open();
     await s.waitOpened();
@@ -121,7 +145,10 @@ describe("one service process", () => {
       const health = createClient(Health, at);
       try {
         assert.equal((await health.check({ service: SERVICE_TYPE.router })).status, Serving.SERVING);
-        await assert.rejects(health.check({ service: SERVICE_TYPE.memory }), (err: { code?: number }) => err.code === 5 /* NOT_FOUND */);
+        await assert.rejects(
+          health.check({ service: SERVICE_TYPE.memory }),
+          (err: { code?: number }) => err.code === 5 /* NOT_FOUND */,
+        );
       } finally {
         health.close();
       }
@@ -147,30 +174,70 @@ describe("troupe chat", () => {
   });
 
   test("with a message: streams the reply, shows tool activity, exits 0", async () => {
-    const { stdout, stderr } = await run(process.execPath, [MAIN, "chat", "--data-dir", stack.dataDir, "--gateway", stack.addr.gateway, "--session", "cli-1", "$ echo from-cli"]);
+    const { stdout, stderr } = await run(process.execPath, [
+      MAIN,
+      "chat",
+      "--data-dir",
+      stack.dataDir,
+      "--gateway",
+      stack.addr.gateway,
+      "--session",
+      "cli-1",
+      "$ echo from-cli",
+    ]);
     assert.equal(stdout, "Tool results: from-cli [exit 0]\n");
     assert.match(stderr, /session cli-1/);
     assert.match(stderr, /\[tool exec\] \{"command":"echo from-cli"\}/);
     assert.match(stderr, /from-cli\n/);
     // The session keeps its history across invocations.
-    await run(process.execPath, [MAIN, "chat", "--data-dir", stack.dataDir, "--gateway", stack.addr.gateway, "--session", "cli-1", "second"]);
+    await run(process.execPath, [
+      MAIN,
+      "chat",
+      "--data-dir",
+      stack.dataDir,
+      "--gateway",
+      stack.addr.gateway,
+      "--session",
+      "cli-1",
+      "second",
+    ]);
     const history = await stack.gateway.getHistory({ sessionId: "cli-1" });
     assert.equal(history.messages.at(-1)!.text, "You said: second");
   });
 
   test("a failed turn exits non-zero; an unreachable gateway says how to fix it", async () => {
-    const failed = await run(process.execPath, [MAIN, "chat", "--data-dir", stack.dataDir, "--gateway", stack.addr.gateway, "!fail 500"]).catch((e) => e);
+    const failed = await run(process.execPath, [
+      MAIN,
+      "chat",
+      "--data-dir",
+      stack.dataDir,
+      "--gateway",
+      stack.addr.gateway,
+      "!fail 500",
+    ]).catch((e) => e);
     assert.equal(failed.code, 1);
     assert.match(failed.stderr, /MODEL_ERROR/);
     const port = await freePort();
-    const down = await run(process.execPath, [MAIN, "chat", "--data-dir", stack.dataDir, "--gateway", `127.0.0.1:${port}`, "hi"]).catch((e) => e);
+    const down = await run(process.execPath, [
+      MAIN,
+      "chat",
+      "--data-dir",
+      stack.dataDir,
+      "--gateway",
+      `127.0.0.1:${port}`,
+      "hi",
+    ]).catch((e) => e);
     assert.equal(down.code, 1);
     assert.match(down.stderr, /UNAVAILABLE/);
     assert.match(down.stderr, /make run/);
   });
 
   test("interactive: a line typed while the agent works is sent as steering", async () => {
-    const proc = spawn(process.execPath, [MAIN, "chat", "--data-dir", stack.dataDir, "--gateway", stack.addr.gateway, "--session", "cli-steer"], { stdio: ["pipe", "pipe", "pipe"] });
+    const proc = spawn(
+      process.execPath,
+      [MAIN, "chat", "--data-dir", stack.dataDir, "--gateway", stack.addr.gateway, "--session", "cli-steer"],
+      { stdio: ["pipe", "pipe", "pipe"] },
+    );
     let out = "";
     let err = "";
     proc.stdout!.on("data", (d) => (out += d));

@@ -21,13 +21,24 @@ after(async () => {
   await stack?.stop();
 });
 
-test("the Python client authenticates, streams a turn with a tool call, steers and aborts", { timeout: 120_000 }, async () => {
-  assert.ok(existsSync(`${GEN}/troupe/v1/gateway_pb2_grpc.py`), "stubs missing: run `make python-client` (make test does)");
-  const { stdout } = await run("/usr/bin/python3", [`${ROOT}examples/python/troupe_client.py`, "--gateway", stack.addr.gateway, "--session", "py-1"], {
-    env: { ...process.env, PYTHONPATH: GEN, TROUPE_API_KEY: stack.apiKey },
-    timeout: 100_000,
-  }).catch((err: { stdout?: string; stderr?: string; message: string }) => {
-    throw new Error(`python client failed: ${err.message}\n${err.stdout ?? ""}\n${err.stderr ?? ""}\n--- stack ---\n${stack.logs().slice(-3000)}`);
+test("the Python client authenticates, streams a turn with a tool call, steers and aborts", {
+  timeout: 120_000,
+}, async () => {
+  assert.ok(
+    existsSync(`${GEN}/troupe/v1/gateway_pb2_grpc.py`),
+    "stubs missing: run `make python-client` (make test does)",
+  );
+  const { stdout } = await run(
+    "/usr/bin/python3",
+    [`${ROOT}examples/python/troupe_client.py`, "--gateway", stack.addr.gateway, "--session", "py-1"],
+    {
+      env: { ...process.env, PYTHONPATH: GEN, TROUPE_API_KEY: stack.apiKey },
+      timeout: 100_000,
+    },
+  ).catch((err: { stdout?: string; stderr?: string; message: string }) => {
+    throw new Error(
+      `python client failed: ${err.message}\n${err.stdout ?? ""}\n${err.stderr ?? ""}\n--- stack ---\n${stack.logs().slice(-3000)}`,
+    );
   });
   assert.match(stdout, /unknown key: UNAUTHENTICATED/);
   assert.match(stdout, /turn with a tool call: \d+ events, tool said 'hello from python'/);

@@ -18,12 +18,21 @@ describe("the quotas file", () => {
   test("defaults, per-tenant values and the environment; a bad file names what is wrong", () => {
     assert.equal(quotasFromEnv({ TROUPE_QUOTA_CONCURRENT_RUNS: "7" }).concurrentRuns, 7);
     assert.equal(quotasFromEnv({}).liveSandboxes, DEFAULT_QUOTAS.liveSandboxes);
-    assert.throws(() => quotasFromEnv({ TROUPE_QUOTA_STEPS_PER_RUN: "0" }), /TROUPE_QUOTA_STEPS_PER_RUN must be a positive integer/);
+    assert.throws(
+      () => quotasFromEnv({ TROUPE_QUOTA_STEPS_PER_RUN: "0" }),
+      /TROUPE_QUOTA_STEPS_PER_RUN must be a positive integer/,
+    );
     const f = parseQuotas('{"defaults": {"stepsPerRun": 5}, "tenants": {"acme": {"liveSandboxes": 9}}}', "q.json");
     assert.equal(f.defaults.stepsPerRun, 5);
     assert.equal(f.tenants.get("acme")?.liveSandboxes, 9);
-    assert.throws(() => parseQuotas('{"defaults": {"stepsPerrun": 5}}', "q.json"), /defaults\.stepsPerrun is not a quota/);
-    assert.throws(() => parseQuotas('{"tenants": {"a": {"liveSandboxes": -1}}}', "q.json"), /tenants\.a\.liveSandboxes must be a positive integer/);
+    assert.throws(
+      () => parseQuotas('{"defaults": {"stepsPerrun": 5}}', "q.json"),
+      /defaults\.stepsPerrun is not a quota/,
+    );
+    assert.throws(
+      () => parseQuotas('{"tenants": {"a": {"liveSandboxes": -1}}}', "q.json"),
+      /tenants\.a\.liveSandboxes must be a positive integer/,
+    );
     assert.throws(() => parseQuotas("{", "q.json"), /not JSON/);
   });
 });
@@ -54,7 +63,8 @@ describe("quotas through the stack", () => {
     await rm(dataDir, { recursive: true, force: true });
   });
 
-  const exhausted = (e: { code: number; details: string }) => e.code === Status.RESOURCE_EXHAUSTED && /retry in \d+ ms/.test(e.details);
+  const exhausted = (e: { code: number; details: string }) =>
+    e.code === Status.RESOURCE_EXHAUSTED && /retry in \d+ ms/.test(e.details);
 
   test("session creations a minute: the third of 'few' is refused with a retry hint; others go on", async () => {
     const few = await stack.gatewayAs("few", "p");
@@ -77,9 +87,16 @@ describe("quotas through the stack", () => {
     await assert.rejects(runs.sendMessage({ sessionId: "next", frameId: "n1", text: "hello" }), exhausted);
     // The running session itself still takes messages (they join or queue behind its run).
     await runs.followUp({ sessionId: "long", frameId: "l2", text: "and then" });
-    await waitFor("the long run to end", async () => (await runs.getHistory({ sessionId: "long" })).messages.filter((m) => m.role === Role.ASSISTANT).length >= 2, 15_000);
+    await waitFor(
+      "the long run to end",
+      async () =>
+        (await runs.getHistory({ sessionId: "long" })).messages.filter((m) => m.role === Role.ASSISTANT).length >= 2,
+      15_000,
+    );
     await runs.sendMessage({ sessionId: "next", frameId: "n2", text: "hello" });
-    await waitFor("the next run", async () => (await runs.getHistory({ sessionId: "next" })).messages.some((m) => m.text === "You said: hello"));
+    await waitFor("the next run", async () =>
+      (await runs.getHistory({ sessionId: "next" })).messages.some((m) => m.text === "You said: hello"),
+    );
     runs.close();
   });
 
@@ -95,7 +112,7 @@ describe("quotas through the stack", () => {
   }
 
   test("model calls a run: 'steps' ends its run at the quota, with an event saying so", async () => {
-    const events = await turn(await stack.gatewayAs("steps", "p"), "s", '!call nosuchtool {}');
+    const events = await turn(await stack.gatewayAs("steps", "p"), "s", "!call nosuchtool {}");
     const err = events.find((e) => e.payload.case === "error" && e.payload.value.code === "RUN_QUOTA");
     assert.ok(err, JSON.stringify(events.map((e) => e.payload.case)));
     assert.match(err.payload.case === "error" ? err.payload.value.message : "", /quota of 1 model calls/);
@@ -104,7 +121,11 @@ describe("quotas through the stack", () => {
   });
 
   test("tool calls a run: past 'tools' quota the calls are answered, not run", async () => {
-    const events = await turn(await stack.gatewayAs("tools", "p"), "t", "!call nosuchtool {} ;; nosuchtool {} ;; nosuchtool {}");
+    const events = await turn(
+      await stack.gatewayAs("tools", "p"),
+      "t",
+      "!call nosuchtool {} ;; nosuchtool {} ;; nosuchtool {}",
+    );
     const results = events.flatMap((e) => (e.payload.case === "toolExecutionEnd" ? [e.payload.value.result] : []));
     assert.equal(results.length, 3);
     assert.doesNotMatch(results[0], /quota/);
@@ -113,7 +134,11 @@ describe("quotas through the stack", () => {
   });
 
   test("sub-agents a run: the second delegate_task of 'subs' is refused", async () => {
-    const events = await turn(await stack.gatewayAs("subs", "p"), "d", '!call delegate_task {"task": "one"} ;; delegate_task {"task": "two"}');
+    const events = await turn(
+      await stack.gatewayAs("subs", "p"),
+      "d",
+      '!call delegate_task {"task": "one"} ;; delegate_task {"task": "two"}',
+    );
     const results = events.flatMap((e) => (e.payload.case === "toolExecutionEnd" ? [e.payload.value.result] : []));
     assert.equal(results.length, 2, JSON.stringify(results));
     assert.equal(results.filter((r) => /its quota \(subagentsPerRun\)/.test(r)).length, 1, JSON.stringify(results));
@@ -123,7 +148,10 @@ describe("quotas through the stack", () => {
     const a = await stack.gatewayAs("aborts", "p");
     await a.createSession({ sessionId: "ab" });
     let refused = 0;
-    for (let i = 0; i < 5; i++) await a.abort({ sessionId: "ab", frameId: `ab-${i}` }).catch((e) => (exhausted(e) ? refused++ : Promise.reject(e)));
+    for (let i = 0; i < 5; i++)
+      await a
+        .abort({ sessionId: "ab", frameId: `ab-${i}` })
+        .catch((e) => (exhausted(e) ? refused++ : Promise.reject(e)));
     assert.ok(refused >= 2, `${refused} of 5 refused`);
     await new Promise((r) => setTimeout(r, 1100));
     await a.abort({ sessionId: "ab", frameId: "ab-later" });

@@ -52,10 +52,15 @@ test("SIGKILL during a tool call: the run is interrupted, the follow-up survives
 
   // The client reconnects and resumes from the last event it saw.
   const again = await resume("crash-1", lastSeen);
-  const followEnd = await again.waitFor((e) => e.payload.case === "agentEnd" && e.payload.value.stopReason === StopReason.COMPLETED, 20_000);
+  const followEnd = await again.waitFor(
+    (e) => e.payload.case === "agentEnd" && e.payload.value.stopReason === StopReason.COMPLETED,
+    20_000,
+  );
   again.close();
 
-  const interrupted = again.events.find((e) => e.payload.case === "agentEnd" && e.payload.value.stopReason === StopReason.INTERRUPTED);
+  const interrupted = again.events.find(
+    (e) => e.payload.case === "agentEnd" && e.payload.value.stopReason === StopReason.INTERRUPTED,
+  );
   assert.ok(interrupted, "the cut-off run is recorded as interrupted");
   assert.ok(Number(interrupted.seq) > lastSeen, "seq continues after what the client saw, never reused");
   const gap = again.events[0];
@@ -63,9 +68,16 @@ test("SIGKILL during a tool call: the run is interrupted, the follow-up survives
   assert.equal(Number(gap.payload.value.firstSeq), lastSeen + 1);
   assert.equal(Number(again.events[1].seq), Number(gap.seq) + 1, "and numbering continues right after it");
   const seqs = again.events.map((e) => Number(e.seq));
-  assert.deepEqual(seqs, [...seqs].sort((a, b) => a - b), "in order");
+  assert.deepEqual(
+    seqs,
+    [...seqs].sort((a, b) => a - b),
+    "in order",
+  );
   assert.equal(new Set(seqs).size, seqs.length, "each event once");
-  assert.ok(again.events.some((e) => e.payload.case === "queueApplied" && e.payload.value.frameId === followId), "the follow-up ran");
+  assert.ok(
+    again.events.some((e) => e.payload.case === "queueApplied" && e.payload.value.frameId === followId),
+    "the follow-up ran",
+  );
   assert.ok(Number(followEnd.seq) > Number(interrupted.seq));
 
   const history = await stack.gateway.getHistory({ sessionId: "crash-1" });
@@ -101,12 +113,21 @@ test("a runner killed before a new session's events reached its log: the reload 
   // sees both, which it would not if they reused seqs it already held.
   const ack = await again.waitFor((e) => e.payload.case === "frameAccepted" && e.payload.value.frameId === promptId);
   assert.ok(Number(ack.seq) > lastSeen, `the acknowledgement's seq ${ack.seq} is past ${lastSeen}`);
-  await again.waitFor((e) => e.payload.case === "agentEnd" && e.payload.value.stopReason === StopReason.COMPLETED, 20_000);
+  await again.waitFor(
+    (e) => e.payload.case === "agentEnd" && e.payload.value.stopReason === StopReason.COMPLETED,
+    20_000,
+  );
   again.close();
   const seqs = again.events.map((e) => Number(e.seq));
-  assert.ok(seqs.every((q) => q > lastSeen), "nothing at or before what the client saw");
+  assert.ok(
+    seqs.every((q) => q > lastSeen),
+    "nothing at or before what the client saw",
+  );
   assert.equal(new Set(seqs).size, seqs.length, "each event once");
 
   const history = await stack.gateway.getHistory({ sessionId: "crash-2" });
-  assert.deepEqual(history.messages.map((m) => `${Role[m.role]} ${m.text}`), ["USER hello", "ASSISTANT You said: hello"]);
+  assert.deepEqual(
+    history.messages.map((m) => `${Role[m.role]} ${m.text}`),
+    ["USER hello", "ASSISTANT You said: hello"],
+  );
 });

@@ -4,7 +4,10 @@ import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { create, createFileRegistry, fromBinary, toBinary } from "@bufbuild/protobuf";
 import { FileDescriptorProtoSchema, FileDescriptorSetSchema } from "@bufbuild/protobuf/wkt";
-import { ServerReflection, type ServerReflectionResponse } from "../services/shared/gen/grpc/reflection/v1/reflection_pb.js";
+import {
+  ServerReflection,
+  type ServerReflectionResponse,
+} from "../services/shared/gen/grpc/reflection/v1/reflection_pb.js";
 import { AgentEventSchema } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { createClient } from "../services/shared/rpc.js";
 import { startStack, type Stack } from "./helpers/stack.js";
@@ -17,7 +20,9 @@ after(async () => {
   await stack?.stop();
 });
 
-type Request = Parameters<ReturnType<ReturnType<typeof createClient<(typeof ServerReflection)["method"]>>["serverReflectionInfo"]>["write"]>[0];
+type Request = Parameters<
+  ReturnType<ReturnType<typeof createClient<(typeof ServerReflection)["method"]>>["serverReflectionInfo"]>["write"]
+>[0];
 
 /** Sends the requests on one reflection stream (no credentials) and returns the responses in order. */
 async function ask(requests: Request[]): Promise<ServerReflectionResponse[]> {
@@ -39,7 +44,10 @@ async function ask(requests: Request[]): Promise<ServerReflectionResponse[]> {
 test("lists the gateway's services without credentials", async () => {
   const [res] = await ask([{ messageRequest: { case: "listServices", value: "" } }]);
   assert.equal(res.messageResponse.case, "listServicesResponse");
-  const names = res.messageResponse.case === "listServicesResponse" ? res.messageResponse.value.service.map((s) => s.name).sort() : [];
+  const names =
+    res.messageResponse.case === "listServicesResponse"
+      ? res.messageResponse.value.service.map((s) => s.name).sort()
+      : [];
   assert.deepEqual(names, ["grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection", "troupe.v1.GatewayService"]);
 });
 
@@ -50,7 +58,10 @@ test("the schema fetched by symbol is enough to decode Troupe's events; unknown 
     { messageRequest: { case: "fileByFilename", value: "troupe/v1/gateway.proto" } },
   ]);
   assert.equal(bySymbol.messageResponse.case, "fileDescriptorResponse");
-  const protos = bySymbol.messageResponse.case === "fileDescriptorResponse" ? bySymbol.messageResponse.value.fileDescriptorProto.map((b) => fromBinary(FileDescriptorProtoSchema, b)) : [];
+  const protos =
+    bySymbol.messageResponse.case === "fileDescriptorResponse"
+      ? bySymbol.messageResponse.value.fileDescriptorProto.map((b) => fromBinary(FileDescriptorProtoSchema, b))
+      : [];
   const names = protos.map((p) => p.name);
   assert.ok(names.includes("troupe/v1/gateway.proto") && names.includes("troupe/v1/session.proto"), names.join(", "));
   assert.ok(names.indexOf("troupe/v1/session.proto") < names.indexOf("troupe/v1/gateway.proto"), "imports come first");
@@ -62,8 +73,19 @@ test("the schema fetched by symbol is enough to decode Troupe's events; unknown 
   const registry = createFileRegistry(create(FileDescriptorSetSchema, { file: protos }));
   const eventType = registry.getMessage("troupe.v1.AgentEvent");
   assert.ok(eventType);
-  const bytes = toBinary(AgentEventSchema, create(AgentEventSchema, { sessionId: "s1", seq: 7n, payload: { case: "frameAccepted", value: { frameId: "f1" } } }));
-  const decoded = fromBinary(eventType, bytes) as unknown as { sessionId: string; seq: bigint; payload: { case: string } };
+  const bytes = toBinary(
+    AgentEventSchema,
+    create(AgentEventSchema, {
+      sessionId: "s1",
+      seq: 7n,
+      payload: { case: "frameAccepted", value: { frameId: "f1" } },
+    }),
+  );
+  const decoded = fromBinary(eventType, bytes) as unknown as {
+    sessionId: string;
+    seq: bigint;
+    payload: { case: string };
+  };
   assert.equal(decoded.sessionId, "s1");
   assert.equal(decoded.seq, 7n);
   assert.equal(decoded.payload.case, "frameAccepted");

@@ -9,7 +9,10 @@ import { context, propagation, trace } from "@opentelemetry/api";
 import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-hooks";
 import { W3CTraceContextPropagator } from "@opentelemetry/core";
 import { InMemorySpanExporter, SimpleSpanProcessor, TracerProvider } from "@opentelemetry/sdk-trace";
-import { Health, HealthCheckResponse_ServingStatus as Serving } from "../services/shared/gen/grpc/health/v1/health_pb.js";
+import {
+  Health,
+  HealthCheckResponse_ServingStatus as Serving,
+} from "../services/shared/gen/grpc/health/v1/health_pb.js";
 import { RouterService, ResolveSessionRequestSchema } from "../services/shared/gen/troupe/v1/router_pb.js";
 import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
 import { RpcError, Status } from "../services/shared/errors.js";
@@ -33,13 +36,23 @@ before(async () => {
       seenTraceIds.push(trace.getActiveSpan()?.spanContext().traceId ?? "");
       if (req.sessionId === "boom") throw new Error("secret internal detail");
       if (req.sessionId === "missing") throw new RpcError(Status.NOT_FOUND, "no such session");
-      return { sessionId: req.sessionId, agentId: req.agentId || "main", sessionKey: `k:${req.sessionId}`, runner: { runnerId: "r1", address: "x:1" } };
+      return {
+        sessionId: req.sessionId,
+        agentId: req.agentId || "main",
+        sessionKey: `k:${req.sessionId}`,
+        runner: { runnerId: "r1", address: "x:1" },
+      };
     },
     async registerRunner() {
       return { leaseTtlMs: 1 };
     },
     async listRunners() {
-      return { runners: [{ runnerId: "a", address: "a:1" }, { runnerId: "b", address: "b:2" }] };
+      return {
+        runners: [
+          { runnerId: "a", address: "a:1" },
+          { runnerId: "b", address: "b:2" },
+        ],
+      };
     },
   });
   server.add(SandboxService, {
@@ -56,7 +69,12 @@ before(async () => {
       return { sandboxFound: false };
     },
     // Not exercised here.
-    ...Object.fromEntries(["signalExec", "readFile", "writeFile", "listFiles", "listSandboxes"].map((m) => [m, async () => Promise.reject(new RpcError(Status.UNIMPLEMENTED, m))])),
+    ...Object.fromEntries(
+      ["signalExec", "readFile", "writeFile", "listFiles", "listSandboxes"].map((m) => [
+        m,
+        async () => Promise.reject(new RpcError(Status.UNIMPLEMENTED, m)),
+      ]),
+    ),
   } as never);
   const port = await server.listen("127.0.0.1:0");
   address = `127.0.0.1:${port}`;
@@ -79,7 +97,14 @@ describe("the rpc adapter", () => {
   });
 
   test("the runner's stream responses have the public ones' wire shape (the gateway forwards their bytes)", () => {
-    const shape = (schema: DescMessage) => schema.fields.map((f) => [f.number, f.name, f.fieldKind, f.fieldKind === "message" ? f.message.typeName : "", f.oneof?.name ?? ""]);
+    const shape = (schema: DescMessage) =>
+      schema.fields.map((f) => [
+        f.number,
+        f.name,
+        f.fieldKind,
+        f.fieldKind === "message" ? f.message.typeName : "",
+        f.oneof?.name ?? "",
+      ]);
     assert.deepEqual(shape(AttachResponseSchema), shape(ChatResponseSchema));
     assert.deepEqual(shape(ReplayResponseSchema), shape(SubscribeResponseSchema));
   });
@@ -91,7 +116,10 @@ describe("the rpc adapter", () => {
     assert.equal(res.sessionKey, "k:s1");
     assert.equal(res.runner?.address, "x:1");
     const list = await client.listRunners({});
-    assert.deepEqual(list.runners.map((r) => r.runnerId), ["a", "b"]);
+    assert.deepEqual(
+      list.runners.map((r) => r.runnerId),
+      ["a", "b"],
+    );
     client.close();
   });
 
@@ -110,7 +138,10 @@ describe("the rpc adapter", () => {
 
   test("RpcError keeps its status; other errors become INTERNAL without their message", async () => {
     const client = createClient(RouterService, address);
-    await assert.rejects(client.resolveSession({ sessionId: "missing" }), { code: Status.NOT_FOUND, details: "no such session" });
+    await assert.rejects(client.resolveSession({ sessionId: "missing" }), {
+      code: Status.NOT_FOUND,
+      details: "no such session",
+    });
     await assert.rejects(client.resolveSession({ sessionId: "boom" }), (err: grpc.ServiceError) => {
       assert.equal(err.code, Status.INTERNAL);
       assert.doesNotMatch(err.details, /secret/);
@@ -126,12 +157,20 @@ describe("the rpc adapter", () => {
     const raw = new grpc.Client(address, grpc.credentials.createInsecure());
     const call = (body: Buffer) =>
       new Promise<grpc.ServiceError | null>((resolve) =>
-        raw.makeUnaryRequest("/troupe.v1.RouterService/ResolveSession", (b: Buffer) => b, (b: Buffer) => b, body, (err) => resolve(err)),
+        raw.makeUnaryRequest(
+          "/troupe.v1.RouterService/ResolveSession",
+          (b: Buffer) => b,
+          (b: Buffer) => b,
+          body,
+          (err) => resolve(err),
+        ),
       );
     const bad = await call(Buffer.from([0x0a, 0xff, 0xff, 0xff]));
     assert.equal(bad?.code, Status.INVALID_ARGUMENT);
     assert.match(bad!.details, /malformed troupe\.v1\.ResolveSessionRequest/);
-    const big = Buffer.from(toBinary(ResolveSessionRequestSchema, create(ResolveSessionRequestSchema, { sessionId: "x".repeat(4000) })));
+    const big = Buffer.from(
+      toBinary(ResolveSessionRequestSchema, create(ResolveSessionRequestSchema, { sessionId: "x".repeat(4000) })),
+    );
     assert.equal((await call(big))?.code, Status.RESOURCE_EXHAUSTED);
     raw.close();
   });
@@ -141,7 +180,9 @@ describe("the rpc adapter", () => {
     const ac = new AbortController();
     ac.abort();
     await assert.rejects(client.resolveSession({ sessionId: "s" }, { signal: ac.signal }), { code: Status.CANCELLED });
-    await assert.rejects(client.resolveSession({ sessionId: "s" }, { timeoutMs: 0 }), { code: Status.DEADLINE_EXCEEDED });
+    await assert.rejects(client.resolveSession({ sessionId: "s" }, { timeoutMs: 0 }), {
+      code: Status.DEADLINE_EXCEEDED,
+    });
     client.close();
   });
 
@@ -164,7 +205,12 @@ describe("the rpc adapter", () => {
 
   test("health: SERVING per service, NOT_FOUND for unknown ones, NOT_SERVING once draining", async () => {
     const extra = new RpcServer();
-    extra.add(RouterService, { resolveSession: async () => ({}), registerRunner: async () => ({}), listRunners: async () => ({}), resolveInbound: async () => ({}) });
+    extra.add(RouterService, {
+      resolveSession: async () => ({}),
+      registerRunner: async () => ({}),
+      listRunners: async () => ({}),
+      resolveInbound: async () => ({}),
+    });
     const port = await extra.listen("127.0.0.1:0");
     const health = createClient(Health, `127.0.0.1:${port}`);
     assert.equal((await health.check({ service: "" })).status, Serving.SERVING);

@@ -5,7 +5,10 @@ import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
 import { promisify } from "node:util";
-import { Health, HealthCheckResponse_ServingStatus as Serving } from "../services/shared/gen/grpc/health/v1/health_pb.js";
+import {
+  Health,
+  HealthCheckResponse_ServingStatus as Serving,
+} from "../services/shared/gen/grpc/health/v1/health_pb.js";
 import { FileType, SandboxService, Signal, type ExecExit } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
 import { DEV_IDENTITY } from "../services/shared/auth.js";
 import { scopeKey } from "../services/sandbox/scope.js";
@@ -49,7 +52,11 @@ for (const runtime of ["runc", "runsc"] as const) {
 
     test("write, read and list round trip; commands see the same files", async () => {
       const bytes = Buffer.from(Array.from({ length: 70_000 }, (_, i) => (i * 7) % 256));
-      assert.equal((await sandbox.writeFile({ sessionId: id, path: "data/bin/blob", data: bytes, createParents: true })).bytesWritten, 70_000n);
+      assert.equal(
+        (await sandbox.writeFile({ sessionId: id, path: "data/bin/blob", data: bytes, createParents: true }))
+          .bytesWritten,
+        70_000n,
+      );
       const back = await sandbox.readFile({ sessionId: id, path: "/workspace/data/bin/blob" });
       assert.ok(Buffer.from(back.data).equals(bytes), "binary content byte for byte");
       assert.equal(back.size, 70_000n);
@@ -58,10 +65,18 @@ for (const runtime of ["runc", "runsc"] as const) {
       assert.equal(part.data.length, 100);
       assert.equal(part.truncated, true);
 
-      await sandbox.writeFile({ sessionId: id, path: "run.sh", data: Buffer.from("#!/bin/sh\necho ran $1\n"), mode: 0o755 });
+      await sandbox.writeFile({
+        sessionId: id,
+        path: "run.sh",
+        data: Buffer.from("#!/bin/sh\necho ran $1\n"),
+        mode: 0o755,
+      });
       const r = await exec(sandbox, id, "./run.sh ok; cat data/bin/blob | wc -c; echo made > data/by-command");
       assert.equal(r.out, "ran ok\n70000\n");
-      assert.equal(Buffer.from((await sandbox.readFile({ sessionId: id, path: "data/by-command" })).data).toString(), "made\n");
+      assert.equal(
+        Buffer.from((await sandbox.readFile({ sessionId: id, path: "data/by-command" })).data).toString(),
+        "made\n",
+      );
 
       const listing = await sandbox.listFiles({ sessionId: id, path: "data" });
       assert.deepEqual(
@@ -73,7 +88,10 @@ for (const runtime of ["runc", "runsc"] as const) {
       );
       const root = await sandbox.listFiles({ sessionId: id, path: "" });
       assert.ok(root.entries.some((e) => e.name === "run.sh" && e.type === FileType.FILE && e.size === 22n));
-      await failsWith(sandbox.writeFile({ sessionId: id, path: "no/such/dir/f", data: Buffer.from("x") }), Status.NOT_FOUND);
+      await failsWith(
+        sandbox.writeFile({ sessionId: id, path: "no/such/dir/f", data: Buffer.from("x") }),
+        Status.NOT_FOUND,
+      );
     });
 
     test("#19 path traversal, absolute paths, NUL bytes and overlong paths are refused", async () => {
@@ -84,7 +102,10 @@ for (const runtime of ["runc", "runsc"] as const) {
       await failsWith(sandbox.readFile({ sessionId: id, path: "a\0b" }), Status.INVALID_ARGUMENT);
       await failsWith(sandbox.readFile({ sessionId: id, path: "x/".repeat(2100) }), Status.INVALID_ARGUMENT);
       await failsWith(sandbox.readFile({ sessionId: id, path: "y".repeat(300) }), Status.INVALID_ARGUMENT);
-      await failsWith(sandbox.writeFile({ sessionId: id, path: "../escape", data: Buffer.from("x") }), Status.INVALID_ARGUMENT);
+      await failsWith(
+        sandbox.writeFile({ sessionId: id, path: "../escape", data: Buffer.from("x") }),
+        Status.INVALID_ARGUMENT,
+      );
       await failsWith(sandbox.listFiles({ sessionId: id, path: "/" }), Status.PERMISSION_DENIED);
       // No decoding: "%2e%2e" is a name like any other, and there is no such file.
       await failsWith(sandbox.readFile({ sessionId: id, path: "%2e%2e/etc/passwd" }), Status.NOT_FOUND);
@@ -92,24 +113,46 @@ for (const runtime of ["runc", "runsc"] as const) {
     });
 
     test("#20 #21 links lead nowhere outside the workspace; links inside it work", async () => {
-      await exec(sandbox, id, "mkdir -p sub/inner && echo inside > sub/inner/f && ln -sf / rootlink && ln -sf .. sub/up && ln -sf ../../.. sub/inner/up3 && ln -sf /workspace/sub/inner abs && ln -sf inner/f sub/rel");
-      assert.match(await failsWith(sandbox.readFile({ sessionId: id, path: "rootlink/etc/hostname" }), Status.PERMISSION_DENIED), /leads out of the workspace/);
+      await exec(
+        sandbox,
+        id,
+        "mkdir -p sub/inner && echo inside > sub/inner/f && ln -sf / rootlink && ln -sf .. sub/up && ln -sf ../../.. sub/inner/up3 && ln -sf /workspace/sub/inner abs && ln -sf inner/f sub/rel",
+      );
+      assert.match(
+        await failsWith(sandbox.readFile({ sessionId: id, path: "rootlink/etc/hostname" }), Status.PERMISSION_DENIED),
+        /leads out of the workspace/,
+      );
       await failsWith(sandbox.listFiles({ sessionId: id, path: "rootlink" }), Status.PERMISSION_DENIED);
       await failsWith(sandbox.readFile({ sessionId: id, path: "sub/inner/up3/etc/passwd" }), Status.PERMISSION_DENIED);
       await failsWith(sandbox.readFile({ sessionId: id, path: "sub/up/../outside" }), Status.INVALID_ARGUMENT);
-      await failsWith(sandbox.writeFile({ sessionId: id, path: "rootlink/tmp/planted", data: Buffer.from("x") }), Status.PERMISSION_DENIED);
+      await failsWith(
+        sandbox.writeFile({ sessionId: id, path: "rootlink/tmp/planted", data: Buffer.from("x") }),
+        Status.PERMISSION_DENIED,
+      );
       // Links that stay inside are followed.
       assert.equal(Buffer.from((await sandbox.readFile({ sessionId: id, path: "abs/f" })).data).toString(), "inside\n");
-      assert.equal(Buffer.from((await sandbox.readFile({ sessionId: id, path: "sub/rel" })).data).toString(), "inside\n");
-      assert.equal(Buffer.from((await sandbox.readFile({ sessionId: id, path: "sub/up/sub/inner/f" })).data).toString(), "inside\n");
+      assert.equal(
+        Buffer.from((await sandbox.readFile({ sessionId: id, path: "sub/rel" })).data).toString(),
+        "inside\n",
+      );
+      assert.equal(
+        Buffer.from((await sandbox.readFile({ sessionId: id, path: "sub/up/sub/inner/f" })).data).toString(),
+        "inside\n",
+      );
       const r = await exec(sandbox, id, "ls /tmp/planted 2>&1");
       assert.match(r.out, /No such file/);
     });
 
     test("#22 a write through a link that points outside is refused; nothing lands outside", async () => {
       await exec(sandbox, id, "ln -sf /tmp/target dangling && ln -sf /etc/passwd pw");
-      await failsWith(sandbox.writeFile({ sessionId: id, path: "dangling", data: Buffer.from("x") }), Status.PERMISSION_DENIED);
-      await failsWith(sandbox.writeFile({ sessionId: id, path: "pw", data: Buffer.from("x") }), Status.PERMISSION_DENIED);
+      await failsWith(
+        sandbox.writeFile({ sessionId: id, path: "dangling", data: Buffer.from("x") }),
+        Status.PERMISSION_DENIED,
+      );
+      await failsWith(
+        sandbox.writeFile({ sessionId: id, path: "pw", data: Buffer.from("x") }),
+        Status.PERMISSION_DENIED,
+      );
       const r = await exec(sandbox, id, "ls /tmp/target 2>&1; grep -c '^x$' /etc/passwd");
       assert.match(r.out, /No such file/);
       assert.match(r.out, /^0$/m);
@@ -118,7 +161,12 @@ for (const runtime of ["runc", "runsc"] as const) {
     test("#23 a directory swapped for a link while files are written: nothing lands outside", async () => {
       // A loop in the sandbox turns `race` back and forth between a directory and a link to /tmp
       // while the service writes race/f over and over.
-      const loop = exec(sandbox, id, "end=$(($(date +%s) + 4)); while [ $(date +%s) -lt $end ]; do rm -rf race; mkdir race; rm -rf race; ln -s /tmp race; done; rm -rf race", { timeoutMs: 10_000 });
+      const loop = exec(
+        sandbox,
+        id,
+        "end=$(($(date +%s) + 4)); while [ $(date +%s) -lt $end ]; do rm -rf race; mkdir race; rm -rf race; ln -s /tmp race; done; rm -rf race",
+        { timeoutMs: 10_000 },
+      );
       const outcomes = new Map<string, number>();
       const t0 = Date.now();
       while (Date.now() - t0 < 3000) {
@@ -129,7 +177,8 @@ for (const runtime of ["runc", "runsc"] as const) {
         outcomes.set(code, (outcomes.get(code) ?? 0) + 1);
       }
       await loop;
-      for (const code of outcomes.keys()) assert.ok(["OK", "PERMISSION_DENIED", "NOT_FOUND", "FAILED_PRECONDITION"].includes(code), `unexpected ${code}`);
+      for (const code of outcomes.keys())
+        assert.ok(["OK", "PERMISSION_DENIED", "NOT_FOUND", "FAILED_PRECONDITION"].includes(code), `unexpected ${code}`);
       const r = await exec(sandbox, id, "ls /tmp/f 2>&1");
       assert.match(r.out, /No such file/, `a write escaped to /tmp (outcomes: ${JSON.stringify([...outcomes])})`);
     });
@@ -145,12 +194,24 @@ for (const runtime of ["runc", "runsc"] as const) {
       // Would block forever if opened for a blocking read.
       await failsWith(sandbox.readFile({ sessionId: id, path: "pipe" }), Status.FAILED_PRECONDITION);
       await failsWith(sandbox.readFile({ sessionId: id, path: "sub" }), Status.FAILED_PRECONDITION);
-      await failsWith(sandbox.writeFile({ sessionId: id, path: "sub", data: Buffer.from("x") }), Status.FAILED_PRECONDITION);
-      await failsWith(sandbox.writeFile({ sessionId: id, path: "s", data: Buffer.from("x"), mode: 0o4755 }), Status.INVALID_ARGUMENT);
+      await failsWith(
+        sandbox.writeFile({ sessionId: id, path: "sub", data: Buffer.from("x") }),
+        Status.FAILED_PRECONDITION,
+      );
+      await failsWith(
+        sandbox.writeFile({ sessionId: id, path: "s", data: Buffer.from("x"), mode: 0o4755 }),
+        Status.INVALID_ARGUMENT,
+      );
       await exec(sandbox, id, "dd if=/dev/zero of=fill bs=1M count=300 2>/dev/null; true");
-      await failsWith(sandbox.writeFile({ sessionId: id, path: "more", data: Buffer.alloc(2 * 1024 * 1024) }), Status.RESOURCE_EXHAUSTED);
+      await failsWith(
+        sandbox.writeFile({ sessionId: id, path: "more", data: Buffer.alloc(2 * 1024 * 1024) }),
+        Status.RESOURCE_EXHAUSTED,
+      );
       await exec(sandbox, id, "rm -f fill");
-      assert.equal((await sandbox.writeFile({ sessionId: id, path: "more", data: Buffer.alloc(1024) })).bytesWritten, 1024n);
+      assert.equal(
+        (await sandbox.writeFile({ sessionId: id, path: "more", data: Buffer.alloc(1024) })).bytesWritten,
+        1024n,
+      );
       const health = createClient(Health, stack.addr.sandbox);
       assert.equal((await health.check({ service: "" })).status, Serving.SERVING);
       health.close();
@@ -172,7 +233,11 @@ describe("sandbox processes, pool, scopes and restarts (runc)", () => {
 
   test("a signal reaches the running command by the id its first message gave", async () => {
     const id = "proc-signal";
-    const call = sandbox.exec({ sessionId: id, command: "trap 'echo got INT; exit 3' INT; echo ready; while :; do sleep 0.1; done", timeoutMs: 20_000 });
+    const call = sandbox.exec({
+      sessionId: id,
+      command: "trap 'echo got INT; exit 3' INT; echo ready; while :; do sleep 0.1; done",
+      timeoutMs: 20_000,
+    });
     let execId = "";
     let out = "";
     let exit: ExecExit | undefined;
@@ -182,9 +247,15 @@ describe("sandbox processes, pool, scopes and restarts (runc)", () => {
         out += Buffer.from(m.kind.value).toString();
         if (out === "ready\n") {
           // Another session cannot signal it, and an unknown id is not found.
-          await failsWith(sandbox.signalExec({ sessionId: "proc-other", execId, signal: Signal.KILL }), Status.NOT_FOUND);
+          await failsWith(
+            sandbox.signalExec({ sessionId: "proc-other", execId, signal: Signal.KILL }),
+            Status.NOT_FOUND,
+          );
           await failsWith(sandbox.signalExec({ sessionId: id, execId: "nope", signal: Signal.KILL }), Status.NOT_FOUND);
-          await failsWith(sandbox.signalExec({ sessionId: id, execId, signal: Signal.UNSPECIFIED }), Status.INVALID_ARGUMENT);
+          await failsWith(
+            sandbox.signalExec({ sessionId: id, execId, signal: Signal.UNSPECIFIED }),
+            Status.INVALID_ARGUMENT,
+          );
           await sandbox.signalExec({ sessionId: id, execId, signal: Signal.INTERRUPT });
         }
       }
@@ -207,7 +278,12 @@ describe("sandbox processes, pool, scopes and restarts (runc)", () => {
   test("backpressure: a caller that stops reading stops the command's output at its source", async () => {
     const id = "proc-backpressure";
     // Counts 64 KiB blocks written; each write blocks once nobody reads.
-    const call = sandbox.exec({ sessionId: id, command: "i=0; while :; do head -c 65536 /dev/zero; i=$((i+1)); echo $i > /workspace/progress; done", timeoutMs: 30_000, maxOutputBytes: 16 * 1024 * 1024 });
+    const call = sandbox.exec({
+      sessionId: id,
+      command: "i=0; while :; do head -c 65536 /dev/zero; i=$((i+1)); echo $i > /workspace/progress; done",
+      timeoutMs: 30_000,
+      maxOutputBytes: 16 * 1024 * 1024,
+    });
     const it = call[Symbol.asyncIterator]();
     await it.next(); // started
     await it.next(); // the first output
@@ -223,18 +299,25 @@ describe("sandbox processes, pool, scopes and restarts (runc)", () => {
 
   test("the warm pool: claimed per session, refilled, never reused across sessions", async () => {
     const name = (key: string) => containerName(instanceOf(stack.dataDir), key);
-    const pooled = async () => (await sandbox.listSandboxes({})).sandboxes.filter((s) => s.pooled && s.scopeKey === "" && s.state === "running").map((s) => s.containerId);
+    const pooled = async () =>
+      (await sandbox.listSandboxes({})).sandboxes
+        .filter((s) => s.pooled && s.scopeKey === "" && s.state === "running")
+        .map((s) => s.containerId);
     await waitFor("a full pool", async () => (await pooled()).length === 2, 30_000, 100);
     const before = await pooled();
     await exec(sandbox, "pool-a", "echo a > mine");
-    const a = (await run("docker", ["inspect", "-f", "{{.Id}}", name(scopeKey("session", DEV_IDENTITY, "pool-a", ""))])).stdout.trim();
+    const a = (
+      await run("docker", ["inspect", "-f", "{{.Id}}", name(scopeKey("session", DEV_IDENTITY, "pool-a", ""))])
+    ).stdout.trim();
     assert.ok(before.includes(a), "session a got a pooled container");
     await waitFor("the pool to refill", async () => (await pooled()).length === 2, 30_000, 100);
     const listed = (await sandbox.listSandboxes({})).sandboxes.find((s) => s.containerId === a);
     assert.equal(listed?.scopeKey, scopeKey("session", DEV_IDENTITY, "pool-a", ""));
     await sandbox.releaseSandbox({ sessionId: "pool-a" });
     await exec(sandbox, "pool-b", "true");
-    const b = (await run("docker", ["inspect", "-f", "{{.Id}}", name(scopeKey("session", DEV_IDENTITY, "pool-b", ""))])).stdout.trim();
+    const b = (
+      await run("docker", ["inspect", "-f", "{{.Id}}", name(scopeKey("session", DEV_IDENTITY, "pool-b", ""))])
+    ).stdout.trim();
     assert.notEqual(a, b);
     const all = (await sandbox.listSandboxes({})).sandboxes.map((s) => s.containerId);
     assert.ok(!all.includes(a), "a released container is gone, not back in the pool");
@@ -252,13 +335,29 @@ describe("sandbox processes, pool, scopes and restarts (runc)", () => {
   });
 
   test("the operator CLI lists, runs in and removes sandboxes", async () => {
-    const cli = (sub: string, ...args: string[]) => run(process.execPath, [MAIN, "sandbox", sub, "--sandbox", stack.addr.sandbox, "--data-dir", stack.dataDir, ...args]);
+    const cli = (sub: string, ...args: string[]) =>
+      run(process.execPath, [
+        MAIN,
+        "sandbox",
+        sub,
+        "--sandbox",
+        stack.addr.sandbox,
+        "--data-dir",
+        stack.dataDir,
+        ...args,
+      ]);
     const ran = await cli("exec", "--session", "cli-1", "--", "echo", "from", "cli");
     assert.equal(ran.stdout, "from cli\n");
     // argv is kept, as docker exec keeps it: a script given to sh -c runs whole, words stay words.
     assert.equal((await cli("exec", "--session", "cli-1", "--", "sh", "-c", "echo a; echo b")).stdout, "a\nb\n");
-    assert.equal((await cli("exec", "--session", "cli-1", "--", "printf", "[%s]\\n", "two words", "it's", "$HOME", "*")).stdout, "[two words]\n[it's]\n[$HOME]\n[*]\n");
-    await assert.rejects(cli("exec", "--session", "cli-1", "--", "sh", "-c", "exit 4"), (e: { code: number }) => e.code === 4);
+    assert.equal(
+      (await cli("exec", "--session", "cli-1", "--", "printf", "[%s]\\n", "two words", "it's", "$HOME", "*")).stdout,
+      "[two words]\n[it's]\n[$HOME]\n[*]\n",
+    );
+    await assert.rejects(
+      cli("exec", "--session", "cli-1", "--", "sh", "-c", "exit 4"),
+      (e: { code: number }) => e.code === 4,
+    );
     const ls = (await cli("ls")).stdout;
     assert.match(ls, /^NAME\s+SCOPE\s+STATE/);
     const key = scopeKey("session", DEV_IDENTITY, "cli-1", "");
@@ -266,8 +365,14 @@ describe("sandbox processes, pool, scopes and restarts (runc)", () => {
     assert.match(ls, /\(pool\)/);
     // Another owner's session of the same id is another sandbox: it does not see cli-1's files.
     await cli("exec", "--session", "cli-1", "--", "sh", "-c", "echo mine > /workspace/owned");
-    await assert.rejects(cli("exec", "--session", "cli-1", "--tenant", "other", "--principal", "bob", "--", "cat", "/workspace/owned"), (e: { code: number }) => e.code === 1);
-    assert.match((await cli("rm", "--session", "cli-1", "--tenant", "other", "--principal", "bob")).stdout, /removed the sandbox of cli-1/);
+    await assert.rejects(
+      cli("exec", "--session", "cli-1", "--tenant", "other", "--principal", "bob", "--", "cat", "/workspace/owned"),
+      (e: { code: number }) => e.code === 1,
+    );
+    assert.match(
+      (await cli("rm", "--session", "cli-1", "--tenant", "other", "--principal", "bob")).stdout,
+      /removed the sandbox of cli-1/,
+    );
     assert.match((await cli("rm", "--session", "cli-1")).stdout, /removed the sandbox of cli-1/);
     assert.doesNotMatch((await cli("ls")).stdout, new RegExp(key));
   });
@@ -293,10 +398,15 @@ describe("sandbox abuse and accounting (runc)", () => {
     const src = path.join(dir, "bomb.c");
     await writeFile(
       src,
-      "#include <pthread.h>\n#include <stdio.h>\n#include <unistd.h>\nstatic void *idle(void *a) { (void)a; for (;;) pause(); }\nint main(void) { int n = 0; pthread_t t; while (n < 100000 && pthread_create(&t, 0, idle, 0) == 0) n++; printf(\"threads=%d\\n\", n); fflush(stdout); for (;;) pause(); }\n",
+      '#include <pthread.h>\n#include <stdio.h>\n#include <unistd.h>\nstatic void *idle(void *a) { (void)a; for (;;) pause(); }\nint main(void) { int n = 0; pthread_t t; while (n < 100000 && pthread_create(&t, 0, idle, 0) == 0) n++; printf("threads=%d\\n", n); fflush(stdout); for (;;) pause(); }\n',
     );
     await run("gcc", ["-static", "-O2", "-pthread", "-o", path.join(dir, "bomb"), src]);
-    await sandbox.writeFile({ sessionId: "abuse-threads", path: "bomb", data: await readFile(path.join(dir, "bomb")), mode: 0o755 });
+    await sandbox.writeFile({
+      sessionId: "abuse-threads",
+      path: "bomb",
+      data: await readFile(path.join(dir, "bomb")),
+      mode: 0o755,
+    });
     const r = await exec(sandbox, "abuse-threads", "./bomb", { timeoutMs: 3000 });
     const threads = Number(/threads=(\d+)/.exec(r.out)?.[1]);
     assert.ok(threads > 0 && threads < 256, `the pids limit stopped it at ${threads} threads`);
@@ -321,12 +431,17 @@ describe("sandbox abuse and accounting (runc)", () => {
     assert.deepEqual(Object.keys(counts).sort(), ["RESOURCE_EXHAUSTED", "done"], JSON.stringify(counts));
     assert.ok(counts.done >= 32, JSON.stringify(counts));
     // Over the message limit: refused by the transport before it reaches the sandbox.
-    await failsWith(sandbox.writeFile({ sessionId: id, path: "big", data: Buffer.alloc(5 * 1024 * 1024) }), Status.RESOURCE_EXHAUSTED);
+    await failsWith(
+      sandbox.writeFile({ sessionId: id, path: "big", data: Buffer.alloc(5 * 1024 * 1024) }),
+      Status.RESOURCE_EXHAUSTED,
+    );
     // Bytes that are not HTTP/2 at all.
     const net = await import("node:net");
     const [host, port] = stack.addr.sandbox.split(":");
     await new Promise<void>((resolve) => {
-      const sock = net.connect(Number(port), host, () => sock.end(Buffer.from("GET / HTTP/1.1\r\n\r\n\x00\xff garbage")));
+      const sock = net.connect(Number(port), host, () =>
+        sock.end(Buffer.from("GET / HTTP/1.1\r\n\r\n\x00\xff garbage")),
+      );
       sock.on("error", () => resolve());
       sock.on("close", () => resolve());
       sock.resume();
@@ -341,25 +456,42 @@ describe("sandbox abuse and accounting (runc)", () => {
   test("a command cannot signal the agent or open its channel; a dead agent ends only its own sandbox", async () => {
     await sandbox.writeFile({ sessionId: "abuse-agent", path: "f", data: Buffer.from("x") });
     // The agent is PID 1 and another user than every command: no signal, no /proc/1/fd.
-    const r = await exec(sandbox, "abuse-agent", "kill -9 1 2>/dev/null && echo KILLED; kill -9 $PPID 2>/dev/null && echo KILLED-PARENT; (echo x > /proc/1/fd/1) 2>/dev/null && echo WROTE; echo end");
+    const r = await exec(
+      sandbox,
+      "abuse-agent",
+      "kill -9 1 2>/dev/null && echo KILLED; kill -9 $PPID 2>/dev/null && echo KILLED-PARENT; (echo x > /proc/1/fd/1) 2>/dev/null && echo WROTE; echo end",
+    );
     assert.equal(r.out, "end\n");
     assert.equal((await exec(sandbox, "abuse-agent", "cat f")).out, "x", "the same sandbox serves on");
     // Killed from outside (the engine), the agent takes only its own sandbox along.
-    await run("docker", ["kill", containerName(instanceOf(stack.dataDir), scopeKey("session", DEV_IDENTITY, "abuse-agent", ""))]);
-    await waitFor("a new sandbox", async () => (await exec(sandbox, "abuse-agent", "ls").catch(() => ({ out: "failed" }))).out === "", 20_000, 200);
+    await run("docker", [
+      "kill",
+      containerName(instanceOf(stack.dataDir), scopeKey("session", DEV_IDENTITY, "abuse-agent", "")),
+    ]);
+    await waitFor(
+      "a new sandbox",
+      async () => (await exec(sandbox, "abuse-agent", "ls").catch(() => ({ out: "failed" }))).out === "",
+      20_000,
+      200,
+    );
     assert.equal((await exec(sandbox, "abuse-ok", "echo fine")).out, "fine\n");
     await sandbox.releaseSandbox({ sessionId: "abuse-agent" });
     await sandbox.releaseSandbox({ sessionId: "abuse-ok" });
   });
 
   test("nothing leaks: after releases and a shutdown, the instance has no container left", async () => {
-    const count = async () => (await run("docker", ["ps", "-aq", "--filter", `label=troupe.instance=${instanceOf(stack.dataDir)}`])).stdout.trim().split("\n").filter(Boolean).length;
+    const count = async () =>
+      (await run("docker", ["ps", "-aq", "--filter", `label=troupe.instance=${instanceOf(stack.dataDir)}`])).stdout
+        .trim()
+        .split("\n")
+        .filter(Boolean).length;
     for (const id of ["leak-1", "leak-2", "leak-3"]) {
       await exec(sandbox, id, "echo hi > f; sleep 0.1");
       await exec(sandbox, id, "sleep 30", { timeoutMs: 300 });
     }
     assert.ok((await count()) >= 3);
-    for (const id of ["leak-1", "leak-2", "leak-3"]) assert.equal((await sandbox.releaseSandbox({ sessionId: id })).removed, true);
+    for (const id of ["leak-1", "leak-2", "leak-3"])
+      assert.equal((await sandbox.releaseSandbox({ sessionId: id })).removed, true);
     await stack.kill("sandbox");
     assert.equal(await count(), 0, "the pool is removed at shutdown, and every released sandbox is gone");
     await stack.start("sandbox");
@@ -368,22 +500,47 @@ describe("sandbox abuse and accounting (runc)", () => {
 
 describe("sandbox scopes agent and shared", () => {
   test("sessions of one agent share a sandbox; another agent's sessions, or another tenant's, do not see it", async () => {
-    const stack = await startStack({ services: ["sandbox"], env: { TROUPE_SANDBOX_SCOPE: "agent", TROUPE_SANDBOX_POOL: "0" } });
+    const stack = await startStack({
+      services: ["sandbox"],
+      env: { TROUPE_SANDBOX_SCOPE: "agent", TROUPE_SANDBOX_POOL: "0" },
+    });
     const sandbox = stack.client(SandboxService, stack.addr.sandbox, { as: DEV_IDENTITY });
     const stranger = stack.client(SandboxService, stack.addr.sandbox, { as: { tenant: "other", principal: "dev" } });
     try {
-      await sandbox.writeFile({ sessionId: "s1", agentId: "writer", path: "notes", data: Buffer.from("shared within writer") });
-      assert.equal(Buffer.from((await sandbox.readFile({ sessionId: "s2", agentId: "writer", path: "notes" })).data).toString(), "shared within writer");
+      await sandbox.writeFile({
+        sessionId: "s1",
+        agentId: "writer",
+        path: "notes",
+        data: Buffer.from("shared within writer"),
+      });
+      assert.equal(
+        Buffer.from((await sandbox.readFile({ sessionId: "s2", agentId: "writer", path: "notes" })).data).toString(),
+        "shared within writer",
+      );
       await failsWith(sandbox.readFile({ sessionId: "s1", agentId: "other", path: "notes" }), Status.NOT_FOUND);
       await failsWith(stranger.readFile({ sessionId: "s1", agentId: "writer", path: "notes" }), Status.NOT_FOUND);
-      await failsWith(sandbox.readFile({ sessionId: "s1", agentId: "Bad Agent!", path: "notes" }), Status.INVALID_ARGUMENT);
+      await failsWith(
+        sandbox.readFile({ sessionId: "s1", agentId: "Bad Agent!", path: "notes" }),
+        Status.INVALID_ARGUMENT,
+      );
       // A call that names no owner is refused: every sandbox belongs to a tenant.
       const anonymous = stack.client(SandboxService, stack.addr.sandbox);
-      await failsWith(anonymous.readFile({ sessionId: "s1", agentId: "writer", path: "notes" }), Status.UNAUTHENTICATED);
+      await failsWith(
+        anonymous.readFile({ sessionId: "s1", agentId: "writer", path: "notes" }),
+        Status.UNAUTHENTICATED,
+      );
       anonymous.close();
       const keys = (await sandbox.listSandboxes({})).sandboxes.map((s) => s.scopeKey).sort();
-      assert.deepEqual(keys, [scopeKey("agent", DEV_IDENTITY, "", "other"), scopeKey("agent", DEV_IDENTITY, "", "writer"), scopeKey("agent", { tenant: "other", principal: "dev" }, "", "writer")].sort());
-      for (const c of [sandbox, stranger]) for (const agentId of ["writer", "other"]) await c.releaseSandbox({ sessionId: "s9", agentId });
+      assert.deepEqual(
+        keys,
+        [
+          scopeKey("agent", DEV_IDENTITY, "", "other"),
+          scopeKey("agent", DEV_IDENTITY, "", "writer"),
+          scopeKey("agent", { tenant: "other", principal: "dev" }, "", "writer"),
+        ].sort(),
+      );
+      for (const c of [sandbox, stranger])
+        for (const agentId of ["writer", "other"]) await c.releaseSandbox({ sessionId: "s9", agentId });
     } finally {
       sandbox.close();
       stranger.close();
@@ -392,13 +549,19 @@ describe("sandbox scopes agent and shared", () => {
   });
 
   test("the shared scope is one sandbox per tenant, never one for all", async () => {
-    const stack = await startStack({ services: ["sandbox"], env: { TROUPE_SANDBOX_SCOPE: "shared", TROUPE_SANDBOX_POOL: "0" } });
+    const stack = await startStack({
+      services: ["sandbox"],
+      env: { TROUPE_SANDBOX_SCOPE: "shared", TROUPE_SANDBOX_POOL: "0" },
+    });
     const a = stack.client(SandboxService, stack.addr.sandbox, { as: { tenant: "acme", principal: "alice" } });
     const a2 = stack.client(SandboxService, stack.addr.sandbox, { as: { tenant: "acme", principal: "bob" } });
     const b = stack.client(SandboxService, stack.addr.sandbox, { as: { tenant: "evil", principal: "alice" } });
     try {
       await a.writeFile({ sessionId: "s1", path: "tenant-note", data: Buffer.from("acme only") });
-      assert.equal(Buffer.from((await a2.readFile({ sessionId: "s7", path: "tenant-note" })).data).toString(), "acme only");
+      assert.equal(
+        Buffer.from((await a2.readFile({ sessionId: "s7", path: "tenant-note" })).data).toString(),
+        "acme only",
+      );
       await failsWith(b.readFile({ sessionId: "s1", path: "tenant-note" }), Status.NOT_FOUND);
       for (const c of [a, b]) await c.releaseSandbox({ sessionId: "s1" });
     } finally {

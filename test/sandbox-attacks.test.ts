@@ -10,7 +10,10 @@ import { mkdtemp, readFile, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { promisify } from "node:util";
-import { Health, HealthCheckResponse_ServingStatus as Serving } from "../services/shared/gen/grpc/health/v1/health_pb.js";
+import {
+  Health,
+  HealthCheckResponse_ServingStatus as Serving,
+} from "../services/shared/gen/grpc/health/v1/health_pb.js";
 import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
 import { DEV_IDENTITY } from "../services/shared/auth.js";
 import { createClient } from "../services/shared/rpc.js";
@@ -22,7 +25,20 @@ import { scopeKey } from "../services/sandbox/scope.js";
 const run = promisify(execFile);
 
 /** The system calls sandbox/probes/syscall-probe.c tries, in its order. */
-const PROBED = ["bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "add_key", "keyctl", "unshare_newuser", "ptrace_attach_1", "process_vm_readv_1", "open_by_handle_at", "af_packet", "mknod_mem"];
+const PROBED = [
+  "bpf",
+  "perf_event_open",
+  "userfaultfd",
+  "io_uring_setup",
+  "add_key",
+  "keyctl",
+  "unshare_newuser",
+  "ptrace_attach_1",
+  "process_vm_readv_1",
+  "open_by_handle_at",
+  "af_packet",
+  "mknod_mem",
+];
 
 /** The probe, compiled static here (gcc from host-setup), as the bytes to write into a workspace. */
 async function compileProbe(): Promise<Buffer> {
@@ -51,7 +67,6 @@ interface Attack {
   /** A command run in the same sandbox afterwards, and what its output must be. */
   afterwards?: { command: string; expect: string };
 }
-
 
 const ATTACKS: Attack[] = [
   {
@@ -115,7 +130,8 @@ const ATTACKS: Attack[] = [
   {
     n: 6,
     name: "write the root filesystem: read-only",
-    command: "echo x > /etc/passwd && echo WROTE-passwd; touch /bin/x && echo WROTE-bin; mkdir /newdir && echo WROTE-dir; grep -c '^x$' /etc/passwd; echo done",
+    command:
+      "echo x > /etc/passwd && echo WROTE-passwd; touch /bin/x && echo WROTE-bin; mkdir /newdir && echo WROTE-dir; grep -c '^x$' /etc/passwd; echo done",
     check: (r) => {
       // runc says EROFS; gVisor says EACCES. Either way nothing is written.
       assert.doesNotMatch(r.out, /WROTE/, r.out);
@@ -137,7 +153,8 @@ const ATTACKS: Attack[] = [
   {
     n: 8,
     name: "mount, unshare, chroot, pivot_root: not permitted",
-    command: "mkdir -p /tmp/m; mount -t tmpfs x /tmp/m && echo MOUNTED; unshare -Urm true && echo UNSHARED; unshare -m true && echo UNSHARED2; chroot /tmp true && echo CHROOTED; pivot_root /tmp /tmp/m && echo PIVOTED; echo end",
+    command:
+      "mkdir -p /tmp/m; mount -t tmpfs x /tmp/m && echo MOUNTED; unshare -Urm true && echo UNSHARED; unshare -m true && echo UNSHARED2; chroot /tmp true && echo CHROOTED; pivot_root /tmp /tmp/m && echo PIVOTED; echo end",
     check: (r) => {
       assert.doesNotMatch(r.out, /MOUNTED|UNSHARED|CHROOTED|PIVOTED/, r.out);
       assert.match(r.out, /end/);
@@ -152,13 +169,15 @@ const ATTACKS: Attack[] = [
   {
     n: 10,
     name: "raw sockets and network administration: not permitted",
-    command: "ping -c 1 -W 1 127.0.0.1 >/dev/null 2>&1 && echo PINGED; ip link add x0 type dummy 2>/dev/null && echo LINKED; ip addr add 10.9.9.9/32 dev lo 2>/dev/null && echo ADDR; echo end",
+    command:
+      "ping -c 1 -W 1 127.0.0.1 >/dev/null 2>&1 && echo PINGED; ip link add x0 type dummy 2>/dev/null && echo LINKED; ip addr add 10.9.9.9/32 dev lo 2>/dev/null && echo ADDR; echo end",
     check: (r) => assert.doesNotMatch(r.out, /PINGED|LINKED|ADDR/, r.out),
   },
   {
     n: 11,
     name: "device nodes and kernel modules: not permitted",
-    command: "mknod /tmp/mem c 1 1 2>/dev/null; head -c 16 /tmp/mem 2>/dev/null | wc -c; insmod /tmp/x.ko 2>/dev/null && echo INSMOD; ls /dev/mem 2>/dev/null && echo DEVMEM; echo end",
+    command:
+      "mknod /tmp/mem c 1 1 2>/dev/null; head -c 16 /tmp/mem 2>/dev/null | wc -c; insmod /tmp/x.ko 2>/dev/null && echo INSMOD; ls /dev/mem 2>/dev/null && echo DEVMEM; echo end",
     check: (r) => {
       // runc refuses the node; gVisor makes it in its own tmpfs, but it leads to no memory.
       assert.match(r.out, /^0$/m, "nothing read through a /dev/mem node");
@@ -168,7 +187,8 @@ const ATTACKS: Attack[] = [
   {
     n: 12,
     name: "privilege escalation: no capabilities, no new privileges, su fails",
-    command: "grep -E '^(CapEff|CapPrm|CapBnd|NoNewPrivs)' /proc/self/status; su -c id root </dev/null 2>&1 | tail -1; id -u",
+    command:
+      "grep -E '^(CapEff|CapPrm|CapBnd|NoNewPrivs)' /proc/self/status; su -c id root </dev/null 2>&1 | tail -1; id -u",
     check: (r, runtime) => {
       assert.match(r.out, /CapEff:\s+0{16}/);
       assert.match(r.out, /CapPrm:\s+0{16}/);
@@ -192,13 +212,15 @@ const ATTACKS: Attack[] = [
   {
     n: 15,
     name: "metadata service, Docker bridge and private ranges: unreachable",
-    command: "for h in 169.254.169.254 100.100.100.200 172.17.0.1 10.0.0.1 192.168.1.1; do wget -q -T 1 -O - http://$h/ >/dev/null 2>&1 && echo REACHED-$h; done; echo end",
+    command:
+      "for h in 169.254.169.254 100.100.100.200 172.17.0.1 10.0.0.1 192.168.1.1; do wget -q -T 1 -O - http://$h/ >/dev/null 2>&1 && echo REACHED-$h; done; echo end",
     check: (r) => assert.doesNotMatch(r.out, /REACHED/, r.out),
   },
   {
     n: 17,
     name: "no Docker or containerd socket",
-    command: "ls -la /var/run/docker.sock /run/docker.sock /run/containerd/containerd.sock 2>&1; env | grep -c DOCKER_HOST",
+    command:
+      "ls -la /var/run/docker.sock /run/docker.sock /run/containerd/containerd.sock 2>&1; env | grep -c DOCKER_HOST",
     check: (r) => {
       assert.equal(r.out.match(/No such file or directory/g)?.length, 3, r.out);
       assert.equal(r.out.trim().split("\n").at(-1), "0");
@@ -231,7 +253,8 @@ const ATTACKS: Attack[] = [
   {
     n: 26,
     name: "output flood on both streams at once: cut at the cap, no deadlock",
-    command: "yes aaaaaaaaaaaaaaa | head -c 8000000 & yes bbbbbbbbbbbbbb | head -c 8000000 >&2; wait; echo finished >&2",
+    command:
+      "yes aaaaaaaaaaaaaaa | head -c 8000000 & yes bbbbbbbbbbbbbb | head -c 8000000 >&2; wait; echo finished >&2",
     check: (r) => {
       assert.ok(r.exit.truncated);
       assert.equal(r.bytes, 1024 * 1024);
@@ -241,7 +264,8 @@ const ATTACKS: Attack[] = [
   {
     n: 27,
     name: "timeout evasion: detached, double-forked and nohup'd descendants all die at the timeout",
-    command: "setsid nohup sleep 1000 >/dev/null 2>&1 & (sleep 1001 &) ; sh -c 'sleep 1002 & exit'; echo started; sleep 300",
+    command:
+      "setsid nohup sleep 1000 >/dev/null 2>&1 & (sleep 1001 &) ; sh -c 'sleep 1002 & exit'; echo started; sleep 300",
     timeoutMs: 1000,
     check: (r) => {
       assert.ok(r.exit.timedOut);
@@ -271,7 +295,8 @@ const ATTACKS: Attack[] = [
     n: 30,
     name: "CPU burn: held to one CPU",
     // The quota as the container's cgroup states it (v2 cpu.max, or v1 quota and period).
-    command: "cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo $(cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us) $(cat /sys/fs/cgroup/cpu/cpu.cfs_period_us)",
+    command:
+      "cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo $(cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us) $(cat /sys/fs/cgroup/cpu/cpu.cfs_period_us)",
     only: "runc",
     check: (r) => assert.equal(r.out.trim(), "100000 100000"),
   },
@@ -290,7 +315,8 @@ const ATTACKS: Attack[] = [
     n: 32,
     name: "clock, hostname and sysctl tampering: not permitted",
     // busybox date reports success even when setting the clock failed: the year afterwards tells.
-    command: "date -s '2001-01-01 00:00:00' >/dev/null 2>&1; date +%Y; hostname evil 2>/dev/null && echo RENAMED; sysctl -w kernel.hostname=evil >/dev/null 2>&1 && echo SYSCTL; hostname",
+    command:
+      "date -s '2001-01-01 00:00:00' >/dev/null 2>&1; date +%Y; hostname evil 2>/dev/null && echo RENAMED; sysctl -w kernel.hostname=evil >/dev/null 2>&1 && echo SYSCTL; hostname",
     check: (r) => {
       assert.notEqual(r.out.split("\n")[0], "2001", "the clock did not move");
       assert.doesNotMatch(r.out, /RENAMED|SYSCTL|^evil$/m, r.out);
@@ -333,7 +359,8 @@ const ATTACKS: Attack[] = [
   {
     n: 34,
     name: "no leaked file descriptors or host paths",
-    command: "ls /proc/self/fd | tr '\\n' ' '; echo; readlink /proc/self/cwd; for f in /proc/self/fd/*; do readlink $f; done",
+    command:
+      "ls /proc/self/fd | tr '\\n' ' '; echo; readlink /proc/self/cwd; for f in /proc/self/fd/*; do readlink $f; done",
     check: (r) => {
       const fds = r.out.split("\n")[0].trim().split(" ");
       assert.ok(fds.length <= 4, `open fds: ${fds.join(",")}`);
@@ -364,7 +391,8 @@ for (const runtime of ["runc", "runsc"] as const) {
         const id = `atk-${runtime}-${attack.n}`;
         const r = await exec(sandbox, id, attack.command, { timeoutMs: attack.timeoutMs });
         attack.check(r, runtime);
-        if (attack.afterwards) assert.equal((await exec(sandbox, id, attack.afterwards.command)).out, attack.afterwards.expect);
+        if (attack.afterwards)
+          assert.equal((await exec(sandbox, id, attack.afterwards.command)).out, attack.afterwards.expect);
         // Whatever it tried, the sandbox still answers.
         const after = await exec(sandbox, id, "echo alive");
         assert.equal(after.out, "alive\n", `after #${attack.n}: ${after.out}`);
@@ -377,7 +405,11 @@ for (const runtime of ["runc", "runsc"] as const) {
       await sandbox.writeFile({ sessionId: id, path: "syscall-probe", data: probe, mode: 0o755 });
       const r = await exec(sandbox, id, "./syscall-probe");
       const lines = r.out.trim().split("\n");
-      assert.deepEqual(lines.map((l) => l.split(" ")[0]), PROBED, r.out);
+      assert.deepEqual(
+        lines.map((l) => l.split(" ")[0]),
+        PROBED,
+        r.out,
+      );
       for (const line of lines) assert.match(line, / (EPERM|ENOSYS)$/, `${runtime}: ${line}`);
       await sandbox.releaseSandbox({ sessionId: id });
     });

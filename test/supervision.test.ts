@@ -15,7 +15,10 @@ after(async () => {
   await stack?.stop();
 });
 
-const ends = (s: ChatSession) => s.events.filter((e) => e.payload.case === "agentEnd").map((e) => (e.payload.case === "agentEnd" ? e.payload.value.stopReason : 0));
+const ends = (s: ChatSession) =>
+  s.events
+    .filter((e) => e.payload.case === "agentEnd")
+    .map((e) => (e.payload.case === "agentEnd" ? e.payload.value.stopReason : 0));
 
 test("a failed run restarts the session from its log; what was queued still runs; the stream stays", async () => {
   const s = new ChatSession(stack.gateway);
@@ -26,16 +29,30 @@ test("a failed run restarts the session from its log; what was queued still runs
   await s.until(() => ends(s).length >= 2, 20_000);
   s.close();
   assert.deepEqual(ends(s), [StopReason.ERROR, StopReason.COMPLETED]);
-  assert.ok(s.events.some((e) => e.payload.case === "error" && e.payload.value.code === "INTERNAL" && /restarts from its log/.test(e.payload.value.message)));
+  assert.ok(
+    s.events.some(
+      (e) =>
+        e.payload.case === "error" &&
+        e.payload.value.code === "INTERNAL" &&
+        /restarts from its log/.test(e.payload.value.message),
+    ),
+  );
   const seqs = s.events.map((e) => Number(e.seq));
-  assert.deepEqual(seqs, seqs.map((_, i) => seqs[0] + i), "seq stays gapless across the restart");
+  assert.deepEqual(
+    seqs,
+    seqs.map((_, i) => seqs[0] + i),
+    "seq stays gapless across the restart",
+  );
   const history = await stack.gateway.getHistory({ sessionId: "sup-1" });
   // The message that triggered the failure is kept once and not run again; the next one runs.
-  assert.deepEqual(history.messages.map((m) => [Role[m.role], m.text]), [
-    ["USER", "boom once"],
-    ["USER", "then this"],
-    ["ASSISTANT", "You said: then this"],
-  ]);
+  assert.deepEqual(
+    history.messages.map((m) => [Role[m.role], m.text]),
+    [
+      ["USER", "boom once"],
+      ["USER", "then this"],
+      ["ASSISTANT", "You said: then this"],
+    ],
+  );
   assert.equal(history.messages[1].frameId, after1);
 });
 
@@ -50,7 +67,10 @@ test("a prompt sent while the session restarts waits for it and then runs", asyn
   s.close();
   assert.deepEqual(ends(s), [StopReason.ERROR, StopReason.COMPLETED]);
   const history = await stack.gateway.getHistory({ sessionId: "sup-4" });
-  assert.deepEqual(history.messages.map((m) => m.frameId || Role[m.role]), [history.messages[0].frameId, during, "ASSISTANT"]);
+  assert.deepEqual(
+    history.messages.map((m) => m.frameId || Role[m.role]),
+    [history.messages[0].frameId, during, "ASSISTANT"],
+  );
 });
 
 test("five failures within a minute mark the session failed; another session is untouched", async () => {
@@ -70,7 +90,9 @@ test("five failures within a minute mark the session failed; another session is 
   const refusedId = s.prompt("anything");
   const refused = await s.waitFor((e) => e.payload.case === "error" && e.payload.value.frameId === refusedId);
   assert.ok(refused.payload.case === "error" && refused.payload.value.code === "FAILED_PRECONDITION");
-  await assert.rejects(stack.gateway.sendMessage({ sessionId: "sup-2", frameId: "u1", text: "hello?" }), { code: Status.FAILED_PRECONDITION });
+  await assert.rejects(stack.gateway.sendMessage({ sessionId: "sup-2", frameId: "u1", text: "hello?" }), {
+    code: Status.FAILED_PRECONDITION,
+  });
   s.close();
   other.close();
   assert.deepEqual(ends(other), Array(5).fill(StopReason.COMPLETED), "the other session never noticed");

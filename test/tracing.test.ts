@@ -29,13 +29,16 @@ function attrValue(v: Record<string, unknown>): unknown {
   if ("arrayValue" in v) return ((v.arrayValue as { values?: Record<string, unknown>[] }).values ?? []).map(attrValue);
   return undefined;
 }
-const attrs = (list: { key: string; value: Record<string, unknown> }[] = []) => Object.fromEntries(list.map((a) => [a.key, attrValue(a.value)]));
+const attrs = (list: { key: string; value: Record<string, unknown> }[] = []) =>
+  Object.fromEntries(list.map((a) => [a.key, attrValue(a.value)]));
 
 before(async () => {
   collector = http.createServer(async (req, res) => {
     const chunks: Buffer[] = [];
     for await (const c of req) chunks.push(c as Buffer);
-    let body: { resourceSpans?: { resource?: { attributes?: [] }; scopeSpans?: { spans?: Record<string, never>[] }[] }[] };
+    let body: {
+      resourceSpans?: { resource?: { attributes?: [] }; scopeSpans?: { spans?: Record<string, never>[] }[] }[];
+    };
     try {
       body = JSON.parse(Buffer.concat(chunks).toString("utf8"));
     } catch (err) {
@@ -47,7 +50,15 @@ before(async () => {
       const service = String(attrs(rs.resource?.attributes)["service.name"]);
       for (const ss of rs.scopeSpans ?? []) {
         for (const s of ss.spans ?? []) {
-          spans.push({ service, traceId: s.traceId, spanId: s.spanId, parentSpanId: s.parentSpanId ?? "", name: s.name, kind: s.kind, attributes: attrs(s.attributes) });
+          spans.push({
+            service,
+            traceId: s.traceId,
+            spanId: s.spanId,
+            parentSpanId: s.parentSpanId ?? "",
+            name: s.name,
+            kind: s.kind,
+            attributes: attrs(s.attributes),
+          });
         }
       }
     }
@@ -57,7 +68,9 @@ before(async () => {
   collector.listen(0, "127.0.0.1");
   await once(collector, "listening");
   const port = (collector.address() as { port: number }).port;
-  stack = await startStack({ env: { OTEL_EXPORTER_OTLP_ENDPOINT: `http://127.0.0.1:${port}`, OTEL_BSP_SCHEDULE_DELAY: "100" } });
+  stack = await startStack({
+    env: { OTEL_EXPORTER_OTLP_ENDPOINT: `http://127.0.0.1:${port}`, OTEL_BSP_SCHEDULE_DELAY: "100" },
+  });
 });
 
 after(async () => {
@@ -74,18 +87,36 @@ test("a turn with a tool call is one trace through gateway, runner, memory and s
   s.close();
 
   const runnerTurn = await waitFor("the runner's invoke_agent span", async () =>
-    spans.find((x) => x.name === "invoke_agent main" && x.service === "troupe-runner" && x.attributes["gen_ai.conversation.id"] === opened.sessionId),
+    spans.find(
+      (x) =>
+        x.name === "invoke_agent main" &&
+        x.service === "troupe-runner" &&
+        x.attributes["gen_ai.conversation.id"] === opened.sessionId,
+    ),
   );
   const traceId = runnerTurn.traceId;
   const inTrace = () => spans.filter((x) => x.traceId === traceId);
   await waitFor("the gateway, sandbox and memory spans", async () => {
     const names = inTrace().map((x) => `${x.service} ${x.name}`);
-    return ["troupe-sandbox troupe.v1.SandboxService/Exec", "troupe-memory troupe.v1.MemoryService/SearchMemories", "troupe-gateway invoke_agent main"].every((n) => names.includes(n));
+    return [
+      "troupe-sandbox troupe.v1.SandboxService/Exec",
+      "troupe-memory troupe.v1.MemoryService/SearchMemories",
+      "troupe-gateway invoke_agent main",
+    ].every((n) => names.includes(n));
   });
   const trace = inTrace();
-  if (process.env.DEBUG_SPANS) console.log(spans.map((x) => `${x.traceId.slice(0, 8)} ${x.spanId.slice(0, 6)}<-${x.parentSpanId.slice(0, 6)} ${x.service} ${x.name}`).join("\n"));
+  if (process.env.DEBUG_SPANS)
+    console.log(
+      spans
+        .map(
+          (x) =>
+            `${x.traceId.slice(0, 8)} ${x.spanId.slice(0, 6)}<-${x.parentSpanId.slice(0, 6)} ${x.service} ${x.name}`,
+        )
+        .join("\n"),
+    );
   const services = new Set(trace.map((x) => x.service));
-  for (const svc of ["troupe-gateway", "troupe-runner", "troupe-memory", "troupe-sandbox"]) assert.ok(services.has(svc), `${svc} is in the trace (${[...services]})`);
+  for (const svc of ["troupe-gateway", "troupe-runner", "troupe-memory", "troupe-sandbox"])
+    assert.ok(services.has(svc), `${svc} is in the trace (${[...services]})`);
 
   const byName = (name: string) => trace.filter((x) => x.name === name);
   const gatewayTurn = byName("invoke_agent main").find((x) => x.service === "troupe-gateway");

@@ -9,7 +9,11 @@ import * as grpc from "@grpc/grpc-js";
 import { create, toBinary } from "@bufbuild/protobuf";
 import { ApiKeys } from "../../services/shared/api-keys.js";
 import { apiKeyAuth, identityOf } from "../../services/shared/auth.js";
-import { ChatResponseSchema, GatewayService, SendMessageResponseSchema } from "../../services/shared/gen/troupe/v1/gateway_pb.js";
+import {
+  ChatResponseSchema,
+  GatewayService,
+  SendMessageResponseSchema,
+} from "../../services/shared/gen/troupe/v1/gateway_pb.js";
 import { RouterService } from "../../services/shared/gen/troupe/v1/router_pb.js";
 import { PlacementCache } from "../../services/gateway/placement.js";
 import { RpcServer, createClient } from "../../services/shared/rpc.js";
@@ -17,13 +21,31 @@ import { RpcServer, createClient } from "../../services/shared/rpc.js";
 const keysJson = process.argv[2];
 const same = (b: Buffer) => b;
 const sendResponse = Buffer.from(toBinary(SendMessageResponseSchema, create(SendMessageResponseSchema, {})));
-const opened = Buffer.from(toBinary(ChatResponseSchema, create(ChatResponseSchema, { kind: { case: "opened", value: { sessionId: "s" } } })));
+const opened = Buffer.from(
+  toBinary(ChatResponseSchema, create(ChatResponseSchema, { kind: { case: "opened", value: { sessionId: "s" } } })),
+);
 
 const bare = new grpc.Server();
 bare.addService(
   {
-    sendMessage: { path: "/troupe.v1.GatewayService/SendMessage", requestStream: false, responseStream: false, requestSerialize: same, requestDeserialize: same, responseSerialize: same, responseDeserialize: same },
-    chat: { path: "/troupe.v1.GatewayService/Chat", requestStream: true, responseStream: true, requestSerialize: same, requestDeserialize: same, responseSerialize: same, responseDeserialize: same },
+    sendMessage: {
+      path: "/troupe.v1.GatewayService/SendMessage",
+      requestStream: false,
+      responseStream: false,
+      requestSerialize: same,
+      requestDeserialize: same,
+      responseSerialize: same,
+      responseDeserialize: same,
+    },
+    chat: {
+      path: "/troupe.v1.GatewayService/Chat",
+      requestStream: true,
+      responseStream: true,
+      requestSerialize: same,
+      requestDeserialize: same,
+      responseSerialize: same,
+      responseDeserialize: same,
+    },
   },
   {
     sendMessage: (_call: unknown, cb: grpc.sendUnaryData<Buffer>) => cb(null, sendResponse),
@@ -36,11 +58,20 @@ bare.addService(
   },
 );
 const bind = (server: grpc.Server) =>
-  new Promise<number>((resolve, reject) => server.bindAsync("127.0.0.1:0", grpc.ServerCredentials.createInsecure(), (err, port) => (err ? reject(err) : resolve(port))));
+  new Promise<number>((resolve, reject) =>
+    server.bindAsync("127.0.0.1:0", grpc.ServerCredentials.createInsecure(), (err, port) =>
+      err ? reject(err) : resolve(port),
+    ),
+  );
 
 // A router that always answers the same placement (the cache asks it once per session).
 const router = new RpcServer().add(RouterService, {
-  resolveSession: async (req) => ({ sessionId: req.sessionId, agentId: "main", sessionKey: `agent:main:${req.sessionId}`, runner: { runnerId: "r", address: "127.0.0.1:1" } }),
+  resolveSession: async (req) => ({
+    sessionId: req.sessionId,
+    agentId: "main",
+    sessionKey: `agent:main:${req.sessionId}`,
+    runner: { runnerId: "r", address: "127.0.0.1:1" },
+  }),
   registerRunner: async () => ({ leaseTtlMs: 1000 }),
   listRunners: async () => ({ runners: [] }),
   resolveInbound: async () => ({}),
@@ -57,7 +88,9 @@ const handlers = (auth: boolean) =>
       }
       return {};
     },
-    chat(call: grpc.ServerDuplexStream<{ frame?: { kind: { case?: string; value?: { sessionId?: string } } } }, unknown>) {
+    chat(
+      call: grpc.ServerDuplexStream<{ frame?: { kind: { case?: string; value?: { sessionId?: string } } } }, unknown>,
+    ) {
       call.once("data", async (req) => {
         if (auth) {
           const v = req.frame?.kind.value;
@@ -71,6 +104,10 @@ const handlers = (auth: boolean) =>
 const adapter = new RpcServer().add(GatewayService, handlers(false));
 const withAuth = new RpcServer({ authenticate: apiKeyAuth(keys) }).add(GatewayService, handlers(true));
 
-const ports = { bare: await bind(bare), adapter: await adapter.listen("127.0.0.1:0"), auth: await withAuth.listen("127.0.0.1:0") };
+const ports = {
+  bare: await bind(bare),
+  adapter: await adapter.listen("127.0.0.1:0"),
+  auth: await withAuth.listen("127.0.0.1:0"),
+};
 process.stdout.write(`bare=${ports.bare} adapter=${ports.adapter} auth=${ports.auth}\n`);
 process.on("SIGTERM", () => process.exit(0));

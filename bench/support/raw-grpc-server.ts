@@ -8,7 +8,15 @@ const server = new grpc.Server({ "grpc-node.max_session_memory": 64 });
 const identity = (b: Buffer) => b;
 server.addService(
   {
-    stream: { path: "/bench.Raw/Stream", requestStream: true, responseStream: true, requestSerialize: identity, requestDeserialize: identity, responseSerialize: identity, responseDeserialize: identity },
+    stream: {
+      path: "/bench.Raw/Stream",
+      requestStream: true,
+      responseStream: true,
+      requestSerialize: identity,
+      requestDeserialize: identity,
+      responseSerialize: identity,
+      responseDeserialize: identity,
+    },
   },
   {
     stream: (call: grpc.ServerDuplexStream<Buffer, Buffer>) => {

@@ -25,7 +25,10 @@ export function register(api) {
 
   // An observing hook: a line per finished run. It never delays the run.
   api.on("agent_end", ({ sessionId, stopReason }) => {
-    appendFileSync(process.env.TROUPE_RUN_TRAIL ?? "/tmp/troupe-runs.log", `${new Date().toISOString()} ${sessionId} ${stopReason}\n`);
+    appendFileSync(
+      process.env.TROUPE_RUN_TRAIL ?? "/tmp/troupe-runs.log",
+      `${new Date().toISOString()} ${sessionId} ${stopReason}\n`,
+    );
   });
 
   // A threat check on every inbound message, after the built-in injection scanner. "high" blocks.

@@ -17,7 +17,9 @@ const red = (s: string) => (process.stderr.isTTY ? `\x1b[31m${s}\x1b[0m` : s);
 export async function chatCommand(args: string[]): Promise<number> {
   const cfg = loadConfig(args, process.env, { session: { type: "string" }, agent: { type: "string" } });
   const message = cfg.rest.join(" ").trim();
-  const client = createClient(GatewayService, cfg.addr.gateway, { headers: { authorization: `Bearer ${await clientApiKey(cfg.dataDir)}` } });
+  const client = createClient(GatewayService, cfg.addr.gateway, {
+    headers: { authorization: `Bearer ${await clientApiKey(cfg.dataDir)}` },
+  });
   const call = client.chat();
   const prefix = randomBytes(4).toString("hex");
   let n = 0;
@@ -43,7 +45,13 @@ export async function chatCommand(args: string[]): Promise<number> {
         process.stderr.write(dim(p.value.output));
         break;
       case "toolExecutionEnd":
-        process.stderr.write(dim(p.value.skipped ? `[skipped ${p.value.toolName}: ${p.value.result}]\n` : `[${p.value.toolName} ${p.value.isError ? "failed" : "done"}]\n`));
+        process.stderr.write(
+          dim(
+            p.value.skipped
+              ? `[skipped ${p.value.toolName}: ${p.value.result}]\n`
+              : `[${p.value.toolName} ${p.value.isError ? "failed" : "done"}]\n`,
+          ),
+        );
         break;
       case "toolCallsSkipped":
         process.stderr.write(dim(`[steering: skipped ${p.value.toolCallIds.length} tool call(s)]\n`));
@@ -55,7 +63,12 @@ export async function chatCommand(args: string[]): Promise<number> {
         running = false;
         lastStop = p.value.stopReason;
         process.stdout.write("\n");
-        if (p.value.stopReason !== StopReason.COMPLETED) process.stderr.write(dim(`[${StopReason[p.value.stopReason].toLowerCase()}${p.value.errorMessage ? `: ${p.value.errorMessage}` : ""}]\n`));
+        if (p.value.stopReason !== StopReason.COMPLETED)
+          process.stderr.write(
+            dim(
+              `[${StopReason[p.value.stopReason].toLowerCase()}${p.value.errorMessage ? `: ${p.value.errorMessage}` : ""}]\n`,
+            ),
+          );
         break;
     }
   };
@@ -68,19 +81,31 @@ export async function chatCommand(args: string[]): Promise<number> {
     call.on("error", (err: { code?: number; details?: string }) => {
       if (err.code === 1) return resolve(lastStop === StopReason.COMPLETED ? 0 : 130); // cancelled by us
       process.stderr.write(red(`troupe chat: ${statusName(err.code ?? 2)}: ${err.details ?? String(err)}\n`));
-      if (err.code === 14) process.stderr.write(`Is Troupe running? Start it with \`make run\` (gateway expected at ${cfg.addr.gateway}).\n`);
+      if (err.code === 14)
+        process.stderr.write(
+          `Is Troupe running? Start it with \`make run\` (gateway expected at ${cfg.addr.gateway}).\n`,
+        );
       resolve(1);
     });
     call.on("end", () => resolve(lastStop === StopReason.COMPLETED ? 0 : 1));
   });
 
-  call.write({ frame: { frameId: frameId(), kind: { case: "open", value: { sessionId: String(cfg.flags.session ?? ""), agentId: String(cfg.flags.agent ?? ""), create: true } } } });
+  call.write({
+    frame: {
+      frameId: frameId(),
+      kind: {
+        case: "open",
+        value: { sessionId: String(cfg.flags.session ?? ""), agentId: String(cfg.flags.agent ?? ""), create: true },
+      },
+    },
+  });
 
   if (message) {
     call.write({ frame: { frameId: frameId(), kind: { case: "prompt", value: { text: message } } } });
     call.end(); // the stream ends once the session has nothing left to do
     process.on("SIGINT", () => {
-      if (interrupts++ === 0 && running) call.write({ frame: { frameId: frameId(), kind: { case: "abort", value: { reason: "Ctrl-C" } } } });
+      if (interrupts++ === 0 && running)
+        call.write({ frame: { frameId: frameId(), kind: { case: "abort", value: { reason: "Ctrl-C" } } } });
       else call.cancel();
     });
     const code = await ended;

@@ -36,16 +36,37 @@ export async function keysCommand(args: string[]): Promise<number> {
         const role = (flags.role as string | undefined) ?? "user";
         if (!ROLES.includes(role as Role)) return fail(`--role must be one of ${ROLES.join(", ")}`);
         const id = (flags.name as string | undefined) ?? `${principal}-${new Date().toISOString()}`;
-        const key = await createApiKey(cfg.apiKeysFile, { tenant, principal, id, role: role as Role, channels: (flags.channel as string[] | undefined) ?? [] });
-        process.stderr.write(`added ${id} to ${cfg.apiKeysFile} (only its hash is kept; this is the one time the key is shown):\n`);
+        const key = await createApiKey(cfg.apiKeysFile, {
+          tenant,
+          principal,
+          id,
+          role: role as Role,
+          channels: (flags.channel as string[] | undefined) ?? [],
+        });
+        process.stderr.write(
+          `added ${id} to ${cfg.apiKeysFile} (only its hash is kept; this is the one time the key is shown):\n`,
+        );
         process.stdout.write(`${key}\n`);
         return 0;
       }
       case "ls": {
-        const rows = (await listApiKeys(cfg.apiKeysFile)).map((k) => [k.id, k.tenant, k.principal, k.role, k.channels.join(",") || "-", k.createdMs ? new Date(k.createdMs).toISOString() : "-"]);
+        const rows = (await listApiKeys(cfg.apiKeysFile)).map((k) => [
+          k.id,
+          k.tenant,
+          k.principal,
+          k.role,
+          k.channels.join(",") || "-",
+          k.createdMs ? new Date(k.createdMs).toISOString() : "-",
+        ]);
         const head = ["NAME", "TENANT", "PRINCIPAL", "ROLE", "CHANNELS", "CREATED"];
         const widths = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i].length)));
-        for (const r of [head, ...rows]) process.stdout.write(`${r.map((c, i) => c.padEnd(widths[i])).join("  ").trimEnd()}\n`);
+        for (const r of [head, ...rows])
+          process.stdout.write(
+            `${r
+              .map((c, i) => c.padEnd(widths[i]))
+              .join("  ")
+              .trimEnd()}\n`,
+          );
         return 0;
       }
       case "revoke": {

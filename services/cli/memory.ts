@@ -18,7 +18,8 @@ import { embedderFor, storeLocation } from "../memory/server.js";
 async function reembedCommand(cfg: Config, f: Record<string, string | boolean | undefined>): Promise<number> {
   try {
     const batch = f.batch === undefined ? 256 : Number(f.batch);
-    if (!Number.isInteger(batch) || batch < 1 || batch > 4096) throw new Error("--batch must be an integer from 1 to 4096");
+    if (!Number.isInteger(batch) || batch < 1 || batch > 4096)
+      throw new Error("--batch must be an integer from 1 to 4096");
     const embedder = embedderFor(cfg, process.env);
     const { uri, storageOptions } = storeLocation(cfg, process.env);
     let shown = 0;
@@ -32,7 +33,9 @@ async function reembedCommand(cfg: Config, f: Record<string, string | boolean | 
         }
       },
     });
-    process.stdout.write(`re-embedded ${res.rows} memories in ${res.ms} ms: ${res.from.table} (${res.from.embedder}) -> ${res.to.table} (${res.to.embedder})${f["keep-old"] ? `; ${res.from.table} kept` : ""}\n`);
+    process.stdout.write(
+      `re-embedded ${res.rows} memories in ${res.ms} ms: ${res.from.table} (${res.from.embedder}) -> ${res.to.table} (${res.to.embedder})${f["keep-old"] ? `; ${res.from.table} kept` : ""}\n`,
+    );
     return 0;
   } catch (err) {
     process.stderr.write(`troupe memory reembed: ${describeError(err)}\n`);
@@ -65,23 +68,41 @@ export async function memoryCommand(args: string[]): Promise<number> {
   });
   const f = cfg.flags as Record<string, string | boolean | undefined>;
   if (sub === "reembed") return reembedCommand(cfg, f);
-  const scope = { tenant: (f.tenant as string) ?? "", owner: (f.owner as string) ?? "", agentId: (f.agent as string) ?? "" };
+  const scope = {
+    tenant: (f.tenant as string) ?? "",
+    owner: (f.owner as string) ?? "",
+    agentId: (f.agent as string) ?? "",
+  };
   const text = cfg.rest.join(" ").trim();
-  const client = createClient(MemoryService, cfg.addr.memory, { headers: (await internalCredentials(cfg.dataDir)).headers });
+  const client = createClient(MemoryService, cfg.addr.memory, {
+    headers: (await internalCredentials(cfg.dataDir)).headers,
+  });
   try {
     switch (sub) {
       case "add": {
         if (!text) break;
-        const res = await client.addMemories({ scope: { ...scope, agentId: scope.agentId || "main" }, memories: [{ text, evergreen: f.evergreen === true, provenance: "cli" }] });
-        process.stdout.write(`${res.results[0]?.outcome === AddOutcome.DUPLICATE ? "already stored as" : "stored as"} ${res.ids[0]}\n`);
+        const res = await client.addMemories({
+          scope: { ...scope, agentId: scope.agentId || "main" },
+          memories: [{ text, evergreen: f.evergreen === true, provenance: "cli" }],
+        });
+        process.stdout.write(
+          `${res.results[0]?.outcome === AddOutcome.DUPLICATE ? "already stored as" : "stored as"} ${res.ids[0]}\n`,
+        );
         return 0;
       }
       case "search": {
         if (!text) break;
-        const res = await client.searchMemories({ scope, query: text, k: Number(f.k ?? 5), options: { debug: f.debug === true } });
+        const res = await client.searchMemories({
+          scope,
+          query: text,
+          k: Number(f.k ?? 5),
+          options: { debug: f.debug === true },
+        });
         for (const r of res.results) {
           const s = r.stages;
-          const detail = s ? `  [vector ${s.vector.toFixed(3)} text ${s.text.toFixed(3)} fused ${s.fused.toFixed(3)} decayed ${s.decayed.toFixed(3)} mmr ${s.mmr.toFixed(3)}]` : "";
+          const detail = s
+            ? `  [vector ${s.vector.toFixed(3)} text ${s.text.toFixed(3)} fused ${s.fused.toFixed(3)} decayed ${s.decayed.toFixed(3)} mmr ${s.mmr.toFixed(3)}]`
+            : "";
           process.stdout.write(`${r.score.toFixed(3)}  ${r.memory!.id}  ${r.memory!.text}${detail}\n`);
         }
         if (res.results.length === 0) process.stdout.write("(nothing found)\n");
@@ -95,7 +116,9 @@ export async function memoryCommand(args: string[]): Promise<number> {
       }
       case "stats": {
         const s = await client.getMemoryStats({});
-        process.stdout.write(`rows ${s.rows}\nembedder ${s.embedder} (${s.dimension} dimensions)\nvector index ${s.vectorIndexed ? `yes (${s.unindexedRows} rows not yet in it)` : "no (exact search)"}\ntable version ${s.tableVersion}\n`);
+        process.stdout.write(
+          `rows ${s.rows}\nembedder ${s.embedder} (${s.dimension} dimensions)\nvector index ${s.vectorIndexed ? `yes (${s.unindexedRows} rows not yet in it)` : "no (exact search)"}\ntable version ${s.tableVersion}\n`,
+        );
         return 0;
       }
     }

@@ -18,7 +18,8 @@ const USAGE = `usage: troupe sandbox ls
 `;
 
 /** One word for /bin/sh, quoted so the shell passes it on unchanged. */
-const shellQuote = (word: string): string => (/^[A-Za-z0-9_@%+=:,./-]+$/.test(word) ? word : `'${word.replace(/'/g, `'\\''`)}'`);
+const shellQuote = (word: string): string =>
+  /^[A-Za-z0-9_@%+=:,./-]+$/.test(word) ? word : `'${word.replace(/'/g, `'\\''`)}'`;
 
 /**
  * The sandbox runs a command line with /bin/sh -c; an argv becomes a line whose words the shell
@@ -51,10 +52,15 @@ export async function sandboxCommand(args: string[]): Promise<number> {
   const flags = cfg.flags as Record<string, string | boolean | undefined>;
   const sessionId = (flags.session as string | undefined) ?? "";
   const agentId = (flags.agent as string | undefined) ?? "";
-  const owner = { tenant: (flags.tenant as string | undefined) ?? DEV_IDENTITY.tenant, principal: (flags.principal as string | undefined) ?? DEV_IDENTITY.principal };
+  const owner = {
+    tenant: (flags.tenant as string | undefined) ?? DEV_IDENTITY.tenant,
+    principal: (flags.principal as string | undefined) ?? DEV_IDENTITY.principal,
+  };
   // An operator's tool on a machine of the stack: it speaks to the sandbox service as Troupe does,
   // for the session's owner.
-  const client = createClient(SandboxService, cfg.addr.sandbox, { headers: { ...(await internalCredentials(cfg.dataDir)).headers, ...identityHeaders(owner) } });
+  const client = createClient(SandboxService, cfg.addr.sandbox, {
+    headers: { ...(await internalCredentials(cfg.dataDir)).headers, ...identityHeaders(owner) },
+  });
   try {
     switch (sub) {
       case "ls": {
@@ -69,7 +75,13 @@ export async function sandboxCommand(args: string[]): Promise<number> {
         ]);
         const head = ["NAME", "SCOPE", "STATE", "RUNNING", "CREATED", "LAST USED"];
         const widths = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i].length)));
-        for (const r of [head, ...rows]) process.stdout.write(`${r.map((c, i) => c.padEnd(widths[i])).join("  ").trimEnd()}\n`);
+        for (const r of [head, ...rows])
+          process.stdout.write(
+            `${r
+              .map((c, i) => c.padEnd(widths[i]))
+              .join("  ")
+              .trimEnd()}\n`,
+          );
         return 0;
       }
       case "exec": {
@@ -87,7 +99,11 @@ export async function sandboxCommand(args: string[]): Promise<number> {
           else if (m.kind.case === "exit") {
             const e = m.kind.value;
             code = e.exitCode;
-            const notes = [e.timedOut && "timed out", e.oomKilled && "out of memory", e.truncated && "output truncated"].filter(Boolean);
+            const notes = [
+              e.timedOut && "timed out",
+              e.oomKilled && "out of memory",
+              e.truncated && "output truncated",
+            ].filter(Boolean);
             if (notes.length) process.stderr.write(`troupe sandbox: ${notes.join(", ")}\n`);
           }
         }

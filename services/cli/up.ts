@@ -26,11 +26,32 @@ interface Child {
 export async function upCommand(args: string[]): Promise<void> {
   const cfg = loadConfig(args);
   const logger = createLogger("up");
-  const shared = ["--data-dir", cfg.dataDir, "--gateway", cfg.addr.gateway, "--router", cfg.addr.router, "--runner", cfg.addr.runner, "--memory", cfg.addr.memory, "--sandbox", cfg.addr.sandbox, "--model-server", cfg.addr.model, "--max-message-bytes", String(cfg.maxMessageBytes), "--api-keys", cfg.apiKeysFile];
+  const shared = [
+    "--data-dir",
+    cfg.dataDir,
+    "--gateway",
+    cfg.addr.gateway,
+    "--router",
+    cfg.addr.router,
+    "--runner",
+    cfg.addr.runner,
+    "--memory",
+    cfg.addr.memory,
+    "--sandbox",
+    cfg.addr.sandbox,
+    "--model-server",
+    cfg.addr.model,
+    "--max-message-bytes",
+    String(cfg.maxMessageBytes),
+    "--api-keys",
+    cfg.apiKeysFile,
+  ];
   const names = ["router", "memory", "sandbox", "runner", "gateway"];
   if (!cfg.openaiBaseUrl) {
     names.unshift("model-server");
-    logger.warn(`OPENAI_BASE_URL is not set: using Troupe's scripted model server at ${modelBaseUrl(cfg)} (deterministic replies, see docs/scripted-model.md). Set OPENAI_BASE_URL, OPENAI_API_KEY and TROUPE_MODEL to use a real model.`);
+    logger.warn(
+      `OPENAI_BASE_URL is not set: using Troupe's scripted model server at ${modelBaseUrl(cfg)} (deterministic replies, see docs/scripted-model.md). Set OPENAI_BASE_URL, OPENAI_API_KEY and TROUPE_MODEL to use a real model.`,
+    );
   } else {
     logger.info(`model endpoint ${cfg.openaiBaseUrl}, model ${cfg.model}`);
   }
@@ -42,7 +63,10 @@ export async function upCommand(args: string[]): Promise<void> {
 
   const start = (child: Child) => {
     child.startedAt = Date.now();
-    const proc = spawn(process.execPath, [MAIN, ...child.args], { stdio: ["ignore", "inherit", "inherit"], env: process.env });
+    const proc = spawn(process.execPath, [MAIN, ...child.args], {
+      stdio: ["ignore", "inherit", "inherit"],
+      env: process.env,
+    });
     child.proc = proc;
     proc.on("exit", (code, signal) => {
       child.proc = undefined;
@@ -117,22 +141,40 @@ async function waitReady(cfg: Config, timeoutMs: number): Promise<string[]> {
   const logger = createLogger("up");
   const deadline = Date.now() + timeoutMs;
   const pending = new Set(["router", "memory", "sandbox", "runner", "gateway", "runner registration"]);
-  const addresses: Record<string, string> = { router: cfg.addr.router, memory: cfg.addr.memory, sandbox: cfg.addr.sandbox, runner: cfg.addr.runner, gateway: cfg.addr.gateway };
-  const router = createClient(RouterService, cfg.addr.router, { headers: (await internalCredentials(cfg.dataDir)).headers });
+  const addresses: Record<string, string> = {
+    router: cfg.addr.router,
+    memory: cfg.addr.memory,
+    sandbox: cfg.addr.sandbox,
+    runner: cfg.addr.runner,
+    gateway: cfg.addr.gateway,
+  };
+  const router = createClient(RouterService, cfg.addr.router, {
+    headers: (await internalCredentials(cfg.dataDir)).headers,
+  });
   try {
     while (pending.size > 0 && Date.now() < deadline) {
       for (const name of [...pending]) {
         if (name === "runner registration") {
-          const n = await router.listRunners({}, { timeoutMs: 1000 }).then((r) => r.runners.length, () => 0);
+          const n = await router.listRunners({}, { timeoutMs: 1000 }).then(
+            (r) => r.runners.length,
+            () => 0,
+          );
           if (n > 0) pending.delete(name);
           continue;
         }
         const health = createClient(Health, addresses[name]);
-        const status = await health.check({ service: SERVICE_TYPE[name as keyof typeof SERVICE_TYPE] }, { timeoutMs: 1000 }).then((r) => r.status, () => undefined);
+        const status = await health
+          .check({ service: SERVICE_TYPE[name as keyof typeof SERVICE_TYPE] }, { timeoutMs: 1000 })
+          .then(
+            (r) => r.status,
+            () => undefined,
+          );
         health.close();
         if (status === Serving.SERVING) pending.delete(name);
         else if (status === Serving.NOT_SERVING && name === "sandbox") {
-          logger.warn("the sandbox is NOT_SERVING (no Docker engine): tool calls will fail until one runs; see docs/sandbox.md");
+          logger.warn(
+            "the sandbox is NOT_SERVING (no Docker engine): tool calls will fail until one runs; see docs/sandbox.md",
+          );
           pending.delete(name);
         }
       }

@@ -6,7 +6,15 @@ import { NAME } from "../shared/api-keys.js";
 import { create } from "@bufbuild/protobuf";
 import { invalidArgument, invalidArgumentIf } from "../shared/errors.js";
 import { CHANNEL_NAME } from "../shared/ids.js";
-import { ChannelContextSchema, ChatType, MediaKind, MediaRefSchema, type ChannelContext, type InboundMessage, type MediaRef } from "../shared/gen/troupe/v1/inbound_pb.js";
+import {
+  ChannelContextSchema,
+  ChatType,
+  MediaKind,
+  MediaRefSchema,
+  type ChannelContext,
+  type InboundMessage,
+  type MediaRef,
+} from "../shared/gen/troupe/v1/inbound_pb.js";
 
 const MAX_MEDIA = 32;
 const MAX_TEXT_CHARS = 32_000;
@@ -32,7 +40,13 @@ export function normaliseText(text: string): string {
 
 function mediaKind(mime: string): MediaKind {
   const top = mime.split("/")[0];
-  return top === "image" ? MediaKind.IMAGE : top === "audio" ? MediaKind.AUDIO : top === "video" ? MediaKind.VIDEO : MediaKind.FILE;
+  return top === "image"
+    ? MediaKind.IMAGE
+    : top === "audio"
+      ? MediaKind.AUDIO
+      : top === "video"
+        ? MediaKind.VIDEO
+        : MediaKind.FILE;
 }
 
 const KIND_NAME: Record<MediaKind, string> = {
@@ -55,7 +69,10 @@ function fileNameOf(url: string): string {
 function normaliseMedia(m: MediaRef, i: number): MediaRef {
   invalidArgumentIf(m.url === "" || m.url.length > 2048, `media[${i}].url must be 1-2048 characters`);
   const mime = (m.mimeType || "application/octet-stream").toLowerCase().trim();
-  invalidArgumentIf(!/^[a-z0-9.+-]+\/[a-z0-9.+-]+$/.test(mime), `media[${i}].mime_type ${JSON.stringify(mime.slice(0, 64))} is not a MIME type`);
+  invalidArgumentIf(
+    !/^[a-z0-9.+-]+\/[a-z0-9.+-]+$/.test(mime),
+    `media[${i}].mime_type ${JSON.stringify(mime.slice(0, 64))} is not a MIME type`,
+  );
   const fromUrl = fileNameOf(m.url);
   return create(MediaRefSchema, {
     url: m.url,
@@ -68,20 +85,32 @@ function normaliseMedia(m: MediaRef, i: number): MediaRef {
   });
 }
 
-const describe = (m: MediaRef) => `[${KIND_NAME[m.kind]}: ${m.fileName} (${m.mimeType}${m.sizeBytes > 0n ? `, ${m.sizeBytes} bytes` : ""})]`;
+const describe = (m: MediaRef) =>
+  `[${KIND_NAME[m.kind]}: ${m.fileName} (${m.mimeType}${m.sizeBytes > 0n ? `, ${m.sizeBytes} bytes` : ""})]`;
 
 export function normaliseInbound(msg: InboundMessage | undefined): NormalisedInbound {
   if (!msg) throw invalidArgument("message is required");
   const key = msg.idempotencyKey;
-  invalidArgumentIf(key === "" || key.length > 256 || /[\u0000-\u001f]/.test(key), "message.idempotency_key must be 1-256 characters without control characters");
+  invalidArgumentIf(
+    key === "" || key.length > 256 || /[\u0000-\u001f]/.test(key),
+    "message.idempotency_key must be 1-256 characters without control characters",
+  );
   const c = msg.context;
   if (!c) throw invalidArgument("message.context is required");
   const channel = c.channel.trim().toLowerCase();
   invalidArgumentIf(!CHANNEL_NAME.test(channel), "message.context.channel must be 1-32 of a-z 0-9 _ -");
   invalidArgumentIf(!c.sender?.id, "message.context.sender.id is required");
   // A chat type not given is inferred: a chat that is the sender (or none) is direct.
-  const chatType = c.chatType !== ChatType.UNSPECIFIED ? c.chatType : !c.peer?.id || c.peer.id === c.sender!.id ? ChatType.DIRECT : ChatType.GROUP;
-  invalidArgumentIf(chatType !== ChatType.DIRECT && !c.peer?.id, "message.context.peer.id is required for group and channel chats");
+  const chatType =
+    c.chatType !== ChatType.UNSPECIFIED
+      ? c.chatType
+      : !c.peer?.id || c.peer.id === c.sender!.id
+        ? ChatType.DIRECT
+        : ChatType.GROUP;
+  invalidArgumentIf(
+    chatType !== ChatType.DIRECT && !c.peer?.id,
+    "message.context.peer.id is required for group and channel chats",
+  );
   const context = create(ChannelContextSchema, {
     ...c,
     channel,

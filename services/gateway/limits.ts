@@ -25,7 +25,13 @@ export interface LimitsConfig {
  * refusal first, which is an event on a stream that stays open; the rate limit is for sustained
  * floods, which end the stream.
  */
-export const DEFAULT_LIMITS: LimitsConfig = { tenantRate: 1000, tenantBurst: 2000, sessionRate: 20, sessionBurst: 200, tenantStreams: 20_000 };
+export const DEFAULT_LIMITS: LimitsConfig = {
+  tenantRate: 1000,
+  tenantBurst: 2000,
+  sessionRate: 20,
+  sessionBurst: 200,
+  tenantStreams: 20_000,
+};
 
 export { RETRY_AFTER_KEY };
 
@@ -65,12 +71,23 @@ export class GatewayLimits {
   admitMessage(tenant: string, sessionId: string): void {
     const now = this.now();
     const t = this.bucket(this.tenants, tenant, this.config.tenantRate, this.config.tenantBurst, now);
-    const s = this.bucket(this.sessions, `${tenant}\0${sessionId}`, this.config.sessionRate, this.config.sessionBurst, now);
+    const s = this.bucket(
+      this.sessions,
+      `${tenant}\0${sessionId}`,
+      this.config.sessionRate,
+      this.config.sessionBurst,
+      now,
+    );
     // Both are checked before either is drawn from, so a refusal costs the caller nothing.
     const tenantWait = t.wait(now);
-    if (tenantWait > 0) throw new RateLimited(`tenant ${tenant} is over its limit of ${this.config.tenantRate} messages/s`, tenantWait);
+    if (tenantWait > 0)
+      throw new RateLimited(`tenant ${tenant} is over its limit of ${this.config.tenantRate} messages/s`, tenantWait);
     const sessionWait = s.wait(now);
-    if (sessionWait > 0) throw new RateLimited(`session ${sessionId} is over its limit of ${this.config.sessionRate} messages/s`, sessionWait);
+    if (sessionWait > 0)
+      throw new RateLimited(
+        `session ${sessionId} is over its limit of ${this.config.sessionRate} messages/s`,
+        sessionWait,
+      );
     t.take();
     s.take();
   }
@@ -87,7 +104,8 @@ export class GatewayLimits {
   /** A stream opens for `tenant`; returns its release (call once). Throws at the cap. */
   openStream(tenant: string): () => void {
     const n = this.streams.get(tenant) ?? 0;
-    if (n >= this.config.tenantStreams) throw new RateLimited(`tenant ${tenant} has ${n} streams open, its limit`, 1000);
+    if (n >= this.config.tenantStreams)
+      throw new RateLimited(`tenant ${tenant} has ${n} streams open, its limit`, 1000);
     this.streams.set(tenant, n + 1);
     let released = false;
     return () => {
@@ -112,6 +130,7 @@ export class GatewayLimits {
   /** A full bucket is the same as no bucket. */
   private sweep(): void {
     const now = this.now();
-    for (const map of [this.tenants, this.sessions, this.aborts]) for (const [k, b] of map) if (b.full(now)) map.delete(k);
+    for (const map of [this.tenants, this.sessions, this.aborts])
+      for (const [k, b] of map) if (b.full(now)) map.delete(k);
   }
 }

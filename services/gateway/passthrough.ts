@@ -14,7 +14,11 @@ import type { grpc } from "../shared/rpc.js";
 // decodes only what it acts on: the open answer and the events that delimit turns for tracing.
 const OPENED = AttachResponseSchema.field.opened.number;
 const EVENT = AttachResponseSchema.field.event.number;
-const OBSERVED = new Set([AgentEventSchema.field.agentStart.number, AgentEventSchema.field.agentEnd.number, AgentEventSchema.field.queueApplied.number]);
+const OBSERVED = new Set([
+  AgentEventSchema.field.agentStart.number,
+  AgentEventSchema.field.agentEnd.number,
+  AgentEventSchema.field.queueApplied.number,
+]);
 
 /** Whether a runner response is one the gateway must look into; most are only forwarded. */
 export function needsDecoding(bytes: Uint8Array): boolean {

@@ -10,7 +10,6 @@ import { createClient, type grpc, type ServiceClient } from "../shared/rpc.js";
 type RunnerClient = ServiceClient<(typeof RunnerService)["method"]>;
 type RouterClient = ServiceClient<(typeof RouterService)["method"]>;
 
-
 /**
  * (caller, session) -> owning runner, from the router. Bounded; dropped when the runner is gone.
  * Sessions are named by their owner (session-ref.ts), so entries are too.
@@ -75,7 +74,11 @@ export class RunnerPool {
     let c = this.clients.get(address);
     if (!c) {
       // Session streams are forwarded as bytes: see needsDecoding.
-      c = createClient(RunnerService, address, { maxMessageBytes: this.maxMessageBytes, rawResponses: ["attach", "replay"], headers: this.headers });
+      c = createClient(RunnerService, address, {
+        maxMessageBytes: this.maxMessageBytes,
+        rawResponses: ["attach", "replay"],
+        headers: this.headers,
+      });
       this.clients.set(address, c);
     }
     return c;

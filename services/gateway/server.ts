@@ -4,9 +4,24 @@
 // the router is never on that path.
 import { create, fromBinary } from "@bufbuild/protobuf";
 import { ApiKeys } from "../shared/api-keys.js";
-import { apiKeyAuth, callerOf, identityHeaders, identityMetadata, identityOf, internalCredentials } from "../shared/auth.js";
+import {
+  apiKeyAuth,
+  callerOf,
+  identityHeaders,
+  identityMetadata,
+  identityOf,
+  internalCredentials,
+} from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
-import { Status, grpcCode, invalidArgument, invalidArgumentIf, permissionDenied, toStatus, unavailable } from "../shared/errors.js";
+import {
+  Status,
+  grpcCode,
+  invalidArgument,
+  invalidArgumentIf,
+  permissionDenied,
+  toStatus,
+  unavailable,
+} from "../shared/errors.js";
 import { catchStopCommand, validateFrame, validateSessionRef } from "../shared/frames.js";
 import { GatewayService, type ChatRequest } from "../shared/gen/troupe/v1/gateway_pb.js";
 import { Health } from "../shared/gen/grpc/health/v1/health_pb.js";
@@ -44,16 +59,27 @@ function onBehalfOf(call: { metadata: grpc.Metadata }): grpc.Metadata {
 export async function startGateway(cfg: Config, logger: Logger): Promise<RunningService> {
   const internal = await internalCredentials(cfg.dataDir);
   const keys = await ApiKeys.load(cfg.apiKeysFile, process.env.TROUPE_API_KEYS ?? "");
-  keys.watch(2000, (err) => logger.error("API keys file does not parse; keeping only the keys still named in it", { error: String((err as Error).message ?? err) }));
+  keys.watch(2000, (err) =>
+    logger.error("API keys file does not parse; keeping only the keys still named in it", {
+      error: String((err as Error).message ?? err),
+    }),
+  );
   // A revoked key's open streams end at the next reload (every 2 s), not when they next send.
   const streams = new StreamsByKey();
   keys.onRevoked(() => {
     const ended = streams.endRevoked((hash) => keys.holds(hash));
     if (ended > 0) logger.info(`ended ${ended} streams of revoked API keys`);
   });
-  if (keys.size === 0) logger.warn(`no API keys configured: every call will be refused until one exists (troupe keys create, or ${cfg.apiKeysFile})`);
+  if (keys.size === 0)
+    logger.warn(
+      `no API keys configured: every call will be refused until one exists (troupe keys create, or ${cfg.apiKeysFile})`,
+    );
   const limits = new GatewayLimits(limitsFromEnv(process.env));
-  const quotas = await new TenantQuotas(quotasFromEnv(process.env), cfg.quotasFile).start((err) => logger.error("quotas file rejected; keeping the quotas read before", { error: String((err as Error).message ?? err) }));
+  const quotas = await new TenantQuotas(quotasFromEnv(process.env), cfg.quotasFile).start((err) =>
+    logger.error("quotas file rejected; keeping the quotas read before", {
+      error: String((err as Error).message ?? err),
+    }),
+  );
   /** Prompts, steering and follow-ups draw from the tenant's and the session's budgets; aborts from the tenant's abort quota. */
   const admit = (tenant: string, sessionId: string, frame: ClientFrame) => {
     const kind = frame.kind.case;
@@ -65,7 +91,11 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
   const runners = new RunnerPool(cfg.maxMessageBytes, internal.headers);
 
   /** Calls the caller's session's runner; if it is gone or the session moved, retries once where it is now. */
-  const withRunner = async <T>(call: { metadata: grpc.Metadata }, sessionId: string, fn: (runner: RunnerClient, placement: ResolveSessionResponse) => Promise<T>): Promise<T> => {
+  const withRunner = async <T>(
+    call: { metadata: grpc.Metadata },
+    sessionId: string,
+    fn: (runner: RunnerClient, placement: ResolveSessionResponse) => Promise<T>,
+  ): Promise<T> => {
     validateSessionRef(sessionId, "", false);
     const who = identityOf(call.metadata);
     for (let attempt = 0; ; attempt++) {
@@ -84,10 +114,16 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
     validateFrame(sent, true, true);
     const frame = catchStopCommand(sent);
     admit(identityOf(metadata).tenant, sessionId, frame);
-    const spans = new TurnSpans(extractContext(metadata), () => sessionId, () => "");
+    const spans = new TurnSpans(
+      extractContext(metadata),
+      () => sessionId,
+      () => "",
+    );
     const traced = spans.start(frame);
     try {
-      const res = await withRunner(call, sessionId, (runner) => runner.submit({ sessionId, frame: traced }, { metadata: caller }));
+      const res = await withRunner(call, sessionId, (runner) =>
+        runner.submit({ sessionId, frame: traced }, { metadata: caller }),
+      );
       return { accepted: res.accepted };
     } finally {
       spans.endAll();
@@ -103,7 +139,11 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       let halfClosed = false;
       let sessionId = "";
       let agentId = DEFAULT_AGENT;
-      const spans = new TurnSpans(extractContext(call.metadata), () => sessionId, () => agentId);
+      const spans = new TurnSpans(
+        extractContext(call.metadata),
+        () => sessionId,
+        () => agentId,
+      );
       const caller = onBehalfOf(call);
       const who = identityOf(call.metadata);
       const tenant = who.tenant;
@@ -116,7 +156,8 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
         unwatch();
         spans.endAll();
         releaseStream?.();
-        if (err !== undefined && toStatus(err).code === Status.INTERNAL) logger.error("chat stream failed", { error: String((err as Error)?.stack ?? err) });
+        if (err !== undefined && toStatus(err).code === Status.INTERNAL)
+          logger.error("chat stream failed", { error: String((err as Error)?.stack ?? err) });
         if (err !== undefined) {
           runnerCall?.cancel();
           if (!call.cancelled) call.emit("error", toStatus(err));
@@ -135,8 +176,15 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
         sessionId = placement.sessionId;
         agentId = placement.agentId;
         // A session the router named for us is new: the runner must create it.
-        const frame = o?.sessionId ? openFrame : create(ClientFrameSchema, { ...openFrame, kind: { case: "open", value: { ...o!, sessionId, create: true } } });
-        const rc = runners.get(placement.runner!.address).attach({ metadata: caller }) as unknown as grpc.ClientDuplexStream<AttachRequestInit, Buffer>;
+        const frame = o?.sessionId
+          ? openFrame
+          : create(ClientFrameSchema, {
+              ...openFrame,
+              kind: { case: "open", value: { ...o!, sessionId, create: true } },
+            });
+        const rc = runners
+          .get(placement.runner!.address)
+          .attach({ metadata: caller }) as unknown as grpc.ClientDuplexStream<AttachRequestInit, Buffer>;
         runnerCall = rc;
         let received = false;
         rc.on("data", (bytes: Buffer) => {
@@ -216,17 +264,44 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       validateSessionRef(req.sessionId, req.agentId, true);
       const first = await placements.resolve(identityOf(call.metadata), req.sessionId, req.agentId);
       const res = await withRunner(call, first.sessionId, (runner, placement) =>
-        runner.ensureSession({ open: { sessionId: placement.sessionId, agentId: first.agentId, create: true, queueMode: req.queueMode } }, { metadata: onBehalfOf(call) }),
+        runner.ensureSession(
+          { open: { sessionId: placement.sessionId, agentId: first.agentId, create: true, queueMode: req.queueMode } },
+          { metadata: onBehalfOf(call) },
+        ),
       );
       return { session: res.session };
     },
 
     sendMessage: (req, call) =>
-      submit(req.sessionId, create(ClientFrameSchema, { frameId: req.frameId, kind: { case: "prompt", value: { text: req.text, queueMode: req.queueMode } } }), call),
-    steer: (req, call) => submit(req.sessionId, create(ClientFrameSchema, { frameId: req.frameId, kind: { case: "steer", value: { text: req.text } } }), call),
-    followUp: (req, call) => submit(req.sessionId, create(ClientFrameSchema, { frameId: req.frameId, kind: { case: "followUp", value: { text: req.text } } }), call),
+      submit(
+        req.sessionId,
+        create(ClientFrameSchema, {
+          frameId: req.frameId,
+          kind: { case: "prompt", value: { text: req.text, queueMode: req.queueMode } },
+        }),
+        call,
+      ),
+    steer: (req, call) =>
+      submit(
+        req.sessionId,
+        create(ClientFrameSchema, { frameId: req.frameId, kind: { case: "steer", value: { text: req.text } } }),
+        call,
+      ),
+    followUp: (req, call) =>
+      submit(
+        req.sessionId,
+        create(ClientFrameSchema, { frameId: req.frameId, kind: { case: "followUp", value: { text: req.text } } }),
+        call,
+      ),
     abort: (req, call) =>
-      submit(req.sessionId, create(ClientFrameSchema, { frameId: req.frameId, kind: { case: "abort", value: { reason: req.reason, clearQueue: req.clearQueue } } }), call),
+      submit(
+        req.sessionId,
+        create(ClientFrameSchema, {
+          frameId: req.frameId,
+          kind: { case: "abort", value: { reason: req.reason, clearQueue: req.clearQueue } },
+        }),
+        call,
+      ),
 
     // Served over the runner's Attach stream (open with replay_after_seq, no create) rather than
     // Replay, so that a client leaving ends the runner's stream without a reset.
@@ -250,7 +325,9 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       const attempt = async (n: number): Promise<void> => {
         const placement = await placements.resolve(who, sessionId, "");
         if (call.cancelled) return;
-        const up = runners.get(placement.runner!.address).attach({ metadata: caller }) as unknown as grpc.ClientDuplexStream<AttachRequestInit, Buffer>;
+        const up = runners
+          .get(placement.runner!.address)
+          .attach({ metadata: caller }) as unknown as grpc.ClientDuplexStream<AttachRequestInit, Buffer>;
         upstream = up;
         let received = false;
         let failed = false;
@@ -275,7 +352,12 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
         });
         // grpc-js may end the readable side of a failed call too: only a clean end is one.
         up.on("end", () => failed || call.cancelled || call.end());
-        up.write({ frame: { frameId: "subscribe", kind: { case: "open", value: { sessionId, create: false, replayAfterSeq: afterSeq } } } });
+        up.write({
+          frame: {
+            frameId: "subscribe",
+            kind: { case: "open", value: { sessionId, create: false, replayAfterSeq: afterSeq } },
+          },
+        });
       };
       await attempt(0);
     },
@@ -283,34 +365,54 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
     async createSchedule(req, call) {
       if (!req.schedule) throw invalidArgument("schedule is required");
       const schedule = req.schedule;
-      const res = await withRunner(call, schedule.sessionId, (runner) => runner.putSchedule({ schedule }, { metadata: onBehalfOf(call) }));
+      const res = await withRunner(call, schedule.sessionId, (runner) =>
+        runner.putSchedule({ schedule }, { metadata: onBehalfOf(call) }),
+      );
       return { schedule: res.schedule };
     },
 
     async listSchedules(req, call) {
-      const res = await withRunner(call, req.sessionId, (runner) => runner.readSchedules({ sessionId: req.sessionId }, { metadata: onBehalfOf(call) }));
+      const res = await withRunner(call, req.sessionId, (runner) =>
+        runner.readSchedules({ sessionId: req.sessionId }, { metadata: onBehalfOf(call) }),
+      );
       return { schedules: res.schedules };
     },
 
     async deleteSchedule(req, call) {
-      const res = await withRunner(call, req.sessionId, (runner) => runner.removeSchedule({ sessionId: req.sessionId, scheduleId: req.scheduleId }, { metadata: onBehalfOf(call) }));
+      const res = await withRunner(call, req.sessionId, (runner) =>
+        runner.removeSchedule({ sessionId: req.sessionId, scheduleId: req.scheduleId }, { metadata: onBehalfOf(call) }),
+      );
       return { deleted: res.deleted };
     },
 
     async getHistory(req, call) {
-      const page = await withRunner(call, req.sessionId, (runner) => runner.readHistory({ sessionId: req.sessionId, pageSize: req.pageSize, pageToken: req.pageToken }, { metadata: onBehalfOf(call) }));
+      const page = await withRunner(call, req.sessionId, (runner) =>
+        runner.readHistory(
+          { sessionId: req.sessionId, pageSize: req.pageSize, pageToken: req.pageToken },
+          { metadata: onBehalfOf(call) },
+        ),
+      );
       return { messages: page.messages, nextPageToken: page.nextPageToken };
     },
 
     async deliver(req, call) {
       // Only an adapter key speaks for channel senders, and only for its own channels.
       const key = callerOf(call.metadata);
-      if (key.role !== "adapter") throw permissionDenied(`Deliver needs an adapter key (troupe keys create --role adapter --channel NAME); this key's role is ${key.role}`);
+      if (key.role !== "adapter")
+        throw permissionDenied(
+          `Deliver needs an adapter key (troupe keys create --role adapter --channel NAME); this key's role is ${key.role}`,
+        );
       const inbound = normaliseInbound(req.message);
-      if (!key.channels.includes(inbound.context.channel)) throw permissionDenied(`this adapter key speaks for ${key.channels.join(", ")}, not for channel ${inbound.context.channel}`);
+      if (!key.channels.includes(inbound.context.channel))
+        throw permissionDenied(
+          `this adapter key speaks for ${key.channels.join(", ")}, not for channel ${inbound.context.channel}`,
+        );
       const route = await router.resolveInbound({ context: inbound.context }, { metadata: identityMetadata(key) });
       const sessionId = route.sessionKey;
-      const prompt = create(ClientFrameSchema, { frameId: inbound.frameId, kind: { case: "prompt", value: { text: inbound.body, queueMode: req.queueMode } } });
+      const prompt = create(ClientFrameSchema, {
+        frameId: inbound.frameId,
+        kind: { case: "prompt", value: { text: inbound.body, queueMode: req.queueMode } },
+      });
       // Commands from the channel act only when the adapter says the sender may use them.
       const frame = inbound.commandAuthorized ? catchStopCommand(prompt) : prompt;
       admit(identityOf(call.metadata).tenant, sessionId, frame);
@@ -322,7 +424,13 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
           if (grpcCode(err) !== Status.NOT_FOUND) throw err;
           // The first message of this session key: make the session, for the routed agent.
           // Its runs recall the sender's memories (one person across channels, after identity links).
-          await runner.ensureSession({ open: { sessionId, agentId: route.agentId, create: true, queueMode: req.queueMode }, memoryOwner: memoryOwnerOf(route.canonicalSender) }, { metadata: caller });
+          await runner.ensureSession(
+            {
+              open: { sessionId, agentId: route.agentId, create: true, queueMode: req.queueMode },
+              memoryOwner: memoryOwnerOf(route.canonicalSender),
+            },
+            { metadata: caller },
+          );
           return (await runner.submit({ sessionId, frame }, { metadata: caller })).accepted;
         }
       });
@@ -332,7 +440,10 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
     async listSessions(req, call) {
       const caller = onBehalfOf(call);
       invalidArgumentIf(req.pageSize < 0 || req.pageSize > 1000, "page_size must be between 0 and 1000");
-      invalidArgumentIf(req.pageToken !== "" && !/^\d{1,9}$/.test(req.pageToken), "page_token is not one this service issued");
+      invalidArgumentIf(
+        req.pageToken !== "" && !/^\d{1,9}$/.test(req.pageToken),
+        "page_token is not one this service issued",
+      );
       const { runners: live } = await router.listRunners({});
       if (live.length === 0) throw unavailable("no runner is registered");
       // Every runner lists what its store holds; a shared store shows a session more than once.
@@ -340,7 +451,9 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       for (const r of live) {
         let token = "";
         do {
-          const page = await runners.get(r.address).listStoredSessions({ pageSize: 1000, pageToken: token }, { metadata: caller });
+          const page = await runners
+            .get(r.address)
+            .listStoredSessions({ pageSize: 1000, pageToken: token }, { metadata: caller });
           for (const s of page.sessions) if (!all.has(s.sessionId) || s.running) all.set(s.sessionId, s);
           token = page.nextPageToken;
         } while (token !== "");
@@ -348,7 +461,10 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       const sorted = [...all.values()].sort((a, b) => a.sessionId.localeCompare(b.sessionId));
       const size = req.pageSize || 100;
       const offset = req.pageToken ? Number(req.pageToken) : 0;
-      return { sessions: sorted.slice(offset, offset + size), nextPageToken: offset + size < sorted.length ? String(offset + size) : "" };
+      return {
+        sessions: sorted.slice(offset, offset + size),
+        nextPageToken: offset + size < sorted.length ? String(offset + size) : "",
+      };
     },
   });
 
@@ -369,4 +485,3 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
     },
   };
 }
-

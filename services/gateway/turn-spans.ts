@@ -26,7 +26,11 @@ export class TurnSpans {
       `invoke_agent ${this.agentId()}`,
       {
         kind: SpanKind.CLIENT,
-        attributes: { [GenAI.OPERATION_NAME]: "invoke_agent", [GenAI.AGENT_ID]: this.agentId(), [GenAI.CONVERSATION_ID]: this.sessionId() },
+        attributes: {
+          [GenAI.OPERATION_NAME]: "invoke_agent",
+          [GenAI.AGENT_ID]: this.agentId(),
+          [GenAI.CONVERSATION_ID]: this.sessionId(),
+        },
       },
       this.parent,
     );

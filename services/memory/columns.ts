@@ -37,15 +37,29 @@ function column(type: DataType, name: string, rows: readonly Record<string, Cell
     const flat = new Float32Array(n * size);
     values.forEach((v, i) => {
       // Float32Array or number[] from callers; an Arrow vector when copied from another table.
-      const vec = Array.isArray(v) || ArrayBuffer.isView(v) ? (v as ArrayLike<number>) : Float32Array.from(v as Iterable<number>);
+      const vec =
+        Array.isArray(v) || ArrayBuffer.isView(v) ? (v as ArrayLike<number>) : Float32Array.from(v as Iterable<number>);
       if (vec.length !== size) throw new Error(`column ${name} holds ${vec.length} values in a row, not ${size}`);
       flat.set(vec, i * size);
     });
-    return makeData({ type, length: n, nullCount: 0, child: makeData({ type: new Float32(), length: n * size, nullCount: 0, data: flat }) });
+    return makeData({
+      type,
+      length: n,
+      nullCount: 0,
+      child: makeData({ type: new Float32(), length: n * size, nullCount: 0, data: flat }),
+    });
   }
-  if (type instanceof Float64) return makeData({ type, length: n, nullCount: 0, data: Float64Array.from(values as number[]) });
-  if (type instanceof Int32) return makeData({ type, length: n, nullCount: 0, data: Int32Array.from(values as number[]) });
-  if (type instanceof Timestamp) return makeData({ type, length: n, nullCount: 0, data: BigInt64Array.from(values as number[], (t) => BigInt(Math.trunc(Number(t)))) });
+  if (type instanceof Float64)
+    return makeData({ type, length: n, nullCount: 0, data: Float64Array.from(values as number[]) });
+  if (type instanceof Int32)
+    return makeData({ type, length: n, nullCount: 0, data: Int32Array.from(values as number[]) });
+  if (type instanceof Timestamp)
+    return makeData({
+      type,
+      length: n,
+      nullCount: 0,
+      data: BigInt64Array.from(values as number[], (t) => BigInt(Math.trunc(Number(t)))),
+    });
   if (type instanceof Utf8) {
     // One encode of all the strings joined; each string's byte length gives its offsets.
     const strings = values.map(String);

@@ -51,11 +51,18 @@ export class OpenAIEmbedder implements Embedder {
       res = await this.client.embeddings.create({ model: this.model, input: texts });
     } catch (err) {
       // Nothing is stored without its vector: the caller gets UNAVAILABLE and may retry.
-      throw new RpcError(Status.UNAVAILABLE, `the embedding endpoint failed (${(err as Error).message}); nothing was stored, retry later`);
+      throw new RpcError(
+        Status.UNAVAILABLE,
+        `the embedding endpoint failed (${(err as Error).message}); nothing was stored, retry later`,
+      );
     }
     const out = res.data.sort((a, b) => a.index - b.index).map((d) => d.embedding as number[]);
     for (const v of out) {
-      if (v.length !== this.dim) throw new RpcError(Status.FAILED_PRECONDITION, `the embedding model returned ${v.length} dimensions, not the configured ${this.dim}`);
+      if (v.length !== this.dim)
+        throw new RpcError(
+          Status.FAILED_PRECONDITION,
+          `the embedding model returned ${v.length} dimensions, not the configured ${this.dim}`,
+        );
     }
     return out.map(normalise);
   }

@@ -47,16 +47,25 @@ export async function copyInScopeOrder(
     const rowId = batch.getChild("_rowid")!;
     for (let i = 0; i < batch.numRows; i++) {
       // NUL cannot occur in a scope value (NAME in auth.ts), so it separates tenant from owner.
-      keys.push({ scope: `${String(tenant.get(i))}\u0000${String(owner.get(i))}`, created: Number(created.get(i)), rowId: rowId.get(i) as bigint });
+      keys.push({
+        scope: `${String(tenant.get(i))}\u0000${String(owner.get(i))}`,
+        created: Number(created.get(i)),
+        rowId: rowId.get(i) as bigint,
+      });
     }
   }
-  keys.sort((a, b) => (a.scope < b.scope ? -1 : a.scope > b.scope ? 1 : a.created - b.created || Number(a.rowId - b.rowId)));
+  keys.sort((a, b) =>
+    a.scope < b.scope ? -1 : a.scope > b.scope ? 1 : a.created - b.created || Number(a.rowId - b.rowId),
+  );
 
   const table = await db.createEmptyTable(name, schema);
   for (let start = 0; start < keys.length; start += CHUNK_ROWS) {
     const part = keys.slice(start, start + CHUNK_ROWS);
     // A take returns rows in storage order; the row ids put them back in scope order.
-    const taken = (await from.takeRowIds(part.map((k) => k.rowId)).withRowId().toArray()) as (Record<string, unknown> & { _rowid: bigint })[];
+    const taken = (await from
+      .takeRowIds(part.map((k) => k.rowId))
+      .withRowId()
+      .toArray()) as (Record<string, unknown> & { _rowid: bigint })[];
     const byRowId = new Map(taken.map((r) => [r._rowid, r]));
     const ordered = part.map((k) => {
       const row = byRowId.get(k.rowId);

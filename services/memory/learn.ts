@@ -57,7 +57,14 @@ export class Learner {
   }
 
   private async ask(system: string, user: string): Promise<Record<string, unknown> | undefined> {
-    const res = await this.client.chat.completions.create({ model: this.model, messages: [{ role: "system", content: system }, { role: "user", content: user }], temperature: 0 });
+    const res = await this.client.chat.completions.create({
+      model: this.model,
+      messages: [
+        { role: "system", content: system },
+        { role: "user", content: user },
+      ],
+      temperature: 0,
+    });
     const text = res.choices[0]?.message?.content ?? "";
     const json = /\{[\s\S]*\}/.exec(text)?.[0];
     try {
@@ -69,10 +76,18 @@ export class Learner {
   }
 
   /** `source`: who said the user lines when not an owner (kept in each memory's provenance); "" for an owner. */
-  async learn(scope: { tenant: string; owner: string; agentId: string }, where: string, sessionId: string, exchange: Exchange[], source = ""): Promise<LearnedChange[]> {
+  async learn(
+    scope: { tenant: string; owner: string; agentId: string },
+    where: string,
+    sessionId: string,
+    exchange: Exchange[],
+    source = "",
+  ): Promise<LearnedChange[]> {
     const transcript = exchange.map((m) => `${m.role}: ${m.text}`).join("\n");
     const extracted = await this.ask(EXTRACT_PROMPT, transcript);
-    const facts = Array.isArray(extracted?.facts) ? (extracted.facts as unknown[]).filter((f): f is string => typeof f === "string" && f.trim() !== "").slice(0, 20) : [];
+    const facts = Array.isArray(extracted?.facts)
+      ? (extracted.facts as unknown[]).filter((f): f is string => typeof f === "string" && f.trim() !== "").slice(0, 20)
+      : [];
     const changes: LearnedChange[] = [];
     const actor = `learn:${sessionId}`;
     for (const raw of facts) {
@@ -80,7 +95,9 @@ export class Learner {
       const fact = forget ? raw.slice("[forget] ".length).trim() : raw.trim();
       if (fact === "") continue;
       const [vector] = await this.embedder.embed([fact]);
-      const similar = (await this.store.vectorCandidates(where, vector, 5)).filter((c) => (c.vectorScore ?? 0) > 0.2).map((c) => c.memory);
+      const similar = (await this.store.vectorCandidates(where, vector, 5))
+        .filter((c) => (c.vectorScore ?? 0) > 0.2)
+        .map((c) => c.memory);
       const listed = similar.map((r, n) => `${n}: ${r.text}`).join("\n") || "(none)";
       const decision = await this.ask(DECIDE_PROMPT, `New fact: ${raw}\nStored memories:\n${listed}`);
       const event = String(decision?.event ?? "").toUpperCase();
@@ -94,18 +111,34 @@ export class Learner {
         const [v] = await this.embedder.embed([text]);
         const row = { ...this.row(scope, sessionId, text, v, source), id: target.id, created: Number(target.created) };
         const [res] = await this.store.add(where, [row], new Set([target.id]), actor);
-        if (res.outcome === "updated") changes.push({ event: "update", memoryId: target.id, oldText: target.text, newText: text });
+        if (res.outcome === "updated")
+          changes.push({ event: "update", memoryId: target.id, oldText: target.text, newText: text });
       } else if (event === "DELETE" && target) {
-        if ((await this.store.forget(where, [target.id], actor)) > 0) changes.push({ event: "delete", memoryId: target.id, oldText: target.text, newText: "" });
+        if ((await this.store.forget(where, [target.id], actor)) > 0)
+          changes.push({ event: "delete", memoryId: target.id, oldText: target.text, newText: "" });
       }
       // NONE, or a decision that names no stored memory: nothing changes.
     }
     return changes;
   }
 
-  private row(scope: { tenant: string; owner: string; agentId: string }, sessionId: string, text: string, vector: Float32Array, source: string): MemoryRow {
+  private row(
+    scope: { tenant: string; owner: string; agentId: string },
+    sessionId: string,
+    text: string,
+    vector: Float32Array,
+    source: string,
+  ): MemoryRow {
     const provenance = `extraction:${sessionId}${source ? `${FROM}${source}` : ""}`;
-    return newMemoryRow({ tenant: scope.tenant, owner: scope.owner, agent_id: scope.agentId, session_id: sessionId, text, vector, provenance, embedder: this.embedder.name });
+    return newMemoryRow({
+      tenant: scope.tenant,
+      owner: scope.owner,
+      agent_id: scope.agentId,
+      session_id: sessionId,
+      text,
+      vector,
+      provenance,
+      embedder: this.embedder.name,
+    });
   }
-
 }

@@ -39,7 +39,15 @@ export interface RankOptions {
   nowMs: number;
 }
 
-export const DEFAULT_RANKING: Omit<RankOptions, "k" | "nowMs"> = { fusion: "weighted", vectorWeight: 0.7, textWeight: 0.3, rrfK: 60, halfLifeDays: 30, mmrLambda: 0.7, minScore: 0 };
+export const DEFAULT_RANKING: Omit<RankOptions, "k" | "nowMs"> = {
+  fusion: "weighted",
+  vectorWeight: 0.7,
+  textWeight: 0.3,
+  rrfK: 60,
+  halfLifeDays: 30,
+  mmrLambda: 0.7,
+  minScore: 0,
+};
 
 export interface StageScores {
   vector: number;
@@ -61,7 +69,10 @@ const DAY_MS = 86_400_000;
 function fuse(cands: readonly Candidate[], o: RankOptions): number[] {
   if (o.fusion === "rrf") {
     const rankIn = (score: (c: Candidate) => number | undefined) => {
-      const order = cands.map((c, i) => [score(c), i] as const).filter(([s]) => s !== undefined).sort((a, b) => b[0]! - a[0]!);
+      const order = cands
+        .map((c, i) => [score(c), i] as const)
+        .filter(([s]) => s !== undefined)
+        .sort((a, b) => b[0]! - a[0]!);
       const ranks = new Map<number, number>();
       for (const [r, [, i]] of order.entries()) ranks.set(i, r + 1);
       return ranks;
@@ -72,7 +83,12 @@ function fuse(cands: readonly Candidate[], o: RankOptions): number[] {
   }
   const maxText = Math.max(0, ...cands.map((c) => c.textScore ?? 0));
   const total = o.vectorWeight + o.textWeight || 1;
-  return cands.map((c) => (o.vectorWeight * Math.max(0, c.vectorScore ?? 0) + o.textWeight * (maxText > 0 ? (c.textScore ?? 0) / maxText : 0)) / total);
+  return cands.map(
+    (c) =>
+      (o.vectorWeight * Math.max(0, c.vectorScore ?? 0) +
+        o.textWeight * (maxText > 0 ? (c.textScore ?? 0) / maxText : 0)) /
+      total,
+  );
 }
 
 export function dot(a: Float32Array, b: Float32Array): number {
@@ -85,7 +101,12 @@ export function dot(a: Float32Array, b: Float32Array): number {
  * Greedy MMR over `rel` (any scale; normalised here), k picks. Returns the picked indices in
  * order and the MMR value each had when picked.
  */
-export function mmr(vectors: readonly Float32Array[], rel: readonly number[], k: number, lambda: number): { order: number[]; values: number[] } {
+export function mmr(
+  vectors: readonly Float32Array[],
+  rel: readonly number[],
+  k: number,
+  lambda: number,
+): { order: number[]; values: number[] } {
   const n = vectors.length;
   const lo = Math.min(...rel);
   const hi = Math.max(...rel);
@@ -127,7 +148,13 @@ export function rank(cands: readonly Candidate[], o: RankOptions): Ranked[] {
   });
   const pool = cands.map((_, i) => i).filter((i) => decayed[i] >= o.minScore);
   if (pool.length === 0) return [];
-  const stages = (i: number, m: number): StageScores => ({ vector: cands[i].vectorScore ?? 0, text: cands[i].textScore ?? 0, fused: fused[i], decayed: decayed[i], mmr: m });
+  const stages = (i: number, m: number): StageScores => ({
+    vector: cands[i].vectorScore ?? 0,
+    text: cands[i].textScore ?? 0,
+    fused: fused[i],
+    decayed: decayed[i],
+    mmr: m,
+  });
   if (o.mmrLambda >= 1) {
     return pool
       .sort((a, b) => decayed[b] - decayed[a])

@@ -14,7 +14,16 @@
 // run drops. The history table is not touched: it holds texts, not vectors.
 import type { Logger } from "../shared/log.js";
 import type { Embedder } from "./embedder.js";
-import { MEMORY_COLUMNS, activeTable, connectMemoryDb, indexNewTable, memoryArrow, schemaFor, setActiveTable, type StoredMemory } from "./store.js";
+import {
+  MEMORY_COLUMNS,
+  activeTable,
+  connectMemoryDb,
+  indexNewTable,
+  memoryArrow,
+  schemaFor,
+  setActiveTable,
+  type StoredMemory,
+} from "./store.js";
 
 /** New tables are named memories_r<base-36 time>; anything of that shape not in use is a leftover. */
 const REEMBED_TABLE = /^memories_r[0-9a-z]+$/;
@@ -59,7 +68,12 @@ export async function reembed(
     const flush = async () => {
       if (pending.length === 0) return;
       const vectors = await embedder.embed(pending.map((r) => r.text));
-      await fresh.add(memoryArrow(schema, pending.map((r, i) => ({ ...r, vector: vectors[i], embedder: embedder.name }))));
+      await fresh.add(
+        memoryArrow(
+          schema,
+          pending.map((r, i) => ({ ...r, vector: vectors[i], embedder: embedder.name })),
+        ),
+      );
       done += pending.length;
       pending = [];
       options.onProgress?.(done, total);
@@ -75,16 +89,22 @@ export async function reembed(
     await old.checkoutLatest();
     if ((await old.version()) !== version) {
       await db.dropTable(target);
-      throw new Error(`the memory table changed while it was re-embedded (version ${version} -> ${await old.version()}): is the memory service running? Nothing was switched; stop it and run again`);
+      throw new Error(
+        `the memory table changed while it was re-embedded (version ${version} -> ${await old.version()}): is the memory service running? Nothing was switched; stop it and run again`,
+      );
     }
     if (done !== total) throw new Error(`read ${done} of ${total} memories; nothing was switched`);
     await setActiveTable(db, target);
     old.close();
     fresh.close();
     if (!options.keepOld) await db.dropTable(active);
-    return { rows: done, from: { table: active, embedder: fromEmbedder }, to: { table: target, embedder: embedder.name }, ms: Date.now() - started };
+    return {
+      rows: done,
+      from: { table: active, embedder: fromEmbedder },
+      to: { table: target, embedder: embedder.name },
+      ms: Date.now() - started,
+    };
   } finally {
     db.close();
   }
 }
-

@@ -8,7 +8,15 @@ import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import { NAME, internalCredentials } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
 import { invalidArgument, invalidArgumentIf } from "../shared/errors.js";
-import { Fusion, MemoryKind, MemorySchema, MemoryService, AddOutcome, type MemoryScope, type SearchOptions } from "../shared/gen/troupe/v1/memory_pb.js";
+import {
+  Fusion,
+  MemoryKind,
+  MemorySchema,
+  MemoryService,
+  AddOutcome,
+  type MemoryScope,
+  type SearchOptions,
+} from "../shared/gen/troupe/v1/memory_pb.js";
 import type { Logger } from "../shared/log.js";
 import { RpcServer } from "../shared/rpc.js";
 import type { RunningService } from "../shared/service.js";
@@ -30,7 +38,10 @@ const MEMORY_ID = /^[A-Za-z0-9._:-]{1,128}$/;
 export function scopePredicate(scope: MemoryScope | undefined, forWrite: boolean): string {
   if (!scope) throw invalidArgument("scope is required");
   const value = (name: string, v: string) => {
-    if (!NAME.test(v)) throw invalidArgument(`scope.${name} ${v === "" ? "is required" : "has characters outside A-Z a-z 0-9 . _ : @ -"}`);
+    if (!NAME.test(v))
+      throw invalidArgument(
+        `scope.${name} ${v === "" ? "is required" : "has characters outside A-Z a-z 0-9 . _ : @ -"}`,
+      );
     return sqlString(v);
   };
   const parts = [`tenant = ${value("tenant", scope.tenant)}`];
@@ -45,7 +56,10 @@ export function scopePredicate(scope: MemoryScope | undefined, forWrite: boolean
   return parts.join(" AND ");
 }
 
-export function rankOptions(o: SearchOptions | undefined, k: number): RankOptions & { poolFactor: number; hybrid: boolean } {
+export function rankOptions(
+  o: SearchOptions | undefined,
+  k: number,
+): RankOptions & { poolFactor: number; hybrid: boolean } {
   const num = (v: number | undefined, name: string, lo: number, hi: number, fallback: number) => {
     if (v === undefined) return fallback;
     invalidArgumentIf(!Number.isFinite(v) || v < lo || v > hi, `options.${name} must be between ${lo} and ${hi}`);
@@ -86,7 +100,10 @@ export async function search(
   o: RankOptions & { poolFactor: number; hybrid: boolean },
 ): Promise<{ ranked: Ranked[]; candidates: Map<string, StoredCandidate> }> {
   const pool = Math.min(MAX_POOL, o.k * o.poolFactor);
-  const [byVector, byText] = await Promise.all([store.vectorCandidates(where, vector, pool), o.hybrid ? store.textCandidates(where, query, pool) : Promise.resolve([])]);
+  const [byVector, byText] = await Promise.all([
+    store.vectorCandidates(where, vector, pool),
+    o.hybrid ? store.textCandidates(where, query, pool) : Promise.resolve([]),
+  ]);
   const candidates = new Map<string, StoredCandidate>();
   for (const c of byVector) candidates.set(c.id, c);
   for (const c of byText) {
@@ -101,15 +118,21 @@ export function embedderFor(cfg: Config, env: NodeJS.ProcessEnv): Embedder {
   const model = env.TROUPE_EMBEDDING_MODEL ?? "";
   if (model === "") return new LocalEmbedder();
   const dim = Number(env.TROUPE_EMBEDDING_DIM);
-  if (!Number.isInteger(dim) || dim <= 0) throw new Error("TROUPE_EMBEDDING_MODEL needs TROUPE_EMBEDDING_DIM (the model's vector size)");
+  if (!Number.isInteger(dim) || dim <= 0)
+    throw new Error("TROUPE_EMBEDDING_MODEL needs TROUPE_EMBEDDING_DIM (the model's vector size)");
   return new OpenAIEmbedder(modelBaseUrl(cfg), cfg.openaiApiKey, model, dim);
 }
 
 /** Where the memory table lives: any LanceDB URI, and its storage options (JSON). */
-export function storeLocation(cfg: Config, env: NodeJS.ProcessEnv): { uri: string; storageOptions: Record<string, string> } {
+export function storeLocation(
+  cfg: Config,
+  env: NodeJS.ProcessEnv,
+): { uri: string; storageOptions: Record<string, string> } {
   return {
     uri: env.TROUPE_MEMORY_URI || path.join(cfg.dataDir, "memory"),
-    storageOptions: env.TROUPE_MEMORY_STORAGE_OPTIONS ? (JSON.parse(env.TROUPE_MEMORY_STORAGE_OPTIONS) as Record<string, string>) : {},
+    storageOptions: env.TROUPE_MEMORY_STORAGE_OPTIONS
+      ? (JSON.parse(env.TROUPE_MEMORY_STORAGE_OPTIONS) as Record<string, string>)
+      : {},
   };
 }
 
@@ -138,7 +161,10 @@ export async function startMemory(cfg: Config, logger: Logger): Promise<RunningS
       contentHash: r.content_hash,
     });
 
-  const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes, authenticate: (await internalCredentials(cfg.dataDir)).authenticate });
+  const server = new RpcServer({
+    maxMessageBytes: cfg.maxMessageBytes,
+    authenticate: (await internalCredentials(cfg.dataDir)).authenticate,
+  });
   server.add(MemoryService, {
     async addMemories(req) {
       const where = scopePredicate(req.scope, true);
@@ -147,9 +173,15 @@ export async function startMemory(cfg: Config, logger: Logger): Promise<RunningS
       invalidArgumentIf(req.memories.length > MAX_BATCH, `at most ${MAX_BATCH} memories per call`);
       const upserts = new Set<string>();
       const texts = req.memories.map((m, i) => {
-        invalidArgumentIf(m.id !== "" && !MEMORY_ID.test(m.id), `memories[${i}].id has characters outside A-Z a-z 0-9 . _ : -`);
+        invalidArgumentIf(
+          m.id !== "" && !MEMORY_ID.test(m.id),
+          `memories[${i}].id has characters outside A-Z a-z 0-9 . _ : -`,
+        );
         invalidArgumentIf(!(m.kind in MemoryKind), `memories[${i}].kind is not a known kind`);
-        invalidArgumentIf(!(m.importance >= 0 && m.importance <= 1), `memories[${i}].importance must be between 0 and 1`);
+        invalidArgumentIf(
+          !(m.importance >= 0 && m.importance <= 1),
+          `memories[${i}].importance must be between 0 and 1`,
+        );
         if (m.id) upserts.add(m.id);
         return checkText(m.text, `memories[${i}].text`);
       });
@@ -175,7 +207,10 @@ export async function startMemory(cfg: Config, logger: Logger): Promise<RunningS
       );
       const results = await store.add(where, rows, upserts);
       const outcome = { added: AddOutcome.ADDED, updated: AddOutcome.UPDATED, duplicate: AddOutcome.DUPLICATE };
-      return { ids: results.map((r) => r.id), results: results.map((r) => ({ id: r.id, outcome: outcome[r.outcome] })) };
+      return {
+        ids: results.map((r) => r.id),
+        results: results.map((r) => ({ id: r.id, outcome: outcome[r.outcome] })),
+      };
     },
 
     async searchMemories(req) {
@@ -198,7 +233,8 @@ export async function startMemory(cfg: Config, logger: Logger): Promise<RunningS
     async forgetMemories(req) {
       const where = scopePredicate(req.scope, false);
       invalidArgumentIf(req.ids.length === 0 || req.ids.length > MAX_BATCH, `ids must hold 1 to ${MAX_BATCH} ids`);
-      for (const id of req.ids) invalidArgumentIf(!MEMORY_ID.test(id), `id ${JSON.stringify(id.slice(0, 64))} is not a memory id`);
+      for (const id of req.ids)
+        invalidArgumentIf(!MEMORY_ID.test(id), `id ${JSON.stringify(id.slice(0, 64))} is not a memory id`);
       return { forgotten: await store.forget(where, req.ids) };
     },
 
@@ -210,21 +246,52 @@ export async function startMemory(cfg: Config, logger: Logger): Promise<RunningS
         return { role: m.role, text: m.text.slice(0, MAX_TEXT_CHARS) };
       });
       invalidArgumentIf(req.source !== "" && !NAME.test(req.source), "source must be 1-128 of A-Z a-z 0-9 . _ : @ -");
-      const changes = await learner.learn({ tenant: req.scope!.tenant, owner: req.scope!.owner, agentId: req.scope!.agentId }, where, req.sessionId, exchange, req.source);
+      const changes = await learner.learn(
+        { tenant: req.scope!.tenant, owner: req.scope!.owner, agentId: req.scope!.agentId },
+        where,
+        req.sessionId,
+        exchange,
+        req.source,
+      );
       const now = timestampFromMs(Date.now());
-      return { changes: changes.map((c) => ({ event: EVENT[c.event], memoryId: c.memoryId, oldText: c.oldText, newText: c.newText, time: now, actor: `learn:${req.sessionId}` })) };
+      return {
+        changes: changes.map((c) => ({
+          event: EVENT[c.event],
+          memoryId: c.memoryId,
+          oldText: c.oldText,
+          newText: c.newText,
+          time: now,
+          actor: `learn:${req.sessionId}`,
+        })),
+      };
     },
 
     async getMemoryHistory(req) {
       const where = scopePredicate(req.scope, false);
       invalidArgumentIf(req.memoryId !== "" && !MEMORY_ID.test(req.memoryId), "memory_id is not a memory id");
       const rows = await store.history(where, req.memoryId);
-      return { changes: rows.map((r) => ({ event: r.event, memoryId: r.memory_id, oldText: r.old_text, newText: r.new_text, time: timestampFromMs(r.time), actor: r.actor })) };
+      return {
+        changes: rows.map((r) => ({
+          event: r.event,
+          memoryId: r.memory_id,
+          oldText: r.old_text,
+          newText: r.new_text,
+          time: timestampFromMs(r.time),
+          actor: r.actor,
+        })),
+      };
     },
 
     async getMemoryStats() {
       const s = await store.stats();
-      return { rows: BigInt(s.rows), embedder: store.embedder, dimension: store.dim, vectorIndexed: s.indexed, unindexedRows: BigInt(s.unindexed), tableVersion: BigInt(s.version) };
+      return {
+        rows: BigInt(s.rows),
+        embedder: store.embedder,
+        dimension: store.dim,
+        vectorIndexed: s.indexed,
+        unindexedRows: BigInt(s.unindexed),
+        tableVersion: BigInt(s.version),
+      };
     },
   });
   const port = await server.listen(cfg.addr.memory);

@@ -20,7 +20,19 @@
 //   one commit, so a reader sees the old table or the new one, never a mix.
 import { createHash } from "node:crypto";
 import * as lancedb from "@lancedb/lancedb";
-import { Bool, Field, FixedSizeList, Float32, Float64, Int32, Schema, type Table as ArrowTable, Timestamp, TimeUnit, Utf8 } from "apache-arrow";
+import {
+  Bool,
+  Field,
+  FixedSizeList,
+  Float32,
+  Float64,
+  Int32,
+  Schema,
+  type Table as ArrowTable,
+  Timestamp,
+  TimeUnit,
+  Utf8,
+} from "apache-arrow";
 import { RpcError, Status, failedPrecondition } from "../shared/errors.js";
 import type { Logger } from "../shared/log.js";
 import { MemoryKind } from "../shared/gen/troupe/v1/memory_pb.js";
@@ -107,7 +119,8 @@ export async function setActiveTable(db: lancedb.Connection, name: string): Prom
  */
 export async function indexNewTable(table: lancedb.Table, rows: number): Promise<void> {
   await table.createIndex("text", { config: lancedb.Index.fts({ withPosition: false }), replace: true });
-  if (rows > 0) for (const [column, config] of SCALAR_INDEXES) await table.createIndex(column, { config: config(), replace: true });
+  if (rows > 0)
+    for (const [column, config] of SCALAR_INDEXES) await table.createIndex(column, { config: config(), replace: true });
 }
 
 /** Every change to a memory: add, update, delete, with the text before and after. */
@@ -225,9 +238,23 @@ export interface MemoryRow {
 }
 
 /** A row with the defaults of a memory nobody said more about: a fact of middling importance, made now. */
-export function newMemoryRow(fields: Pick<MemoryRow, "tenant" | "owner" | "agent_id" | "text" | "vector" | "embedder"> & Partial<MemoryRow>): MemoryRow {
+export function newMemoryRow(
+  fields: Pick<MemoryRow, "tenant" | "owner" | "agent_id" | "text" | "vector" | "embedder"> & Partial<MemoryRow>,
+): MemoryRow {
   const now = Date.now();
-  return { id: newId(), session_id: "", kind: MemoryKind.FACT, created: now, updated: now, content_hash: contentHash(fields.text), importance: 0.5, evergreen: false, provenance: "", metadata: "{}", ...fields };
+  return {
+    id: newId(),
+    session_id: "",
+    kind: MemoryKind.FACT,
+    created: now,
+    updated: now,
+    content_hash: contentHash(fields.text),
+    importance: 0.5,
+    evergreen: false,
+    provenance: "",
+    metadata: "{}",
+    ...fields,
+  };
 }
 
 const historySchema = new Schema([
@@ -245,8 +272,25 @@ const historySchema = new Schema([
 /** What happened to a memory (the MemoryEvent numbers of the wire contract). */
 export const EVENT = { add: 1, update: 2, delete: 3 } as const;
 
-function historyRow(r: Pick<MemoryRow, "id" | "tenant" | "owner" | "agent_id">, event: number, oldText: string, newText: string, time: number, actor: string): HistoryRow {
-  return { memory_id: r.id, tenant: r.tenant, owner: r.owner, agent_id: r.agent_id, event, old_text: oldText, new_text: newText, time, actor };
+function historyRow(
+  r: Pick<MemoryRow, "id" | "tenant" | "owner" | "agent_id">,
+  event: number,
+  oldText: string,
+  newText: string,
+  time: number,
+  actor: string,
+): HistoryRow {
+  return {
+    memory_id: r.id,
+    tenant: r.tenant,
+    owner: r.owner,
+    agent_id: r.agent_id,
+    event,
+    old_text: oldText,
+    new_text: newText,
+    time,
+    actor,
+  };
 }
 
 export interface HistoryRow {
@@ -368,7 +412,22 @@ class HashFilter {
 
 /** A memory as readers see it (get()). */
 export type StoredMemory = Omit<MemoryRow, "vector" | "embedder">;
-export const MEMORY_COLUMNS = ["id", "tenant", "owner", "agent_id", "session_id", "kind", "text", "created", "updated", "content_hash", "importance", "evergreen", "provenance", "metadata"] satisfies (keyof StoredMemory)[];
+export const MEMORY_COLUMNS = [
+  "id",
+  "tenant",
+  "owner",
+  "agent_id",
+  "session_id",
+  "kind",
+  "text",
+  "created",
+  "updated",
+  "content_hash",
+  "importance",
+  "evergreen",
+  "provenance",
+  "metadata",
+] satisfies (keyof StoredMemory)[];
 /**
  * The columns the candidate searches return: each candidate's whole memory, and its vector for
  * MMR. The winners then need no read of their own after ranking, and what a search returns is
@@ -451,7 +510,14 @@ export class MemoryStore {
     this.plan = { probeScale: 1, exactUpTo: tuning.exactScopeRows };
   }
 
-  static async open(uri: string, storageOptions: Record<string, string>, embedder: string, dim: number, logger: Logger, tuning: Partial<StoreTuning> = {}): Promise<MemoryStore> {
+  static async open(
+    uri: string,
+    storageOptions: Record<string, string>,
+    embedder: string,
+    dim: number,
+    logger: Logger,
+    tuning: Partial<StoreTuning> = {},
+  ): Promise<MemoryStore> {
     const db = await connectMemoryDb(uri, storageOptions);
     const store = new MemoryStore(db, embedder, dim, logger, { ...DEFAULT_TUNING, ...tuning });
     await store.init();
@@ -469,14 +535,18 @@ export class MemoryStore {
       if (!hasPayload(await this.table.schema())) {
         // Written as it is until the next rewrite, which makes the table anew with payloads.
         this.schema = schemaFor(this.dim, false);
-        this.logger.info(`the memory table ${active} has no payload column (made before it existed): searches read its columns until its next rewrite`);
+        this.logger.info(
+          `the memory table ${active} has no payload column (made before it existed): searches read its columns until its next rewrite`,
+        );
       }
     } else {
       const t = await this.db.createEmptyTable(active, this.schema, { existOk: true });
       await indexNewTable(t, 0);
       this.table = t;
     }
-    this.historyTable = names.includes(HISTORY_TABLE) ? await this.db.openTable(HISTORY_TABLE) : await this.db.createEmptyTable(HISTORY_TABLE, historySchema, { existOk: true });
+    this.historyTable = names.includes(HISTORY_TABLE)
+      ? await this.db.openTable(HISTORY_TABLE)
+      : await this.db.createEmptyTable(HISTORY_TABLE, historySchema, { existOk: true });
     if (names.includes(LEGACY_TABLE)) await this.migrateLegacy();
     // A rewrite's table not in use was left by a run that stopped before its switch; the table a
     // rewrite replaced may outlive a process that ended before dropping it.
@@ -514,16 +584,31 @@ export class MemoryStore {
    */
   async get(scopeWhere: string, ids: string[]): Promise<StoredMemory[]> {
     if (ids.length === 0) return [];
-    return (await this.t.query().where(`${scopeWhere} AND id IN (${ids.map(sqlString).join(", ")})`).select(MEMORY_COLUMNS).toArray()) as StoredMemory[];
+    return (await this.t
+      .query()
+      .where(`${scopeWhere} AND id IN (${ids.map(sqlString).join(", ")})`)
+      .select(MEMORY_COLUMNS)
+      .toArray()) as StoredMemory[];
   }
 
   /** The first version's rows, carried over with defaults for the new columns, then the old table dropped. */
   private async migrateLegacy(): Promise<void> {
     const old = await this.db.openTable(LEGACY_TABLE);
-    const rows = (await old.query().toArray()) as (Pick<MemoryRow, "id" | "tenant" | "owner" | "agent_id" | "session_id" | "kind" | "text" | "embedder"> & { vector: Float32Array; created: number | Date })[];
+    const rows = (await old.query().toArray()) as (Pick<
+      MemoryRow,
+      "id" | "tenant" | "owner" | "agent_id" | "session_id" | "kind" | "text" | "embedder"
+    > & { vector: Float32Array; created: number | Date })[];
     if (rows.length > 0) {
-      if (rows.some((r) => r.embedder !== this.embedder)) throw new Error(`the memory table ${LEGACY_TABLE} was embedded by ${rows[0].embedder}, not ${this.embedder}`);
-      await this.table!.add(memoryArrow(this.schema, rows.map((r) => newMemoryRow({ ...r, created: Number(r.created), updated: Number(r.created), provenance: "migrated" }))));
+      if (rows.some((r) => r.embedder !== this.embedder))
+        throw new Error(`the memory table ${LEGACY_TABLE} was embedded by ${rows[0].embedder}, not ${this.embedder}`);
+      await this.table!.add(
+        memoryArrow(
+          this.schema,
+          rows.map((r) =>
+            newMemoryRow({ ...r, created: Number(r.created), updated: Number(r.created), provenance: "migrated" }),
+          ),
+        ),
+      );
     }
     await this.db.dropTable(LEGACY_TABLE);
     this.logger.info(`migrated ${rows.length} memories from ${LEGACY_TABLE} to ${TABLE}`);
@@ -532,7 +617,9 @@ export class MemoryStore {
   private async checkEmbedder(): Promise<void> {
     const sample = (await this.table!.query().select(["embedder"]).limit(1).toArray()) as { embedder: string }[];
     if (sample.length > 0 && sample[0].embedder !== this.embedder) {
-      throw failedPrecondition(`the memory table was embedded by ${sample[0].embedder} and this service embeds with ${this.embedder}: vectors of two embedders cannot be compared; re-embed the table (troupe memory reembed, with this service's embedder settings) or configure ${sample[0].embedder}`);
+      throw failedPrecondition(
+        `the memory table was embedded by ${sample[0].embedder} and this service embeds with ${this.embedder}: vectors of two embedders cannot be compared; re-embed the table (troupe memory reembed, with this service's embedder settings) or configure ${sample[0].embedder}`,
+      );
     }
   }
 
@@ -580,7 +667,9 @@ export class MemoryStore {
 
   /** maintain() for a timer or a write: nobody awaits it, so a failure is logged. */
   maintainInBackground(mode: "now" | "when idle"): void {
-    void this.maintain({ vectorIndex: mode }).catch((err: unknown) => this.logger.warn("memory maintenance failed", { error: String((err as Error)?.message ?? err) }));
+    void this.maintain({ vectorIndex: mode }).catch((err: unknown) =>
+      this.logger.warn("memory maintenance failed", { error: String((err as Error)?.message ?? err) }),
+    );
   }
 
   /**
@@ -612,7 +701,8 @@ export class MemoryStore {
     const cleanupOlderThan = new Date(Date.now() - 3600_000);
     let compacted = false;
     try {
-      compacted = (await retryConflicts(() => this.t.optimize({ cleanupOlderThan }), 3)).compaction.fragmentsRemoved > 0;
+      compacted =
+        (await retryConflicts(() => this.t.optimize({ cleanupOlderThan }), 3)).compaction.fragmentsRemoved > 0;
     } catch (err) {
       if (!isConflict(err)) throw err;
       this.logger.warn("memory compaction lost 3 races with updates; it runs again at the next maintenance");
@@ -641,10 +731,13 @@ export class MemoryStore {
     const now = vectorIndex === "now" || paused;
     // A table without payloads is rewritten at the first chance: the rewrite makes them.
     const grown = rows >= this.layoutRows * (1 + LAYOUT_GROWTH) || !this.packed;
-    const rewriteDue = rows >= this.tuning.indexThreshold && grown && Date.now() - this.relayoutFailedAt >= RELAYOUT_RETRY_MS;
+    const rewriteDue =
+      rows >= this.tuning.indexThreshold && grown && Date.now() - this.relayoutFailedAt >= RELAYOUT_RETRY_MS;
     const why = vectorIndex === "now" ? "asked for now" : "writes paused";
     if (now && rewriteDue) {
-      this.logger.info(`rewriting the memory table in scope order: ${rows} memories, ${this.layoutRows} at the last rewrite (${why})`);
+      this.logger.info(
+        `rewriting the memory table in scope order: ${rows} memories, ${this.layoutRows} at the last rewrite (${why})`,
+      );
       await this.relayout();
     } else if (now && rows >= this.tuning.indexThreshold && !indices.some((i) => i.columns.includes("vector"))) {
       this.logger.info(`building the vector index: ${rows} memories (${why})`);
@@ -692,7 +785,8 @@ export class MemoryStore {
       if (rows >= this.tuning.indexThreshold) await this.buildVectorIndex(copy);
       const switched = copy;
       await this.write(async () => {
-        if (this.closed) throw new Error("the store was closed during the rewrite; the copy is dropped at the next start");
+        if (this.closed)
+          throw new Error("the store was closed during the rewrite; the copy is dropped at the next start");
         this.schema = schemaFor(this.dim);
         await this.carryOver([...this.changedDuringCopy!], switched);
         const count = await switched.countRows();
@@ -729,7 +823,12 @@ export class MemoryStore {
       const part = ids.slice(start, start + 1000);
       const list = part.map(sqlString).join(", ");
       const live = (await this.t.query().where(`id IN (${list})`).toArray()) as MemoryRow[];
-      if (live.length > 0) await copy.mergeInsert("id").whenMatchedUpdateAll().whenNotMatchedInsertAll().execute(memoryArrow(this.schema, live));
+      if (live.length > 0)
+        await copy
+          .mergeInsert("id")
+          .whenMatchedUpdateAll()
+          .whenNotMatchedInsertAll()
+          .execute(memoryArrow(this.schema, live));
       const kept = new Set(live.map((r) => r.id));
       const gone = part.filter((id) => !kept.has(id));
       if (gone.length > 0) await copy.delete(`id IN (${gone.map(sqlString).join(", ")})`);
@@ -741,7 +840,11 @@ export class MemoryStore {
     const timer = setTimeout(() => {
       this.retireTimers.delete(timer);
       table.close();
-      void this.db.dropTable(name).catch((err: unknown) => this.logger.warn(`could not drop the replaced memory table ${name}`, { error: String(err) }));
+      void this.db
+        .dropTable(name)
+        .catch((err: unknown) =>
+          this.logger.warn(`could not drop the replaced memory table ${name}`, { error: String(err) }),
+        );
     }, RETIRE_AFTER_MS);
     timer.unref();
     this.retireTimers.add(timer);
@@ -765,7 +868,11 @@ export class MemoryStore {
     const rows = await table.countRows();
     const t0 = Date.now();
     await table.createIndex("vector", {
-      config: lancedb.Index.ivfPq({ distanceType: "cosine", numPartitions: partitionsFor(rows), numSubVectors: subVectorsFor(this.dim) }),
+      config: lancedb.Index.ivfPq({
+        distanceType: "cosine",
+        numPartitions: partitionsFor(rows),
+        numSubVectors: subVectorsFor(this.dim),
+      }),
       replace: true,
     });
     this.logger.info(`built the vector index over ${rows} memories in ${Date.now() - t0} ms`);
@@ -774,7 +881,17 @@ export class MemoryStore {
   /** The vector index in use is new, was compacted under or was opened: its next searches are watched (watchIndex). */
   private watchIndexAnew(after: string): void {
     const perScale = () => PROBE_SCALES.map(() => [] as number[]);
-    this.indexWatch = { after, taken: 0, searches: 0, largestScope: 0, hits: PROBE_SCALES.map(() => 0), total: 0, indexedMs: perScale(), exactMsPerRow: [], checks: Promise.resolve() };
+    this.indexWatch = {
+      after,
+      taken: 0,
+      searches: 0,
+      largestScope: 0,
+      hits: PROBE_SCALES.map(() => 0),
+      total: 0,
+      indexedMs: perScale(),
+      exactMsPerRow: [],
+      checks: Promise.resolve(),
+    };
   }
 
   /**
@@ -799,7 +916,13 @@ export class MemoryStore {
    * 9.5 ms for an owner's 10,000 rows in scope order, 100 to 150 ms with the same rows spread in
    * write order. The searches the index is actually asked, timed on the table as it is, tell both.
    */
-  private watchIndex(table: lancedb.Table, scopeWhere: string, scopeRows: number, vector: Float32Array, limit: number): void {
+  private watchIndex(
+    table: lancedb.Table,
+    scopeWhere: string,
+    scopeRows: number,
+    vector: Float32Array,
+    limit: number,
+  ): void {
     const watch = this.indexWatch;
     const index = this.vectorIndex;
     if (!watch || !index || watch.taken >= INDEX_WATCH_SEARCHES || !watchable(scopeRows)) return;
@@ -817,7 +940,10 @@ export class MemoryStore {
         const exact = await timed(exactSearch(table, scopeWhere, query), 10);
         watch.exactMsPerRow.push(exact.ms / scopeRows);
         for (const [i, scale] of PROBE_SCALES.entries()) {
-          const served = await timed(indexedSearch(table, scopeWhere, query, limit, index.partitions, scopeRows, scale, CHECKED_REFINE_FACTOR), limit);
+          const served = await timed(
+            indexedSearch(table, scopeWhere, query, limit, index.partitions, scopeRows, scale, CHECKED_REFINE_FACTOR),
+            limit,
+          );
           const top = new Set(served.ids.slice(0, 10));
           watch.hits[i] += exact.ids.filter((id) => top.has(id)).length;
           watch.indexedMs[i].push(served.ms);
@@ -825,7 +951,11 @@ export class MemoryStore {
         watch.total += exact.ids.length;
         if (++watch.searches === INDEX_WATCH_SEARCHES) this.decidePlan(watch);
       })
-      .catch((err: unknown) => this.logger.warn("could not check a search of the vector index against exact search", { error: String((err as Error)?.message ?? err) }));
+      .catch((err: unknown) =>
+        this.logger.warn("could not check a search of the vector index against exact search", {
+          error: String((err as Error)?.message ?? err),
+        }),
+      );
   }
 
   /** Serves by what a finished watch measured (planFrom), and says so in the log. */
@@ -838,7 +968,10 @@ export class MemoryStore {
       `the vector index served recall@10 ${tried} the probe rule's count against exact search on its first ${watch.searches} searches since ${watch.after}; ` +
       `probing ${plan.probeScale}x from now (p50 ${indexedMs.toFixed(1)} ms), and searching scopes of up to ${plan.exactUpTo} rows exactly (${(exactMsPerRow * 1000).toFixed(2)} ms per 1,000 rows)`;
     if (met) this.logger.info(verdict);
-    else this.logger.warn(`${verdict}; no probe count tried reached ${this.tuning.minIndexRecall}: searches find fewer of the nearest memories than they should (docs/memory.md)`);
+    else
+      this.logger.warn(
+        `${verdict}; no probe count tried reached ${this.tuning.minIndexRecall}: searches find fewer of the nearest memories than they should (docs/memory.md)`,
+      );
   }
 
   /**
@@ -887,18 +1020,31 @@ export class MemoryStore {
    */
   async layout(): Promise<{ rows: number; layoutRows: number; indexedRows: number; indexParts: number }> {
     const [rows, idx] = await Promise.all([this.t.countRows(), this.vectorIndexStats()]);
-    return { rows, layoutRows: this.layoutRows, indexedRows: idx?.numIndexedRows ?? 0, indexParts: idx?.numIndices ?? 0 };
+    return {
+      rows,
+      layoutRows: this.layoutRows,
+      indexedRows: idx?.numIndexedRows ?? 0,
+      indexParts: idx?.numIndices ?? 0,
+    };
   }
 
   /** Existing rows of a scope with these content hashes or ids: hash -> id, and the rows by id. */
-  private async existing(scopeWhere: string, hashes: string[], ids: string[]): Promise<{ byHash: Map<string, string>; byId: Map<string, Pick<MemoryRow, "id" | "text" | "created">> }> {
+  private async existing(
+    scopeWhere: string,
+    hashes: string[],
+    ids: string[],
+  ): Promise<{ byHash: Map<string, string>; byId: Map<string, Pick<MemoryRow, "id" | "text" | "created">> }> {
     const parts: string[] = [];
     if (hashes.length > 0) parts.push(`content_hash IN (${hashes.map(sqlString).join(", ")})`);
     if (ids.length > 0) parts.push(`id IN (${ids.map(sqlString).join(", ")})`);
     const byHash = new Map<string, string>();
     const byId = new Map<string, Pick<MemoryRow, "id" | "text" | "created">>();
     if (parts.length === 0) return { byHash, byId };
-    const rows = (await this.t.query().where(`${scopeWhere} AND (${parts.join(" OR ")})`).select(["id", "content_hash", "text", "created"]).toArray()) as (Pick<MemoryRow, "id" | "text" | "created"> & { content_hash: string })[];
+    const rows = (await this.t
+      .query()
+      .where(`${scopeWhere} AND (${parts.join(" OR ")})`)
+      .select(["id", "content_hash", "text", "created"])
+      .toArray()) as (Pick<MemoryRow, "id" | "text" | "created"> & { content_hash: string })[];
     for (const r of rows) {
       byHash.set(r.content_hash, r.id);
       byId.set(r.id, r);
@@ -923,7 +1069,12 @@ export class MemoryStore {
    * Stores a batch in one commit (upserts in one more). Rows whose text is already stored in the
    * scope are skipped as duplicates. Returns, per row, the id it has and what happened.
    */
-  add(scopeWhere: string, rows: MemoryRow[], upsertIds: Set<string>, actor = "api"): Promise<{ id: string; outcome: "added" | "updated" | "duplicate" }[]> {
+  add(
+    scopeWhere: string,
+    rows: MemoryRow[],
+    upsertIds: Set<string>,
+    actor = "api",
+  ): Promise<{ id: string; outcome: "added" | "updated" | "duplicate" }[]> {
     return this.write(async () => {
       const filter = await this.hashFilter(rows.length);
       const { byHash, byId: present } = await this.existing(
@@ -933,14 +1084,16 @@ export class MemoryStore {
       );
       // An id given for a memory of another scope is refused rather than silently forked.
       for (const id of upsertIds) {
-        if (!present.has(id) && (await this.t.countRows(`id = ${sqlString(id)}`)) > 0) throw new RpcError(Status.PERMISSION_DENIED, `memory ${id} belongs to another scope`);
+        if (!present.has(id) && (await this.t.countRows(`id = ${sqlString(id)}`)) > 0)
+          throw new RpcError(Status.PERMISSION_DENIED, `memory ${id} belongs to another scope`);
       }
       const seen = new Map<string, string>();
       const inserts: MemoryRow[] = [];
       const updates: MemoryRow[] = [];
       const out = rows.map((r) => {
         const same = byHash.get(r.content_hash) ?? seen.get(r.content_hash);
-        if (same !== undefined && !(upsertIds.has(r.id) && same === r.id)) return { id: same, outcome: "duplicate" as const };
+        if (same !== undefined && !(upsertIds.has(r.id) && same === r.id))
+          return { id: same, outcome: "duplicate" as const };
         seen.set(r.content_hash, r.id);
         if (upsertIds.has(r.id) && present.has(r.id)) {
           updates.push(r);
@@ -955,7 +1108,11 @@ export class MemoryStore {
       if (updates.length > 0) {
         // An update keeps when the memory was first made.
         const kept = updates.map((u) => ({ ...u, created: Number(present.get(u.id)!.created) }));
-        await this.t.mergeInsert("id").whenMatchedUpdateAll().whenNotMatchedInsertAll().execute(memoryArrow(this.schema, kept));
+        await this.t
+          .mergeInsert("id")
+          .whenMatchedUpdateAll()
+          .whenNotMatchedInsertAll()
+          .execute(memoryArrow(this.schema, kept));
       }
       // Noted for a rewrite only once committed: a rewrite that began before this point notes
       // them here, and one that begins after takes its snapshot after the commit. Noted before the
@@ -1014,15 +1171,25 @@ export class MemoryStore {
    * LanceDB's own answer to narrow filters, maximumNprobes(0) (probe until the limit is met), took
    * 108 ms there, so the probe count is computed here instead.
    */
-  async vectorCandidates(scopeWhere: string, vector: Float32Array, limit: number, path: "auto" | "exact" | "index" = "auto"): Promise<StoredCandidate[]> {
+  async vectorCandidates(
+    scopeWhere: string,
+    vector: Float32Array,
+    limit: number,
+    path: "auto" | "exact" | "index" = "auto",
+  ): Promise<StoredCandidate[]> {
     const scopeRows = path === "exact" || !this.vectorIndex ? 0 : await this.scopeRows(scopeWhere);
     const table = this.t;
     const index = this.vectorIndex;
     const { probeScale, exactUpTo } = this.plan;
     const indexed = index !== undefined && (path === "index" || scopeRows > exactUpTo);
     const refine = scopeRows <= this.checkedUpTo ? CHECKED_REFINE_FACTOR : REFINE_FACTOR;
-    const q = indexed ? indexedSearch(table, scopeWhere, vector, limit, index.partitions, scopeRows, probeScale, refine) : exactSearch(table, scopeWhere, vector);
-    const rows = (await q.limit(limit).select([...this.candidateColumns(), "_distance"]).toArray()) as (CandidateRow & { _distance: number })[];
+    const q = indexed
+      ? indexedSearch(table, scopeWhere, vector, limit, index.partitions, scopeRows, probeScale, refine)
+      : exactSearch(table, scopeWhere, vector);
+    const rows = (await q
+      .limit(limit)
+      .select([...this.candidateColumns(), "_distance"])
+      .toArray()) as (CandidateRow & { _distance: number })[];
     if (scopeRows > this.tuning.exactScopeRows) this.watchIndex(table, scopeWhere, scopeRows, vector, limit);
     return rows.map((r) => candidateOf(r, { vectorScore: 1 - Number(r._distance) }));
   }
@@ -1145,7 +1312,10 @@ export type IndexServing = {
  * medians of the watch's timings (at least tuning.exactScopeRows rows, at most the largest scope
  * a watch checks: exact search's cost is measured per row and may not stay linear far beyond).
  */
-export function planFrom(figures: WatchFigures, tuning: Pick<StoreTuning, "minIndexRecall" | "exactScopeRows">): { plan: SearchPlan; met: boolean; recalls: number[]; indexedMs: number; exactMsPerRow: number } {
+export function planFrom(
+  figures: WatchFigures,
+  tuning: Pick<StoreTuning, "minIndexRecall" | "exactScopeRows">,
+): { plan: SearchPlan; met: boolean; recalls: number[]; indexedMs: number; exactMsPerRow: number } {
   const recalls = PROBE_SCALES.map((_, i) => recallOf(figures, i) ?? 1);
   const fit = recalls.findIndex((r) => r >= tuning.minIndexRecall);
   const chosen = fit === -1 ? PROBE_SCALES.length - 1 : fit;
@@ -1157,7 +1327,8 @@ export function planFrom(figures: WatchFigures, tuning: Pick<StoreTuning, "minIn
 }
 
 /** The share of exact search's top tens the checked searches found at one probe scale: none before a check. */
-const recallOf = (figures: WatchFigures, scale: number): number | undefined => (figures.total === 0 ? undefined : figures.hits[scale] / figures.total);
+const recallOf = (figures: WatchFigures, scale: number): number | undefined =>
+  figures.total === 0 ? undefined : figures.hits[scale] / figures.total;
 
 /** 0 for no timings, so an empty watch never looks cheap to decide from. */
 const median = (xs: number[]): number => (xs.length === 0 ? 0 : pct(xs, 50));
@@ -1168,8 +1339,20 @@ const median = (xs: number[]): number => (xs.length === 0 ? 0 : pct(xs, 50));
  * MIN_PROBES), times the probe scale the store's watch of the index chose, and the best
  * limit * refine re-scored on their full vectors. The caller sets the limit and columns.
  */
-function indexedSearch(table: lancedb.Table, scopeWhere: string, vector: Float32Array, limit: number, partitions: number, scopeRows: number, probeScale: number, refine: number): lancedb.VectorQuery {
-  const probes = Math.min(partitions, probeScale * Math.max(MIN_PROBES, Math.ceil((PROBE_ROWS_FACTOR * limit * partitions) / scopeRows)));
+function indexedSearch(
+  table: lancedb.Table,
+  scopeWhere: string,
+  vector: Float32Array,
+  limit: number,
+  partitions: number,
+  scopeRows: number,
+  probeScale: number,
+  refine: number,
+): lancedb.VectorQuery {
+  const probes = Math.min(
+    partitions,
+    probeScale * Math.max(MIN_PROBES, Math.ceil((PROBE_ROWS_FACTOR * limit * partitions) / scopeRows)),
+  );
   return table.vectorSearch(vector).distanceType("cosine").where(scopeWhere).nprobes(probes).refineFactor(refine);
 }
 
@@ -1186,9 +1369,20 @@ type CandidateRow = Pick<MemoryRow, "vector"> & ({ payload: string } | StoredMem
  * decodes when they are read.
  */
 function candidateOf(row: CandidateRow, scores: { vectorScore?: number; textScore?: number }): StoredCandidate {
-  const memory = "payload" in row && typeof row.payload === "string" ? (JSON.parse(row.payload) as StoredMemory) : (row as StoredMemory);
+  const memory =
+    "payload" in row && typeof row.payload === "string"
+      ? (JSON.parse(row.payload) as StoredMemory)
+      : (row as StoredMemory);
   // LanceDB returns each vector as an Arrow vector over the batch's values; toArray() is a view
   // of them (Float32Array.from would copy through Arrow's per-element iterator: about 1 ms for 40).
-  const vector = row.vector instanceof Float32Array ? row.vector : (row.vector as unknown as { toArray(): Float32Array }).toArray();
-  return { id: memory.id, vector, createdMs: Number(memory.created), evergreen: Boolean(memory.evergreen), memory, ...scores };
+  const vector =
+    row.vector instanceof Float32Array ? row.vector : (row.vector as unknown as { toArray(): Float32Array }).toArray();
+  return {
+    id: memory.id,
+    vector,
+    createdMs: Number(memory.created),
+    evergreen: Boolean(memory.evergreen),
+    memory,
+    ...scores,
+  };
 }

@@ -75,14 +75,21 @@ export function parseRouting(text: string, source: string): RoutingConfig {
   const defaultAgent = (doc.defaultAgent ?? "main") as string;
   if (typeof defaultAgent !== "string" || !isAgentId(defaultAgent)) fail("defaultAgent", "is not a valid agent id");
   const mainKey = (session.mainKey ?? "main") as string;
-  if (typeof mainKey !== "string" || !/^[a-z0-9_-]{1,32}$/.test(mainKey)) fail("session.mainKey", "must be 1-32 of a-z 0-9 _ -");
+  if (typeof mainKey !== "string" || !/^[a-z0-9_-]{1,32}$/.test(mainKey))
+    fail("session.mainKey", "must be 1-32 of a-z 0-9 _ -");
   const identityLinks = new Map<string, string>();
   for (const [person, ids] of Object.entries((session.identityLinks ?? {}) as Record<string, unknown>)) {
-    if (!/^[A-Za-z0-9._-]{1,64}$/.test(person)) fail(`session.identityLinks.${person}`, "is not a valid name (1-64 of A-Z a-z 0-9 . _ -)");
+    if (!/^[A-Za-z0-9._-]{1,64}$/.test(person))
+      fail(`session.identityLinks.${person}`, "is not a valid name (1-64 of A-Z a-z 0-9 . _ -)");
     if (!Array.isArray(ids)) fail(`session.identityLinks.${person}`, 'must be a list of "channel:id"');
     for (const id of ids as unknown[]) {
-      if (typeof id !== "string" || !/^[a-z0-9_-]{1,32}:.+$/.test(id)) fail(`session.identityLinks.${person}`, `has ${JSON.stringify(id)}, not "channel:id"`);
-      if (identityLinks.has(id as string)) fail(`session.identityLinks.${person}`, `repeats ${id as string}, already linked to ${identityLinks.get(id as string)}`);
+      if (typeof id !== "string" || !/^[a-z0-9_-]{1,32}:.+$/.test(id))
+        fail(`session.identityLinks.${person}`, `has ${JSON.stringify(id)}, not "channel:id"`);
+      if (identityLinks.has(id as string))
+        fail(
+          `session.identityLinks.${person}`,
+          `repeats ${id as string}, already linked to ${identityLinks.get(id as string)}`,
+        );
       identityLinks.set(id as string, person);
     }
   }
@@ -92,21 +99,41 @@ export function parseRouting(text: string, source: string): RoutingConfig {
     if (typeof b !== "object" || b === null) fail(where, "must be an object");
     if (typeof b.agent !== "string" || !isAgentId(b.agent)) fail(`${where}.agent`, "is not a valid agent id");
     const m = (b.match ?? {}) as Record<string, unknown>;
-    if (typeof m.channel !== "string" || !CHANNEL_NAME.test(m.channel)) fail(`${where}.match.channel`, "is required: 1-32 of a-z 0-9 _ -");
-    for (const f of ["accountId", "guildId", "teamId"]) if (m[f] !== undefined && (typeof m[f] !== "string" || m[f] === "")) fail(`${where}.match.${f}`, "must be a non-empty string");
-    if (m.roles !== undefined && (!Array.isArray(m.roles) || m.roles.length === 0 || !m.roles.every((r) => typeof r === "string"))) fail(`${where}.match.roles`, "must be a non-empty list of strings");
+    if (typeof m.channel !== "string" || !CHANNEL_NAME.test(m.channel))
+      fail(`${where}.match.channel`, "is required: 1-32 of a-z 0-9 _ -");
+    for (const f of ["accountId", "guildId", "teamId"])
+      if (m[f] !== undefined && (typeof m[f] !== "string" || m[f] === ""))
+        fail(`${where}.match.${f}`, "must be a non-empty string");
+    if (
+      m.roles !== undefined &&
+      (!Array.isArray(m.roles) || m.roles.length === 0 || !m.roles.every((r) => typeof r === "string"))
+    )
+      fail(`${where}.match.roles`, "must be a non-empty list of strings");
     if (m.roles !== undefined && m.guildId === undefined) fail(`${where}.match.roles`, "needs match.guildId");
     const peer = m.peer as PeerMatch | undefined;
-    if (peer !== undefined && (typeof peer !== "object" || typeof peer.id !== "string" || peer.id === "" || (peer.kind !== undefined && !["direct", "group", "channel"].includes(peer.kind)))) {
+    if (
+      peer !== undefined &&
+      (typeof peer !== "object" ||
+        typeof peer.id !== "string" ||
+        peer.id === "" ||
+        (peer.kind !== undefined && !["direct", "group", "channel"].includes(peer.kind)))
+    ) {
       fail(`${where}.match.peer`, 'must be {"kind": "direct"|"group"|"channel", "id": "..." or "*"}');
     }
-    if (b.dmScope !== undefined && !DM_SCOPES.includes(b.dmScope as DmScope)) fail(`${where}.dmScope`, `must be one of ${DM_SCOPES.join(", ")}`);
+    if (b.dmScope !== undefined && !DM_SCOPES.includes(b.dmScope as DmScope))
+      fail(`${where}.dmScope`, `must be one of ${DM_SCOPES.join(", ")}`);
     return { agent: b.agent as string, match: m as Binding["match"], dmScope: b.dmScope as DmScope | undefined };
   });
   return { defaultAgent, dmScope, mainKey, identityLinks, bindings };
 }
 
-export const EMPTY_ROUTING: RoutingConfig = { defaultAgent: "main", dmScope: "main", mainKey: "main", identityLinks: new Map(), bindings: [] };
+export const EMPTY_ROUTING: RoutingConfig = {
+  defaultAgent: "main",
+  dmScope: "main",
+  mainKey: "main",
+  identityLinks: new Map(),
+  bindings: [],
+};
 
 /** The tier a binding belongs to: its most specific match field. */
 function tierOf(b: Binding): RouteTier {
@@ -146,7 +173,16 @@ function part(s: string): string {
   return /^[A-Za-z0-9._-]{1,64}$/.test(s) ? s : `x${createHash("sha256").update(s).digest("hex").slice(0, 16)}`;
 }
 
-const TIERS = [RouteTier.PEER, RouteTier.PARENT_PEER, RouteTier.PEER_WILDCARD, RouteTier.GUILD_ROLES, RouteTier.GUILD, RouteTier.TEAM, RouteTier.ACCOUNT, RouteTier.CHANNEL];
+const TIERS = [
+  RouteTier.PEER,
+  RouteTier.PARENT_PEER,
+  RouteTier.PEER_WILDCARD,
+  RouteTier.GUILD_ROLES,
+  RouteTier.GUILD,
+  RouteTier.TEAM,
+  RouteTier.ACCOUNT,
+  RouteTier.CHANNEL,
+];
 
 /**
  * Resolves channel messages with a configuration. The bindings that can apply to a (channel,
@@ -165,7 +201,11 @@ export class InboundRouter {
       const t = tierOf(b);
       (this.byTier.get(t) ?? this.byTier.set(t, []).get(t)!).push(b);
       // An exact peer binding also serves threads of that peer, one tier lower.
-      if (t === RouteTier.PEER) (this.byTier.get(RouteTier.PARENT_PEER) ?? this.byTier.set(RouteTier.PARENT_PEER, []).get(RouteTier.PARENT_PEER)!).push(b);
+      if (t === RouteTier.PEER)
+        (
+          this.byTier.get(RouteTier.PARENT_PEER) ??
+          this.byTier.set(RouteTier.PARENT_PEER, []).get(RouteTier.PARENT_PEER)!
+        ).push(b);
     }
   }
 
@@ -180,7 +220,11 @@ export class InboundRouter {
     }
     const out = new Map<RouteTier, Binding[]>();
     for (const [tier, list] of this.byTier) {
-      const fit = list.filter((b) => b.match.channel === channel && (b.match.accountId === undefined || b.match.accountId === "*" || b.match.accountId === accountId));
+      const fit = list.filter(
+        (b) =>
+          b.match.channel === channel &&
+          (b.match.accountId === undefined || b.match.accountId === "*" || b.match.accountId === accountId),
+      );
       if (fit.length > 0) out.set(tier, fit);
     }
     this.cache.set(key, out);

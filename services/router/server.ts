@@ -63,7 +63,10 @@ function checkContext(ctx: ChannelContext | undefined): ChannelContext {
   invalidArgumentIf(!CHANNEL_NAME.test(ctx.channel), "context.channel must be 1-32 of a-z 0-9 _ -");
   invalidArgumentIf(ctx.chatType === ChatType.UNSPECIFIED, "context.chat_type is required");
   invalidArgumentIf(!ctx.sender?.id, "context.sender.id is required");
-  invalidArgumentIf(ctx.chatType !== ChatType.DIRECT && !ctx.peer?.id, "context.peer.id is required for group and channel chats");
+  invalidArgumentIf(
+    ctx.chatType !== ChatType.DIRECT && !ctx.peer?.id,
+    "context.peer.id is required for group and channel chats",
+  );
   return ctx;
 }
 
@@ -73,10 +76,17 @@ export async function startRouter(cfg: Config, logger: Logger): Promise<RunningS
   let routes = new InboundRouter(EMPTY_ROUTING);
   const routing = new ReloadingFile(cfg.routingFile, parseRouting, EMPTY_ROUTING, (config) => {
     routes = new InboundRouter(config);
-    logger.info(`routing: ${config.bindings.length} bindings, dm_scope ${config.dmScope}, default agent ${config.defaultAgent}`, { file: cfg.routingFile });
+    logger.info(
+      `routing: ${config.bindings.length} bindings, dm_scope ${config.dmScope}, default agent ${config.defaultAgent}`,
+      { file: cfg.routingFile },
+    );
   });
   await routing.reload();
-  routing.watch(2000, (err) => logger.error("routing file rejected; keeping the rules read before", { error: String((err as Error).message ?? err) }));
+  routing.watch(2000, (err) =>
+    logger.error("routing file rejected; keeping the rules read before", {
+      error: String((err as Error).message ?? err),
+    }),
+  );
   /**
    * Placement hashes the session's ref (its owner's tenant and principal, from the call's
    * metadata, and its id): the session's log, not its agent, decides where it lives, and two
@@ -87,7 +97,10 @@ export async function startRouter(cfg: Config, logger: Logger): Promise<RunningS
     if (!runner) throw unavailable("no runner is registered with the router yet; start one with `troupe runner`");
     return runner;
   };
-  const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes, authenticate: (await internalCredentials(cfg.dataDir)).authenticate });
+  const server = new RpcServer({
+    maxMessageBytes: cfg.maxMessageBytes,
+    authenticate: (await internalCredentials(cfg.dataDir)).authenticate,
+  });
   server.add(RouterService, {
     async resolveSession(req, call) {
       validateSessionRef(req.sessionId, req.agentId, true);
@@ -96,7 +109,10 @@ export async function startRouter(cfg: Config, logger: Logger): Promise<RunningS
       return { sessionId, agentId, sessionKey: sessionKey(agentId, sessionId), runner: place(sessionId, call) };
     },
     async registerRunner(req) {
-      invalidArgumentIf(!req.runner?.runnerId || !req.runner.address, "runner.runner_id and runner.address are required");
+      invalidArgumentIf(
+        !req.runner?.runnerId || !req.runner.address,
+        "runner.runner_id and runner.address are required",
+      );
       const known = directory.live().some((r) => r.runnerId === req.runner!.runnerId);
       directory.renew(req.runner!, req.draining);
       if (!known && !req.draining) logger.info(`runner ${req.runner!.runnerId} registered at ${req.runner!.address}`);
@@ -108,7 +124,13 @@ export async function startRouter(cfg: Config, logger: Logger): Promise<RunningS
     },
     async resolveInbound(req, call) {
       const route = routes.resolve(checkContext(req.context));
-      return { agentId: route.agentId, matchedTier: route.tier, sessionKey: route.sessionKey, canonicalSender: route.canonicalSender, runner: place(route.sessionKey, call) };
+      return {
+        agentId: route.agentId,
+        matchedTier: route.tier,
+        sessionKey: route.sessionKey,
+        canonicalSender: route.canonicalSender,
+        runner: place(route.sessionKey, call),
+      };
     },
   });
   const port = await server.listen(cfg.addr.router);

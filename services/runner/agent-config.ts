@@ -55,16 +55,21 @@ export const DEFAULT_AGENT: Readonly<Omit<AgentConfig, "name">> = {
 export class AgentConfigError extends Error {}
 
 type Checker<T> = (v: unknown, field: string) => T;
-const num = (min: number, max: number): Checker<number> => (v, field) => {
-  if (typeof v !== "number" || !Number.isInteger(v) || v < min || v > max) throw new AgentConfigError(`${field} must be an integer from ${min} to ${max}`);
-  return v;
-};
+const num =
+  (min: number, max: number): Checker<number> =>
+  (v, field) => {
+    if (typeof v !== "number" || !Number.isInteger(v) || v < min || v > max)
+      throw new AgentConfigError(`${field} must be an integer from ${min} to ${max}`);
+    return v;
+  };
 const str: Checker<string> = (v, field) => {
-  if (typeof v !== "string" || v.length > 8000) throw new AgentConfigError(`${field} must be a string of at most 8000 characters`);
+  if (typeof v !== "string" || v.length > 8000)
+    throw new AgentConfigError(`${field} must be a string of at most 8000 characters`);
   return v;
 };
 const strings: Checker<string[]> = (v, field) => {
-  if (!Array.isArray(v) || v.length > 20 || v.some((x) => typeof x !== "string" || x === "")) throw new AgentConfigError(`${field} must be a list of at most 20 non-empty strings`);
+  if (!Array.isArray(v) || v.length > 20 || v.some((x) => typeof x !== "string" || x === ""))
+    throw new AgentConfigError(`${field} must be a list of at most 20 non-empty strings`);
   return v as string[];
 };
 
@@ -73,13 +78,26 @@ function pick<T>(obj: Record<string, unknown>, key: string, check: Checker<T>, f
 }
 
 function object(v: unknown, field: string): Record<string, unknown> {
-  if (typeof v !== "object" || v === null || Array.isArray(v)) throw new AgentConfigError(`${field} must be a JSON object`);
+  if (typeof v !== "object" || v === null || Array.isArray(v))
+    throw new AgentConfigError(`${field} must be a JSON object`);
   return v as Record<string, unknown>;
 }
 
 export function parseAgentConfig(agentId: string, json: unknown): AgentConfig {
   const o = object(json, "agent.json");
-  const known = new Set(["name", "persona", "model", "fallbacks", "contextWindow", "maxOutputTokens", "reserveTokens", "keepRecentTokens", "owners", "retry", "subagents"]);
+  const known = new Set([
+    "name",
+    "persona",
+    "model",
+    "fallbacks",
+    "contextWindow",
+    "maxOutputTokens",
+    "reserveTokens",
+    "keepRecentTokens",
+    "owners",
+    "retry",
+    "subagents",
+  ]);
   const unknown = Object.keys(o).filter((k) => !known.has(k));
   if (unknown.length > 0) throw new AgentConfigError(`unknown field ${unknown[0]} (known: ${[...known].join(", ")})`);
   const d = DEFAULT_AGENT;
@@ -106,7 +124,10 @@ export function parseAgentConfig(agentId: string, json: unknown): AgentConfig {
       timeoutMs: pick(sub, "timeoutMs", num(1000, 3_600_000), d.subagents.timeoutMs, "subagents."),
     },
   };
-  if (cfg.reserveTokens >= cfg.contextWindow) throw new AgentConfigError(`reserveTokens (${cfg.reserveTokens}) must be below contextWindow (${cfg.contextWindow})`);
+  if (cfg.reserveTokens >= cfg.contextWindow)
+    throw new AgentConfigError(
+      `reserveTokens (${cfg.reserveTokens}) must be below contextWindow (${cfg.contextWindow})`,
+    );
   return cfg;
 }
 
@@ -131,7 +152,10 @@ export class AgentConfigs {
     const now = Date.now();
     const hit = this.cache.get(agentId);
     if (hit && now - hit.checked < this.recheckMs) return hit;
-    const mtimeMs = await stat(file).then((s) => s.mtimeMs, () => -1);
+    const mtimeMs = await stat(file).then(
+      (s) => s.mtimeMs,
+      () => -1,
+    );
     if (hit && hit.mtimeMs === mtimeMs) {
       hit.checked = now;
       return hit;
@@ -143,7 +167,12 @@ export class AgentConfigs {
         entry = { mtimeMs, checked: now, config: parseAgentConfig(agentId, JSON.parse(await readFile(file, "utf8"))) };
       } catch (err) {
         const why = err instanceof SyntaxError ? `not valid JSON: ${err.message}` : (err as Error).message;
-        entry = { mtimeMs, checked: now, config: { name: agentId, ...DEFAULT_AGENT }, error: `${file}: ${why}; using the defaults` };
+        entry = {
+          mtimeMs,
+          checked: now,
+          config: { name: agentId, ...DEFAULT_AGENT },
+          error: `${file}: ${why}; using the defaults`,
+        };
       }
     }
     this.cache.set(agentId, entry);

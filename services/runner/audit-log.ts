@@ -66,7 +66,9 @@ export class AuditLog {
     const write = this.tail
       .catch(() => undefined)
       .then(async () => {
-        this.fh ??= mkdir(this.dataDir, { recursive: true }).then(() => open(path.join(this.dataDir, "audit.jsonl"), "a"));
+        this.fh ??= mkdir(this.dataDir, { recursive: true }).then(() =>
+          open(path.join(this.dataDir, "audit.jsonl"), "a"),
+        );
         const opened = this.fh;
         try {
           const h = await opened;

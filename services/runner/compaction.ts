@@ -2,10 +2,7 @@
 // size in tokens, and a compaction that summarises what comes before a cut (by the model, else
 // from what is known) when a request would not fit the window.
 // tools, prompt, hooks); the loop itself holds no state between runs.
-import {
-  Role,
-  type ChatMessage,
-  } from "../shared/gen/troupe/v1/session_pb.js";
+import { Role, type ChatMessage } from "../shared/gen/troupe/v1/session_pb.js";
 import { ModelError } from "./model.js";
 import { compactionCut, sanitise, summaryMessage } from "./transcript.js";
 import { excerpt, type RunHost, type Turn, SUMMARY_MARKER } from "./run.js";
@@ -26,7 +23,9 @@ export function conversationView(host: RunHost): { summary?: string; messages: C
 
 export function viewTokens(turn: Turn, view: { summary?: string; messages: ChatMessage[] }): number {
   // The summary comes back unchanged in every request until the next compaction.
-  let n = turn.fixedTokens + (view.summary ? turn.tokens.recurringText(summaryMessage(view.summary).content as string) + 4 : 0);
+  let n =
+    turn.fixedTokens +
+    (view.summary ? turn.tokens.recurringText(summaryMessage(view.summary).content as string) + 4 : 0);
   for (const m of view.messages) n += turn.tokens.message(m);
   return n;
 }
@@ -53,7 +52,15 @@ export async function compact(turn: Turn, reason: "threshold" | "overflow", toke
   const after = viewTokens(turn, { summary, messages: view.messages.slice(cut) });
   host.emit({
     case: "compactionEnd",
-    value: { summary, firstKeptMessageId: view.messages[cut].id, messagesSummarized: older.length, tokensBefore, tokensAfter: after, fallback: error !== "", error },
+    value: {
+      summary,
+      firstKeptMessageId: view.messages[cut].id,
+      messagesSummarized: older.length,
+      tokensBefore,
+      tokensAfter: after,
+      fallback: error !== "",
+      error,
+    },
   });
   return true;
 }
@@ -83,7 +90,18 @@ async function summarise(turn: Turn, previous: string | undefined, older: readon
   const user = `${previous ? `Earlier summary:\n${previous}\n\n` : ""}Conversation to summarise:\n${transcriptOf(older)}`;
   const signal = AbortSignal.any([turn.host.signal, AbortSignal.timeout(SUMMARY_TIMEOUT_MS)]);
   let text = "";
-  for await (const chunk of turn.deps.model.stream({ model: turn.models[0], messages: [{ role: "system", content: system }, { role: "user", content: user }], tools: [], maxTokens: SUMMARY_MAX_TOKENS }, signal)) {
+  for await (const chunk of turn.deps.model.stream(
+    {
+      model: turn.models[0],
+      messages: [
+        { role: "system", content: system },
+        { role: "user", content: user },
+      ],
+      tools: [],
+      maxTokens: SUMMARY_MAX_TOKENS,
+    },
+    signal,
+  )) {
     if (chunk.type === "text") text += chunk.delta;
   }
   if (text.trim() === "") throw new Error("the model returned an empty summary");
@@ -104,7 +122,9 @@ export function metadataSummary(previous: string | undefined, older: readonly Ch
     "(not recorded: this summary was made without the model)",
     "## Progress",
     `${older.length} earlier messages were folded (${count(Role.USER)} from the user, ${count(Role.ASSISTANT)} from the assistant, ${count(Role.TOOL)} tool results).`,
-    toolUses.size > 0 ? `Tools used: ${[...toolUses].map(([n, k]) => `${n} ×${k}`).join(", ")}.` : "No tools were used.",
+    toolUses.size > 0
+      ? `Tools used: ${[...toolUses].map(([n, k]) => `${n} ×${k}`).join(", ")}.`
+      : "No tools were used.",
     lastUser && lastUser !== firstUser ? `The last folded request was: ${excerpt(lastUser, 300)}` : "",
     previous ? `An earlier summary said:\n${previous}` : "",
     "## Decisions",
@@ -115,4 +135,3 @@ export function metadataSummary(previous: string | undefined, older: readonly Ch
     .filter((s) => s !== "")
     .join("\n");
 }
-

@@ -17,7 +17,12 @@ const FIELDS: readonly Field[] = [
   { name: "minute", min: 0, max: 59 },
   { name: "hour", min: 0, max: 23 },
   { name: "day of month", min: 1, max: 31 },
-  { name: "month", min: 1, max: 12, names: ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"] },
+  {
+    name: "month",
+    min: 1,
+    max: 12,
+    names: ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"],
+  },
   { name: "day of week", min: 0, max: 7, names: ["sun", "mon", "tue", "wed", "thu", "fri", "sat"] },
 ];
 
@@ -35,7 +40,8 @@ export interface Cron {
 function value(text: string, f: Field): number {
   const named = f.names?.indexOf(text.toLowerCase()) ?? -1;
   if (named >= 0) return named + (f.min === 1 ? 1 : 0);
-  if (!/^\d{1,2}$/.test(text)) throw new CronError(`${f.name}: ${JSON.stringify(text)} is not a number${f.names ? " or a name" : ""}`);
+  if (!/^\d{1,2}$/.test(text))
+    throw new CronError(`${f.name}: ${JSON.stringify(text)} is not a number${f.names ? " or a name" : ""}`);
   const n = Number(text);
   if (n < f.min || n > f.max) throw new CronError(`${f.name}: ${n} is outside ${f.min}-${f.max}`);
   return n;
@@ -53,7 +59,8 @@ function parseField(text: string, f: Field): Set<number> {
     if (m[1] === "*") [lo, hi] = [f.min, f.max];
     else if (m[1].includes("-")) {
       const [a, b, ...rest] = m[1].split("-");
-      if (rest.length > 0 || a === "" || b === "") throw new CronError(`${f.name}: ${JSON.stringify(m[1])} is not a range`);
+      if (rest.length > 0 || a === "" || b === "")
+        throw new CronError(`${f.name}: ${JSON.stringify(m[1])} is not a range`);
       [lo, hi] = [value(a, f), value(b, f)];
       if (lo > hi) throw new CronError(`${f.name}: the range ${m[1]} runs backwards`);
     } else {
@@ -68,13 +75,25 @@ function parseField(text: string, f: Field): Set<number> {
 export function parseCron(expression: string): Cron {
   const parts = expression.trim().split(/\s+/);
   if (expression.length > 200 || parts.length !== 5 || parts[0] === "") {
-    throw new CronError(`a cron expression has 5 fields (minute hour day-of-month month day-of-week); ${JSON.stringify(expression.slice(0, 100))} has ${parts[0] === "" ? 0 : parts.length}`);
+    throw new CronError(
+      `a cron expression has 5 fields (minute hour day-of-month month day-of-week); ${JSON.stringify(expression.slice(0, 100))} has ${parts[0] === "" ? 0 : parts.length}`,
+    );
   }
   const [minutes, hours, days, months, weekdays] = parts.map((p, i) => parseField(p, FIELDS[i]));
   if (weekdays.delete(7)) weekdays.add(0);
-  const cron: Cron = { source: expression.trim(), minutes, hours, days, months, weekdays, daysRestricted: parts[2] !== "*", weekdaysRestricted: parts[4] !== "*" };
+  const cron: Cron = {
+    source: expression.trim(),
+    minutes,
+    hours,
+    days,
+    months,
+    weekdays,
+    daysRestricted: parts[2] !== "*",
+    weekdaysRestricted: parts[4] !== "*",
+  };
   // An expression that can never fire (31 February) is a mistake worth reporting now.
-  if (nextFire(cron, Date.UTC(2000, 0, 1)) === undefined) throw new CronError(`${JSON.stringify(expression)} never fires`);
+  if (nextFire(cron, Date.UTC(2000, 0, 1)) === undefined)
+    throw new CronError(`${JSON.stringify(expression)} never fires`);
   return cron;
 }
 

@@ -48,31 +48,59 @@ export function delegateTool(d: Delegation): Tool {
     parameters: {
       type: "object",
       properties: {
-        task: { type: "string", minLength: 1, maxLength: MAX_TASK_CHARS, description: "What the sub-agent must do; its first message." },
-        instructions: { type: "string", maxLength: MAX_TASK_CHARS, description: "How to work and what to return (added to its system prompt for this task)." },
+        task: {
+          type: "string",
+          minLength: 1,
+          maxLength: MAX_TASK_CHARS,
+          description: "What the sub-agent must do; its first message.",
+        },
+        instructions: {
+          type: "string",
+          maxLength: MAX_TASK_CHARS,
+          description: "How to work and what to return (added to its system prompt for this task).",
+        },
       },
       required: ["task"],
       additionalProperties: false,
     },
     async execute(args, ctx) {
-      if (startedThisRun >= d.perRun) return { output: `delegate_task refused: this run has started ${startedThisRun} sub-agents, its quota (subagentsPerRun). Do the rest yourself.`, isError: true };
+      if (startedThisRun >= d.perRun)
+        return {
+          output: `delegate_task refused: this run has started ${startedThisRun} sub-agents, its quota (subagentsPerRun). Do the rest yourself.`,
+          isError: true,
+        };
       startedThisRun++;
       // The slot is taken before anything is awaited: calls of one batch start together.
       const slot = (running.get(parentKey) ?? 0) + 1;
       running.set(parentKey, slot);
       try {
         const { maxDepth, maxChildren, timeoutMs } = (await d.agent()).subagents;
-        if (depth > maxDepth) return { output: `delegate_task refused: sub-agents may nest ${maxDepth} level(s) deep and this session is already at depth ${depth - 1}. Do the task yourself.`, isError: true };
-        if (slot > maxChildren) return { output: `delegate_task refused: ${slot - 1} sub-agents of this session are already running (limit ${maxChildren}). Wait for one to finish.`, isError: true };
+        if (depth > maxDepth)
+          return {
+            output: `delegate_task refused: sub-agents may nest ${maxDepth} level(s) deep and this session is already at depth ${depth - 1}. Do the task yourself.`,
+            isError: true,
+          };
+        if (slot > maxChildren)
+          return {
+            output: `delegate_task refused: ${slot - 1} sub-agents of this session are already running (limit ${maxChildren}). Wait for one to finish.`,
+            isError: true,
+          };
         const childId = `${d.parent.sessionId.slice(0, 100)}:sub:${newId().slice(0, 12)}`;
         const instruction = [
           "You are a sub-agent working on one task for another agent. Work on the task alone; nobody will answer questions.",
           "Reply with the result only, as plain text: it is handed back verbatim.",
           typeof args.instructions === "string" ? args.instructions : "",
-        ].filter((s) => s !== "").join("\n");
+        ]
+          .filter((s) => s !== "")
+          .join("\n");
         const child = await d.createChild(childId, { parentSessionId: d.parent.sessionId, depth, instruction });
         ctx.onUpdate(`sub-agent session ${childId} started\n`);
-        return await runChild(child, String(args.task), AbortSignal.any([ctx.signal, AbortSignal.timeout(timeoutMs)]), timeoutMs);
+        return await runChild(
+          child,
+          String(args.task),
+          AbortSignal.any([ctx.signal, AbortSignal.timeout(timeoutMs)]),
+          timeoutMs,
+        );
       } finally {
         const left = (running.get(parentKey) ?? 1) - 1;
         if (left <= 0) running.delete(parentKey);
@@ -83,7 +111,12 @@ export function delegateTool(d: Delegation): Tool {
 }
 
 /** Submits the task, waits for the child's run to end, and returns its last reply. */
-async function runChild(child: SessionActor, task: string, signal: AbortSignal, timeoutMs: number): Promise<{ output: string; isError: boolean }> {
+async function runChild(
+  child: SessionActor,
+  task: string,
+  signal: AbortSignal,
+  timeoutMs: number,
+): Promise<{ output: string; isError: boolean }> {
   const frameId = `delegate:${newId()}`;
   let resolveEnd!: (e: AgentEvent) => void;
   const ended = new Promise<AgentEvent>((r) => (resolveEnd = r));
@@ -100,7 +133,20 @@ async function runChild(child: SessionActor, task: string, signal: AbortSignal, 
   await child.attach(watcher);
   const timedOut = () => signal.reason instanceof Error && signal.reason.name === "TimeoutError";
   const onAbort = () => {
-    void child.submit(create(ClientFrameSchema, { frameId: `${frameId}:abort`, kind: { case: "abort", value: { reason: timedOut() ? `sub-agent timed out after ${timeoutMs} ms` : "the parent run was aborted", clearQueue: true } } })).catch(() => undefined);
+    void child
+      .submit(
+        create(ClientFrameSchema, {
+          frameId: `${frameId}:abort`,
+          kind: {
+            case: "abort",
+            value: {
+              reason: timedOut() ? `sub-agent timed out after ${timeoutMs} ms` : "the parent run was aborted",
+              clearQueue: true,
+            },
+          },
+        }),
+      )
+      .catch(() => undefined);
   };
   signal.addEventListener("abort", onAbort, { once: true });
   try {
@@ -113,13 +159,26 @@ async function runChild(child: SessionActor, task: string, signal: AbortSignal, 
       else signal.addEventListener("abort", later, { once: true });
     });
     const end = await Promise.race([ended, gaveUp]);
-    if (!end) return { output: `The sub-agent (session ${child.sessionId}) did not finish: its run ${signal.aborted ? "was stopped" : "ended"} before it answered.`, isError: true };
-    if (end.payload.case === "messageBlocked") return { output: `The sub-agent refused the task: ${end.payload.value.reason}`, isError: true };
+    if (!end)
+      return {
+        output: `The sub-agent (session ${child.sessionId}) did not finish: its run ${signal.aborted ? "was stopped" : "ended"} before it answered.`,
+        isError: true,
+      };
+    if (end.payload.case === "messageBlocked")
+      return { output: `The sub-agent refused the task: ${end.payload.value.reason}`, isError: true };
     const stop = end.payload.case === "agentEnd" ? end.payload.value : undefined;
-    const reply = [...child.messages].reverse().find((m) => m.role === Role.ASSISTANT && m.text.trim() !== "")?.text ?? "";
+    const reply =
+      [...child.messages].reverse().find((m) => m.role === Role.ASSISTANT && m.text.trim() !== "")?.text ?? "";
     if (stop && stop.stopReason !== StopReason.COMPLETED) {
-      const why = signal.aborted ? (timedOut() ? `timed out after ${timeoutMs} ms` : "was aborted") : `failed: ${stop.errorMessage || "no reason given"}`;
-      return { output: `The sub-agent (session ${child.sessionId}) ${why}.${reply ? ` Its last reply:\n${reply}` : ""}`, isError: true };
+      const why = signal.aborted
+        ? timedOut()
+          ? `timed out after ${timeoutMs} ms`
+          : "was aborted"
+        : `failed: ${stop.errorMessage || "no reason given"}`;
+      return {
+        output: `The sub-agent (session ${child.sessionId}) ${why}.${reply ? ` Its last reply:\n${reply}` : ""}`,
+        isError: true,
+      };
     }
     return { output: reply || "(the sub-agent finished without a reply)", isError: false };
   } finally {

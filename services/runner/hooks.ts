@@ -29,7 +29,12 @@ export interface HookPayloads {
   before_model_resolve: TurnInfo & { model: string };
   before_prompt_build: TurnInfo & { query: string };
   before_tool_call: TurnInfo & { toolCallId: string; toolName: string; args: Record<string, unknown> };
-  after_tool_call: TurnInfo & { toolCallId: string; toolName: string; args: Record<string, unknown>; result: ToolResult };
+  after_tool_call: TurnInfo & {
+    toolCallId: string;
+    toolName: string;
+    args: Record<string, unknown>;
+    result: ToolResult;
+  };
   agent_end: TurnInfo & { stopReason: string; errorMessage: string };
 }
 
@@ -45,7 +50,10 @@ export interface HookResults {
 export type HookName = keyof HookPayloads;
 /** What a modifying hook may return, once it returned something. */
 export type HookChange<N extends HookName> = Exclude<HookResults[N], void | undefined>;
-export type HookHandler<N extends HookName> = (payload: HookPayloads[N], signal: AbortSignal) => HookResults[N] | Promise<HookResults[N]>;
+export type HookHandler<N extends HookName> = (
+  payload: HookPayloads[N],
+  signal: AbortSignal,
+) => HookResults[N] | Promise<HookResults[N]>;
 
 const DEFAULT_TIMEOUT_MS: Record<HookName, number> = {
   message_received: 5000,
@@ -69,7 +77,11 @@ export interface ThreatVerdict {
   level: ThreatLevel;
   reason?: string;
 }
-export type ThreatCheck = (text: string, info: TurnInfo & { frameId: string }, signal: AbortSignal) => ThreatVerdict | Promise<ThreatVerdict>;
+export type ThreatCheck = (
+  text: string,
+  info: TurnInfo & { frameId: string },
+  signal: AbortSignal,
+) => ThreatVerdict | Promise<ThreatVerdict>;
 
 /** What a plugin module's `register` receives. */
 export interface PluginApi {
@@ -96,7 +108,11 @@ export interface HookFailure {
 export class HookTimeout extends Error {}
 
 /** Runs `fn` with a deadline; the signal it gets is aborted when the deadline passes. */
-export async function withTimeout<T>(fn: (signal: AbortSignal) => T | Promise<T>, timeoutMs: number, what: string): Promise<T> {
+export async function withTimeout<T>(
+  fn: (signal: AbortSignal) => T | Promise<T>,
+  timeoutMs: number,
+  what: string,
+): Promise<T> {
   const controller = new AbortController();
   let timer: NodeJS.Timeout | undefined;
   const deadline = new Promise<never>((_, reject) => {
@@ -121,9 +137,18 @@ export class Hooks {
   api(source: string): PluginApi {
     return {
       on: (name, handler, options = {}) => {
-        if (!(name in DEFAULT_TIMEOUT_MS)) throw new Error(`${source}: there is no hook named ${String(name)} (known: ${Object.keys(DEFAULT_TIMEOUT_MS).join(", ")})`);
+        if (!(name in DEFAULT_TIMEOUT_MS))
+          throw new Error(
+            `${source}: there is no hook named ${String(name)} (known: ${Object.keys(DEFAULT_TIMEOUT_MS).join(", ")})`,
+          );
         const list = this.handlers.get(name) ?? [];
-        list.push({ name: options.name ?? source, priority: options.priority ?? 0, order: this.order++, timeoutMs: options.timeoutMs ?? DEFAULT_TIMEOUT_MS[name], handler: handler as unknown as HookHandler<never> });
+        list.push({
+          name: options.name ?? source,
+          priority: options.priority ?? 0,
+          order: this.order++,
+          timeoutMs: options.timeoutMs ?? DEFAULT_TIMEOUT_MS[name],
+          handler: handler as unknown as HookHandler<never>,
+        });
         list.sort((a, b) => b.priority - a.priority || a.order - b.order);
         this.handlers.set(name, list);
       },
@@ -134,11 +159,17 @@ export class Hooks {
   }
 
   /** Observing hooks: started side by side, never awaited by the turn. Failures go to `onFailure`. */
-  observe<N extends "message_received" | "agent_end">(name: N, payload: HookPayloads[N], onFailure: (f: HookFailure) => void): void {
+  observe<N extends "message_received" | "agent_end">(
+    name: N,
+    payload: HookPayloads[N],
+    onFailure: (f: HookFailure) => void,
+  ): void {
     for (const h of this.handlers.get(name) ?? []) {
-      withTimeout((signal) => (h.handler as unknown as HookHandler<N>)(payload, signal), h.timeoutMs, `hook ${name} (${h.name})`).catch((err: unknown) =>
-        onFailure({ hook: name, name: h.name, message: errorText(err) }),
-      );
+      withTimeout(
+        (signal) => (h.handler as unknown as HookHandler<N>)(payload, signal),
+        h.timeoutMs,
+        `hook ${name} (${h.name})`,
+      ).catch((err: unknown) => onFailure({ hook: name, name: h.name, message: errorText(err) }));
     }
   }
 
@@ -156,7 +187,11 @@ export class Hooks {
     let current = payload;
     for (const h of this.handlers.get(name) ?? []) {
       try {
-        const result = await withTimeout((signal) => (h.handler as unknown as HookHandler<N>)(current, signal), h.timeoutMs, `hook ${name} (${h.name})`);
+        const result = await withTimeout(
+          (signal) => (h.handler as unknown as HookHandler<N>)(current, signal),
+          h.timeoutMs,
+          `hook ${name} (${h.name})`,
+        );
         if (result === undefined || result === null) continue;
         if (typeof result !== "object") throw new Error(`returned ${typeof result}, not an object`);
         const next = apply(current, result as HookChange<N>);

@@ -7,7 +7,15 @@
 import type { Identity } from "../shared/auth.js";
 import { refKey, type SessionRef } from "../shared/session-ref.js";
 import { SessionElsewhere } from "./session-lease.js";
-import { ownerOf, type LogRecord, type SessionLog, type SessionOwner, type SessionStore, type StoredSession, type Subagent } from "./session-log.js";
+import {
+  ownerOf,
+  type LogRecord,
+  type SessionLog,
+  type SessionOwner,
+  type SessionStore,
+  type StoredSession,
+  type Subagent,
+} from "./session-log.js";
 
 interface Stored {
   ref: SessionRef;
@@ -32,7 +40,10 @@ class InMemoryLog implements SessionLog {
     // Asynchronous, in order, like a real log's group commit.
     const next = this.writing.then(() => {
       if (this.failed) throw this.failed;
-      if (this.session.epoch !== this.epoch) throw (this.failed = new SessionElsewhere(`session ${this.session.ref.sessionId} was taken over; this log no longer writes it`));
+      if (this.session.epoch !== this.epoch)
+        throw (this.failed = new SessionElsewhere(
+          `session ${this.session.ref.sessionId} was taken over; this log no longer writes it`,
+        ));
       const err = this.store.takeFailure();
       if (err) throw (this.failed = err);
       this.session.records.push(structuredClone(record));
@@ -56,7 +67,10 @@ export class InMemorySessionStore implements SessionStore {
   private failures: { left: number; error: () => Error } = { left: 0, error: () => new Error("no failure") };
 
   /** The next `n` appends fail with `error` (by default ENOSPC), as a full disk would. */
-  failAppends(n: number, error: () => Error = () => Object.assign(new Error("ENOSPC: no space left on device, write"), { code: "ENOSPC" })): void {
+  failAppends(
+    n: number,
+    error: () => Error = () => Object.assign(new Error("ENOSPC: no space left on device, write"), { code: "ENOSPC" }),
+  ): void {
     this.failures = { left: n, error };
   }
 
@@ -76,7 +90,13 @@ export class InMemorySessionStore implements SessionStore {
     return this.sessions.has(refKey(ref));
   }
 
-  async create(ref: SessionRef, agentId: string, owner: SessionOwner, subagent?: Subagent, opening: LogRecord[] = []): Promise<SessionLog> {
+  async create(
+    ref: SessionRef,
+    agentId: string,
+    owner: SessionOwner,
+    subagent?: Subagent,
+    opening: LogRecord[] = [],
+  ): Promise<SessionLog> {
     const key = refKey(ref);
     if (this.sessions.has(key)) throw Object.assign(new Error(`session ${ref.sessionId} exists`), { code: "EEXIST" });
     const header: LogRecord = {
@@ -89,7 +109,12 @@ export class InMemorySessionStore implements SessionStore {
       ...(owner.memoryOwner ? { memoryOwner: owner.memoryOwner } : {}),
       ...(subagent ? { subagent } : {}),
     };
-    const stored: Stored = { ref, records: [header, { t: "epoch", epoch: 1, runnerId: "in-memory" }, ...structuredClone(opening)], epoch: 1, updateMs: Date.now() };
+    const stored: Stored = {
+      ref,
+      records: [header, { t: "epoch", epoch: 1, runnerId: "in-memory" }, ...structuredClone(opening)],
+      epoch: 1,
+      updateMs: Date.now(),
+    };
     this.sessions.set(key, stored);
     return new InMemoryLog(this, stored, 1);
   }
@@ -100,7 +125,11 @@ export class InMemorySessionStore implements SessionStore {
     // A new activation fences every earlier one: their appends fail from now on.
     stored.epoch++;
     stored.records.push({ t: "epoch", epoch: stored.epoch, runnerId: "in-memory" });
-    return { log: new InMemoryLog(this, stored, stored.epoch), records: structuredClone(stored.records), corruptLines: [] };
+    return {
+      log: new InMemoryLog(this, stored, stored.epoch),
+      records: structuredClone(stored.records),
+      corruptLines: [],
+    };
   }
 
   async read(ref: SessionRef): Promise<LogRecord[]> {
@@ -114,7 +143,13 @@ export class InMemorySessionStore implements SessionStore {
     for (const s of this.sessions.values()) {
       const head = s.records[0];
       if (head?.t !== "session" || s.ref.tenant !== owner.tenant || s.ref.principal !== owner.principal) continue;
-      out.push({ sessionId: s.ref.sessionId, agentId: head.agentId, owner: ownerOf(head), createdMs: head.createdMs, updateMs: s.updateMs });
+      out.push({
+        sessionId: s.ref.sessionId,
+        agentId: head.agentId,
+        owner: ownerOf(head),
+        createdMs: head.createdMs,
+        updateMs: s.updateMs,
+      });
     }
     return out;
   }

@@ -17,20 +17,23 @@
 import { create } from "@bufbuild/protobuf";
 import { timestampNow } from "@bufbuild/protobuf/wkt";
 import { SpanKind, SpanStatusCode, context, trace } from "@opentelemetry/api";
-import {
-  ChatMessageSchema,
-  Role,
-  StopReason,
-  UsageSchema,
-  type Usage,
-} from "../shared/gen/troupe/v1/session_pb.js";
+import { ChatMessageSchema, Role, StopReason, UsageSchema, type Usage } from "../shared/gen/troupe/v1/session_pb.js";
 import { failpoint } from "../shared/failpoints.js";
 import { triggerOf } from "../shared/frames.js";
 import { newId } from "../shared/ids.js";
 import { GenAI, tracer } from "../shared/telemetry.js";
 import { DRIFT_THRESHOLD } from "./context.js";
 import type { TurnInfo } from "./hooks.js";
-import { hookFailed, pushMessage, report, type QueuedMessage, type RunDeps, type RunHost, type RunOutcome, type Turn } from "./run.js";
+import {
+  hookFailed,
+  pushMessage,
+  report,
+  type QueuedMessage,
+  type RunDeps,
+  type RunHost,
+  type RunOutcome,
+  type Turn,
+} from "./run.js";
 import { callModel, addUsage } from "./model-call.js";
 import { executeToolCalls } from "./tool-calls.js";
 
@@ -59,10 +62,19 @@ export async function runAgent(host: RunHost, deps: RunDeps, initial: QueuedMess
   const startedAt = host.messages.length;
   let outcome: RunOutcome = { stopReason: StopReason.ERROR, errorMessage: "" };
   try {
-    outcome = await context.with(trace.setSpan(first.traceContext, span), () => runLoop(host, deps, info, admitted, usage, span));
-    span.setAttributes({ [GenAI.USAGE_INPUT_TOKENS]: usage.inputTokens, [GenAI.USAGE_OUTPUT_TOKENS]: usage.outputTokens });
-    if (outcome.stopReason === StopReason.ERROR) span.setStatus({ code: SpanStatusCode.ERROR, message: outcome.errorMessage });
-    host.emit({ case: "agentEnd", value: { stopReason: outcome.stopReason, errorMessage: outcome.errorMessage, usage } });
+    outcome = await context.with(trace.setSpan(first.traceContext, span), () =>
+      runLoop(host, deps, info, admitted, usage, span),
+    );
+    span.setAttributes({
+      [GenAI.USAGE_INPUT_TOKENS]: usage.inputTokens,
+      [GenAI.USAGE_OUTPUT_TOKENS]: usage.outputTokens,
+    });
+    if (outcome.stopReason === StopReason.ERROR)
+      span.setStatus({ code: SpanStatusCode.ERROR, message: outcome.errorMessage });
+    host.emit({
+      case: "agentEnd",
+      value: { stopReason: outcome.stopReason, errorMessage: outcome.errorMessage, usage },
+    });
     if (outcome.stopReason === StopReason.COMPLETED && deps.afterRun) {
       const exchange = host.messages
         .slice(startedAt)
@@ -73,7 +85,11 @@ export async function runAgent(host: RunHost, deps: RunDeps, initial: QueuedMess
     return outcome;
   } finally {
     span.end();
-    deps.hooks.observe("agent_end", { ...info, stopReason: StopReason[outcome.stopReason] ?? "ERROR", errorMessage: outcome.errorMessage }, hookFailed(host));
+    deps.hooks.observe(
+      "agent_end",
+      { ...info, stopReason: StopReason[outcome.stopReason] ?? "ERROR", errorMessage: outcome.errorMessage },
+      hookFailed(host),
+    );
   }
 }
 
@@ -83,7 +99,10 @@ async function admit(host: RunHost, deps: RunDeps, info: TurnInfo, queued: Queue
   for (const q of queued) {
     const blocked = deps.screen ? await deps.screen(q) : undefined;
     if (blocked) {
-      host.emit({ case: "messageBlocked", value: { frameId: q.frameId, check: blocked.check, level: blocked.level, reason: blocked.reason } });
+      host.emit({
+        case: "messageBlocked",
+        value: { frameId: q.frameId, check: blocked.check, level: blocked.level, reason: blocked.reason },
+      });
       continue;
     }
     deps.hooks.observe("message_received", { ...info, frameId: q.frameId, text: q.text }, hookFailed(host));
@@ -92,13 +111,31 @@ async function admit(host: RunHost, deps: RunDeps, info: TurnInfo, queued: Queue
   return passed;
 }
 
-async function startTurn(host: RunHost, deps: RunDeps, info: TurnInfo, initial: readonly QueuedMessage[], usage: Usage): Promise<Turn> {
+async function startTurn(
+  host: RunHost,
+  deps: RunDeps,
+  info: TurnInfo,
+  initial: readonly QueuedMessage[],
+  usage: Usage,
+): Promise<Turn> {
   const query = initial.map((q) => q.text).join("\n");
   // The model is settled before agent_start, which names it; what went wrong on the way follows it.
   const { config: agent, error } = await deps.agent();
-  const resolved = await deps.hooks.modify("before_model_resolve", { ...info, model: agent.model || deps.defaultModel }, (p, r) => ({ payload: r.model ? { ...p, model: r.model } : p }));
+  const resolved = await deps.hooks.modify(
+    "before_model_resolve",
+    { ...info, model: agent.model || deps.defaultModel },
+    (p, r) => ({ payload: r.model ? { ...p, model: r.model } : p }),
+  );
   const models = [...new Set([resolved.payload.model, ...agent.fallbacks])];
-  host.emit({ case: "agentStart", value: { agentId: deps.agentId, model: models[0], frameId: initial[0].frameId, trigger: triggerOf(initial[0].frameId) } });
+  host.emit({
+    case: "agentStart",
+    value: {
+      agentId: deps.agentId,
+      model: models[0],
+      frameId: initial[0].frameId,
+      trigger: triggerOf(initial[0].frameId),
+    },
+  });
   if (error) report(host, "AGENT_CONFIG", error);
   resolved.failures.forEach(hookFailed(host));
   failpoint("runner.run", query);
@@ -114,14 +151,39 @@ async function startTurn(host: RunHost, deps: RunDeps, info: TurnInfo, initial: 
   const conversation = host.messages.filter((m) => m.role === Role.USER || m.role === Role.ASSISTANT).length;
   // The system prompt may take up to half of what the window leaves for the request.
   const budget = Math.max(256, Math.floor((agent.contextWindow - agent.reserveTokens - toolTokens) / 2));
-  const system = await deps.systemPrompt({ query, agent, ephemeral: extra, driftReminder: conversation >= DRIFT_THRESHOLD, tokens, budget }, host.signal);
+  const system = await deps.systemPrompt(
+    { query, agent, ephemeral: extra, driftReminder: conversation >= DRIFT_THRESHOLD, tokens, budget },
+    host.signal,
+  );
   for (const w of system.warnings) report(host, w.code, w.message);
   const q = deps.runQuotas?.();
-  const allowed = { steps: q?.stepsPerRun ?? Number.POSITIVE_INFINITY, toolCalls: q?.toolCallsPerRun ?? Number.POSITIVE_INFINITY };
-  return { host, deps, info, agent, models, tokens, system, tools, budget: allowed, fixedTokens: system.tokens + toolTokens, usage };
+  const allowed = {
+    steps: q?.stepsPerRun ?? Number.POSITIVE_INFINITY,
+    toolCalls: q?.toolCallsPerRun ?? Number.POSITIVE_INFINITY,
+  };
+  return {
+    host,
+    deps,
+    info,
+    agent,
+    models,
+    tokens,
+    system,
+    tools,
+    budget: allowed,
+    fixedTokens: system.tokens + toolTokens,
+    usage,
+  };
 }
 
-async function runLoop(host: RunHost, deps: RunDeps, info: TurnInfo, initial: QueuedMessage[], usage: Usage, span: ReturnType<typeof tracer.startSpan>): Promise<RunOutcome> {
+async function runLoop(
+  host: RunHost,
+  deps: RunDeps,
+  info: TurnInfo,
+  initial: QueuedMessage[],
+  usage: Usage,
+  span: ReturnType<typeof tracer.startSpan>,
+): Promise<RunOutcome> {
   const turn = await startTurn(host, deps, info, initial, usage);
   span.setAttribute(GenAI.REQUEST_MODEL, turn.models[0]);
   let pending: QueuedMessage[] = initial;
@@ -176,7 +238,13 @@ async function runLoop(host: RunHost, deps: RunDeps, info: TurnInfo, initial: Qu
 export function injectUserMessages(host: Pick<RunHost, "emit" | "messages">, queued: readonly QueuedMessage[]): void {
   for (const q of queued) {
     host.emit({ case: "queueApplied", value: { frameId: q.frameId, kind: q.kind } });
-    const message = create(ChatMessageSchema, { id: newId(), role: Role.USER, text: q.text, frameId: q.frameId, time: timestampNow() });
+    const message = create(ChatMessageSchema, {
+      id: newId(),
+      role: Role.USER,
+      text: q.text,
+      frameId: q.frameId,
+      time: timestampNow(),
+    });
     pushMessage(host, message);
   }
 }

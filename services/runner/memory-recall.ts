@@ -77,15 +77,25 @@ export class MemoryRecall {
   }
 
   /** One search: the relevant texts, and whether the scope holds no memory at all (false if the search failed). */
-  private async search(scope: MemoryScope, key: string, query: string, signal: AbortSignal): Promise<{ texts: Recalled[]; empty: boolean }> {
+  private async search(
+    scope: MemoryScope,
+    key: string,
+    query: string,
+    signal: AbortSignal,
+  ): Promise<{ texts: Recalled[]; empty: boolean }> {
     try {
-      const res = await this.memory.searchMemories({ scope, query, k: this.options.k }, { timeoutMs: this.options.timeoutMs, signal });
+      const res = await this.memory.searchMemories(
+        { scope, query, k: this.options.k },
+        { timeoutMs: this.options.timeoutMs, signal },
+      );
       // A vector search returns the nearest memories whatever their score: none at all means none exist.
       const empty = res.results.length === 0;
       if (empty) this.emptyUntil.set(key, Date.now() + this.options.emptyForMs);
       else this.emptyUntil.delete(key);
       const texts = res.results
-        .filter((r) => r.score >= this.options.minScore && r.memory !== undefined && r.memory.kind !== MemoryKind.UNSPECIFIED)
+        .filter(
+          (r) => r.score >= this.options.minScore && r.memory !== undefined && r.memory.kind !== MemoryKind.UNSPECIFIED,
+        )
         .map((r) => ({ text: r.memory!.text, kind: r.memory!.kind, source: sourceOf(r.memory!.provenance) }));
       return { texts, empty };
     } catch (err) {

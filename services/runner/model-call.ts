@@ -28,7 +28,10 @@ const MIN_REPLY_TOKENS = 256;
  * The next request: the view of the conversation, compacted first when it would pass the window
  * minus the reserve, then fitted newest-first; max_tokens is what the window leaves.
  */
-export async function buildRequest(turn: Turn, model: string): Promise<{ request: ModelRequest; promptTokens: number }> {
+export async function buildRequest(
+  turn: Turn,
+  model: string,
+): Promise<{ request: ModelRequest; promptTokens: number }> {
   const { agent } = turn;
   const limit = agent.contextWindow - agent.reserveTokens;
   let view = conversationView(turn.host);
@@ -41,11 +44,22 @@ export async function buildRequest(turn: Turn, model: string): Promise<{ request
     // Still too long (one huge block, or a summary that could not shrink it): oldest blocks go.
     const fixed = promptTokens - view.messages.reduce((n, m) => n + turn.tokens.message(m), 0);
     const from = fitNewestFirst(view.messages, Math.max(0, limit - fixed), turn.tokens);
-    view = { summary: view.summary, messages: view.messages.slice(Math.min(from, Math.max(0, view.messages.length - 1))) };
+    view = {
+      summary: view.summary,
+      messages: view.messages.slice(Math.min(from, Math.max(0, view.messages.length - 1))),
+    };
     promptTokens = viewTokens(turn, view);
   }
   const maxTokens = Math.max(MIN_REPLY_TOKENS, Math.min(agent.maxOutputTokens, agent.contextWindow - promptTokens));
-  return { request: { model, messages: toModelMessages(turn.system.text, view.summary, view.messages), tools: turn.tools, maxTokens }, promptTokens };
+  return {
+    request: {
+      model,
+      messages: toModelMessages(turn.system.text, view.summary, view.messages),
+      tools: turn.tools,
+      maxTokens,
+    },
+    promptTokens,
+  };
 }
 
 const sleep = (ms: number, signal: AbortSignal) =>
@@ -94,7 +108,10 @@ export async function callModel(turn: Turn): Promise<{ message: ChatMessage; err
         const delay = Math.max(e.retryAfterMs ?? 0, backoffMs(retries, agent.retry.baseDelayMs));
         if (delay <= agent.retry.maxDelayMs) {
           retries++;
-          host.emit({ case: "modelRetry", value: { model, attempt: retries, delayMs: delay, reason: e.message, httpStatus: e.status ?? 0 } });
+          host.emit({
+            case: "modelRetry",
+            value: { model, attempt: retries, delayMs: delay, reason: e.message, httpStatus: e.status ?? 0 },
+          });
           await sleep(delay, host.signal);
           if (!host.signal.aborted) continue;
         }
@@ -102,11 +119,17 @@ export async function callModel(turn: Turn): Promise<{ message: ChatMessage; err
       if (fallbackWorthy(e) && chain + 1 < turn.models.length && !host.signal.aborted) {
         chain++;
         retries = 0;
-        host.emit({ case: "modelFallback", value: { fromModel: model, toModel: turn.models[chain], reason: e.message } });
+        host.emit({
+          case: "modelFallback",
+          value: { fromModel: model, toModel: turn.models[chain], reason: e.message },
+        });
         continue;
       }
     }
-    return { message: failedAssistant(turn, model, attempt, e), errorMessage: e.aborted || host.signal.aborted ? "" : e.message };
+    return {
+      message: failedAssistant(turn, model, attempt, e),
+      errorMessage: e.aborted || host.signal.aborted ? "" : e.message,
+    };
   }
 }
 
@@ -125,9 +148,18 @@ function failedAssistant(turn: Turn, model: string, attempt: Attempt, e: ModelEr
   const { host } = turn;
   const aborted = e.aborted || host.signal.aborted;
   const { id, text, thinking } = attempt.partial;
-  const message = create(ChatMessageSchema, { id, role: Role.ASSISTANT, model, text, thinking, stopReason: aborted ? StopReason.ABORTED : StopReason.ERROR, time: timestampNow() });
+  const message = create(ChatMessageSchema, {
+    id,
+    role: Role.ASSISTANT,
+    model,
+    text,
+    thinking,
+    stopReason: aborted ? StopReason.ABORTED : StopReason.ERROR,
+    time: timestampNow(),
+  });
   if (!attempt.outputSent) host.emit({ case: "messageStart", value: { message: { id, role: Role.ASSISTANT, model } } });
-  if (!aborted) host.emit({ case: "error", value: { code: "MODEL_ERROR", message: e.message, retryable: e.retryable } });
+  if (!aborted)
+    host.emit({ case: "error", value: { code: "MODEL_ERROR", message: e.message, retryable: e.retryable } });
   host.emit({ case: "messageEnd", value: { message } });
   host.messages.push(message);
   return message;
@@ -189,7 +221,18 @@ async function streamAssistant(turn: Turn, request: ModelRequest, isRetry: boole
           call.args += chunk.argumentsDelta;
           host.emit({
             case: "messageUpdate",
-            value: { messageId: id, delta: { case: "toolCall", value: { index: chunk.index, id: chunk.id ?? "", name: chunk.name ?? "", argumentsDelta: chunk.argumentsDelta } } },
+            value: {
+              messageId: id,
+              delta: {
+                case: "toolCall",
+                value: {
+                  index: chunk.index,
+                  id: chunk.id ?? "",
+                  name: chunk.name ?? "",
+                  argumentsDelta: chunk.argumentsDelta,
+                },
+              },
+            },
           });
           break;
         }
@@ -198,13 +241,25 @@ async function streamAssistant(turn: Turn, request: ModelRequest, isRetry: boole
           opened();
           message.stopReason = calls.length > 0 ? StopReason.TOOL_USE : STOP_BY_FINISH[chunk.finishReason];
           if (chunk.finishReason === "other") {
-            report(host, "MODEL_FINISH_REASON", `the model stopped for an unknown reason (finish_reason ${JSON.stringify(chunk.rawFinishReason)}); its reply is taken as complete`);
+            report(
+              host,
+              "MODEL_FINISH_REASON",
+              `the model stopped for an unknown reason (finish_reason ${JSON.stringify(chunk.rawFinishReason)}); its reply is taken as complete`,
+            );
           }
           if (chunk.usage) {
             const u = chunk.usage;
-            message.usage = create(UsageSchema, { inputTokens: u.inputTokens, outputTokens: u.outputTokens, cacheReadInputTokens: u.cacheReadInputTokens, totalTokens: u.inputTokens + u.outputTokens });
+            message.usage = create(UsageSchema, {
+              inputTokens: u.inputTokens,
+              outputTokens: u.outputTokens,
+              cacheReadInputTokens: u.cacheReadInputTokens,
+              totalTokens: u.inputTokens + u.outputTokens,
+            });
             host.emit({ case: "usage", value: { model: chunk.responseModel, usage: message.usage } });
-            span.setAttributes({ [GenAI.USAGE_INPUT_TOKENS]: u.inputTokens, [GenAI.USAGE_OUTPUT_TOKENS]: u.outputTokens });
+            span.setAttributes({
+              [GenAI.USAGE_INPUT_TOKENS]: u.inputTokens,
+              [GenAI.USAGE_OUTPUT_TOKENS]: u.outputTokens,
+            });
           }
           span.setAttributes({
             [GenAI.RESPONSE_MODEL]: chunk.responseModel,
@@ -217,7 +272,9 @@ async function streamAssistant(turn: Turn, request: ModelRequest, isRetry: boole
       const wait = host.pressure();
       if (wait) await wait;
     }
-    message.toolCalls = calls.map((c, i) => create(ToolCallSchema, { id: c.id || `call_${id}_${i}`, name: c.name, argumentsJson: c.args }));
+    message.toolCalls = calls.map((c, i) =>
+      create(ToolCallSchema, { id: c.id || `call_${id}_${i}`, name: c.name, argumentsJson: c.args }),
+    );
   } catch (err) {
     const e = err instanceof ModelError ? err : new ModelError(String((err as Error)?.message ?? err), false);
     if (!e.aborted) {
@@ -245,4 +302,3 @@ export function addUsage(total: Usage, u: Usage | undefined): void {
   total.cacheReadInputTokens += u.cacheReadInputTokens;
   total.totalTokens += u.totalTokens;
 }
-

@@ -42,7 +42,14 @@ export type ModelChunk =
   | { type: "text"; delta: string }
   | { type: "thinking"; delta: string }
   | { type: "tool_call"; index: number; id?: string; name?: string; argumentsDelta: string }
-  | { type: "done"; finishReason: FinishReason; rawFinishReason: string; usage?: ModelUsage; responseModel: string; responseId: string };
+  | {
+      type: "done";
+      finishReason: FinishReason;
+      rawFinishReason: string;
+      usage?: ModelUsage;
+      responseModel: string;
+      responseId: string;
+    };
 
 /** A failed model call. `status` is the HTTP status when the endpoint answered. */
 export class ModelError extends Error {
@@ -87,7 +94,11 @@ function toOpenAI(m: ModelMessage): OpenAI.Chat.ChatCompletionMessageParam {
         : {
             role: "assistant",
             content: m.content || null,
-            tool_calls: m.toolCalls.map((c) => ({ id: c.id, type: "function" as const, function: { name: c.name, arguments: c.argumentsJson } })),
+            tool_calls: m.toolCalls.map((c) => ({
+              id: c.id,
+              type: "function" as const,
+              function: { name: c.name, arguments: c.argumentsJson },
+            })),
           };
   }
 }
@@ -100,7 +111,12 @@ interface StreamState {
 }
 const DONE = Symbol("done");
 
-const FINISH: Record<string, FinishReason> = { stop: "stop", tool_calls: "tool_calls", function_call: "tool_calls", length: "length" };
+const FINISH: Record<string, FinishReason> = {
+  stop: "stop",
+  tool_calls: "tool_calls",
+  function_call: "tool_calls",
+  length: "length",
+};
 
 export class OpenAIModelClient implements ModelClient {
   readonly providerName: string;
@@ -140,7 +156,12 @@ export class OpenAIModelClient implements ModelClient {
             stream: true,
             stream_options: { include_usage: true },
             ...(request.tools.length > 0
-              ? { tools: request.tools.map((t) => ({ type: "function" as const, function: { name: t.name, description: t.description, parameters: t.parameters } })) }
+              ? {
+                  tools: request.tools.map((t) => ({
+                    type: "function" as const,
+                    function: { name: t.name, description: t.description, parameters: t.parameters },
+                  })),
+                }
               : {}),
             ...(request.maxTokens ? { max_tokens: request.maxTokens } : {}),
           },
@@ -182,7 +203,14 @@ export class OpenAIModelClient implements ModelClient {
     }
     if (signal.aborted) throw new ModelError("aborted", false, undefined, true);
     if (state.finish === "") throw new ModelError("the model stream ended without a finish reason", true);
-    yield { type: "done", finishReason: FINISH[state.finish] ?? "other", rawFinishReason: state.finish, usage: state.usage, responseModel: state.responseModel, responseId: state.responseId };
+    yield {
+      type: "done",
+      finishReason: FINISH[state.finish] ?? "other",
+      rawFinishReason: state.finish,
+      usage: state.usage,
+      responseModel: state.responseModel,
+      responseId: state.responseId,
+    };
   }
 
   /** One SSE event of a chat-completions stream: the chunks it carries, or DONE at the end marker. */
@@ -194,7 +222,11 @@ export class OpenAIModelClient implements ModelClient {
     } catch {
       throw new ModelError(`the model stream sent an event that is not JSON: ${sse.data.slice(0, 200)}`, true);
     }
-    if (chunk.error || sse.event === "error") throw new ModelError(`the model stream reported an error: ${chunk.error?.message ?? sse.data.slice(0, 200)}`, true);
+    if (chunk.error || sse.event === "error")
+      throw new ModelError(
+        `the model stream reported an error: ${chunk.error?.message ?? sse.data.slice(0, 200)}`,
+        true,
+      );
     state.responseModel = chunk.model || state.responseModel;
     state.responseId = chunk.id || state.responseId;
     if (chunk.usage) {
@@ -207,14 +239,22 @@ export class OpenAIModelClient implements ModelClient {
     const choice = chunk.choices?.[0];
     if (!choice) return undefined;
     if (choice.finish_reason) state.finish = choice.finish_reason;
-    const delta = choice.delta as (typeof choice.delta & { reasoning_content?: string; reasoning?: string }) | undefined;
+    const delta = choice.delta as
+      | (typeof choice.delta & { reasoning_content?: string; reasoning?: string })
+      | undefined;
     if (!delta) return undefined;
     const out: ModelChunk[] = [];
     const thinking = delta.reasoning_content ?? delta.reasoning;
     if (thinking) out.push({ type: "thinking", delta: thinking });
     if (delta.content) out.push({ type: "text", delta: delta.content });
     for (const call of delta.tool_calls ?? []) {
-      out.push({ type: "tool_call", index: call.index, id: call.id, name: call.function?.name, argumentsDelta: call.function?.arguments ?? "" });
+      out.push({
+        type: "tool_call",
+        index: call.index,
+        id: call.id,
+        name: call.function?.name,
+        argumentsDelta: call.function?.arguments ?? "",
+      });
     }
     return out;
   }
@@ -226,10 +266,17 @@ export class OpenAIModelClient implements ModelClient {
 
 function classify(err: unknown, signal: AbortSignal): ModelError {
   if (err instanceof ModelError) return err;
-  if (signal.aborted || err instanceof OpenAI.APIUserAbortError) return new ModelError("aborted", false, undefined, true);
+  if (signal.aborted || err instanceof OpenAI.APIUserAbortError)
+    return new ModelError("aborted", false, undefined, true);
   if (err instanceof OpenAI.APIError && typeof err.status === "number") {
     const retryable = err.status === 408 || err.status === 409 || err.status === 429 || err.status >= 500;
-    return new ModelError(`model endpoint answered ${err.status}: ${err.message}`, retryable, err.status, false, retryAfter(err.headers as Headers | undefined));
+    return new ModelError(
+      `model endpoint answered ${err.status}: ${err.message}`,
+      retryable,
+      err.status,
+      false,
+      retryAfter(err.headers as Headers | undefined),
+    );
   }
   // Connection refused, reset, cut mid-stream, timeouts: worth another try.
   return new ModelError(`model endpoint unreachable: ${(err as Error)?.message ?? String(err)}`, true);
@@ -248,5 +295,10 @@ export function retryAfter(headers: Headers | undefined, now = Date.now()): numb
 
 /** The endpoint refused the request as longer than the model's context window. */
 export function isContextOverflow(err: ModelError): boolean {
-  return (err.status === 400 || err.status === 413) && /context.length|maximum context|context window|too many tokens|prompt is too long|context_length_exceeded/i.test(err.message);
+  return (
+    (err.status === 400 || err.status === 413) &&
+    /context.length|maximum context|context window|too many tokens|prompt is too long|context_length_exceeded/i.test(
+      err.message,
+    )
+  );
 }

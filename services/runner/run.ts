@@ -78,7 +78,10 @@ export interface RunDeps {
   agent(): Promise<{ config: AgentConfig; error?: string }>;
   tokens(model: string): Promise<TokenCounter>;
   /** The system prompt for a run that answers `query` (may consult memory and the operator's files). */
-  systemPrompt(request: PromptRequest, signal: AbortSignal): Promise<{ text: string; tokens: number; warnings: ContextWarning[] }>;
+  systemPrompt(
+    request: PromptRequest,
+    signal: AbortSignal,
+  ): Promise<{ text: string; tokens: number; warnings: ContextWarning[] }>;
   /** Safety checks of one inbound message and its instruction: a verdict when it must be blocked (already audited). */
   screen?(message: QueuedMessage): Promise<SafetyVerdict | undefined>;
   /**
@@ -122,9 +125,11 @@ export interface Turn {
 }
 
 /** Something went wrong that the run goes on past: the client sees it as an error event. */
-export const report = (host: RunHost, code: string, message: string) => host.emit({ case: "error", value: { code, message, retryable: false } });
+export const report = (host: RunHost, code: string, message: string) =>
+  host.emit({ case: "error", value: { code, message, retryable: false } });
 
-export const hookFailed = (host: RunHost) => (f: HookFailure) => report(host, "HOOK_ERROR", `hook ${f.hook} (${f.name}) failed: ${f.message}`);
+export const hookFailed = (host: RunHost) => (f: HookFailure) =>
+  report(host, "HOOK_ERROR", `hook ${f.hook} (${f.name}) failed: ${f.message}`);
 
 /** At most `max` characters of `s`, marked when cut. */
 export const excerpt = (s: string, max: number) => (s.length > max ? `${s.slice(0, max)} [...]` : s);

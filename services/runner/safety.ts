@@ -18,12 +18,32 @@ export interface SafetyVerdict {
 }
 
 const PATTERNS: { level: ThreatLevel; re: RegExp; reason: string }[] = [
-  { level: "high", re: /\b(ignore|disregard|forget|override)\s+(all\s+|any\s+|the\s+|your\s+)*(previous|prior|above|earlier|preceding|system)\s+(instructions|prompts?|rules|directions|messages)/i, reason: "asks the agent to drop its instructions" },
-  { level: "high", re: /\b(reveal|print|show|repeat|output|leak)\s+(me\s+)?(your|the)\s+(full\s+|hidden\s+|original\s+)?(system\s+prompt|instructions|hidden\s+prompt)/i, reason: "asks for the system prompt" },
-  { level: "high", re: /<\|(im_start|im_end|system|endoftext)\|>|\[\/?INST\]|<<SYS>>/i, reason: "contains chat-template control tokens" },
-  { level: "high", re: /\byou\s+are\s+now\s+(in\s+)?(DAN|developer\s+mode|jailbroken|unfiltered|unrestricted)/i, reason: "tries to switch the agent into an unrestricted mode" },
+  {
+    level: "high",
+    re: /\b(ignore|disregard|forget|override)\s+(all\s+|any\s+|the\s+|your\s+)*(previous|prior|above|earlier|preceding|system)\s+(instructions|prompts?|rules|directions|messages)/i,
+    reason: "asks the agent to drop its instructions",
+  },
+  {
+    level: "high",
+    re: /\b(reveal|print|show|repeat|output|leak)\s+(me\s+)?(your|the)\s+(full\s+|hidden\s+|original\s+)?(system\s+prompt|instructions|hidden\s+prompt)/i,
+    reason: "asks for the system prompt",
+  },
+  {
+    level: "high",
+    re: /<\|(im_start|im_end|system|endoftext)\|>|\[\/?INST\]|<<SYS>>/i,
+    reason: "contains chat-template control tokens",
+  },
+  {
+    level: "high",
+    re: /\byou\s+are\s+now\s+(in\s+)?(DAN|developer\s+mode|jailbroken|unfiltered|unrestricted)/i,
+    reason: "tries to switch the agent into an unrestricted mode",
+  },
   { level: "medium", re: /^\s*(system|assistant)\s*:/im, reason: "impersonates a system or assistant turn" },
-  { level: "medium", re: /\b(pretend|act)\s+(to\s+be|as\s+if|like)\s+.{0,40}\b(no|without)\s+(rules|restrictions|limits|filters)/i, reason: "asks the agent to act without its rules" },
+  {
+    level: "medium",
+    re: /\b(pretend|act)\s+(to\s+be|as\s+if|like)\s+.{0,40}\b(no|without)\s+(rules|restrictions|limits|filters)/i,
+    reason: "asks the agent to act without its rules",
+  },
 ];
 
 const RANK: Record<ThreatLevel, number> = { none: 0, low: 1, medium: 2, high: 3 };
@@ -33,13 +53,64 @@ const RANK: Record<ThreatLevel, number> = { none: 0, low: 1, medium: 2, high: 3 
  * with a Cyrillic і reads as "ignore" to a model, so it must to the scanner).
  */
 const HOMOGLYPHS: Record<string, string> = {
-  "\u0430": "a", "\u0435": "e", "\u043e": "o", "\u0440": "p", "\u0441": "c", "\u0443": "y", "\u0445": "x", "\u0456": "i", "\u0458": "j", "\u0455": "s",
-  "\u0501": "d", "\u0261": "g", "\u04bb": "h", "\u0410": "A", "\u0412": "B", "\u0415": "E", "\u041a": "K", "\u041c": "M", "\u041d": "H", "\u041e": "O",
-  "\u0420": "P", "\u0421": "C", "\u0422": "T", "\u0425": "X", "\u0406": "I", "\u03bf": "o", "\u03b1": "a", "\u03b5": "e", "\u03b9": "i", "\u03ba": "k",
-  "\u03bd": "v", "\u03c1": "p", "\u03c4": "t", "\u03c5": "u", "\u03c7": "x", "\u0391": "A", "\u0392": "B", "\u0395": "E", "\u0397": "H", "\u0399": "I",
-  "\u039a": "K", "\u039c": "M", "\u039d": "N", "\u039f": "O", "\u03a1": "P", "\u03a4": "T", "\u03a7": "X", "\u03a5": "Y", "\u0131": "i",
+  "\u0430": "a",
+  "\u0435": "e",
+  "\u043e": "o",
+  "\u0440": "p",
+  "\u0441": "c",
+  "\u0443": "y",
+  "\u0445": "x",
+  "\u0456": "i",
+  "\u0458": "j",
+  "\u0455": "s",
+  "\u0501": "d",
+  "\u0261": "g",
+  "\u04bb": "h",
+  "\u0410": "A",
+  "\u0412": "B",
+  "\u0415": "E",
+  "\u041a": "K",
+  "\u041c": "M",
+  "\u041d": "H",
+  "\u041e": "O",
+  "\u0420": "P",
+  "\u0421": "C",
+  "\u0422": "T",
+  "\u0425": "X",
+  "\u0406": "I",
+  "\u03bf": "o",
+  "\u03b1": "a",
+  "\u03b5": "e",
+  "\u03b9": "i",
+  "\u03ba": "k",
+  "\u03bd": "v",
+  "\u03c1": "p",
+  "\u03c4": "t",
+  "\u03c5": "u",
+  "\u03c7": "x",
+  "\u0391": "A",
+  "\u0392": "B",
+  "\u0395": "E",
+  "\u0397": "H",
+  "\u0399": "I",
+  "\u039a": "K",
+  "\u039c": "M",
+  "\u039d": "N",
+  "\u039f": "O",
+  "\u03a1": "P",
+  "\u03a4": "T",
+  "\u03a7": "X",
+  "\u03a5": "Y",
+  "\u0131": "i",
 };
 const HOMOGLYPH = new RegExp(`[${Object.keys(HOMOGLYPHS).join("")}]`, "g");
+
+/** Invisible formatting characters (soft hyphen, zero-width, direction marks, variation selectors...). */
+// biome-ignore lint/complexity/useRegexLiterals: as a literal, a class of combining marks reads to the linter as a misspelt alternation
+const INVISIBLE = new RegExp(
+  "[\\u00AD\\u034F\\u061C\\u115F\\u1160\\u17B4\\u17B5\\u180B-\\u180E\\u200B-\\u200F\\u202A-\\u202E\\u2060-\\u206F\\uFE00-\\uFE0F\\uFEFF]",
+  "g",
+);
 
 /**
  * Text as the scanner reads it: NFKC (full-width and styled letters become plain ones), zero-width
@@ -49,8 +120,7 @@ const HOMOGLYPH = new RegExp(`[${Object.keys(HOMOGLYPHS).join("")}]`, "g");
 export function normaliseForScan(text: string): string {
   return text
     .normalize("NFKC")
-    // biome-ignore lint/suspicious/noMisleadingCharacterClass: the class lists invisible characters one by one, to remove each
-    .replace(/[\u00AD\u034F\u061C\u115F\u1160\u17B4\u17B5\u180B-\u180E\u200B-\u200F\u202A-\u202E\u2060-\u206F\uFE00-\uFE0F\uFEFF]/g, "")
+    .replace(INVISIBLE, "")
     .replace(HOMOGLYPH, (c) => HOMOGLYPHS[c]);
 }
 
@@ -59,7 +129,8 @@ export function scanForInjection(text: string): SafetyVerdict {
   let worst: SafetyVerdict = { level: "none", check: "injection_scanner", reason: "" };
   const plain = normaliseForScan(text);
   for (const p of PATTERNS) {
-    if (RANK[p.level] > RANK[worst.level] && p.re.test(plain)) worst = { level: p.level, check: "injection_scanner", reason: p.reason };
+    if (RANK[p.level] > RANK[worst.level] && p.re.test(plain))
+      worst = { level: p.level, check: "injection_scanner", reason: p.reason };
   }
   return worst;
 }
@@ -82,7 +153,11 @@ export class InboundSafety {
         if (!v || !(v.level in RANK)) throw new Error(`returned ${JSON.stringify(v)}, not a verdict`);
         verdict = { level: v.level, check: c.name, reason: v.reason ?? "" };
       } catch (err) {
-        verdict = { level: "high", check: c.name, reason: `the check failed, so the message is blocked: ${(err as Error).message ?? err}` };
+        verdict = {
+          level: "high",
+          check: c.name,
+          reason: `the check failed, so the message is blocked: ${(err as Error).message ?? err}`,
+        };
       }
       if (RANK[verdict.level] > RANK[worst.level]) worst = verdict;
     }

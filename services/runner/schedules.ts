@@ -22,7 +22,8 @@ import { CronError, nextFire, parseCron, type Cron } from "./cron.js";
 
 export const MAX_SCHEDULES_PER_SESSION = 20;
 const SCHEDULE_ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
-export const DEFAULT_HEARTBEAT_TEXT = "Heartbeat: check whether anything needs your attention. If nothing does, reply HEARTBEAT_OK.";
+export const DEFAULT_HEARTBEAT_TEXT =
+  "Heartbeat: check whether anything needs your attention. If nothing does, reply HEARTBEAT_OK.";
 
 interface StoredSchedule {
   scheduleId: string;
@@ -43,7 +44,8 @@ interface ScheduleFile {
 /** A schedule as the caller sent it, checked: INVALID_ARGUMENT says what is wrong. */
 function validate(s: Schedule, minEverySeconds: number): StoredSchedule {
   const scheduleId = s.scheduleId || `s-${newId().slice(0, 12)}`;
-  if (!SCHEDULE_ID.test(scheduleId)) throw invalidArgument("schedule_id must be 1-64 of A-Z a-z 0-9 . _ - (starting with a letter or digit)");
+  if (!SCHEDULE_ID.test(scheduleId))
+    throw invalidArgument("schedule_id must be 1-64 of A-Z a-z 0-9 . _ - (starting with a letter or digit)");
   if (s.text.length > 8000) throw invalidArgument("text must be at most 8000 characters");
   const base = { scheduleId, text: s.text, createdMs: Date.now() };
   switch (s.when.case) {
@@ -54,7 +56,8 @@ function validate(s: Schedule, minEverySeconds: number): StoredSchedule {
         if (err instanceof CronError) throw invalidArgument(`cron: ${err.message}`);
         throw err;
       }
-      if (s.text.trim() === "") throw invalidArgument("text is required for a cron schedule: it is the message the task's turn starts with");
+      if (s.text.trim() === "")
+        throw invalidArgument("text is required for a cron schedule: it is the message the task's turn starts with");
       return { ...base, cron: s.when.value.trim() };
     case "everySeconds":
       if (s.when.value < minEverySeconds) throw invalidArgument(`every_seconds must be at least ${minEverySeconds}`);
@@ -84,13 +87,21 @@ function toProto(sessionId: string, s: StoredSchedule): Schedule {
   });
 }
 
-const refOfFile = (f: ScheduleFile): SessionRef => ({ tenant: f.tenant, principal: f.principal, sessionId: f.sessionId });
+const refOfFile = (f: ScheduleFile): SessionRef => ({
+  tenant: f.tenant,
+  principal: f.principal,
+  sessionId: f.sessionId,
+});
 
 /** A schedule file's text as a file, or undefined when it is empty, torn or not one. */
 function parseScheduleFile(text: string): ScheduleFile | undefined {
   try {
     const f = JSON.parse(text) as ScheduleFile;
-    const ok = typeof f?.sessionId === "string" && typeof f.tenant === "string" && typeof f.principal === "string" && Array.isArray(f.schedules);
+    const ok =
+      typeof f?.sessionId === "string" &&
+      typeof f.tenant === "string" &&
+      typeof f.principal === "string" &&
+      Array.isArray(f.schedules);
     return ok ? f : undefined;
   } catch {
     return undefined;
@@ -150,22 +161,28 @@ export class ScheduleBook {
       const file = path.join(this.dir, n);
       const parsed = parseScheduleFile(await readFile(file, "utf8").catch(() => ""));
       if (!parsed) this.onDamaged(file);
-      else if (this.file(refOfFile(parsed)) !== file && !(await this.read(refOfFile(parsed)))) await rename(file, this.file(refOfFile(parsed)));
+      else if (this.file(refOfFile(parsed)) !== file && !(await this.read(refOfFile(parsed))))
+        await rename(file, this.file(refOfFile(parsed)));
     }
   }
 
-  private update<T>(ref: SessionRef, change: (file: ScheduleFile | undefined) => { file: ScheduleFile | undefined; result: T }): Promise<T> {
+  private update<T>(
+    ref: SessionRef,
+    change: (file: ScheduleFile | undefined) => { file: ScheduleFile | undefined; result: T },
+  ): Promise<T> {
     const target = this.file(ref);
     const prev = this.chains.get(target) ?? Promise.resolve();
-    const next = prev.catch(() => undefined).then(async () => {
-      const { file, result } = change(await this.read(ref));
-      if (!file || file.schedules.length === 0) await rm(target, { force: true });
-      else {
-        await mkdir(this.dir, { recursive: true });
-        await replaceFile(target, JSON.stringify(file, null, 1));
-      }
-      return result;
-    });
+    const next = prev
+      .catch(() => undefined)
+      .then(async () => {
+        const { file, result } = change(await this.read(ref));
+        if (!file || file.schedules.length === 0) await rm(target, { force: true });
+        else {
+          await mkdir(this.dir, { recursive: true });
+          await replaceFile(target, JSON.stringify(file, null, 1));
+        }
+        return result;
+      });
     this.chains.set(target, next);
     void next.finally(() => this.chains.get(target) === next && this.chains.delete(target)).catch(() => undefined);
     return next;
@@ -178,10 +195,18 @@ export class ScheduleBook {
   /** Adds or replaces (same id) a schedule of the session. */
   put(ref: SessionRef, schedule: Schedule): Promise<Schedule> {
     return this.update(ref, (file) => {
-      const others = (file?.schedules ?? []).filter((s) => s.scheduleId !== schedule.scheduleId || schedule.scheduleId === "");
+      const others = (file?.schedules ?? []).filter(
+        (s) => s.scheduleId !== schedule.scheduleId || schedule.scheduleId === "",
+      );
       const stored = validate(schedule, this.minEverySeconds);
-      if (others.length >= MAX_SCHEDULES_PER_SESSION) throw resourceExhausted(`a session holds at most ${MAX_SCHEDULES_PER_SESSION} schedules`);
-      const next: ScheduleFile = { sessionId: ref.sessionId, tenant: ref.tenant, principal: ref.principal, schedules: [...others, stored] };
+      if (others.length >= MAX_SCHEDULES_PER_SESSION)
+        throw resourceExhausted(`a session holds at most ${MAX_SCHEDULES_PER_SESSION} schedules`);
+      const next: ScheduleFile = {
+        sessionId: ref.sessionId,
+        tenant: ref.tenant,
+        principal: ref.principal,
+        schedules: [...others, stored],
+      };
       return { file: next, result: toProto(ref.sessionId, stored) };
     });
   }
@@ -216,7 +241,8 @@ export interface Firing {
 /** The turn's first message: what triggered it, then the schedule's text. */
 export function triggerText(s: StoredSchedule, dueMs: number): string {
   const at = new Date(dueMs).toISOString();
-  if (s.cron) return `[Scheduled task ${s.scheduleId} (cron "${s.cron}", UTC) fired at ${at}. This turn was not started by the user.]\n${s.text}`;
+  if (s.cron)
+    return `[Scheduled task ${s.scheduleId} (cron "${s.cron}", UTC) fired at ${at}. This turn was not started by the user.]\n${s.text}`;
   return `[Heartbeat ${s.scheduleId} (every ${s.everySeconds} s) at ${at}. This turn was not started by the user.]\n${s.text || DEFAULT_HEARTBEAT_TEXT}`;
 }
 
@@ -262,7 +288,13 @@ export class Scheduler {
   private async tick(): Promise<void> {
     const now = Date.now();
     if (now - this.lastScan >= this.options.rescanMs) {
-      this.entries = (await this.book.all()).flatMap((file) => file.schedules.map((schedule) => ({ file, schedule, cron: schedule.cron ? parseCron(schedule.cron) : undefined })));
+      this.entries = (await this.book.all()).flatMap((file) =>
+        file.schedules.map((schedule) => ({
+          file,
+          schedule,
+          cron: schedule.cron ? parseCron(schedule.cron) : undefined,
+        })),
+      );
       this.lastScan = now;
     }
     for (const { file, schedule: s, cron } of this.entries) {
@@ -291,7 +323,11 @@ export class Scheduler {
         .catch((err: unknown) => {
           // The runner that owns the session fires it; if that one is gone, this one tries again later.
           this.notBefore.set(key, Date.now() + this.options.retryMs);
-          this.logger.debug("schedule not fired here", { session: ref.sessionId, schedule: s.scheduleId, error: String((err as Error).message ?? err) });
+          this.logger.debug("schedule not fired here", {
+            session: ref.sessionId,
+            schedule: s.scheduleId,
+            error: String((err as Error).message ?? err),
+          });
         })
         .finally(() => this.firing.delete(key));
     }
@@ -301,6 +337,7 @@ export class Scheduler {
 /** The last fire time of `cron` at or before `now`, starting from `from` (itself due). */
 function latestDue(cron: Cron, from: number, now: number): number {
   let last = from;
-  for (let t = nextFire(cron, from), n = 0; t !== undefined && t <= now && n < 100_000; t = nextFire(cron, t), n++) last = t;
+  for (let t = nextFire(cron, from), n = 0; t !== undefined && t <= now && n < 100_000; t = nextFire(cron, t), n++)
+    last = t;
   return last;
 }

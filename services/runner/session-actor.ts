@@ -27,7 +27,14 @@ import type { Compaction, EventPayload, QueuedMessage, RunDeps, RunHost } from "
 import type { AuditLog } from "./audit-log.js";
 import { refOf, type SessionRef } from "../shared/session-ref.js";
 import type { TenantRuns } from "./tenant-runs.js";
-import { ownerOf, type LogRecord, type SessionLog, type SessionOwner, type SessionStore, type Subagent } from "./session-log.js";
+import {
+  ownerOf,
+  type LogRecord,
+  type SessionLog,
+  type SessionOwner,
+  type SessionStore,
+  type Subagent,
+} from "./session-log.js";
 import { SessionElsewhere } from "./session-lease.js";
 
 /** Where an actor's events go: a client stream, seen through its backpressure. */
@@ -183,13 +190,21 @@ export class SessionActor {
     return refOf(this.owner, this.sessionId);
   }
 
-  static async create(sessionId: string, agentId: string, owner: SessionOwner, deps: ActorDeps, subagent?: Subagent): Promise<SessionActor> {
+  static async create(
+    sessionId: string,
+    agentId: string,
+    owner: SessionOwner,
+    deps: ActorDeps,
+    subagent?: Subagent,
+  ): Promise<SessionActor> {
     // The first block of seqs is reserved in the log's first write. Events reach clients before
     // the log has them, so a reservation made at the first event would be in flight while its
     // seqs were already out: a runner killed then left no trace of them, and the next activation
     // numbered from 1 again, giving clients new events under seqs they held (a resuming client
     // skipped them as seen).
-    const log = await deps.store.create(refOf(owner, sessionId), agentId, owner, subagent, [{ t: "seq", upTo: SEQ_BLOCK }]);
+    const log = await deps.store.create(refOf(owner, sessionId), agentId, owner, subagent, [
+      { t: "seq", upTo: SEQ_BLOCK },
+    ]);
     const actor = new SessionActor(sessionId, agentId, owner, log, deps, subagent);
     actor.reservedUpTo = SEQ_BLOCK;
     return actor;
@@ -230,7 +245,11 @@ export class SessionActor {
    * events (a restart in place, whose reservation covers it), else from `resumeAt` (resumeSeq of
    * these records) under the reservation load() made durable.
    */
-  private replayLog(records: LogRecord[], numbering: { live: number } | { resumeAt: number; reservedUpTo: number }, cutOff: CutOff = INTERRUPTED): void {
+  private replayLog(
+    records: LogRecord[],
+    numbering: { live: number } | { resumeAt: number; reservedUpTo: number },
+    cutOff: CutOff = INTERRUPTED,
+  ): void {
     const accepted = new Map<string, ClientFrame>();
     /** Frames dropped on request (an abort that cleared the queue, a failed session). */
     const dropped = new Set<string>();
@@ -249,7 +268,8 @@ export class SessionActor {
         else if (p.case === "frameAccepted" && !p.value.duplicate) this.acks.set(p.value.frameId, Promise.resolve(ev));
         else if (p.case === "error" && p.value.code === "CANCELLED" && p.value.frameId) dropped.add(p.value.frameId);
         else if (p.case === "messageBlocked") dropped.add(p.value.frameId);
-        else if (p.case === "compactionEnd") this.compaction = { summary: p.value.summary, firstKeptMessageId: p.value.firstKeptMessageId };
+        else if (p.case === "compactionEnd")
+          this.compaction = { summary: p.value.summary, firstKeptMessageId: p.value.firstKeptMessageId };
         else if (p.case === "agentStart") openTurn = ev.turnId;
         else if (p.case === "agentEnd") openTurn = undefined;
       }
@@ -274,7 +294,12 @@ export class SessionActor {
       const q = this.toQueued(frame, ROOT_CONTEXT);
       if (q) this.queue.push([q]);
       if (!this.acks.has(frame.frameId)) {
-        this.acks.set(frame.frameId, Promise.resolve(this.emit({ case: "frameAccepted", value: { frameId: frame.frameId, kind: FRAME_KIND[frame.kind.case!] } })));
+        this.acks.set(
+          frame.frameId,
+          Promise.resolve(
+            this.emit({ case: "frameAccepted", value: { frameId: frame.frameId, kind: FRAME_KIND[frame.kind.case!] } }),
+          ),
+        );
       }
     }
     // In a restart the failed run's own ending schedules what is next.
@@ -282,15 +307,31 @@ export class SessionActor {
   }
 
   /** Closes a run that was cut off (crash, or a failure): every tool call gets a result, then agent_end. */
-  private closeCutOffRun(turnId: string, reason: StopReason, message: string, unappliedStarters: QueuedMessage[] = []): void {
+  private closeCutOffRun(
+    turnId: string,
+    reason: StopReason,
+    message: string,
+    unappliedStarters: QueuedMessage[] = [],
+  ): void {
     this.run = { turnId, controller: new AbortController(), done: Promise.resolve() };
     injectUserMessages({ emit: (payload) => void this.emit(payload), messages: this.messages }, unappliedStarters);
     const answered = new Set(this.messages.filter((m) => m.role === Role.TOOL).map((m) => m.toolCallId));
     for (const m of [...this.messages]) {
       for (const call of m.role === Role.ASSISTANT ? m.toolCalls : []) {
         if (answered.has(call.id)) continue;
-        const result = create(ChatMessageSchema, { id: newId(), role: Role.TOOL, toolCallId: call.id, toolName: call.name, text: `Interrupted: ${message}.`, isError: true, time: timestampNow() });
-        this.emit({ case: "toolExecutionEnd", value: { toolCallId: call.id, toolName: call.name, result: result.text, isError: true } });
+        const result = create(ChatMessageSchema, {
+          id: newId(),
+          role: Role.TOOL,
+          toolCallId: call.id,
+          toolName: call.name,
+          text: `Interrupted: ${message}.`,
+          isError: true,
+          time: timestampNow(),
+        });
+        this.emit({
+          case: "toolExecutionEnd",
+          value: { toolCallId: call.id, toolName: call.name, result: result.text, isError: true },
+        });
         this.emit({ case: "messageEnd", value: { message: result } });
         this.messages.push(result);
       }
@@ -308,12 +349,16 @@ export class SessionActor {
     this.activeMs = Date.now();
     if (this.lost) return Promise.reject(this.lost);
     if (this.failed && frame.kind.case !== "abort") {
-      return Promise.reject(this.refuse(frame, failedPrecondition(`session ${this.sessionId} has failed: ${this.failed}`)));
+      return Promise.reject(
+        this.refuse(frame, failedPrecondition(`session ${this.sessionId} has failed: ${this.failed}`)),
+      );
     }
     const earlier = this.acks.get(frame.frameId);
     if (earlier) {
       const kind = FRAME_KIND[frame.kind.case!];
-      return earlier.then(() => this.emit({ case: "frameAccepted", value: { frameId: frame.frameId, kind, duplicate: true } }));
+      return earlier.then(() =>
+        this.emit({ case: "frameAccepted", value: { frameId: frame.frameId, kind, duplicate: true } }),
+      );
     }
     const ack = this.admit(frame, traceContext);
     this.acks.set(frame.frameId, ack);
@@ -325,13 +370,22 @@ export class SessionActor {
     // While the actor rebuilds itself from its log the mailbox waits, in arrival order.
     while (this.restarting) await this.restarting;
     const kind = frame.kind;
-    if (this.failed && kind.case !== "abort") throw this.refuse(frame, failedPrecondition(`session ${this.sessionId} has failed: ${this.failed}`));
+    if (this.failed && kind.case !== "abort")
+      throw this.refuse(frame, failedPrecondition(`session ${this.sessionId} has failed: ${this.failed}`));
     // Refusals come before the frame is recorded: a refused frame leaves no trace but the error.
     if (kind.case !== "abort" && this.waiting() + this.admitting >= MAILBOX_LIMIT) {
-      throw this.refuse(frame, resourceExhausted(`session ${this.sessionId} has ${MAILBOX_LIMIT} messages waiting; retry when its runs have caught up`));
+      throw this.refuse(
+        frame,
+        resourceExhausted(
+          `session ${this.sessionId} has ${MAILBOX_LIMIT} messages waiting; retry when its runs have caught up`,
+        ),
+      );
     }
     if (kind.case === "prompt" && this.run && this.modeOf(kind.value.queueMode) === QueueMode.REJECT) {
-      throw this.refuse(frame, failedPrecondition(`a run is going in session ${this.sessionId} and this prompt's queue mode is reject`));
+      throw this.refuse(
+        frame,
+        failedPrecondition(`a run is going in session ${this.sessionId} and this prompt's queue mode is reject`),
+      );
     }
     // A message that would start a run in an idle session waits for its tenant's quota of runs.
     if (kind.case !== "abort" && this.idle) {
@@ -393,7 +447,10 @@ export class SessionActor {
           this.steering.push(q!);
       }
     }
-    const ack = this.emit({ case: "frameAccepted", value: { frameId: frame.frameId, kind: FRAME_KIND[kind.case!], queuePosition: position } });
+    const ack = this.emit({
+      case: "frameAccepted",
+      value: { frameId: frame.frameId, kind: FRAME_KIND[kind.case!], queuePosition: position },
+    });
     if (kind.case === "abort") this.abort(frame.frameId, kind.value.reason, kind.value.clearQueue);
     if (interrupt && this.run) this.abort(frame.frameId, "interrupted by a prompt in interrupt mode", false);
     this.schedule();
@@ -412,7 +469,15 @@ export class SessionActor {
 
   /** Tells every subscriber why a frame was refused (the caller gets the status too). */
   private refuse(frame: ClientFrame, err: RpcError): FrameRefused {
-    this.emit({ case: "error", value: { code: statusName(err.code), message: err.message, retryable: err.code === Status.RESOURCE_EXHAUSTED, frameId: frame.frameId } });
+    this.emit({
+      case: "error",
+      value: {
+        code: statusName(err.code),
+        message: err.message,
+        retryable: err.code === Status.RESOURCE_EXHAUSTED,
+        frameId: frame.frameId,
+      },
+    });
     return new FrameRefused(err.code, err.message, err.trailers);
   }
 
@@ -437,18 +502,44 @@ export class SessionActor {
     if (k.case !== "prompt" && k.case !== "steer" && k.case !== "followUp") return undefined;
     const ctx = Object.keys(frame.traceContext).length > 0 ? contextFromRecord(frame.traceContext) : traceContext;
     const instruction = k.case === "prompt" && k.value.instruction !== "" ? k.value.instruction : undefined;
-    return { frameId: frame.frameId, kind: FRAME_KIND[k.case], text: k.value.text, instruction, traceContext: ctx, arrival: ++this.arrivals };
+    return {
+      frameId: frame.frameId,
+      kind: FRAME_KIND[k.case],
+      text: k.value.text,
+      instruction,
+      traceContext: ctx,
+      arrival: ++this.arrivals,
+    };
   }
 
   private abort(frameId: string, reason: string, clearQueue: boolean): void {
     this.deps.audit
-      .record({ action: "abort", sessionId: this.sessionId, frameId, reason, turnId: this.run?.turnId ?? "", clearQueue })
+      .record({
+        action: "abort",
+        sessionId: this.sessionId,
+        frameId,
+        reason,
+        turnId: this.run?.turnId ?? "",
+        clearQueue,
+      })
       .catch((err: unknown) => this.deps.logger.error("audit log write failed", { error: String(err) }));
     if (clearQueue) {
       clearTimeout(this.collectTimer);
-      const dropped = [...this.steering.splice(0), ...this.followUps.splice(0), ...this.queue.splice(0).flat(), ...this.collecting.splice(0)];
+      const dropped = [
+        ...this.steering.splice(0),
+        ...this.followUps.splice(0),
+        ...this.queue.splice(0).flat(),
+        ...this.collecting.splice(0),
+      ];
       for (const q of dropped.sort((a, b) => a.arrival - b.arrival)) {
-        this.emit({ case: "error", value: { code: "CANCELLED", message: `dropped by an abort that cleared the queue${reason ? `: ${reason}` : ""}`, frameId: q.frameId } });
+        this.emit({
+          case: "error",
+          value: {
+            code: "CANCELLED",
+            message: `dropped by an abort that cleared the queue${reason ? `: ${reason}` : ""}`,
+            frameId: q.frameId,
+          },
+        });
       }
     }
     this.run?.controller.abort(new Error(reason || "aborted"));
@@ -521,7 +612,10 @@ export class SessionActor {
     } catch (err) {
       // Not a model or tool failure (those end runs normally): a bug. Its state is suspect, so
       // the actor rebuilds itself from its log; other sessions are untouched.
-      this.deps.logger.error("run failed unexpectedly; restarting the session from its log", { session: this.sessionId, error: String((err as Error)?.stack ?? err) });
+      this.deps.logger.error("run failed unexpectedly; restarting the session from its log", {
+        session: this.sessionId,
+        error: String((err as Error)?.stack ?? err),
+      });
       await this.restartFromLog(first);
     }
   }
@@ -530,7 +624,14 @@ export class SessionActor {
   private async restartFromLog(startedBy: QueuedMessage[]): Promise<void> {
     const now = Date.now();
     this.restarts = [...this.restarts.filter((t) => now - t < RESTART_WINDOW_MS), now];
-    this.emit({ case: "error", value: { code: "INTERNAL", message: "the run failed unexpectedly; the session restarts from its log", retryable: true } });
+    this.emit({
+      case: "error",
+      value: {
+        code: "INTERNAL",
+        message: "the run failed unexpectedly; the session restarts from its log",
+        retryable: true,
+      },
+    });
     let done!: () => void;
     this.restarting = new Promise((resolve) => (done = resolve));
     try {
@@ -550,13 +651,27 @@ export class SessionActor {
       this.compaction = undefined;
       clearTimeout(this.collectTimer);
       // What was queued comes back from the log (accepted, never applied) and runs after this.
-      this.replayLog(records, { live: liveSeq }, { reason: StopReason.ERROR, message: "the run failed unexpectedly", startedBy });
+      this.replayLog(
+        records,
+        { live: liveSeq },
+        { reason: StopReason.ERROR, message: "the run failed unexpectedly", startedBy },
+      );
       if (this.restarts.length >= RESTART_LIMIT) {
         this.failed = `${this.restarts.length} unexpected failures within ${RESTART_WINDOW_MS / 1000} s; see the runner's log`;
         for (const q of this.queue.splice(0).flat()) {
-          this.emit({ case: "error", value: { code: "CANCELLED", message: "dropped: the session failed", frameId: q.frameId } });
+          this.emit({
+            case: "error",
+            value: { code: "CANCELLED", message: "dropped: the session failed", frameId: q.frameId },
+          });
         }
-        this.emit({ case: "error", value: { code: "SESSION_FAILED", message: `session ${this.sessionId} has failed: ${this.failed}`, retryable: false } });
+        this.emit({
+          case: "error",
+          value: {
+            code: "SESSION_FAILED",
+            message: `session ${this.sessionId} has failed: ${this.failed}`,
+            retryable: false,
+          },
+        });
       }
     } finally {
       this.restarting = undefined;
@@ -577,13 +692,27 @@ export class SessionActor {
     this.updatedMs = now;
     this.activeMs = now;
     // create() turns the payload's init object into a message.
-    const event = create(AgentEventSchema, { sessionId: this.sessionId, seq: BigInt(++this.seq), turnId: this.run?.turnId ?? "", time: timestampFromMs(now), payload: payload as never });
+    const event = create(AgentEventSchema, {
+      sessionId: this.sessionId,
+      seq: BigInt(++this.seq),
+      turnId: this.run?.turnId ?? "",
+      time: timestampFromMs(now),
+      payload: payload as never,
+    });
     if (this.seq >= this.reservedUpTo - SEQ_BLOCK / 2) {
       this.reservedUpTo = this.seq + SEQ_BLOCK;
       this.persist({ t: "seq", upTo: this.reservedUpTo }, true);
     }
-    if (!TRANSIENT.has(payload.case)) this.persist({ t: "event", event: toJson(AgentEventSchema, event) }, payload.case === "agentEnd" || payload.case === "compactionEnd");
-    if (event.payload.case === "compactionEnd") this.compaction = { summary: event.payload.value.summary, firstKeptMessageId: event.payload.value.firstKeptMessageId };
+    if (!TRANSIENT.has(payload.case))
+      this.persist(
+        { t: "event", event: toJson(AgentEventSchema, event) },
+        payload.case === "agentEnd" || payload.case === "compactionEnd",
+      );
+    if (event.payload.case === "compactionEnd")
+      this.compaction = {
+        summary: event.payload.value.summary,
+        firstKeptMessageId: event.payload.value.firstKeptMessageId,
+      };
     this.ring.push(event);
     if (this.ring.length > RING_SIZE) this.ring.splice(0, this.ring.length - RING_SIZE);
     for (const sub of this.subscribers) sub.send(event);
@@ -592,7 +721,8 @@ export class SessionActor {
 
   private persist(record: LogRecord, sync: boolean): void {
     this.log.append(record, sync).catch((err: unknown) => {
-      if (err instanceof SessionElsewhere) return this.loseSession(err, `session ${this.sessionId} was taken over by another runner; dropping it here`);
+      if (err instanceof SessionElsewhere)
+        return this.loseSession(err, `session ${this.sessionId} was taken over by another runner; dropping it here`);
       this.storageFailed(err);
     });
   }
@@ -603,7 +733,9 @@ export class SessionActor {
    * session again from what is on disk, which succeeds once space is back.
    */
   private storageFailed(err: unknown): RpcError {
-    const lost = unavailable(`session ${this.sessionId}'s log could not be written (${(err as Error).message ?? err}); retry: it is reloaded from its log on the next call`);
+    const lost = unavailable(
+      `session ${this.sessionId}'s log could not be written (${(err as Error).message ?? err}); retry: it is reloaded from its log on the next call`,
+    );
     if (!this.lost) {
       this.loseSession(lost, "session log append failed; the session leaves memory");
       void this.log.close().catch(() => undefined);
@@ -679,7 +811,11 @@ export class SessionActor {
       return;
     }
     const held: AgentEvent[] = [];
-    const holder: EventSubscriber = { send: (e) => void held.push(e), pressure: () => undefined, close: (err) => sub.close(err) };
+    const holder: EventSubscriber = {
+      send: (e) => void held.push(e),
+      pressure: () => undefined,
+      close: (err) => sub.close(err),
+    };
     this.subscribers.add(holder);
     let last = afterSeq;
     const forward = (e: AgentEvent) => {
@@ -687,7 +823,15 @@ export class SessionActor {
       if (seq <= last) return;
       if (seq > last + 1) {
         // Say so rather than leave a hole: the gap event takes the last missing seq.
-        sub.send(create(AgentEventSchema, { sessionId: this.sessionId, seq: BigInt(seq - 1), turnId: e.turnId, time: e.time, payload: { case: "gap", value: { firstSeq: BigInt(last + 1) } } }));
+        sub.send(
+          create(AgentEventSchema, {
+            sessionId: this.sessionId,
+            seq: BigInt(seq - 1),
+            turnId: e.turnId,
+            time: e.time,
+            payload: { case: "gap", value: { firstSeq: BigInt(last + 1) } },
+          }),
+        );
       }
       sub.send(e);
       last = seq;

@@ -41,7 +41,10 @@ export interface Lease {
  * concurrency conflict the caller resolves at a higher level: the gateway retries at the owner.
  */
 export class SessionElsewhere extends RpcError {
-  constructor(message: string, readonly ownerAddress?: string) {
+  constructor(
+    message: string,
+    readonly ownerAddress?: string,
+  ) {
     super(Status.ABORTED, message);
   }
   get trailers(): Record<string, string> {
@@ -85,18 +88,30 @@ export class SessionLeases {
     await mkdir(this.sessionsDir, { recursive: true });
     const file = this.heartbeatFile(this.self.runnerId);
     const previous = await readJson<Heartbeat>(file);
-    if (previous && previous.incarnation !== this.self.incarnation && previous.host === os.hostname() && previous.pid !== process.pid && processAlive(previous.pid)) {
+    if (
+      previous &&
+      previous.incarnation !== this.self.incarnation &&
+      previous.host === os.hostname() &&
+      previous.pid !== process.pid &&
+      processAlive(previous.pid)
+    ) {
       const age = Date.now() - (await stat(file)).mtimeMs;
-      if (age < this.livenessMs) throw new Error(`runner id ${this.self.runnerId} is in use by process ${previous.pid} on this host; give each runner its own --runner-id`);
+      if (age < this.livenessMs)
+        throw new Error(
+          `runner id ${this.self.runnerId} is in use by process ${previous.pid} on this host; give each runner its own --runner-id`,
+        );
     }
     const beat: Heartbeat = { ...this.self, pid: process.pid, host: os.hostname() };
     const tmp = `${file}.${randomUUID()}.tmp`;
     await writeFile(tmp, JSON.stringify(beat));
     await rename(tmp, file);
-    this.timer = setInterval(() => {
-      const now = new Date();
-      utimes(file, now, now).catch(() => undefined);
-    }, Math.max(20, Math.floor(this.livenessMs / 4)));
+    this.timer = setInterval(
+      () => {
+        const now = new Date();
+        utimes(file, now, now).catch(() => undefined);
+      },
+      Math.max(20, Math.floor(this.livenessMs / 4)),
+    );
     this.timer.unref();
   }
 
@@ -130,7 +145,10 @@ export class SessionLeases {
         const holder = await readJson<Owner>(file);
         if (holder) {
           if (await this.alive(holder)) {
-            throw new SessionElsewhere(`session ${sessionId} is live on runner ${holder.runnerId} (${holder.address}); this runner does not activate a second copy`, holder.address);
+            throw new SessionElsewhere(
+              `session ${sessionId} is live on runner ${holder.runnerId} (${holder.address}); this runner does not activate a second copy`,
+              holder.address,
+            );
           }
           stale.push(file);
         }
@@ -177,4 +195,3 @@ function processAlive(pid: number): boolean {
     return (err as NodeJS.ErrnoException).code === "EPERM";
   }
 }
-

@@ -15,7 +15,16 @@ import { SessionElsewhere, SessionLeases, type Lease, type Owner } from "./sessi
 export type LogRecord =
   // The header. tenant and principal own the session; logs written before authentication existed
   // have neither and belong to the local development identity (LEGACY_OWNER).
-  | { t: "session"; sessionId: string; agentId: string; createdMs: number; tenant?: string; principal?: string; memoryOwner?: string; subagent?: Subagent }
+  | {
+      t: "session";
+      sessionId: string;
+      agentId: string;
+      createdMs: number;
+      tenant?: string;
+      principal?: string;
+      memoryOwner?: string;
+      subagent?: Subagent;
+    }
   // A runner took the session (see session-lease.ts); records of older epochs after it are void.
   | { t: "epoch"; epoch: number; runnerId: string }
   | { t: "frame"; frame: unknown }
@@ -59,7 +68,9 @@ export const LEGACY_OWNER: SessionOwner = DEV_IDENTITY;
 
 export function ownerOf(head: Extract<LogRecord, { t: "session" }>): SessionOwner {
   if (!head.tenant || !head.principal) return LEGACY_OWNER;
-  return head.memoryOwner ? { tenant: head.tenant, principal: head.principal, memoryOwner: head.memoryOwner } : { tenant: head.tenant, principal: head.principal };
+  return head.memoryOwner
+    ? { tenant: head.tenant, principal: head.principal, memoryOwner: head.memoryOwner }
+    : { tenant: head.tenant, principal: head.principal };
 }
 
 export interface StoredSession {
@@ -70,7 +81,6 @@ export interface StoredSession {
   updateMs: number;
 }
 
-
 /** Sessions are addressed by ref (owner and id): the same id of two owners is two sessions. */
 export interface SessionStore {
   exists(ref: SessionRef): Promise<boolean>;
@@ -78,7 +88,13 @@ export interface SessionStore {
    * A new session, owned by this runner, its log holding the header and then `opening`, written
    * atomically. Fails with EEXIST if the session exists. The owner is the ref's.
    */
-  create(ref: SessionRef, agentId: string, owner: SessionOwner, subagent?: Subagent, opening?: LogRecord[]): Promise<SessionLog>;
+  create(
+    ref: SessionRef,
+    agentId: string,
+    owner: SessionOwner,
+    subagent?: Subagent,
+    opening?: LogRecord[],
+  ): Promise<SessionLog>;
   /**
    * Takes a stored session for this runner: its log to append to, its records so far, and the
    * lines of the log that were damaged and skipped (the actor reports them).
@@ -154,7 +170,10 @@ class JsonlSessionLog implements SessionLog {
           await fh.datasync();
           // Checked after the sync: a lease still held now was held when the record landed, so
           // the record precedes any new owner's epoch record and counts.
-          if (!(await this.leases.holds(this.lease))) throw new SessionElsewhere(`session ${this.sessionId} was taken over by another runner; this runner no longer writes it`);
+          if (!(await this.leases.holds(this.lease)))
+            throw new SessionElsewhere(
+              `session ${this.sessionId} was taken over by another runner; this runner no longer writes it`,
+            );
         }
         this.dirty = !sync;
         for (const w of waiters) w.resolve();
@@ -237,7 +256,8 @@ function headerMatches(records: LogRecord[], ref: SessionRef): boolean {
 export const sessionLogPath = (dataDir: string, ref: SessionRef): string =>
   path.join(dataDir, "sessions", filePart(ref.tenant), filePart(ref.principal), `${filePart(ref.sessionId)}.jsonl`);
 
-const notThere = (ref: SessionRef) => Object.assign(new Error(`session ${ref.sessionId} does not exist`), { code: "ENOENT" });
+const notThere = (ref: SessionRef) =>
+  Object.assign(new Error(`session ${ref.sessionId} does not exist`), { code: "ENOENT" });
 
 export class JsonlSessionStore implements SessionStore {
   private readonly dir: string;
@@ -249,7 +269,11 @@ export class JsonlSessionStore implements SessionStore {
    */
   constructor(dataDir: string, owner?: Owner, livenessMs?: number) {
     this.dir = path.join(dataDir, "sessions");
-    this.leases = new SessionLeases(this.dir, owner ?? { runnerId: `local-${process.pid}`, address: "", incarnation: randomUUID() }, livenessMs);
+    this.leases = new SessionLeases(
+      this.dir,
+      owner ?? { runnerId: `local-${process.pid}`, address: "", incarnation: randomUUID() },
+      livenessMs,
+    );
   }
 
   /** Starts the runner's heartbeat: other runners treat this runner's sessions as live from now. */
@@ -297,16 +321,42 @@ export class JsonlSessionStore implements SessionStore {
    * leaves either no log or all of them, and link() fails with EEXIST if someone else created the
    * session first.
    */
-  async create(ref: SessionRef, agentId: string, owner: SessionOwner, subagent?: Subagent, opening: LogRecord[] = []): Promise<SessionLog> {
+  async create(
+    ref: SessionRef,
+    agentId: string,
+    owner: SessionOwner,
+    subagent?: Subagent,
+    opening: LogRecord[] = [],
+  ): Promise<SessionLog> {
     const dir = this.ownerDir(ref);
     await mkdir(dir, { recursive: true });
     const final = this.file(ref);
-    if (await stat(final).then(() => true, () => false)) throw Object.assign(new Error(`session ${ref.sessionId} exists`), { code: "EEXIST" });
+    if (
+      await stat(final).then(
+        () => true,
+        () => false,
+      )
+    )
+      throw Object.assign(new Error(`session ${ref.sessionId} exists`), { code: "EEXIST" });
     const lease = await this.leases.acquire(this.base(ref), ref.sessionId, 0);
-    const header: LogRecord = { t: "session", sessionId: ref.sessionId, agentId, createdMs: Date.now(), tenant: ref.tenant, principal: ref.principal, ...(owner.memoryOwner ? { memoryOwner: owner.memoryOwner } : {}), ...(subagent ? { subagent } : {}) };
+    const header: LogRecord = {
+      t: "session",
+      sessionId: ref.sessionId,
+      agentId,
+      createdMs: Date.now(),
+      tenant: ref.tenant,
+      principal: ref.principal,
+      ...(owner.memoryOwner ? { memoryOwner: owner.memoryOwner } : {}),
+      ...(subagent ? { subagent } : {}),
+    };
     const epoch: LogRecord = { t: "epoch", epoch: lease.epoch, runnerId: this.leases.self.runnerId };
     try {
-      if (!(await createExclusive(final, [logLine(header), ...[epoch, ...opening].map((r) => logLine(r, lease.epoch))].join("")))) {
+      if (
+        !(await createExclusive(
+          final,
+          [logLine(header), ...[epoch, ...opening].map((r) => logLine(r, lease.epoch))].join(""),
+        ))
+      ) {
         throw Object.assign(new Error(`session ${ref.sessionId} exists`), { code: "EEXIST" });
       }
     } catch (err) {
@@ -360,7 +410,13 @@ export class JsonlSessionStore implements SessionStore {
         await fh.close();
         const head = JSON.parse(buffer.subarray(0, bytesRead).toString("utf8").split("\n")[0]) as LogRecord;
         if (head.t !== "session" || !headerMatches([head], refOf(owner, head.sessionId))) continue;
-        out.push({ sessionId: head.sessionId, agentId: head.agentId, owner: ownerOf(head), createdMs: head.createdMs, updateMs: s.mtimeMs });
+        out.push({
+          sessionId: head.sessionId,
+          agentId: head.agentId,
+          owner: ownerOf(head),
+          createdMs: head.createdMs,
+          updateMs: s.mtimeMs,
+        });
       } catch {
         // A log being created right now, or not ours: not listed.
       }
@@ -389,7 +445,13 @@ async function migrateFlatLogs(dir: string, ownerDir: (owner: Identity) => strin
     const ref = refOf(ownerOf(head), head.sessionId);
     const target = path.join(ownerDir(ref), `${filePart(ref.sessionId)}.jsonl`);
     await mkdir(path.dirname(target), { recursive: true });
-    if (await stat(target).then(() => true, () => false)) continue;
+    if (
+      await stat(target).then(
+        () => true,
+        () => false,
+      )
+    )
+      continue;
     await rename(file, target);
   }
 }
@@ -405,7 +467,8 @@ async function repairTornTail(sessionId: string, file: string): Promise<void> {
     const { buffer, bytesRead } = await fh.read(Buffer.alloc(tailLen), 0, tailLen, size - tailLen);
     const lastNl = buffer.subarray(0, bytesRead).lastIndexOf(10);
     if (lastNl === bytesRead - 1) return;
-    if (lastNl < 0 && size > tailLen) throw new Error(`session log ${sessionId}: last record longer than 64 KiB and torn`);
+    if (lastNl < 0 && size > tailLen)
+      throw new Error(`session log ${sessionId}: last record longer than 64 KiB and torn`);
     await fh.truncate(size - tailLen + lastNl + 1);
     await fh.datasync();
   } finally {

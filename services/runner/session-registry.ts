@@ -31,7 +31,10 @@ export class SessionRegistry {
     private readonly deps: ActorDeps,
     private readonly options: RegistryOptions = { passivateAfterMs: 600_000 },
   ) {
-    this.sweeper = setInterval(() => void this.passivateIdle(), Math.max(50, Math.min(30_000, options.passivateAfterMs / 2)));
+    this.sweeper = setInterval(
+      () => void this.passivateIdle(),
+      Math.max(50, Math.min(30_000, options.passivateAfterMs / 2)),
+    );
     this.sweeper.unref();
   }
 
@@ -49,7 +52,10 @@ export class SessionRegistry {
       const closed = actor.close().finally(() => this.leaving.delete(id));
       this.leaving.set(id, closed);
       closing.push(closed);
-      this.deps.logger.debug(`passivated session ${actor.sessionId}`, { tenant: actor.owner.tenant, principal: actor.owner.principal });
+      this.deps.logger.debug(`passivated session ${actor.sessionId}`, {
+        tenant: actor.owner.tenant,
+        principal: actor.owner.principal,
+      });
     }
     await Promise.allSettled(closing);
     return closing.length;
@@ -81,18 +87,32 @@ export class SessionRegistry {
   }
 
   /** Opens a session for a client: finds it (if it is the caller's), or creates it for the caller when asked to. */
-  async open(open: OpenSession, caller: Identity, frameId = "", memoryOwner = ""): Promise<{ actor: SessionActor; opened: SessionOpened }> {
+  async open(
+    open: OpenSession,
+    caller: Identity,
+    frameId = "",
+    memoryOwner = "",
+  ): Promise<{ actor: SessionActor; opened: SessionOpened }> {
     validateSessionRef(open.sessionId, open.agentId, true);
     const sessionId = open.sessionId || newId();
     const ref = refOf(caller, sessionId);
     let actor = await this.get(ref);
     let created = false;
     if (!actor) {
-      if (open.sessionId !== "" && !open.create) throw notFound(`session ${sessionId} does not exist (set create to make it)`);
+      if (open.sessionId !== "" && !open.create)
+        throw notFound(`session ${sessionId} does not exist (set create to make it)`);
       const agentId = open.agentId || DEFAULT_AGENT;
       const perMinute = this.options.sessionsPerMinute?.(caller.tenant);
-      if (perMinute) this.creations.take(caller.tenant, perMinute / 60, perMinute, `tenant ${caller.tenant} is over its quota of ${perMinute} new sessions a minute`);
-      const owner = memoryOwner ? { tenant: caller.tenant, principal: caller.principal, memoryOwner } : { tenant: caller.tenant, principal: caller.principal };
+      if (perMinute)
+        this.creations.take(
+          caller.tenant,
+          perMinute / 60,
+          perMinute,
+          `tenant ${caller.tenant} is over its quota of ${perMinute} new sessions a minute`,
+        );
+      const owner = memoryOwner
+        ? { tenant: caller.tenant, principal: caller.principal, memoryOwner }
+        : { tenant: caller.tenant, principal: caller.principal };
       actor = await this.remember(ref, () =>
         SessionActor.create(sessionId, agentId, owner, this.deps).catch((err: NodeJS.ErrnoException) => {
           // Someone else created it between our check and our create: use theirs.
@@ -104,13 +124,21 @@ export class SessionRegistry {
     }
     authorize(actor, caller);
     await actor.setQueueMode(open.queueMode);
-    const opened = create(SessionOpenedSchema, { sessionId, agentId: actor.agentId, lastSeq: BigInt(actor.lastSeq), created, frameId });
+    const opened = create(SessionOpenedSchema, {
+      sessionId,
+      agentId: actor.agentId,
+      lastSeq: BigInt(actor.lastSeq),
+      created,
+      frameId,
+    });
     return { actor, opened };
   }
 
   /** A sub-agent's session (delegate_task): created for the parent's owner, never found by another. */
   createChild(sessionId: string, parent: SessionActor, subagent: Subagent): Promise<SessionActor> {
-    return this.remember(refOf(parent.owner, sessionId), () => SessionActor.create(sessionId, parent.agentId, parent.owner, this.deps, subagent));
+    return this.remember(refOf(parent.owner, sessionId), () =>
+      SessionActor.create(sessionId, parent.agentId, parent.owner, this.deps, subagent),
+    );
   }
 
   /** The session is live in this runner (or being loaded here). */

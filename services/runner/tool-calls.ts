@@ -12,7 +12,7 @@ import {
   StopReason,
   type ChatMessage,
   type ToolCall,
-  } from "../shared/gen/troupe/v1/session_pb.js";
+} from "../shared/gen/troupe/v1/session_pb.js";
 import { newId } from "../shared/ids.js";
 import { GenAI, tracer } from "../shared/telemetry.js";
 import type { Tool, ToolResult } from "./tools.js";
@@ -40,18 +40,33 @@ export async function executeToolCalls(turn: Turn, assistant: ChatMessage): Prom
     const steering = host.takeSteering();
     if (steering.length > 0) {
       const skipped = calls.slice(i);
-      host.emit({ case: "toolCallsSkipped", value: { frameId: steering[0].frameId, toolCallIds: skipped.map((c) => c.id) } });
+      host.emit({
+        case: "toolCallsSkipped",
+        value: { frameId: steering[0].frameId, toolCallIds: skipped.map((c) => c.id) },
+      });
       skipCalls(host, skipped, SKIPPED_BY_STEER);
       return steering;
     }
     if (assistant.stopReason === StopReason.LENGTH) {
-      finishCall(host, calls[i], { output: "The reply hit the output limit, so these arguments may be truncated; the call was not run.", isError: true }, false);
+      finishCall(
+        host,
+        calls[i],
+        {
+          output: "The reply hit the output limit, so these arguments may be truncated; the call was not run.",
+          isError: true,
+        },
+        false,
+      );
       i++;
       continue;
     }
     if (turn.budget.toolCalls <= 0) {
       // Over the tenant's quota of tool calls for one run: the rest are answered, not run.
-      skipCalls(host, calls.slice(i), "Not run: this run reached its quota of tool calls (toolCallsPerRun). Answer with what you have.");
+      skipCalls(
+        host,
+        calls.slice(i),
+        "Not run: this run reached its quota of tool calls (toolCallsPerRun). Answer with what you have.",
+      );
       return host.takeSteering();
     }
     let end = i + 1;
@@ -72,16 +87,30 @@ export async function executeToolCalls(turn: Turn, assistant: ChatMessage): Prom
 
 function skipCalls(host: RunHost, calls: readonly ToolCall[], reason: string): void {
   for (const call of calls) {
-    host.emit({ case: "toolExecutionStart", value: { toolCallId: call.id, toolName: call.name, argumentsJson: call.argumentsJson } });
+    host.emit({
+      case: "toolExecutionStart",
+      value: { toolCallId: call.id, toolName: call.name, argumentsJson: call.argumentsJson },
+    });
     finishCall(host, call, { output: reason, isError: true }, true);
   }
 }
 
 function finishCall(host: RunHost, call: ToolCall, result: ToolResult, skipped: boolean): void {
-  host.emit({ case: "toolExecutionEnd", value: { toolCallId: call.id, toolName: call.name, result: result.output, isError: result.isError, skipped } });
+  host.emit({
+    case: "toolExecutionEnd",
+    value: { toolCallId: call.id, toolName: call.name, result: result.output, isError: result.isError, skipped },
+  });
   pushMessage(
     host,
-    create(ChatMessageSchema, { id: newId(), role: Role.TOOL, toolCallId: call.id, toolName: call.name, text: result.output, isError: result.isError, time: timestampNow() }),
+    create(ChatMessageSchema, {
+      id: newId(),
+      role: Role.TOOL,
+      toolCallId: call.id,
+      toolName: call.name,
+      text: result.output,
+      isError: result.isError,
+      time: timestampNow(),
+    }),
   );
 }
 
@@ -102,9 +131,14 @@ function parseArguments(tool: Tool, call: ToolCall): Record<string, unknown> {
   try {
     args = call.argumentsJson.trim() === "" ? {} : JSON.parse(call.argumentsJson);
   } catch (err) {
-    throw new ToolInputError(`Invalid JSON in the arguments of ${call.name}: ${(err as Error).message}. Received: ${call.argumentsJson.slice(0, 500)}`);
+    throw new ToolInputError(
+      `Invalid JSON in the arguments of ${call.name}: ${(err as Error).message}. Received: ${call.argumentsJson.slice(0, 500)}`,
+    );
   }
-  if (typeof args !== "object" || args === null || Array.isArray(args)) throw new ToolInputError(`The arguments of ${call.name} must be a JSON object. Received: ${call.argumentsJson.slice(0, 500)}`);
+  if (typeof args !== "object" || args === null || Array.isArray(args))
+    throw new ToolInputError(
+      `The arguments of ${call.name} must be a JSON object. Received: ${call.argumentsJson.slice(0, 500)}`,
+    );
   const key = JSON.stringify(tool.parameters);
   let validate = validators.get(key);
   if (!validate) {
@@ -112,8 +146,13 @@ function parseArguments(tool: Tool, call: ToolCall): Record<string, unknown> {
     validators.set(key, validate);
   }
   if (!validate(args)) {
-    const problems = (validate.errors ?? []).map((e) => `${e.instancePath || "(arguments)"}: ${e.message}${e.params && "additionalProperty" in e.params ? ` (${String(e.params.additionalProperty)})` : ""}`);
-    throw new ToolInputError(`The arguments of ${call.name} do not match its schema:\n- ${problems.join("\n- ")}\nReceived: ${call.argumentsJson.slice(0, 500)}`);
+    const problems = (validate.errors ?? []).map(
+      (e) =>
+        `${e.instancePath || "(arguments)"}: ${e.message}${e.params && "additionalProperty" in e.params ? ` (${String(e.params.additionalProperty)})` : ""}`,
+    );
+    throw new ToolInputError(
+      `The arguments of ${call.name} do not match its schema:\n- ${problems.join("\n- ")}\nReceived: ${call.argumentsJson.slice(0, 500)}`,
+    );
   }
   return args as Record<string, unknown>;
 }
@@ -122,7 +161,10 @@ function parseArguments(tool: Tool, call: ToolCall): Record<string, unknown> {
 async function runToolCall(turn: Turn, call: ToolCall): Promise<ToolResult> {
   const { host, deps, info } = turn;
   const tool = deps.tools.find((t) => t.name === call.name);
-  host.emit({ case: "toolExecutionStart", value: { toolCallId: call.id, toolName: call.name, argumentsJson: call.argumentsJson } });
+  host.emit({
+    case: "toolExecutionStart",
+    value: { toolCallId: call.id, toolName: call.name, argumentsJson: call.argumentsJson },
+  });
   const span = tracer.startSpan(`execute_tool ${call.name}`, {
     kind: SpanKind.INTERNAL,
     attributes: {
@@ -135,7 +177,10 @@ async function runToolCall(turn: Turn, call: ToolCall): Promise<ToolResult> {
   });
   let result: ToolResult;
   try {
-    if (!tool) throw new ToolInputError(`Tool ${call.name} not found. Available tools: ${deps.tools.map((t) => t.name).join(", ") || "none"}.`);
+    if (!tool)
+      throw new ToolInputError(
+        `Tool ${call.name} not found. Available tools: ${deps.tools.map((t) => t.name).join(", ") || "none"}.`,
+      );
     let args = parseArguments(tool, call);
     let blocked: string | undefined;
     const gate = await deps.hooks.modify(
@@ -155,19 +200,34 @@ async function runToolCall(turn: Turn, call: ToolCall): Promise<ToolResult> {
     if (blocked !== undefined) {
       result = { output: `Tool execution was blocked: ${blocked}`, isError: true };
     } else {
-      if (gate.payload.args !== args) args = parseArguments(tool, { ...call, argumentsJson: JSON.stringify(gate.payload.args) });
+      if (gate.payload.args !== args)
+        args = parseArguments(tool, { ...call, argumentsJson: JSON.stringify(gate.payload.args) });
       result = await context.with(trace.setSpan(context.active(), span), () =>
         tool.execute(args, {
           sessionId: host.sessionId,
           agentId: deps.agentId,
           toolCallId: call.id,
           signal: host.signal,
-          onUpdate: (chunk) => host.emit({ case: "toolExecutionUpdate", value: { toolCallId: call.id, toolName: call.name, output: chunk } }),
+          onUpdate: (chunk) =>
+            host.emit({
+              case: "toolExecutionUpdate",
+              value: { toolCallId: call.id, toolName: call.name, output: chunk },
+            }),
         }),
       );
-      const amended = await deps.hooks.modify("after_tool_call", { ...info, toolCallId: call.id, toolName: call.name, args, result }, (p, r) => ({
-        payload: { ...p, result: { output: typeof r.output === "string" ? r.output : p.result.output, isError: typeof r.isError === "boolean" ? r.isError : p.result.isError } },
-      }));
+      const amended = await deps.hooks.modify(
+        "after_tool_call",
+        { ...info, toolCallId: call.id, toolName: call.name, args, result },
+        (p, r) => ({
+          payload: {
+            ...p,
+            result: {
+              output: typeof r.output === "string" ? r.output : p.result.output,
+              isError: typeof r.isError === "boolean" ? r.isError : p.result.isError,
+            },
+          },
+        }),
+      );
       amended.failures.forEach(hookFailed(host));
       result = amended.payload.result;
     }
@@ -182,4 +242,3 @@ async function runToolCall(turn: Turn, call: ToolCall): Promise<ToolResult> {
   span.end();
   return result;
 }
-

@@ -3,7 +3,12 @@
 // anything outside the runner (shell commands, workspace files) go through the sandbox service:
 // nothing the model asks for runs or is written in the runner's own process or file system.
 import type { MessageInitShape } from "@bufbuild/protobuf";
-import { AddOutcome, MemoryKind, type MemoryScopeSchema, type MemoryService } from "../shared/gen/troupe/v1/memory_pb.js";
+import {
+  AddOutcome,
+  MemoryKind,
+  type MemoryScopeSchema,
+  type MemoryService,
+} from "../shared/gen/troupe/v1/memory_pb.js";
 import type { SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
 import type { ServiceClient } from "../shared/rpc.js";
 import { identityMetadata, type Identity } from "../shared/auth.js";
@@ -66,14 +71,18 @@ const READ_LIMIT_BYTES = 256 * 1024;
 
 const pathArg = (tool: string, args: Record<string, unknown>, required: boolean): string => {
   const p = args.path ?? "";
-  if (typeof p !== "string" || (required && p.trim() === "")) throw new ToolArgumentError(`${tool}: \`path\` must be a non-empty string (relative to the workspace)`);
+  if (typeof p !== "string" || (required && p.trim() === ""))
+    throw new ToolArgumentError(`${tool}: \`path\` must be a non-empty string (relative to the workspace)`);
   return p;
 };
 
 class ToolArgumentError extends Error {}
 
 /** A file tool: argument errors and sandbox failures become results the model can act on. */
-function fileTool(spec: Omit<Tool, "execute">, run: (args: Record<string, unknown>, ctx: ToolContext) => Promise<string>): Tool {
+function fileTool(
+  spec: Omit<Tool, "execute">,
+  run: (args: Record<string, unknown>, ctx: ToolContext) => Promise<string>,
+): Tool {
   return {
     ...spec,
     async execute(args, ctx) {
@@ -97,11 +106,19 @@ export function fileTools(sandbox: SandboxClient, owner: Identity): Tool[] {
         name: "read_file",
         parallel: true,
         description: "Read a text file from this session's sandbox workspace (/workspace).",
-        parameters: { type: "object", properties: { path: { type: "string", description: "Path relative to the workspace." } }, required: ["path"], additionalProperties: false },
+        parameters: {
+          type: "object",
+          properties: { path: { type: "string", description: "Path relative to the workspace." } },
+          required: ["path"],
+          additionalProperties: false,
+        },
       },
       async (args, ctx) => {
         const path = pathArg("read_file", args, true);
-        const file = await sandbox.readFile({ sessionId: ctx.sessionId, agentId: ctx.agentId, path, maxBytes: READ_LIMIT_BYTES }, opts(ctx));
+        const file = await sandbox.readFile(
+          { sessionId: ctx.sessionId, agentId: ctx.agentId, path, maxBytes: READ_LIMIT_BYTES },
+          opts(ctx),
+        );
         const text = Buffer.from(file.data).toString("utf8");
         return file.truncated ? `${text}\n[file is ${file.size} bytes; the first ${file.data.length} are shown]` : text;
       },
@@ -109,7 +126,8 @@ export function fileTools(sandbox: SandboxClient, owner: Identity): Tool[] {
     fileTool(
       {
         name: "write_file",
-        description: "Write a file in this session's sandbox workspace (/workspace), replacing it if it exists; missing directories are made.",
+        description:
+          "Write a file in this session's sandbox workspace (/workspace), replacing it if it exists; missing directories are made.",
         parameters: {
           type: "object",
           properties: {
@@ -125,7 +143,17 @@ export function fileTools(sandbox: SandboxClient, owner: Identity): Tool[] {
         const path = pathArg("write_file", args, true);
         if (typeof args.content !== "string") throw new ToolArgumentError("write_file: `content` must be a string");
         const data = Buffer.from(args.content, "utf8");
-        await sandbox.writeFile({ sessionId: ctx.sessionId, agentId: ctx.agentId, path, data, createParents: true, mode: args.executable === true ? 0o755 : 0 }, opts(ctx));
+        await sandbox.writeFile(
+          {
+            sessionId: ctx.sessionId,
+            agentId: ctx.agentId,
+            path,
+            data,
+            createParents: true,
+            mode: args.executable === true ? 0o755 : 0,
+          },
+          opts(ctx),
+        );
         return `wrote ${data.length} bytes to ${path}`;
       },
     ),
@@ -133,12 +161,25 @@ export function fileTools(sandbox: SandboxClient, owner: Identity): Tool[] {
       {
         name: "list_files",
         parallel: true,
-        description: "List a directory of this session's sandbox workspace (/workspace): name, type and size of each entry.",
-        parameters: { type: "object", properties: { path: { type: "string", description: "Directory relative to the workspace; empty for the workspace itself." } }, additionalProperties: false },
+        description:
+          "List a directory of this session's sandbox workspace (/workspace): name, type and size of each entry.",
+        parameters: {
+          type: "object",
+          properties: {
+            path: {
+              type: "string",
+              description: "Directory relative to the workspace; empty for the workspace itself.",
+            },
+          },
+          additionalProperties: false,
+        },
       },
       async (args, ctx) => {
         const path = pathArg("list_files", args, false);
-        const { entries, truncated } = await sandbox.listFiles({ sessionId: ctx.sessionId, agentId: ctx.agentId, path, maxEntries: 500 }, opts(ctx));
+        const { entries, truncated } = await sandbox.listFiles(
+          { sessionId: ctx.sessionId, agentId: ctx.agentId, path, maxEntries: 500 },
+          opts(ctx),
+        );
         const kinds = ["?", "file", "dir", "link", "other"];
         const lines = entries.map((e) => `${kinds[e.type] ?? "?"}\t${e.size}\t${e.name}`);
         if (truncated) lines.push("[more entries not shown]");
@@ -169,9 +210,14 @@ export function execTool(sandbox: SandboxClient, defaultTimeoutMs: number, owner
     },
     async execute(args, ctx) {
       const command = args.command;
-      if (typeof command !== "string" || command.trim() === "") return { output: "exec: `command` must be a non-empty string", isError: true };
-      const timeoutMs = typeof args.timeout_ms === "number" && args.timeout_ms > 0 ? Math.floor(args.timeout_ms) : defaultTimeoutMs;
-      const call = sandbox.exec({ sessionId: ctx.sessionId, agentId: ctx.agentId, command, timeoutMs }, { signal: ctx.signal, metadata });
+      if (typeof command !== "string" || command.trim() === "")
+        return { output: "exec: `command` must be a non-empty string", isError: true };
+      const timeoutMs =
+        typeof args.timeout_ms === "number" && args.timeout_ms > 0 ? Math.floor(args.timeout_ms) : defaultTimeoutMs;
+      const call = sandbox.exec(
+        { sessionId: ctx.sessionId, agentId: ctx.agentId, command, timeoutMs },
+        { signal: ctx.signal, metadata },
+      );
       let output = "";
       let exit: { exitCode: number; timedOut: boolean; truncated: boolean; oomKilled: boolean } | undefined;
       try {
@@ -189,11 +235,21 @@ export function execTool(sandbox: SandboxClient, defaultTimeoutMs: number, owner
         if (ctx.signal.aborted) {
           // Cancelling the call makes the sandbox kill the command too, but in its own time; an
           // aborted call is reported only once its processes are known to be dead.
-          const killed = await sandbox.killProcesses({ sessionId: ctx.sessionId, agentId: ctx.agentId }, { timeoutMs: 5000, metadata }).then(
-            () => true,
-            () => false,
-          );
-          return { output: clip(output + (killed ? "\n[aborted: the command and everything it started were killed]" : "\n[aborted; the sandbox did not confirm the kill]")), isError: true };
+          const killed = await sandbox
+            .killProcesses({ sessionId: ctx.sessionId, agentId: ctx.agentId }, { timeoutMs: 5000, metadata })
+            .then(
+              () => true,
+              () => false,
+            );
+          return {
+            output: clip(
+              output +
+                (killed
+                  ? "\n[aborted: the command and everything it started were killed]"
+                  : "\n[aborted; the sandbox did not confirm the kill]"),
+            ),
+            isError: true,
+          };
         }
         return sandboxFailure("exec", err);
       }
@@ -204,7 +260,10 @@ export function execTool(sandbox: SandboxClient, defaultTimeoutMs: number, owner
         exit.truncated ? "output truncated" : "",
       ].filter(Boolean);
       const trailer = `[exit ${exit.exitCode}${notes.length ? `; ${notes.join("; ")}` : ""}]`;
-      return { output: clip(output.length > 0 ? `${output.replace(/\n$/, "")}\n${trailer}` : trailer), isError: exit.exitCode !== 0 || exit.timedOut };
+      return {
+        output: clip(output.length > 0 ? `${output.replace(/\n$/, "")}\n${trailer}` : trailer),
+        isError: exit.exitCode !== 0 || exit.timedOut,
+      };
     },
   };
 }
@@ -219,20 +278,37 @@ const memoryFailure = (tool: string, err: unknown) => serviceFailure(tool, "memo
  * (its memory owner for channel sessions). `onSaved` lets the runner's recall forget that the
  * scope was empty.
  */
-export function memoryTools(memory: MemoryClient, scope: MemoryScopeInit, agentId: string, onSaved: () => void): Tool[] {
+export function memoryTools(
+  memory: MemoryClient,
+  scope: MemoryScopeInit,
+  agentId: string,
+  onSaved: () => void,
+): Tool[] {
   const opts = (ctx: ToolContext) => ({ signal: ctx.signal, timeoutMs: 10_000 });
   return [
     {
       name: "memory_search",
       parallel: true,
-      description: "Search your long-term memory of this user by meaning and by words; returns the most relevant memories with their ids.",
-      parameters: { type: "object", properties: { query: { type: "string" }, k: { type: "integer", minimum: 1, maximum: 20 } }, required: ["query"], additionalProperties: false },
+      description:
+        "Search your long-term memory of this user by meaning and by words; returns the most relevant memories with their ids.",
+      parameters: {
+        type: "object",
+        properties: { query: { type: "string" }, k: { type: "integer", minimum: 1, maximum: 20 } },
+        required: ["query"],
+        additionalProperties: false,
+      },
       async execute(args, ctx) {
-        if (typeof args.query !== "string" || args.query.trim() === "") return { output: "memory_search: `query` must be a non-empty string", isError: true };
+        if (typeof args.query !== "string" || args.query.trim() === "")
+          return { output: "memory_search: `query` must be a non-empty string", isError: true };
         const k = typeof args.k === "number" ? Math.min(20, Math.max(1, Math.floor(args.k))) : 5;
         try {
           const { results } = await memory.searchMemories({ scope, query: args.query, k }, opts(ctx));
-          return { output: results.length ? results.map((r) => `${r.memory!.id}: ${r.memory!.text} (score ${r.score.toFixed(2)})`).join("\n") : "(nothing remembered that matches)", isError: false };
+          return {
+            output: results.length
+              ? results.map((r) => `${r.memory!.id}: ${r.memory!.text} (score ${r.score.toFixed(2)})`).join("\n")
+              : "(nothing remembered that matches)",
+            isError: false,
+          };
         } catch (err) {
           return memoryFailure("memory_search", err);
         }
@@ -240,24 +316,49 @@ export function memoryTools(memory: MemoryClient, scope: MemoryScopeInit, agentI
     },
     {
       name: "memory_save",
-      description: "Save a durable fact about this user or their work to long-term memory (one fact per call). Set evergreen for facts that do not go stale.",
+      description:
+        "Save a durable fact about this user or their work to long-term memory (one fact per call). Set evergreen for facts that do not go stale.",
       parameters: {
         type: "object",
-        properties: { text: { type: "string" }, evergreen: { type: "boolean" }, kind: { type: "string", enum: ["fact", "episode", "profile", "note"] } },
+        properties: {
+          text: { type: "string" },
+          evergreen: { type: "boolean" },
+          kind: { type: "string", enum: ["fact", "episode", "profile", "note"] },
+        },
         required: ["text"],
         additionalProperties: false,
       },
       async execute(args, ctx) {
-        if (typeof args.text !== "string" || args.text.trim() === "") return { output: "memory_save: `text` must be a non-empty string", isError: true };
-        const kinds: Record<string, MemoryKind> = { fact: MemoryKind.FACT, episode: MemoryKind.EPISODE, profile: MemoryKind.PROFILE, note: MemoryKind.NOTE };
+        if (typeof args.text !== "string" || args.text.trim() === "")
+          return { output: "memory_save: `text` must be a non-empty string", isError: true };
+        const kinds: Record<string, MemoryKind> = {
+          fact: MemoryKind.FACT,
+          episode: MemoryKind.EPISODE,
+          profile: MemoryKind.PROFILE,
+          note: MemoryKind.NOTE,
+        };
         try {
           const res = await memory.addMemories(
-            { scope: { ...scope, agentId }, memories: [{ text: args.text, evergreen: args.evergreen === true, kind: kinds[String(args.kind)] ?? MemoryKind.FACT, sessionId: ctx.sessionId, provenance: `agent:${agentId}` }] },
+            {
+              scope: { ...scope, agentId },
+              memories: [
+                {
+                  text: args.text,
+                  evergreen: args.evergreen === true,
+                  kind: kinds[String(args.kind)] ?? MemoryKind.FACT,
+                  sessionId: ctx.sessionId,
+                  provenance: `agent:${agentId}`,
+                },
+              ],
+            },
             opts(ctx),
           );
           onSaved();
           const r = res.results[0];
-          return { output: r?.outcome === AddOutcome.DUPLICATE ? `already remembered as ${r.id}` : `saved as ${res.ids[0]}`, isError: false };
+          return {
+            output: r?.outcome === AddOutcome.DUPLICATE ? `already remembered as ${r.id}` : `saved as ${res.ids[0]}`,
+            isError: false,
+          };
         } catch (err) {
           return memoryFailure("memory_save", err);
         }
@@ -266,12 +367,20 @@ export function memoryTools(memory: MemoryClient, scope: MemoryScopeInit, agentI
     {
       name: "memory_forget",
       description: "Delete a memory by its id (as memory_search shows it).",
-      parameters: { type: "object", properties: { id: { type: "string" } }, required: ["id"], additionalProperties: false },
+      parameters: {
+        type: "object",
+        properties: { id: { type: "string" } },
+        required: ["id"],
+        additionalProperties: false,
+      },
       async execute(args, ctx) {
-        if (typeof args.id !== "string" || args.id === "") return { output: "memory_forget: `id` must be a memory id", isError: true };
+        if (typeof args.id !== "string" || args.id === "")
+          return { output: "memory_forget: `id` must be a memory id", isError: true };
         try {
           const { forgotten } = await memory.forgetMemories({ scope, ids: [args.id] }, opts(ctx));
-          return forgotten > 0 ? { output: `forgot ${args.id}`, isError: false } : { output: `no memory ${args.id} here`, isError: true };
+          return forgotten > 0
+            ? { output: `forgot ${args.id}`, isError: false }
+            : { output: `no memory ${args.id} here`, isError: true };
         } catch (err) {
           return memoryFailure("memory_forget", err);
         }

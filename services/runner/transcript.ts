@@ -61,7 +61,16 @@ export function sanitise(history: readonly ChatMessage[]): { messages: ChatMessa
         out.push(result);
       } else {
         report.repairedCalls++;
-        out.push(create(ChatMessageSchema, { id: `${m.id}:${call.id}:missing`, role: Role.TOOL, toolCallId: call.id, toolName: call.name, text: MISSING_RESULT, isError: true }));
+        out.push(
+          create(ChatMessageSchema, {
+            id: `${m.id}:${call.id}:missing`,
+            role: Role.TOOL,
+            toolCallId: call.id,
+            toolName: call.name,
+            text: MISSING_RESULT,
+            isError: true,
+          }),
+        );
       }
     }
   }
@@ -106,7 +115,11 @@ export function fitNewestFirst(messages: readonly ChatMessage[], budget: number,
  * at least `keepRecent` tokens, never the first block (something must be summarised). Undefined
  * when there is nothing before the kept part.
  */
-export function compactionCut(messages: readonly ChatMessage[], keepRecent: number, tokens: TokenCounter): number | undefined {
+export function compactionCut(
+  messages: readonly ChatMessage[],
+  keepRecent: number,
+  tokens: TokenCounter,
+): number | undefined {
   const starts = blockStarts(messages);
   if (starts.length < 2) return undefined;
   let kept = 0;
@@ -120,15 +133,27 @@ export function compactionCut(messages: readonly ChatMessage[], keepRecent: numb
 
 /** The summary of the older conversation, as the model sees it: the first message of the history. */
 export function summaryMessage(summary: string): ModelMessage {
-  return { role: "user", content: `The earlier part of this conversation was summarised to save room:\n<summary>\n${summary}\n</summary>` };
+  return {
+    role: "user",
+    content: `The earlier part of this conversation was summarised to save room:\n<summary>\n${summary}\n</summary>`,
+  };
 }
 
-export function toModelMessages(system: string, summary: string | undefined, history: readonly ChatMessage[]): ModelMessage[] {
+export function toModelMessages(
+  system: string,
+  summary: string | undefined,
+  history: readonly ChatMessage[],
+): ModelMessage[] {
   const out: ModelMessage[] = [{ role: "system", content: system }];
   if (summary) out.push(summaryMessage(summary));
   for (const m of history) {
     if (m.role === Role.USER) out.push({ role: "user", content: m.text });
-    else if (m.role === Role.ASSISTANT) out.push({ role: "assistant", content: m.text, toolCalls: m.toolCalls.map((c) => ({ id: c.id, name: c.name, argumentsJson: c.argumentsJson })) });
+    else if (m.role === Role.ASSISTANT)
+      out.push({
+        role: "assistant",
+        content: m.text,
+        toolCalls: m.toolCalls.map((c) => ({ id: c.id, name: c.name, argumentsJson: c.argumentsJson })),
+      });
     else if (m.role === Role.TOOL) out.push({ role: "tool", toolCallId: m.toolCallId, content: m.text });
   }
   return out;

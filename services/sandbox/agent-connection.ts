@@ -72,8 +72,13 @@ function violation(message: string): never {
 
 /** A diagnostics line as it may reach a log: control characters escaped, cut at a bound. */
 export function escapeDiagnostic(line: string): string {
-  const escaped = line.replace(/[\u0000-\u001f\u007f-\u009f\u2028\u2029]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`);
-  return escaped.length > DIAGNOSTICS_MAX_CHARS ? `${escaped.slice(0, DIAGNOSTICS_MAX_CHARS)}... (${escaped.length} characters)` : escaped;
+  const escaped = line.replace(
+    /[\u0000-\u001f\u007f-\u009f\u2028\u2029]/g,
+    (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`,
+  );
+  return escaped.length > DIAGNOSTICS_MAX_CHARS
+    ? `${escaped.slice(0, DIAGNOSTICS_MAX_CHARS)}... (${escaped.length} characters)`
+    : escaped;
 }
 
 export interface AgentExit {
@@ -139,7 +144,10 @@ export interface AttachOptions {
 export async function within<T>(work: Promise<T>, ms: number, onTimeout: () => Error): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
   try {
-    return await Promise.race([work, new Promise<never>((_, reject) => (timer = setTimeout(() => reject(onTimeout()), ms)))]);
+    return await Promise.race([
+      work,
+      new Promise<never>((_, reject) => (timer = setTimeout(() => reject(onTimeout()), ms))),
+    ]);
   } finally {
     clearTimeout(timer);
   }
@@ -183,7 +191,9 @@ export class AgentConnection {
     const end = () => this.end(new AgentGone("the sandbox's agent connection ended"));
     stream.on("end", end);
     stream.on("close", end);
-    stream.on("error", (err: Error) => this.end(new AgentGone(`the sandbox's agent connection failed: ${err.message}`)));
+    stream.on("error", (err: Error) =>
+      this.end(new AgentGone(`the sandbox's agent connection failed: ${err.message}`)),
+    );
   }
 
   /**
@@ -191,7 +201,13 @@ export class AgentConnection {
    * missed) and returns the connection; call hello() once the container runs.
    */
   static async attach(container: Docker.Container, options: AttachOptions): Promise<AgentConnection> {
-    const stream = (await container.attach({ stream: true, stdin: true, stdout: true, stderr: true, hijack: true })) as unknown as Duplex;
+    const stream = (await container.attach({
+      stream: true,
+      stdin: true,
+      stdout: true,
+      stderr: true,
+      hijack: true,
+    })) as unknown as Duplex;
     return new AgentConnection(stream, options);
   }
 
@@ -217,10 +233,16 @@ export class AgentConnection {
     const reply = await within(
       this.request(Req.Hello, this.nextId++),
       HELLO_TIMEOUT_MS,
-      () => new AgentGone(`the sandbox's agent did not answer within ${HELLO_TIMEOUT_MS} ms (an image without troupe-agent?)`),
+      () =>
+        new AgentGone(
+          `the sandbox's agent did not answer within ${HELLO_TIMEOUT_MS} ms (an image without troupe-agent?)`,
+        ),
     );
     const [version, claim = ""] = reply.payload.toString("utf8").split("\n");
-    if (version !== AGENT_VERSION) throw new AgentGone(`the sandbox image's agent is ${version}, this service speaks ${AGENT_VERSION}: rebuild it with \`make sandbox-image\``);
+    if (version !== AGENT_VERSION)
+      throw new AgentGone(
+        `the sandbox image's agent is ${version}, this service speaks ${AGENT_VERSION}: rebuild it with \`make sandbox-image\``,
+      );
     this.claimedFor = claim;
   }
 
@@ -232,7 +254,13 @@ export class AgentConnection {
   exec(command: string, opts: ExecOptions, handlers: ExecHandlers): RunningExec {
     if (this.ended) throw this.ended;
     const id = this.nextId++;
-    this.execs.set(id, { handlers, window: opts.windowBytes, maxOutput: opts.maxOutputBytes, received: 0, credited: 0 });
+    this.execs.set(id, {
+      handlers,
+      window: opts.windowBytes,
+      maxOutput: opts.maxOutputBytes,
+      received: 0,
+      credited: 0,
+    });
     const head = Buffer.alloc(13);
     head.writeUInt32BE(opts.timeoutMs, 0);
     head.writeUInt32BE(opts.maxOutputBytes, 4);
@@ -241,7 +269,8 @@ export class AgentConnection {
     this.stream.write(frame(Req.Exec, id, head, Buffer.from(command, "utf8")));
     if (opts.stdin?.length) {
       // In pieces well under the agent's frame limit; the agent buffers what the pipe cannot take.
-      for (let off = 0; off < opts.stdin.length; off += 1 << 20) this.stream.write(frame(Req.Stdin, id, opts.stdin.subarray(off, off + (1 << 20))));
+      for (let off = 0; off < opts.stdin.length; off += 1 << 20)
+        this.stream.write(frame(Req.Stdin, id, opts.stdin.subarray(off, off + (1 << 20))));
       this.stream.write(frame(Req.StdinClose, id));
     }
     return {
@@ -284,7 +313,8 @@ export class AgentConnection {
     const entries: FileEntryInfo[] = [];
     for (let off = 1; off + 19 <= payload.length; ) {
       const nameLen = payload.readUInt16BE(off + 17);
-      if (off + 19 + nameLen > payload.length) throw new AgentError(5, "the sandbox's agent sent a listing that does not add up");
+      if (off + 19 + nameLen > payload.length)
+        throw new AgentError(5, "the sandbox's agent sent a listing that does not add up");
       entries.push({
         type: types[payload[off]] ?? "other",
         size: Number(payload.readBigUInt64BE(off + 1)),
@@ -390,7 +420,8 @@ export class AgentConnection {
         if (payload.length < 1 || (payload[0] !== 1 && payload[0] !== 2)) violation("output without its stream");
         const bytes = payload.length - 1;
         exec.received += bytes;
-        if (exec.received > exec.maxOutput) violation(`command ${id} sent ${exec.received} bytes, over its cap of ${exec.maxOutput}`);
+        if (exec.received > exec.maxOutput)
+          violation(`command ${id} sent ${exec.received} bytes, over its cap of ${exec.maxOutput}`);
         if (exec.received - exec.credited > exec.window) violation(`command ${id} sent past its credit window`);
         exec.handlers.output(payload[0] === 2 ? "stderr" : "stdout", payload.subarray(1));
         return;
@@ -398,7 +429,12 @@ export class AgentConnection {
       if (payload.length !== 9) violation(`an exit of ${payload.length} bytes`);
       this.execs.delete(id);
       const flags = payload[8];
-      exec.handlers.exit({ exitCode: payload.readInt32BE(0), signal: payload.readInt32BE(4), timedOut: (flags & 1) !== 0, truncated: (flags & 2) !== 0 });
+      exec.handlers.exit({
+        exitCode: payload.readInt32BE(0),
+        signal: payload.readInt32BE(4),
+        timedOut: (flags & 1) !== 0,
+        truncated: (flags & 2) !== 0,
+      });
       return;
     }
     if (type === Rep.Err && payload.length < 4) violation("an error without its code");

@@ -5,7 +5,6 @@ import { createHash } from "node:crypto";
 import type Docker from "dockerode";
 import { sandboxSeccompProfile } from "./seccomp.js";
 
-
 const SECCOMP_PROFILE = sandboxSeccompProfile();
 
 const WORKSPACE = "/workspace";
@@ -54,7 +53,6 @@ export interface FleetOptions {
   maxAgeMs: number;
 }
 
-
 /**
  * An instance is one Troupe deployment's sandboxes (by default, one data directory). It is part of
  * every container's name and labels, so two deployments on one host never share a container.
@@ -72,7 +70,8 @@ export const poolPrefix = (instance: string) => `troupe-sbx-${instance}-pool-`;
  * sandbox when the host limit is hit: measured here, 256 ended it at about 20 orphaned
  * subshells. So runsc gets eight times the limit, which holds about as many sandboxed processes.
  */
-const hostPidsLimit = (opts: FleetOptions): number => (opts.runtime === "runsc" ? opts.limits.pids * 8 : opts.limits.pids);
+const hostPidsLimit = (opts: FleetOptions): number =>
+  opts.runtime === "runsc" ? opts.limits.pids * 8 : opts.limits.pids;
 
 /** The settings every sandbox gets, name and labels aside. */
 function settings(opts: FleetOptions): Docker.ContainerCreateOptions {
@@ -127,10 +126,18 @@ function settings(opts: FleetOptions): Docker.ContainerCreateOptions {
  * A hash of the settings, kept as a label: containers made under other settings are replaced
  * when idle, and never adopted.
  */
-export const configHash = (opts: FleetOptions) => createHash("sha256").update(JSON.stringify(settings(opts))).digest("hex").slice(0, 16);
+export const configHash = (opts: FleetOptions) =>
+  createHash("sha256")
+    .update(JSON.stringify(settings(opts)))
+    .digest("hex")
+    .slice(0, 16);
 
 /** A new sandbox's full spec: for a scope key, or for the pool (no key). */
-export function containerSpec(opts: FleetOptions, name: string, key: string | undefined): Docker.ContainerCreateOptions {
+export function containerSpec(
+  opts: FleetOptions,
+  name: string,
+  key: string | undefined,
+): Docker.ContainerCreateOptions {
   const labels: Record<string, string> = {
     "troupe.owner": "troupe-sandbox",
     "troupe.instance": opts.instance,

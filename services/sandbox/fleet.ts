@@ -60,7 +60,9 @@ export class SandboxFleet {
   async watch(): Promise<void> {
     if (this.events) return;
     try {
-      this.events = (await this.docker.getEvents({ filters: { type: ["container"], event: ["oom", "die"], label: [`troupe.instance=${this.opts.instance}`] } })) as NodeJS.ReadableStream;
+      this.events = (await this.docker.getEvents({
+        filters: { type: ["container"], event: ["oom", "die"], label: [`troupe.instance=${this.opts.instance}`] },
+      })) as NodeJS.ReadableStream;
     } catch {
       return;
     }
@@ -70,7 +72,7 @@ export class SandboxFleet {
         try {
           const ev = JSON.parse(line) as { Action?: string; Actor?: { ID?: string } };
           const id = ev.Actor?.ID ?? "";
-          if (ev.Action === "oom") this.oomKills.set(id, (this.ooms(id)) + 1);
+          if (ev.Action === "oom") this.oomKills.set(id, this.ooms(id) + 1);
           if (ev.Action === "die") void this.forget(id);
         } catch {
           // a partial line; the engine sends one event per line
@@ -207,7 +209,8 @@ export class SandboxFleet {
         container = await this.docker.createContainer(containerSpec(this.opts, name, key));
       } catch (err) {
         const status = (err as { statusCode?: number }).statusCode;
-        if (status === 404) throw failedPrecondition(`sandbox image ${this.opts.image} is missing: build it with \`make sandbox-image\``);
+        if (status === 404)
+          throw failedPrecondition(`sandbox image ${this.opts.image} is missing: build it with \`make sandbox-image\``);
         if (status === 409 && key !== undefined) {
           // The name is taken: a container made for this key a moment ago by someone else, or
           // one left stopped. Take it if it runs, else clear the name and make it once more.
@@ -321,7 +324,10 @@ export class SandboxFleet {
   }
 
   private async containers() {
-    const list = await this.docker.listContainers({ all: true, filters: { label: [`troupe.instance=${this.opts.instance}`, "troupe.owner=troupe-sandbox"] } });
+    const list = await this.docker.listContainers({
+      all: true,
+      filters: { label: [`troupe.instance=${this.opts.instance}`, "troupe.owner=troupe-sandbox"] },
+    });
     const live = await this.live();
     return list.map((c) => {
       const name = (c.Names[0] ?? "").replace(/^\//, "");
@@ -342,7 +348,11 @@ export class SandboxFleet {
     await this.filling;
     const pool = this.pool.splice(0);
     await Promise.all(pool.map(async (s) => (s.agent.close(), this.remove(s.container))));
-    for (const p of this.byKey.values()) void p.then((s) => s.agent.close(), () => undefined);
+    for (const p of this.byKey.values())
+      void p.then(
+        (s) => s.agent.close(),
+        () => undefined,
+      );
   }
 
   private async live(): Promise<Map<string, Sandbox>> {
@@ -370,7 +380,8 @@ export class SandboxFleet {
       () => true,
       (err: { statusCode?: number; message?: string }) => {
         // 404: gone already; 409: someone (the die-event handler, a release) is removing it.
-        if (err.statusCode !== 404 && err.statusCode !== 409) this.logger.warn("could not remove a sandbox", { container: container.id.slice(0, 12), error: err.message });
+        if (err.statusCode !== 404 && err.statusCode !== 409)
+          this.logger.warn("could not remove a sandbox", { container: container.id.slice(0, 12), error: err.message });
         return false;
       },
     );

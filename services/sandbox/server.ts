@@ -71,7 +71,8 @@ function agentStatus(err: unknown, what: string): Error {
     const [code, text] = ERRNO_STATUS[err.errno] ?? [Status.INTERNAL, err.message];
     return new RpcError(code, `${what}: ${text}`);
   }
-  if (err instanceof AgentGone) return unavailable(`${what}: the sandbox ended (${err.message}); it is made anew on the next call`);
+  if (err instanceof AgentGone)
+    return unavailable(`${what}: the sandbox ended (${err.message}); it is made anew on the next call`);
   return err as Error;
 }
 
@@ -85,12 +86,16 @@ export function workspacePath(path: string, allowRoot: boolean): string {
   invalidArgumentIf(Buffer.byteLength(path) > MAX_PATH_BYTES, `path is over ${MAX_PATH_BYTES} bytes`);
   let rel = path;
   if (path.startsWith("/")) {
-    if (path !== "/workspace" && !path.startsWith("/workspace/")) throw new RpcError(Status.PERMISSION_DENIED, "absolute paths must be under /workspace");
+    if (path !== "/workspace" && !path.startsWith("/workspace/"))
+      throw new RpcError(Status.PERMISSION_DENIED, "absolute paths must be under /workspace");
     rel = path.slice("/workspace".length);
   }
   const parts = rel.split("/").filter((p) => p !== "" && p !== ".");
   invalidArgumentIf(parts.includes(".."), "path must not contain `..`");
-  invalidArgumentIf(parts.some((p) => Buffer.byteLength(p) > 255), "a path component is over 255 bytes");
+  invalidArgumentIf(
+    parts.some((p) => Buffer.byteLength(p) > 255),
+    "a path component is over 255 bytes",
+  );
   invalidArgumentIf(!allowRoot && parts.length === 0, "path names the workspace itself, not a file in it");
   return parts.join("/");
 }
@@ -100,10 +105,21 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
   const instance = instanceOf(cfg.dataDir);
   const fleet = new SandboxFleet(
     docker,
-    { image: cfg.sandboxImage, runtime: cfg.sandboxRuntime, instance, limits: DEFAULT_LIMITS, poolSize: cfg.sandboxPoolSize, idleMs: cfg.sandboxIdleMs, maxAgeMs: cfg.sandboxMaxAgeMs },
+    {
+      image: cfg.sandboxImage,
+      runtime: cfg.sandboxRuntime,
+      instance,
+      limits: DEFAULT_LIMITS,
+      poolSize: cfg.sandboxPoolSize,
+      idleMs: cfg.sandboxIdleMs,
+      maxAgeMs: cfg.sandboxMaxAgeMs,
+    },
     logger,
   );
-  const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes, authenticate: (await internalCredentials(cfg.dataDir)).authenticate });
+  const server = new RpcServer({
+    maxMessageBytes: cfg.maxMessageBytes,
+    authenticate: (await internalCredentials(cfg.dataDir)).authenticate,
+  });
   const engineHint = `no Docker engine reachable at ${process.env.DOCKER_HOST ?? "/var/run/docker.sock"}: start dockerd (or set DOCKER_HOST) and retry`;
   let engineUp = false;
 
@@ -128,7 +144,11 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
     if (!(engineUp || (await checkEngine()))) throw unavailable(engineHint);
   };
 
-  const quotas = await new TenantQuotas(quotasFromEnv(process.env), cfg.quotasFile).start((err) => logger.error("quotas file rejected; keeping the quotas read before", { error: String((err as Error).message ?? err) }));
+  const quotas = await new TenantQuotas(quotasFromEnv(process.env), cfg.quotasFile).start((err) =>
+    logger.error("quotas file rejected; keeping the quotas read before", {
+      error: String((err as Error).message ?? err),
+    }),
+  );
   /**
    * A request that would make the key a new sandbox, from a tenant at its quota of live sandboxes,
    * is refused (RESOURCE_EXHAUSTED, retry once one is released or reaped). Counted over the
@@ -140,7 +160,11 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
     const { tenant } = identityOf(call.metadata);
     const limit = quotas.of(tenant).liveSandboxes;
     const mine = held.filter((k) => tenantOfScopeKey(k) === tenantOfScopeKey(key)).length;
-    if (mine >= limit) throw new RateLimited(`tenant ${tenant} has ${mine} live sandboxes, its quota; release one (or let it idle out) first`, 5000);
+    if (mine >= limit)
+      throw new RateLimited(
+        `tenant ${tenant} has ${mine} live sandboxes, its quota; release one (or let it idle out) first`,
+        5000,
+      );
   };
 
   /** Whose sandbox a request is for (scope.ts): its owner is named in the call's metadata by the runner. */
@@ -166,14 +190,23 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
   const running = new Map<string, { key: string; exec: RunningExec; agent: Sandbox["agent"] }>();
 
   /** A file request: the key's sandbox, the agent's answer within a deadline, errors as statuses. */
-  const fileOp = async <T>(req: { sessionId: string; agentId: string }, call: { metadata: grpc.Metadata }, what: string, op: (sandbox: Sandbox) => Promise<T>): Promise<T> => {
+  const fileOp = async <T>(
+    req: { sessionId: string; agentId: string },
+    call: { metadata: grpc.Metadata },
+    what: string,
+    op: (sandbox: Sandbox) => Promise<T>,
+  ): Promise<T> => {
     const key = scopeKey(req, call);
     await requireEngine();
     requireRoom(key, call);
     const sandbox = await fleet.get(key);
     sandbox.lastUsed = Date.now();
     try {
-      return await within(op(sandbox), FILE_OP_TIMEOUT_MS, () => new AgentGone(`no answer within ${FILE_OP_TIMEOUT_MS} ms`));
+      return await within(
+        op(sandbox),
+        FILE_OP_TIMEOUT_MS,
+        () => new AgentGone(`no answer within ${FILE_OP_TIMEOUT_MS} ms`),
+      );
     } catch (err) {
       if (err instanceof AgentGone && sandbox.agent.alive) await fleet.discard(sandbox, `${what} went unanswered`);
       throw agentStatus(err, what);
@@ -201,7 +234,12 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
         exit: (exit: AgentExit) => ((outcome = { exit }), wake?.()),
         lost: (err: Error) => ((outcome = { lost: err }), wake?.()),
       };
-      const options = { timeoutMs, maxOutputBytes: req.maxOutputBytes || DEFAULT_OUTPUT_BYTES, windowBytes: OUTPUT_WINDOW_BYTES, stdin: req.stdin };
+      const options = {
+        timeoutMs,
+        maxOutputBytes: req.maxOutputBytes || DEFAULT_OUTPUT_BYTES,
+        windowBytes: OUTPUT_WINDOW_BYTES,
+        stdin: req.stdin,
+      };
       // get() hands out only sandboxes whose agent connection is alive; one that dies from here
       // on reports the command as lost (killed), below.
       requireRoom(key, call);
@@ -256,12 +294,19 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
         exit = { exitCode: 137, signal: 9, timedOut: fellBack, truncated: false };
       } else exit = outcome!.exit;
       // A SIGKILL we did not send: give the engine's OOM event a moment to arrive.
-      if (exit.exitCode === 137 && !exit.timedOut && fleet.ooms(sandbox.id) === oomsBefore) await new Promise((r) => setTimeout(r, 250));
+      if (exit.exitCode === 137 && !exit.timedOut && fleet.ooms(sandbox.id) === oomsBefore)
+        await new Promise((r) => setTimeout(r, 250));
       call.write(
         create(ExecResponseSchema, {
           kind: {
             case: "exit",
-            value: { exitCode: exit.exitCode, timedOut: exit.timedOut, truncated: exit.truncated, oomKilled: fleet.ooms(sandbox.id) > oomsBefore, durationMs: Date.now() - started },
+            value: {
+              exitCode: exit.exitCode,
+              timedOut: exit.timedOut,
+              truncated: exit.truncated,
+              oomKilled: fleet.ooms(sandbox.id) > oomsBefore,
+              durationMs: Date.now() - started,
+            },
           },
         }),
       );
@@ -271,7 +316,10 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
     async signalExec(req, call) {
       const key = scopeKey(req, call);
       const signo = SIGNALS[req.signal];
-      invalidArgumentIf(signo === undefined, "signal is missing or not one of HANGUP, INTERRUPT, QUIT, KILL, TERMINATE");
+      invalidArgumentIf(
+        signo === undefined,
+        "signal is missing or not one of HANGUP, INTERRUPT, QUIT, KILL, TERMINATE",
+      );
       const target = running.get(req.execId);
       // Another scope's command is as unknown to the caller as a finished one.
       if (!target || target.key !== key) throw notFound(`no running command ${req.execId} in this sandbox`);
@@ -304,20 +352,34 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
       const path = workspacePath(req.path, false);
       invalidArgumentIf(req.mode > 0o7777, "mode must be permission bits, at most 0o7777");
       invalidArgumentIf((req.mode & 0o7000) !== 0, "setuid, setgid and sticky bits are not allowed");
-      await fileOp(req, call, `write ${req.path}`, (s) => s.agent.writeFile(path, req.data, { mode: req.mode, createParents: req.createParents }));
+      await fileOp(req, call, `write ${req.path}`, (s) =>
+        s.agent.writeFile(path, req.data, { mode: req.mode, createParents: req.createParents }),
+      );
       return { bytesWritten: BigInt(req.data.length) };
     },
 
     async listFiles(req, call) {
       const path = workspacePath(req.path, true);
       invalidArgumentIf(req.maxEntries > MAX_LIST_ENTRIES, `max_entries must be at most ${MAX_LIST_ENTRIES}`);
-      const listing = await fileOp(req, call, `list ${req.path || "/workspace"}`, (s) => s.agent.list(path, req.maxEntries || DEFAULT_LIST_ENTRIES));
-      const types = { file: FileType.FILE, directory: FileType.DIRECTORY, symlink: FileType.SYMLINK, other: FileType.OTHER };
+      const listing = await fileOp(req, call, `list ${req.path || "/workspace"}`, (s) =>
+        s.agent.list(path, req.maxEntries || DEFAULT_LIST_ENTRIES),
+      );
+      const types = {
+        file: FileType.FILE,
+        directory: FileType.DIRECTORY,
+        symlink: FileType.SYMLINK,
+        other: FileType.OTHER,
+      };
       return {
         truncated: listing.truncated,
         entries: listing.entries
           .sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))
-          .map((e) => ({ name: e.name, type: types[e.type], size: BigInt(e.size), modifyTime: timestampFromMs(e.mtimeMs) })),
+          .map((e) => ({
+            name: e.name,
+            type: types[e.type],
+            size: BigInt(e.size),
+            modifyTime: timestampFromMs(e.mtimeMs),
+          })),
       };
     },
 
@@ -356,12 +418,19 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
   }
   const watch = setInterval(() => void checkEngine(), 5000);
   watch.unref();
-  const reap = () => (engineUp ? fleet.reap().catch((err: Error) => logger.warn("reaper failed", { error: err.message })) : undefined);
+  const reap = () =>
+    engineUp ? fleet.reap().catch((err: Error) => logger.warn("reaper failed", { error: err.message })) : undefined;
   await reap();
   const reaper = setInterval(() => void reap(), Math.max(500, Math.min(60_000, cfg.sandboxIdleMs / 4)));
   reaper.unref();
   const port = await server.listen(cfg.addr.sandbox);
-  logger.info(`sandbox serving on port ${port}`, { image: cfg.sandboxImage, runtime: cfg.sandboxRuntime, instance, pool: cfg.sandboxPoolSize, scope: cfg.sandboxScope });
+  logger.info(`sandbox serving on port ${port}`, {
+    image: cfg.sandboxImage,
+    runtime: cfg.sandboxRuntime,
+    instance,
+    pool: cfg.sandboxPoolSize,
+    scope: cfg.sandboxScope,
+  });
   return {
     async drain() {
       clearInterval(watch);
@@ -372,4 +441,3 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
     },
   };
 }
-

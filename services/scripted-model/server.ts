@@ -121,11 +121,18 @@ export class ScriptedModel {
     const rate = this.tokenRate;
     // The memory service's learning requests (services/memory/learn.ts), by the marker their system prompt starts with.
     const system = messages[0]?.role === "system" ? contentText(messages[0].content) : "";
-    if (system.startsWith("[troupe:extract-facts]")) return { text: [JSON.stringify({ facts: extractFacts(contentText(messages.at(-1)?.content)) })], rate };
-    if (system.startsWith("[troupe:decide-memory]")) return { text: [JSON.stringify(decideMemory(contentText(messages.at(-1)?.content)))], rate };
+    if (system.startsWith("[troupe:extract-facts]"))
+      return { text: [JSON.stringify({ facts: extractFacts(contentText(messages.at(-1)?.content)) })], rate };
+    if (system.startsWith("[troupe:decide-memory]"))
+      return { text: [JSON.stringify(decideMemory(contentText(messages.at(-1)?.content)))], rate };
     if (system.startsWith("[troupe:summarize]")) {
       const transcript = contentText(messages.at(-1)?.content);
-      if (transcript.includes("!nosummary")) return { text: [], rate, fail: { status: 500, message: "scripted failure: summaries are refused for this transcript" } };
+      if (transcript.includes("!nosummary"))
+        return {
+          text: [],
+          rate,
+          fail: { status: 500, message: "scripted failure: summaries are refused for this transcript" },
+        };
       return { text: words(summarise(transcript)), rate };
     }
     const last = messages[messages.length - 1];
@@ -159,9 +166,16 @@ export class ScriptedModel {
       const n = Number.parseInt(arg, 10);
       switch (name) {
         case "tokens":
-          return { text: Array.from({ length: n > 0 ? n : 1 }, (_, i) => `t${i + 1} `), rate: option(arg, "rate") ?? rate };
+          return {
+            text: Array.from({ length: n > 0 ? n : 1 }, (_, i) => `t${i + 1} `),
+            rate: option(arg, "rate") ?? rate,
+          };
         case "bench":
-          return { text: Array.from({ length: n > 0 ? n : 1 }, () => ""), rate: option(arg, "rate") ?? rate, stamp: true };
+          return {
+            text: Array.from({ length: n > 0 ? n : 1 }, () => ""),
+            rate: option(arg, "rate") ?? rate,
+            stamp: true,
+          };
         case "think":
           return { thinking: words(arg), text: words("Thought about it."), rate };
         case "call": {
@@ -179,11 +193,18 @@ export class ScriptedModel {
           return { text: words(contentText(first?.content).slice(0, 400) || "(none)"), rate };
         }
         case "system": {
-          const system = messages.filter((m) => m.role === "system").map((m) => contentText(m.content)).join("\n");
+          const system = messages
+            .filter((m) => m.role === "system")
+            .map((m) => contentText(m.content))
+            .join("\n");
           return { text: words(system || "(no system prompt)"), rate };
         }
         case "cut":
-          return { text: Array.from({ length: 1000 }, (_, i) => `t${i + 1} `), rate: option(arg, "rate") ?? rate, cutAfter: n > 0 ? n : 1 };
+          return {
+            text: Array.from({ length: 1000 }, (_, i) => `t${i + 1} `),
+            rate: option(arg, "rate") ?? rate,
+            cutAfter: n > 0 ? n : 1,
+          };
         case "fail": {
           const status = n >= 400 && n <= 599 ? n : 500;
           const only = /\bmodel=(\S+)/.exec(arg)?.[1];
@@ -192,7 +213,15 @@ export class ScriptedModel {
           const seen = (this.failures.get(text) ?? 0) + 1;
           this.failures.set(text, seen);
           if (times === undefined || seen <= times) {
-            return { text: [], rate, fail: { status, message: `scripted failure ${status} (${seen}${times ? `/${times}` : ""})`, retryAfter: option(arg, "retry-after") } };
+            return {
+              text: [],
+              rate,
+              fail: {
+                status,
+                message: `scripted failure ${status} (${seen}${times ? `/${times}` : ""})`,
+                retryAfter: option(arg, "retry-after"),
+              },
+            };
           }
           return { text: words(`Recovered after ${times} failures.`), rate };
         }
@@ -201,7 +230,15 @@ export class ScriptedModel {
         case "overflow": {
           const count = messages.filter((m) => m.role !== "system").length;
           if (count > (n > 0 ? n : 1)) {
-            return { text: [], rate, fail: { status: 400, code: "context_length_exceeded", message: `This model's maximum context length is exceeded: the request has ${count} messages (scripted limit ${n}).` } };
+            return {
+              text: [],
+              rate,
+              fail: {
+                status: 400,
+                code: "context_length_exceeded",
+                message: `This model's maximum context length is exceeded: the request has ${count} messages (scripted limit ${n}).`,
+              },
+            };
           }
           return { text: words(`Fits in ${count} messages.`), rate };
         }
@@ -219,11 +256,16 @@ function summarise(transcript: string): string {
   const calls = lines.filter((l) => l.startsWith("assistant called ")).length;
   const goal = /## Goal\n(.*)/.exec(earlier ?? "")?.[1] ?? users[0] ?? "(none)";
   return [
-    "## Goal", goal,
-    "## Constraints", "(scripted summary)",
-    "## Progress", `${users.length} requests and ${calls} tool calls folded; the last was: ${users.at(-1) ?? "(none)"}`,
-    "## Decisions", "(none)",
-    "## Next steps", "Continue with the recent messages.",
+    "## Goal",
+    goal,
+    "## Constraints",
+    "(scripted summary)",
+    "## Progress",
+    `${users.length} requests and ${calls} tool calls folded; the last was: ${users.at(-1) ?? "(none)"}`,
+    "## Decisions",
+    "(none)",
+    "## Next steps",
+    "Continue with the recent messages.",
   ].join("\n");
 }
 
@@ -235,14 +277,17 @@ export function pairingProblem(messages: (InMessage & { tool_calls?: { id: strin
   let open: Set<string> | undefined;
   for (const m of messages) {
     if (m.role === "tool") {
-      if (!open?.has(m.tool_call_id ?? "")) return `messages with role 'tool' must be a response to a preceding message with 'tool_calls' (${m.tool_call_id})`;
+      if (!open?.has(m.tool_call_id ?? ""))
+        return `messages with role 'tool' must be a response to a preceding message with 'tool_calls' (${m.tool_call_id})`;
       open.delete(m.tool_call_id ?? "");
       continue;
     }
-    if (open && open.size > 0) return `an assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id' (missing: ${[...open].join(", ")})`;
+    if (open && open.size > 0)
+      return `an assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id' (missing: ${[...open].join(", ")})`;
     open = m.role === "assistant" ? new Set((m.tool_calls ?? []).map((c) => c.id)) : undefined;
   }
-  if (open && open.size > 0) return `an assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id' (missing: ${[...open].join(", ")})`;
+  if (open && open.size > 0)
+    return `an assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id' (missing: ${[...open].join(", ")})`;
   return undefined;
 }
 
@@ -267,7 +312,13 @@ function sendJson(res: http.ServerResponse, status: number, body: unknown, heade
 /** Chunks written by this process, for tests that check backpressure reaches the model server. */
 const stats = { chunksWritten: 0 };
 
-async function streamReply(res: http.ServerResponse, reply: Reply, model: string, promptTokens: number, includeUsage: boolean) {
+async function streamReply(
+  res: http.ServerResponse,
+  reply: Reply,
+  model: string,
+  promptTokens: number,
+  includeUsage: boolean,
+) {
   const id = `chatcmpl-${Date.now().toString(36)}${Math.random().toString(36).slice(2, 8)}`;
   const created = Math.floor(Date.now() / 1000);
   res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache", connection: "keep-alive" });
@@ -312,7 +363,9 @@ async function streamReply(res: http.ServerResponse, reply: Reply, model: string
     await wait();
   }
   for (const [index, call] of (reply.toolCalls ?? []).entries()) {
-    await send({ tool_calls: [{ index, id: call.id, type: "function", function: { name: call.name, arguments: "" } }] });
+    await send({
+      tool_calls: [{ index, id: call.id, type: "function", function: { name: call.name, arguments: "" } }],
+    });
     // Arguments arrive in two pieces, as real providers split them.
     const half = Math.ceil(call.arguments.length / 2);
     await send({ tool_calls: [{ index, function: { arguments: call.arguments.slice(0, half) } }] });
@@ -321,7 +374,11 @@ async function streamReply(res: http.ServerResponse, reply: Reply, model: string
   await send({}, reply.finish ?? (reply.toolCalls?.length ? "tool_calls" : "stop"));
   if (includeUsage) {
     const completion = written + (reply.thinking?.length ?? 0) + (reply.toolCalls?.length ?? 0) * 10;
-    const usage = { prompt_tokens: promptTokens, completion_tokens: completion, total_tokens: promptTokens + completion };
+    const usage = {
+      prompt_tokens: promptTokens,
+      completion_tokens: completion,
+      total_tokens: promptTokens + completion,
+    };
     pending += `data: ${JSON.stringify({ id, object: "chat.completion.chunk", created, model, choices: [], usage })}\n\n`;
   }
   await flush();
@@ -343,7 +400,15 @@ function completeReply(res: http.ServerResponse, reply: Reply, model: string, pr
         message: {
           role: "assistant",
           content: calls.length ? null : reply.text.join(""),
-          ...(calls.length ? { tool_calls: calls.map((c) => ({ id: c.id, type: "function", function: { name: c.name, arguments: c.arguments } })) } : {}),
+          ...(calls.length
+            ? {
+                tool_calls: calls.map((c) => ({
+                  id: c.id,
+                  type: "function",
+                  function: { name: c.name, arguments: c.arguments },
+                })),
+              }
+            : {}),
         },
       },
     ],
@@ -362,9 +427,13 @@ export async function startScriptedModelServer(options: ScriptedModelOptions = {
     try {
       const url = new URL(req.url ?? "/", "http://x");
       if (req.method === "GET" && url.pathname === "/healthz") return sendJson(res, 200, { ok: true });
-      if (req.method === "GET" && url.pathname === "/stats") return sendJson(res, 200, { chunks_written: stats.chunksWritten });
+      if (req.method === "GET" && url.pathname === "/stats")
+        return sendJson(res, 200, { chunks_written: stats.chunksWritten });
       if (req.method === "GET" && url.pathname === "/v1/models") {
-        return sendJson(res, 200, { object: "list", data: [{ id: "scripted-1", object: "model", created: 0, owned_by: "troupe" }] });
+        return sendJson(res, 200, {
+          object: "list",
+          data: [{ id: "scripted-1", object: "model", created: 0, owned_by: "troupe" }],
+        });
       }
       if (req.method === "POST" && url.pathname === "/v1/embeddings") {
         const body = await readJson(req);
@@ -373,7 +442,11 @@ export async function startScriptedModelServer(options: ScriptedModelOptions = {
         return sendJson(res, 200, {
           object: "list",
           model: body.model ?? "scripted-embedding",
-          data: inputs.map((text, index) => ({ object: "embedding", index, embedding: Array.from(hashEmbedding(text, dim)) })),
+          data: inputs.map((text, index) => ({
+            object: "embedding",
+            index,
+            embedding: Array.from(hashEmbedding(text, dim)),
+          })),
           usage: { prompt_tokens: inputs.join(" ").length >> 2, total_tokens: inputs.join(" ").length >> 2 },
         });
       }
@@ -383,12 +456,25 @@ export async function startScriptedModelServer(options: ScriptedModelOptions = {
         const tools = Array.isArray(body.tools) ? (body.tools as { function?: { name?: string } }[]) : [];
         const modelName = typeof body.model === "string" ? body.model : "scripted-1";
         const unpaired = pairingProblem(messages);
-        if (unpaired) return sendJson(res, 400, { error: { message: `Invalid parameter: ${unpaired}`, type: "invalid_request_error", code: null } });
+        if (unpaired)
+          return sendJson(res, 400, {
+            error: { message: `Invalid parameter: ${unpaired}`, type: "invalid_request_error", code: null },
+          });
         const reply = model.reply(messages, new Set(tools.map((t) => t.function?.name ?? "")), modelName);
         if (reply.fail) {
-          const type = reply.fail.status === 429 ? "rate_limit_error" : reply.fail.status >= 500 ? "server_error" : "invalid_request_error";
+          const type =
+            reply.fail.status === 429
+              ? "rate_limit_error"
+              : reply.fail.status >= 500
+                ? "server_error"
+                : "invalid_request_error";
           const retryAfter = reply.fail.retryAfter ?? (reply.fail.status === 429 ? 1 : undefined);
-          return sendJson(res, reply.fail.status, { error: { message: reply.fail.message, type, code: reply.fail.code ?? null } }, retryAfter === undefined ? {} : { "retry-after": String(retryAfter) });
+          return sendJson(
+            res,
+            reply.fail.status,
+            { error: { message: reply.fail.message, type, code: reply.fail.code ?? null } },
+            retryAfter === undefined ? {} : { "retry-after": String(retryAfter) },
+          );
         }
         const promptTokens = countTokens(messages);
         if (body.stream === true) {
@@ -397,9 +483,12 @@ export async function startScriptedModelServer(options: ScriptedModelOptions = {
         }
         return completeReply(res, reply, modelName, promptTokens);
       }
-      sendJson(res, 404, { error: { message: `no route ${req.method} ${url.pathname}`, type: "invalid_request_error" } });
+      sendJson(res, 404, {
+        error: { message: `no route ${req.method} ${url.pathname}`, type: "invalid_request_error" },
+      });
     } catch (err) {
-      if (!res.headersSent) sendJson(res, 400, { error: { message: (err as Error).message, type: "invalid_request_error" } });
+      if (!res.headersSent)
+        sendJson(res, 400, { error: { message: (err as Error).message, type: "invalid_request_error" } });
       else res.destroy();
     }
   });

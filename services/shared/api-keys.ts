@@ -54,14 +54,25 @@ export const newApiKey = (): string => `trp_${randomBytes(32).toString("base64ur
 /** Checks one key's fields; throws naming the field. */
 function checkKey(k: Partial<StoredKey>, where: string): StoredKey {
   if (typeof k.tenant !== "string" || !NAME.test(k.tenant)) throw new Error(`${where}.tenant must match ${NAME}`);
-  if (typeof k.principal !== "string" || !PRINCIPAL_NAME.test(k.principal)) throw new Error(`${where}.principal must match ${PRINCIPAL_NAME}`);
-  if (typeof k.sha256 !== "string" || !/^[0-9a-f]{64}$/.test(k.sha256)) throw new Error(`${where}.sha256 must be 64 hex digits`);
+  if (typeof k.principal !== "string" || !PRINCIPAL_NAME.test(k.principal))
+    throw new Error(`${where}.principal must match ${PRINCIPAL_NAME}`);
+  if (typeof k.sha256 !== "string" || !/^[0-9a-f]{64}$/.test(k.sha256))
+    throw new Error(`${where}.sha256 must be 64 hex digits`);
   const role = k.role ?? "user";
   if (!ROLES.includes(role)) throw new Error(`${where}.role must be one of ${ROLES.join(", ")}`);
   const channels = k.channels ?? [];
-  if (!Array.isArray(channels) || !channels.every((c) => typeof c === "string" && CHANNEL_NAME.test(c))) throw new Error(`${where}.channels must be a list of channel names (${CHANNEL_NAME})`);
+  if (!Array.isArray(channels) || !channels.every((c) => typeof c === "string" && CHANNEL_NAME.test(c)))
+    throw new Error(`${where}.channels must be a list of channel names (${CHANNEL_NAME})`);
   if (role !== "adapter" && channels.length > 0) throw new Error(`${where}.channels is for adapter keys only`);
-  return { id: k.id ?? "", tenant: k.tenant, principal: k.principal, role, channels, sha256: k.sha256, ...(typeof k.createdMs === "number" ? { createdMs: k.createdMs } : {}) };
+  return {
+    id: k.id ?? "",
+    tenant: k.tenant,
+    principal: k.principal,
+    role,
+    channels,
+    sha256: k.sha256,
+    ...(typeof k.createdMs === "number" ? { createdMs: k.createdMs } : {}),
+  };
 }
 
 /** The keys file: `{"keys": [{"id", "tenant", "principal", "role", "channels", "sha256"}]}`. */
@@ -84,7 +95,13 @@ export function parseKeys(text: string, source: string): StoredKey[] {
   });
 }
 
-const callerOf = (k: StoredKey): Caller => ({ tenant: k.tenant, principal: k.principal, role: k.role, channels: k.channels, keyHash: k.sha256 });
+const callerOf = (k: StoredKey): Caller => ({
+  tenant: k.tenant,
+  principal: k.principal,
+  role: k.role,
+  channels: k.channels,
+  keyHash: k.sha256,
+});
 
 /**
  * The keys a gateway accepts: the keys file (re-read when it changes, so keys are added and
@@ -103,10 +120,15 @@ export class ApiKeys {
     file: string,
     private readonly envKeys: StoredKey[],
   ) {
-    this.file = new ReloadingFile(file, (text, source) => this.parseOrSalvage(text, source), [], (keys) => {
-      this.fileKeys = keys;
-      this.index(keys);
-    });
+    this.file = new ReloadingFile(
+      file,
+      (text, source) => this.parseOrSalvage(text, source),
+      [],
+      (keys) => {
+        this.fileKeys = keys;
+        this.index(keys);
+      },
+    );
   }
 
   static async load(file: string, envJson = ""): Promise<ApiKeys> {
@@ -213,8 +235,12 @@ export interface NewKey {
 /** Adds a key to a keys file and returns the key (shown once; only its hash is kept). */
 export async function createApiKey(keysFile: string, spec: NewKey): Promise<string> {
   const key = newApiKey();
-  const stored = checkKey({ ...spec, role: spec.role ?? "user", channels: spec.channels ?? [], sha256: sha256(key), createdMs: Date.now() }, "the new key");
-  if (stored.role === "adapter" && stored.channels.length === 0) throw new Error("an adapter key names the channels it speaks for (--channel)");
+  const stored = checkKey(
+    { ...spec, role: spec.role ?? "user", channels: spec.channels ?? [], sha256: sha256(key), createdMs: Date.now() },
+    "the new key",
+  );
+  if (stored.role === "adapter" && stored.channels.length === 0)
+    throw new Error("an adapter key names the channels it speaks for (--channel)");
   const existing = await readKeysFile(keysFile);
   if (existing.some((k) => k.id === spec.id)) throw new Error(`a key named ${spec.id} exists; choose another --name`);
   await writeKeysFile(keysFile, [...existing, stored]);

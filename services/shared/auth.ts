@@ -40,7 +40,11 @@ const CHANNELS = "troupe-channels";
 const KEY_HASH = "troupe-key-hash";
 
 /** Methods anyone may call. */
-const OPEN_PATHS = ["/grpc.health.v1.Health/", "/grpc.reflection.v1.ServerReflection/", "/grpc.reflection.v1alpha.ServerReflection/"];
+const OPEN_PATHS = [
+  "/grpc.health.v1.Health/",
+  "/grpc.reflection.v1.ServerReflection/",
+  "/grpc.reflection.v1alpha.ServerReflection/",
+];
 export const isOpenPath = (path: string): boolean => OPEN_PATHS.some((p) => path.startsWith(p));
 
 /** Checks a call's metadata; throws RpcError to refuse it. May replace headers (verified identity). */
@@ -59,9 +63,15 @@ export const authPaths = (dataDir: string) => ({
  * and kept in the data directory, readable by its owner only, so `troupe chat` on the same
  * machine works without configuration.
  */
-export async function ensureDevKey(dataDir: string, keysFile = authPaths(dataDir).keys): Promise<{ key: string; created: boolean }> {
+export async function ensureDevKey(
+  dataDir: string,
+  keysFile = authPaths(dataDir).keys,
+): Promise<{ key: string; created: boolean }> {
   const paths = authPaths(dataDir);
-  const existing = await readFile(paths.devKey, "utf8").then((t) => t.trim(), () => "");
+  const existing = await readFile(paths.devKey, "utf8").then(
+    (t) => t.trim(),
+    () => "",
+  );
   if (existing) return { key: existing, created: false };
   const key = await createApiKey(keysFile, { ...DEV_IDENTITY, id: "dev" });
   // The keys file may live elsewhere (--api-keys): the data directory's auth folder is made here.
@@ -73,8 +83,14 @@ export async function ensureDevKey(dataDir: string, keysFile = authPaths(dataDir
 /** The API key a local client uses: TROUPE_API_KEY, else the data directory's development key. */
 export async function clientApiKey(dataDir: string, env: NodeJS.ProcessEnv = process.env): Promise<string> {
   if (env.TROUPE_API_KEY) return env.TROUPE_API_KEY;
-  const key = await readFile(authPaths(dataDir).devKey, "utf8").then((t) => t.trim(), () => "");
-  if (!key) throw new Error(`no API key: set TROUPE_API_KEY, or start the stack with \`troupe up\` (it makes a development key in ${authPaths(dataDir).devKey})`);
+  const key = await readFile(authPaths(dataDir).devKey, "utf8").then(
+    (t) => t.trim(),
+    () => "",
+  );
+  if (!key)
+    throw new Error(
+      `no API key: set TROUPE_API_KEY, or start the stack with \`troupe up\` (it makes a development key in ${authPaths(dataDir).devKey})`,
+    );
   return key;
 }
 
@@ -86,7 +102,11 @@ export async function clientApiKey(dataDir: string, env: NodeJS.ProcessEnv = pro
 export async function internalToken(dataDir: string, env: NodeJS.ProcessEnv = process.env): Promise<string> {
   if (env.TROUPE_INTERNAL_TOKEN) return env.TROUPE_INTERNAL_TOKEN;
   const paths = authPaths(dataDir);
-  const read = () => readFile(paths.internalToken, "utf8").then((t) => t.trim(), () => "");
+  const read = () =>
+    readFile(paths.internalToken, "utf8").then(
+      (t) => t.trim(),
+      () => "",
+    );
   const found = await read();
   if (found) return found;
   await mkdir(paths.dir, { recursive: true, mode: 0o700 });
@@ -112,7 +132,8 @@ export function apiKeyAuth(keys: ApiKeys): Authenticator {
   return (metadata) => {
     for (const k of [TENANT, PRINCIPAL, INTERNAL_TOKEN, ROLE, CHANNELS, KEY_HASH]) metadata.remove(k);
     const key = bearer(metadata);
-    if (key === undefined) throw unauthenticated("missing credentials: send the metadata `authorization: Bearer <API key>`");
+    if (key === undefined)
+      throw unauthenticated("missing credentials: send the metadata `authorization: Bearer <API key>`");
     const caller = keys.verify(key);
     if (!caller) throw unauthenticated("unknown API key");
     metadata.remove(AUTHORIZATION);
@@ -130,8 +151,15 @@ export function callerOf(metadata: grpc.Metadata): Caller {
   const role = metadata.get(ROLE)[0];
   const channels = metadata.get(CHANNELS)[0];
   const keyHash = metadata.get(KEY_HASH)[0];
-  if (typeof role !== "string" || !ROLES.includes(role as Role) || typeof keyHash !== "string") throw unauthenticated("the call carries no verified API key");
-  return { tenant, principal, role: role as Role, channels: typeof channels === "string" && channels !== "" ? channels.split(",") : [], keyHash };
+  if (typeof role !== "string" || !ROLES.includes(role as Role) || typeof keyHash !== "string")
+    throw unauthenticated("the call carries no verified API key");
+  return {
+    tenant,
+    principal,
+    role: role as Role,
+    channels: typeof channels === "string" && channels !== "" ? channels.split(",") : [],
+    keyHash,
+  };
 }
 
 /** Every other service's check: the internal token. */
@@ -139,7 +167,10 @@ export function internalAuth(token: string): Authenticator {
   const want = Buffer.from(token);
   return (metadata) => {
     const got = metadata.get(INTERNAL_TOKEN)[0];
-    if (typeof got !== "string") throw unauthenticated("this is an internal Troupe service: calls need the internal token (clients call the gateway)");
+    if (typeof got !== "string")
+      throw unauthenticated(
+        "this is an internal Troupe service: calls need the internal token (clients call the gateway)",
+      );
     const given = Buffer.from(got);
     if (given.length !== want.length || !timingSafeEqual(given, want)) throw unauthenticated("wrong internal token");
   };
@@ -171,7 +202,10 @@ export function identityMetadata(id: Identity): grpc.Metadata {
 export const sameIdentity = (a: Identity, b: Identity): boolean => a.tenant === b.tenant && a.principal === b.principal;
 
 /** What one of Troupe's internal services needs: the check for its server, headers for its clients. */
-export async function internalCredentials(dataDir: string, env: NodeJS.ProcessEnv = process.env): Promise<{ authenticate: Authenticator; headers: Record<string, string> }> {
+export async function internalCredentials(
+  dataDir: string,
+  env: NodeJS.ProcessEnv = process.env,
+): Promise<{ authenticate: Authenticator; headers: Record<string, string> }> {
   const token = await internalToken(dataDir, env);
   return { authenticate: internalAuth(token), headers: { [INTERNAL_TOKEN]: token } };
 }

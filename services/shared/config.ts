@@ -102,8 +102,17 @@ function sandboxScope(value: string | undefined): Config["sandboxScope"] {
   throw new Error(`TROUPE_SANDBOX_SCOPE must be session, agent or shared, got "${value}"`);
 }
 
-export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env, extra: Record<string, { type: "string" | "boolean"; short?: string; multiple?: boolean }> = {}): Config & { flags: Record<string, string | boolean | string[] | undefined> } {
-  const { values, positionals } = parseArgs({ args: argv, options: { ...FLAG_OPTIONS, ...extra }, allowPositionals: true, strict: true });
+export function loadConfig(
+  argv: string[],
+  env: NodeJS.ProcessEnv = process.env,
+  extra: Record<string, { type: "string" | "boolean"; short?: string; multiple?: boolean }> = {},
+): Config & { flags: Record<string, string | boolean | string[] | undefined> } {
+  const { values, positionals } = parseArgs({
+    args: argv,
+    options: { ...FLAG_OPTIONS, ...extra },
+    allowPositionals: true,
+    strict: true,
+  });
   const v = values as Record<string, string | undefined>;
   const addr: Addresses = {
     gateway: v.gateway ?? env.TROUPE_GATEWAY_ADDR ?? DEFAULTS.gateway,
@@ -120,7 +129,11 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env,
     routingFile: path.resolve(env.TROUPE_ROUTING_FILE ?? path.join(dataDir, "routing.json")),
     quotasFile: path.resolve(env.TROUPE_QUOTAS_FILE ?? path.join(dataDir, "quotas.json")),
     apiKeysFile: path.resolve(v["api-keys"] ?? env.TROUPE_API_KEYS_FILE ?? path.join(dataDir, "auth", "api-keys.json")),
-    maxMessageBytes: positiveInt("--max-message-bytes", v["max-message-bytes"] ?? env.TROUPE_MAX_MESSAGE_BYTES, 4 * 1024 * 1024),
+    maxMessageBytes: positiveInt(
+      "--max-message-bytes",
+      v["max-message-bytes"] ?? env.TROUPE_MAX_MESSAGE_BYTES,
+      4 * 1024 * 1024,
+    ),
     drainGraceMs: positiveInt("--drain-grace-ms", v["drain-grace-ms"] ?? env.TROUPE_DRAIN_GRACE_MS, 10_000),
     runnerId: v["runner-id"] ?? env.TROUPE_RUNNER_ID ?? `runner-${addr.runner}`,
     advertise: v.advertise ?? env.TROUPE_RUNNER_ADVERTISE ?? addr.runner,
@@ -131,14 +144,20 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env,
     passivateAfterMs: positiveInt("TROUPE_PASSIVATE_AFTER_MS", env.TROUPE_PASSIVATE_AFTER_MS, 600_000),
     agentsDir: path.resolve(env.TROUPE_AGENTS_DIR ?? path.join(dataDir, "agents")),
     minHeartbeatSeconds: positiveInt("TROUPE_MIN_HEARTBEAT_S", env.TROUPE_MIN_HEARTBEAT_S, 10),
-    hookModules: (env.TROUPE_HOOKS ?? "").split(",").map((s) => s.trim()).filter((s) => s !== "").map((s) => path.resolve(s)),
-    memoryContextK: env.TROUPE_MEMORY_CONTEXT_K === "0" ? 0 : positiveInt("TROUPE_MEMORY_CONTEXT_K", env.TROUPE_MEMORY_CONTEXT_K, 5),
+    hookModules: (env.TROUPE_HOOKS ?? "")
+      .split(",")
+      .map((s) => s.trim())
+      .filter((s) => s !== "")
+      .map((s) => path.resolve(s)),
+    memoryContextK:
+      env.TROUPE_MEMORY_CONTEXT_K === "0" ? 0 : positiveInt("TROUPE_MEMORY_CONTEXT_K", env.TROUPE_MEMORY_CONTEXT_K, 5),
     execTimeoutMs: positiveInt("TROUPE_EXEC_TIMEOUT_MS", env.TROUPE_EXEC_TIMEOUT_MS, 60_000),
     sandboxImage: env.TROUPE_SANDBOX_IMAGE ?? "troupe-sandbox:busybox",
     sandboxRuntime: env.TROUPE_SANDBOX_RUNTIME ?? "runc",
     sandboxIdleMs: positiveInt("TROUPE_SANDBOX_IDLE_MS", env.TROUPE_SANDBOX_IDLE_MS, 30 * 60_000),
     sandboxMaxAgeMs: positiveInt("TROUPE_SANDBOX_MAX_AGE_MS", env.TROUPE_SANDBOX_MAX_AGE_MS, 24 * 3600_000),
-    sandboxPoolSize: env.TROUPE_SANDBOX_POOL === "0" ? 0 : positiveInt("TROUPE_SANDBOX_POOL", env.TROUPE_SANDBOX_POOL, 2),
+    sandboxPoolSize:
+      env.TROUPE_SANDBOX_POOL === "0" ? 0 : positiveInt("TROUPE_SANDBOX_POOL", env.TROUPE_SANDBOX_POOL, 2),
     sandboxScope: sandboxScope(env.TROUPE_SANDBOX_SCOPE),
     rest: positionals,
     flags: values as Record<string, string | boolean | string[] | undefined>,

@@ -23,8 +23,15 @@ const STOP_COMMANDS = new Set(["/stop", "/kill", "!kill", "/abort"]);
 /** The frame itself, or an abort with the same id when its text is a stop command. */
 export function catchStopCommand(frame: ClientFrame): ClientFrame {
   const k = frame.kind;
-  if ((k.case === "prompt" || k.case === "steer" || k.case === "followUp") && STOP_COMMANDS.has(k.value.text.trim().toLowerCase())) {
-    return create(ClientFrameSchema, { frameId: frame.frameId, traceContext: frame.traceContext, kind: { case: "abort", value: { reason: `${k.value.text.trim()} typed as a message` } } });
+  if (
+    (k.case === "prompt" || k.case === "steer" || k.case === "followUp") &&
+    STOP_COMMANDS.has(k.value.text.trim().toLowerCase())
+  ) {
+    return create(ClientFrameSchema, {
+      frameId: frame.frameId,
+      traceContext: frame.traceContext,
+      kind: { case: "abort", value: { reason: `${k.value.text.trim()} typed as a message` } },
+    });
   }
   return frame;
 }
@@ -33,7 +40,8 @@ export function catchStopCommand(frame: ClientFrame): ClientFrame {
 const RESERVED_FRAME_ID = /^(trigger|delegate):/;
 
 /** The frame id of a schedule's firing: the session takes each firing once, whoever fires it. */
-export const triggerFrameId = (kind: "schedule" | "heartbeat", scheduleId: string, dueMs: number): string => `trigger:${kind}:${scheduleId}:${dueMs}`;
+export const triggerFrameId = (kind: "schedule" | "heartbeat", scheduleId: string, dueMs: number): string =>
+  `trigger:${kind}:${scheduleId}:${dueMs}`;
 
 /** "schedule:<id>" or "heartbeat:<id>" for a frame triggerFrameId made, else "". */
 export function triggerOf(frameId: string): string {
@@ -47,14 +55,26 @@ export const MAX_INSTRUCTION_CHARS = 8000;
  * Checks a frame; `opened` says whether the stream already carried its open frame. `fromClient`: the frame comes from outside (the gateway's callers), so Troupe's
  * own frame id prefixes are refused.
  */
-export function validateFrame(frame: ClientFrame | undefined, opened: boolean, fromClient = false): asserts frame is ClientFrame {
+export function validateFrame(
+  frame: ClientFrame | undefined,
+  opened: boolean,
+  fromClient = false,
+): asserts frame is ClientFrame {
   if (!frame) throw invalidArgument("the request carries no frame");
   if (!isFrameId(frame.frameId)) throw invalidArgument("frame_id must be 1-128 printable ASCII characters");
-  if (fromClient && RESERVED_FRAME_ID.test(frame.frameId)) throw invalidArgument(`frame_id ${JSON.stringify(frame.frameId)}: ids starting with "trigger:" or "delegate:" are reserved for Troupe`);
+  if (fromClient && RESERVED_FRAME_ID.test(frame.frameId))
+    throw invalidArgument(
+      `frame_id ${JSON.stringify(frame.frameId)}: ids starting with "trigger:" or "delegate:" are reserved for Troupe`,
+    );
   const kind = frame.kind;
-  if (kind.case === undefined) throw invalidArgument(`frame ${frame.frameId} has no kind: set one of open, prompt, steer, follow_up, abort`);
-  if (!opened && kind.case !== "open") throw failedPrecondition(`frame ${frame.frameId} (${kind.case}) arrived before the session was opened: send an open frame first`);
-  if (opened && kind.case === "open") throw failedPrecondition(`frame ${frame.frameId}: this stream's session is already open`);
+  if (kind.case === undefined)
+    throw invalidArgument(`frame ${frame.frameId} has no kind: set one of open, prompt, steer, follow_up, abort`);
+  if (!opened && kind.case !== "open")
+    throw failedPrecondition(
+      `frame ${frame.frameId} (${kind.case}) arrived before the session was opened: send an open frame first`,
+    );
+  if (opened && kind.case === "open")
+    throw failedPrecondition(`frame ${frame.frameId}: this stream's session is already open`);
   switch (kind.case) {
     case "open":
       validateSessionRef(kind.value.sessionId, kind.value.agentId, true);
@@ -64,7 +84,9 @@ export function validateFrame(frame: ClientFrame | undefined, opened: boolean, f
     case "followUp":
       if (kind.value.text.trim() === "") throw invalidArgument(`frame ${frame.frameId}: text must not be empty`);
       if (kind.case === "prompt" && kind.value.instruction.length > MAX_INSTRUCTION_CHARS) {
-        throw invalidArgument(`frame ${frame.frameId}: instruction must be at most ${MAX_INSTRUCTION_CHARS} characters`);
+        throw invalidArgument(
+          `frame ${frame.frameId}: instruction must be at most ${MAX_INSTRUCTION_CHARS} characters`,
+        );
       }
       break;
     case "abort":
@@ -74,7 +96,10 @@ export function validateFrame(frame: ClientFrame | undefined, opened: boolean, f
 
 export function validateSessionRef(sessionId: string, agentId: string, allowEmptySession: boolean): void {
   if (sessionId === "" ? !allowEmptySession : !isSessionId(sessionId)) {
-    throw invalidArgument(`session_id ${JSON.stringify(sessionId.slice(0, 64))} is not valid: 1-128 of A-Z a-z 0-9 . _ : -`);
+    throw invalidArgument(
+      `session_id ${JSON.stringify(sessionId.slice(0, 64))} is not valid: 1-128 of A-Z a-z 0-9 . _ : -`,
+    );
   }
-  if (agentId !== "" && !isAgentId(agentId)) throw invalidArgument(`agent_id ${JSON.stringify(agentId.slice(0, 64))} is not valid: 1-64 of a-z 0-9 _ -`);
+  if (agentId !== "" && !isAgentId(agentId))
+    throw invalidArgument(`agent_id ${JSON.stringify(agentId.slice(0, 64))} is not valid: 1-64 of a-z 0-9 _ -`);
 }

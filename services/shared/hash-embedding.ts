@@ -13,7 +13,11 @@ function bucket(feature: string, dim: number): [number, number] {
 
 export function hashEmbedding(text: string, dim: number = HASH_EMBEDDING_DIM): Float32Array {
   const v = new Float32Array(dim);
-  const words = text.toLowerCase().normalize("NFKC").match(/[\p{L}\p{N}]+/gu) ?? [];
+  const words =
+    text
+      .toLowerCase()
+      .normalize("NFKC")
+      .match(/[\p{L}\p{N}]+/gu) ?? [];
   for (const w of words) {
     const [i, s] = bucket(`w:${w}`, dim);
     v[i] += 2 * s;

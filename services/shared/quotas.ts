@@ -44,7 +44,8 @@ const envName = (k: keyof Quotas) => `TROUPE_QUOTA_${k.replace(/[A-Z]/g, (c) => 
 
 function positive(value: unknown, where: string): number {
   const n = typeof value === "string" ? Number(value) : value;
-  if (typeof n !== "number" || !Number.isInteger(n) || n <= 0) throw new Error(`${where} must be a positive integer, got ${JSON.stringify(value)}`);
+  if (typeof n !== "number" || !Number.isInteger(n) || n <= 0)
+    throw new Error(`${where} must be a positive integer, got ${JSON.stringify(value)}`);
   return n;
 }
 
@@ -82,7 +83,8 @@ export function parseQuotas(text: string, source: string): QuotasFile {
   }
   const tenants = new Map<string, Partial<Quotas>>();
   if (doc.tenants !== undefined) {
-    if (typeof doc.tenants !== "object" || doc.tenants === null) throw new Error(`${source}: tenants must be an object`);
+    if (typeof doc.tenants !== "object" || doc.tenants === null)
+      throw new Error(`${source}: tenants must be an object`);
     for (const [t, q] of Object.entries(doc.tenants)) tenants.set(t, partial(q, `${source}: tenants.${t}`));
   }
   return { defaults: doc.defaults === undefined ? {} : partial(doc.defaults, `${source}: defaults`), tenants };

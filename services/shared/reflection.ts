@@ -6,7 +6,12 @@ import { create, toBinary, type DescFile, type DescMessage, type DescService } f
 import type { GenService, GenServiceMethods } from "@bufbuild/protobuf/codegenv2";
 import { FileDescriptorProtoSchema } from "@bufbuild/protobuf/wkt";
 import { Status } from "./errors.js";
-import { ServerReflection, ServerReflectionResponseSchema, type ServerReflectionRequest, type ServerReflectionResponse } from "./gen/grpc/reflection/v1/reflection_pb.js";
+import {
+  ServerReflection,
+  ServerReflectionResponseSchema,
+  type ServerReflectionRequest,
+  type ServerReflectionResponse,
+} from "./gen/grpc/reflection/v1/reflection_pb.js";
 import type { ServiceImpl } from "./rpc.js";
 
 class DescriptorIndex {
@@ -50,12 +55,22 @@ class DescriptorIndex {
 function answer(index: DescriptorIndex, req: ServerReflectionRequest): ServerReflectionResponse {
   const res = create(ServerReflectionResponseSchema, { validHost: req.host, originalRequest: req });
   const notFound = (what: string) => {
-    res.messageResponse = { case: "errorResponse", value: { $typeName: "grpc.reflection.v1.ErrorResponse", errorCode: Status.NOT_FOUND, errorMessage: `${what} not found` } };
+    res.messageResponse = {
+      case: "errorResponse",
+      value: {
+        $typeName: "grpc.reflection.v1.ErrorResponse",
+        errorCode: Status.NOT_FOUND,
+        errorMessage: `${what} not found`,
+      },
+    };
     return res;
   };
   const files = (file: DescFile | undefined, what: string) => {
     if (!file) return notFound(what);
-    res.messageResponse = { case: "fileDescriptorResponse", value: { $typeName: "grpc.reflection.v1.FileDescriptorResponse", fileDescriptorProto: index.withImports(file) } };
+    res.messageResponse = {
+      case: "fileDescriptorResponse",
+      value: { $typeName: "grpc.reflection.v1.FileDescriptorResponse", fileDescriptorProto: index.withImports(file) },
+    };
     return res;
   };
   const r = req.messageRequest;
@@ -63,7 +78,10 @@ function answer(index: DescriptorIndex, req: ServerReflectionRequest): ServerRef
     case "listServices":
       res.messageResponse = {
         case: "listServicesResponse",
-        value: { $typeName: "grpc.reflection.v1.ListServiceResponse", service: index.services.map((s) => ({ $typeName: "grpc.reflection.v1.ServiceResponse", name: s.typeName })) },
+        value: {
+          $typeName: "grpc.reflection.v1.ListServiceResponse",
+          service: index.services.map((s) => ({ $typeName: "grpc.reflection.v1.ServiceResponse", name: s.typeName })),
+        },
       };
       return res;
     case "fileByFilename":
@@ -75,13 +93,22 @@ function answer(index: DescriptorIndex, req: ServerReflectionRequest): ServerRef
     case "allExtensionNumbersOfType":
       return notFound(`extensions of ${r.value}`);
     default:
-      res.messageResponse = { case: "errorResponse", value: { $typeName: "grpc.reflection.v1.ErrorResponse", errorCode: Status.INVALID_ARGUMENT, errorMessage: "empty reflection request" } };
+      res.messageResponse = {
+        case: "errorResponse",
+        value: {
+          $typeName: "grpc.reflection.v1.ErrorResponse",
+          errorCode: Status.INVALID_ARGUMENT,
+          errorMessage: "empty reflection request",
+        },
+      };
       return res;
   }
 }
 
 /** The reflection service for a server that serves `services` (reflection itself is added). */
-export function reflectionService(services: readonly GenService<GenServiceMethods>[]): ServiceImpl<(typeof ServerReflection)["method"]> {
+export function reflectionService(
+  services: readonly GenService<GenServiceMethods>[],
+): ServiceImpl<(typeof ServerReflection)["method"]> {
   const index = new DescriptorIndex([...services, ServerReflection]);
   return {
     serverReflectionInfo(call) {

@@ -71,7 +71,8 @@ function methodDefinition(method: DescMethod, rawResponse = false): grpc.MethodD
  */
 export function serviceDefinition(service: DescService, rawResponses: readonly string[] = []): grpc.ServiceDefinition {
   const def: Record<string, grpc.MethodDefinition<unknown, unknown>> = {};
-  for (const method of service.methods) def[method.localName] = methodDefinition(method, rawResponses.includes(method.localName));
+  for (const method of service.methods)
+    def[method.localName] = methodDefinition(method, rawResponses.includes(method.localName));
   return def as grpc.ServiceDefinition;
 }
 
@@ -151,7 +152,11 @@ function guard(authenticate: Authenticator | undefined): grpc.ServerInterceptor 
                 authenticate(metadata, method.path);
               } catch (err) {
                 const status = toStatus(err);
-                intercepting.sendStatus({ code: status.code, details: status.details, metadata: status.metadata ?? new grpc.Metadata() });
+                intercepting.sendStatus({
+                  code: status.code,
+                  details: status.details,
+                  metadata: status.metadata ?? new grpc.Metadata(),
+                });
                 return;
               }
             }
@@ -186,7 +191,11 @@ function wrapHandler(method: DescMethod, handler: (...args: never[]) => unknown)
   const path = `${method.parent.typeName}/${method.name}`;
   const startSpan = (call: { metadata: grpc.Metadata }) => {
     const parent = extractContext(call.metadata);
-    const span = tracer.startSpan(path, { kind: SpanKind.SERVER, attributes: { "rpc.system.name": "grpc", "rpc.method": path } }, parent);
+    const span = tracer.startSpan(
+      path,
+      { kind: SpanKind.SERVER, attributes: { "rpc.system.name": "grpc", "rpc.method": path } },
+      parent,
+    );
     return { span, ctx: spanContext(parent, span) };
   };
   const endSpan = (span: ReturnType<typeof startSpan>["span"], code: Status) => {
@@ -243,7 +252,8 @@ function failStream(call: AnyCall, err: unknown, path: string, finish: (code: St
   if (!call.cancelled && !call.writableEnded) call.emit("error", status);
 }
 
-const spanContext = (parent: Context, span: ReturnType<typeof tracer.startSpan>): Context => trace.setSpan(parent, span);
+const spanContext = (parent: Context, span: ReturnType<typeof tracer.startSpan>): Context =>
+  trace.setSpan(parent, span);
 
 export interface ServerOptions {
   /** Largest message the server accepts; larger ones fail with RESOURCE_EXHAUSTED. */
@@ -376,7 +386,10 @@ export function createClient<S extends GenServiceMethods>(
     const path = `${service.typeName}/${method.name}`;
     const fn = (raw as unknown as Record<string, (...a: unknown[]) => grpc.ClientUnaryCall>)[name].bind(raw);
     const prepare = (opts: CallOptions | undefined, unary: boolean) => {
-      const span = tracer.startSpan(path, { kind: SpanKind.CLIENT, attributes: { "rpc.system.name": "grpc", "rpc.method": path } });
+      const span = tracer.startSpan(path, {
+        kind: SpanKind.CLIENT,
+        attributes: { "rpc.system.name": "grpc", "rpc.method": path },
+      });
       const metadata = opts?.metadata?.clone() ?? new grpc.Metadata();
       for (const [k, v] of fixedHeaders) if (!metadata.get(k).length) metadata.set(k, v);
       injectContext(spanContext(context.active(), span), metadata);
@@ -429,7 +442,8 @@ export function createClient<S extends GenServiceMethods>(
         };
         break;
       default:
-        client[name] = () => Promise.reject(new RpcError(Status.UNIMPLEMENTED, `${path}: client streaming is not used by Troupe`));
+        client[name] = () =>
+          Promise.reject(new RpcError(Status.UNIMPLEMENTED, `${path}: client streaming is not used by Troupe`));
     }
   }
   return client as ServiceClient<S>;
@@ -442,7 +456,14 @@ export function createClient<S extends GenServiceMethods>(
  * Write one message honouring backpressure: resolves at once while the stream has room, and
  * after 'drain' once grpc-js reports its buffer full. Rejects if the stream closes first.
  */
-export function write<T>(stream: { write(msg: T): boolean; once(ev: string, fn: (...a: unknown[]) => void): unknown; removeListener(ev: string, fn: (...a: unknown[]) => void): unknown }, msg: T): Promise<void> | undefined {
+export function write<T>(
+  stream: {
+    write(msg: T): boolean;
+    once(ev: string, fn: (...a: unknown[]) => void): unknown;
+    removeListener(ev: string, fn: (...a: unknown[]) => void): unknown;
+  },
+  msg: T,
+): Promise<void> | undefined {
   if (stream.write(msg)) return undefined;
   return new Promise((resolve, reject) => {
     const onDrain = () => {
@@ -465,4 +486,3 @@ export function write<T>(stream: { write(msg: T): boolean; once(ev: string, fn: 
     stream.once("error", onClose);
   });
 }
-

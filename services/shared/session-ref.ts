@@ -19,9 +19,14 @@ export interface SessionRef {
 export const refKey = (r: SessionRef): string => `${r.tenant}/${r.principal}/${r.sessionId}`;
 
 /** The session `sessionId` of an owner. */
-export const refOf = (owner: { tenant: string; principal: string }, sessionId: string): SessionRef => ({ tenant: owner.tenant, principal: owner.principal, sessionId });
+export const refOf = (owner: { tenant: string; principal: string }, sessionId: string): SessionRef => ({
+  tenant: owner.tenant,
+  principal: owner.principal,
+  sessionId,
+});
 
-export const sameRef = (a: SessionRef, b: SessionRef): boolean => a.tenant === b.tenant && a.principal === b.principal && a.sessionId === b.sessionId;
+export const sameRef = (a: SessionRef, b: SessionRef): boolean =>
+  a.tenant === b.tenant && a.principal === b.principal && a.sessionId === b.sessionId;
 
 /** Longest encoded part kept readable; a longer one is named by its hash (file names stop at 255 bytes). */
 const READABLE_MAX = 120;

@@ -1,6 +1,14 @@
 // Tracing through @opentelemetry/api only. The SDK and the OTLP exporter are loaded at process
 // start, and only when OTEL_EXPORTER_OTLP_ENDPOINT is set; otherwise every span is a no-op.
-import { ROOT_CONTEXT, context, propagation, trace, type Context, type TextMapGetter, type TextMapSetter } from "@opentelemetry/api";
+import {
+  ROOT_CONTEXT,
+  context,
+  propagation,
+  trace,
+  type Context,
+  type TextMapGetter,
+  type TextMapSetter,
+} from "@opentelemetry/api";
 import type { Metadata } from "@grpc/grpc-js";
 
 export const tracer = trace.getTracer("troupe", "0.1.0");
@@ -41,8 +49,10 @@ const metadataSetter: TextMapSetter<Metadata> = { set: (m, key, value) => m.set(
 const recordGetter: TextMapGetter<Record<string, string>> = { keys: (r) => Object.keys(r), get: (r, k) => r[k] };
 const recordSetter: TextMapSetter<Record<string, string>> = { set: (r, k, v) => void (r[k] = v) };
 
-export const extractContext = (metadata: Metadata): Context => propagation.extract(ROOT_CONTEXT, metadata, metadataGetter);
-export const injectContext = (ctx: Context, metadata: Metadata): void => propagation.inject(ctx, metadata, metadataSetter);
+export const extractContext = (metadata: Metadata): Context =>
+  propagation.extract(ROOT_CONTEXT, metadata, metadataGetter);
+export const injectContext = (ctx: Context, metadata: Metadata): void =>
+  propagation.inject(ctx, metadata, metadataSetter);
 
 /** Trace context as a string map, for carriers that are not call metadata (a stream's frames). */
 export function contextToRecord(ctx: Context = context.active()): Record<string, string> {
@@ -50,7 +60,8 @@ export function contextToRecord(ctx: Context = context.active()): Record<string,
   propagation.inject(ctx, carrier, recordSetter);
   return carrier;
 }
-export const contextFromRecord = (carrier: Record<string, string>): Context => propagation.extract(ROOT_CONTEXT, carrier, recordGetter);
+export const contextFromRecord = (carrier: Record<string, string>): Context =>
+  propagation.extract(ROOT_CONTEXT, carrier, recordGetter);
 
 function envInt(name: string): number | undefined {
   const v = Number(process.env[name]);
@@ -68,14 +79,19 @@ export interface Telemetry {
  */
 export async function startTelemetry(serviceName: string): Promise<Telemetry> {
   if (!process.env.OTEL_EXPORTER_OTLP_ENDPOINT) return { shutdown: async () => {} };
-  const [{ TracerProvider, BatchSpanProcessor }, { AsyncLocalStorageContextManager }, core, { OTLPTraceExporter }, { resourceFromAttributes }] =
-    await Promise.all([
-      import("@opentelemetry/sdk-trace"),
-      import("@opentelemetry/context-async-hooks"),
-      import("@opentelemetry/core"),
-      import("@opentelemetry/exporter-trace-otlp-http"),
-      import("@opentelemetry/resources"),
-    ]);
+  const [
+    { TracerProvider, BatchSpanProcessor },
+    { AsyncLocalStorageContextManager },
+    core,
+    { OTLPTraceExporter },
+    { resourceFromAttributes },
+  ] = await Promise.all([
+    import("@opentelemetry/sdk-trace"),
+    import("@opentelemetry/context-async-hooks"),
+    import("@opentelemetry/core"),
+    import("@opentelemetry/exporter-trace-otlp-http"),
+    import("@opentelemetry/resources"),
+  ]);
   const provider = new TracerProvider({
     resource: resourceFromAttributes({ "service.name": process.env.OTEL_SERVICE_NAME ?? `troupe-${serviceName}` }),
     // The v3 SDK leaves environment configuration to its callers: honour the standard OTEL_BSP_*.
@@ -91,7 +107,9 @@ export async function startTelemetry(serviceName: string): Promise<Telemetry> {
   });
   context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
   propagation.setGlobalPropagator(
-    new core.CompositePropagator({ propagators: [new core.W3CTraceContextPropagator(), new core.W3CBaggagePropagator()] }),
+    new core.CompositePropagator({
+      propagators: [new core.W3CTraceContextPropagator(), new core.W3CBaggagePropagator()],
+    }),
   );
   trace.setGlobalTracerProvider(provider);
   return { shutdown: () => provider.shutdown() };

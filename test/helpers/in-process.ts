@@ -22,17 +22,39 @@ import type { Tool } from "../../services/runner/tools.js";
 /** One model call's answer: its chunks (streamed `gapMs` apart), or an error thrown at the start. */
 export type Reply = { chunks: ModelChunk[]; gapMs?: number } | ModelError;
 
-const done = (finishReason: "stop" | "tool_calls" | "length"): ModelChunk => ({ type: "done", finishReason, rawFinishReason: finishReason, responseModel: "test-model", responseId: "r" });
+const done = (finishReason: "stop" | "tool_calls" | "length"): ModelChunk => ({
+  type: "done",
+  finishReason,
+  rawFinishReason: finishReason,
+  responseModel: "test-model",
+  responseId: "r",
+});
 
 /** A reply of plain text, a word per chunk. */
 export function say(text: string, gapMs = 0): Reply {
   const words = text.split(" ");
-  return { chunks: [...words.map((w, i): ModelChunk => ({ type: "text", delta: i === 0 ? w : ` ${w}` })), done("stop")], gapMs };
+  return {
+    chunks: [...words.map((w, i): ModelChunk => ({ type: "text", delta: i === 0 ? w : ` ${w}` })), done("stop")],
+    gapMs,
+  };
 }
 
 /** A reply that calls tools: [name, arguments] each. */
 export function call(...calls: [string, Record<string, unknown>][]): Reply {
-  return { chunks: [...calls.map(([name, args], index): ModelChunk => ({ type: "tool_call", index, id: `call-${index}-${name}`, name, argumentsDelta: JSON.stringify(args) })), done("tool_calls")] };
+  return {
+    chunks: [
+      ...calls.map(
+        ([name, args], index): ModelChunk => ({
+          type: "tool_call",
+          index,
+          id: `call-${index}-${name}`,
+          name,
+          argumentsDelta: JSON.stringify(args),
+        }),
+      ),
+      done("tool_calls"),
+    ],
+  };
 }
 
 /** A model client that answers call n with script(request, n). */
@@ -83,9 +105,18 @@ export const quietLogger: Logger = { debug() {}, info() {}, warn() {}, error() {
 let counter: Promise<TokenCounter> | undefined;
 
 /** What a run needs, with test defaults: no memory, a fixed system prompt, no hooks. */
-export function testRunDeps(model: ModelClient, tools: Tool[] = [], over: Partial<RunDeps> & { config?: Partial<AgentConfig> } = {}): RunDeps {
+export function testRunDeps(
+  model: ModelClient,
+  tools: Tool[] = [],
+  over: Partial<RunDeps> & { config?: Partial<AgentConfig> } = {},
+): RunDeps {
   const { config: settings, ...rest } = over;
-  const config: AgentConfig = { name: "main", ...DEFAULT_AGENT, retry: { maxRetries: 2, baseDelayMs: 1, maxDelayMs: 50 }, ...settings };
+  const config: AgentConfig = {
+    name: "main",
+    ...DEFAULT_AGENT,
+    retry: { maxRetries: 2, baseDelayMs: 1, maxDelayMs: 50 },
+    ...settings,
+  };
   return {
     agentId: "main",
     defaultModel: "test-model",
@@ -131,7 +162,13 @@ export class Collector implements EventSubscriber {
     const found = this.events.slice(from).find(test);
     if (found) return Promise.resolve(found);
     return new Promise((resolve, reject) => {
-      const timer = setTimeout(() => reject(new Error(`no such event within ${timeoutMs} ms; saw ${this.events.map((e) => e.payload.case).join(",")}`)), timeoutMs);
+      const timer = setTimeout(
+        () =>
+          reject(
+            new Error(`no such event within ${timeoutMs} ms; saw ${this.events.map((e) => e.payload.case).join(",")}`),
+          ),
+        timeoutMs,
+      );
       this.waiters.push({ test, resolve: (e) => (clearTimeout(timer), resolve(e)) });
     });
   }
@@ -146,12 +183,22 @@ let frames = 0;
 export function frame(kind: MessageInitShape<typeof ClientFrameSchema>["kind"], frameId = `f${++frames}`): ClientFrame {
   return create(ClientFrameSchema, { frameId, kind });
 }
-export const prompt = (text: string, frameId?: string, queueMode?: number) => frame({ case: "prompt", value: { text, queueMode } }, frameId);
+export const prompt = (text: string, frameId?: string, queueMode?: number) =>
+  frame({ case: "prompt", value: { text, queueMode } }, frameId);
 
 /** An actor of a new session over `store`, with a collector attached. */
-export async function newActor(runDeps: (actor: SessionActor) => RunDeps, opts: { store?: InMemorySessionStore; deps?: Partial<ActorDeps>; sessionId?: string } = {}) {
+export async function newActor(
+  runDeps: (actor: SessionActor) => RunDeps,
+  opts: { store?: InMemorySessionStore; deps?: Partial<ActorDeps>; sessionId?: string } = {},
+) {
   const store = opts.store ?? new InMemorySessionStore();
-  const deps: ActorDeps = { store, audit: new AuditLog(mkdtempSync(path.join(os.tmpdir(), "troupe-unit-audit-"))), logger: quietLogger, runDeps, ...opts.deps };
+  const deps: ActorDeps = {
+    store,
+    audit: new AuditLog(mkdtempSync(path.join(os.tmpdir(), "troupe-unit-audit-"))),
+    logger: quietLogger,
+    runDeps,
+    ...opts.deps,
+  };
   const actor = await SessionActor.create(opts.sessionId ?? "s1", "main", { tenant: "t", principal: "alice" }, deps);
   const events = new Collector();
   await actor.attach(events);

@@ -19,7 +19,13 @@ export async function exec(
 ): Promise<ExecResult> {
   const chunks: Buffer[] = [];
   let exit: ExecExit | undefined;
-  for await (const m of sandbox.exec({ sessionId, command, timeoutMs: opts.timeoutMs ?? 20_000, stdin: opts.stdin, agentId: opts.agentId })) {
+  for await (const m of sandbox.exec({
+    sessionId,
+    command,
+    timeoutMs: opts.timeoutMs ?? 20_000,
+    stdin: opts.stdin,
+    agentId: opts.agentId,
+  })) {
     if (m.kind.case === "stdout" || m.kind.case === "stderr") chunks.push(Buffer.from(m.kind.value));
     if (m.kind.case === "exit") exit = m.kind.value;
   }

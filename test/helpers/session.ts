@@ -2,7 +2,12 @@
 import { toJson } from "@bufbuild/protobuf";
 import type { GatewayService } from "../../services/shared/gen/troupe/v1/gateway_pb.js";
 import type { ChatResponse } from "../../services/shared/gen/troupe/v1/gateway_pb.js";
-import { AgentEventSchema, type AgentEvent, type ClientFrame, type SessionOpened } from "../../services/shared/gen/troupe/v1/session_pb.js";
+import {
+  AgentEventSchema,
+  type AgentEvent,
+  type ClientFrame,
+  type SessionOpened,
+} from "../../services/shared/gen/troupe/v1/session_pb.js";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import type { ClientFrameSchema } from "../../services/shared/gen/troupe/v1/session_pb.js";
 import type { grpc, ServiceClient } from "../../services/shared/rpc.js";
@@ -70,7 +75,8 @@ export class ChatSession {
   async until(condition: () => boolean, timeoutMs = 15_000): Promise<void> {
     const deadline = Date.now() + timeoutMs;
     while (!condition()) {
-      if (this.status) throw new Error(`stream ended (${this.status.code} ${this.status.details}) first; got: ${this.describe()}`);
+      if (this.status)
+        throw new Error(`stream ended (${this.status.code} ${this.status.details}) first; got: ${this.describe()}`);
       const left = deadline - Date.now();
       if (left <= 0) throw new Error(`timed out; got: ${this.describe()}`);
       await new Promise<void>((resolve) => {
@@ -111,7 +117,10 @@ export class ChatSession {
   }
 
   describe(): string {
-    return this.events.map((e) => JSON.stringify(toJson(AgentEventSchema, e))).join("\n").slice(-4000);
+    return this.events
+      .map((e) => JSON.stringify(toJson(AgentEventSchema, e)))
+      .join("\n")
+      .slice(-4000);
   }
 
   close(): void {

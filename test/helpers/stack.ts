@@ -7,7 +7,10 @@ import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { Health, HealthCheckResponse_ServingStatus as Serving } from "../../services/shared/gen/grpc/health/v1/health_pb.js";
+import {
+  Health,
+  HealthCheckResponse_ServingStatus as Serving,
+} from "../../services/shared/gen/grpc/health/v1/health_pb.js";
 import { GatewayService } from "../../services/shared/gen/troupe/v1/gateway_pb.js";
 import { RouterService } from "../../services/shared/gen/troupe/v1/router_pb.js";
 import type { GenService, GenServiceMethods } from "@bufbuild/protobuf/codegenv2";
@@ -72,9 +75,18 @@ export interface Stack {
    * A client that speaks as Troupe's own services do (internal token), optionally on behalf of a
    * client identity (the headers the gateway adds), for tests that call a service directly.
    */
-  client<S extends GenServiceMethods>(service: GenService<S>, address: string, options?: ClientOptions & { as?: Identity }): ServiceClient<S>;
+  client<S extends GenServiceMethods>(
+    service: GenService<S>,
+    address: string,
+    options?: ClientOptions & { as?: Identity },
+  ): ServiceClient<S>;
   /** A gateway client authenticated as tenant/principal (a key made for it, accepted before this resolves). */
-  gatewayAs(tenant: string, principal: string, options?: ClientOptions, key?: { role?: Role; channels?: string[] }): Promise<ServiceClient<(typeof GatewayService)["method"]>>;
+  gatewayAs(
+    tenant: string,
+    principal: string,
+    options?: ClientOptions,
+    key?: { role?: Role; channels?: string[] },
+  ): Promise<ServiceClient<(typeof GatewayService)["method"]>>;
   /** Everything the processes wrote to stderr, for failure messages. */
   logs(): string;
   start(name: ServiceName): Promise<void>;
@@ -82,7 +94,11 @@ export interface Stack {
    * Starts another process of a service under its own key (a second runner, say), on a fresh
    * port unless `addr` is given; `args` are extra flags. Returns its address.
    */
-  startInstance(key: string, name: ServiceName, opts?: { addr?: string; args?: string[]; env?: NodeJS.ProcessEnv }): Promise<string>;
+  startInstance(
+    key: string,
+    name: ServiceName,
+    opts?: { addr?: string; args?: string[]; env?: NodeJS.ProcessEnv },
+  ): Promise<string>;
   kill(key: string, signal?: NodeJS.Signals): Promise<number | null>;
   process(key: string): ChildProcess | undefined;
   stop(): Promise<void>;
@@ -96,17 +112,29 @@ export interface StackOptions {
 
 export function flagsFor(addr: Record<ServiceName, string>, dataDir: string): string[] {
   return [
-    "--data-dir", dataDir,
-    "--gateway", addr.gateway,
-    "--router", addr.router,
-    "--runner", addr.runner,
-    "--memory", addr.memory,
-    "--sandbox", addr.sandbox,
-    "--model-server", addr["model-server"],
+    "--data-dir",
+    dataDir,
+    "--gateway",
+    addr.gateway,
+    "--router",
+    addr.router,
+    "--runner",
+    addr.runner,
+    "--memory",
+    addr.memory,
+    "--sandbox",
+    addr.sandbox,
+    "--model-server",
+    addr["model-server"],
   ];
 }
 
-export async function waitFor<T>(what: string, fn: () => Promise<T | undefined | false>, timeoutMs = 20_000, everyMs = 100): Promise<T> {
+export async function waitFor<T>(
+  what: string,
+  fn: () => Promise<T | undefined | false>,
+  timeoutMs = 20_000,
+  everyMs = 100,
+): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   let lastErr: unknown;
   while (Date.now() < deadline) {
@@ -128,7 +156,11 @@ export async function waitFor<T>(what: string, fn: () => Promise<T | undefined |
 export async function waitServing(address: string, timeoutMs = 20_000, service = ""): Promise<void> {
   const health = createClient(Health, address);
   try {
-    await waitFor(`${address} to serve ${service || "anything"}`, async () => (await health.check({ service }, { timeoutMs: 500 })).status === Serving.SERVING, timeoutMs);
+    await waitFor(
+      `${address} to serve ${service || "anything"}`,
+      async () => (await health.check({ service }, { timeoutMs: 500 })).status === Serving.SERVING,
+      timeoutMs,
+    );
   } finally {
     health.close();
   }
@@ -156,10 +188,22 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
   const internal = await internalCredentials(dataDir, {});
   const dev = await ensureDevKey(dataDir);
 
-  const spawnService = async (key: string, name: ServiceName, at: Record<ServiceName, string>, args: string[] = [], extraEnv: NodeJS.ProcessEnv = {}) => {
-    const proc = spawn(process.execPath, [MAIN, name, ...flagsFor(at, dataDir), ...args], { env: { ...env, ...extraEnv }, stdio: ["ignore", "pipe", "pipe"] });
+  const spawnService = async (
+    key: string,
+    name: ServiceName,
+    at: Record<ServiceName, string>,
+    args: string[] = [],
+    extraEnv: NodeJS.ProcessEnv = {},
+  ) => {
+    const proc = spawn(process.execPath, [MAIN, name, ...flagsFor(at, dataDir), ...args], {
+      env: { ...env, ...extraEnv },
+      stdio: ["ignore", "pipe", "pipe"],
+    });
     proc.stdout!.on("data", (d) => (logText += d));
-    proc.stderr!.on("data", (d) => { logText += d; if (env.TEST_STDERR) process.stderr.write(d); });
+    proc.stderr!.on("data", (d) => {
+      logText += d;
+      if (env.TEST_STDERR) process.stderr.write(d);
+    });
     procs.set(key, proc);
     if (name === "model-server") {
       await waitFor("the model server", async () => (await fetch(`http://${at[name]}/healthz`)).ok);
@@ -175,7 +219,11 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
     }
   };
   const start = (name: ServiceName) => spawnService(name, name, addr);
-  const startInstance = async (key: string, name: ServiceName, opts: { addr?: string; args?: string[]; env?: NodeJS.ProcessEnv } = {}) => {
+  const startInstance = async (
+    key: string,
+    name: ServiceName,
+    opts: { addr?: string; args?: string[]; env?: NodeJS.ProcessEnv } = {},
+  ) => {
     const at = { ...addr, [name]: opts.addr ?? `127.0.0.1:${await freePort()}` };
     await spawnService(key, name, at, opts.args, opts.env);
     return at[name];
@@ -220,22 +268,42 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
     throw err;
   }
   const gateway = createClient(GatewayService, addr.gateway, { headers: { authorization: `Bearer ${dev.key}` } });
-  const client = <S extends GenServiceMethods>(service: GenService<S>, address: string, opts: ClientOptions & { as?: Identity } = {}) =>
-    createClient(service, address, { ...opts, headers: { ...internal.headers, ...(opts.as ? identityHeaders(opts.as) : {}), ...opts.headers } });
-  const gatewayAs = async (tenant: string, principal: string, opts: ClientOptions = {}, spec: { role?: Role; channels?: string[] } = {}) => {
+  const client = <S extends GenServiceMethods>(
+    service: GenService<S>,
+    address: string,
+    opts: ClientOptions & { as?: Identity } = {},
+  ) =>
+    createClient(service, address, {
+      ...opts,
+      headers: { ...internal.headers, ...(opts.as ? identityHeaders(opts.as) : {}), ...opts.headers },
+    });
+  const gatewayAs = async (
+    tenant: string,
+    principal: string,
+    opts: ClientOptions = {},
+    spec: { role?: Role; channels?: string[] } = {},
+  ) => {
     const id = `${tenant}-${principal}-${spec.role ?? "user"}-${Math.random().toString(36).slice(2, 8)}`;
     const key = await createApiKey(path.join(dataDir, "auth", "api-keys.json"), { tenant, principal, id, ...spec });
-    const c = createClient(GatewayService, addr.gateway, { ...opts, headers: { authorization: `Bearer ${key}`, ...opts.headers } });
+    const c = createClient(GatewayService, addr.gateway, {
+      ...opts,
+      headers: { authorization: `Bearer ${key}`, ...opts.headers },
+    });
     // The gateway re-reads its keys file every 2 s.
-    await waitFor(`the gateway to accept the key of ${tenant}/${principal}`, async () => {
-      try {
-        await c.listSessions({ pageSize: 1 }, { timeoutMs: 1000 });
-        return true;
-      } catch (err) {
-        if ((err as { code?: number }).code === Status.UNAUTHENTICATED) return false;
-        return true;
-      }
-    }, 10_000, 200);
+    await waitFor(
+      `the gateway to accept the key of ${tenant}/${principal}`,
+      async () => {
+        try {
+          await c.listSessions({ pageSize: 1 }, { timeoutMs: 1000 });
+          return true;
+        } catch (err) {
+          if ((err as { code?: number }).code === Status.UNAUTHENTICATED) return false;
+          return true;
+        }
+      },
+      10_000,
+      200,
+    );
     return c;
   };
 

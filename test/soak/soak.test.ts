@@ -29,7 +29,7 @@ interface Planned {
 // A small deterministic generator, so a failure can be reproduced with the same seed.
 function rng(seed: number) {
   let s = seed >>> 0;
-  return () => ((s = (s * 1664525 + 1013904223) >>> 0) / 2 ** 32);
+  return () => (s = (s * 1664525 + 1013904223) >>> 0) / 2 ** 32;
 }
 
 function plan(i: number, ordered: boolean, rand: () => number): Planned[] {
@@ -40,7 +40,11 @@ function plan(i: number, ordered: boolean, rand: () => number): Planned[] {
     const text = `!tokens ${5 + Math.floor(rand() * 35)} rate=${200 + Math.floor(rand() * 800)}`;
     const r = rand();
     if (ordered) {
-      out.push(r < 0.5 ? { id, kind: { case: "prompt", value: { text, queueMode: QueueMode.FOLLOWUP } }, message: true } : { id, kind: { case: "followUp", value: { text } }, message: true });
+      out.push(
+        r < 0.5
+          ? { id, kind: { case: "prompt", value: { text, queueMode: QueueMode.FOLLOWUP } }, message: true }
+          : { id, kind: { case: "followUp", value: { text } }, message: true },
+      );
       continue;
     }
     if (r < 0.15) out.push({ id, kind: { case: "abort", value: { reason: "soak" } }, message: false });
@@ -48,7 +52,11 @@ function plan(i: number, ordered: boolean, rand: () => number): Planned[] {
     else if (r < 0.45) out.push({ id, kind: { case: "followUp", value: { text } }, message: true });
     else {
       const modes = [QueueMode.UNSPECIFIED, QueueMode.FOLLOWUP, QueueMode.COLLECT, QueueMode.INTERRUPT];
-      out.push({ id, kind: { case: "prompt", value: { text, queueMode: modes[Math.floor(rand() * modes.length)] } }, message: true });
+      out.push({
+        id,
+        kind: { case: "prompt", value: { text, queueMode: modes[Math.floor(rand() * modes.length)] } },
+        message: true,
+      });
     }
   }
   return out;
@@ -94,9 +102,15 @@ class SoakClient {
       for (const e of s.events) {
         if (e.seq > this.lastSeq) this.lastSeq = e.seq;
         if (e.payload.case === "frameAccepted" && !this.ackLog.some((a) => a.seq === Number(e.seq))) {
-          this.ackLog.push({ id: e.payload.value.frameId, seq: Number(e.seq), dup: e.payload.value.duplicate, stream: this.reconnects });
+          this.ackLog.push({
+            id: e.payload.value.frameId,
+            seq: Number(e.seq),
+            dup: e.payload.value.duplicate,
+            stream: this.reconnects,
+          });
         }
-        if (e.payload.case === "frameAccepted" && !this.acked.has(e.payload.value.frameId)) this.acked.set(e.payload.value.frameId, Number(e.seq));
+        if (e.payload.case === "frameAccepted" && !this.acked.has(e.payload.value.frameId))
+          this.acked.set(e.payload.value.frameId, Number(e.seq));
       }
     };
     try {
@@ -128,16 +142,32 @@ class SoakClient {
 let stack: Stack;
 before(async () => {
   // One tenant sends thousands of frames a second here: the limits are not what this tests.
-  stack = await startStack({ env: { ...LOAD_QUOTAS, TROUPE_LOG_LEVEL: "warn", TROUPE_MEMORY_CONTEXT_K: "0", TROUPE_TENANT_RATE: "1000000", TROUPE_TENANT_BURST: "1000000" }, ...(process.env.SOAK_DATA_DIR ? { dataDir: process.env.SOAK_DATA_DIR } : {}) });
+  stack = await startStack({
+    env: {
+      ...LOAD_QUOTAS,
+      TROUPE_LOG_LEVEL: "warn",
+      TROUPE_MEMORY_CONTEXT_K: "0",
+      TROUPE_TENANT_RATE: "1000000",
+      TROUPE_TENANT_BURST: "1000000",
+    },
+    ...(process.env.SOAK_DATA_DIR ? { dataDir: process.env.SOAK_DATA_DIR } : {}),
+  });
 });
 after(async () => {
   await stack?.stop();
 });
 
-test(`soak: ${SESSIONS} sessions, random traffic, the runner killed ${KILLS} times; nothing acknowledged is lost, reordered or run twice`, { timeout: 600_000 }, async () => {
+test(`soak: ${SESSIONS} sessions, random traffic, the runner killed ${KILLS} times; nothing acknowledged is lost, reordered or run twice`, {
+  timeout: 600_000,
+}, async () => {
   const rand = rng(20261122);
-  const clients = Array.from({ length: SESSIONS }, (_, i) => new SoakClient(stack, `soak-${i}`, plan(i, i % 2 === 0, rand), rng(i + 1)));
-  const traffic = Promise.all(clients.map((c, i) => new Promise((r) => setTimeout(r, (i % 50) * 20)).then(() => c.run())));
+  const clients = Array.from(
+    { length: SESSIONS },
+    (_, i) => new SoakClient(stack, `soak-${i}`, plan(i, i % 2 === 0, rand), rng(i + 1)),
+  );
+  const traffic = Promise.all(
+    clients.map((c, i) => new Promise((r) => setTimeout(r, (i % 50) * 20)).then(() => c.run())),
+  );
 
   for (let k = 0; k < KILLS; k++) {
     await new Promise((r) => setTimeout(r, 1500));
@@ -150,9 +180,15 @@ test(`soak: ${SESSIONS} sessions, random traffic, the runner killed ${KILLS} tim
     if (!process.env.SOAK_DEBUG) return;
     const done = clients.filter((c) => c.frames.every((f) => c.acked.has(f.id))).length;
     const stuck = clients.filter((c) => !c.frames.every((f) => c.acked.has(f.id))).slice(0, 3);
-    console.error(`soak: ${done}/${clients.length} fully acknowledged; reconnects ${clients.reduce((n, c) => n + c.reconnects, 0)}; e.g. ${stuck.map((c) => `${c.sessionId} ${c.acked.size}/${c.frames.length} r${c.reconnects} ${c.lastError}`).join(" | ")}`);
+    console.error(
+      `soak: ${done}/${clients.length} fully acknowledged; reconnects ${clients.reduce((n, c) => n + c.reconnects, 0)}; e.g. ${stuck.map((c) => `${c.sessionId} ${c.acked.size}/${c.frames.length} r${c.reconnects} ${c.lastError}`).join(" | ")}`,
+    );
   }, 2000);
-  if (process.env.SOAK_DEBUG) setTimeout(() => import("node:fs").then((fs) => fs.writeFileSync("/tmp/soak-stack.log", stack.logs())), 25_000).unref();
+  if (process.env.SOAK_DEBUG)
+    setTimeout(
+      () => import("node:fs").then((fs) => fs.writeFileSync("/tmp/soak-stack.log", stack.logs())),
+      25_000,
+    ).unref();
   await traffic;
   clearInterval(progress);
   if (KILLS > 0) assert.ok(clients.reduce((n, c) => n + c.reconnects, 0) >= KILLS, "the kills broke streams");
@@ -191,9 +227,13 @@ test(`soak: ${SESSIONS} sessions, random traffic, the runner killed ${KILLS} tim
     assert.deepEqual([...ids].sort(), [...want].sort(), `${c.sessionId}: every acknowledged message exactly once`);
     // The session's own record of acknowledgements (first, non-duplicate frame_accepted of each
     // frame), read back through the public API; every acknowledgement the client saw is in it.
-    const record = (await subscribeUntil(stack.gateway, c.sessionId, 0n, 0, () => true)).filter((e) => e.payload.case === "frameAccepted");
+    const record = (await subscribeUntil(stack.gateway, c.sessionId, 0n, 0, () => true)).filter(
+      (e) => e.payload.case === "frameAccepted",
+    );
     const firstAck = new Map<string, number>();
-    for (const e of record) if (e.payload.case === "frameAccepted" && !e.payload.value.duplicate && !firstAck.has(e.payload.value.frameId)) firstAck.set(e.payload.value.frameId, Number(e.seq));
+    for (const e of record)
+      if (e.payload.case === "frameAccepted" && !e.payload.value.duplicate && !firstAck.has(e.payload.value.frameId))
+        firstAck.set(e.payload.value.frameId, Number(e.seq));
     // A frame is durable before its acknowledgement is sent, but the acknowledgement event itself
     // may die with a killed runner after the client saw it; the reload acknowledges it again. So a
     // frame's acknowledgement is the earliest either side has.
@@ -205,15 +245,34 @@ test(`soak: ${SESSIONS} sessions, random traffic, the runner killed ${KILLS} tim
       const byAck = [...want].sort((a, b) => firstAck.get(a)! - firstAck.get(b)!);
       if (JSON.stringify(ids) !== JSON.stringify(byAck)) {
         // Everything needed to tell why: what the client saw, and the session's log as written.
-        const raw = await readFile(sessionLogPath(stack.dataDir, refOf(DEV_IDENTITY, c.sessionId)), "utf8").catch(() => "");
-        const digest = raw.split("\n").filter(Boolean).map((l) => {
-          const r = JSON.parse(l) as { e?: number; t: string; frame?: { frameId: string }; event?: Record<string, { frameId?: string; duplicate?: boolean; message?: { frameId?: string; role?: string } } & { seq?: string }>; upTo?: number; epoch?: number };
-          const ev = r.event ?? {};
-          const kind = Object.keys(ev).find((k) => !["sessionId", "seq", "turnId", "time"].includes(k)) ?? "";
-          const v = ev[kind] ?? {};
-          return `${r.e ?? "-"}:${r.t}${r.frame ? ` ${r.frame.frameId}` : ""}${r.upTo ? ` ${r.upTo}` : ""}${r.epoch ? ` ${r.epoch}` : ""}${r.event ? ` #${String(ev.seq)} ${kind}${v.frameId ? ` ${v.frameId}` : ""}${v.duplicate ? " dup" : ""}${v.message?.role === "ROLE_USER" ? ` user ${v.message.frameId}` : ""}` : ""}`;
-        });
-        assert.fail(`${c.sessionId}: not in the order acknowledged: history ${ids.join(",")} vs ${byAck.join(",")}\nclient acks: ${JSON.stringify(c.ackLog)}\nlog:\n${digest.join("\n")}`);
+        const raw = await readFile(sessionLogPath(stack.dataDir, refOf(DEV_IDENTITY, c.sessionId)), "utf8").catch(
+          () => "",
+        );
+        const digest = raw
+          .split("\n")
+          .filter(Boolean)
+          .map((l) => {
+            const r = JSON.parse(l) as {
+              e?: number;
+              t: string;
+              frame?: { frameId: string };
+              event?: Record<
+                string,
+                { frameId?: string; duplicate?: boolean; message?: { frameId?: string; role?: string } } & {
+                  seq?: string;
+                }
+              >;
+              upTo?: number;
+              epoch?: number;
+            };
+            const ev = r.event ?? {};
+            const kind = Object.keys(ev).find((k) => !["sessionId", "seq", "turnId", "time"].includes(k)) ?? "";
+            const v = ev[kind] ?? {};
+            return `${r.e ?? "-"}:${r.t}${r.frame ? ` ${r.frame.frameId}` : ""}${r.upTo ? ` ${r.upTo}` : ""}${r.epoch ? ` ${r.epoch}` : ""}${r.event ? ` #${String(ev.seq)} ${kind}${v.frameId ? ` ${v.frameId}` : ""}${v.duplicate ? " dup" : ""}${v.message?.role === "ROLE_USER" ? ` user ${v.message.frameId}` : ""}` : ""}`;
+          });
+        assert.fail(
+          `${c.sessionId}: not in the order acknowledged: history ${ids.join(",")} vs ${byAck.join(",")}\nclient acks: ${JSON.stringify(c.ackLog)}\nlog:\n${digest.join("\n")}`,
+        );
       }
       ordered++;
     }

@@ -65,7 +65,11 @@ test("a well-formed exchange: hello, output within the window, exit", async () =
   await c.greet();
   const out: string[] = [];
   let exit: number | undefined;
-  const run = c.conn.exec("echo hi", { timeoutMs: 1000, maxOutputBytes: 100, windowBytes: 10 }, { output: (_s, d) => out.push(d.toString()), exit: (e) => (exit = e.exitCode), lost: () => undefined });
+  const run = c.conn.exec(
+    "echo hi",
+    { timeoutMs: 1000, maxOutputBytes: 100, windowBytes: 10 },
+    { output: (_s, d) => out.push(d.toString()), exit: (e) => (exit = e.exitCode), lost: () => undefined },
+  );
   c.feed(chunk(frame(REP.out, run.id, Buffer.from("\x01hello"))));
   run.credit(6);
   c.feed(chunk(frame(REP.out, run.id, Buffer.from("\x01 world!!!"))));
@@ -81,11 +85,23 @@ test("forged and malformed frames end the connection, never the process", async 
   const cases: [string, (c: ReturnType<typeof connect>, execId: number) => Buffer, RegExp][] = [
     ["a 9-byte EXIT (the crash)", (_c, id) => chunk(frame(REP.exit, id)), /an exit of 0 bytes/],
     ["an ERR without its code", (c) => chunk(frame(REP.err, c.lastRequestId())), /error without its code/],
-    ["an oversized length claim", () => chunk(Buffer.from([0xff, 0xff, 0xff, 0xff, 1, 0, 0, 0, 1])), /a frame of 4294967295 bytes/],
+    [
+      "an oversized length claim",
+      () => chunk(Buffer.from([0xff, 0xff, 0xff, 0xff, 1, 0, 0, 0, 1])),
+      /a frame of 4294967295 bytes/,
+    ],
     ["a length under the header", () => chunk(Buffer.from([0, 0, 0, 2, 1, 0, 0, 0, 1])), /a frame of 2 bytes/],
-    ["output for a command that is not running", () => chunk(frame(REP.out, 4242, Buffer.from("\x01x"))), /not running/],
+    [
+      "output for a command that is not running",
+      () => chunk(frame(REP.out, 4242, Buffer.from("\x01x"))),
+      /not running/,
+    ],
     ["output without its stream byte", (_c, id) => chunk(frame(REP.out, id)), /without its stream/],
-    ["output past the credit window", (_c, id) => chunk(frame(REP.out, id, Buffer.concat([Buffer.from([1]), Buffer.alloc(11)]))), /credit window/],
+    [
+      "output past the credit window",
+      (_c, id) => chunk(frame(REP.out, id, Buffer.concat([Buffer.from([1]), Buffer.alloc(11)]))),
+      /credit window/,
+    ],
     ["a reply nobody asked for", () => chunk(frame(REP.ok, 999)), /not asked/],
     ["a Docker chunk on an unknown stream", () => chunk(Buffer.from("x"), 7), /stream 7/],
     ["a Docker chunk larger than any frame", () => Buffer.from([1, 0, 0, 0, 0xff, 0xff, 0xff, 0xff]), /a chunk of/],
@@ -94,9 +110,16 @@ test("forged and malformed frames end the connection, never the process", async 
     const c = connect();
     await c.greet();
     let lost: Error | undefined;
-    const run = c.conn.exec("x", { timeoutMs: 1000, maxOutputBytes: 1 << 20, windowBytes: 10 }, { output: () => undefined, exit: () => undefined, lost: (e) => (lost = e) });
+    const run = c.conn.exec(
+      "x",
+      { timeoutMs: 1000, maxOutputBytes: 1 << 20, windowBytes: 10 },
+      { output: () => undefined, exit: () => undefined, lost: (e) => (lost = e) },
+    );
     // Settled into a value at once: the rejection comes while the frame is fed.
-    const pending = c.conn.readFile("f", 10).then(() => undefined, (e: Error) => e);
+    const pending = c.conn.readFile("f", 10).then(
+      () => undefined,
+      (e: Error) => e,
+    );
     c.feed(make(c, run.id));
     await new Promise((r) => setImmediate(r));
     assert.equal(c.conn.alive, false, name);
@@ -111,7 +134,11 @@ test("forged and malformed frames end the connection, never the process", async 
 test("output over the command's cap is refused even within the window", async () => {
   const c = connect();
   await c.greet();
-  const run = c.conn.exec("x", { timeoutMs: 1000, maxOutputBytes: 4, windowBytes: 1000 }, { output: () => undefined, exit: () => undefined, lost: () => undefined });
+  const run = c.conn.exec(
+    "x",
+    { timeoutMs: 1000, maxOutputBytes: 4, windowBytes: 1000 },
+    { output: () => undefined, exit: () => undefined, lost: () => undefined },
+  );
   c.feed(chunk(frame(REP.out, run.id, Buffer.from("\x01abcdef"))));
   await new Promise((r) => setImmediate(r));
   assert.match(c.broken[0] ?? "", /over its cap of 4/);
@@ -119,7 +146,7 @@ test("output over the command's cap is refused even within the window", async ()
 
 test("random bytes after the greeting never throw out of the connection", async () => {
   let seed = 7;
-  const rand = () => ((seed = (seed * 1103515245 + 12345) & 0x7fffffff) / 0x7fffffff);
+  const rand = () => (seed = (seed * 1103515245 + 12345) & 0x7fffffff) / 0x7fffffff;
   for (let i = 0; i < 300; i++) {
     const c = connect();
     await c.greet();

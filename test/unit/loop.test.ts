@@ -11,20 +11,36 @@ import { ModelError } from "../../services/runner/model.js";
 import { ScriptedModel, call, echoTool, lastUser, say, testRunDeps } from "../helpers/in-process.js";
 
 let n = 0;
-const user = (text: string, kind = FrameKind.PROMPT): QueuedMessage => ({ frameId: `q${++n}`, kind, text, traceContext: ROOT_CONTEXT });
+const user = (text: string, kind = FrameKind.PROMPT): QueuedMessage => ({
+  frameId: `q${++n}`,
+  kind,
+  text,
+  traceContext: ROOT_CONTEXT,
+});
 
 /** A run's host: `steering` and `followUps` are handed out one batch per call. */
-function host(opts: { signal?: AbortSignal; steering?: QueuedMessage[][]; followUps?: QueuedMessage[][]; messages?: ChatMessage[] } = {}) {
+function host(
+  opts: {
+    signal?: AbortSignal;
+    steering?: QueuedMessage[][];
+    followUps?: QueuedMessage[][];
+    messages?: ChatMessage[];
+  } = {},
+) {
   const events: EventPayload[] = [];
   let compaction: { summary: string; firstKeptMessageId: string } | undefined;
-  const h: RunHost & { events: EventPayload[]; of: <K extends EventPayload["case"]>(k: K) => Extract<EventPayload, { case: K }>["value"][] } = {
+  const h: RunHost & {
+    events: EventPayload[];
+    of: <K extends EventPayload["case"]>(k: K) => Extract<EventPayload, { case: K }>["value"][];
+  } = {
     sessionId: "s",
     signal: opts.signal ?? new AbortController().signal,
     messages: opts.messages ?? [],
     emit: (p) => {
       events.push(p);
       // As the actor does: the latest compaction_end is what the model's view starts from.
-      if (p.case === "compactionEnd") compaction = { summary: p.value.summary ?? "", firstKeptMessageId: p.value.firstKeptMessageId ?? "" };
+      if (p.case === "compactionEnd")
+        compaction = { summary: p.value.summary ?? "", firstKeptMessageId: p.value.firstKeptMessageId ?? "" };
     },
     delta: () => undefined,
     pressure: () => undefined,
@@ -42,7 +58,9 @@ const texts = (h: RunHost, role: Role) => h.messages.filter((m) => m.role === ro
 describe("the loop", () => {
   test("steering is looked for between tool groups: the rest of the batch is skipped, the message goes in", async () => {
     const ran: string[] = [];
-    const model = new ScriptedModel((r, i) => (i === 0 ? call(["t", { text: "1" }], ["t", { text: "2" }]) : say(`after: ${lastUser(r)}`)));
+    const model = new ScriptedModel((r, i) =>
+      i === 0 ? call(["t", { text: "1" }], ["t", { text: "2" }]) : say(`after: ${lastUser(r)}`),
+    );
     // Nothing before the first call; steering before the second.
     const h = host({ steering: [[], [user("turn left", FrameKind.STEER)]] });
     const out = await runAgent(h, testRunDeps(model, [echoTool("t", 0, ran)]), [user("go")]);
@@ -66,27 +84,39 @@ describe("the loop", () => {
     const flaky = new ScriptedModel(() => (calls++ === 0 ? new ModelError("overloaded", true, 503) : say("recovered")));
     const h1 = host();
     await runAgent(h1, testRunDeps(flaky), [user("x")]);
-    assert.deepEqual(h1.of("modelRetry").map((r) => r.httpStatus), [503]);
+    assert.deepEqual(
+      h1.of("modelRetry").map((r) => r.httpStatus),
+      [503],
+    );
     assert.equal(texts(h1, Role.ASSISTANT)[0], "recovered");
 
-    const down = new ScriptedModel((r) => (r.model === "test-model" ? new ModelError("down", true, 503) : say(`answered by ${r.model}`)));
+    const down = new ScriptedModel((r) =>
+      r.model === "test-model" ? new ModelError("down", true, 503) : say(`answered by ${r.model}`),
+    );
     const h2 = host();
     const out = await runAgent(h2, testRunDeps(down, [], { config: { fallbacks: ["backup"] } }), [user("x")]);
     assert.equal(out.stopReason, StopReason.COMPLETED);
     assert.equal(h2.of("modelRetry").length, 2, "the policy's retries first");
-    assert.deepEqual(h2.of("modelFallback").map((f) => [f.fromModel, f.toModel]), [["test-model", "backup"]]);
+    assert.deepEqual(
+      h2.of("modelFallback").map((f) => [f.fromModel, f.toModel]),
+      [["test-model", "backup"]],
+    );
     assert.equal(texts(h2, Role.ASSISTANT)[0], "answered by backup");
   });
 
   test("a request over the context window is compacted into a summary and the turn goes on", async () => {
     const model = new ScriptedModel((r) => {
       const system = r.messages[0] && "content" in r.messages[0] ? r.messages[0].content : "";
-      if (system.startsWith(SUMMARY_MARKER) || system.includes(SUMMARY_MARKER)) return say("## Goal\nthe goal\n## Constraints\n## Progress\n## Decisions\n## Next steps");
-      return r.messages.length > 4 ? new ModelError("context_length_exceeded: too many tokens", false, 400) : say(`fits in ${r.messages.length}`);
+      if (system.startsWith(SUMMARY_MARKER) || system.includes(SUMMARY_MARKER))
+        return say("## Goal\nthe goal\n## Constraints\n## Progress\n## Decisions\n## Next steps");
+      return r.messages.length > 4
+        ? new ModelError("context_length_exceeded: too many tokens", false, 400)
+        : say(`fits in ${r.messages.length}`);
     });
     const earlier: ChatMessage[] = [];
     const h0 = host({ messages: earlier });
-    for (const t of ["one", "two", "three"]) await runAgent(h0, testRunDeps(new ScriptedModel(() => say("ok"))), [user(t)]);
+    for (const t of ["one", "two", "three"])
+      await runAgent(h0, testRunDeps(new ScriptedModel(() => say("ok"))), [user(t)]);
     const h = host({ messages: earlier });
     const out = await runAgent(h, testRunDeps(model, [], { config: { keepRecentTokens: 1 } }), [user("four")]);
     assert.equal(out.stopReason, StopReason.COMPLETED, JSON.stringify(h.of("error")));
@@ -109,15 +139,25 @@ describe("the loop", () => {
     const ran: string[] = [];
     const looping = new ScriptedModel(() => call(["t", { text: "again" }]));
     const h = host();
-    const out = await runAgent(h, testRunDeps(looping, [echoTool("t", 0, ran)], { runQuotas: () => ({ stepsPerRun: 3, toolCallsPerRun: 100 }) }), [user("loop")]);
+    const out = await runAgent(
+      h,
+      testRunDeps(looping, [echoTool("t", 0, ran)], { runQuotas: () => ({ stepsPerRun: 3, toolCallsPerRun: 100 }) }),
+      [user("loop")],
+    );
     assert.equal(out.stopReason, StopReason.ERROR);
     assert.equal(looping.requests.length, 3);
     assert.match(h.of("error").find((e) => e.code === "RUN_QUOTA")?.message ?? "", /quota of 3 model calls/);
 
-    const batch = new ScriptedModel((_r, i) => (i === 0 ? call(["t", { text: "1" }], ["t", { text: "2" }], ["t", { text: "3" }]) : say("done")));
+    const batch = new ScriptedModel((_r, i) =>
+      i === 0 ? call(["t", { text: "1" }], ["t", { text: "2" }], ["t", { text: "3" }]) : say("done"),
+    );
     const ran2: string[] = [];
     const h2 = host();
-    await runAgent(h2, testRunDeps(batch, [echoTool("t", 0, ran2)], { runQuotas: () => ({ stepsPerRun: 10, toolCallsPerRun: 2 }) }), [user("three calls")]);
+    await runAgent(
+      h2,
+      testRunDeps(batch, [echoTool("t", 0, ran2)], { runQuotas: () => ({ stepsPerRun: 10, toolCallsPerRun: 2 }) }),
+      [user("three calls")],
+    );
     assert.deepEqual(ran2, ["1", "2"]);
     assert.match(h2.of("toolExecutionEnd")[2].result ?? "", /quota of tool calls/);
   });

@@ -12,7 +12,8 @@ import { fileName } from "../../services/shared/session-ref.js";
 
 const acme = { tenant: "acme", principal: "alice", sessionId: "agent:x:main" };
 const evil = { tenant: "evil", principal: "bob", sessionId: "agent_x_main" };
-const every = (id: string, text: string) => create(ScheduleSchema, { scheduleId: id, when: { case: "everySeconds", value: 60 }, text });
+const every = (id: string, text: string) =>
+  create(ScheduleSchema, { scheduleId: id, when: { case: "everySeconds", value: 60 }, text });
 
 test("look-alike sessions have files of their own; a file speaks only under its own name", async () => {
   const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-sched-"));
@@ -20,15 +21,31 @@ test("look-alike sessions have files of their own; a file speaks only under its 
     const book = new ScheduleBook(dir);
     await book.put(acme, every("a", "acme's"));
     await book.put(evil, every("e", "evil's"));
-    assert.deepEqual(book.list(await book.read(acme)).map((s) => s.text), ["acme's"]);
-    assert.deepEqual(book.list(await book.read(evil)).map((s) => s.text), ["evil's"]);
+    assert.deepEqual(
+      book.list(await book.read(acme)).map((s) => s.text),
+      ["acme's"],
+    );
+    assert.deepEqual(
+      book.list(await book.read(evil)).map((s) => s.text),
+      ["evil's"],
+    );
     assert.equal(await book.remove(evil, "a"), false, "evil cannot delete acme's schedule by its id");
     // A file copied under another session's name (by hand, or by an old bug) is not that session's.
     const forged = path.join(dir, `${fileName(evil.tenant, evil.principal, "other")}.json`);
-    await writeFile(forged, JSON.stringify({ ...acme, schedules: [{ scheduleId: "x", everySeconds: 60, text: "forged", createdMs: 1 }] }));
+    await writeFile(
+      forged,
+      JSON.stringify({ ...acme, schedules: [{ scheduleId: "x", everySeconds: 60, text: "forged", createdMs: 1 }] }),
+    );
     assert.equal(await book.read({ ...evil, sessionId: "other" }), undefined);
-    assert.deepEqual((await book.all()).map((f) => f.tenant).sort(), ["acme", "evil"], "the scheduler fires no file found under a name not its own");
-    assert.deepEqual((await readdir(dir)).filter((n) => n.endsWith(".tmp")), []);
+    assert.deepEqual(
+      (await book.all()).map((f) => f.tenant).sort(),
+      ["acme", "evil"],
+      "the scheduler fires no file found under a name not its own",
+    );
+    assert.deepEqual(
+      (await readdir(dir)).filter((n) => n.endsWith(".tmp")),
+      [],
+    );
   } finally {
     await rm(dir, { recursive: true, force: true });
   }
@@ -40,13 +57,22 @@ test("an empty or torn schedule file is reported and skipped; old names move to 
     await writeFile(path.join(dir, "empty.json"), "");
     await writeFile(path.join(dir, "torn.json"), '{"sessionId": "s", "tenant": "t", "princ');
     // A file of the old naming (the session id with ':' made '_').
-    await writeFile(path.join(dir, "agent_x_main.json"), JSON.stringify({ ...acme, schedules: [{ scheduleId: "old", everySeconds: 60, text: "kept", createdMs: 1 }] }));
+    await writeFile(
+      path.join(dir, "agent_x_main.json"),
+      JSON.stringify({ ...acme, schedules: [{ scheduleId: "old", everySeconds: 60, text: "kept", createdMs: 1 }] }),
+    );
     const damaged: string[] = [];
     const book = new ScheduleBook(dir, 10, (f) => damaged.push(path.basename(f)));
     await book.migrate();
     assert.deepEqual([...new Set(damaged)].sort(), ["empty.json", "torn.json"]);
-    assert.deepEqual(book.list(await book.read(acme)).map((s) => s.text), ["kept"]);
-    assert.deepEqual((await book.all()).map((f) => f.sessionId), ["agent:x:main"]);
+    assert.deepEqual(
+      book.list(await book.read(acme)).map((s) => s.text),
+      ["kept"],
+    );
+    assert.deepEqual(
+      (await book.all()).map((f) => f.sessionId),
+      ["agent:x:main"],
+    );
   } finally {
     await rm(dir, { recursive: true, force: true });
   }

@@ -23,7 +23,11 @@ after(async () => {
 
 async function collect(text: string, withTools = true): Promise<ModelChunk[]> {
   const out: ModelChunk[] = [];
-  for await (const c of model.stream({ model: "scripted-1", messages: [{ role: "user", content: text }], tools: withTools ? tools : [] }, new AbortController().signal)) out.push(c);
+  for await (const c of model.stream(
+    { model: "scripted-1", messages: [{ role: "user", content: text }], tools: withTools ? tools : [] },
+    new AbortController().signal,
+  ))
+    out.push(c);
   return out;
 }
 const textOf = (chunks: ModelChunk[]) => chunks.map((c) => (c.type === "text" ? c.delta : "")).join("");
@@ -33,7 +37,11 @@ describe("scripted model rules", () => {
     const chunks = await collect("hello wide world");
     assert.equal(textOf(chunks), "You said: hello wide world");
     // The server sends one SSE event per word (counted through the SDK's own iterator).
-    const sdkStream = await openai.chat.completions.create({ model: "m", stream: true, messages: [{ role: "user", content: "hello wide world" }] });
+    const sdkStream = await openai.chat.completions.create({
+      model: "m",
+      stream: true,
+      messages: [{ role: "user", content: "hello wide world" }],
+    });
     const contents: string[] = [];
     for await (const c of sdkStream) if (c.choices[0]?.delta.content) contents.push(c.choices[0].delta.content);
     assert.deepEqual(contents, ["You ", "said: ", "hello ", "wide ", "world"]);
@@ -59,7 +67,11 @@ describe("scripted model rules", () => {
       model: "scripted-1",
       messages: [
         { role: "user", content: "$ echo x" },
-        { role: "assistant", content: null, tool_calls: [{ id: "c1", type: "function", function: { name: "exec", arguments: "{}" } }] },
+        {
+          role: "assistant",
+          content: null,
+          tool_calls: [{ id: "c1", type: "function", function: { name: "exec", arguments: "{}" } }],
+        },
         { role: "tool", tool_call_id: "c1", content: "x\n[exit 0]" },
       ],
     });
@@ -85,16 +97,25 @@ describe("scripted model rules", () => {
 
   test("!think streams reasoning before the answer", async () => {
     const chunks = await collect("!think step by step");
-    assert.equal(chunks.filter((c) => c.type === "thinking").map((c) => (c.type === "thinking" ? c.delta : "")).join(""), "step by step");
+    assert.equal(
+      chunks
+        .filter((c) => c.type === "thinking")
+        .map((c) => (c.type === "thinking" ? c.delta : ""))
+        .join(""),
+      "step by step",
+    );
     assert.equal(textOf(chunks), "Thought about it.");
   });
 
   test("!fail answers with the status (429 with Retry-After), only the first N times with times=N", async () => {
-    await assert.rejects(openai.chat.completions.create({ model: "m", messages: [{ role: "user", content: "!fail 429" }] }), (err: InstanceType<typeof OpenAI.APIError>) => {
-      assert.equal(err.status, 429);
-      assert.equal(err.headers?.get("retry-after"), "1");
-      return true;
-    });
+    await assert.rejects(
+      openai.chat.completions.create({ model: "m", messages: [{ role: "user", content: "!fail 429" }] }),
+      (err: InstanceType<typeof OpenAI.APIError>) => {
+        assert.equal(err.status, 429);
+        assert.equal(err.headers?.get("retry-after"), "1");
+        return true;
+      },
+    );
     const msg = "!fail 503 times=2";
     for (let i = 0; i < 2; i++) await assert.rejects(collect(msg), (e: ModelError) => e.status === 503 && e.retryable);
     assert.equal(textOf(await collect(msg)), "Recovered after 2 failures.");
@@ -106,7 +127,10 @@ describe("scripted model rules", () => {
   });
 
   test("embeddings are deterministic and normalised", async () => {
-    const a = await openai.embeddings.create({ model: "e", input: ["the cat sat", "the cat sat", "stock prices fell"] });
+    const a = await openai.embeddings.create({
+      model: "e",
+      input: ["the cat sat", "the cat sat", "stock prices fell"],
+    });
     const [x, y, z] = a.data.map((d) => d.embedding);
     assert.deepEqual(x, y);
     const norm = Math.sqrt(x.reduce((s, v) => s + v * v, 0));
@@ -117,7 +141,9 @@ describe("scripted model rules", () => {
 
   test("an abort reaches the HTTP request", async () => {
     const ac = new AbortController();
-    const it = model.stream({ model: "m", messages: [{ role: "user", content: "!tokens 1000 rate=50" }], tools: [] }, ac.signal)[Symbol.asyncIterator]();
+    const it = model
+      .stream({ model: "m", messages: [{ role: "user", content: "!tokens 1000 rate=50" }], tools: [] }, ac.signal)
+      [Symbol.asyncIterator]();
     await it.next();
     const t0 = performance.now();
     ac.abort();

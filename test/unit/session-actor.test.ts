@@ -10,7 +10,18 @@ import { RETRY_AFTER_KEY } from "../../services/shared/rate.js";
 import { SessionActor } from "../../services/runner/session-actor.js";
 import { TenantRuns } from "../../services/runner/tenant-runs.js";
 import { refOf } from "../../services/shared/session-ref.js";
-import { Collector, ScriptedModel, call, echoTool, frame, lastUser, newActor, prompt, say, testRunDeps } from "../helpers/in-process.js";
+import {
+  Collector,
+  ScriptedModel,
+  call,
+  echoTool,
+  frame,
+  lastUser,
+  newActor,
+  prompt,
+  say,
+  testRunDeps,
+} from "../helpers/in-process.js";
 
 const answers = (actor: SessionActor) => actor.messages.filter((m) => m.role === Role.ASSISTANT).map((m) => m.text);
 const users = (actor: SessionActor) => actor.messages.filter((m) => m.role === Role.USER).map((m) => m.text);
@@ -24,11 +35,17 @@ describe("a prompt", () => {
     const logged = store.records(actor.ref).filter((r) => r.t === "frame");
     assert.equal(logged.length, 1, "the frame was in the log when it was acknowledged");
     await events.waitFor((e) => e.payload.case === "agentEnd");
-    assert.deepEqual(events.of("agentEnd").map((e) => e.stopReason), [StopReason.COMPLETED]);
+    assert.deepEqual(
+      events.of("agentEnd").map((e) => e.stopReason),
+      [StopReason.COMPLETED],
+    );
     assert.deepEqual(users(actor), ["hello"]);
     assert.deepEqual(answers(actor), ["You said: hello"]);
     // seq rises by exactly one per event
-    assert.deepEqual(events.events.map((e) => Number(e.seq)), events.events.map((_, i) => i + 1));
+    assert.deepEqual(
+      events.events.map((e) => Number(e.seq)),
+      events.events.map((_, i) => i + 1),
+    );
   });
 
   test("sent twice under one frame id is acknowledged twice and run once", async () => {
@@ -48,7 +65,9 @@ describe("queue modes: a prompt that arrives during a run", () => {
   /** A model whose first call asks for two slow tool calls in turn; later calls answer what they got. */
   const setup = async (mode?: QueueMode) => {
     const ran: string[] = [];
-    const model = new ScriptedModel((r, n) => (n === 0 ? call(["slow", { text: "a" }], ["slow", { text: "b" }]) : say(`answer ${n}: ${lastUser(r)}`, 0)));
+    const model = new ScriptedModel((r, n) =>
+      n === 0 ? call(["slow", { text: "a" }], ["slow", { text: "b" }]) : say(`answer ${n}: ${lastUser(r)}`, 0),
+    );
     const made = await newActor(() => testRunDeps(model, [echoTool("slow", 300, ran)]));
     if (mode !== undefined) await made.actor.setQueueMode(mode);
     await made.actor.submit(prompt("start"));
@@ -95,7 +114,10 @@ describe("queue modes: a prompt that arrives during a run", () => {
     const { actor, events, ran } = await setup(QueueMode.INTERRUPT);
     await actor.submit(prompt("stop that, do this"));
     await actor.whenIdle();
-    assert.deepEqual(events.of("agentEnd").map((e) => e.stopReason), [StopReason.ABORTED, StopReason.COMPLETED]);
+    assert.deepEqual(
+      events.of("agentEnd").map((e) => e.stopReason),
+      [StopReason.ABORTED, StopReason.COMPLETED],
+    );
     assert.ok(!ran.includes("b"));
     const calls = actor.messages.flatMap((m) => m.toolCalls.map((c) => c.id));
     const results = actor.messages.filter((m) => m.role === Role.TOOL).map((m) => m.toolCallId);
@@ -106,7 +128,13 @@ describe("queue modes: a prompt that arrives during a run", () => {
     const { actor, store } = await setup(QueueMode.REJECT);
     const before = store.records(actor.ref).length;
     await assert.rejects(actor.submit(prompt("not now")), { code: Status.FAILED_PRECONDITION });
-    assert.equal(store.records(actor.ref).filter((r) => r.t === "frame").length, store.records(actor.ref).slice(0, before).filter((r) => r.t === "frame").length);
+    assert.equal(
+      store.records(actor.ref).filter((r) => r.t === "frame").length,
+      store
+        .records(actor.ref)
+        .slice(0, before)
+        .filter((r) => r.t === "frame").length,
+    );
     await actor.whenIdle();
   });
 });
@@ -118,7 +146,10 @@ describe("seqs, supervision and the log", () => {
     await actor.submit(prompt("go"));
     await actor.whenIdle();
     const lastSeen = Number(events.events.at(-1)!.seq);
-    assert.ok(store.records(actor.ref).some((r) => r.t === "seq" && r.upTo >= lastSeen), "the reservation covers what was sent");
+    assert.ok(
+      store.records(actor.ref).some((r) => r.t === "seq" && r.upTo >= lastSeen),
+      "the reservation covers what was sent",
+    );
     // The process dies without closing (no "closed" record): a new activation loads the log.
     const again = await SessionActor.load(actor.ref, deps);
     const later = new Collector();
@@ -165,7 +196,11 @@ describe("seqs, supervision and the log", () => {
     await actor.whenIdle();
     store.failAppends(1);
     await assert.rejects(actor.submit(prompt("lost")), { code: Status.UNAVAILABLE });
-    await assert.rejects(actor.submit(prompt("also refused")), { code: Status.UNAVAILABLE }, "the actor has left: nothing past the hole");
+    await assert.rejects(
+      actor.submit(prompt("also refused")),
+      { code: Status.UNAVAILABLE },
+      "the actor has left: nothing past the hole",
+    );
     const again = await SessionActor.load(refOf(actor.owner, actor.sessionId), deps);
     await again.submit(prompt("resent"));
     await again.whenIdle();
@@ -181,7 +216,11 @@ describe("the tenant's quota of runs", () => {
     const a = await newActor(() => testRunDeps(model), { deps: { runs }, sessionId: "a" });
     const b = await newActor(() => testRunDeps(model), { deps: { runs }, sessionId: "b", store: a.store });
     await a.actor.submit(prompt("long"));
-    await assert.rejects(b.actor.submit(prompt("me too")), (err: { code: number; trailers: Record<string, string> }) => err.code === Status.RESOURCE_EXHAUSTED && Number(err.trailers[RETRY_AFTER_KEY]) > 0);
+    await assert.rejects(
+      b.actor.submit(prompt("me too")),
+      (err: { code: number; trailers: Record<string, string> }) =>
+        err.code === Status.RESOURCE_EXHAUSTED && Number(err.trailers[RETRY_AFTER_KEY]) > 0,
+    );
     await a.actor.submit(frame({ case: "followUp", value: { text: "and more" } }));
     await a.actor.whenIdle();
     assert.equal(runs.count("t"), 0);

@@ -28,9 +28,19 @@ test("the session log: atomic create, torn tail repaired, appends in order", asy
     await Promise.all(Array.from({ length: 50 }, (_, i) => log.append({ t: "seq", upTo: i }, i % 7 === 0)));
     await log.close();
     let records = await store.read(S1);
-    assert.deepEqual(records[0], { t: "session", sessionId: "s1", agentId: "main", createdMs: (records[0] as { createdMs: number }).createdMs, tenant: "t1", principal: "alice" });
+    assert.deepEqual(records[0], {
+      t: "session",
+      sessionId: "s1",
+      agentId: "main",
+      createdMs: (records[0] as { createdMs: number }).createdMs,
+      tenant: "t1",
+      principal: "alice",
+    });
     assert.deepEqual(records[1], { t: "epoch", epoch: 1, runnerId: store.leases.self.runnerId });
-    assert.deepEqual(records.slice(2).map((r) => (r as { upTo: number }).upTo), Array.from({ length: 50 }, (_, i) => i));
+    assert.deepEqual(
+      records.slice(2).map((r) => (r as { upTo: number }).upTo),
+      Array.from({ length: 50 }, (_, i) => i),
+    );
 
     // A crash mid-write leaves half a record at the end; it was never acknowledged.
     const file = path.join(ownerDir(dir), "s1.jsonl");
@@ -41,16 +51,31 @@ test("the session log: atomic create, torn tail repaired, appends in order", asy
     await again.close();
     records = await store.read(S1);
     assert.equal((records.at(-1) as { upTo: number }).upTo, 99, "the next record follows the last complete one");
-    assert.ok((await readFile(file, "utf8")).split("\n").filter(Boolean).every((l) => JSON.parse(l)));
+    assert.ok(
+      (await readFile(file, "utf8"))
+        .split("\n")
+        .filter(Boolean)
+        .every((l) => JSON.parse(l)),
+    );
 
     // A damaged record in the middle costs that record, not the session: skipped and reported.
-    await writeFile(path.join(ownerDir(dir), "s2.jsonl"), '{"t":"session","sessionId":"s2","agentId":"main","createdMs":1,"tenant":"t1","principal":"alice"}\nnot json\n{"t":"seq","upTo":1}\n');
-    assert.deepEqual((await store.read(S2)).map((r) => r.t), ["session", "seq"]);
+    await writeFile(
+      path.join(ownerDir(dir), "s2.jsonl"),
+      '{"t":"session","sessionId":"s2","agentId":"main","createdMs":1,"tenant":"t1","principal":"alice"}\nnot json\n{"t":"seq","upTo":1}\n',
+    );
+    assert.deepEqual(
+      (await store.read(S2)).map((r) => r.t),
+      ["session", "seq"],
+    );
     const { log: damaged, records: kept, corruptLines } = await store.activate(S2);
     assert.deepEqual(corruptLines, [2]);
     assert.equal(kept.at(-1)?.t, "epoch", "the session takes appends after the damaged line");
     await damaged.close();
-    assert.deepEqual((await readdir(ownerDir(dir))).filter((n) => n.endsWith(".tmp")), [], "no temporary files left");
+    assert.deepEqual(
+      (await readdir(ownerDir(dir))).filter((n) => n.endsWith(".tmp")),
+      [],
+      "no temporary files left",
+    );
   } finally {
     await rm(dir, { recursive: true, force: true });
   }
@@ -92,7 +117,11 @@ test("session leases: a live owner's session is refused; a dead owner's is taken
     assert.deepEqual(epochs(records), [1, 2]);
     assert.deepEqual(seqs(records), [1, 2], "everything the old owner acknowledged is there");
     await assert.rejects(logA.append({ t: "seq", upTo: 3 }, true), SessionElsewhere);
-    await assert.rejects(logA.append({ t: "seq", upTo: 4 }), SessionElsewhere, "a fenced log refuses every later append");
+    await assert.rejects(
+      logA.append({ t: "seq", upTo: 4 }),
+      SessionElsewhere,
+      "a fenced log refuses every later append",
+    );
     await logB.append({ t: "seq", upTo: 10 }, true);
     const raw = await readFile(path.join(ownerDir(dir), "s.jsonl"), "utf8");
     assert.match(raw, /"upTo":3/, "the stale write reached the file...");
@@ -129,12 +158,19 @@ test("sessions are named by owner and id: look-alike ids and other owners never 
     const a = { tenant: "acme", principal: "alice" };
     const b = { tenant: "evil", principal: "bob" };
     await (await store.create(refOf(a, "agent:x:main"), "main", a)).close();
-    assert.equal(await store.exists(refOf(b, "agent:x:main")), false, "another tenant's same id is another (missing) session");
+    assert.equal(
+      await store.exists(refOf(b, "agent:x:main")),
+      false,
+      "another tenant's same id is another (missing) session",
+    );
     assert.equal(await store.exists(refOf(a, "agent_x_main")), false, "a look-alike id is another session");
     await (await store.create(refOf(b, "agent:x:main"), "main", b)).close();
     await (await store.create(refOf(a, "agent_x_main"), "main", a)).close();
     assert.deepEqual((await store.list(a)).map((s) => s.sessionId).sort(), ["agent:x:main", "agent_x_main"]);
-    assert.deepEqual((await store.list(b)).map((s) => s.sessionId), ["agent:x:main"]);
+    assert.deepEqual(
+      (await store.list(b)).map((s) => s.sessionId),
+      ["agent:x:main"],
+    );
     // A principal named like a tenant/principal pair never reaches the pair's folder.
     assert.notEqual(fileName("a.b", "c"), fileName("a", "b.c"));
     assert.notEqual(filePart("x:y"), filePart("x_y"));
@@ -144,7 +180,10 @@ test("sessions are named by owner and id: look-alike ids and other owners never 
     assert.notEqual(filePart(long), filePart(`${long}:`));
     assert.ok(filePart(long).length < 100);
     // A log whose header names another owner (copied or moved by hand) is not served as this one.
-    await writeFile(path.join(dir, "sessions", "acme", "alice", "forged.jsonl"), '{"t":"session","sessionId":"forged","agentId":"main","createdMs":1,"tenant":"evil","principal":"bob"}\n');
+    await writeFile(
+      path.join(dir, "sessions", "acme", "alice", "forged.jsonl"),
+      '{"t":"session","sessionId":"forged","agentId":"main","createdMs":1,"tenant":"evil","principal":"bob"}\n',
+    );
     assert.equal(await store.exists(refOf(a, "forged")), false);
     await assert.rejects(store.read(refOf(a, "forged")), { code: "ENOENT" });
     await store.stop();
@@ -157,16 +196,28 @@ test("logs of the flat layout move under their owner when the store starts", asy
   const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-migrate-"));
   try {
     await mkdir(path.join(dir, "sessions"), { recursive: true });
-    await writeFile(path.join(dir, "sessions", "old.jsonl"), '{"t":"session","sessionId":"old","agentId":"main","createdMs":1,"tenant":"t1","principal":"alice"}\n{"e":1,"t":"epoch","epoch":1,"runnerId":"r"}\n');
+    await writeFile(
+      path.join(dir, "sessions", "old.jsonl"),
+      '{"t":"session","sessionId":"old","agentId":"main","createdMs":1,"tenant":"t1","principal":"alice"}\n{"e":1,"t":"epoch","epoch":1,"runnerId":"r"}\n',
+    );
     await writeFile(path.join(dir, "sessions", "old.lease.1"), "{}");
-    await writeFile(path.join(dir, "sessions", "legacy.jsonl"), '{"t":"session","sessionId":"legacy","agentId":"main","createdMs":1}\n');
+    await writeFile(
+      path.join(dir, "sessions", "legacy.jsonl"),
+      '{"t":"session","sessionId":"legacy","agentId":"main","createdMs":1}\n',
+    );
     const store = new JsonlSessionStore(dir);
     await store.start();
     assert.equal(await store.exists(S), false);
     assert.ok(await store.exists(refOf(OWNER, "old")));
-    assert.ok(await store.exists(refOf({ tenant: "local", principal: "dev" }, "legacy")), "a log from before owners belongs to the development identity");
+    assert.ok(
+      await store.exists(refOf({ tenant: "local", principal: "dev" }, "legacy")),
+      "a log from before owners belongs to the development identity",
+    );
     const { log, records } = await store.activate(refOf(OWNER, "old"));
-    assert.deepEqual(records.filter((r) => r.t === "epoch").map((r) => (r as { epoch: number }).epoch), [1, 2]);
+    assert.deepEqual(
+      records.filter((r) => r.t === "epoch").map((r) => (r as { epoch: number }).epoch),
+      [1, 2],
+    );
     await log.close();
     assert.deepEqual((await readdir(path.join(dir, "sessions"))).sort(), ["local", "t1"]);
     await store.stop();

@@ -31,7 +31,8 @@ describe("decodeSse", () => {
       { event: "error", data: '{"y":2}' },
       { event: "message", data: "[DONE]" },
     ]);
-    for (let cut = 1; cut < text.length; cut++) assert.deepEqual(await decode([text.slice(0, cut), text.slice(cut)]), whole, `cut at ${cut}`);
+    for (let cut = 1; cut < text.length; cut++)
+      assert.deepEqual(await decode([text.slice(0, cut), text.slice(cut)]), whole, `cut at ${cut}`);
     assert.deepEqual(await decode(text.split("")), whole, "one character at a time");
   });
 
@@ -42,7 +43,9 @@ describe("decodeSse", () => {
   });
 
   test("multi-line data is joined with newlines; comments and unknown fields are ignored", async () => {
-    assert.deepEqual(await decode(["data: one\ndata: two\nid: 7\nretry: 10\n: note\ndata:three\n\n"]), [{ event: "message", data: "one\ntwo\nthree" }]);
+    assert.deepEqual(await decode(["data: one\ndata: two\nid: 7\nretry: 10\n: note\ndata:three\n\n"]), [
+      { event: "message", data: "one\ntwo\nthree" },
+    ]);
   });
 
   test("a last event without its blank line is still delivered; empty events are not", async () => {
