@@ -5,6 +5,7 @@
 // `docker exec ... killall -9` through the docker CLI (the floor for a kill).
 //
 //   node dist/bench/abort.js [--runs 30]
+import { scopeKey } from "../services/sandbox/scope.js";
 import { execFile, spawn } from "node:child_process";
 import { once } from "node:events";
 import { parseArgs } from "node:util";
@@ -93,7 +94,7 @@ try {
   // Baseline 2: the docker CLI killing a command's processes in a running container.
   const probe = `bench-abort-cli-${Date.now()}`;
   for await (const _ of sandbox.exec({ sessionId: probe, command: "true" })) void _;
-  const name = containerName(instanceOf(stack.dataDir), `session:${probe}`);
+  const name = containerName(instanceOf(stack.dataDir), scopeKey("session", DEV_IDENTITY, probe, ""));
   const cli: number[] = [];
   for (let i = 0; i < Math.min(RUNS, 20); i++) {
     await run("docker", ["exec", "-d", "-u", "65534:65534", name, "sleep", "60"]);

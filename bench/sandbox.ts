@@ -7,6 +7,7 @@
 //              through the service.
 //
 //   node dist/bench/sandbox.js [--runtime runc|runsc] [--warm 200] [--cold 15]
+import { scopeKey } from "../services/sandbox/scope.js";
 import { execFile } from "node:child_process";
 import { promisify } from "node:util";
 import { parseArgs } from "node:util";
@@ -65,7 +66,7 @@ try {
   await timedExec(coldClient, id);
   for (let i = 0; i < 20; i++) await timedExec(coldClient, id);
   for (let i = 0; i < WARM; i++) warm.push(await timedExec(coldClient, id));
-  const name = containerName(instanceOf(coldStack.dataDir), `session:${id}`);
+  const name = containerName(instanceOf(coldStack.dataDir), scopeKey("session", DEV_IDENTITY, id, ""));
   const cliRuns = Math.min(WARM, 50);
   for (let i = 0; i < cliRuns + 5; i++) {
     const t0 = performance.now();
