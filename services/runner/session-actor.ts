@@ -21,12 +21,13 @@ import { FRAME_KIND, validateFrame } from "../shared/frames.js";
 import { RpcError, Status, failedPrecondition, resourceExhausted, statusName, unavailable } from "../shared/errors.js";
 import { newId } from "../shared/ids.js";
 import type { Logger } from "../shared/log.js";
-import { contextFromRecord } from "../shared/telemetry.js";
 import { injectUserMessages, runAgent } from "./loop.js";
 import type { Compaction, EventPayload, QueuedMessage, RunDeps, RunHost } from "./run.js";
 import type { AuditLog } from "./audit-log.js";
 import { refOf, type SessionRef } from "../shared/session-ref.js";
 import type { TenantRuns } from "./tenant-runs.js";
+import { EventJournal, type EventSubscriber, SEQ_BLOCK } from "./event-journal.js";
+import { MAILBOX_LIMIT, Mailbox, type Queued } from "./mailbox.js";
 import {
   ownerOf,
   type LogRecord,
@@ -38,14 +39,6 @@ import {
 import { SessionElsewhere } from "./session-lease.js";
 
 /** Where an actor's events go: a client stream, seen through its backpressure. */
-export interface EventSubscriber {
-  send(event: AgentEvent): void;
-  /** Pending while the subscriber's stream is full. */
-  pressure(): Promise<void> | undefined;
-  /** The actor can serve it no more (the session moved to another runner): end with `err`. */
-  close(err: RpcError): void;
-}
-
 export interface ActorDeps {
   store: SessionStore;
   audit: AuditLog;
@@ -56,34 +49,9 @@ export interface ActorDeps {
   runs?: TenantRuns;
 }
 
-/** Recent events (deltas included) kept in memory for resuming clients. */
-const RING_SIZE = 4096;
-/**
- * What the ring keeps once the session is idle. Everything but token deltas is in the log, so a
- * client resuming from further back loses only deltas (reported as a gap); thousands of idle
- * sessions must not each hold a full ring.
- */
-const IDLE_RING_SIZE = 64;
-/**
- * seq values are reserved in the log in blocks, so a restart never reuses one a client saw. A
- * session's first block is written with its header; the next is reserved when the current one is
- * half used, which leaves its write the time of 512 events to land before its seqs go out.
- */
-const SEQ_BLOCK = 1024;
-/**
- * Largest text one coalesced delta event carries. Stream buffers along the way (grpc-js, Node
- * streams) count messages, not bytes: bounding the message bounds what backpressure lets pile up.
- */
-const MAX_DELTA_CHARS = 16 * 1024;
-/** Messages a session holds waiting (queued, steering, follow-ups, collecting) before it refuses more. */
-export const MAILBOX_LIMIT = 100;
 /** Supervision: this many unexpected run failures within RESTART_WINDOW_MS mark the session failed. */
 export const RESTART_LIMIT = 5;
 export const RESTART_WINDOW_MS = 60_000;
-/** Collect mode: prompts that arrive within this quiet window run together. */
-export const COLLECT_WINDOW_MS = 500;
-/** Token deltas and partial tool output are not persisted; the complete messages are. */
-const TRANSIENT: ReadonlySet<EventPayload["case"]> = new Set(["messageUpdate", "toolExecutionUpdate"]);
 
 interface CutOff {
   reason: StopReason;
@@ -92,10 +60,6 @@ interface CutOff {
   startedBy?: QueuedMessage[];
 }
 const INTERRUPTED: CutOff = { reason: StopReason.INTERRUPTED, message: "the runner stopped while this run was going" };
-
-interface Queued extends QueuedMessage {
-  arrival: number;
-}
 
 /**
  * The seq a reloaded session numbers on from. After a clean close the log knows the last seq; after
@@ -132,19 +96,14 @@ export class FrameRefused extends RpcError {
 
 export class SessionActor {
   readonly messages: ChatMessage[] = [];
-  private seq = 0;
-  private reservedUpTo = 0;
+  /** Numbering, recording and fan-out of this session's events (event-journal.ts). */
+  private readonly journal: EventJournal;
+  /** Waiting messages and where each goes (mailbox.ts). */
+  private readonly mailbox = new Mailbox(() => this.schedule());
   private createdMs = Date.now();
   private updatedMs = Date.now();
-  private arrivals = 0;
   /** frame_id -> its acknowledgement, so a resent frame is acknowledged without acting again. */
   private readonly acks = new Map<string, Promise<AgentEvent>>();
-  /** Runs waiting for the turn lock, each one or more messages, in order of arrival. */
-  private readonly queue: Queued[][] = [];
-  /** Collect mode: prompts gathered until the quiet window passes. */
-  private collecting: Queued[] = [];
-  private collectTimer?: NodeJS.Timeout;
-  private queueMode = QueueMode.STEER;
   /** Frames between their mailbox check and their place in a queue (their log write in flight). */
   private admitting = 0;
   private activeMs = Date.now();
@@ -154,16 +113,9 @@ export class SessionActor {
   private failed?: string;
   /** Pending while a restart rebuilds state from the log; admissions wait for it. */
   private restarting?: Promise<void>;
-  /** Messages for the running run: steering (next boundary) and follow-ups (after it). */
-  private readonly steering: Queued[] = [];
-  private readonly followUps: Queued[] = [];
   private run?: { turnId: string; controller: AbortController; done: Promise<void> };
   /** The latest compaction: what the model sees in place of the messages before the cut. */
   private compaction?: Compaction;
-  private readonly subscribers = new Set<EventSubscriber>();
-  private readonly ring: AgentEvent[] = [];
-  private pendingDelta?: { messageId: string; kind: "text" | "thinking"; text: string };
-  private flushScheduled = false;
   private idleWaiters: (() => void)[] = [];
   private closing = false;
   /**
@@ -183,7 +135,25 @@ export class SessionActor {
     private readonly deps: ActorDeps,
     /** Set when the session is a sub-agent's (delegate_task): its parent, depth and instruction. */
     readonly subagent?: Subagent,
-  ) {}
+  ) {
+    this.journal = new EventJournal({
+      sessionId,
+      turnId: () => this.run?.turnId ?? "",
+      persist: (record, sync) => this.persist(record, sync),
+      readLog: () => this.deps.store.read(this.ref),
+      published: (event) => {
+        const now = Date.now();
+        this.updatedMs = now;
+        this.activeMs = now;
+        if (event.payload.case === "compactionEnd") {
+          this.compaction = {
+            summary: event.payload.value.summary,
+            firstKeptMessageId: event.payload.value.firstKeptMessageId,
+          };
+        }
+      },
+    });
+  }
 
   /** The session as its owner names it (the store's and the registry's key). */
   get ref(): SessionRef {
@@ -206,7 +176,7 @@ export class SessionActor {
       { t: "seq", upTo: SEQ_BLOCK },
     ]);
     const actor = new SessionActor(sessionId, agentId, owner, log, deps, subagent);
-    actor.reservedUpTo = SEQ_BLOCK;
+    actor.journal.resumeAt(0, SEQ_BLOCK);
     return actor;
   }
 
@@ -255,13 +225,13 @@ export class SessionActor {
     const dropped = new Set<string>();
     let openTurn: string | undefined;
     for (const rec of records) {
-      if (rec.t === "settings") this.queueMode = rec.queueMode;
+      if (rec.t === "settings") this.mailbox.mode = rec.queueMode;
       else if (rec.t === "frame") {
         const frame = fromJson(ClientFrameSchema, rec.frame as JsonValue);
         accepted.set(frame.frameId, frame);
       } else if (rec.t === "event") {
         const ev = fromJson(AgentEventSchema, rec.event as JsonValue);
-        this.seq = Math.max(this.seq, Number(ev.seq));
+        this.journal.saw(Number(ev.seq));
         this.updatedMs = ev.time ? Number(ev.time.seconds) * 1000 + Math.floor(ev.time.nanos / 1e6) : this.updatedMs;
         const p = ev.payload;
         if (p.case === "messageEnd" && p.value.message) this.messages.push(p.value.message);
@@ -275,10 +245,9 @@ export class SessionActor {
       }
     }
     if ("live" in numbering) {
-      this.seq = Math.max(this.seq, numbering.live);
+      this.journal.saw(numbering.live);
     } else {
-      this.seq = numbering.resumeAt;
-      this.reservedUpTo = numbering.reservedUpTo;
+      this.journal.resumeAt(numbering.resumeAt, numbering.reservedUpTo);
     }
     // Every accepted message is in the history, or was dropped on request, or is owed a run.
     const inHistory = new Set(this.messages.filter((m) => m.role === Role.USER).map((m) => m.frameId));
@@ -291,8 +260,8 @@ export class SessionActor {
     }
     for (const frame of accepted.values()) {
       if (inHistory.has(frame.frameId) || dropped.has(frame.frameId)) continue;
-      const q = this.toQueued(frame, ROOT_CONTEXT);
-      if (q) this.queue.push([q]);
+      const q = this.mailbox.toQueued(frame, ROOT_CONTEXT);
+      if (q) this.mailbox.queue.push([q]);
       if (!this.acks.has(frame.frameId)) {
         this.acks.set(
           frame.frameId,
@@ -373,7 +342,7 @@ export class SessionActor {
     if (this.failed && kind.case !== "abort")
       throw this.refuse(frame, failedPrecondition(`session ${this.sessionId} has failed: ${this.failed}`));
     // Refusals come before the frame is recorded: a refused frame leaves no trace but the error.
-    if (kind.case !== "abort" && this.waiting() + this.admitting >= MAILBOX_LIMIT) {
+    if (kind.case !== "abort" && this.mailbox.waiting() + this.admitting >= MAILBOX_LIMIT) {
       throw this.refuse(
         frame,
         resourceExhausted(
@@ -381,7 +350,7 @@ export class SessionActor {
         ),
       );
     }
-    if (kind.case === "prompt" && this.run && this.modeOf(kind.value.queueMode) === QueueMode.REJECT) {
+    if (kind.case === "prompt" && this.run && this.mailbox.modeOf(kind.value.queueMode) === QueueMode.REJECT) {
       throw this.refuse(
         frame,
         failedPrecondition(`a run is going in session ${this.sessionId} and this prompt's queue mode is reject`),
@@ -411,42 +380,10 @@ export class SessionActor {
     } finally {
       if (counted) this.admitting--;
     }
-    const q = this.toQueued(frame, traceContext);
-    let position = 0;
-    let interrupt = false;
-    if (kind.case === "abort") {
-      // handled after the acknowledgement, below
-    } else if (!this.run) {
-      this.queue.push([q!]);
-      position = this.queue.length - 1;
-    } else if (kind.case === "steer") {
-      this.steering.push(q!);
-    } else if (kind.case === "followUp") {
-      // A follow-up joins the running run after its last step, unless runs already wait ahead of it.
-      if (this.queue.length === 0 && this.collecting.length === 0) this.followUps.push(q!);
-      else this.queue.push([q!]);
-      position = this.queue.length + 1;
-    } else if (kind.case === "prompt") {
-      switch (this.modeOf(kind.value.queueMode)) {
-        case QueueMode.FOLLOWUP:
-          this.queue.push([q!]);
-          position = this.queue.length;
-          break;
-        case QueueMode.COLLECT:
-          this.collecting.push(q!);
-          clearTimeout(this.collectTimer);
-          this.collectTimer = setTimeout(() => this.closeCollection(), COLLECT_WINDOW_MS);
-          position = this.queue.length + 1;
-          break;
-        case QueueMode.INTERRUPT:
-          this.queue.unshift([q!]);
-          position = 0;
-          interrupt = true;
-          break;
-        default:
-          this.steering.push(q!);
-      }
-    }
+    const q = this.mailbox.toQueued(frame, traceContext);
+    const { position, interrupt } = q
+      ? this.mailbox.place(q, frame, this.run !== undefined)
+      : { position: 0, interrupt: false };
     const ack = this.emit({
       case: "frameAccepted",
       value: { frameId: frame.frameId, kind: FRAME_KIND[kind.case!], queuePosition: position },
@@ -455,16 +392,6 @@ export class SessionActor {
     if (interrupt && this.run) this.abort(frame.frameId, "interrupted by a prompt in interrupt mode", false);
     this.schedule();
     return ack;
-  }
-
-  private modeOf(mode: QueueMode): QueueMode {
-    return mode === QueueMode.UNSPECIFIED ? this.queueMode : mode;
-  }
-
-  private waiting(): number {
-    let n = this.steering.length + this.followUps.length + this.collecting.length;
-    for (const group of this.queue) n += group.length;
-    return n;
   }
 
   /** Tells every subscriber why a frame was refused (the caller gets the status too). */
@@ -481,35 +408,11 @@ export class SessionActor {
     return new FrameRefused(err.code, err.message, err.trailers);
   }
 
-  /** The quiet window passed: the gathered prompts become one run. */
-  private closeCollection(): void {
-    this.collectTimer = undefined;
-    if (this.collecting.length === 0) return;
-    this.queue.push(this.collecting);
-    this.collecting = [];
-    this.schedule();
-  }
-
   /** Sets the session's default queue mode (kept in the log). */
   async setQueueMode(mode: QueueMode): Promise<void> {
-    if (mode === QueueMode.UNSPECIFIED || mode === this.queueMode) return;
-    this.queueMode = mode;
+    if (mode === QueueMode.UNSPECIFIED || mode === this.mailbox.mode) return;
+    this.mailbox.mode = mode;
     await this.log.append({ t: "settings", queueMode: mode }, true);
-  }
-
-  private toQueued(frame: ClientFrame, traceContext: Context): Queued | undefined {
-    const k = frame.kind;
-    if (k.case !== "prompt" && k.case !== "steer" && k.case !== "followUp") return undefined;
-    const ctx = Object.keys(frame.traceContext).length > 0 ? contextFromRecord(frame.traceContext) : traceContext;
-    const instruction = k.case === "prompt" && k.value.instruction !== "" ? k.value.instruction : undefined;
-    return {
-      frameId: frame.frameId,
-      kind: FRAME_KIND[k.case],
-      text: k.value.text,
-      instruction,
-      traceContext: ctx,
-      arrival: ++this.arrivals,
-    };
   }
 
   private abort(frameId: string, reason: string, clearQueue: boolean): void {
@@ -524,14 +427,7 @@ export class SessionActor {
       })
       .catch((err: unknown) => this.deps.logger.error("audit log write failed", { error: String(err) }));
     if (clearQueue) {
-      clearTimeout(this.collectTimer);
-      const dropped = [
-        ...this.steering.splice(0),
-        ...this.followUps.splice(0),
-        ...this.queue.splice(0).flat(),
-        ...this.collecting.splice(0),
-      ];
-      for (const q of dropped.sort((a, b) => a.arrival - b.arrival)) {
+      for (const q of this.mailbox.clear()) {
         this.emit({
           case: "error",
           value: {
@@ -553,12 +449,12 @@ export class SessionActor {
   }
 
   get idle(): boolean {
-    return !this.run && this.queue.length === 0 && this.collecting.length === 0;
+    return !this.run && this.mailbox.empty;
   }
 
   /** Nothing running, waiting, arriving or watching: the actor may leave memory. */
   get passivatable(): boolean {
-    return this.idle && this.subscribers.size === 0 && this.admitting === 0 && !this.closing;
+    return this.idle && this.journal.subscriberCount === 0 && this.admitting === 0 && !this.closing;
   }
 
   /** Last time anything happened in or to this actor. */
@@ -573,9 +469,9 @@ export class SessionActor {
 
   private schedule(): void {
     if (this.run || this.closing) return;
-    const next = this.queue.shift();
+    const next = this.mailbox.queue.shift();
     if (!next) {
-      if (this.ring.length > IDLE_RING_SIZE) this.ring.splice(0, this.ring.length - IDLE_RING_SIZE);
+      this.journal.trimIdle();
       // Prompts still gathering (collect mode) are work to come: not idle until they have run.
       if (this.idle) for (const wake of this.idleWaiters.splice(0)) wake();
       return;
@@ -588,8 +484,7 @@ export class SessionActor {
     run.done = this.execute(next, controller.signal).finally(() => {
       this.deps.runs?.ended(this.owner.tenant);
       // Steering or follow-ups that came too late for the run are not lost: they run next.
-      const late = [...this.steering.splice(0), ...this.followUps.splice(0)].sort((a, b) => a.arrival - b.arrival);
-      if (late.length > 0) this.queue.unshift(late);
+      this.mailbox.requeueLate();
       this.run = undefined;
       this.schedule();
     });
@@ -601,10 +496,10 @@ export class SessionActor {
       signal,
       messages: this.messages,
       emit: (payload) => void this.emit(payload),
-      delta: (messageId, kind, text) => this.delta(messageId, kind, text),
-      pressure: () => this.pressure(),
-      takeSteering: () => this.steering.splice(0),
-      takeFollowUps: () => this.followUps.splice(0),
+      delta: (messageId, kind, text) => this.journal.delta(messageId, kind, text),
+      pressure: () => this.journal.pressure(),
+      takeSteering: () => this.mailbox.steering.splice(0),
+      takeFollowUps: () => this.mailbox.followUps.splice(0),
       compaction: () => this.compaction,
     };
     try {
@@ -641,15 +536,11 @@ export class SessionActor {
       await new Promise((r) => setTimeout(r, 100 * 2 ** (this.restarts.length - 1)));
       await this.log.flush().catch(() => undefined);
       const records = await this.deps.store.read(this.ref);
-      const liveSeq = this.seq;
+      const liveSeq = this.journal.lastSeq;
       this.messages.length = 0;
       this.acks.clear();
-      this.queue.length = 0;
-      this.steering.length = 0;
-      this.followUps.length = 0;
-      this.collecting = [];
+      this.mailbox.clear();
       this.compaction = undefined;
-      clearTimeout(this.collectTimer);
       // What was queued comes back from the log (accepted, never applied) and runs after this.
       this.replayLog(
         records,
@@ -658,7 +549,7 @@ export class SessionActor {
       );
       if (this.restarts.length >= RESTART_LIMIT) {
         this.failed = `${this.restarts.length} unexpected failures within ${RESTART_WINDOW_MS / 1000} s; see the runner's log`;
-        for (const q of this.queue.splice(0).flat()) {
+        for (const q of this.mailbox.queue.splice(0).flat()) {
           this.emit({
             case: "error",
             value: { code: "CANCELLED", message: "dropped: the session failed", frameId: q.frameId },
@@ -683,40 +574,7 @@ export class SessionActor {
   // Events
 
   private emit(payload: EventPayload): AgentEvent {
-    this.flushDelta();
-    return this.publish(payload);
-  }
-
-  private publish(payload: EventPayload): AgentEvent {
-    const now = Date.now();
-    this.updatedMs = now;
-    this.activeMs = now;
-    // create() turns the payload's init object into a message.
-    const event = create(AgentEventSchema, {
-      sessionId: this.sessionId,
-      seq: BigInt(++this.seq),
-      turnId: this.run?.turnId ?? "",
-      time: timestampFromMs(now),
-      payload: payload as never,
-    });
-    if (this.seq >= this.reservedUpTo - SEQ_BLOCK / 2) {
-      this.reservedUpTo = this.seq + SEQ_BLOCK;
-      this.persist({ t: "seq", upTo: this.reservedUpTo }, true);
-    }
-    if (!TRANSIENT.has(payload.case))
-      this.persist(
-        { t: "event", event: toJson(AgentEventSchema, event) },
-        payload.case === "agentEnd" || payload.case === "compactionEnd",
-      );
-    if (event.payload.case === "compactionEnd")
-      this.compaction = {
-        summary: event.payload.value.summary,
-        firstKeptMessageId: event.payload.value.firstKeptMessageId,
-      };
-    this.ring.push(event);
-    if (this.ring.length > RING_SIZE) this.ring.splice(0, this.ring.length - RING_SIZE);
-    for (const sub of this.subscribers) sub.send(event);
-    return event;
+    return this.journal.emit(payload);
   }
 
   private persist(record: LogRecord, sync: boolean): void {
@@ -753,110 +611,30 @@ export class SessionActor {
     this.lost = err;
     this.closing = true;
     this.deps.logger.warn(why, { session: this.sessionId });
-    clearTimeout(this.collectTimer);
+    this.mailbox.stop();
     this.run?.controller.abort(err);
-    for (const sub of this.subscribers) sub.close(err);
-    this.subscribers.clear();
+    this.journal.closeAll(err);
     for (const wake of this.idleWaiters.splice(0)) wake();
     this.onLost?.();
-  }
-
-  /** Deltas that arrive in one burst (one network read, one event-loop turn) become one event. */
-  private delta(messageId: string, kind: "text" | "thinking", text: string): void {
-    const p = this.pendingDelta;
-    if (p && p.messageId === messageId && p.kind === kind && p.text.length + text.length <= MAX_DELTA_CHARS) {
-      p.text += text;
-      return;
-    }
-    this.flushDelta();
-    this.pendingDelta = { messageId, kind, text };
-    if (!this.flushScheduled) {
-      this.flushScheduled = true;
-      setImmediate(() => {
-        this.flushScheduled = false;
-        this.flushDelta();
-      });
-    }
-  }
-
-  private flushDelta(): void {
-    const p = this.pendingDelta;
-    if (!p) return;
-    this.pendingDelta = undefined;
-    this.publish({ case: "messageUpdate", value: { messageId: p.messageId, delta: { case: p.kind, value: p.text } } });
-  }
-
-  private pressure(): Promise<void> | undefined {
-    let waits: Promise<void>[] | undefined;
-    for (const sub of this.subscribers) {
-      const p = sub.pressure();
-      if (p) (waits ??= []).push(p);
-    }
-    return waits && Promise.all(waits).then(() => undefined);
   }
 
   // -------------------------------------------------------------------------------------------
   // Subscribers
 
-  /**
-   * Adds a subscriber. With afterSeq, first sends what the session still holds after that seq:
-   * from memory when the ring covers it, else the complete events from the log. Live events that
-   * happen meanwhile are held back and follow in order, each exactly once.
-   */
+  /** Adds a subscriber, first sending what the session holds after `afterSeq` (EventJournal.attach). */
   async attach(sub: EventSubscriber, afterSeq?: number): Promise<void> {
     if (this.lost) throw this.lost;
     this.activeMs = Date.now();
-    if (afterSeq === undefined || afterSeq >= this.seq) {
-      this.subscribers.add(sub);
-      return;
+    await this.journal.attach(sub, afterSeq);
+    if (this.lost) {
+      this.journal.detach(sub);
+      throw this.lost;
     }
-    const held: AgentEvent[] = [];
-    const holder: EventSubscriber = {
-      send: (e) => void held.push(e),
-      pressure: () => undefined,
-      close: (err) => sub.close(err),
-    };
-    this.subscribers.add(holder);
-    let last = afterSeq;
-    const forward = (e: AgentEvent) => {
-      const seq = Number(e.seq);
-      if (seq <= last) return;
-      if (seq > last + 1) {
-        // Say so rather than leave a hole: the gap event takes the last missing seq.
-        sub.send(
-          create(AgentEventSchema, {
-            sessionId: this.sessionId,
-            seq: BigInt(seq - 1),
-            turnId: e.turnId,
-            time: e.time,
-            payload: { case: "gap", value: { firstSeq: BigInt(last + 1) } },
-          }),
-        );
-      }
-      sub.send(e);
-      last = seq;
-    };
-    try {
-      const floor = this.ring.length > 0 ? Number(this.ring[0].seq) : this.seq + 1;
-      if (afterSeq + 1 < floor) {
-        for (const rec of await this.deps.store.read(this.ref)) {
-          if (rec.t !== "event") continue;
-          const e = fromJson(AgentEventSchema, rec.event as JsonValue);
-          if (Number(e.seq) < floor) forward(e);
-        }
-      }
-      for (const e of this.ring) forward(e);
-      for (const e of held) forward(e);
-    } finally {
-      this.subscribers.delete(holder);
-    }
-    if (this.lost) throw this.lost;
-    this.subscribers.add(sub);
   }
 
   detach(sub: EventSubscriber): void {
     this.activeMs = Date.now();
-    this.subscribers.delete(sub);
+    this.journal.detach(sub);
   }
 
   info(): SessionInfo {
@@ -865,24 +643,24 @@ export class SessionActor {
       agentId: this.agentId,
       createTime: timestampFromMs(this.createdMs),
       updateTime: timestampFromMs(this.updatedMs),
-      lastSeq: BigInt(this.seq),
+      lastSeq: BigInt(this.journal.lastSeq),
       messageCount: this.messages.length,
       running: this.running,
     });
   }
 
   get lastSeq(): number {
-    return this.seq;
+    return this.journal.lastSeq;
   }
 
   /** Stops the running run (if any) and closes the log. */
   async close(): Promise<void> {
     this.closing = true;
-    clearTimeout(this.collectTimer);
+    this.mailbox.stop();
     this.run?.controller.abort(new Error("runner shutting down"));
     await this.run?.done;
-    this.flushDelta();
-    await this.log.append({ t: "closed", seq: this.seq }, true).catch(() => undefined);
+    this.journal.flushDelta();
+    await this.log.append({ t: "closed", seq: this.journal.lastSeq }, true).catch(() => undefined);
     await this.log.close();
   }
 }

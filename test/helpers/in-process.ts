@@ -15,7 +15,8 @@ import { Hooks } from "../../services/runner/hooks.js";
 import { InMemorySessionStore } from "../../services/runner/in-memory-store.js";
 import type { RunDeps } from "../../services/runner/run.js";
 import { ModelError, type ModelChunk, type ModelClient, type ModelRequest } from "../../services/runner/model.js";
-import { SessionActor, type ActorDeps, type EventSubscriber } from "../../services/runner/session-actor.js";
+import type { EventSubscriber } from "../../services/runner/event-journal.js";
+import { SessionActor, type ActorDeps } from "../../services/runner/session-actor.js";
 import { TokenCounter } from "../../services/runner/tokens.js";
 import type { Tool } from "../../services/runner/tools.js";
 
