@@ -70,7 +70,7 @@ async function main(argv: string[]): Promise<void> {
   }
   switch (command) {
     case "model-server":
-      return (await import("./model-server.js")).modelServerCommand(args);
+      return (await import("../dev/model-server-command.js")).modelServerCommand(args);
     case "up":
       return (await import("./up.js")).upCommand(args);
     case "chat":

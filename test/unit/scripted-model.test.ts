@@ -2,7 +2,7 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import OpenAI from "openai";
-import { startScriptedModelServer, type RunningModelServer } from "../../services/scripted-model/server.js";
+import { startScriptedModelServer, type RunningModelServer } from "../../services/dev/scripted-model/server.js";
 import { OpenAIModelClient, ModelError, type ModelChunk } from "../../services/runner/model.js";
 
 let server: RunningModelServer;

@@ -1,6 +1,6 @@
 import { loadConfig } from "../shared/config.js";
 import { createLogger } from "../shared/log.js";
-import { startScriptedModelServer } from "../scripted-model/server.js";
+import { startScriptedModelServer } from "./scripted-model/server.js";
 
 export async function modelServerCommand(args: string[]): Promise<void> {
   const cfg = loadConfig(args, process.env, { "token-rate": { type: "string" } });
