@@ -8,10 +8,11 @@ import { AttachResponseSchema, type AttachRequestSchema } from "../shared/gen/tr
 import { AgentEventSchema } from "../shared/gen/troupe/v1/session_pb.js";
 import type { grpc } from "../shared/rpc.js";
 
-// The runner's AttachResponse and the client's ChatResponse (likewise ReplayResponse and
-// SubscribeResponse) have the same fields under the same numbers, so the runner's bytes are the
-// client's bytes: the gateway forwards them without decoding and re-encoding every token. It
-// decodes only what it acts on: the open answer and the events that delimit turns for tracing.
+// The runner's AttachResponse and the client's ChatResponse have the same fields under the same
+// numbers, so the runner's bytes are the client's bytes: the gateway forwards them without
+// decoding and re-encoding every token. It decodes only what it acts on: the open answer and the
+// events that delimit turns for tracing. A SubscribeResponse is an AgentEvent under another field
+// number, so an Attach event becomes one by changing its tag byte.
 const OPENED = AttachResponseSchema.field.opened.number;
 const EVENT = AttachResponseSchema.field.event.number;
 const OBSERVED = new Set([

@@ -76,7 +76,7 @@ export class RunnerPool {
       // Session streams are forwarded as bytes: see needsDecoding.
       c = createClient(RunnerService, address, {
         maxMessageBytes: this.maxMessageBytes,
-        rawResponses: ["attach", "replay"],
+        rawResponses: ["attach"],
         headers: this.headers,
       });
       this.clients.set(address, c);

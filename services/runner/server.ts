@@ -340,14 +340,6 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
       return { accepted: await actor.submit(req.frame, traceContext) };
     },
 
-    async replay(call) {
-      const actor = await requireActor(call.request.sessionId, call);
-      const subscriber = new StreamSubscriber(call, (event) => ({ event }) as never);
-      call.on("cancelled", () => actor.detach(subscriber));
-      call.on("close", () => actor.detach(subscriber));
-      await actor.attach(subscriber, Number(call.request.afterSeq));
-    },
-
     async readHistory(req, call) {
       const { size, offset } = pageParams(req.pageSize, req.pageToken);
       const actor = await requireActor(req.sessionId, call);
