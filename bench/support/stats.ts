@@ -1,2 +1,2 @@
-// Percentiles for the benchmarks' figures: the services' own (services/shared/stats.ts).
-export { pct } from "../../services/shared/stats.js";
+// Percentiles for the benchmarks' figures: the services' own (services/memory/stats.ts).
+export { pct } from "../../services/memory/stats.js";

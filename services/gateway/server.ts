@@ -26,7 +26,7 @@ import { catchStopCommand, validateFrame, validateSessionRef } from "../shared/f
 import { GatewayService, type ChatRequest } from "../shared/gen/troupe/v1/gateway_pb.js";
 import { Health } from "../shared/gen/grpc/health/v1/health_pb.js";
 import { ServerReflection } from "../shared/gen/grpc/reflection/v1/reflection_pb.js";
-import { reflectionService } from "../shared/reflection.js";
+import { reflectionService } from "./reflection.js";
 import { memoryOwnerOf, normaliseInbound } from "./inbound.js";
 import { GatewayLimits, limitsFromEnv } from "./limits.js";
 import { TenantQuotas, quotasFromEnv } from "../shared/quotas.js";

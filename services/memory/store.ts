@@ -37,7 +37,7 @@ import { RpcError, Status, failedPrecondition } from "../shared/errors.js";
 import type { Logger } from "../shared/log.js";
 import { MemoryKind } from "../shared/gen/troupe/v1/memory_pb.js";
 import { newId } from "../shared/ids.js";
-import { pct } from "../shared/stats.js";
+import { pct } from "./stats.js";
 import { arrowTable } from "./columns.js";
 import { copyInScopeOrder, layoutTableName } from "./layout.js";
 import type { Candidate } from "./ranking.js";

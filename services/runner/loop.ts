@@ -18,7 +18,7 @@ import { create } from "@bufbuild/protobuf";
 import { timestampNow } from "@bufbuild/protobuf/wkt";
 import { SpanKind, SpanStatusCode, context, trace } from "@opentelemetry/api";
 import { ChatMessageSchema, Role, StopReason, UsageSchema, type Usage } from "../shared/gen/troupe/v1/session_pb.js";
-import { failpoint } from "../shared/failpoints.js";
+import { failpoint } from "./failpoints.js";
 import { triggerOf } from "../shared/frames.js";
 import { newId } from "../shared/ids.js";
 import { GenAI, tracer } from "../shared/telemetry.js";

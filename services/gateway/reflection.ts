@@ -5,14 +5,14 @@
 import { create, toBinary, type DescFile, type DescMessage, type DescService } from "@bufbuild/protobuf";
 import type { GenService, GenServiceMethods } from "@bufbuild/protobuf/codegenv2";
 import { FileDescriptorProtoSchema } from "@bufbuild/protobuf/wkt";
-import { Status } from "./errors.js";
+import { Status } from "../shared/errors.js";
 import {
   ServerReflection,
   ServerReflectionResponseSchema,
   type ServerReflectionRequest,
   type ServerReflectionResponse,
-} from "./gen/grpc/reflection/v1/reflection_pb.js";
-import type { ServiceImpl } from "./rpc.js";
+} from "../shared/gen/grpc/reflection/v1/reflection_pb.js";
+import type { ServiceImpl } from "../shared/rpc.js";
 
 class DescriptorIndex {
   readonly files = new Map<string, DescFile>();
