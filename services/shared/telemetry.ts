@@ -55,6 +55,10 @@ export const injectContext = (ctx: Context, metadata: Metadata): void =>
   propagation.inject(ctx, metadata, metadataSetter);
 
 /** Trace context as a string map, for carriers that are not call metadata (a stream's frames). */
+/** The context a span makes for what runs under it. */
+export const spanContext = (parent: Context, span: ReturnType<typeof tracer.startSpan>): Context =>
+  trace.setSpan(parent, span);
+
 export function contextToRecord(ctx: Context = context.active()): Record<string, string> {
   const carrier: Record<string, string> = {};
   propagation.inject(ctx, carrier, recordSetter);

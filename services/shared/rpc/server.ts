@@ -1,0 +1,221 @@
+// The server: typed handlers wrapped with error mapping and spans, one interceptor that checks
+// credentials and refuses malformed requests, the health service, and the drain lifecycle.
+import * as grpc from "@grpc/grpc-js";
+import type { DescMethod } from "@bufbuild/protobuf";
+import type { GenService, GenServiceMethods } from "@bufbuild/protobuf/codegenv2";
+import { SpanKind, SpanStatusCode, context } from "@opentelemetry/api";
+import { isOpenPath, type Authenticator } from "../auth.js";
+import { RpcError, Status, toStatus } from "../errors.js";
+import { extractContext, spanContext, tracer } from "../telemetry.js";
+import { MalformedMessage, serviceDefinition } from "./definition.js";
+import { channelOptions, DEFAULT_MAX_MESSAGE_BYTES } from "./limits.js";
+import type { ServiceImpl } from "./types.js";
+
+/**
+ * The one interceptor every server runs (one layer, so each call pays for one): the server's
+ * authenticator on the call's metadata, then requests that did not parse are refused with
+ * INVALID_ARGUMENT, both before any handler runs. A refused call ends with its status. The
+ * health and reflection services need no credentials.
+ */
+function guard(authenticate: Authenticator | undefined): grpc.ServerInterceptor {
+  return (method, call) => {
+    const open = authenticate === undefined || isOpenPath(method.path);
+    const intercepting: grpc.ServerInterceptingCall = new grpc.ServerInterceptingCall(call, {
+      start: (next) =>
+        next({
+          onReceiveMetadata: (metadata, forward) => {
+            if (!open) {
+              try {
+                authenticate(metadata, method.path);
+              } catch (err) {
+                const status = toStatus(err);
+                intercepting.sendStatus({
+                  code: status.code,
+                  details: status.details,
+                  metadata: status.metadata ?? new grpc.Metadata(),
+                });
+                return;
+              }
+            }
+            forward(metadata);
+          },
+          onReceiveMessage: (message, forward) => {
+            if (message instanceof MalformedMessage) {
+              intercepting.sendStatus({ code: Status.INVALID_ARGUMENT, details: message.reason });
+              return;
+            }
+            forward(message);
+          },
+        }),
+    });
+    return intercepting;
+  };
+}
+
+// Server spans are errors only for the codes that mean the server failed (OTel RPC conventions).
+const SERVER_ERROR_CODES = new Set([
+  Status.UNKNOWN,
+  Status.DEADLINE_EXCEEDED,
+  Status.UNIMPLEMENTED,
+  Status.INTERNAL,
+  Status.UNAVAILABLE,
+  Status.DATA_LOSS,
+]);
+
+type AnyCall = grpc.ServerUnaryCall<unknown, unknown> & grpc.ServerDuplexStream<unknown, unknown>;
+
+function wrapHandler(method: DescMethod, handler: (...args: never[]) => unknown): grpc.UntypedHandleCall {
+  const path = `${method.parent.typeName}/${method.name}`;
+  const startSpan = (call: { metadata: grpc.Metadata }) => {
+    const parent = extractContext(call.metadata);
+    const span = tracer.startSpan(
+      path,
+      { kind: SpanKind.SERVER, attributes: { "rpc.system.name": "grpc", "rpc.method": path } },
+      parent,
+    );
+    return { span, ctx: spanContext(parent, span) };
+  };
+  const endSpan = (span: ReturnType<typeof startSpan>["span"], code: Status) => {
+    span.setAttribute("rpc.status_code", Status[code] ?? String(code));
+    if (SERVER_ERROR_CODES.has(code)) span.setStatus({ code: SpanStatusCode.ERROR });
+    span.end();
+  };
+
+  if (method.methodKind === "unary" || method.methodKind === "client_streaming") {
+    const fn = handler as unknown as (a: unknown, b?: unknown) => Promise<unknown>;
+    const unary = (call: AnyCall, callback: grpc.sendUnaryData<unknown>) => {
+      const { span, ctx } = startSpan(call);
+      const run = method.methodKind === "unary" ? () => fn(call.request, call) : () => fn(call);
+      context.with(ctx, run).then(
+        (response) => {
+          endSpan(span, Status.OK);
+          callback(null, response);
+        },
+        (err: unknown) => {
+          const status = toStatus(err);
+          if (!(err instanceof RpcError) && status.code === Status.INTERNAL) console.error(`${path}:`, err);
+          endSpan(span, status.code);
+          callback(status);
+        },
+      );
+    };
+    return unary as unknown as grpc.UntypedHandleCall;
+  }
+  const fn = handler as unknown as (call: AnyCall) => unknown;
+  const streaming = (call: AnyCall) => {
+    const { span, ctx } = startSpan(call);
+    let ended = false;
+    const finish = (code: Status) => {
+      if (ended) return;
+      ended = true;
+      endSpan(span, code);
+    };
+    call.once("finish", () => finish(Status.OK));
+    call.once("cancelled", () => finish(Status.CANCELLED));
+    try {
+      const result = context.with(ctx, () => fn(call));
+      if (result instanceof Promise) result.catch((err: unknown) => failStream(call, err, path, finish));
+    } catch (err) {
+      failStream(call, err, path, finish);
+    }
+  };
+  return streaming as unknown as grpc.UntypedHandleCall;
+}
+
+function failStream(call: AnyCall, err: unknown, path: string, finish: (code: Status) => void): void {
+  const status = toStatus(err);
+  if (!(err instanceof RpcError) && status.code === Status.INTERNAL) console.error(`${path}:`, err);
+  finish(status.code);
+  if (!call.cancelled && !call.writableEnded) call.emit("error", status);
+}
+
+export interface ServerOptions {
+  /** Largest message the server accepts; larger ones fail with RESOURCE_EXHAUSTED. */
+  maxMessageBytes?: number;
+  /** Checks every call's credentials (auth.ts); without it the server answers anyone (tests of the adapter only). */
+  authenticate?: Authenticator;
+}
+
+/** Health states of the standard health service. */
+export { HealthCheckResponse_ServingStatus as ServingStatus } from "../gen/grpc/health/v1/health_pb.js";
+import { Health, HealthCheckResponse_ServingStatus as Serving } from "../gen/grpc/health/v1/health_pb.js";
+
+/**
+ * A grpc-js server with the health service built in. Lifecycle: add services, listen(), and on
+ * the way out drain(): health goes NOT_SERVING, new calls are refused, running ones get a grace
+ * period, then whatever is left is cancelled.
+ */
+export class RpcServer {
+  private readonly server: grpc.Server;
+  private readonly statuses = new Map<string, Serving>([["", Serving.SERVING]]);
+  private readonly watchers = new Map<string, Set<grpc.ServerWritableStream<unknown, unknown>>>();
+
+  constructor(options: ServerOptions = {}) {
+    this.server = new grpc.Server({
+      ...channelOptions(options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES),
+      // Lets clients re-resolve and rebalance behind a Kubernetes Service.
+      "grpc.max_connection_age_ms": 30 * 60_000,
+      "grpc.max_connection_age_grace_ms": 5 * 60_000,
+      "grpc.keepalive_permit_without_calls": 1,
+      "grpc.http2.min_ping_interval_without_data_ms": 60_000,
+      // Node's 10 MB default per HTTP/2 session throttles fast event streams.
+      "grpc-node.max_session_memory": 64,
+      interceptors: [guard(options.authenticate)],
+    });
+    this.add(Health, {
+      check: async (req) => {
+        const status = this.statuses.get(req.service);
+        if (status === undefined) throw new RpcError(Status.NOT_FOUND, `unknown service ${req.service}`);
+        return { status };
+      },
+      watch: (call) => {
+        const name = call.request.service;
+        let set = this.watchers.get(name);
+        if (!set) this.watchers.set(name, (set = new Set()));
+        set.add(call as never);
+        call.write({ status: this.statuses.get(name) ?? Serving.SERVICE_UNKNOWN } as never);
+        call.on("cancelled", () => set.delete(call as never));
+      },
+    });
+  }
+
+  add<S extends GenServiceMethods>(service: GenService<S>, impl: ServiceImpl<S>): this {
+    const handlers: grpc.UntypedServiceImplementation = {};
+    for (const method of service.methods) {
+      handlers[method.localName] = wrapHandler(method, impl[method.localName as keyof S] as never);
+    }
+    this.server.addService(serviceDefinition(service), handlers);
+    if (service.typeName !== Health.typeName) this.setStatus(service.typeName, Serving.SERVING);
+    return this;
+  }
+
+  setStatus(service: string, status: Serving): void {
+    this.statuses.set(service, status);
+    for (const call of this.watchers.get(service) ?? []) call.write({ status } as never);
+  }
+
+  /** Serve on host:port (port 0 picks a free one). Resolves to the bound port. */
+  listen(address: string): Promise<number> {
+    return new Promise((resolve, reject) => {
+      this.server.bindAsync(address, grpc.ServerCredentials.createInsecure(), (err, port) =>
+        err ? reject(err) : resolve(port),
+      );
+    });
+  }
+
+  /** Go NOT_SERVING, stop accepting, give running calls graceMs to end, then cancel the rest. */
+  async drain(graceMs: number): Promise<void> {
+    for (const name of this.statuses.keys()) this.setStatus(name, Serving.NOT_SERVING);
+    for (const set of this.watchers.values()) for (const call of set) call.end();
+    await new Promise<void>((resolve) => {
+      const timer = setTimeout(() => {
+        this.server.forceShutdown();
+        resolve();
+      }, graceMs);
+      this.server.tryShutdown(() => {
+        clearTimeout(timer);
+        resolve();
+      });
+    });
+  }
+}

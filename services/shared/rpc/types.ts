@@ -1,0 +1,40 @@
+// The shapes derived from a generated service: a server's implementation and a client, method by
+// method, and the options of a call.
+import type * as grpc from "@grpc/grpc-js";
+import type { MessageInitShape, MessageShape } from "@bufbuild/protobuf";
+import type { GenServiceMethods } from "@bufbuild/protobuf/codegenv2";
+
+export type Method = GenServiceMethods[string];
+export type In<M extends Method> = MessageShape<M["input"]>;
+export type Out<M extends Method> = MessageShape<M["output"]>;
+export type OutInit<M extends Method> = MessageInitShape<M["output"]>;
+export type InInit<M extends Method> = MessageInitShape<M["input"]>;
+
+/** Server side: what a service implementation provides, method by method. */
+export type ServiceImpl<S extends GenServiceMethods> = {
+  [K in keyof S]: S[K]["methodKind"] extends "unary"
+    ? (request: In<S[K]>, call: grpc.ServerUnaryCall<In<S[K]>, Out<S[K]>>) => Promise<OutInit<S[K]>>
+    : S[K]["methodKind"] extends "server_streaming"
+      ? (call: grpc.ServerWritableStream<In<S[K]>, Out<S[K]>>) => void | Promise<void>
+      : S[K]["methodKind"] extends "client_streaming"
+        ? (call: grpc.ServerReadableStream<In<S[K]>, Out<S[K]>>) => Promise<OutInit<S[K]>>
+        : (call: grpc.ServerDuplexStream<In<S[K]>, Out<S[K]>>) => void | Promise<void>;
+};
+
+export interface CallOptions {
+  /** Milliseconds from now. Unary calls default to DEFAULT_DEADLINE_MS; streams have none. */
+  timeoutMs?: number;
+  signal?: AbortSignal;
+  metadata?: grpc.Metadata;
+}
+
+/** Client side: one function per method. */
+export type ServiceClient<S extends GenServiceMethods> = {
+  [K in keyof S]: S[K]["methodKind"] extends "unary"
+    ? (request: InInit<S[K]>, options?: CallOptions) => Promise<Out<S[K]>>
+    : S[K]["methodKind"] extends "server_streaming"
+      ? (request: InInit<S[K]>, options?: CallOptions) => grpc.ClientReadableStream<Out<S[K]>>
+      : S[K]["methodKind"] extends "client_streaming"
+        ? (options?: CallOptions) => Promise<never>
+        : (options?: CallOptions) => grpc.ClientDuplexStream<InInit<S[K]>, Out<S[K]>>;
+} & { readonly close: () => void };
