@@ -22,7 +22,8 @@ import { parseArgs } from "node:util";
 import { createLogger } from "../services/shared/log.js";
 import { mmr } from "../services/memory/ranking.js";
 import { rankOptions, search } from "../services/memory/server.js";
-import { MemoryStore, newMemoryRow, sqlString, type MemoryRow } from "../services/memory/store.js";
+import { MemoryStore } from "../services/memory/store.js";
+import { newMemoryRow, sqlString, type MemoryRow } from "../services/memory/memory-schema.js";
 import { pct } from "./support/stats.js";
 
 const { values } = parseArgs({

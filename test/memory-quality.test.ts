@@ -13,7 +13,8 @@ import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import { LocalEmbedder } from "../services/memory/embedder.js";
 import { SearchOptionsSchema } from "../services/shared/gen/troupe/v1/memory_pb.js";
 import { rankOptions, search } from "../services/memory/server.js";
-import { MemoryStore, newMemoryRow } from "../services/memory/store.js";
+import { MemoryStore } from "../services/memory/store.js";
+import { newMemoryRow } from "../services/memory/memory-schema.js";
 import { createLogger } from "../services/shared/log.js";
 
 interface Fixture {

@@ -9,22 +9,18 @@ import os from "node:os";
 import path from "node:path";
 import * as lancedb from "@lancedb/lancedb";
 import { arrowTable } from "../services/memory/columns.js";
+import { FILE_FORMAT, activeTable, TABLE } from "../services/memory/meta.js";
 import {
-  FILE_FORMAT,
   MEMORY_COLUMNS,
-  MemoryStore,
-  activeTable,
   memoryArrow,
   newMemoryRow,
-  partitionsFor,
-  planFrom,
   schemaFor,
   sqlString,
-  subVectorsFor,
-  TABLE,
   type MemoryRow,
   type StoredMemory,
-} from "../services/memory/store.js";
+} from "../services/memory/memory-schema.js";
+import { MemoryStore } from "../services/memory/store.js";
+import { partitionsFor, planFrom, subVectorsFor } from "../services/memory/search-plan.js";
 import { createLogger, type Logger } from "../services/shared/log.js";
 
 const DIM = 32;

@@ -6,7 +6,8 @@
 import OpenAI from "openai";
 import type { Logger } from "../shared/log.js";
 import type { Embedder } from "./embedder.js";
-import { type MemoryStore, newMemoryRow, type MemoryRow } from "./store.js";
+import type { MemoryStore } from "./store.js";
+import { newMemoryRow, type MemoryRow } from "./memory-schema.js";
 
 /** Markers the scripted model recognises (docs/scripted-model.md); a real model reads the instructions after them. */
 export const EXTRACT_MARKER = "[troupe:extract-facts]";

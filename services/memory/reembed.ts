@@ -14,16 +14,8 @@
 // run drops. The history table is not touched: it holds texts, not vectors.
 import type { Logger } from "../shared/log.js";
 import type { Embedder } from "./embedder.js";
-import {
-  MEMORY_COLUMNS,
-  activeTable,
-  connectMemoryDb,
-  indexNewTable,
-  memoryArrow,
-  schemaFor,
-  setActiveTable,
-  type StoredMemory,
-} from "./store.js";
+import { MEMORY_COLUMNS, memoryArrow, schemaFor, type StoredMemory } from "./memory-schema.js";
+import { activeTable, connectMemoryDb, indexNewTable, setActiveTable } from "./meta.js";
 
 /** New tables are named memories_r<base-36 time>; anything of that shape not in use is a leftover. */
 const REEMBED_TABLE = /^memories_r[0-9a-z]+$/;

@@ -24,7 +24,8 @@ import { modelBaseUrl } from "../shared/config.js";
 import { LocalEmbedder, OpenAIEmbedder, type Embedder } from "./embedder.js";
 import { Learner } from "./learn.js";
 import { DEFAULT_RANKING, rank, type RankOptions, type Ranked } from "./ranking.js";
-import { EVENT, MemoryStore, newMemoryRow, sqlString, type StoredCandidate, type StoredMemory } from "./store.js";
+import { EVENT, newMemoryRow, sqlString, type StoredCandidate, type StoredMemory } from "./memory-schema.js";
+import { MemoryStore } from "./store.js";
 
 const MAX_TEXT_CHARS = 8000;
 const MAX_BATCH = 1000;

@@ -18,440 +18,76 @@
 //   refused rather than searched with vectors from two spaces. `troupe memory reembed`
 //   (reembed.ts) migrates: it writes a new table and switches the pointer in META_TABLE to it in
 //   one commit, so a reader sees the old table or the new one, never a mix.
-import { createHash } from "node:crypto";
 import * as lancedb from "@lancedb/lancedb";
-import {
-  Bool,
-  Field,
-  FixedSizeList,
-  Float32,
-  Float64,
-  Int32,
-  Schema,
-  type Table as ArrowTable,
-  Timestamp,
-  TimeUnit,
-  Utf8,
-} from "apache-arrow";
+import type { Schema } from "apache-arrow";
 import { RpcError, Status, failedPrecondition } from "../shared/errors.js";
 import type { Logger } from "../shared/log.js";
-import { MemoryKind } from "../shared/gen/troupe/v1/memory_pb.js";
-import { newId } from "../shared/ids.js";
-import { pct } from "./stats.js";
 import { arrowTable } from "./columns.js";
 import { copyInScopeOrder, layoutTableName } from "./layout.js";
-import type { Candidate } from "./ranking.js";
-
-export const TABLE = "memories_v2";
-/** key -> value rows; "memories_table" names the memory table in use (TABLE when absent). */
-export const META_TABLE = "troupe_meta";
-const ACTIVE_KEY = "memories_table";
-/** The row count of the table when it was last rewritten in scope order (layout.ts). */
-const LAYOUT_ROWS_KEY = "layout_rows";
-/** The table a rewrite replaced, dropped a little later (or at the next start if the process ends first). */
-const RETIRED_KEY = "retired_table";
-/** The table a rewrite is writing; if it is not the one in use at a start, the rewrite never finished. */
-const PENDING_KEY = "layout_table";
-const metaSchema = new Schema([new Field("key", new Utf8(), false), new Field("value", new Utf8(), false)]);
-
-/**
- * Lance's file format for every table this service makes: 2.1, where LanceDB 0.39 makes 2.2.
- * Reading a few whole rows from a large fragment is what every search ends with (the candidates'
- * columns after the vector or full-text search picks them), and 2.2 makes it several times
- * slower. Measured on bench/memory's million memories compacted into one fragment (2 cores,
- * warm page cache, the same rows copied into a table of each format, queries alternating):
- *
- * | p50 | 2.0 | 2.1 | 2.2 |
- * | --- | --- | --- | --- |
- * | exact search of an owner's 10,000 rows, 40 whole rows back | 12.4 ms | 13.3 ms | 19.4 ms |
- * | the same, ids and distances back | 9.8 ms | 10.8 ms | 10.6 ms |
- * | full-text search of the scope, 40 whole rows back | 9.5 ms | 9.3 ms | 18.5 ms |
- * | 10 whole rows by id | 7.8 ms | 6.2 ms | 28.9 ms |
- *
- * In 2.2 each fixed-width column costs a few ms to read one row from (4.5 ms against 2 ms for a
- * string column), so the cost grows with the columns asked for rather than the rows. 2.1 is as
- * fast as 2.0 and smaller on disk (2.1 against 2.3 GB there). A table keeps the format it was
- * made with through compaction; one made before this setting changes at its next rewrite
- * (layout.ts) or re-embed, both of which make a new table.
- */
-export const FILE_FORMAT = "2.1";
-
-/** The memory database at uri, making new tables in FILE_FORMAT. */
-export function connectMemoryDb(uri: string, storageOptions: Record<string, string>): Promise<lancedb.Connection> {
-  return lancedb.connect(uri, { storageOptions: { new_table_data_storage_version: FILE_FORMAT, ...storageOptions } });
-}
-
-/** The meta table's values by key (empty before anything was set). */
-async function readMeta(db: lancedb.Connection): Promise<Map<string, string>> {
-  if (!(await db.tableNames()).includes(META_TABLE)) return new Map();
-  const meta = await db.openTable(META_TABLE);
-  const rows = (await meta.query().toArray()) as { key: string; value: string }[];
-  meta.close();
-  return new Map(rows.map((r) => [r.key, r.value]));
-}
-
-/** Sets values of the meta table, all in one commit. */
-async function writeMeta(db: lancedb.Connection, values: Record<string, string>): Promise<void> {
-  const meta = await db.createEmptyTable(META_TABLE, metaSchema, { existOk: true });
-  await meta
-    .mergeInsert("key")
-    .whenMatchedUpdateAll()
-    .whenNotMatchedInsertAll()
-    .execute(Object.entries(values).map(([key, value]) => ({ key, value })));
-  meta.close();
-}
-
-/** The memory table in use: the one the pointer names, else TABLE. */
-export async function activeTable(db: lancedb.Connection): Promise<string> {
-  return (await readMeta(db)).get(ACTIVE_KEY) ?? TABLE;
-}
-
-/**
- * Points readers at another memory table (re-embed's switch): one commit of the meta table. The
- * table was not written in scope order, so the next maintenance past the threshold rewrites it.
- */
-export async function setActiveTable(db: lancedb.Connection, name: string): Promise<void> {
-  await writeMeta(db, { [ACTIVE_KEY]: name, [LAYOUT_ROWS_KEY]: "0" });
-}
-/**
- * The full-text index, and the scalar indexes once there are rows (LanceDB cannot train them on
- * none), for a table just made: an empty one, a re-embedded copy, a rewrite in scope order.
- */
-export async function indexNewTable(table: lancedb.Table, rows: number): Promise<void> {
-  await table.createIndex("text", { config: lancedb.Index.fts({ withPosition: false }), replace: true });
-  if (rows > 0)
-    for (const [column, config] of SCALAR_INDEXES) await table.createIndex(column, { config: config(), replace: true });
-}
-
-/** Every change to a memory: add, update, delete, with the text before and after. */
-export const HISTORY_TABLE = "memory_history";
-/** The first version's table; migrated into TABLE on start. */
-const LEGACY_TABLE = "memories";
-export const INDEX_THRESHOLD = 100_000;
-/** Sizes a store decides by; tests make them small to reach the large-table paths quickly. */
-export interface StoreTuning {
-  /** Rows from which the table gets a vector index and is kept in scope order. */
-  indexThreshold: number;
-  /** Scopes up to this size are always searched exactly (vectorCandidates says why). */
-  exactScopeRows: number;
-  /**
-   * The recall@10 against exact search that searches through the vector index are to keep: the
-   * store probes as many partitions as its watch of the index found this needs, and reports an
-   * index that no probe count it tries brings this far (watchIndex).
-   */
-  minIndexRecall: number;
-}
-const DEFAULT_TUNING: StoreTuning = { indexThreshold: INDEX_THRESHOLD, exactScopeRows: 2_000, minIndexRecall: 0.95 };
-/** The table is rewritten in scope order once it has grown by this fraction since the last time. */
-const LAYOUT_GROWTH = 0.25;
-/** A failed rewrite is tried again after this long (until then, the vector index is built alone). */
-const RELAYOUT_RETRY_MS = 3600_000;
-/** A table replaced by a rewrite is dropped this long after, once searches begun on it are done. */
-const RETIRE_AFTER_MS = 30_000;
-const SCALAR_INDEXES: [string, () => lancedb.Index][] = [
-  ["id", () => lancedb.Index.btree()],
-  ["content_hash", () => lancedb.Index.btree()],
-  ["owner", () => lancedb.Index.btree()],
-  ["tenant", () => lancedb.Index.bitmap()],
-  ["agent_id", () => lancedb.Index.bitmap()],
-];
-/** Writes between two optimize() runs (compaction, index catch-up)... */
-const OPTIMIZE_EVERY = 20;
-/**
- * ...and the least time between two. Under a steady stream of writes (a bulk load) maintenance
- * would otherwise run every few seconds, each time compacting and catching indexes up on a larger
- * table, and take most of the load's time: at a million rows it cut ingest from over 5,000/s to
- * 1,436/s. The first run comes after OPTIMIZE_EVERY writes, so the scalar indexes that keep
- * dedupe and scope lookups cheap exist early.
- */
-const MAINTAIN_INTERVAL_MS = 30_000;
-/** Vector search through the index (vectorCandidates says why). */
-const PROBE_ROWS_FACTOR = 5;
-/**
- * 8 of the 122 partitions at a million memories. The watch learns the probes owners' scopes need,
- * but it checks no scope over INDEX_WATCH_MAX_SCOPE, so the tenant's searches get the scale it
- * learnt on smaller ones: with a floor of 4, the watch found 0.997 at 1x and the tenant's searches
- * then served 0.956; with 8 they served 0.989 (bench/memory, two builds).
- */
-const MIN_PROBES = 8;
-/**
- * Candidates re-scored on their full vectors, as a multiple of the limit: CHECKED_REFINE_FACTOR
- * for a scope no larger than the largest the last watch checked (checkedUpTo), REFINE_FACTOR for
- * any other, whose recall no watch measured. Each re-scored candidate is a read of its own. Over
- * the 122-partition index at a million memories, 5 probes found the same 0.965 of an owner's top ten at refine 2, 4 and 10
- * (10.5, 11.7 and 14.9 ms), and the watch measures the recall of these searches anyway; the
- * tenant's needed the refine (0.940 at 2, 0.990 at 10), and nothing checks those.
- */
-const REFINE_FACTOR = 10;
-const CHECKED_REFINE_FACTOR = 2;
-/**
- * Rows per IVF partition of the vector index: Lance's own target for IVF_PQ. optimize() keeps
- * an index near it: a partition of fewer than a quarter of it (2,048 rows) is joined into its
- * neighbours, one of more than four times it (32,768) is split. An index built with many
- * smaller partitions is remade by the next optimize(): at a million memories, the square root
- * (1,000 partitions of about 1,000 rows) became 31 partitions of about 32,000, searched with
- * probe counts computed for 1,000. Every probe then read most of the index, and an owner's
- * search through it took 26 to 33 ms, a tenant-wide one 150 to 260 ms. Built at this size, the
- * same index kept 113 of its 122 partitions through optimize().
- */
-const PARTITION_ROWS = 8192;
-/** Dimensions per PQ sub-vector of the vector index (buildVectorIndex says why 4). */
-const SUB_VECTOR_DIMS = 4;
-/** The first searches through a new (or newly compacted) vector index that are checked against exact search (watchIndex). */
-const INDEX_WATCH_SEARCHES = 32;
-/** The probe counts a watch tries, as multiples of the probe rule's (indexedSearch). */
-const PROBE_SCALES = [1, 2, 4, 8] as const;
-/** Larger scopes are not checked: an exact search of one costs a second or more at a million memories. */
-const INDEX_WATCH_MAX_SCOPE = 100_000;
-/** Whether a watch of the index takes searches of a scope this large to check. */
-const watchable = (scopeRows: number): boolean => scopeRows <= INDEX_WATCH_MAX_SCOPE;
-/**
- * How long a scope's row count is trusted, and how many scopes' counts are kept. Counting costs a
- * LanceDB query (1.3 ms at 1M memories) on the vector search's critical path, and a user's
- * session searches the same scope turn after turn. A count gone stale by additions is low: the
- * search then probes more partitions than it needs or stays exact, slower but never worse. Deletes
- * are what could make it high (too few probes), so every delete forgets all counts.
- */
-const SCOPE_SIZE_TTL_MS = 5 * 60_000;
-const SCOPE_SIZES_KEPT = 10_000;
-/** Writes have paused when none came for this long (the vector index is built then). */
-const WRITES_PAUSE_MS = 10_000;
-
-export interface MemoryRow {
-  id: string;
-  tenant: string;
-  owner: string;
-  agent_id: string;
-  session_id: string;
-  kind: number;
-  text: string;
-  vector: Float32Array | number[];
-  created: number;
-  updated: number;
-  content_hash: string;
-  importance: number;
-  evergreen: boolean;
-  provenance: string;
-  /** JSON object of string values. */
-  metadata: string;
-  embedder: string;
-}
-
-/** A row with the defaults of a memory nobody said more about: a fact of middling importance, made now. */
-export function newMemoryRow(
-  fields: Pick<MemoryRow, "tenant" | "owner" | "agent_id" | "text" | "vector" | "embedder"> & Partial<MemoryRow>,
-): MemoryRow {
-  const now = Date.now();
-  return {
-    id: newId(),
-    session_id: "",
-    kind: MemoryKind.FACT,
-    created: now,
-    updated: now,
-    content_hash: contentHash(fields.text),
-    importance: 0.5,
-    evergreen: false,
-    provenance: "",
-    metadata: "{}",
-    ...fields,
-  };
-}
-
-const historySchema = new Schema([
-  new Field("memory_id", new Utf8(), false),
-  new Field("tenant", new Utf8(), false),
-  new Field("owner", new Utf8(), false),
-  new Field("agent_id", new Utf8(), false),
-  new Field("event", new Int32(), false),
-  new Field("old_text", new Utf8(), false),
-  new Field("new_text", new Utf8(), false),
-  new Field("time", new Timestamp(TimeUnit.MILLISECOND), false),
-  new Field("actor", new Utf8(), false),
-]);
-
-/** What happened to a memory (the MemoryEvent numbers of the wire contract). */
-export const EVENT = { add: 1, update: 2, delete: 3 } as const;
-
-function historyRow(
-  r: Pick<MemoryRow, "id" | "tenant" | "owner" | "agent_id">,
-  event: number,
-  oldText: string,
-  newText: string,
-  time: number,
-  actor: string,
-): HistoryRow {
-  return {
-    memory_id: r.id,
-    tenant: r.tenant,
-    owner: r.owner,
-    agent_id: r.agent_id,
-    event,
-    old_text: oldText,
-    new_text: newText,
-    time,
-    actor,
-  };
-}
-
-export interface HistoryRow {
-  memory_id: string;
-  tenant: string;
-  owner: string;
-  agent_id: string;
-  event: number;
-  old_text: string;
-  new_text: string;
-  time: number;
-  actor: string;
-}
-
-/**
- * The memory table's columns. `payload` holds the memory again, as JSON of its MEMORY_COLUMNS,
- * computed from the other columns at every write (memoryArrow): the candidate searches read it
- * and the vector instead of fourteen columns (PACKED_CANDIDATE_COLUMNS says why). Tables made
- * before it existed have no payload (`packed` false) until their next rewrite.
- */
-export function schemaFor(dim: number, packed = true): Schema {
-  return new Schema([
-    new Field("id", new Utf8(), false),
-    new Field("tenant", new Utf8(), false),
-    new Field("owner", new Utf8(), false),
-    new Field("agent_id", new Utf8(), false),
-    new Field("session_id", new Utf8(), false),
-    new Field("kind", new Int32(), false),
-    new Field("text", new Utf8(), false),
-    new Field("vector", new FixedSizeList(dim, new Field("item", new Float32(), true)), false),
-    new Field("created", new Timestamp(TimeUnit.MILLISECOND), false),
-    new Field("updated", new Timestamp(TimeUnit.MILLISECOND), false),
-    new Field("content_hash", new Utf8(), false),
-    new Field("importance", new Float64(), false),
-    new Field("evergreen", new Bool(), false),
-    new Field("provenance", new Utf8(), false),
-    new Field("metadata", new Utf8(), false),
-    new Field("embedder", new Utf8(), false),
-    ...(packed ? [new Field("payload", new Utf8(), false)] : []),
-  ]);
-}
-
-/** Whether a memory table of this schema has payloads (schemaFor). */
-const hasPayload = (schema: Schema): boolean => schema.fields.some((f) => f.name === "payload");
-
-/** A memory's payload: its MEMORY_COLUMNS as JSON, times as milliseconds. */
-function payloadOf(row: Record<string, unknown>): string {
-  const memory: Record<string, unknown> = {};
-  for (const c of MEMORY_COLUMNS) {
-    const v = row[c];
-    memory[c] = c === "created" || c === "updated" ? Number(v) : v;
-  }
-  return JSON.stringify(memory);
-}
-
-/**
- * Memory rows as Arrow columns of `schema`, the payload computed from the row's own columns when
- * the schema has one. Every write of the memory table goes through here, so a payload never
- * disagrees with its row.
- */
-export function memoryArrow(schema: Schema, rows: readonly object[]): ArrowTable {
-  if (!hasPayload(schema)) return arrowTable(schema, rows);
-  // Rows may be Arrow row proxies (a copy from another table): their fields are read by name.
-  const names = schema.fields.map((f) => f.name);
-  return arrowTable(
-    schema,
-    rows.map((r) => {
-      const row = r as Record<string, unknown>;
-      return Object.fromEntries(names.map((n) => [n, n === "payload" ? payloadOf(row) : row[n]]));
-    }),
-  );
-}
-
-/** Case, spacing and Unicode form do not make two memories different. */
-export function contentHash(text: string): string {
-  return createHash("sha256").update(text.normalize("NFKC").toLowerCase().replace(/\s+/g, " ").trim()).digest("hex");
-}
-
-/** A string literal of LanceDB's filter language. Values are checked against a strict alphabet first; this is the second wall. */
-export const sqlString = (s: string): string => `'${s.replace(/'/g, "''")}'`;
-
-/**
- * The content hashes that may be stored: no false negatives, about one false positive in 100,000.
- * A batch of new texts would otherwise ask the table about each hash, and that query scans every
- * row the content_hash index has not caught up with yet: at 300,000 rows it took 320 ms of each
- * 1,000-row batch and grew with the table. With the filter, only hashes it may hold are asked
- * about. Built from the table when first needed; kept current by this process's writes (the only
- * writer of the table); deletes leave their hash in (a false positive, which the query settles).
- */
-class HashFilter {
-  private readonly bits: Uint32Array;
-  private readonly m: number;
-  private static readonly K = 17;
-  size = 0;
-
-  constructor(readonly capacity: number) {
-    // 24 bits per item and 17 probes: a false-positive rate of about 1e-5 at capacity.
-    this.m = Math.max(1024, capacity * 24);
-    this.bits = new Uint32Array(Math.ceil(this.m / 32));
-  }
-
-  /** Probe positions by double hashing on two words of the (already uniform) SHA-256 hex. */
-  private *probes(hex: string): Generator<number> {
-    const h1 = Number.parseInt(hex.slice(0, 8), 16) >>> 0;
-    const h2 = (Number.parseInt(hex.slice(8, 16), 16) | 1) >>> 0;
-    for (let i = 0; i < HashFilter.K; i++) yield ((h1 + Math.imul(i, h2)) >>> 0) % this.m;
-  }
-
-  add(hex: string): void {
-    for (const p of this.probes(hex)) this.bits[p >>> 5] |= 1 << (p & 31);
-    this.size++;
-  }
-
-  mayHave(hex: string): boolean {
-    for (const p of this.probes(hex)) if ((this.bits[p >>> 5] & (1 << (p & 31))) === 0) return false;
-    return true;
-  }
-}
-
-/** A memory as readers see it (get()). */
-export type StoredMemory = Omit<MemoryRow, "vector" | "embedder">;
-export const MEMORY_COLUMNS = [
-  "id",
-  "tenant",
-  "owner",
-  "agent_id",
-  "session_id",
-  "kind",
-  "text",
-  "created",
-  "updated",
-  "content_hash",
-  "importance",
-  "evergreen",
-  "provenance",
-  "metadata",
-] satisfies (keyof StoredMemory)[];
-/**
- * The columns the candidate searches return: each candidate's whole memory, and its vector for
- * MMR. The winners then need no read of their own after ranking, and what a search returns is
- * what ranking saw, from one version of the table. The searches read their rows in the same pass
- * as the rest of their work, while a separate read of the winners pays another LanceDB call (about
- * 1.5 ms here) and waits for ranking. Both searches in parallel, pools of 40, 2 cores, warm page
- * cache (four ranking columns / whole rows / four columns then the ten winners' rows by address):
- *
- * - 1M memories in scope order: 13.1 / 17.7 / 19.9 ms; the whole search 1.2 to 2.2 ms faster;
- * - 300k in scope order: 11.1 / 15.1 / 17.3 ms;
- * - 300k in write order, compacted but never rewritten: 16.5 / 34.4 / 32.8 ms. Here whole rows
- *   cost a little more, but the store keeps most of a large table in scope order (relayout()).
- */
-const CANDIDATE_COLUMNS = [...MEMORY_COLUMNS, "vector"];
-/**
- * What the candidate searches read from a table with payloads. LanceDB reads each column of the
- * 40 candidates on its own: on a million memories in scope order, exact search of an owner's
- * scope took 10.8 to 10.9 ms for id, vector and payload against 12.7 ms for the fourteen columns
- * and the vector, the full-text search 4.8 to 4.9 ms against 6.4, and both in parallel 11.7 to
- * 12.1 ms against 14.4 to 15.1 (100 queries, alternating tables).
- */
-const PACKED_CANDIDATE_COLUMNS = ["payload", "vector"];
-/** A candidate as a search of one scope found it, with its whole memory as that search read it. */
-export type StoredCandidate = Candidate & { memory: StoredMemory };
+import {
+  type StoreTuning,
+  DEFAULT_TUNING,
+  LAYOUT_GROWTH,
+  RELAYOUT_RETRY_MS,
+  RETIRE_AFTER_MS,
+  SCALAR_INDEXES,
+  OPTIMIZE_EVERY,
+  MAINTAIN_INTERVAL_MS,
+  REFINE_FACTOR,
+  CHECKED_REFINE_FACTOR,
+  INDEX_WATCH_SEARCHES,
+  PROBE_SCALES,
+  watchable,
+  SCOPE_SIZE_TTL_MS,
+  SCOPE_SIZES_KEPT,
+  WRITES_PAUSE_MS,
+} from "./tuning.js";
+import {
+  TABLE,
+  ACTIVE_KEY,
+  LAYOUT_ROWS_KEY,
+  RETIRED_KEY,
+  PENDING_KEY,
+  connectMemoryDb,
+  readMeta,
+  writeMeta,
+  indexNewTable,
+  HISTORY_TABLE,
+  LEGACY_TABLE,
+} from "./meta.js";
+import {
+  type MemoryRow,
+  newMemoryRow,
+  historySchema,
+  EVENT,
+  historyRow,
+  type HistoryRow,
+  schemaFor,
+  hasPayload,
+  memoryArrow,
+  sqlString,
+  HashFilter,
+  type StoredMemory,
+  MEMORY_COLUMNS,
+  CANDIDATE_COLUMNS,
+  PACKED_CANDIDATE_COLUMNS,
+  type StoredCandidate,
+} from "./memory-schema.js";
+import {
+  isConflict,
+  retryConflicts,
+  subVectorsFor,
+  partitionsFor,
+  type IndexWatch,
+  type SearchPlan,
+  type IndexServing,
+  planFrom,
+  recallOf,
+  indexedSearch,
+  exactSearch,
+  type CandidateRow,
+  candidateOf,
+} from "./search-plan.js";
 
 export class MemoryStore {
   private table?: lancedb.Table;
@@ -1239,150 +875,4 @@ export class MemoryStore {
     this.historyTable?.close();
     this.db.close();
   }
-}
-
-/** A commit that lost a race with another (LanceDB's optimistic concurrency): worth trying again. */
-const isConflict = (err: unknown): boolean => /conflict|retries/i.test(String((err as Error)?.message ?? err));
-
-/** Runs fn, again after a short backoff (20 ms, doubling) while it loses commit races, at most `attempts` times. */
-async function retryConflicts<T>(fn: () => Promise<T>, attempts: number): Promise<T> {
-  for (let attempt = 1; ; attempt++) {
-    try {
-      return await fn();
-    } catch (err) {
-      if (attempt >= attempts || !isConflict(err)) throw err;
-      await new Promise((r) => setTimeout(r, 20 * 2 ** (attempt - 1)));
-    }
-  }
-}
-
-/** PQ sub-vectors for vectors of `dim` dimensions: about one per SUB_VECTOR_DIMS, a divisor of dim (as LanceDB requires). */
-export function subVectorsFor(dim: number): number {
-  for (let n = Math.max(1, Math.floor(dim / SUB_VECTOR_DIMS)); n > 1; n--) if (dim % n === 0) return n;
-  return 1;
-}
-
-/** IVF partitions for an index over this many rows: about PARTITION_ROWS each. */
-export const partitionsFor = (rows: number): number => Math.max(1, Math.round(rows / PARTITION_ROWS));
-
-/** What a watch of the vector index measured (MemoryStore.watchIndex). */
-export interface WatchFigures {
-  /** Per probe scale (PROBE_SCALES): hits in exact search's top tens, and each search's time. */
-  hits: number[];
-  indexedMs: number[][];
-  /** The size of exact search's top tens, and each exact search's time per row of its scope. */
-  total: number;
-  exactMsPerRow: number[];
-}
-
-/** The checks of a vector index's first searches (MemoryStore.watchIndex). */
-interface IndexWatch extends WatchFigures {
-  /** What began this watch: a new index, a compaction under it, the store's start. */
-  after: string;
-  /** Searches taken for checking, and those checked so far. */
-  taken: number;
-  searches: number;
-  /** The largest scope among the searches taken, in rows. */
-  largestScope: number;
-  /** The checks, one after another. */
-  checks: Promise<void>;
-}
-
-/** How vector searches are served (planFrom). */
-export interface SearchPlan {
-  /** Partitions probed, as a multiple of the probe rule's count (PROBE_SCALES). */
-  probeScale: number;
-  /** Scopes of up to this many rows are searched exactly. */
-  exactUpTo: number;
-}
-
-export type IndexServing = {
-  after: string;
-  searches: number;
-  recall: number | undefined;
-  tried: { probeScale: number; recall: number | undefined }[];
-  /** Scopes of up to this many rows re-score CHECKED_REFINE_FACTOR times the limit, larger ones REFINE_FACTOR (0: none yet). */
-  checkedUpTo: number;
-} & SearchPlan;
-
-/**
- * The plan a finished watch's figures call for: the smallest probe scale whose recall@10 reached
- * tuning.minIndexRecall (the largest tried if none did: `met` false), and exact search for every
- * scope it should take less time to search exactly than through the index at that scale, by the
- * medians of the watch's timings (at least tuning.exactScopeRows rows, at most the largest scope
- * a watch checks: exact search's cost is measured per row and may not stay linear far beyond).
- */
-export function planFrom(
-  figures: WatchFigures,
-  tuning: Pick<StoreTuning, "minIndexRecall" | "exactScopeRows">,
-): { plan: SearchPlan; met: boolean; recalls: number[]; indexedMs: number; exactMsPerRow: number } {
-  const recalls = PROBE_SCALES.map((_, i) => recallOf(figures, i) ?? 1);
-  const fit = recalls.findIndex((r) => r >= tuning.minIndexRecall);
-  const chosen = fit === -1 ? PROBE_SCALES.length - 1 : fit;
-  const indexedMs = median(figures.indexedMs[chosen]);
-  const exactMsPerRow = median(figures.exactMsPerRow);
-  const cheaperExact = exactMsPerRow > 0 ? Math.floor(indexedMs / exactMsPerRow) : INDEX_WATCH_MAX_SCOPE;
-  const exactUpTo = Math.min(INDEX_WATCH_MAX_SCOPE, Math.max(tuning.exactScopeRows, cheaperExact));
-  return { plan: { probeScale: PROBE_SCALES[chosen], exactUpTo }, met: fit !== -1, recalls, indexedMs, exactMsPerRow };
-}
-
-/** The share of exact search's top tens the checked searches found at one probe scale: none before a check. */
-const recallOf = (figures: WatchFigures, scale: number): number | undefined =>
-  figures.total === 0 ? undefined : figures.hits[scale] / figures.total;
-
-/** 0 for no timings, so an empty watch never looks cheap to decide from. */
-const median = (xs: number[]): number => (xs.length === 0 ? 0 : pct(xs, 50));
-
-/**
- * A search of a scope through the IVF_PQ index (vectorCandidates says why these figures): enough
- * partitions probed to meet about PROBE_ROWS_FACTOR times the limit of the scope's rows (at least
- * MIN_PROBES), times the probe scale the store's watch of the index chose, and the best
- * limit * refine re-scored on their full vectors. The caller sets the limit and columns.
- */
-function indexedSearch(
-  table: lancedb.Table,
-  scopeWhere: string,
-  vector: Float32Array,
-  limit: number,
-  partitions: number,
-  scopeRows: number,
-  probeScale: number,
-  refine: number,
-): lancedb.VectorQuery {
-  const probes = Math.min(
-    partitions,
-    probeScale * Math.max(MIN_PROBES, Math.ceil((PROBE_ROWS_FACTOR * limit * partitions) / scopeRows)),
-  );
-  return table.vectorSearch(vector).distanceType("cosine").where(scopeWhere).nprobes(probes).refineFactor(refine);
-}
-
-/** A search of a scope that compares the vector with each of its rows. */
-function exactSearch(table: lancedb.Table, scopeWhere: string, vector: Float32Array): lancedb.VectorQuery {
-  return table.vectorSearch(vector).distanceType("cosine").where(scopeWhere).bypassVectorIndex();
-}
-
-/** A candidate search's row: the payload and the vector, or (a table without payloads) the memory's columns and the vector. */
-type CandidateRow = Pick<MemoryRow, "vector"> & ({ payload: string } | StoredMemory);
-
-/**
- * The memory of a candidate row: parsed from its payload, or the row itself, whose fields Arrow
- * decodes when they are read.
- */
-function candidateOf(row: CandidateRow, scores: { vectorScore?: number; textScore?: number }): StoredCandidate {
-  const memory =
-    "payload" in row && typeof row.payload === "string"
-      ? (JSON.parse(row.payload) as StoredMemory)
-      : (row as StoredMemory);
-  // LanceDB returns each vector as an Arrow vector over the batch's values; toArray() is a view
-  // of them (Float32Array.from would copy through Arrow's per-element iterator: about 1 ms for 40).
-  const vector =
-    row.vector instanceof Float32Array ? row.vector : (row.vector as unknown as { toArray(): Float32Array }).toArray();
-  return {
-    id: memory.id,
-    vector,
-    createdMs: Number(memory.created),
-    evergreen: Boolean(memory.evergreen),
-    memory,
-    ...scores,
-  };
 }
