@@ -39,19 +39,27 @@ export interface Compaction {
   firstKeptMessageId: string;
 }
 
+/**
+ * What the loop is given by the session actor for one run. Every callback is called from the run's
+ * own async flow, never concurrently with itself, and none may throw.
+ */
 export interface RunHost {
   readonly sessionId: string;
+  /** Aborted when the run must stop (an abort, an interrupting prompt, the runner closing). */
   readonly signal: AbortSignal;
   /** The conversation so far (all of it: compaction changes the model's view, not the record); the loop appends to it. */
   readonly messages: ChatMessage[];
+  /** Publishes an event to the session's clients and log. Contract: never throws, never blocks. */
   emit(payload: EventPayload): void;
-  /** Streamed text or thinking; consecutive deltas may be merged into one event. */
+  /** Streamed text or thinking; consecutive deltas may be merged into one event. Contract: never throws. */
   delta(messageId: string, kind: "text" | "thinking", text: string): void;
-  /** Resolves when every subscriber can take more events (backpressure). */
+  /** Pending while a subscriber's stream is full (backpressure); undefined when all can take more. Never rejects. */
   pressure(): Promise<void> | undefined;
+  /** Removes and returns the steering waiting for this run (maybe none). Contract: never throws. */
   takeSteering(): QueuedMessage[];
+  /** Removes and returns the follow-ups waiting to join this run (maybe none). Contract: never throws. */
   takeFollowUps(): QueuedMessage[];
-  /** The latest compaction_end of the session, if any. */
+  /** The latest compaction_end of the session, if any. Contract: never throws. */
   compaction(): Compaction | undefined;
 }
 
@@ -66,6 +74,11 @@ export interface PromptRequest {
   budget: number;
 }
 
+/**
+ * What a run depends on (made per run by run-deps.ts). A callback that "may reject" may do so only
+ * for a bug: the loop does not catch it, and the actor restarts the session from its log.
+ * Model and tool failures are not rejections (they end runs, or become results, normally).
+ */
 export interface RunDeps {
   agentId: string;
   /** The runner's model, for agents whose agent.json names none. */
@@ -75,26 +88,34 @@ export interface RunDeps {
   hooks: Hooks;
   /** Who speaks in this session (principal or channel identity), for hooks. */
   sender: string;
+  /** The agent's settings, and why its file was not used if it was not. May reject (a bug). */
   agent(): Promise<{ config: AgentConfig; error?: string }>;
+  /** The token counter for a model (loaded once per model). May reject (a bug). */
   tokens(model: string): Promise<TokenCounter>;
-  /** The system prompt for a run that answers `query` (may consult memory and the operator's files). */
+  /**
+   * The system prompt for a run that answers `query` (may consult memory and the operator's files;
+   * what it could not use comes back as warnings). Honours `signal`. May reject (a bug).
+   */
   systemPrompt(
     request: PromptRequest,
     signal: AbortSignal,
   ): Promise<{ text: string; tokens: number; warnings: ContextWarning[] }>;
-  /** Safety checks of one inbound message and its instruction: a verdict when it must be blocked (already audited). */
+  /**
+   * Safety checks of one inbound message and its instruction: a verdict when it must be blocked
+   * (already audited). Never rejects: a failing check is a blocking verdict.
+   */
   screen?(message: QueuedMessage): Promise<SafetyVerdict | undefined>;
   /**
    * Safety checks of a tool's result before the model sees it: the result to use (the same, or
-   * behind a warning). Must not throw: a failing check is the implementation's to handle.
+   * behind a warning). Never rejects: a failing check is the implementation's to handle.
    */
   screenToolResult?(call: { id: string; name: string }, result: ToolResult): Promise<ToolResult>;
   /**
    * Called once a run completed, with what the user and the assistant said in it (learning from
-   * the turn happens here). It must not block: the run has ended and the reply is out.
+   * the turn happens here). Contract: never throws, never blocks (the run has ended, the reply is out).
    */
   afterRun?(sessionId: string, exchange: { role: "user" | "assistant"; text: string }[]): void;
-  /** The tenant's quotas for one run (quotas.ts); none: unbounded. Read once, at the run's start. */
+  /** The tenant's quotas for one run (quotas.ts); none: unbounded. Read once, at the run's start. Never throws. */
   runQuotas?(): { stepsPerRun: number; toolCallsPerRun: number };
 }
 
