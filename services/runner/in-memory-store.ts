@@ -1,4 +1,4 @@
-// A SessionStore that keeps everything in this process: the in-process test tier drives the session
+// A SessionStore (and a ScheduleStore) that keep everything in this process: the in-process test tier drives the session
 // actor and the registry with it, and it is the reference for what any store must do (the file
 // store and, next, a networked one). It is a real implementation, not a mock: records, epochs,
 // fencing and refs behave as the contract says; only durability is missing.
@@ -6,6 +6,7 @@
 // For tests it can also fail: failAppends(n) makes the next n appends fail as a full disk would.
 import type { Identity } from "../shared/auth.js";
 import { refKey, type SessionRef } from "../shared/session-ref.js";
+import type { ScheduleFile, ScheduleStore } from "./schedule-files.js";
 import { SessionElsewhere } from "./session-lease.js";
 import {
   ownerOf,
@@ -152,5 +153,24 @@ export class InMemorySessionStore implements SessionStore {
       });
     }
     return out;
+  }
+}
+
+/** Schedules kept in this process: the ScheduleStore contract without files. */
+export class InMemoryScheduleStore implements ScheduleStore {
+  private readonly files = new Map<string, ScheduleFile>();
+
+  async read(ref: SessionRef): Promise<ScheduleFile | undefined> {
+    const f = this.files.get(refKey(ref));
+    return f && structuredClone(f);
+  }
+
+  async all(): Promise<ScheduleFile[]> {
+    return [...this.files.values()].map((f) => structuredClone(f));
+  }
+
+  async write(ref: SessionRef, file: ScheduleFile | undefined): Promise<void> {
+    if (file) this.files.set(refKey(ref), structuredClone(file));
+    else this.files.delete(refKey(ref));
   }
 }

@@ -8,38 +8,20 @@
 // made of the schedule and the due time ("trigger:schedule:<id>:<ms>"): the session takes it once
 // even if two runners fire it, and only the runner that holds (or wins) the session's lease can
 // submit at all. A runner that was down when a firing was due fires it once when it comes back.
-import { mkdir, readFile, readdir, rename, rm } from "node:fs/promises";
-import path from "node:path";
 import { create } from "@bufbuild/protobuf";
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import { invalidArgument, resourceExhausted } from "../shared/errors.js";
 import { ScheduleSchema, type Schedule } from "../shared/gen/troupe/v1/schedule_pb.js";
 import { newId } from "../shared/ids.js";
 import type { Logger } from "../shared/log.js";
-import { replaceFile } from "../shared/exclusive-file.js";
-import { fileName, sameRef, type SessionRef } from "../shared/session-ref.js";
+import { refKey, type SessionRef } from "../shared/session-ref.js";
+import { refOfFile, type ScheduleFile, type ScheduleStore, type StoredSchedule } from "./schedule-files.js";
 import { CronError, nextFire, parseCron, type Cron } from "./cron.js";
 
 export const MAX_SCHEDULES_PER_SESSION = 20;
 const SCHEDULE_ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
 export const DEFAULT_HEARTBEAT_TEXT =
   "Heartbeat: check whether anything needs your attention. If nothing does, reply HEARTBEAT_OK.";
-
-interface StoredSchedule {
-  scheduleId: string;
-  cron?: string;
-  everySeconds?: number;
-  text: string;
-  createdMs: number;
-  lastFireMs?: number;
-}
-
-interface ScheduleFile {
-  sessionId: string;
-  tenant: string;
-  principal: string;
-  schedules: StoredSchedule[];
-}
 
 /** A schedule as the caller sent it, checked: INVALID_ARGUMENT says what is wrong. */
 function validate(s: Schedule, minEverySeconds: number): StoredSchedule {
@@ -87,100 +69,39 @@ function toProto(sessionId: string, s: StoredSchedule): Schedule {
   });
 }
 
-const refOfFile = (f: ScheduleFile): SessionRef => ({
-  tenant: f.tenant,
-  principal: f.principal,
-  sessionId: f.sessionId,
-});
-
-/** A schedule file's text as a file, or undefined when it is empty, torn or not one. */
-function parseScheduleFile(text: string): ScheduleFile | undefined {
-  try {
-    const f = JSON.parse(text) as ScheduleFile;
-    const ok =
-      typeof f?.sessionId === "string" &&
-      typeof f.tenant === "string" &&
-      typeof f.principal === "string" &&
-      Array.isArray(f.schedules);
-    return ok ? f : undefined;
-  } catch {
-    return undefined;
-  }
-}
-
-/** The schedule files; writes to one session's file are serialised in this process. */
+/**
+ * The schedules of every session: checked, listed, changed one session at a time (changes to one
+ * session's schedules are serialised in this process), kept in a ScheduleStore (schedule-files.ts).
+ */
 export class ScheduleBook {
   private readonly chains = new Map<string, Promise<unknown>>();
 
   constructor(
-    readonly dir: string,
+    readonly store: ScheduleStore,
     private readonly minEverySeconds = 10,
-    /** Told about a file that is not a schedule file (empty, torn, edited by hand); it is skipped. */
-    private readonly onDamaged: (file: string) => void = () => undefined,
   ) {}
 
-  private file(ref: SessionRef): string {
-    return path.join(this.dir, `${fileName(ref.tenant, ref.principal, ref.sessionId)}.json`);
+  /** The session's schedules (none: undefined). */
+  read(ref: SessionRef): Promise<ScheduleFile | undefined> {
+    return this.store.read(ref);
   }
 
-  /** The session's schedules; a file that names another session, or is damaged, counts as none. */
-  async read(ref: SessionRef): Promise<ScheduleFile | undefined> {
-    const file = this.file(ref);
-    let text: string;
-    try {
-      text = await readFile(file, "utf8");
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code === "ENOENT") return undefined;
-      throw err;
-    }
-    const parsed = parseScheduleFile(text);
-    if (!parsed) this.onDamaged(file);
-    return parsed && sameRef(refOfFile(parsed), ref) ? parsed : undefined;
-  }
-
-  async all(): Promise<ScheduleFile[]> {
-    const names = await readdir(this.dir).catch(() => [] as string[]);
-    const out: ScheduleFile[] = [];
-    for (const n of names.filter((n) => n.endsWith(".json"))) {
-      const file = path.join(this.dir, n);
-      const parsed = parseScheduleFile(await readFile(file, "utf8").catch(() => ""));
-      // Only a file under its own name counts, so no file can speak for another session.
-      if (parsed && this.file(refOfFile(parsed)) === file) out.push(parsed);
-      else if (!parsed) this.onDamaged(file);
-    }
-    return out;
-  }
-
-  /**
-   * Files written before schedules were named by ref (`<session>.json`) move to their ref's name,
-   * once, at start; a damaged one stays where it is and is reported.
-   */
-  async migrate(): Promise<void> {
-    const names = await readdir(this.dir).catch(() => [] as string[]);
-    for (const n of names.filter((n) => n.endsWith(".json"))) {
-      const file = path.join(this.dir, n);
-      const parsed = parseScheduleFile(await readFile(file, "utf8").catch(() => ""));
-      if (!parsed) this.onDamaged(file);
-      else if (this.file(refOfFile(parsed)) !== file && !(await this.read(refOfFile(parsed))))
-        await rename(file, this.file(refOfFile(parsed)));
-    }
+  /** Every session's schedules. */
+  all(): Promise<ScheduleFile[]> {
+    return this.store.all();
   }
 
   private update<T>(
     ref: SessionRef,
     change: (file: ScheduleFile | undefined) => { file: ScheduleFile | undefined; result: T },
   ): Promise<T> {
-    const target = this.file(ref);
+    const target = refKey(ref);
     const prev = this.chains.get(target) ?? Promise.resolve();
     const next = prev
       .catch(() => undefined)
       .then(async () => {
-        const { file, result } = change(await this.read(ref));
-        if (!file || file.schedules.length === 0) await rm(target, { force: true });
-        else {
-          await mkdir(this.dir, { recursive: true });
-          await replaceFile(target, JSON.stringify(file, null, 1));
-        }
+        const { file, result } = change(await this.store.read(ref));
+        await this.store.write(ref, file && file.schedules.length > 0 ? file : undefined);
         return result;
       });
     this.chains.set(target, next);
@@ -299,7 +220,7 @@ export class Scheduler {
     }
     for (const { file, schedule: s, cron } of this.entries) {
       const ref = refOfFile(file);
-      const key = `${this.book.dir}\u0000${fileName(ref.tenant, ref.principal, ref.sessionId, s.scheduleId)}`;
+      const key = `${refKey(ref)}\u0000${s.scheduleId}`;
       if (this.firing.has(key) || (this.notBefore.get(key) ?? 0) > now) continue;
       const due = dueAfter(s, cron, s.lastFireMs ?? s.createdMs);
       if (due === undefined || due > now) continue;

@@ -43,6 +43,7 @@ import { ContextSources } from "./context.js";
 import { Hooks, loadPlugins } from "./hooks.js";
 import { InboundSafety } from "./safety.js";
 import { ScheduleBook, Scheduler } from "./schedules.js";
+import { FileScheduleStore } from "./schedule-files.js";
 import { TokenCounter } from "./tokens.js";
 import { TenantRuns } from "./tenant-runs.js";
 import { runDepsFor } from "./run-deps.js";
@@ -197,10 +198,11 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   );
 
   // Scheduled tasks and heartbeats: each firing is a prompt the session takes once (see schedules.ts).
-  const book = new ScheduleBook(path.join(cfg.dataDir, "schedules"), cfg.minHeartbeatSeconds, (file) =>
+  const scheduleFiles = new FileScheduleStore(path.join(cfg.dataDir, "schedules"), (file) =>
     logger.warn("a schedule file is empty or damaged; skipping it", { file }),
   );
-  await book.migrate();
+  await scheduleFiles.migrate();
+  const book = new ScheduleBook(scheduleFiles, cfg.minHeartbeatSeconds);
   const scheduler = new Scheduler(
     book,
     async (f) => {

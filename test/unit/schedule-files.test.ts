@@ -8,6 +8,8 @@ import path from "node:path";
 import { create } from "@bufbuild/protobuf";
 import { ScheduleSchema } from "../../services/shared/gen/troupe/v1/schedule_pb.js";
 import { ScheduleBook } from "../../services/runner/schedules.js";
+import { FileScheduleStore } from "../../services/runner/schedule-files.js";
+import { InMemoryScheduleStore } from "../../services/runner/in-memory-store.js";
 import { fileName } from "../../services/shared/session-ref.js";
 
 const acme = { tenant: "acme", principal: "alice", sessionId: "agent:x:main" };
@@ -18,7 +20,7 @@ const every = (id: string, text: string) =>
 test("look-alike sessions have files of their own; a file speaks only under its own name", async () => {
   const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-sched-"));
   try {
-    const book = new ScheduleBook(dir);
+    const book = new ScheduleBook(new FileScheduleStore(dir));
     await book.put(acme, every("a", "acme's"));
     await book.put(evil, every("e", "evil's"));
     assert.deepEqual(
@@ -62,8 +64,9 @@ test("an empty or torn schedule file is reported and skipped; old names move to 
       JSON.stringify({ ...acme, schedules: [{ scheduleId: "old", everySeconds: 60, text: "kept", createdMs: 1 }] }),
     );
     const damaged: string[] = [];
-    const book = new ScheduleBook(dir, 10, (f) => damaged.push(path.basename(f)));
-    await book.migrate();
+    const files = new FileScheduleStore(dir, (f) => damaged.push(path.basename(f)));
+    await files.migrate();
+    const book = new ScheduleBook(files);
     assert.deepEqual([...new Set(damaged)].sort(), ["empty.json", "torn.json"]);
     assert.deepEqual(
       book.list(await book.read(acme)).map((s) => s.text),
@@ -76,4 +79,27 @@ test("an empty or torn schedule file is reported and skipped; old names move to 
   } finally {
     await rm(dir, { recursive: true, force: true });
   }
+});
+
+test("the schedule book over the in-memory store: checked, capped per session, removed, marked fired", async () => {
+  const book = new ScheduleBook(new InMemoryScheduleStore(), 10);
+  await assert.rejects(
+    book.put(acme, create(ScheduleSchema, { when: { case: "everySeconds", value: 5 } })),
+    /every_seconds must be at least 10/,
+  );
+  await assert.rejects(
+    book.put(acme, create(ScheduleSchema, { when: { case: "cron", value: "not cron" }, text: "x" })),
+    /cron:/,
+  );
+  for (let i = 0; i < 20; i++) await book.put(acme, every(`s${i}`, "x"));
+  await assert.rejects(book.put(acme, every("one-more", "x")), /at most 20 schedules/);
+  await book.put(acme, every("s0", "replaced"));
+  assert.equal(book.list(await book.read(acme)).find((s) => s.scheduleId === "s0")?.text, "replaced");
+  assert.equal(await book.remove(acme, "s1"), true);
+  assert.equal(await book.remove(acme, "s1"), false);
+  await book.markFired(acme, "s0", 1_000_000);
+  assert.equal(book.list(await book.read(acme)).find((s) => s.scheduleId === "s0")?.lastFireTime?.seconds, 1000n);
+  assert.equal(await book.read(evil), undefined);
+  for (let i = 0; i < 20; i++) await book.remove(acme, `s${i}`);
+  assert.equal(await book.read(acme), undefined, "a session with no schedules has no record");
 });
