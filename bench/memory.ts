@@ -19,7 +19,7 @@ import { mkdtemp, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { parseArgs } from "node:util";
-import { createLogger } from "../services/shared/log.js";
+import { createLogger, type Level } from "../services/shared/log.js";
 import { mmr } from "../services/memory/ranking.js";
 import { rankOptions, search } from "../services/memory/server.js";
 import { MemoryStore } from "../services/memory/store.js";
@@ -35,7 +35,7 @@ const DIM = 256;
 const TOPICS = 512;
 const OWNERS = 100;
 const EMBEDDER = "bench-synthetic";
-const logger = createLogger("bench", process.env.TROUPE_LOG_LEVEL ?? "warn");
+const logger = createLogger("bench", (process.env.TROUPE_LOG_LEVEL as Level | undefined) ?? "warn");
 
 function rng(seed: number) {
   let s = seed >>> 0;

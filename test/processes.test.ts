@@ -28,7 +28,7 @@ import {
 } from "./helpers/stack.js";
 
 const run = promisify(execFile);
-const internalHeaders = async (dataDir: string) => (await internalCredentials(dataDir, {})).headers;
+const internalHeaders = async (dataDir: string) => (await internalCredentials(dataDir)).headers;
 
 describe("troupe up", () => {
   let dataDir: string;
@@ -88,7 +88,7 @@ describe("troupe up", () => {
     await waitFor("the supervisor to notice", async () => /runner exited \(SIGKILL\); restarting/.test(log));
     await waitServing(addr.runner, 30_000, SERVICE_TYPE.runner);
     const gateway = createClient(GatewayService, addr.gateway, {
-      headers: { authorization: `Bearer ${await clientApiKey(dataDir, {})}` },
+      headers: { authorization: `Bearer ${await clientApiKey(dataDir)}` },
     });
     const s = new ChatSession(gateway);
     s.open();

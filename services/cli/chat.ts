@@ -15,10 +15,10 @@ const dim = (s: string) => (process.stderr.isTTY ? `\x1b[2m${s}\x1b[0m` : s);
 const red = (s: string) => (process.stderr.isTTY ? `\x1b[31m${s}\x1b[0m` : s);
 
 export async function chatCommand(args: string[]): Promise<number> {
-  const cfg = loadConfig(args, process.env, { session: { type: "string" }, agent: { type: "string" } });
+  const cfg = loadConfig(args, undefined, { session: { type: "string" }, agent: { type: "string" } });
   const message = cfg.rest.join(" ").trim();
   const client = createClient(GatewayService, cfg.addr.gateway, {
-    headers: { authorization: `Bearer ${await clientApiKey(cfg.dataDir)}` },
+    headers: { authorization: `Bearer ${await clientApiKey(cfg.dataDir, cfg.clientApiKey)}` },
   });
   const call = client.chat();
   const prefix = randomBytes(4).toString("hex");

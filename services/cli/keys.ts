@@ -15,7 +15,7 @@ An adapter key (--role adapter) may call Deliver for the channels it names with 
 
 export async function keysCommand(args: string[]): Promise<number> {
   const [sub, ...rest] = args;
-  const cfg = loadConfig(rest, process.env, {
+  const cfg = loadConfig(rest, undefined, {
     tenant: { type: "string" },
     principal: { type: "string" },
     name: { type: "string" },

@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // troupe: one binary for every service, the supervisor and the chat client.
-import { loadConfig } from "../shared/config.js";
+import { loadConfig, widenThreadPool } from "../shared/config.js";
 import { runService, type ServiceStarter } from "../shared/service.js";
 
 const USAGE = `usage: troupe <command> [flags]
@@ -17,8 +17,11 @@ client:
 operations:
   memory add|search|forget|stats|reembed
                         store, find (--debug: stage scores) and delete memories
-  keys create --tenant T --principal P [--name N]
-                        add a client API key (printed once; only its hash is kept)
+  keys create --tenant T --principal P [--role user|adapter|admin] [--channel C]... [--name N]
+                        add an API key (printed once; only its hash is kept)
+  keys ls | keys revoke NAME
+                        list the keys (never the keys themselves); revoke one
+  config                every environment variable Troupe reads, with its value (secrets masked)
   sandbox ls | exec --session ID -- CMD... | rm --session ID
                         list sandboxes, run a command in one, remove one
 
@@ -52,6 +55,10 @@ async function main(argv: string[]): Promise<void> {
     process.exitCode = await (await import("./memory.js")).memoryCommand(args);
     return;
   }
+  if (command === "config") {
+    process.exitCode = (await import("./config.js")).configCommand(args);
+    return;
+  }
   if (command === "keys") {
     process.exitCode = await (await import("./keys.js")).keysCommand(args);
     return;
@@ -61,9 +68,7 @@ async function main(argv: string[]): Promise<void> {
     return;
   }
   if (command in SERVICES) {
-    // Session logs fsync on every acknowledgement; with libuv's default of 4 threads, a burst of
-    // new sessions queues behind a handful of disk syncs. Set before the pool first starts.
-    process.env.UV_THREADPOOL_SIZE ??= "16";
+    widenThreadPool();
     const cfg = loadConfig(args);
     await runService(command, cfg, await SERVICES[command]());
     return;

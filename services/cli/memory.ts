@@ -12,7 +12,7 @@ import { createClient } from "../shared/rpc.js";
 import type { Config } from "../shared/config.js";
 import { createLogger } from "../shared/log.js";
 import { reembed } from "../memory/reembed.js";
-import { embedderFor, storeLocation } from "../memory/server.js";
+import { embedderFor } from "../memory/server.js";
 
 /** Offline: it opens the store itself, so it needs no running service (and must not race one). */
 async function reembedCommand(cfg: Config, f: Record<string, string | boolean | undefined>): Promise<number> {
@@ -20,10 +20,10 @@ async function reembedCommand(cfg: Config, f: Record<string, string | boolean | 
     const batch = f.batch === undefined ? 256 : Number(f.batch);
     if (!Number.isInteger(batch) || batch < 1 || batch > 4096)
       throw new Error("--batch must be an integer from 1 to 4096");
-    const embedder = embedderFor(cfg, process.env);
-    const { uri, storageOptions } = storeLocation(cfg, process.env);
+    const embedder = embedderFor(cfg);
+    const { memoryUri: uri, memoryStorageOptions: storageOptions } = cfg;
     let shown = 0;
-    const res = await reembed(uri, storageOptions, embedder, createLogger("memory"), {
+    const res = await reembed(uri, storageOptions, embedder, createLogger("memory", cfg.logLevel), {
       batch,
       keepOld: f["keep-old"] === true,
       onProgress(done, total) {
@@ -56,7 +56,7 @@ const USAGE = `usage: troupe memory add --tenant T --owner O [--agent A] [--ever
 
 export async function memoryCommand(args: string[]): Promise<number> {
   const [sub, ...rest] = args;
-  const cfg = loadConfig(rest, process.env, {
+  const cfg = loadConfig(rest, undefined, {
     tenant: { type: "string" },
     owner: { type: "string" },
     agent: { type: "string" },
@@ -75,7 +75,7 @@ export async function memoryCommand(args: string[]): Promise<number> {
   };
   const text = cfg.rest.join(" ").trim();
   const client = createClient(MemoryService, cfg.addr.memory, {
-    headers: (await internalCredentials(cfg.dataDir)).headers,
+    headers: (await internalCredentials(cfg.dataDir, cfg.internalToken)).headers,
   });
   try {
     switch (sub) {

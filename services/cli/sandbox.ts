@@ -41,7 +41,7 @@ async function readStdin(): Promise<Buffer> {
 
 export async function sandboxCommand(args: string[]): Promise<number> {
   const [sub, ...rest] = args;
-  const cfg = loadConfig(rest, process.env, {
+  const cfg = loadConfig(rest, undefined, {
     session: { type: "string" },
     agent: { type: "string" },
     tenant: { type: "string" },
@@ -59,7 +59,7 @@ export async function sandboxCommand(args: string[]): Promise<number> {
   // An operator's tool on a machine of the stack: it speaks to the sandbox service as Troupe does,
   // for the session's owner.
   const client = createClient(SandboxService, cfg.addr.sandbox, {
-    headers: { ...(await internalCredentials(cfg.dataDir)).headers, ...identityHeaders(owner) },
+    headers: { ...(await internalCredentials(cfg.dataDir, cfg.internalToken)).headers, ...identityHeaders(owner) },
   });
   try {
     switch (sub) {

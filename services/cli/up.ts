@@ -3,7 +3,7 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import { authPaths, ensureDevKey, internalCredentials, internalToken } from "../shared/auth.js";
-import { loadConfig, modelBaseUrl, type Config } from "../shared/config.js";
+import { childEnvironment, loadConfig, modelBaseUrl, type Config } from "../shared/config.js";
 import { Health, HealthCheckResponse_ServingStatus as Serving } from "../shared/gen/grpc/health/v1/health_pb.js";
 import { createLogger } from "../shared/log.js";
 import { GatewayService } from "../shared/gen/troupe/v1/gateway_pb.js";
@@ -25,7 +25,7 @@ interface Child {
 
 export async function upCommand(args: string[]): Promise<void> {
   const cfg = loadConfig(args);
-  const logger = createLogger("up");
+  const logger = createLogger("up", cfg.logLevel);
   const shared = [
     "--data-dir",
     cfg.dataDir,
@@ -56,7 +56,7 @@ export async function upCommand(args: string[]): Promise<void> {
     logger.info(`model endpoint ${cfg.openaiBaseUrl}, model ${cfg.model}`);
   }
   // Made before the children start, so they all read the same files (auth.ts).
-  await internalToken(cfg.dataDir);
+  await internalToken(cfg.dataDir, cfg.internalToken);
   const dev = await ensureDevKey(cfg.dataDir, cfg.apiKeysFile);
   const children: Child[] = names.map((name) => ({ name, args: [name, ...shared], restarts: 0, startedAt: 0 }));
   let stopping = false;
@@ -65,7 +65,7 @@ export async function upCommand(args: string[]): Promise<void> {
     child.startedAt = Date.now();
     const proc = spawn(process.execPath, [MAIN, ...child.args], {
       stdio: ["ignore", "inherit", "inherit"],
-      env: process.env,
+      env: childEnvironment(),
     });
     child.proc = proc;
     proc.on("exit", (code, signal) => {
@@ -138,7 +138,7 @@ export const SERVICE_TYPE = {
  * Troupe works; tools report the error), with a warning. Returns what is still not ready.
  */
 async function waitReady(cfg: Config, timeoutMs: number): Promise<string[]> {
-  const logger = createLogger("up");
+  const logger = createLogger("up", cfg.logLevel);
   const deadline = Date.now() + timeoutMs;
   const pending = new Set(["router", "memory", "sandbox", "runner", "gateway", "runner registration"]);
   const addresses: Record<string, string> = {
@@ -149,7 +149,7 @@ async function waitReady(cfg: Config, timeoutMs: number): Promise<string[]> {
     gateway: cfg.addr.gateway,
   };
   const router = createClient(RouterService, cfg.addr.router, {
-    headers: (await internalCredentials(cfg.dataDir)).headers,
+    headers: (await internalCredentials(cfg.dataDir, cfg.internalToken)).headers,
   });
   try {
     while (pending.size > 0 && Date.now() < deadline) {

@@ -3,10 +3,10 @@ import { createLogger } from "../shared/log.js";
 import { startScriptedModelServer } from "./scripted-model/server.js";
 
 export async function modelServerCommand(args: string[]): Promise<void> {
-  const cfg = loadConfig(args, process.env, { "token-rate": { type: "string" } });
-  const logger = createLogger("model");
+  const cfg = loadConfig(args, undefined, { "token-rate": { type: "string" } });
+  const logger = createLogger("model", cfg.logLevel);
   const [host, port] = splitHostPort(cfg.addr.model);
-  const tokenRate = Number(cfg.flags["token-rate"] ?? process.env.TROUPE_SCRIPTED_TOKEN_RATE ?? 0);
+  const tokenRate = Number(cfg.flags["token-rate"] ?? cfg.scriptedTokenRate);
   if (!Number.isFinite(tokenRate) || tokenRate < 0) throw new Error("--token-rate must be a number >= 0");
   const server = await startScriptedModelServer({ host, port, tokenRate });
   logger.info(`scripted model server (OpenAI API) on http://${host}:${server.port}/v1`, { tokenRate });

@@ -7,50 +7,10 @@
 // - open streams (Chat, Subscribe) are capped per tenant.
 // A refusal is RESOURCE_EXHAUSTED with a retry hint: the trailer `retry-after-ms` and the same
 // figure in the message. Buckets that have refilled are dropped, so idle sessions cost nothing.
+import type { LimitsConfig } from "../shared/config.js";
 import { RateLimited, RETRY_AFTER_KEY, TokenBucket } from "../shared/rate.js";
 
-export interface LimitsConfig {
-  /** Messages per second a tenant may send, on average, and in a burst. */
-  tenantRate: number;
-  tenantBurst: number;
-  /** The same for one session. */
-  sessionRate: number;
-  sessionBurst: number;
-  /** Streams a tenant may hold open at once. */
-  tenantStreams: number;
-}
-
-/**
- * A session's burst is above its mailbox (100 waiting messages): a burst meets the mailbox's own
- * refusal first, which is an event on a stream that stays open; the rate limit is for sustained
- * floods, which end the stream.
- */
-export const DEFAULT_LIMITS: LimitsConfig = {
-  tenantRate: 1000,
-  tenantBurst: 2000,
-  sessionRate: 20,
-  sessionBurst: 200,
-  tenantStreams: 20_000,
-};
-
 export { RETRY_AFTER_KEY };
-
-export function limitsFromEnv(env: NodeJS.ProcessEnv): LimitsConfig {
-  const num = (name: string, fallback: number) => {
-    const v = env[name];
-    if (v === undefined || v === "") return fallback;
-    const n = Number(v);
-    if (!Number.isFinite(n) || n <= 0) throw new Error(`${name} must be a positive number, got "${v}"`);
-    return n;
-  };
-  return {
-    tenantRate: num("TROUPE_TENANT_RATE", DEFAULT_LIMITS.tenantRate),
-    tenantBurst: num("TROUPE_TENANT_BURST", DEFAULT_LIMITS.tenantBurst),
-    sessionRate: num("TROUPE_SESSION_RATE", DEFAULT_LIMITS.sessionRate),
-    sessionBurst: num("TROUPE_SESSION_BURST", DEFAULT_LIMITS.sessionBurst),
-    tenantStreams: num("TROUPE_TENANT_STREAMS", DEFAULT_LIMITS.tenantStreams),
-  };
-}
 
 export class GatewayLimits {
   private readonly tenants = new Map<string, TokenBucket>();

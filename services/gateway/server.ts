@@ -28,8 +28,8 @@ import { Health } from "../shared/gen/grpc/health/v1/health_pb.js";
 import { ServerReflection } from "../shared/gen/grpc/reflection/v1/reflection_pb.js";
 import { reflectionService } from "./reflection.js";
 import { memoryOwnerOf, normaliseInbound } from "./inbound.js";
-import { GatewayLimits, limitsFromEnv } from "./limits.js";
-import { TenantQuotas, quotasFromEnv } from "../shared/quotas.js";
+import { GatewayLimits } from "./limits.js";
+import { TenantQuotas } from "../shared/quotas.js";
 import { RouterService, type ResolveSessionResponse } from "../shared/gen/troupe/v1/router_pb.js";
 import { AttachResponseSchema, type RunnerService } from "../shared/gen/troupe/v1/runner_pb.js";
 import { ClientFrameSchema, type ClientFrame, type SessionInfo } from "../shared/gen/troupe/v1/session_pb.js";
@@ -57,8 +57,8 @@ function onBehalfOf(call: { metadata: grpc.Metadata }): grpc.Metadata {
 }
 
 export async function startGateway(cfg: Config, logger: Logger): Promise<RunningService> {
-  const internal = await internalCredentials(cfg.dataDir);
-  const keys = await ApiKeys.load(cfg.apiKeysFile, process.env.TROUPE_API_KEYS ?? "");
+  const internal = await internalCredentials(cfg.dataDir, cfg.internalToken);
+  const keys = await ApiKeys.load(cfg.apiKeysFile, cfg.apiKeysJson);
   keys.watch(2000, (err) =>
     logger.error("API keys file does not parse; keeping only the keys still named in it", {
       error: String((err as Error).message ?? err),
@@ -74,8 +74,8 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
     logger.warn(
       `no API keys configured: every call will be refused until one exists (troupe keys create, or ${cfg.apiKeysFile})`,
     );
-  const limits = new GatewayLimits(limitsFromEnv(process.env));
-  const quotas = await new TenantQuotas(quotasFromEnv(process.env), cfg.quotasFile).start((err) =>
+  const limits = new GatewayLimits(cfg.limits);
+  const quotas = await new TenantQuotas(cfg.quotaDefaults, cfg.quotasFile).start((err) =>
     logger.error("quotas file rejected; keeping the quotas read before", {
       error: String((err as Error).message ?? err),
     }),

@@ -2,7 +2,6 @@
 // (ranking.ts), every call confined to one scope. The scope is one combined predicate built from
 // values held to a strict alphabet, applied before the vector and full-text searches; no request
 // text ever reaches LanceDB's filter language except as such a checked value.
-import path from "node:path";
 import { create } from "@bufbuild/protobuf";
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import { NAME, internalCredentials } from "../shared/auth.js";
@@ -115,31 +114,15 @@ export async function search(
   return { ranked: rank([...candidates.values()], o), candidates };
 }
 
-export function embedderFor(cfg: Config, env: NodeJS.ProcessEnv): Embedder {
-  const model = env.TROUPE_EMBEDDING_MODEL ?? "";
-  if (model === "") return new LocalEmbedder();
-  const dim = Number(env.TROUPE_EMBEDDING_DIM);
-  if (!Number.isInteger(dim) || dim <= 0)
-    throw new Error("TROUPE_EMBEDDING_MODEL needs TROUPE_EMBEDDING_DIM (the model's vector size)");
-  return new OpenAIEmbedder(modelBaseUrl(cfg), cfg.openaiApiKey, model, dim);
-}
-
-/** Where the memory table lives: any LanceDB URI, and its storage options (JSON). */
-export function storeLocation(
-  cfg: Config,
-  env: NodeJS.ProcessEnv,
-): { uri: string; storageOptions: Record<string, string> } {
-  return {
-    uri: env.TROUPE_MEMORY_URI || path.join(cfg.dataDir, "memory"),
-    storageOptions: env.TROUPE_MEMORY_STORAGE_OPTIONS
-      ? (JSON.parse(env.TROUPE_MEMORY_STORAGE_OPTIONS) as Record<string, string>)
-      : {},
-  };
+/** The embedder the configuration names: a model at the model endpoint, else the built-in one. */
+export function embedderFor(cfg: Config): Embedder {
+  if (cfg.embeddingModel === "") return new LocalEmbedder();
+  return new OpenAIEmbedder(modelBaseUrl(cfg), cfg.openaiApiKey, cfg.embeddingModel, cfg.embeddingDim);
 }
 
 export async function startMemory(cfg: Config, logger: Logger): Promise<RunningService> {
-  const embedder = embedderFor(cfg, process.env);
-  const { uri, storageOptions } = storeLocation(cfg, process.env);
+  const embedder = embedderFor(cfg);
+  const { memoryUri: uri, memoryStorageOptions: storageOptions } = cfg;
   const store = await MemoryStore.open(uri, storageOptions, embedder.name, embedder.dim, logger);
   const learner = new Learner(modelBaseUrl(cfg), cfg.openaiApiKey, cfg.model, store, embedder, logger);
   // Every 10 minutes, and then the vector index is built even if writes never pause.
@@ -164,7 +147,7 @@ export async function startMemory(cfg: Config, logger: Logger): Promise<RunningS
 
   const server = new RpcServer({
     maxMessageBytes: cfg.maxMessageBytes,
-    authenticate: (await internalCredentials(cfg.dataDir)).authenticate,
+    authenticate: (await internalCredentials(cfg.dataDir, cfg.internalToken)).authenticate,
   });
   server.add(MemoryService, {
     async addMemories(req) {

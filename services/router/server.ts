@@ -99,7 +99,7 @@ export async function startRouter(cfg: Config, logger: Logger): Promise<RunningS
   };
   const server = new RpcServer({
     maxMessageBytes: cfg.maxMessageBytes,
-    authenticate: (await internalCredentials(cfg.dataDir)).authenticate,
+    authenticate: (await internalCredentials(cfg.dataDir, cfg.internalToken)).authenticate,
   });
   server.add(RouterService, {
     async resolveSession(req, call) {

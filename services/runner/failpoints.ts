@@ -4,9 +4,14 @@
 //   NAME=TEXT     fail when the subject given at NAME contains TEXT
 // Places: runner.run (subject: the text that starts the run).
 const configured = new Map<string, string | undefined>();
-for (const item of (process.env.TROUPE_FAILPOINTS ?? "").split(",")) {
-  const [name, match] = item.split("=", 2).map((s) => s.trim());
-  if (name) configured.set(name, match || undefined);
+
+/** Sets the failpoints from their configuration (TROUPE_FAILPOINTS); the runner calls it at start. */
+export function configureFailpoints(spec: string): void {
+  configured.clear();
+  for (const item of spec.split(",")) {
+    const [name, match] = item.split("=", 2).map((s) => s.trim());
+    if (name) configured.set(name, match || undefined);
+  }
 }
 
 export class FailpointError extends Error {}

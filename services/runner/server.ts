@@ -46,8 +46,9 @@ import { ScheduleBook, Scheduler } from "./schedules.js";
 import { FileScheduleStore } from "./schedule-files.js";
 import { TokenCounter } from "./tokens.js";
 import { TenantRuns } from "./tenant-runs.js";
+import { configureFailpoints } from "./failpoints.js";
 import { runDepsFor } from "./run-deps.js";
-import { TenantQuotas, quotasFromEnv } from "../shared/quotas.js";
+import { TenantQuotas } from "../shared/quotas.js";
 
 /** A subscriber that stops taking events for this long is cut off (it can resume by seq). */
 const SLOW_SUBSCRIBER_MS = 30_000;
@@ -113,6 +114,7 @@ function pageParams(pageSize: number, pageToken: string): { size: number; offset
 }
 
 export async function startRunner(cfg: Config, logger: Logger): Promise<RunningService> {
+  configureFailpoints(cfg.failpoints);
   // Runners that share a data directory arbitrate sessions through the store (session-lease.ts).
   const store = new JsonlSessionStore(
     cfg.dataDir,
@@ -121,36 +123,35 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   );
   await store.start();
   const model = new OpenAIModelClient({ baseUrl: modelBaseUrl(cfg), apiKey: cfg.openaiApiKey });
-  const credentials = await internalCredentials(cfg.dataDir);
+  const credentials = await internalCredentials(cfg.dataDir, cfg.internalToken);
   const sandbox = createClient(SandboxService, cfg.addr.sandbox, { headers: credentials.headers });
   const memory = createClient(MemoryService, cfg.addr.memory, { headers: credentials.headers });
   const recall = new MemoryRecall(memory, { ...DEFAULT_RECALL, k: cfg.memoryContextK }, logger);
   // Learning after each completed run, in the background: the memory service extracts and stores
   // what is worth keeping; a failure costs only the learning. TROUPE_MEMORY_LEARN=0 turns it off.
-  const learn =
-    process.env.TROUPE_MEMORY_LEARN === "0"
-      ? undefined
-      : (
-          scope: { tenant: string; owner: string },
-          agentId: string,
-          sessionId: string,
-          exchange: { role: string; text: string }[],
-          source: string,
-        ) => {
-          memory
-            .learnFromTurn(
-              { scope: { ...scope, agentId }, sessionId, messages: exchange, source },
-              { timeoutMs: 120_000 },
-            )
-            .then(
-              (res) => res.changes.length > 0 && recall.invalidateTenant(scope.tenant),
-              (err: unknown) =>
-                logger.debug("learning from a turn failed", {
-                  session: sessionId,
-                  error: String((err as Error).message ?? err),
-                }),
-            );
-        };
+  const learn = !cfg.memoryLearn
+    ? undefined
+    : (
+        scope: { tenant: string; owner: string },
+        agentId: string,
+        sessionId: string,
+        exchange: { role: string; text: string }[],
+        source: string,
+      ) => {
+        memory
+          .learnFromTurn(
+            { scope: { ...scope, agentId }, sessionId, messages: exchange, source },
+            { timeoutMs: 120_000 },
+          )
+          .then(
+            (res) => res.changes.length > 0 && recall.invalidateTenant(scope.tenant),
+            (err: unknown) =>
+              logger.debug("learning from a turn failed", {
+                session: sessionId,
+                error: String((err as Error).message ?? err),
+              }),
+          );
+      };
   const router = createClient(RouterService, cfg.addr.router, { headers: credentials.headers });
   const audit = new AuditLog(cfg.dataDir);
   const hooks = new Hooks();
@@ -167,7 +168,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   // The tokenizer tables take a few hundred milliseconds to load: before serving, not in a first run.
   await tokensFor(cfg.model);
   const subagentsRunning = new Map<string, number>();
-  const quotas = await new TenantQuotas(quotasFromEnv(process.env), cfg.quotasFile).start((err) =>
+  const quotas = await new TenantQuotas(cfg.quotaDefaults, cfg.quotasFile).start((err) =>
     logger.error("quotas file rejected; keeping the quotas read before", {
       error: String((err as Error).message ?? err),
     }),

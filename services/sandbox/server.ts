@@ -16,7 +16,7 @@ import type { Config } from "../shared/config.js";
 import { RpcError, Status, invalidArgumentIf, notFound, unavailable } from "../shared/errors.js";
 import { ExecResponseSchema, FileType, SandboxService, Signal } from "../shared/gen/troupe/v1/sandbox_pb.js";
 import { isAgentId, isSessionId } from "../shared/ids.js";
-import { TenantQuotas, quotasFromEnv } from "../shared/quotas.js";
+import { TenantQuotas } from "../shared/quotas.js";
 import { RateLimited } from "../shared/rate.js";
 import { scopeKey as sandboxScopeKey, tenantOfScopeKey } from "./scope.js";
 import type { Logger } from "../shared/log.js";
@@ -118,9 +118,9 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
   );
   const server = new RpcServer({
     maxMessageBytes: cfg.maxMessageBytes,
-    authenticate: (await internalCredentials(cfg.dataDir)).authenticate,
+    authenticate: (await internalCredentials(cfg.dataDir, cfg.internalToken)).authenticate,
   });
-  const engineHint = `no Docker engine reachable at ${process.env.DOCKER_HOST ?? "/var/run/docker.sock"}: start dockerd (or set DOCKER_HOST) and retry`;
+  const engineHint = `no Docker engine reachable at ${cfg.dockerHost}: start dockerd (or set DOCKER_HOST) and retry`;
   let engineUp = false;
 
   const checkEngine = async () => {
@@ -144,7 +144,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
     if (!(engineUp || (await checkEngine()))) throw unavailable(engineHint);
   };
 
-  const quotas = await new TenantQuotas(quotasFromEnv(process.env), cfg.quotasFile).start((err) =>
+  const quotas = await new TenantQuotas(cfg.quotaDefaults, cfg.quotasFile).start((err) =>
     logger.error("quotas file rejected; keeping the quotas read before", {
       error: String((err as Error).message ?? err),
     }),

@@ -81,8 +81,8 @@ export async function ensureDevKey(
 }
 
 /** The API key a local client uses: TROUPE_API_KEY, else the data directory's development key. */
-export async function clientApiKey(dataDir: string, env: NodeJS.ProcessEnv = process.env): Promise<string> {
-  if (env.TROUPE_API_KEY) return env.TROUPE_API_KEY;
+export async function clientApiKey(dataDir: string, configured = ""): Promise<string> {
+  if (configured) return configured;
   const key = await readFile(authPaths(dataDir).devKey, "utf8").then(
     (t) => t.trim(),
     () => "",
@@ -99,8 +99,8 @@ export async function clientApiKey(dataDir: string, env: NodeJS.ProcessEnv = pro
  * made by whichever process needs it first (processes of one machine share the directory; a
  * cluster sets the variable from a Secret).
  */
-export async function internalToken(dataDir: string, env: NodeJS.ProcessEnv = process.env): Promise<string> {
-  if (env.TROUPE_INTERNAL_TOKEN) return env.TROUPE_INTERNAL_TOKEN;
+export async function internalToken(dataDir: string, configured = ""): Promise<string> {
+  if (configured) return configured;
   const paths = authPaths(dataDir);
   const read = () =>
     readFile(paths.internalToken, "utf8").then(
@@ -204,8 +204,8 @@ export const sameIdentity = (a: Identity, b: Identity): boolean => a.tenant === 
 /** What one of Troupe's internal services needs: the check for its server, headers for its clients. */
 export async function internalCredentials(
   dataDir: string,
-  env: NodeJS.ProcessEnv = process.env,
+  configured = "",
 ): Promise<{ authenticate: Authenticator; headers: Record<string, string> }> {
-  const token = await internalToken(dataDir, env);
+  const token = await internalToken(dataDir, configured);
   return { authenticate: internalAuth(token), headers: { [INTERNAL_TOKEN]: token } };
 }

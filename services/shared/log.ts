@@ -1,6 +1,6 @@
 // One line per record on stderr: `time level service message {fields}`. Plain text reads well in
 // `troupe up` and in kubectl logs alike.
-type Level = "debug" | "info" | "warn" | "error";
+export type Level = "debug" | "info" | "warn" | "error";
 const ORDER: Record<Level, number> = { debug: 10, info: 20, warn: 30, error: 40 };
 
 export interface Logger {
@@ -10,7 +10,7 @@ export interface Logger {
   error(msg: string, fields?: Record<string, unknown>): void;
 }
 
-export function createLogger(service: string, level: string = process.env.TROUPE_LOG_LEVEL ?? "info"): Logger {
+export function createLogger(service: string, level: Level): Logger {
   const min = ORDER[level as Level] ?? ORDER.info;
   const write = (lvl: Level, msg: string, fields?: Record<string, unknown>) => {
     if (ORDER[lvl] < min) return;

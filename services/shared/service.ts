@@ -1,6 +1,6 @@
 // How a service process lives: start it, serve, and on SIGTERM or SIGINT drain it (health goes
 // NOT_SERVING, running calls get a grace period) and flush telemetry before exiting.
-import type { Config } from "./config.js";
+import { unknownVariables, type Config } from "./config.js";
 import { createLogger, type Logger } from "./log.js";
 import { startTelemetry } from "./telemetry.js";
 
@@ -12,8 +12,10 @@ export interface RunningService {
 export type ServiceStarter = (cfg: Config, logger: Logger) => Promise<RunningService>;
 
 export async function runService(name: string, cfg: Config, start: ServiceStarter): Promise<void> {
-  const logger = createLogger(name);
-  const telemetry = await startTelemetry(name);
+  const logger = createLogger(name, cfg.logLevel);
+  for (const name of unknownVariables())
+    logger.warn(`${name} is set but Troupe reads no such variable (a typo?); troupe config lists them all`);
+  const telemetry = await startTelemetry(name, cfg.otel);
   let service: RunningService;
   try {
     service = await start(cfg, logger);

@@ -10,6 +10,7 @@ import {
   type TextMapSetter,
 } from "@opentelemetry/api";
 import type { Metadata } from "@grpc/grpc-js";
+import type { Config } from "./config.js";
 
 export const tracer = trace.getTracer("troupe", "0.1.0");
 
@@ -67,11 +68,6 @@ export function contextToRecord(ctx: Context = context.active()): Record<string,
 export const contextFromRecord = (carrier: Record<string, string>): Context =>
   propagation.extract(ROOT_CONTEXT, carrier, recordGetter);
 
-function envInt(name: string): number | undefined {
-  const v = Number(process.env[name]);
-  return Number.isInteger(v) && v > 0 ? v : undefined;
-}
-
 export interface Telemetry {
   shutdown(): Promise<void>;
 }
@@ -81,8 +77,8 @@ export interface Telemetry {
  * propagation, an async-local context manager, batched OTLP/HTTP export. The standard OTEL_*
  * variables (headers, sampling, batch delays) are honoured by the SDK itself.
  */
-export async function startTelemetry(serviceName: string): Promise<Telemetry> {
-  if (!process.env.OTEL_EXPORTER_OTLP_ENDPOINT) return { shutdown: async () => {} };
+export async function startTelemetry(serviceName: string, otel: Config["otel"]): Promise<Telemetry> {
+  if (!otel.endpoint) return { shutdown: async () => {} };
   const [
     { TracerProvider, BatchSpanProcessor },
     { AsyncLocalStorageContextManager },
@@ -97,15 +93,15 @@ export async function startTelemetry(serviceName: string): Promise<Telemetry> {
     import("@opentelemetry/resources"),
   ]);
   const provider = new TracerProvider({
-    resource: resourceFromAttributes({ "service.name": process.env.OTEL_SERVICE_NAME ?? `troupe-${serviceName}` }),
+    resource: resourceFromAttributes({ "service.name": otel.serviceName || `troupe-${serviceName}` }),
     // The v3 SDK leaves environment configuration to its callers: honour the standard OTEL_BSP_*.
     spanProcessors: [
       new BatchSpanProcessor({
         exporter: new OTLPTraceExporter(),
-        scheduledDelayMillis: envInt("OTEL_BSP_SCHEDULE_DELAY"),
-        exportTimeoutMillis: envInt("OTEL_BSP_EXPORT_TIMEOUT"),
-        maxQueueSize: envInt("OTEL_BSP_MAX_QUEUE_SIZE"),
-        maxExportBatchSize: envInt("OTEL_BSP_MAX_EXPORT_BATCH_SIZE"),
+        scheduledDelayMillis: otel.batch.scheduleDelay,
+        exportTimeoutMillis: otel.batch.exportTimeout,
+        maxQueueSize: otel.batch.maxQueueSize,
+        maxExportBatchSize: otel.batch.maxExportBatchSize,
       }),
     ],
   });

@@ -185,7 +185,7 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
   const procs = new Map<string, ChildProcess>();
   let logText = "";
   // The credentials `troupe up` would make: every process of the stack reads them from dataDir.
-  const internal = await internalCredentials(dataDir, {});
+  const internal = await internalCredentials(dataDir);
   const dev = await ensureDevKey(dataDir);
 
   const spawnService = async (
