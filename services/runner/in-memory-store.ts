@@ -10,6 +10,7 @@ import type { ScheduleFile, ScheduleStore } from "./schedule-files.js";
 import { SessionElsewhere } from "./session-lease.js";
 import {
   ownerOf,
+  sessionHeader,
   type LogRecord,
   type SessionLog,
   type SessionOwner,
@@ -100,16 +101,7 @@ export class InMemorySessionStore implements SessionStore {
   ): Promise<SessionLog> {
     const key = refKey(ref);
     if (this.sessions.has(key)) throw Object.assign(new Error(`session ${ref.sessionId} exists`), { code: "EEXIST" });
-    const header: LogRecord = {
-      t: "session",
-      sessionId: ref.sessionId,
-      agentId,
-      createdMs: Date.now(),
-      tenant: ref.tenant,
-      principal: ref.principal,
-      ...(owner.memoryOwner ? { memoryOwner: owner.memoryOwner } : {}),
-      ...(subagent ? { subagent } : {}),
-    };
+    const header = sessionHeader(ref, agentId, owner, subagent);
     const stored: Stored = {
       ref,
       records: [header, { t: "epoch", epoch: 1, runnerId: "in-memory" }, ...structuredClone(opening)],

@@ -73,6 +73,20 @@ export function ownerOf(head: Extract<LogRecord, { t: "session" }>): SessionOwne
     : { tenant: head.tenant, principal: head.principal };
 }
 
+/** The first record of every session log, in any store: who owns it and what it runs. */
+export function sessionHeader(ref: SessionRef, agentId: string, owner: SessionOwner, subagent?: Subagent): LogRecord {
+  return {
+    t: "session",
+    sessionId: ref.sessionId,
+    agentId,
+    createdMs: Date.now(),
+    tenant: ref.tenant,
+    principal: ref.principal,
+    ...(owner.memoryOwner ? { memoryOwner: owner.memoryOwner } : {}),
+    ...(subagent ? { subagent } : {}),
+  };
+}
+
 export interface StoredSession {
   sessionId: string;
   agentId: string;
@@ -339,16 +353,7 @@ export class JsonlSessionStore implements SessionStore {
     )
       throw Object.assign(new Error(`session ${ref.sessionId} exists`), { code: "EEXIST" });
     const lease = await this.leases.acquire(this.base(ref), ref.sessionId, 0);
-    const header: LogRecord = {
-      t: "session",
-      sessionId: ref.sessionId,
-      agentId,
-      createdMs: Date.now(),
-      tenant: ref.tenant,
-      principal: ref.principal,
-      ...(owner.memoryOwner ? { memoryOwner: owner.memoryOwner } : {}),
-      ...(subagent ? { subagent } : {}),
-    };
+    const header = sessionHeader(ref, agentId, owner, subagent);
     const epoch: LogRecord = { t: "epoch", epoch: lease.epoch, runnerId: this.leases.self.runnerId };
     try {
       if (
