@@ -6,6 +6,7 @@
 //   troupe keys revoke NAME
 import { createApiKey, listApiKeys, revokeApiKey, ROLES, type Role } from "../shared/api-keys.js";
 import { loadConfig } from "../shared/config.js";
+import { printTable } from "./table.js";
 
 const USAGE = `usage: troupe keys create --tenant TENANT --principal PRINCIPAL [--role user|adapter|admin] [--channel CHANNEL]... [--name NAME] [--api-keys FILE]
        troupe keys ls [--api-keys FILE]
@@ -59,14 +60,7 @@ export async function keysCommand(args: string[]): Promise<number> {
           k.createdMs ? new Date(k.createdMs).toISOString() : "-",
         ]);
         const head = ["NAME", "TENANT", "PRINCIPAL", "ROLE", "CHANNELS", "CREATED"];
-        const widths = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i].length)));
-        for (const r of [head, ...rows])
-          process.stdout.write(
-            `${r
-              .map((c, i) => c.padEnd(widths[i]))
-              .join("  ")
-              .trimEnd()}\n`,
-          );
+        printTable(head, rows);
         return 0;
       }
       case "revoke": {

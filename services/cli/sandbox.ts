@@ -11,6 +11,7 @@ import { loadConfig } from "../shared/config.js";
 import { describeError } from "../shared/errors.js";
 import { SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
 import { createClient } from "../shared/rpc.js";
+import { printTable } from "./table.js";
 
 const USAGE = `usage: troupe sandbox ls
        troupe sandbox exec --session ID [--tenant T] [--principal P] [--agent NAME] [--timeout-ms N] [--stdin] -- COMMAND [ARG...]
@@ -74,14 +75,7 @@ export async function sandboxCommand(args: string[]): Promise<number> {
           ago(s.lastUseTime ? timestampMs(s.lastUseTime) : undefined),
         ]);
         const head = ["NAME", "SCOPE", "STATE", "RUNNING", "CREATED", "LAST USED"];
-        const widths = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i].length)));
-        for (const r of [head, ...rows])
-          process.stdout.write(
-            `${r
-              .map((c, i) => c.padEnd(widths[i]))
-              .join("  ")
-              .trimEnd()}\n`,
-          );
+        printTable(head, rows);
         return 0;
       }
       case "exec": {
