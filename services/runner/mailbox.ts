@@ -6,6 +6,7 @@ import type { Context } from "@opentelemetry/api";
 import { contextFromRecord } from "../shared/telemetry.js";
 import { FRAME_KIND } from "../shared/frames.js";
 import { type ClientFrame, QueueMode } from "../shared/gen/troupe/v1/session_pb.js";
+import { RpcError, type Status, failedPrecondition, resourceExhausted } from "../shared/errors.js";
 import type { QueuedMessage } from "./run.js";
 
 /** Messages a session holds waiting (queued, steering, follow-ups, collecting) before it refuses more. */
@@ -16,6 +17,20 @@ export const COLLECT_WINDOW_MS = 500;
 /** A message in the mailbox: its arrival order breaks ties when late steering is requeued. */
 export interface Queued extends QueuedMessage {
   arrival: number;
+}
+
+/** A frame the session did not take; nothing of it was recorded. It keeps the refusal's trailers (a retry hint). */
+export class FrameRefused extends RpcError {
+  constructor(
+    code: Status,
+    message: string,
+    private readonly carried: Record<string, string> = {},
+  ) {
+    super(code, message);
+  }
+  override get trailers(): Record<string, string> {
+    return this.carried;
+  }
 }
 
 export class Mailbox {
@@ -57,6 +72,23 @@ export class Mailbox {
     let n = this.steering.length + this.followUps.length + this.collecting.length;
     for (const group of this.queue) n += group.length;
     return n;
+  }
+
+  /**
+   * Why the mailbox will not take this frame, or undefined: it is full (counting `inFlight` frames
+   * admitted but not yet placed), or a run is going and the prompt's queue mode is reject.
+   */
+  refusal(frame: ClientFrame, running: boolean, inFlight: number, sessionId: string): RpcError | undefined {
+    const kind = frame.kind;
+    if (kind.case === "abort") return undefined;
+    if (this.waiting() + inFlight >= MAILBOX_LIMIT) {
+      return resourceExhausted(
+        `session ${sessionId} has ${MAILBOX_LIMIT} messages waiting; retry when its runs have caught up`,
+      );
+    }
+    if (kind.case === "prompt" && running && this.modeOf(kind.value.queueMode) === QueueMode.REJECT)
+      return failedPrecondition(`a run is going in session ${sessionId} and this prompt's queue mode is reject`);
+    return undefined;
   }
 
   /** Nothing waits to run (steering and follow-ups belong to a run already going). */

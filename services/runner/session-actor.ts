@@ -1,12 +1,10 @@
 // One actor per session. It owns the session's state (conversation, seq, queues), admits client
 // frames in arrival order, runs one agent run at a time (the turn lock), and publishes every event
 // to the streams attached to it. A frame is acknowledged only after it is durably in the log.
-import { create, fromJson, toJson, type JsonValue } from "@bufbuild/protobuf";
-import { timestampFromMs, timestampNow } from "@bufbuild/protobuf/wkt";
+import { create, toJson } from "@bufbuild/protobuf";
+import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import { ROOT_CONTEXT, type Context } from "@opentelemetry/api";
 import {
-  AgentEventSchema,
-  ChatMessageSchema,
   ClientFrameSchema,
   QueueMode,
   Role,
@@ -18,16 +16,18 @@ import {
   type SessionInfo,
 } from "../shared/gen/troupe/v1/session_pb.js";
 import { FRAME_KIND, validateFrame } from "../shared/frames.js";
-import { RpcError, Status, failedPrecondition, resourceExhausted, statusName, unavailable } from "../shared/errors.js";
+import { type RpcError, unavailable } from "../shared/errors.js";
 import { newId } from "../shared/ids.js";
 import type { Logger } from "../shared/log.js";
-import { injectUserMessages, runAgent } from "./loop.js";
+import { runAgent } from "./loop.js";
+import { type CutOff, INTERRUPTED, RestartBudget, closeCutOffRun, replayRecords, resumeSeq } from "./recovery.js";
 import type { Compaction, EventPayload, QueuedMessage, RunDeps, RunHost } from "./run.js";
 import type { AuditLog } from "./audit-log.js";
 import { refOf, type SessionRef } from "../shared/session-ref.js";
 import type { TenantRuns } from "./tenant-runs.js";
 import { EventJournal, type EventSubscriber, SEQ_BLOCK } from "./event-journal.js";
-import { MAILBOX_LIMIT, Mailbox, type Queued } from "./mailbox.js";
+import { Mailbox, type Queued } from "./mailbox.js";
+import { Admission } from "./admission.js";
 import {
   ownerOf,
   type LogRecord,
@@ -38,7 +38,7 @@ import {
 } from "./session-log.js";
 import { SessionElsewhere } from "./session-lease.js";
 
-/** Where an actor's events go: a client stream, seen through its backpressure. */
+/** What an actor is given: its store, the audit log, the logger, and what its runs use. */
 export interface ActorDeps {
   store: SessionStore;
   audit: AuditLog;
@@ -49,51 +49,6 @@ export interface ActorDeps {
   runs?: TenantRuns;
 }
 
-/** Supervision: this many unexpected run failures within RESTART_WINDOW_MS mark the session failed. */
-export const RESTART_LIMIT = 5;
-export const RESTART_WINDOW_MS = 60_000;
-
-interface CutOff {
-  reason: StopReason;
-  message: string;
-  /** The messages that started the cut-off run (known when this process saw it fail). */
-  startedBy?: QueuedMessage[];
-}
-const INTERRUPTED: CutOff = { reason: StopReason.INTERRUPTED, message: "the runner stopped while this run was going" };
-
-/**
- * The seq a reloaded session numbers on from. After a clean close the log knows the last seq; after
- * a crash, seqs up to the reservation may have reached clients, so numbering continues past it (a
- * replay reports the jump as a gap). A clean close counts if nothing but the next activations'
- * epoch records followed it.
- */
-function resumeSeq(records: readonly LogRecord[]): number {
-  let last = 0;
-  let reserved = 0;
-  let closedAt: number | undefined;
-  for (const rec of records) {
-    if (rec.t !== "epoch") closedAt = rec.t === "closed" ? rec.seq : undefined;
-    if (rec.t === "seq") reserved = Math.max(reserved, rec.upTo);
-    else if (rec.t === "event") last = Math.max(last, Number((rec.event as { seq?: string }).seq ?? 0));
-  }
-  return Math.max(last, closedAt ?? reserved);
-}
-
-/** A frame the session would not take (mailbox full, reject mode); nothing of it was recorded. */
-/** A frame the session did not take; it keeps the refusal's trailers (a retry hint). */
-export class FrameRefused extends RpcError {
-  constructor(
-    code: Status,
-    message: string,
-    private readonly carried: Record<string, string> = {},
-  ) {
-    super(code, message);
-  }
-  override get trailers(): Record<string, string> {
-    return this.carried;
-  }
-}
-
 export class SessionActor {
   readonly messages: ChatMessage[] = [];
   /** Numbering, recording and fan-out of this session's events (event-journal.ts). */
@@ -102,13 +57,11 @@ export class SessionActor {
   private readonly mailbox = new Mailbox(() => this.schedule());
   private createdMs = Date.now();
   private updatedMs = Date.now();
-  /** frame_id -> its acknowledgement, so a resent frame is acknowledged without acting again. */
-  private readonly acks = new Map<string, Promise<AgentEvent>>();
-  /** Frames between their mailbox check and their place in a queue (their log write in flight). */
-  private admitting = 0;
+  /** Refusals, log writes and acknowledgements of incoming frames (admission.ts). */
+  private readonly admission: Admission;
   private activeMs = Date.now();
-  /** Times of recent unexpected run failures (supervision). */
-  private restarts: number[] = [];
+  /** Recent unexpected run failures (supervision). */
+  private readonly restarts = new RestartBudget();
   /** Set when the session gave up after too many failures: why. */
   private failed?: string;
   /** Pending while a restart rebuilds state from the log; admissions wait for it. */
@@ -151,6 +104,23 @@ export class SessionActor {
             firstKeptMessageId: event.payload.value.firstKeptMessageId,
           };
         }
+      },
+    });
+    this.admission = new Admission({
+      sessionId,
+      mailbox: this.mailbox,
+      lost: () => this.lost,
+      failed: () => this.failed,
+      restarting: () => this.restarting,
+      running: () => this.run !== undefined,
+      takeRun: () => this.deps.runs?.admit(this.owner.tenant),
+      record: (frame) => this.recordFrame(frame),
+      emit: (payload) => this.emit(payload),
+      placed: (frame, interrupt) => {
+        if (frame.kind.case === "abort")
+          this.abort(frame.frameId, frame.kind.value.reason, frame.kind.value.clearQueue);
+        if (interrupt && this.run) this.abort(frame.frameId, "interrupted by a prompt in interrupt mode", false);
+        this.schedule();
       },
     });
   }
@@ -211,102 +181,46 @@ export class SessionActor {
   }
 
   /**
-   * Rebuilds state from the log. Numbering goes on from `live` when this process already numbered
-   * events (a restart in place, whose reservation covers it), else from `resumeAt` (resumeSeq of
-   * these records) under the reservation load() made durable.
+   * Rebuilds state from the log (recovery.ts). Numbering goes on from `live` when this process
+   * already numbered events (a restart in place, whose reservation covers it), else from
+   * `resumeAt` (resumeSeq of these records) under the reservation load() made durable.
    */
   private replayLog(
     records: LogRecord[],
     numbering: { live: number } | { resumeAt: number; reservedUpTo: number },
     cutOff: CutOff = INTERRUPTED,
   ): void {
-    const accepted = new Map<string, ClientFrame>();
-    /** Frames dropped on request (an abort that cleared the queue, a failed session). */
-    const dropped = new Set<string>();
-    let openTurn: string | undefined;
-    for (const rec of records) {
-      if (rec.t === "settings") this.mailbox.mode = rec.queueMode;
-      else if (rec.t === "frame") {
-        const frame = fromJson(ClientFrameSchema, rec.frame as JsonValue);
-        accepted.set(frame.frameId, frame);
-      } else if (rec.t === "event") {
-        const ev = fromJson(AgentEventSchema, rec.event as JsonValue);
-        this.journal.saw(Number(ev.seq));
-        this.updatedMs = ev.time ? Number(ev.time.seconds) * 1000 + Math.floor(ev.time.nanos / 1e6) : this.updatedMs;
-        const p = ev.payload;
-        if (p.case === "messageEnd" && p.value.message) this.messages.push(p.value.message);
-        else if (p.case === "frameAccepted" && !p.value.duplicate) this.acks.set(p.value.frameId, Promise.resolve(ev));
-        else if (p.case === "error" && p.value.code === "CANCELLED" && p.value.frameId) dropped.add(p.value.frameId);
-        else if (p.case === "messageBlocked") dropped.add(p.value.frameId);
-        else if (p.case === "compactionEnd")
-          this.compaction = { summary: p.value.summary, firstKeptMessageId: p.value.firstKeptMessageId };
-        else if (p.case === "agentStart") openTurn = ev.turnId;
-        else if (p.case === "agentEnd") openTurn = undefined;
-      }
-    }
-    if ("live" in numbering) {
-      this.journal.saw(numbering.live);
-    } else {
-      this.journal.resumeAt(numbering.resumeAt, numbering.reservedUpTo);
-    }
+    const log = replayRecords(records);
+    if (log.queueMode !== undefined) this.mailbox.mode = log.queueMode;
+    this.messages.push(...log.messages);
+    for (const [frameId, ev] of log.acks) this.admission.restore(frameId, () => ev);
+    this.compaction = log.compaction;
+    this.updatedMs = log.updatedMs ?? this.updatedMs;
+    this.journal.saw(log.lastSeq);
+    if ("live" in numbering) this.journal.saw(numbering.live);
+    else this.journal.resumeAt(numbering.resumeAt, numbering.reservedUpTo);
     // Every accepted message is in the history, or was dropped on request, or is owed a run.
     const inHistory = new Set(this.messages.filter((m) => m.role === Role.USER).map((m) => m.frameId));
-    if (openTurn !== undefined) {
+    if (log.openTurn !== undefined) {
       // A failed run's starting messages are kept (in history, once) but not run again: they may
       // be what triggers the failure. After a crash they run again, having never really started.
-      const starters = (cutOff.startedBy ?? []).filter((q) => !inHistory.has(q.frameId) && !dropped.has(q.frameId));
+      const starters = (cutOff.startedBy ?? []).filter((q) => !inHistory.has(q.frameId) && !log.dropped.has(q.frameId));
       for (const q of starters) inHistory.add(q.frameId);
-      this.closeCutOffRun(openTurn, cutOff.reason, cutOff.message, starters);
+      this.run = { turnId: log.openTurn, controller: new AbortController(), done: Promise.resolve() };
+      closeCutOffRun((payload) => void this.emit(payload), this.messages, cutOff, starters);
+      this.run = undefined;
     }
-    for (const frame of accepted.values()) {
-      if (inHistory.has(frame.frameId) || dropped.has(frame.frameId)) continue;
+    for (const frame of log.accepted) {
+      if (inHistory.has(frame.frameId) || log.dropped.has(frame.frameId)) continue;
       const q = this.mailbox.toQueued(frame, ROOT_CONTEXT);
       if (q) this.mailbox.queue.push([q]);
-      if (!this.acks.has(frame.frameId)) {
-        this.acks.set(
-          frame.frameId,
-          Promise.resolve(
-            this.emit({ case: "frameAccepted", value: { frameId: frame.frameId, kind: FRAME_KIND[frame.kind.case!] } }),
-          ),
-        );
-      }
+      const kind = FRAME_KIND[frame.kind.case!];
+      this.admission.restore(frame.frameId, () =>
+        this.emit({ case: "frameAccepted", value: { frameId: frame.frameId, kind } }),
+      );
     }
     // In a restart the failed run's own ending schedules what is next.
     if (!("live" in numbering)) this.schedule();
-  }
-
-  /** Closes a run that was cut off (crash, or a failure): every tool call gets a result, then agent_end. */
-  private closeCutOffRun(
-    turnId: string,
-    reason: StopReason,
-    message: string,
-    unappliedStarters: QueuedMessage[] = [],
-  ): void {
-    this.run = { turnId, controller: new AbortController(), done: Promise.resolve() };
-    injectUserMessages({ emit: (payload) => void this.emit(payload), messages: this.messages }, unappliedStarters);
-    const answered = new Set(this.messages.filter((m) => m.role === Role.TOOL).map((m) => m.toolCallId));
-    for (const m of [...this.messages]) {
-      for (const call of m.role === Role.ASSISTANT ? m.toolCalls : []) {
-        if (answered.has(call.id)) continue;
-        const result = create(ChatMessageSchema, {
-          id: newId(),
-          role: Role.TOOL,
-          toolCallId: call.id,
-          toolName: call.name,
-          text: `Interrupted: ${message}.`,
-          isError: true,
-          time: timestampNow(),
-        });
-        this.emit({
-          case: "toolExecutionEnd",
-          value: { toolCallId: call.id, toolName: call.name, result: result.text, isError: true },
-        });
-        this.emit({ case: "messageEnd", value: { message: result } });
-        this.messages.push(result);
-      }
-    }
-    this.emit({ case: "agentEnd", value: { stopReason: reason, errorMessage: message } });
-    this.run = undefined;
   }
 
   // -------------------------------------------------------------------------------------------
@@ -316,96 +230,18 @@ export class SessionActor {
   submit(frame: ClientFrame, traceContext: Context = ROOT_CONTEXT): Promise<AgentEvent> {
     validateFrame(frame, true);
     this.activeMs = Date.now();
-    if (this.lost) return Promise.reject(this.lost);
-    if (this.failed && frame.kind.case !== "abort") {
-      return Promise.reject(
-        this.refuse(frame, failedPrecondition(`session ${this.sessionId} has failed: ${this.failed}`)),
-      );
-    }
-    const earlier = this.acks.get(frame.frameId);
-    if (earlier) {
-      const kind = FRAME_KIND[frame.kind.case!];
-      return earlier.then(() =>
-        this.emit({ case: "frameAccepted", value: { frameId: frame.frameId, kind, duplicate: true } }),
-      );
-    }
-    const ack = this.admit(frame, traceContext);
-    this.acks.set(frame.frameId, ack);
-    ack.catch(() => this.acks.delete(frame.frameId));
-    return ack;
+    return this.admission.submit(frame, traceContext);
   }
 
-  private async admit(frame: ClientFrame, traceContext: Context): Promise<AgentEvent> {
-    // While the actor rebuilds itself from its log the mailbox waits, in arrival order.
-    while (this.restarting) await this.restarting;
-    const kind = frame.kind;
-    if (this.failed && kind.case !== "abort")
-      throw this.refuse(frame, failedPrecondition(`session ${this.sessionId} has failed: ${this.failed}`));
-    // Refusals come before the frame is recorded: a refused frame leaves no trace but the error.
-    if (kind.case !== "abort" && this.mailbox.waiting() + this.admitting >= MAILBOX_LIMIT) {
-      throw this.refuse(
-        frame,
-        resourceExhausted(
-          `session ${this.sessionId} has ${MAILBOX_LIMIT} messages waiting; retry when its runs have caught up`,
-        ),
-      );
-    }
-    if (kind.case === "prompt" && this.run && this.mailbox.modeOf(kind.value.queueMode) === QueueMode.REJECT) {
-      throw this.refuse(
-        frame,
-        failedPrecondition(`a run is going in session ${this.sessionId} and this prompt's queue mode is reject`),
-      );
-    }
-    // A message that would start a run in an idle session waits for its tenant's quota of runs.
-    if (kind.case !== "abort" && this.idle) {
-      try {
-        this.deps.runs?.admit(this.owner.tenant);
-      } catch (err) {
-        throw this.refuse(frame, err as RpcError);
-      }
-    }
-    // The log serialises appends, so frames are admitted in the order they arrived.
-    const counted = kind.case !== "abort";
-    if (counted) this.admitting++;
+  /** Writes an admitted frame to the log; a failed write loses the session here (see loseSession). */
+  private async recordFrame(frame: ClientFrame): Promise<void> {
     try {
       await this.log.append({ t: "frame", frame: toJson(ClientFrameSchema, frame) }, true);
     } catch (err) {
-      if (err instanceof SessionElsewhere) {
-        this.loseSession(err, `session ${this.sessionId} was taken over by another runner; dropping it here`);
-        throw err;
-      }
-      // Not acknowledged, so the client resends; the session reloads from its log on the next call.
-      const lost = this.storageFailed(err);
-      throw lost;
-    } finally {
-      if (counted) this.admitting--;
+      if (!(err instanceof SessionElsewhere)) throw this.storageFailed(err);
+      this.loseSession(err, `session ${this.sessionId} was taken over by another runner; dropping it here`);
+      throw err;
     }
-    const q = this.mailbox.toQueued(frame, traceContext);
-    const { position, interrupt } = q
-      ? this.mailbox.place(q, frame, this.run !== undefined)
-      : { position: 0, interrupt: false };
-    const ack = this.emit({
-      case: "frameAccepted",
-      value: { frameId: frame.frameId, kind: FRAME_KIND[kind.case!], queuePosition: position },
-    });
-    if (kind.case === "abort") this.abort(frame.frameId, kind.value.reason, kind.value.clearQueue);
-    if (interrupt && this.run) this.abort(frame.frameId, "interrupted by a prompt in interrupt mode", false);
-    this.schedule();
-    return ack;
-  }
-
-  /** Tells every subscriber why a frame was refused (the caller gets the status too). */
-  private refuse(frame: ClientFrame, err: RpcError): FrameRefused {
-    this.emit({
-      case: "error",
-      value: {
-        code: statusName(err.code),
-        message: err.message,
-        retryable: err.code === Status.RESOURCE_EXHAUSTED,
-        frameId: frame.frameId,
-      },
-    });
-    return new FrameRefused(err.code, err.message, err.trailers);
   }
 
   /** Sets the session's default queue mode (kept in the log). */
@@ -426,19 +262,14 @@ export class SessionActor {
         clearQueue,
       })
       .catch((err: unknown) => this.deps.logger.error("audit log write failed", { error: String(err) }));
-    if (clearQueue) {
-      for (const q of this.mailbox.clear()) {
-        this.emit({
-          case: "error",
-          value: {
-            code: "CANCELLED",
-            message: `dropped by an abort that cleared the queue${reason ? `: ${reason}` : ""}`,
-            frameId: q.frameId,
-          },
-        });
-      }
-    }
+    if (clearQueue)
+      this.drop(this.mailbox.clear(), `dropped by an abort that cleared the queue${reason ? `: ${reason}` : ""}`);
     this.run?.controller.abort(new Error(reason || "aborted"));
+  }
+
+  /** Tells every subscriber these messages will not run (a replay leaves them out too). */
+  private drop(queued: Queued[], message: string): void {
+    for (const q of queued) this.emit({ case: "error", value: { code: "CANCELLED", message, frameId: q.frameId } });
   }
 
   // -------------------------------------------------------------------------------------------
@@ -454,7 +285,7 @@ export class SessionActor {
 
   /** Nothing running, waiting, arriving or watching: the actor may leave memory. */
   get passivatable(): boolean {
-    return this.idle && this.journal.subscriberCount === 0 && this.admitting === 0 && !this.closing;
+    return this.idle && this.journal.subscriberCount === 0 && this.admission.admitting === 0 && !this.closing;
   }
 
   /** Last time anything happened in or to this actor. */
@@ -517,8 +348,7 @@ export class SessionActor {
 
   /** Supervision: backoff, then state rebuilt from the log; too many failures mark the session failed. */
   private async restartFromLog(startedBy: QueuedMessage[]): Promise<void> {
-    const now = Date.now();
-    this.restarts = [...this.restarts.filter((t) => now - t < RESTART_WINDOW_MS), now];
+    const { backoffMs, failed } = this.restarts.spend(Date.now());
     this.emit({
       case: "error",
       value: {
@@ -532,13 +362,13 @@ export class SessionActor {
     try {
       // New frames wait (see admit); the ones already past that point land in the log first, so
       // the read below holds every accepted frame and the queues rebuilt from it miss none.
-      while (this.admitting > 0) await new Promise((r) => setTimeout(r, 5));
-      await new Promise((r) => setTimeout(r, 100 * 2 ** (this.restarts.length - 1)));
+      while (this.admission.admitting > 0) await new Promise((r) => setTimeout(r, 5));
+      await new Promise((r) => setTimeout(r, backoffMs));
       await this.log.flush().catch(() => undefined);
       const records = await this.deps.store.read(this.ref);
       const liveSeq = this.journal.lastSeq;
       this.messages.length = 0;
-      this.acks.clear();
+      this.admission.clear();
       this.mailbox.clear();
       this.compaction = undefined;
       // What was queued comes back from the log (accepted, never applied) and runs after this.
@@ -547,14 +377,9 @@ export class SessionActor {
         { live: liveSeq },
         { reason: StopReason.ERROR, message: "the run failed unexpectedly", startedBy },
       );
-      if (this.restarts.length >= RESTART_LIMIT) {
-        this.failed = `${this.restarts.length} unexpected failures within ${RESTART_WINDOW_MS / 1000} s; see the runner's log`;
-        for (const q of this.mailbox.queue.splice(0).flat()) {
-          this.emit({
-            case: "error",
-            value: { code: "CANCELLED", message: "dropped: the session failed", frameId: q.frameId },
-          });
-        }
+      if (failed) {
+        this.failed = failed;
+        this.drop(this.mailbox.queue.splice(0).flat(), "dropped: the session failed");
         this.emit({
           case: "error",
           value: {
