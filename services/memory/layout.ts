@@ -14,6 +14,7 @@
 // module only makes the copy.
 import type * as lancedb from "@lancedb/lancedb";
 import type { Schema, Table as ArrowTable } from "apache-arrow";
+import { type MemoryRow, memoryArrow, sqlString } from "./memory-schema.js";
 
 /** Tables this rewrite makes are named memories_l<base-36 time>. */
 export const layoutTableName = (): string => `memories_l${Date.now().toString(36)}`;
@@ -75,4 +76,28 @@ export async function copyInScopeOrder(
     await table.add(toArrow(schema, ordered));
   }
   return { table, rows: keys.length };
+}
+
+/**
+ * Makes `copy` hold what `live` holds now for these ids (rows written while the copy was made):
+ * those that exist are upserted, the others deleted from the copy. Runs in the writer's queue.
+ */
+export async function carryOver(
+  live: lancedb.Table,
+  ids: string[],
+  copy: lancedb.Table,
+  schema: Schema,
+): Promise<void> {
+  for (let start = 0; start < ids.length; start += 1000) {
+    const part = ids.slice(start, start + 1000);
+    const rows = (await live
+      .query()
+      .where(`id IN (${part.map(sqlString).join(", ")})`)
+      .toArray()) as MemoryRow[];
+    if (rows.length > 0)
+      await copy.mergeInsert("id").whenMatchedUpdateAll().whenNotMatchedInsertAll().execute(memoryArrow(schema, rows));
+    const kept = new Set(rows.map((r) => r.id));
+    const gone = part.filter((id) => !kept.has(id));
+    if (gone.length > 0) await copy.delete(`id IN (${gone.map(sqlString).join(", ")})`);
+  }
 }
