@@ -1,4 +1,7 @@
-// Running a command through the sandbox service, for tests: its whole output and exit status.
+// Running a command through the sandbox service, for tests: its whole output and exit status;
+// and asserting a call fails with a status.
+import assert from "node:assert/strict";
+import { Status } from "../../services/shared/errors.js";
 import type { SandboxService, ExecExit } from "../../services/shared/gen/troupe/v1/sandbox_pb.js";
 import type { ServiceClient } from "../../services/shared/rpc.js";
 
@@ -32,4 +35,15 @@ export async function exec(
   if (!exit) throw new Error(`${command}: the stream ended without an exit status`);
   const all = Buffer.concat(chunks);
   return { out: all.toString("utf8"), bytes: all.length, exit };
+}
+
+/** Asserts the call fails with `code`, and returns its message. */
+export async function failsWith(call: Promise<unknown>, code: Status): Promise<string> {
+  let details = "";
+  await assert.rejects(call, (e: { code: number; details: string }) => {
+    assert.equal(e.code, code, `${Status[e.code]}: ${e.details}`);
+    details = e.details;
+    return true;
+  });
+  return details;
 }

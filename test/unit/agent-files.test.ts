@@ -1,0 +1,65 @@
+// An agent's own files: agent.json's defaults and the error for each kind of mistake, and the
+// example plugin (examples/hooks/guard.mjs) loaded and guarding as its README says.
+import { describe, test } from "node:test";
+import assert from "node:assert/strict";
+import path from "node:path";
+import { AgentConfigError, DEFAULT_AGENT, parseAgentConfig } from "../../services/runner/agent-config.js";
+import { Hooks } from "../../services/runner/hooks.js";
+
+describe("agent.json", () => {
+  test("defaults, and a clear error for each kind of mistake", () => {
+    assert.deepEqual(parseAgentConfig("a", {}), { name: "a", ...DEFAULT_AGENT });
+    const bad: [unknown, RegExp][] = [
+      [[], /must be a JSON object/],
+      [{ contextWindow: 10 }, /contextWindow must be an integer from 512/],
+      [{ fallbacks: "gpt" }, /fallbacks must be a list/],
+      [{ retry: { maxRetries: 99 } }, /retry\.maxRetries must be an integer from 0 to 10/],
+      [{ reserveTokens: 200_000 }, /reserveTokens \(200000\) must be below contextWindow/],
+      [{ colour: "blue" }, /unknown field colour/],
+    ];
+    for (const [doc, why] of bad)
+      assert.throws(
+        () => parseAgentConfig("a", doc),
+        (e: Error) => e instanceof AgentConfigError && why.test(e.message),
+        JSON.stringify(doc),
+      );
+  });
+});
+
+describe("the example plugin", () => {
+  test("examples/hooks/guard.mjs loads and guards", async () => {
+    const { loadPlugins } = await import("../../services/runner/hooks.js");
+    const hooks = new Hooks();
+    await loadPlugins(hooks, [path.resolve(import.meta.dirname, "../../../examples/hooks/guard.mjs")]);
+    const info = { sessionId: "s", agentId: "a", sender: "u" };
+    let reason = "";
+    await hooks.modify(
+      "before_tool_call",
+      { ...info, toolCallId: "c", toolName: "exec", args: { command: "rm -rf /workspace" } },
+      (p, r) => ((reason = r.reason ?? ""), { payload: p, stop: true }),
+    );
+    assert.match(reason, /recursive deletes are not allowed/);
+    const out = await hooks.modify(
+      "after_tool_call",
+      {
+        ...info,
+        toolCallId: "c",
+        toolName: "exec",
+        args: {},
+        result: { output: "token sk-abcdefghijklmnop", isError: false },
+      },
+      (p, r) => ({ payload: { ...p, result: { ...p.result, output: r.output ?? p.result.output } } }),
+    );
+    assert.equal(out.payload.result.output, "token [redacted]");
+    const verdict = await hooks.threatChecks[0].check(
+      "-----BEGIN PRIVATE KEY-----",
+      { ...info, frameId: "f" },
+      new AbortController().signal,
+    );
+    assert.equal(verdict.level, "high");
+    await assert.rejects(
+      loadPlugins(new Hooks(), ["/nonexistent/plugin.mjs"]),
+      /plugin \/nonexistent\/plugin\.mjs could not be loaded/,
+    );
+  });
+});
