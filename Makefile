@@ -17,7 +17,7 @@ SANDBOX_IMAGE ?= troupe-sandbox:busybox
 B ?=
 TROUPE := node dist/services/cli/main.js
 
-.PHONY: build run test test-unit lint bench soak toolchain host sandbox-image sandbox-image-if-missing sandbox-image-debian python-client clean
+.PHONY: build run test test-unit readme-settings lint bench soak toolchain host sandbox-image sandbox-image-if-missing sandbox-image-debian python-client clean
 
 toolchain: $(TOOLCHAIN_NODE)
 .toolchain/node_modules/.bin/node:
@@ -91,6 +91,10 @@ python-client:
 run: build
 	@$(MAKE) --no-print-directory sandbox-image-if-missing || echo "run: no sandbox available; tools will report errors until Docker runs (see docs/sandbox.md)"
 	$(TROUPE) up
+
+# The README's configuration table, from services/shared/settings.ts.
+readme-settings: build
+	node -e 'const fs=require("fs");import("./dist/services/shared/settings.js").then(({settingsTable})=>{const r=fs.readFileSync("README.md","utf8");const a="<!-- settings:start -->\n",b="<!-- settings:end -->";fs.writeFileSync("README.md",r.slice(0,r.indexOf(a)+a.length)+settingsTable()+r.slice(r.indexOf(b)))})'
 
 # The in-process tier (test/unit): the session actor over the in-memory store, the loop with a
 # scripted model client, parsers and stores on files. No ports, no child processes, no Docker.

@@ -7,7 +7,8 @@ import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { Status } from "../services/shared/errors.js";
-import { parseQuotas, quotasFromEnv, DEFAULT_QUOTAS } from "../services/shared/quotas.js";
+import { parseQuotas, DEFAULT_QUOTAS } from "../services/shared/quotas.js";
+import { loadConfig } from "../services/shared/config.js";
 import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
 import { Role, StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { ChatSession } from "./helpers/session.js";
@@ -16,10 +17,10 @@ import { startStack, waitFor, type Stack } from "./helpers/stack.js";
 
 describe("the quotas file", () => {
   test("defaults, per-tenant values and the environment; a bad file names what is wrong", () => {
-    assert.equal(quotasFromEnv({ TROUPE_QUOTA_CONCURRENT_RUNS: "7" }).concurrentRuns, 7);
-    assert.equal(quotasFromEnv({}).liveSandboxes, DEFAULT_QUOTAS.liveSandboxes);
+    assert.equal(loadConfig([], { TROUPE_QUOTA_CONCURRENT_RUNS: "7" }).quotaDefaults.concurrentRuns, 7);
+    assert.equal(loadConfig([], {}).quotaDefaults.liveSandboxes, DEFAULT_QUOTAS.liveSandboxes);
     assert.throws(
-      () => quotasFromEnv({ TROUPE_QUOTA_STEPS_PER_RUN: "0" }),
+      () => loadConfig([], { TROUPE_QUOTA_STEPS_PER_RUN: "0" }),
       /TROUPE_QUOTA_STEPS_PER_RUN must be a positive integer/,
     );
     const f = parseQuotas('{"defaults": {"stepsPerRun": 5}, "tenants": {"acme": {"liveSandboxes": 9}}}', "q.json");
@@ -27,7 +28,7 @@ describe("the quotas file", () => {
     assert.equal(f.tenants.get("acme")?.liveSandboxes, 9);
     assert.throws(
       () => parseQuotas('{"defaults": {"stepsPerrun": 5}}', "q.json"),
-      /defaults\.stepsPerrun is not a quota/,
+      /defaults: unknown field stepsPerrun/,
     );
     assert.throws(
       () => parseQuotas('{"tenants": {"a": {"liveSandboxes": -1}}}', "q.json"),

@@ -22,6 +22,9 @@ operations:
   keys ls | keys revoke NAME
                         list the keys (never the keys themselves); revoke one
   config                every environment variable Troupe reads, with its value (secrets masked)
+  config validate FILE [--kind agent|routing|api-keys|quotas]
+                        check an agent.json, routing, keys or quotas file
+  config schema KIND    print that file's JSON Schema
   sandbox ls | exec --session ID -- CMD... | rm --session ID
                         list sandboxes, run a command in one, remove one
 
@@ -56,7 +59,7 @@ async function main(argv: string[]): Promise<void> {
     return;
   }
   if (command === "config") {
-    process.exitCode = (await import("./config.js")).configCommand(args);
+    process.exitCode = await (await import("./config.js")).configCommand(args);
     return;
   }
   if (command === "keys") {

@@ -2,7 +2,8 @@
 // most specific tier first; the session key follows from the agent, the chat type and the
 // configured dm_scope; identity links make one person's ids on several channels one sender.
 //
-// The configuration (JSON, TROUPE_ROUTING_FILE or <data-dir>/routing.json):
+// The configuration (JSON, TROUPE_ROUTING_FILE or <data-dir>/routing.json; its schema:
+// shared/schemas/routing.schema.json):
 //   {
 //     "defaultAgent": "main",
 //     "session": { "dmScope": "per-channel-peer", "mainKey": "main",
@@ -19,10 +20,9 @@
 // Within a tier the first binding in configuration order wins; with none, the default agent.
 import { createHash } from "node:crypto";
 import { ChatType, RouteTier, type ChannelContext } from "../shared/gen/troupe/v1/inbound_pb.js";
-import { CHANNEL_NAME, isAgentId } from "../shared/ids.js";
+import { parseJson, schemaProblems } from "../shared/json-schema.js";
 
 export type DmScope = "main" | "per-peer" | "per-channel-peer" | "per-account-channel-peer";
-const DM_SCOPES: readonly DmScope[] = ["main", "per-peer", "per-channel-peer", "per-account-channel-peer"];
 
 interface PeerMatch {
   kind?: "direct" | "group" | "channel";
@@ -58,73 +58,44 @@ export interface Route {
   canonicalSender: string;
 }
 
-/** Parses and checks a routing configuration; throws with the path of the first problem. */
+/**
+ * Parses and checks a routing configuration: its schema (shared/schemas/routing.schema.json),
+ * then what a schema cannot say. Throws with the place of every problem.
+ */
 export function parseRouting(text: string, source: string): RoutingConfig {
-  let doc: Record<string, unknown>;
-  try {
-    doc = JSON.parse(text) as Record<string, unknown>;
-  } catch (err) {
-    throw new Error(`${source}: not JSON (${(err as Error).message})`);
-  }
-  const fail = (where: string, what: string): never => {
-    throw new Error(`${source}: ${where} ${what}`);
+  const doc = parseJson(text, source);
+  const fail = (problems: string[]): never => {
+    throw new Error(`${source}: ${problems.join("; ")}`);
   };
-  const session = (doc.session ?? {}) as Record<string, unknown>;
-  const dmScope = (session.dmScope ?? "main") as DmScope;
-  if (!DM_SCOPES.includes(dmScope)) fail("session.dmScope", `must be one of ${DM_SCOPES.join(", ")}`);
-  const defaultAgent = (doc.defaultAgent ?? "main") as string;
-  if (typeof defaultAgent !== "string" || !isAgentId(defaultAgent)) fail("defaultAgent", "is not a valid agent id");
-  const mainKey = (session.mainKey ?? "main") as string;
-  if (typeof mainKey !== "string" || !/^[a-z0-9_-]{1,32}$/.test(mainKey))
-    fail("session.mainKey", "must be 1-32 of a-z 0-9 _ -");
+  const schemaSays = schemaProblems("routing", doc);
+  if (schemaSays.length > 0) fail(schemaSays);
+  const d = doc as {
+    defaultAgent?: string;
+    session?: { dmScope?: DmScope; mainKey?: string; identityLinks?: Record<string, string[]> };
+    bindings?: Binding[];
+  };
+  const problems: string[] = [];
   const identityLinks = new Map<string, string>();
-  for (const [person, ids] of Object.entries((session.identityLinks ?? {}) as Record<string, unknown>)) {
-    if (!/^[A-Za-z0-9._-]{1,64}$/.test(person))
-      fail(`session.identityLinks.${person}`, "is not a valid name (1-64 of A-Z a-z 0-9 . _ -)");
-    if (!Array.isArray(ids)) fail(`session.identityLinks.${person}`, 'must be a list of "channel:id"');
-    for (const id of ids as unknown[]) {
-      if (typeof id !== "string" || !/^[a-z0-9_-]{1,32}:.+$/.test(id))
-        fail(`session.identityLinks.${person}`, `has ${JSON.stringify(id)}, not "channel:id"`);
-      if (identityLinks.has(id as string))
-        fail(
-          `session.identityLinks.${person}`,
-          `repeats ${id as string}, already linked to ${identityLinks.get(id as string)}`,
-        );
-      identityLinks.set(id as string, person);
+  for (const [person, ids] of Object.entries(d.session?.identityLinks ?? {})) {
+    for (const id of ids) {
+      const earlier = identityLinks.get(id);
+      if (earlier !== undefined)
+        problems.push(`session.identityLinks.${person} repeats ${id}, already linked to ${earlier}`);
+      else identityLinks.set(id, person);
     }
   }
-  const bindings = ((doc.bindings ?? []) as unknown[]).map((raw, i): Binding => {
-    const where = `bindings[${i}]`;
-    const b = raw as Record<string, unknown>;
-    if (typeof b !== "object" || b === null) fail(where, "must be an object");
-    if (typeof b.agent !== "string" || !isAgentId(b.agent)) fail(`${where}.agent`, "is not a valid agent id");
-    const m = (b.match ?? {}) as Record<string, unknown>;
-    if (typeof m.channel !== "string" || !CHANNEL_NAME.test(m.channel))
-      fail(`${where}.match.channel`, "is required: 1-32 of a-z 0-9 _ -");
-    for (const f of ["accountId", "guildId", "teamId"])
-      if (m[f] !== undefined && (typeof m[f] !== "string" || m[f] === ""))
-        fail(`${where}.match.${f}`, "must be a non-empty string");
-    if (
-      m.roles !== undefined &&
-      (!Array.isArray(m.roles) || m.roles.length === 0 || !m.roles.every((r) => typeof r === "string"))
-    )
-      fail(`${where}.match.roles`, "must be a non-empty list of strings");
-    if (m.roles !== undefined && m.guildId === undefined) fail(`${where}.match.roles`, "needs match.guildId");
-    const peer = m.peer as PeerMatch | undefined;
-    if (
-      peer !== undefined &&
-      (typeof peer !== "object" ||
-        typeof peer.id !== "string" ||
-        peer.id === "" ||
-        (peer.kind !== undefined && !["direct", "group", "channel"].includes(peer.kind)))
-    ) {
-      fail(`${where}.match.peer`, 'must be {"kind": "direct"|"group"|"channel", "id": "..." or "*"}');
-    }
-    if (b.dmScope !== undefined && !DM_SCOPES.includes(b.dmScope as DmScope))
-      fail(`${where}.dmScope`, `must be one of ${DM_SCOPES.join(", ")}`);
-    return { agent: b.agent as string, match: m as Binding["match"], dmScope: b.dmScope as DmScope | undefined };
-  });
-  return { defaultAgent, dmScope, mainKey, identityLinks, bindings };
+  const bindings = d.bindings ?? [];
+  for (const [i, b] of bindings.entries())
+    if (b.match.roles !== undefined && b.match.guildId === undefined)
+      problems.push(`bindings[${i}].match.roles needs match.guildId`);
+  if (problems.length > 0) fail(problems);
+  return {
+    defaultAgent: d.defaultAgent ?? "main",
+    dmScope: d.session?.dmScope ?? "main",
+    mainKey: d.session?.mainKey ?? "main",
+    identityLinks,
+    bindings,
+  };
 }
 
 export const EMPTY_ROUTING: RoutingConfig = {

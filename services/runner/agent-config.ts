@@ -1,6 +1,6 @@
 // What an operator says about one agent, in `<agents dir>/<agent id>/agent.json`. Every field is
 // optional; a missing file means the defaults. The file is read again when it changes, so an
-// edit takes effect within a second, without a restart.
+// edit takes effect within a second, without a restart. Its schema: shared/schemas/agent.schema.json.
 //
 //   {
 //     "name": "Ada",                          // how the agent calls itself
@@ -14,6 +14,7 @@
 //   }
 import { readFile, stat } from "node:fs/promises";
 import path from "node:path";
+import { schemaProblems } from "../shared/json-schema.js";
 
 export interface RetryPolicy {
   /** Retries of one model call (so maxRetries + 1 attempts per model of the chain). */
@@ -54,75 +55,18 @@ export const DEFAULT_AGENT: Readonly<Omit<AgentConfig, "name">> = {
 /** An agent.json that cannot be used; the run goes on with the defaults and says why. */
 export class AgentConfigError extends Error {}
 
-type Checker<T> = (v: unknown, field: string) => T;
-const num =
-  (min: number, max: number): Checker<number> =>
-  (v, field) => {
-    if (typeof v !== "number" || !Number.isInteger(v) || v < min || v > max)
-      throw new AgentConfigError(`${field} must be an integer from ${min} to ${max}`);
-    return v;
-  };
-const str: Checker<string> = (v, field) => {
-  if (typeof v !== "string" || v.length > 8000)
-    throw new AgentConfigError(`${field} must be a string of at most 8000 characters`);
-  return v;
-};
-const strings: Checker<string[]> = (v, field) => {
-  if (!Array.isArray(v) || v.length > 20 || v.some((x) => typeof x !== "string" || x === ""))
-    throw new AgentConfigError(`${field} must be a list of at most 20 non-empty strings`);
-  return v as string[];
-};
-
-function pick<T>(obj: Record<string, unknown>, key: string, check: Checker<T>, fallback: T, prefix = ""): T {
-  return obj[key] === undefined ? fallback : check(obj[key], prefix + key);
-}
-
-function object(v: unknown, field: string): Record<string, unknown> {
-  if (typeof v !== "object" || v === null || Array.isArray(v))
-    throw new AgentConfigError(`${field} must be a JSON object`);
-  return v as Record<string, unknown>;
-}
-
+/** Checks a parsed agent.json against its schema (schemas/agent.schema.json) and fills in the defaults. */
 export function parseAgentConfig(agentId: string, json: unknown): AgentConfig {
-  const o = object(json, "agent.json");
-  const known = new Set([
-    "name",
-    "persona",
-    "model",
-    "fallbacks",
-    "contextWindow",
-    "maxOutputTokens",
-    "reserveTokens",
-    "keepRecentTokens",
-    "owners",
-    "retry",
-    "subagents",
-  ]);
-  const unknown = Object.keys(o).filter((k) => !known.has(k));
-  if (unknown.length > 0) throw new AgentConfigError(`unknown field ${unknown[0]} (known: ${[...known].join(", ")})`);
+  const problems = schemaProblems("agent", json);
+  if (problems.length > 0) throw new AgentConfigError(problems.join("; "));
+  const o = json as Partial<AgentConfig>;
   const d = DEFAULT_AGENT;
-  const retry = o.retry === undefined ? {} : object(o.retry, "retry");
-  const sub = o.subagents === undefined ? {} : object(o.subagents, "subagents");
   const cfg: AgentConfig = {
-    name: pick(o, "name", str, agentId),
-    persona: pick(o, "persona", str, d.persona),
-    model: pick(o, "model", str, d.model),
-    fallbacks: pick(o, "fallbacks", strings, d.fallbacks),
-    contextWindow: pick(o, "contextWindow", num(512, 10_000_000), d.contextWindow),
-    maxOutputTokens: pick(o, "maxOutputTokens", num(16, 1_000_000), d.maxOutputTokens),
-    reserveTokens: pick(o, "reserveTokens", num(0, 1_000_000), d.reserveTokens),
-    keepRecentTokens: pick(o, "keepRecentTokens", num(0, 10_000_000), d.keepRecentTokens),
-    owners: pick(o, "owners", strings, d.owners),
-    retry: {
-      maxRetries: pick(retry, "maxRetries", num(0, 10), d.retry.maxRetries, "retry."),
-      baseDelayMs: pick(retry, "baseDelayMs", num(0, 60_000), d.retry.baseDelayMs, "retry."),
-      maxDelayMs: pick(retry, "maxDelayMs", num(0, 300_000), d.retry.maxDelayMs, "retry."),
-    },
-    subagents: {
-      maxDepth: pick(sub, "maxDepth", num(0, 5), d.subagents.maxDepth, "subagents."),
-      maxChildren: pick(sub, "maxChildren", num(0, 20), d.subagents.maxChildren, "subagents."),
-      timeoutMs: pick(sub, "timeoutMs", num(1000, 3_600_000), d.subagents.timeoutMs, "subagents."),
-    },
+    ...d,
+    ...o,
+    name: o.name ?? agentId,
+    retry: { ...d.retry, ...o.retry },
+    subagents: { ...d.subagents, ...o.subagents },
   };
   if (cfg.reserveTokens >= cfg.contextWindow)
     throw new AgentConfigError(

@@ -11,7 +11,7 @@ import { createHash, randomBytes } from "node:crypto";
 import { mkdir, readFile } from "node:fs/promises";
 import path from "node:path";
 import { replaceFile } from "./exclusive-file.js";
-import { CHANNEL_NAME } from "./ids.js";
+import { parseJson, schemaProblems } from "./json-schema.js";
 import { ReloadingFile } from "./reloading-file.js";
 
 export const ROLES = ["user", "adapter", "admin"] as const;
@@ -19,11 +19,9 @@ export type Role = (typeof ROLES)[number];
 
 /** Tenants become memory scopes and file names: a strict alphabet. */
 export const NAME = /^[A-Za-z0-9._:@-]{1,128}$/;
-/**
- * Principals too, less ':' — a channel sender's memory owner always holds one ("telegram:777"),
- * so no sender is ever the same memory owner as a principal unless routing links them.
- */
-export const PRINCIPAL_NAME = /^[A-Za-z0-9._@-]{1,128}$/;
+// Principals too, less ':' (schemas/api-keys.schema.json): a channel sender's memory owner always
+// holds one ("telegram:777"), so no sender is the same memory owner as a principal unless
+// routing links them.
 
 export interface Caller {
   tenant: string;
@@ -51,44 +49,27 @@ export const sha256 = (text: string): string => createHash("sha256").update(text
 /** A new API key: a prefix that says what it is, then 32 random bytes. */
 export const newApiKey = (): string => `trp_${randomBytes(32).toString("base64url")}`;
 
-/** Checks one key's fields; throws naming the field. */
-function checkKey(k: Partial<StoredKey>, where: string): StoredKey {
-  if (typeof k.tenant !== "string" || !NAME.test(k.tenant)) throw new Error(`${where}.tenant must match ${NAME}`);
-  if (typeof k.principal !== "string" || !PRINCIPAL_NAME.test(k.principal))
-    throw new Error(`${where}.principal must match ${PRINCIPAL_NAME}`);
-  if (typeof k.sha256 !== "string" || !/^[0-9a-f]{64}$/.test(k.sha256))
-    throw new Error(`${where}.sha256 must be 64 hex digits`);
-  const role = k.role ?? "user";
-  if (!ROLES.includes(role)) throw new Error(`${where}.role must be one of ${ROLES.join(", ")}`);
-  const channels = k.channels ?? [];
-  if (!Array.isArray(channels) || !channels.every((c) => typeof c === "string" && CHANNEL_NAME.test(c)))
-    throw new Error(`${where}.channels must be a list of channel names (${CHANNEL_NAME})`);
-  if (role !== "adapter" && channels.length > 0) throw new Error(`${where}.channels is for adapter keys only`);
-  return {
-    id: k.id ?? "",
-    tenant: k.tenant,
-    principal: k.principal,
-    role,
-    channels,
-    sha256: k.sha256,
-    ...(typeof k.createdMs === "number" ? { createdMs: k.createdMs } : {}),
-  };
-}
-
-/** The keys file: `{"keys": [{"id", "tenant", "principal", "role", "channels", "sha256"}]}`. */
+/**
+ * The keys file: `{"keys": [{"id", "tenant", "principal", "role", "channels", "sha256"}]}`, checked
+ * against shared/schemas/api-keys.schema.json and then for what a schema cannot say.
+ */
 export function parseKeys(text: string, source: string): StoredKey[] {
-  let doc: unknown;
-  try {
-    doc = JSON.parse(text);
-  } catch (err) {
-    throw new Error(`${source}: not JSON (${(err as Error).message})`);
-  }
-  const keys = (doc as { keys?: unknown }).keys;
-  if (!Array.isArray(keys)) throw new Error(`${source}: expected {"keys": [...]}`);
+  const doc = parseJson(text, source);
+  const schemaSays = schemaProblems("api-keys", doc);
+  if (schemaSays.length > 0) throw new Error(`${source}: ${schemaSays.join("; ")}`);
   const ids = new Set<string>();
-  return keys.map((raw: Partial<StoredKey>, i) => {
-    const k = checkKey(raw, `${source}: keys[${i}]`);
-    k.id ||= `key-${i}`;
+  return (doc as { keys: Partial<StoredKey>[] }).keys.map((raw, i) => {
+    const k: StoredKey = {
+      id: raw.id || `key-${i}`,
+      tenant: raw.tenant!,
+      principal: raw.principal!,
+      role: raw.role ?? "user",
+      channels: raw.channels ?? [],
+      sha256: raw.sha256!,
+      ...(raw.createdMs !== undefined ? { createdMs: raw.createdMs } : {}),
+    };
+    if (k.role !== "adapter" && k.channels.length > 0)
+      throw new Error(`${source}: keys[${i}].channels is for adapter keys only`);
     if (ids.has(k.id)) throw new Error(`${source}: keys[${i}].id ${k.id} is used twice`);
     ids.add(k.id);
     return k;
@@ -235,8 +216,18 @@ export interface NewKey {
 /** Adds a key to a keys file and returns the key (shown once; only its hash is kept). */
 export async function createApiKey(keysFile: string, spec: NewKey): Promise<string> {
   const key = newApiKey();
-  const stored = checkKey(
-    { ...spec, role: spec.role ?? "user", channels: spec.channels ?? [], sha256: sha256(key), createdMs: Date.now() },
+  const [stored] = parseKeys(
+    JSON.stringify({
+      keys: [
+        {
+          ...spec,
+          role: spec.role ?? "user",
+          channels: spec.channels ?? [],
+          sha256: sha256(key),
+          createdMs: Date.now(),
+        },
+      ],
+    }),
     "the new key",
   );
   if (stored.role === "adapter" && stored.channels.length === 0)

@@ -1,11 +1,14 @@
-// Troupe's configuration: the one module that reads the environment. Each setting comes from a
-// flag, else an environment variable, else a default (addresses on 127.0.0.1); the same names work
-// for `troupe up` and for one service at a time. ENVIRONMENT lists every variable read here: a
-// TROUPE_* variable not in it is reported (a typo must not be silently ignored), and
-// `troupe config` prints them all with the values in force, secrets masked.
+// Troupe's configuration: the one module that reads the environment. settings.ts declares
+// every setting once, in a section per service: a flag if it has one, its variable, its default
+// and its type, checked with ajv. The same names work for `troupe up` and for one service at a
+// time. A TROUPE_* variable SETTINGS does not declare is reported at start (a typo must not be
+// silently ignored); `troupe config` prints the values in force, secrets masked; the README's
+// table is settings.ts's settingsTable().
 import { parseArgs } from "node:util";
 import path from "node:path";
-import { quotasFromEnv, type Quotas } from "./quotas.js";
+import { settingsChecker } from "./json-schema.js";
+import { ALL_SETTINGS, SETTINGS, type Setting, type SettingName } from "./settings.js";
+import { DEFAULT_QUOTAS, type Quotas } from "./quotas.js";
 
 export interface Addresses {
   gateway: string;
@@ -101,7 +104,6 @@ export interface Config {
 }
 
 export type LogLevel = "debug" | "info" | "warn" | "error";
-const LOG_LEVELS: readonly LogLevel[] = ["debug", "info", "warn", "error"];
 
 export interface LimitsConfig {
   /** Messages per second a tenant may send, on average, and in a burst. */
@@ -127,82 +129,30 @@ export const DEFAULT_LIMITS: LimitsConfig = {
   tenantStreams: 20_000,
 };
 
-/** Every environment variable Troupe reads: name, what it sets, and whether its value is secret. */
-export const ENVIRONMENT: readonly { name: string; doc: string; secret?: boolean }[] = [
-  { name: "TROUPE_DATA_DIR", doc: "state: session logs, memory, keys (--data-dir)" },
-  { name: "TROUPE_GATEWAY_ADDR", doc: "gateway address (--gateway)" },
-  { name: "TROUPE_ROUTER_ADDR", doc: "router address (--router)" },
-  { name: "TROUPE_RUNNER_ADDR", doc: "runner address (--runner)" },
-  { name: "TROUPE_MEMORY_ADDR", doc: "memory address (--memory)" },
-  { name: "TROUPE_SANDBOX_ADDR", doc: "sandbox address (--sandbox)" },
-  { name: "TROUPE_MODEL_SERVER_ADDR", doc: "scripted model server address (--model-server)" },
-  { name: "TROUPE_MAX_MESSAGE_BYTES", doc: "largest gRPC message accepted (--max-message-bytes)" },
-  { name: "TROUPE_DRAIN_GRACE_MS", doc: "drain grace on SIGTERM (--drain-grace-ms)" },
-  { name: "TROUPE_RUNNER_ID", doc: "runner id (--runner-id)" },
-  { name: "TROUPE_RUNNER_ADVERTISE", doc: "address the gateway dials for this runner (--advertise)" },
-  { name: "TROUPE_RUNNER_LIVENESS_MS", doc: "a runner silent this long is presumed dead" },
-  { name: "TROUPE_PASSIVATE_AFTER_MS", doc: "idle sessions leave memory after" },
-  { name: "TROUPE_ROUTING_FILE", doc: "routing bindings and session keys" },
-  { name: "TROUPE_QUOTAS_FILE", doc: "quotas per tenant" },
-  { name: "TROUPE_API_KEYS_FILE", doc: "the gateway's keys file (--api-keys)" },
-  { name: "TROUPE_API_KEYS", doc: "API keys as JSON, beside the keys file" },
-  { name: "TROUPE_API_KEY", doc: "the key a client sends", secret: true },
-  { name: "TROUPE_INTERNAL_TOKEN", doc: "the token between services", secret: true },
-  { name: "TROUPE_MODEL", doc: "the model of agents that name none" },
-  { name: "OPENAI_BASE_URL", doc: "model endpoint (unset: the scripted model)" },
-  { name: "OPENAI_API_KEY", doc: "model endpoint key", secret: true },
-  { name: "TROUPE_AGENTS_DIR", doc: "agents' agent.json, workspace files, skills" },
-  { name: "TROUPE_MIN_HEARTBEAT_S", doc: "shortest heartbeat interval" },
-  { name: "TROUPE_HOOKS", doc: "hook plugin modules, comma-separated" },
-  { name: "TROUPE_MEMORY_CONTEXT_K", doc: "memories in a run's prompt (0: off)" },
-  { name: "TROUPE_MEMORY_LEARN", doc: "learning from each turn (0: off)" },
-  { name: "TROUPE_MEMORY_URI", doc: "memory store (any LanceDB URI)" },
-  { name: "TROUPE_MEMORY_STORAGE_OPTIONS", doc: "memory store options (JSON)", secret: true },
-  { name: "TROUPE_EMBEDDING_MODEL", doc: "embedding model at the model endpoint" },
-  { name: "TROUPE_EMBEDDING_DIM", doc: "its vector size" },
-  { name: "TROUPE_EXEC_TIMEOUT_MS", doc: "sandbox exec timeout" },
-  { name: "TROUPE_SANDBOX_IMAGE", doc: "sandbox image" },
-  { name: "TROUPE_SANDBOX_RUNTIME", doc: "sandbox runtime (runc or runsc)" },
-  { name: "TROUPE_SANDBOX_IDLE_MS", doc: "an unused sandbox is removed after" },
-  { name: "TROUPE_SANDBOX_MAX_AGE_MS", doc: "no sandbox lives longer than" },
-  { name: "TROUPE_SANDBOX_POOL", doc: "warm sandboxes (0: none)" },
-  { name: "TROUPE_SANDBOX_SCOPE", doc: "who shares a sandbox: session, agent or shared" },
-  { name: "TROUPE_TENANT_RATE", doc: "messages a second per tenant" },
-  { name: "TROUPE_TENANT_BURST", doc: "burst per tenant" },
-  { name: "TROUPE_SESSION_RATE", doc: "messages a second per session" },
-  { name: "TROUPE_SESSION_BURST", doc: "burst per session" },
-  { name: "TROUPE_TENANT_STREAMS", doc: "open streams per tenant" },
-  ...Object.keys(quotasFromEnv({})).map((k) => ({
-    name: `TROUPE_QUOTA_${k.replace(/[A-Z]/g, (c) => `_${c}`).toUpperCase()}`,
-    doc: `default quota: ${k}`,
-  })),
-  { name: "TROUPE_LOG_LEVEL", doc: "debug, info, warn or error" },
-  { name: "TROUPE_FAILPOINTS", doc: "failpoints (tests)" },
-  { name: "TROUPE_SCRIPTED_TOKEN_RATE", doc: "the scripted model's tokens a second" },
-  { name: "UV_THREADPOOL_SIZE", doc: "libuv threads (services default to 16)" },
-  { name: "DOCKER_HOST", doc: "the Docker engine (dockerode reads it)" },
-  { name: "OTEL_EXPORTER_OTLP_ENDPOINT", doc: "tracing endpoint (unset: off)" },
-  { name: "OTEL_SERVICE_NAME", doc: "service name in traces (default troupe-<service>)" },
-  { name: "OTEL_BSP_SCHEDULE_DELAY", doc: "span batch delay" },
-  { name: "OTEL_BSP_EXPORT_TIMEOUT", doc: "span export timeout" },
-  { name: "OTEL_BSP_MAX_QUEUE_SIZE", doc: "span queue size" },
-  { name: "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", doc: "span batch size" },
-];
+const ALL = ALL_SETTINGS;
+
+/** Every environment variable Troupe reads. */
+export const ENVIRONMENT: readonly Setting[] = ALL.map(([, s]) => s);
+
+const checkSettings = settingsChecker({
+  type: "object",
+  properties: Object.fromEntries(ALL.map(([name, s]) => [name, s.schema ?? { type: "string" }])),
+});
 
 /** TROUPE_* variables set but not read: typos, or settings of another version. */
 export function unknownVariables(env: NodeJS.ProcessEnv = process.env): string[] {
-  const known = new Set(ENVIRONMENT.map((e) => e.name));
+  const known = new Set(ENVIRONMENT.map((e) => e.env));
   return Object.keys(env).filter((k) => k.startsWith("TROUPE_") && !known.has(k) && !k.startsWith("TROUPE_TEST_"));
 }
 
-/** The variables of ENVIRONMENT that are set, as `troupe config` shows them: secrets masked. */
+/** The variables Troupe reads, as `troupe config` shows them: the value set (secrets masked), what it sets. */
 export function effectiveEnvironment(
   env: NodeJS.ProcessEnv = process.env,
 ): { name: string; value: string; doc: string }[] {
   return ENVIRONMENT.map((e) => {
-    const v = env[e.name];
+    const v = env[e.env];
     const value = v === undefined ? "(unset)" : e.secret ? (v === "" ? "" : "****") : v;
-    return { name: e.name, value, doc: e.doc };
+    return { name: e.env, value, doc: e.doc };
   });
 }
 
@@ -214,76 +164,37 @@ export const childEnvironment = (): NodeJS.ProcessEnv => process.env;
  * sessions queues behind a handful of disk syncs. Call before the thread pool first starts.
  */
 export function widenThreadPool(): void {
-  process.env.UV_THREADPOOL_SIZE ??= "16";
+  process.env.UV_THREADPOOL_SIZE ??= String(SETTINGS["every service"].threadPool.default);
 }
 
-function positiveNumber(name: string, value: string | undefined, fallback: number): number {
-  if (value === undefined || value === "") return fallback;
-  const n = Number(value);
-  if (!Number.isFinite(n) || n <= 0) throw new Error(`${name} must be a positive number, got "${value}"`);
-  return n;
-}
-
-const DEFAULTS = {
-  gateway: "127.0.0.1:50051",
-  router: "127.0.0.1:50052",
-  runner: "127.0.0.1:50053",
-  memory: "127.0.0.1:50054",
-  sandbox: "127.0.0.1:50055",
-  model: "127.0.0.1:50060",
-};
-
-export const FLAG_OPTIONS = {
-  "data-dir": { type: "string" },
-  gateway: { type: "string" },
-  router: { type: "string" },
-  runner: { type: "string" },
-  memory: { type: "string" },
-  sandbox: { type: "string" },
-  "model-server": { type: "string" },
-  "runner-id": { type: "string" },
-  advertise: { type: "string" },
-  "max-message-bytes": { type: "string" },
-  "drain-grace-ms": { type: "string" },
-  "api-keys": { type: "string" },
-} as const;
-
-function positiveInt(name: string, value: string | undefined, fallback: number): number {
-  if (value === undefined || value === "") return fallback;
-  const n = Number(value);
-  if (!Number.isInteger(n) || n <= 0) throw new Error(`${name} must be a positive integer, got "${value}"`);
-  return n;
-}
-
-function logLevel(value: string | undefined): LogLevel {
-  if (value === undefined || value === "") return "info";
-  if ((LOG_LEVELS as readonly string[]).includes(value)) return value as LogLevel;
-  throw new Error(`TROUPE_LOG_LEVEL must be one of ${LOG_LEVELS.join(", ")}, got "${value}"`);
-}
-
-function jsonObject(name: string, value: string | undefined): Record<string, string> {
-  if (!value) return {};
-  try {
-    const doc = JSON.parse(value) as unknown;
-    if (typeof doc !== "object" || doc === null || Array.isArray(doc)) throw new Error("not an object");
-    return doc as Record<string, string>;
-  } catch (err) {
-    throw new Error(`${name} must be a JSON object: ${(err as Error).message}`);
-  }
-}
+export const FLAG_OPTIONS = Object.fromEntries(
+  ALL.filter(([, s]) => s.flag).map(([, s]) => [s.flag!, { type: "string" as const }]),
+);
 
 /** The OTel SDK's convention: a positive integer, else unset. */
-function optionalInt(value: string | undefined): number | undefined {
+function optionalInt(value: unknown): number | undefined {
   const n = Number(value);
   return Number.isInteger(n) && n > 0 ? n : undefined;
 }
 
-function sandboxScope(value: string | undefined): Config["sandboxScope"] {
-  if (value === undefined || value === "") return "session";
-  if (value === "session" || value === "agent" || value === "shared") return value;
-  throw new Error(`TROUPE_SANDBOX_SCOPE must be session, agent or shared, got "${value}"`);
+/** TROUPE_MEMORY_STORAGE_OPTIONS: a JSON object of strings. */
+function storageOptions(value: string | undefined): Record<string, string> {
+  if (!value) return {};
+  let doc: unknown;
+  try {
+    doc = JSON.parse(value);
+  } catch (err) {
+    throw new Error(`TROUPE_MEMORY_STORAGE_OPTIONS must be a JSON object: ${(err as Error).message}`);
+  }
+  if (typeof doc !== "object" || doc === null || Array.isArray(doc))
+    throw new Error("TROUPE_MEMORY_STORAGE_OPTIONS must be a JSON object of strings");
+  return doc as Record<string, string>;
 }
 
+/**
+ * The settings in force: each from its flag, else its variable (empty counts as unset), else its
+ * default; every bad value is reported at once, named as it was given (flag or variable).
+ */
 export function loadConfig(
   argv: string[],
   env: NodeJS.ProcessEnv = process.env,
@@ -295,88 +206,96 @@ export function loadConfig(
     allowPositionals: true,
     strict: true,
   });
-  const v = values as Record<string, string | undefined>;
+  const flags = values as Record<string, string | undefined>;
+  const raw: Record<string, unknown> = {};
+  const givenAs = new Map<string, string>();
+  for (const [name, s] of ALL) {
+    const fromFlag = s.flag ? flags[s.flag] : undefined;
+    const value = fromFlag ?? (env[s.env] === "" ? undefined : env[s.env]);
+    if (value !== undefined) {
+      raw[name] = value;
+      givenAs.set(name, fromFlag !== undefined ? `--${s.flag}` : s.env);
+    } else if (s.default !== undefined && !String(s.default).includes("<")) raw[name] = s.default;
+  }
+  const problems = checkSettings(raw).map((p) => {
+    const name = p.split(" ")[0];
+    return `${givenAs.get(name) ?? name}${p.slice(name.length)}`;
+  });
+  if (raw.embeddingModel !== undefined && raw.embeddingDim === undefined)
+    problems.push("TROUPE_EMBEDDING_DIM is needed with TROUPE_EMBEDDING_MODEL: the model's vector size");
+  if (problems.length > 0) throw new Error(problems.join("; "));
+  const v = raw as Record<SettingName, string> & Record<SettingName, number>;
+  const str = (name: SettingName) => v[name] as string | undefined;
+  const dataDir = path.resolve(str("dataDir")!);
+  const under = (name: SettingName, ...rel: string[]) => path.resolve(str(name) ?? path.join(dataDir, ...rel));
   const addr: Addresses = {
-    gateway: v.gateway ?? env.TROUPE_GATEWAY_ADDR ?? DEFAULTS.gateway,
-    router: v.router ?? env.TROUPE_ROUTER_ADDR ?? DEFAULTS.router,
-    runner: v.runner ?? env.TROUPE_RUNNER_ADDR ?? DEFAULTS.runner,
-    memory: v.memory ?? env.TROUPE_MEMORY_ADDR ?? DEFAULTS.memory,
-    sandbox: v.sandbox ?? env.TROUPE_SANDBOX_ADDR ?? DEFAULTS.sandbox,
-    model: v["model-server"] ?? env.TROUPE_MODEL_SERVER_ADDR ?? DEFAULTS.model,
+    gateway: str("gateway")!,
+    router: str("router")!,
+    runner: str("runner")!,
+    memory: str("memory")!,
+    sandbox: str("sandbox")!,
+    model: str("modelServer")!,
   };
-  const dataDir = path.resolve(v["data-dir"] ?? env.TROUPE_DATA_DIR ?? "./data");
   return {
     addr,
     dataDir,
-    routingFile: path.resolve(env.TROUPE_ROUTING_FILE ?? path.join(dataDir, "routing.json")),
-    quotasFile: path.resolve(env.TROUPE_QUOTAS_FILE ?? path.join(dataDir, "quotas.json")),
-    apiKeysFile: path.resolve(v["api-keys"] ?? env.TROUPE_API_KEYS_FILE ?? path.join(dataDir, "auth", "api-keys.json")),
-    maxMessageBytes: positiveInt(
-      "--max-message-bytes",
-      v["max-message-bytes"] ?? env.TROUPE_MAX_MESSAGE_BYTES,
-      4 * 1024 * 1024,
-    ),
-    drainGraceMs: positiveInt("--drain-grace-ms", v["drain-grace-ms"] ?? env.TROUPE_DRAIN_GRACE_MS, 10_000),
-    runnerId: v["runner-id"] ?? env.TROUPE_RUNNER_ID ?? `runner-${addr.runner}`,
-    advertise: v.advertise ?? env.TROUPE_RUNNER_ADVERTISE ?? addr.runner,
-    openaiBaseUrl: env.OPENAI_BASE_URL ?? "",
-    openaiApiKey: env.OPENAI_API_KEY ?? "",
-    model: env.TROUPE_MODEL ?? "scripted-1",
-    runnerLivenessMs: positiveInt("TROUPE_RUNNER_LIVENESS_MS", env.TROUPE_RUNNER_LIVENESS_MS, 10_000),
-    passivateAfterMs: positiveInt("TROUPE_PASSIVATE_AFTER_MS", env.TROUPE_PASSIVATE_AFTER_MS, 600_000),
-    agentsDir: path.resolve(env.TROUPE_AGENTS_DIR ?? path.join(dataDir, "agents")),
-    minHeartbeatSeconds: positiveInt("TROUPE_MIN_HEARTBEAT_S", env.TROUPE_MIN_HEARTBEAT_S, 10),
-    hookModules: (env.TROUPE_HOOKS ?? "")
+    routingFile: under("routingFile", "routing.json"),
+    quotasFile: under("quotasFile", "quotas.json"),
+    apiKeysFile: under("apiKeysFile", "auth", "api-keys.json"),
+    maxMessageBytes: v.maxMessageBytes,
+    drainGraceMs: v.drainGraceMs,
+    runnerId: str("runnerId") ?? `runner-${addr.runner}`,
+    advertise: str("advertise") ?? addr.runner,
+    openaiBaseUrl: str("openaiBaseUrl") ?? "",
+    openaiApiKey: str("openaiApiKey") ?? "",
+    model: str("model")!,
+    runnerLivenessMs: v.runnerLivenessMs,
+    passivateAfterMs: v.passivateAfterMs,
+    agentsDir: under("agentsDir", "agents"),
+    minHeartbeatSeconds: v.minHeartbeatSeconds,
+    hookModules: (str("hookModules") ?? "")
       .split(",")
       .map((s) => s.trim())
       .filter((s) => s !== "")
       .map((s) => path.resolve(s)),
-    memoryContextK:
-      env.TROUPE_MEMORY_CONTEXT_K === "0" ? 0 : positiveInt("TROUPE_MEMORY_CONTEXT_K", env.TROUPE_MEMORY_CONTEXT_K, 5),
-    execTimeoutMs: positiveInt("TROUPE_EXEC_TIMEOUT_MS", env.TROUPE_EXEC_TIMEOUT_MS, 60_000),
-    sandboxImage: env.TROUPE_SANDBOX_IMAGE ?? "troupe-sandbox:busybox",
-    sandboxRuntime: env.TROUPE_SANDBOX_RUNTIME ?? "runc",
-    sandboxIdleMs: positiveInt("TROUPE_SANDBOX_IDLE_MS", env.TROUPE_SANDBOX_IDLE_MS, 30 * 60_000),
-    sandboxMaxAgeMs: positiveInt("TROUPE_SANDBOX_MAX_AGE_MS", env.TROUPE_SANDBOX_MAX_AGE_MS, 24 * 3600_000),
-    sandboxPoolSize:
-      env.TROUPE_SANDBOX_POOL === "0" ? 0 : positiveInt("TROUPE_SANDBOX_POOL", env.TROUPE_SANDBOX_POOL, 2),
-    sandboxScope: sandboxScope(env.TROUPE_SANDBOX_SCOPE),
-    quotaDefaults: quotasFromEnv(env),
+    memoryContextK: v.memoryContextK,
+    execTimeoutMs: v.execTimeoutMs,
+    sandboxImage: str("sandboxImage")!,
+    sandboxRuntime: str("sandboxRuntime")!,
+    sandboxIdleMs: v.sandboxIdleMs,
+    sandboxMaxAgeMs: v.sandboxMaxAgeMs,
+    sandboxPoolSize: v.sandboxPoolSize,
+    sandboxScope: str("sandboxScope") as Config["sandboxScope"],
+    quotaDefaults: Object.fromEntries(
+      Object.keys(DEFAULT_QUOTAS).map((k) => [k, raw[`quota.${k}`] as number]),
+    ) as unknown as Quotas,
     limits: {
-      tenantRate: positiveNumber("TROUPE_TENANT_RATE", env.TROUPE_TENANT_RATE, DEFAULT_LIMITS.tenantRate),
-      tenantBurst: positiveNumber("TROUPE_TENANT_BURST", env.TROUPE_TENANT_BURST, DEFAULT_LIMITS.tenantBurst),
-      sessionRate: positiveNumber("TROUPE_SESSION_RATE", env.TROUPE_SESSION_RATE, DEFAULT_LIMITS.sessionRate),
-      sessionBurst: positiveNumber("TROUPE_SESSION_BURST", env.TROUPE_SESSION_BURST, DEFAULT_LIMITS.sessionBurst),
-      tenantStreams: positiveNumber("TROUPE_TENANT_STREAMS", env.TROUPE_TENANT_STREAMS, DEFAULT_LIMITS.tenantStreams),
+      tenantRate: v.tenantRate,
+      tenantBurst: v.tenantBurst,
+      sessionRate: v.sessionRate,
+      sessionBurst: v.sessionBurst,
+      tenantStreams: v.tenantStreams,
     },
-    apiKeysJson: env.TROUPE_API_KEYS ?? "",
-    clientApiKey: env.TROUPE_API_KEY ?? "",
-    internalToken: env.TROUPE_INTERNAL_TOKEN ?? "",
-    logLevel: logLevel(env.TROUPE_LOG_LEVEL),
-    failpoints: env.TROUPE_FAILPOINTS ?? "",
-    memoryLearn: env.TROUPE_MEMORY_LEARN !== "0",
-    memoryUri: env.TROUPE_MEMORY_URI || path.join(dataDir, "memory"),
-    memoryStorageOptions: jsonObject("TROUPE_MEMORY_STORAGE_OPTIONS", env.TROUPE_MEMORY_STORAGE_OPTIONS),
-    embeddingModel: env.TROUPE_EMBEDDING_MODEL ?? "",
-    embeddingDim: env.TROUPE_EMBEDDING_MODEL
-      ? positiveInt(
-          "TROUPE_EMBEDDING_DIM (needed with TROUPE_EMBEDDING_MODEL: the model's vector size)",
-          env.TROUPE_EMBEDDING_DIM || "none",
-          0,
-        )
-      : 0,
-    scriptedTokenRate: env.TROUPE_SCRIPTED_TOKEN_RATE
-      ? positiveNumber("TROUPE_SCRIPTED_TOKEN_RATE", env.TROUPE_SCRIPTED_TOKEN_RATE, 0)
-      : 0,
-    dockerHost: env.DOCKER_HOST ?? "/var/run/docker.sock",
+    apiKeysJson: str("apiKeysJson") ?? "",
+    clientApiKey: str("clientApiKey") ?? "",
+    internalToken: str("internalToken") ?? "",
+    logLevel: str("logLevel") as LogLevel,
+    failpoints: str("failpoints") ?? "",
+    memoryLearn: str("memoryLearn") !== "0",
+    memoryUri: str("memoryUri") ?? path.join(dataDir, "memory"),
+    memoryStorageOptions: storageOptions(str("memoryStorageOptions")),
+    embeddingModel: str("embeddingModel") ?? "",
+    embeddingDim: str("embeddingModel") ? v.embeddingDim : 0,
+    scriptedTokenRate: v.scriptedTokenRate ?? 0,
+    dockerHost: str("dockerHost")!,
     otel: {
-      endpoint: env.OTEL_EXPORTER_OTLP_ENDPOINT ?? "",
-      serviceName: env.OTEL_SERVICE_NAME ?? "",
+      endpoint: str("otelEndpoint") ?? "",
+      serviceName: str("otelServiceName") ?? "",
       batch: {
-        scheduleDelay: optionalInt(env.OTEL_BSP_SCHEDULE_DELAY),
-        exportTimeout: optionalInt(env.OTEL_BSP_EXPORT_TIMEOUT),
-        maxQueueSize: optionalInt(env.OTEL_BSP_MAX_QUEUE_SIZE),
-        maxExportBatchSize: optionalInt(env.OTEL_BSP_MAX_EXPORT_BATCH_SIZE),
+        scheduleDelay: optionalInt(raw.bspScheduleDelay),
+        exportTimeout: optionalInt(raw.bspExportTimeout),
+        maxQueueSize: optionalInt(raw.bspMaxQueueSize),
+        maxExportBatchSize: optionalInt(raw.bspMaxExportBatchSize),
       },
     },
     rest: positionals,

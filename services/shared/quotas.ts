@@ -10,6 +10,7 @@
 //   { "defaults": { "concurrentRuns": 32 }, "tenants": { "acme": { "liveSandboxes": 100 } } }
 // The counts are per process (per runner, per sandbox service): with several runners a tenant may
 // have as many concurrent runs on each.
+import { parseJson, schemaProblems } from "./json-schema.js";
 import { ReloadingFile } from "./reloading-file.js";
 
 export interface Quotas {
@@ -39,55 +40,18 @@ export const DEFAULT_QUOTAS: Quotas = {
   abortsPerSecond: 20,
 };
 
-const NAMES = Object.keys(DEFAULT_QUOTAS) as (keyof Quotas)[];
-const envName = (k: keyof Quotas) => `TROUPE_QUOTA_${k.replace(/[A-Z]/g, (c) => `_${c}`).toUpperCase()}`;
-
-function positive(value: unknown, where: string): number {
-  const n = typeof value === "string" ? Number(value) : value;
-  if (typeof n !== "number" || !Number.isInteger(n) || n <= 0)
-    throw new Error(`${where} must be a positive integer, got ${JSON.stringify(value)}`);
-  return n;
-}
-
-/** The defaults with the environment's overrides. */
-export function quotasFromEnv(env: NodeJS.ProcessEnv): Quotas {
-  const q = { ...DEFAULT_QUOTAS };
-  for (const k of NAMES) {
-    const v = env[envName(k)];
-    if (v !== undefined && v !== "") q[k] = positive(v, envName(k));
-  }
-  return q;
-}
-
 interface QuotasFile {
   defaults: Partial<Quotas>;
   tenants: Map<string, Partial<Quotas>>;
 }
 
-function partial(obj: unknown, where: string): Partial<Quotas> {
-  if (typeof obj !== "object" || obj === null || Array.isArray(obj)) throw new Error(`${where} must be an object`);
-  const out: Partial<Quotas> = {};
-  for (const [k, v] of Object.entries(obj)) {
-    if (!NAMES.includes(k as keyof Quotas)) throw new Error(`${where}.${k} is not a quota (${NAMES.join(", ")})`);
-    out[k as keyof Quotas] = positive(v, `${where}.${k}`);
-  }
-  return out;
-}
-
+/** The quotas file, checked against shared/schemas/quotas.schema.json. */
 export function parseQuotas(text: string, source: string): QuotasFile {
-  let doc: { defaults?: unknown; tenants?: unknown };
-  try {
-    doc = JSON.parse(text);
-  } catch (err) {
-    throw new Error(`${source}: not JSON (${(err as Error).message})`);
-  }
-  const tenants = new Map<string, Partial<Quotas>>();
-  if (doc.tenants !== undefined) {
-    if (typeof doc.tenants !== "object" || doc.tenants === null)
-      throw new Error(`${source}: tenants must be an object`);
-    for (const [t, q] of Object.entries(doc.tenants)) tenants.set(t, partial(q, `${source}: tenants.${t}`));
-  }
-  return { defaults: doc.defaults === undefined ? {} : partial(doc.defaults, `${source}: defaults`), tenants };
+  const doc = parseJson(text, source);
+  const problems = schemaProblems("quotas", doc);
+  if (problems.length > 0) throw new Error(`${source}: ${problems.join("; ")}`);
+  const d = doc as { defaults?: Partial<Quotas>; tenants?: Record<string, Partial<Quotas>> };
+  return { defaults: d.defaults ?? {}, tenants: new Map(Object.entries(d.tenants ?? {})) };
 }
 
 /** The quotas in force for each tenant. */

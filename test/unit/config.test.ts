@@ -4,6 +4,8 @@ import assert from "node:assert/strict";
 import { readdir, readFile } from "node:fs/promises";
 import path from "node:path";
 import { ENVIRONMENT, effectiveEnvironment, loadConfig, unknownVariables } from "../../services/shared/config.js";
+import { DEFAULT_QUOTAS } from "../../services/shared/quotas.js";
+import { settingsTable } from "../../services/shared/settings.js";
 
 test("settings come from the environment, checked; a bad value names its variable", () => {
   const cfg = loadConfig([], {
@@ -26,6 +28,48 @@ test("settings come from the environment, checked; a bad value names its variabl
     /TROUPE_MEMORY_STORAGE_OPTIONS must be a JSON object/,
   );
   assert.throws(() => loadConfig([], { TROUPE_TENANT_RATE: "-1" }), /TROUPE_TENANT_RATE must be a positive number/);
+  assert.throws(
+    () => loadConfig([], { TROUPE_QUOTA_STEPS_PER_RUN: "0" }),
+    /TROUPE_QUOTA_STEPS_PER_RUN must be a positive integer/,
+  );
+});
+
+test("every bad setting is reported at once, named as it was given; a flag beats its variable", () => {
+  assert.throws(
+    () =>
+      loadConfig(["--max-message-bytes", "big"], {
+        TROUPE_MAX_MESSAGE_BYTES: "100",
+        TROUPE_SANDBOX_SCOPE: "everyone",
+        TROUPE_SANDBOX_POOL: "-1",
+      }),
+    (e: Error) =>
+      /--max-message-bytes must be a positive integer/.test(e.message) &&
+      /TROUPE_SANDBOX_SCOPE must be one of session, agent, shared/.test(e.message) &&
+      /TROUPE_SANDBOX_POOL must be an integer of at least 0/.test(e.message),
+  );
+  const cfg = loadConfig(["--max-message-bytes", "2048", "--data-dir", "/srv/troupe"], {
+    TROUPE_MAX_MESSAGE_BYTES: "100",
+    TROUPE_SANDBOX_POOL: "0",
+    TROUPE_RUNNER_ADDR: "10.0.0.5:7000",
+    TROUPE_ROUTING_FILE: "",
+  });
+  assert.equal(cfg.maxMessageBytes, 2048);
+  assert.equal(cfg.sandboxPoolSize, 0);
+  assert.equal(cfg.runnerId, "runner-10.0.0.5:7000", "a default worked out from another setting");
+  assert.equal(cfg.routingFile, "/srv/troupe/routing.json", "an empty variable counts as unset");
+  assert.deepEqual(loadConfig([], {}).quotaDefaults, DEFAULT_QUOTAS);
+});
+
+test("the README's configuration table is the one the settings make", async () => {
+  const readme = await readFile(path.resolve(import.meta.dirname, "../../../README.md"), "utf8");
+  const start = readme.indexOf("<!-- settings:start -->\n");
+  const end = readme.indexOf("<!-- settings:end -->");
+  assert.ok(start >= 0 && end > start, "README.md has the settings markers");
+  assert.equal(
+    readme.slice(start + "<!-- settings:start -->\n".length, end),
+    settingsTable(),
+    "README.md's table is stale: run make readme-settings",
+  );
 });
 
 test("a TROUPE_* variable nobody reads is reported; secrets are masked in what troupe config prints", () => {
@@ -37,7 +81,7 @@ test("a TROUPE_* variable nobody reads is reported; secrets are masked in what t
   assert.equal(shown.find((e) => e.name === "OPENAI_API_KEY")?.value, "****");
   assert.equal(shown.find((e) => e.name === "TROUPE_MODEL")?.value, "m");
   assert.equal(shown.find((e) => e.name === "TROUPE_DATA_DIR")?.value, "(unset)");
-  assert.ok(ENVIRONMENT.some((e) => e.name === "TROUPE_QUOTA_LIVE_SANDBOXES"));
+  assert.ok(ENVIRONMENT.some((e) => e.env === "TROUPE_QUOTA_LIVE_SANDBOXES"));
 });
 
 test("no module but the configuration reads process.env, and every variable it reads is declared", async () => {
@@ -54,7 +98,7 @@ test("no module but the configuration reads process.env, and every variable it r
   for (const f of files) if ((await readFile(f, "utf8")).includes("process.env")) readers.push(path.relative(root, f));
   assert.deepEqual(readers, ["shared/config.ts"]);
   const config = await readFile(path.join(root, "shared/config.ts"), "utf8");
-  const declared = new Set(ENVIRONMENT.map((e) => e.name));
+  const declared = new Set(ENVIRONMENT.map((e) => e.env));
   for (const [, name] of config.matchAll(/env\.([A-Z][A-Z0-9_]+)/g))
     assert.ok(declared.has(name), `${name} is read but not declared`);
 });

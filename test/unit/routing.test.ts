@@ -188,9 +188,9 @@ describe("configurations that make no sense are refused, with the place of the m
     ],
     [
       { bindings: [{ agent: "a", match: { channel: "web", peer: { kind: "room", id: "1" } } }] },
-      /bindings\[0\]\.match\.peer must be/,
+      /bindings\[0\]\.match\.peer\.kind must be one of direct, group, channel/,
     ],
-    [{ session: { identityLinks: { alice: ["42"] } } }, /identityLinks\.alice has "42", not "channel:id"/],
+    [{ session: { identityLinks: { alice: ["42"] } } }, /identityLinks\.alice\[0\] must be "channel:id"/],
     [{ session: { identityLinks: { alice: ["web:1"], bob: ["web:1"] } } }, /repeats web:1, already linked to alice/],
   ];
   for (const [doc, message] of bad) test(JSON.stringify(doc), () => assert.throws(() => config(doc), message));

@@ -1,0 +1,244 @@
+// Every setting Troupe has, declared once, in a section per service: its environment variable,
+// its flag if it has one, its default, what it sets, and its type as a JSON Schema (config.ts
+// checks values with it, ajv turning a variable's text into the number a schema asks for). A
+// default in <angle brackets> is worked out from other settings when the configuration loads.
+// The README's configuration table is settingsTable()'s, and a unit test keeps it so.
+import { DEFAULT_QUOTAS } from "./quotas.js";
+
+export interface Setting {
+  env: string;
+  flag?: string;
+  doc: string;
+  default?: string | number;
+  schema?: Record<string, unknown>;
+  secret?: boolean;
+}
+
+const int = (min = 1) => ({
+  type: "integer",
+  minimum: min,
+  message: min === 1 ? "must be a positive integer" : `must be an integer of at least ${min}`,
+});
+const positive = { type: "number", exclusiveMinimum: 0, message: "must be a positive number" };
+const oneOf = (...values: string[]) => ({ enum: values, message: `must be one of ${values.join(", ")}` });
+const address = (env: string, flag: string, what: string, port: number): Setting => ({
+  env,
+  flag,
+  doc: `${what} address`,
+  default: `127.0.0.1:${port}`,
+});
+const quotaEnv = (k: string) => `TROUPE_QUOTA_${k.replace(/[A-Z]/g, (c) => `_${c}`).toUpperCase()}`;
+
+/** The sections of SETTINGS, one per service and a few shared by all: the README's table follows them. */
+export const SETTINGS = {
+  "every service": {
+    dataDir: { env: "TROUPE_DATA_DIR", flag: "data-dir", doc: "state: session logs, memory, keys", default: "./data" },
+    gateway: address("TROUPE_GATEWAY_ADDR", "gateway", "gateway", 50051),
+    router: address("TROUPE_ROUTER_ADDR", "router", "router", 50052),
+    runner: address("TROUPE_RUNNER_ADDR", "runner", "runner", 50053),
+    memory: address("TROUPE_MEMORY_ADDR", "memory", "memory", 50054),
+    sandbox: address("TROUPE_SANDBOX_ADDR", "sandbox", "sandbox", 50055),
+    maxMessageBytes: {
+      env: "TROUPE_MAX_MESSAGE_BYTES",
+      flag: "max-message-bytes",
+      doc: "largest gRPC message accepted (RESOURCE_EXHAUSTED beyond)",
+      default: 4 * 1024 * 1024,
+      schema: int(),
+    },
+    drainGraceMs: {
+      env: "TROUPE_DRAIN_GRACE_MS",
+      flag: "drain-grace-ms",
+      doc: "how long a draining server waits for running calls (SIGTERM)",
+      default: 10_000,
+      schema: int(),
+    },
+    internalToken: {
+      env: "TROUPE_INTERNAL_TOKEN",
+      doc: "the token between services",
+      default: "<data-dir>/auth/internal-token",
+      secret: true,
+    },
+    quotasFile: {
+      env: "TROUPE_QUOTAS_FILE",
+      doc: "quotas per tenant (README, Quotas)",
+      default: "<data-dir>/quotas.json",
+    },
+    logLevel: {
+      env: "TROUPE_LOG_LEVEL",
+      doc: "log level",
+      default: "info",
+      schema: oneOf("debug", "info", "warn", "error"),
+    },
+    threadPool: {
+      env: "UV_THREADPOOL_SIZE",
+      doc: "libuv threads (session logs fsync on them)",
+      default: 16,
+      schema: int(),
+    },
+  },
+  gateway: {
+    apiKeysFile: {
+      env: "TROUPE_API_KEYS_FILE",
+      flag: "api-keys",
+      doc: "the keys file (troupe keys)",
+      default: "<data-dir>/auth/api-keys.json",
+    },
+    apiKeysJson: { env: "TROUPE_API_KEYS", doc: "more keys, as the keys file's JSON" },
+    tenantRate: { env: "TROUPE_TENANT_RATE", doc: "messages a second per tenant", default: 1000, schema: positive },
+    tenantBurst: { env: "TROUPE_TENANT_BURST", doc: "burst per tenant", default: 2000, schema: positive },
+    sessionRate: { env: "TROUPE_SESSION_RATE", doc: "messages a second per session", default: 20, schema: positive },
+    sessionBurst: { env: "TROUPE_SESSION_BURST", doc: "burst per session", default: 200, schema: positive },
+    tenantStreams: { env: "TROUPE_TENANT_STREAMS", doc: "open streams per tenant", default: 20_000, schema: positive },
+  },
+  router: {
+    routingFile: {
+      env: "TROUPE_ROUTING_FILE",
+      doc: "bindings, dm_scope, identity links (routing.json)",
+      default: "<data-dir>/routing.json",
+    },
+    runnerLivenessMs: {
+      env: "TROUPE_RUNNER_LIVENESS_MS",
+      doc: "a runner silent this long is presumed dead",
+      default: 10_000,
+      schema: int(),
+    },
+  },
+  runner: {
+    runnerId: {
+      env: "TROUPE_RUNNER_ID",
+      flag: "runner-id",
+      doc: "this runner's id, unique",
+      default: "runner-<address>",
+    },
+    advertise: {
+      env: "TROUPE_RUNNER_ADVERTISE",
+      flag: "advertise",
+      doc: "the address the gateway dials for this runner",
+      default: "<runner address>",
+    },
+    openaiBaseUrl: { env: "OPENAI_BASE_URL", doc: "model endpoint", default: "<the scripted model server>" },
+    openaiApiKey: { env: "OPENAI_API_KEY", doc: "model endpoint key", secret: true },
+    model: { env: "TROUPE_MODEL", doc: "the model of agents that name none", default: "scripted-1" },
+    agentsDir: {
+      env: "TROUPE_AGENTS_DIR",
+      doc: "agent.json, workspace files, skills (docs/turn-pipeline.md)",
+      default: "<data-dir>/agents",
+    },
+    passivateAfterMs: {
+      env: "TROUPE_PASSIVATE_AFTER_MS",
+      doc: "idle sessions leave memory after",
+      default: 600_000,
+      schema: int(),
+    },
+    minHeartbeatSeconds: {
+      env: "TROUPE_MIN_HEARTBEAT_S",
+      doc: "shortest heartbeat a schedule may ask for",
+      default: 10,
+      schema: int(),
+    },
+    hookModules: { env: "TROUPE_HOOKS", doc: "hook plugin modules, comma-separated" },
+    memoryContextK: {
+      env: "TROUPE_MEMORY_CONTEXT_K",
+      doc: "memories in a run's prompt (0: off)",
+      default: 5,
+      schema: int(0),
+    },
+    memoryLearn: {
+      env: "TROUPE_MEMORY_LEARN",
+      doc: "learning from each turn (0: off)",
+      default: "1",
+      schema: oneOf("0", "1"),
+    },
+    failpoints: { env: "TROUPE_FAILPOINTS", doc: "failpoints (tests only)" },
+    ...Object.fromEntries(
+      Object.entries(DEFAULT_QUOTAS).map(([k, d]) => [
+        `quota.${k}`,
+        { env: quotaEnv(k), doc: `quota: ${k} (README, Quotas)`, default: d, schema: int() },
+      ]),
+    ),
+  },
+  memory: {
+    memoryUri: { env: "TROUPE_MEMORY_URI", doc: "memory store (any LanceDB URI)", default: "<data-dir>/memory" },
+    memoryStorageOptions: {
+      env: "TROUPE_MEMORY_STORAGE_OPTIONS",
+      doc: "its storage options (JSON object)",
+      secret: true,
+    },
+    embeddingModel: {
+      env: "TROUPE_EMBEDDING_MODEL",
+      doc: "embedding model at the model endpoint",
+      default: "<built-in>",
+    },
+    embeddingDim: { env: "TROUPE_EMBEDDING_DIM", doc: "its vector size (needed with a model)", schema: int() },
+  },
+  sandbox: {
+    sandboxImage: { env: "TROUPE_SANDBOX_IMAGE", doc: "sandbox image", default: "troupe-sandbox:busybox" },
+    sandboxRuntime: {
+      env: "TROUPE_SANDBOX_RUNTIME",
+      doc: "container runtime",
+      default: "runc",
+      schema: oneOf("runc", "runsc"),
+    },
+    sandboxScope: {
+      env: "TROUPE_SANDBOX_SCOPE",
+      doc: "who shares a sandbox",
+      default: "session",
+      schema: oneOf("session", "agent", "shared"),
+    },
+    execTimeoutMs: { env: "TROUPE_EXEC_TIMEOUT_MS", doc: "exec timeout", default: 60_000, schema: int() },
+    sandboxIdleMs: {
+      env: "TROUPE_SANDBOX_IDLE_MS",
+      doc: "an unused sandbox is removed after",
+      default: 1_800_000,
+      schema: int(),
+    },
+    sandboxMaxAgeMs: {
+      env: "TROUPE_SANDBOX_MAX_AGE_MS",
+      doc: "no sandbox lives longer than",
+      default: 86_400_000,
+      schema: int(),
+    },
+    sandboxPoolSize: { env: "TROUPE_SANDBOX_POOL", doc: "warm sandboxes (0: none)", default: 2, schema: int(0) },
+    dockerHost: { env: "DOCKER_HOST", doc: "the Docker engine", default: "/var/run/docker.sock" },
+  },
+  tracing: {
+    otelEndpoint: { env: "OTEL_EXPORTER_OTLP_ENDPOINT", doc: "OTLP/HTTP endpoint (unset: tracing off)" },
+    otelServiceName: { env: "OTEL_SERVICE_NAME", doc: "service name in traces", default: "troupe-<service>" },
+    bspScheduleDelay: { env: "OTEL_BSP_SCHEDULE_DELAY", doc: "span batch delay (ms; OTel's rules)" },
+    bspExportTimeout: { env: "OTEL_BSP_EXPORT_TIMEOUT", doc: "span export timeout (ms)" },
+    bspMaxQueueSize: { env: "OTEL_BSP_MAX_QUEUE_SIZE", doc: "span queue size" },
+    bspMaxExportBatchSize: { env: "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", doc: "span batch size" },
+  },
+  clients: {
+    clientApiKey: {
+      env: "TROUPE_API_KEY",
+      doc: "the key troupe chat sends",
+      default: "<data-dir>/auth/dev-key",
+      secret: true,
+    },
+    modelServer: address("TROUPE_MODEL_SERVER_ADDR", "model-server", "scripted model server", 50060),
+    scriptedTokenRate: {
+      env: "TROUPE_SCRIPTED_TOKEN_RATE",
+      doc: "the scripted model's tokens a second (unset: as fast as read)",
+      schema: positive,
+    },
+  },
+} as const satisfies Record<string, Record<string, Setting>>;
+
+export type SettingName = { [S in keyof typeof SETTINGS]: keyof (typeof SETTINGS)[S] }[keyof typeof SETTINGS];
+
+/** Every setting by name, in section order. */
+export const ALL_SETTINGS: [string, Setting][] = Object.values(SETTINGS).flatMap((section) => Object.entries(section));
+
+/** The README's configuration table, section by section (a unit test keeps the README in step). */
+export function settingsTable(): string {
+  const rows = ["| variable | flag | default | sets |", "|---|---|---|---|"];
+  for (const [section, settings] of Object.entries(SETTINGS)) {
+    rows.push(`| **${section}** | | | |`);
+    for (const s of Object.values(settings) as Setting[]) {
+      const dflt = s.default === undefined ? "" : `\`${s.default}\``;
+      rows.push(`| \`${s.env}\` | ${s.flag ? `\`--${s.flag}\`` : ""} | ${dflt} | ${s.doc} |`);
+    }
+  }
+  return `${rows.join("\n")}\n`;
+}
