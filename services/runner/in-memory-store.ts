@@ -1,4 +1,5 @@
-// A SessionStore (and a ScheduleStore) that keep everything in this process: the in-process test tier drives the session
+// A SessionStore and a ScheduleStore that keep everything in this process (storage.ts gathers them
+// with a profile store as inMemoryStorage()): the in-process test tier drives the session
 // actor and the registry with it, and it is the reference for what any store must do (the file
 // store and, next, a networked one). It is a real implementation, not a mock: records, epochs,
 // fencing and refs behave as the contract says; only durability is missing.

@@ -1,7 +1,6 @@
 // The runner process: RunnerService over the session actors, plus registration with the router
 // so the gateway can find the runner that owns a session.
 import { randomUUID } from "node:crypto";
-import path from "node:path";
 import { create } from "@bufbuild/protobuf";
 import { context } from "@opentelemetry/api";
 import { NAME, identityMetadata, identityOf, internalCredentials, sameIdentity } from "../shared/auth.js";
@@ -37,14 +36,13 @@ import type { EventSubscriber } from "./event-journal.js";
 import type { SessionActor } from "./session-actor.js";
 import { FrameRefused } from "./mailbox.js";
 import { AuditLog } from "./audit-log.js";
-import { JsonlSessionStore } from "./session-log.js";
+import { fileStorage } from "./storage.js";
 import { SessionRegistry } from "./session-registry.js";
 import { AgentConfigs } from "./agent-config.js";
 import { ContextSources } from "./context.js";
 import { Hooks, loadPlugins } from "./hooks.js";
 import { InboundSafety } from "./safety.js";
 import { ScheduleBook, Scheduler } from "./schedules.js";
-import { FileScheduleStore } from "./schedule-files.js";
 import { TokenCounter } from "./tokens.js";
 import { TenantRuns } from "./tenant-runs.js";
 import { configureFailpoints } from "./failpoints.js";
@@ -117,12 +115,14 @@ function pageParams(pageSize: number, pageToken: string): { size: number; offset
 export async function startRunner(cfg: Config, logger: Logger): Promise<RunningService> {
   configureFailpoints(cfg.failpoints);
   // Runners that share a data directory arbitrate sessions through the store (session-lease.ts).
-  const store = new JsonlSessionStore(
+  const storage = fileStorage(
     cfg.dataDir,
     { runnerId: cfg.runnerId, address: cfg.advertise, incarnation: randomUUID() },
     cfg.runnerLivenessMs,
+    (file) => logger.warn("a schedule file is empty or damaged; skipping it", { file }),
   );
-  await store.start();
+  await storage.start();
+  const store = storage.sessions;
   const model = new OpenAIModelClient({ baseUrl: modelBaseUrl(cfg), apiKey: cfg.openaiApiKey });
   const credentials = await internalCredentials(cfg.dataDir, cfg.internalToken);
   const sandbox = createClient(SandboxService, cfg.addr.sandbox, { headers: credentials.headers });
@@ -159,7 +159,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   await loadPlugins(hooks, cfg.hookModules);
   const safety = new InboundSafety(hooks.threatChecks);
   const agents = new AgentConfigs(cfg.agentsDir);
-  const sources = new ContextSources(cfg.agentsDir, path.join(cfg.dataDir, "profiles"));
+  const sources = new ContextSources(cfg.agentsDir, storage.profiles);
   const counters = new Map<string, Promise<TokenCounter>>();
   const tokensFor = (modelName: string) => {
     let c = counters.get(modelName);
@@ -200,11 +200,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   );
 
   // Scheduled tasks and heartbeats: each firing is a prompt the session takes once (see schedules.ts).
-  const scheduleFiles = new FileScheduleStore(path.join(cfg.dataDir, "schedules"), (file) =>
-    logger.warn("a schedule file is empty or damaged; skipping it", { file }),
-  );
-  await scheduleFiles.migrate();
-  const book = new ScheduleBook(scheduleFiles, cfg.minHeartbeatSeconds);
+  const book = new ScheduleBook(storage.schedules, cfg.minHeartbeatSeconds);
   const scheduler = new Scheduler(
     book,
     async (f) => {
@@ -423,7 +419,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
       await registration.stop();
       await server.drain(cfg.drainGraceMs);
       await registry.close();
-      await store.stop();
+      await storage.stop();
       await audit.close();
       await model.close();
       for (const c of [sandbox, memory, router]) c.close();

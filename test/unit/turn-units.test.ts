@@ -19,6 +19,7 @@ import {
   buildSystemPrompt,
   type PromptInput,
 } from "../../services/runner/context.js";
+import { FileProfileStore } from "../../services/runner/profile-store.js";
 import { CronError, nextFire, parseCron } from "../../services/runner/cron.js";
 import { Hooks } from "../../services/runner/hooks.js";
 import { backoffMs } from "../../services/runner/model-call.js";
@@ -328,7 +329,7 @@ describe("hooks", () => {
 
 describe("the context builder", () => {
   const base = async (dir: string, over: Partial<PromptInput> = {}) => {
-    const sources = new ContextSources(dir, path.join(dir, "profiles"), 0);
+    const sources = new ContextSources(dir, new FileProfileStore(path.join(dir, "profiles")), 0);
     const input: PromptInput = {
       agentId: "a1",
       agent: { name: "Ada", ...DEFAULT_AGENT },
@@ -402,7 +403,7 @@ describe("the context builder", () => {
       { text: "episode ".repeat(300), kind: MemoryKind.EPISODE },
       { text: "Alice likes tea", kind: MemoryKind.FACT },
     ];
-    const sources = new ContextSources(dir, path.join(dir, "profiles"), 0);
+    const sources = new ContextSources(dir, new FileProfileStore(path.join(dir, "profiles")), 0);
     const tokens = await TokenCounter.forModel("gpt-4o");
     const input: PromptInput = {
       agentId: "a1",
@@ -447,7 +448,7 @@ describe("the system prompt's token count", () => {
     for (const model of ["gpt-4o", "gpt-4", "llama-3"]) {
       const tokens = await TokenCounter.forModel(model);
       const out = await buildSystemPrompt(
-        new ContextSources(dir, path.join(dir, "profiles"), 0),
+        new ContextSources(dir, new FileProfileStore(path.join(dir, "profiles")), 0),
         {
           agentId: "a1",
           agent: { name: "Ada", ...DEFAULT_AGENT },
