@@ -7,6 +7,7 @@ import { readFile } from "node:fs/promises";
 import path from "node:path";
 import { parseRouting } from "../router/bindings.js";
 import { parseAgentConfig } from "../runner/agent-config.js";
+import { parseProviders } from "../shared/providers.js";
 import { parseKeys } from "../shared/api-keys.js";
 import { effectiveEnvironment, loadConfig, unknownVariables } from "../shared/config.js";
 import { SCHEMAS, type SchemaName, parseJson } from "../shared/json-schema.js";
@@ -33,6 +34,7 @@ const CHECKS: Record<SchemaName, (text: string, file: string) => void> = {
   routing: (text, file) => void parseRouting(text, file),
   "api-keys": (text, file) => void parseKeys(text, file),
   quotas: (text, file) => void parseQuotas(text, file),
+  providers: (text, file) => void parseProviders(text, file),
 };
 
 /** The kind of a file from its name, as Troupe names them by default. */
@@ -42,6 +44,7 @@ export function kindOf(file: string): SchemaName | undefined {
   if (name.includes("routing")) return "routing";
   if (name.includes("keys")) return "api-keys";
   if (name.includes("quota")) return "quotas";
+  if (name.includes("provider")) return "providers";
   return undefined;
 }
 

@@ -22,8 +22,8 @@ operations:
   keys ls | keys revoke NAME
                         list the keys (never the keys themselves); revoke one
   config                every environment variable Troupe reads, with its value (secrets masked)
-  config validate FILE [--kind agent|routing|api-keys|quotas]
-                        check an agent.json, routing, keys or quotas file
+  config validate FILE [--kind agent|routing|api-keys|quotas|providers]
+                        check an agent.json, routing, keys, quotas or providers file
   config schema KIND    print that file's JSON Schema
   sandbox ls | exec --session ID -- CMD... | rm --session ID
                         list sandboxes, run a command in one, remove one

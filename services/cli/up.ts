@@ -47,10 +47,12 @@ export async function upCommand(args: string[]): Promise<void> {
     cfg.apiKeysFile,
   ];
   const names = ["router", "memory", "sandbox", "runner", "gateway"];
-  if (!cfg.openaiBaseUrl) {
+  if (cfg.providersFile) {
+    logger.info(`model providers from ${cfg.providersFile}, model ${cfg.model}`);
+  } else if (!cfg.openaiBaseUrl) {
     names.unshift("model-server");
     logger.warn(
-      `OPENAI_BASE_URL is not set: using Troupe's scripted model server at ${modelBaseUrl(cfg)} (deterministic replies, see docs/scripted-model.md). Set OPENAI_BASE_URL, OPENAI_API_KEY and TROUPE_MODEL to use a real model.`,
+      `OPENAI_BASE_URL is not set: using Troupe's scripted model server at ${modelBaseUrl(cfg)} (deterministic replies, see docs/scripted-model.md). Set OPENAI_BASE_URL, OPENAI_API_KEY and TROUPE_MODEL (or TROUPE_PROVIDERS_FILE) to use a real model.`,
     );
   } else {
     logger.info(`model endpoint ${cfg.openaiBaseUrl}, model ${cfg.model}`);

@@ -5,6 +5,8 @@
 // history. A reply that is not the JSON asked for skips that step: learning never stores guesses.
 import OpenAI from "openai";
 import type { Logger } from "../shared/log.js";
+import { rulesFor, type RequestRules } from "../shared/model-rules.js";
+import type { ProviderSpec } from "../shared/providers.js";
 import type { Embedder } from "./embedder.js";
 import type { MemoryStore } from "./store.js";
 import { newMemoryRow, type MemoryRow } from "./memory-schema.js";
@@ -46,15 +48,23 @@ export const FROM = ";from:";
 export class Learner {
   private readonly client: OpenAI;
 
+  private readonly rules: RequestRules;
+
   constructor(
-    baseURL: string,
-    apiKey: string,
+    provider: Pick<ProviderSpec, "kind" | "baseUrl" | "apiKey">,
+    /** The model as its provider names it. */
     private readonly model: string,
     private readonly store: MemoryStore,
     private readonly embedder: Embedder,
     private readonly logger: Logger,
   ) {
-    this.client = new OpenAI({ baseURL, apiKey: apiKey || "unused", maxRetries: 1, timeout: 60_000 });
+    this.client = new OpenAI({
+      baseURL: provider.baseUrl,
+      apiKey: provider.apiKey || "unused",
+      maxRetries: 1,
+      timeout: 60_000,
+    });
+    this.rules = rulesFor(provider.kind, model);
   }
 
   private async ask(system: string, user: string): Promise<Record<string, unknown> | undefined> {
@@ -64,7 +74,9 @@ export class Learner {
         { role: "system", content: system },
         { role: "user", content: user },
       ],
-      temperature: 0,
+      // Deterministic where the model lets us choose; JSON asked for where the provider takes it.
+      ...(this.rules.sampling ? { temperature: 0 } : {}),
+      ...(this.rules.jsonObject ? { response_format: { type: "json_object" as const } } : {}),
     });
     const text = res.choices[0]?.message?.content ?? "";
     const json = /\{[\s\S]*\}/.exec(text)?.[0];

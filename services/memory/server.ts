@@ -20,6 +20,7 @@ import type { Logger } from "../shared/log.js";
 import { RpcServer } from "../shared/rpc.js";
 import type { RunningService } from "../shared/service.js";
 import { modelBaseUrl } from "../shared/config.js";
+import { loadProviders, resolveModel, singleProvider, type Providers } from "../shared/providers.js";
 import { LocalEmbedder, OpenAIEmbedder, type Embedder } from "./embedder.js";
 import { Learner } from "./learn.js";
 import { DEFAULT_RANKING, rank, type RankOptions, type Ranked } from "./ranking.js";
@@ -114,17 +115,34 @@ export async function search(
   return { ranked: rank([...candidates.values()], o), candidates };
 }
 
-/** The embedder the configuration names: a model at the model endpoint, else the built-in one. */
-export function embedderFor(cfg: Config): Embedder {
+/** The providers the configuration names (shared/providers.ts). */
+const providersOf = (cfg: Config): Providers =>
+  cfg.providersFile ? loadProviders(cfg.providersFile) : singleProvider(modelBaseUrl(cfg), cfg.openaiApiKey);
+
+/** The provider serving `model`, or a start-up error that says what to write. */
+function served(providers: Providers, model: string, setting: string) {
+  const found = resolveModel(providers, model);
+  if (!found)
+    throw new Error(
+      `${setting}=${model}: no provider serves it; name it as provider/model with one of ${[...providers.byName.keys()].join(", ")}`,
+    );
+  return found;
+}
+
+/** The embedder the configuration names: a provider's model, else the built-in one. */
+export function embedderFor(cfg: Config, providers = providersOf(cfg)): Embedder {
   if (cfg.embeddingModel === "") return new LocalEmbedder();
-  return new OpenAIEmbedder(modelBaseUrl(cfg), cfg.openaiApiKey, cfg.embeddingModel, cfg.embeddingDim);
+  const { provider, model } = served(providers, cfg.embeddingModel, "TROUPE_EMBEDDING_MODEL");
+  return new OpenAIEmbedder(provider.baseUrl, provider.apiKey, model, cfg.embeddingDim);
 }
 
 export async function startMemory(cfg: Config, logger: Logger): Promise<RunningService> {
-  const embedder = embedderFor(cfg);
+  const providers = providersOf(cfg);
+  const embedder = embedderFor(cfg, providers);
   const { memoryUri: uri, memoryStorageOptions: storageOptions } = cfg;
   const store = await MemoryStore.open(uri, storageOptions, embedder.name, embedder.dim, logger);
-  const learner = new Learner(modelBaseUrl(cfg), cfg.openaiApiKey, cfg.model, store, embedder, logger);
+  const learning = served(providers, cfg.learningModel || cfg.model, "TROUPE_LEARNING_MODEL");
+  const learner = new Learner(learning.provider, learning.model, store, embedder, logger);
   // Every 10 minutes, and then the vector index is built even if writes never pause.
   const maintenance = setInterval(() => store.maintainInBackground("now"), 10 * 60_000);
   maintenance.unref();

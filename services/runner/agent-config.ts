@@ -5,7 +5,9 @@
 //   {
 //     "name": "Ada",                          // how the agent calls itself
 //     "persona": "A careful research aide.",  // its identity, personality and tone
-//     "model": "gpt-4.1", "fallbacks": ["gpt-4.1-mini"],
+//     "model": "openai/gpt-5-mini",           // provider/model (providers.ts)
+//     "fallbacks": ["local/llama3.1"],        // may cross providers
+//     "reasoningEffort": "low", "temperature": 0.2,  // each sent only where the model takes it
 //     "contextWindow": 128000, "maxOutputTokens": 4096,
 //     "reserveTokens": 16384, "keepRecentTokens": 20000,
 //     "owners": ["alice"],                    // principals of the session's tenant who own the agent
@@ -15,6 +17,7 @@
 import { readFile, stat } from "node:fs/promises";
 import path from "node:path";
 import { schemaProblems } from "../shared/json-schema.js";
+import type { ReasoningEffort } from "../shared/model-rules.js";
 
 export interface RetryPolicy {
   /** Retries of one model call (so maxRetries + 1 attempts per model of the chain). */
@@ -30,6 +33,9 @@ export interface AgentConfig {
   /** Empty: the runner's model (TROUPE_MODEL). */
   model: string;
   fallbacks: string[];
+  /** Sent only to models that take it (model-rules.ts). */
+  temperature?: number;
+  reasoningEffort?: ReasoningEffort;
   contextWindow: number;
   maxOutputTokens: number;
   reserveTokens: number;

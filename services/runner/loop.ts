@@ -50,7 +50,7 @@ export async function runAgent(host: RunHost, deps: RunDeps, initial: QueuedMess
       kind: SpanKind.INTERNAL,
       attributes: {
         [GenAI.OPERATION_NAME]: "invoke_agent",
-        [GenAI.PROVIDER_NAME]: deps.model.providerName,
+        [GenAI.PROVIDER_NAME]: deps.model.providerOf(deps.defaultModel),
         [GenAI.AGENT_ID]: deps.agentId,
         [GenAI.AGENT_NAME]: deps.agentId,
         [GenAI.CONVERSATION_ID]: host.sessionId,
@@ -167,6 +167,7 @@ async function startTurn(
     info,
     agent,
     models,
+    modelAt: 0,
     tokens,
     system,
     tools,

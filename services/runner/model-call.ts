@@ -57,6 +57,8 @@ export async function buildRequest(
       messages: toModelMessages(turn.system.text, view.summary, view.messages),
       tools: turn.tools,
       maxTokens,
+      temperature: agent.temperature,
+      reasoningEffort: agent.reasoningEffort,
     },
     promptTokens,
   };
@@ -79,8 +81,16 @@ export function backoffMs(attempt: number, baseMs: number, random = Math.random)
   return Math.round(baseMs * 2 ** attempt * (0.75 + 0.5 * random()));
 }
 
-/** Errors another model may not have: rate limits, overload, outages, auth, a model not served. */
-const fallbackWorthy = (e: ModelError) => e.retryable || e.status === 401 || e.status === 403 || e.status === 404;
+/** A request this model refuses as written (a parameter or value it does not take): another may not. */
+const REFUSED_REQUEST = new Set(["unsupported_parameter", "unsupported_value", "model_not_found"]);
+
+/** Errors another model may not have: rate limits, overload, outages, auth, a model not served, a refused request. */
+const fallbackWorthy = (e: ModelError) =>
+  e.retryable ||
+  e.status === 401 ||
+  e.status === 403 ||
+  e.status === 404 ||
+  (e.code !== undefined && REFUSED_REQUEST.has(e.code));
 
 /**
  * One model call of the run. A failure that sent nothing to the client is retried (retryable
@@ -90,14 +100,17 @@ const fallbackWorthy = (e: ModelError) => e.retryable || e.status === 401 || e.s
  */
 export async function callModel(turn: Turn): Promise<{ message: ChatMessage; errorMessage: string }> {
   const { host, agent } = turn;
-  let chain = 0;
+  let chain = turn.modelAt;
   let retries = 0;
   let compacted = false;
   for (;;) {
     const model = turn.models[chain];
     const { request, promptTokens } = await buildRequest(turn, model);
     const attempt = await streamAssistant(turn, request, retries > 0 || chain > 0);
-    if (!attempt.failure) return { message: attempt.message!, errorMessage: "" };
+    if (!attempt.failure) {
+      turn.modelAt = chain;
+      return { message: attempt.message!, errorMessage: "" };
+    }
     const e = attempt.failure;
     if (!e.aborted && !attempt.outputSent && !host.signal.aborted) {
       if (!compacted && isContextOverflow(e)) {
@@ -117,6 +130,8 @@ export async function callModel(turn: Turn): Promise<{ message: ChatMessage; err
         }
       }
       if (fallbackWorthy(e) && chain + 1 < turn.models.length && !host.signal.aborted) {
+        // A refusal is the operator's to fix (the model or its rules): said as an error, not only a fallback.
+        if (!e.retryable) report(host, "MODEL_REQUEST_REFUSED", `${model}: ${e.message}`);
         chain++;
         retries = 0;
         host.emit({
@@ -183,7 +198,7 @@ async function streamAssistant(turn: Turn, request: ModelRequest, isRetry: boole
     kind: SpanKind.CLIENT,
     attributes: {
       [GenAI.OPERATION_NAME]: "chat",
-      [GenAI.PROVIDER_NAME]: deps.model.providerName,
+      [GenAI.PROVIDER_NAME]: deps.model.providerOf(request.model),
       [GenAI.REQUEST_MODEL]: request.model,
       [GenAI.REQUEST_STREAM]: true,
       [GenAI.REQUEST_MAX_TOKENS]: request.maxTokens ?? 0,

@@ -1,8 +1,13 @@
 // The model, behind one narrow interface: stream a reply to a conversation. The implementation
 // speaks the OpenAI chat-completions protocol through the official SDK over an undici connection
-// pool, so any OpenAI-compatible endpoint (or Troupe's scripted model server) plugs in by URL.
+// pool, so any OpenAI-compatible endpoint (or Troupe's scripted model server) plugs in by URL;
+// providers.ts routes each model to its provider, model-rules.ts fits the request to the model.
+// The SDK builds the request and classifies errors; the stream is read by our SSE decoder, which
+// measured faster than the SDK's (docs/benchmarks.md).
 import OpenAI from "openai";
 import { Agent, fetch as undiciFetch } from "undici";
+import { rulesFor, type ReasoningEffort } from "../shared/model-rules.js";
+import type { ProviderKind } from "../shared/providers.js";
 import { SseDecoder, type SseEvent } from "./sse.js";
 
 export interface ModelToolCall {
@@ -27,6 +32,10 @@ export interface ModelRequest {
   messages: ModelMessage[];
   tools: ModelTool[];
   maxTokens?: number;
+  /** Sent only to models that take it (model-rules.ts). */
+  temperature?: number;
+  /** Sent only to reasoning models, and only a value the model takes. */
+  reasoningEffort?: ReasoningEffort;
 }
 
 export interface ModelUsage {
@@ -60,6 +69,8 @@ export class ModelError extends Error {
     readonly aborted = false,
     /** How long the endpoint asked us to wait (Retry-After, retry-after-ms), if it said. */
     readonly retryAfterMs?: number,
+    /** The provider's error code, e.g. "unsupported_parameter", when it gave one. */
+    readonly code?: string,
   ) {
     super(message);
     this.name = "ModelError";
@@ -67,12 +78,19 @@ export class ModelError extends Error {
 }
 
 export interface ModelClient {
-  readonly providerName: string;
+  /** The provider serving `model`, as gen_ai.provider.name says it. Contract: never throws. */
+  providerOf(model: string): string;
+  /**
+   * Streams one reply. Contract: every failure (refusal, network, bad stream) is thrown as a
+   * ModelError; an aborted signal ends the stream with an aborted ModelError.
+   */
   stream(request: ModelRequest, signal: AbortSignal): AsyncIterable<ModelChunk>;
   close(): Promise<void>;
 }
 
 export interface OpenAIModelOptions {
+  /** Decides the request rules; openai-compatible when not given. */
+  kind?: ProviderKind;
   baseUrl: string;
   apiKey: string;
   /** Connect and first-byte timeout. */
@@ -119,7 +137,8 @@ const FINISH: Record<string, FinishReason> = {
 };
 
 export class OpenAIModelClient implements ModelClient {
-  readonly providerName: string;
+  private readonly providerName: string;
+  private readonly kind: ProviderKind;
   private readonly pool: Agent;
   private readonly client: OpenAI;
 
@@ -142,32 +161,42 @@ export class OpenAIModelClient implements ModelClient {
       fetch: undiciFetch as unknown as typeof fetch,
       fetchOptions: { dispatcher: this.pool } as never,
     });
-    this.providerName = new URL(options.baseUrl).hostname.endsWith("openai.com") ? "openai" : "openai_compatible";
+    this.kind = options.kind ?? "openai-compatible";
+    this.providerName = this.kind === "openai" ? "openai" : "openai_compatible";
+  }
+
+  providerOf(): string {
+    return this.providerName;
+  }
+
+  /** The request body, fitted to what the model takes (model-rules.ts). */
+  body(request: ModelRequest): OpenAI.Chat.ChatCompletionCreateParamsStreaming {
+    const rules = rulesFor(this.kind, request.model);
+    return {
+      model: request.model,
+      messages: request.messages.map(toOpenAI),
+      stream: true,
+      stream_options: { include_usage: true },
+      ...(request.tools.length > 0
+        ? {
+            tools: request.tools.map((t) => ({
+              type: "function" as const,
+              function: { name: t.name, description: t.description, parameters: t.parameters },
+            })),
+          }
+        : {}),
+      ...(request.maxTokens ? { [rules.maxTokensField]: request.maxTokens } : {}),
+      ...(request.temperature !== undefined && rules.sampling ? { temperature: request.temperature } : {}),
+      ...(request.reasoningEffort && rules.reasoningEfforts.includes(request.reasoningEffort)
+        ? { reasoning_effort: request.reasoningEffort }
+        : {}),
+    };
   }
 
   async *stream(request: ModelRequest, signal: AbortSignal): AsyncIterable<ModelChunk> {
     let body: AsyncIterable<Uint8Array>;
     try {
-      const response = await this.client.chat.completions
-        .create(
-          {
-            model: request.model,
-            messages: request.messages.map(toOpenAI),
-            stream: true,
-            stream_options: { include_usage: true },
-            ...(request.tools.length > 0
-              ? {
-                  tools: request.tools.map((t) => ({
-                    type: "function" as const,
-                    function: { name: t.name, description: t.description, parameters: t.parameters },
-                  })),
-                }
-              : {}),
-            ...(request.maxTokens ? { max_tokens: request.maxTokens } : {}),
-          },
-          { signal },
-        )
-        .asResponse();
+      const response = await this.client.chat.completions.create(this.body(request), { signal }).asResponse();
       if (!response.body) throw new ModelError("the model endpoint answered without a body", true);
       body = response.body as unknown as AsyncIterable<Uint8Array>;
     } catch (err) {
@@ -276,6 +305,7 @@ function classify(err: unknown, signal: AbortSignal): ModelError {
       err.status,
       false,
       retryAfter(err.headers as Headers | undefined),
+      typeof err.code === "string" ? err.code : undefined,
     );
   }
   // Connection refused, reset, cut mid-stream, timeouts: worth another try.

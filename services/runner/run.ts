@@ -135,6 +135,11 @@ export interface Turn {
   agent: AgentConfig;
   /** The model, then its fallbacks. */
   models: string[];
+  /**
+   * Where in `models` the next call starts: once a fallback answers, the run's later steps start
+   * there instead of waiting out the failing model again on every step.
+   */
+  modelAt: number;
   tokens: TokenCounter;
   system: { text: string; tokens: number };
   tools: ModelTool[];

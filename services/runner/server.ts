@@ -31,7 +31,8 @@ import type { RunningService } from "../shared/service.js";
 import { RpcServer, createClient, type grpc, type ServiceClient } from "../shared/rpc.js";
 import { contextFromRecord } from "../shared/telemetry.js";
 import { DEFAULT_RECALL, MemoryRecall } from "./memory-recall.js";
-import { OpenAIModelClient } from "./model.js";
+import { loadProviders, singleProvider } from "../shared/providers.js";
+import { ProviderModels } from "./provider-models.js";
 import type { EventSubscriber } from "./event-journal.js";
 import type { SessionActor } from "./session-actor.js";
 import { FrameRefused } from "./mailbox.js";
@@ -123,7 +124,9 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   );
   await storage.start();
   const store = storage.sessions;
-  const model = new OpenAIModelClient({ baseUrl: modelBaseUrl(cfg), apiKey: cfg.openaiApiKey });
+  const model = new ProviderModels(
+    cfg.providersFile ? loadProviders(cfg.providersFile) : singleProvider(modelBaseUrl(cfg), cfg.openaiApiKey),
+  );
   const credentials = await internalCredentials(cfg.dataDir, cfg.internalToken);
   const sandbox = createClient(SandboxService, cfg.addr.sandbox, { headers: credentials.headers });
   const memory = createClient(MemoryService, cfg.addr.memory, { headers: credentials.headers });
@@ -409,7 +412,10 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   });
 
   const port = await server.listen(cfg.addr.runner);
-  logger.info(`runner ${cfg.runnerId} serving on port ${port}`, { model: cfg.model, endpoint: modelBaseUrl(cfg) });
+  logger.info(`runner ${cfg.runnerId} serving on port ${port}`, {
+    model: cfg.model,
+    providers: [...model.providers.byName.values()].map((p) => `${p.name} (${p.kind}) ${p.baseUrl}`).join(", "),
+  });
   const registration = registerWithRouter(router, cfg.runnerId, cfg.advertise, logger);
 
   return {

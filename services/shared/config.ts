@@ -4,6 +4,7 @@
 // time. A TROUPE_* variable SETTINGS does not declare is reported at start (a typo must not be
 // silently ignored); `troupe config` prints the values in force, secrets masked; the README's
 // table is settings.ts's settingsTable().
+import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import path from "node:path";
 import { settingsChecker } from "./json-schema.js";
@@ -34,6 +35,8 @@ export interface Config {
   openaiBaseUrl: string;
   openaiApiKey: string;
   model: string;
+  /** The providers file (shared/providers.ts); empty: one provider from openaiBaseUrl. */
+  providersFile: string;
   /**
    * Runner: a runner whose heartbeat in the shared store is older than this is presumed dead, and
    * its sessions may be taken over by another runner.
@@ -89,6 +92,8 @@ export interface Config {
   /** Memory: an embedding model at the model endpoint, and its vector size; empty: the built-in embedder. */
   embeddingModel: string;
   embeddingDim: number;
+  /** Memory: the model learning asks what to keep (empty: the model). */
+  learningModel: string;
   /** The scripted model server: tokens per second of every reply (0: as fast as the client reads). */
   scriptedTokenRate: number;
   /** Sandbox: the Docker engine's address, as dockerode reads it (for messages). */
@@ -248,6 +253,7 @@ export function loadConfig(
     advertise: str("advertise") ?? addr.runner,
     openaiBaseUrl: str("openaiBaseUrl") ?? "",
     openaiApiKey: str("openaiApiKey") ?? "",
+    providersFile: str("providersFile") ?? "",
     model: str("model")!,
     runnerLivenessMs: v.runnerLivenessMs,
     passivateAfterMs: v.passivateAfterMs,
@@ -286,6 +292,7 @@ export function loadConfig(
     memoryStorageOptions: storageOptions(str("memoryStorageOptions")),
     embeddingModel: str("embeddingModel") ?? "",
     embeddingDim: str("embeddingModel") ? v.embeddingDim : 0,
+    learningModel: str("learningModel") ?? "",
     scriptedTokenRate: v.scriptedTokenRate ?? 0,
     dockerHost: str("dockerHost")!,
     otel: {
@@ -305,3 +312,24 @@ export function loadConfig(
 
 /** The base URL the runner's model client uses: the configured endpoint, else the scripted server. */
 export const modelBaseUrl = (c: Config): string => c.openaiBaseUrl || `http://${c.addr.model}/v1`;
+
+/**
+ * A secret named by a file the operator wrote (a provider's key): the variable's value or the
+ * file's first line. Throws, naming the variable or file but never the value, when it is missing.
+ */
+export function secretFrom(ref: { env?: string; file?: string }, env: NodeJS.ProcessEnv = process.env): string {
+  if (ref.env !== undefined) {
+    const v = env[ref.env];
+    if (!v) throw new Error(`the variable ${ref.env} is not set`);
+    return v;
+  }
+  let text: string;
+  try {
+    text = readFileSync(ref.file ?? "", "utf8");
+  } catch (err) {
+    throw new Error(`cannot read ${ref.file} (${(err as NodeJS.ErrnoException).code ?? err})`);
+  }
+  const key = text.split(/\r?\n/)[0].trim();
+  if (!key) throw new Error(`${ref.file} is empty`);
+  return key;
+}

@@ -1,4 +1,4 @@
-// The JSON files operators write (agent.json, routing.json, the API keys file, the quotas file)
+// The JSON files operators write (agent.json, routing.json, the API keys, quotas and providers files)
 // are checked against the JSON Schemas in services/shared/schemas/, the same files an editor or
 // another tool can use. A document gets every problem at once, each named by where it is
 // ("bindings[0].match.channel is required"); checks a schema cannot state (a value used twice,
@@ -6,10 +6,11 @@
 import { Ajv2020, type ErrorObject, type ValidateFunction } from "ajv/dist/2020.js";
 import agent from "./schemas/agent.schema.json" with { type: "json" };
 import apiKeys from "./schemas/api-keys.schema.json" with { type: "json" };
+import providers from "./schemas/providers.schema.json" with { type: "json" };
 import quotas from "./schemas/quotas.schema.json" with { type: "json" };
 import routing from "./schemas/routing.schema.json" with { type: "json" };
 
-export const SCHEMAS = { agent, routing, "api-keys": apiKeys, quotas } as const;
+export const SCHEMAS = { agent, routing, "api-keys": apiKeys, quotas, providers } as const;
 export type SchemaName = keyof typeof SCHEMAS;
 
 /** An ajv for our schemas; `coerce` turns text into the numbers a schema asks for (the environment). */

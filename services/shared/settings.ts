@@ -52,6 +52,11 @@ export const SETTINGS = {
       default: 10_000,
       schema: int(),
     },
+    providersFile: {
+      env: "TROUPE_PROVIDERS_FILE",
+      flag: "providers",
+      doc: "model providers (providers.json; unset: one provider from OPENAI_BASE_URL)",
+    },
     internalToken: {
       env: "TROUPE_INTERNAL_TOKEN",
       doc: "the token between services",
@@ -166,10 +171,15 @@ export const SETTINGS = {
     },
     embeddingModel: {
       env: "TROUPE_EMBEDDING_MODEL",
-      doc: "embedding model at the model endpoint",
+      doc: "embedding model, as provider/model",
       default: "<built-in>",
     },
     embeddingDim: { env: "TROUPE_EMBEDDING_DIM", doc: "its vector size (needed with a model)", schema: int() },
+    learningModel: {
+      env: "TROUPE_LEARNING_MODEL",
+      doc: "the model that picks what to remember, as provider/model",
+      default: "<TROUPE_MODEL>",
+    },
   },
   sandbox: {
     sandboxImage: { env: "TROUPE_SANDBOX_IMAGE", doc: "sandbox image", default: "troupe-sandbox:busybox" },

@@ -60,7 +60,9 @@ export function call(...calls: [string, Record<string, unknown>][]): Reply {
 
 /** A model client that answers call n with script(request, n). */
 export class ScriptedModel implements ModelClient {
-  readonly providerName = "scripted";
+  providerOf(): string {
+    return "scripted";
+  }
   readonly requests: ModelRequest[] = [];
   constructor(private readonly script: (request: ModelRequest, n: number) => Reply) {}
 

@@ -11,6 +11,7 @@ import { parseAgentConfig } from "../../services/runner/agent-config.js";
 import { NAME, parseKeys } from "../../services/shared/api-keys.js";
 import { CHANNEL_NAME, isAgentId } from "../../services/shared/ids.js";
 import { SCHEMAS, schemaProblems } from "../../services/shared/json-schema.js";
+import { parseProviders } from "../../services/shared/providers.js";
 import { parseQuotas } from "../../services/shared/quotas.js";
 import { configCommand, kindOf } from "../../services/cli/config.js";
 import { tempDir } from "../helpers/tempdir.js";
@@ -20,12 +21,16 @@ const keysFile = (keys: unknown[]) => JSON.stringify({ keys });
 
 describe("the schemas", () => {
   test("each is a JSON Schema (2020-12) with a title and a description; an empty file means the defaults", () => {
+    // The keys file must list keys and the providers file providers; every other may be empty.
+    const required: Record<string, string[]> = {
+      "api-keys": ["keys is required"],
+      providers: ["providers is required"],
+    };
     for (const [name, schema] of Object.entries(SCHEMAS)) {
       assert.equal(schema.$schema, "https://json-schema.org/draft/2020-12/schema", name);
       assert.ok(schema.title && schema.description, name);
       const problems = schemaProblems(name as keyof typeof SCHEMAS, {});
-      // The keys file is the one that must say something: its list of keys.
-      assert.deepEqual(problems, name === "api-keys" ? ["keys is required"] : [], name);
+      assert.deepEqual(problems, required[name] ?? [], name);
     }
   });
 
@@ -58,6 +63,11 @@ describe("every file refuses unknown fields, naming them", () => {
       "the quotas file",
       () => parseQuotas('{"tenants": {"t1": {"liveSandbox": 3}}}', "q"),
       /tenants\.t1: unknown field liveSandbox/,
+    ],
+    [
+      "the providers file",
+      () => parseProviders('{"providers": {"o": {"kind": "openai", "baseUrl": "http://x", "apikey": "sk-1"}}}', "p"),
+      /providers\.o: unknown field apikey/,
     ],
   ];
   for (const [what, parse, message] of cases) test(what, () => assert.throws(parse, message));

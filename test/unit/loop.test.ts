@@ -104,6 +104,24 @@ describe("the loop", () => {
     assert.equal(texts(h2, Role.ASSISTANT)[0], "answered by backup");
   });
 
+  test("a fallback holds for the rest of the run: later steps do not wait out the failing model again", async () => {
+    const down = new ScriptedModel((r) => {
+      if (r.model === "test-model") return new ModelError("down", true, 503);
+      return r.messages.some((m) => m.role === "tool") ? say("done") : call(["echo", { text: "x" }]);
+    });
+    const h = host();
+    const out = await runAgent(h, testRunDeps(down, [echoTool("echo")], { config: { fallbacks: ["backup"] } }), [
+      user("x"),
+    ]);
+    assert.equal(out.stopReason, StopReason.COMPLETED);
+    assert.equal(h.of("modelFallback").length, 1);
+    assert.deepEqual(
+      down.requests.map((r) => r.model),
+      ["test-model", "test-model", "test-model", "backup", "backup"],
+      "the policy's tries of the model, then the backup for both steps",
+    );
+  });
+
   test("a request over the context window is compacted into a summary and the turn goes on", async () => {
     const model = new ScriptedModel((r) => {
       const system = r.messages[0] && "content" in r.messages[0] ? r.messages[0].content : "";

@@ -1,0 +1,95 @@
+// The model providers Troupe calls (the runner for turns, the memory service for learning and
+// embeddings), from the providers file. Models are named `provider/model` ("openai/gpt-5-mini", "local/llama3.1"), so a fallback
+// chain may leave a provider that is down. A name whose prefix is no provider's goes whole to
+// the default provider: vLLM and Ollama serve models named like "meta-llama/Llama-3.1-8B".
+//
+// Without a providers file there is one provider, "default", from OPENAI_BASE_URL and
+// OPENAI_API_KEY (or the scripted model server), so existing deployments keep working.
+import { readFileSync } from "node:fs";
+import { secretFrom } from "./config.js";
+import { parseJson, schemaProblems } from "./json-schema.js";
+
+export type ProviderKind = "openai" | "openai-compatible";
+
+export interface ProviderSpec {
+  name: string;
+  kind: ProviderKind;
+  baseUrl: string;
+  /** The key itself, read from where the file says; never logged. */
+  apiKey: string;
+  timeoutMs: number;
+  idleTimeoutMs: number;
+}
+
+export interface Providers {
+  byName: ReadonlyMap<string, ProviderSpec>;
+  /** Serves model names without a known provider prefix; undefined: such names are refused. */
+  defaultName?: string;
+}
+
+interface ProviderEntry {
+  kind: ProviderKind;
+  baseUrl: string;
+  apiKey?: { env?: string; file?: string };
+  timeoutMs?: number;
+  idleTimeoutMs?: number;
+}
+
+/** A providers file's text, checked (schemas/providers.schema.json), with its keys read. */
+export function parseProviders(text: string, source: string): Providers {
+  const doc = parseJson(text, source);
+  const problems = schemaProblems("providers", doc);
+  if (problems.length > 0) throw new Error(`${source}: ${problems.join("; ")}`);
+  const { providers, default: named } = doc as { providers: Record<string, ProviderEntry>; default?: string };
+  const byName = new Map<string, ProviderSpec>();
+  for (const [name, p] of Object.entries(providers)) {
+    let apiKey = "";
+    if (p.apiKey) {
+      try {
+        apiKey = secretFrom(p.apiKey);
+      } catch (err) {
+        throw new Error(`${source}: providers.${name}.apiKey: ${(err as Error).message}`);
+      }
+    }
+    byName.set(name, {
+      name,
+      kind: p.kind,
+      baseUrl: p.baseUrl,
+      apiKey,
+      timeoutMs: p.timeoutMs ?? 60_000,
+      idleTimeoutMs: p.idleTimeoutMs ?? 120_000,
+    });
+  }
+  if (named !== undefined && !byName.has(named))
+    throw new Error(`${source}: default names ${JSON.stringify(named)}, which is not one of the providers`);
+  return { byName, defaultName: named ?? (byName.size === 1 ? [...byName.keys()][0] : undefined) };
+}
+
+export function loadProviders(file: string): Providers {
+  let text: string;
+  try {
+    text = readFileSync(file, "utf8");
+  } catch (err) {
+    throw new Error(`${file}: cannot read the providers file (${(err as NodeJS.ErrnoException).code ?? err})`);
+  }
+  return parseProviders(text, file);
+}
+
+/** The single provider of a runner configured by OPENAI_BASE_URL and OPENAI_API_KEY alone. */
+export function singleProvider(baseUrl: string, apiKey: string): Providers {
+  const kind: ProviderKind = new URL(baseUrl).hostname.endsWith("api.openai.com") ? "openai" : "openai-compatible";
+  const spec = { name: "default", kind, baseUrl, apiKey, timeoutMs: 60_000, idleTimeoutMs: 120_000 };
+  return { byName: new Map([["default", spec]]), defaultName: "default" };
+}
+
+/** Which provider serves `name`, and the model's name there; undefined when none does. */
+export function resolveModel(
+  providers: Providers,
+  name: string,
+): { provider: ProviderSpec; model: string } | undefined {
+  const slash = name.indexOf("/");
+  const named = slash > 0 ? providers.byName.get(name.slice(0, slash)) : undefined;
+  if (named) return { provider: named, model: name.slice(slash + 1) };
+  const fallback = providers.defaultName ? providers.byName.get(providers.defaultName) : undefined;
+  return fallback && { provider: fallback, model: name };
+}

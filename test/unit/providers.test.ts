@@ -1,0 +1,243 @@
+// Providers and per-model request rules, against servers that check requests the way the real APIs
+// do (test/helpers/openai-api.ts cites the references), not against the scripted model.
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { mkdtempSync, writeFileSync } from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { Role, StopReason } from "../../services/shared/gen/troupe/v1/session_pb.js";
+import { ModelError, OpenAIModelClient, type ModelChunk, type ModelRequest } from "../../services/runner/model.js";
+import { parseProviders, resolveModel, type Providers } from "../../services/shared/providers.js";
+import { ProviderModels } from "../../services/runner/provider-models.js";
+import { ChatApiServer, type ChatBody } from "../helpers/openai-api.js";
+import { echoTool, newActor, prompt, testRunDeps } from "../helpers/in-process.js";
+
+const KEY = "sk-conformance-test";
+let openai: ChatApiServer;
+let ollama: ChatApiServer;
+let backup: ChatApiServer;
+
+/** Answers a tool call to `echo` first, then text, as a model asked to use its tool would. */
+const toolThenText = (body: ChatBody) =>
+  body.messages.some((m) => m.role === "tool")
+    ? { text: "done with the tool" }
+    : { toolCalls: [{ name: "echo", arguments: { text: "hi" } }] };
+
+before(async () => {
+  openai = await new ChatApiServer({ flavour: "openai", apiKey: KEY, reply: toolThenText }).start();
+  backup = await new ChatApiServer({ flavour: "openai", apiKey: KEY }).start();
+  ollama = await new ChatApiServer({
+    flavour: "ollama",
+    models: [{ id: "llama3.1:8b" }],
+    reply: () => ({ text: "one two three four five six" }),
+  }).start();
+});
+after(async () => Promise.all([openai.close(), ollama.close(), backup.close()]));
+
+function providers(extra: Record<string, unknown> = {}, def?: string): Providers {
+  process.env.TROUPE_TEST_OPENAI_KEY = KEY;
+  return parseProviders(
+    JSON.stringify({
+      providers: {
+        openai: { kind: "openai", baseUrl: openai.baseUrl, apiKey: { env: "TROUPE_TEST_OPENAI_KEY" } },
+        local: { kind: "openai-compatible", baseUrl: ollama.baseUrl },
+        ...extra,
+      },
+      ...(def ? { default: def } : {}),
+    }),
+    "providers.json",
+  );
+}
+
+async function drain(models: ProviderModels, request: ModelRequest): Promise<ModelChunk[]> {
+  const out: ModelChunk[] = [];
+  for await (const c of models.stream(request, new AbortController().signal)) out.push(c);
+  return out;
+}
+const ask = (model: string, over: Partial<ModelRequest> = {}): ModelRequest => ({
+  model,
+  messages: [{ role: "user", content: "one two three four five six" }],
+  tools: [],
+  maxTokens: 100,
+  ...over,
+});
+
+describe("request rules, per model", () => {
+  test("a reasoning model gets max_completion_tokens and its effort, never a temperature", async () => {
+    const models = new ProviderModels(providers());
+    const before = openai.accepted.length;
+    await drain(models, ask("openai/gpt-5-mini", { temperature: 0.2, reasoningEffort: "low" }));
+    const body = openai.accepted[before];
+    assert.equal(body.model, "gpt-5-mini", "the provider prefix is not sent");
+    assert.equal(body.max_completion_tokens, 100);
+    assert.equal(body.reasoning_effort, "low");
+    assert.ok(!("max_tokens" in body) && !("temperature" in body), JSON.stringify(body));
+    // An effort this model does not take is left out rather than refused.
+    await drain(models, ask("openai/o4-mini", { reasoningEffort: "minimal" }));
+    assert.ok(!("reasoning_effort" in openai.accepted.at(-1)!));
+    await models.close();
+  });
+
+  test("a chat model gets its temperature and no reasoning_effort; Ollama gets max_tokens and honours it", async () => {
+    const models = new ProviderModels(providers());
+    await drain(models, ask("openai/gpt-4.1-mini", { temperature: 0.2, reasoningEffort: "high" }));
+    const body = openai.accepted.at(-1)!;
+    assert.equal(body.temperature, 0.2);
+    assert.ok(!("reasoning_effort" in body));
+    const chunks = await drain(models, ask("local/llama3.1:8b", { maxTokens: 3 }));
+    assert.equal(ollama.accepted.at(-1)!.max_tokens, 3);
+    const done = chunks.at(-1)!;
+    assert.ok(done.type === "done" && done.finishReason === "length", "the cap was read: the reply was cut");
+    await models.close();
+  });
+
+  test("what Troupe used to send (max_tokens) is refused by a reasoning model, with the provider's code", async () => {
+    // The client as it was before the rules: every model treated as a generic compatible server.
+    const old = new OpenAIModelClient({ baseUrl: openai.baseUrl, apiKey: KEY });
+    const err = await (async () => {
+      for await (const _ of old.stream(ask("gpt-5-mini"), new AbortController().signal));
+    })().then(
+      () => undefined,
+      (e) => e,
+    );
+    assert.ok(err instanceof ModelError);
+    assert.equal(err.status, 400);
+    assert.equal(err.code, "unsupported_parameter");
+    assert.match(err.message, /max_completion_tokens/);
+    assert.equal(err.retryable, false);
+    await old.close();
+  });
+});
+
+describe("the providers file", () => {
+  test("models resolve by provider prefix; other names go whole to the default, or nowhere", async () => {
+    const p = providers({}, "local");
+    assert.equal(resolveModel(p, "openai/gpt-5-mini")?.provider.name, "openai");
+    assert.deepEqual(
+      [resolveModel(p, "meta-llama/Llama-3.1-8B")?.provider.name, resolveModel(p, "meta-llama/Llama-3.1-8B")?.model],
+      ["local", "meta-llama/Llama-3.1-8B"],
+    );
+    const none = new ProviderModels(providers());
+    const err = await drain(none, ask("gpt-5-mini")).then(
+      () => undefined,
+      (e) => e,
+    );
+    assert.ok(err instanceof ModelError && err.code === "model_not_found", String(err));
+    assert.match(err.message, /provider\/model with one of openai, local/);
+    await none.close();
+  });
+
+  test("bad files are refused with every problem named; a key's value never appears", () => {
+    const refuse = (doc: unknown) => {
+      try {
+        parseProviders(JSON.stringify(doc), "p.json");
+      } catch (err) {
+        return (err as Error).message;
+      }
+      assert.fail("accepted");
+    };
+    assert.match(
+      refuse({ providers: { a: { kind: "anthropic-ish", baseUrl: "ftp://x" } } }),
+      /providers\.a\.kind must be one of openai, openai-compatible.*providers\.a\.baseUrl must be an http/,
+    );
+    assert.match(refuse({ providers: { "Bad Name": { kind: "openai", baseUrl: "http://x" } } }), /not allowed/);
+    assert.match(
+      refuse({ providers: { a: { kind: "openai", baseUrl: "http://x" } }, default: "b" }),
+      /default names "b"/,
+    );
+    assert.match(
+      refuse({ providers: { a: { kind: "openai", baseUrl: "http://x", apiKey: { env: "TROUPE_TEST_UNSET_KEY" } } } }),
+      /providers\.a\.apiKey: the variable TROUPE_TEST_UNSET_KEY is not set/,
+    );
+    const dir = mkdtempSync(path.join(os.tmpdir(), "troupe-providers-"));
+    writeFileSync(path.join(dir, "key"), "sk-from-a-file\n");
+    const p = parseProviders(
+      JSON.stringify({
+        providers: { a: { kind: "openai", baseUrl: "http://x", apiKey: { file: path.join(dir, "key") } } },
+      }),
+      "p.json",
+    );
+    assert.equal(p.byName.get("a")?.apiKey, "sk-from-a-file");
+    process.env.TROUPE_TEST_SECRET_KEY = "sk-very-secret";
+    const message = refuse({
+      providers: { a: { kind: "openai", baseUrl: "http://x", apiKey: { env: "TROUPE_TEST_SECRET_KEY", file: "/k" } } },
+    });
+    assert.match(message, /exactly one of env/);
+    assert.doesNotMatch(message, /sk-very-secret/);
+  });
+});
+
+describe("turns through conformance servers", () => {
+  test("a gpt-5-mini turn with a tool call completes; the tool result pairs with its call", async () => {
+    const models = new ProviderModels(providers());
+    const ran: string[] = [];
+    const { actor, events } = await newActor(() =>
+      testRunDeps(models, [echoTool("echo", 0, ran)], {
+        config: { model: "openai/gpt-5-mini", reasoningEffort: "low" },
+      }),
+    );
+    const before = openai.accepted.length;
+    await actor.submit(prompt("use your tool"));
+    const end = await events.waitFor((e) => e.payload.case === "agentEnd");
+    assert.equal(
+      end.payload.case === "agentEnd" && end.payload.value.stopReason,
+      StopReason.COMPLETED,
+      JSON.stringify(events.of("error")),
+    );
+    assert.deepEqual(ran, ["hi"]);
+    assert.equal(openai.accepted.length - before, 2, "the tool call, then the answer");
+    const second = openai.accepted.at(-1)!.messages;
+    const asked = second.find((m) => m.role === "assistant") as { tool_calls: { id: string }[] };
+    assert.equal(
+      (second.find((m) => m.role === "tool") as { tool_call_id: string }).tool_call_id,
+      asked.tool_calls[0].id,
+    );
+    assert.equal(actor.messages.filter((m) => m.role === Role.ASSISTANT).at(-1)?.text, "done with the tool");
+    await models.close();
+  });
+
+  test("a provider answering 503 falls back to another provider and the turn completes", async () => {
+    const down = await new ChatApiServer({ flavour: "openai", apiKey: KEY }).start();
+    down.outage = { status: 503, retryAfterSeconds: 1 };
+    const models = new ProviderModels(
+      providers({
+        down: { kind: "openai", baseUrl: down.baseUrl, apiKey: { env: "TROUPE_TEST_OPENAI_KEY" } },
+        backup: { kind: "openai", baseUrl: backup.baseUrl, apiKey: { env: "TROUPE_TEST_OPENAI_KEY" } },
+      }),
+    );
+    const { actor, events } = await newActor(() =>
+      testRunDeps(models, [], { config: { model: "down/gpt-4.1-mini", fallbacks: ["backup/gpt-5-mini"] } }),
+    );
+    await actor.submit(prompt("hello"));
+    await events.waitFor((e) => e.payload.case === "agentEnd");
+    assert.ok(down.refused.length >= 1 && down.refused.every((r) => r.status === 503));
+    assert.deepEqual(
+      events.of("modelFallback").map((f) => [f.fromModel, f.toModel]),
+      [["down/gpt-4.1-mini", "backup/gpt-5-mini"]],
+    );
+    assert.equal(actor.messages.filter((m) => m.role === Role.ASSISTANT).at(-1)?.text, "ok");
+    await models.close();
+    await down.close();
+  });
+
+  test("a refused parameter is reported with the provider's message and moves to the fallback", async () => {
+    // A provider declared with the wrong kind sends max_tokens to a reasoning model.
+    const models = new ProviderModels(
+      providers({
+        wrong: { kind: "openai-compatible", baseUrl: backup.baseUrl, apiKey: { env: "TROUPE_TEST_OPENAI_KEY" } },
+        backup: { kind: "openai", baseUrl: backup.baseUrl, apiKey: { env: "TROUPE_TEST_OPENAI_KEY" } },
+      }),
+    );
+    const { actor, events } = await newActor(() =>
+      testRunDeps(models, [], { config: { model: "wrong/gpt-5-mini", fallbacks: ["backup/gpt-5-mini"] } }),
+    );
+    await actor.submit(prompt("hello"));
+    await events.waitFor((e) => e.payload.case === "agentEnd");
+    const refused = events.of("error").find((e) => e.code === "MODEL_REQUEST_REFUSED");
+    assert.match(refused?.message ?? "", /wrong\/gpt-5-mini: .*Unsupported parameter: 'max_tokens'/);
+    assert.equal(events.of("modelRetry").length, 0, "a refusal is not retried");
+    assert.equal(events.of("modelFallback").length, 1);
+    assert.equal(actor.messages.filter((m) => m.role === Role.ASSISTANT).at(-1)?.text, "ok");
+    await models.close();
+  });
+});
