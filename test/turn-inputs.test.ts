@@ -164,7 +164,7 @@ describe("sub-agents", () => {
     const prompt = of(sys, "toolExecutionEnd")[0].result;
     assert.match(prompt, /You are a sub-agent working on one task/);
     assert.match(prompt, /Answer in one line\./);
-    assert.ok(!prompt.includes("## Workspace context") && !prompt.includes("## User profile"), prompt);
+    assert.ok(!prompt.includes("## Workspace context") && !prompt.includes("USER.md"), prompt);
   });
 
   test("depth and concurrent children are limited", async () => {

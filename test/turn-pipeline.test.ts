@@ -43,10 +43,13 @@ describe("the context builder", () => {
       "## Tools",
       "## Runtime",
       "## Workspace context",
-      "## User profile",
       "## Skills",
       "## Instructions for this turn",
       "<identity>",
+      "# Identity: Ada",
+      "A careful research aide",
+      "### SOUL.md",
+      "### Your owner, who you are talking with (USER.md)",
     ].map(at);
     assert.deepEqual(
       [...order].sort((a, b) => a - b),
@@ -105,7 +108,7 @@ describe("the context builder", () => {
     assert.ok(prompt.trimEnd().endsWith("communication style."));
   });
 
-  test("an external sender from a channel gets a neutral identity and no profile", async () => {
+  test("an external sender from a channel meets the same agent, told who they are, and no profile", async () => {
     const adapter = await stack.gatewayAs("local", "dev", {}, { role: "adapter", channels: ["telegram"] });
     const res = await adapter.deliver({
       message: {
@@ -121,10 +124,8 @@ describe("the context builder", () => {
     const prompt = history.find((m) => m.role === Role.ASSISTANT)!.text;
     assert.match(prompt, /who is not your owner/);
     assert.match(prompt, /Channel: telegram/);
-    assert.ok(
-      !prompt.includes("## User profile") && !prompt.includes("# Identity: Ada") && !prompt.includes("research aide"),
-      prompt,
-    );
+    assert.ok(prompt.includes("# Identity: Ada") && prompt.includes("research aide"), prompt);
+    assert.ok(!prompt.includes("USER.md") && !prompt.includes("# About me"), prompt);
     adapter.close();
   });
 
@@ -209,7 +210,8 @@ describe("compaction", () => {
     assert.ok(calls.length >= 5 && calls.every((id) => results.has(id)));
     const prompt = replyOf(last);
     assert.match(prompt, /<\/identity>\s+# Identity reminder/);
-    assert.ok(prompt.lastIndexOf("## ") < prompt.indexOf("<identity>"), "a section after the identity block");
+    // Sections start "## " on a line of their own; the block's own "### " parts are inside it.
+    assert.ok(prompt.lastIndexOf("\n## ") < prompt.indexOf("<identity>"), "a section after the identity block");
   });
 
   test("the summary is in the session log: after a runner restart the model still starts from it", async () => {

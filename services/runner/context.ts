@@ -1,10 +1,11 @@
 // The system prompt of a run, assembled from ordered sources (docs/turn-pipeline.md):
 //
-//   1. tools and reference material (TOOLS.md)      5. skills (skills/*.md)
-//   2. runtime facts (agent, channel, time, ...)    6. long-term facts, then relevant memories
-//   3. workspace files AGENTS.md, SOUL.md,          7. this turn's ephemeral instruction
-//      IDENTITY.md, nearest first up the folders    8. the identity block, in <identity> tags,
-//   4. the user profile USER.md (owner only)           last: closest to the conversation
+//   1. tools and reference material (TOOLS.md)      4. skills (skills/*.md)
+//   2. runtime facts (agent, channel, time, ...)    5. long-term facts, then relevant memories
+//   3. AGENTS.md, nearest first up the folders      6. this turn's ephemeral instruction
+//   7. the identity block, last, closest to the conversation: the name and persona of agent.json,
+//      IDENTITY.md, SOUL.md and, for the owner, their profile USER.md. It is the last thing cut
+//      under budget pressure and is never dropped (identity.ts).
 //
 // Operator files live on the runner's side under the agents folder, never in the sandbox: they are
 // trusted configuration, and nothing the model runs can rewrite them.
@@ -27,6 +28,7 @@ import { filePart, type SessionRef } from "../shared/session-ref.js";
 import type { AgentConfig } from "./agent-config.js";
 import type { Recalled } from "./memory-recall.js";
 import type { TokenCounter } from "./tokens.js";
+import { IdentityBlock, type IdentityPart } from "./identity.js";
 
 /** Each workspace file contributes at most this many characters, and all of them this many. */
 export const FILE_CHAR_LIMIT = 4000;
@@ -37,7 +39,8 @@ const SKILLS_MAX = 32;
 const READ_BYTES = 64 * 1024;
 /** From this many user and assistant messages on, the identity reminder is in every prompt. */
 export const DRIFT_THRESHOLD = 20;
-export const WORKSPACE_FILES = ["AGENTS.md", "SOUL.md", "IDENTITY.md"] as const;
+/** Read in this order: the identity files first, so the workspace instructions cannot crowd them out. */
+export const WORKSPACE_FILES = ["IDENTITY.md", "SOUL.md", "AGENTS.md"] as const;
 
 export const USER_TEMPLATE = `# About me
 <!-- The agent reads this file at the start of every turn. Edit it freely. -->
@@ -48,15 +51,14 @@ export const USER_TEMPLATE = `# About me
 - Current projects:
 `;
 
-export const IDENTITY_REMINDER =
-  "# Identity reminder\nHowever long this conversation grows, you remain the agent described in the <identity> block above: keep its personality, tone and communication style.";
-
 /** Who is speaking in the session, as far as context goes. */
 export interface Sender {
   /** The agent's owner gets the profile and every memory; anyone else is an external sender. */
   isOwner: boolean;
   /** A name for the sender (principal or channel identity). */
   id: string;
+  /** How their channel names them, when it said. */
+  displayName?: string;
   tenant: string;
 }
 
@@ -268,9 +270,9 @@ export async function buildSystemPrompt(
     dropOrder: 0,
   });
 
+  const identity: IdentityPart[] = [];
   if (!input.skipContextFiles) {
     let room = FILES_CHAR_LIMIT;
-    const parts: string[] = [];
     for (const name of WORKSPACE_FILES) {
       const f = await sources.nearest(dirs, name);
       if (!f) continue;
@@ -285,9 +287,11 @@ export async function buildSystemPrompt(
         text = text.slice(0, room);
       }
       room -= text.length;
-      if (text !== "") parts.push(`### ${name}\n${text.trim()}`);
+      if (text.trim() === "") continue;
+      if (name === "AGENTS.md")
+        sections.push({ title: "Workspace context", body: `### ${name}\n${text.trim()}`, dropOrder: 4 });
+      else identity.push({ label: name, text: text.trim() });
     }
-    if (parts.length > 0) sections.push({ title: "Workspace context", body: parts.join("\n\n"), dropOrder: 4 });
 
     if (sender.isOwner) {
       const profile = await sources.profile(input.agentId, sender).catch((err: Error) => {
@@ -295,8 +299,7 @@ export async function buildSystemPrompt(
         return undefined;
       });
       if (profile?.problem) warnings.push({ code: "CONTEXT_FILE", message: profile.problem });
-      if (profile && profile.text.trim() !== "")
-        sections.push({ title: "User profile", body: profile.text.trim(), dropOrder: 0 });
+      if (profile && profile.text.trim() !== "") identity.push({ label: "USER.md", text: profile.text.trim() });
     }
   }
 
@@ -322,16 +325,15 @@ export async function buildSystemPrompt(
   if (ephemeral.length > 0)
     sections.push({ title: "Instructions for this turn", body: ephemeral.join("\n\n"), dropOrder: 0 });
 
-  const identity = identityBlock(input);
-  const tail = input.driftReminder ? `${identity}\n\n${IDENTITY_REMINDER}` : identity;
+  const block = new IdentityBlock(input, identity);
   const rendered = (s: Section) => `## ${s.title}\n${s.body}`;
   // Sections are counted apart (most come back unchanged run after run, and their counts are
   // remembered), plus one token for the blank line that joins each to the next.
   const cost = (s: Section) =>
     1 + (s.title === "Runtime" ? tokens.text(rendered(s)) : tokens.recurringText(rendered(s)));
-  const tailTokens = tokens.recurringText(tail);
+  let tailTokens = tokens.recurringText(block.render());
 
-  // Over budget, the optional sources leave in their drop order; identity and profile always stay.
+  // Over budget, the optional sources leave in their drop order; the identity block always stays.
   let kept = sections;
   let count = kept.reduce((n, s) => n + cost(s), tailTokens);
   for (const order of [1, 2, 3, 4]) {
@@ -345,23 +347,18 @@ export async function buildSystemPrompt(
     });
     count = kept.reduce((n, s) => n + cost(s), tailTokens);
   }
-  return { text: [...kept.map(rendered), tail].join("\n\n"), tokens: count, warnings };
-}
-
-function identityBlock(input: PromptInput): string {
-  const { agent, sender } = input;
-  if (!sender.isOwner) {
-    return [
-      "<identity>",
-      `You are ${agent.name}, an assistant. You are talking with ${sender.id}, who is not your owner.`,
-      "Be helpful and courteous. Do not share anything about your owner or other people you know of.",
-      "</identity>",
-    ].join("\n");
+  // Still over: the identity block is cut, the profile first, never dropped.
+  if (count > budget) {
+    const fixed = count - tailTokens;
+    const cut = block.cutTo(budget - fixed, (t) => tokens.text(t));
+    if (cut.length > 0) {
+      warnings.push({
+        code: "CONTEXT_TRIMMED",
+        message: `the identity block was cut (${cut.join(", ")}): the system prompt would pass its ${budget}-token budget`,
+      });
+      tailTokens = tokens.text(block.render());
+      count = fixed + tailTokens;
+    }
   }
-  return [
-    "<identity>",
-    `# Identity: ${agent.name}`,
-    agent.persona.trim() || `You are ${agent.name}, an agent served by Troupe.`,
-    "</identity>",
-  ].join("\n");
+  return { text: [...kept.map(rendered), block.render()].join("\n\n"), tokens: count, warnings };
 }

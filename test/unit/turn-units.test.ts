@@ -359,8 +359,8 @@ describe("the context builder", () => {
     assert.deepEqual(
       out.warnings.map((w) => w.message),
       [
-        "AGENTS.md has 5000 characters; only the first 4000 are used",
         "IDENTITY.md is not a UTF-8 text file; it was left out",
+        "AGENTS.md has 5000 characters; only the first 4000 are used",
       ],
     );
     await writeFile(path.join(dir, "IDENTITY.md"), "I".repeat(4000));
@@ -381,21 +381,47 @@ describe("the context builder", () => {
     assert.ok(big.text.includes("数".repeat(4000)) && !big.text.includes("数".repeat(4001)));
   });
 
-  test("USER.md is made from the template for the owner only; an external sender gets neither it nor the owner's identity", async (t) => {
+  test("USER.md is made from the template for the owner only; an external sender meets the agent without it", async (t) => {
     const dir = await contextDir(t);
-    const owner = await base(dir, { agent: { name: "Ada", ...DEFAULT_AGENT, persona: "Secret persona." } });
+    const owner = await base(dir, { agent: { name: "Ada", ...DEFAULT_AGENT, persona: "A calm aide." } });
     assert.equal(await readFile(path.join(dir, "profiles", "a1", "t1", "alice", "USER.md"), "utf8"), USER_TEMPLATE);
-    assert.match(owner.text, /## User profile\n# About me/);
-    assert.match(owner.text, /<identity>\n# Identity: Ada\nSecret persona\.\n<\/identity>$/);
+    assert.match(
+      owner.text,
+      /<identity>\n# Identity: Ada\nA calm aide\.\n### Your owner, who you are talking with \(USER\.md\)\n# About me[\s\S]*<\/identity>$/,
+    );
     const external = await base(dir, {
       sender: { id: "mallory", tenant: "t1", isOwner: false },
-      agent: { name: "Ada", ...DEFAULT_AGENT, persona: "Secret persona." },
+      agent: { name: "Ada", ...DEFAULT_AGENT, persona: "A calm aide." },
     });
-    assert.ok(!external.text.includes("User profile") && !external.text.includes("Secret persona"));
-    assert.match(external.text, /talking with mallory, who is not your owner/);
+    assert.ok(!external.text.includes("USER.md") && !external.text.includes("# About me"));
+    assert.match(external.text, /# Identity: Ada\nA calm aide\.\nYou are talking with mallory, who is not your owner/);
   });
 
-  test("over its budget the prompt drops memories first, then facts, skills and workspace files; identity and profile stay", async (t) => {
+  test("the identity block is the operator's: persona, IDENTITY.md, SOUL.md, USER.md, and nothing that contradicts them", async (t) => {
+    const dir = await contextDir(t);
+    await mkdir(path.join(dir, "a1"), { recursive: true });
+    await writeFile(path.join(dir, "a1", "IDENTITY.md"), "You are Quill, a terse editor.\n\nYou never use emoji.");
+    await writeFile(path.join(dir, "a1", "SOUL.md"), "Dry humour.");
+    await writeFile(path.join(dir, "a1", "AGENTS.md"), "Cite sources.");
+    // agent.json gives no name: the agent id must not be offered as one.
+    const out = await base(dir, { agent: { name: "a1", ...DEFAULT_AGENT }, driftReminder: true });
+    const block = out.text.slice(out.text.indexOf("<identity>"));
+    assert.ok(!/a1|served by Troupe|# Identity:/.test(block), block);
+    const at = (needle: string) => block.indexOf(needle);
+    assert.ok(
+      at("You are Quill") > 0 && at("You are Quill") < at("Dry humour.") && at("Dry humour.") < at("# About me"),
+    );
+    assert.ok(
+      !block.includes("Cite sources.") && out.text.includes("## Workspace context\n### AGENTS.md\nCite sources."),
+    );
+    // The reminder restates the identity's first paragraph.
+    assert.match(block, /<\/identity>\n\n# Identity reminder\nYou are Quill, a terse editor\.\nHowever long/);
+    // With nothing at all, the fallback sentence.
+    const bare = await base(await contextDir(t), { agent: { name: "a1", ...DEFAULT_AGENT }, skipContextFiles: true });
+    assert.match(bare.text, /<identity>\n# Identity: a1\nYou are a1, an agent served by Troupe\.\n<\/identity>$/);
+  });
+
+  test("over its budget the prompt drops memories, facts, skills and workspace files, then cuts the identity", async (t) => {
     const dir = await contextDir(t);
     await mkdir(path.join(dir, "a1", "skills"), { recursive: true });
     await writeFile(path.join(dir, "a1", "skills", "s.md"), "skill text ".repeat(200));
@@ -426,14 +452,11 @@ describe("the context builder", () => {
     assert.ok(!tight.text.includes("## Relevant memories") && tight.text.includes("## Long-term facts"));
     assert.match(tight.warnings.at(-1)!.message, /Relevant memories left out/);
     const tiny = await buildSystemPrompt(sources, input, tokens, 10);
-    for (const kept of [
-      "## Runtime",
-      "## User profile",
-      "## Instructions for this turn",
-      "<identity>",
-      "# Identity reminder",
-    ])
+    for (const kept of ["## Runtime", "## Instructions for this turn", "<identity>", "# Identity reminder"])
       assert.ok(tiny.text.includes(kept), kept);
+    // Last of all the identity block is cut, the profile first, with a warning; never dropped.
+    assert.match(tiny.warnings.at(-1)!.message, /the identity block was cut \(USER\.md to \d+ characters/);
+    assert.ok(tiny.text.includes("# Identity: Ada"));
     for (const gone of ["## Skills", "## Long-term facts", "## Relevant memories"])
       assert.ok(!tiny.text.includes(gone), gone);
   });
