@@ -3,10 +3,10 @@
 // service that is down costs a run its memories, never the run.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
-import { MemoryService } from "../services/shared/gen/troupe/v1/memory_pb.js";
+import { MemoryKind, MemoryService } from "../services/shared/gen/troupe/v1/memory_pb.js";
 import { createLogger } from "../services/shared/log.js";
 import type { createClient } from "../services/shared/rpc.js";
-import { MemoryRecall } from "../services/runner/memory-recall.js";
+import { MemoryRecall, type MemoryRecallOptions } from "../services/runner/memory-recall.js";
 import { startStack, type Stack } from "./helpers/stack.js";
 
 let stack: Stack;
@@ -22,9 +22,12 @@ after(async () => {
 
 const signal = new AbortController().signal;
 const logger = createLogger("test", "error");
+/** A recall with the test's defaults, changed by `o`. */
+const recallWith = (o: Partial<MemoryRecallOptions>): MemoryRecall =>
+  new MemoryRecall(memory, { k: 5, timeoutMs: 2000, emptyForMs: 60_000, minScore: 0.3, longTermK: 20, ...o }, logger);
 
 test("an empty scope is searched once for a burst of runs, then skipped until its belief expires or is dropped", async () => {
-  const recall = new MemoryRecall(memory, { k: 5, timeoutMs: 2000, emptyForMs: 60_000, minScore: 0.3 }, logger);
+  const recall = recallWith({});
   const scope = { tenant: "t1", owner: "carol", agentId: "main" };
   const burst = await Promise.all(Array.from({ length: 20 }, (_, i) => recall.recall(scope, `question ${i}`, signal)));
   assert.deepEqual(burst.flat(), []);
@@ -49,7 +52,7 @@ test("an empty scope is searched once for a burst of runs, then skipped until it
 });
 
 test("the belief that a scope is empty expires", async () => {
-  const recall = new MemoryRecall(memory, { k: 5, timeoutMs: 2000, emptyForMs: 300, minScore: 0.3 }, logger);
+  const recall = recallWith({ emptyForMs: 300 });
   const scope = { tenant: "t1", owner: "erin", agentId: "main" };
   assert.deepEqual(await recall.recall(scope, "anything", signal), []);
   await memory.addMemories({ scope, memories: [{ text: "Erin's flight leaves at nine" }] });
@@ -61,10 +64,10 @@ test("the belief that a scope is empty expires", async () => {
 });
 
 test("recall is off with k = 0, and a memory service that is down costs the run only its memories", async () => {
-  const off = new MemoryRecall(memory, { k: 0, timeoutMs: 2000, emptyForMs: 60_000, minScore: 0.3 }, logger);
+  const off = recallWith({ k: 0 });
   assert.deepEqual(await off.recall({ tenant: "t1", owner: "erin" }, "flight", signal), []);
 
-  const recall = new MemoryRecall(memory, { k: 5, timeoutMs: 300, emptyForMs: 60_000, minScore: 0.3 }, logger);
+  const recall = recallWith({ timeoutMs: 300 });
   const scope = { tenant: "t1", owner: "erin", agentId: "main" };
   await stack.kill("memory", "SIGKILL");
   const t0 = Date.now();
@@ -77,4 +80,42 @@ test("recall is off with k = 0, and a memory service that is down costs the run 
     ["Erin's flight leaves at nine"],
   );
   assert.equal(recall.skipped, 0);
+});
+
+test("every long-term fact reaches the run, not only the top k; unrelated episodes do not", async () => {
+  const recall = recallWith({ k: 3, emptyForMs: 0 });
+  const scope = { tenant: "t1", owner: "erin", agentId: "main" };
+  const facts = [
+    "Erin is allergic to peanuts",
+    "Erin's daughter is called Noor",
+    "Erin works night shifts at the hospital",
+    "Erin speaks Dutch and Farsi",
+    "Erin's car is a green Volvo",
+    "Erin plays the cello on Sundays",
+    "Erin is vegetarian",
+    "Erin moved to Utrecht in 2021",
+  ];
+  await memory.addMemories({
+    scope,
+    memories: [
+      ...facts.map((text) => ({ text, kind: MemoryKind.FACT })),
+      { text: "On Tuesday the printer jammed twice", kind: MemoryKind.EPISODE },
+    ],
+  });
+  const got = await recall.recall(scope, "what should I cook for dinner tonight", signal);
+  const texts = got.map((m) => m.text);
+  for (const f of facts) assert.ok(texts.includes(f), `${f} missing from ${texts.join(" | ")}`);
+  assert.ok(!texts.includes("On Tuesday the printer jammed twice"), texts.join(" | "));
+  // The cap holds: no more long-term facts than asked for.
+  const capped = recallWith({ k: 1, emptyForMs: 0, longTermK: 4 });
+  const few = (await capped.recall(scope, "dinner", signal)).filter((m) => m.kind === MemoryKind.FACT);
+  assert.ok(few.length <= 5, `${few.length} facts`);
+});
+
+test("long_term_k out of range is refused", async () => {
+  const err = await memory.searchMemories({ scope: { tenant: "t1", owner: "erin" }, query: "x", longTermK: 101 }).then(
+    () => undefined,
+    (e) => e,
+  );
+  assert.match(String(err?.details ?? err), /long_term_k must be between 0 and 100/);
 });

@@ -222,14 +222,27 @@ export async function startMemory(cfg: Config, logger: Logger): Promise<RunningS
       const k = req.k || 5;
       const o = rankOptions(req.options, k);
       const [vector] = await embedder.embed([query]);
+      invalidArgumentIf(req.longTermK < 0 || req.longTermK > 100, "long_term_k must be between 0 and 100");
       const { ranked, candidates } = await search(store, where, query, vector, o);
-      return {
-        results: ranked.map((r) => ({
-          memory: toMemory(candidates.get(r.id)!.memory),
-          score: r.score,
-          stages: req.options?.debug ? r.stages : undefined,
-        })),
-      };
+      const results = ranked.map((r) => ({
+        memory: toMemory(candidates.get(r.id)!.memory),
+        score: r.score,
+        stages: req.options?.debug ? r.stages : undefined,
+      }));
+      if (req.longTermK > 0) {
+        // The long-term facts, by relevance, none dropped for a low score or for looking alike.
+        const factsOnly = `(${where}) AND kind IN (${MemoryKind.FACT}, ${MemoryKind.PROFILE})`;
+        const facts = await search(store, factsOnly, query, vector, {
+          ...rankOptions(undefined, req.longTermK),
+          minScore: 0,
+          mmrLambda: 1,
+        });
+        const seen = new Set(ranked.map((r) => r.id));
+        for (const r of facts.ranked)
+          if (!seen.has(r.id))
+            results.push({ memory: toMemory(facts.candidates.get(r.id)!.memory), score: r.score, stages: undefined });
+      }
+      return { results };
     },
 
     async forgetMemories(req) {

@@ -26,11 +26,23 @@ export interface MemoryRecallOptions {
    * reaches runs this much later; one saved through this runner clears the belief at once.
    */
   emptyForMs: number;
-  /** Results below this similarity are not worth the prompt's room. */
+  /** Results below this similarity are not worth the prompt's room (long-term facts excepted). */
   minScore: number;
+  /**
+   * Long-term facts (fact and profile memories) every run gets, whatever the question, up to this
+   * many: who the speaker is must not depend on the question being near it (seed PocketPaw 002).
+   */
+  longTermK: number;
 }
 
-export const DEFAULT_RECALL: Omit<MemoryRecallOptions, "k"> = { timeoutMs: 500, emptyForMs: 5000, minScore: 0.3 };
+export const DEFAULT_RECALL: Omit<MemoryRecallOptions, "k"> = {
+  timeoutMs: 500,
+  emptyForMs: 5000,
+  minScore: 0.3,
+  longTermK: 20,
+};
+
+const isLongTerm = (kind: MemoryKind) => kind === MemoryKind.FACT || kind === MemoryKind.PROFILE;
 
 export class MemoryRecall {
   /** Scope -> time until which it is believed to hold no memories. */
@@ -85,7 +97,7 @@ export class MemoryRecall {
   ): Promise<{ texts: Recalled[]; empty: boolean }> {
     try {
       const res = await this.memory.searchMemories(
-        { scope, query, k: this.options.k },
+        { scope, query, k: this.options.k, longTermK: this.options.longTermK },
         { timeoutMs: this.options.timeoutMs, signal },
       );
       // A vector search returns the nearest memories whatever their score: none at all means none exist.
@@ -94,7 +106,10 @@ export class MemoryRecall {
       else this.emptyUntil.delete(key);
       const texts = res.results
         .filter(
-          (r) => r.score >= this.options.minScore && r.memory !== undefined && r.memory.kind !== MemoryKind.UNSPECIFIED,
+          (r) =>
+            r.memory !== undefined &&
+            r.memory.kind !== MemoryKind.UNSPECIFIED &&
+            (r.score >= this.options.minScore || isLongTerm(r.memory.kind)),
         )
         .map((r) => ({ text: r.memory!.text, kind: r.memory!.kind, source: sourceOf(r.memory!.provenance) }));
       return { texts, empty };
