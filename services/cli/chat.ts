@@ -34,6 +34,10 @@ export async function chatCommand(args: string[]): Promise<number> {
       case "agentStart":
         running = true;
         break;
+      case "runResumed":
+        running = true;
+        process.stderr.write(dim("\n[the run goes on after a runner restart]\n"));
+        break;
       case "messageUpdate":
         if (p.value.delta.case === "text") process.stdout.write(p.value.delta.value);
         else if (p.value.delta.case === "thinking") process.stderr.write(dim(p.value.delta.value));

@@ -141,3 +141,15 @@ export function normaliseInbound(msg: InboundMessage | undefined): NormalisedInb
 export function memoryOwnerOf(sender: string): string {
   return NAME.test(sender) ? sender : `hashed.sender:${createHash("sha256").update(sender).digest("hex")}`;
 }
+
+/**
+ * A display name as the history's label shows it ("[time] name: text"): one line, no control
+ * characters, no ':' or brackets (so no name can forge another label), at most 64 characters.
+ */
+export function labelName(name: string): string {
+  return name
+    .replace(/[\p{Cc}\p{Cf}\u2028\u2029\[\]:]/gu, " ")
+    .replace(/\s+/g, " ")
+    .trim()
+    .slice(0, 64);
+}

@@ -27,7 +27,7 @@ import { GatewayService, type ChatRequest } from "../shared/gen/troupe/v1/gatewa
 import { Health } from "../shared/gen/grpc/health/v1/health_pb.js";
 import { ServerReflection } from "../shared/gen/grpc/reflection/v1/reflection_pb.js";
 import { reflectionService } from "./reflection.js";
-import { memoryOwnerOf, normaliseInbound } from "./inbound.js";
+import { labelName, memoryOwnerOf, normaliseInbound } from "./inbound.js";
 import { GatewayLimits } from "./limits.js";
 import { TenantQuotas } from "../shared/quotas.js";
 import { RouterService, type ResolveSessionResponse } from "../shared/gen/troupe/v1/router_pb.js";
@@ -409,8 +409,14 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
         );
       const route = await router.resolveInbound({ context: inbound.context }, { metadata: identityMetadata(key) });
       const sessionId = route.sessionKey;
+      // The frame says who sent it: in a group (or a main session many write to) each run then
+      // recalls and learns for its own speaker, and the history labels who said what.
       const prompt = create(ClientFrameSchema, {
         frameId: inbound.frameId,
+        speaker: {
+          id: memoryOwnerOf(route.canonicalSender),
+          displayName: labelName(inbound.context.sender?.displayName ?? ""),
+        },
         kind: { case: "prompt", value: { text: inbound.body, queueMode: req.queueMode } },
       });
       // Commands from the channel act only when the adapter says the sender may use them.

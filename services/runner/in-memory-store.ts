@@ -89,6 +89,16 @@ export class InMemorySessionStore implements SessionStore {
     return structuredClone(this.sessions.get(refKey(ref))?.records ?? []);
   }
 
+  /** Removes the last record that passes `test`, as if the process had died before writing it. */
+  dropLast(ref: SessionRef, test: (r: LogRecord) => boolean): void {
+    const records = this.sessions.get(refKey(ref))?.records ?? [];
+    for (let i = records.length - 1; i >= 0; i--)
+      if (test(records[i])) {
+        records.splice(i, 1);
+        return;
+      }
+  }
+
   async exists(ref: SessionRef): Promise<boolean> {
     return this.sessions.has(refKey(ref));
   }

@@ -16,8 +16,16 @@
 // tools, prompt, hooks); the loop itself holds no state between runs.
 import { create } from "@bufbuild/protobuf";
 import { timestampNow } from "@bufbuild/protobuf/wkt";
-import { SpanKind, SpanStatusCode, context, trace } from "@opentelemetry/api";
-import { ChatMessageSchema, Role, StopReason, UsageSchema, type Usage } from "../shared/gen/troupe/v1/session_pb.js";
+import { ROOT_CONTEXT, SpanKind, SpanStatusCode, context, trace } from "@opentelemetry/api";
+import {
+  ChatMessageSchema,
+  FrameKind,
+  Role,
+  StopReason,
+  UsageSchema,
+  type ChatMessage,
+  type Usage,
+} from "../shared/gen/troupe/v1/session_pb.js";
 import { failpoint } from "./failpoints.js";
 import { triggerOf } from "../shared/frames.js";
 import { newId } from "../shared/ids.js";
@@ -25,9 +33,11 @@ import { GenAI, tracer } from "../shared/telemetry.js";
 import { DRIFT_THRESHOLD } from "./context.js";
 import type { TurnInfo } from "./hooks.js";
 import {
+  answerUnanswered,
   hookFailed,
   pushMessage,
   report,
+  unansweredCalls,
   type QueuedMessage,
   type RunDeps,
   type RunHost,
@@ -37,12 +47,25 @@ import {
 import { callModel, addUsage } from "./model-call.js";
 import { executeToolCalls } from "./tool-calls.js";
 
-/** Runs the agent for the messages that start the run (usually one; several in collect mode). */
-export async function runAgent(host: RunHost, deps: RunDeps, initial: QueuedMessage[]): Promise<RunOutcome> {
+/** Where a resumed run's messages begin in the history (recovery.ts cutRunOf). */
+export interface Resume {
+  from: number;
+}
+
+/**
+ * Runs the agent for the messages that start the run (usually one; several in collect mode), or,
+ * with `resume`, goes on with a run its runner died in from its last complete step.
+ */
+export async function runAgent(
+  host: RunHost,
+  deps: RunDeps,
+  initial: QueuedMessage[],
+  resume?: Resume,
+): Promise<RunOutcome> {
   const info: TurnInfo = { sessionId: host.sessionId, agentId: deps.agentId, sender: deps.sender };
   // A blocked message never enters the run or the history; with nothing left, there is no run.
-  const admitted = await admit(host, deps, info, initial);
-  if (admitted.length === 0) return { stopReason: StopReason.COMPLETED, errorMessage: "" };
+  const admitted = resume ? [] : await admit(host, deps, info, initial);
+  if (!resume && admitted.length === 0) return { stopReason: StopReason.COMPLETED, errorMessage: "" };
   const first = admitted[0];
   const span = tracer.startSpan(
     `invoke_agent ${deps.agentId}`,
@@ -56,14 +79,14 @@ export async function runAgent(host: RunHost, deps: RunDeps, initial: QueuedMess
         [GenAI.CONVERSATION_ID]: host.sessionId,
       },
     },
-    first.traceContext,
+    first?.traceContext ?? ROOT_CONTEXT,
   );
   const usage = create(UsageSchema);
-  const startedAt = host.messages.length;
+  const startedAt = resume?.from ?? host.messages.length;
   let outcome: RunOutcome = { stopReason: StopReason.ERROR, errorMessage: "" };
   try {
-    outcome = await context.with(trace.setSpan(first.traceContext, span), () =>
-      runLoop(host, deps, info, admitted, usage, span),
+    outcome = await context.with(trace.setSpan(first?.traceContext ?? ROOT_CONTEXT, span), () =>
+      runLoop(host, deps, info, admitted, usage, span, resume),
     );
     span.setAttributes({
       [GenAI.USAGE_INPUT_TOKENS]: usage.inputTokens,
@@ -75,11 +98,18 @@ export async function runAgent(host: RunHost, deps: RunDeps, initial: QueuedMess
       case: "agentEnd",
       value: { stopReason: outcome.stopReason, errorMessage: outcome.errorMessage, usage },
     });
-    if (outcome.stopReason === StopReason.COMPLETED && deps.afterRun) {
+    // A heartbeat that found nothing to say leaves no trace in the history (nor in memory).
+    if (outcome.stopReason === StopReason.COMPLETED && saidNothing(host.messages, startedAt, first)) {
+      host.elide(host.messages.slice(startedAt).map((m) => m.id));
+    } else if (outcome.stopReason === StopReason.COMPLETED && deps.afterRun) {
       const exchange = host.messages
         .slice(startedAt)
         .filter((m) => (m.role === Role.USER || m.role === Role.ASSISTANT) && m.text.trim() !== "")
-        .map((m) => ({ role: m.role === Role.USER ? ("user" as const) : ("assistant" as const), text: m.text }));
+        .map((m) => ({
+          role: m.role === Role.USER ? ("user" as const) : ("assistant" as const),
+          text: m.text,
+          speaker: m.speaker?.id,
+        }));
       if (exchange.length > 0) deps.afterRun(host.sessionId, exchange);
     }
     return outcome;
@@ -117,8 +147,11 @@ async function startTurn(
   info: TurnInfo,
   initial: readonly QueuedMessage[],
   usage: Usage,
+  resume?: Resume,
 ): Promise<Turn> {
-  const query = initial.map((q) => q.text).join("\n");
+  // A resumed run answers the last message it had taken.
+  const asked = resume ? lastAsked(host.messages, resume.from) : initial;
+  const query = asked.map((q) => q.text).join("\n");
   // The model is settled before agent_start, which names it; what went wrong on the way follows it.
   const { config: agent, error } = await deps.agent();
   const resolved = await deps.hooks.modify(
@@ -127,15 +160,20 @@ async function startTurn(
     (p, r) => ({ payload: r.model ? { ...p, model: r.model } : p }),
   );
   const models = [...new Set([resolved.payload.model, ...agent.fallbacks])];
-  host.emit({
-    case: "agentStart",
-    value: {
-      agentId: deps.agentId,
-      model: models[0],
-      frameId: initial[0].frameId,
-      trigger: triggerOf(initial[0].frameId),
-    },
-  });
+  if (resume) {
+    const interrupted = unansweredCalls(host.messages).map((c) => c.id);
+    host.emit({ case: "runResumed", value: { model: models[0], interruptedToolCallIds: interrupted } });
+    answerUnanswered(host.emit, host.messages, INTERRUPTED_CALL);
+  } else
+    host.emit({
+      case: "agentStart",
+      value: {
+        agentId: deps.agentId,
+        model: models[0],
+        frameId: initial[0].frameId,
+        trigger: triggerOf(initial[0].frameId),
+      },
+    });
   if (error) report(host, "AGENT_CONFIG", error);
   resolved.failures.forEach(hookFailed(host));
   failpoint("runner.run", query);
@@ -148,13 +186,10 @@ async function startTurn(
   const tokens = await deps.tokens(models[0]);
   const tools = deps.tools.map(({ name, description, parameters }) => ({ name, description, parameters }));
   const toolTokens = tools.length === 0 ? 0 : tokens.recurringText(JSON.stringify(tools));
-  const conversation = host.messages.filter((m) => m.role === Role.USER || m.role === Role.ASSISTANT).length;
   // The system prompt may take up to half of what the window leaves for the request.
   const budget = Math.max(256, Math.floor((agent.contextWindow - agent.reserveTokens - toolTokens) / 2));
-  const system = await deps.systemPrompt(
-    { query, agent, ephemeral: extra, driftReminder: conversation >= DRIFT_THRESHOLD, tokens, budget },
-    host.signal,
-  );
+  const prompt = { agent, ephemeral: extra, tokens, budget };
+  const system = await systemFor(host, deps, prompt, query, asked[0]?.speaker);
   for (const w of system.warnings) report(host, w.code, w.message);
   const q = deps.runQuotas?.();
   const allowed = {
@@ -171,10 +206,59 @@ async function startTurn(
     tokens,
     system,
     tools,
+    prompt,
     budget: allowed,
     fixedTokens: system.tokens + toolTokens,
     usage,
   };
+}
+
+/** The reply a heartbeat gives when nothing needs attention (schedules.ts DEFAULT_HEARTBEAT_TEXT). */
+const HEARTBEAT_OK = /^\s*HEARTBEAT_OK[\s.!]*$/;
+
+/** A heartbeat's run whose only answer was HEARTBEAT_OK. */
+function saidNothing(messages: readonly ChatMessage[], from: number, first: QueuedMessage | undefined): boolean {
+  if (!first || !triggerOf(first.frameId).startsWith("heartbeat:")) return false;
+  const answers = messages.slice(from).filter((m) => m.role === Role.ASSISTANT);
+  return answers.length > 0 && HEARTBEAT_OK.test(answers[answers.length - 1].text);
+}
+
+/** What a tool call left running when its runner died is told: it is not run again blindly. */
+const INTERRUPTED_CALL =
+  "Interrupted: the runner stopped while this call ran, and the run went on after a restart. It may or may not have taken effect; check before running it again.";
+
+/** The user messages a resumed run had taken (from its start in the history), as queued messages. */
+function lastAsked(messages: readonly ChatMessage[], from: number): QueuedMessage[] {
+  return messages
+    .slice(from)
+    .filter((m) => m.role === Role.USER)
+    .map((m) => ({
+      frameId: m.frameId,
+      kind: FrameKind.PROMPT,
+      text: m.text,
+      traceContext: ROOT_CONTEXT,
+      ...(m.speaker ? { speaker: { id: m.speaker.id, displayName: m.speaker.displayName } } : {}),
+    }));
+}
+
+/** The system prompt for `query`, asked by `speaker`: memories recalled for it, the time now. */
+function systemFor(
+  host: RunHost,
+  deps: RunDeps,
+  prompt: Turn["prompt"],
+  query: string,
+  speaker: QueuedMessage["speaker"],
+) {
+  const conversation = host.messages.filter((m) => m.role === Role.USER || m.role === Role.ASSISTANT).length;
+  return deps.systemPrompt({ ...prompt, query, speaker, driftReminder: conversation >= DRIFT_THRESHOLD }, host.signal);
+}
+
+/** Builds the run's system prompt again for new messages; what the first build warned of is not repeated. */
+async function refreshSystem(turn: Turn, messages: readonly QueuedMessage[]): Promise<void> {
+  const query = messages.map((q) => q.text).join("\n");
+  const system = await systemFor(turn.host, turn.deps, turn.prompt, query, messages.at(-1)?.speaker);
+  turn.fixedTokens += system.tokens - turn.system.tokens;
+  turn.system = system;
 }
 
 async function runLoop(
@@ -184,8 +268,9 @@ async function runLoop(
   initial: QueuedMessage[],
   usage: Usage,
   span: ReturnType<typeof tracer.startSpan>,
+  resume?: Resume,
 ): Promise<RunOutcome> {
-  const turn = await startTurn(host, deps, info, initial, usage);
+  const turn = await startTurn(host, deps, info, initial, usage, resume);
   span.setAttribute(GenAI.REQUEST_MODEL, turn.models[0]);
   let pending: QueuedMessage[] = initial;
   let step = 0;
@@ -193,6 +278,9 @@ async function runLoop(
     for (;;) {
       step++;
       host.emit({ case: "turnStart", value: { step } });
+      // Steering or follow-ups change the question: memories are recalled for it and the time is
+      // now's (the first step's prompt was built for the messages that started the run).
+      if (step > 1 && pending.length > 0 && !host.signal.aborted) await refreshSystem(turn, pending);
       // Messages taken from the queues always reach the history, even when the run is aborted
       // before it could answer them: an acknowledged message is never dropped.
       injectUserMessages(host, pending);
@@ -245,6 +333,7 @@ export function injectUserMessages(host: Pick<RunHost, "emit" | "messages">, que
       text: q.text,
       frameId: q.frameId,
       time: timestampNow(),
+      speaker: q.speaker,
     });
     pushMessage(host, message);
   }

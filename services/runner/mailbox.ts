@@ -58,6 +58,7 @@ export class Mailbox {
       kind: FRAME_KIND[k.case],
       text: k.value.text,
       instruction,
+      ...(frame.speaker?.id ? { speaker: { id: frame.speaker.id, displayName: frame.speaker.displayName } } : {}),
       traceContext: ctx,
       arrival: ++this.arrivals,
     };

@@ -2,11 +2,9 @@
 // (after a clean close or a crash) and when supervision restarts it in place, then
 // `closeCutOffRun` for a run the log shows as started and never ended. Both are pure over the
 // records and the `emit` they are given, so they are tested without an actor.
-import { create, fromJson, type JsonValue } from "@bufbuild/protobuf";
-import { timestampNow } from "@bufbuild/protobuf/wkt";
+import { fromJson, type JsonValue } from "@bufbuild/protobuf";
 import {
   AgentEventSchema,
-  ChatMessageSchema,
   ClientFrameSchema,
   Role,
   StopReason,
@@ -15,9 +13,8 @@ import {
   type ClientFrame,
   type QueueMode,
 } from "../shared/gen/troupe/v1/session_pb.js";
-import { newId } from "../shared/ids.js";
 import { injectUserMessages } from "./loop.js";
-import type { Compaction, EventPayload, QueuedMessage } from "./run.js";
+import { answerUnanswered, type Compaction, type EventPayload, type QueuedMessage } from "./run.js";
 import type { LogRecord } from "./session-log.js";
 
 /** Why a run the log shows as unfinished ended, and (when this process saw it fail) what started it. */
@@ -68,6 +65,8 @@ export interface ReplayedLog {
   updatedMs?: number;
   /** The turn of a run that started and never ended. */
   openTurn?: string;
+  /** Where in `messages` the open turn's messages begin. */
+  openTurnFrom: number;
   /** Every accepted frame, in acceptance order. */
   accepted: ClientFrame[];
   /** Frames dropped on request (an abort that cleared the queue, a failed session, a hook's block). */
@@ -76,11 +75,21 @@ export interface ReplayedLog {
 
 /** Reads a session's state out of its records; records it does not know are skipped. */
 export function replayRecords(records: readonly LogRecord[]): ReplayedLog {
-  const out: ReplayedLog = { messages: [], acks: new Map(), lastSeq: 0, accepted: [], dropped: new Set() };
+  const out: ReplayedLog = {
+    messages: [],
+    acks: new Map(),
+    lastSeq: 0,
+    accepted: [],
+    dropped: new Set(),
+    openTurnFrom: 0,
+  };
   const accepted = new Map<string, ClientFrame>();
   for (const rec of records) {
     if (rec.t === "settings") out.queueMode = rec.queueMode;
-    else if (rec.t === "frame") {
+    else if (rec.t === "elided") {
+      const gone = new Set(rec.messageIds);
+      out.messages = out.messages.filter((m) => !gone.has(m.id));
+    } else if (rec.t === "frame") {
       const frame = fromJson(ClientFrameSchema, rec.frame as JsonValue);
       accepted.set(frame.frameId, frame);
     } else if (rec.t === "event") {
@@ -94,8 +103,10 @@ export function replayRecords(records: readonly LogRecord[]): ReplayedLog {
       else if (p.case === "messageBlocked") out.dropped.add(p.value.frameId);
       else if (p.case === "compactionEnd")
         out.compaction = { summary: p.value.summary, firstKeptMessageId: p.value.firstKeptMessageId };
-      else if (p.case === "agentStart") out.openTurn = ev.turnId;
-      else if (p.case === "agentEnd") out.openTurn = undefined;
+      else if (p.case === "agentStart") {
+        out.openTurn = ev.turnId;
+        out.openTurnFrom = out.messages.length;
+      } else if (p.case === "agentEnd") out.openTurn = undefined;
     }
   }
   out.accepted = [...accepted.values()];
@@ -114,28 +125,30 @@ export function closeCutOffRun(
   unappliedStarters: QueuedMessage[],
 ): void {
   injectUserMessages({ emit, messages }, unappliedStarters);
-  const answered = new Set(messages.filter((m) => m.role === Role.TOOL).map((m) => m.toolCallId));
-  for (const m of [...messages]) {
-    for (const call of m.role === Role.ASSISTANT ? m.toolCalls : []) {
-      if (answered.has(call.id)) continue;
-      const result = create(ChatMessageSchema, {
-        id: newId(),
-        role: Role.TOOL,
-        toolCallId: call.id,
-        toolName: call.name,
-        text: `Interrupted: ${cutOff.message}.`,
-        isError: true,
-        time: timestampNow(),
-      });
-      emit({
-        case: "toolExecutionEnd",
-        value: { toolCallId: call.id, toolName: call.name, result: result.text, isError: true },
-      });
-      emit({ case: "messageEnd", value: { message: result } });
-      messages.push(result);
-    }
-  }
+  answerUnanswered(emit, messages, `Interrupted: ${cutOff.message}.`);
   emit({ case: "agentEnd", value: { stopReason: cutOff.reason, errorMessage: cutOff.message } });
+}
+
+/** What the actor does with a run its runner died in (see RunResumed in session.proto). */
+export type CutRun =
+  /** Its messages are in the history: it goes on from its last complete step. */
+  | { resume: true; from: number }
+  /** It had answered (the runner died before agent_end): it is closed as it ended. */
+  | { resume: false; ended: StopReason };
+
+/**
+ * Decides about an open turn found when a session loads after its runner died. A turn whose final
+ * answer is in the log is closed with that answer's stop reason (asking again would answer twice);
+ * one with none of its messages in the log is cut (its messages run again from the queue).
+ */
+export function cutRunOf(log: ReplayedLog): CutRun | undefined {
+  if (log.openTurn === undefined || log.messages.length <= log.openTurnFrom) return undefined;
+  const last = log.messages[log.messages.length - 1];
+  if (last.role === Role.ASSISTANT && last.toolCalls.length === 0) {
+    const ended = last.stopReason === StopReason.UNSPECIFIED ? StopReason.COMPLETED : last.stopReason;
+    return { resume: false, ended };
+  }
+  return { resume: true, from: log.openTurnFrom };
 }
 
 /** Supervision: this many unexpected run failures within RESTART_WINDOW_MS mark the session failed. */

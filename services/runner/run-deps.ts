@@ -14,7 +14,7 @@ import { delegateTool } from "./delegate.js";
 import type { Hooks, TurnInfo } from "./hooks.js";
 import type { MemoryRecall, Recalled } from "./memory-recall.js";
 import type { ModelClient } from "./model.js";
-import type { RunDeps } from "./run.js";
+import type { QueuedMessage, RunDeps } from "./run.js";
 import type { InboundSafety } from "./safety.js";
 import type { SessionActor } from "./session-actor.js";
 import type { SessionOwner, Subagent } from "./session-log.js";
@@ -58,19 +58,22 @@ function channelOf(sessionId: string): string {
   return parts[0] === "agent" && parts.length >= 4 && parts[2] !== "dm" ? parts[2] : "grpc";
 }
 
-/** Who speaks in a session: a channel session's memory owner, else the principal that opened it. */
+/** The session's own speaker: a channel session's first sender, else the principal that opened it. */
 const speakerOf = (owner: SessionOwner): string => owner.memoryOwner ?? owner.principal;
 
 /**
- * Who speaks, for context. The agent's owners are the principals its agent.json lists; with none
- * listed, whoever opened the session directly is its owner and a chat channel's sender (a session
- * with a memory owner) is external.
+ * Who speaks in a run: the sender of the message that started it (a channel's Deliver says who;
+ * in a group each member is themselves), else the session's own speaker. The agent's owners are
+ * the principals its agent.json lists; with none listed, whoever opened the session directly is its
+ * owner and a chat channel's sender (a session with a memory owner) is external.
  */
-function senderOf(owner: SessionOwner, agent: AgentConfig): Sender {
-  const id = speakerOf(owner);
-  const isOwner = agent.owners.length > 0 ? agent.owners.includes(id) : owner.memoryOwner === undefined;
-  return { id, tenant: owner.tenant, isOwner };
+function senderOf(owner: SessionOwner, agent: AgentConfig, speaker?: QueuedMessage["speaker"]): Sender {
+  const id = speaker?.id || speakerOf(owner);
+  return { id, tenant: owner.tenant, isOwner: isOwner(owner, agent, id), displayName: speaker?.displayName };
 }
+
+const isOwner = (owner: SessionOwner, agent: AgentConfig, id: string) =>
+  agent.owners.length > 0 ? agent.owners.includes(id) : owner.memoryOwner === undefined && id === owner.principal;
 
 /**
  * An owner named in agent.json recalls every memory the agent has in the tenant, whoever it is
@@ -84,7 +87,7 @@ const memoryScope = (sender: Sender, agentId: string, agent: AgentConfig) =>
     : { tenant: sender.tenant, owner: sender.id };
 
 /** Makes each run's dependencies from the runner's parts. */
-export function runDepsFor(parts: RunnerParts): (actor: SessionActor) => RunDeps {
+export function runDepsFor(parts: RunnerParts): (actor: SessionActor, first: readonly QueuedMessage[]) => RunDeps {
   const {
     model,
     sandbox,
@@ -129,10 +132,11 @@ export function runDepsFor(parts: RunnerParts): (actor: SessionActor) => RunDeps
     return kept;
   };
 
-  return (actor: SessionActor): RunDeps => {
+  return (actor: SessionActor, first: readonly QueuedMessage[]): RunDeps => {
     const { agentId, owner, subagent, sessionId } = actor;
     const agentConfig = async () => (await agents.get(agentId)).config;
-    const sender = speakerOf(owner);
+    const starter = first[0];
+    const sender = starter?.speaker?.id || speakerOf(owner);
     // Where the memory tools read and write, and what learning adds to: the speaker's own memories.
     const mine = { tenant: owner.tenant, owner: sender };
     const runTools = [
@@ -163,12 +167,21 @@ export function runDepsFor(parts: RunnerParts): (actor: SessionActor) => RunDeps
         learn && !subagent
           ? (sid, exchange) =>
               void agents.get(agentId).then(
-                ({ config }) => learn(mine, agentId, sid, exchange, senderOf(owner, config).isOwner ? "" : sender),
+                ({ config }) =>
+                  learnPerSpeaker(exchange, speakerOf(owner), (who, lines) =>
+                    learn(
+                      { tenant: owner.tenant, owner: who },
+                      agentId,
+                      sid,
+                      lines,
+                      isOwner(owner, config, who) ? "" : who,
+                    ),
+                  ),
                 () => undefined,
               )
           : undefined,
       async systemPrompt(req, signal) {
-        const who = senderOf(owner, req.agent);
+        const who = senderOf(owner, req.agent, req.speaker ?? starter?.speaker);
         const recalled = await recall.recall(memoryScope(who, agentId, req.agent), req.query, signal);
         const memories = await screenMemories(recalled, { sessionId, agentId, sender, frameId: "" }, owner.tenant);
         return buildSystemPrompt(
@@ -233,4 +246,23 @@ export function runDepsFor(parts: RunnerParts): (actor: SessionActor) => RunDeps
       },
     };
   };
+}
+
+type Exchange = { role: "user" | "assistant"; text: string; speaker?: string }[];
+
+/**
+ * Learning, once per person who spoke in the run: each is shown their own lines and the agent's,
+ * and what is learned goes to their own memories (a group's members stay apart).
+ */
+function learnPerSpeaker(
+  exchange: Exchange,
+  sessionSpeaker: string,
+  learnFor: (who: string, lines: Exchange) => unknown,
+) {
+  const speakers = new Set(exchange.filter((l) => l.role === "user").map((l) => l.speaker || sessionSpeaker));
+  for (const who of speakers)
+    learnFor(
+      who,
+      exchange.filter((l) => l.role === "assistant" || (l.speaker || sessionSpeaker) === who),
+    );
 }

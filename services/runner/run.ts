@@ -1,17 +1,21 @@
 // What a run is given and gives back: the host (events, queues, the abort signal), its
 // dependencies (model, tools, prompt, hooks), the messages that start it, its outcome; and the
 // turn every part of a run shares once it has started (loop.ts, model-call.ts, tool-calls.ts,
-// compaction.ts). Nothing here does I/O.
-// tools, prompt, hooks); the loop itself holds no state between runs.
-import type { MessageInitShape } from "@bufbuild/protobuf";
+// compaction.ts). Nothing here does I/O; the loop itself holds no state between runs.
+import { create, type MessageInitShape } from "@bufbuild/protobuf";
+import { timestampNow } from "@bufbuild/protobuf/wkt";
 import type { Context } from "@opentelemetry/api";
-import type {
-  FrameKind,
-  StopReason,
-  AgentEventSchema,
-  ChatMessage,
-  Usage,
+import {
+  ChatMessageSchema,
+  Role,
+  type FrameKind,
+  type StopReason,
+  type AgentEventSchema,
+  type ChatMessage,
+  type ToolCall,
+  type Usage,
 } from "../shared/gen/troupe/v1/session_pb.js";
+import { newId } from "../shared/ids.js";
 import type { AgentConfig } from "./agent-config.js";
 import type { ContextWarning } from "./context.js";
 import type { HookFailure, Hooks, TurnInfo } from "./hooks.js";
@@ -29,6 +33,8 @@ export interface QueuedMessage {
   text: string;
   /** A prompt's instruction for the run it starts (not kept in the history). */
   instruction?: string;
+  /** Who sent it, when a channel said (Deliver); otherwise the session's principal. */
+  speaker?: { id: string; displayName: string };
   /** Trace context of the frame that carried it. */
   traceContext: Context;
 }
@@ -61,6 +67,8 @@ export interface RunHost {
   takeFollowUps(): QueuedMessage[];
   /** The latest compaction_end of the session, if any. Contract: never throws. */
   compaction(): Compaction | undefined;
+  /** Takes these messages out of the history, durably (their events stay). Contract: never throws. */
+  elide(messageIds: string[]): void;
 }
 
 /** What the run asks for its system prompt. */
@@ -72,6 +80,8 @@ export interface PromptRequest {
   tokens: TokenCounter;
   /** Tokens the system prompt may use before optional sources are left out. */
   budget: number;
+  /** Who asked `query`, when a channel said; else the run's own speaker. */
+  speaker?: QueuedMessage["speaker"];
 }
 
 /**
@@ -114,7 +124,7 @@ export interface RunDeps {
    * Called once a run completed, with what the user and the assistant said in it (learning from
    * the turn happens here). Contract: never throws, never blocks (the run has ended, the reply is out).
    */
-  afterRun?(sessionId: string, exchange: { role: "user" | "assistant"; text: string }[]): void;
+  afterRun?(sessionId: string, exchange: { role: "user" | "assistant"; text: string; speaker?: string }[]): void;
   /** The tenant's quotas for one run (quotas.ts); none: unbounded. Read once, at the run's start. Never throws. */
   runQuotas?(): { stepsPerRun: number; toolCallsPerRun: number };
 }
@@ -143,6 +153,8 @@ export interface Turn {
   tokens: TokenCounter;
   system: { text: string; tokens: number };
   tools: ModelTool[];
+  /** What the system prompt was built from, to build it again when the question changes. */
+  prompt: Omit<PromptRequest, "query" | "driftReminder" | "speaker">;
   /** Model calls and tool calls this run may still make (its tenant's quotas). */
   budget: { steps: number; toolCalls: number };
   /** System prompt + tool schemas: the part of every request that is not the conversation. */
@@ -165,4 +177,40 @@ export function pushMessage(host: Pick<RunHost, "emit" | "messages">, message: C
   host.emit({ case: "messageStart", value: { message } });
   host.emit({ case: "messageEnd", value: { message } });
   host.messages.push(message);
+}
+
+/** Every tool call in `messages` still without a result gets `text` as an error result; returns their ids. */
+export function answerUnanswered(
+  emit: (payload: EventPayload) => void,
+  messages: ChatMessage[],
+  text: string,
+): string[] {
+  const ids: string[] = [];
+  for (const call of unansweredCalls(messages)) {
+    {
+      const result = create(ChatMessageSchema, {
+        id: newId(),
+        role: Role.TOOL,
+        toolCallId: call.id,
+        toolName: call.name,
+        text,
+        isError: true,
+        time: timestampNow(),
+      });
+      emit({
+        case: "toolExecutionEnd",
+        value: { toolCallId: call.id, toolName: call.name, result: result.text, isError: true },
+      });
+      emit({ case: "messageEnd", value: { message: result } });
+      messages.push(result);
+      ids.push(call.id);
+    }
+  }
+  return ids;
+}
+
+/** The tool calls in `messages` that have no result yet, in order. */
+export function unansweredCalls(messages: readonly ChatMessage[]): ToolCall[] {
+  const answered = new Set(messages.filter((m) => m.role === Role.TOOL).map((m) => m.toolCallId));
+  return messages.flatMap((m) => (m.role === Role.ASSISTANT ? m.toolCalls : [])).filter((c) => !answered.has(c.id));
 }

@@ -419,11 +419,16 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   const registration = registerWithRouter(router, cfg.runnerId, cfg.advertise, logger);
 
   return {
+    // SIGTERM: leave the router's list, let the runs going finish within the grace while their
+    // streams still carry them, then end the streams and hand over what is left (the next load
+    // of each such session, here or on another runner, resumes its run).
     async drain() {
       scheduler.stop();
       quotas.stop();
       await registration.stop();
-      await server.drain(cfg.drainGraceMs);
+      const started = Date.now();
+      await registry.drain(cfg.drainGraceMs);
+      await server.drain(Math.max(0, cfg.drainGraceMs - (Date.now() - started)));
       await registry.close();
       await storage.stop();
       await audit.close();

@@ -5,6 +5,7 @@ import { create, toJson } from "@bufbuild/protobuf";
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import { ROOT_CONTEXT, type Context } from "@opentelemetry/api";
 import {
+  AgentEventSchema,
   ClientFrameSchema,
   QueueMode,
   Role,
@@ -20,7 +21,8 @@ import { type RpcError, unavailable } from "../shared/errors.js";
 import { newId } from "../shared/ids.js";
 import type { Logger } from "../shared/log.js";
 import { runAgent } from "./loop.js";
-import { type CutOff, INTERRUPTED, RestartBudget, closeCutOffRun, replayRecords, resumeSeq } from "./recovery.js";
+import * as recovery from "./recovery.js";
+import { type CutOff, INTERRUPTED, RestartBudget } from "./recovery.js";
 import type { Compaction, EventPayload, QueuedMessage, RunDeps, RunHost } from "./run.js";
 import type { AuditLog } from "./audit-log.js";
 import { refOf, type SessionRef } from "../shared/session-ref.js";
@@ -43,8 +45,8 @@ export interface ActorDeps {
   store: SessionStore;
   audit: AuditLog;
   logger: Logger;
-  /** What a run of this actor's session uses (model, tools, prompt, hooks). */
-  runDeps(actor: SessionActor): RunDeps;
+  /** A run's dependencies, for the messages that start it (their speaker decides whose memories). Contract: never throws. */
+  runDeps(actor: SessionActor, first: readonly QueuedMessage[]): RunDeps;
   /** Runs going per tenant (the concurrentRuns quota); none: no quota. */
   runs?: TenantRuns;
 }
@@ -67,6 +69,11 @@ export class SessionActor {
   /** Pending while a restart rebuilds state from the log; admissions wait for it. */
   private restarting?: Promise<void>;
   private run?: { turnId: string; controller: AbortController; done: Promise<void> };
+  /** Draining (a shutdown): no new run starts. Frozen: a handed-over run's events are dropped. */
+  private draining = false;
+  private frozen = false;
+  /** A run its runner died in, to go on with before anything queued (recovery.ts cutRunOf). */
+  private resuming?: { turnId: string; from: number };
   /** The latest compaction: what the model sees in place of the messages before the cut. */
   private compaction?: Compaction;
   private idleWaiters: (() => void)[] = [];
@@ -137,11 +144,8 @@ export class SessionActor {
     deps: ActorDeps,
     subagent?: Subagent,
   ): Promise<SessionActor> {
-    // The first block of seqs is reserved in the log's first write. Events reach clients before
-    // the log has them, so a reservation made at the first event would be in flight while its
-    // seqs were already out: a runner killed then left no trace of them, and the next activation
-    // numbered from 1 again, giving clients new events under seqs they held (a resuming client
-    // skipped them as seen).
+    // The first block of seqs is reserved in the log's first write: events reach clients before
+    // the log has them (why: docs/architecture.md, the session actor).
     const log = await deps.store.create(refOf(owner, sessionId), agentId, owner, subagent, [
       { t: "seq", upTo: SEQ_BLOCK },
     ]);
@@ -160,11 +164,9 @@ export class SessionActor {
     }
     const actor = new SessionActor(ref.sessionId, head.agentId, ownerOf(head), log, deps, head.subagent);
     actor.createdMs = head.createdMs;
-    // Recovery publishes events at once (a cut-off run's end, acknowledgements owed), and clients
-    // see them before the log does. Their seqs must be reserved durably first: a process that died
-    // before its first write would otherwise leave the next activation to hand the same seqs out
-    // again, for other events, to clients that already hold them.
-    const resumeAt = resumeSeq(records);
+    // Recovery publishes events at once (acknowledgements owed, a resumed run), before the log
+    // has them: their seqs are reserved durably first, so no seq is ever handed out twice.
+    const resumeAt = recovery.resumeSeq(records);
     try {
       await log.append({ t: "seq", upTo: resumeAt + SEQ_BLOCK }, true);
     } catch (err) {
@@ -190,7 +192,7 @@ export class SessionActor {
     numbering: { live: number } | { resumeAt: number; reservedUpTo: number },
     cutOff: CutOff = INTERRUPTED,
   ): void {
-    const log = replayRecords(records);
+    const log = recovery.replayRecords(records);
     if (log.queueMode !== undefined) this.mailbox.mode = log.queueMode;
     this.messages.push(...log.messages);
     for (const [frameId, ev] of log.acks) this.admission.restore(frameId, () => ev);
@@ -201,13 +203,20 @@ export class SessionActor {
     else this.journal.resumeAt(numbering.resumeAt, numbering.reservedUpTo);
     // Every accepted message is in the history, or was dropped on request, or is owed a run.
     const inHistory = new Set(this.messages.filter((m) => m.role === Role.USER).map((m) => m.frameId));
-    if (log.openTurn !== undefined) {
+    // A run its runner died in goes on where it stopped (RunResumed), or closes as it had ended.
+    const cut = "live" in numbering || cutOff !== INTERRUPTED ? undefined : recovery.cutRunOf(log);
+    if (log.openTurn !== undefined && cut?.resume) this.resuming = { turnId: log.openTurn, from: cut.from };
+    else if (log.openTurn !== undefined && cut && !cut.resume) {
+      this.run = { turnId: log.openTurn, controller: new AbortController(), done: Promise.resolve() };
+      void this.emit({ case: "agentEnd", value: { stopReason: cut.ended, errorMessage: "" } });
+      this.run = undefined;
+    } else if (log.openTurn !== undefined) {
       // A failed run's starting messages are kept (in history, once) but not run again: they may
       // be what triggers the failure. After a crash they run again, having never really started.
       const starters = (cutOff.startedBy ?? []).filter((q) => !inHistory.has(q.frameId) && !log.dropped.has(q.frameId));
       for (const q of starters) inHistory.add(q.frameId);
       this.run = { turnId: log.openTurn, controller: new AbortController(), done: Promise.resolve() };
-      closeCutOffRun((payload) => void this.emit(payload), this.messages, cutOff, starters);
+      recovery.closeCutOffRun((payload) => void this.emit(payload), this.messages, cutOff, starters);
       this.run = undefined;
     }
     for (const frame of log.accepted) {
@@ -222,9 +231,6 @@ export class SessionActor {
     // In a restart the failed run's own ending schedules what is next.
     if (!("live" in numbering)) this.schedule();
   }
-
-  // -------------------------------------------------------------------------------------------
-  // Frames
 
   /** Admits one frame (not `open`) and resolves to its frame_accepted event once it is durable. */
   submit(frame: ClientFrame, traceContext: Context = ROOT_CONTEXT): Promise<AgentEvent> {
@@ -272,15 +278,12 @@ export class SessionActor {
     for (const q of queued) this.emit({ case: "error", value: { code: "CANCELLED", message, frameId: q.frameId } });
   }
 
-  // -------------------------------------------------------------------------------------------
-  // Runs
-
   get running(): boolean {
     return this.run !== undefined;
   }
 
   get idle(): boolean {
-    return !this.run && this.mailbox.empty;
+    return !this.run && !this.resuming && this.mailbox.empty;
   }
 
   /** Nothing running, waiting, arriving or watching: the actor may leave memory. */
@@ -299,8 +302,10 @@ export class SessionActor {
   }
 
   private schedule(): void {
-    if (this.run || this.closing) return;
-    const next = this.mailbox.queue.shift();
+    if (this.run || this.closing || this.draining) return;
+    const resume = this.resuming;
+    this.resuming = undefined;
+    const next = resume ? [] : this.mailbox.queue.shift();
     if (!next) {
       this.journal.trimIdle();
       // Prompts still gathering (collect mode) are work to come: not idle until they have run.
@@ -308,11 +313,11 @@ export class SessionActor {
       return;
     }
     const controller = new AbortController();
-    const turnId = newId();
+    const turnId = resume?.turnId ?? newId();
     const run = { turnId, controller, done: Promise.resolve() };
     this.run = run;
     this.deps.runs?.started(this.owner.tenant);
-    run.done = this.execute(next, controller.signal).finally(() => {
+    run.done = this.execute(next, controller.signal, resume).finally(() => {
       this.deps.runs?.ended(this.owner.tenant);
       // Steering or follow-ups that came too late for the run are not lost: they run next.
       this.mailbox.requeueLate();
@@ -321,7 +326,7 @@ export class SessionActor {
     });
   }
 
-  private async execute(first: Queued[], signal: AbortSignal): Promise<void> {
+  private async execute(first: Queued[], signal: AbortSignal, resume?: { from: number }): Promise<void> {
     const host: RunHost = {
       sessionId: this.sessionId,
       signal,
@@ -332,9 +337,14 @@ export class SessionActor {
       takeSteering: () => this.mailbox.steering.splice(0),
       takeFollowUps: () => this.mailbox.followUps.splice(0),
       compaction: () => this.compaction,
+      elide: (ids) => {
+        const gone = new Set(ids);
+        this.messages.splice(0, this.messages.length, ...this.messages.filter((m) => !gone.has(m.id)));
+        this.persist({ t: "elided", messageIds: ids }, false);
+      },
     };
     try {
-      await runAgent(host, this.deps.runDeps(this), first);
+      await runAgent(host, this.deps.runDeps(this, first), first, resume);
     } catch (err) {
       // Not a model or tool failure (those end runs normally): a bug. Its state is suspect, so
       // the actor rebuilds itself from its log; other sessions are untouched.
@@ -395,10 +405,9 @@ export class SessionActor {
     }
   }
 
-  // -------------------------------------------------------------------------------------------
-  // Events
-
   private emit(payload: EventPayload): AgentEvent {
+    // A handed-over run's last moments are not recorded or sent: its next runner redoes them.
+    if (this.frozen) return create(AgentEventSchema, { sessionId: this.sessionId, payload });
     return this.journal.emit(payload);
   }
 
@@ -411,9 +420,8 @@ export class SessionActor {
   }
 
   /**
-   * A failed write (a full disk) fails every later append of this log: nothing is acknowledged
-   * past a hole. The actor leaves memory and gives up its lease, so the next call loads the
-   * session again from what is on disk, which succeeds once space is back.
+   * A failed write (a full disk) fails every later append: nothing is acknowledged past a hole.
+   * The actor leaves memory and its lease; the next call reloads what is on disk.
    */
   private storageFailed(err: unknown): RpcError {
     const lost = unavailable(
@@ -427,9 +435,8 @@ export class SessionActor {
   }
 
   /**
-   * The session cannot go on here: another runner took it (this one was presumed dead), or its
-   * log failed. Stop at once: the run is aborted, streams end with `err` so clients reconnect
-   * through the router, and the registry forgets the actor. Nothing it writes from now on counts.
+   * The session cannot go on here (another runner took it, or its log failed): the run is aborted,
+   * streams end with `err` so clients reconnect through the router, the registry forgets the actor.
    */
   private loseSession(err: RpcError, why: string): void {
     if (this.lost) return;
@@ -442,9 +449,6 @@ export class SessionActor {
     for (const wake of this.idleWaiters.splice(0)) wake();
     this.onLost?.();
   }
-
-  // -------------------------------------------------------------------------------------------
-  // Subscribers
 
   /** Adds a subscriber, first sending what the session holds after `afterSeq` (EventJournal.attach). */
   async attach(sub: EventSubscriber, afterSeq?: number): Promise<void> {
@@ -478,10 +482,20 @@ export class SessionActor {
     return this.journal.lastSeq;
   }
 
-  /** Stops the running run (if any) and closes the log. */
-  async close(): Promise<void> {
+  /** Starts no new run from now on; resolves when the one going (if any) has ended. */
+  drain(): Promise<void> {
+    this.draining = true;
+    return this.run?.done ?? Promise.resolve();
+  }
+
+  /**
+   * Stops the running run (if any) and closes the log. With `handOver` the run is left as a crash
+   * leaves it: nothing more of it is recorded, so the next load resumes it (RunResumed).
+   */
+  async close(options: { handOver?: boolean } = {}): Promise<void> {
     this.closing = true;
     this.mailbox.stop();
+    if (options.handOver && this.run) this.frozen = true;
     this.run?.controller.abort(new Error("runner shutting down"));
     await this.run?.done;
     this.journal.flushDelta();

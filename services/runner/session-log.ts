@@ -34,7 +34,9 @@ export type LogRecord =
   // seq values up to `upTo` may have been handed out; a restart continues after it.
   | { t: "seq"; upTo: number }
   // The actor left memory cleanly with `seq` as its last seq: nothing was handed out beyond it.
-  | { t: "closed"; seq: number };
+  | { t: "closed"; seq: number }
+  // These messages leave the history (a heartbeat that found nothing to say); their events stay.
+  | { t: "elided"; messageIds: string[] };
 
 /** A sub-agent's session (delegate_task): whose child it is, how deep, and its task instruction. */
 export interface Subagent {

@@ -5,7 +5,7 @@
 import { create } from "@bufbuild/protobuf";
 import { SessionOpenedSchema, type OpenSession, type SessionOpened } from "../shared/gen/troupe/v1/session_pb.js";
 import { sameIdentity, type Identity } from "../shared/auth.js";
-import { notFound } from "../shared/errors.js";
+import { notFound, unavailable } from "../shared/errors.js";
 import { Buckets } from "../shared/rate.js";
 import { validateSessionRef } from "../shared/frames.js";
 import { DEFAULT_AGENT, newId } from "../shared/ids.js";
@@ -26,6 +26,8 @@ export class SessionRegistry {
   private readonly leaving = new Map<string, Promise<void>>();
   private readonly sweeper: NodeJS.Timeout;
   private readonly creations = new Buckets();
+  /** Set by drain(): no session is loaded or made here any more. */
+  private draining = false;
 
   constructor(
     private readonly deps: ActorDeps,
@@ -152,10 +154,27 @@ export class SessionRegistry {
     return settled.flatMap((s) => (s.status === "fulfilled" ? [s.value] : []));
   }
 
+  /**
+   * The first half of a shutdown (SIGTERM): no session is loaded or made here from now on
+   * (UNAVAILABLE: the caller goes to another runner), no new run starts, and the runs going may
+   * finish, for at most `graceMs`. close() then hands over what is still running.
+   */
+  async drain(graceMs: number): Promise<void> {
+    this.draining = true;
+    const actors = await this.loaded();
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([
+      Promise.allSettled(actors.map((a) => a.drain())),
+      new Promise<void>((resolve) => (timer = setTimeout(resolve, graceMs))),
+    ]);
+    clearTimeout(timer);
+  }
+
   private remember(ref: SessionRef, make: () => Promise<SessionActor>): Promise<SessionActor> {
     const key = refKey(ref);
     const existing = this.actors.get(key);
     if (existing) return existing;
+    if (this.draining) throw unavailable("this runner is shutting down; retry: the session is served elsewhere");
     const p = make();
     this.actors.set(key, p);
     const forget = () => {
@@ -169,7 +188,8 @@ export class SessionRegistry {
     clearInterval(this.sweeper);
     this.creations.stop();
     await Promise.allSettled(this.leaving.values());
-    await Promise.allSettled([...this.actors.values()].map(async (p) => (await p).close()));
+    // A run still going is handed over, not ended: the next load (here or elsewhere) resumes it.
+    await Promise.allSettled([...this.actors.values()].map(async (p) => (await p).close({ handOver: true })));
     this.actors.clear();
   }
 }

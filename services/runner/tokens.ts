@@ -76,7 +76,8 @@ export class TokenCounter {
   message(m: ChatMessage): number {
     let n = this.cache.get(m);
     if (n === undefined) {
-      n = MESSAGE_OVERHEAD_TOKENS + this.text(m.text);
+      // A speaker's label ("[2026-11-24 17:05 UTC] name: ") goes before the text (transcript.ts spoken).
+      n = MESSAGE_OVERHEAD_TOKENS + this.text(m.text) + (m.speaker ? 14 + this.text(m.speaker.displayName) : 0);
       for (const c of m.toolCalls) n += MESSAGE_OVERHEAD_TOKENS + this.text(c.name) + this.text(c.argumentsJson);
       this.cache.set(m, n);
     }

@@ -8,6 +8,7 @@
 // A "block" is what must stay together: a user message, or an assistant message with the results
 // of all its tool calls. Cutting between a call and its result is the one thing providers refuse.
 import { create } from "@bufbuild/protobuf";
+import { timestampDate } from "@bufbuild/protobuf/wkt";
 import { ChatMessageSchema, Role, type ChatMessage } from "../shared/gen/troupe/v1/session_pb.js";
 import type { ModelMessage } from "./model.js";
 import type { TokenCounter } from "./tokens.js";
@@ -147,7 +148,7 @@ export function toModelMessages(
   const out: ModelMessage[] = [{ role: "system", content: system }];
   if (summary) out.push(summaryMessage(summary));
   for (const m of history) {
-    if (m.role === Role.USER) out.push({ role: "user", content: m.text });
+    if (m.role === Role.USER) out.push({ role: "user", content: m.speaker ? spoken(m) : m.text });
     else if (m.role === Role.ASSISTANT)
       out.push({
         role: "assistant",
@@ -157,4 +158,14 @@ export function toModelMessages(
     else if (m.role === Role.TOOL) out.push({ role: "tool", toolCallId: m.toolCallId, content: m.text });
   }
   return out;
+}
+
+/**
+ * A channel message as the model sees it: "[2026-11-24 17:05 UTC] Alice: text", so that in a
+ * group (or a main session many people write to) it knows who said what (MushroomAgent's format).
+ */
+export function spoken(m: ChatMessage): string {
+  const at = m.time ? timestampDate(m.time).toISOString().slice(0, 16).replace("T", " ") : "";
+  const who = m.speaker?.displayName || m.speaker?.id || "someone";
+  return `${at ? `[${at} UTC] ` : ""}${who}: ${m.text}`;
 }

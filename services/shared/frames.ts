@@ -66,6 +66,10 @@ export function validateFrame(
     throw invalidArgument(
       `frame_id ${JSON.stringify(frame.frameId)}: ids starting with "trigger:" or "delegate:" are reserved for Troupe`,
     );
+  if (fromClient && frame.speaker)
+    throw invalidArgument(
+      `frame ${frame.frameId}: speaker is set by the gateway for channel messages (Deliver), never by a client`,
+    );
   const kind = frame.kind;
   if (kind.case === undefined)
     throw invalidArgument(`frame ${frame.frameId} has no kind: set one of open, prompt, steer, follow_up, abort`);

@@ -36,6 +36,7 @@ test("a run with a tool call is one trace: invoke_agent, then chat and execute_t
     takeSteering: () => [],
     takeFollowUps: () => [],
     compaction: () => undefined,
+    elide: () => undefined,
   };
   await runAgent(host, testRunDeps(model, [echoTool("t")]), [
     { frameId: "p", kind: FrameKind.PROMPT, text: "go", traceContext: ROOT_CONTEXT },

@@ -47,6 +47,10 @@ function host(
     takeSteering: () => opts.steering?.shift() ?? [],
     takeFollowUps: () => opts.followUps?.shift() ?? [],
     compaction: () => compaction,
+    elide: (ids) => {
+      const gone = new Set(ids);
+      h.messages.splice(0, h.messages.length, ...h.messages.filter((m) => !gone.has(m.id)));
+    },
     events,
     of: (k) => events.filter((e) => e.case === k).map((e) => e.value) as never,
   };
@@ -102,6 +106,51 @@ describe("the loop", () => {
       [["test-model", "backup"]],
     );
     assert.equal(texts(h2, Role.ASSISTANT)[0], "answered by backup");
+  });
+
+  test("steering and follow-ups rebuild the system prompt for their question", async () => {
+    const asked: string[] = [];
+    const model = new ScriptedModel((_, i) => (i === 0 ? call(["echo", { text: "a" }]) : say(`answer ${i}`)));
+    const h = host({
+      steering: [[user("now about cats", FrameKind.STEER)]],
+      followUps: [[user("and dogs", FrameKind.FOLLOW_UP)]],
+    });
+    const deps = testRunDeps(model, [echoTool("echo")], {
+      systemPrompt: async (req) => {
+        asked.push(req.query);
+        return { text: `about: ${req.query}`, tokens: 3, warnings: [] };
+      },
+    });
+    await runAgent(h, deps, [user("first question")]);
+    assert.deepEqual(asked, ["first question", "now about cats", "and dogs"]);
+    assert.deepEqual(
+      model.requests.map((r) => (r.messages[0] as { content: string }).content),
+      ["about: first question", "about: now about cats", "about: and dogs"],
+    );
+  });
+
+  test("a heartbeat that says only HEARTBEAT_OK leaves the history as it was; one with news stays", async () => {
+    const earlier: ChatMessage[] = [];
+    const h = host({ messages: earlier });
+    await runAgent(h, testRunDeps(new ScriptedModel(() => say("hello"))), [user("hi")]);
+    const before = texts(h, Role.USER).length + texts(h, Role.ASSISTANT).length;
+    const beat = (n: number): QueuedMessage => ({
+      ...user("Heartbeat: anything?"),
+      frameId: `trigger:heartbeat:hb:${n}`,
+    });
+    const learned: string[] = [];
+    const quiet = testRunDeps(new ScriptedModel(() => say("HEARTBEAT_OK")), [], {
+      afterRun: () => void learned.push("quiet"),
+    });
+    const out = await runAgent(h, quiet, [beat(1)]);
+    assert.equal(out.stopReason, StopReason.COMPLETED);
+    assert.equal(texts(h, Role.USER).length + texts(h, Role.ASSISTANT).length, before, "nothing kept");
+    assert.deepEqual(learned, [], "nothing learned from it");
+    await runAgent(h, testRunDeps(new ScriptedModel(() => say("Your build failed at 03:00."))), [beat(2)]);
+    assert.equal(texts(h, Role.ASSISTANT).at(-1), "Your build failed at 03:00.");
+    // A user's own prompt answered HEARTBEAT_OK is an answer like any other.
+    await runAgent(h, testRunDeps(new ScriptedModel(() => say("HEARTBEAT_OK"))), [user("say the code word")]);
+    assert.equal(texts(h, Role.ASSISTANT).at(-1), "HEARTBEAT_OK");
   });
 
   test("a fallback holds for the rest of the run: later steps do not wait out the failing model again", async () => {

@@ -84,6 +84,22 @@ test("replay: history, acknowledgements, drops, queue mode, compaction and an op
   assert.equal(replayRecords([header, event(7, { case: "agentEnd", value: {} }, "turn-1")]).openTurn, undefined);
 });
 
+test("elided messages leave the replayed history; their events stay in the log", () => {
+  const end = (id: string, text: string) =>
+    event(1, { case: "messageEnd", value: { message: { id, role: Role.USER, text } } });
+  const log = replayRecords([
+    header,
+    end("m1", "kept"),
+    end("m2", "beat"),
+    end("m3", "HEARTBEAT_OK"),
+    { t: "elided", messageIds: ["m2", "m3"] },
+  ]);
+  assert.deepEqual(
+    log.messages.map((m) => m.text),
+    ["kept"],
+  );
+});
+
 test("a cut-off run: its starters join the history, every unanswered call gets an error, then agent_end", () => {
   const messages = [
     create(ChatMessageSchema, {

@@ -97,6 +97,9 @@ function decideMemory(request: string): Record<string, unknown> {
   return same ? { event: "UPDATE", n: same.n, text: raw } : { event: "ADD" };
 }
 
+// The name ends at the first ": " (display names have no ':'; ids such as "telegram:42" have no ": ").
+const SPEAKER_LABEL = /^\[\d{4}-\d\d-\d\d \d\d:\d\d UTC\] [^\n]{1,160}?: /;
+
 export function contentText(content: unknown): string {
   if (typeof content === "string") return content;
   if (Array.isArray(content)) return content.map((p) => (typeof p?.text === "string" ? p.text : "")).join("");
@@ -142,7 +145,9 @@ export class ScriptedModel {
       }
       return { text: words(`Tool results: ${results.join(" | ")}`), rate };
     }
-    const text = contentText(last.content).trim();
+    // A channel message comes labelled "[time] name: text" (transcript.ts); the rules read the text.
+    const heard = contentText(last.content).trim();
+    const text = heard.replace(SPEAKER_LABEL, "");
 
     if (text.startsWith("$$ ") || text.startsWith("$ ")) {
       const commands = text.startsWith("$$ ") ? text.slice(3).split(" ;; ") : [text.slice(2)];
@@ -185,6 +190,8 @@ export class ScriptedModel {
           if (toolCalls.length === 0) break;
           return { text: [], rate, toolCalls };
         }
+        case "heard":
+          return { text: words(heard), rate };
         case "first": {
           const first = messages.find((m) => m.role !== "system");
           return { text: words(contentText(first?.content).slice(0, 400) || "(none)"), rate };
