@@ -4,14 +4,7 @@
 // the router is never on that path.
 import { create, fromBinary } from "@bufbuild/protobuf";
 import { ApiKeys } from "../shared/api-keys.js";
-import {
-  apiKeyAuth,
-  callerOf,
-  identityHeaders,
-  identityMetadata,
-  identityOf,
-  internalCredentials,
-} from "../shared/auth.js";
+import { apiKeyAuth, callerOf, identityMetadata, identityOf, internalCredentials } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
 import {
   Status,
@@ -46,15 +39,8 @@ import { StreamsByKey } from "./revocation.js";
 
 type RunnerClient = ServiceClient<(typeof RunnerService)["method"]>;
 
-/**
- * The metadata that carries a client's verified identity (set by apiKeyAuth) on to the runner,
- * which serves a session only to its owner.
- */
-function onBehalfOf(call: { metadata: grpc.Metadata }): grpc.Metadata {
-  const md = new grpc.Metadata();
-  for (const [k, v] of Object.entries(identityHeaders(identityOf(call.metadata)))) md.set(k, v);
-  return md;
-}
+/** The client's verified identity (set by apiKeyAuth), carried on to the runner, which serves a session only to its owner. */
+const onBehalfOf = (call: { metadata: grpc.Metadata }): grpc.Metadata => identityMetadata(identityOf(call.metadata));
 
 export async function startGateway(cfg: Config, logger: Logger): Promise<RunningService> {
   const internal = await internalCredentials(cfg.dataDir, cfg.internalToken);
@@ -393,6 +379,17 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
         ),
       );
       return { messages: page.messages, nextPageToken: page.nextPageToken };
+    },
+
+    async deleteSession(req, call) {
+      const res = await withRunner(call, req.sessionId, (runner) =>
+        runner.deleteStoredSession(
+          { sessionId: req.sessionId, forgetMemories: req.forgetMemories },
+          { metadata: onBehalfOf(call) },
+        ),
+      );
+      placements.invalidate(identityOf(call.metadata), req.sessionId);
+      return { memoriesForgotten: res.memoriesForgotten, sandboxRemoved: res.sandboxRemoved };
     },
 
     async deliver(req, call) {

@@ -7,6 +7,7 @@ import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import { NAME, internalCredentials } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
 import { invalidArgument, invalidArgumentIf } from "../shared/errors.js";
+import { validateSessionRef } from "../shared/frames.js";
 import {
   Fusion,
   MemoryKind,
@@ -247,6 +248,11 @@ export async function startMemory(cfg: Config, logger: Logger): Promise<RunningS
 
     async forgetMemories(req) {
       const where = scopePredicate(req.scope, false);
+      if (req.sessionId !== "") {
+        invalidArgumentIf(req.ids.length > 0, "name ids or session_id, not both");
+        validateSessionRef(req.sessionId, "", false);
+        return { forgotten: await store.forget(where, await store.idsMadeIn(where, req.sessionId)) };
+      }
       invalidArgumentIf(req.ids.length === 0 || req.ids.length > MAX_BATCH, `ids must hold 1 to ${MAX_BATCH} ids`);
       for (const id of req.ids)
         invalidArgumentIf(!MEMORY_ID.test(id), `id ${JSON.stringify(id.slice(0, 64))} is not a memory id`);

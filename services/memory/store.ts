@@ -166,6 +166,16 @@ export class MemoryStore {
       .toArray()) as StoredMemory[];
   }
 
+  /** The ids of the scope's memories made in session `sessionId`. */
+  async idsMadeIn(scopeWhere: string, sessionId: string): Promise<string[]> {
+    const rows = await this.mt.table
+      .query()
+      .where(`${scopeWhere} AND session_id = ${sqlString(sessionId)}`)
+      .select(["id"])
+      .toArray();
+    return rows.map((r) => String((r as { id: string }).id));
+  }
+
   /** The first version's rows, carried over with defaults for the new columns, then the old table dropped. */
   private async migrateLegacy(): Promise<void> {
     const old = await this.mt.db.openTable(LEGACY_TABLE);

@@ -36,6 +36,8 @@ export interface AgentConfig {
   /** Sent only to models that take it (model-rules.ts). */
   temperature?: number;
   reasoningEffort?: ReasoningEffort;
+  /** Sessions idle longer than this many days are deleted (retention.ts); undefined: kept. */
+  retentionDays?: number;
   contextWindow: number;
   maxOutputTokens: number;
   reserveTokens: number;

@@ -99,6 +99,10 @@ export class InMemorySessionStore implements SessionStore {
       }
   }
 
+  async remove(ref: SessionRef): Promise<boolean> {
+    return this.sessions.delete(refKey(ref));
+  }
+
   async exists(ref: SessionRef): Promise<boolean> {
     return this.sessions.has(refKey(ref));
   }
@@ -142,11 +146,12 @@ export class InMemorySessionStore implements SessionStore {
     return structuredClone(stored.records);
   }
 
-  async list(owner: Identity): Promise<StoredSession[]> {
+  async list(owner?: Identity): Promise<StoredSession[]> {
     const out: StoredSession[] = [];
     for (const s of this.sessions.values()) {
       const head = s.records[0];
-      if (head?.t !== "session" || s.ref.tenant !== owner.tenant || s.ref.principal !== owner.principal) continue;
+      if (head?.t !== "session") continue;
+      if (owner && (s.ref.tenant !== owner.tenant || s.ref.principal !== owner.principal)) continue;
       out.push({
         sessionId: s.ref.sessionId,
         agentId: head.agentId,

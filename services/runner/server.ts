@@ -28,10 +28,12 @@ import {
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import type { Logger } from "../shared/log.js";
 import type { RunningService } from "../shared/service.js";
-import { RpcServer, createClient, type grpc, type ServiceClient } from "../shared/rpc.js";
+import { RpcServer, createClient, type grpc } from "../shared/rpc.js";
 import { contextFromRecord } from "../shared/telemetry.js";
 import { DEFAULT_RECALL, MemoryRecall } from "./memory-recall.js";
 import { loadProviders, singleProvider } from "../shared/providers.js";
+import { registerWithRouter } from "./registration.js";
+import { clearSessionParts, startRetention } from "./retention.js";
 import { ProviderModels } from "./provider-models.js";
 import type { EventSubscriber } from "./event-journal.js";
 import type { SessionActor } from "./session-actor.js";
@@ -235,6 +237,9 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
     logger,
   );
   scheduler.start();
+  // What a deleted session has outside its log (retention.ts), and the sweep of idle ones.
+  const parts = { memory, sandbox, schedules: storage.schedules, schedulesChanged: () => scheduler.changed(), logger };
+  const retention = startRetention({ store, registry, agents, parts, everyMs: cfg.retentionSweepMs });
 
   // Session calls come from the gateway with the client's verified identity; a session answers
   // only the tenant and principal that own it.
@@ -390,6 +395,14 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
       return { passivated: await registry.passivateIdle(req.idleForMs) };
     },
 
+    async deleteStoredSession(req, call) {
+      let cleared = { memoriesForgotten: 0, sandboxRemoved: false };
+      await registry.delete(req.sessionId, identityOf(call.metadata), async (actor) => {
+        cleared = await clearSessionParts(parts, actor, req.forgetMemories);
+      });
+      return cleared;
+    },
+
     async putSchedule(req, call) {
       if (!req.schedule) throw invalidArgument("schedule is required");
       const actor = await requireActor(req.schedule.sessionId, call);
@@ -424,6 +437,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
     // of each such session, here or on another runner, resumes its run).
     async drain() {
       scheduler.stop();
+      retention.stop();
       quotas.stop();
       await registration.stop();
       const started = Date.now();
@@ -434,42 +448,6 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
       await audit.close();
       await model.close();
       for (const c of [sandbox, memory, router]) c.close();
-    },
-  };
-}
-
-/** Registers the runner with the router and renews the lease until stopped. */
-function registerWithRouter(
-  router: ServiceClient<(typeof RouterService)["method"]>,
-  runnerId: string,
-  address: string,
-  logger: Logger,
-) {
-  let stopped = false;
-  let timer: NodeJS.Timeout | undefined;
-  let warned = false;
-  const beat = async () => {
-    if (stopped) return;
-    let next = 1000;
-    try {
-      const res = await router.registerRunner({ runner: { runnerId, address } }, { timeoutMs: 2000 });
-      if (warned) logger.info("registered with the router again");
-      warned = false;
-      next = Math.max(200, Math.floor(res.leaseTtlMs / 3));
-    } catch (err) {
-      if (!warned) logger.warn("cannot reach the router; retrying", { error: (err as Error).message });
-      warned = true;
-    }
-    if (!stopped) timer = setTimeout(beat, next);
-  };
-  void beat();
-  return {
-    async stop() {
-      stopped = true;
-      clearTimeout(timer);
-      await router
-        .registerRunner({ runner: { runnerId, address }, draining: true }, { timeoutMs: 1000 })
-        .catch(() => undefined);
     },
   };
 }

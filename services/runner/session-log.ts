@@ -4,7 +4,8 @@
 // order; a record that was acknowledged was fsynced first. Token deltas are not kept (the complete
 // message that follows them is). Anything that can append and replay records can replace it.
 import { randomUUID } from "node:crypto";
-import { mkdir, open, readFile, readdir, rename, stat, unlink, type FileHandle } from "node:fs/promises";
+import { mkdir, open, readFile, readdir, rm, stat, type FileHandle } from "node:fs/promises";
+import { migrateFlatLogs } from "./flat-logs.js";
 import path from "node:path";
 import { DEV_IDENTITY, type Identity } from "../shared/auth.js";
 import { createExclusive, syncDir } from "../shared/exclusive-file.js";
@@ -118,8 +119,10 @@ export interface SessionStore {
   activate(ref: SessionRef): Promise<{ log: SessionLog; records: LogRecord[]; corruptLines: number[] }>;
   /** The session's valid records (a stale owner's late writes left out). */
   read(ref: SessionRef): Promise<LogRecord[]>;
-  /** One principal's sessions. */
-  list(owner: Identity): Promise<StoredSession[]>;
+  /** One principal's sessions; without `owner`, everyone's (retention sweeps). */
+  list(owner?: Identity): Promise<StoredSession[]>;
+  /** Deletes the session's log for good; false when there was none. Call with no activation of it open. */
+  remove(ref: SessionRef): Promise<boolean>;
 }
 
 /** One line of the log; records written by an owner carry its epoch (the header has none). */
@@ -295,7 +298,14 @@ export class JsonlSessionStore implements SessionStore {
   /** Starts the runner's heartbeat: other runners treat this runner's sessions as live from now. */
   async start(): Promise<void> {
     await this.leases.start();
-    await migrateFlatLogs(this.dir, (ref) => this.ownerDir(ref));
+    await migrateFlatLogs(
+      this.dir,
+      (ref) => this.file(ref),
+      (line) => {
+        const head = parseLog(line).records[0];
+        return head?.t === "session" ? refOf(ownerOf(head), head.sessionId) : undefined;
+      },
+    );
   }
 
   /** Stops the heartbeat; call after every log is closed. */
@@ -314,6 +324,16 @@ export class JsonlSessionStore implements SessionStore {
 
   private file(ref: SessionRef): string {
     return `${this.base(ref)}.jsonl`;
+  }
+
+  async remove(ref: SessionRef): Promise<boolean> {
+    if (!(await this.exists(ref))) return false;
+    await rm(this.file(ref), { force: true });
+    // Its lease files go too: a session made later under the same id starts from epoch 1.
+    const prefix = `${filePart(ref.sessionId)}.lease.`;
+    for (const name of await readdir(this.ownerDir(ref)).catch(() => [] as string[]))
+      if (name.startsWith(prefix)) await rm(path.join(this.ownerDir(ref), name), { force: true });
+    return true;
   }
 
   async exists(ref: SessionRef): Promise<boolean> {
@@ -402,8 +422,24 @@ export class JsonlSessionStore implements SessionStore {
     return parsed;
   }
 
-  async list(owner: Identity): Promise<StoredSession[]> {
-    const dir = this.ownerDir(owner);
+  async list(owner?: Identity): Promise<StoredSession[]> {
+    const dirs = owner ? [this.ownerDir(owner)] : await this.ownerDirs();
+    const out: StoredSession[] = [];
+    for (const dir of dirs) out.push(...(await this.listDir(dir)));
+    return out;
+  }
+
+  /** Every owner's folder: sessions/<tenant>/<principal>. */
+  private async ownerDirs(): Promise<string[]> {
+    const dirs: string[] = [];
+    for (const tenant of await readdir(this.dir, { withFileTypes: true }).catch(() => []))
+      if (tenant.isDirectory())
+        for (const principal of await readdir(path.join(this.dir, tenant.name), { withFileTypes: true }))
+          if (principal.isDirectory()) dirs.push(path.join(this.dir, tenant.name, principal.name));
+    return dirs;
+  }
+
+  private async listDir(dir: string): Promise<StoredSession[]> {
     const names = await readdir(dir).catch(() => [] as string[]);
     const out: StoredSession[] = [];
     for (const name of names) {
@@ -416,7 +452,8 @@ export class JsonlSessionStore implements SessionStore {
         const s = await fh.stat();
         await fh.close();
         const head = JSON.parse(buffer.subarray(0, bytesRead).toString("utf8").split("\n")[0]) as LogRecord;
-        if (head.t !== "session" || !headerMatches([head], refOf(owner, head.sessionId))) continue;
+        // A log counts where its header's owner and id put it, and nowhere else.
+        if (head.t !== "session" || this.file(refOf(ownerOf(head), head.sessionId)) !== file) continue;
         out.push({
           sessionId: head.sessionId,
           agentId: head.agentId,
@@ -429,37 +466,6 @@ export class JsonlSessionStore implements SessionStore {
       }
     }
     return out;
-  }
-}
-
-/**
- * Logs written before sessions were named by their owner sat flat in sessions/<id>.jsonl: each
- * moves under its header's owner, once (its lease files are dropped: no runner holds a session
- * while the store starts). A name the new layout already holds is left where it is, and said.
- */
-async function migrateFlatLogs(dir: string, ownerDir: (owner: Identity) => string): Promise<void> {
-  const names = await readdir(dir).catch(() => [] as string[]);
-  for (const name of names) {
-    const file = path.join(dir, name);
-    if (/\.lease\.\d+$/.test(name)) {
-      await unlink(file).catch(() => undefined);
-      continue;
-    }
-    if (!name.endsWith(".jsonl")) continue;
-    const text = await readFile(file, "utf8").catch(() => "");
-    const head = parseLog(text.split("\n")[0]).records[0];
-    if (head?.t !== "session") continue;
-    const ref = refOf(ownerOf(head), head.sessionId);
-    const target = path.join(ownerDir(ref), `${filePart(ref.sessionId)}.jsonl`);
-    await mkdir(path.dirname(target), { recursive: true });
-    if (
-      await stat(target).then(
-        () => true,
-        () => false,
-      )
-    )
-      continue;
-    await rename(file, target);
   }
 }
 

@@ -136,6 +136,31 @@ export class SessionRegistry {
     return { actor, opened };
   }
 
+  /**
+   * Deletes the caller's session `sessionId` (NOT_FOUND if they have none): its actor stops (a run
+   * going is aborted), `before` clears what lives elsewhere (a failure there keeps the log, so the
+   * call can be retried), then the log goes. Meanwhile the session is neither found nor loaded.
+   */
+  async delete(sessionId: string, caller: Identity, before: (actor: SessionActor) => Promise<void>): Promise<void> {
+    const actor = await this.require(sessionId, caller);
+    const key = refKey(actor.ref);
+    const deleting = (async () => {
+      await actor.close();
+      if (this.actors.get(key) !== undefined) this.actors.delete(key);
+      await before(actor);
+      await this.deps.store.remove(actor.ref);
+    })();
+    this.leaving.set(
+      key,
+      deleting.catch(() => undefined),
+    );
+    try {
+      await deleting;
+    } finally {
+      this.leaving.delete(key);
+    }
+  }
+
   /** A sub-agent's session (delegate_task): created for the parent's owner, never found by another. */
   createChild(sessionId: string, parent: SessionActor, subagent: Subagent): Promise<SessionActor> {
     return this.remember(refOf(parent.owner, sessionId), () =>

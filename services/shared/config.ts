@@ -35,6 +35,8 @@ export interface Config {
   openaiBaseUrl: string;
   openaiApiKey: string;
   model: string;
+  /** Runner: how often sessions idle past their agent's retentionDays are deleted. */
+  retentionSweepMs: number;
   /** The providers file (shared/providers.ts); empty: one provider from openaiBaseUrl. */
   providersFile: string;
   /**
@@ -257,6 +259,7 @@ export function loadConfig(
     model: str("model")!,
     runnerLivenessMs: v.runnerLivenessMs,
     passivateAfterMs: v.passivateAfterMs,
+    retentionSweepMs: v.retentionSweepMs,
     agentsDir: under("agentsDir", "agents"),
     minHeartbeatSeconds: v.minHeartbeatSeconds,
     hookModules: (str("hookModules") ?? "")

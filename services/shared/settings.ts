@@ -124,6 +124,12 @@ export const SETTINGS = {
     openaiBaseUrl: { env: "OPENAI_BASE_URL", doc: "model endpoint", default: "<the scripted model server>" },
     openaiApiKey: { env: "OPENAI_API_KEY", doc: "model endpoint key", secret: true },
     model: { env: "TROUPE_MODEL", doc: "the model of agents that name none", default: "scripted-1" },
+    retentionSweepMs: {
+      env: "TROUPE_RETENTION_SWEEP_MS",
+      doc: "how often sessions past their agent's retentionDays are deleted",
+      default: 3_600_000,
+      schema: int(),
+    },
     agentsDir: {
       env: "TROUPE_AGENTS_DIR",
       doc: "agent.json, workspace files, skills (docs/turn-pipeline.md)",

@@ -39,6 +39,27 @@ for (const [kind, make] of kinds) {
       assert.deepEqual(records.at(-1), { t: "settings", queueMode: 2 });
     });
 
+    test("a removed session is gone for good: its id may be made again, empty; a stranger's is not touched", async (t) => {
+      const storage = make(await tempDir(t, "troupe-storage-"));
+      await storage.start();
+      t.after(() => storage.stop());
+      for (const owner of [ALICE, MALLORY]) {
+        const log = await storage.sessions.create(refOf(owner, "s1"), "main", owner);
+        await log.append({ t: "settings", queueMode: 2 }, true);
+        await log.close();
+      }
+      assert.equal(await storage.sessions.remove(refOf(ALICE, "s1")), true);
+      assert.equal(await storage.sessions.remove(refOf(ALICE, "s1")), false, "once");
+      assert.equal(await storage.sessions.exists(refOf(ALICE, "s1")), false);
+      assert.equal(await storage.sessions.exists(refOf(MALLORY, "s1")), true);
+      const again = await storage.sessions.create(refOf(ALICE, "s1"), "main", ALICE);
+      await again.close();
+      const records = await storage.sessions.read(refOf(ALICE, "s1"));
+      assert.ok(!records.some((r) => r.t === "settings"), "nothing of the old session");
+      const { log } = await storage.sessions.activate(refOf(ALICE, "s1"));
+      await log.close();
+    });
+
     test("schedules are kept whole per session and owner, and removed whole", async (t) => {
       const storage = make(await tempDir(t, "troupe-storage-"));
       await storage.start();

@@ -1,0 +1,41 @@
+// The runner's place in the router's list: registered at start, renewed at a third of the lease,
+// and marked draining on the way out so the router places no new session here.
+import type { RouterService } from "../shared/gen/troupe/v1/router_pb.js";
+import type { Logger } from "../shared/log.js";
+import type { ServiceClient } from "../shared/rpc.js";
+
+/** Registers the runner with the router and renews the lease until stopped. */
+export function registerWithRouter(
+  router: ServiceClient<(typeof RouterService)["method"]>,
+  runnerId: string,
+  address: string,
+  logger: Logger,
+) {
+  let stopped = false;
+  let timer: NodeJS.Timeout | undefined;
+  let warned = false;
+  const beat = async () => {
+    if (stopped) return;
+    let next = 1000;
+    try {
+      const res = await router.registerRunner({ runner: { runnerId, address } }, { timeoutMs: 2000 });
+      if (warned) logger.info("registered with the router again");
+      warned = false;
+      next = Math.max(200, Math.floor(res.leaseTtlMs / 3));
+    } catch (err) {
+      if (!warned) logger.warn("cannot reach the router; retrying", { error: (err as Error).message });
+      warned = true;
+    }
+    if (!stopped) timer = setTimeout(beat, next);
+  };
+  void beat();
+  return {
+    async stop() {
+      stopped = true;
+      clearTimeout(timer);
+      await router
+        .registerRunner({ runner: { runnerId, address }, draining: true }, { timeoutMs: 1000 })
+        .catch(() => undefined);
+    },
+  };
+}
