@@ -148,7 +148,7 @@ export function memoryOwnerOf(sender: string): string {
  */
 export function labelName(name: string): string {
   return name
-    .replace(/[\p{Cc}\p{Cf}\u2028\u2029\[\]:]/gu, " ")
+    .replace(/[\p{Cc}\p{Cf}\u2028\u2029[\]:]/gu, " ")
     .replace(/\s+/g, " ")
     .trim()
     .slice(0, 64);

@@ -28,7 +28,7 @@ import { AttachResponseSchema, type RunnerService } from "../shared/gen/troupe/v
 import { ClientFrameSchema, type ClientFrame, type SessionInfo } from "../shared/gen/troupe/v1/session_pb.js";
 import { DEFAULT_AGENT } from "../shared/ids.js";
 import type { Logger } from "../shared/log.js";
-import { RpcServer, createClient, grpc, type ServiceClient } from "../shared/rpc.js";
+import { RpcServer, createClient, type grpc, type ServiceClient } from "../shared/rpc.js";
 import type { RunningService } from "../shared/service.js";
 import { extractContext } from "../shared/telemetry.js";
 
