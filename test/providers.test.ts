@@ -12,6 +12,7 @@ import { promisify } from "node:util";
 import { StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { DECIDE_MARKER, EXTRACT_MARKER } from "../services/memory/learn.js";
 import { ChatApiServer, type ChatBody } from "./helpers/openai-api.js";
+import { ResponsesApiServer } from "./helpers/responses-api.js";
 import { ChatSession } from "./helpers/session.js";
 import { MAIN, startStack, waitFor, type Stack } from "./helpers/stack.js";
 import { endOf, of, replyOf } from "./helpers/turn-stack.js";
@@ -31,6 +32,7 @@ function agentReply(body: ChatBody) {
 let openai: ChatApiServer;
 let down: ChatApiServer;
 let ollama: ChatApiServer;
+let responses: ResponsesApiServer;
 let stack: Stack;
 let dataDir: string;
 
@@ -50,6 +52,13 @@ before(async () => {
     models: [{ id: "llama3.1:8b" }],
     reply: () => ({ text: "hello from llama" }),
   }).start();
+  responses = await new ResponsesApiServer({
+    apiKey: KEY,
+    reply: (b) =>
+      b.input.some((i) => i.type === "function_call_output")
+        ? { text: "noted through the Responses API" }
+        : { calls: [{ name: "memory_save", arguments: { text: "the user keeps bees" } }] },
+  }).start();
   dataDir = await mkdtemp(path.join(os.tmpdir(), "troupe-providers-"));
   const providersFile = path.join(dataDir, "providers.json");
   const key = { env: "TROUPE_TEST_PROVIDER_KEY" };
@@ -60,6 +69,7 @@ before(async () => {
         openai: { kind: "openai", baseUrl: openai.baseUrl, apiKey: key },
         down: { kind: "openai", baseUrl: down.baseUrl, apiKey: key },
         local: { kind: "openai-compatible", baseUrl: ollama.baseUrl },
+        responses: { kind: "openai-responses", baseUrl: responses.baseUrl, apiKey: key },
       },
       default: "openai",
     }),
@@ -75,6 +85,7 @@ before(async () => {
     retry: { maxRetries: 1, baseDelayMs: 10, maxDelayMs: 100 },
   });
   await agent("local", { model: "local/llama3.1:8b", maxOutputTokens: 64 });
+  await agent("reasoner", { model: "responses/gpt-5-mini", reasoningEffort: "medium" });
   stack = await startStack({
     dataDir,
     env: {
@@ -86,7 +97,7 @@ before(async () => {
 });
 after(async () => {
   await stack?.stop();
-  await Promise.all([openai?.close(), down?.close(), ollama?.close()]);
+  await Promise.all([openai?.close(), down?.close(), ollama?.close(), responses?.close()]);
   await rm(dataDir, { recursive: true, force: true });
 });
 
@@ -133,6 +144,19 @@ describe("turns through provider conformance servers", () => {
     const body = ollama.accepted.at(-1)!;
     assert.equal(body.model, "llama3.1:8b");
     assert.ok(typeof body.max_tokens === "number" && !("max_completion_tokens" in body));
+  });
+});
+
+describe("the Responses API kind", () => {
+  test("gpt-5-mini: a turn with a tool call completes, its reasoning carried across the call", async () => {
+    const s = await open("reasoner");
+    const events = await s.turn("remember that I keep bees", 30_000);
+    s.close();
+    assert.equal(endOf(events).stopReason, StopReason.COMPLETED, JSON.stringify(of(events, "error")));
+    assert.equal(replyOf(events), "noted through the Responses API");
+    assert.deepEqual(responses.refused, [], "every request one the API accepts");
+    const last = responses.accepted.at(-1)!;
+    assert.ok(last.input.some((i) => i.type === "reasoning" && typeof i.encrypted_content === "string"));
   });
 });
 

@@ -262,6 +262,7 @@ async function streamAssistant(turn: Turn, request: ModelRequest, isRetry: boole
               `the model stopped for an unknown reason (finish_reason ${JSON.stringify(chunk.rawFinishReason)}); its reply is taken as complete`,
             );
           }
+          if (chunk.reasoning) message.reasoning = chunk.reasoning;
           if (chunk.usage) {
             const u = chunk.usage;
             message.usage = create(UsageSchema, {

@@ -18,7 +18,14 @@ export interface ModelToolCall {
 
 export type ModelMessage =
   | { role: "system" | "user"; content: string }
-  | { role: "assistant"; content: string; toolCalls: ModelToolCall[] }
+  | {
+      role: "assistant";
+      content: string;
+      toolCalls: ModelToolCall[];
+      /** The model that wrote it, and its reasoning items (JSON, Responses API) to send back to that model. */
+      model?: string;
+      reasoning?: string;
+    }
   | { role: "tool"; toolCallId: string; content: string };
 
 export interface ModelTool {
@@ -58,6 +65,8 @@ export type ModelChunk =
       usage?: ModelUsage;
       responseModel: string;
       responseId: string;
+      /** Reasoning items to carry into the next request to this model (Responses API), as JSON. */
+      reasoning?: string;
     };
 
 /** A failed model call. `status` is the HTTP status when the endpoint answered. */
@@ -143,24 +152,7 @@ export class OpenAIModelClient implements ModelClient {
   private readonly client: OpenAI;
 
   constructor(options: OpenAIModelOptions) {
-    const timeout = options.timeoutMs ?? 60_000;
-    // One keep-alive pool per runner process; many sessions share its connections.
-    this.pool = new Agent({
-      connections: 128,
-      keepAliveTimeout: 30_000,
-      connectTimeout: 10_000,
-      headersTimeout: timeout,
-      bodyTimeout: options.idleTimeoutMs ?? 120_000,
-    });
-    this.client = new OpenAI({
-      baseURL: options.baseUrl,
-      apiKey: options.apiKey || "unused",
-      // Retries and fallbacks belong to the agent loop, which knows whether output was already sent.
-      maxRetries: 0,
-      timeout,
-      fetch: undiciFetch as unknown as typeof fetch,
-      fetchOptions: { dispatcher: this.pool } as never,
-    });
+    ({ client: this.client, pool: this.pool } = openAIConnection(options));
     this.kind = options.kind ?? "openai-compatible";
     this.providerName = this.kind === "openai" ? "openai" : "openai_compatible";
   }
@@ -293,7 +285,33 @@ export class OpenAIModelClient implements ModelClient {
   }
 }
 
-function classify(err: unknown, signal: AbortSignal): ModelError {
+/**
+ * The SDK over one keep-alive undici pool per provider, shared by the runner's sessions. The SDK
+ * never retries: retries and fallbacks belong to the agent loop, which knows whether output was
+ * already sent.
+ */
+export function openAIConnection(options: OpenAIModelOptions): { client: OpenAI; pool: Agent } {
+  const timeout = options.timeoutMs ?? 60_000;
+  const pool = new Agent({
+    connections: 128,
+    keepAliveTimeout: 30_000,
+    connectTimeout: 10_000,
+    headersTimeout: timeout,
+    bodyTimeout: options.idleTimeoutMs ?? 120_000,
+  });
+  const client = new OpenAI({
+    baseURL: options.baseUrl,
+    apiKey: options.apiKey || "unused",
+    maxRetries: 0,
+    timeout,
+    fetch: undiciFetch as unknown as typeof fetch,
+    fetchOptions: { dispatcher: pool } as never,
+  });
+  return { client, pool };
+}
+
+/** Any failure of a model call as a ModelError: aborted, an HTTP status with its code, or unreachable. */
+export function classify(err: unknown, signal: AbortSignal): ModelError {
   if (err instanceof ModelError) return err;
   if (signal.aborted || err instanceof OpenAI.APIUserAbortError)
     return new ModelError("aborted", false, undefined, true);

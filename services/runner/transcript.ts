@@ -154,6 +154,7 @@ export function toModelMessages(
         role: "assistant",
         content: m.text,
         toolCalls: m.toolCalls.map((c) => ({ id: c.id, name: c.name, argumentsJson: c.argumentsJson })),
+        ...(m.reasoning ? { model: m.model, reasoning: m.reasoning } : {}),
       });
     else if (m.role === Role.TOOL) out.push({ role: "tool", toolCallId: m.toolCallId, content: m.text });
   }

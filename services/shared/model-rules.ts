@@ -28,7 +28,7 @@ interface Row {
   rules: RequestRules;
 }
 
-const OPENAI: readonly ProviderKind[] = ["openai"];
+const OPENAI: readonly ProviderKind[] = ["openai", "openai-responses"];
 
 /** First matching row wins; the last row of each kind is its default. */
 const RULES: readonly Row[] = [

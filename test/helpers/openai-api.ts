@@ -12,7 +12,7 @@
 // - "ollama": https://github.com/ollama/ollama/blob/main/docs/openai.md (no key needed; max_tokens
 //   is read, fields it does not know are ignored, so max_completion_tokens would not cap a reply).
 import http from "node:http";
-import type { AddressInfo } from "node:net";
+import { ApiServer } from "./api-server.js";
 import { checkMessages, checkTools, KNOWN_PARAMETERS, type ApiError } from "./openai-checks.js";
 
 export interface ApiModel {
@@ -42,41 +42,16 @@ export interface ApiServerOptions {
 
 export type ChatBody = Record<string, unknown> & { model: string; messages: Record<string, unknown>[] };
 
-export class ChatApiServer {
+export class ChatApiServer extends ApiServer {
   /** Bodies of the requests answered, in order. */
   readonly accepted: ChatBody[] = [];
-  /** Every refusal sent: status and the error object. */
-  readonly refused: { status: number; error: ApiError }[] = [];
   /** While set, every request gets this status (503: overloaded, 429: rate limited) with Retry-After. */
   outage?: { status: 429 | 503; retryAfterSeconds: number };
-  private server?: http.Server;
-
-  constructor(private readonly options: ApiServerOptions) {}
-
-  get baseUrl(): string {
-    return `http://127.0.0.1:${(this.server!.address() as AddressInfo).port}/v1`;
+  constructor(private readonly options: ApiServerOptions) {
+    super();
   }
 
-  async start(): Promise<this> {
-    this.server = http.createServer((req, res) => void this.handle(req, res));
-    await new Promise<void>((resolve) => this.server!.listen(0, "127.0.0.1", resolve));
-    return this;
-  }
-
-  async close(): Promise<void> {
-    this.server?.closeAllConnections();
-    await new Promise<void>((resolve) => this.server?.close(() => resolve()));
-  }
-
-  private refuse(res: http.ServerResponse, status: number, error: ApiError, headers: Record<string, string> = {}) {
-    this.refused.push({ status, error });
-    res.writeHead(status, { "content-type": "application/json", ...headers });
-    res.end(JSON.stringify({ error }));
-  }
-
-  private async handle(req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
-    const chunks: Buffer[] = [];
-    for await (const c of req) chunks.push(c as Buffer);
+  protected handle(req: http.IncomingMessage, text: string, res: http.ServerResponse): void {
     const openai = this.options.flavour === "openai";
     if (req.method !== "POST" || req.url !== "/v1/chat/completions")
       return this.refuse(res, 404, apiError(`Invalid URL (${req.method} ${req.url})`, null, null));
@@ -94,7 +69,7 @@ export class ChatApiServer {
     }
     let body: ChatBody;
     try {
-      body = JSON.parse(Buffer.concat(chunks).toString("utf8"));
+      body = JSON.parse(text);
     } catch {
       return this.refuse(res, 400, apiError("We could not parse the JSON body of your request.", null, null));
     }

@@ -10,6 +10,7 @@ import { ModelError, OpenAIModelClient, type ModelChunk, type ModelRequest } fro
 import { parseProviders, resolveModel, type Providers } from "../../services/shared/providers.js";
 import { ProviderModels } from "../../services/runner/provider-models.js";
 import { ChatApiServer, type ChatBody } from "../helpers/openai-api.js";
+import { ResponsesApiServer, type ResponsesBody } from "../helpers/responses-api.js";
 import { echoTool, newActor, prompt, testRunDeps } from "../helpers/in-process.js";
 
 const KEY = "sk-conformance-test";
@@ -138,7 +139,7 @@ describe("the providers file", () => {
     };
     assert.match(
       refuse({ providers: { a: { kind: "anthropic-ish", baseUrl: "ftp://x" } } }),
-      /providers\.a\.kind must be one of openai, openai-compatible.*providers\.a\.baseUrl must be an http/,
+      /providers\.a\.kind must be one of openai, openai-responses, openai-compatible.*providers\.a\.baseUrl must be an http/,
     );
     assert.match(refuse({ providers: { "Bad Name": { kind: "openai", baseUrl: "http://x" } } }), /not allowed/);
     assert.match(
@@ -239,5 +240,85 @@ describe("turns through conformance servers", () => {
     assert.equal(events.of("modelFallback").length, 1);
     assert.equal(actor.messages.filter((m) => m.role === Role.ASSISTANT).at(-1)?.text, "ok");
     await models.close();
+  });
+});
+
+describe("the Responses API (openai-responses)", () => {
+  const replyWithTool = (body: ResponsesBody) =>
+    body.input.some((i) => i.type === "function_call_output")
+      ? { text: "done with the tool" }
+      : { calls: [{ name: "echo", arguments: { text: "hi" } }] };
+
+  test("a gpt-5-mini turn with a tool call completes, its reasoning carried into the next request", async () => {
+    const api = await new ResponsesApiServer({ apiKey: KEY, reply: replyWithTool }).start();
+    const models = new ProviderModels(
+      providers({
+        resp: { kind: "openai-responses", baseUrl: api.baseUrl, apiKey: { env: "TROUPE_TEST_OPENAI_KEY" } },
+      }),
+    );
+    const ran: string[] = [];
+    const { actor, events } = await newActor(() =>
+      testRunDeps(models, [echoTool("echo", 0, ran)], {
+        config: { model: "resp/gpt-5-mini", reasoningEffort: "low", temperature: 0.5 },
+      }),
+    );
+    await actor.submit(prompt("use your tool"));
+    const end = await events.waitFor((e) => e.payload.case === "agentEnd");
+    assert.equal(end.payload.case === "agentEnd" && end.payload.value.stopReason, StopReason.COMPLETED);
+    assert.deepEqual(api.refused, []);
+    assert.deepEqual(ran, ["hi"]);
+    const [first, second] = api.accepted;
+    assert.equal(first.model, "gpt-5-mini");
+    assert.deepEqual(first.reasoning, { effort: "low" });
+    assert.deepEqual(first.include, ["reasoning.encrypted_content"]);
+    assert.equal(first.store, false);
+    assert.ok(!("temperature" in first) && !("max_tokens" in first) && typeof first.max_output_tokens === "number");
+    assert.equal(typeof first.instructions, "string");
+    // The reasoning item came back, encrypted, before the call it led to.
+    const kinds = second.input.map((i) => i.type ?? i.role);
+    assert.deepEqual(kinds.slice(-3), ["reasoning", "function_call", "function_call_output"]);
+    assert.equal(actor.messages.filter((m) => m.role === Role.ASSISTANT).at(-1)?.text, "done with the tool");
+    await models.close();
+    await api.close();
+  });
+
+  test("a chat model through it gets its temperature and no reasoning; the output floor is 16 tokens", async () => {
+    const api = await new ResponsesApiServer({ apiKey: KEY }).start();
+    const models = new ProviderModels(
+      providers({
+        resp: { kind: "openai-responses", baseUrl: api.baseUrl, apiKey: { env: "TROUPE_TEST_OPENAI_KEY" } },
+      }),
+    );
+    const chunks = await drain(
+      models,
+      ask("resp/gpt-4.1-mini", { temperature: 0.2, reasoningEffort: "high", maxTokens: 3 }),
+    );
+    assert.deepEqual(api.refused, []);
+    const body = api.accepted[0];
+    assert.equal(body.temperature, 0.2);
+    assert.ok(!("reasoning" in body) && !("include" in body));
+    assert.equal(body.max_output_tokens, 16);
+    assert.ok(chunks.at(-1)?.type === "done");
+    await models.close();
+    await api.close();
+  });
+
+  test("the server refuses what the API refuses: a reasoning item without its encrypted content", async () => {
+    const api = await new ResponsesApiServer({ apiKey: KEY, reply: replyWithTool }).start();
+    const res = await fetch(`${api.baseUrl}/responses`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${KEY}`, "content-type": "application/json" },
+      body: JSON.stringify({
+        model: "gpt-5-mini",
+        input: [{ type: "reasoning", id: "rs_9", summary: [] }],
+        stream: true,
+      }),
+    });
+    assert.equal(res.status, 400);
+    assert.match(
+      ((await res.json()) as { error: { message: string } }).error.message,
+      /not persisted when `store` is set to false/,
+    );
+    await api.close();
   });
 });
