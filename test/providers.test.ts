@@ -13,6 +13,7 @@ import { StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { DECIDE_MARKER, EXTRACT_MARKER } from "../services/memory/learn.js";
 import { ChatApiServer, type ChatBody } from "./helpers/openai-api.js";
 import { ResponsesApiServer } from "./helpers/responses-api.js";
+import { AnthropicApiServer } from "./helpers/anthropic-api.js";
 import { ChatSession } from "./helpers/session.js";
 import { MAIN, startStack, waitFor, type Stack } from "./helpers/stack.js";
 import { endOf, of, replyOf } from "./helpers/turn-stack.js";
@@ -33,6 +34,7 @@ let openai: ChatApiServer;
 let down: ChatApiServer;
 let ollama: ChatApiServer;
 let responses: ResponsesApiServer;
+let anthropic: AnthropicApiServer;
 let stack: Stack;
 let dataDir: string;
 
@@ -59,6 +61,13 @@ before(async () => {
         ? { text: "noted through the Responses API" }
         : { calls: [{ name: "memory_save", arguments: { text: "the user keeps bees" } }] },
   }).start();
+  anthropic = await new AnthropicApiServer({
+    apiKey: KEY,
+    reply: (b) =>
+      JSON.stringify(b.messages).includes('"tool_result"')
+        ? { text: "noted through the Messages API" }
+        : { calls: [{ name: "memory_save", input: { text: "the user keeps bees" } }] },
+  }).start();
   dataDir = await mkdtemp(path.join(os.tmpdir(), "troupe-providers-"));
   const providersFile = path.join(dataDir, "providers.json");
   const key = { env: "TROUPE_TEST_PROVIDER_KEY" };
@@ -70,6 +79,7 @@ before(async () => {
         down: { kind: "openai", baseUrl: down.baseUrl, apiKey: key },
         local: { kind: "openai-compatible", baseUrl: ollama.baseUrl },
         responses: { kind: "openai-responses", baseUrl: responses.baseUrl, apiKey: key },
+        claude: { kind: "anthropic", baseUrl: anthropic.baseUrl, apiKey: key },
       },
       default: "openai",
     }),
@@ -86,6 +96,7 @@ before(async () => {
   });
   await agent("local", { model: "local/llama3.1:8b", maxOutputTokens: 64 });
   await agent("reasoner", { model: "responses/gpt-5-mini", reasoningEffort: "medium" });
+  await agent("claude", { model: "claude/claude-sonnet-4-5", reasoningEffort: "low" });
   stack = await startStack({
     dataDir,
     env: {
@@ -97,7 +108,7 @@ before(async () => {
 });
 after(async () => {
   await stack?.stop();
-  await Promise.all([openai?.close(), down?.close(), ollama?.close(), responses?.close()]);
+  await Promise.all([openai?.close(), down?.close(), ollama?.close(), responses?.close(), anthropic?.close()]);
   await rm(dataDir, { recursive: true, force: true });
 });
 
@@ -157,6 +168,18 @@ describe("the Responses API kind", () => {
     assert.deepEqual(responses.refused, [], "every request one the API accepts");
     const last = responses.accepted.at(-1)!;
     assert.ok(last.input.some((i) => i.type === "reasoning" && typeof i.encrypted_content === "string"));
+  });
+});
+
+describe("the Anthropic kind", () => {
+  test("claude-sonnet-4-5 with extended thinking: a turn with a tool call completes", async () => {
+    const s = await open("claude");
+    const events = await s.turn("remember that I keep bees", 30_000);
+    s.close();
+    assert.equal(endOf(events).stopReason, StopReason.COMPLETED, JSON.stringify(of(events, "error")));
+    assert.equal(replyOf(events), "noted through the Messages API");
+    assert.deepEqual(anthropic.refused, [], "every request one the API accepts");
+    assert.ok(anthropic.accepted.every((b) => b.thinking !== undefined));
   });
 });
 

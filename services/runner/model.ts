@@ -291,23 +291,27 @@ export class OpenAIModelClient implements ModelClient {
  * already sent.
  */
 export function openAIConnection(options: OpenAIModelOptions): { client: OpenAI; pool: Agent } {
-  const timeout = options.timeoutMs ?? 60_000;
-  const pool = new Agent({
-    connections: 128,
-    keepAliveTimeout: 30_000,
-    connectTimeout: 10_000,
-    headersTimeout: timeout,
-    bodyTimeout: options.idleTimeoutMs ?? 120_000,
-  });
+  const pool = connectionPool(options);
   const client = new OpenAI({
     baseURL: options.baseUrl,
     apiKey: options.apiKey || "unused",
     maxRetries: 0,
-    timeout,
+    timeout: options.timeoutMs ?? 60_000,
     fetch: undiciFetch as unknown as typeof fetch,
     fetchOptions: { dispatcher: pool } as never,
   });
   return { client, pool };
+}
+
+/** One keep-alive pool per provider; many sessions share its connections. */
+export function connectionPool(options: Pick<OpenAIModelOptions, "timeoutMs" | "idleTimeoutMs">): Agent {
+  return new Agent({
+    connections: 128,
+    keepAliveTimeout: 30_000,
+    connectTimeout: 10_000,
+    headersTimeout: options.timeoutMs ?? 60_000,
+    bodyTimeout: options.idleTimeoutMs ?? 120_000,
+  });
 }
 
 /** Any failure of a model call as a ModelError: aborted, an HTTP status with its code, or unreachable. */
@@ -349,4 +353,39 @@ export function isContextOverflow(err: ModelError): boolean {
       err.message,
     )
   );
+}
+
+/**
+ * The chunks of a streamed body whose events `parse` reads, until `ended()` says the final event
+ * came. Failures reading become ModelErrors by `classify`; an abort is an aborted ModelError; a body
+ * that stops before its final event is a retryable one.
+ */
+export async function* streamEvents(
+  body: AsyncIterable<Uint8Array>,
+  parse: (data: string) => Iterable<ModelChunk>,
+  ended: () => boolean,
+  signal: AbortSignal,
+  classifyError: (err: unknown, signal: AbortSignal) => ModelError = classify,
+): AsyncIterable<ModelChunk> {
+  const decoder = new SseDecoder();
+  try {
+    for await (const bytes of body) {
+      for (const sse of decoder.push(bytes)) yield* parse(sse.data);
+      if (ended()) break;
+    }
+    if (!ended()) for (const sse of decoder.end()) yield* parse(sse.data);
+  } catch (err) {
+    throw classifyError(err, signal);
+  }
+  if (signal.aborted) throw new ModelError("aborted", false, undefined, true);
+  if (!ended()) throw new ModelError("the model stream ended before its final event", true);
+}
+
+/** One event's JSON, or a retryable ModelError naming what came instead. */
+export function eventJson(data: string): Record<string, unknown> & { type?: string } {
+  try {
+    return JSON.parse(data);
+  } catch {
+    throw new ModelError(`the model stream sent an event that is not JSON: ${data.slice(0, 200)}`, true);
+  }
 }

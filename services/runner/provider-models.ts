@@ -1,21 +1,31 @@
 // The one ModelClient the loop sees over every provider (shared/providers.ts): each request goes
 // to the provider its model names, so a fallback chain may leave a provider that is down.
-import { resolveModel, type Providers } from "../shared/providers.js";
+import { resolveModel, type ProviderKind, type ProviderSpec, type Providers } from "../shared/providers.js";
 import { ModelError, OpenAIModelClient, type ModelChunk, type ModelClient, type ModelRequest } from "./model.js";
 import { OpenAIResponsesClient } from "./responses-model.js";
+import { AnthropicModelClient } from "./anthropic-model.js";
+
+const CLIENTS: Record<ProviderKind, new (p: ProviderSpec) => ModelClient> = {
+  openai: OpenAIModelClient,
+  "openai-compatible": OpenAIModelClient,
+  "openai-responses": OpenAIResponsesClient,
+  anthropic: AnthropicModelClient,
+};
 
 /** Streams each request from the provider its model names; one connection pool per provider. */
 export class ProviderModels implements ModelClient {
   private readonly clients = new Map<string, ModelClient>();
 
   constructor(readonly providers: Providers) {
-    for (const p of providers.byName.values())
-      this.clients.set(p.name, p.kind === "openai-responses" ? new OpenAIResponsesClient(p) : new OpenAIModelClient(p));
+    for (const p of providers.byName.values()) this.clients.set(p.name, new CLIENTS[p.kind](p));
   }
 
   providerOf(model: string): string {
     const found = resolveModel(this.providers, model);
-    return found ? (found.provider.kind === "openai-compatible" ? found.provider.name : "openai") : "unknown";
+    if (!found) return "unknown";
+    // A compatible server is named by the operator's name for it (ollama, vllm, ...).
+    const name = this.clients.get(found.provider.name)!.providerOf(found.model);
+    return name === "openai_compatible" ? found.provider.name : name;
   }
 
   stream(request: ModelRequest, signal: AbortSignal): AsyncIterable<ModelChunk> {

@@ -10,7 +10,9 @@ import { rulesFor } from "../shared/model-rules.js";
 import {
   ModelError,
   classify,
+  eventJson,
   openAIConnection,
+  streamEvents,
   type FinishReason,
   type ModelChunk,
   type ModelClient,
@@ -19,7 +21,6 @@ import {
   type ModelUsage,
   type OpenAIModelOptions,
 } from "./model.js";
-import { SseDecoder } from "./sse.js";
 
 /** The Responses API's smallest max_output_tokens. */
 const MIN_OUTPUT_TOKENS = 16;
@@ -131,18 +132,13 @@ export class OpenAIResponsesClient implements ModelClient {
       responseModel: request.model,
       responseId: "",
     };
-    const decoder = new SseDecoder();
-    try {
-      for await (const bytes of body) {
-        for (const sse of decoder.push(bytes)) yield* this.parse(sse.data, state);
-        if (state.finish) break;
-      }
-      if (!state.finish) for (const sse of decoder.end()) yield* this.parse(sse.data, state);
-    } catch (err) {
-      throw classify(err, signal);
-    }
-    if (signal.aborted) throw new ModelError("aborted", false, undefined, true);
-    if (!state.finish) throw new ModelError("the model stream ended without a final response event", true);
+    yield* streamEvents(
+      body,
+      (data) => this.parse(data, state),
+      () => state.finish !== undefined,
+      signal,
+    );
+    if (!state.finish) return; // streamEvents threw; for the type checker
     yield {
       type: "done",
       finishReason: state.finish,
@@ -156,12 +152,7 @@ export class OpenAIResponsesClient implements ModelClient {
 
   /** One streaming event: the chunks it carries. */
   private *parse(data: string, state: StreamState): Iterable<ModelChunk> {
-    let ev: Item & { type?: string };
-    try {
-      ev = JSON.parse(data);
-    } catch {
-      throw new ModelError(`the model stream sent an event that is not JSON: ${data.slice(0, 200)}`, true);
-    }
+    const ev = eventJson(data);
     switch (ev.type) {
       case "response.output_text.delta":
         yield { type: "text", delta: String(ev.delta ?? "") };

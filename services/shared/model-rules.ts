@@ -69,6 +69,18 @@ const RULES: readonly Row[] = [
   },
 ];
 
+/** Anthropic's models: max_tokens is required; an effort asks for extended thinking (anthropic-model.ts). */
+const ANTHROPIC: Row = {
+  kinds: ["anthropic"],
+  model: /./,
+  rules: {
+    maxTokensField: "max_tokens",
+    sampling: true,
+    reasoningEfforts: ["low", "medium", "high"],
+    jsonObject: false,
+  },
+};
+
 const FALLBACK: RequestRules = {
   maxTokensField: "max_tokens",
   sampling: true,
@@ -78,5 +90,5 @@ const FALLBACK: RequestRules = {
 
 /** The rules for `model` served by a provider of `kind`. */
 export function rulesFor(kind: ProviderKind, model: string): RequestRules {
-  return RULES.find((r) => r.kinds.includes(kind) && r.model.test(model))?.rules ?? FALLBACK;
+  return [...RULES, ANTHROPIC].find((r) => r.kinds.includes(kind) && r.model.test(model))?.rules ?? FALLBACK;
 }

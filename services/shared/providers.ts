@@ -9,7 +9,7 @@ import { readFileSync } from "node:fs";
 import { secretFrom } from "./config.js";
 import { parseJson, schemaProblems } from "./json-schema.js";
 
-export type ProviderKind = "openai" | "openai-responses" | "openai-compatible";
+export type ProviderKind = "openai" | "openai-responses" | "openai-compatible" | "anthropic";
 
 export interface ProviderSpec {
   name: string;

@@ -139,7 +139,7 @@ describe("the providers file", () => {
     };
     assert.match(
       refuse({ providers: { a: { kind: "anthropic-ish", baseUrl: "ftp://x" } } }),
-      /providers\.a\.kind must be one of openai, openai-responses, openai-compatible.*providers\.a\.baseUrl must be an http/,
+      /providers\.a\.kind must be one of openai, openai-responses, openai-compatible, anthropic.*providers\.a\.baseUrl must be an http/,
     );
     assert.match(refuse({ providers: { "Bad Name": { kind: "openai", baseUrl: "http://x" } } }), /not allowed/);
     assert.match(

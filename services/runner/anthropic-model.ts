@@ -1,0 +1,264 @@
+// Anthropic's Messages API (provider kind "anthropic"), through @anthropic-ai/sdk. Anthropic's
+// OpenAI-compatible endpoint is, in its own words, for testing and comparing, not for production;
+// the native API is where extended thinking and prompt caching are. A reasoning effort asks for
+// extended thinking; the thinking blocks come back signed and are sent back, first in the assistant
+// message, with the next request to the same model (the API requires it while tool use goes on).
+// Reference: https://docs.anthropic.com/en/api/messages, .../messages-streaming,
+// https://docs.anthropic.com/en/docs/build-with-claude/extended-thinking.
+import Anthropic from "@anthropic-ai/sdk";
+import { type Agent, fetch as undiciFetch } from "undici";
+import { rulesFor, type ReasoningEffort } from "../shared/model-rules.js";
+import {
+  ModelError,
+  connectionPool,
+  eventJson,
+  retryAfter,
+  streamEvents,
+  type FinishReason,
+  type ModelChunk,
+  type ModelClient,
+  type ModelMessage,
+  type ModelRequest,
+  type ModelUsage,
+  type OpenAIModelOptions,
+} from "./model.js";
+
+/** Thinking tokens per effort; the API's floor is 1024, and the budget must stay below max_tokens. */
+const THINKING_BUDGET: Record<ReasoningEffort, number> = { minimal: 1024, low: 1024, medium: 4096, high: 16_384 };
+
+type Block = Record<string, unknown>;
+type Turn = { role: "user" | "assistant"; content: Block[] };
+
+/** Arguments as the JSON object the API wants; a model's broken JSON is sent as an empty object. */
+function inputOf(argumentsJson: string): Record<string, unknown> {
+  try {
+    const v = JSON.parse(argumentsJson || "{}");
+    return v && typeof v === "object" && !Array.isArray(v) ? v : {};
+  } catch {
+    return {};
+  }
+}
+
+/** The conversation as the API takes it: system text apart; tool results in the user turn after the call. */
+export function toMessages(messages: readonly ModelMessage[]): { system: string; messages: Turn[] } {
+  const system: string[] = [];
+  const out: Turn[] = [];
+  const push = (role: Turn["role"], blocks: Block[]) => {
+    if (blocks.length === 0) return;
+    const last = out[out.length - 1];
+    // Consecutive turns of one role are one turn (tool results, then the user's next words).
+    if (last?.role === role) last.content.push(...blocks);
+    else out.push({ role, content: blocks });
+  };
+  for (const m of messages) {
+    switch (m.role) {
+      case "system":
+        system.push(m.content);
+        break;
+      case "user":
+        if (m.content !== "") push("user", [{ type: "text", text: m.content }]);
+        break;
+      case "assistant":
+        push("assistant", [
+          ...(m.reasoning ? (JSON.parse(m.reasoning) as Block[]) : []),
+          ...(m.content !== "" ? [{ type: "text", text: m.content }] : []),
+          ...m.toolCalls.map((c) => ({ type: "tool_use", id: c.id, name: c.name, input: inputOf(c.argumentsJson) })),
+        ]);
+        break;
+      case "tool":
+        push("user", [{ type: "tool_result", tool_use_id: m.toolCallId, content: m.content || "(no output)" }]);
+        break;
+    }
+  }
+  return { system: system.join("\n\n"), messages: out };
+}
+
+const FINISH: Record<string, FinishReason> = {
+  end_turn: "stop",
+  stop_sequence: "stop",
+  tool_use: "tool_calls",
+  max_tokens: "length",
+};
+
+interface StreamState {
+  /** content block index -> our tool call index. */
+  calls: Map<number, number>;
+  /** Thinking blocks being assembled, by content block index. */
+  thinking: Map<number, Block>;
+  stop: string;
+  ended: boolean;
+  usage: ModelUsage;
+  responseModel: string;
+  responseId: string;
+}
+
+export class AnthropicModelClient implements ModelClient {
+  private readonly client: Anthropic;
+  private readonly pool: Agent;
+
+  constructor(options: OpenAIModelOptions) {
+    this.pool = connectionPool(options);
+    this.client = new Anthropic({
+      baseURL: options.baseUrl.replace(/\/v1\/?$/, ""),
+      apiKey: options.apiKey || "unused",
+      maxRetries: 0,
+      timeout: options.timeoutMs ?? 60_000,
+      fetch: undiciFetch as never,
+      fetchOptions: { dispatcher: this.pool } as never,
+    });
+  }
+
+  providerOf(): string {
+    return "anthropic";
+  }
+
+  /** The request body, fitted to what the model takes (model-rules.ts). */
+  body(request: ModelRequest): Record<string, unknown> {
+    const rules = rulesFor("anthropic", request.model);
+    const { system, messages } = toMessages(request.messages);
+    const maxTokens = request.maxTokens ?? 4096;
+    const effort = request.reasoningEffort;
+    const budget = effort && rules.reasoningEfforts.includes(effort) ? THINKING_BUDGET[effort] : 0;
+    const thinking = budget > 0 && budget < maxTokens;
+    return {
+      model: request.model,
+      max_tokens: maxTokens,
+      ...(system ? { system } : {}),
+      messages,
+      stream: true,
+      ...(request.tools.length > 0
+        ? {
+            tools: request.tools.map((t) => ({ name: t.name, description: t.description, input_schema: t.parameters })),
+          }
+        : {}),
+      ...(thinking ? { thinking: { type: "enabled", budget_tokens: budget } } : {}),
+      // With thinking on, the API takes no temperature but its default.
+      ...(request.temperature !== undefined && rules.sampling && !thinking ? { temperature: request.temperature } : {}),
+    };
+  }
+
+  async *stream(request: ModelRequest, signal: AbortSignal): AsyncIterable<ModelChunk> {
+    let body: AsyncIterable<Uint8Array>;
+    try {
+      const response = await this.client.messages
+        .create(this.body(request) as unknown as Anthropic.MessageCreateParamsStreaming, { signal })
+        .asResponse();
+      if (!response.body) throw new ModelError("the model endpoint answered without a body", true);
+      body = response.body as unknown as AsyncIterable<Uint8Array>;
+    } catch (err) {
+      throw classifyAnthropic(err, signal);
+    }
+    const state: StreamState = {
+      calls: new Map(),
+      thinking: new Map(),
+      stop: "",
+      ended: false,
+      usage: { inputTokens: 0, outputTokens: 0, cacheReadInputTokens: 0 },
+      responseModel: request.model,
+      responseId: "",
+    };
+    yield* streamEvents(
+      body,
+      (data) => this.parse(data, state),
+      () => state.ended,
+      signal,
+      classifyAnthropic,
+    );
+    const thinking = [...state.thinking.entries()].sort(([a], [b]) => a - b).map(([, b]) => b);
+    yield {
+      type: "done",
+      finishReason: FINISH[state.stop] ?? "other",
+      rawFinishReason: state.stop,
+      usage: state.usage,
+      responseModel: state.responseModel,
+      responseId: state.responseId,
+      ...(thinking.length > 0 ? { reasoning: JSON.stringify(thinking) } : {}),
+    };
+  }
+
+  /** One streaming event: the chunks it carries. */
+  private *parse(data: string, state: StreamState): Iterable<ModelChunk> {
+    const ev = eventJson(data);
+    const index = Number(ev.index);
+    switch (ev.type) {
+      case "message_start": {
+        const m = ev.message as { id?: string; model?: string; usage?: Record<string, number> };
+        state.responseId = m?.id ?? "";
+        state.responseModel = m?.model ?? state.responseModel;
+        state.usage.inputTokens = (m?.usage?.input_tokens ?? 0) + (m?.usage?.cache_read_input_tokens ?? 0);
+        state.usage.cacheReadInputTokens = m?.usage?.cache_read_input_tokens ?? 0;
+        return;
+      }
+      case "content_block_start": {
+        const block = ev.content_block as Block;
+        if (block?.type === "tool_use") {
+          const n = state.calls.size;
+          state.calls.set(index, n);
+          yield { type: "tool_call", index: n, id: String(block.id), name: String(block.name), argumentsDelta: "" };
+        } else if (block?.type === "thinking")
+          state.thinking.set(index, { type: "thinking", thinking: "", signature: "" });
+        else if (block?.type === "redacted_thinking") state.thinking.set(index, { ...block });
+        return;
+      }
+      case "content_block_delta": {
+        const d = ev.delta as Block;
+        if (d?.type === "text_delta") yield { type: "text", delta: String(d.text ?? "") };
+        else if (d?.type === "input_json_delta") {
+          const n = state.calls.get(index);
+          if (n !== undefined) yield { type: "tool_call", index: n, argumentsDelta: String(d.partial_json ?? "") };
+        } else if (d?.type === "thinking_delta") {
+          const b = state.thinking.get(index);
+          if (b) b.thinking = `${b.thinking}${d.thinking ?? ""}`;
+          yield { type: "thinking", delta: String(d.thinking ?? "") };
+        } else if (d?.type === "signature_delta") {
+          const b = state.thinking.get(index);
+          if (b) b.signature = `${b.signature}${d.signature ?? ""}`;
+        }
+        return;
+      }
+      case "message_delta":
+        state.stop = String((ev.delta as { stop_reason?: string })?.stop_reason ?? state.stop);
+        state.usage.outputTokens = Number((ev.usage as { output_tokens?: number })?.output_tokens ?? 0);
+        return;
+      case "message_stop":
+        state.ended = true;
+        return;
+      case "error": {
+        const e = ev.error as { type?: string; message?: string } | undefined;
+        throw new ModelError(
+          `the model stream reported an error: ${e?.message ?? data.slice(0, 200)}`,
+          true,
+          undefined,
+          false,
+          undefined,
+          e?.type,
+        );
+      }
+    }
+  }
+
+  async close(): Promise<void> {
+    await this.pool.close();
+  }
+}
+
+/** Any failure as a ModelError; a 400 naming a field the model does not take counts as a refusal to fall back from. */
+function classifyAnthropic(err: unknown, signal: AbortSignal): ModelError {
+  if (err instanceof ModelError) return err;
+  if (signal.aborted || err instanceof Anthropic.APIUserAbortError)
+    return new ModelError("aborted", false, undefined, true);
+  if (err instanceof Anthropic.APIError && typeof err.status === "number") {
+    const status = err.status;
+    const message = err.apiMessage ?? err.message;
+    const refused = status === 400 && /not permitted|not supported|unsupported/i.test(message);
+    return new ModelError(
+      `model endpoint answered ${status}: ${message}`,
+      status === 408 || status === 409 || status === 429 || status >= 500,
+      status,
+      false,
+      retryAfter(err.headers as Headers | undefined),
+      refused ? "unsupported_parameter" : undefined,
+    );
+  }
+  return new ModelError(`model endpoint unreachable: ${(err as Error)?.message ?? String(err)}`, true);
+}

@@ -1,0 +1,208 @@
+// A Messages API server that checks each request as Anthropic's does, written from the references:
+// https://docs.anthropic.com/en/api/messages (headers, the body, content blocks, tool_use and
+// tool_result pairing), https://docs.anthropic.com/en/api/messages-streaming (the events) and
+// https://docs.anthropic.com/en/docs/build-with-claude/extended-thinking (budget_tokens of at least
+// 1024 and below max_tokens, no temperature with thinking, and while tool use goes on the
+// assistant turn's thinking block must come back first, with its signature unchanged).
+import type http from "node:http";
+import { ApiServer } from "./api-server.js";
+import type { ApiError } from "./openai-checks.js";
+
+export type AnthropicReply = { text: string } | { calls: { name: string; input: Record<string, unknown> }[] };
+export type AnthropicBody = Record<string, unknown> & { model: string; messages: { role: string; content: unknown }[] };
+type Block = Record<string, unknown>;
+
+const KNOWN = new Set(
+  "model messages max_tokens system metadata stop_sequences stream temperature top_k top_p tools tool_choice thinking service_tier container mcp_servers".split(
+    " ",
+  ),
+);
+
+const error = (type: string, message: string): ApiError => ({ type, message, param: null, code: null });
+
+export class AnthropicApiServer extends ApiServer {
+  readonly accepted: AnthropicBody[] = [];
+  /** Signatures this server gave out for thinking blocks, by the thinking text. */
+  private readonly signatures = new Map<string, string>();
+  private n = 0;
+
+  constructor(
+    private readonly options: {
+      apiKey: string;
+      models?: readonly string[];
+      reply?: (body: AnthropicBody, n: number) => AnthropicReply;
+    },
+  ) {
+    super();
+  }
+
+  protected handle(req: http.IncomingMessage, text: string, res: http.ServerResponse): void {
+    // Anthropic's errors are {"type": "error", "error": {"type", "message"}}.
+    const refuse = (status: number, type: string, message: string) => {
+      this.refused.push({ status, error: error(type, message) });
+      res.writeHead(status, { "content-type": "application/json" });
+      res.end(JSON.stringify({ type: "error", error: { type, message } }));
+    };
+    if (req.method !== "POST" || req.url !== "/v1/messages") return refuse(404, "not_found_error", "Not found");
+    // The key as x-api-key, or (what the current SDK sends) as a bearer token.
+    const key = req.headers["x-api-key"] ?? req.headers.authorization?.replace(/^Bearer /, "");
+    if (key !== this.options.apiKey) return refuse(401, "authentication_error", "invalid x-api-key");
+    if (!req.headers["anthropic-version"])
+      return refuse(400, "invalid_request_error", "anthropic-version: header is required");
+    let body: AnthropicBody;
+    try {
+      body = JSON.parse(text);
+    } catch {
+      return refuse(400, "invalid_request_error", "The request body is not valid JSON.");
+    }
+    const problem = this.check(body);
+    if (problem) return refuse(problem.status, problem.type, problem.message);
+    const n = this.accepted.push(body) - 1;
+    this.answer(res, body, this.options.reply?.(body, n) ?? { text: "ok" });
+  }
+
+  private check(body: AnthropicBody): { status: number; type: string; message: string } | undefined {
+    const bad = (message: string, status = 400, type = "invalid_request_error") => ({ status, type, message });
+    for (const key of Object.keys(body)) if (!KNOWN.has(key)) return bad(`${key}: Extra inputs are not permitted`);
+    if (!(this.options.models ?? ["claude-sonnet-4-5", "claude-haiku-4-5"]).includes(body.model))
+      return bad(`model: ${body.model}`, 404, "not_found_error");
+    if (!Number.isInteger(body.max_tokens) || (body.max_tokens as number) < 1) return bad("max_tokens: Field required");
+    const thinking = body.thinking as { type?: string; budget_tokens?: number } | undefined;
+    if (thinking?.type === "enabled") {
+      const budget = thinking.budget_tokens ?? 0;
+      if (budget < 1024) return bad("thinking.enabled.budget_tokens: Input should be greater than or equal to 1024");
+      if (budget >= (body.max_tokens as number))
+        return bad("`max_tokens` must be greater than `thinking.budget_tokens`.");
+      if (body.temperature !== undefined && body.temperature !== 1)
+        return bad("`temperature` may only be set to 1 when thinking is enabled.");
+      if (body.top_k !== undefined) return bad("`top_k` is not supported when thinking is enabled.");
+    }
+    for (const t of (body.tools as Block[] | undefined) ?? [])
+      if (
+        typeof t.name !== "string" ||
+        !/^[a-zA-Z0-9_-]{1,128}$/.test(t.name) ||
+        (t.input_schema as Block)?.type !== "object"
+      )
+        return bad("tools: each tool needs a name matching ^[a-zA-Z0-9_-]{1,128}$ and an input_schema of type object");
+    if (!Array.isArray(body.messages) || body.messages.length === 0)
+      return bad("messages: at least one message is required");
+    return this.checkMessages(body, thinking?.type === "enabled", bad);
+  }
+
+  private checkMessages(
+    body: AnthropicBody,
+    thinking: boolean,
+    bad: (message: string) => { status: number; type: string; message: string },
+  ) {
+    let pending: Set<string> = new Set();
+    for (const [i, m] of body.messages.entries()) {
+      if (m.role !== "user" && m.role !== "assistant")
+        return bad(
+          `messages: Unexpected role "${m.role}". The Messages API accepts a top-level \`system\` parameter, not "system" as an input message role.`,
+        );
+      const blocks: Block[] =
+        typeof m.content === "string" ? [{ type: "text", text: m.content }] : (m.content as Block[]);
+      if (!Array.isArray(blocks)) return bad(`messages.${i}.content: Input should be a valid list`);
+      const results = blocks.filter((b) => b.type === "tool_result").map((b) => String(b.tool_use_id));
+      if (pending.size > 0) {
+        const missing = [...pending].filter((id) => !results.includes(id));
+        if (m.role !== "user" || missing.length > 0)
+          return bad(
+            `messages.${i - 1}: \`tool_use\` ids were found without \`tool_result\` blocks immediately after: ${missing.join(", ")}. Each \`tool_use\` block must have a corresponding \`tool_result\` block in the next message.`,
+          );
+      }
+      const extra = results.filter((id) => !pending.has(id));
+      if (extra.length > 0)
+        return bad(
+          `messages.${i}.content: unexpected \`tool_use_id\` found in \`tool_result\` blocks: ${extra.join(", ")}. Each \`tool_result\` block must have a corresponding \`tool_use\` block in the previous message.`,
+        );
+      for (const [k, b] of blocks.entries()) {
+        if (b.type === "text" && (typeof b.text !== "string" || b.text === ""))
+          return bad(`messages.${i}.content.${k}.text: text content blocks must be non-empty`);
+        if (b.type === "thinking" && this.signatures.get(String(b.thinking)) !== b.signature)
+          return bad(`messages.${i}.content.${k}: Invalid \`signature\` in \`thinking\` block`);
+      }
+      pending = new Set(
+        m.role === "assistant" ? blocks.filter((b) => b.type === "tool_use").map((b) => String(b.id)) : [],
+      );
+      // With thinking on, the assistant turn being answered with tool results must start with its thinking.
+      const last = i === body.messages.length - 2 && m.role === "assistant" && pending.size > 0;
+      if (thinking && last && blocks[0]?.type !== "thinking" && blocks[0]?.type !== "redacted_thinking")
+        return bad(
+          `messages.${i}.content.0.type: Expected \`thinking\` or \`redacted_thinking\`, but found \`${blocks[0]?.type}\`. When \`thinking\` is enabled, a final \`assistant\` message must start with a thinking block (preceeding the lastmost set of \`tool_use\` and \`tool_result\` blocks).`,
+        );
+    }
+    if (pending.size > 0)
+      return bad(
+        `messages: \`tool_use\` ids were found without \`tool_result\` blocks immediately after: ${[...pending].join(", ")}.`,
+      );
+    return undefined;
+  }
+
+  /** The reference's event stream: message_start, content blocks (start, deltas, stop), message_delta, message_stop. */
+  private answer(res: http.ServerResponse, body: AnthropicBody, reply: AnthropicReply): void {
+    const id = `msg_${++this.n}`;
+    const events: Block[] = [
+      {
+        type: "message_start",
+        message: {
+          id,
+          type: "message",
+          role: "assistant",
+          model: body.model,
+          content: [],
+          stop_reason: null,
+          usage: { input_tokens: JSON.stringify(body.messages).length >> 2, output_tokens: 1 },
+        },
+      },
+    ];
+    let index = 0;
+    if ((body.thinking as { type?: string } | undefined)?.type === "enabled") {
+      const thought = `thought ${this.n}`;
+      const signature = `sig-${this.n}-${Math.random().toString(36).slice(2)}`;
+      this.signatures.set(thought, signature);
+      events.push(
+        { type: "content_block_start", index, content_block: { type: "thinking", thinking: "", signature: "" } },
+        { type: "content_block_delta", index, delta: { type: "thinking_delta", thinking: thought } },
+        { type: "content_block_delta", index, delta: { type: "signature_delta", signature } },
+        { type: "content_block_stop", index },
+      );
+      index++;
+    }
+    let stop = "end_turn";
+    if ("text" in reply) {
+      const words = reply.text.split(" ");
+      const kept = words.slice(0, body.max_tokens as number);
+      if (kept.length < words.length) stop = "max_tokens";
+      events.push({ type: "content_block_start", index, content_block: { type: "text", text: "" } });
+      for (const [k, w] of kept.entries())
+        events.push({ type: "content_block_delta", index, delta: { type: "text_delta", text: k === 0 ? w : ` ${w}` } });
+      events.push({ type: "content_block_stop", index });
+    } else {
+      stop = "tool_use";
+      for (const call of reply.calls) {
+        const json = JSON.stringify(call.input);
+        events.push({
+          type: "content_block_start",
+          index,
+          content_block: { type: "tool_use", id: `toolu_${this.n}_${index}`, name: call.name, input: {} },
+        });
+        for (let at = 0; at < json.length; at += 8)
+          events.push({
+            type: "content_block_delta",
+            index,
+            delta: { type: "input_json_delta", partial_json: json.slice(at, at + 8) },
+          });
+        events.push({ type: "content_block_stop", index });
+        index++;
+      }
+    }
+    events.push(
+      { type: "message_delta", delta: { stop_reason: stop, stop_sequence: null }, usage: { output_tokens: 12 } },
+      { type: "message_stop" },
+    );
+    res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache" });
+    for (const e of events) res.write(`event: ${e.type}\ndata: ${JSON.stringify(e)}\n\n`);
+    res.end();
+  }
+}

@@ -1,0 +1,123 @@
+// Anthropic's Messages API as a provider kind, against a server that checks requests as Anthropic's
+// API does (helpers/anthropic-api.ts cites the references): tool use, extended thinking carried
+// across tool calls with its signature, and what the API refuses.
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+import { Role, StopReason } from "../../services/shared/gen/troupe/v1/session_pb.js";
+import { parseProviders } from "../../services/shared/providers.js";
+import { ProviderModels } from "../../services/runner/provider-models.js";
+import { AnthropicApiServer, type AnthropicBody } from "../helpers/anthropic-api.js";
+import { echoTool, newActor, prompt, testRunDeps } from "../helpers/in-process.js";
+
+const KEY = "sk-ant-test";
+let api: AnthropicApiServer;
+let models: ProviderModels;
+
+const toolThenText = (body: AnthropicBody) =>
+  body.messages.some(
+    (m) => Array.isArray(m.content) && (m.content as { type: string }[]).some((b) => b.type === "tool_result"),
+  )
+    ? { text: "done with the tool" }
+    : { calls: [{ name: "echo", input: { text: "hi" } }] };
+
+before(async () => {
+  api = await new AnthropicApiServer({ apiKey: KEY, reply: toolThenText }).start();
+  process.env.TROUPE_TEST_ANTHROPIC_KEY = KEY;
+  models = new ProviderModels(
+    parseProviders(
+      JSON.stringify({
+        providers: {
+          claude: { kind: "anthropic", baseUrl: api.baseUrl, apiKey: { env: "TROUPE_TEST_ANTHROPIC_KEY" } },
+        },
+      }),
+      "providers.json",
+    ),
+  );
+});
+after(async () => {
+  await models.close();
+  await api.close();
+});
+
+async function turn(config: object) {
+  const ran: string[] = [];
+  const { actor, events } = await newActor(() => testRunDeps(models, [echoTool("echo", 0, ran)], { config }));
+  const from = api.accepted.length;
+  await actor.submit(prompt("use your tool"));
+  const end = await events.waitFor((e) => e.payload.case === "agentEnd");
+  return { actor, events, end, ran, bodies: api.accepted.slice(from) };
+}
+
+test("a turn with a tool call and extended thinking completes; the signed thinking comes back first", async () => {
+  const { actor, end, ran, bodies, events } = await turn({
+    model: "claude/claude-sonnet-4-5",
+    reasoningEffort: "low",
+    temperature: 0.3,
+    maxOutputTokens: 4096,
+  });
+  assert.equal(
+    end.payload.case === "agentEnd" && end.payload.value.stopReason,
+    StopReason.COMPLETED,
+    JSON.stringify(api.refused),
+  );
+  assert.deepEqual(api.refused, []);
+  assert.deepEqual(ran, ["hi"]);
+  const [first, second] = bodies;
+  assert.deepEqual(first.thinking, { type: "enabled", budget_tokens: 1024 });
+  assert.ok(!("temperature" in first), "no temperature with thinking");
+  assert.equal(typeof first.system, "string");
+  assert.ok(first.messages.every((m) => m.role !== "system"));
+  const asked = second.messages.at(-2)!.content as { type: string }[];
+  assert.deepEqual(
+    asked.map((b) => b.type),
+    ["thinking", "tool_use"],
+  );
+  assert.ok(
+    events.of("messageUpdate").some((u) => u.delta.case === "thinking"),
+    "thinking streamed as thinking",
+  );
+  assert.equal(actor.messages.filter((m) => m.role === Role.ASSISTANT).at(-1)?.text, "done with the tool");
+});
+
+test("without an effort: no thinking, the temperature is sent; tool results go in the next user turn", async () => {
+  const { end, bodies } = await turn({ model: "claude/claude-haiku-4-5", temperature: 0.3 });
+  assert.equal(end.payload.case === "agentEnd" && end.payload.value.stopReason, StopReason.COMPLETED);
+  const [first, second] = bodies;
+  assert.equal(first.temperature, 0.3);
+  assert.ok(!("thinking" in first));
+  const results = second.messages.at(-1)!;
+  assert.equal(results.role, "user");
+  assert.equal((results.content as { type: string }[])[0].type, "tool_result");
+});
+
+test("a thinking budget that would not fit under max_tokens is not asked for", async () => {
+  const { end, bodies } = await turn({
+    model: "claude/claude-sonnet-4-5",
+    reasoningEffort: "high",
+    maxOutputTokens: 2048,
+  });
+  assert.equal(end.payload.case === "agentEnd" && end.payload.value.stopReason, StopReason.COMPLETED);
+  assert.ok(bodies.every((b) => !("thinking" in b)));
+  assert.deepEqual(api.refused, []);
+});
+
+test("the server refuses what the API refuses: a system role, an unknown field, thinking with a temperature", async () => {
+  const post = async (body: object) => {
+    const res = await fetch(`${api.baseUrl}/messages`, {
+      method: "POST",
+      headers: { "x-api-key": KEY, "anthropic-version": "2023-06-01", "content-type": "application/json" },
+      body: JSON.stringify(body),
+    });
+    return { status: res.status, message: ((await res.json()) as { error: { message: string } }).error?.message };
+  };
+  const base = { model: "claude-sonnet-4-5", max_tokens: 2000, messages: [{ role: "user", content: "hi" }] };
+  assert.match(
+    (await post({ ...base, messages: [{ role: "system", content: "x" }] })).message,
+    /Unexpected role "system"/,
+  );
+  assert.match((await post({ ...base, max_completion_tokens: 5 })).message, /Extra inputs are not permitted/);
+  assert.match(
+    (await post({ ...base, temperature: 0.2, thinking: { type: "enabled", budget_tokens: 1024 } })).message,
+    /temperature. may only be set to 1/,
+  );
+});
