@@ -3,10 +3,9 @@
 // so it never has to copy an id) and answers ADD, UPDATE (which one, with what text), DELETE
 // (which one) or NONE. The decisions are applied through the store's one writer and kept in the
 // history. A reply that is not the JSON asked for skips that step: learning never stores guesses.
-import OpenAI from "openai";
 import type { Logger } from "../shared/log.js";
-import { rulesFor, type RequestRules } from "../shared/model-rules.js";
 import type { ProviderSpec } from "../shared/providers.js";
+import { completionFor, type Complete } from "./completion.js";
 import type { Embedder } from "./embedder.js";
 import type { MemoryStore } from "./store.js";
 import { newMemoryRow, type MemoryRow } from "./memory-schema.js";
@@ -46,39 +45,21 @@ interface Exchange {
 export const FROM = ";from:";
 
 export class Learner {
-  private readonly client: OpenAI;
-
-  private readonly rules: RequestRules;
+  private readonly complete: Complete;
 
   constructor(
     provider: Pick<ProviderSpec, "kind" | "baseUrl" | "apiKey">,
     /** The model as its provider names it. */
-    private readonly model: string,
+    model: string,
     private readonly store: MemoryStore,
     private readonly embedder: Embedder,
     private readonly logger: Logger,
   ) {
-    this.client = new OpenAI({
-      baseURL: provider.baseUrl,
-      apiKey: provider.apiKey || "unused",
-      maxRetries: 1,
-      timeout: 60_000,
-    });
-    this.rules = rulesFor(provider.kind, model);
+    this.complete = completionFor(provider, model);
   }
 
   private async ask(system: string, user: string): Promise<Record<string, unknown> | undefined> {
-    const res = await this.client.chat.completions.create({
-      model: this.model,
-      messages: [
-        { role: "system", content: system },
-        { role: "user", content: user },
-      ],
-      // Deterministic where the model lets us choose; JSON asked for where the provider takes it.
-      ...(this.rules.sampling ? { temperature: 0 } : {}),
-      ...(this.rules.jsonObject ? { response_format: { type: "json_object" as const } } : {}),
-    });
-    const text = res.choices[0]?.message?.content ?? "";
+    const text = await this.complete(system, user);
     const json = /\{[\s\S]*\}/.exec(text)?.[0];
     try {
       return json ? (JSON.parse(json) as Record<string, unknown>) : undefined;

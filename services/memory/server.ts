@@ -134,6 +134,10 @@ function served(providers: Providers, model: string, setting: string) {
 export function embedderFor(cfg: Config, providers = providersOf(cfg)): Embedder {
   if (cfg.embeddingModel === "") return new LocalEmbedder();
   const { provider, model } = served(providers, cfg.embeddingModel, "TROUPE_EMBEDDING_MODEL");
+  if (provider.kind === "anthropic")
+    throw new Error(
+      `TROUPE_EMBEDDING_MODEL=${cfg.embeddingModel}: provider ${provider.name} is of kind anthropic, which serves no embeddings; name an OpenAI or OpenAI-compatible provider's model`,
+    );
   return new OpenAIEmbedder(provider.baseUrl, provider.apiKey, model, cfg.embeddingDim);
 }
 

@@ -1,8 +1,10 @@
 // Anthropic's Messages API (provider kind "anthropic"), through @anthropic-ai/sdk. Anthropic's
 // OpenAI-compatible endpoint is, in its own words, for testing and comparing, not for production;
 // the native API is where extended thinking and prompt caching are. A reasoning effort asks for
-// extended thinking; the thinking blocks come back signed and are sent back, first in the assistant
-// message, with the next request to the same model (the API requires it while tool use goes on).
+// extended thinking (and is the output_config.effort); the thinking blocks come back signed and are
+// sent back, first in the assistant message, with the next request to the same model (the API
+// requires it while tool use goes on). The API version the SDK speaks (2026-10-21) takes no
+// temperature: model-rules.ts says so, and none is sent.
 // Reference: https://docs.anthropic.com/en/api/messages, .../messages-streaming,
 // https://docs.anthropic.com/en/docs/build-with-claude/extended-thinking.
 import Anthropic from "@anthropic-ai/sdk";
@@ -25,6 +27,8 @@ import {
 
 /** Thinking tokens per effort; the API's floor is 1024, and the budget must stay below max_tokens. */
 const THINKING_BUDGET: Record<ReasoningEffort, number> = { minimal: 1024, low: 1024, medium: 4096, high: 16_384 };
+/** output_config.effort takes low, medium, high (and more); minimal is low. */
+const EFFORT: Record<ReasoningEffort, string> = { minimal: "low", low: "low", medium: "medium", high: "high" };
 
 type Block = Record<string, unknown>;
 type Turn = { role: "user" | "assistant"; content: Block[] };
@@ -131,9 +135,10 @@ export class AnthropicModelClient implements ModelClient {
             tools: request.tools.map((t) => ({ name: t.name, description: t.description, input_schema: t.parameters })),
           }
         : {}),
-      ...(thinking ? { thinking: { type: "enabled", budget_tokens: budget } } : {}),
-      // With thinking on, the API takes no temperature but its default.
-      ...(request.temperature !== undefined && rules.sampling && !thinking ? { temperature: request.temperature } : {}),
+      ...(thinking && effort
+        ? { thinking: { type: "enabled", budget_tokens: budget }, output_config: { effort: EFFORT[effort] } }
+        : {}),
+      ...(request.temperature !== undefined && rules.sampling ? { temperature: request.temperature } : {}),
     };
   }
 

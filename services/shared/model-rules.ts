@@ -69,13 +69,16 @@ const RULES: readonly Row[] = [
   },
 ];
 
-/** Anthropic's models: max_tokens is required; an effort asks for extended thinking (anthropic-model.ts). */
+/**
+ * Anthropic's models: max_tokens is required, the Messages API (version 2026-10-21) takes no
+ * sampling parameters, and an effort is output_config.effort with extended thinking (anthropic-model.ts).
+ */
 const ANTHROPIC: Row = {
   kinds: ["anthropic"],
   model: /./,
   rules: {
     maxTokensField: "max_tokens",
-    sampling: true,
+    sampling: false,
     reasoningEfforts: ["low", "medium", "high"],
     jsonObject: false,
   },

@@ -2,8 +2,10 @@
 // https://docs.anthropic.com/en/api/messages (headers, the body, content blocks, tool_use and
 // tool_result pairing), https://docs.anthropic.com/en/api/messages-streaming (the events) and
 // https://docs.anthropic.com/en/docs/build-with-claude/extended-thinking (budget_tokens of at least
-// 1024 and below max_tokens, no temperature with thinking, and while tool use goes on the
-// assistant turn's thinking block must come back first, with its signature unchanged).
+// 1024 and below max_tokens, and while tool use goes on the assistant turn's thinking block must
+// come back first, with its signature unchanged). The body's fields are those of the API version
+// the current SDK speaks (2026-10-21: MessageCreateParams in @anthropic-ai/sdk), which has no
+// sampling parameters; output_config.effort takes low, medium, high, xhigh or max.
 import type http from "node:http";
 import { ApiServer } from "./api-server.js";
 import type { ApiError } from "./openai-checks.js";
@@ -13,10 +15,11 @@ export type AnthropicBody = Record<string, unknown> & { model: string; messages:
 type Block = Record<string, unknown>;
 
 const KNOWN = new Set(
-  "model messages max_tokens system metadata stop_sequences stream temperature top_k top_p tools tool_choice thinking service_tier container mcp_servers".split(
+  "model messages max_tokens system metadata stop_sequences stream tools tool_choice thinking service_tier container cache_control diagnostics inference_geo output_config speed user_profile_id workspace_id".split(
     " ",
   ),
 );
+const EFFORTS = ["low", "medium", "high", "xhigh", "max"];
 
 const error = (type: string, message: string): ApiError => ({ type, message, param: null, code: null });
 
@@ -73,10 +76,10 @@ export class AnthropicApiServer extends ApiServer {
       if (budget < 1024) return bad("thinking.enabled.budget_tokens: Input should be greater than or equal to 1024");
       if (budget >= (body.max_tokens as number))
         return bad("`max_tokens` must be greater than `thinking.budget_tokens`.");
-      if (body.temperature !== undefined && body.temperature !== 1)
-        return bad("`temperature` may only be set to 1 when thinking is enabled.");
-      if (body.top_k !== undefined) return bad("`top_k` is not supported when thinking is enabled.");
     }
+    const effort = (body.output_config as { effort?: string } | undefined)?.effort;
+    if (effort !== undefined && !EFFORTS.includes(effort))
+      return bad(`output_config.effort: Input should be ${EFFORTS.map((x) => `'${x}'`).join(", ")}`);
     for (const t of (body.tools as Block[] | undefined) ?? [])
       if (
         typeof t.name !== "string" ||
@@ -201,8 +204,34 @@ export class AnthropicApiServer extends ApiServer {
       { type: "message_delta", delta: { stop_reason: stop, stop_sequence: null }, usage: { output_tokens: 12 } },
       { type: "message_stop" },
     );
+    if (body.stream !== true) {
+      // Not streamed: the same message, whole (its blocks assembled from the events above).
+      res.writeHead(200, { "content-type": "application/json" });
+      res.end(JSON.stringify(assembled(events)));
+      return;
+    }
     res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache" });
     for (const e of events) res.write(`event: ${e.type}\ndata: ${JSON.stringify(e)}\n\n`);
     res.end();
   }
+}
+
+/** The message a stream of events describes, as the non-streaming answer gives it. */
+function assembled(events: Block[]): Block {
+  const start = events[0].message as Block;
+  const blocks: Block[] = [];
+  let stop: unknown = null;
+  for (const e of events) {
+    if (e.type === "content_block_start") blocks[Number(e.index)] = { ...(e.content_block as Block) };
+    else if (e.type === "content_block_delta") {
+      const b = blocks[Number(e.index)];
+      const d = e.delta as Block;
+      if (d.type === "text_delta") b.text = `${b.text}${d.text}`;
+      else if (d.type === "thinking_delta") b.thinking = `${b.thinking}${d.thinking}`;
+      else if (d.type === "signature_delta") b.signature = `${b.signature}${d.signature}`;
+      else if (d.type === "input_json_delta") b.partial = `${b.partial ?? ""}${d.partial_json}`;
+    } else if (e.type === "message_delta") stop = (e.delta as Block).stop_reason;
+  }
+  for (const b of blocks) if (b.partial !== undefined) (b.input = JSON.parse(String(b.partial))), delete b.partial;
+  return { ...start, content: blocks, stop_reason: stop };
 }

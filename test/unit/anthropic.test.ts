@@ -64,7 +64,8 @@ test("a turn with a tool call and extended thinking completes; the signed thinki
   assert.deepEqual(ran, ["hi"]);
   const [first, second] = bodies;
   assert.deepEqual(first.thinking, { type: "enabled", budget_tokens: 1024 });
-  assert.ok(!("temperature" in first), "no temperature with thinking");
+  assert.deepEqual(first.output_config, { effort: "low" });
+  assert.ok(!("temperature" in first), "the API takes no temperature");
   assert.equal(typeof first.system, "string");
   assert.ok(first.messages.every((m) => m.role !== "system"));
   const asked = second.messages.at(-2)!.content as { type: string }[];
@@ -79,12 +80,11 @@ test("a turn with a tool call and extended thinking completes; the signed thinki
   assert.equal(actor.messages.filter((m) => m.role === Role.ASSISTANT).at(-1)?.text, "done with the tool");
 });
 
-test("without an effort: no thinking, the temperature is sent; tool results go in the next user turn", async () => {
+test("without an effort: no thinking; an agent's temperature is not sent; tool results go in the next user turn", async () => {
   const { end, bodies } = await turn({ model: "claude/claude-haiku-4-5", temperature: 0.3 });
   assert.equal(end.payload.case === "agentEnd" && end.payload.value.stopReason, StopReason.COMPLETED);
   const [first, second] = bodies;
-  assert.equal(first.temperature, 0.3);
-  assert.ok(!("thinking" in first));
+  assert.ok(!("temperature" in first) && !("thinking" in first) && !("output_config" in first));
   const results = second.messages.at(-1)!;
   assert.equal(results.role, "user");
   assert.equal((results.content as { type: string }[])[0].type, "tool_result");
@@ -101,7 +101,7 @@ test("a thinking budget that would not fit under max_tokens is not asked for", a
   assert.deepEqual(api.refused, []);
 });
 
-test("the server refuses what the API refuses: a system role, an unknown field, thinking with a temperature", async () => {
+test("the server refuses what the API refuses: a system role, an unknown field, a temperature, a wrong effort", async () => {
   const post = async (body: object) => {
     const res = await fetch(`${api.baseUrl}/messages`, {
       method: "POST",
@@ -116,8 +116,9 @@ test("the server refuses what the API refuses: a system role, an unknown field, 
     /Unexpected role "system"/,
   );
   assert.match((await post({ ...base, max_completion_tokens: 5 })).message, /Extra inputs are not permitted/);
+  assert.match((await post({ ...base, temperature: 0.2 })).message, /temperature: Extra inputs are not permitted/);
   assert.match(
-    (await post({ ...base, temperature: 0.2, thinking: { type: "enabled", budget_tokens: 1024 } })).message,
-    /temperature. may only be set to 1/,
+    (await post({ ...base, output_config: { effort: "minimal" } })).message,
+    /output_config.effort: Input should be/,
   );
 });

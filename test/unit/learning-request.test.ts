@@ -10,6 +10,7 @@ import { DECIDE_MARKER, EXTRACT_MARKER, Learner } from "../../services/memory/le
 import { MemoryStore } from "../../services/memory/store.js";
 import { scopePredicate } from "../../services/memory/server.js";
 import { ChatApiServer, type ChatBody } from "../helpers/openai-api.js";
+import { AnthropicApiServer } from "../helpers/anthropic-api.js";
 import { quietLogger } from "../helpers/in-process.js";
 
 const KEY = "sk-learning-test";
@@ -79,4 +80,34 @@ test("the same learner on the model that takes it sends temperature 0", async ()
   );
   assert.ok(api.accepted.length > from);
   assert.equal(api.accepted[from].temperature, 0);
+});
+
+test("on Anthropic's Messages API, learning asks without sampling parameters, and learns", async () => {
+  const claude = await new AnthropicApiServer({
+    apiKey: KEY,
+    reply: (b) =>
+      String(b.system).startsWith(EXTRACT_MARKER)
+        ? { text: '{"facts": ["collects stamps"]}' }
+        : { text: '{"event": "ADD"}' },
+  }).start();
+  try {
+    const learner = new Learner(
+      { kind: "anthropic", baseUrl: claude.baseUrl, apiKey: KEY },
+      "claude-haiku-4-5",
+      store,
+      new LocalEmbedder(),
+      quietLogger,
+    );
+    const scope = { tenant: "t", owner: "carol", agentId: "main" };
+    const changes = await learner.learn(scope, scopePredicate(scope as never, true), "s3", [
+      { role: "user", text: "I collect stamps" },
+    ]);
+    assert.deepEqual(claude.refused, []);
+    assert.deepEqual(
+      changes.map((c) => [c.event, c.newText]),
+      [["add", "collects stamps"]],
+    );
+  } finally {
+    await claude.close();
+  }
 });
