@@ -145,3 +145,41 @@ test("a runner killed before a new session's events reached its log: the reload 
     ["USER hello", "ASSISTANT You said: hello"],
   );
 });
+
+test("SIGTERM: a turn that fits in the drain grace finishes before the runner exits", async () => {
+  const s = new ChatSession(stack.gateway);
+  s.open("drain-1");
+  await s.waitOpened();
+  s.prompt("$ sleep 2; echo finished");
+  await s.waitFor((e) => e.payload.case === "toolExecutionStart");
+  const exited = stack.kill("runner", "SIGTERM");
+  const end = await s.waitFor((e) => e.payload.case === "agentEnd", 20_000);
+  assert.equal(end.payload.case === "agentEnd" && end.payload.value.stopReason, StopReason.COMPLETED);
+  const result = s.events.find((e) => e.payload.case === "toolExecutionEnd");
+  assert.match(result?.payload.case === "toolExecutionEnd" ? result.payload.value.result : "", /finished/);
+  assert.equal(await exited, 0);
+  s.close();
+  await stack.start("runner");
+});
+
+test("SIGTERM past the grace: the run is handed over, and the next runner goes on with it", async () => {
+  await stack.kill("runner", "SIGTERM");
+  await stack.startInstance("runner-short", "runner", { addr: stack.addr.runner, args: ["--drain-grace-ms", "1000"] });
+  const s = new ChatSession(stack.gateway);
+  s.open("drain-2");
+  await s.waitOpened();
+  s.prompt("$ echo started; sleep 30");
+  await s.waitFor((e) => e.payload.case === "toolExecutionUpdate" && e.payload.value.output.includes("started"));
+  const turnId = s.events.find((e) => e.payload.case === "agentStart")!.turnId;
+  const lastSeen = Number(s.events.at(-1)!.seq);
+  assert.equal(await stack.kill("runner-short", "SIGTERM"), 0);
+  assert.ok(!s.events.some((e) => e.payload.case === "agentEnd"), "the run was not ended, only handed over");
+  await stack.start("runner");
+  const again = await resume("drain-2", lastSeen);
+  const end = await again.waitFor((e) => e.payload.case === "agentEnd" && e.turnId === turnId, 30_000);
+  again.close();
+  assert.equal(end.payload.case === "agentEnd" && end.payload.value.stopReason, StopReason.COMPLETED);
+  assert.ok(again.events.some((e) => e.payload.case === "runResumed" && e.turnId === turnId));
+  const history = await stack.gateway.getHistory({ sessionId: "drain-2" });
+  assert.match(history.messages.find((m) => m.role === Role.TOOL)?.text ?? "", /^Interrupted: the runner stopped/);
+});

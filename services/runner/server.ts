@@ -442,7 +442,9 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
       await registration.stop();
       const started = Date.now();
       await registry.drain(cfg.drainGraceMs);
-      await server.drain(Math.max(0, cfg.drainGraceMs - (Date.now() - started)));
+      // The runs are over (or out of time): streams would wait for clients that never hang up, so
+      // calls get at most a second more; clients reconnect to the runner that takes over.
+      await server.drain(Math.min(1000, Math.max(0, cfg.drainGraceMs - (Date.now() - started))));
       await registry.close();
       await storage.stop();
       await audit.close();

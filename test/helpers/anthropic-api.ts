@@ -39,7 +39,7 @@ export class AnthropicApiServer extends ApiServer {
     super();
   }
 
-  protected handle(req: http.IncomingMessage, text: string, res: http.ServerResponse): void {
+  protected handle(req: http.IncomingMessage, text: string, res: http.ServerResponse): unknown {
     // Anthropic's errors are {"type": "error", "error": {"type", "message"}}.
     const refuse = (status: number, type: string, message: string) => {
       this.refused.push({ status, error: error(type, message) });

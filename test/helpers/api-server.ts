@@ -30,7 +30,7 @@ export abstract class ApiServer {
   }
 
   /** Answers one request whose body is `text`. */
-  protected abstract handle(req: http.IncomingMessage, text: string, res: http.ServerResponse): void;
+  protected abstract handle(req: http.IncomingMessage, text: string, res: http.ServerResponse): unknown;
 
   protected refuse(res: http.ServerResponse, status: number, error: ApiError, headers: Record<string, string> = {}) {
     this.refused.push({ status, error });

@@ -11,7 +11,7 @@
 //   (401 invalid_api_key, 404 model_not_found, 429 with retry-after, 503 overloaded).
 // - "ollama": https://github.com/ollama/ollama/blob/main/docs/openai.md (no key needed; max_tokens
 //   is read, fields it does not know are ignored, so max_completion_tokens would not cap a reply).
-import http from "node:http";
+import type http from "node:http";
 import { ApiServer } from "./api-server.js";
 import { checkMessages, checkTools, KNOWN_PARAMETERS, type ApiError } from "./openai-checks.js";
 
@@ -51,7 +51,7 @@ export class ChatApiServer extends ApiServer {
     super();
   }
 
-  protected handle(req: http.IncomingMessage, text: string, res: http.ServerResponse): void {
+  protected handle(req: http.IncomingMessage, text: string, res: http.ServerResponse): unknown {
     const openai = this.options.flavour === "openai";
     if (req.method !== "POST" || req.url !== "/v1/chat/completions")
       return this.refuse(res, 404, apiError(`Invalid URL (${req.method} ${req.url})`, null, null));

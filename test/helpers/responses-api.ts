@@ -7,7 +7,7 @@
 // real API, on purpose: a function call's output sent without the reasoning item that came with the
 // call is refused, because the guide says to send it and silence would hide a model that lost its
 // reasoning mid-task.
-import http from "node:http";
+import type http from "node:http";
 import { ApiServer } from "./api-server.js";
 import { OPENAI_MODELS, apiError, type ApiModel } from "./openai-api.js";
 import type { ApiError } from "./openai-checks.js";
@@ -39,7 +39,7 @@ export class ResponsesApiServer extends ApiServer {
     super();
   }
 
-  protected handle(req: http.IncomingMessage, text: string, res: http.ServerResponse): void {
+  protected handle(req: http.IncomingMessage, text: string, res: http.ServerResponse): unknown {
     const refuse = (status: number, error: ApiError) => this.refuse(res, status, error);
     if (req.method !== "POST" || req.url !== "/v1/responses")
       return refuse(404, apiError(`Invalid URL (${req.method} ${req.url})`, null, null));
