@@ -150,7 +150,7 @@ async function startTurn(
   resume?: Resume,
 ): Promise<Turn> {
   // A resumed run answers the last message it had taken.
-  const asked = resume ? lastAsked(host.messages, resume.from) : initial;
+  const asked = resume ? resumedMessages(host.messages, resume.from) : initial;
   const query = asked.map((q) => q.text).join("\n");
   // The model is settled before agent_start, which names it; what went wrong on the way follows it.
   const { config: agent, error } = await deps.agent();
@@ -228,7 +228,7 @@ const INTERRUPTED_CALL =
   "Interrupted: the runner stopped while this call ran, and the run went on after a restart. It may or may not have taken effect; check before running it again.";
 
 /** The user messages a resumed run had taken (from its start in the history), as queued messages. */
-function lastAsked(messages: readonly ChatMessage[], from: number): QueuedMessage[] {
+export function resumedMessages(messages: readonly ChatMessage[], from: number): QueuedMessage[] {
   return messages
     .slice(from)
     .filter((m) => m.role === Role.USER)

@@ -20,7 +20,7 @@ import { FRAME_KIND, validateFrame } from "../shared/frames.js";
 import { type RpcError, unavailable } from "../shared/errors.js";
 import { newId } from "../shared/ids.js";
 import type { Logger } from "../shared/log.js";
-import { runAgent } from "./loop.js";
+import { resumedMessages, runAgent } from "./loop.js";
 import * as recovery from "./recovery.js";
 import { type CutOff, INTERRUPTED, RestartBudget } from "./recovery.js";
 import type { Compaction, EventPayload, QueuedMessage, RunDeps, RunHost } from "./run.js";
@@ -182,11 +182,7 @@ export class SessionActor {
     return actor;
   }
 
-  /**
-   * Rebuilds state from the log (recovery.ts). Numbering goes on from `live` when this process
-   * already numbered events (a restart in place, whose reservation covers it), else from
-   * `resumeAt` (resumeSeq of these records) under the reservation load() made durable.
-   */
+  /** Rebuilds state from the log (recovery.ts); numbering goes on from `live` (a restart in place) or `resumeAt`. */
   private replayLog(
     records: LogRecord[],
     numbering: { live: number } | { resumeAt: number; reservedUpTo: number },
@@ -211,8 +207,7 @@ export class SessionActor {
       void this.emit({ case: "agentEnd", value: { stopReason: cut.ended, errorMessage: "" } });
       this.run = undefined;
     } else if (log.openTurn !== undefined) {
-      // A failed run's starting messages are kept (in history, once) but not run again: they may
-      // be what triggers the failure. After a crash they run again, having never really started.
+      // A failed run's starting messages are kept in the history, not run again: they may be the trigger.
       const starters = (cutOff.startedBy ?? []).filter((q) => !inHistory.has(q.frameId) && !log.dropped.has(q.frameId));
       for (const q of starters) inHistory.add(q.frameId);
       this.run = { turnId: log.openTurn, controller: new AbortController(), done: Promise.resolve() };
@@ -344,7 +339,8 @@ export class SessionActor {
       },
     };
     try {
-      await runAgent(host, this.deps.runDeps(this, first), first, resume);
+      const starters = resume ? resumedMessages(this.messages, resume.from) : first;
+      await runAgent(host, this.deps.runDeps(this, starters), first, resume);
     } catch (err) {
       // Not a model or tool failure (those end runs normally): a bug. Its state is suspect, so
       // the actor rebuilds itself from its log; other sessions are untouched.
@@ -419,10 +415,7 @@ export class SessionActor {
     });
   }
 
-  /**
-   * A failed write (a full disk) fails every later append: nothing is acknowledged past a hole.
-   * The actor leaves memory and its lease; the next call reloads what is on disk.
-   */
+  /** A failed write (a full disk) fails every later append; the actor leaves, the next call reloads the disk's log. */
   private storageFailed(err: unknown): RpcError {
     const lost = unavailable(
       `session ${this.sessionId}'s log could not be written (${(err as Error).message ?? err}); retry: it is reloaded from its log on the next call`,
@@ -488,10 +481,7 @@ export class SessionActor {
     return this.run?.done ?? Promise.resolve();
   }
 
-  /**
-   * Stops the running run (if any) and closes the log. With `handOver` the run is left as a crash
-   * leaves it: nothing more of it is recorded, so the next load resumes it (RunResumed).
-   */
+  /** Stops the running run and closes the log; with `handOver` nothing more of the run is recorded (resumed next load). */
   async close(options: { handOver?: boolean } = {}): Promise<void> {
     this.closing = true;
     this.mailbox.stop();

@@ -191,7 +191,7 @@ export const prompt = (text: string, frameId?: string, queueMode?: number) =>
 
 /** An actor of a new session over `store`, with a collector attached. */
 export async function newActor(
-  runDeps: (actor: SessionActor) => RunDeps,
+  runDeps: ActorDeps["runDeps"],
   opts: { store?: InMemorySessionStore; deps?: Partial<ActorDeps>; sessionId?: string } = {},
 ) {
   const store = opts.store ?? new InMemorySessionStore();

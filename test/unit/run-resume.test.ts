@@ -4,7 +4,13 @@
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { create } from "@bufbuild/protobuf";
-import { ChatMessageSchema, Role, StopReason } from "../../services/shared/gen/troupe/v1/session_pb.js";
+import {
+  ChatMessageSchema,
+  ClientFrameSchema,
+  Role,
+  StopReason,
+} from "../../services/shared/gen/troupe/v1/session_pb.js";
+import type { QueuedMessage } from "../../services/runner/run.js";
 import { cutRunOf, replayRecords, type ReplayedLog } from "../../services/runner/recovery.js";
 import { SessionActor } from "../../services/runner/session-actor.js";
 import type { Tool } from "../../services/runner/tools.js";
@@ -89,6 +95,34 @@ describe("a session loaded after its runner died mid-run", () => {
       ["build and deploy"],
       "the prompt is in the history once",
     );
+  });
+
+  test("a resumed run speaks for the person whose message it had taken, not the session's first speaker", async () => {
+    const speakers: (string | undefined)[] = [];
+    const model = new ScriptedModel((r) =>
+      r.messages.some((m) => m.role === "tool" && m.content.startsWith("Interrupted"))
+        ? say("ok")
+        : call(["deploy", {}]),
+    );
+    const runDeps = (_: SessionActor, first: readonly QueuedMessage[]) => {
+      speakers.push(first[0]?.speaker?.id);
+      return testRunDeps(model, [hangingTool([])]);
+    };
+    const { actor, events, store, deps } = await newActor(runDeps);
+    const spoken = create(ClientFrameSchema, {
+      frameId: "g1",
+      speaker: { id: "telegram:7", displayName: "Ann" },
+      kind: { case: "prompt", value: { text: "deploy it" } },
+    });
+    await actor.submit(spoken);
+    await events.waitFor((e) => e.payload.case === "toolExecutionStart");
+    while (!store.records(actor.ref).some((r) => JSON.stringify(r).includes("toolCalls")))
+      await new Promise((r) => setTimeout(r, 5));
+    const again = await SessionActor.load(actor.ref, deps);
+    const later = new Collector();
+    await again.attach(later);
+    await later.waitFor((e) => e.payload.case === "agentEnd");
+    assert.deepEqual(speakers, ["telegram:7", "telegram:7"]);
   });
 
   test("a run whose answer was logged before agent_end is closed, not asked again", async () => {
