@@ -129,6 +129,9 @@ export class AnthropicModelClient implements ModelClient {
       max_tokens: maxTokens,
       ...(system ? { system } : {}),
       messages,
+      // Automatic prompt caching: the marker goes on the last cacheable block, so each step of a
+      // run reads the conversation so far from the cache instead of paying for it again.
+      cache_control: { type: "ephemeral" },
       stream: true,
       ...(request.tools.length > 0
         ? {

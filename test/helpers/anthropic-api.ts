@@ -77,6 +77,9 @@ export class AnthropicApiServer extends ApiServer {
       if (budget >= (body.max_tokens as number))
         return bad("`max_tokens` must be greater than `thinking.budget_tokens`.");
     }
+    const cache = body.cache_control as { type?: string; ttl?: string } | null | undefined;
+    if (cache && (cache.type !== "ephemeral" || (cache.ttl !== undefined && !["5m", "1h"].includes(cache.ttl))))
+      return bad("cache_control: Input should be {'type': 'ephemeral', 'ttl': '5m' | '1h'}");
     const effort = (body.output_config as { effort?: string } | undefined)?.effort;
     if (effort !== undefined && !EFFORTS.includes(effort))
       return bad(`output_config.effort: Input should be ${EFFORTS.map((x) => `'${x}'`).join(", ")}`);
@@ -155,7 +158,12 @@ export class AnthropicApiServer extends ApiServer {
           model: body.model,
           content: [],
           stop_reason: null,
-          usage: { input_tokens: JSON.stringify(body.messages).length >> 2, output_tokens: 1 },
+          usage: {
+            input_tokens: JSON.stringify(body.messages).length >> 2,
+            output_tokens: 1,
+            // A cached prefix is read back from the second request on (this server's stand-in for the cache).
+            cache_read_input_tokens: body.cache_control && this.n > 1 ? 100 : 0,
+          },
         },
       },
     ];

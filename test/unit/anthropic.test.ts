@@ -77,6 +77,12 @@ test("a turn with a tool call and extended thinking completes; the signed thinki
     events.of("messageUpdate").some((u) => u.delta.case === "thinking"),
     "thinking streamed as thinking",
   );
+  // Prompt caching is on: the conversation so far is read from the cache on later steps.
+  assert.deepEqual(first.cache_control, { type: "ephemeral" });
+  assert.ok(
+    events.of("usage").some((u) => Number(u.usage?.cacheReadInputTokens ?? 0) > 0),
+    "cache reads reported",
+  );
   assert.equal(actor.messages.filter((m) => m.role === Role.ASSISTANT).at(-1)?.text, "done with the tool");
 });
 
