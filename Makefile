@@ -17,7 +17,7 @@ SANDBOX_IMAGE ?= troupe-sandbox:busybox
 B ?=
 TROUPE := node dist/services/cli/main.js
 
-.PHONY: build run test test-unit readme-settings lint bench soak toolchain host sandbox-image sandbox-image-if-missing sandbox-image-debian python-client clean
+.PHONY: build run test test-unit readme-settings lint bench soak toolchain host postgres sandbox-image sandbox-image-if-missing sandbox-image-debian python-client clean
 
 toolchain: $(TOOLCHAIN_NODE)
 .toolchain/node_modules/.bin/node:
@@ -55,6 +55,12 @@ lint: services/shared/gen/.generated
 # The machine side of the sandbox: Docker engine running, runsc registered.
 host:
 	bash sandbox/host-setup.sh
+
+# Debian's PostgreSQL server, for the store tests, the cluster tests and `troupe up --store postgres`
+# (each starts its own throwaway server on a free port; the package's own cluster is not used).
+postgres:
+	@ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null && echo "installed postgresql")
 
 # The sandbox images carry the in-container agent (sandbox/agent), built static here; the image's
 # troupe.agent label is a hash of the agent's source and the Dockerfile, so an image made from older
@@ -104,7 +110,7 @@ test-unit: build
 # Every test: the in-process tier first, then the end-to-end tier of real processes, the soak
 # included (test/soak: 500 sessions of random traffic while the runner is killed three times,
 # about 3 minutes; SOAK_SESSIONS=N and SOAK_KILLS=N change it).
-test: build lint sandbox-image-if-missing python-client
+test: build lint sandbox-image-if-missing python-client postgres
 	node --test --test-timeout=60000 'dist/test/unit/*.test.js'
 	node --test --test-concurrency=1 --test-timeout=600000 'dist/test/*.test.js' 'dist/test/soak/*.test.js'
 

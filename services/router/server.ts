@@ -1,7 +1,15 @@
 // The router: which agent and session a message is for, and which runner owns that session.
-// Runners register and renew a lease; sessions are placed by rendezvous (highest-random-weight)
-// hashing over the live runners, so a runner joining or leaving moves only its own share.
+// Sessions are placed by rendezvous (highest-random-weight) hashing over the live runners, so a
+// runner joining or leaving moves only its own share. Who is live: on the file store, the runners
+// that registered here and renew a lease (one router); on PostgreSQL, the runners beating in the
+// store (shared/membership.ts), so any number of routers agree. Either way the session's lease in
+// the store, not this placement, decides who runs it: a runner asked for a session live elsewhere
+// answers ABORTED with the owner's address.
 import { createHash } from "node:crypto";
+import { create } from "@bufbuild/protobuf";
+import type pg from "pg";
+import { liveRunners } from "../shared/membership.js";
+import { openPool } from "../shared/pg.js";
 import { identityOf, internalCredentials } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
 import { invalidArgument, invalidArgumentIf, unavailable } from "../shared/errors.js";
@@ -9,7 +17,7 @@ import { ChatType, type ChannelContext } from "../shared/gen/troupe/v1/inbound_p
 import { ReloadingFile } from "../shared/reloading-file.js";
 import { EMPTY_ROUTING, InboundRouter, parseRouting } from "./bindings.js";
 import { validateSessionRef } from "../shared/frames.js";
-import { RouterService, type RunnerInfo } from "../shared/gen/troupe/v1/router_pb.js";
+import { RouterService, RunnerInfoSchema, type RunnerInfo } from "../shared/gen/troupe/v1/router_pb.js";
 import { CHANNEL_NAME, DEFAULT_AGENT, newId } from "../shared/ids.js";
 import type { Logger } from "../shared/log.js";
 import { RpcServer, type grpc } from "../shared/rpc.js";
@@ -24,14 +32,24 @@ interface Lease {
   draining: boolean;
 }
 
-export class RunnerDirectory {
+/** Where live runners are known from. */
+export interface Membership {
+  live(): Promise<RunnerInfo[]>;
+}
+
+/** The runners that registered with this router and renew their lease (the file store's membership). */
+export class RunnerDirectory implements Membership {
   private readonly leases = new Map<string, Lease>();
 
   renew(runner: RunnerInfo, draining: boolean, now = Date.now()): void {
     this.leases.set(runner.runnerId, { runner, expires: now + LEASE_TTL_MS, draining });
   }
 
-  live(now = Date.now()): RunnerInfo[] {
+  async live(): Promise<RunnerInfo[]> {
+    return this.liveNow();
+  }
+
+  liveNow(now = Date.now()): RunnerInfo[] {
     const out: RunnerInfo[] = [];
     for (const [id, lease] of this.leases) {
       if (lease.expires < now) this.leases.delete(id);
@@ -39,20 +57,55 @@ export class RunnerDirectory {
     }
     return out;
   }
+}
 
-  /** The runner with the highest hash weight for this key. */
-  place(key: string): RunnerInfo | undefined {
-    let best: RunnerInfo | undefined;
-    let bestWeight = -1n;
-    for (const runner of this.live()) {
-      const weight = createHash("sha256").update(`${runner.runnerId}\0${key}`).digest().readBigUInt64BE(0);
-      if (weight > bestWeight) {
-        best = runner;
-        bestWeight = weight;
-      }
-    }
-    return best;
+/**
+ * The runners beating in the PostgreSQL store, read at most every `refreshMs` (one query shared
+ * by every call in that time); when the store cannot be read, the last answer serves for a
+ * liveness period, then placement fails UNAVAILABLE rather than guess.
+ */
+export class StoreMembership implements Membership {
+  private cached?: { at: number; runners: RunnerInfo[] };
+  private inflight?: Promise<RunnerInfo[]>;
+
+  constructor(
+    private readonly pool: pg.Pool,
+    private readonly livenessMs: number,
+    private readonly refreshMs = 500,
+  ) {}
+
+  live(): Promise<RunnerInfo[]> {
+    const now = Date.now();
+    if (this.cached && now - this.cached.at < this.refreshMs) return Promise.resolve(this.cached.runners);
+    this.inflight ??= liveRunners(this.pool, this.livenessMs)
+      .then((rows) => {
+        const runners = rows.map((r) => create(RunnerInfoSchema, r));
+        this.cached = { at: Date.now(), runners };
+        return runners;
+      })
+      .catch((err) => {
+        if (this.cached && Date.now() - this.cached.at < this.livenessMs) return this.cached.runners;
+        throw unavailable(`the store cannot be read for runner membership: ${(err as Error).message}`);
+      })
+      .finally(() => {
+        this.inflight = undefined;
+      });
+    return this.inflight;
   }
+}
+
+/** The runner with the highest hash weight for this key. */
+export function placeOn(runners: readonly RunnerInfo[], key: string): RunnerInfo | undefined {
+  let best: RunnerInfo | undefined;
+  let bestWeight = -1n;
+  for (const runner of runners) {
+    const weight = createHash("sha256").update(`${runner.runnerId}\0${key}`).digest().readBigUInt64BE(0);
+    if (weight > bestWeight) {
+      best = runner;
+      bestWeight = weight;
+    }
+  }
+  return best;
 }
 
 export const sessionKey = (agentId: string, sessionId: string) => `agent:${agentId}:${sessionId}`;
@@ -72,6 +125,8 @@ function checkContext(ctx: ChannelContext | undefined): ChannelContext {
 
 export async function startRouter(cfg: Config, logger: Logger): Promise<RunningService> {
   const directory = new RunnerDirectory();
+  const pool = cfg.storeUrl ? openPool(cfg.storeUrl, 4) : undefined;
+  const membership: Membership = pool ? new StoreMembership(pool, cfg.runnerLivenessMs) : directory;
   // Routing rules, read again when the file changes (which also empties the resolution cache).
   let routes = new InboundRouter(EMPTY_ROUTING);
   const routing = new ReloadingFile(cfg.routingFile, parseRouting, EMPTY_ROUTING, (config) => {
@@ -92,9 +147,14 @@ export async function startRouter(cfg: Config, logger: Logger): Promise<RunningS
    * metadata, and its id): the session's log, not its agent, decides where it lives, and two
    * owners' sessions of one id are two sessions, spread like any others.
    */
-  const place = (sessionId: string, call: { metadata: grpc.Metadata }) => {
-    const runner = directory.place(refKey(refOf(identityOf(call.metadata), sessionId)));
-    if (!runner) throw unavailable("no runner is registered with the router yet; start one with `troupe runner`");
+  const place = async (sessionId: string, call: { metadata: grpc.Metadata }) => {
+    const runner = placeOn(await membership.live(), refKey(refOf(identityOf(call.metadata), sessionId)));
+    if (!runner)
+      throw unavailable(
+        pool
+          ? "no runner is live in the store; start one with `troupe serve runner` and the same TROUPE_STORE_URL"
+          : "no runner is registered with the router yet; start one with `troupe runner`",
+      );
     return runner;
   };
   const server = new RpcServer({
@@ -106,21 +166,21 @@ export async function startRouter(cfg: Config, logger: Logger): Promise<RunningS
       validateSessionRef(req.sessionId, req.agentId, true);
       const sessionId = req.sessionId || newId();
       const agentId = req.agentId || DEFAULT_AGENT;
-      return { sessionId, agentId, sessionKey: sessionKey(agentId, sessionId), runner: place(sessionId, call) };
+      return { sessionId, agentId, sessionKey: sessionKey(agentId, sessionId), runner: await place(sessionId, call) };
     },
     async registerRunner(req) {
       invalidArgumentIf(
         !req.runner?.runnerId || !req.runner.address,
         "runner.runner_id and runner.address are required",
       );
-      const known = directory.live().some((r) => r.runnerId === req.runner!.runnerId);
+      const known = directory.liveNow().some((r) => r.runnerId === req.runner!.runnerId);
       directory.renew(req.runner!, req.draining);
       if (!known && !req.draining) logger.info(`runner ${req.runner!.runnerId} registered at ${req.runner!.address}`);
       if (req.draining) logger.info(`runner ${req.runner!.runnerId} is draining`);
       return { leaseTtlMs: LEASE_TTL_MS };
     },
     async listRunners() {
-      return { runners: directory.live() };
+      return { runners: await membership.live() };
     },
     async resolveInbound(req, call) {
       const route = routes.resolve(checkContext(req.context));
@@ -129,7 +189,7 @@ export async function startRouter(cfg: Config, logger: Logger): Promise<RunningS
         matchedTier: route.tier,
         sessionKey: route.sessionKey,
         canonicalSender: route.canonicalSender,
-        runner: place(route.sessionKey, call),
+        runner: await place(route.sessionKey, call),
       };
     },
   });
@@ -139,6 +199,7 @@ export async function startRouter(cfg: Config, logger: Logger): Promise<RunningS
     async drain() {
       routing.stop();
       await server.drain(cfg.drainGraceMs);
+      await pool?.end();
     },
   };
 }

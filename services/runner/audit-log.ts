@@ -50,12 +50,20 @@ export type AuditRecord =
       excerpt: string;
     };
 
+/** Where audit records go: this file, or the PostgreSQL store's table (pg-stores.ts). */
+export interface AuditSink {
+  /** Resolves once the record is durable; rejects when it could not be written. */
+  record(rec: AuditRecord): Promise<void>;
+  /** Waits for the records in flight. */
+  close(): Promise<void>;
+}
+
 /**
  * Appends records in order, each fsynced before its promise resolves. A failed write (a full disk,
  * the file removed or unwritable) fails that record only: the file is opened again for the next
  * one, which starts on a new line so a torn record stays alone on its own.
  */
-export class AuditLog {
+export class AuditLog implements AuditSink {
   private fh?: Promise<FileHandle>;
   private tail: Promise<void> = Promise.resolve();
   private torn = false;

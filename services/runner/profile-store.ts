@@ -45,17 +45,21 @@ export class InMemoryProfileStore implements ProfileStore {
   async read(owner: ProfileOwner, template: string, limit: number): Promise<FileRead> {
     const key = this.key(owner);
     if (!this.texts.has(key)) this.texts.set(key, template);
-    const text = this.texts.get(key)!;
-    const file = `profile ${owner.agentId}/${owner.tenant}/${owner.principal}`;
-    if (text.length <= limit) return { file, text };
-    return {
-      file,
-      text: text.slice(0, limit),
-      problem: `USER.md has ${text.length} characters; only the first ${limit} are used`,
-    };
+    return profileRead(owner, this.texts.get(key)!, limit);
   }
 
   set(owner: ProfileOwner, text: string): void {
     this.texts.set(this.key(owner), text);
   }
+}
+
+/** A stored profile's text as a context file, cut at `limit` with the problem said. */
+export function profileRead(owner: ProfileOwner, text: string, limit: number): FileRead {
+  const file = `profile ${owner.agentId}/${owner.tenant}/${owner.principal}`;
+  if (text.length <= limit) return { file, text };
+  return {
+    file,
+    text: text.slice(0, limit),
+    problem: `USER.md has ${text.length} characters; only the first ${limit} are used`,
+  };
 }

@@ -8,7 +8,7 @@ import type { Logger } from "../shared/log.js";
 import type { TenantQuotas } from "../shared/quotas.js";
 import type { ServiceClient } from "../shared/rpc.js";
 import type { AgentConfig, AgentConfigs } from "./agent-config.js";
-import type { AuditLog } from "./audit-log.js";
+import type { AuditSink } from "./audit-log.js";
 import { buildSystemPrompt, type ContextSources, type Sender } from "./context.js";
 import { delegateTool } from "./delegate.js";
 import type { Hooks, TurnInfo } from "./hooks.js";
@@ -42,7 +42,7 @@ export interface RunnerParts {
   sources: ContextSources;
   hooks: Hooks;
   safety: InboundSafety;
-  audit: AuditLog;
+  audit: AuditSink;
   logger: Logger;
   tokens(model: string): Promise<TokenCounter>;
   quotas: TenantQuotas;

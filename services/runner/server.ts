@@ -38,8 +38,7 @@ import { ProviderModels } from "./provider-models.js";
 import type { EventSubscriber } from "./event-journal.js";
 import type { SessionActor } from "./session-actor.js";
 import { FrameRefused } from "./mailbox.js";
-import { AuditLog } from "./audit-log.js";
-import { fileStorage } from "./storage.js";
+import { fileStorage, pgStorage } from "./storage.js";
 import { SessionRegistry } from "./session-registry.js";
 import { AgentConfigs } from "./agent-config.js";
 import { ContextSources } from "./context.js";
@@ -117,13 +116,14 @@ function pageParams(pageSize: number, pageToken: string): { size: number; offset
 
 export async function startRunner(cfg: Config, logger: Logger): Promise<RunningService> {
   configureFailpoints(cfg.failpoints);
-  // Runners that share a data directory arbitrate sessions through the store (session-lease.ts).
-  const storage = fileStorage(
-    cfg.dataDir,
-    { runnerId: cfg.runnerId, address: cfg.advertise, incarnation: randomUUID() },
-    cfg.runnerLivenessMs,
-    (file) => logger.warn("a schedule file is empty or damaged; skipping it", { file }),
-  );
+  // Runners arbitrate sessions through their shared store: a data directory (session-lease.ts) or
+  // PostgreSQL (pg-session-store.ts), where membership lives too.
+  const self = { runnerId: cfg.runnerId, address: cfg.advertise, incarnation: randomUUID() };
+  const storage = cfg.storeUrl
+    ? pgStorage(cfg.storeUrl, self, cfg.runnerLivenessMs, (message) => logger.error(`store: ${message}`))
+    : fileStorage(cfg.dataDir, self, cfg.runnerLivenessMs, (file) =>
+        logger.warn("a schedule file is empty or damaged; skipping it", { file }),
+      );
   await storage.start();
   const store = storage.sessions;
   const model = new ProviderModels(
@@ -159,7 +159,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
           );
       };
   const router = createClient(RouterService, cfg.addr.router, { headers: credentials.headers });
-  const audit = new AuditLog(cfg.dataDir);
+  const audit = storage.audit;
   const hooks = new Hooks();
   await loadPlugins(hooks, cfg.hookModules);
   const safety = new InboundSafety(hooks.threatChecks);
@@ -429,7 +429,10 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
     model: cfg.model,
     providers: [...model.providers.byName.values()].map((p) => `${p.name} (${p.kind}) ${p.baseUrl}`).join(", "),
   });
-  const registration = registerWithRouter(router, cfg.runnerId, cfg.advertise, logger);
+  // On PostgreSQL the routers read membership from the store (the heartbeat); on files they are told.
+  const registration = cfg.storeUrl
+    ? { stop: () => storage.drain() }
+    : registerWithRouter(router, cfg.runnerId, cfg.advertise, logger);
 
   return {
     // SIGTERM: leave the router's list, let the runs going finish within the grace while their
@@ -447,7 +450,6 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
       await server.drain(Math.min(1000, Math.max(0, cfg.drainGraceMs - (Date.now() - started))));
       await registry.close();
       await storage.stop();
-      await audit.close();
       await model.close();
       for (const c of [sandbox, memory, router]) c.close();
     },

@@ -24,7 +24,7 @@ import { resumedMessages, runAgent } from "./loop.js";
 import * as recovery from "./recovery.js";
 import { type CutOff, INTERRUPTED, RestartBudget } from "./recovery.js";
 import type { Compaction, EventPayload, QueuedMessage, RunDeps, RunHost } from "./run.js";
-import type { AuditLog } from "./audit-log.js";
+import type { AuditSink } from "./audit-log.js";
 import { refOf, type SessionRef } from "../shared/session-ref.js";
 import type { TenantRuns } from "./tenant-runs.js";
 import { EventJournal, type EventSubscriber, SEQ_BLOCK } from "./event-journal.js";
@@ -43,7 +43,7 @@ import { SessionElsewhere } from "./session-lease.js";
 /** What an actor is given: its store, the audit log, the logger, and what its runs use. */
 export interface ActorDeps {
   store: SessionStore;
-  audit: AuditLog;
+  audit: AuditSink;
   logger: Logger;
   /** A run's dependencies, for the messages that start it (their speaker decides whose memories). Contract: never throws. */
   runDeps(actor: SessionActor, first: readonly QueuedMessage[]): RunDeps;

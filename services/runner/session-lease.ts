@@ -21,6 +21,7 @@ import os from "node:os";
 import path from "node:path";
 import { RpcError, SESSION_OWNER_KEY, Status } from "../shared/errors.js";
 import { createExclusive } from "../shared/exclusive-file.js";
+import { processAlive } from "../shared/membership.js";
 
 /** One runner process: `incarnation` tells a restarted runner from its killed predecessor. */
 export interface Owner {
@@ -184,14 +185,5 @@ async function readJson<T>(file: string): Promise<T | undefined> {
     const code = (err as NodeJS.ErrnoException).code;
     if (code === "ENOENT") return undefined;
     throw err;
-  }
-}
-
-function processAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    return (err as NodeJS.ErrnoException).code === "EPERM";
   }
 }

@@ -24,6 +24,8 @@ export interface Addresses {
 export interface Config {
   addr: Addresses;
   dataDir: string;
+  /** The PostgreSQL store (shared/pg.ts); empty: the file store in dataDir. */
+  storeUrl: string;
   /** Largest gRPC message any server accepts (RESOURCE_EXHAUSTED beyond). */
   maxMessageBytes: number;
   /** How long a draining server waits for running calls. */
@@ -255,6 +257,7 @@ export function loadConfig(
     advertise: str("advertise") ?? addr.runner,
     openaiBaseUrl: str("openaiBaseUrl") ?? "",
     openaiApiKey: str("openaiApiKey") ?? "",
+    storeUrl: str("storeUrl") ?? "",
     providersFile: str("providersFile") ?? "",
     model: str("model")!,
     runnerLivenessMs: v.runnerLivenessMs,

@@ -33,6 +33,13 @@ const quotaEnv = (k: string) => `TROUPE_QUOTA_${k.replace(/[A-Z]/g, (c) => `_${c
 export const SETTINGS = {
   "every service": {
     dataDir: { env: "TROUPE_DATA_DIR", flag: "data-dir", doc: "state: session logs, memory, keys", default: "./data" },
+    storeUrl: {
+      env: "TROUPE_STORE_URL",
+      flag: "store-url",
+      doc: "PostgreSQL for sessions, schedules, profiles, audit and runner membership (unset: files in the data directory)",
+      schema: { type: "string", pattern: "^postgres(ql)?://", message: "must be a postgres:// or postgresql:// URL" },
+      secret: true,
+    },
     gateway: address("TROUPE_GATEWAY_ADDR", "gateway", "gateway", 50051),
     router: address("TROUPE_ROUTER_ADDR", "router", "router", 50052),
     runner: address("TROUPE_RUNNER_ADDR", "runner", "runner", 50053),

@@ -199,18 +199,18 @@ describe("configurations that make no sense are refused, with the place of the m
 
 describe("placement across runners (rendezvous hashing)", () => {
   test("a runner joining takes only its share; a runner leaving gives up only its own sessions", async () => {
-    const { RunnerDirectory } = await import("../../services/router/server.js");
+    const { RunnerDirectory, placeOn } = await import("../../services/router/server.js");
     const dir = new RunnerDirectory();
     const runner = (id: string) => ({ $typeName: "troupe.v1.RunnerInfo" as const, runnerId: id, address: `${id}:1` });
     for (const id of ["r1", "r2", "r3"]) dir.renew(runner(id), false);
     const keys = Array.from({ length: 3000 }, (_, i) => `agent:main:s${i}`);
-    const before = new Map(keys.map((k) => [k, dir.place(k)!.runnerId]));
+    const before = new Map(keys.map((k) => [k, placeOn(dir.liveNow(), k)!.runnerId]));
     const share = (m: Map<string, string>, id: string) => [...m.values()].filter((v) => v === id).length;
     for (const id of ["r1", "r2", "r3"])
       assert.ok(Math.abs(share(before, id) - 1000) < 150, `${id} holds ${share(before, id)} of 3000`);
 
     dir.renew(runner("r4"), false);
-    const joined = new Map(keys.map((k) => [k, dir.place(k)!.runnerId]));
+    const joined = new Map(keys.map((k) => [k, placeOn(dir.liveNow(), k)!.runnerId]));
     const moved = keys.filter((k) => joined.get(k) !== before.get(k));
     assert.ok(
       moved.every((k) => joined.get(k) === "r4"),
@@ -219,7 +219,7 @@ describe("placement across runners (rendezvous hashing)", () => {
     assert.ok(Math.abs(moved.length - 750) < 150, `about a quarter moved (${moved.length})`);
 
     dir.renew(runner("r2"), true); // draining: no new placements
-    const left = new Map(keys.map((k) => [k, dir.place(k)!.runnerId]));
+    const left = new Map(keys.map((k) => [k, placeOn(dir.liveNow(), k)!.runnerId]));
     const movedAgain = keys.filter((k) => left.get(k) !== joined.get(k));
     assert.ok(
       movedAgain.every((k) => joined.get(k) === "r2"),

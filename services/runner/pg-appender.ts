@@ -1,0 +1,152 @@
+// Group commit for the PostgreSQL store: appends from every session of this runner that arrive
+// while a write is in flight are written together by the next one, in one statement and one
+// commit, so the cost per record stays near the file store's however many sessions are busy.
+//
+// The statement is also the fence (pg-session-store.ts): it updates each session's row only where
+// the epoch is the writer's, and inserts the records of the sessions it matched. A session whose
+// row did not match was taken over: its records are refused and its writer fails for good, as
+// a file log does after a failed write (nothing is acknowledged past a hole).
+import type pg from "pg";
+import { sqlState } from "../shared/pg.js";
+import type { SessionRef } from "../shared/session-ref.js";
+import { SessionElsewhere } from "./session-lease.js";
+
+interface Pending {
+  writer: SessionWriter;
+  pos: number;
+  record: string;
+  resolve(): void;
+  reject(err: unknown): void;
+}
+
+/** One activation's position in its session's records; appends through it keep their order. */
+class SessionWriter {
+  failed?: unknown;
+  /** Resolves when every append made so far is settled. */
+  last: Promise<void> = Promise.resolve();
+
+  constructor(
+    private readonly appender: PgAppender,
+    readonly ref: SessionRef,
+    readonly epoch: number,
+    private nextPos: number,
+  ) {}
+
+  append(record: string): Promise<void> {
+    if (this.failed) return Promise.reject(this.failed);
+    const done = new Promise<void>((resolve, reject) =>
+      this.appender.enqueue({ writer: this, pos: this.nextPos++, record, resolve, reject }),
+    );
+    this.last = done.catch(() => undefined);
+    return done;
+  }
+
+  flush(): Promise<void> {
+    return this.last;
+  }
+}
+
+const BATCH_SQL = `
+  WITH b AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::int[], $6::text[])
+      AS b(tenant, principal, session_id, epoch, pos, record)
+  ), k AS (
+    UPDATE troupe_sessions s SET update_ms = $7
+      FROM (SELECT DISTINCT tenant, principal, session_id, epoch FROM b) d
+     WHERE s.tenant = d.tenant AND s.principal = d.principal AND s.session_id = d.session_id AND s.epoch = d.epoch
+    RETURNING s.tenant, s.principal, s.session_id, s.epoch
+  ), i AS (
+    INSERT INTO troupe_records (tenant, principal, session_id, pos, epoch, record)
+    SELECT b.tenant, b.principal, b.session_id, b.pos, b.epoch, b.record
+      FROM b JOIN k USING (tenant, principal, session_id, epoch)
+  )
+  SELECT tenant, principal, session_id, epoch FROM k`;
+
+/** A writer's session and epoch, as the statement's answer names them. */
+const matchKey = (tenant: string, principal: string, sessionId: string, epoch: number) =>
+  JSON.stringify([tenant, principal, sessionId, epoch]);
+
+export class PgAppender {
+  private queue: Pending[] = [];
+  private writing = false;
+  /** Statements written and records in them, for the benchmark and the tests. */
+  readonly stats = { batches: 0, records: 0 };
+
+  constructor(
+    private readonly pool: pg.Pool,
+    /** The most records one statement carries (the rest wait for the next). */
+    private readonly maxBatch = 2000,
+  ) {}
+
+  writer(ref: SessionRef, epoch: number, nextPos: number): SessionWriter {
+    return new SessionWriter(this, ref, epoch, nextPos);
+  }
+
+  /** @internal for SessionWriter. */
+  enqueue(p: Pending): void {
+    this.queue.push(p);
+    if (!this.writing) void this.drain();
+  }
+
+  private async drain(): Promise<void> {
+    this.writing = true;
+    while (this.queue.length > 0) {
+      const batch = this.queue.splice(0, this.maxBatch);
+      // A writer that failed earlier in this batch's lifetime refuses its later records.
+      const live = batch.filter((p) => !p.writer.failed || (p.reject(p.writer.failed), false));
+      if (live.length === 0) continue;
+      try {
+        const matched = await this.write(live);
+        for (const p of live) {
+          if (p.writer.failed) p.reject(p.writer.failed);
+          else if (
+            matched.has(matchKey(p.writer.ref.tenant, p.writer.ref.principal, p.writer.ref.sessionId, p.writer.epoch))
+          )
+            p.resolve();
+          else {
+            p.writer.failed = new SessionElsewhere(
+              `session ${p.writer.ref.sessionId} was taken over by another runner; this runner no longer writes it`,
+            );
+            p.reject(p.writer.failed);
+          }
+        }
+      } catch (err) {
+        for (const p of live) {
+          p.writer.failed ??= err;
+          p.reject(p.writer.failed);
+        }
+      }
+    }
+    this.writing = false;
+  }
+
+  /** Writes one batch; returns the keys of the sessions whose epoch matched. Retries a deadlock once. */
+  private async write(batch: Pending[]): Promise<Set<string>> {
+    const cols: [string[], string[], string[], number[], number[], string[]] = [[], [], [], [], [], []];
+    for (const p of batch) {
+      cols[0].push(p.writer.ref.tenant);
+      cols[1].push(p.writer.ref.principal);
+      cols[2].push(p.writer.ref.sessionId);
+      cols[3].push(p.writer.epoch);
+      cols[4].push(p.pos);
+      cols[5].push(p.record);
+    }
+    for (let attempt = 0; ; attempt++) {
+      try {
+        const { rows } = await this.pool.query<{
+          tenant: string;
+          principal: string;
+          session_id: string;
+          epoch: number;
+        }>(BATCH_SQL, [...cols, Date.now()]);
+        this.stats.batches++;
+        this.stats.records += batch.length;
+        return new Set(rows.map((r) => matchKey(r.tenant, r.principal, r.session_id, r.epoch)));
+      } catch (err) {
+        // Two runners' batches touching the same two rows (one of them stale) can deadlock.
+        if (attempt === 0 && (sqlState(err) === "40P01" || sqlState(err) === "40001")) continue;
+        throw err;
+      }
+    }
+  }
+}

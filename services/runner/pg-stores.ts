@@ -1,0 +1,88 @@
+// The PostgreSQL store's smaller parts: schedules, owners' profiles and the audit log, each the
+// same contract as its file counterpart (schedule-files.ts, profile-store.ts, audit-log.ts).
+import type pg from "pg";
+import type { SessionRef } from "../shared/session-ref.js";
+import type { AuditRecord, AuditSink } from "./audit-log.js";
+import type { FileRead } from "./context.js";
+import { profileRead, type ProfileOwner, type ProfileStore } from "./profile-store.js";
+import { parseScheduleFile, type ScheduleFile, type ScheduleStore } from "./schedule-files.js";
+
+const KEY = "tenant = $1 AND principal = $2 AND session_id = $3";
+
+/** Each session's schedules as one row, keyed by the session's ref (a row cannot speak for another). */
+export class PgScheduleStore implements ScheduleStore {
+  constructor(private readonly pool: pg.Pool) {}
+
+  async read(ref: SessionRef): Promise<ScheduleFile | undefined> {
+    const { rows } = await this.pool.query<{ body: unknown }>(`SELECT body FROM troupe_schedules WHERE ${KEY}`, [
+      ref.tenant,
+      ref.principal,
+      ref.sessionId,
+    ]);
+    return rows[0] ? parseScheduleFile(JSON.stringify(rows[0].body)) : undefined;
+  }
+
+  async all(): Promise<ScheduleFile[]> {
+    const { rows } = await this.pool.query<{ body: unknown; tenant: string; principal: string; session_id: string }>(
+      "SELECT tenant, principal, session_id, body FROM troupe_schedules",
+    );
+    const out: ScheduleFile[] = [];
+    for (const r of rows) {
+      const f = parseScheduleFile(JSON.stringify(r.body));
+      // The row's key is the truth; a body naming another session counts as none.
+      if (f && f.tenant === r.tenant && f.principal === r.principal && f.sessionId === r.session_id) out.push(f);
+    }
+    return out;
+  }
+
+  async write(ref: SessionRef, file: ScheduleFile | undefined): Promise<void> {
+    const key = [ref.tenant, ref.principal, ref.sessionId];
+    if (!file) return void (await this.pool.query(`DELETE FROM troupe_schedules WHERE ${KEY}`, key));
+    await this.pool.query(
+      `INSERT INTO troupe_schedules (tenant, principal, session_id, body) VALUES ($1, $2, $3, $4)
+       ON CONFLICT (tenant, principal, session_id) DO UPDATE SET body = excluded.body`,
+      [...key, JSON.stringify(file)],
+    );
+  }
+}
+
+/** Profiles as rows; the first read makes one from the template (two at once make it once). */
+export class PgProfileStore implements ProfileStore {
+  constructor(private readonly pool: pg.Pool) {}
+
+  async read(owner: ProfileOwner, template: string, limit: number): Promise<FileRead> {
+    const key = [owner.agentId, owner.tenant, owner.principal];
+    await this.pool.query(
+      `INSERT INTO troupe_profiles (agent_id, tenant, principal, body) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`,
+      [...key, template],
+    );
+    const { rows } = await this.pool.query<{ body: string }>(
+      "SELECT body FROM troupe_profiles WHERE agent_id = $1 AND tenant = $2 AND principal = $3",
+      key,
+    );
+    return profileRead(owner, rows[0]?.body ?? template, limit);
+  }
+}
+
+/** The audit log as rows, each committed before its promise resolves; every runner writes to one log. */
+export class PgAuditLog implements AuditSink {
+  private readonly pending = new Set<Promise<unknown>>();
+
+  constructor(
+    private readonly pool: pg.Pool,
+    private readonly runnerId: string,
+  ) {}
+
+  record(rec: AuditRecord): Promise<void> {
+    const write = this.pool
+      .query("INSERT INTO troupe_audit (runner_id, record) VALUES ($1, $2)", [this.runnerId, JSON.stringify(rec)])
+      .then(() => undefined);
+    this.pending.add(write);
+    void write.catch(() => undefined).finally(() => this.pending.delete(write));
+    return write;
+  }
+
+  async close(): Promise<void> {
+    await Promise.allSettled([...this.pending]);
+  }
+}

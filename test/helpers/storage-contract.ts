@@ -1,0 +1,89 @@
+// The runner's storage contract, one suite for every implementation (files, in memory, and
+// PostgreSQL in test/pg-store.test.ts): sessions are named by their owner, schedules and profiles
+// are kept per owner, a stranger's object and a missing one look the same.
+import { describe, test, type TestContext } from "node:test";
+import assert from "node:assert/strict";
+import type { RunnerStorage } from "../../services/runner/storage.js";
+import { refOf } from "../../services/shared/session-ref.js";
+
+const ALICE = { tenant: "t1", principal: "alice" };
+const MALLORY = { tenant: "t2", principal: "alice" };
+
+/** Runs the contract on storages that `make` gives (a new, empty one per test). */
+export function storageContract(kind: string, make: (t: TestContext) => Promise<RunnerStorage>): void {
+  describe(`runner storage (${kind})`, () => {
+    test("a session belongs to its owner: the same id under another tenant is another session", async (t) => {
+      const storage = await make(t);
+      await storage.start();
+      t.after(() => storage.stop());
+      const log = await storage.sessions.create(refOf(ALICE, "s1"), "main", ALICE);
+      await log.append({ t: "settings", queueMode: 2 }, true);
+      await log.close();
+      assert.equal(await storage.sessions.exists(refOf(ALICE, "s1")), true);
+      assert.equal(await storage.sessions.exists(refOf(MALLORY, "s1")), false);
+      assert.deepEqual(await storage.sessions.list(MALLORY), []);
+      assert.deepEqual(
+        (await storage.sessions.list(ALICE)).map((s) => s.sessionId),
+        ["s1"],
+      );
+      const records = await storage.sessions.read(refOf(ALICE, "s1"));
+      assert.deepEqual(records.at(-1), { t: "settings", queueMode: 2 });
+    });
+
+    test("a removed session is gone for good: its id may be made again, empty; a stranger's is not touched", async (t) => {
+      const storage = await make(t);
+      await storage.start();
+      t.after(() => storage.stop());
+      for (const owner of [ALICE, MALLORY]) {
+        const log = await storage.sessions.create(refOf(owner, "s1"), "main", owner);
+        await log.append({ t: "settings", queueMode: 2 }, true);
+        await log.close();
+      }
+      assert.equal(await storage.sessions.remove(refOf(ALICE, "s1")), true);
+      assert.equal(await storage.sessions.remove(refOf(ALICE, "s1")), false, "once");
+      assert.equal(await storage.sessions.exists(refOf(ALICE, "s1")), false);
+      assert.equal(await storage.sessions.exists(refOf(MALLORY, "s1")), true);
+      const again = await storage.sessions.create(refOf(ALICE, "s1"), "main", ALICE);
+      await again.close();
+      const records = await storage.sessions.read(refOf(ALICE, "s1"));
+      assert.ok(!records.some((r) => r.t === "settings"), "nothing of the old session");
+      const { log } = await storage.sessions.activate(refOf(ALICE, "s1"));
+      await log.close();
+    });
+
+    test("schedules are kept whole per session and owner, and removed whole", async (t) => {
+      const storage = await make(t);
+      await storage.start();
+      t.after(() => storage.stop());
+      const ref = refOf(ALICE, "s1");
+      const file = {
+        sessionId: "s1",
+        ...ALICE,
+        schedules: [{ scheduleId: "h1", everySeconds: 60, text: "check in", createdMs: 1 }],
+      };
+      await storage.schedules.write(ref, file);
+      assert.deepEqual(await storage.schedules.read(ref), file);
+      assert.equal(await storage.schedules.read(refOf(MALLORY, "s1")), undefined, "a stranger's looks missing");
+      assert.equal((await storage.schedules.all()).length, 1);
+      await storage.schedules.write(ref, undefined);
+      assert.equal(await storage.schedules.read(ref), undefined);
+      assert.deepEqual(await storage.schedules.all(), []);
+    });
+
+    test("a profile is made once from the template, per agent and owner, and read cut to the limit", async (t) => {
+      const storage = await make(t);
+      await storage.start();
+      t.after(() => storage.stop());
+      const owner = { agentId: "main", ...ALICE };
+      const first = await storage.profiles.read(owner, "# USER\n", 1000);
+      assert.equal(first?.text, "# USER\n");
+      const again = await storage.profiles.read(owner, "another template", 1000);
+      assert.equal(again?.text, "# USER\n", "made once: a later template does not replace it");
+      const stranger = await storage.profiles.read({ agentId: "main", ...MALLORY }, "theirs", 1000);
+      assert.equal(stranger?.text, "theirs", "another tenant's principal of the same name has their own");
+      const cut = await storage.profiles.read({ agentId: "other", ...ALICE }, "x".repeat(50), 10);
+      assert.equal(cut?.text, "x".repeat(10));
+      assert.match(cut?.problem ?? "", /50 characters; only the first 10 are used/);
+    });
+  });
+}

@@ -1,0 +1,187 @@
+// The PostgreSQL store against a real server (Debian's postgresql, started by the test on a free
+// port): the storage contract every store keeps, then what only a shared database can prove:
+// fencing by epoch in the database, leases that lapse with the heartbeat, migrations applied once
+// however many processes start together, and group commit across sessions.
+import { describe, test, type TestContext } from "node:test";
+import assert from "node:assert/strict";
+import { randomUUID } from "node:crypto";
+import { PgSessionStore } from "../services/runner/pg-session-store.js";
+import { SessionElsewhere } from "../services/runner/session-lease.js";
+import { pgStorage } from "../services/runner/storage.js";
+import { RunnerHeartbeat, liveRunners } from "../services/shared/membership.js";
+import { MIGRATIONS, migrate, openPool, schemaVersion } from "../services/shared/pg.js";
+import { refOf } from "../services/shared/session-ref.js";
+import { freshDatabase } from "./helpers/postgres.js";
+import { storageContract } from "./helpers/storage-contract.js";
+
+const ALICE = { tenant: "t1", principal: "alice" };
+const runner = (id: string) => ({ runnerId: id, address: `127.0.0.1:${id.length}`, incarnation: randomUUID() });
+
+storageContract("postgres", async () => pgStorage(await freshDatabase(), runner("r1"), 10_000, () => undefined));
+
+/** A database with the schema, and a runner (membership row and session store) on it. */
+async function member(url: string, id: string, livenessMs: number) {
+  const pool = openPool(url);
+  await migrate(pool);
+  const self = runner(id);
+  const heartbeat = new RunnerHeartbeat(pool, self, livenessMs);
+  await heartbeat.start();
+  return { pool, self, heartbeat, store: new PgSessionStore(pool, self, livenessMs) };
+}
+
+/** Two runners on one new database, stopped and closed when the test ends. */
+async function twoRunners(t: TestContext, livenessMs: number) {
+  const url = await freshDatabase();
+  const a = await member(url, "ra", livenessMs);
+  const b = await member(url, "rb", livenessMs);
+  t.after(async () => {
+    for (const m of [a, b]) {
+      await m.heartbeat.stop();
+      await m.pool.end();
+    }
+  });
+  return { a, b };
+}
+
+describe("fencing in the database", () => {
+  test("a live owner's session is refused to others; once its beat lapses the new owner fences its writes", async (t) => {
+    const { a, b } = await twoRunners(t, 600);
+    const ref = refOf(ALICE, "s1");
+    const logA = await a.store.create(ref, "main", ALICE);
+    await logA.append({ t: "settings", queueMode: 1 }, true);
+
+    // While A beats, B may not take the session, and is told where it lives.
+    const refused = await b.store.activate(ref).catch((e: unknown) => e);
+    assert.ok(refused instanceof SessionElsewhere, String(refused));
+    assert.equal(refused.ownerAddress, a.self.address);
+
+    // A stops beating (a SIGSTOPped process): after the liveness period B takes over.
+    await a.heartbeat.stop().catch(() => undefined);
+    await a.pool.query(
+      "INSERT INTO troupe_runners (runner_id, address, incarnation, host, pid, beat_at) VALUES ($1, $2, $3, 'h', 1, now() - interval '1 hour')",
+      [a.self.runnerId, a.self.address, a.self.incarnation],
+    );
+    const { log: logB, records } = await b.store.activate(ref);
+    assert.deepEqual(
+      records.filter((r) => r.t === "settings"),
+      [{ t: "settings", queueMode: 1 }],
+    );
+    await logB.append({ t: "settings", queueMode: 2 }, true);
+
+    // A resumes and writes: refused by the database, and nothing of it is stored.
+    const late = await logA.append({ t: "settings", queueMode: 3 }, true).catch((e: unknown) => e);
+    assert.ok(late instanceof SessionElsewhere, `a fenced write is refused, got ${String(late)}`);
+    const again = await logA.append({ t: "settings", queueMode: 4 }).catch((e: unknown) => e);
+    assert.ok(again instanceof SessionElsewhere, "and every write after it");
+    const stored = (await b.store.read(ref)).filter((r) => r.t === "settings");
+    assert.deepEqual(stored, [
+      { t: "settings", queueMode: 1 },
+      { t: "settings", queueMode: 2 },
+    ]);
+    const { rows } = await b.pool.query(
+      "SELECT count(*)::int AS n FROM troupe_records WHERE record LIKE '%\"queueMode\":3%'",
+    );
+    assert.equal(rows[0].n, 0, "the late record is not in the table at all");
+    await logB.close();
+  });
+
+  test("a closed log releases its lease: another runner takes the session at once", async (t) => {
+    const { a, b } = await twoRunners(t, 60_000);
+    const ref = refOf(ALICE, "s2");
+    await (await a.store.create(ref, "main", ALICE)).close();
+    const { log, records } = await b.store.activate(ref);
+    assert.deepEqual(
+      records.filter((r) => r.t === "epoch").map((r) => (r as { epoch: number }).epoch),
+      [1, 2],
+    );
+    await log.close();
+  });
+
+  test("a stopped runner's sessions move at once; a draining runner is not offered new ones", async (t) => {
+    const { a, b } = await twoRunners(t, 60_000);
+    assert.deepEqual(
+      (await liveRunners(a.pool, 60_000)).map((r) => r.runnerId),
+      ["ra", "rb"],
+    );
+    await b.heartbeat.drain();
+    assert.deepEqual(
+      (await liveRunners(a.pool, 60_000)).map((r) => r.runnerId),
+      ["ra"],
+    );
+    const ref = refOf(ALICE, "s3");
+    await a.store.create(ref, "main", ALICE); // never closed: A dies holding it
+    await a.heartbeat.stop();
+    const { log } = await b.store.activate(ref);
+    await log.close();
+  });
+});
+
+describe("migrations", () => {
+  test("many processes starting together apply each migration once", async () => {
+    const url = await freshDatabase();
+    const pools = Array.from({ length: 4 }, () => openPool(url, 2));
+    try {
+      const applied = await Promise.all(pools.map((p) => migrate(p)));
+      assert.deepEqual(
+        applied.flat().sort(),
+        MIGRATIONS.map((_, i) => i + 1),
+      );
+      assert.equal(await schemaVersion(pools[0]), MIGRATIONS.length);
+      assert.deepEqual(await migrate(pools[0]), [], "nothing is due the second time");
+    } finally {
+      await Promise.all(pools.map((p) => p.end()));
+    }
+  });
+
+  test("a database ahead of this build is refused, not written", async () => {
+    const url = await freshDatabase();
+    const pool = openPool(url, 2);
+    try {
+      await migrate(pool);
+      await pool.query("INSERT INTO troupe_schema (version) VALUES ($1)", [MIGRATIONS.length + 1]);
+      await assert.rejects(
+        migrate(pool),
+        /schema is at version \d+ but this build knows only up to \d+; upgrade Troupe/,
+      );
+    } finally {
+      await pool.end();
+    }
+  });
+
+  test("an unreachable store fails the start with a clear error", async () => {
+    const storage = pgStorage("postgres://troupe@127.0.0.1:1/troupe", runner("r1"), 1000, () => undefined);
+    await assert.rejects(storage.start(), /ECONNREFUSED/);
+    await storage.stop();
+  });
+});
+
+describe("group commit", () => {
+  test("appends of many sessions share statements and keep each session's order", async (t) => {
+    const url = await freshDatabase();
+    const a = await member(url, "ra", 60_000);
+    t.after(async () => {
+      await a.heartbeat.stop();
+      await a.pool.end();
+    });
+    const logs = await Promise.all(
+      Array.from({ length: 100 }, (_, i) => a.store.create(refOf(ALICE, `g${i}`), "main", ALICE)),
+    );
+    const before = { ...a.store.appender.stats };
+    await Promise.all(
+      logs.flatMap((log) => Array.from({ length: 20 }, (_, n) => log.append({ t: "seq", upTo: n }, n === 19))),
+    );
+    const batches = a.store.appender.stats.batches - before.batches;
+    assert.equal(a.store.appender.stats.records - before.records, 2000);
+    assert.ok(batches < 100, `2,000 appends took ${batches} statements`);
+    for (const i of [0, 57, 99]) {
+      const seqs = (await a.store.read(refOf(ALICE, `g${i}`)))
+        .filter((r) => r.t === "seq")
+        .map((r) => (r as { upTo: number }).upTo);
+      assert.deepEqual(
+        seqs,
+        Array.from({ length: 20 }, (_, n) => n),
+      );
+    }
+    await Promise.all(logs.map((l) => l.close()));
+  });
+});
