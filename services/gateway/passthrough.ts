@@ -7,6 +7,7 @@ import { SubscribeResponseSchema } from "../shared/gen/troupe/v1/gateway_pb.js";
 import { AttachResponseSchema, type AttachRequestSchema } from "../shared/gen/troupe/v1/runner_pb.js";
 import { AgentEventSchema } from "../shared/gen/troupe/v1/session_pb.js";
 import type { grpc } from "../shared/rpc.js";
+import { unavailable } from "../shared/errors.js";
 
 // The runner's AttachResponse and the client's ChatResponse have the same fields under the same
 // numbers, so the runner's bytes are the client's bytes: the gateway forwards them without
@@ -76,4 +77,31 @@ export function asSubscribeResponse(bytes: Buffer): Buffer | undefined {
   const out = Buffer.from(bytes);
   out[0] = (SubscribeResponseSchema.field.event.number << 3) | WireType.LengthDelimited;
   return out;
+}
+
+/**
+ * Gives up on a runner call that says nothing for `ms` (a paused process: its socket still
+ * accepts, nothing answers): cancels it, and its error then reads as UNAVAILABLE, so the caller
+ * reroutes as it would for a runner that is gone.
+ */
+export function answerWithin(call: { cancel(): void }, ms: number) {
+  let heard = false;
+  let silent = false;
+  const timer = setTimeout(() => {
+    if (heard) return;
+    silent = true;
+    call.cancel();
+  }, ms);
+  return {
+    /** The runner said something: no timeout any more. */
+    heard(): void {
+      heard = true;
+      clearTimeout(timer);
+    },
+    /** The error to act on: the call's own, or UNAVAILABLE when it was cut for silence. */
+    error(err: unknown): unknown {
+      clearTimeout(timer);
+      return silent ? unavailable(`the session's runner did not answer within ${ms} ms; retry`) : err;
+    },
+  };
 }

@@ -33,13 +33,22 @@ import type { RunningService } from "../shared/service.js";
 import { extractContext } from "../shared/telemetry.js";
 
 import { PlacementCache, RunnerPool } from "./placement.js";
-import { asSubscribeResponse, leaveRunnerCall, needsDecoding, type AttachRequestInit } from "./passthrough.js";
+import {
+  answerWithin,
+  asSubscribeResponse,
+  leaveRunnerCall,
+  needsDecoding,
+  type AttachRequestInit,
+} from "./passthrough.js";
 import { TurnSpans } from "./turn-spans.js";
 import { StreamsByKey } from "./revocation.js";
 
 type RunnerClient = ServiceClient<(typeof RunnerService)["method"]>;
 
 /** The client's verified identity (set by apiKeyAuth), carried on to the runner, which serves a session only to its owner. */
+/** How long a runner may take to answer a session's open before the gateway tries elsewhere (answerWithin). */
+const OPEN_TIMEOUT_MS = 5000;
+
 const onBehalfOf = (call: { metadata: grpc.Metadata }): grpc.Metadata => identityMetadata(identityOf(call.metadata));
 
 export async function startGateway(cfg: Config, logger: Logger): Promise<RunningService> {
@@ -173,8 +182,10 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
           .attach({ metadata: caller }) as unknown as grpc.ClientDuplexStream<AttachRequestInit, Buffer>;
         runnerCall = rc;
         let received = false;
+        const answer = answerWithin(rc, OPEN_TIMEOUT_MS);
         rc.on("data", (bytes: Buffer) => {
           received = true;
+          answer.heard();
           if (state === "done") return;
           if (needsDecoding(bytes)) {
             const resp = fromBinary(AttachResponseSchema, bytes);
@@ -192,8 +203,9 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
           }
         });
         let upstreamFailed = false;
-        rc.on("error", (err) => {
+        rc.on("error", (error) => {
           upstreamFailed = true;
+          const err = answer.error(error);
           if (!received && attempt === 0 && state !== "done" && placements.reroute(who, sessionId, err)) {
             open(openFrame, 1).catch(finish);
             return;
@@ -317,8 +329,10 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
         upstream = up;
         let received = false;
         let failed = false;
+        const answer = answerWithin(up, OPEN_TIMEOUT_MS);
         up.on("data", (bytes: Buffer) => {
           received = true;
+          answer.heard();
           if (call.cancelled) return;
           const event = asSubscribeResponse(bytes);
           if (event && !call.write(event as never)) {
@@ -326,8 +340,9 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
             call.once("drain", () => up.resume());
           }
         });
-        up.on("error", (err) => {
+        up.on("error", (error) => {
           failed = true;
+          const err = answer.error(error);
           if (call.cancelled) return;
           // Before anything was sent, a moved session or a gone runner is retried once.
           if (!received && n === 0 && placements.reroute(who, sessionId, err)) {

@@ -119,8 +119,15 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   // Runners arbitrate sessions through their shared store: a data directory (session-lease.ts) or
   // PostgreSQL (pg-session-store.ts), where membership lives too.
   const self = { runnerId: cfg.runnerId, address: cfg.advertise, incarnation: randomUUID() };
+  let lapsed = (_silentMs: number) => undefined as void;
   const storage = cfg.storeUrl
-    ? pgStorage(cfg.storeUrl, self, cfg.runnerLivenessMs, (message) => logger.error(`store: ${message}`))
+    ? pgStorage(
+        cfg.storeUrl,
+        self,
+        cfg.runnerLivenessMs,
+        (message) => logger.error(`store: ${message}`),
+        (ms) => lapsed(ms),
+      )
     : fileStorage(cfg.dataDir, self, cfg.runnerLivenessMs, (file) =>
         logger.warn("a schedule file is empty or damaged; skipping it", { file }),
       );
@@ -203,6 +210,12 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
     { store, audit, logger, runDeps, runs: new TenantRuns(quotas) },
     { passivateAfterMs: cfg.passivateAfterMs, sessionsPerMinute: (tenant) => quotas.of(tenant).sessionsPerMinute },
   );
+
+  // Silent past its lease, this runner may have lost any session: none is served from memory.
+  lapsed = (ms) =>
+    void registry
+      .relinquishAll()
+      .then((n) => logger.warn(`silent ${ms} ms, past the lease: ${n} sessions handed over`));
 
   // Scheduled tasks and heartbeats: each firing is a prompt the session takes once (see schedules.ts).
   const book = new ScheduleBook(storage.schedules, cfg.minHeartbeatSeconds);

@@ -481,8 +481,8 @@ export class SessionActor {
     return this.run?.done ?? Promise.resolve();
   }
 
-  /** Stops the running run and closes the log; with `handOver` nothing more of the run is recorded (resumed next load). */
-  async close(options: { handOver?: boolean } = {}): Promise<void> {
+  /** Stops the run and closes the log; `handOver`: nothing more of the run is recorded (resumed next load); `end`: streams end with it. */
+  async close(options: { handOver?: boolean; end?: RpcError } = {}): Promise<void> {
     this.closing = true;
     this.mailbox.stop();
     if (options.handOver && this.run) this.frozen = true;
@@ -491,5 +491,6 @@ export class SessionActor {
     this.journal.flushDelta();
     await this.log.append({ t: "closed", seq: this.journal.lastSeq }, true).catch(() => undefined);
     await this.log.close();
+    if (options.end) this.loseSession(options.end, "session handed over");
   }
 }

@@ -2,6 +2,7 @@
 // first use (or loaded from its log) exactly once, however many calls ask for it at the same time.
 // A caller only ever names sessions under its own identity, so another owner's session is one
 // that does not exist for it: NOT_FOUND, the same answer by the same path as a missing one.
+import { SessionElsewhere } from "./session-lease.js";
 import { create } from "@bufbuild/protobuf";
 import { SessionOpenedSchema, type OpenSession, type SessionOpened } from "../shared/gen/troupe/v1/session_pb.js";
 import { sameIdentity, type Identity } from "../shared/auth.js";
@@ -193,6 +194,24 @@ export class SessionRegistry {
       new Promise<void>((resolve) => (timer = setTimeout(resolve, graceMs))),
     ]);
     clearTimeout(timer);
+  }
+
+  /**
+   * This runner was silent past its lease (paused, cut off from the store): others may have taken
+   * any of its sessions, so none is served from memory any more; each is loaded again on its next
+   * call, here or, if taken, at its new owner.
+   */
+  async relinquishAll(): Promise<number> {
+    const actors = [...this.actors.values()];
+    this.actors.clear();
+    await Promise.allSettled(
+      actors.map(async (p) => {
+        const actor = await p;
+        const moved = new SessionElsewhere(`session ${actor.sessionId} moved: this runner's lease lapsed`);
+        await actor.close({ handOver: true, end: moved });
+      }),
+    );
+    return actors.length;
   }
 
   private remember(ref: SessionRef, make: () => Promise<SessionActor>): Promise<SessionActor> {

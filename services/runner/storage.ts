@@ -71,9 +71,11 @@ export function pgStorage(
   livenessMs: number,
   /** Told when the heartbeat fails or the runner id was taken. Contract: never throws. */
   trouble: (message: string) => void,
+  /** Told when this runner was silent past its lease (RunnerHeartbeat). Contract: never throws. */
+  lapsed: (silentMs: number) => void = () => undefined,
 ): RunnerStorage & { pool: pg.Pool; sessions: PgSessionStore } {
   const pool = openPool(url, 16);
-  const heartbeat = new RunnerHeartbeat(pool, self, livenessMs, trouble);
+  const heartbeat = new RunnerHeartbeat(pool, self, livenessMs, trouble, lapsed);
   const audit = new PgAuditLog(pool, self.runnerId);
   return {
     pool,

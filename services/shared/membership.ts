@@ -30,6 +30,7 @@ export async function liveRunners(pool: pg.Pool, livenessMs: number): Promise<Me
 export class RunnerHeartbeat {
   private timer?: NodeJS.Timeout;
   private draining = false;
+  private lastBeat = performance.now();
 
   constructor(
     private readonly pool: pg.Pool,
@@ -37,6 +38,12 @@ export class RunnerHeartbeat {
     readonly livenessMs: number,
     /** Called when a beat fails or finds the row taken by a newer process. Contract: never throws. */
     private readonly trouble: (message: string) => void = () => undefined,
+    /**
+     * Called when a beat lands after a silence long enough that other runners may have judged
+     * this one dead (the process was paused, or the store unreachable): whatever it holds in
+     * memory may have moved. Contract: never throws.
+     */
+    private readonly lapsed: (silentMs: number) => void = () => undefined,
   ) {}
 
   async start(): Promise<void> {
@@ -58,6 +65,7 @@ export class RunnerHeartbeat {
          host = excluded.host, pid = excluded.pid, beat_at = now(), draining = false`,
       [runnerId, address, incarnation, os.hostname(), process.pid],
     );
+    this.lastBeat = performance.now();
     this.timer = setInterval(() => void this.beat(), Math.max(20, Math.floor(this.livenessMs / 4)));
     this.timer.unref();
   }
@@ -69,6 +77,10 @@ export class RunnerHeartbeat {
         [this.self.runnerId, this.self.incarnation, this.draining],
       );
       if (rowCount === 0) this.trouble(`runner id ${this.self.runnerId} was taken by a newer process`);
+      const silent = performance.now() - this.lastBeat;
+      this.lastBeat = performance.now();
+      // Beats come every livenessMs/4; half the liveness without one is already too close to call.
+      if (silent > this.livenessMs / 2) this.lapsed(Math.round(silent));
     } catch (err) {
       this.trouble(`heartbeat failed: ${(err as Error).message}`);
     }
