@@ -5,7 +5,7 @@
 // `postgres` user (PostgreSQL refuses to run as root).
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { existsSync, readdirSync } from "node:fs";
-import { appendFile, chown, mkdir, readFile } from "node:fs/promises";
+import { appendFile, chmod, chown, mkdir, readFile, stat } from "node:fs/promises";
 import net from "node:net";
 import path from "node:path";
 import pg from "pg";
@@ -58,7 +58,14 @@ export async function startLocalPostgres(dir: string, port = 0): Promise<LocalPo
   const bin = postgresBin();
   const root = process.getuid?.() === 0;
   await mkdir(dir, { recursive: true, mode: 0o700 });
-  if (root) await chown(dir, uidOf("postgres"), gidOf("postgres"));
+  if (root) {
+    await chown(dir, uidOf("postgres"), gidOf("postgres"));
+    // The server's user must pass through the folder that holds its own (traverse only: nothing
+    // else there becomes readable).
+    const parent = path.dirname(dir);
+    const mode = (await stat(parent)).mode;
+    if ((mode & 0o001) === 0) await chmod(parent, (mode & 0o7777) | 0o001);
+  }
   if (!existsSync(path.join(dir, "PG_VERSION"))) {
     const [cmd, args] = asServerUser(path.join(bin, "initdb"), [
       "-D",

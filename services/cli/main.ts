@@ -9,8 +9,11 @@ services (one process each):
   gateway | router | runner | memory | sandbox
   model-server          the scripted OpenAI-compatible model server (HTTP)
 all at once:
-  up                    start all five services (and the scripted model when no
-                        OPENAI_BASE_URL is set), restart any that crash, stop on Ctrl-C
+  up [--runners N] [--gateways M] [--routers R] [--store files|postgres]
+                        start all five services (and the scripted model when no
+                        OPENAI_BASE_URL is set), restart any that crash, stop on Ctrl-C;
+                        N, M, R instances for a local cluster; --store postgres runs a
+                        PostgreSQL server in DATA_DIR/postgres; what runs: DATA_DIR/up.json
 client:
   chat [--session ID] [MESSAGE]
                         stream a reply; with MESSAGE run one turn and exit
@@ -25,11 +28,14 @@ operations:
   config validate FILE [--kind agent|routing|api-keys|quotas|providers]
                         check an agent.json, routing, keys, quotas or providers file
   config schema KIND    print that file's JSON Schema
+  store migrate | status
+                        bring the PostgreSQL store's schema up to date, or say where it is
   sandbox ls | exec --session ID -- CMD... | rm --session ID
                         list sandboxes, run a command in one, remove one
 
 flags (also as environment variables):
   --data-dir DIR        TROUPE_DATA_DIR (default ./data)
+  --store-url URL       TROUPE_STORE_URL: postgres://... (default: files in DATA_DIR)
   --gateway|--router|--runner|--memory|--sandbox HOST:PORT
                         TROUPE_<NAME>_ADDR (defaults 127.0.0.1:50051..50055)
   --model-server HOST:PORT  TROUPE_MODEL_SERVER_ADDR (default 127.0.0.1:50060)
@@ -60,6 +66,10 @@ async function main(argv: string[]): Promise<void> {
   }
   if (command === "config") {
     process.exitCode = await (await import("./config.js")).configCommand(args);
+    return;
+  }
+  if (command === "store") {
+    process.exitCode = await (await import("./store.js")).storeCommand(args);
     return;
   }
   if (command === "keys") {

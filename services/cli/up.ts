@@ -1,6 +1,11 @@
 // `troupe up`: the whole stack as child processes of one supervisor. A child that dies is started
 // again after a backoff; Ctrl-C (or SIGTERM) drains every child and exits when they are gone.
+// `--runners N --gateways M --routers R` start a local cluster; `--store postgres` gives it a
+// PostgreSQL server of its own in <data-dir>/postgres (unless TROUPE_STORE_URL names one). What
+// runs where is written to <data-dir>/up.json.
 import { spawn, type ChildProcess } from "node:child_process";
+import { rm, writeFile } from "node:fs/promises";
+import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { authPaths, ensureDevKey, internalCredentials, internalToken } from "../shared/auth.js";
 import { childEnvironment, loadConfig, modelBaseUrl, type Config } from "../shared/config.js";
@@ -12,20 +17,64 @@ import { RouterService } from "../shared/gen/troupe/v1/router_pb.js";
 import { RunnerService } from "../shared/gen/troupe/v1/runner_pb.js";
 import { SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
 import { createClient } from "../shared/rpc.js";
+import { freePort, startLocalPostgres, type LocalPostgres } from "./local-postgres.js";
 
 const MAIN = fileURLToPath(new URL("./main.js", import.meta.url));
 
 interface Child {
+  /** The instance's name: the service, with -2, -3... for extra instances. */
   name: string;
+  address: string;
   args: string[];
   proc?: ChildProcess;
   restarts: number;
   startedAt: number;
 }
 
-export async function upCommand(args: string[]): Promise<void> {
+/** How many of each service `troupe up` starts, and where the store is (its own flags). */
+export interface Shape {
+  runners: number;
+  gateways: number;
+  routers: number;
+  /** "postgres": a PostgreSQL server of our own in <data-dir>/postgres, unless TROUPE_STORE_URL is set. */
+  store: "files" | "postgres";
+}
+
+/** Takes `troupe up`'s own flags out of `args`; the rest are the services' flags. */
+export function parseShape(args: string[]): { shape: Shape; rest: string[] } {
+  const shape: Shape = { runners: 1, gateways: 1, routers: 1, store: "files" };
+  const rest: string[] = [];
+  for (let i = 0; i < args.length; i++) {
+    const [flag, inline] = args[i].split("=", 2);
+    const value = () => inline ?? args[++i] ?? "";
+    if (flag === "--runners" || flag === "--gateways" || flag === "--routers") {
+      const v = value();
+      if (!/^[1-9]\d{0,1}$/.test(v)) throw new Error(`${flag} must be a whole number from 1 to 99, not "${v}"`);
+      shape[flag.slice(2) as "runners" | "gateways" | "routers"] = Number(v);
+    } else if (flag === "--store") {
+      const v = value();
+      if (v !== "files" && v !== "postgres") throw new Error(`--store must be files or postgres, not "${v}"`);
+      shape.store = v;
+    } else rest.push(args[i]);
+  }
+  return { shape, rest };
+}
+
+export async function upCommand(argv: string[]): Promise<void> {
+  const { shape, rest: args } = parseShape(argv);
   const cfg = loadConfig(args);
   const logger = createLogger("up", cfg.logLevel);
+  let storeUrl = cfg.storeUrl;
+  let localStore: LocalPostgres | undefined;
+  if (!storeUrl && shape.store === "postgres") {
+    localStore = await startLocalPostgres(path.join(path.resolve(cfg.dataDir), "postgres"));
+    storeUrl = localStore.url;
+    logger.info(`PostgreSQL of this data directory on 127.0.0.1:${localStore.port} (pid ${localStore.pid})`);
+  }
+  if (!storeUrl && shape.routers > 1)
+    throw new Error(
+      "more than one router needs runner membership in a shared store: set TROUPE_STORE_URL or pass --store postgres",
+    );
   const shared = [
     "--data-dir",
     cfg.dataDir,
@@ -46,30 +95,71 @@ export async function upCommand(args: string[]): Promise<void> {
     "--api-keys",
     cfg.apiKeysFile,
   ];
-  const names = ["router", "memory", "sandbox", "runner", "gateway"];
+  const children: Child[] = [];
+  const add = (name: string, address: string, extra: string[] = []): void => {
+    children.push({ name, address, args: [name.replace(/-\d+$/, ""), ...shared, ...extra], restarts: 0, startedAt: 0 });
+  };
   if (cfg.providersFile) {
     logger.info(`model providers from ${cfg.providersFile}, model ${cfg.model}`);
   } else if (!cfg.openaiBaseUrl) {
-    names.unshift("model-server");
+    add("model-server", cfg.addr.model);
     logger.warn(
       `OPENAI_BASE_URL is not set: using Troupe's scripted model server at ${modelBaseUrl(cfg)} (deterministic replies, see docs/scripted-model.md). Set OPENAI_BASE_URL, OPENAI_API_KEY and TROUPE_MODEL (or TROUPE_PROVIDERS_FILE) to use a real model.`,
     );
   } else {
     logger.info(`model endpoint ${cfg.openaiBaseUrl}, model ${cfg.model}`);
   }
+  // Extra instances take free ports; the first of each keeps its configured address.
+  const instances = async (n: number, first: string) => {
+    const out = [first];
+    for (let i = 1; i < n; i++) out.push(`127.0.0.1:${await freePort()}`);
+    return out;
+  };
+  const routers = await instances(shape.routers, cfg.addr.router);
+  for (const [i, a] of routers.entries()) add(i ? `router-${i + 1}` : "router", a, ["--router", a]);
+  add("memory", cfg.addr.memory);
+  add("sandbox", cfg.addr.sandbox);
+  for (const [i, a] of (await instances(shape.runners, cfg.addr.runner)).entries())
+    add(i ? `runner-${i + 1}` : "runner", a, [
+      "--runner",
+      a,
+      "--advertise",
+      a,
+      "--router",
+      routers[i % routers.length],
+      ...(shape.runners > 1 ? ["--runner-id", `runner-${i + 1}`] : []),
+    ]);
+  const gateways = await instances(shape.gateways, cfg.addr.gateway);
+  for (const [i, a] of gateways.entries())
+    add(i ? `gateway-${i + 1}` : "gateway", a, ["--gateway", a, "--router", routers[i % routers.length]]);
   // Made before the children start, so they all read the same files (auth.ts).
   await internalToken(cfg.dataDir, cfg.internalToken);
   const dev = await ensureDevKey(cfg.dataDir, cfg.apiKeysFile);
-  const children: Child[] = names.map((name) => ({ name, args: [name, ...shared], restarts: 0, startedAt: 0 }));
+  const env = { ...childEnvironment(), ...(storeUrl ? { TROUPE_STORE_URL: storeUrl } : {}) };
+  const upFile = path.join(cfg.dataDir, "up.json");
+  /** What runs now, for operators and scripts: service, address, pid (rewritten on every start). */
+  const writeUp = () =>
+    writeFile(
+      upFile,
+      `${JSON.stringify(
+        {
+          supervisor: process.pid,
+          ...(localStore
+            ? { store: { service: "postgres", address: `127.0.0.1:${localStore.port}`, pid: localStore.pid } }
+            : {}),
+          services: children.map((c) => ({ service: c.name, address: c.address, pid: c.proc?.pid ?? null })),
+        },
+        null,
+        2,
+      )}\n`,
+    ).catch((err: Error) => logger.warn(`cannot write ${upFile}: ${err.message}`));
   let stopping = false;
 
   const start = (child: Child) => {
     child.startedAt = Date.now();
-    const proc = spawn(process.execPath, [MAIN, ...child.args], {
-      stdio: ["ignore", "inherit", "inherit"],
-      env: childEnvironment(),
-    });
+    const proc = spawn(process.execPath, [MAIN, ...child.args], { stdio: ["ignore", "inherit", "inherit"], env });
     child.proc = proc;
+    void writeUp();
     proc.on("exit", (code, signal) => {
       child.proc = undefined;
       if (stopping) return;
@@ -90,7 +180,7 @@ export async function upCommand(args: string[]): Promise<void> {
     }
     stopping = true;
     logger.info(`${signal}: stopping all services`);
-    // The gateway first, so no new work arrives while the others drain.
+    // The gateways first, so no new work arrives while the others drain.
     const order = [...children].reverse();
     void (async () => {
       for (const c of order) {
@@ -102,6 +192,8 @@ export async function upCommand(args: string[]): Promise<void> {
         await exited;
         clearTimeout(timer);
       }
+      await localStore?.stop();
+      await rm(upFile, { force: true });
       logger.info("all services stopped");
       process.exit(0);
     })();
@@ -109,12 +201,13 @@ export async function upCommand(args: string[]): Promise<void> {
   process.on("SIGINT", () => stop("SIGINT"));
   process.on("SIGTERM", () => stop("SIGTERM"));
 
-  const missing = await waitReady(cfg, 60_000);
+  const missing = await waitReady(cfg, children, 60_000);
   if (missing.length === 0) {
     logger.info(
-      `Troupe is up. Gateway: ${cfg.addr.gateway}. Chat with it:  npx troupe chat   (or: npx troupe chat "hello")\n` +
+      `Troupe is up. Gateway${gateways.length > 1 ? "s" : ""}: ${gateways.join(", ")}. Chat with it:  npx troupe chat   (or: npx troupe chat "hello")\n` +
         `  development API key (tenant local, principal dev${dev.created ? ", made just now" : ""}): ${dev.key}\n` +
-        `  kept in ${authPaths(cfg.dataDir).devKey}; troupe chat uses it unless TROUPE_API_KEY is set. Other clients send it as \`authorization: Bearer <key>\`.`,
+        `  kept in ${authPaths(cfg.dataDir).devKey}; troupe chat uses it unless TROUPE_API_KEY is set. Other clients send it as \`authorization: Bearer <key>\`.\n` +
+        `  what runs where: ${upFile}`,
     );
   } else {
     logger.error(`not ready after 60 s: ${missing.join(", ")}; see the logs above`);
@@ -135,21 +228,16 @@ export const SERVICE_TYPE = {
 } as const;
 
 /**
- * Waits until every service answers its health check and the runner has registered with the
- * router. A sandbox without a Docker engine answers NOT_SERVING: that counts as up (the rest of
- * Troupe works; tools report the error), with a warning. Returns what is still not ready.
+ * Waits until every service answers its health check and at least one runner is live (registered
+ * with the router, or beating in the store). A sandbox without a Docker engine answers
+ * NOT_SERVING: that counts as up (the rest of Troupe works; tools report the error), with a
+ * warning. Returns what is still not ready.
  */
-async function waitReady(cfg: Config, timeoutMs: number): Promise<string[]> {
+async function waitReady(cfg: Config, children: Child[], timeoutMs: number): Promise<string[]> {
   const logger = createLogger("up", cfg.logLevel);
   const deadline = Date.now() + timeoutMs;
-  const pending = new Set(["router", "memory", "sandbox", "runner", "gateway", "runner registration"]);
-  const addresses: Record<string, string> = {
-    router: cfg.addr.router,
-    memory: cfg.addr.memory,
-    sandbox: cfg.addr.sandbox,
-    runner: cfg.addr.runner,
-    gateway: cfg.addr.gateway,
-  };
+  const services = children.filter((c) => c.name !== "model-server");
+  const pending = new Set([...services.map((c) => c.name), "runner registration"]);
   const router = createClient(RouterService, cfg.addr.router, {
     headers: (await internalCredentials(cfg.dataDir, cfg.internalToken)).headers,
   });
@@ -164,16 +252,16 @@ async function waitReady(cfg: Config, timeoutMs: number): Promise<string[]> {
           if (n > 0) pending.delete(name);
           continue;
         }
-        const health = createClient(Health, addresses[name]);
-        const status = await health
-          .check({ service: SERVICE_TYPE[name as keyof typeof SERVICE_TYPE] }, { timeoutMs: 1000 })
-          .then(
-            (r) => r.status,
-            () => undefined,
-          );
+        const child = services.find((c) => c.name === name)!;
+        const kind = child.args[0] as keyof typeof SERVICE_TYPE;
+        const health = createClient(Health, child.address);
+        const status = await health.check({ service: SERVICE_TYPE[kind] }, { timeoutMs: 1000 }).then(
+          (r) => r.status,
+          () => undefined,
+        );
         health.close();
         if (status === Serving.SERVING) pending.delete(name);
-        else if (status === Serving.NOT_SERVING && name === "sandbox") {
+        else if (status === Serving.NOT_SERVING && kind === "sandbox") {
           logger.warn(
             "the sandbox is NOT_SERVING (no Docker engine): tool calls will fail until one runs; see docs/sandbox.md",
           );
