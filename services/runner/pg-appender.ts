@@ -30,6 +30,7 @@ class SessionWriter {
     readonly ref: SessionRef,
     readonly epoch: number,
     private nextPos: number,
+    readonly lane: number,
   ) {}
 
   append(record: string): Promise<void> {
@@ -66,32 +67,45 @@ const BATCH_SQL = `
 const matchKey = (tenant: string, principal: string, sessionId: string, epoch: number) =>
   JSON.stringify([tenant, principal, sessionId, epoch]);
 
+/** One queue of appends and the statement in flight for it. */
+interface Lane {
+  queue: Pending[];
+  writing: boolean;
+}
+
 export class PgAppender {
-  private queue: Pending[] = [];
-  private writing = false;
+  private readonly lanes: Lane[];
   /** Statements written and records in them, for the benchmark and the tests. */
   readonly stats = { batches: 0, records: 0 };
 
   constructor(
     private readonly pool: pg.Pool,
+    /**
+     * Statements in flight at once. A session always uses the same lane, so its records stay in
+     * order; lanes let the database work on several commits while one waits for its flush.
+     */
+    laneCount = 4,
     /** The most records one statement carries (the rest wait for the next). */
-    private readonly maxBatch = 2000,
-  ) {}
+    private readonly maxBatch = 1000,
+  ) {
+    this.lanes = Array.from({ length: laneCount }, () => ({ queue: [], writing: false }));
+  }
 
   writer(ref: SessionRef, epoch: number, nextPos: number): SessionWriter {
-    return new SessionWriter(this, ref, epoch, nextPos);
+    return new SessionWriter(this, ref, epoch, nextPos, laneOf(ref, this.lanes.length));
   }
 
   /** @internal for SessionWriter. */
   enqueue(p: Pending): void {
-    this.queue.push(p);
-    if (!this.writing) void this.drain();
+    const lane = this.lanes[p.writer.lane];
+    lane.queue.push(p);
+    if (!lane.writing) void this.drain(lane);
   }
 
-  private async drain(): Promise<void> {
-    this.writing = true;
-    while (this.queue.length > 0) {
-      const batch = this.queue.splice(0, this.maxBatch);
+  private async drain(lane: Lane): Promise<void> {
+    lane.writing = true;
+    while (lane.queue.length > 0) {
+      const batch = lane.queue.splice(0, this.maxBatch);
       // A writer that failed earlier in this batch's lifetime refuses its later records.
       const live = batch.filter((p) => !p.writer.failed || (p.reject(p.writer.failed), false));
       if (live.length === 0) continue;
@@ -117,7 +131,7 @@ export class PgAppender {
         }
       }
     }
-    this.writing = false;
+    lane.writing = false;
   }
 
   /** Writes one batch; returns the keys of the sessions whose epoch matched. Retries a deadlock once. */
@@ -149,4 +163,12 @@ export class PgAppender {
       }
     }
   }
+}
+
+/** A session's lane: a hash of its ref, so every activation of it on this runner uses the same one. */
+function laneOf(ref: SessionRef, lanes: number): number {
+  let h = 2166136261;
+  for (const part of [ref.tenant, ref.principal, ref.sessionId])
+    for (let i = 0; i < part.length; i++) h = Math.imul(h ^ part.charCodeAt(i), 16777619);
+  return (h >>> 0) % lanes;
 }
