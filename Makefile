@@ -17,7 +17,7 @@ SANDBOX_IMAGE ?= troupe-sandbox:busybox
 B ?=
 TROUPE := node dist/services/cli/main.js
 
-.PHONY: build run test test-unit readme-settings lint bench soak toolchain host postgres sandbox-image sandbox-image-if-missing sandbox-image-debian python-client clean
+.PHONY: build run test test-unit readme-settings lint kubectl images bench soak toolchain host postgres sandbox-image sandbox-image-if-missing sandbox-image-debian python-client clean
 
 toolchain: $(TOOLCHAIN_NODE)
 .toolchain/node_modules/.bin/node:
@@ -45,12 +45,26 @@ build: node_modules/.installed services/shared/gen/.generated
 # biome (biome.json): formatting at 120 columns and the recommended lint rules, less four that
 # the code breaks on purpose (non-null assertions, assignments in expressions, control characters
 # in the sanitisers' patterns, comma sequences in one-line handlers).
-lint: services/shared/gen/.generated
+lint: build kubectl
 	npx biome check
 	npx buf lint
+	node dist/test/k8s/validate.js k8s/overlays/dev k8s/overlays/prod
 	@if git rev-parse --verify -q main >/dev/null; then \
 	  npx buf breaking --against '.git#branch=main'; \
 	else echo "lint: no main branch here; buf breaking skipped"; fi
+
+# kubectl renders the Kubernetes overlays for `make lint` (Debian's kubernetes-client is enough:
+# the overlays avoid what its older kustomize lacks).
+kubectl:
+	@command -v kubectl >/dev/null || (apt-get update -qq && apt-get install -y -qq kubernetes-client >/dev/null && echo "installed kubernetes-client")
+
+# The images for Kubernetes (k8s/): Troupe's, built in a multi-stage Dockerfile from the sources,
+# with the sandbox image inside as a tarball for the sandbox pod to load. Needs the node base image
+# from a registry the engine can pull from.
+TROUPE_IMAGE ?= troupe:0.1.0
+images: sandbox-image-if-missing
+	@mkdir -p .images && docker save -o .images/sandbox-image.tar $(SANDBOX_IMAGE)
+	docker build -f k8s/Dockerfile -t $(TROUPE_IMAGE) .
 
 # The machine side of the sandbox: Docker engine running, runsc registered.
 host:
