@@ -28,7 +28,7 @@ function check(value: unknown, type: string, at: string, out: string[]): void {
   const is = (ok: boolean, what: string) => ok || out.push(`${at}: must be ${what}, not ${JSON.stringify(value)}`);
   if (array) {
     if (!Array.isArray(value)) return void is(false, "a list");
-    value.forEach((v, i) => check(v, array[1], `${at}[${i}]`, out));
+    for (const [i, v] of value.entries()) check(v, array[1], `${at}[${i}]`, out);
   } else if (map) {
     if (typeof value !== "object" || Array.isArray(value)) return void is(false, "a map");
     for (const [k, v] of Object.entries(value)) check(v, map[1], `${at}.${k}`, out);
