@@ -121,9 +121,10 @@ readme-settings: build
 test-unit: build
 	node --test --test-timeout=60000 'dist/test/unit/*.test.js'
 
-# Every test: the in-process tier first, then the end-to-end tier of real processes, the soak
+# Every test: the in-process tier first, then the end-to-end tier of real processes, the soaks
 # included (test/soak: 500 sessions of random traffic while the runner is killed three times,
-# about 3 minutes; SOAK_SESSIONS=N and SOAK_KILLS=N change it).
+# about 3 minutes, SOAK_SESSIONS=N and SOAK_KILLS=N change it; and the cluster soak on
+# PostgreSQL, CLUSTER_SESSIONS=N and CLUSTER_DISRUPTIONS=N).
 test: build lint sandbox-image-if-missing python-client postgres
 	node --test --test-timeout=60000 'dist/test/unit/*.test.js'
 	node --test --test-concurrency=1 --test-timeout=600000 'dist/test/*.test.js' 'dist/test/soak/*.test.js'
@@ -132,7 +133,7 @@ test: build lint sandbox-image-if-missing python-client postgres
 soak: build sandbox-image-if-missing
 	node --test --test-timeout=600000 dist/test/soak/soak.test.js
 
-bench: build sandbox-image-if-missing
+bench: build sandbox-image-if-missing postgres
 	@if [ -n "$(B)" ]; then node dist/bench/$(B).js; else for b in dist/bench/*.js; do node $$b || exit 1; done; fi
 
 clean:
