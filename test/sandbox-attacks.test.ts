@@ -72,12 +72,13 @@ const ATTACKS: Attack[] = [
   {
     n: 1,
     name: "fork bomb: held at the pids limit, ended by the timeout",
-    // The parent waits in a shell loop, not in `sleep`: once the bomb fills the pids limit a
-    // `sleep` cannot be forked, the parent exited early, and the bomb's processes (which outlive
-    // a command that exits, by design) kept the sandbox full for the next command. Only shell
-    // builtins run after the bomb (nothing can fork): a counted wait, then the cgroup's counters.
+    // The parent must outlast the bomb's first seconds without forking (nothing can fork once the
+    // bomb fills the pids limit) and without spinning (a counted shell loop competes with 256
+    // spinning processes for two cores and missed the timeout on a slower machine). So `sleep`
+    // is forked before the bomb and the shell's builtin `wait` blocks on it; then builtins only:
+    // the cgroup's counters, and a spin to the timeout.
     command:
-      "f(){ f | f & }; f; i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; for d in /sys/fs/cgroup /sys/fs/cgroup/pids; do if [ -r $d/pids.events ]; then read e < $d/pids.events; read m < $d/pids.max; echo pids $e of $m; fi; done; while :; do :; done",
+      "sleep 2 & s=$!; f(){ f | f & }; f; wait $s; for d in /sys/fs/cgroup /sys/fs/cgroup/pids; do if [ -r $d/pids.events ]; then read e < $d/pids.events; read m < $d/pids.max; echo pids $e of $m; fi; done; while :; do :; done",
     timeoutMs: 6000,
     check: (r, runtime) => {
       if (runtime === "runc") {
@@ -99,7 +100,9 @@ const ATTACKS: Attack[] = [
     name: "memory bomb: killed inside its cgroup, reported as out of memory",
     // biome-ignore lint/suspicious/noTemplateCurlyInString: ${#a} is the shell's, in the sandbox
     command: "a=$(head -c 700000000 /dev/zero | tr '\\0' x); echo ${#a}",
-    timeoutMs: 15_000,
+    // The shell fills its variable slowly (13 s to the limit on an idle 2-core machine, more under
+    // load); the timeout only has to be longer than that, the cgroup ends it.
+    timeoutMs: 40_000,
     check: (r, runtime) => {
       assert.doesNotMatch(r.out, /700000000/, "the allocation never succeeded");
       assert.equal(r.exit.exitCode, 137, `exit ${r.exit.exitCode}: ${r.out.slice(0, 200)}`);

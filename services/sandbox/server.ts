@@ -293,9 +293,16 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
         if (outcome.lost instanceof AgentError) throw agentStatus(outcome.lost, "exec");
         exit = { exitCode: 137, signal: 9, timedOut: fellBack, truncated: false };
       } else exit = outcome!.exit;
-      // A SIGKILL we did not send: give the engine's OOM event a moment to arrive.
-      if (exit.exitCode === 137 && !exit.timedOut && fleet.ooms(sandbox.id) === oomsBefore)
-        await new Promise((r) => setTimeout(r, 250));
+      // A SIGKILL we did not send: give the engine's OOM event time to arrive (it comes on the
+      // events stream, late when the machine is busy: 250 ms once missed it under load).
+      const oomDeadline = Date.now() + 2000;
+      while (
+        exit.exitCode === 137 &&
+        !exit.timedOut &&
+        fleet.ooms(sandbox.id) === oomsBefore &&
+        Date.now() < oomDeadline
+      )
+        await new Promise((r) => setTimeout(r, 50));
       call.write(
         create(ExecResponseSchema, {
           kind: {
