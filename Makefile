@@ -62,9 +62,10 @@ kubectl:
 # with the sandbox image inside as a tarball for the sandbox pod to load. Needs the node base image
 # from a registry the engine can pull from.
 TROUPE_IMAGE ?= troupe:0.1.0
+NODE_IMAGE ?= node:24-bookworm-slim
 images: sandbox-image-if-missing
 	@mkdir -p .images && docker save -o .images/sandbox-image.tar $(SANDBOX_IMAGE)
-	docker build -f k8s/Dockerfile -t $(TROUPE_IMAGE) .
+	docker build -f k8s/Dockerfile --build-arg NODE_IMAGE=$(NODE_IMAGE) -t $(TROUPE_IMAGE) .
 
 # The machine side of the sandbox: Docker engine running, runsc registered.
 host:

@@ -28,6 +28,8 @@ class SessionWriter {
   constructor(
     private readonly appender: PgAppender,
     readonly ref: SessionRef,
+    /** The session's number in troupe_sessions (a bigint, kept as its decimal text). */
+    readonly sid: string,
     readonly epoch: number,
     private nextPos: number,
     readonly lane: number,
@@ -49,23 +51,20 @@ class SessionWriter {
 
 const BATCH_SQL = `
   WITH b AS (
-    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::int[], $6::text[])
-      AS b(tenant, principal, session_id, epoch, pos, record)
+    SELECT * FROM unnest($1::bigint[], $2::int[], $3::int[], $4::text[]) AS b(sid, epoch, pos, record)
   ), k AS (
-    UPDATE troupe_sessions s SET update_ms = $7
-      FROM (SELECT DISTINCT tenant, principal, session_id, epoch FROM b) d
-     WHERE s.tenant = d.tenant AND s.principal = d.principal AND s.session_id = d.session_id AND s.epoch = d.epoch
-    RETURNING s.tenant, s.principal, s.session_id, s.epoch
+    UPDATE troupe_sessions s SET update_ms = $5
+      FROM (SELECT DISTINCT sid, epoch FROM b) d
+     WHERE s.sid = d.sid AND s.epoch = d.epoch
+    RETURNING s.sid, s.epoch
   ), i AS (
-    INSERT INTO troupe_records (tenant, principal, session_id, pos, epoch, record)
-    SELECT b.tenant, b.principal, b.session_id, b.pos, b.epoch, b.record
-      FROM b JOIN k USING (tenant, principal, session_id, epoch)
+    INSERT INTO troupe_records (sid, pos, epoch, record)
+    SELECT b.sid, b.pos, b.epoch, b.record FROM b JOIN k USING (sid, epoch)
   )
-  SELECT tenant, principal, session_id, epoch FROM k`;
+  SELECT sid, epoch FROM k`;
 
 /** A writer's session and epoch, as the statement's answer names them. */
-const matchKey = (tenant: string, principal: string, sessionId: string, epoch: number) =>
-  JSON.stringify([tenant, principal, sessionId, epoch]);
+const matchKey = (sid: string, epoch: number) => `${sid}:${epoch}`;
 
 /** One queue of appends and the statement in flight for it. */
 interface Lane {
@@ -91,8 +90,8 @@ export class PgAppender {
     this.lanes = Array.from({ length: laneCount }, () => ({ queue: [], writing: false }));
   }
 
-  writer(ref: SessionRef, epoch: number, nextPos: number): SessionWriter {
-    return new SessionWriter(this, ref, epoch, nextPos, laneOf(ref, this.lanes.length));
+  writer(ref: SessionRef, sid: string, epoch: number, nextPos: number): SessionWriter {
+    return new SessionWriter(this, ref, sid, epoch, nextPos, laneOf(ref, this.lanes.length));
   }
 
   /** @internal for SessionWriter. */
@@ -113,10 +112,7 @@ export class PgAppender {
         const matched = await this.write(live);
         for (const p of live) {
           if (p.writer.failed) p.reject(p.writer.failed);
-          else if (
-            matched.has(matchKey(p.writer.ref.tenant, p.writer.ref.principal, p.writer.ref.sessionId, p.writer.epoch))
-          )
-            p.resolve();
+          else if (matched.has(matchKey(p.writer.sid, p.writer.epoch))) p.resolve();
           else {
             p.writer.failed = new SessionElsewhere(
               `session ${p.writer.ref.sessionId} was taken over by another runner; this runner no longer writes it`,
@@ -136,26 +132,19 @@ export class PgAppender {
 
   /** Writes one batch; returns the keys of the sessions whose epoch matched. Retries a deadlock once. */
   private async write(batch: Pending[]): Promise<Set<string>> {
-    const cols: [string[], string[], string[], number[], number[], string[]] = [[], [], [], [], [], []];
+    const cols: [string[], number[], number[], string[]] = [[], [], [], []];
     for (const p of batch) {
-      cols[0].push(p.writer.ref.tenant);
-      cols[1].push(p.writer.ref.principal);
-      cols[2].push(p.writer.ref.sessionId);
-      cols[3].push(p.writer.epoch);
-      cols[4].push(p.pos);
-      cols[5].push(p.record);
+      cols[0].push(p.writer.sid);
+      cols[1].push(p.writer.epoch);
+      cols[2].push(p.pos);
+      cols[3].push(p.record);
     }
     for (let attempt = 0; ; attempt++) {
       try {
-        const { rows } = await this.pool.query<{
-          tenant: string;
-          principal: string;
-          session_id: string;
-          epoch: number;
-        }>(BATCH_SQL, [...cols, Date.now()]);
+        const { rows } = await this.pool.query<{ sid: string; epoch: number }>(BATCH_SQL, [...cols, Date.now()]);
         this.stats.batches++;
         this.stats.records += batch.length;
-        return new Set(rows.map((r) => matchKey(r.tenant, r.principal, r.session_id, r.epoch)));
+        return new Set(rows.map((r) => matchKey(r.sid, r.epoch)));
       } catch (err) {
         // Two runners' batches touching the same two rows (one of them stale) can deadlock.
         if (attempt === 0 && (sqlState(err) === "40P01" || sqlState(err) === "40001")) continue;

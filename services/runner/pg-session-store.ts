@@ -88,17 +88,17 @@ export class PgSessionStore implements SessionStore {
     const header = sessionHeader(ref, agentId, owner, subagent) as Extract<LogRecord, { t: "session" }>;
     const records = [header, { t: "epoch", epoch: 1, runnerId: this.self.runnerId }, ...opening];
     // One statement: the row and its first records exist together or not at all.
-    const { rows } = await this.pool.query(
+    const { rows } = await this.pool.query<{ sid: string }>(
       `WITH s AS (
          INSERT INTO troupe_sessions (tenant, principal, session_id, agent_id, created_ms, update_ms, epoch,
                                       owner_runner, owner_incarnation, owner_address)
          VALUES ($1, $2, $3, $4, $5, $5, 1, $6, $7, $8)
-         ON CONFLICT DO NOTHING RETURNING 1
+         ON CONFLICT DO NOTHING RETURNING sid
        ), r AS (
-         INSERT INTO troupe_records (tenant, principal, session_id, pos, epoch, record)
-         SELECT $1, $2, $3, u.i - 1, 1, u.rec FROM s, unnest($9::text[]) WITH ORDINALITY AS u(rec, i)
+         INSERT INTO troupe_records (sid, pos, epoch, record)
+         SELECT s.sid, u.i - 1, 1, u.rec FROM s, unnest($9::text[]) WITH ORDINALITY AS u(rec, i)
        )
-       SELECT count(*)::int AS n FROM s`,
+       SELECT sid FROM s`,
       [
         ...keyOf(ref),
         agentId,
@@ -109,8 +109,8 @@ export class PgSessionStore implements SessionStore {
         records.map((r) => JSON.stringify(r)),
       ],
     );
-    if (rows[0].n === 0) throw Object.assign(new Error(`session ${ref.sessionId} exists`), { code: "EEXIST" });
-    return new PgSessionLog(this, ref, 1, this.appender.writer(ref, 1, records.length));
+    if (rows.length === 0) throw Object.assign(new Error(`session ${ref.sessionId} exists`), { code: "EEXIST" });
+    return new PgSessionLog(this, ref, 1, this.appender.writer(ref, String(rows[0].sid), 1, records.length));
   }
 
   async activate(ref: SessionRef): Promise<{ log: SessionLog; records: LogRecord[]; corruptLines: number[] }> {
@@ -119,12 +119,13 @@ export class PgSessionStore implements SessionStore {
       await client.query("BEGIN");
       try {
         const held = await client.query<{
+          sid: string;
           owner_address: string | null;
           alive: boolean;
           mine: boolean;
           runner: string;
         }>(
-          `SELECT s.owner_address, s.owner_runner AS runner, s.owner_incarnation = $4 AS mine,
+          `SELECT s.sid, s.owner_address, s.owner_runner AS runner, s.owner_incarnation = $4 AS mine,
                   (r.incarnation IS NOT NULL AND r.incarnation = s.owner_incarnation
                    AND r.beat_at > now() - $5 * interval '1 millisecond') AS alive
              FROM troupe_sessions s LEFT JOIN troupe_runners r ON r.runner_id = s.owner_runner
@@ -147,20 +148,22 @@ export class PgSessionStore implements SessionStore {
         );
         const epoch = bumped.rows[0].epoch;
         const stored = await client.query<{ pos: number; record: string }>(
-          `SELECT pos, record FROM troupe_records WHERE ${KEY} ORDER BY pos`,
-          keyOf(ref),
+          "SELECT pos, record FROM troupe_records WHERE sid = $1 ORDER BY pos",
+          [row.sid],
         );
         const { records, corruptLines } = parseRows(stored.rows);
         const mark: LogRecord = { t: "epoch", epoch, runnerId: this.self.runnerId };
         const nextPos = stored.rows.length === 0 ? 0 : stored.rows[stored.rows.length - 1].pos + 1;
-        await client.query(
-          `INSERT INTO troupe_records (tenant, principal, session_id, pos, epoch, record) VALUES ($1, $2, $3, $4, $5, $6)`,
-          [...keyOf(ref), nextPos, epoch, JSON.stringify(mark)],
-        );
+        await client.query("INSERT INTO troupe_records (sid, pos, epoch, record) VALUES ($1, $2, $3, $4)", [
+          row.sid,
+          nextPos,
+          epoch,
+          JSON.stringify(mark),
+        ]);
         await client.query("COMMIT");
         records.push(mark);
         return {
-          log: new PgSessionLog(this, ref, epoch, this.appender.writer(ref, epoch, nextPos + 1)),
+          log: new PgSessionLog(this, ref, epoch, this.appender.writer(ref, row.sid, epoch, nextPos + 1)),
           records,
           corruptLines,
         };
@@ -188,7 +191,7 @@ export class PgSessionStore implements SessionStore {
 
   async read(ref: SessionRef): Promise<LogRecord[]> {
     const { rows } = await this.pool.query<{ pos: number; record: string }>(
-      `SELECT pos, record FROM troupe_records WHERE ${KEY} ORDER BY pos`,
+      `SELECT r.pos, r.record FROM troupe_records r JOIN troupe_sessions USING (sid) WHERE ${KEY} ORDER BY r.pos`,
       keyOf(ref),
     );
     const { records } = parseRows(rows);
@@ -207,7 +210,7 @@ export class PgSessionStore implements SessionStore {
       header: string;
     }>(
       `SELECT s.tenant, s.principal, s.session_id, s.agent_id, s.created_ms, s.update_ms, h.record AS header
-         FROM troupe_sessions s JOIN troupe_records h USING (tenant, principal, session_id)
+         FROM troupe_sessions s JOIN troupe_records h USING (sid)
         WHERE h.pos = 0 ${owner ? "AND s.tenant = $1 AND s.principal = $2" : ""}`,
       owner ? [owner.tenant, owner.principal] : [],
     );

@@ -33,6 +33,7 @@ export const MIGRATIONS: readonly string[] = [
     draining    boolean NOT NULL DEFAULT false
   );
   CREATE TABLE troupe_sessions (
+    sid               bigint GENERATED ALWAYS AS IDENTITY UNIQUE,
     tenant            text NOT NULL,
     principal         text NOT NULL,
     session_id        text NOT NULL,
@@ -45,15 +46,13 @@ export const MIGRATIONS: readonly string[] = [
     owner_address     text,
     PRIMARY KEY (tenant, principal, session_id)
   );
+  -- Records are keyed by the session's number (sid), not its three text ids: a small index.
   CREATE TABLE troupe_records (
-    tenant     text NOT NULL,
-    principal  text NOT NULL,
-    session_id text NOT NULL,
-    pos        integer NOT NULL,
-    epoch      integer NOT NULL,
-    record     text NOT NULL,
-    PRIMARY KEY (tenant, principal, session_id, pos),
-    FOREIGN KEY (tenant, principal, session_id) REFERENCES troupe_sessions ON DELETE CASCADE
+    sid    bigint NOT NULL REFERENCES troupe_sessions (sid) ON DELETE CASCADE,
+    pos    integer NOT NULL,
+    epoch  integer NOT NULL,
+    record text NOT NULL,
+    PRIMARY KEY (sid, pos)
   );
   CREATE TABLE troupe_schedules (
     tenant     text NOT NULL,

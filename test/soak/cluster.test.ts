@@ -72,7 +72,7 @@ test(`cluster soak: ${SESSIONS} sessions over 2 gateways, 2 routers and 3 runner
       await client.connect();
       try {
         const { rows } = await client.query<{ epoch: number; record: string }>(
-          "SELECT epoch, record FROM troupe_records WHERE session_id = $1 ORDER BY pos",
+          "SELECT r.epoch, r.record FROM troupe_records r JOIN troupe_sessions USING (sid) WHERE session_id = $1 ORDER BY pos",
           [sessionId],
         );
         return rows.map((r) => `{"e":${r.epoch},${r.record.slice(1)}`).join("\n");
