@@ -64,7 +64,7 @@ kubectl:
 TROUPE_IMAGE ?= troupe:0.1.0
 NODE_IMAGE ?= node:24-bookworm-slim
 images: sandbox-image-if-missing
-	@mkdir -p .images && docker save -o .images/sandbox-image.tar $(SANDBOX_IMAGE)
+	@mkdir -p .images && docker save -o .images/sandbox-image.tar $(SANDBOX_IMAGE) && chmod 0644 .images/sandbox-image.tar
 	docker build -f k8s/Dockerfile --build-arg NODE_IMAGE=$(NODE_IMAGE) -t $(TROUPE_IMAGE) .
 
 # The machine side of the sandbox: Docker engine running, runsc registered.
