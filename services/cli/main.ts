@@ -1,12 +1,13 @@
 #!/usr/bin/env node
 // troupe: one binary for every service, the supervisor and the chat client.
+import { readFileSync } from "node:fs";
 import { loadConfig, widenThreadPool } from "../shared/config.js";
 import { runService, type ServiceStarter } from "../shared/service.js";
 
 const USAGE = `usage: troupe <command> [flags]
 
 services (one process each):
-  gateway | router | runner | memory | sandbox
+  serve gateway|router|runner|memory|sandbox   (or: troupe gateway, troupe router, ...)
   model-server          the scripted OpenAI-compatible model server (HTTP)
 all at once:
   up [--runners N] [--gateways M] [--routers R] [--store files|postgres]
@@ -17,6 +18,7 @@ all at once:
 client:
   chat [--session ID] [MESSAGE]
                         stream a reply; with MESSAGE run one turn and exit
+  --version             print the version
 operations:
   memory add|search|forget|stats|reembed
                         store, find (--debug: stage scores) and delete memories
@@ -46,6 +48,71 @@ credentials: TROUPE_API_KEY (clients; else DATA_DIR/auth/dev-key, made by troupe
 model: OPENAI_BASE_URL, OPENAI_API_KEY, TROUPE_MODEL; tracing: OTEL_EXPORTER_OTLP_ENDPOINT
 `;
 
+/** Subcommands of the commands that have them, for checking and suggestions. */
+const SUBCOMMANDS: Record<string, string[]> = {
+  memory: ["add", "search", "forget", "stats", "reembed"],
+  config: ["validate", "schema"],
+  keys: ["create", "ls", "revoke"],
+  sandbox: ["ls", "exec", "rm"],
+  store: ["migrate", "status"],
+};
+const COMMANDS = [
+  "gateway",
+  "router",
+  "runner",
+  "memory",
+  "sandbox",
+  "model-server",
+  "serve",
+  "up",
+  "chat",
+  "keys",
+  "config",
+  "store",
+  "help",
+  "version",
+];
+
+/** Levenshtein distance, for "did you mean". */
+function distance(a: string, b: string): number {
+  const row = Array.from({ length: b.length + 1 }, (_, j) => j);
+  for (let i = 1; i <= a.length; i++) {
+    let prev = row[0];
+    row[0] = i;
+    for (let j = 1; j <= b.length; j++) {
+      const next = Math.min(row[j] + 1, row[j - 1] + 1, prev + (a[i - 1] === b[j - 1] ? 0 : 1));
+      prev = row[j];
+      row[j] = next;
+    }
+  }
+  return row[b.length];
+}
+
+/** An unknown word's message: the closest known one when it is close, else the list. Exit code 2. */
+function unknown(what: string, word: string, known: string[]): number {
+  const best = known.map((k) => ({ k, d: distance(word, k) })).sort((x, y) => x.d - y.d)[0];
+  const hint =
+    best && best.d <= Math.max(1, Math.floor(word.length / 3))
+      ? `did you mean "${best.k}"?`
+      : `one of: ${known.join(", ")}`;
+  process.stderr.write(`troupe: unknown ${what} "${word}"; ${hint}\n(troupe --help lists every command)\n`);
+  return 2;
+}
+
+/** The lines of the usage that document `command`, for `troupe <command> --help`. */
+function usageOf(command: string): string {
+  const lines = USAGE.split("\n");
+  const out: string[] = [];
+  for (let i = 0; i < lines.length; i++) {
+    const words = lines[i].trim().split(/[\s|]+/);
+    if (!words.includes(command) || !lines[i].startsWith("  ") || lines[i].startsWith("   ")) continue;
+    out.push(lines[i]);
+    while (lines[i + 1]?.startsWith("    ")) out.push(lines[++i]);
+  }
+  const flags = USAGE.slice(USAGE.indexOf("flags (also"));
+  return `usage: troupe ${command} ...\n\n${out.join("\n")}\n\n${flags}`;
+}
+
 const SERVICES: Record<string, () => Promise<ServiceStarter>> = {
   gateway: async () => (await import("../gateway/server.js")).startGateway,
   router: async () => (await import("../router/server.js")).startRouter,
@@ -55,9 +122,43 @@ const SERVICES: Record<string, () => Promise<ServiceStarter>> = {
 };
 
 async function main(argv: string[]): Promise<void> {
-  const [command, ...args] = argv;
+  let [command, ...args] = argv;
   if (!command || command === "help" || command === "--help" || command === "-h") {
     process.stdout.write(USAGE);
+    return;
+  }
+  if (command === "--version" || command === "-V" || command === "version") {
+    const pkg = JSON.parse(readFileSync(new URL("../../../package.json", import.meta.url), "utf8")) as {
+      version: string;
+    };
+    process.stdout.write(`troupe ${pkg.version}\n`);
+    return;
+  }
+  // `troupe serve <service>` is the same as `troupe <service>`.
+  if (command === "serve") {
+    const service = args.shift() ?? "";
+    if (!(service in SERVICES) && service !== "model-server")
+      return void (process.exitCode = unknown("service", service, [...Object.keys(SERVICES), "model-server"]));
+    command = service;
+  }
+  if (args.includes("--help") || args.includes("-h")) {
+    process.stdout.write(usageOf(command === "model-server" ? "model-server" : command));
+    return;
+  }
+  if (!COMMANDS.includes(command)) {
+    process.exitCode = unknown("command", command, COMMANDS);
+    return;
+  }
+  // A word after a command is a subcommand: an unknown one is an error, never a server started
+  // with it ignored (`troupe memory lsit` used to start the memory service).
+  const sub = args[0];
+  if (sub !== undefined && !sub.startsWith("-") && command in SUBCOMMANDS && !SUBCOMMANDS[command].includes(sub)) {
+    process.exitCode = unknown(`${command} subcommand`, sub, SUBCOMMANDS[command]);
+    return;
+  }
+  if (command in SERVICES && !(command in SUBCOMMANDS) && sub !== undefined && !sub.startsWith("-")) {
+    process.stderr.write(`troupe: the ${command} service takes flags only, not "${sub}" (troupe ${command} --help)\n`);
+    process.exitCode = 2;
     return;
   }
   if (command === "memory" && ["add", "search", "forget", "stats", "reembed"].includes(args[0] ?? "")) {

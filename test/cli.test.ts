@@ -1,0 +1,57 @@
+// The troupe command as a new user meets it: a typo is an error with a suggestion and never a
+// server (`troupe memory lsit` used to start the memory service and create ./data/memory), every
+// command answers --help, and --version says the version.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import { existsSync, readFileSync } from "node:fs";
+import { mkdtemp, rm } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { MAIN } from "./helpers/stack.js";
+
+function troupe(args: string[], cwd: string) {
+  const r = spawnSync(process.execPath, [MAIN, ...args], { cwd, encoding: "utf8", timeout: 10_000 });
+  return { code: r.status, out: r.stdout, err: r.stderr, signal: r.signal };
+}
+
+test("typos are errors with a suggestion; nothing starts and nothing is written", async (t) => {
+  const cwd = await mkdtemp(path.join(os.tmpdir(), "troupe-cli-"));
+  t.after(() => rm(cwd, { recursive: true, force: true }));
+  const cases: [string[], RegExp][] = [
+    [["memory", "lsit"], /unknown memory subcommand "lsit"; one of: add, search, forget, stats, reembed/],
+    [["memroy"], /unknown command "memroy"; did you mean "memory"\?/],
+    [["serve", "runnr"], /unknown service "runnr"; did you mean "runner"\?/],
+    [["keys", "lss"], /unknown keys subcommand "lss"; did you mean "ls"\?/],
+    [["store", "migrat"], /unknown store subcommand "migrat"; did you mean "migrate"\?/],
+    [["gateway", "start"], /the gateway service takes flags only, not "start"/],
+  ];
+  for (const [args, message] of cases) {
+    const r = troupe(args, cwd);
+    assert.equal(r.signal, null, `${args.join(" ")} exited by itself (it did not start a server)`);
+    assert.equal(r.code, 2, args.join(" "));
+    assert.match(r.err, message);
+  }
+  assert.equal(existsSync(path.join(cwd, "data")), false, "no data directory was made");
+});
+
+test("--version and per-command --help answer and exit 0", async (t) => {
+  const cwd = await mkdtemp(path.join(os.tmpdir(), "troupe-cli-"));
+  t.after(() => rm(cwd, { recursive: true, force: true }));
+  const pkg = JSON.parse(readFileSync(new URL("../../package.json", import.meta.url), "utf8")) as { version: string };
+  const v = troupe(["--version"], cwd);
+  assert.equal(v.code, 0);
+  assert.equal(v.out.trim(), `troupe ${pkg.version}`);
+  for (const [args, shows] of [
+    [["chat", "--help"], /chat \[--session ID\] \[MESSAGE\]/],
+    [["up", "--help"], /--runners N/],
+    [["serve", "runner", "--help"], /serve gateway\|router\|runner\|memory\|sandbox/],
+    [["memory", "--help"], /memory add\|search\|forget\|stats\|reembed/],
+  ] as const) {
+    const r = troupe([...args], cwd);
+    assert.equal(r.code, 0, `${args.join(" ")}: ${r.err}`);
+    assert.match(r.out, shows);
+    assert.match(r.out, /--data-dir DIR/, "the shared flags too");
+  }
+  assert.equal(existsSync(path.join(cwd, "data")), false);
+});
