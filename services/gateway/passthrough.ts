@@ -79,23 +79,30 @@ export function asSubscribeResponse(bytes: Buffer): Buffer | undefined {
   return out;
 }
 
+/** How long a runner may take to answer a session's open before the gateway tries elsewhere. */
+export const OPEN_TIMEOUT_MS = 5000;
+
 /**
  * Gives up on a runner call that says nothing for `ms` (a paused process: its socket still
  * accepts, nothing answers): cancels it, and its error then reads as UNAVAILABLE, so the caller
  * reroutes as it would for a runner that is gone.
  */
-export function answerWithin(call: { cancel(): void }, ms: number) {
-  let heard = false;
+export function answerWithin(call: { cancel(): void }, ms = OPEN_TIMEOUT_MS) {
+  let answered = false;
   let silent = false;
   const timer = setTimeout(() => {
-    if (heard) return;
+    if (answered) return;
     silent = true;
     call.cancel();
   }, ms);
   return {
+    /** Whether the runner has said anything yet. */
+    get answered(): boolean {
+      return answered;
+    },
     /** The runner said something: no timeout any more. */
     heard(): void {
-      heard = true;
+      answered = true;
       clearTimeout(timer);
     },
     /** The error to act on: the call's own, or UNAVAILABLE when it was cut for silence. */

@@ -46,9 +46,6 @@ import { StreamsByKey } from "./revocation.js";
 type RunnerClient = ServiceClient<(typeof RunnerService)["method"]>;
 
 /** The client's verified identity (set by apiKeyAuth), carried on to the runner, which serves a session only to its owner. */
-/** How long a runner may take to answer a session's open before the gateway tries elsewhere (answerWithin). */
-const OPEN_TIMEOUT_MS = 5000;
-
 const onBehalfOf = (call: { metadata: grpc.Metadata }): grpc.Metadata => identityMetadata(identityOf(call.metadata));
 
 export async function startGateway(cfg: Config, logger: Logger): Promise<RunningService> {
@@ -181,10 +178,8 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
           .get(placement.runner!.address)
           .attach({ metadata: caller }) as unknown as grpc.ClientDuplexStream<AttachRequestInit, Buffer>;
         runnerCall = rc;
-        let received = false;
-        const answer = answerWithin(rc, OPEN_TIMEOUT_MS);
+        const answer = answerWithin(rc);
         rc.on("data", (bytes: Buffer) => {
-          received = true;
           answer.heard();
           if (state === "done") return;
           if (needsDecoding(bytes)) {
@@ -206,7 +201,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
         rc.on("error", (error) => {
           upstreamFailed = true;
           const err = answer.error(error);
-          if (!received && attempt === 0 && state !== "done" && placements.reroute(who, sessionId, err)) {
+          if (!answer.answered && attempt === 0 && state !== "done" && placements.reroute(who, sessionId, err)) {
             open(openFrame, 1).catch(finish);
             return;
           }
@@ -327,11 +322,9 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
           .get(placement.runner!.address)
           .attach({ metadata: caller }) as unknown as grpc.ClientDuplexStream<AttachRequestInit, Buffer>;
         upstream = up;
-        let received = false;
         let failed = false;
-        const answer = answerWithin(up, OPEN_TIMEOUT_MS);
+        const answer = answerWithin(up);
         up.on("data", (bytes: Buffer) => {
-          received = true;
           answer.heard();
           if (call.cancelled) return;
           const event = asSubscribeResponse(bytes);
@@ -345,7 +338,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
           const err = answer.error(error);
           if (call.cancelled) return;
           // Before anything was sent, a moved session or a gone runner is retried once.
-          if (!received && n === 0 && placements.reroute(who, sessionId, err)) {
+          if (!answer.answered && n === 0 && placements.reroute(who, sessionId, err)) {
             attempt(1).catch((e) => call.emit("error", toStatus(e)));
             return;
           }
