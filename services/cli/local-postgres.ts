@@ -6,9 +6,9 @@
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { existsSync, readdirSync } from "node:fs";
 import { appendFile, chmod, chown, mkdir, readFile, stat } from "node:fs/promises";
-import net from "node:net";
 import path from "node:path";
 import pg from "pg";
+import { freePort } from "./free-port.js";
 
 export interface LocalPostgres {
   /** postgres://troupe@127.0.0.1:<port>/troupe */
@@ -32,17 +32,6 @@ export function postgresBin(): string {
   if (versions.length === 0)
     throw new Error("PostgreSQL is not installed: `apt-get install postgresql` (Debian's package) provides it");
   return path.join(root, versions[0], "bin");
-}
-
-export async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = net.createServer();
-    srv.once("error", reject);
-    srv.listen(0, "127.0.0.1", () => {
-      const { port } = srv.address() as net.AddressInfo;
-      srv.close(() => resolve(port));
-    });
-  });
 }
 
 /** Runs a server binary as the user PostgreSQL accepts: ourselves, or `postgres` when we are root. */

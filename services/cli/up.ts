@@ -17,7 +17,8 @@ import { RouterService } from "../shared/gen/troupe/v1/router_pb.js";
 import { RunnerService } from "../shared/gen/troupe/v1/runner_pb.js";
 import { SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
 import { createClient } from "../shared/rpc.js";
-import { freePort, startLocalPostgres, type LocalPostgres } from "./local-postgres.js";
+import { freePort } from "./free-port.js";
+import { startLocalPostgres, type LocalPostgres } from "./local-postgres.js";
 
 const MAIN = fileURLToPath(new URL("./main.js", import.meta.url));
 

@@ -1,13 +1,19 @@
 // The PostgreSQL store's smaller parts: schedules, owners' profiles and the audit log, each the
 // same contract as its file counterpart (schedule-files.ts, profile-store.ts, audit-log.ts).
 import type pg from "pg";
-import type { SessionRef } from "../shared/session-ref.js";
+import { sameRef, type SessionRef } from "../shared/session-ref.js";
 import type { AuditRecord, AuditSink } from "./audit-log.js";
 import type { FileRead } from "./context.js";
 import { profileRead, type ProfileOwner, type ProfileStore } from "./profile-store.js";
-import { parseScheduleFile, type ScheduleFile, type ScheduleStore } from "./schedule-files.js";
+import { parseScheduleFile, refOfFile, type ScheduleFile, type ScheduleStore } from "./schedule-files.js";
 
 const KEY = "tenant = $1 AND principal = $2 AND session_id = $3";
+
+/** A row's schedules, or none when the body is damaged or names another session than the row's key. */
+function fileOfRow(ref: SessionRef, body: unknown): ScheduleFile | undefined {
+  const f = parseScheduleFile(JSON.stringify(body));
+  return f && sameRef(refOfFile(f), ref) ? f : undefined;
+}
 
 /** Each session's schedules as one row, keyed by the session's ref (a row cannot speak for another). */
 export class PgScheduleStore implements ScheduleStore {
@@ -19,20 +25,17 @@ export class PgScheduleStore implements ScheduleStore {
       ref.principal,
       ref.sessionId,
     ]);
-    return rows[0] ? parseScheduleFile(JSON.stringify(rows[0].body)) : undefined;
+    return rows[0] ? fileOfRow(ref, rows[0].body) : undefined;
   }
 
   async all(): Promise<ScheduleFile[]> {
     const { rows } = await this.pool.query<{ body: unknown; tenant: string; principal: string; session_id: string }>(
       "SELECT tenant, principal, session_id, body FROM troupe_schedules",
     );
-    const out: ScheduleFile[] = [];
-    for (const r of rows) {
-      const f = parseScheduleFile(JSON.stringify(r.body));
-      // The row's key is the truth; a body naming another session counts as none.
-      if (f && f.tenant === r.tenant && f.principal === r.principal && f.sessionId === r.session_id) out.push(f);
-    }
-    return out;
+    return rows.flatMap((r) => {
+      const f = fileOfRow({ tenant: r.tenant, principal: r.principal, sessionId: r.session_id }, r.body);
+      return f ? [f] : [];
+    });
   }
 
   async write(ref: SessionRef, file: ScheduleFile | undefined): Promise<void> {

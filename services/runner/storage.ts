@@ -1,6 +1,6 @@
 // Everything a runner keeps, behind one interface: session logs with their leases and epochs,
-// schedules, owners' profiles, the audit log, and the runner's membership among the runners sharing the storage
-// (its heartbeat: while it beats, the others treat its sessions as live). The server is given a
+// schedules, owners' profiles, the audit log, and the runner's membership among the runners
+// sharing the storage (its heartbeat: while it beats, the others treat its sessions as live). The server is given a
 // RunnerStorage and nothing else about where state lives: files in a data directory (one machine,
 // or runners sharing one POSIX volume), PostgreSQL (any number of machines), or this process.
 import path from "node:path";

@@ -16,9 +16,6 @@ export function openPool(url: string, max = 10): pg.Pool {
   return pool;
 }
 
-/** Whether a store URL names PostgreSQL (anything else is an error at configuration time). */
-export const isPostgresUrl = (url: string) => /^postgres(ql)?:\/\//.test(url);
-
 /** The schema, one entry per version. Never edit a released entry: add the next one. */
 export const MIGRATIONS: readonly string[] = [
   // 1: sessions (their records, leases and epochs), runner membership, schedules, profiles, audit.

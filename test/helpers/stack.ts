@@ -3,7 +3,6 @@
 import { execFile, spawn, type ChildProcess } from "node:child_process";
 import { promisify } from "node:util";
 import { mkdtemp, rm } from "node:fs/promises";
-import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -20,6 +19,7 @@ import { Status } from "../../services/shared/errors.js";
 import { createClient, type ClientOptions, type ServiceClient } from "../../services/shared/rpc.js";
 import { instanceOf } from "../../services/sandbox/container-spec.js";
 import { SERVICE_TYPE } from "../../services/cli/up.js";
+import { freePort } from "../../services/cli/free-port.js";
 
 export { SERVICE_TYPE };
 
@@ -37,27 +37,7 @@ export const LOAD_QUOTAS = {
 const run = promisify(execFile);
 export const MAIN = fileURLToPath(new URL("../../services/cli/main.js", import.meta.url));
 
-// Ports this process has handed out. The kernel may give the same ephemeral port to two bind(0)
-// calls once the first socket is closed; two services of one stack on one port would let the
-// second fail to bind while the first answers for it.
-const handedOut = new Set<number>();
-
-export async function freePort(): Promise<number> {
-  for (;;) {
-    const port = await new Promise<number>((resolve, reject) => {
-      const srv = net.createServer();
-      srv.unref();
-      srv.on("error", reject);
-      srv.listen(0, "127.0.0.1", () => {
-        const { port } = srv.address() as net.AddressInfo;
-        srv.close(() => resolve(port));
-      });
-    });
-    if (handedOut.has(port)) continue;
-    handedOut.add(port);
-    return port;
-  }
-}
+export { freePort };
 
 export type ServiceName = "model-server" | "router" | "memory" | "sandbox" | "runner" | "gateway";
 export const SERVICE_ORDER: ServiceName[] = ["model-server", "router", "memory", "sandbox", "runner", "gateway"];
