@@ -58,6 +58,7 @@ export class RunnerHeartbeat {
       throw new Error(
         `runner id ${runnerId} is in use by process ${prev.pid} on this host; give each runner its own --runner-id`,
       );
+    const before = performance.now(); // no later than the beat_at the insert writes
     await this.pool.query(
       `INSERT INTO troupe_runners (runner_id, address, incarnation, host, pid, beat_at, draining)
        VALUES ($1, $2, $3, $4, $5, now(), false)
@@ -65,22 +66,27 @@ export class RunnerHeartbeat {
          host = excluded.host, pid = excluded.pid, beat_at = now(), draining = false`,
       [runnerId, address, incarnation, os.hostname(), process.pid],
     );
-    this.lastBeat = performance.now();
+    this.lastBeat = before;
     this.timer = setInterval(() => void this.beat(), Math.max(20, Math.floor(this.livenessMs / 4)));
     this.timer.unref();
   }
 
   private async beat(): Promise<void> {
+    const started = performance.now();
     try {
       const { rowCount } = await this.pool.query(
         `UPDATE troupe_runners SET beat_at = now(), draining = $3 WHERE runner_id = $1 AND incarnation = $2`,
         [this.self.runnerId, this.self.incarnation, this.draining],
       );
       if (rowCount === 0) this.trouble(`runner id ${this.self.runnerId} was taken by a newer process`);
+      // The row was at most this old at any moment since the last beat: from that beat's start
+      // (its beat_at is no earlier) to now (this one's beat_at is no later). Under the lease, no
+      // runner can have judged this one dead. Measured from the previous beat's end, with half
+      // the lease as the bound, an event loop busy for a second under load handed sessions over
+      // (their runs cut and resumed) though nobody could have taken them.
       const silent = performance.now() - this.lastBeat;
-      this.lastBeat = performance.now();
-      // Beats come every livenessMs/4; half the liveness without one is already too close to call.
-      if (silent > this.livenessMs / 2) this.lapsed(Math.round(silent));
+      this.lastBeat = started;
+      if (silent > this.livenessMs * 0.8) this.lapsed(Math.round(silent));
     } catch (err) {
       this.trouble(`heartbeat failed: ${(err as Error).message}`);
     }
