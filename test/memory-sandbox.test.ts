@@ -218,9 +218,10 @@ describe("sandbox service", () => {
       assert.equal(await exists(foreign), true, "another instance's container is left alone");
       const sandbox = reaped.client(SandboxService, reaped.addr.sandbox, { as: DEV_IDENTITY });
       const busy = exec(sandbox, "reap-1", "sleep 3; echo slept", { timeoutMs: 10_000 });
-      await new Promise((r) => setTimeout(r, 500));
+      // The sandbox exists while its command runs (made on first use: under load, not within a
+      // fixed 500 ms, which once failed in CI).
       const name = containerName(mine, scopeKey("session", DEV_IDENTITY, "reap-1", ""));
-      assert.equal(await exists(name), true);
+      await waitFor("the busy sandbox to exist", () => exists(name), 2500, 100);
       assert.match((await busy).out, /slept/, "a command running past the idle time is not cut short");
       // A busy loop left behind is no command: it does not keep the sandbox, and goes with it.
       assert.equal((await exec(sandbox, "reap-1", "(while :; do :; done) >/dev/null 2>&1 & echo left")).out, "left\n");
