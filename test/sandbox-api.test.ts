@@ -262,6 +262,54 @@ describe("sandbox processes, pool, scopes and restarts (runc)", () => {
     await sandbox.releaseSandbox({ sessionId: "proc-stdin" });
   });
 
+  test("stdin kept open: WriteStdin feeds a running command until it closes it; foreign and closed ones are refused", async () => {
+    const id = "proc-open-stdin";
+    const call = sandbox.exec({
+      sessionId: id,
+      command: 'echo ready; while read line; do echo "got:$line"; done; echo eof',
+      timeoutMs: 20_000,
+      stdin: Buffer.from("first\n"),
+      openStdin: true,
+    });
+    let execId = "";
+    let out = "";
+    let exit: ExecExit | undefined;
+    let step = 0;
+    for await (const m of call) {
+      if (m.kind.case === "started") execId = m.kind.value.execId;
+      if (m.kind.case === "stdout") out += Buffer.from(m.kind.value).toString();
+      if (m.kind.case === "exit") exit = m.kind.value;
+      if (step === 0 && out.includes("got:first\n")) {
+        step = 1;
+        await failsWith(
+          sandbox.writeStdin({ sessionId: "proc-other", execId, data: Buffer.from("x\n") }),
+          Status.NOT_FOUND,
+        );
+        await failsWith(
+          sandbox.writeStdin({ sessionId: id, execId: "nope", data: Buffer.from("x\n") }),
+          Status.NOT_FOUND,
+        );
+        await failsWith(
+          sandbox.writeStdin({ sessionId: id, execId, data: Buffer.alloc(1024 * 1024 + 1) }),
+          Status.INVALID_ARGUMENT,
+        );
+        await sandbox.writeStdin({ sessionId: id, execId, data: Buffer.from("second\n") });
+      }
+      if (step === 1 && out.includes("got:second\n")) {
+        step = 2;
+        await sandbox.writeStdin({ sessionId: id, execId, data: Buffer.from("third\n"), close: true });
+        await failsWith(
+          sandbox.writeStdin({ sessionId: id, execId, data: Buffer.from("x\n") }),
+          Status.FAILED_PRECONDITION,
+        );
+      }
+    }
+    assert.equal(out, "ready\ngot:first\ngot:second\ngot:third\neof\n");
+    assert.equal(exit?.exitCode, 0);
+    await failsWith(sandbox.writeStdin({ sessionId: id, execId, data: Buffer.from("x") }), Status.NOT_FOUND);
+    await sandbox.releaseSandbox({ sessionId: id });
+  });
+
   test("backpressure: a caller that stops reading stops the command's output at its source", async () => {
     const id = "proc-backpressure";
     // Counts 64 KiB blocks written; each write blocks once nobody reads.

@@ -258,7 +258,7 @@ describe("triggers", () => {
     assert.equal(await count(), settled, "no firing after the delete");
   });
 
-  test("cron schedules: next fire time in UTC; malformed expressions and bad intervals are INVALID_ARGUMENT; another principal finds no such session to schedule", async () => {
+  test("cron schedules: next fire time in UTC or a time zone; malformed expressions and bad intervals are INVALID_ARGUMENT; another principal finds no such session to schedule", async () => {
     const s = await open();
     const sessionId = s.opened!.sessionId;
     s.close();
@@ -273,7 +273,7 @@ describe("triggers", () => {
       [{ case: "cron", value: "61 * * * *" }, /cron: minute: 61 is outside 0-59/],
       [{ case: "cron", value: "* * *" }, /5 fields/],
       [{ case: "cron", value: "0 0 31 2 *" }, /never fires/],
-      [{ case: "cron", value: "*/0 * * * *" }, /step must be at least 1/],
+      [{ case: "cron", value: "*/0 * * * *" }, /illegal stepping: 0/],
       [{ case: "everySeconds", value: 0 }, /every_seconds must be at least 1/],
       [{ case: undefined }, /needs cron or every_seconds/],
     ];
@@ -284,6 +284,24 @@ describe("triggers", () => {
         JSON.stringify(when),
       );
     }
+    // A time zone: 09:00 in Kolkata (UTC+05:30, no DST) is 03:30 UTC.
+    const kolkata = await stack.gateway.createSchedule({
+      schedule: { sessionId, when: { case: "cron", value: "0 9 * * *" }, timeZone: "Asia/Kolkata", text: "standup" },
+    });
+    const at = new Date(Number(kolkata.schedule!.nextFireTime!.seconds) * 1000);
+    assert.deepEqual([at.getUTCHours(), at.getUTCMinutes(), kolkata.schedule!.timeZone], [3, 30, "Asia/Kolkata"]);
+    for (const [schedule, why] of [
+      [
+        { when: { case: "cron", value: "0 9 * * *" }, timeZone: "Mars/Olympus" },
+        /time_zone: "Mars\/Olympus" is not a time zone/,
+      ],
+      [{ when: { case: "everySeconds", value: 60 }, timeZone: "UTC" }, /time_zone is for cron schedules/],
+    ] as const)
+      await assert.rejects(
+        stack.gateway.createSchedule({ schedule: { sessionId, text: "x", ...(schedule as object) } }),
+        (e: grpc.ServiceError) => e.code === Status.INVALID_ARGUMENT && why.test(e.details),
+      );
+    await stack.gateway.deleteSchedule({ sessionId, scheduleId: kolkata.schedule!.scheduleId });
     const other = await stack.gatewayAs("local", "eve");
     await assert.rejects(
       other.createSchedule({ schedule: { sessionId, when: { case: "everySeconds", value: 5 }, text: "x" } }),

@@ -90,12 +90,14 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
   ): Promise<T> => {
     validateSessionRef(sessionId, "", false);
     const who = identityOf(call.metadata);
+    // A runner that moved or restarted: placed again and retried, the last time after 1 s (limits.ts).
     for (let attempt = 0; ; attempt++) {
       const placement = await placements.resolve(who, sessionId, "");
       try {
         return await fn(runners.get(placement.runner!.address), placement);
       } catch (err) {
-        if (attempt > 0 || !placements.reroute(who, sessionId, err)) throw err;
+        if (attempt >= 2 || !placements.reroute(who, sessionId, err)) throw err;
+        if (attempt > 0) await new Promise((r) => setTimeout(r, 1000));
       }
     }
   };

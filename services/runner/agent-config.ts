@@ -12,7 +12,9 @@
 //     "reserveTokens": 16384, "keepRecentTokens": 20000,
 //     "owners": ["alice"],                    // principals of the session's tenant who own the agent
 //     "retry": { "maxRetries": 3, "baseDelayMs": 1000, "maxDelayMs": 30000 },
-//     "subagents": { "maxDepth": 1, "maxChildren": 5, "timeoutMs": 120000 }
+//     "subagents": { "maxDepth": 1, "maxChildren": 5, "timeoutMs": 120000 },
+//     "webFetch": true,                       // web_fetch of public pages
+//     "http": { "allowHosts": ["api.github.com"], "secrets": { "GITHUB_TOKEN": ["api.github.com"] } }
 //   }
 import { readFile, stat } from "node:fs/promises";
 import path from "node:path";
@@ -45,6 +47,10 @@ export interface AgentConfig {
   owners: string[];
   retry: RetryPolicy;
   subagents: { maxDepth: number; maxChildren: number; timeoutMs: number };
+  /** web_fetch is offered (web-tools.ts). */
+  webFetch: boolean;
+  /** http_request's hosts, and the secrets it may send to which hosts (web-tools.ts). */
+  http: { allowHosts: string[]; secrets: Record<string, string[]> };
 }
 
 export const DEFAULT_AGENT: Readonly<Omit<AgentConfig, "name">> = {
@@ -58,6 +64,8 @@ export const DEFAULT_AGENT: Readonly<Omit<AgentConfig, "name">> = {
   owners: [],
   retry: { maxRetries: 3, baseDelayMs: 1000, maxDelayMs: 30_000 },
   subagents: { maxDepth: 1, maxChildren: 5, timeoutMs: 120_000 },
+  webFetch: true,
+  http: { allowHosts: [], secrets: {} },
 };
 
 /** An agent.json that cannot be used; the run goes on with the defaults and says why. */
@@ -75,6 +83,7 @@ export function parseAgentConfig(agentId: string, json: unknown): AgentConfig {
     name: o.name ?? agentId,
     retry: { ...d.retry, ...o.retry },
     subagents: { ...d.subagents, ...o.subagents },
+    http: { ...d.http, ...o.http },
   };
   if (cfg.reserveTokens >= cfg.contextWindow)
     throw new AgentConfigError(

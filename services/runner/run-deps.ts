@@ -5,6 +5,7 @@
 import type { MemoryService } from "../shared/gen/troupe/v1/memory_pb.js";
 import type { SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
 import type { Logger } from "../shared/log.js";
+import type { NetPolicy } from "../shared/net-guard.js";
 import type { TenantQuotas } from "../shared/quotas.js";
 import type { ServiceClient } from "../shared/rpc.js";
 import type { AgentConfig, AgentConfigs } from "./agent-config.js";
@@ -19,13 +20,25 @@ import type { InboundSafety } from "./safety.js";
 import type { SessionActor } from "./session-actor.js";
 import type { SessionOwner, Subagent } from "./session-log.js";
 import type { TokenCounter } from "./tokens.js";
+import { scheduleTool } from "./schedule-tool.js";
+import type { BackgroundProcesses } from "./background.js";
+import { processTool } from "./process-tool.js";
+import type { ScheduleBook } from "./schedules.js";
 import { execTool, fileTools, memoryTools } from "./tools.js";
+import { httpRequestTool, webFetchTool, type Secrets } from "./web-tools.js";
 
 /** The runner's parts a run draws on. */
 export interface RunnerParts {
   /** The model for agents whose agent.json names none. */
   defaultModel: string;
   execTimeoutMs: number;
+  /** What web_fetch and http_request may reach, and the secrets http_request may send. */
+  net: NetPolicy;
+  secrets: Secrets;
+  /** Background processes of every session (the process tool). */
+  background: BackgroundProcesses;
+  /** The schedules of every session, and how to tell the scheduler one changed. */
+  schedules: { book: ScheduleBook; changed(): void };
   model: ModelClient;
   sandbox: ServiceClient<(typeof SandboxService)["method"]>;
   memory: ServiceClient<(typeof MemoryService)["method"]>;
@@ -142,7 +155,14 @@ export function runDepsFor(parts: RunnerParts): (actor: SessionActor, first: rea
     const runTools = [
       execTool(sandbox, parts.execTimeoutMs, owner),
       ...fileTools(sandbox, owner),
+      processTool(actor.ref, owner, sandbox, parts.background, () => quotas.of(owner.tenant).processesPerSession),
       ...memoryTools(memory, mine, agentId, () => recall.invalidateTenant(owner.tenant)),
+      webFetchTool(parts.net, agentConfig),
+      httpRequestTool(parts.net, agentConfig, parts.secrets),
+      scheduleTool(actor.ref, {
+        ...parts.schedules,
+        max: () => quotas.of(owner.tenant).schedulesPerSession,
+      }),
       delegateTool({
         parent: actor,
         agent: agentConfig,

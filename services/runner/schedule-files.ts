@@ -11,6 +11,8 @@ import { fileName, sameRef, type SessionRef } from "../shared/session-ref.js";
 export interface StoredSchedule {
   scheduleId: string;
   cron?: string;
+  /** IANA time zone of the cron expression; absent: UTC. */
+  timeZone?: string;
   everySeconds?: number;
   text: string;
   createdMs: number;

@@ -18,7 +18,6 @@ import { refKey, type SessionRef } from "../shared/session-ref.js";
 import { refOfFile, type ScheduleFile, type ScheduleStore, type StoredSchedule } from "./schedule-files.js";
 import { CronError, nextFire, parseCron, type Cron } from "./cron.js";
 
-export const MAX_SCHEDULES_PER_SESSION = 20;
 const SCHEDULE_ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
 export const DEFAULT_HEARTBEAT_TEXT =
   "Heartbeat: check whether anything needs your attention. If nothing does, reply HEARTBEAT_OK.";
@@ -31,17 +30,21 @@ function validate(s: Schedule, minEverySeconds: number): StoredSchedule {
   if (s.text.length > 8000) throw invalidArgument("text must be at most 8000 characters");
   const base = { scheduleId, text: s.text, createdMs: Date.now() };
   switch (s.when.case) {
-    case "cron":
+    case "cron": {
+      let cron: Cron;
       try {
-        parseCron(s.when.value);
+        cron = parseCron(s.when.value, s.timeZone || "UTC");
       } catch (err) {
-        if (err instanceof CronError) throw invalidArgument(`cron: ${err.message}`);
+        if (err instanceof CronError)
+          throw invalidArgument(`${/time zone/.test(err.message) ? "time_zone" : "cron"}: ${err.message}`);
         throw err;
       }
       if (s.text.trim() === "")
         throw invalidArgument("text is required for a cron schedule: it is the message the task's turn starts with");
-      return { ...base, cron: s.when.value.trim() };
+      return { ...base, cron: cron.source, ...(cron.timeZone !== "UTC" ? { timeZone: cron.timeZone } : {}) };
+    }
     case "everySeconds":
+      if (s.timeZone !== "") throw invalidArgument("time_zone is for cron schedules; every_seconds counts real time");
       if (s.when.value < minEverySeconds) throw invalidArgument(`every_seconds must be at least ${minEverySeconds}`);
       return { ...base, everySeconds: s.when.value };
     default:
@@ -56,7 +59,7 @@ function dueAfter(s: StoredSchedule, cron: Cron | undefined, fromMs: number): nu
 }
 
 function toProto(sessionId: string, s: StoredSchedule): Schedule {
-  const cron = s.cron ? parseCron(s.cron) : undefined;
+  const cron = s.cron ? parseCron(s.cron, s.timeZone) : undefined;
   const next = dueAfter(s, cron, s.lastFireMs ?? s.createdMs);
   return create(ScheduleSchema, {
     scheduleId: s.scheduleId,
@@ -66,6 +69,7 @@ function toProto(sessionId: string, s: StoredSchedule): Schedule {
     createTime: timestampFromMs(s.createdMs),
     nextFireTime: next === undefined ? undefined : timestampFromMs(next),
     lastFireTime: s.lastFireMs === undefined ? undefined : timestampFromMs(s.lastFireMs),
+    timeZone: s.timeZone ?? "",
   });
 }
 
@@ -113,15 +117,15 @@ export class ScheduleBook {
     return (file?.schedules ?? []).map((s) => toProto(file!.sessionId, s));
   }
 
-  /** Adds or replaces (same id) a schedule of the session. */
-  put(ref: SessionRef, schedule: Schedule): Promise<Schedule> {
+  /** Adds or replaces (same id) a schedule of the session, which may hold at most `max`. */
+  put(ref: SessionRef, schedule: Schedule, max: number): Promise<Schedule> {
     return this.update(ref, (file) => {
       const others = (file?.schedules ?? []).filter(
         (s) => s.scheduleId !== schedule.scheduleId || schedule.scheduleId === "",
       );
       const stored = validate(schedule, this.minEverySeconds);
-      if (others.length >= MAX_SCHEDULES_PER_SESSION)
-        throw resourceExhausted(`a session holds at most ${MAX_SCHEDULES_PER_SESSION} schedules`);
+      if (others.length >= max)
+        throw resourceExhausted(`a session holds at most ${max} schedules (quota schedulesPerSession)`);
       const next: ScheduleFile = {
         sessionId: ref.sessionId,
         tenant: ref.tenant,
@@ -163,7 +167,7 @@ export interface Firing {
 export function triggerText(s: StoredSchedule, dueMs: number): string {
   const at = new Date(dueMs).toISOString();
   if (s.cron)
-    return `[Scheduled task ${s.scheduleId} (cron "${s.cron}", UTC) fired at ${at}. This turn was not started by the user.]\n${s.text}`;
+    return `[Scheduled task ${s.scheduleId} (cron "${s.cron}", ${s.timeZone ?? "UTC"}) fired at ${at}. This turn was not started by the user.]\n${s.text}`;
   return `[Heartbeat ${s.scheduleId} (every ${s.everySeconds} s) at ${at}. This turn was not started by the user.]\n${s.text || DEFAULT_HEARTBEAT_TEXT}`;
 }
 
@@ -213,7 +217,7 @@ export class Scheduler {
         file.schedules.map((schedule) => ({
           file,
           schedule,
-          cron: schedule.cron ? parseCron(schedule.cron) : undefined,
+          cron: schedule.cron ? parseCron(schedule.cron, schedule.timeZone) : undefined,
         })),
       );
       this.lastScan = now;

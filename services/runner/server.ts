@@ -1,5 +1,7 @@
 // The runner process: RunnerService over the session actors, plus registration with the router
 // so the gateway can find the runner that owns a session.
+import { Secrets } from "./web-tools.js";
+import { BackgroundProcesses } from "./background.js";
 import { randomUUID } from "node:crypto";
 import { create } from "@bufbuild/protobuf";
 import { context } from "@opentelemetry/api";
@@ -187,9 +189,16 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
     }),
   );
 
+  const book = new ScheduleBook(storage.schedules, cfg.minHeartbeatSeconds);
+  const background = new BackgroundProcesses(sandbox);
   const runDeps = runDepsFor({
     defaultModel: cfg.model,
     execTimeoutMs: cfg.execTimeoutMs,
+    net: { ...cfg.net, maxRedirects: 5 },
+    secrets: new Secrets(cfg.secretsFile),
+    background,
+    // The scheduler starts below; a tool call can only come after it has.
+    schedules: { book, changed: () => scheduler.changed() },
     model,
     sandbox,
     memory,
@@ -218,7 +227,6 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
       .then((n) => logger.warn(`silent ${ms} ms, past the lease: ${n} sessions handed over`));
 
   // Scheduled tasks and heartbeats: each firing is a prompt the session takes once (see schedules.ts).
-  const book = new ScheduleBook(storage.schedules, cfg.minHeartbeatSeconds);
   const scheduler = new Scheduler(
     book,
     async (f) => {
@@ -419,7 +427,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
     async putSchedule(req, call) {
       if (!req.schedule) throw invalidArgument("schedule is required");
       const actor = await requireActor(req.schedule.sessionId, call);
-      const schedule = await book.put(actor.ref, req.schedule);
+      const schedule = await book.put(actor.ref, req.schedule, quotas.of(actor.ref.tenant).schedulesPerSession);
       scheduler.changed();
       return { schedule };
     },
@@ -454,6 +462,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
     async drain() {
       scheduler.stop();
       retention.stop();
+      background.stopAll();
       quotas.stop();
       await registration.stop();
       const started = Date.now();

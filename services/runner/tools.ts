@@ -44,9 +44,9 @@ export interface Tool {
 type SandboxClient = ServiceClient<(typeof SandboxService)["method"]>;
 
 /** Output kept in a tool result (the model sees this much; the client saw all of it streamed). */
-const MAX_RESULT_CHARS = 16_000;
+export const MAX_RESULT_CHARS = 16_000;
 
-function clip(text: string): string {
+export function clip(text: string): string {
   if (text.length <= MAX_RESULT_CHARS) return text;
   const half = MAX_RESULT_CHARS / 2;
   return `${text.slice(0, half)}\n[... ${text.length - MAX_RESULT_CHARS} characters cut ...]\n${text.slice(-half)}`;

@@ -102,6 +102,8 @@ export interface ExecOptions {
   /** Output the agent may send before the service acknowledges it (credit()). */
   windowBytes: number;
   stdin?: Uint8Array;
+  /** Keep stdin open after `stdin` for writeStdin(), until closeStdin(). */
+  openStdin?: boolean;
 }
 
 export interface RunningExec {
@@ -109,6 +111,9 @@ export interface RunningExec {
   /** The service passed this much output on: the agent may send as much again. */
   credit(bytes: number): void;
   signal(signo: number): Promise<void>;
+  /** More stdin, for a command started with openStdin (the agent queues what the pipe cannot take). */
+  writeStdin(data: Uint8Array): void;
+  closeStdin(): void;
 }
 
 export interface FileEntryInfo {
@@ -265,15 +270,20 @@ export class AgentConnection {
     head.writeUInt32BE(opts.timeoutMs, 0);
     head.writeUInt32BE(opts.maxOutputBytes, 4);
     head.writeUInt32BE(opts.windowBytes, 8);
-    head.writeUInt8(opts.stdin?.length ? 1 : 0, 12);
+    head.writeUInt8(opts.stdin?.length || opts.openStdin ? 1 : 0, 12);
     this.stream.write(frame(Req.Exec, id, head, Buffer.from(command, "utf8")));
-    if (opts.stdin?.length) {
+    const writeStdin = (data: Uint8Array) => {
       // In pieces well under the agent's frame limit; the agent buffers what the pipe cannot take.
-      for (let off = 0; off < opts.stdin.length; off += 1 << 20)
-        this.stream.write(frame(Req.Stdin, id, opts.stdin.subarray(off, off + (1 << 20))));
-      this.stream.write(frame(Req.StdinClose, id));
-    }
+      for (let off = 0; off < data.length && !this.ended; off += 1 << 20)
+        this.stream.write(frame(Req.Stdin, id, data.subarray(off, off + (1 << 20))));
+    };
+    if (opts.stdin?.length) writeStdin(opts.stdin);
+    if (opts.stdin?.length && !opts.openStdin) this.stream.write(frame(Req.StdinClose, id));
     return {
+      writeStdin,
+      closeStdin: () => {
+        if (!this.ended) this.stream.write(frame(Req.StdinClose, id));
+      },
       id,
       credit: (bytes) => {
         const state = this.execs.get(id);

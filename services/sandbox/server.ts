@@ -13,7 +13,7 @@ import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import Docker from "dockerode";
 import { identityOf, internalCredentials } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
-import { RpcError, Status, invalidArgumentIf, notFound, unavailable } from "../shared/errors.js";
+import { RpcError, Status, failedPrecondition, invalidArgumentIf, notFound, unavailable } from "../shared/errors.js";
 import { ExecResponseSchema, FileType, SandboxService, Signal } from "../shared/gen/troupe/v1/sandbox_pb.js";
 import { isAgentId, isSessionId } from "../shared/ids.js";
 import { TenantQuotas } from "../shared/quotas.js";
@@ -32,6 +32,7 @@ const MAX_OUTPUT_BYTES = 16 * 1024 * 1024;
 const OUTPUT_WINDOW_BYTES = 256 * 1024;
 const MAX_TIMEOUT_MS = 30 * 60_000;
 const MAX_COMMAND_CHARS = 64 * 1024;
+const MAX_STDIN_WRITE = 1024 * 1024;
 const KILL_TIMEOUT_MS = 3000;
 const FILE_OP_TIMEOUT_MS = 15_000;
 const DEFAULT_READ_BYTES = 1024 * 1024;
@@ -187,7 +188,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
   };
 
   /** Running commands by the id the caller got, for SignalExec. */
-  const running = new Map<string, { key: string; exec: RunningExec; agent: Sandbox["agent"] }>();
+  const running = new Map<string, { key: string; exec: RunningExec; agent: Sandbox["agent"]; stdinOpen: boolean }>();
 
   /** A file request: the key's sandbox, the agent's answer within a deadline, errors as statuses. */
   const fileOp = async <T>(
@@ -239,6 +240,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
         maxOutputBytes: req.maxOutputBytes || DEFAULT_OUTPUT_BYTES,
         windowBytes: OUTPUT_WINDOW_BYTES,
         stdin: req.stdin,
+        openStdin: req.openStdin,
       };
       // get() hands out only sandboxes whose agent connection is alive; one that dies from here
       // on reports the command as lost (killed), below.
@@ -249,7 +251,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
       const started = Date.now();
       const oomsBefore = fleet.ooms(sandbox.id);
       const execId = randomUUID();
-      running.set(execId, { key, exec, agent: sandbox.agent });
+      running.set(execId, { key, exec, agent: sandbox.agent, stdinOpen: req.openStdin });
 
       let cancelled = false;
       let fellBack = false;
@@ -318,6 +320,21 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
         }),
       );
       call.end();
+    },
+
+    async writeStdin(req, call) {
+      const key = scopeKey(req, call);
+      invalidArgumentIf(req.data.length > MAX_STDIN_WRITE, `data must be at most ${MAX_STDIN_WRITE} bytes`);
+      const target = running.get(req.execId);
+      // Another scope's command is as unknown to the caller as a finished one.
+      if (!target || target.key !== key) throw notFound(`no running command ${req.execId} in this sandbox`);
+      if (!target.stdinOpen) throw failedPrecondition(`the stdin of ${req.execId} is closed`);
+      if (req.data.length > 0) target.exec.writeStdin(req.data);
+      if (req.close) {
+        target.stdinOpen = false;
+        target.exec.closeStdin();
+      }
+      return {};
     },
 
     async signalExec(req, call) {

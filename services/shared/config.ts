@@ -7,6 +7,7 @@
 import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import path from "node:path";
+import { isCidr } from "./address-ranges.js";
 import { settingsChecker } from "./json-schema.js";
 import { ALL_SETTINGS, SETTINGS, type Setting, type SettingName } from "./settings.js";
 import { DEFAULT_QUOTAS, type Quotas } from "./quotas.js";
@@ -54,6 +55,10 @@ export interface Config {
   agentsDir: string;
   /** Plugin modules (comma-separated paths) that register hooks and threat checks. */
   hookModules: string[];
+  /** Runner: what web_fetch and http_request may reach (shared/net-guard.ts). */
+  net: { ports: number[]; allow: string[] };
+  /** Runner: the secrets http_request may send, by name ({"NAME": "value"}). */
+  secretsFile: string;
   /** The shortest heartbeat interval a schedule may ask for. */
   minHeartbeatSeconds: number;
   /** Default tool timeout for sandbox exec. */
@@ -232,6 +237,12 @@ export function loadConfig(
   });
   if (raw.embeddingModel !== undefined && raw.embeddingDim === undefined)
     problems.push("TROUPE_EMBEDDING_DIM is needed with TROUPE_EMBEDDING_MODEL: the model's vector size");
+  for (const cidr of String(raw.netAllow ?? "")
+    .split(",")
+    .map((c) => c.trim()))
+    if (cidr !== "" && !isCidr(cidr)) problems.push(`TROUPE_NET_ALLOW: ${cidr} is not a CIDR range (like 10.1.2.0/24)`);
+  for (const port of String(raw.netPorts ?? "").split(","))
+    if (Number(port) < 1 || Number(port) > 65535) problems.push(`TROUPE_NET_PORTS: ${port} is not a port (1-65535)`);
   if (problems.length > 0) throw new Error(problems.join("; "));
   const v = raw as Record<SettingName, string> & Record<SettingName, number>;
   const str = (name: SettingName) => v[name] as string | undefined;
@@ -265,6 +276,14 @@ export function loadConfig(
     retentionSweepMs: v.retentionSweepMs,
     agentsDir: under("agentsDir", "agents"),
     minHeartbeatSeconds: v.minHeartbeatSeconds,
+    net: {
+      ports: str("netPorts")!.split(",").map(Number),
+      allow: (str("netAllow") ?? "")
+        .split(",")
+        .map((s) => s.trim())
+        .filter((s) => s !== ""),
+    },
+    secretsFile: under("secretsFile", "secrets.json"),
     hookModules: (str("hookModules") ?? "")
       .split(",")
       .map((s) => s.trim())

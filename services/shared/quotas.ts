@@ -28,6 +28,10 @@ export interface Quotas {
   sessionsPerMinute: number;
   /** Abort frames a second, on average; twice that as a burst (gateway). */
   abortsPerSecond: number;
+  /** Schedules one session may hold, made by its clients or by the agent (runner). */
+  schedulesPerSession: number;
+  /** Background processes (the process tool) running at once in one session (runner). */
+  processesPerSession: number;
 }
 
 export const DEFAULT_QUOTAS: Quotas = {
@@ -38,6 +42,8 @@ export const DEFAULT_QUOTAS: Quotas = {
   subagentsPerRun: 10,
   sessionsPerMinute: 600,
   abortsPerSecond: 20,
+  schedulesPerSession: 20,
+  processesPerSession: 4,
 };
 
 interface QuotasFile {

@@ -155,6 +155,21 @@ export const SETTINGS = {
       schema: int(),
     },
     hookModules: { env: "TROUPE_HOOKS", doc: "hook plugin modules, comma-separated" },
+    netPorts: {
+      env: "TROUPE_NET_PORTS",
+      doc: "ports web_fetch and http_request may connect to, comma-separated",
+      default: "80,443",
+      schema: { type: "string", pattern: "^\\d{1,5}(,\\d{1,5})*$", message: "must be ports separated by commas" },
+    },
+    netAllow: {
+      env: "TROUPE_NET_ALLOW",
+      doc: "address ranges (CIDR, comma-separated) the SSRF guard treats as public",
+    },
+    secretsFile: {
+      env: "TROUPE_SECRETS_FILE",
+      doc: 'secrets http_request may send, as {"NAME": "value"}',
+      default: "<data-dir>/secrets.json",
+    },
     memoryContextK: {
       env: "TROUPE_MEMORY_CONTEXT_K",
       doc: "memories in a run's prompt (0: off)",

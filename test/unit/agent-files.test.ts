@@ -9,6 +9,10 @@ import { Hooks } from "../../services/runner/hooks.js";
 describe("agent.json", () => {
   test("defaults, and a clear error for each kind of mistake", () => {
     assert.deepEqual(parseAgentConfig("a", {}), { name: "a", ...DEFAULT_AGENT });
+    assert.deepEqual(parseAgentConfig("a", { http: { allowHosts: ["*.example.com"] } }).http, {
+      allowHosts: ["*.example.com"],
+      secrets: {},
+    });
     const bad: [unknown, RegExp][] = [
       [[], /must be a JSON object/],
       [{ contextWindow: 10 }, /contextWindow must be an integer from 512/],
@@ -16,6 +20,10 @@ describe("agent.json", () => {
       [{ retry: { maxRetries: 99 } }, /retry\.maxRetries must be an integer from 0 to 10/],
       [{ reserveTokens: 200_000 }, /reserveTokens \(200000\) must be below contextWindow/],
       [{ colour: "blue" }, /unknown field colour/],
+      [{ http: { allowHosts: ["HTTP://api.example.com"] } }, /http\.allowHosts\[0\] must be a lower-case host name/],
+      [{ http: { secrets: { token: ["a.example"] } } }, /http\.secrets has a name that is not allowed: "token"/],
+      [{ http: { secrets: { TOKEN: "a.example" } } }, /http\.secrets\.TOKEN must be a list of at most 100 host names/],
+      [{ webFetch: "yes" }, /webFetch must be true or false/],
     ];
     for (const [doc, why] of bad)
       assert.throws(

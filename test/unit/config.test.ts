@@ -32,6 +32,19 @@ test("settings come from the environment, checked; a bad value names its variabl
     () => loadConfig([], { TROUPE_QUOTA_STEPS_PER_RUN: "0" }),
     /TROUPE_QUOTA_STEPS_PER_RUN must be a positive integer/,
   );
+  const net = loadConfig([], { TROUPE_NET_PORTS: "443,8443", TROUPE_NET_ALLOW: "10.9.0.0/16, fd12::/64" }).net;
+  assert.deepEqual(net, { ports: [443, 8443], allow: ["10.9.0.0/16", "fd12::/64"] });
+  assert.deepEqual(loadConfig([], {}).net, { ports: [80, 443], allow: [] });
+  assert.throws(
+    () => loadConfig([], { TROUPE_NET_PORTS: "80;443" }),
+    /TROUPE_NET_PORTS must be ports separated by commas/,
+  );
+  assert.throws(() => loadConfig([], { TROUPE_NET_PORTS: "80,70000" }), /TROUPE_NET_PORTS: 70000 is not a port/);
+  assert.throws(
+    () => loadConfig([], { TROUPE_NET_ALLOW: "10.0.0.0/33" }),
+    /TROUPE_NET_ALLOW: 10\.0\.0\.0\/33 is not a CIDR range/,
+  );
+  assert.throws(() => loadConfig([], { TROUPE_NET_ALLOW: "intranet" }), /TROUPE_NET_ALLOW: intranet is not a CIDR/);
 });
 
 test("every bad setting is reported at once, named as it was given; a flag beats its variable", () => {

@@ -11,6 +11,7 @@ import { ScheduleBook } from "../../services/runner/schedules.js";
 import { FileScheduleStore } from "../../services/runner/schedule-files.js";
 import { InMemoryScheduleStore } from "../../services/runner/in-memory-store.js";
 import { fileName } from "../../services/shared/session-ref.js";
+import { scheduleTool } from "../../services/runner/schedule-tool.js";
 
 const acme = { tenant: "acme", principal: "alice", sessionId: "agent:x:main" };
 const evil = { tenant: "evil", principal: "bob", sessionId: "agent_x_main" };
@@ -21,8 +22,8 @@ test("look-alike sessions have files of their own; a file speaks only under its 
   const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-sched-"));
   try {
     const book = new ScheduleBook(new FileScheduleStore(dir));
-    await book.put(acme, every("a", "acme's"));
-    await book.put(evil, every("e", "evil's"));
+    await book.put(acme, every("a", "acme's"), 20);
+    await book.put(evil, every("e", "evil's"), 20);
     assert.deepEqual(
       book.list(await book.read(acme)).map((s) => s.text),
       ["acme's"],
@@ -84,16 +85,16 @@ test("an empty or torn schedule file is reported and skipped; old names move to 
 test("the schedule book over the in-memory store: checked, capped per session, removed, marked fired", async () => {
   const book = new ScheduleBook(new InMemoryScheduleStore(), 10);
   await assert.rejects(
-    book.put(acme, create(ScheduleSchema, { when: { case: "everySeconds", value: 5 } })),
+    book.put(acme, create(ScheduleSchema, { when: { case: "everySeconds", value: 5 } }), 20),
     /every_seconds must be at least 10/,
   );
   await assert.rejects(
-    book.put(acme, create(ScheduleSchema, { when: { case: "cron", value: "not cron" }, text: "x" })),
+    book.put(acme, create(ScheduleSchema, { when: { case: "cron", value: "not cron" }, text: "x" }), 20),
     /cron:/,
   );
-  for (let i = 0; i < 20; i++) await book.put(acme, every(`s${i}`, "x"));
-  await assert.rejects(book.put(acme, every("one-more", "x")), /at most 20 schedules/);
-  await book.put(acme, every("s0", "replaced"));
+  for (let i = 0; i < 20; i++) await book.put(acme, every(`s${i}`, "x"), 20);
+  await assert.rejects(book.put(acme, every("one-more", "x"), 20), /at most 20 schedules/);
+  await book.put(acme, every("s0", "replaced"), 20);
   assert.equal(book.list(await book.read(acme)).find((s) => s.scheduleId === "s0")?.text, "replaced");
   assert.equal(await book.remove(acme, "s1"), true);
   assert.equal(await book.remove(acme, "s1"), false);
@@ -102,4 +103,61 @@ test("the schedule book over the in-memory store: checked, capped per session, r
   assert.equal(await book.read(evil), undefined);
   for (let i = 0; i < 20; i++) await book.remove(acme, `s${i}`);
   assert.equal(await book.read(acme), undefined, "a session with no schedules has no record");
+});
+
+test("manage_schedule: the agent's own session's schedules, with the book's checks and the owner's quota", async () => {
+  const book = new ScheduleBook(new InMemoryScheduleStore(), 10);
+  let changes = 0;
+  let max = 2;
+  const tool = scheduleTool(acme, { book, changed: () => changes++, max: () => max });
+  const ctx = {
+    sessionId: acme.sessionId,
+    agentId: "a",
+    toolCallId: "c",
+    signal: new AbortController().signal,
+    onUpdate() {},
+  };
+  const run = (args: Record<string, unknown>) => tool.execute(args, ctx);
+  const made = await run({
+    action: "create",
+    schedule_id: "standup",
+    cron: "0 9 * * mon-fri",
+    time_zone: "Europe/Berlin",
+    text: "standup",
+  });
+  assert.equal(made.isError, false, made.output);
+  assert.match(
+    made.output,
+    /^scheduled standup: cron "0 9 \* \* mon-fri" Europe\/Berlin; next \d{4}-\d\d-\d\dT0[78]:00:00\.000Z; "standup"$/,
+  );
+  assert.match((await run({ action: "create", every_seconds: 30, text: "ping" })).output, /every 30 s/);
+  const full = await run({ action: "create", every_seconds: 30, text: "third" });
+  assert.deepEqual([full.isError, /at most 2 schedules \(quota schedulesPerSession\)/.test(full.output)], [true, true]);
+  max = 3;
+  const refusals: [Record<string, unknown>, RegExp][] = [
+    [
+      { action: "create", cron: "0 9 * * *", time_zone: "Nowhere/Land", text: "x" },
+      /time_zone: "Nowhere\/Land" is not a time zone/,
+    ],
+    [{ action: "create", cron: "0 9 * * *", every_seconds: 60, text: "x" }, /either `cron` or `every_seconds`/],
+    [{ action: "create", every_seconds: 3, text: "x" }, /every_seconds must be at least 10/],
+    [{ action: "create", cron: "0 0 31 2 *", text: "x" }, /never fires/],
+    [{ action: "delete" }, /`schedule_id` is required/],
+    [{ action: "delete", schedule_id: "nope" }, /no schedule nope in this session/],
+    [{ action: "explode" }, /`action` must be list, create or delete/],
+  ];
+  for (const [args, why] of refusals) {
+    const r = await run(args);
+    assert.equal(r.isError, true, JSON.stringify(args));
+    assert.match(r.output, why, JSON.stringify(args));
+  }
+  // Another session's schedules are out of reach: the tool is bound to its session's ref.
+  await book.put(evil, every("theirs", "evil's"), 20);
+  assert.match((await run({ action: "delete", schedule_id: "theirs" })).output, /no schedule theirs/);
+  const listed = await run({ action: "list" });
+  const lines = listed.output.split("\n");
+  assert.equal(lines.length, 2, listed.output);
+  assert.ok(lines.some((l) => l.startsWith("standup: cron")) && lines.some((l) => /^s-[\w-]+: every 30 s/.test(l)));
+  assert.equal((await run({ action: "delete", schedule_id: "standup" })).output, "deleted standup");
+  assert.ok(changes >= 3);
 });

@@ -194,6 +194,27 @@ describe("cron", () => {
     assert.equal(iso(nextFire(parseCron("5,10-12/2 * * * *"), at("2026-01-01T00:10:00Z"))), "2026-01-01T00:12:00.000Z");
   });
 
+  test("time zones and daylight saving time (croner)", () => {
+    const berlin = (expr: string) => parseCron(expr, "Europe/Berlin");
+    // 09:00 in Berlin is 08:00Z in winter and 07:00Z from 29 March 2026 (CEST).
+    assert.equal(iso(nextFire(berlin("0 9 * * *"), at("2026-03-27T12:00:00Z"))), "2026-03-28T08:00:00.000Z");
+    assert.equal(iso(nextFire(berlin("0 9 * * *"), at("2026-03-28T12:00:00Z"))), "2026-03-29T07:00:00.000Z");
+    // 02:30 does not exist on 29 March in Berlin: a fixed time fires right after the gap (03:00 CEST).
+    assert.equal(iso(nextFire(berlin("30 2 * * *"), at("2026-03-28T12:00:00Z"))), "2026-03-29T01:00:00.000Z");
+    // 02:30 happens twice on 25 October: a fixed time fires once.
+    const first = nextFire(berlin("30 2 * * *"), at("2026-10-24T12:00:00Z"))!;
+    assert.equal(iso(first), "2026-10-25T00:30:00.000Z");
+    assert.equal(iso(nextFire(berlin("30 2 * * *"), first)), "2026-10-26T01:30:00.000Z");
+    assert.equal(
+      iso(nextFire(parseCron("0 9 * * *", "America/New_York"), at("2026-07-01T00:00:00Z"))),
+      "2026-07-01T13:00:00.000Z",
+    );
+    assert.throws(
+      () => parseCron("* * * * *", "Mars/Olympus"),
+      (e: Error) => e instanceof CronError && /not a time zone/.test(e.message),
+    );
+  });
+
   test("malformed expressions say what is wrong", () => {
     const bad: [string, RegExp][] = [
       ["* * * *", /5 fields/],
@@ -203,11 +224,12 @@ describe("cron", () => {
       ["* * 0 * *", /day of month: 0 is outside 1-31/],
       ["* * * 13 *", /month: 13 is outside 1-12/],
       ["* * * * 8", /day of week: 8 is outside 0-7/],
-      ["5-1 * * * *", /runs backwards/],
-      ["*/0 * * * *", /step must be at least 1/],
-      ["a * * * *", /is not a number/],
-      ["* * * foo *", /is not a number or a name/],
-      ["1-2-3 * * * *", /is not a range/],
+      ["5-1 * * * *", /larger than to value: '5-1'/],
+      ["*/0 * * * *", /illegal stepping: 0/],
+      ["a * * * *", /entry 1 \(a\) contains illegal characters/],
+      ["* * * foo *", /entry 4 \(foo\) contains illegal characters/],
+      ["1-2-3 * * * *", /illegal range: '1-2-3'/],
+      ["0 0 * * * *", /5 fields/],
       ["0 0 30 2 *", /never fires/],
     ];
     for (const [expr, why] of bad)

@@ -12,5 +12,11 @@ export function channelOptions(maxMessageBytes: number): grpc.ChannelOptions {
     "grpc.keepalive_time_ms": 300_000,
     "grpc.keepalive_timeout_ms": 20_000,
     "grpc.enable_channelz": 0,
+    // Peers restart (a rolling update, a crash and its restart). grpc-js backs off up to 120 s
+    // between reconnects, and calls in between fail at once with UNAVAILABLE even when the peer
+    // is back: a gateway then failed calls to a restarted runner long after it was serving. A
+    // 2 s cap costs at most one connection attempt every 2 s to a peer that stays down.
+    "grpc.initial_reconnect_backoff_ms": 250,
+    "grpc.max_reconnect_backoff_ms": 2000,
   };
 }
