@@ -224,7 +224,7 @@ describe("bad input at the gateway", () => {
     assert.match(results[0], /\[exit 3\]/);
     assert.match(
       results[1],
-      /^Tool nope not found\. Available tools: exec, read_file, write_file, list_files, memory_search, memory_save, memory_forget, delegate_task\.$/,
+      /^Tool nope not found\. Available tools: exec, read_file, write_file, list_files, process, memory_search, memory_save, memory_forget, web_fetch, manage_schedule, delegate_task\.$/,
     );
     assert.match(results[2], /^Invalid JSON in the arguments of exec/);
     assert.match(results[3], /must be a JSON object/);

@@ -266,7 +266,8 @@ describe("sandbox processes, pool, scopes and restarts (runc)", () => {
     const id = "proc-open-stdin";
     const call = sandbox.exec({
       sessionId: id,
-      command: 'echo ready; while read line; do echo "got:$line"; done; echo eof',
+      // After end of file it waits to be killed, so the closed stdin is checked while it runs.
+      command: 'echo ready; while read line; do echo "got:$line"; done; echo eof; while :; do sleep 0.1; done',
       timeoutMs: 20_000,
       stdin: Buffer.from("first\n"),
       openStdin: true,
@@ -303,9 +304,13 @@ describe("sandbox processes, pool, scopes and restarts (runc)", () => {
           Status.FAILED_PRECONDITION,
         );
       }
+      if (step === 2 && out.endsWith("eof\n")) {
+        step = 3;
+        await sandbox.signalExec({ sessionId: id, execId, signal: Signal.KILL });
+      }
     }
     assert.equal(out, "ready\ngot:first\ngot:second\ngot:third\neof\n");
-    assert.equal(exit?.exitCode, 0);
+    assert.equal(exit?.exitCode, 137);
     await failsWith(sandbox.writeStdin({ sessionId: id, execId, data: Buffer.from("x") }), Status.NOT_FOUND);
     await sandbox.releaseSandbox({ sessionId: id });
   });

@@ -13,6 +13,7 @@
 //     "owners": ["alice"],                    // principals of the session's tenant who own the agent
 //     "retry": { "maxRetries": 3, "baseDelayMs": 1000, "maxDelayMs": 30000 },
 //     "subagents": { "maxDepth": 1, "maxChildren": 5, "timeoutMs": 120000 },
+//     "tools": ["exec", "read_file"],         // the tools it is offered (default: all)
 //     "webFetch": true,                       // web_fetch of public pages
 //     "http": { "allowHosts": ["api.github.com"], "secrets": { "GITHUB_TOKEN": ["api.github.com"] } }
 //   }
@@ -47,6 +48,8 @@ export interface AgentConfig {
   owners: string[];
   retry: RetryPolicy;
   subagents: { maxDepth: number; maxChildren: number; timeoutMs: number };
+  /** The tools offered (names); undefined: every tool (toolOffered). */
+  tools?: string[];
   /** web_fetch is offered (web-tools.ts). */
   webFetch: boolean;
   /** http_request's hosts, and the secrets it may send to which hosts (web-tools.ts). */
@@ -67,6 +70,19 @@ export const DEFAULT_AGENT: Readonly<Omit<AgentConfig, "name">> = {
   webFetch: true,
   http: { allowHosts: [], secrets: {} },
 };
+
+/**
+ * Whether a run of this agent offers the tool: named in `tools` (when given), web_fetch unless
+ * turned off, http_request only with hosts to call. Each tool's schema costs tokens on every
+ * model call (the four web, schedule and process tools about 700), so what an agent cannot or
+ * need not use is left out.
+ */
+export function toolOffered(agent: AgentConfig, name: string): boolean {
+  if (agent.tools && !agent.tools.includes(name)) return false;
+  if (name === "web_fetch") return agent.webFetch;
+  if (name === "http_request") return agent.http.allowHosts.length > 0;
+  return true;
+}
 
 /** An agent.json that cannot be used; the run goes on with the defaults and says why. */
 export class AgentConfigError extends Error {}

@@ -14,6 +14,7 @@
 //
 // Side effects come in through RunHost (events, queues, the abort signal) and RunDeps (model,
 // tools, prompt, hooks); the loop itself holds no state between runs.
+import { toolOffered } from "./agent-config.js";
 import { create } from "@bufbuild/protobuf";
 import { timestampNow } from "@bufbuild/protobuf/wkt";
 import { ROOT_CONTEXT, SpanKind, SpanStatusCode, context, trace } from "@opentelemetry/api";
@@ -154,6 +155,8 @@ async function startTurn(
   const query = asked.map((q) => q.text).join("\n");
   // The model is settled before agent_start, which names it; what went wrong on the way follows it.
   const { config: agent, error } = await deps.agent();
+  // Tools the agent's configuration leaves out are neither offered nor callable in this run.
+  deps = { ...deps, tools: deps.tools.filter((t) => toolOffered(agent, t.name)) };
   const resolved = await deps.hooks.modify(
     "before_model_resolve",
     { ...info, model: agent.model || deps.defaultModel },

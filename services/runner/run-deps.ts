@@ -8,7 +8,7 @@ import type { Logger } from "../shared/log.js";
 import type { NetPolicy } from "../shared/net-guard.js";
 import type { TenantQuotas } from "../shared/quotas.js";
 import type { ServiceClient } from "../shared/rpc.js";
-import type { AgentConfig, AgentConfigs } from "./agent-config.js";
+import { toolOffered, type AgentConfig, type AgentConfigs } from "./agent-config.js";
 import type { AuditSink } from "./audit-log.js";
 import { buildSystemPrompt, type ContextSources, type Sender } from "./context.js";
 import { delegateTool } from "./delegate.js";
@@ -213,7 +213,7 @@ export function runDepsFor(parts: RunnerParts): (actor: SessionActor, first: rea
             session: actor.ref,
             channel: channelOf(sessionId),
             sender: who,
-            tools: runTools,
+            tools: runTools.filter((t) => toolOffered(req.agent, t.name)),
             memories,
             ephemeral: subagent ? [subagent.instruction, ...req.ephemeral] : req.ephemeral,
             skipContextFiles: subagent !== undefined,

@@ -66,7 +66,24 @@ export async function startTurnStack(): Promise<TurnStack> {
   await write("main/sessions/local/dev/ctx-override/AGENTS.md", "This session only: answer in French.");
   await write(
     "compact/agent.json",
-    json({ contextWindow: 3000, reserveTokens: 600, keepRecentTokens: 500, maxOutputTokens: 256, retry: FAST_RETRY }),
+    json({
+      contextWindow: 3000,
+      reserveTokens: 600,
+      keepRecentTokens: 500,
+      maxOutputTokens: 256,
+      retry: FAST_RETRY,
+      // The window is sized for these tools' schemas; the others would not leave room to compact in.
+      tools: [
+        "exec",
+        "read_file",
+        "write_file",
+        "list_files",
+        "memory_search",
+        "memory_save",
+        "memory_forget",
+        "delegate_task",
+      ],
+    }),
   );
   await write("tight/agent.json", json({ keepRecentTokens: 0, retry: FAST_RETRY }));
   await write(

@@ -3,7 +3,7 @@
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
 import path from "node:path";
-import { AgentConfigError, DEFAULT_AGENT, parseAgentConfig } from "../../services/runner/agent-config.js";
+import { AgentConfigError, DEFAULT_AGENT, parseAgentConfig, toolOffered } from "../../services/runner/agent-config.js";
 import { Hooks } from "../../services/runner/hooks.js";
 
 describe("agent.json", () => {
@@ -24,6 +24,7 @@ describe("agent.json", () => {
       [{ http: { secrets: { token: ["a.example"] } } }, /http\.secrets has a name that is not allowed: "token"/],
       [{ http: { secrets: { TOKEN: "a.example" } } }, /http\.secrets\.TOKEN must be a list of at most 100 host names/],
       [{ webFetch: "yes" }, /webFetch must be true or false/],
+      [{ tools: ["exec", "shell"] }, /tools\[1\] must be a tool's name: exec, read_file/],
     ];
     for (const [doc, why] of bad)
       assert.throws(
@@ -32,6 +33,19 @@ describe("agent.json", () => {
         JSON.stringify(doc),
       );
   });
+});
+
+test("the tools a run offers follow agent.json", () => {
+  const offered = (json: object) =>
+    ["exec", "web_fetch", "http_request", "manage_schedule"].filter((n) => toolOffered(parseAgentConfig("a", json), n));
+  assert.deepEqual(offered({}), ["exec", "web_fetch", "manage_schedule"]);
+  assert.deepEqual(offered({ http: { allowHosts: ["api.example.com"] } }), [
+    "exec",
+    "web_fetch",
+    "http_request",
+    "manage_schedule",
+  ]);
+  assert.deepEqual(offered({ webFetch: false, tools: ["exec", "web_fetch"] }), ["exec"]);
 });
 
 describe("the example plugin", () => {
