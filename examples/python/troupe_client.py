@@ -87,12 +87,19 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gateway", default=os.environ.get("TROUPE_GATEWAY_ADDR", "127.0.0.1:50051"))
     parser.add_argument("--session", default=f"python-{uuid.uuid4().hex[:8]}")
+    parser.add_argument("--ca", help="a gateway serving TLS: trust this CA certificate (PEM)")
+    parser.add_argument("--tls", action="store_true", help="a gateway serving TLS: trust the system's CAs")
     args = parser.parse_args()
     api_key = os.environ.get("TROUPE_API_KEY")
     if not api_key:
         sys.exit("set TROUPE_API_KEY (troupe up prints a development key)")
 
-    channel = grpc.insecure_channel(args.gateway, options=[("grpc.max_receive_message_length", 4 * 1024 * 1024)])
+    options = [("grpc.max_receive_message_length", 4 * 1024 * 1024)]
+    if args.ca or args.tls:
+        roots = open(args.ca, "rb").read() if args.ca else None
+        channel = grpc.secure_channel(args.gateway, grpc.ssl_channel_credentials(root_certificates=roots), options=options)
+    else:
+        channel = grpc.insecure_channel(args.gateway, options=options)
     stub = gateway_pb2_grpc.GatewayServiceStub(channel)
 
     # A wrong key is refused before anything happens.

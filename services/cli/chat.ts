@@ -2,6 +2,7 @@
 //   troupe chat "MESSAGE"   one turn, then exit (0 if the turn completed)
 //   troupe chat             interactive: a line typed while the agent works is sent as steering;
 //                           Ctrl-C aborts the running turn, a second Ctrl-C exits
+import { readFile } from "node:fs/promises";
 import readline from "node:readline";
 import { randomBytes } from "node:crypto";
 import { clientApiKey } from "../shared/auth.js";
@@ -15,10 +16,15 @@ const dim = (s: string) => (process.stderr.isTTY ? `\x1b[2m${s}\x1b[0m` : s);
 const red = (s: string) => (process.stderr.isTTY ? `\x1b[31m${s}\x1b[0m` : s);
 
 export async function chatCommand(args: string[]): Promise<number> {
-  const cfg = loadConfig(args, undefined, { session: { type: "string" }, agent: { type: "string" } });
+  const cfg = loadConfig(args, undefined, {
+    session: { type: "string" },
+    agent: { type: "string" },
+    tls: { type: "boolean" },
+  });
   const message = cfg.rest.join(" ").trim();
   const client = createClient(GatewayService, cfg.addr.gateway, {
     headers: { authorization: `Bearer ${await clientApiKey(cfg.dataDir, cfg.clientApiKey)}` },
+    tls: cfg.flags.tls || cfg.tlsCa ? { ca: cfg.tlsCa ? await readFile(cfg.tlsCa) : undefined } : undefined,
   });
   const call = client.chat();
   const prefix = randomBytes(4).toString("hex");

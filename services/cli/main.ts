@@ -16,8 +16,9 @@ all at once:
                         N, M, R instances for a local cluster; --store postgres runs a
                         PostgreSQL server in DATA_DIR/postgres; what runs: DATA_DIR/up.json
 client:
-  chat [--session ID] [MESSAGE]
-                        stream a reply; with MESSAGE run one turn and exit
+  chat [--session ID] [--tls] [--ca FILE] [MESSAGE]
+                        stream a reply; with MESSAGE run one turn and exit; --tls
+                        (system roots) or --ca FILE for a gateway serving TLS
   --version             print the version
 operations:
   memory add|search|forget|stats|reembed
@@ -43,6 +44,9 @@ flags (also as environment variables):
   --model-server HOST:PORT  TROUPE_MODEL_SERVER_ADDR (default 127.0.0.1:50060)
   --max-message-bytes N TROUPE_MAX_MESSAGE_BYTES (default 4194304)
   --api-keys FILE       TROUPE_API_KEYS_FILE (default DATA_DIR/auth/api-keys.json)
+  --tls-cert FILE --tls-key FILE
+                        TROUPE_TLS_CERT, TROUPE_TLS_KEY: the gateway serves TLS (files
+                        read again every 5 s, so a renewed certificate needs no restart)
 credentials: TROUPE_API_KEY (clients; else DATA_DIR/auth/dev-key, made by troupe up),
   TROUPE_INTERNAL_TOKEN (between services; else DATA_DIR/auth/internal-token)
 model: OPENAI_BASE_URL, OPENAI_API_KEY, TROUPE_MODEL; tracing: OTEL_EXPORTER_OTLP_ENDPOINT

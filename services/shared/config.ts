@@ -74,6 +74,10 @@ export interface Config {
   sandboxPoolSize: number;
   /** Sandbox: who shares a container: each session, each agent, or everyone. */
   sandboxScope: "session" | "agent" | "shared";
+  /** Gateway: TLS certificate and key files; empty: plain gRPC. */
+  tls: { certFile: string; keyFile: string };
+  /** Clients: a CA (PEM file) to trust over TLS; empty: plain gRPC unless --tls. */
+  tlsCa: string;
   /** Gateway: the API keys file (hashed keys, each with its tenant and principal; see auth.ts). */
   apiKeysFile: string;
   /** Router: the routing configuration (bindings, dm_scope, identity links; see router/bindings.ts). */
@@ -237,6 +241,8 @@ export function loadConfig(
   });
   if (raw.embeddingModel !== undefined && raw.embeddingDim === undefined)
     problems.push("TROUPE_EMBEDDING_DIM is needed with TROUPE_EMBEDDING_MODEL: the model's vector size");
+  if ((raw.tlsCert === undefined) !== (raw.tlsKey === undefined))
+    problems.push("TROUPE_TLS_CERT and TROUPE_TLS_KEY go together: TLS needs the certificate and its key");
   for (const cidr of String(raw.netAllow ?? "")
     .split(",")
     .map((c) => c.trim()))
@@ -262,6 +268,11 @@ export function loadConfig(
     routingFile: under("routingFile", "routing.json"),
     quotasFile: under("quotasFile", "quotas.json"),
     apiKeysFile: under("apiKeysFile", "auth", "api-keys.json"),
+    tls: {
+      certFile: str("tlsCert") ? path.resolve(str("tlsCert")!) : "",
+      keyFile: str("tlsKey") ? path.resolve(str("tlsKey")!) : "",
+    },
+    tlsCa: str("tlsCa") ? path.resolve(str("tlsCa")!) : "",
     maxMessageBytes: v.maxMessageBytes,
     drainGraceMs: v.drainGraceMs,
     runnerId: str("runnerId") ?? `runner-${addr.runner}`,

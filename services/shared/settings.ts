@@ -101,6 +101,12 @@ export const SETTINGS = {
     sessionRate: { env: "TROUPE_SESSION_RATE", doc: "messages a second per session", default: 20, schema: positive },
     sessionBurst: { env: "TROUPE_SESSION_BURST", doc: "burst per session", default: 200, schema: positive },
     tenantStreams: { env: "TROUPE_TENANT_STREAMS", doc: "open streams per tenant", default: 20_000, schema: positive },
+    tlsCert: {
+      env: "TROUPE_TLS_CERT",
+      flag: "tls-cert",
+      doc: "serve TLS with this certificate chain (PEM), read again every 5 s",
+    },
+    tlsKey: { env: "TROUPE_TLS_KEY", flag: "tls-key", doc: "the certificate's private key (PEM)", secret: true },
   },
   router: {
     routingFile: {
@@ -253,6 +259,11 @@ export const SETTINGS = {
       doc: "the key troupe chat sends",
       default: "<data-dir>/auth/dev-key",
       secret: true,
+    },
+    tlsCa: {
+      env: "TROUPE_TLS_CA",
+      flag: "ca",
+      doc: "troupe chat: reach the gateway over TLS, trusting this CA (PEM); --tls trusts the system's",
     },
     modelServer: address("TROUPE_MODEL_SERVER_ADDR", "model-server", "scripted model server", 50060),
     scriptedTokenRate: {

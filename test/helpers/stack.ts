@@ -2,7 +2,7 @@
 // `node dist/services/cli/main.js <name>` on its own free loopback port, with a fresh data dir.
 import { execFile, spawn, type ChildProcess } from "node:child_process";
 import { promisify } from "node:util";
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdtemp, readFile, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -133,8 +133,13 @@ export async function waitFor<T>(
  * Waits until `address` serves `service` (by default, anything). Naming the service matters: a
  * port answered by another process says NOT_FOUND for a service it does not have.
  */
-export async function waitServing(address: string, timeoutMs = 20_000, service = ""): Promise<void> {
-  const health = createClient(Health, address);
+export async function waitServing(
+  address: string,
+  timeoutMs = 20_000,
+  service = "",
+  tls?: { ca?: Buffer },
+): Promise<void> {
+  const health = createClient(Health, address, { tls });
   try {
     await waitFor(
       `${address} to serve ${service || "anything"}`,
@@ -193,7 +198,13 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
         proc.once("exit", (code, signal) => reject(new Error(`${name} exited (${signal ?? code}) before serving`))),
       );
       exited.catch(() => undefined);
-      await Promise.race([waitServing(at[name], 20_000, SERVICE_TYPE[name]), exited]).catch((err) => {
+      // A gateway serving TLS is asked over TLS, trusting the CA the test put in its environment.
+      const ca =
+        name === "gateway" && (extraEnv.TROUPE_TLS_CERT ?? env.TROUPE_TLS_CERT)
+          ? (extraEnv.TROUPE_TLS_CA ?? env.TROUPE_TLS_CA)
+          : undefined;
+      const tls = ca ? { ca: await readFile(ca) } : undefined;
+      await Promise.race([waitServing(at[name], 20_000, SERVICE_TYPE[name], tls), exited]).catch((err) => {
         throw new Error(`${err.message}\n--- logs ---\n${logText}`);
       });
     }

@@ -45,6 +45,12 @@ test("settings come from the environment, checked; a bad value names its variabl
     /TROUPE_NET_ALLOW: 10\.0\.0\.0\/33 is not a CIDR range/,
   );
   assert.throws(() => loadConfig([], { TROUPE_NET_ALLOW: "intranet" }), /TROUPE_NET_ALLOW: intranet is not a CIDR/);
+  assert.throws(() => loadConfig(["--tls-key", "k.pem"], {}), /TROUPE_TLS_CERT and TROUPE_TLS_KEY go together/);
+  const tls = loadConfig(["--tls-cert", "c.pem", "--tls-key", "k.pem", "--ca", "ca.pem"], {});
+  assert.deepEqual(
+    [tls.tls, tls.tlsCa],
+    [{ certFile: path.resolve("c.pem"), keyFile: path.resolve("k.pem") }, path.resolve("ca.pem")],
+  );
 });
 
 test("every bad setting is reported at once, named as it was given; a flag beats its variable", () => {

@@ -25,6 +25,8 @@ export interface ClientOptions {
   ownConnection?: boolean;
   /** Metadata sent with every call: credentials (auth.ts). */
   headers?: Record<string, string>;
+  /** TLS, trusting `ca` (PEM) or else the system's roots. */
+  tls?: { ca?: Buffer };
 }
 
 /** A typed client for one service at host:port. */
@@ -36,7 +38,10 @@ export function createClient<S extends GenServiceMethods>(
   const Ctor = grpc.makeGenericClientConstructor(serviceDefinition(service, options.rawResponses), service.typeName);
   const channel = channelOptions(options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES);
   if (options.ownConnection) channel["grpc.use_local_subchannel_pool"] = 1;
-  const raw = new Ctor(address, grpc.credentials.createInsecure(), channel);
+  const credentials = options.tls
+    ? grpc.credentials.createSsl(options.tls.ca ?? null)
+    : grpc.credentials.createInsecure();
+  const raw = new Ctor(address, credentials, channel);
   const defaultDeadline = options.defaultDeadlineMs ?? DEFAULT_DEADLINE_MS;
   const client: Record<string, unknown> = { close: () => raw.close() };
   const fixedHeaders = Object.entries(options.headers ?? {});

@@ -1,5 +1,7 @@
 // The server: typed handlers wrapped with error mapping and spans, one interceptor that checks
 // credentials and refuses malformed requests, the health service, and the drain lifecycle.
+import { readFileSync } from "node:fs";
+import { createSecureContext } from "node:tls";
 import * as grpc from "@grpc/grpc-js";
 import type { DescMethod } from "@bufbuild/protobuf";
 import type { GenService, GenServiceMethods } from "@bufbuild/protobuf/codegenv2";
@@ -140,6 +142,32 @@ export interface ServerOptions {
 export { HealthCheckResponse_ServingStatus as ServingStatus } from "../gen/grpc/health/v1/health_pb.js";
 import { Health, HealthCheckResponse_ServingStatus as Serving } from "../gen/grpc/health/v1/health_pb.js";
 
+export interface TlsFiles {
+  certFile: string;
+  keyFile: string;
+}
+
+/** How often a TLS server reads its certificate and key again. */
+export const TLS_RELOAD_MS = 5000;
+
+/** Throws, saying which file and why, unless the two files make a usable key pair. */
+function checkKeyPair({ certFile, keyFile }: TlsFiles): void {
+  const read = (file: string, what: string) => {
+    try {
+      return readFileSync(file);
+    } catch (err) {
+      throw new Error(`the TLS ${what} ${file} cannot be read: ${(err as NodeJS.ErrnoException).code ?? err}`);
+    }
+  };
+  const cert = read(certFile, "certificate");
+  const key = read(keyFile, "key");
+  try {
+    createSecureContext({ cert, key });
+  } catch (err) {
+    throw new Error(`${certFile} and ${keyFile} are not a certificate and its key: ${(err as Error).message}`);
+  }
+}
+
 /**
  * A grpc-js server with the health service built in. Lifecycle: add services, listen(), and on
  * the way out drain(): health goes NOT_SERVING, new calls are refused, running ones get a grace
@@ -194,12 +222,24 @@ export class RpcServer {
     for (const call of this.watchers.get(service) ?? []) call.write({ status } as never);
   }
 
-  /** Serve on host:port (port 0 picks a free one). Resolves to the bound port. */
-  listen(address: string): Promise<number> {
+  /**
+   * Serve on host:port (port 0 picks a free one). Resolves to the bound port. With `tls`, serves
+   * TLS with the PEM files named, read again every TLS_RELOAD_MS so a renewed certificate is
+   * served without a restart; files that do not make a key pair fail the start.
+   */
+  listen(address: string, tls?: TlsFiles): Promise<number> {
+    let credentials = grpc.ServerCredentials.createInsecure();
+    if (tls) {
+      checkKeyPair(tls);
+      const files = new grpc.experimental.FileWatcherCertificateProvider({
+        certificateFile: tls.certFile,
+        privateKeyFile: tls.keyFile,
+        refreshIntervalMs: TLS_RELOAD_MS,
+      });
+      credentials = grpc.experimental.createCertificateProviderServerCredentials(files, null, false);
+    }
     return new Promise((resolve, reject) => {
-      this.server.bindAsync(address, grpc.ServerCredentials.createInsecure(), (err, port) =>
-        err ? reject(err) : resolve(port),
-      );
+      this.server.bindAsync(address, credentials, (err, port) => (err ? reject(err) : resolve(port)));
     });
   }
 

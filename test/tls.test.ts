@@ -1,0 +1,166 @@
+// The gateway over TLS, with certificates made here by openssl: `troupe chat --ca` and the Python
+// client (grpcio) run turns through it; a plain or untrusting client is refused; a renewed
+// certificate is served without a restart; files that do not make a key pair stop the start.
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+import { execFile, execFileSync } from "node:child_process";
+import { existsSync } from "node:fs";
+import { copyFile, mkdtemp, rm, writeFile } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { promisify } from "node:util";
+import { MAIN, startStack, waitFor, type Stack } from "./helpers/stack.js";
+
+const run = promisify(execFile);
+const ROOT = path.resolve(import.meta.dirname, "../..");
+let dir = "";
+let stack: Stack;
+let gateway = "";
+const f = (name: string) => path.join(dir, name);
+
+/** A CA, and a server certificate for 127.0.0.1 and localhost signed by it. */
+function makeCa(name: string): void {
+  const ssl = (...args: string[]) => execFileSync("openssl", args, { stdio: "ignore", cwd: dir });
+  ssl(
+    "req",
+    "-x509",
+    "-newkey",
+    "rsa:2048",
+    "-nodes",
+    "-days",
+    "2",
+    "-subj",
+    `/CN=${name} test CA`,
+    "-keyout",
+    `${name}-ca.key`,
+    "-out",
+    `${name}-ca.pem`,
+  );
+  ssl(
+    "req",
+    "-newkey",
+    "rsa:2048",
+    "-nodes",
+    "-subj",
+    "/CN=127.0.0.1",
+    "-keyout",
+    `${name}.key`,
+    "-out",
+    `${name}.csr`,
+  );
+  ssl(
+    "x509",
+    "-req",
+    "-in",
+    `${name}.csr`,
+    "-CA",
+    `${name}-ca.pem`,
+    "-CAkey",
+    `${name}-ca.key`,
+    "-CAcreateserial",
+    "-days",
+    "2",
+    "-extfile",
+    "san.cnf",
+    "-out",
+    `${name}.pem`,
+  );
+}
+
+before(async () => {
+  dir = await mkdtemp(path.join(os.tmpdir(), "troupe-tls-"));
+  await writeFile(f("san.cnf"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n");
+  makeCa("first");
+  makeCa("second");
+  await copyFile(f("first.pem"), f("server.pem"));
+  await copyFile(f("first.key"), f("server.key"));
+  stack = await startStack({
+    services: ["model-server", "router", "memory", "sandbox", "runner"],
+    env: { TROUPE_SANDBOX_POOL: "0", TROUPE_MEMORY_LEARN: "0" },
+  });
+  gateway = await stack.startInstance("gateway-tls", "gateway", {
+    env: { TROUPE_TLS_CERT: f("server.pem"), TROUPE_TLS_KEY: f("server.key"), TROUPE_TLS_CA: f("first-ca.pem") },
+  });
+});
+
+after(async () => {
+  await stack?.stop();
+  await rm(dir, { recursive: true, force: true });
+});
+
+const chat = (...args: string[]) =>
+  run(process.execPath, [MAIN, "chat", "--data-dir", stack.dataDir, "--gateway", gateway, ...args], {
+    timeout: 30_000,
+  });
+const failure = (p: Promise<unknown>) =>
+  p.then(
+    () => assert.fail("expected a failure"),
+    (e: { code: number; stderr: string }) => e,
+  );
+
+test("troupe chat over TLS with --ca; a plain client and one that does not trust the CA are refused", async () => {
+  const { stdout } = await chat("--ca", f("first-ca.pem"), "hello over tls");
+  assert.equal(stdout, "You said: hello over tls\n");
+  const plain = await failure(chat("hello"));
+  assert.equal(plain.code, 1);
+  assert.match(plain.stderr, /UNAVAILABLE/);
+  const systemRoots = await failure(chat("--tls", "hello"));
+  assert.equal(systemRoots.code, 1);
+  assert.match(systemRoots.stderr, /UNAVAILABLE/);
+  const otherCa = await failure(chat("--ca", f("second-ca.pem"), "hello"));
+  assert.equal(otherCa.code, 1);
+});
+
+test("the Python client (grpcio) runs its turns over TLS", { timeout: 120_000 }, async () => {
+  const gen = path.join(ROOT, ".gen/python");
+  assert.ok(
+    existsSync(`${gen}/troupe/v1/gateway_pb2_grpc.py`),
+    "stubs missing: run `make python-client` (make test does)",
+  );
+  const { stdout } = await run(
+    "/usr/bin/python3",
+    [
+      path.join(ROOT, "examples/python/troupe_client.py"),
+      "--gateway",
+      gateway,
+      "--ca",
+      f("first-ca.pem"),
+      "--session",
+      "py-tls",
+    ],
+    { env: { ...process.env, PYTHONPATH: gen, TROUPE_API_KEY: stack.apiKey }, timeout: 100_000 },
+  );
+  assert.match(stdout, /turn with a tool call: \d+ events, tool said 'hello from python'/);
+  assert.match(stdout, /^OK$/m);
+});
+
+test("a renewed certificate is served without a restart", async () => {
+  await copyFile(f("second.pem"), f("server.pem"));
+  await copyFile(f("second.key"), f("server.key"));
+  // Read again within 5 s; existing connections keep their session, new ones get the new chain.
+  await waitFor(
+    "the gateway to serve the renewed certificate",
+    async () => (await chat("--ca", f("second-ca.pem"), "renewed")).stdout === "You said: renewed\n",
+    20_000,
+    500,
+  );
+  assert.equal((await failure(chat("--ca", f("first-ca.pem"), "old"))).code, 1);
+});
+
+test("a certificate without its key, or with another's key, stops the start with the reason", async () => {
+  const start = (env: NodeJS.ProcessEnv) =>
+    failure(
+      run(process.execPath, [MAIN, "gateway", "--data-dir", stack.dataDir, "--gateway", "127.0.0.1:0"], {
+        env: { ...process.env, ...env },
+        timeout: 20_000,
+      }),
+    );
+  const lone = await start({ TROUPE_TLS_CERT: f("first.pem") });
+  assert.notEqual(lone.code, 0);
+  assert.match(lone.stderr, /TROUPE_TLS_CERT and TROUPE_TLS_KEY go together/);
+  const mismatched = await start({ TROUPE_TLS_CERT: f("first.pem"), TROUPE_TLS_KEY: f("second.key") });
+  assert.notEqual(mismatched.code, 0);
+  assert.match(mismatched.stderr, /first\.pem and .*second\.key are not a certificate and its key/);
+  const missing = await start({ TROUPE_TLS_CERT: f("nope.pem"), TROUPE_TLS_KEY: f("first.key") });
+  assert.match(missing.stderr, /the TLS certificate .*nope\.pem cannot be read: ENOENT/);
+});
