@@ -252,4 +252,63 @@ describe("troupe chat", () => {
     assert.equal(code, 0);
     assert.match(err, /\[steering: skipped 1 tool call\(s\)\]/);
   });
+
+  test("troupe sessions and troupe schedules: the caller's own, as a table or JSON lines; mistakes exit non-zero", async () => {
+    const troupe = (...args: string[]) =>
+      run(process.execPath, [MAIN, ...args, "--data-dir", stack.dataDir, "--gateway", stack.addr.gateway]);
+    const fails = (...args: string[]) =>
+      troupe(...args).then(
+        () => assert.fail(`troupe ${args.join(" ")} succeeded`),
+        (e: { code: number; stderr: string }) => e,
+      );
+    const listed = (await troupe("sessions", "ls")).stdout;
+    assert.match(listed, /^SESSION\s+AGENT\s+MESSAGES\s+UPDATED\s+RUNNING\n/);
+    assert.match(listed, /\ncli-1\s+main\s+\d+\s+\d{4}-\d\d-\d\dT/);
+    const json = (await troupe("sessions", "ls", "--json")).stdout
+      .trim()
+      .split("\n")
+      .map((l) => JSON.parse(l));
+    assert.ok(json.some((x) => x.sessionId === "cli-1" && x.agentId === "main"));
+    assert.match(
+      (await troupe("sessions", "show", "cli-1")).stdout,
+      /\] user: second\n\[[^\]]+\] assistant: You said: second\n/,
+    );
+
+    const added = await troupe(
+      "schedules",
+      "add",
+      "cli-1",
+      "--cron",
+      "0 9 * * *",
+      "--tz",
+      "Asia/Kolkata",
+      "--id",
+      "standup",
+      "stand",
+      "up",
+    );
+    assert.match(added.stdout, /^scheduled standup; next \d{4}-\d\d-\d\dT03:30:00Z\n$/);
+    assert.match(
+      (await troupe("schedules", "ls", "cli-1")).stdout,
+      /\nstandup\s+cron "0 9 \* \* \*" Asia\/Kolkata\s+\S+T03:30:00Z\s+-\s+stand up\n/,
+    );
+    const badZone = await fails("schedules", "add", "cli-1", "--cron", "0 9 * * *", "--tz", "Mars/Olympus", "x");
+    assert.deepEqual(
+      [badZone.code, /INVALID_ARGUMENT: time_zone: "Mars\/Olympus" is not a time zone/.test(badZone.stderr)],
+      [1, true],
+    );
+    assert.equal((await fails("schedules", "add", "cli-1", "x")).code, 2);
+    assert.equal((await troupe("schedules", "rm", "cli-1", "standup")).stdout, "deleted standup\n");
+    assert.match((await fails("schedules", "rm", "cli-1", "standup")).stderr, /no schedule standup in session cli-1/);
+
+    const missing = await fails("sessions", "rm", "no-such-session");
+    assert.deepEqual([missing.code, /NOT_FOUND/.test(missing.stderr)], [1, true]);
+    const typo = await fails("sessions", "lsit");
+    assert.deepEqual(
+      [typo.code, /unknown sessions subcommand "lsit"; one of: ls, show, rm/.test(typo.stderr)],
+      [2, true],
+    );
+    assert.equal((await troupe("sessions", "rm", "cli-steer")).stdout.split(" (")[0].trim(), "deleted cli-steer");
+    assert.doesNotMatch((await troupe("sessions", "ls")).stdout, /cli-steer/);
+  });
 });

@@ -2,30 +2,21 @@
 //   troupe chat "MESSAGE"   one turn, then exit (0 if the turn completed)
 //   troupe chat             interactive: a line typed while the agent works is sent as steering;
 //                           Ctrl-C aborts the running turn, a second Ctrl-C exits
-import { readFile } from "node:fs/promises";
 import readline from "node:readline";
 import { randomBytes } from "node:crypto";
-import { clientApiKey } from "../shared/auth.js";
 import { loadConfig } from "../shared/config.js";
 import { statusName } from "../shared/errors.js";
-import { GatewayService, type ChatResponse } from "../shared/gen/troupe/v1/gateway_pb.js";
+import type { ChatResponse } from "../shared/gen/troupe/v1/gateway_pb.js";
 import { StopReason, type AgentEvent } from "../shared/gen/troupe/v1/session_pb.js";
-import { createClient } from "../shared/rpc.js";
+import { CLIENT_FLAGS, gatewayClient } from "./gateway-client.js";
 
 const dim = (s: string) => (process.stderr.isTTY ? `\x1b[2m${s}\x1b[0m` : s);
 const red = (s: string) => (process.stderr.isTTY ? `\x1b[31m${s}\x1b[0m` : s);
 
 export async function chatCommand(args: string[]): Promise<number> {
-  const cfg = loadConfig(args, undefined, {
-    session: { type: "string" },
-    agent: { type: "string" },
-    tls: { type: "boolean" },
-  });
+  const cfg = loadConfig(args, undefined, { session: { type: "string" }, agent: { type: "string" }, ...CLIENT_FLAGS });
   const message = cfg.rest.join(" ").trim();
-  const client = createClient(GatewayService, cfg.addr.gateway, {
-    headers: { authorization: `Bearer ${await clientApiKey(cfg.dataDir, cfg.clientApiKey)}` },
-    tls: cfg.flags.tls || cfg.tlsCa ? { ca: cfg.tlsCa ? await readFile(cfg.tlsCa) : undefined } : undefined,
-  });
+  const client = await gatewayClient(cfg);
   const call = client.chat();
   const prefix = randomBytes(4).toString("hex");
   let n = 0;

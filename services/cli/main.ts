@@ -19,6 +19,11 @@ client:
   chat [--session ID] [--tls] [--ca FILE] [MESSAGE]
                         stream a reply; with MESSAGE run one turn and exit; --tls
                         (system roots) or --ca FILE for a gateway serving TLS
+  sessions ls | show ID | rm ID [--forget-memories]
+                        your sessions; one's history; delete one (--json: JSON lines)
+  schedules ls SESSION | rm SESSION ID
+  schedules add SESSION (--cron EXPR [--tz ZONE] | --every SECONDS) [--id ID] TEXT
+                        a session's scheduled turns (cron in an IANA time zone, or a heartbeat)
   --version             print the version
 operations:
   memory add|search|forget|stats|reembed
@@ -59,6 +64,8 @@ const SUBCOMMANDS: Record<string, string[]> = {
   keys: ["create", "ls", "revoke"],
   sandbox: ["ls", "exec", "rm"],
   store: ["migrate", "status"],
+  sessions: ["ls", "show", "rm"],
+  schedules: ["ls", "add", "rm"],
 };
 const COMMANDS = [
   "gateway",
@@ -70,6 +77,8 @@ const COMMANDS = [
   "serve",
   "up",
   "chat",
+  "sessions",
+  "schedules",
   "keys",
   "config",
   "store",
@@ -175,6 +184,13 @@ async function main(argv: string[]): Promise<void> {
   }
   if (command === "store") {
     process.exitCode = await (await import("./store.js")).storeCommand(args);
+    return;
+  }
+  if (command === "sessions" || command === "schedules") {
+    if (!SUBCOMMANDS[command].includes(sub ?? ""))
+      return void (process.exitCode = unknown(`${command} subcommand`, sub ?? "", SUBCOMMANDS[command]));
+    const cli = await import("./sessions.js");
+    process.exitCode = await (command === "sessions" ? cli.sessionsCommand(args) : cli.schedulesCommand(args));
     return;
   }
   if (command === "keys") {

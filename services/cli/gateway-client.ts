@@ -1,0 +1,20 @@
+// The gateway client every client command uses: the API key (TROUPE_API_KEY, else the data
+// directory's development key) and, for a gateway serving TLS, --tls or --ca.
+import { readFile } from "node:fs/promises";
+import { clientApiKey } from "../shared/auth.js";
+import type { Config } from "../shared/config.js";
+import { GatewayService } from "../shared/gen/troupe/v1/gateway_pb.js";
+import { createClient, type ServiceClient } from "../shared/rpc.js";
+
+export type GatewayClient = ServiceClient<(typeof GatewayService)["method"]>;
+
+/** The client-side flags of every client command (loadConfig's `extra`). */
+export const CLIENT_FLAGS = { tls: { type: "boolean" } } as const;
+
+export async function gatewayClient(cfg: Config & { flags: Record<string, unknown> }): Promise<GatewayClient> {
+  const tls = cfg.flags.tls === true || cfg.tlsCa !== "";
+  return createClient(GatewayService, cfg.addr.gateway, {
+    headers: { authorization: `Bearer ${await clientApiKey(cfg.dataDir, cfg.clientApiKey)}` },
+    tls: tls ? { ca: cfg.tlsCa ? await readFile(cfg.tlsCa) : undefined } : undefined,
+  });
+}
