@@ -43,7 +43,7 @@ test("--version and per-command --help answer and exit 0", async (t) => {
   assert.equal(v.code, 0);
   assert.equal(v.out.trim(), `troupe ${pkg.version}`);
   for (const [args, shows] of [
-    [["chat", "--help"], /chat \[--session ID\] \[--tls\] \[--ca FILE\] \[MESSAGE\]/],
+    [["chat", "--help"], /chat \[--session ID \| -c\] \[--agent A\] \[--json\] \[--tls\] \[--ca FILE\] \[MESSAGE\]/],
     [["up", "--help"], /--runners N/],
     [["serve", "runner", "--help"], /serve gateway\|router\|runner\|memory\|sandbox/],
     [["memory", "--help"], /memory add\|search\|forget\|stats\|reembed/],

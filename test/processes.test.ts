@@ -217,6 +217,8 @@ describe("troupe chat", () => {
     ]).catch((e) => e);
     assert.equal(failed.code, 1);
     assert.match(failed.stderr, /MODEL_ERROR/);
+    // Retries are shown as they wait, so a slow failure does not look like a hang.
+    assert.match(failed.stderr, /\[scripted-1: [^\]]*; retry 1 in \d+\.\d s\]/);
     const port = await freePort();
     const down = await run(process.execPath, [
       MAIN,
@@ -310,5 +312,21 @@ describe("troupe chat", () => {
     );
     assert.equal((await troupe("sessions", "rm", "cli-steer")).stdout.split(" (")[0].trim(), "deleted cli-steer");
     assert.doesNotMatch((await troupe("sessions", "ls")).stdout, /cli-steer/);
+  });
+
+  test("troupe chat --json prints every event as a JSON line; -c continues the session used last", async () => {
+    const chat = (...args: string[]) =>
+      run(process.execPath, [MAIN, "chat", "--data-dir", stack.dataDir, "--gateway", stack.addr.gateway, ...args]);
+    const { stdout } = await chat("--json", "--session", "cli-json", "hello json");
+    const events = stdout
+      .trim()
+      .split("\n")
+      .map((l) => JSON.parse(l));
+    assert.ok(events.every((e) => e.sessionId === "cli-json" && typeof e.seq === "string"));
+    assert.ok(events.some((e) => typeof e.messageUpdate?.text === "string"));
+    assert.equal(events.find((e) => e.agentEnd).agentEnd.stopReason, "STOP_REASON_COMPLETED");
+    const again = await chat("-c", "and again");
+    assert.match(again.stderr, /session cli-json\n/);
+    assert.equal(again.stdout, "You said: and again\n");
   });
 });

@@ -1,22 +1,38 @@
 // `troupe chat`: a terminal client of the gateway's Chat stream.
 //   troupe chat "MESSAGE"   one turn, then exit (0 if the turn completed)
+//   --json                  every event as a JSON line on stdout; -c: the session used last
 //   troupe chat             interactive: a line typed while the agent works is sent as steering;
 //                           Ctrl-C aborts the running turn, a second Ctrl-C exits
 import readline from "node:readline";
 import { randomBytes } from "node:crypto";
 import { loadConfig } from "../shared/config.js";
 import { statusName } from "../shared/errors.js";
+import { toJson } from "@bufbuild/protobuf";
 import type { ChatResponse } from "../shared/gen/troupe/v1/gateway_pb.js";
-import { StopReason, type AgentEvent } from "../shared/gen/troupe/v1/session_pb.js";
+import { AgentEventSchema, StopReason, type AgentEvent } from "../shared/gen/troupe/v1/session_pb.js";
 import { CLIENT_FLAGS, gatewayClient } from "./gateway-client.js";
 
 const dim = (s: string) => (process.stderr.isTTY ? `\x1b[2m${s}\x1b[0m` : s);
 const red = (s: string) => (process.stderr.isTTY ? `\x1b[31m${s}\x1b[0m` : s);
 
 export async function chatCommand(args: string[]): Promise<number> {
-  const cfg = loadConfig(args, undefined, { session: { type: "string" }, agent: { type: "string" }, ...CLIENT_FLAGS });
+  const cfg = loadConfig(args, undefined, {
+    session: { type: "string" },
+    agent: { type: "string" },
+    json: { type: "boolean" },
+    continue: { type: "boolean", short: "c" },
+    ...CLIENT_FLAGS,
+  });
   const message = cfg.rest.join(" ").trim();
   const client = await gatewayClient(cfg);
+  // -c: the session the caller used last (ListSessions, by last update).
+  let sessionId = String(cfg.flags.session ?? "");
+  if (cfg.flags.continue && !sessionId) {
+    const { sessions } = await client.listSessions({ pageSize: 1000 }).catch(() => ({ sessions: [] }));
+    const latest = sessions.sort((a, b) => Number((b.updateTime?.seconds ?? 0n) - (a.updateTime?.seconds ?? 0n)))[0];
+    if (!latest) process.stderr.write(dim("[no earlier session: starting a new one]\n"));
+    sessionId = latest?.sessionId ?? "";
+  }
   const call = client.chat();
   const prefix = randomBytes(4).toString("hex");
   let n = 0;
@@ -28,11 +44,7 @@ export async function chatCommand(args: string[]): Promise<number> {
   const render = (ev: AgentEvent) => {
     const p = ev.payload;
     switch (p.case) {
-      case "agentStart":
-        running = true;
-        break;
       case "runResumed":
-        running = true;
         process.stderr.write(dim("\n[the run goes on after a runner restart]\n"));
         break;
       case "messageUpdate":
@@ -57,12 +69,34 @@ export async function chatCommand(args: string[]): Promise<number> {
       case "toolCallsSkipped":
         process.stderr.write(dim(`[steering: skipped ${p.value.toolCallIds.length} tool call(s)]\n`));
         break;
+      // What would otherwise look like a hang: a retry's wait, a switch of model, a compaction.
+      case "modelRetry":
+        process.stderr.write(
+          dim(
+            `\n[${p.value.model}: ${p.value.reason}; retry ${p.value.attempt} in ${(p.value.delayMs / 1000).toFixed(1)} s]\n`,
+          ),
+        );
+        break;
+      case "modelFallback":
+        process.stderr.write(dim(`\n[${p.value.fromModel} failed (${p.value.reason}); now ${p.value.toModel}]\n`));
+        break;
+      case "compactionStart":
+        process.stderr.write(dim(`\n[compacting the conversation: ${p.value.tokensBefore} tokens]\n`));
+        break;
+      case "compactionEnd":
+        process.stderr.write(
+          dim(
+            `[compacted ${p.value.messagesSummarized} messages: ${p.value.tokensBefore} -> ${p.value.tokensAfter} tokens]\n`,
+          ),
+        );
+        break;
+      case "messageBlocked":
+        process.stderr.write(red(`\n[message blocked by ${p.value.check} (${p.value.level}): ${p.value.reason}]\n`));
+        break;
       case "error":
         process.stderr.write(red(`\n[error ${p.value.code}] ${p.value.message}\n`));
         break;
       case "agentEnd":
-        running = false;
-        lastStop = p.value.stopReason;
         process.stdout.write("\n");
         if (p.value.stopReason !== StopReason.COMPLETED)
           process.stderr.write(
@@ -77,7 +111,15 @@ export async function chatCommand(args: string[]): Promise<number> {
   const ended = new Promise<number>((resolve) => {
     call.on("data", (resp: ChatResponse) => {
       if (resp.kind.case === "opened") process.stderr.write(dim(`session ${resp.kind.value.sessionId}\n`));
-      else if (resp.kind.case === "event") render(resp.kind.value);
+      else if (resp.kind.case === "event") {
+        // --json: every event as a line of the API's JSON mapping, for scripts (pi's --mode json).
+        if (cfg.flags.json) process.stdout.write(`${JSON.stringify(toJson(AgentEventSchema, resp.kind.value))}\n`);
+        else render(resp.kind.value);
+        // Whether a run is going (a typed line steers it) and how the last one ended (the exit code).
+        const p = resp.kind.value.payload;
+        if (p.case === "agentStart" || p.case === "runResumed") running = true;
+        if (p.case === "agentEnd") [running, lastStop] = [false, p.value.stopReason];
+      }
     });
     call.on("error", (err: { code?: number; details?: string }) => {
       if (err.code === 1) return resolve(lastStop === StopReason.COMPLETED ? 0 : 130); // cancelled by us
@@ -96,7 +138,7 @@ export async function chatCommand(args: string[]): Promise<number> {
       frameId: frameId(),
       kind: {
         case: "open",
-        value: { sessionId: String(cfg.flags.session ?? ""), agentId: String(cfg.flags.agent ?? ""), create: true },
+        value: { sessionId, agentId: String(cfg.flags.agent ?? ""), create: true },
       },
     },
   });

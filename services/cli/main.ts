@@ -16,8 +16,9 @@ all at once:
                         N, M, R instances for a local cluster; --store postgres runs a
                         PostgreSQL server in DATA_DIR/postgres; what runs: DATA_DIR/up.json
 client:
-  chat [--session ID] [--tls] [--ca FILE] [MESSAGE]
-                        stream a reply; with MESSAGE run one turn and exit; --tls
+  chat [--session ID | -c] [--agent A] [--json] [--tls] [--ca FILE] [MESSAGE]
+                        stream a reply; with MESSAGE run one turn and exit; -c: the
+                        session used last; --json: each event as a JSON line; --tls
                         (system roots) or --ca FILE for a gateway serving TLS
   sessions ls | show ID | rm ID [--forget-memories]
                         your sessions; one's history; delete one (--json: JSON lines)

@@ -281,10 +281,12 @@ export class SandboxFleet {
       if (c.State === "running" && !mine && !pooled) this.firstSeen.set(c.Id, this.firstSeen.get(c.Id) ?? now);
       const lastUsed = mine?.lastUsed ?? this.firstSeen.get(c.Id) ?? now;
       const busy = (mine?.agent.runningCommands ?? 0) > 0;
+      // `pooled` goes by name, and the listing may predate a claim's rename: a container this
+      // process holds (in its pool, or just claimed and running a command) is never a leftover.
       const why =
         c.State !== "running"
           ? "stopped"
-          : pooled && !this.pool.some((s) => s.id === c.Id)
+          : pooled && !mine
             ? "a pooled sandbox this process did not make"
             : now - created > this.opts.maxAgeMs
               ? "past its maximum age"
