@@ -3,12 +3,13 @@
 // certificate is served without a restart; files that do not make a key pair stop the start.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
-import { execFile, execFileSync } from "node:child_process";
+import { execFile } from "node:child_process";
 import { existsSync } from "node:fs";
-import { copyFile, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { copyFile, mkdtemp, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { promisify } from "node:util";
+import { caAndServer } from "./helpers/certs.js";
 import { MAIN, startStack, waitFor, type Stack } from "./helpers/stack.js";
 
 const run = promisify(execFile);
@@ -18,60 +19,10 @@ let stack: Stack;
 let gateway = "";
 const f = (name: string) => path.join(dir, name);
 
-/** A CA, and a server certificate for 127.0.0.1 and localhost signed by it. */
-function makeCa(name: string): void {
-  const ssl = (...args: string[]) => execFileSync("openssl", args, { stdio: "ignore", cwd: dir });
-  ssl(
-    "req",
-    "-x509",
-    "-newkey",
-    "rsa:2048",
-    "-nodes",
-    "-days",
-    "2",
-    "-subj",
-    `/CN=${name} test CA`,
-    "-keyout",
-    `${name}-ca.key`,
-    "-out",
-    `${name}-ca.pem`,
-  );
-  ssl(
-    "req",
-    "-newkey",
-    "rsa:2048",
-    "-nodes",
-    "-subj",
-    "/CN=127.0.0.1",
-    "-keyout",
-    `${name}.key`,
-    "-out",
-    `${name}.csr`,
-  );
-  ssl(
-    "x509",
-    "-req",
-    "-in",
-    `${name}.csr`,
-    "-CA",
-    `${name}-ca.pem`,
-    "-CAkey",
-    `${name}-ca.key`,
-    "-CAcreateserial",
-    "-days",
-    "2",
-    "-extfile",
-    "san.cnf",
-    "-out",
-    `${name}.pem`,
-  );
-}
-
 before(async () => {
   dir = await mkdtemp(path.join(os.tmpdir(), "troupe-tls-"));
-  await writeFile(f("san.cnf"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n");
-  makeCa("first");
-  makeCa("second");
+  caAndServer(dir, "first");
+  caAndServer(dir, "second");
   await copyFile(f("first.pem"), f("server.pem"));
   await copyFile(f("first.key"), f("server.key"));
   stack = await startStack({

@@ -10,7 +10,7 @@ import { statusName } from "../shared/errors.js";
 import { toJson } from "@bufbuild/protobuf";
 import type { ChatResponse } from "../shared/gen/troupe/v1/gateway_pb.js";
 import { AgentEventSchema, StopReason, type AgentEvent } from "../shared/gen/troupe/v1/session_pb.js";
-import { CLIENT_FLAGS, gatewayClient } from "./gateway-client.js";
+import { CLIENT_FLAGS, gatewayClient, listAllSessions } from "./gateway-client.js";
 
 const dim = (s: string) => (process.stderr.isTTY ? `\x1b[2m${s}\x1b[0m` : s);
 const red = (s: string) => (process.stderr.isTTY ? `\x1b[31m${s}\x1b[0m` : s);
@@ -28,7 +28,7 @@ export async function chatCommand(args: string[]): Promise<number> {
   // -c: the session the caller used last (ListSessions, by last update).
   let sessionId = String(cfg.flags.session ?? "");
   if (cfg.flags.continue && !sessionId) {
-    const { sessions } = await client.listSessions({ pageSize: 1000 }).catch(() => ({ sessions: [] }));
+    const sessions = await listAllSessions(client).catch(() => []);
     const latest = sessions.sort((a, b) => Number((b.updateTime?.seconds ?? 0n) - (a.updateTime?.seconds ?? 0n)))[0];
     if (!latest) process.stderr.write(dim("[no earlier session: starting a new one]\n"));
     sessionId = latest?.sessionId ?? "";

@@ -4,6 +4,7 @@ import { readFile } from "node:fs/promises";
 import { clientApiKey } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
 import { GatewayService } from "../shared/gen/troupe/v1/gateway_pb.js";
+import type { SessionInfo } from "../shared/gen/troupe/v1/session_pb.js";
 import { createClient, type ServiceClient } from "../shared/rpc.js";
 
 export type GatewayClient = ServiceClient<(typeof GatewayService)["method"]>;
@@ -17,4 +18,16 @@ export async function gatewayClient(cfg: Config & { flags: Record<string, unknow
     headers: { authorization: `Bearer ${await clientApiKey(cfg.dataDir, cfg.clientApiKey)}` },
     tls: tls ? { ca: cfg.tlsCa ? await readFile(cfg.tlsCa) : undefined } : undefined,
   });
+}
+
+/** Every session the caller owns, page by page. */
+export async function listAllSessions(gw: GatewayClient): Promise<SessionInfo[]> {
+  const sessions: SessionInfo[] = [];
+  let pageToken = "";
+  do {
+    const page = await gw.listSessions({ pageSize: 500, pageToken });
+    sessions.push(...page.sessions);
+    pageToken = page.nextPageToken;
+  } while (pageToken);
+  return sessions;
 }

@@ -7,7 +7,7 @@ import { loadConfig } from "../shared/config.js";
 import { describeError } from "../shared/errors.js";
 import { ScheduleSchema } from "../shared/gen/troupe/v1/schedule_pb.js";
 import { ChatMessageSchema, Role, SessionInfoSchema } from "../shared/gen/troupe/v1/session_pb.js";
-import { CLIENT_FLAGS, gatewayClient, type GatewayClient } from "./gateway-client.js";
+import { CLIENT_FLAGS, gatewayClient, listAllSessions, type GatewayClient } from "./gateway-client.js";
 import { printTable } from "./table.js";
 
 const when = (t?: Timestamp) => (t ? new Date(timestampMs(t)).toISOString().replace(/\.\d+Z$/, "Z") : "-");
@@ -53,13 +53,7 @@ export function sessionsCommand(args: string[]): Promise<number> {
   const [sub, ...rest] = args;
   return withGateway(rest, { "forget-memories": { type: "boolean" } }, async (gw, words, flags) => {
     if (sub === "ls") {
-      const sessions = [];
-      let pageToken = "";
-      do {
-        const page = await gw.listSessions({ pageSize: 500, pageToken });
-        sessions.push(...page.sessions);
-        pageToken = page.nextPageToken;
-      } while (pageToken);
+      const sessions = await listAllSessions(gw);
       if (flags.json) for (const s of sessions) jsonLine(SessionInfoSchema, s);
       else
         printTable(

@@ -485,10 +485,8 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
   // all, like health: the schema is public, what it reaches is not.
   server.add(ServerReflection, reflectionService([GatewayService, Health]));
 
-  const port = await server.listen(cfg.addr.gateway, cfg.tls.certFile ? cfg.tls : undefined);
-  logger.info(`gateway serving on port ${port}${cfg.tls.certFile ? " (TLS)" : ""}`, {
-    maxMessageBytes: cfg.maxMessageBytes,
-  });
+  const port = await server.listen(cfg.addr.gateway, cfg.tls);
+  logger.info(`gateway serving on port ${port}${cfg.tls ? " (TLS)" : ""}`, { maxMessageBytes: cfg.maxMessageBytes });
   return {
     async drain() {
       await server.drain(cfg.drainGraceMs);

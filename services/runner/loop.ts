@@ -14,7 +14,6 @@
 //
 // Side effects come in through RunHost (events, queues, the abort signal) and RunDeps (model,
 // tools, prompt, hooks); the loop itself holds no state between runs.
-import { toolOffered } from "./agent-config.js";
 import { create } from "@bufbuild/protobuf";
 import { timestampNow } from "@bufbuild/protobuf/wkt";
 import { ROOT_CONTEXT, SpanKind, SpanStatusCode, context, trace } from "@opentelemetry/api";
@@ -27,6 +26,7 @@ import {
   type ChatMessage,
   type Usage,
 } from "../shared/gen/troupe/v1/session_pb.js";
+import { toolOffered } from "./agent-config.js";
 import { failpoint } from "./failpoints.js";
 import { triggerOf } from "../shared/frames.js";
 import { newId } from "../shared/ids.js";

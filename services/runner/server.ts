@@ -1,7 +1,5 @@
 // The runner process: RunnerService over the session actors, plus registration with the router
 // so the gateway can find the runner that owns a session.
-import { Secrets } from "./web-tools.js";
-import { BackgroundProcesses } from "./background.js";
 import { randomUUID } from "node:crypto";
 import { create } from "@bufbuild/protobuf";
 import { context } from "@opentelemetry/api";
@@ -51,6 +49,9 @@ import { TokenCounter } from "./tokens.js";
 import { TenantRuns } from "./tenant-runs.js";
 import { configureFailpoints } from "./failpoints.js";
 import { runDepsFor } from "./run-deps.js";
+import { BackgroundProcesses } from "./background.js";
+import { Secrets } from "./web-tools.js";
+import { DEFAULT_NET_POLICY } from "../shared/net-guard.js";
 import { TenantQuotas } from "../shared/quotas.js";
 
 /** A subscriber that stops taking events for this long is cut off (it can resume by seq). */
@@ -194,7 +195,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   const runDeps = runDepsFor({
     defaultModel: cfg.model,
     execTimeoutMs: cfg.execTimeoutMs,
-    net: { ...cfg.net, maxRedirects: 5 },
+    net: { ...DEFAULT_NET_POLICY, ...cfg.net },
     secrets: new Secrets(cfg.secretsFile),
     background,
     // The scheduler starts below; a tool call can only come after it has.

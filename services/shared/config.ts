@@ -74,8 +74,8 @@ export interface Config {
   sandboxPoolSize: number;
   /** Sandbox: who shares a container: each session, each agent, or everyone. */
   sandboxScope: "session" | "agent" | "shared";
-  /** Gateway: TLS certificate and key files; empty: plain gRPC. */
-  tls: { certFile: string; keyFile: string };
+  /** Gateway: TLS certificate and key files; undefined: plain gRPC. */
+  tls?: { certFile: string; keyFile: string };
   /** Clients: a CA (PEM file) to trust over TLS; empty: plain gRPC unless --tls. */
   tlsCa: string;
   /** Gateway: the API keys file (hashed keys, each with its tenant and principal; see auth.ts). */
@@ -213,6 +213,14 @@ function storageOptions(value: string | undefined): Record<string, string> {
  * The settings in force: each from its flag, else its variable (empty counts as unset), else its
  * default; every bad value is reported at once, named as it was given (flag or variable).
  */
+/** The items of a comma-separated setting, trimmed, empty ones dropped. */
+function commaList(text: unknown): string[] {
+  return String(text ?? "")
+    .split(",")
+    .map((s) => s.trim())
+    .filter((s) => s !== "");
+}
+
 export function loadConfig(
   argv: string[],
   env: NodeJS.ProcessEnv = process.env,
@@ -243,11 +251,9 @@ export function loadConfig(
     problems.push("TROUPE_EMBEDDING_DIM is needed with TROUPE_EMBEDDING_MODEL: the model's vector size");
   if ((raw.tlsCert === undefined) !== (raw.tlsKey === undefined))
     problems.push("TROUPE_TLS_CERT and TROUPE_TLS_KEY go together: TLS needs the certificate and its key");
-  for (const cidr of String(raw.netAllow ?? "")
-    .split(",")
-    .map((c) => c.trim()))
-    if (cidr !== "" && !isCidr(cidr)) problems.push(`TROUPE_NET_ALLOW: ${cidr} is not a CIDR range (like 10.1.2.0/24)`);
-  for (const port of String(raw.netPorts ?? "").split(","))
+  for (const cidr of commaList(raw.netAllow))
+    if (!isCidr(cidr)) problems.push(`TROUPE_NET_ALLOW: ${cidr} is not a CIDR range (like 10.1.2.0/24)`);
+  for (const port of commaList(raw.netPorts))
     if (Number(port) < 1 || Number(port) > 65535) problems.push(`TROUPE_NET_PORTS: ${port} is not a port (1-65535)`);
   if (problems.length > 0) throw new Error(problems.join("; "));
   const v = raw as Record<SettingName, string> & Record<SettingName, number>;
@@ -268,10 +274,10 @@ export function loadConfig(
     routingFile: under("routingFile", "routing.json"),
     quotasFile: under("quotasFile", "quotas.json"),
     apiKeysFile: under("apiKeysFile", "auth", "api-keys.json"),
-    tls: {
-      certFile: str("tlsCert") ? path.resolve(str("tlsCert")!) : "",
-      keyFile: str("tlsKey") ? path.resolve(str("tlsKey")!) : "",
-    },
+    // Both or neither (checked above).
+    tls: str("tlsCert")
+      ? { certFile: path.resolve(str("tlsCert")!), keyFile: path.resolve(str("tlsKey")!) }
+      : undefined,
     tlsCa: str("tlsCa") ? path.resolve(str("tlsCa")!) : "",
     maxMessageBytes: v.maxMessageBytes,
     drainGraceMs: v.drainGraceMs,
@@ -287,19 +293,9 @@ export function loadConfig(
     retentionSweepMs: v.retentionSweepMs,
     agentsDir: under("agentsDir", "agents"),
     minHeartbeatSeconds: v.minHeartbeatSeconds,
-    net: {
-      ports: str("netPorts")!.split(",").map(Number),
-      allow: (str("netAllow") ?? "")
-        .split(",")
-        .map((s) => s.trim())
-        .filter((s) => s !== ""),
-    },
+    net: { ports: commaList(str("netPorts")).map(Number), allow: commaList(str("netAllow")) },
     secretsFile: under("secretsFile", "secrets.json"),
-    hookModules: (str("hookModules") ?? "")
-      .split(",")
-      .map((s) => s.trim())
-      .filter((s) => s !== "")
-      .map((s) => path.resolve(s)),
+    hookModules: commaList(str("hookModules")).map((s) => path.resolve(s)),
     memoryContextK: v.memoryContextK,
     execTimeoutMs: v.execTimeoutMs,
     sandboxImage: str("sandboxImage")!,

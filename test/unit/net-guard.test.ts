@@ -10,12 +10,12 @@ import assert from "node:assert/strict";
 import { createServer as createHttpServer, type Server } from "node:http";
 import { createServer as createHttpsServer, type Server as HttpsServer } from "node:https";
 import { createSecureContext } from "node:tls";
-import { execFileSync } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { createServer as createTcpServer, type AddressInfo } from "node:net";
 import { writeFile, mkdtemp, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
+import { selfSigned } from "../helpers/certs.js";
 import { guardedRequest, NetRefusal, type NetPolicy } from "../../services/shared/net-guard.js";
 import { DEFAULT_AGENT, type AgentConfig } from "../../services/runner/agent-config.js";
 import { httpRequestTool, Secrets, webFetchTool } from "../../services/runner/web-tools.js";
@@ -110,26 +110,8 @@ before(async () => {
   await new Promise<void>((r) => publicServer.listen(0, "127.0.0.2", r));
   P = (publicServer.address() as AddressInfo).port;
   const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-tls-"));
-  execFileSync(
-    "openssl",
-    [
-      "req",
-      "-x509",
-      "-newkey",
-      "rsa:2048",
-      "-nodes",
-      "-days",
-      "1",
-      "-subj",
-      "/CN=public.test",
-      "-keyout",
-      path.join(dir, "key.pem"),
-      "-out",
-      path.join(dir, "cert.pem"),
-    ],
-    { stdio: "ignore" },
-  );
-  const tls = { key: readFileSync(path.join(dir, "key.pem")), cert: readFileSync(path.join(dir, "cert.pem")) };
+  const files = selfSigned(dir, "public", "public.test");
+  const tls = { key: readFileSync(files.key), cert: readFileSync(files.cert) };
   await rm(dir, { recursive: true, force: true });
   tlsServer = createHttpsServer(
     { ...tls, SNICallback: (name, cb) => (sniSeen.push(name), cb(null, createSecureContext(tls))) },
