@@ -17,7 +17,7 @@ SANDBOX_IMAGE ?= troupe-sandbox:busybox
 B ?=
 TROUPE := node dist/services/cli/main.js
 
-.PHONY: build run test test-unit readme-settings lint kubectl images bench soak toolchain host postgres sandbox-image sandbox-image-if-missing sandbox-image-debian python-client clean
+.PHONY: build run test test-unit readme-settings lint kubectl images bench soak toolchain host postgres sandbox-image sandbox-image-if-missing sandbox-image-debian python-client openssl clean
 
 toolchain: $(TOOLCHAIN_NODE)
 .toolchain/node_modules/.bin/node:
@@ -117,16 +117,20 @@ run: build
 readme-settings: build
 	node -e 'const fs=require("fs");import("./dist/services/shared/settings.js").then(({settingsTable})=>{const r=fs.readFileSync("README.md","utf8");const a="<!-- settings:start -->\n",b="<!-- settings:end -->";fs.writeFileSync("README.md",r.slice(0,r.indexOf(a)+a.length)+settingsTable()+r.slice(r.indexOf(b)))})'
 
+# openssl makes the TLS tests' certificates (Debian has it wherever ca-certificates is; not always).
+openssl:
+	@command -v openssl >/dev/null || (apt-get update -qq && apt-get install -y -qq openssl >/dev/null && echo "installed openssl")
+
 # The in-process tier (test/unit): the session actor over the in-memory store, the loop with a
 # scripted model client, parsers and stores on files. No ports, no child processes, no Docker.
-test-unit: build
+test-unit: build openssl
 	node --test --test-timeout=60000 'dist/test/unit/*.test.js'
 
 # Every test: the in-process tier first, then the end-to-end tier of real processes, the soaks
 # included (test/soak: 500 sessions of random traffic while the runner is killed three times,
 # about 3 minutes, SOAK_SESSIONS=N and SOAK_KILLS=N change it; and the cluster soak on
 # PostgreSQL, CLUSTER_SESSIONS=N and CLUSTER_DISRUPTIONS=N).
-test: build lint sandbox-image-if-missing python-client postgres
+test: build lint sandbox-image-if-missing python-client postgres openssl
 	node --test --test-timeout=60000 'dist/test/unit/*.test.js'
 	node --test --test-concurrency=1 --test-timeout=600000 'dist/test/*.test.js' 'dist/test/soak/*.test.js'
 
