@@ -80,8 +80,8 @@ postgres:
 # The sandbox images carry the in-container agent (sandbox/agent), built static here; the image's
 # troupe.agent label is a hash of the agent's source and the Dockerfile, so an image made from older
 # sources counts as missing.
-SANDBOX_SOURCES_HASH = $(shell cat sandbox/agent/troupe-agent.c sandbox/Dockerfile | sha256sum | cut -c1-16)
-AGENT_BUILD = gcc -static -O2 -Wall -o "$$ctx/troupe-agent" sandbox/agent/troupe-agent.c
+SANDBOX_SOURCES_HASH = $(shell cat sandbox/agent/*.[ch] sandbox/Dockerfile | sha256sum | cut -c1-16)
+AGENT_BUILD = gcc -static -O2 -Wall -o "$$ctx/troupe-agent" sandbox/agent/troupe-agent.c sandbox/agent/egress.c
 
 sandbox-image: host
 	@set -e; ctx=$$(mktemp -d); trap 'rm -rf "$$ctx"' EXIT; \

@@ -2,7 +2,8 @@
 // a test server the runner's policy treats as public (127.0.0.2, via TROUPE_NET_ALLOW) and a
 // refusal of the metadata address; http_request with a secret the model never sees; and a
 // reminder the agent schedules for itself with manage_schedule, which fires into the session; and
-// background processes (process) read, written to, signalled, and killed with the session.
+// background processes (process) read, written to, signalled, and killed with the session; and
+// a sandboxed command reaching the agent's egress hosts through the sandbox's proxy.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { createServer, type Server } from "node:http";
@@ -12,7 +13,7 @@ import os from "node:os";
 import path from "node:path";
 import { Role } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { ChatSession } from "./helpers/session.js";
-import { startStack, type Stack } from "./helpers/stack.js";
+import { startStack, waitFor, type Stack } from "./helpers/stack.js";
 import { of } from "./helpers/turn-stack.js";
 import { execFile } from "node:child_process";
 import { promisify } from "node:util";
@@ -42,7 +43,10 @@ before(async () => {
   await mkdir(path.join(dataDir, "agents", "reach"), { recursive: true });
   await writeFile(
     path.join(dataDir, "agents", "reach", "agent.json"),
-    JSON.stringify({ http: { allowHosts: ["127.0.0.2"], secrets: { API_TOKEN: ["127.0.0.2"] } } }),
+    JSON.stringify({
+      http: { allowHosts: ["127.0.0.2"], secrets: { API_TOKEN: ["127.0.0.2"] } },
+      egress: { allowHosts: ["127.0.0.2"] },
+    }),
   );
   await writeFile(path.join(dataDir, "secrets.json"), JSON.stringify({ API_TOKEN: TOKEN }));
   stack = await startStack({
@@ -91,6 +95,22 @@ describe("the agent's reach through the runner", () => {
     const loopback = await toolEnd(s, `web_fetch {"url": "http://[::ffff:127.0.0.1]:${port}/page"}`);
     assert.match(loopback.result, /refused: .*not a public address/);
     s.close();
+  });
+
+  test("exec: a command reaches the agent's egress hosts through the sandbox's proxy, and only those", async () => {
+    const s = await open();
+    const fetched = await toolEnd(
+      s,
+      `exec {"command": "wget -q -O - http://127.0.0.2:${port}/page; wget -q -O - http://127.0.0.3:${port}/page || echo REFUSED"}`,
+    );
+    assert.match(fetched.result, /<h1>Reach page<\/h1>/, fetched.result);
+    assert.match(fetched.result, /REFUSED/);
+    await waitFor("the refusal in the sandbox service's log", async () =>
+      /egress GET http:\/\/127\.0\.0\.3:\d+\/page: refused, 403: 127\.0\.0\.3 is not among/.test(stack.logs()),
+    );
+    s.close();
+    // Its sandbox goes with it (the process test below counts what is left).
+    await stack.gateway.deleteSession({ sessionId: s.opened!.sessionId });
   });
 
   test("http_request sends the named secret to its host; the model sees only its name", async () => {

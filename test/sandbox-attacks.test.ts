@@ -261,8 +261,9 @@ const ATTACKS: Attack[] = [
     command:
       "yes aaaaaaaaaaaaaaa | head -c 8000000 & yes bbbbbbbbbbbbbb | head -c 8000000 >&2; wait; echo finished >&2",
     check: (r) => {
-      assert.ok(r.exit.truncated);
-      assert.equal(r.bytes, 1024 * 1024);
+      const seen = `exit ${r.exit.exitCode}, oom ${r.exit.oomKilled}, ${r.bytes} bytes, ends ${JSON.stringify(r.out.slice(-40))}`;
+      assert.ok(r.exit.truncated, seen);
+      assert.equal(r.bytes, 1024 * 1024, seen);
       assert.equal(r.exit.timedOut, false);
     },
   },

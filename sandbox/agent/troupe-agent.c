@@ -17,9 +17,11 @@
  * service that sets --user), it runs everything as that user, as before.
  *
  * Frames, both ways: u32 length (of what follows), u8 type, u32 request id, payload; integers
- * big-endian. Requests are listed in `enum`s below with their payloads; replies name the request
- * id. After a HELLO the agent writes SYNC_MAGIC before its reply, so a service that attached in
+ * big-endian. Requests are listed in agent.h with their payloads; replies name the request id. After a HELLO the agent writes SYNC_MAGIC before its reply, so a service that attached in
  * the middle of an earlier frame can find where frames start.
+ *
+ * It also holds the sandbox's one way out, when the service grants one: a proxy port on the
+ * container's loopback whose connections it carries to the service as frames (egress.c).
  *
  * Built static (`make sandbox-image`) so it runs in any image.
  */
@@ -40,9 +42,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "agent.h"
+
 #define AGENT_VERSION "troupe-agent/1"
 #define SYNC_MAGIC "\0TRPSYNC"
 #define WORKSPACE "/workspace"
+#define EGRESS_URL "http://127.0.0.1:3128"
 #define MAX_FRAME (17u << 20)      /* a 16 MiB file write plus its header */
 #define MAX_EXECS 64
 #define EXIT_GRACE_MS 200          /* after a command exits, how long background holders of its pipes may keep them */
@@ -52,31 +57,7 @@
 #define SANDBOX_GID 65534
 #define FILE_OP_TIMEOUT_MS 20000
 
-enum request {
-  REQ_HELLO = 1,       /* -> HELLO (version, claim). Ends commands left by an earlier connection. */
-  REQ_CLAIM = 2,       /* key -> OK. Records whose sandbox this is (for listing after a restart). */
-  REQ_EXEC = 3,        /* u32 timeout_ms, u32 max_output, u32 window, u8 flags, command -> OUT*, EXIT */
-  REQ_STDIN = 4,       /* bytes for the command's stdin */
-  REQ_STDIN_CLOSE = 5, /* close the command's stdin once what was sent is written */
-  REQ_SIGNAL = 6,      /* u8 signal -> OK | ERR: to the command's process group */
-  REQ_CREDIT = 7,      /* u32 bytes: the service has passed on that much output */
-  REQ_KILL_ALL = 8,    /* -> OK once every other process of the sandbox is dead */
-  REQ_READ = 9,        /* u32 max_bytes, path -> FILE | ERR */
-  REQ_WRITE = 10,      /* u8 flags, u32 mode, u16 path length, path, data -> OK | ERR */
-  REQ_LIST = 11,       /* u32 max_entries, path -> LISTING | ERR */
-};
-
-enum reply {
-  REP_HELLO = 64,
-  REP_OK = 65,
-  REP_ERR = 66,     /* i32 errno, message */
-  REP_OUT = 67,     /* u8 stream (1 stdout, 2 stderr), bytes */
-  REP_EXIT = 68,    /* i32 exit code, i32 signal, u8 flags (1 timed out, 2 truncated) */
-  REP_FILE = 69,    /* u64 size, u8 truncated, bytes */
-  REP_LISTING = 70, /* u8 truncated, then per entry: u8 type, u64 size, i64 mtime ms, u16 name length, name */
-};
-
-enum { EXEC_STDIN = 1 };
+enum { EXEC_STDIN = 1, EXEC_PROXY = 2 };
 enum { WRITE_PARENTS = 1 };
 
 struct exec {
@@ -110,15 +91,15 @@ static int become_sandbox_user(void) {
   return 0;
 }
 
-static uint64_t now_ms(void) {
+uint64_t now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static void put32(uint8_t *p, uint32_t v) { p[0] = v >> 24; p[1] = v >> 16; p[2] = v >> 8; p[3] = v; }
+void put32(uint8_t *p, uint32_t v) { p[0] = v >> 24; p[1] = v >> 16; p[2] = v >> 8; p[3] = v; }
 static void put64(uint8_t *p, uint64_t v) { put32(p, v >> 32); put32(p + 4, (uint32_t)v); }
-static uint32_t get32(const uint8_t *p) { return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3]; }
+uint32_t get32(const uint8_t *p) { return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3]; }
 
 /* The service reads our stdout continuously, so a blocking write is the backpressure we want. */
 static void write_all(int fd, const void *buf, size_t len) {
@@ -133,7 +114,7 @@ static void write_all(int fd, const void *buf, size_t len) {
 }
 
 /* One frame: header, then up to two payload parts (a fixed part and a data part). */
-static void reply(uint8_t type, uint32_t id, const void *a, size_t alen, const void *b, size_t blen) {
+void reply(uint8_t type, uint32_t id, const void *a, size_t alen, const void *b, size_t blen) {
   uint8_t head[9];
   put32(head, (uint32_t)(5 + alen + blen));
   head[4] = type;
@@ -164,7 +145,7 @@ static struct exec *find_exec(uint32_t id) {
   return NULL;
 }
 
-static void close_fd(int *fd) {
+void close_fd(int *fd) {
   if (*fd >= 0) close(*fd);
   *fd = -1;
 }
@@ -314,7 +295,12 @@ static void start_exec(uint32_t id, const uint8_t *p, size_t len) {
     umask(022);
     char *argv[] = {"sh", "-c", command, NULL};
     char *envp[] = {"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" WORKSPACE, NULL};
-    execve("/bin/sh", argv, envp);
+    /* Granted a way out: the standard variables name the egress port, for curl, wget, pip, npm. */
+    char *proxied[] = {"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" WORKSPACE,
+                       "http_proxy=" EGRESS_URL, "https_proxy=" EGRESS_URL, "HTTP_PROXY=" EGRESS_URL,
+                       "HTTPS_PROXY=" EGRESS_URL, "no_proxy=localhost,127.0.0.1", "NO_PROXY=localhost,127.0.0.1",
+                       NULL};
+    execve("/bin/sh", argv, (flags & EXEC_PROXY) ? proxied : envp);
     dprintf(2, "troupe-agent: cannot run /bin/sh: %s\n", strerror(errno));
     _exit(127);
   }
@@ -723,6 +709,7 @@ static void handle(uint8_t type, uint32_t id, const uint8_t *p, size_t len) {
       kill_all();
       while (n_execs > 0) drop_exec(&execs[0]);
     }
+    egress_drop_all();
     write_all(channel, SYNC_MAGIC, 8);
     {
       static const char version[] = AGENT_VERSION "\n";
@@ -764,6 +751,11 @@ static void handle(uint8_t type, uint32_t id, const uint8_t *p, size_t len) {
   case REQ_LIST:
     as_sandbox_user(type, id, p, len);
     break;
+  case REQ_NET_SEND:
+  case REQ_NET_CREDIT:
+  case REQ_NET_END:
+    egress_request(type, id, p, len);
+    break;
   default:
     reply_err(id, ENOSYS, "unknown request");
   }
@@ -785,11 +777,12 @@ int main(void) {
   fcntl(1, F_SETFD, FD_CLOEXEC);
   fcntl(2, F_SETFD, FD_CLOEXEC);
   open_pids_files();
+  egress_listen();
 
   size_t cap = 64 * 1024, have = 0;
   uint8_t *in = malloc(cap);
   for (;;) {
-    struct pollfd fds[2 + 3 * MAX_EXECS];
+    struct pollfd fds[2 + 3 * MAX_EXECS + 1 + EGRESS_MAX_CONNS];
     struct { struct exec *e; int which; } owner[2 + 3 * MAX_EXECS];
     int nfds = 0;
     fds[nfds++] = (struct pollfd){.fd = 0, .events = POLLIN};
@@ -805,6 +798,8 @@ int main(void) {
       if (t && (!wake || t < wake)) wake = t;
     }
     int timeout = wake ? (wake > now ? (int)(wake - now) : 0) : -1;
+    int exec_fds = nfds;
+    nfds = egress_poll_add(fds, nfds);
     if (poll(fds, nfds, timeout) < 0 && errno != EINTR) return 2;
 
     if (fds[1].revents) {
@@ -812,7 +807,8 @@ int main(void) {
       while (read(sigchld_pipe[0], drain, sizeof drain) > 0) {}
       reap();
     }
-    for (int i = 2; i < nfds; i++) {
+    egress_poll_done(fds, exec_fds, nfds);
+    for (int i = 2; i < exec_fds; i++) {
       if (!fds[i].revents) continue;
       struct exec *e = owner[i].e;
       if (owner[i].which == 0) flush_stdin(e);

@@ -15,7 +15,8 @@
 //     "subagents": { "maxDepth": 1, "maxChildren": 5, "timeoutMs": 120000 },
 //     "tools": ["exec", "read_file"],         // the tools it is offered (default: all)
 //     "webFetch": true,                       // web_fetch of public pages
-//     "http": { "allowHosts": ["api.github.com"], "secrets": { "GITHUB_TOKEN": ["api.github.com"] } }
+//     "http": { "allowHosts": ["api.github.com"], "secrets": { "GITHUB_TOKEN": ["api.github.com"] } },
+//     "egress": { "allowHosts": ["registry.npmjs.org"], "budgetMb": 1024 }  // sandboxed commands' way out
 //   }
 import { readFile, stat } from "node:fs/promises";
 import path from "node:path";
@@ -54,6 +55,8 @@ export interface AgentConfig {
   webFetch: boolean;
   /** http_request's hosts, and the secrets it may send to which hosts (web-tools.ts). */
   http: { allowHosts: string[]; secrets: Record<string, string[]> };
+  /** Hosts sandboxed commands reach through the sandbox's egress proxy; empty: no network. */
+  egress: { allowHosts: string[]; budgetMb: number };
 }
 
 export const DEFAULT_AGENT: Readonly<Omit<AgentConfig, "name">> = {
@@ -69,6 +72,7 @@ export const DEFAULT_AGENT: Readonly<Omit<AgentConfig, "name">> = {
   subagents: { maxDepth: 1, maxChildren: 5, timeoutMs: 120_000 },
   webFetch: true,
   http: { allowHosts: [], secrets: {} },
+  egress: { allowHosts: [], budgetMb: 1024 },
 };
 
 /**
@@ -100,6 +104,7 @@ export function parseAgentConfig(agentId: string, json: unknown): AgentConfig {
     retry: { ...d.retry, ...o.retry },
     subagents: { ...d.subagents, ...o.subagents },
     http: { ...d.http, ...o.http },
+    egress: { ...d.egress, ...o.egress },
   };
   if (cfg.reserveTokens >= cfg.contextWindow)
     throw new AgentConfigError(

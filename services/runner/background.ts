@@ -141,7 +141,13 @@ export class BackgroundProcesses {
   }
 
   /** Starts `command` in the session's sandbox; resolves once the sandbox has started it. */
-  async start(ref: SessionRef, agentId: string, owner: Identity, command: string): Promise<BackgroundProcess> {
+  async start(
+    ref: SessionRef,
+    agentId: string,
+    owner: Identity,
+    command: string,
+    egress?: { allowHosts: string[]; budgetBytes: bigint },
+  ): Promise<BackgroundProcess> {
     const key = refKey(ref);
     const mine = this.bySession.get(key) ?? new Map<string, BackgroundProcess>();
     this.bySession.set(key, mine);
@@ -152,7 +158,7 @@ export class BackgroundProcesses {
     const proc = new BackgroundProcess(`p${n}`, command);
     mine.set(proc.id, proc);
     const call = this.sandbox.exec(
-      { sessionId: ref.sessionId, agentId, command, timeoutMs: BACKGROUND_TIMEOUT_MS, openStdin: true },
+      { sessionId: ref.sessionId, agentId, command, timeoutMs: BACKGROUND_TIMEOUT_MS, openStdin: true, egress },
       { signal: proc.cancel.signal, metadata: identityMetadata(owner) },
     );
     const started = new Promise<void>((resolve, reject) => {

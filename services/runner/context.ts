@@ -247,6 +247,15 @@ export async function buildSystemPrompt(
   const { sender } = input;
 
   const toolLines = input.tools.map((t) => `- ${t.name}: ${t.description}`);
+  // What a command can reach, so the model does not try what cannot work (or miss what can).
+  if (input.tools.some((t) => t.name === "exec" || t.name === "process")) {
+    const hosts = input.agent.egress.allowHosts;
+    toolLines.push(
+      hosts.length > 0
+        ? `Commands in the sandbox reach only these hosts, through the proxy in HTTP_PROXY and HTTPS_PROXY (curl, wget, pip and npm use it): ${hosts.join(", ")}.`
+        : "Commands in the sandbox have no network.",
+    );
+  }
   const dirs = await sources.searchPath(input.agentId, input.session);
   const reference = input.skipContextFiles ? undefined : await sources.nearest(dirs, "TOOLS.md");
   if (reference?.problem) warnings.push({ code: "CONTEXT_FILE", message: reference.problem });

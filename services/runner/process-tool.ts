@@ -7,7 +7,7 @@ import type { ServiceClient } from "../shared/rpc.js";
 import { identityMetadata, type Identity } from "../shared/auth.js";
 import type { SessionRef } from "../shared/session-ref.js";
 import type { BackgroundProcesses } from "./background.js";
-import { MAX_RESULT_CHARS, type Tool, type ToolResult } from "./tools.js";
+import { MAX_RESULT_CHARS, type EgressOf, type Tool, type ToolResult } from "./tools.js";
 
 const SIGNALS: Record<string, Signal> = {
   HUP: Signal.HANGUP,
@@ -26,7 +26,7 @@ export function processTool(
   owner: Identity,
   sandbox: ServiceClient<(typeof SandboxService)["method"]>,
   procs: BackgroundProcesses,
-  max: () => number,
+  limits: { max: () => number; egress: EgressOf },
 ): Tool {
   const metadata = identityMetadata(owner);
   return {
@@ -60,10 +60,10 @@ export function processTool(
       if (args.action === "start") {
         if (typeof args.command !== "string" || args.command.trim() === "") return wrong("start needs a `command`");
         const running = procs.list(ref).filter((p) => p.running).length;
-        if (running >= max())
+        if (running >= limits.max())
           return wrong(`this session already runs ${running} background processes (quota processesPerSession)`);
         try {
-          const p = await procs.start(ref, ctx.agentId, owner, args.command);
+          const p = await procs.start(ref, ctx.agentId, owner, args.command, await limits.egress());
           return { output: `started ${p.id}`, isError: false };
         } catch (err) {
           return failed(err);

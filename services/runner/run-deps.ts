@@ -148,14 +148,21 @@ export function runDepsFor(parts: RunnerParts): (actor: SessionActor, first: rea
   return (actor: SessionActor, first: readonly QueuedMessage[]): RunDeps => {
     const { agentId, owner, subagent, sessionId } = actor;
     const agentConfig = async () => (await agents.get(agentId)).config;
+    const egress = async () => {
+      const { allowHosts, budgetMb } = (await agentConfig()).egress;
+      return allowHosts.length > 0 ? { allowHosts, budgetBytes: BigInt(budgetMb) << 20n } : undefined;
+    };
     const starter = first[0];
     const sender = starter?.speaker?.id || speakerOf(owner);
     // Where the memory tools read and write, and what learning adds to: the speaker's own memories.
     const mine = { tenant: owner.tenant, owner: sender };
     const runTools = [
-      execTool(sandbox, parts.execTimeoutMs, owner),
+      execTool(sandbox, parts.execTimeoutMs, owner, egress),
       ...fileTools(sandbox, owner),
-      processTool(actor.ref, owner, sandbox, parts.background, () => quotas.of(owner.tenant).processesPerSession),
+      processTool(actor.ref, owner, sandbox, parts.background, {
+        max: () => quotas.of(owner.tenant).processesPerSession,
+        egress,
+      }),
       ...memoryTools(memory, mine, agentId, () => recall.invalidateTenant(owner.tenant)),
       webFetchTool(parts.net, agentConfig),
       httpRequestTool(parts.net, agentConfig, parts.secrets),

@@ -194,7 +194,10 @@ export function fileTools(sandbox: SandboxClient, owner: Identity): Tool[] {
  * The sandbox tools of one session's owner: every call names the owner, because the sandbox
  * service keys sandboxes by tenant and principal as well as by session.
  */
-export function execTool(sandbox: SandboxClient, defaultTimeoutMs: number, owner: Identity): Tool {
+/** The agent's way out for its sandboxed commands (agent.json `egress`), sent with each command; undefined: none. */
+export type EgressOf = () => Promise<{ allowHosts: string[]; budgetBytes: bigint } | undefined>;
+
+export function execTool(sandbox: SandboxClient, defaultTimeoutMs: number, owner: Identity, egress: EgressOf): Tool {
   const metadata = identityMetadata(owner);
   return {
     name: "exec",
@@ -215,7 +218,7 @@ export function execTool(sandbox: SandboxClient, defaultTimeoutMs: number, owner
       const timeoutMs =
         typeof args.timeout_ms === "number" && args.timeout_ms > 0 ? Math.floor(args.timeout_ms) : defaultTimeoutMs;
       const call = sandbox.exec(
-        { sessionId: ctx.sessionId, agentId: ctx.agentId, command, timeoutMs },
+        { sessionId: ctx.sessionId, agentId: ctx.agentId, command, timeoutMs, egress: await egress() },
         { signal: ctx.signal, metadata },
       );
       let output = "";

@@ -3,7 +3,7 @@
 // through the SSRF guard (shared/net-guard.ts); a refusal is a tool error that says why, and
 // nothing from a refused address reaches the model.
 import { convert } from "html-to-text";
-import { guardedRequest, NetRefusal, type GuardedResponse, type NetPolicy } from "../shared/net-guard.js";
+import { guardedRequest, hostMatches, NetRefusal, type GuardedResponse, type NetPolicy } from "../shared/net-guard.js";
 import { ReloadingFile } from "../shared/reloading-file.js";
 import type { AgentConfig } from "./agent-config.js";
 import { clip, MAX_RESULT_CHARS, type Tool, type ToolResult } from "./tools.js";
@@ -149,12 +149,6 @@ const FORBIDDEN_HEADERS = new Set([
   "proxy-connection",
 ]);
 const SECRET_REF = /\{\{secret:([A-Z][A-Z0-9_]{0,63})\}\}/g;
-
-/** `host` is one of `patterns` (exact names, or *.example.com for names under example.com). */
-export function hostMatches(host: string, patterns: readonly string[]): boolean {
-  const h = host.toLowerCase().replace(/\.$/, "");
-  return patterns.some((p) => (p.startsWith("*.") ? h.endsWith(p.slice(1)) && h.length > p.length - 1 : h === p));
-}
 
 /** The secrets file: {"NAME": "value"}, read again when it changes. */
 export class Secrets {

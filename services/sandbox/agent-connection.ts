@@ -13,6 +13,8 @@
 // caller discards the container and its callers get AgentGone), never the process.
 import type { Duplex } from "node:stream";
 import type Docker from "dockerode";
+import { AgentSockets, type AgentSocket, type NetRep } from "./agent-socket.js";
+import type { EgressState } from "./egress-proxy.js";
 
 export const AGENT_VERSION = "troupe-agent/1";
 const SYNC_MAGIC = Buffer.from("\0TRPSYNC", "latin1");
@@ -104,6 +106,8 @@ export interface ExecOptions {
   stdin?: Uint8Array;
   /** Keep stdin open after `stdin` for writeStdin(), until closeStdin(). */
   openStdin?: boolean;
+  /** Give the command the proxy variables naming the egress port (egress-proxy.ts). */
+  proxy?: boolean;
 }
 
 export interface RunningExec {
@@ -143,6 +147,8 @@ export interface AttachOptions {
   diagnostics(line: string): void;
   /** The agent broke the protocol: the connection has ended; discard the container. */
   broken?(reason: string): void;
+  /** A command connected to the egress port; without this, such connections are closed. */
+  connection?(socket: AgentSocket, agent: AgentConnection): void;
 }
 
 /** Rejects with `onTimeout()`'s error when `work` has not settled in time. */
@@ -158,7 +164,7 @@ export async function within<T>(work: Promise<T>, ms: number, onTimeout: () => E
   }
 }
 
-function frame(type: Req, id: number, ...parts: Uint8Array[]): Buffer {
+function frame(type: number, id: number, ...parts: Uint8Array[]): Buffer {
   const len = parts.reduce((n, p) => n + p.length, 0);
   const head = Buffer.alloc(9);
   head.writeUInt32BE(5 + len, 0);
@@ -187,11 +193,22 @@ export class AgentConnection {
   private ended: Error | undefined;
   /** What the agent last said it was claimed for (empty: a pooled sandbox). */
   claimedFor = "";
+  /** Commands' connections to the egress port. */
+  private readonly sockets: AgentSockets;
+  /** What those connections may reach, and what they have used (set by the service, egress-proxy.ts). */
+  egress: EgressState = { hosts: [], budgetBytes: 0, usedBytes: 0 };
 
   private constructor(
     private readonly stream: Duplex,
     private readonly options: AttachOptions,
   ) {
+    const connection = options.connection;
+    this.sockets = new AgentSockets(
+      (type, id, ...parts) => {
+        if (!this.ended) this.stream.write(frame(type, id, ...parts));
+      },
+      connection && ((socket) => connection(socket, this)),
+    );
     stream.on("data", (chunk: Buffer) => this.receive(chunk));
     const end = () => this.end(new AgentGone("the sandbox's agent connection ended"));
     stream.on("end", end);
@@ -270,7 +287,7 @@ export class AgentConnection {
     head.writeUInt32BE(opts.timeoutMs, 0);
     head.writeUInt32BE(opts.maxOutputBytes, 4);
     head.writeUInt32BE(opts.windowBytes, 8);
-    head.writeUInt8(opts.stdin?.length || opts.openStdin ? 1 : 0, 12);
+    head.writeUInt8((opts.stdin?.length || opts.openStdin ? 1 : 0) | (opts.proxy ? 2 : 0), 12);
     this.stream.write(frame(Req.Exec, id, head, Buffer.from(command, "utf8")));
     const writeStdin = (data: Uint8Array) => {
       // In pieces well under the agent's frame limit; the agent buffers what the pipe cannot take.
@@ -423,6 +440,11 @@ export class AgentConnection {
   }
 
   private dispatch(type: number, id: number, payload: Buffer) {
+    if (AgentSockets.isNetReply(type)) {
+      const wrong = this.sockets.dispatch(type as NetRep, id, payload);
+      if (wrong) violation(wrong);
+      return;
+    }
     if (type === Rep.Out || type === Rep.Exit) {
       const exec = this.execs.get(id);
       if (!exec) violation(`${type === Rep.Out ? "output" : "an exit"} for command ${id}, which is not running`);
@@ -472,5 +494,6 @@ export class AgentConnection {
     this.pending.clear();
     for (const e of this.execs.values()) e.handlers.lost(err);
     this.execs.clear();
+    this.sockets.endAll();
   }
 }

@@ -11,6 +11,7 @@ import type Docker from "dockerode";
 import { failedPrecondition } from "../shared/errors.js";
 import type { Logger } from "../shared/log.js";
 import { AgentConnection, type AttachOptions } from "./agent-connection.js";
+import type { AgentSocket } from "./agent-socket.js";
 import { configHash, containerName, containerSpec, poolPrefix, type FleetOptions } from "./container-spec.js";
 
 /** One running sandbox and the connection to its agent. */
@@ -54,6 +55,8 @@ export class SandboxFleet {
     private readonly docker: Docker,
     private readonly opts: FleetOptions,
     private readonly logger: Logger,
+    /** A command's connection to its sandbox's egress port (egress-proxy.ts); closed when absent. */
+    private readonly onConnection?: (socket: AgentSocket, agent: AgentConnection) => void,
   ) {}
 
   /** Watches the engine's events; call once the engine answers. */
@@ -397,6 +400,7 @@ export class SandboxFleet {
   private attachOptions(container: Docker.Container, name: string): AttachOptions {
     return {
       diagnostics: (line) => this.logger.warn(`sandbox agent (${name}): ${line}`),
+      connection: (socket, agent) => (this.onConnection ? this.onConnection(socket, agent) : socket.destroy()),
       broken: (reason) => {
         this.logger.error(`sandbox ${name} broke the agent protocol (${reason}); removing it`);
         void this.forget(container.id)

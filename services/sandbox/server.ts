@@ -24,6 +24,8 @@ import { RpcServer, ServingStatus, write, type grpc } from "../shared/rpc.js";
 import type { RunningService } from "../shared/service.js";
 import { AgentError, AgentGone, within, type AgentExit, type RunningExec } from "./agent-connection.js";
 import { SandboxFleet, type Sandbox } from "./fleet.js";
+import { EgressProxy } from "./egress-proxy.js";
+import { DEFAULT_NET_POLICY } from "../shared/net-guard.js";
 import { DEFAULT_LIMITS, instanceOf } from "./container-spec.js";
 
 const DEFAULT_OUTPUT_BYTES = 1024 * 1024;
@@ -39,6 +41,10 @@ const DEFAULT_READ_BYTES = 1024 * 1024;
 const DEFAULT_LIST_ENTRIES = 1000;
 const MAX_LIST_ENTRIES = 10_000;
 const MAX_PATH_BYTES = 4096;
+const MAX_EGRESS_HOSTS = 100;
+const DEFAULT_EGRESS_BUDGET = 1 << 30;
+/** A host name, a *.suffix pattern, or an IPv4 or IPv6 address (as URLs spell it, bracketed). */
+const EGRESS_HOST = /^(\*\.)?[a-z0-9]([a-z0-9-]{0,62})(\.[a-z0-9]([a-z0-9-]{0,62}))*$|^\[[0-9a-f:.]{2,45}\]$/;
 
 const SIGNALS: Partial<Record<Signal, number>> = {
   [Signal.HANGUP]: 1,
@@ -104,6 +110,7 @@ export function workspacePath(path: string, allowRoot: boolean): string {
 export async function startSandbox(cfg: Config, logger: Logger): Promise<RunningService> {
   const docker = new Docker();
   const instance = instanceOf(cfg.dataDir);
+  const egress = new EgressProxy({ ...DEFAULT_NET_POLICY, ports: cfg.net.ports, allow: cfg.net.allow }, logger);
   const fleet = new SandboxFleet(
     docker,
     {
@@ -116,6 +123,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
       maxAgeMs: cfg.sandboxMaxAgeMs,
     },
     logger,
+    (socket, agent) => egress.serve(socket, agent.claimedFor, agent.egress),
   );
   const server = new RpcServer({
     maxMessageBytes: cfg.maxMessageBytes,
@@ -223,6 +231,13 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
       invalidArgumentIf(req.command.includes("\0"), "command must not contain a NUL byte");
       invalidArgumentIf(req.timeoutMs > MAX_TIMEOUT_MS, `timeout_ms must be at most ${MAX_TIMEOUT_MS}`);
       invalidArgumentIf(req.maxOutputBytes > MAX_OUTPUT_BYTES, `max_output_bytes must be at most ${MAX_OUTPUT_BYTES}`);
+      const hosts = req.egress?.allowHosts ?? [];
+      invalidArgumentIf(hosts.length > MAX_EGRESS_HOSTS, `egress.allow_hosts takes at most ${MAX_EGRESS_HOSTS} hosts`);
+      for (const host of hosts)
+        invalidArgumentIf(
+          host.length > 253 || !EGRESS_HOST.test(host),
+          `egress.allow_hosts: ${JSON.stringify(host.slice(0, 100))} is not a lower-case host name, *.name or address`,
+        );
       await requireEngine();
       const timeoutMs = req.timeoutMs || cfg.execTimeoutMs;
 
@@ -241,11 +256,15 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
         windowBytes: OUTPUT_WINDOW_BYTES,
         stdin: req.stdin,
         openStdin: req.openStdin,
+        proxy: hosts.length > 0,
       };
       // get() hands out only sandboxes whose agent connection is alive; one that dies from here
       // on reports the command as lost (killed), below.
       requireRoom(key, call);
       const sandbox = await fleet.get(key);
+      // This command's grant is the sandbox's from now on (its budget runs over the sandbox's life).
+      sandbox.agent.egress.hosts = hosts;
+      sandbox.agent.egress.budgetBytes = Number(req.egress?.budgetBytes || DEFAULT_EGRESS_BUDGET);
       const exec = sandbox.agent.exec(req.command, options, handlers);
       sandbox.lastUsed = Date.now();
       const started = Date.now();

@@ -28,6 +28,12 @@ export interface NetPolicy {
 
 export const DEFAULT_NET_POLICY: NetPolicy = { ports: [80, 443], allow: [], maxRedirects: 5 };
 
+/** `host` is one of `patterns` (exact names, or *.example.com for names under example.com). */
+export function hostMatches(host: string, patterns: readonly string[]): boolean {
+  const h = host.toLowerCase().replace(/\.$/, "");
+  return patterns.some((p) => (p.startsWith("*.") ? h.endsWith(p.slice(1)) && h.length > p.length - 1 : h === p));
+}
+
 /** A URL the policy lets us request, and the address its connection must go to. */
 export interface CheckedTarget {
   url: URL;

@@ -18,7 +18,12 @@ export async function exec(
   sandbox: SandboxClient,
   sessionId: string,
   command: string,
-  opts: { timeoutMs?: number; stdin?: Uint8Array; agentId?: string } = {},
+  opts: {
+    timeoutMs?: number;
+    stdin?: Uint8Array;
+    agentId?: string;
+    egress?: { allowHosts: string[]; budgetBytes?: bigint };
+  } = {},
 ): Promise<ExecResult> {
   const chunks: Buffer[] = [];
   let exit: ExecExit | undefined;
@@ -28,6 +33,7 @@ export async function exec(
     timeoutMs: opts.timeoutMs ?? 20_000,
     stdin: opts.stdin,
     agentId: opts.agentId,
+    egress: opts.egress,
   })) {
     if (m.kind.case === "stdout" || m.kind.case === "stderr") chunks.push(Buffer.from(m.kind.value));
     if (m.kind.case === "exit") exit = m.kind.value;

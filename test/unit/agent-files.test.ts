@@ -13,6 +13,10 @@ describe("agent.json", () => {
       allowHosts: ["*.example.com"],
       secrets: {},
     });
+    assert.deepEqual(parseAgentConfig("a", { egress: { allowHosts: ["pypi.org"] } }).egress, {
+      allowHosts: ["pypi.org"],
+      budgetMb: 1024,
+    });
     const bad: [unknown, RegExp][] = [
       [[], /must be a JSON object/],
       [{ contextWindow: 10 }, /contextWindow must be an integer from 512/],
@@ -24,6 +28,9 @@ describe("agent.json", () => {
       [{ http: { secrets: { token: ["a.example"] } } }, /http\.secrets has a name that is not allowed: "token"/],
       [{ http: { secrets: { TOKEN: "a.example" } } }, /http\.secrets\.TOKEN must be a list of at most 100 host names/],
       [{ webFetch: "yes" }, /webFetch must be true or false/],
+      [{ egress: { allowHosts: ["http://pypi.org"] } }, /egress\.allowHosts\[0\] must be a lower-case host name/],
+      [{ egress: { budgetMb: 0 } }, /egress\.budgetMb must be an integer from 1 to 65536/],
+      [{ egress: { hosts: [] } }, /egress: unknown field hosts \(known: allowHosts, budgetMb\)/],
       [{ tools: ["exec", "shell"] }, /tools\[1\] must be a tool's name: exec, read_file/],
     ];
     for (const [doc, why] of bad)

@@ -7,6 +7,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { Duplex } from "node:stream";
 import { AgentConnection, AgentGone, MAX_FRAME, escapeDiagnostic } from "../../services/sandbox/agent-connection.js";
+import { type AgentSocket, MAX_CONNECTIONS, NET_WINDOW, NetRep, NetReq } from "../../services/sandbox/agent-socket.js";
 
 const SYNC = Buffer.from("\0TRPSYNC", "latin1");
 const REP = { hello: 64, ok: 65, err: 66, out: 67, exit: 68, file: 69, listing: 70 };
@@ -29,7 +30,7 @@ function frame(type: number, id: number, payload: Buffer = Buffer.alloc(0)): Buf
 }
 
 /** A connection over an in-memory stream; `feed` is what the sandbox would send. */
-function connect() {
+function connect(onConnection?: (socket: AgentSocket) => void) {
   const written: Buffer[] = [];
   const stream = new Duplex({
     read() {},
@@ -40,7 +41,11 @@ function connect() {
   });
   const broken: string[] = [];
   const diagnostics: string[] = [];
-  const conn = AgentConnection.over(stream, { diagnostics: (l) => diagnostics.push(l), broken: (r) => broken.push(r) });
+  const conn = AgentConnection.over(stream, {
+    diagnostics: (l) => diagnostics.push(l),
+    broken: (r) => broken.push(r),
+    connection: onConnection,
+  });
   const feed = (bytes: Buffer) => stream.push(bytes);
   /** Greets the agent as the service does, answering as a well-behaved agent would. */
   const greet = async () => {
@@ -171,4 +176,119 @@ test("the agent's stderr reaches the log escaped and rate-limited", async () => 
   assert.match(c.diagnostics[0], /line 0 \\u001b\[31mred/);
   assert.equal(escapeDiagnostic("y".repeat(1000)).length < 400, true);
   assert.equal(c.conn.alive, true, "diagnostics are not a violation");
+});
+
+// Egress connections (agent-socket.ts): the agent names them from 0x80000000 up.
+const CONN = 0x8000_0001;
+const tick = () => new Promise((r) => setImmediate(r));
+/** The frames this side sent for a connection, as [type, payload]. */
+const sentFor = (written: Buffer[], id: number) =>
+  written.filter((b) => b.readUInt32BE(5) === id).map((b) => [b[4], b.subarray(9)] as const);
+
+test("an egress connection carries bytes both ways within each side's window", async () => {
+  let socket: AgentSocket | undefined;
+  const c = connect((s) => (socket = s));
+  await c.greet();
+  c.feed(chunk(frame(NetRep.Open, CONN)));
+  await tick();
+  assert.ok(socket, "the connection was handed over");
+  const read: string[] = [];
+  socket.on("data", (d: Buffer) => read.push(d.toString()));
+  c.feed(chunk(frame(NetRep.Data, CONN, Buffer.from("GET / HTTP/1.1\r\n\r\n"))));
+  await tick();
+  assert.deepEqual(read, ["GET / HTTP/1.1\r\n\r\n"]);
+  // Read, so credited back.
+  assert.deepEqual(
+    sentFor(c.written, CONN)
+      .find(([t]) => t === NetReq.Credit)?.[1]
+      .readUInt32BE(0),
+    "GET / HTTP/1.1\r\n\r\n".length,
+  );
+
+  // Writing more than a window waits for the agent to say it wrote the first.
+  let flushed = false;
+  socket.write(Buffer.alloc(NET_WINDOW + 1000, "y"), () => (flushed = true));
+  await tick();
+  const sentBytes = () =>
+    sentFor(c.written, CONN)
+      .filter(([t]) => t === NetReq.Send)
+      .reduce((n, [, p]) => n + p.length, 0);
+  assert.equal(sentBytes(), NET_WINDOW);
+  assert.equal(flushed, false);
+  const w = Buffer.alloc(4);
+  w.writeUInt32BE(NET_WINDOW);
+  c.feed(chunk(frame(NetRep.Written, CONN, w)));
+  await tick();
+  assert.equal(sentBytes(), NET_WINDOW + 1000);
+  assert.equal(flushed, true);
+
+  // The command finished sending; then the agent closed it.
+  let ended = false;
+  let closed = false;
+  socket.on("end", () => (ended = true));
+  socket.on("close", () => (closed = true));
+  c.feed(chunk(frame(NetRep.End, CONN, Buffer.from([0]))));
+  await tick();
+  assert.equal(ended, true);
+  socket.end();
+  await tick();
+  assert.ok(sentFor(c.written, CONN).some(([t, p]) => t === NetReq.End && p[0] === 0));
+  c.feed(chunk(frame(NetRep.End, CONN, Buffer.from([1]))));
+  await tick();
+  assert.equal(closed, true);
+  // Late frames for a closed connection are not a breach.
+  c.feed(chunk(frame(NetRep.Data, CONN, Buffer.from("late"))));
+  await tick();
+  assert.deepEqual(c.broken, []);
+  assert.equal(c.conn.alive, true);
+});
+
+test("without a taker, a connection is closed at once", async () => {
+  const c = connect();
+  await c.greet();
+  c.feed(chunk(frame(NetRep.Open, CONN)));
+  await tick();
+  assert.deepEqual(sentFor(c.written, CONN), [[NetReq.End, Buffer.from([1])]]);
+  assert.deepEqual(c.broken, []);
+});
+
+test("what a hostile agent says of connections ends the agent connection", async () => {
+  const opens = (n: number) => Buffer.concat(Array.from({ length: n }, (_, i) => chunk(frame(NetRep.Open, CONN + i))));
+  const cases: [string, Buffer, RegExp][] = [
+    ["an id in the request range", chunk(frame(NetRep.Open, 7)), /in the request range/],
+    ["the same id opened twice", Buffer.concat([opens(1), opens(1)]), /opened twice/],
+    [`more than ${MAX_CONNECTIONS} open`, opens(MAX_CONNECTIONS + 1), /more than 32 connections/],
+    [
+      "data past the window",
+      Buffer.concat([opens(1), chunk(frame(NetRep.Data, CONN, Buffer.alloc(NET_WINDOW + 1)))]),
+      /past its credit window/,
+    ],
+    [
+      "more written than was sent",
+      Buffer.concat([opens(1), chunk(frame(NetRep.Written, CONN, Buffer.from([0, 0, 0, 1])))]),
+      /wrote more than it was sent/,
+    ],
+    [
+      "an end of an unknown kind",
+      Buffer.concat([opens(1), chunk(frame(NetRep.End, CONN, Buffer.from([9])))]),
+      /without its kind/,
+    ],
+  ];
+  for (const [name, bytes, why] of cases) {
+    const sockets: AgentSocket[] = [];
+    const c = connect((s) => {
+      s.on("error", () => undefined);
+      sockets.push(s);
+    });
+    await c.greet();
+    c.feed(bytes);
+    await tick();
+    assert.equal(c.conn.alive, false, name);
+    assert.match(c.broken[0] ?? "", why, name);
+    // Every connection it had went with it.
+    assert.ok(
+      sockets.every((s) => s.destroyed),
+      name,
+    );
+  }
 });

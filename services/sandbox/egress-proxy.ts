@@ -1,0 +1,248 @@
+// The way out of a sandbox, on the service's side: an HTTP proxy on every connection a command
+// makes to its sandbox's egress port (127.0.0.1:3128 inside; agent-socket.ts carries it here).
+// The container itself has no network, so this is the only route, and it goes only where the
+// sandbox's grant says:
+//   - `CONNECT host:port` (https, and anything tunnelled) and absolute-form `GET http://...`;
+//     nothing else;
+//   - the host must be in the grant's allowed hosts (names, *.suffix, or addresses), and then
+//     pass the same SSRF guard as web_fetch (shared/net-guard.ts): resolved once, every address
+//     public, the connection pinned to the address checked, ports from TROUPE_NET_PORTS;
+//   - a byte budget per sandbox, both directions together; a connection that spends it is cut;
+//   - every connection is logged with the sandbox's scope key (its tenant and session).
+// A refusal is an HTTP answer (403, 400, 502) whose body says why, so curl, pip and npm show it.
+import { connect, type Socket } from "node:net";
+import type { Duplex } from "node:stream";
+import type { Logger } from "../shared/log.js";
+import { checkTarget, hostMatches, NetRefusal, type NetPolicy } from "../shared/net-guard.js";
+
+/** What commands in one sandbox may reach, and what they have used. */
+export interface EgressState {
+  /** Host names, `*.example.com` patterns, or addresses; empty: no way out. */
+  hosts: string[];
+  /** Bytes both ways over the sandbox's life. */
+  budgetBytes: number;
+  usedBytes: number;
+}
+
+const HEAD_LIMIT = 16 * 1024;
+const HEAD_TIMEOUT_MS = 10_000;
+const CONNECT_TIMEOUT_MS = 10_000;
+/** A connection with no bytes either way for this long is closed. */
+const IDLE_TIMEOUT_MS = 120_000;
+const HOP_HEADERS = new Set(["connection", "keep-alive", "proxy-connection", "proxy-authorization", "host", "te"]);
+
+class Refused extends Error {
+  constructor(
+    readonly status: number,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+const REASONS: Record<number, string> = {
+  400: "Bad Request",
+  403: "Forbidden",
+  408: "Request Timeout",
+  431: "Request Header Fields Too Large",
+  502: "Bad Gateway",
+};
+
+function answer(status: number, text: string): string {
+  const body = `troupe egress: ${text}\n`;
+  return `HTTP/1.1 ${status} ${REASONS[status]}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`;
+}
+
+/** The request head and whatever followed it, or a Refused. */
+function readHead(socket: Duplex): Promise<{ head: string; rest: Buffer }> {
+  return new Promise((resolve, reject) => {
+    let got = Buffer.alloc(0);
+    const finish = (err?: Error, value?: { head: string; rest: Buffer }) => {
+      clearTimeout(timer);
+      socket.off("data", onData);
+      socket.off("end", onEnd);
+      socket.off("error", onEnd);
+      socket.pause();
+      if (err) reject(err);
+      else resolve(value!);
+    };
+    const onData = (chunk: Buffer) => {
+      got = Buffer.concat([got, chunk]);
+      const end = got.indexOf("\r\n\r\n");
+      if (end >= 0 && end <= HEAD_LIMIT)
+        finish(undefined, { head: got.subarray(0, end).toString("latin1"), rest: got.subarray(end + 4) });
+      else if (got.length > HEAD_LIMIT) finish(new Refused(431, `the request head is over ${HEAD_LIMIT} bytes`));
+    };
+    const onEnd = () => finish(new Refused(400, "the connection ended before a request"));
+    const timer = setTimeout(() => finish(new Refused(408, "no request within 10 s")), HEAD_TIMEOUT_MS);
+    socket.on("data", onData);
+    socket.once("end", onEnd);
+    socket.once("error", onEnd);
+  });
+}
+
+interface Plan {
+  /** What the log calls it: CONNECT host:port, or GET http://host/path. */
+  what: string;
+  url: URL;
+  tunnel: boolean;
+  /** For a plain http request: the head to send upstream. */
+  upstreamHead?: string;
+}
+
+/** Reads the request line and headers into what to do; throws Refused for anything else. */
+function plan(head: string): Plan {
+  const [line, ...headerLines] = head.split("\r\n");
+  const m = /^([A-Z]{1,20}) (\S{1,8000}) (HTTP\/1\.[01])$/.exec(line);
+  if (!m) throw new Refused(400, "not an HTTP/1 request line");
+  const [, method, target, version] = m;
+  if (method === "CONNECT") {
+    let url: URL;
+    try {
+      url = new URL(`https://${target}/`);
+    } catch {
+      throw new Refused(400, `CONNECT needs host:port, not ${JSON.stringify(target.slice(0, 100))}`);
+    }
+    if (!/:\d+$/.test(target) || url.pathname !== "/" || `${url.host}` === "")
+      throw new Refused(400, `CONNECT needs host:port, not ${JSON.stringify(target.slice(0, 100))}`);
+    return { what: `CONNECT ${target}`, url, tunnel: true };
+  }
+  if (!target.startsWith("http://"))
+    throw new Refused(
+      400,
+      target.startsWith("https://")
+        ? "https goes through CONNECT"
+        : "this is a proxy: the request needs an absolute http:// URL",
+    );
+  let url: URL;
+  try {
+    url = new URL(target);
+  } catch {
+    throw new Refused(400, `${JSON.stringify(target.slice(0, 100))} is not a URL`);
+  }
+  // Host is set from the URL: a Host header naming another site on an allowed address (a CDN's)
+  // would otherwise reach that site.
+  const headers = headerLines.filter((h) => !HOP_HEADERS.has(h.slice(0, h.indexOf(":")).trim().toLowerCase()));
+  const upstreamHead = [
+    `${method} ${url.pathname}${url.search} ${version}`,
+    `Host: ${url.host}`,
+    ...headers,
+    "Connection: close",
+    "",
+    "",
+  ].join("\r\n");
+  return { what: `${method} ${url.origin}${url.pathname}`.slice(0, 300), url, tunnel: false, upstreamHead };
+}
+
+function connectTo(address: string, port: number): Promise<Socket> {
+  return new Promise((resolve, reject) => {
+    const upstream = connect({ host: address, port });
+    const timer = setTimeout(() => upstream.destroy(new Error("timed out")), CONNECT_TIMEOUT_MS);
+    upstream.once("connect", () => (clearTimeout(timer), resolve(upstream)));
+    upstream.once("error", (err) => (clearTimeout(timer), reject(err)));
+  });
+}
+
+export class EgressProxy {
+  constructor(
+    private readonly policy: NetPolicy,
+    private readonly logger: Logger,
+  ) {}
+
+  /** Serves one command's connection for the sandbox `key`, whose grant and budget are `state`. */
+  serve(socket: Duplex, key: string, state: EgressState): void {
+    void this.run(socket, key, state);
+  }
+
+  private async run(socket: Duplex, key: string, state: EgressState): Promise<void> {
+    const started = Date.now();
+    const counts = { up: 0, down: 0 };
+    let what = "(no request)";
+    socket.on("error", () => undefined);
+    const log = (outcome: string) =>
+      this.logger.info(`egress ${what}: ${outcome}`, {
+        scope: key,
+        bytesUp: counts.up,
+        bytesDown: counts.down,
+        ms: Date.now() - started,
+      });
+    let upstream: Socket;
+    let rest: Buffer;
+    let target: Plan;
+    try {
+      const read = await readHead(socket);
+      rest = read.rest;
+      target = plan(read.head);
+      what = target.what;
+      if (state.hosts.length === 0)
+        throw new Refused(403, "this sandbox has no way out (its agent's egress.allowHosts is empty)");
+      if (state.usedBytes >= state.budgetBytes)
+        throw new Refused(403, `this sandbox has spent its egress budget of ${state.budgetBytes} bytes`);
+      if (!hostMatches(target.url.hostname, state.hosts))
+        throw new Refused(403, `${target.url.hostname} is not among this sandbox's allowed hosts`);
+      let checked: Awaited<ReturnType<typeof checkTarget>>;
+      try {
+        checked = await checkTarget(target.url, this.policy);
+      } catch (err) {
+        if (err instanceof NetRefusal) throw new Refused(403, err.message);
+        throw err;
+      }
+      const port = Number(target.url.port || (target.tunnel ? 443 : 80));
+      try {
+        upstream = await connectTo(checked.address, port);
+      } catch (err) {
+        throw new Refused(502, `could not connect to ${target.url.hostname}:${port} (${(err as Error).message})`);
+      }
+      what += ` (${checked.address})`;
+    } catch (err) {
+      const refused = err instanceof Refused ? err : new Refused(502, (err as Error).message);
+      log(`refused, ${refused.status}: ${refused.message}`);
+      if (!socket.destroyed) socket.end(answer(refused.status, refused.message));
+      return;
+    }
+
+    let cut = "";
+    let idle: NodeJS.Timeout | undefined;
+    const close = (why: string) => {
+      cut ||= why;
+      socket.destroy();
+      upstream.destroy();
+    };
+    const touch = () => {
+      clearTimeout(idle);
+      idle = setTimeout(() => close(`idle for ${IDLE_TIMEOUT_MS / 1000} s`), IDLE_TIMEOUT_MS);
+    };
+    const spend = (n: number, way: "up" | "down") => {
+      counts[way] += n;
+      state.usedBytes += n;
+      touch();
+      if (state.usedBytes > state.budgetBytes) close(`cut: the egress budget of ${state.budgetBytes} bytes is spent`);
+    };
+    touch();
+    upstream.on("error", () => close("the upstream connection failed"));
+    socket.on("data", (chunk: Buffer) => spend(chunk.length, "up"));
+    upstream.on("data", (chunk: Buffer) => spend(chunk.length, "down"));
+    let open = 2;
+    const closed = () => {
+      if (--open > 0) return;
+      clearTimeout(idle);
+      log(cut || "done");
+    };
+    // The command's side closes only when both its directions are done (or it is cut).
+    socket.once("close", () => (upstream.destroy(), closed()));
+    upstream.once("close", () => (socket.destroyed || socket.end(), closed()));
+
+    if (target.tunnel) socket.write("HTTP/1.1 200 Connection established\r\n\r\n");
+    else {
+      upstream.write(target.upstreamHead!);
+      spend(Buffer.byteLength(target.upstreamHead!), "up");
+    }
+    if (rest.length > 0) {
+      spend(rest.length, "up");
+      upstream.write(rest);
+    }
+    socket.pipe(upstream);
+    upstream.pipe(socket);
+    socket.resume();
+  }
+}
