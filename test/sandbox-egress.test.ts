@@ -5,11 +5,16 @@
 // Each refused target's server counts connections: a refusal must reach it not at all.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import os from "node:os";
 import { createServer as createHttpServer, type Server } from "node:http";
+import { createServer as createHttpsServer } from "node:https";
+import path from "node:path";
 import { createServer as createTcpServer, type AddressInfo, type Server as TcpServer } from "node:net";
 import { DEV_IDENTITY } from "../services/shared/auth.js";
 import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
 import { exec, type SandboxClient } from "./helpers/sandbox.js";
+import { selfSigned } from "./helpers/certs.js";
 import { startStack, waitFor, type Stack } from "./helpers/stack.js";
 
 const BIG = Buffer.alloc(1 << 20, "x");
@@ -20,6 +25,14 @@ let webPort = 0;
 let echoPort = 0;
 let sentinelPort = 0;
 let sentinelConnections = 0;
+/** https servers: one with a certificate for 127.0.0.2, one whose certificate names another host. */
+let secure: Server;
+let impostor: Server;
+let securePort = 0;
+let impostorPort = 0;
+/** Both certificates, for the sandbox service to trust (NODE_EXTRA_CA_CERTS). */
+let trusted = "";
+let dir = "";
 const seen: { url: string; host: string; connection: string }[] = [];
 
 const listen = (server: Server | TcpServer, host: string) =>
@@ -34,16 +47,27 @@ before(async () => {
   echo = createTcpServer((socket) => socket.on("data", (d) => socket.write(d.toString("utf8").toUpperCase())));
   sentinel = createHttpServer((_req, res) => res.end("SENTINEL REACHED\n"));
   sentinel.on("connection", () => sentinelConnections++);
-  [webPort, echoPort, sentinelPort] = await Promise.all([
+  dir = mkdtempSync(path.join(os.tmpdir(), "troupe-egress-certs-"));
+  const good = selfSigned(dir, "good", "127.0.0.2", "IP:127.0.0.2");
+  const other = selfSigned(dir, "other", "other.example", "DNS:other.example");
+  trusted = path.join(dir, "trusted.pem");
+  writeFileSync(trusted, readFileSync(good.cert, "utf8") + readFileSync(other.cert, "utf8"));
+  const tls = (c: { cert: string; key: string }) => ({ cert: readFileSync(c.cert), key: readFileSync(c.key) });
+  secure = createHttpsServer(tls(good), (req, res) => res.end(`hello over TLS, you asked for ${req.url}\n`));
+  impostor = createHttpsServer(tls(other), (_req, res) => res.end("IMPOSTOR\n"));
+  [webPort, echoPort, sentinelPort, securePort, impostorPort] = await Promise.all([
     listen(web, "127.0.0.2"),
     listen(echo, "127.0.0.2"),
     listen(sentinel, "127.0.0.3"),
+    listen(secure, "127.0.0.2"),
+    listen(impostor, "127.0.0.2"),
   ]);
 });
 
 after(() => {
-  for (const s of [web, sentinel]) s.closeAllConnections();
-  for (const s of [web, echo, sentinel]) s.close();
+  for (const s of [web, sentinel, secure, impostor]) s.closeAllConnections();
+  for (const s of [web, echo, sentinel, secure, impostor]) s.close();
+  rmSync(dir, { recursive: true, force: true });
 });
 
 /** A raw proxy request through the egress port, as a client would send it; prints the whole answer. */
@@ -64,7 +88,8 @@ for (const runtime of ["runc", "runsc"] as const) {
           TROUPE_SANDBOX_RUNTIME: runtime,
           TROUPE_SANDBOX_POOL: "0",
           TROUPE_NET_ALLOW: "127.0.0.2/32,127.0.0.3/32",
-          TROUPE_NET_PORTS: `80,443,${webPort},${echoPort},${sentinelPort}`,
+          TROUPE_NET_PORTS: `80,443,${webPort},${echoPort},${sentinelPort},${securePort},${impostorPort}`,
+          NODE_EXTRA_CA_CERTS: trusted,
         },
       });
       sandbox = stack.client(SandboxService, stack.addr.sandbox, { as: DEV_IDENTITY });
@@ -121,8 +146,7 @@ for (const runtime of ["runc", "runsc"] as const) {
         ["GET http://localhost/ HTTP/1.1\r\nHost: x\r\n\r\n", /localhost/],
         ["CONNECT 10.0.0.1:443 HTTP/1.1\r\n\r\n", /10\.0\.0\.1 is not a public address/],
         [`GET http://127.0.0.2:22/ HTTP/1.1\r\nHost: x\r\n\r\n`, /port 22 is not allowed/],
-        ["GET https://127.0.0.2/ HTTP/1.1\r\nHost: x\r\n\r\n", /https goes through CONNECT/],
-        ["GET / HTTP/1.1\r\nHost: 127.0.0.2\r\n\r\n", /absolute http:\/\/ URL/],
+        ["GET / HTTP/1.1\r\nHost: 127.0.0.2\r\n\r\n", /absolute http:\/\/ or https:\/\/ URL/],
         ["HELLO\r\n\r\n", /not an HTTP\/1 request line/],
         // IPv6 spellings, and DNS over HTTPS to a public resolver (exfiltration by DNS, attack 16).
         ["CONNECT [::1]:443 HTTP/1.1\r\n\r\n", /\[::1\] is not among this sandbox's allowed hosts/],
@@ -165,6 +189,25 @@ for (const runtime of ["runc", "runsc"] as const) {
       });
       assert.equal(seen.at(-1)?.url, "/vhost");
       assert.equal(seen.at(-1)?.host, `127.0.0.2:${webPort}`);
+    });
+
+    test("https in absolute form (BusyBox wget's way): the proxy makes the TLS connection and checks the certificate", async () => {
+      const id = session("https");
+      const r = await exec(sandbox, id, `wget -q -O - https://127.0.0.2:${securePort}/secure; echo "exit $?"`, {
+        egress: grant,
+      });
+      assert.match(r.out, /hello over TLS, you asked for \/secure\nexit 0/, r.out);
+      // A certificate that names another host is refused, whoever signed it.
+      const forged = await exec(
+        sandbox,
+        id,
+        raw(`GET https://127.0.0.2:${impostorPort}/ HTTP/1.1\r\nHost: x\r\n\r\n`),
+        {
+          egress: grant,
+        },
+      );
+      assert.match(forged.out, /502 Bad Gateway[\s\S]*does not match certificate/, forged.out);
+      assert.doesNotMatch(forged.out, /IMPOSTOR/);
     });
 
     test("the byte budget cuts a download, and refuses what comes after", async () => {

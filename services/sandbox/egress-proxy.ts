@@ -3,14 +3,16 @@
 // The container itself has no network, so this is the only route, and it goes only where the
 // sandbox's grant says:
 //   - `CONNECT host:port` (https, and anything tunnelled) and absolute-form `GET http://...`;
-//     nothing else;
+//     also absolute-form `GET https://...` (BusyBox wget's way, which has no CONNECT): then this
+//     side makes the TLS connection, and checks the host's certificate; nothing else;
 //   - the host must be in the grant's allowed hosts (names, *.suffix, or addresses), and then
 //     pass the same SSRF guard as web_fetch (shared/net-guard.ts): resolved once, every address
 //     public, the connection pinned to the address checked, ports from TROUPE_NET_PORTS;
 //   - a byte budget per sandbox, both directions together; a connection that spends it is cut;
 //   - every connection is logged with the sandbox's scope key (its tenant and session).
 // A refusal is an HTTP answer (403, 400, 502) whose body says why, so curl, pip and npm show it.
-import { connect, type Socket } from "node:net";
+import { connect, isIP, type Socket } from "node:net";
+import { checkServerIdentity, connect as connectTls } from "node:tls";
 import type { Duplex } from "node:stream";
 import type { Logger } from "../shared/log.js";
 import { checkTarget, hostMatches, NetRefusal, type NetPolicy } from "../shared/net-guard.js";
@@ -107,13 +109,8 @@ function plan(head: string): Plan {
       throw new Refused(400, `CONNECT needs host:port, not ${JSON.stringify(target.slice(0, 100))}`);
     return { what: `CONNECT ${target}`, url, tunnel: true };
   }
-  if (!target.startsWith("http://"))
-    throw new Refused(
-      400,
-      target.startsWith("https://")
-        ? "https goes through CONNECT"
-        : "this is a proxy: the request needs an absolute http:// URL",
-    );
+  if (!target.startsWith("http://") && !target.startsWith("https://"))
+    throw new Refused(400, "this is a proxy: the request needs an absolute http:// or https:// URL");
   let url: URL;
   try {
     url = new URL(target);
@@ -134,11 +131,19 @@ function plan(head: string): Plan {
   return { what: `${method} ${url.origin}${url.pathname}`.slice(0, 300), url, tunnel: false, upstreamHead };
 }
 
-function connectTo(address: string, port: number): Promise<Socket> {
+/** A connection to the checked address; with `tls`, a TLS one whose certificate must be that host's. */
+function connectTo(address: string, port: number, tls?: { host: string }): Promise<Socket> {
   return new Promise((resolve, reject) => {
-    const upstream = connect({ host: address, port });
+    const upstream = tls
+      ? connectTls({
+          host: address,
+          port,
+          servername: isIP(tls.host) ? undefined : tls.host,
+          checkServerIdentity: (_address, cert) => checkServerIdentity(tls.host, cert),
+        })
+      : connect({ host: address, port });
     const timer = setTimeout(() => upstream.destroy(new Error("timed out")), CONNECT_TIMEOUT_MS);
-    upstream.once("connect", () => (clearTimeout(timer), resolve(upstream)));
+    upstream.once(tls ? "secureConnect" : "connect", () => (clearTimeout(timer), resolve(upstream)));
     upstream.once("error", (err) => (clearTimeout(timer), reject(err)));
   });
 }
@@ -187,9 +192,11 @@ export class EgressProxy {
         if (err instanceof NetRefusal) throw new Refused(403, err.message);
         throw err;
       }
-      const port = Number(target.url.port || (target.tunnel ? 443 : 80));
+      const tls = !target.tunnel && target.url.protocol === "https:";
+      const host = target.url.hostname.replace(/^\[|\]$/g, "");
+      const port = Number(target.url.port || (target.tunnel || tls ? 443 : 80));
       try {
-        upstream = await connectTo(checked.address, port);
+        upstream = await connectTo(checked.address, port, tls ? { host } : undefined);
       } catch (err) {
         throw new Refused(502, `could not connect to ${target.url.hostname}:${port} (${(err as Error).message})`);
       }

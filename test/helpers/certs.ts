@@ -5,8 +5,11 @@ import path from "node:path";
 
 const openssl = (dir: string, ...args: string[]) => execFileSync("openssl", args, { stdio: "ignore", cwd: dir });
 
-/** A self-signed certificate for `cn`: <dir>/<name>.pem and its key <dir>/<name>.key. */
-export function selfSigned(dir: string, name: string, cn: string): { cert: string; key: string } {
+/**
+ * A self-signed certificate for `cn` (and `san`, as openssl spells it: "IP:127.0.0.2"):
+ * <dir>/<name>.pem and its key <dir>/<name>.key.
+ */
+export function selfSigned(dir: string, name: string, cn: string, san?: string): { cert: string; key: string } {
   const key = path.join(dir, `${name}.key`);
   const cert = path.join(dir, `${name}.pem`);
   openssl(
@@ -20,6 +23,7 @@ export function selfSigned(dir: string, name: string, cn: string): { cert: strin
     "2",
     "-subj",
     `/CN=${cn}`,
+    ...(san ? ["-addext", `subjectAltName=${san}`] : []),
     "-keyout",
     key,
     "-out",
