@@ -9,14 +9,21 @@ import { copyFile, mkdtemp, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { promisify } from "node:util";
+import { readFileSync } from "node:fs";
+import { request } from "node:https";
+import type { TLSSocket } from "node:tls";
+import { createClient } from "@connectrpc/connect";
+import { createConnectTransport } from "@connectrpc/connect-node";
+import { GatewayService } from "../services/shared/gen/troupe/v1/gateway_pb.js";
 import { caAndServer } from "./helpers/certs.js";
-import { MAIN, startStack, waitFor, type Stack } from "./helpers/stack.js";
+import { freePort, MAIN, startStack, waitFor, type Stack } from "./helpers/stack.js";
 
 const run = promisify(execFile);
 const ROOT = path.resolve(import.meta.dirname, "../..");
 let dir = "";
 let stack: Stack;
 let gateway = "";
+let http = "";
 const f = (name: string) => path.join(dir, name);
 
 before(async () => {
@@ -29,7 +36,9 @@ before(async () => {
     services: ["model-server", "router", "memory", "sandbox", "runner"],
     env: { TROUPE_SANDBOX_POOL: "0", TROUPE_MEMORY_LEARN: "0" },
   });
+  http = `127.0.0.1:${await freePort()}`;
   gateway = await stack.startInstance("gateway-tls", "gateway", {
+    args: ["--http", http],
     env: { TROUPE_TLS_CERT: f("server.pem"), TROUPE_TLS_KEY: f("server.key"), TROUPE_TLS_CA: f("first-ca.pem") },
   });
 });
@@ -85,6 +94,46 @@ test("the Python client (grpcio) runs its turns over TLS", { timeout: 120_000 },
   assert.match(stdout, /^OK$/m);
 });
 
+/** ListSessions over HTTPS/1.1 (as curl --cacert does), trusting `ca`: the status, or the TLS error. */
+const overHttps = (ca: string) =>
+  new Promise<string>((resolve) => {
+    const [host, port] = http.split(":");
+    const req = request(
+      {
+        host,
+        port: Number(port),
+        path: "/troupe.v1.GatewayService/ListSessions",
+        method: "POST",
+        ca: readFileSync(ca),
+        servername: "localhost",
+        headers: { authorization: `Bearer ${stack.apiKey}`, "content-type": "application/json" },
+      },
+      (res) => (res.resume(), resolve(`${res.statusCode} ${(res.socket as TLSSocket).alpnProtocol || "http/1.1"}`)),
+    );
+    req.on("error", (err: NodeJS.ErrnoException) => resolve(err.code ?? err.message));
+    req.end("{}");
+  });
+
+test("the HTTP API over TLS: HTTP/1.1 and HTTP/2 (by ALPN) with the CA, refused without it", async () => {
+  assert.equal(await overHttps(f("first-ca.pem")), "200 http/1.1");
+  assert.match(await overHttps(f("second-ca.pem")), /UNABLE_TO_VERIFY|SELF_SIGNED|CERT/);
+  const client = createClient(
+    GatewayService,
+    createConnectTransport({
+      baseUrl: `https://localhost:${http.split(":")[1]}`,
+      httpVersion: "2",
+      nodeOptions: { ca: readFileSync(f("first-ca.pem")) },
+    }),
+  );
+  const { session } = await client.createSession({}, { headers: { authorization: `Bearer ${stack.apiKey}` } });
+  assert.ok(session?.created);
+  const plain = await fetch(`http://${http}/healthz`).then(
+    (r) => r.status,
+    () => "refused",
+  );
+  assert.equal(plain, "refused", "plain HTTP on the TLS port");
+});
+
 test("a renewed certificate is served without a restart", async () => {
   await copyFile(f("second.pem"), f("server.pem"));
   await copyFile(f("second.key"), f("server.key"));
@@ -96,15 +145,26 @@ test("a renewed certificate is served without a restart", async () => {
     500,
   );
   assert.equal((await failure(chat("--ca", f("first-ca.pem"), "old"))).code, 1);
+  // The HTTP address too.
+  await waitFor(
+    "HTTPS to serve the renewed certificate",
+    async () => (await overHttps(f("second-ca.pem"))) === "200 http/1.1",
+    20_000,
+    500,
+  );
 });
 
 test("a certificate without its key, or with another's key, stops the start with the reason", async () => {
   const start = (env: NodeJS.ProcessEnv) =>
     failure(
-      run(process.execPath, [MAIN, "gateway", "--data-dir", stack.dataDir, "--gateway", "127.0.0.1:0"], {
-        env: { ...process.env, ...env },
-        timeout: 20_000,
-      }),
+      run(
+        process.execPath,
+        [MAIN, "gateway", "--data-dir", stack.dataDir, "--gateway", "127.0.0.1:0", "--http", "off"],
+        {
+          env: { ...process.env, ...env },
+          timeout: 20_000,
+        },
+      ),
     );
   const lone = await start({ TROUPE_TLS_CERT: f("first.pem") });
   assert.notEqual(lone.code, 0);

@@ -131,8 +131,17 @@ export async function upCommand(argv: string[]): Promise<void> {
       ...(shape.runners > 1 ? ["--runner-id", `runner-${i + 1}`] : []),
     ]);
   const gateways = await instances(shape.gateways, cfg.addr.gateway);
+  // Each gateway's HTTP face on a port of its own: the configured one first.
+  const https = cfg.httpAddr ? await instances(shape.gateways, cfg.httpAddr) : gateways.map(() => "off");
   for (const [i, a] of gateways.entries())
-    add(i ? `gateway-${i + 1}` : "gateway", a, ["--gateway", a, "--router", routers[i % routers.length]]);
+    add(i ? `gateway-${i + 1}` : "gateway", a, [
+      "--gateway",
+      a,
+      "--router",
+      routers[i % routers.length],
+      "--http",
+      https[i],
+    ]);
   // Made before the children start, so they all read the same files (auth.ts).
   await internalToken(cfg.dataDir, cfg.internalToken);
   const dev = await ensureDevKey(cfg.dataDir, cfg.apiKeysFile);
@@ -205,7 +214,7 @@ export async function upCommand(argv: string[]): Promise<void> {
   const missing = await waitReady(cfg, children, 60_000);
   if (missing.length === 0) {
     logger.info(
-      `Troupe is up. Gateway${gateways.length > 1 ? "s" : ""}: ${gateways.join(", ")}. Chat with it:  npx troupe chat   (or: npx troupe chat "hello")\n` +
+      `Troupe is up. Gateway${gateways.length > 1 ? "s" : ""}: ${gateways.join(", ")}${cfg.httpAddr ? ` (HTTP: ${https.join(", ")})` : ""}. Chat with it:  npx troupe chat   (or: npx troupe chat "hello")\n` +
         `  development API key (tenant local, principal dev${dev.created ? ", made just now" : ""}): ${dev.key}\n` +
         `  kept in ${authPaths(cfg.dataDir).devKey}; troupe chat uses it unless TROUPE_API_KEY is set. Other clients send it as \`authorization: Bearer <key>\`.\n` +
         `  what runs where: ${upFile}`,

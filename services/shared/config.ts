@@ -55,6 +55,10 @@ export interface Config {
   agentsDir: string;
   /** Plugin modules (comma-separated paths) that register hooks and threat checks. */
   hookModules: string[];
+  /** Gateway: the HTTP face (http-edge.ts); empty: none. */
+  httpAddr: string;
+  /** Gateway: origins allowed to call the HTTP API from a browser ("*": any). */
+  httpCors: string[];
   /** Runner: what web_fetch and http_request may reach (shared/net-guard.ts). */
   net: { ports: number[]; allow: string[] };
   /** Runner: the secrets http_request may send, by name ({"NAME": "value"}). */
@@ -294,6 +298,8 @@ export function loadConfig(
     agentsDir: under("agentsDir", "agents"),
     minHeartbeatSeconds: v.minHeartbeatSeconds,
     net: { ports: commaList(str("netPorts")).map(Number), allow: commaList(str("netAllow")) },
+    httpAddr: str("httpAddr") === "off" ? "" : str("httpAddr")!,
+    httpCors: commaList(str("httpCors")),
     secretsFile: under("secretsFile", "secrets.json"),
     hookModules: commaList(str("hookModules")).map((s) => path.resolve(s)),
     memoryContextK: v.memoryContextK,

@@ -107,6 +107,16 @@ export const SETTINGS = {
       doc: "serve TLS with this certificate chain (PEM), read again every 5 s",
     },
     tlsKey: { env: "TROUPE_TLS_KEY", flag: "tls-key", doc: "the certificate's private key (PEM)", secret: true },
+    httpAddr: {
+      env: "TROUPE_HTTP_ADDR",
+      flag: "http",
+      doc: "HTTP address: the API as Connect (JSON) and gRPC-Web, and the OpenAI-compatible /v1; `off` turns it off",
+      default: "127.0.0.1:8080",
+    },
+    httpCors: {
+      env: "TROUPE_HTTP_CORS",
+      doc: "origins browsers may call the HTTP API from, comma-separated (`*` for any)",
+    },
   },
   router: {
     routingFile: {

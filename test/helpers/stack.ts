@@ -42,8 +42,11 @@ export { freePort };
 export type ServiceName = "model-server" | "router" | "memory" | "sandbox" | "runner" | "gateway";
 export const SERVICE_ORDER: ServiceName[] = ["model-server", "router", "memory", "sandbox", "runner", "gateway"];
 
+/** Each service's gRPC address, and the gateway's HTTP one. */
+export type StackAddresses = Record<ServiceName, string> & { http?: string };
+
 export interface Stack {
-  addr: Record<ServiceName, string>;
+  addr: StackAddresses & { http: string };
   dataDir: string;
   env: NodeJS.ProcessEnv;
   /** A gateway client authenticated with the stack's development key (tenant local, principal dev). */
@@ -90,8 +93,11 @@ export interface StackOptions {
   dataDir?: string;
 }
 
-export function flagsFor(addr: Record<ServiceName, string>, dataDir: string): string[] {
+/** The flags that give a process the stack's addresses; no HTTP face unless addr.http is set. */
+export function flagsFor(addr: StackAddresses, dataDir: string): string[] {
   return [
+    "--http",
+    addr.http ?? "off",
     "--data-dir",
     dataDir,
     "--gateway",
@@ -160,8 +166,9 @@ export async function removeSandboxes(dataDir: string): Promise<void> {
 
 export async function startStack(options: StackOptions = {}): Promise<Stack> {
   const dataDir = options.dataDir ?? (await mkdtemp(path.join(os.tmpdir(), "troupe-test-")));
-  const addr = {} as Record<ServiceName, string>;
+  const addr = {} as Stack["addr"];
   for (const name of SERVICE_ORDER) addr[name] = `127.0.0.1:${await freePort()}`;
+  addr.http = `127.0.0.1:${await freePort()}`;
   const env: NodeJS.ProcessEnv = { ...process.env, TROUPE_LOG_LEVEL: "info", ...options.env };
   delete env.OPENAI_BASE_URL;
   // Credentials come from the stack's own data directory, never from the caller's environment.
@@ -176,7 +183,7 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
   const spawnService = async (
     key: string,
     name: ServiceName,
-    at: Record<ServiceName, string>,
+    at: StackAddresses,
     args: string[] = [],
     extraEnv: NodeJS.ProcessEnv = {},
   ) => {
@@ -215,7 +222,9 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
     name: ServiceName,
     opts: { addr?: string; args?: string[]; env?: NodeJS.ProcessEnv } = {},
   ) => {
-    const at = { ...addr, [name]: opts.addr ?? `127.0.0.1:${await freePort()}` };
+    const at: StackAddresses = { ...addr, [name]: opts.addr ?? `127.0.0.1:${await freePort()}` };
+    // Another gateway serves HTTP on a port of its own (or none, for one restarted on the first's).
+    if (name === "gateway") at.http = opts.addr === addr.gateway ? addr.http : undefined;
     await spawnService(key, name, at, opts.args, opts.env);
     return at[name];
   };

@@ -1,0 +1,287 @@
+// An OpenAI-compatible endpoint on the gateway's HTTP address, so the official `openai` clients,
+// and the tools built on them, talk to a Troupe agent with `base_url` pointed here:
+//   POST /v1/chat/completions (streamed as server-sent events, or not), GET /v1/models[/{id}].
+// Shapes follow OpenAI's API reference: https://platform.openai.com/docs/api-reference/chat
+// (the chat completion object, the chunk object, usage) and .../api-reference/models; errors are
+// its `{"error": {message, type, param, code}}` with the HTTP statuses its clients map to classes.
+//
+// What maps to what:
+//   - `model` picks the agent: `troupe/<agent>` (or `troupe`, the default agent);
+//   - the session: the `x-troupe-session` header names one of the caller's sessions; else `user`
+//     names a stable one (one per caller, agent and user); else each request gets a new one. The
+//     session id comes back in `x-troupe-session`. The session keeps the history, so only the
+//     last user message is sent: it is the prompt (system messages and earlier turns are the
+//     client's copy of what the session already holds, or the agent's own prompt's business);
+//   - the agent's own tools run server-side; with `x-troupe-tool-progress: 1`, their calls and
+//     results are streamed as content lines; client-side `tools` are refused, not ignored;
+//   - usage is the run's, summed over its model calls.
+// Every step is a gateway gRPC call with the caller's key (http-edge.ts), so keys, limits and
+// quotas are the gRPC API's.
+import { createHash, randomUUID } from "node:crypto";
+import { readdir } from "node:fs/promises";
+import type { AgentEvent } from "../shared/gen/troupe/v1/session_pb.js";
+import { QueueMode, Role, StopReason } from "../shared/gen/troupe/v1/session_pb.js";
+import { DEFAULT_AGENT, isAgentId } from "../shared/ids.js";
+import { Status } from "../shared/errors.js";
+import { forwardedMetadata, type GatewayClient, type NodeServerRequest, type NodeServerResponse } from "./http-edge.js";
+import {
+  agentOf,
+  ApiError,
+  apiErrorOf,
+  MODEL_PREFIX,
+  promptOf,
+  readJson,
+  sendError,
+  sendJson,
+} from "./openai-request.js";
+
+/** A run this long without its end is given up on (the run itself goes on). */
+const RUN_TIMEOUT_MS = 15 * 60_000;
+const TOOL_PROGRESS_CHARS = 500;
+
+/** The events of the run a frame started, until its end. */
+async function* runOf(
+  gateway: GatewayClient,
+  opts: {
+    sessionId: string;
+    afterSeq: bigint;
+    frameId: string;
+    metadata: ReturnType<typeof forwardedMetadata>;
+    signal: AbortSignal;
+  },
+): AsyncGenerator<AgentEvent> {
+  const stream = gateway.subscribe(
+    { sessionId: opts.sessionId, afterSeq: opts.afterSeq },
+    { metadata: opts.metadata, signal: opts.signal },
+  );
+  let turnId = "";
+  for await (const { event } of stream) {
+    if (!event) continue;
+    const p = event.payload;
+    if (!turnId) {
+      if (p.case === "agentStart" && p.value.frameId === opts.frameId) turnId = event.turnId;
+      else if (p.case === "messageBlocked" && p.value.frameId === opts.frameId)
+        throw new ApiError(
+          400,
+          `the message was blocked (${p.value.check}): ${p.value.reason}`,
+          "invalid_request_error",
+          "content_filter",
+        );
+      else if (p.case === "error" && p.value.frameId === opts.frameId)
+        throw apiErrorOf({ code: Status[p.value.code as keyof typeof Status], details: p.value.message });
+      if (!turnId) continue;
+    }
+    if (event.turnId !== turnId) continue;
+    yield event;
+    if (p.case === "agentEnd") return;
+  }
+  throw new ApiError(503, "the session's event stream ended before its run did", "server_error");
+}
+
+export function openAiCompat(gateway: GatewayClient, opts: { maxBodyBytes: number; agentsDir: string }) {
+  const listModels = async () => {
+    const agents = new Set([DEFAULT_AGENT]);
+    for (const e of await readdir(opts.agentsDir, { withFileTypes: true }).catch(() => []))
+      if (e.isDirectory() && isAgentId(e.name)) agents.add(e.name);
+    return [...agents]
+      .sort()
+      .map((a) => ({ id: `${MODEL_PREFIX}${a}`, object: "model", created: 0, owned_by: "troupe" }));
+  };
+
+  const chat = async (req: NodeServerRequest, res: NodeServerResponse) => {
+    const body = await readJson(req, opts.maxBodyBytes);
+    const agentId = agentOf(body.model);
+    const prompt = promptOf(body.messages);
+    if (Array.isArray(body.tools) && body.tools.length > 0)
+      throw new ApiError(
+        400,
+        "client-side tools are not supported: the agent runs its own tools",
+        undefined,
+        null,
+        "tools",
+      );
+    if (body.n !== undefined && body.n !== 1) throw new ApiError(400, "only n = 1 is supported", undefined, null, "n");
+    if (body.user !== undefined && (typeof body.user !== "string" || body.user.length > 256))
+      throw new ApiError(400, "`user` must be a string of at most 256 characters", undefined, null, "user");
+    const stream = body.stream === true;
+    const includeUsage = (body.stream_options as { include_usage?: unknown } | undefined)?.include_usage === true;
+    const toolProgress = req.headers["x-troupe-tool-progress"] === "1";
+    const metadata = forwardedMetadata(req.headers);
+
+    // The session: named, or one per (caller, agent, user), or a new one. CreateSession opens an
+    // existing session of the caller's, so a stable id needs no lookup first.
+    const named = req.headers["x-troupe-session"];
+    const sessionId =
+      typeof named === "string" && named !== ""
+        ? named
+        : typeof body.user === "string" && body.user !== ""
+          ? `openai-${createHash("sha256").update(`${agentId}\0${body.user}`).digest("hex").slice(0, 40)}`
+          : "";
+    const opened = await gateway.createSession({ sessionId, agentId }, { metadata });
+    const session = opened.session!.sessionId;
+    const frameId = randomUUID();
+    const sent = await gateway.sendMessage(
+      { sessionId: session, frameId, text: prompt, queueMode: QueueMode.FOLLOWUP },
+      { metadata },
+    );
+
+    const id = `chatcmpl-${frameId}`;
+    const created = Math.floor(Date.now() / 1000);
+    const model = `${MODEL_PREFIX}${agentId}`;
+    const stop = new AbortController();
+    const timer = setTimeout(() => stop.abort(), RUN_TIMEOUT_MS);
+    let finished = false;
+    let runningTurn = false;
+    res.once("close", () => {
+      if (finished) return;
+      // The client went away mid-run: the run stops too, as OpenAI's does.
+      if (runningTurn)
+        void gateway
+          .abort({ sessionId: session, frameId: randomUUID(), reason: "the HTTP client went away" }, { metadata })
+          .catch(() => undefined);
+      stop.abort();
+    });
+    const chunk = (delta: Record<string, unknown>, finishReason: string | null = null) => ({
+      id,
+      object: "chat.completion.chunk",
+      created,
+      model,
+      system_fingerprint: null,
+      choices: [{ index: 0, delta, logprobs: null, finish_reason: finishReason }],
+    });
+    const write = async (data: unknown) => {
+      if (!(res as { write(s: string): boolean }).write(`data: ${JSON.stringify(data)}\n\n`))
+        await new Promise((r) => res.once("drain", r));
+    };
+
+    let text = "";
+    let usage = { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 };
+    let finishReason = "stop";
+    let assistantMessages = 0;
+    const content = async (piece: string) => {
+      text += piece;
+      if (stream && piece !== "") await write(chunk({ content: piece }));
+    };
+    if (stream) {
+      (res as { writeHead(s: number, h: Record<string, string>): void }).writeHead(200, {
+        "content-type": "text/event-stream",
+        "cache-control": "no-cache",
+        "x-troupe-session": session,
+      });
+      await write(chunk({ role: "assistant", content: "" }));
+    }
+    try {
+      for await (const event of runOf(gateway, {
+        sessionId: session,
+        afterSeq: sent.accepted!.seq,
+        frameId,
+        metadata,
+        signal: stop.signal,
+      })) {
+        runningTurn = true;
+        const p = event.payload;
+        if (
+          p.case === "messageStart" &&
+          p.value.message?.role === Role.ASSISTANT &&
+          assistantMessages++ > 0 &&
+          text !== ""
+        )
+          await content("\n\n");
+        else if (p.case === "messageUpdate" && p.value.delta.case === "text") await content(p.value.delta.value);
+        else if (toolProgress && p.case === "toolExecutionStart")
+          await content(`\n[${p.value.toolName} ${p.value.argumentsJson.slice(0, TOOL_PROGRESS_CHARS)}]\n`);
+        else if (toolProgress && p.case === "toolExecutionEnd") {
+          const out = p.value.result.slice(0, TOOL_PROGRESS_CHARS);
+          await content(
+            `[${p.value.isError ? "failed" : "done"}: ${out}${p.value.result.length > TOOL_PROGRESS_CHARS ? "..." : ""}]\n`,
+          );
+        } else if (p.case === "agentEnd") {
+          const u = p.value.usage;
+          usage = {
+            prompt_tokens: u?.inputTokens ?? 0,
+            completion_tokens: u?.outputTokens ?? 0,
+            total_tokens: (u?.inputTokens ?? 0) + (u?.outputTokens ?? 0),
+          };
+          if (p.value.stopReason === StopReason.LENGTH) finishReason = "length";
+          else if (p.value.stopReason === StopReason.ERROR)
+            throw new ApiError(502, p.value.errorMessage || "the agent's run failed", "server_error", "run_failed");
+        }
+      }
+    } catch (err) {
+      if (res.destroyed) return; // the client went away
+      const e = stop.signal.aborted
+        ? new ApiError(504, "the run did not end in time", "server_error")
+        : apiErrorOf(err);
+      if (!stream) throw e;
+      await write({ error: { message: e.message, type: e.type, param: e.param, code: e.code } });
+      res.end("data: [DONE]\n\n");
+      return;
+    } finally {
+      finished = true;
+      clearTimeout(timer);
+    }
+    if (!stream) {
+      return sendJson(
+        res,
+        200,
+        {
+          id,
+          object: "chat.completion",
+          created,
+          model,
+          system_fingerprint: null,
+          choices: [
+            {
+              index: 0,
+              message: { role: "assistant", content: text, refusal: null },
+              logprobs: null,
+              finish_reason: finishReason,
+            },
+          ],
+          usage,
+        },
+        { "x-troupe-session": session },
+      );
+    }
+    await write(chunk({}, finishReason));
+    if (includeUsage)
+      await write({
+        id,
+        object: "chat.completion.chunk",
+        created,
+        model,
+        system_fingerprint: null,
+        choices: [],
+        usage,
+      });
+    res.end("data: [DONE]\n\n");
+  };
+
+  return async (req: NodeServerRequest, res: NodeServerResponse): Promise<boolean> => {
+    const url = new URL(req.url ?? "/", "http://troupe");
+    if (!url.pathname.startsWith("/v1/")) return false;
+    try {
+      if (url.pathname === "/v1/chat/completions") {
+        if (req.method !== "POST") throw new ApiError(405, "use POST");
+        await chat(req, res);
+      } else if (url.pathname === "/v1/models" || url.pathname.startsWith("/v1/models/")) {
+        if (req.method !== "GET") throw new ApiError(405, "use GET");
+        // The key is checked as every call checks it: by the gateway.
+        await gateway.listSessions({ pageSize: 1 }, { metadata: forwardedMetadata(req.headers) });
+        const models = await listModels();
+        const one = decodeURIComponent(url.pathname.slice("/v1/models/".length));
+        if (url.pathname === "/v1/models") sendJson(res, 200, { object: "list", data: models });
+        else {
+          const found = models.find((m) => m.id === one);
+          if (!found)
+            throw new ApiError(404, `The model \`${one.slice(0, 100)}\` does not exist`, undefined, "model_not_found");
+          sendJson(res, 200, found);
+        }
+      } else throw new ApiError(404, `no route ${req.method} ${url.pathname.slice(0, 100)}`, undefined, "unknown_url");
+    } catch (err) {
+      if (res.headersSent) res.destroy();
+      else sendError(res, apiErrorOf(err));
+    }
+    return true;
+  };
+}

@@ -1,0 +1,110 @@
+// The requests and errors of the OpenAI-compatible endpoint (openai-compat.ts), as OpenAI's API
+// reference has them: https://platform.openai.com/docs/api-reference/chat/create for the body,
+// https://platform.openai.com/docs/guides/error-codes for errors and their HTTP statuses.
+import { Status } from "../shared/errors.js";
+import { DEFAULT_AGENT, isAgentId } from "../shared/ids.js";
+import { answer, type NodeServerRequest, type NodeServerResponse } from "./http-edge.js";
+
+export const MODEL_PREFIX = "troupe/";
+
+/** An error as OpenAI answers it: HTTP status, and the body's type, code and param. */
+export class ApiError extends Error {
+  constructor(
+    readonly status: number,
+    message: string,
+    readonly type = "invalid_request_error",
+    readonly code: string | null = null,
+    readonly param: string | null = null,
+  ) {
+    super(message);
+  }
+}
+
+/** A gRPC failure as OpenAI's clients expect it (their error classes go by the HTTP status). */
+export function apiErrorOf(err: unknown): ApiError {
+  if (err instanceof ApiError) return err;
+  const e = err as { code?: number; details?: string; message?: string };
+  const message = e.details || e.message || "internal error";
+  switch (e.code) {
+    case Status.UNAUTHENTICATED:
+      return new ApiError(401, message, "invalid_request_error", "invalid_api_key");
+    case Status.PERMISSION_DENIED:
+      return new ApiError(403, message, "invalid_request_error", "permission_denied");
+    case Status.NOT_FOUND:
+      return new ApiError(404, message, "invalid_request_error", "not_found");
+    case Status.INVALID_ARGUMENT:
+    case Status.FAILED_PRECONDITION:
+      return new ApiError(400, message);
+    case Status.RESOURCE_EXHAUSTED:
+      return new ApiError(429, message, "rate_limit_error", "rate_limit_exceeded");
+    case Status.UNAVAILABLE:
+      return new ApiError(503, message, "server_error", "unavailable");
+    default:
+      return new ApiError(500, message, "server_error");
+  }
+}
+
+export const sendJson = (
+  res: NodeServerResponse,
+  status: number,
+  body: unknown,
+  headers: Record<string, string> = {},
+) => answer(res, status, { "content-type": "application/json", ...headers }, `${JSON.stringify(body)}\n`);
+
+export const sendError = (res: NodeServerResponse, err: ApiError) =>
+  sendJson(res, err.status, { error: { message: err.message, type: err.type, param: err.param, code: err.code } });
+
+export async function readJson(req: NodeServerRequest, limit: number): Promise<Record<string, unknown>> {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of req as AsyncIterable<Buffer>) {
+    size += chunk.length;
+    if (size > limit) throw new ApiError(413, `the request body is over ${limit} bytes`);
+    chunks.push(chunk);
+  }
+  let body: unknown;
+  try {
+    body = JSON.parse(Buffer.concat(chunks).toString("utf8"));
+  } catch {
+    throw new ApiError(400, "the request body is not JSON");
+  }
+  if (typeof body !== "object" || body === null || Array.isArray(body))
+    throw new ApiError(400, "the request body must be a JSON object");
+  return body as Record<string, unknown>;
+}
+
+/** The agent a model name picks. */
+export function agentOf(model: unknown): string {
+  if (typeof model !== "string" || model === "")
+    throw new ApiError(400, "`model` is required", undefined, null, "model");
+  const agent =
+    model === "troupe" ? DEFAULT_AGENT : model.startsWith(MODEL_PREFIX) ? model.slice(MODEL_PREFIX.length) : "";
+  if (!isAgentId(agent))
+    throw new ApiError(
+      404,
+      `The model \`${model.slice(0, 100)}\` does not exist: use troupe/<agent>`,
+      undefined,
+      "model_not_found",
+      "model",
+    );
+  return agent;
+}
+
+/** The prompt: the last message, which must be the user's; text parts joined. */
+export function promptOf(messages: unknown): string {
+  if (!Array.isArray(messages) || messages.length === 0)
+    throw new ApiError(400, "`messages` must be a non-empty array", undefined, null, "messages");
+  const last = messages.at(-1) as { role?: unknown; content?: unknown };
+  if (last?.role !== "user")
+    throw new ApiError(400, "the last message must be the user's", undefined, null, "messages");
+  const content = last.content;
+  if (typeof content === "string" && content.trim() !== "") return content;
+  if (Array.isArray(content)) {
+    const parts = content as { type?: unknown; text?: unknown }[];
+    if (parts.some((p) => p?.type !== "text" || typeof p.text !== "string"))
+      throw new ApiError(400, "only text content parts are supported", undefined, null, "messages");
+    const text = parts.map((p) => p.text as string).join("\n");
+    if (text.trim() !== "") return text;
+  }
+  throw new ApiError(400, "the last user message has no text", undefined, null, "messages");
+}

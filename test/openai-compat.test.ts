@@ -1,0 +1,181 @@
+// The OpenAI-compatible endpoint (openai-compat.ts) driven by the official `openai` SDK, as any
+// tool built on it would: replies streamed and not, usage, the agent's tools running server-side
+// with their progress as content, sessions kept by `user` or named by header, and the errors the
+// SDK turns into its own classes (AuthenticationError, NotFoundError, BadRequestError).
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { mkdir, mkdtemp, writeFile } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import OpenAI from "openai";
+import { Role } from "../services/shared/gen/troupe/v1/session_pb.js";
+import { startStack, waitFor, type Stack } from "./helpers/stack.js";
+
+let stack: Stack;
+let client: OpenAI;
+
+before(async () => {
+  const dataDir = await mkdtemp(path.join(os.tmpdir(), "troupe-openai-"));
+  await mkdir(path.join(dataDir, "agents", "helper"), { recursive: true });
+  await writeFile(path.join(dataDir, "agents", "helper", "agent.json"), "{}");
+  stack = await startStack({ dataDir, env: { TROUPE_SANDBOX_POOL: "0", TROUPE_MEMORY_LEARN: "0" } });
+  client = new OpenAI({ baseURL: `http://${stack.addr.http}/v1`, apiKey: stack.apiKey, maxRetries: 0 });
+});
+after(async () => {
+  await stack?.stop();
+});
+
+const ask = (content: string, extra: Partial<OpenAI.ChatCompletionCreateParamsNonStreaming> = {}) =>
+  client.chat.completions.create({ model: "troupe/main", messages: [{ role: "user", content }], ...extra });
+
+describe("the OpenAI-compatible endpoint, through the openai SDK", () => {
+  test("a reply, not streamed: the chat completion object with usage and the session's id", async () => {
+    const { data, response } = await ask("!tokens 4").withResponse();
+    assert.equal(data.object, "chat.completion");
+    assert.equal(data.model, "troupe/main");
+    assert.equal(data.choices[0].message.role, "assistant");
+    assert.equal(data.choices[0].message.content?.trim(), "t1 t2 t3 t4");
+    assert.equal(data.choices[0].finish_reason, "stop");
+    assert.ok(data.usage && data.usage.completion_tokens > 0 && data.usage.prompt_tokens > 0);
+    assert.equal(data.usage.total_tokens, data.usage.prompt_tokens + data.usage.completion_tokens);
+    const session = response.headers.get("x-troupe-session") ?? "";
+    const history = await stack.gateway.getHistory({ sessionId: session });
+    assert.deepEqual(
+      history.messages.map((m) => m.text.trim()),
+      ["!tokens 4", "t1 t2 t3 t4"],
+    );
+  });
+
+  test("a reply streamed: chunks as they come, the finish reason, then usage", async () => {
+    const stream = await client.chat.completions.create({
+      model: "troupe/main",
+      messages: [{ role: "user", content: "!tokens 6" }],
+      stream: true,
+      stream_options: { include_usage: true },
+    });
+    let text = "";
+    let chunks = 0;
+    let finish: string | null = null;
+    let usage: OpenAI.CompletionUsage | undefined | null;
+    for await (const chunk of stream) {
+      assert.equal(chunk.object, "chat.completion.chunk");
+      chunks++;
+      text += chunk.choices[0]?.delta.content ?? "";
+      finish = chunk.choices[0]?.finish_reason ?? finish;
+      usage = chunk.usage ?? usage;
+    }
+    assert.equal(text.trim(), "t1 t2 t3 t4 t5 t6");
+    assert.ok(chunks >= 3, `${chunks} chunks`);
+    assert.equal(finish, "stop");
+    assert.ok(usage && usage.completion_tokens > 0);
+  });
+
+  test("the agent's tools run server-side; with the progress header their calls stream as content", async () => {
+    const stream = await client.chat.completions.create(
+      { model: "troupe/main", messages: [{ role: "user", content: "$ echo from-the-sandbox" }], stream: true },
+      { headers: { "x-troupe-tool-progress": "1" } },
+    );
+    let text = "";
+    for await (const chunk of stream) text += chunk.choices[0]?.delta.content ?? "";
+    assert.match(text, /\[exec \{"command": ?"echo from-the-sandbox"\}\]\n\[done: [\s\S]*from-the-sandbox/, text);
+    assert.match(text, /Tool results: [\s\S]*from-the-sandbox/);
+    const quiet = await ask("$ echo quietly");
+    assert.doesNotMatch(quiet.choices[0].message.content ?? "", /\[exec/);
+  });
+
+  test("`user` keeps one session per user; the header names one", async () => {
+    const first = await ask("!tokens 1", { user: "ada" }).withResponse();
+    const second = await ask("!tokens 2", { user: "ada" }).withResponse();
+    const other = await ask("!tokens 3", { user: "grace" }).withResponse();
+    const sessionOf = (r: { response: Response }) => r.response.headers.get("x-troupe-session");
+    assert.equal(sessionOf(first), sessionOf(second));
+    assert.notEqual(sessionOf(first), sessionOf(other));
+    const named = await client.chat.completions.create(
+      { model: "troupe/main", messages: [{ role: "user", content: "!tokens 2" }] },
+      { headers: { "x-troupe-session": sessionOf(other)! } },
+    );
+    assert.equal(named.choices[0].message.content?.trim(), "t1 t2");
+    const history = await stack.gateway.getHistory({ sessionId: sessionOf(other)! });
+    assert.deepEqual(
+      history.messages.map((m) => m.text.trim()),
+      ["!tokens 3", "t1 t2 t3", "!tokens 2", "t1 t2"],
+    );
+  });
+
+  test("models: the default agent and each agent folder", async () => {
+    const ids = [];
+    for await (const m of client.models.list()) ids.push(m.id);
+    assert.deepEqual(ids, ["troupe/helper", "troupe/main"]);
+    assert.equal((await client.models.retrieve("troupe/helper")).owned_by, "troupe");
+    const helper = await client.chat.completions.create({
+      model: "troupe/helper",
+      messages: [{ role: "user", content: "!tokens 2" }],
+    });
+    assert.equal(helper.choices[0].message.content?.trim(), "t1 t2");
+  });
+
+  test("bad requests get OpenAI's errors, which the SDK raises as its classes", async () => {
+    const bad = new OpenAI({ baseURL: `http://${stack.addr.http}/v1`, apiKey: "not-a-key", maxRetries: 0 });
+    await assert.rejects(
+      bad.chat.completions.create({ model: "troupe/main", messages: [{ role: "user", content: "hi" }] }),
+      (e: unknown) => e instanceof OpenAI.AuthenticationError && e.status === 401,
+    );
+    await assert.rejects(bad.models.list(), OpenAI.AuthenticationError);
+    const cases: [Partial<OpenAI.ChatCompletionCreateParamsNonStreaming>, new (...a: never[]) => Error, RegExp][] = [
+      [{ model: "gpt-4o" }, OpenAI.NotFoundError, /model `gpt-4o` does not exist/],
+      [{ model: "troupe/../etc" }, OpenAI.NotFoundError, /does not exist/],
+      [{ messages: [] }, OpenAI.BadRequestError, /non-empty array/],
+      [{ messages: [{ role: "assistant", content: "hi" }] }, OpenAI.BadRequestError, /last message must be the user's/],
+      [
+        { messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: "http://x/y.png" } }] }] },
+        OpenAI.BadRequestError,
+        /only text content parts/,
+      ],
+      [
+        { tools: [{ type: "function", function: { name: "f", parameters: {} } }] },
+        OpenAI.BadRequestError,
+        /client-side tools are not supported/,
+      ],
+    ];
+    for (const [params, kind, message] of cases) {
+      await assert.rejects(
+        client.chat.completions.create({
+          model: "troupe/main",
+          messages: [{ role: "user", content: "hi" }],
+          ...params,
+        } as OpenAI.ChatCompletionCreateParamsNonStreaming),
+        (e: unknown) => e instanceof kind && message.test((e as Error).message),
+        JSON.stringify(params),
+      );
+    }
+    const raw = await fetch(`http://${stack.addr.http}/v1/chat/completions`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${stack.apiKey}`, "content-type": "application/json" },
+      body: "{nope",
+    });
+    assert.equal(raw.status, 400);
+    assert.deepEqual(await raw.json(), {
+      error: { message: "the request body is not JSON", type: "invalid_request_error", param: null, code: null },
+    });
+  });
+
+  test("a client that goes away mid-stream stops the run", async () => {
+    const { data: stream, response } = await client.chat.completions
+      .create({ model: "troupe/main", messages: [{ role: "user", content: "!tokens 400 rate=40" }], stream: true })
+      .withResponse();
+    const sessionId = response.headers.get("x-troupe-session")!;
+    let chunks = 0;
+    for await (const _ of stream) if (++chunks === 5) break;
+    // At 40 tokens a second the whole reply would take 10 s; it is cut within a few.
+    await waitFor(
+      "the run to end, cut short",
+      async () => {
+        const reply = (await stack.gateway.getHistory({ sessionId })).messages.at(-1);
+        return reply?.role === Role.ASSISTANT && reply.text.split(" ").length < 200;
+      },
+      5000,
+    );
+    const sessions = await stack.gateway.listSessions({});
+    assert.equal(sessions.sessions.find((s) => s.sessionId === sessionId)?.running, false);
+  });
+});
