@@ -17,7 +17,7 @@ SANDBOX_IMAGE ?= troupe-sandbox:busybox
 B ?=
 TROUPE := node dist/services/cli/main.js
 
-.PHONY: build run test test-unit readme-settings lint kubectl images bench soak toolchain host postgres sandbox-image sandbox-image-if-missing sandbox-image-debian python-client openssl clean
+.PHONY: build run test test-unit readme-settings lint kubectl images bench soak toolchain host postgres sandbox-image sandbox-image-if-missing sandbox-image-debian python-client openssl chromium clean
 
 toolchain: $(TOOLCHAIN_NODE)
 .toolchain/node_modules/.bin/node:
@@ -41,6 +41,7 @@ services/shared/gen/.generated: node_modules/.installed buf.yaml buf.gen.yaml $(
 build: node_modules/.installed services/shared/gen/.generated
 	rm -rf dist
 	npx tsc -p tsconfig.json
+	cp -r services/gateway/console dist/services/gateway/
 
 # biome (biome.json): formatting at 120 columns and the recommended lint rules, less four that
 # the code breaks on purpose (non-null assertions, assignments in expressions, control characters
@@ -121,6 +122,10 @@ readme-settings: build
 openssl:
 	@command -v openssl >/dev/null || (apt-get update -qq && apt-get install -y -qq openssl >/dev/null && echo "installed openssl")
 
+# Debian's Chromium, for the web console's test (test/console.test.ts drives it with puppeteer-core).
+chromium:
+	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null && echo "installed chromium")
+
 # The in-process tier (test/unit): the session actor over the in-memory store, the loop with a
 # scripted model client, parsers and stores on files. No ports, no child processes, no Docker.
 test-unit: build openssl
@@ -130,7 +135,7 @@ test-unit: build openssl
 # included (test/soak: 500 sessions of random traffic while the runner is killed three times,
 # about 3 minutes, SOAK_SESSIONS=N and SOAK_KILLS=N change it; and the cluster soak on
 # PostgreSQL, CLUSTER_SESSIONS=N and CLUSTER_DISRUPTIONS=N).
-test: build lint sandbox-image-if-missing python-client postgres openssl
+test: build lint sandbox-image-if-missing python-client postgres openssl chromium
 	node --test --test-timeout=60000 'dist/test/unit/*.test.js'
 	node --test --test-concurrency=1 --test-timeout=600000 'dist/test/*.test.js' 'dist/test/soak/*.test.js'
 

@@ -102,7 +102,12 @@ function routes(gateway: GatewayClient) {
 
 /** CORS for the allowed origins; answers preflights. True when the request is done. */
 /** A whole answer; the HTTP/1 and HTTP/2 compatibility responses take the same calls. */
-export function answer(res: NodeServerResponse, status: number, headers: http.OutgoingHttpHeaders, body = ""): void {
+export function answer(
+  res: NodeServerResponse,
+  status: number,
+  headers: http.OutgoingHttpHeaders,
+  body: string | Buffer = "",
+): void {
   (res as http.ServerResponse).writeHead(status, headers).end(body);
 }
 

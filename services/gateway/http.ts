@@ -1,13 +1,13 @@
 // The gateway's HTTP address, put together: the Connect routes (http-edge.ts) in front of the
 // gateway's own gRPC server, and the OpenAI-compatible endpoint (openai-compat.ts) beside them.
-import { mkdtempSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import type { Config } from "../shared/config.js";
 import { GatewayService } from "../shared/gen/troupe/v1/gateway_pb.js";
 import type { Logger } from "../shared/log.js";
 import { createClient, type RpcServer } from "../shared/rpc.js";
-import { type HttpEdge, startHttpEdge } from "./http-edge.js";
+import { answer, type HttpEdge, type NodeServerRequest, type NodeServerResponse, startHttpEdge } from "./http-edge.js";
 import { openAiCompat } from "./openai-compat.js";
 
 /**
@@ -20,13 +20,15 @@ export async function serveHttp(cfg: Config, server: RpcServer, logger: Logger):
   const socket = path.join(dir, "grpc.sock");
   await server.listen(`unix:${socket}`);
   const gateway = createClient(GatewayService, `unix:${socket}`, { maxMessageBytes: cfg.maxMessageBytes });
+  const openAi = openAiCompat(gateway, { maxBodyBytes: cfg.maxMessageBytes, agentsDir: cfg.agentsDir });
+  const webConsole = consoleFiles(logger);
   const edge = await startHttpEdge({
     address: cfg.httpAddr,
     gateway,
     maxMessageBytes: cfg.maxMessageBytes,
     cors: cfg.httpCors,
     tls: cfg.tls,
-    fallback: openAiCompat(gateway, { maxBodyBytes: cfg.maxMessageBytes, agentsDir: cfg.agentsDir }),
+    fallback: async (req, res) => (await openAi(req, res)) || webConsole(req, res),
     logger,
   });
   logger.info(`gateway HTTP on port ${edge.port}${cfg.tls ? " (TLS)" : ""}`, { cors: cfg.httpCors.join(",") });
@@ -37,5 +39,44 @@ export async function serveHttp(cfg: Config, server: RpcServer, logger: Logger):
       gateway.close();
       rmSync(dir, { recursive: true, force: true });
     },
+  };
+}
+
+const CONSOLE_FILES: Record<string, [string, string]> = {
+  "/": ["index.html", "text/html; charset=utf-8"],
+  "/app.js": ["app.js", "text/javascript; charset=utf-8"],
+  "/console.css": ["console.css", "text/css; charset=utf-8"],
+};
+
+/**
+ * The web console's files (console/, copied beside this module at build), served at /. The page
+ * may load and call nothing but this origin, and may not be framed.
+ */
+function consoleFiles(logger: Logger): (req: NodeServerRequest, res: NodeServerResponse) => boolean {
+  const dir = new URL("./console/", import.meta.url);
+  const files = new Map<string, [Buffer, string]>();
+  for (const [route, [name, type]] of Object.entries(CONSOLE_FILES)) {
+    const file = new URL(name, dir);
+    if (existsSync(file)) files.set(route, [readFileSync(file), type]);
+  }
+  if (files.size < Object.keys(CONSOLE_FILES).length)
+    logger.warn("the web console's files are missing from the build (make build copies them); / answers 404");
+  return (req, res) => {
+    const found = req.method === "GET" ? files.get(new URL(req.url ?? "/", "http://x").pathname) : undefined;
+    if (!found) return false;
+    answer(
+      res,
+      200,
+      {
+        "content-type": found[1],
+        "cache-control": "no-cache",
+        "x-content-type-options": "nosniff",
+        "referrer-policy": "no-referrer",
+        "content-security-policy":
+          "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+      },
+      found[0],
+    );
+    return true;
   };
 }
