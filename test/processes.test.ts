@@ -1,7 +1,7 @@
 // Process lifecycle: `troupe up` as a supervisor, SIGTERM draining, and the chat CLI.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { spawn, execFile, type ChildProcess } from "node:child_process";
+import { spawn, spawnSync, execFile, type ChildProcess } from "node:child_process";
 import { mkdtemp, readFile, rm, stat } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
@@ -237,7 +237,7 @@ describe("troupe chat", () => {
   test("interactive: a line typed while the agent works is sent as steering", async () => {
     const proc = spawn(
       process.execPath,
-      [MAIN, "chat", "--data-dir", stack.dataDir, "--gateway", stack.addr.gateway, "--session", "cli-steer"],
+      [MAIN, "chat", "-i", "--data-dir", stack.dataDir, "--gateway", stack.addr.gateway, "--session", "cli-steer"],
       { stdio: ["pipe", "pipe", "pipe"] },
     );
     let out = "";
@@ -253,6 +253,31 @@ describe("troupe chat", () => {
     const code = await new Promise((resolve) => proc.once("exit", resolve));
     assert.equal(code, 0);
     assert.match(err, /\[steering: skipped 1 tool call\(s\)\]/);
+  });
+
+  test("piped stdin is one message; --instruction reaches the turn's prompt; a bad --queue-mode is refused", () => {
+    const chat = (args: string[], input: string) =>
+      spawnSync(
+        process.execPath,
+        [MAIN, "chat", "--data-dir", stack.dataDir, "--gateway", stack.addr.gateway, ...args],
+        {
+          input,
+          encoding: "utf8",
+          timeout: 30_000,
+        },
+      );
+    const piped = chat(["--session", "cli-pipe"], "first line\nsecond line\n");
+    assert.equal(piped.status, 0, piped.stderr);
+    assert.equal(piped.stdout, "You said: first line\nsecond line\n");
+    const empty = chat([], "");
+    assert.equal(empty.status, 2);
+    assert.match(empty.stderr, /nothing came on stdin/);
+    const instructed = chat(["--instruction", "Answer like a ship's log.", "--queue-mode", "followup", "!system"], "");
+    assert.equal(instructed.status, 0, instructed.stderr);
+    assert.match(instructed.stdout, /Answer like a ship's log\./);
+    const bad = chat(["--queue-mode", "later", "hi"], "");
+    assert.equal(bad.status, 2);
+    assert.match(bad.stderr, /--queue-mode must be one of steer, followup, collect, interrupt, reject, not "later"/);
   });
 
   test("troupe sessions and troupe schedules: the caller's own, as a table or JSON lines; mistakes exit non-zero", async () => {

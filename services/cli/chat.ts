@@ -1,15 +1,18 @@
 // `troupe chat`: a terminal client of the gateway's Chat stream.
 //   troupe chat "MESSAGE"   one turn, then exit (0 if the turn completed)
+//   ... | troupe chat       what is piped in is one message: one turn, then exit
 //   --json                  every event as a JSON line on stdout; -c: the session used last
-//   troupe chat             interactive: a line typed while the agent works is sent as steering;
-//                           Ctrl-C aborts the running turn, a second Ctrl-C exits
+//   --instruction TEXT      for each turn's system prompt only; --queue-mode: the session's
+//                           default, and how a line typed during a turn is queued
+//   troupe chat             interactive (a terminal, or -i): a line typed while the agent works
+//                           is sent as steering; Ctrl-C aborts the running turn, a second exits
 import readline from "node:readline";
 import { randomBytes } from "node:crypto";
 import { loadConfig } from "../shared/config.js";
 import { statusName } from "../shared/errors.js";
 import { toJson } from "@bufbuild/protobuf";
 import type { ChatResponse } from "../shared/gen/troupe/v1/gateway_pb.js";
-import { AgentEventSchema, StopReason, type AgentEvent } from "../shared/gen/troupe/v1/session_pb.js";
+import { AgentEventSchema, QueueMode, StopReason, type AgentEvent } from "../shared/gen/troupe/v1/session_pb.js";
 import { CLIENT_FLAGS, gatewayClient, listAllSessions } from "./gateway-client.js";
 
 const dim = (s: string) => (process.stderr.isTTY ? `\x1b[2m${s}\x1b[0m` : s);
@@ -21,9 +24,29 @@ export async function chatCommand(args: string[]): Promise<number> {
     agent: { type: "string" },
     json: { type: "boolean" },
     continue: { type: "boolean", short: "c" },
+    instruction: { type: "string" },
+    "queue-mode": { type: "string" },
+    interactive: { type: "boolean", short: "i" },
     ...CLIENT_FLAGS,
   });
-  const message = cfg.rest.join(" ").trim();
+  const modeName = cfg.flags["queue-mode"] === undefined ? undefined : String(cfg.flags["queue-mode"]);
+  const queueMode = modeName === undefined ? QueueMode.UNSPECIFIED : QUEUE_MODES[modeName];
+  if (queueMode === undefined) {
+    process.stderr.write(
+      `troupe chat: --queue-mode must be one of ${Object.keys(QUEUE_MODES).join(", ")}, not "${modeName}"\n`,
+    );
+    return 2;
+  }
+  const instruction = String(cfg.flags.instruction ?? "");
+  let message = cfg.rest.join(" ").trim();
+  // Piped in (not a terminal, and not -i): the whole of it is one message, not a line each.
+  if (!message && !process.stdin.isTTY && !cfg.flags.interactive) {
+    message = (await readAll(process.stdin)).trim();
+    if (!message) {
+      process.stderr.write("troupe chat: nothing came on stdin (give a MESSAGE, or -i to type lines)\n");
+      return 2;
+    }
+  }
   const client = await gatewayClient(cfg);
   // -c: the session the caller used last (ListSessions, by last update).
   let sessionId = String(cfg.flags.session ?? "");
@@ -138,13 +161,13 @@ export async function chatCommand(args: string[]): Promise<number> {
       frameId: frameId(),
       kind: {
         case: "open",
-        value: { sessionId, agentId: String(cfg.flags.agent ?? ""), create: true },
+        value: { sessionId, agentId: String(cfg.flags.agent ?? ""), create: true, queueMode },
       },
     },
   });
 
   if (message) {
-    call.write({ frame: { frameId: frameId(), kind: { case: "prompt", value: { text: message } } } });
+    call.write({ frame: { frameId: frameId(), kind: { case: "prompt", value: { text: message, instruction } } } });
     call.end(); // the stream ends once the session has nothing left to do
     process.on("SIGINT", () => {
       if (interrupts++ === 0 && running)
@@ -160,8 +183,12 @@ export async function chatCommand(args: string[]): Promise<number> {
   rl.on("line", (line) => {
     const text = line.trim();
     if (!text) return;
-    // While the agent works, what you type corrects it; otherwise it starts a new turn.
-    const kind = running ? { case: "steer" as const, value: { text } } : { case: "prompt" as const, value: { text } };
+    // While the agent works, what you type corrects it (or queues as --queue-mode says);
+    // otherwise it starts a new turn.
+    const kind =
+      running && queueMode === QueueMode.UNSPECIFIED
+        ? { case: "steer" as const, value: { text } }
+        : { case: "prompt" as const, value: { text, instruction, queueMode } };
     call.write({ frame: { frameId: frameId(), kind } });
   });
   rl.on("SIGINT", () => {
@@ -180,4 +207,18 @@ export async function chatCommand(args: string[]): Promise<number> {
   rl.close();
   client.close();
   return code;
+}
+
+const QUEUE_MODES: Record<string, QueueMode> = {
+  steer: QueueMode.STEER,
+  followup: QueueMode.FOLLOWUP,
+  collect: QueueMode.COLLECT,
+  interrupt: QueueMode.INTERRUPT,
+  reject: QueueMode.REJECT,
+};
+
+async function readAll(input: NodeJS.ReadableStream): Promise<string> {
+  const chunks: Buffer[] = [];
+  for await (const chunk of input) chunks.push(Buffer.from(chunk as Buffer));
+  return Buffer.concat(chunks).toString("utf8");
 }
