@@ -101,6 +101,27 @@ describe("troupe up", () => {
     assert.equal(end.payload.case, "agentEnd");
   });
 
+  test("troupe status says all is well; troupe logs shows what each service wrote", async () => {
+    const troupe = (...args: string[]) =>
+      spawnSync(process.execPath, [MAIN, ...args, ...flagsFor(addr, dataDir)], { encoding: "utf8", timeout: 30_000 });
+    const status = troupe("status");
+    assert.equal(status.status, 0, status.stdout + status.stderr);
+    for (const name of ["gateway", "router", "runner", "memory", "sandbox", "model", "docker", "image", "keys", "data"])
+      assert.match(status.stdout, new RegExp(`^ok +${name} `, "m"), status.stdout);
+    const logs = troupe("logs", "--service", "gateway", "-n", "100");
+    assert.equal(logs.status, 0, logs.stderr);
+    assert.match(logs.stdout, /gateway: gateway serving on port/);
+    assert.doesNotMatch(logs.stdout, /router: /);
+    const merged = troupe("logs", "-n", "1000");
+    assert.match(merged.stdout, /router: router serving[\s\S]*gateway: gateway serving/, "merged in time order");
+    const unknown = troupe("logs", "--service", "gatewya");
+    assert.equal(unknown.status, 2);
+    assert.match(
+      unknown.stderr,
+      /no log for "gatewya"; there are: gateway, memory, model-server, router, runner, sandbox/,
+    );
+  });
+
   test("Ctrl-C stops every service and exits 0", async () => {
     const children = (await run("pgrep", ["-P", String(up.pid)])).stdout.trim().split("\n").map(Number);
     assert.equal(children.length, 6, "model server and five services");
@@ -109,6 +130,14 @@ describe("troupe up", () => {
     assert.equal(await exited, 0);
     for (const pid of children) assert.throws(() => process.kill(pid, 0), `child ${pid} is gone`);
     assert.match(log, /all services stopped/);
+    // Now nothing answers: status fails, and doctor says what to do.
+    const doctor = spawnSync(process.execPath, [MAIN, "doctor", ...flagsFor(addr, dataDir)], { encoding: "utf8" });
+    assert.equal(doctor.status, 1);
+    assert.match(
+      doctor.stdout,
+      /^FAIL +gateway +127\.0\.0\.1:\d+ unreachable \(ECONNREFUSED\)\n +fix: start Troupe with `make run` or `troupe up`/m,
+    );
+    assert.match(doctor.stdout, /^ok +keys /m);
   });
 });
 

@@ -31,6 +31,12 @@ client:
                         a session's scheduled turns (cron in an IANA time zone, or a heartbeat)
   --version             print the version
 operations:
+  status                each service's health, the HTTP address, the model endpoint,
+                        Docker and runsc, the sandbox image, the keys, the data directory;
+                        exit 0 only if all is well
+  doctor                the same, with what to do about each problem
+  logs [-f] [--service S] [-n N]
+                        what the services of \`troupe up\` wrote (DATA_DIR/logs)
   memory add|search|forget|stats|reembed
                         store, find (--debug: stage scores) and delete memories
   keys create --tenant T --principal P [--role user|adapter|admin] [--channel C]... [--name N]
@@ -85,6 +91,9 @@ const COMMANDS = [
   "sessions",
   "schedules",
   "keys",
+  "status",
+  "doctor",
+  "logs",
   "config",
   "store",
   "help",
@@ -196,6 +205,14 @@ async function main(argv: string[]): Promise<void> {
       return void (process.exitCode = unknown(`${command} subcommand`, sub ?? "", SUBCOMMANDS[command]));
     const cli = await import("./sessions.js");
     process.exitCode = await (command === "sessions" ? cli.sessionsCommand(args) : cli.schedulesCommand(args));
+    return;
+  }
+  if (command === "status" || command === "doctor") {
+    process.exitCode = await (await import("./status.js")).statusCommand(args, command === "doctor");
+    return;
+  }
+  if (command === "logs") {
+    process.exitCode = await (await import("./logs.js")).logsCommand(args);
     return;
   }
   if (command === "keys") {

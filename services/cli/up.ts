@@ -4,7 +4,8 @@
 // PostgreSQL server of its own in <data-dir>/postgres (unless TROUPE_STORE_URL names one). What
 // runs where is written to <data-dir>/up.json.
 import { spawn, type ChildProcess } from "node:child_process";
-import { rm, writeFile } from "node:fs/promises";
+import { createWriteStream } from "node:fs";
+import { mkdir, rename, rm, stat, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { authPaths, ensureDevKey, internalCredentials, internalToken } from "../shared/auth.js";
@@ -21,6 +22,8 @@ import { freePort } from "./free-port.js";
 import { startLocalPostgres, type LocalPostgres } from "./local-postgres.js";
 
 const MAIN = fileURLToPath(new URL("./main.js", import.meta.url));
+
+const LOG_ROTATE_BYTES = 64 * 1024 * 1024;
 
 interface Child {
   /** The instance's name: the service, with -2, -3... for extra instances. */
@@ -165,9 +168,21 @@ export async function upCommand(argv: string[]): Promise<void> {
     ).catch((err: Error) => logger.warn(`cannot write ${upFile}: ${err.message}`));
   let stopping = false;
 
-  const start = (child: Child) => {
+  // Each child's output goes to the terminal and to <data-dir>/logs/<name>.log (troupe logs),
+  // which is moved aside to <name>.log.1 when a start finds it over LOG_ROTATE_BYTES.
+  const logDir = path.join(cfg.dataDir, "logs");
+  await mkdir(logDir, { recursive: true });
+  const start = async (child: Child) => {
     child.startedAt = Date.now();
-    const proc = spawn(process.execPath, [MAIN, ...child.args], { stdio: ["ignore", "inherit", "inherit"], env });
+    const logFile = path.join(logDir, `${child.name}.log`);
+    if (((await stat(logFile).catch(() => undefined))?.size ?? 0) > LOG_ROTATE_BYTES)
+      await rename(logFile, `${logFile}.1`).catch(() => undefined);
+    const log = createWriteStream(logFile, { flags: "a" });
+    log.on("error", (err) => logger.warn(`cannot write ${logFile}: ${err.message}`));
+    const proc = spawn(process.execPath, [MAIN, ...child.args], { stdio: ["ignore", "pipe", "pipe"], env });
+    proc.stdout!.on("data", (d: Buffer) => (process.stdout.write(d), log.write(d)));
+    proc.stderr!.on("data", (d: Buffer) => (process.stderr.write(d), log.write(d)));
+    proc.once("close", () => log.end());
     child.proc = proc;
     void writeUp();
     proc.on("exit", (code, signal) => {
@@ -177,10 +192,10 @@ export async function upCommand(argv: string[]): Promise<void> {
       if (Date.now() - child.startedAt > 60_000) child.restarts = 0;
       const delay = Math.min(30_000, 500 * 2 ** child.restarts++);
       logger.error(`${child.name} exited (${signal ?? `code ${code}`}); restarting in ${delay} ms`);
-      setTimeout(() => !stopping && start(child), delay);
+      setTimeout(() => !stopping && void start(child), delay);
     });
   };
-  for (const child of children) start(child);
+  for (const child of children) await start(child);
 
   const stop = (signal: string) => {
     if (stopping) {

@@ -31,6 +31,8 @@ const HEAD_TIMEOUT_MS = 10_000;
 const CONNECT_TIMEOUT_MS = 10_000;
 /** A connection with no bytes either way for this long is closed. */
 const IDLE_TIMEOUT_MS = 120_000;
+/** How long a refused connection may stay open for its answer to be read. */
+const REFUSED_LINGER_MS = 5000;
 const HOP_HEADERS = new Set(["connection", "keep-alive", "proxy-connection", "proxy-authorization", "host", "te"]);
 
 class Refused extends Error {
@@ -205,6 +207,8 @@ export class EgressProxy {
       const refused = err instanceof Refused ? err : new Refused(502, (err as Error).message);
       log(`refused, ${refused.status}: ${refused.message}`);
       if (!socket.destroyed) socket.end(answer(refused.status, refused.message));
+      // A command that keeps a refused connection open does not keep its slot in the agent.
+      setTimeout(() => socket.destroy(), REFUSED_LINGER_MS).unref();
       return;
     }
 

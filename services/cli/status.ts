@@ -1,0 +1,175 @@
+// `troupe status` and `troupe doctor`: is everything a deployment needs there, and answering?
+// Each service's health, the HTTP address, the model endpoint, Docker and gVisor, the sandbox
+// image, the keys file and the data directory. The exit code is 0 only when every required check
+// passes; `doctor` prints what to do about each one that does not.
+import { access, constants, readFile } from "node:fs/promises";
+import Docker from "dockerode";
+import { loadConfig, modelBaseUrl, type Config } from "../shared/config.js";
+import { Health, HealthCheckResponse_ServingStatus as Serving } from "../shared/gen/grpc/health/v1/health_pb.js";
+import { createClient } from "../shared/rpc.js";
+import { CLIENT_FLAGS } from "./gateway-client.js";
+
+interface Check {
+  name: string;
+  ok: boolean;
+  detail: string;
+  fix?: string;
+  /** Reported, but not counted against the exit code. */
+  optional?: boolean;
+}
+
+const SERVICES = ["gateway", "router", "runner", "memory", "sandbox"] as const;
+
+async function serviceCheck(cfg: Config, name: (typeof SERVICES)[number], tls?: { ca?: Buffer }): Promise<Check> {
+  const address = cfg.addr[name];
+  const health = createClient(Health, address, { tls: name === "gateway" ? tls : undefined });
+  try {
+    const { status } = await health.check({ service: "" }, { timeoutMs: 1500 });
+    const serving = status === Serving.SERVING;
+    return {
+      name,
+      ok: serving,
+      detail: `${address} ${serving ? "serving" : Serving[status].toLowerCase().replace("_", " ")}`,
+      fix:
+        name === "sandbox"
+          ? "the sandbox service cannot reach the Docker engine: see docker below"
+          : `it is draining or starting; wait, or restart it (troupe serve ${name})`,
+    };
+  } catch (err) {
+    return {
+      name,
+      ok: false,
+      detail: `${address} unreachable (${/\bE[A-Z]{3,}\b/.exec(String((err as { details?: string }).details ?? err))?.[0] ?? "no answer within 1.5 s"})`,
+      fix: `start Troupe with \`make run\` or \`troupe up\` (or this one: troupe serve ${name}); or point --${name} at where it runs`,
+    };
+  }
+}
+
+async function httpCheck(cfg: Config): Promise<Check> {
+  if (!cfg.httpAddr) return { name: "http", ok: true, detail: "off (TROUPE_HTTP_ADDR=off)", optional: true };
+  const url = `${cfg.tls ? "https" : "http"}://${cfg.httpAddr}/healthz`;
+  const ok = await fetch(url, { signal: AbortSignal.timeout(1500) }).then(
+    (r) => r.ok,
+    () => false,
+  );
+  return {
+    name: "http",
+    ok,
+    detail: `${cfg.httpAddr} ${ok ? "serving" : "unreachable"}`,
+    fix: "the gateway serves it: start the gateway, or set TROUPE_HTTP_ADDR to where it listens",
+  };
+}
+
+async function modelCheck(cfg: Config): Promise<Check> {
+  if (cfg.providersFile) {
+    const ok = await readFile(cfg.providersFile, "utf8").then(
+      (t) => (JSON.parse(t), true),
+      () => false,
+    );
+    return {
+      name: "model",
+      ok,
+      detail: `providers file ${cfg.providersFile}${ok ? "" : " unreadable or not JSON"}`,
+      fix: "check it with `troupe config validate FILE --kind providers`",
+    };
+  }
+  const base = modelBaseUrl(cfg);
+  const res = await fetch(`${base}/models`, {
+    headers: cfg.openaiApiKey ? { authorization: `Bearer ${cfg.openaiApiKey}` } : {},
+    signal: AbortSignal.timeout(3000),
+  }).then(
+    (r) => `HTTP ${r.status}`,
+    (e: Error) => `unreachable (${e.cause ? String((e.cause as Error).message ?? e.cause) : e.message})`,
+  );
+  return {
+    name: "model",
+    ok: res === "HTTP 200",
+    detail: `${base} ${res}${cfg.openaiBaseUrl ? `, model ${cfg.model}` : " (the scripted model)"}`,
+    fix: cfg.openaiBaseUrl
+      ? "check OPENAI_BASE_URL and OPENAI_API_KEY (401: the key; 404: the base URL should end in /v1)"
+      : "the scripted model server runs under `troupe up`; or set OPENAI_BASE_URL, OPENAI_API_KEY and TROUPE_MODEL",
+  };
+}
+
+async function dockerChecks(cfg: Config): Promise<Check[]> {
+  const docker = new Docker();
+  const info = (await docker.info().catch(() => undefined)) as { Runtimes?: Record<string, unknown> } | undefined;
+  if (!info)
+    return [
+      {
+        name: "docker",
+        ok: false,
+        detail: `no engine at ${cfg.dockerHost}`,
+        fix: "start dockerd (`make host` installs and starts it), or set DOCKER_HOST",
+      },
+    ];
+  const runtimes = Object.keys(info.Runtimes ?? {});
+  const image = await docker
+    .getImage(cfg.sandboxImage)
+    .inspect()
+    .then(
+      () => true,
+      () => false,
+    );
+  return [
+    { name: "docker", ok: true, detail: `engine up; runtimes ${runtimes.join(", ")}` },
+    {
+      name: "runsc",
+      ok: runtimes.includes("runsc"),
+      optional: cfg.sandboxRuntime !== "runsc",
+      detail: runtimes.includes("runsc") ? "gVisor registered" : "gVisor is not registered with the engine",
+      fix: "`make host` installs runsc and registers it",
+    },
+    {
+      name: "image",
+      ok: image,
+      detail: `${cfg.sandboxImage} ${image ? "present" : "missing"} (runtime ${cfg.sandboxRuntime})`,
+      fix: "build it: make sandbox-image",
+    },
+  ];
+}
+
+async function filesChecks(cfg: Config): Promise<Check[]> {
+  const keys = await readFile(cfg.apiKeysFile, "utf8").then(
+    (t) => ((JSON.parse(t) as { keys?: unknown[] }).keys ?? []).length,
+    (e: NodeJS.ErrnoException) => (e.code === "ENOENT" ? "missing" : "unreadable or not JSON"),
+  );
+  const writable = await access(cfg.dataDir, constants.W_OK).then(
+    () => true,
+    () => false,
+  );
+  return [
+    {
+      name: "keys",
+      ok: typeof keys === "number" && keys > 0,
+      detail: `${cfg.apiKeysFile}: ${typeof keys === "number" ? `${keys} key${keys === 1 ? "" : "s"}` : keys}`,
+      fix: "`troupe up` makes a development key; `troupe keys create --tenant T --principal P` makes others",
+    },
+    {
+      name: "data",
+      ok: writable,
+      detail: `${cfg.dataDir} ${writable ? "writable" : "missing or not writable"}`,
+      fix: "create it, or give the user Troupe runs as write access (or set TROUPE_DATA_DIR)",
+    },
+  ];
+}
+
+export async function statusCommand(args: string[], doctor: boolean): Promise<number> {
+  const cfg = loadConfig(args, undefined, { ...CLIENT_FLAGS });
+  const tls =
+    cfg.flags.tls === true || cfg.tlsCa !== "" ? { ca: cfg.tlsCa ? await readFile(cfg.tlsCa) : undefined } : undefined;
+  const checks = [
+    ...(await Promise.all(SERVICES.map((s) => serviceCheck(cfg, s, tls)))),
+    await httpCheck(cfg),
+    await modelCheck(cfg),
+    ...(await dockerChecks(cfg)),
+    ...(await filesChecks(cfg)),
+  ];
+  for (const c of checks) {
+    process.stdout.write(`${(c.ok ? "ok" : c.optional ? "warn" : "FAIL").padEnd(5)} ${c.name.padEnd(8)} ${c.detail}\n`);
+    if (doctor && !c.ok && c.fix) process.stdout.write(`${" ".repeat(15)}fix: ${c.fix}\n`);
+  }
+  const failed = checks.filter((c) => !c.ok && !c.optional);
+  if (failed.length > 0 && !doctor) process.stdout.write("(troupe doctor says how to fix each)\n");
+  return failed.length === 0 ? 0 : 1;
+}
