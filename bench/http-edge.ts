@@ -12,7 +12,7 @@ import { createClient as createConnectClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import { GatewayService } from "../services/shared/gen/troupe/v1/gateway_pb.js";
 import { LOAD_QUOTAS, startStack } from "../test/helpers/stack.js";
-import { pct } from "./support/stats.js";
+import { measure, type Measured } from "./support/stats.js";
 
 const { values } = parseArgs({ options: { calls: { type: "string", default: "3000" } } });
 const N = Number(values.calls);
@@ -23,23 +23,6 @@ const stack = await startStack({
 });
 const headers = { authorization: `Bearer ${stack.apiKey}` };
 const base = `http://${stack.addr.http}`;
-
-/** Latencies of n calls, `parallel` at a time, and the rate they were done at. */
-async function measure(fn: () => Promise<void>, n: number, parallel: number) {
-  const lat: number[] = [];
-  let next = 0;
-  const t0 = performance.now();
-  await Promise.all(
-    Array.from({ length: parallel }, async () => {
-      while (next++ < n) {
-        const t = performance.now();
-        await fn();
-        lat.push(performance.now() - t);
-      }
-    }),
-  );
-  return { p50: pct(lat, 50), p99: pct(lat, 99), perSec: (n / (performance.now() - t0)) * 1000 };
-}
 
 try {
   const { session } = await stack.gateway.createSession({});
@@ -72,17 +55,13 @@ try {
   };
 
   for (const fn of [viaGrpc, viaJson, viaH2]) await measure(fn, 300, 4); // warm-up
-  const fmt = (m: { p50: number; p99: number; perSec: number }) =>
-    `p50 ${m.p50.toFixed(2)} ms, p99 ${m.p99.toFixed(2)} ms, ${Math.round(m.perSec)}/s`;
+  const fmt = (m: Measured) => `p50 ${m.p50.toFixed(2)} ms, p99 ${m.p99.toFixed(2)} ms, ${Math.round(m.perSec)}/s`;
   const rows: [string, () => Promise<void>][] = [
     ["gRPC port (baseline)", viaGrpc],
     ["HTTP/1.1 Connect JSON (fetch)", viaJson],
     ["HTTP/2 Connect binary", viaH2],
   ];
-  const results = new Map<
-    string,
-    { one: Awaited<ReturnType<typeof measure>>; many: Awaited<ReturnType<typeof measure>> }
-  >();
+  const results = new Map<string, { one: Measured; many: Measured }>();
   for (const [name, fn] of rows) results.set(name, { one: await measure(fn, N, 1), many: await measure(fn, N, 16) });
   for (const [name, r] of results) console.log(`${name}: one at a time ${fmt(r.one)}; 16 at a time ${fmt(r.many)}`);
   const g = results.get("gRPC port (baseline)")!;

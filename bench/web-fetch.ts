@@ -10,7 +10,7 @@ import type { AddressInfo } from "node:net";
 import { parseArgs } from "node:util";
 import { Agent, request } from "undici";
 import { guardedRequest, type NetPolicy } from "../services/shared/net-guard.js";
-import { pct } from "./support/stats.js";
+import { measure, type Measured } from "./support/stats.js";
 
 const { values } = parseArgs({ options: { requests: { type: "string", default: "2000" } } });
 const N = Number(values.requests);
@@ -39,28 +39,10 @@ const plain = async () => {
   if (r.statusCode !== 200 || body.length !== page.length) throw new Error("bad answer");
 };
 
-/** Latencies of n requests, `parallel` at a time, and the rate they were done at. */
-async function measure(fn: () => Promise<void>, n: number, parallel: number) {
-  const lat: number[] = [];
-  let next = 0;
-  const t0 = performance.now();
-  await Promise.all(
-    Array.from({ length: parallel }, async () => {
-      while (next++ < n) {
-        const t = performance.now();
-        await fn();
-        lat.push(performance.now() - t);
-      }
-    }),
-  );
-  return { p50: pct(lat, 50), p99: pct(lat, 99), perSec: (n / (performance.now() - t0)) * 1000 };
-}
-
 try {
   await measure(guarded, 200, 4); // warm-up, both paths
   await measure(plain, 200, 4);
-  const fmt = (m: { p50: number; p99: number; perSec: number }) =>
-    `p50 ${m.p50.toFixed(2)} ms, p99 ${m.p99.toFixed(2)} ms, ${Math.round(m.perSec)}/s`;
+  const fmt = (m: Measured) => `p50 ${m.p50.toFixed(2)} ms, p99 ${m.p99.toFixed(2)} ms, ${Math.round(m.perSec)}/s`;
   const g1 = await measure(guarded, N, 1);
   const p1 = await measure(plain, N, 1);
   const g16 = await measure(guarded, N, 16);

@@ -43,7 +43,10 @@ test("--version and per-command --help answer and exit 0", async (t) => {
   assert.equal(v.code, 0);
   assert.equal(v.out.trim(), `troupe ${pkg.version}`);
   for (const [args, shows] of [
-    [["chat", "--help"], /chat \[--session ID \| -c\] \[--agent A\] \[--json\] \[--instruction TEXT\][\s\S]*\[MESSAGE\]/],
+    [
+      ["chat", "--help"],
+      /chat \[--session ID \| -c\] \[--agent A\] \[--json\] \[--instruction TEXT\][\s\S]*\[MESSAGE\]/,
+    ],
     [["doctor", "--help"], /doctor +the same, with what to do about each problem/],
     [["logs", "--help"], /logs \[-f\] \[--service S\] \[-n N\]/],
     [["up", "--help"], /--runners N/],
