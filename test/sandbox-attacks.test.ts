@@ -396,7 +396,19 @@ for (const runtime of ["runc", "runsc"] as const) {
       test(`#${attack.n} ${attack.name}`, async () => {
         const id = `atk-${runtime}-${attack.n}`;
         const r = await exec(sandbox, id, attack.command, { timeoutMs: attack.timeoutMs });
-        attack.check(r, runtime);
+        try {
+          attack.check(r, runtime);
+        } catch (err) {
+          // What the service saw says whether the sandbox ended under the command (a lost agent
+          // connection reports exit 137 untruncated) or the command misbehaved.
+          const tail = stack
+            .logs()
+            .split("\n")
+            .filter((l) => l.includes("sandbox:"))
+            .slice(-8)
+            .join("\n");
+          throw new Error(`${(err as Error).message}\n--- the sandbox service's last lines ---\n${tail}`);
+        }
         if (attack.afterwards)
           assert.equal((await exec(sandbox, id, attack.afterwards.command)).out, attack.afterwards.expect);
         // Whatever it tried, the sandbox still answers.
