@@ -1,4 +1,5 @@
 import { loadConfig } from "../shared/config.js";
+import { splitHostPort } from "../shared/host-port.js";
 import { createLogger } from "../shared/log.js";
 import { startScriptedModelServer } from "./scripted-model/server.js";
 
@@ -16,11 +17,4 @@ export async function modelServerCommand(args: string[]): Promise<void> {
   };
   process.on("SIGTERM", () => void stop());
   process.on("SIGINT", () => void stop());
-}
-
-export function splitHostPort(address: string): [string, number] {
-  const i = address.lastIndexOf(":");
-  const port = Number(address.slice(i + 1));
-  if (i <= 0 || !Number.isInteger(port) || port < 0 || port > 65535) throw new Error(`"${address}" is not HOST:PORT`);
-  return [address.slice(0, i).replace(/^\[|\]$/g, ""), port];
 }

@@ -16,6 +16,7 @@ import { Code, ConnectError, type ConnectRouter, type HandlerContext } from "@co
 import { connectNodeAdapter, type ConnectNodeAdapterOptions } from "@connectrpc/connect-node";
 import { context } from "@opentelemetry/api";
 import { GatewayService } from "../shared/gen/troupe/v1/gateway_pb.js";
+import { splitHostPort } from "../shared/host-port.js";
 import type { Logger } from "../shared/log.js";
 import { grpc, type ServiceClient } from "../shared/rpc.js";
 import { extractContext } from "../shared/telemetry.js";
@@ -215,9 +216,4 @@ export async function startHttpEdge(opts: HttpEdgeOptions): Promise<HttpEdge> {
       clearTimeout(timer);
     },
   };
-}
-
-function splitHostPort(address: string): [string, number] {
-  const at = address.lastIndexOf(":");
-  return [address.slice(0, at).replace(/^\[|\]$/g, ""), Number(address.slice(at + 1))];
 }

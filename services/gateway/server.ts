@@ -481,8 +481,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
     },
   });
 
-  // Reflection lets any gRPC tool discover the public API (grpcurl list, describe); it is open to
-  // all, like health: the schema is public, what it reaches is not.
+  // Reflection (grpcurl list, describe) is open to all, like health: the schema is public, not what it reaches.
   server.add(ServerReflection, reflectionService([GatewayService, Health]));
 
   const port = await server.listen(cfg.addr.gateway, cfg.tls);

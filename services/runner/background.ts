@@ -9,6 +9,7 @@ import type { SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
 import type { ServiceClient } from "../shared/rpc.js";
 import { identityMetadata, type Identity } from "../shared/auth.js";
 import { refKey, type SessionRef } from "../shared/session-ref.js";
+import type { EgressOf } from "./tools.js";
 
 type SandboxClient = ServiceClient<(typeof SandboxService)["method"]>;
 
@@ -146,7 +147,7 @@ export class BackgroundProcesses {
     agentId: string,
     owner: Identity,
     command: string,
-    egress?: { allowHosts: string[]; budgetBytes: bigint },
+    egress?: Awaited<ReturnType<EgressOf>>,
   ): Promise<BackgroundProcess> {
     const key = refKey(ref);
     const mine = this.bySession.get(key) ?? new Map<string, BackgroundProcess>();
