@@ -74,6 +74,9 @@ describe("the web console in Chromium", () => {
     assert.equal(await page.$("#sign-in").then((e) => e!.isVisible()), false);
     assert.match(await text("#who"), new RegExp(`…${stack.apiKey.slice(-4)}$`));
     assert.deepEqual(errors, []);
+    // A user key: no operator's views.
+    await new Promise((r) => setTimeout(r, 300));
+    assert.equal(await page.$("#admin-nav").then((e) => e!.isVisible()), false);
     // Only in this tab's session storage.
     assert.equal(await page.evaluate(() => localStorage.length), 0);
     assert.equal(await page.evaluate(() => sessionStorage.getItem("troupe.key")), stack.apiKey);
@@ -130,5 +133,22 @@ describe("the web console in Chromium", () => {
     await send("!tokens 3");
     await waitText("#events", /t1 t2 t3/);
     await shot("5-after-reload");
+  });
+
+  test("an admin key sees the sandboxes and the audit log", async () => {
+    const adminKey = await stack.keyFor("ops", "root", { role: "admin" });
+    await page.click("#sign-out");
+    await page.waitForSelector("#sign-in", { visible: true });
+    await page.type("#api-key", adminKey);
+    await page.click("#sign-in button[type=submit]");
+    await page.waitForSelector("#admin-nav", { visible: true });
+    await page.click("#show-sandboxes");
+    // The development tenant's session sandbox, made by the tool call above.
+    await waitText("#admin-rows", /session:local\.dev\.[\s\S]*running/);
+    await shot("6-sandboxes");
+    await page.click("#show-audit");
+    await waitText("#admin-rows", /abort[\s\S]*local[\s\S]*from the console/);
+    assert.match(await text("#admin-status"), /rows?, read/);
+    await shot("7-audit-log");
   });
 });

@@ -2,7 +2,7 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { spawn, spawnSync, execFile, type ChildProcess } from "node:child_process";
-import { mkdtemp, readFile, rm, stat } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile, rm, stat, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { promisify } from "node:util";
@@ -11,6 +11,7 @@ import {
   HealthCheckResponse_ServingStatus as Serving,
 } from "../services/shared/gen/grpc/health/v1/health_pb.js";
 import { GatewayService } from "../services/shared/gen/troupe/v1/gateway_pb.js";
+import { Role } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { RouterService } from "../services/shared/gen/troupe/v1/router_pb.js";
 import { clientApiKey, internalCredentials } from "../services/shared/auth.js";
 import { createClient } from "../services/shared/rpc.js";
@@ -232,6 +233,56 @@ describe("troupe chat", () => {
     ]);
     const history = await stack.gateway.getHistory({ sessionId: "cli-1" });
     assert.equal(history.messages.at(-1)!.text, "You said: second");
+  });
+
+  test("--model picks the session's model among those its agent allows, and it stays chosen", async () => {
+    const agentDir = path.join(stack.dataDir, "agents", "picker");
+    await mkdir(agentDir, { recursive: true });
+    await writeFile(path.join(agentDir, "agent.json"), JSON.stringify({ models: ["scripted-2"] }));
+    const chat = (...args: string[]) =>
+      run(process.execPath, [MAIN, "chat", "--data-dir", stack.dataDir, "--gateway", stack.addr.gateway, ...args]);
+    const modelsOf = (stdout: string) =>
+      stdout
+        .trim()
+        .split("\n")
+        .map((l) => JSON.parse(l) as { agentStart?: { model: string } })
+        .filter((e) => e.agentStart)
+        .map((e) => e.agentStart!.model);
+    const base = ["--json", "--agent", "picker", "--session", "cli-model"];
+    assert.deepEqual(modelsOf((await chat(...base, "--model", "scripted-2", "hello")).stdout), ["scripted-2"]);
+    // Kept with the session: the next turn, without --model, uses it too.
+    assert.deepEqual(modelsOf((await chat(...base, "again")).stdout), ["scripted-2"]);
+    const history = await stack.gateway.getHistory({ sessionId: "cli-model" });
+    assert.deepEqual(
+      history.messages.filter((m) => m.role === Role.ASSISTANT).map((m) => m.model),
+      ["scripted-2", "scripted-2"],
+    );
+    // One the agent does not allow: refused with the list, nothing sent, the session unchanged.
+    const refused = await chat(...base, "--model", "scripted-9", "nope").catch((e) => e);
+    assert.equal(refused.code, 1);
+    assert.match(refused.stderr, /INVALID_ARGUMENT/);
+    assert.match(
+      refused.stderr,
+      /model scripted-9 is not one agent picker allows \(it allows scripted-1, scripted-2\)/,
+    );
+    const fresh = await chat(
+      "--json",
+      "--agent",
+      "picker",
+      "--session",
+      "cli-model-new",
+      "--model",
+      "scripted-9",
+      "x",
+    ).catch((e) => e);
+    assert.equal(fresh.code, 1);
+    assert.match(fresh.stderr, /INVALID_ARGUMENT/);
+    const sessions = await stack.gateway.listSessions({});
+    assert.ok(!sessions.sessions.some((x) => x.sessionId === "cli-model-new"), "a refused model makes no session");
+    const malformed = await chat(...base, "--model", "not a model", "x").catch((e) => e);
+    assert.equal(malformed.code, 1);
+    assert.match(malformed.stderr, /model "not a model" is not valid/);
+    assert.equal((await stack.gateway.getHistory({ sessionId: "cli-model" })).messages.length, 4);
   });
 
   test("a failed turn exits non-zero; an unreachable gateway says how to fix it", async () => {

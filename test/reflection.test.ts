@@ -48,7 +48,12 @@ test("lists the gateway's services without credentials", async () => {
     res.messageResponse.case === "listServicesResponse"
       ? res.messageResponse.value.service.map((s) => s.name).sort()
       : [];
-  assert.deepEqual(names, ["grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection", "troupe.v1.GatewayService"]);
+  assert.deepEqual(names, [
+    "grpc.health.v1.Health",
+    "grpc.reflection.v1.ServerReflection",
+    "troupe.v1.AdminService",
+    "troupe.v1.GatewayService",
+  ]);
 });
 
 test("the schema fetched by symbol is enough to decode Troupe's events; unknown symbols are NOT_FOUND and the stream goes on", async () => {

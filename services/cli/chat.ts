@@ -4,6 +4,7 @@
 //   --json                  every event as a JSON line on stdout; -c: the session used last
 //   --instruction TEXT      for each turn's system prompt only; --queue-mode: the session's
 //                           default, and how a line typed during a turn is queued
+//   --model PROVIDER/MODEL  the session's model from now on (one its agent allows)
 //   troupe chat             interactive (a terminal, or -i): a line typed while the agent works
 //                           is sent as steering; Ctrl-C aborts the running turn, a second exits
 import readline from "node:readline";
@@ -26,6 +27,7 @@ export async function chatCommand(args: string[]): Promise<number> {
     continue: { type: "boolean", short: "c" },
     instruction: { type: "string" },
     "queue-mode": { type: "string" },
+    model: { type: "string" },
     interactive: { type: "boolean", short: "i" },
     ...CLIENT_FLAGS,
   });
@@ -161,7 +163,13 @@ export async function chatCommand(args: string[]): Promise<number> {
       frameId: frameId(),
       kind: {
         case: "open",
-        value: { sessionId, agentId: String(cfg.flags.agent ?? ""), create: true, queueMode },
+        value: {
+          sessionId,
+          agentId: String(cfg.flags.agent ?? ""),
+          create: true,
+          queueMode,
+          model: String(cfg.flags.model ?? ""),
+        },
       },
     },
   });

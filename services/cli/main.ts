@@ -16,13 +16,14 @@ all at once:
                         N, M, R instances for a local cluster; --store postgres runs a
                         PostgreSQL server in DATA_DIR/postgres; what runs: DATA_DIR/up.json
 client:
-  chat [--session ID | -c] [--agent A] [--json] [--instruction TEXT] [--queue-mode M]
+  chat [--session ID | -c] [--agent A] [--model P/M] [--json] [--instruction TEXT] [--queue-mode M]
        [-i] [--tls] [--ca FILE] [MESSAGE]
                         stream a reply; with MESSAGE (or what is piped in, as one
                         message) run one turn and exit; -c: the session used last;
                         --json: each event as a JSON line; --instruction: for the
                         turn's system prompt only; --queue-mode steer|followup|
-                        collect|interrupt|reject; -i: type lines even from a pipe;
+                        collect|interrupt|reject; --model: the session's model from
+                        now on (its agent.json "models"); -i: type lines even from a pipe;
                         --tls (system roots) or --ca FILE for a gateway serving TLS
   sessions ls | show ID | rm ID [--forget-memories]
                         your sessions; one's history; delete one (--json: JSON lines)

@@ -74,9 +74,8 @@ export async function memoryCommand(args: string[]): Promise<number> {
     agentId: (f.agent as string) ?? "",
   };
   const text = cfg.rest.join(" ").trim();
-  const client = createClient(MemoryService, cfg.addr.memory, {
-    headers: (await internalCredentials(cfg.dataDir, cfg.internalToken)).headers,
-  });
+  const internal = await internalCredentials(cfg.dataDir, cfg.internalToken, cfg.internalCa);
+  const client = createClient(MemoryService, cfg.addr.memory, { headers: internal.headers, tls: internal.tls });
   try {
     switch (sub) {
       case "add": {

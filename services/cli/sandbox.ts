@@ -59,8 +59,10 @@ export async function sandboxCommand(args: string[]): Promise<number> {
   };
   // An operator's tool on a machine of the stack: it speaks to the sandbox service as Troupe does,
   // for the session's owner.
+  const internal = await internalCredentials(cfg.dataDir, cfg.internalToken, cfg.internalCa);
   const client = createClient(SandboxService, cfg.addr.sandbox, {
-    headers: { ...(await internalCredentials(cfg.dataDir, cfg.internalToken)).headers, ...identityHeaders(owner) },
+    headers: { ...internal.headers, ...identityHeaders(owner) },
+    tls: internal.tls,
   });
   try {
     switch (sub) {

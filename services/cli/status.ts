@@ -22,7 +22,9 @@ const SERVICES = ["gateway", "router", "runner", "memory", "sandbox"] as const;
 
 async function serviceCheck(cfg: Config, name: (typeof SERVICES)[number], tls?: { ca?: Buffer }): Promise<Check> {
   const address = cfg.addr[name];
-  const health = createClient(Health, address, { tls: name === "gateway" ? tls : undefined });
+  // The gateway as its clients reach it; the others as Troupe's services do (internal TLS or not).
+  const internal = cfg.internalCa ? { ca: await readFile(cfg.internalCa) } : undefined;
+  const health = createClient(Health, address, { tls: name === "gateway" ? tls : internal });
   try {
     const { status } = await health.check({ service: "" }, { timeoutMs: 1500 });
     const serving = status === Serving.SERVING;

@@ -5,7 +5,7 @@
 // runs where is written to <data-dir>/up.json.
 import { spawn, type ChildProcess } from "node:child_process";
 import { createWriteStream } from "node:fs";
-import { mkdir, rename, rm, stat, writeFile } from "node:fs/promises";
+import { mkdir, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { authPaths, ensureDevKey, internalCredentials, internalToken } from "../shared/auth.js";
@@ -98,6 +98,9 @@ export async function upCommand(argv: string[]): Promise<void> {
     String(cfg.maxMessageBytes),
     "--api-keys",
     cfg.apiKeysFile,
+    // The gateway serves TLS with these; the other services too when internal TLS is on.
+    ...(cfg.tls ? ["--tls-cert", cfg.tls.certFile, "--tls-key", cfg.tls.keyFile] : []),
+    ...(cfg.internalCa ? ["--internal-ca", cfg.internalCa] : []),
   ];
   const children: Child[] = [];
   const add = (name: string, address: string, extra: string[] = []): void => {
@@ -263,9 +266,12 @@ async function waitReady(cfg: Config, children: Child[], timeoutMs: number): Pro
   const deadline = Date.now() + timeoutMs;
   const services = children.filter((c) => c.name !== "model-server");
   const pending = new Set([...services.map((c) => c.name), "runner registration"]);
-  const router = createClient(RouterService, cfg.addr.router, {
-    headers: (await internalCredentials(cfg.dataDir, cfg.internalToken)).headers,
-  });
+  const internal = await internalCredentials(cfg.dataDir, cfg.internalToken, cfg.internalCa);
+  const router = createClient(RouterService, cfg.addr.router, { headers: internal.headers, tls: internal.tls });
+  // The gateway serves TLS with a certificate (its own CA is the clients' business); the others
+  // when internal TLS is on, under the internal CA.
+  const gatewayCa = cfg.tlsCa ? await readFile(cfg.tlsCa) : internal.tls?.ca;
+  const gatewayTls = cfg.tls ? { ca: gatewayCa } : undefined;
   try {
     while (pending.size > 0 && Date.now() < deadline) {
       for (const name of [...pending]) {
@@ -279,7 +285,7 @@ async function waitReady(cfg: Config, children: Child[], timeoutMs: number): Pro
         }
         const child = services.find((c) => c.name === name)!;
         const kind = child.args[0] as keyof typeof SERVICE_TYPE;
-        const health = createClient(Health, child.address);
+        const health = createClient(Health, child.address, { tls: kind === "gateway" ? gatewayTls : internal.tls });
         const status = await health.check({ service: SERVICE_TYPE[kind] }, { timeoutMs: 1000 }).then(
           (r) => r.status,
           () => undefined,

@@ -1,5 +1,5 @@
 // The gateway's HTTP face, on TROUPE_HTTP_ADDR: every unary and server-streaming GatewayService
-// method through the Connect protocol (JSON or binary, HTTP/1.1 or HTTP/2) and gRPC-Web, so that
+// and AdminService method through the Connect protocol (JSON or binary, HTTP/1.1 or HTTP/2) and gRPC-Web, so that
 // curl, a browser or a webhook can drive a session; and the OpenAI-compatible /v1 (openai-compat.ts).
 // Bidirectional Chat stays on gRPC: HTTP clients use SendMessage, Steer, FollowUp and Abort with
 // Subscribe.
@@ -15,6 +15,8 @@ import net from "node:net";
 import { Code, ConnectError, type ConnectRouter, type HandlerContext } from "@connectrpc/connect";
 import { connectNodeAdapter, type ConnectNodeAdapterOptions } from "@connectrpc/connect-node";
 import { context } from "@opentelemetry/api";
+import type { DescService } from "@bufbuild/protobuf";
+import { AdminService } from "../shared/gen/troupe/v1/admin_pb.js";
 import { GatewayService } from "../shared/gen/troupe/v1/gateway_pb.js";
 import { splitHostPort } from "../shared/host-port.js";
 import type { Logger } from "../shared/log.js";
@@ -22,6 +24,7 @@ import { grpc, type ServiceClient } from "../shared/rpc.js";
 import { extractContext } from "../shared/telemetry.js";
 
 export type GatewayClient = ServiceClient<(typeof GatewayService)["method"]>;
+export type AdminClient = ServiceClient<(typeof AdminService)["method"]>;
 
 type NodeHandler = NonNullable<ConnectNodeAdapterOptions["fallback"]>;
 export type NodeServerRequest = Parameters<NodeHandler>[0];
@@ -35,6 +38,7 @@ export interface HttpEdgeOptions {
   address: string;
   /** The gateway's gRPC server, reached over its private socket. */
   gateway: GatewayClient;
+  admin: AdminClient;
   maxMessageBytes: number;
   /** Origins allowed to call from a browser; "*" for any. */
   cors: string[];
@@ -68,16 +72,23 @@ export function connectErrorOf(err: unknown): ConnectError {
   return new ConnectError(e.details || e.message || "internal error", code);
 }
 
-/** Each unary and server-streaming method, passed through to the gRPC server. */
-function routes(gateway: GatewayClient) {
+/** Each unary and server-streaming method of both services, passed through to the gRPC server. */
+function routes(gateway: GatewayClient, admin: AdminClient) {
+  return (router: ConnectRouter) =>
+    router
+      .service(GatewayService, passThrough(GatewayService, gateway))
+      .service(AdminService, passThrough(AdminService, admin));
+}
+
+function passThrough(service: DescService, client: object) {
   const impl: Record<string, unknown> = {};
   const optionsOf = (ctx: HandlerContext) => {
     const metadata = forwardedMetadata(ctx.requestHeader);
     const timeoutMs = ctx.timeoutMs();
     return { metadata, signal: ctx.signal, timeoutMs, parent: extractContext(metadata) };
   };
-  for (const method of GatewayService.methods) {
-    const call = (gateway as unknown as Record<string, (req: unknown, opts: unknown) => unknown>)[method.localName];
+  for (const method of service.methods) {
+    const call = (client as unknown as Record<string, (req: unknown, opts: unknown) => unknown>)[method.localName];
     if (method.methodKind === "unary")
       impl[method.localName] = async (req: unknown, ctx: HandlerContext) => {
         const { parent, ...opts } = optionsOf(ctx);
@@ -98,7 +109,7 @@ function routes(gateway: GatewayClient) {
         }
       };
   }
-  return (router: ConnectRouter) => router.service(GatewayService, impl);
+  return impl;
 }
 
 /** CORS for the allowed origins; answers preflights. True when the request is done. */
@@ -137,7 +148,7 @@ function cors(allowed: string[], req: NodeServerRequest, res: NodeServerResponse
 
 export async function startHttpEdge(opts: HttpEdgeOptions): Promise<HttpEdge> {
   const connect = connectNodeAdapter({
-    routes: routes(opts.gateway),
+    routes: routes(opts.gateway, opts.admin),
     // The gRPC port serves gRPC; this one, Connect and gRPC-Web (what browsers can speak).
     grpc: false,
     readMaxBytes: opts.maxMessageBytes,

@@ -4,6 +4,7 @@ import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import type { Config } from "../shared/config.js";
+import { AdminService } from "../shared/gen/troupe/v1/admin_pb.js";
 import { GatewayService } from "../shared/gen/troupe/v1/gateway_pb.js";
 import type { Logger } from "../shared/log.js";
 import { createClient, type RpcServer } from "../shared/rpc.js";
@@ -20,11 +21,13 @@ export async function serveHttp(cfg: Config, server: RpcServer, logger: Logger):
   const socket = path.join(dir, "grpc.sock");
   await server.listen(`unix:${socket}`);
   const gateway = createClient(GatewayService, `unix:${socket}`, { maxMessageBytes: cfg.maxMessageBytes });
+  const admin = createClient(AdminService, `unix:${socket}`, { maxMessageBytes: cfg.maxMessageBytes });
   const openAi = openAiCompat(gateway, { maxBodyBytes: cfg.maxMessageBytes, agentsDir: cfg.agentsDir });
   const webConsole = consoleFiles(logger);
   const edge = await startHttpEdge({
     address: cfg.httpAddr,
     gateway,
+    admin,
     maxMessageBytes: cfg.maxMessageBytes,
     cors: cfg.httpCors,
     tls: cfg.tls,
@@ -37,6 +40,7 @@ export async function serveHttp(cfg: Config, server: RpcServer, logger: Logger):
     async close(graceMs) {
       await edge.close(graceMs);
       gateway.close();
+      admin.close();
       rmSync(dir, { recursive: true, force: true });
     },
   };

@@ -69,6 +69,7 @@ export class RunnerPool {
   constructor(
     private readonly maxMessageBytes: number,
     private readonly headers: Record<string, string>,
+    private readonly tls?: { ca: Buffer },
   ) {}
   get(address: string): RunnerClient {
     let c = this.clients.get(address);
@@ -78,6 +79,7 @@ export class RunnerPool {
         maxMessageBytes: this.maxMessageBytes,
         rawResponses: ["attach"],
         headers: this.headers,
+        tls: this.tls,
       });
       this.clients.set(address, c);
     }

@@ -3,7 +3,6 @@
 // to that runner. Events flow runner -> gateway -> client with backpressure honoured at each step;
 // the router is never on that path.
 import { create, fromBinary } from "@bufbuild/protobuf";
-import { ApiKeys } from "../shared/api-keys.js";
 import { apiKeyAuth, callerOf, identityMetadata, identityOf, internalCredentials } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
 import {
@@ -15,11 +14,13 @@ import {
   toStatus,
   unavailable,
 } from "../shared/errors.js";
-import { catchStopCommand, validateFrame, validateSessionRef } from "../shared/frames.js";
+import { catchStopCommand, validateFrame, validateModelName, validateSessionRef } from "../shared/frames.js";
+import { AdminService } from "../shared/gen/troupe/v1/admin_pb.js";
 import { GatewayService, type ChatRequest } from "../shared/gen/troupe/v1/gateway_pb.js";
 import { Health } from "../shared/gen/grpc/health/v1/health_pb.js";
 import { ServerReflection } from "../shared/gen/grpc/reflection/v1/reflection_pb.js";
 import { reflectionService } from "./reflection.js";
+import { adminService } from "./admin.js";
 import { labelName, memoryOwnerOf, normaliseInbound } from "./inbound.js";
 import { GatewayLimits } from "./limits.js";
 import { TenantQuotas } from "../shared/quotas.js";
@@ -41,7 +42,7 @@ import {
   type AttachRequestInit,
 } from "./passthrough.js";
 import { TurnSpans } from "./turn-spans.js";
-import { StreamsByKey } from "./revocation.js";
+import { watchedKeys } from "./revocation.js";
 
 type RunnerClient = ServiceClient<(typeof RunnerService)["method"]>;
 
@@ -49,23 +50,8 @@ type RunnerClient = ServiceClient<(typeof RunnerService)["method"]>;
 const onBehalfOf = (call: { metadata: grpc.Metadata }): grpc.Metadata => identityMetadata(identityOf(call.metadata));
 
 export async function startGateway(cfg: Config, logger: Logger): Promise<RunningService> {
-  const internal = await internalCredentials(cfg.dataDir, cfg.internalToken);
-  const keys = await ApiKeys.load(cfg.apiKeysFile, cfg.apiKeysJson);
-  keys.watch(2000, (err) =>
-    logger.error("API keys file does not parse; keeping only the keys still named in it", {
-      error: String((err as Error).message ?? err),
-    }),
-  );
-  // A revoked key's open streams end at the next reload (every 2 s), not when they next send.
-  const streams = new StreamsByKey();
-  keys.onRevoked(() => {
-    const ended = streams.endRevoked((hash) => keys.holds(hash));
-    if (ended > 0) logger.info(`ended ${ended} streams of revoked API keys`);
-  });
-  if (keys.size === 0)
-    logger.warn(
-      `no API keys configured: every call will be refused until one exists (troupe keys create, or ${cfg.apiKeysFile})`,
-    );
+  const internal = await internalCredentials(cfg.dataDir, cfg.internalToken, cfg.internalCa);
+  const { keys, streams } = await watchedKeys(cfg, logger);
   const limits = new GatewayLimits(cfg.limits);
   const quotas = await new TenantQuotas(cfg.quotaDefaults, cfg.quotasFile).start((err) =>
     logger.error("quotas file rejected; keeping the quotas read before", {
@@ -78,9 +64,9 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
     if (kind === "prompt" || kind === "steer" || kind === "followUp") limits.admitMessage(tenant, sessionId);
     else if (kind === "abort") limits.admitAbort(tenant, quotas.of(tenant).abortsPerSecond);
   };
-  const router = createClient(RouterService, cfg.addr.router, { headers: internal.headers });
+  const router = createClient(RouterService, cfg.addr.router, { headers: internal.headers, tls: internal.tls });
   const placements = new PlacementCache(router);
-  const runners = new RunnerPool(cfg.maxMessageBytes, internal.headers);
+  const runners = new RunnerPool(cfg.maxMessageBytes, internal.headers, internal.tls);
 
   /** Calls the caller's session's runner; if it is gone or the session moved, retries once where it is now. */
   const withRunner = async <T>(
@@ -257,10 +243,19 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
 
     async createSession(req, call) {
       validateSessionRef(req.sessionId, req.agentId, true);
+      validateModelName(req.model);
       const first = await placements.resolve(identityOf(call.metadata), req.sessionId, req.agentId);
       const res = await withRunner(call, first.sessionId, (runner, placement) =>
         runner.ensureSession(
-          { open: { sessionId: placement.sessionId, agentId: first.agentId, create: true, queueMode: req.queueMode } },
+          {
+            open: {
+              sessionId: placement.sessionId,
+              agentId: first.agentId,
+              create: true,
+              queueMode: req.queueMode,
+              model: req.model,
+            },
+          },
           { metadata: onBehalfOf(call) },
         ),
       );
@@ -481,8 +476,9 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
     },
   });
 
+  server.add(AdminService, adminService(router, runners));
   // Reflection (grpcurl list, describe) is open to all, like health: the schema is public, not what it reaches.
-  server.add(ServerReflection, reflectionService([GatewayService, Health]));
+  server.add(ServerReflection, reflectionService([GatewayService, AdminService, Health]));
 
   const port = await server.listen(cfg.addr.gateway, cfg.tls);
   logger.info(`gateway serving on port ${port}${cfg.tls ? " (TLS)" : ""}`, { maxMessageBytes: cfg.maxMessageBytes });

@@ -4,7 +4,7 @@
 // text ever reaches LanceDB's filter language except as such a checked value.
 import { create } from "@bufbuild/protobuf";
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
-import { NAME, internalCredentials } from "../shared/auth.js";
+import { internalCredentials, internalServing, NAME } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
 import { invalidArgument, invalidArgumentIf } from "../shared/errors.js";
 import { validateSessionRef } from "../shared/frames.js";
@@ -142,6 +142,7 @@ export function embedderFor(cfg: Config, providers = providersOf(cfg)): Embedder
 }
 
 export async function startMemory(cfg: Config, logger: Logger): Promise<RunningService> {
+  const listenTls = internalServing(cfg, "memory service");
   const providers = providersOf(cfg);
   const embedder = embedderFor(cfg, providers);
   const { memoryUri: uri, memoryStorageOptions: storageOptions } = cfg;
@@ -319,7 +320,7 @@ export async function startMemory(cfg: Config, logger: Logger): Promise<RunningS
       };
     },
   });
-  const port = await server.listen(cfg.addr.memory);
+  const port = await server.listen(cfg.addr.memory, listenTls);
   logger.info(`memory serving on port ${port}`, { store: uri, embedder: embedder.name });
   return {
     async drain() {

@@ -10,7 +10,7 @@ import { create } from "@bufbuild/protobuf";
 import type pg from "pg";
 import { liveRunners } from "../shared/membership.js";
 import { openPool } from "../shared/pg.js";
-import { identityOf, internalCredentials } from "../shared/auth.js";
+import { identityOf, internalCredentials, internalServing } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
 import { invalidArgument, invalidArgumentIf, unavailable } from "../shared/errors.js";
 import { ChatType, type ChannelContext } from "../shared/gen/troupe/v1/inbound_pb.js";
@@ -124,6 +124,7 @@ function checkContext(ctx: ChannelContext | undefined): ChannelContext {
 }
 
 export async function startRouter(cfg: Config, logger: Logger): Promise<RunningService> {
+  const listenTls = internalServing(cfg, "router service");
   const directory = new RunnerDirectory();
   const pool = cfg.storeUrl ? openPool(cfg.storeUrl, 4) : undefined;
   const membership: Membership = pool ? new StoreMembership(pool, cfg.runnerLivenessMs) : directory;
@@ -193,7 +194,7 @@ export async function startRouter(cfg: Config, logger: Logger): Promise<RunningS
       };
     },
   });
-  const port = await server.listen(cfg.addr.router);
+  const port = await server.listen(cfg.addr.router, listenTls);
   logger.info(`router serving on port ${port}`);
   return {
     async drain() {

@@ -7,6 +7,7 @@
 //     "persona": "A careful research aide.",  // its identity, personality and tone
 //     "model": "openai/gpt-5-mini",           // provider/model (providers.ts)
 //     "fallbacks": ["local/llama3.1"],        // may cross providers
+//     "models": ["anthropic/claude-sonnet-4-5"],  // a session may choose these too (or the two above)
 //     "reasoningEffort": "low", "temperature": 0.2,  // each sent only where the model takes it
 //     "contextWindow": 128000, "maxOutputTokens": 4096,
 //     "reserveTokens": 16384, "keepRecentTokens": 20000,
@@ -37,6 +38,8 @@ export interface AgentConfig {
   /** Empty: the runner's model (TROUPE_MODEL). */
   model: string;
   fallbacks: string[];
+  /** Models a session may choose besides `model` and `fallbacks` (sessionModel). */
+  models: string[];
   /** Sent only to models that take it (model-rules.ts). */
   temperature?: number;
   reasoningEffort?: ReasoningEffort;
@@ -63,6 +66,7 @@ export const DEFAULT_AGENT: Readonly<Omit<AgentConfig, "name">> = {
   persona: "",
   model: "",
   fallbacks: [],
+  models: [],
   contextWindow: 128_000,
   maxOutputTokens: 4096,
   reserveTokens: 16_384,
@@ -86,6 +90,24 @@ export function toolOffered(agent: AgentConfig, name: string): boolean {
   if (name === "web_fetch") return agent.webFetch;
   if (name === "http_request") return agent.http.allowHosts.length > 0;
   return true;
+}
+
+/**
+ * The model a session's run starts with: the session's choice while its agent still allows it
+ * (its model, a fallback, or one of `models`), else the agent's own. `refused` says why a choice
+ * was set aside.
+ */
+export function sessionModel(
+  agentId: string,
+  agent: AgentConfig,
+  defaultModel: string,
+  chosen: string,
+): { model: string; refused?: string } {
+  const own = agent.model || defaultModel;
+  if (chosen === "" || chosen === own || agent.fallbacks.includes(chosen) || agent.models.includes(chosen))
+    return { model: chosen || own };
+  const allowed = [...new Set([own, ...agent.fallbacks, ...agent.models])].join(", ");
+  return { model: own, refused: `model ${chosen} is not one agent ${agentId} allows (it allows ${allowed})` };
 }
 
 /** An agent.json that cannot be used; the run goes on with the defaults and says why. */

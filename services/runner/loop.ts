@@ -26,7 +26,7 @@ import {
   type ChatMessage,
   type Usage,
 } from "../shared/gen/troupe/v1/session_pb.js";
-import { toolOffered } from "./agent-config.js";
+import { sessionModel, toolOffered } from "./agent-config.js";
 import { failpoint } from "./failpoints.js";
 import { triggerOf } from "../shared/frames.js";
 import { newId } from "../shared/ids.js";
@@ -157,11 +157,10 @@ async function startTurn(
   const { config: agent, error } = await deps.agent();
   // Tools the agent's configuration leaves out are neither offered nor callable in this run.
   deps = { ...deps, tools: deps.tools.filter((t) => toolOffered(agent, t.name)) };
-  const resolved = await deps.hooks.modify(
-    "before_model_resolve",
-    { ...info, model: agent.model || deps.defaultModel },
-    (p, r) => ({ payload: r.model ? { ...p, model: r.model } : p }),
-  );
+  const chosen = sessionModel(deps.agentId, agent, deps.defaultModel, host.model);
+  const resolved = await deps.hooks.modify("before_model_resolve", { ...info, model: chosen.model }, (p, r) => ({
+    payload: r.model ? { ...p, model: r.model } : p,
+  }));
   const models = [...new Set([resolved.payload.model, ...agent.fallbacks])];
   if (resume) {
     const interrupted = unansweredCalls(host.messages).map((c) => c.id);
@@ -178,6 +177,7 @@ async function startTurn(
       },
     });
   if (error) report(host, "AGENT_CONFIG", error);
+  if (chosen.refused) report(host, "AGENT_CONFIG", `${chosen.refused}; this run uses ${chosen.model}`);
   resolved.failures.forEach(hookFailed(host));
   failpoint("runner.run", query);
   const extra = initial.map((q) => q.instruction ?? "").filter((s) => s.trim() !== "");

@@ -2,7 +2,7 @@
 // same contract as its file counterpart (schedule-files.ts, profile-store.ts, audit-log.ts).
 import type pg from "pg";
 import { sameRef, type SessionRef } from "../shared/session-ref.js";
-import type { AuditRecord, AuditSink } from "./audit-log.js";
+import type { AuditQuery, AuditRecord, AuditSink, StoredAudit } from "./audit-log.js";
 import type { FileRead } from "./context.js";
 import { profileRead, type ProfileOwner, type ProfileStore } from "./profile-store.js";
 import { parseScheduleFile, refOfFile, type ScheduleFile, type ScheduleStore } from "./schedule-files.js";
@@ -69,6 +69,7 @@ export class PgProfileStore implements ProfileStore {
 
 /** The audit log as rows, each committed before its promise resolves; every runner writes to one log. */
 export class PgAuditLog implements AuditSink {
+  readonly shared = true;
   private readonly pending = new Set<Promise<unknown>>();
 
   constructor(
@@ -83,6 +84,16 @@ export class PgAuditLog implements AuditSink {
     this.pending.add(write);
     void write.catch(() => undefined).finally(() => this.pending.delete(write));
     return write;
+  }
+
+  async read(query: AuditQuery): Promise<StoredAudit[]> {
+    const { rows } = await this.pool.query<{ at: Date; runner_id: string; record: AuditRecord }>(
+      `SELECT at, runner_id, record FROM troupe_audit
+        WHERE ($1 = '' OR record->>'tenant' = $1) AND ($2 = '' OR record->>'sessionId' = $2)
+        ORDER BY id DESC LIMIT $3`,
+      [query.tenant ?? "", query.sessionId ?? "", query.limit],
+    );
+    return rows.map((r) => ({ timeMs: r.at.getTime(), runnerId: r.runner_id, record: r.record }));
   }
 
   async close(): Promise<void> {

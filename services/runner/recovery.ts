@@ -53,6 +53,8 @@ export function resumeSeq(records: readonly LogRecord[]): number {
 export interface ReplayedLog {
   /** The last queue mode set, if any was. */
   queueMode?: QueueMode;
+  /** The last model chosen for the session, if any was. */
+  model?: string;
   /** The conversation: every message_end, in order. */
   messages: ChatMessage[];
   /** frame_id -> its first frame_accepted event (a resent frame is acknowledged with it). */
@@ -85,8 +87,10 @@ export function replayRecords(records: readonly LogRecord[]): ReplayedLog {
   };
   const accepted = new Map<string, ClientFrame>();
   for (const rec of records) {
-    if (rec.t === "settings") out.queueMode = rec.queueMode;
-    else if (rec.t === "elided") {
+    if (rec.t === "settings") {
+      if (rec.queueMode !== undefined) out.queueMode = rec.queueMode;
+      if (rec.model !== undefined) out.model = rec.model;
+    } else if (rec.t === "elided") {
       const gone = new Set(rec.messageIds);
       out.messages = out.messages.filter((m) => !gone.has(m.id));
     } else if (rec.t === "frame") {

@@ -51,6 +51,8 @@ export interface Compaction {
  */
 export interface RunHost {
   readonly sessionId: string;
+  /** The model chosen for the session; empty: the agent's. */
+  readonly model: string;
   /** Aborted when the run must stop (an abort, an interrupting prompt, the runner closing). */
   readonly signal: AbortSignal;
   /** The conversation so far (all of it: compaction changes the model's view, not the record); the loop appends to it. */

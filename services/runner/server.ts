@@ -3,7 +3,14 @@
 import { randomUUID } from "node:crypto";
 import { create } from "@bufbuild/protobuf";
 import { context } from "@opentelemetry/api";
-import { NAME, identityMetadata, identityOf, internalCredentials, sameIdentity } from "../shared/auth.js";
+import {
+  NAME,
+  identityMetadata,
+  identityOf,
+  internalCredentials,
+  internalServing,
+  sameIdentity,
+} from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
 import { modelBaseUrl } from "../shared/config.js";
 import {
@@ -40,7 +47,7 @@ import type { SessionActor } from "./session-actor.js";
 import { FrameRefused } from "./mailbox.js";
 import { fileStorage, pgStorage } from "./storage.js";
 import { SessionRegistry } from "./session-registry.js";
-import { AgentConfigs } from "./agent-config.js";
+import { AgentConfigs, sessionModel } from "./agent-config.js";
 import { ContextSources } from "./context.js";
 import { Hooks, loadPlugins } from "./hooks.js";
 import { InboundSafety } from "./safety.js";
@@ -49,6 +56,7 @@ import { TokenCounter } from "./tokens.js";
 import { TenantRuns } from "./tenant-runs.js";
 import { configureFailpoints } from "./failpoints.js";
 import { runDepsFor } from "./run-deps.js";
+import { operatorCalls } from "./operator-calls.js";
 import { BackgroundProcesses } from "./background.js";
 import { Secrets } from "./web-tools.js";
 import { DEFAULT_NET_POLICY } from "../shared/net-guard.js";
@@ -118,6 +126,7 @@ function pageParams(pageSize: number, pageToken: string): { size: number; offset
 }
 
 export async function startRunner(cfg: Config, logger: Logger): Promise<RunningService> {
+  const listenTls = internalServing(cfg, "runner");
   configureFailpoints(cfg.failpoints);
   // Runners arbitrate sessions through their shared store: a data directory (session-lease.ts) or
   // PostgreSQL (pg-session-store.ts), where membership lives too.
@@ -139,9 +148,10 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   const model = new ProviderModels(
     cfg.providersFile ? loadProviders(cfg.providersFile) : singleProvider(modelBaseUrl(cfg), cfg.openaiApiKey),
   );
-  const credentials = await internalCredentials(cfg.dataDir, cfg.internalToken);
-  const sandbox = createClient(SandboxService, cfg.addr.sandbox, { headers: credentials.headers });
-  const memory = createClient(MemoryService, cfg.addr.memory, { headers: credentials.headers });
+  const credentials = await internalCredentials(cfg.dataDir, cfg.internalToken, cfg.internalCa);
+  const peer = { headers: credentials.headers, tls: credentials.tls };
+  const sandbox = createClient(SandboxService, cfg.addr.sandbox, peer);
+  const memory = createClient(MemoryService, cfg.addr.memory, peer);
   const recall = new MemoryRecall(memory, { ...DEFAULT_RECALL, k: cfg.memoryContextK }, logger);
   // Learning after each completed run, in the background: the memory service extracts and stores
   // what is worth keeping; a failure costs only the learning. TROUPE_MEMORY_LEARN=0 turns it off.
@@ -168,7 +178,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
               }),
           );
       };
-  const router = createClient(RouterService, cfg.addr.router, { headers: credentials.headers });
+  const router = createClient(RouterService, cfg.addr.router, peer);
   const audit = storage.audit;
   const hooks = new Hooks();
   await loadPlugins(hooks, cfg.hookModules);
@@ -218,7 +228,12 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   });
   const registry = new SessionRegistry(
     { store, audit, logger, runDeps, runs: new TenantRuns(quotas) },
-    { passivateAfterMs: cfg.passivateAfterMs, sessionsPerMinute: (tenant) => quotas.of(tenant).sessionsPerMinute },
+    {
+      passivateAfterMs: cfg.passivateAfterMs,
+      sessionsPerMinute: (tenant) => quotas.of(tenant).sessionsPerMinute,
+      modelRefusal: async (agentId, m) =>
+        sessionModel(agentId, (await agents.get(agentId)).config, cfg.model, m).refused,
+    },
   );
 
   // Silent past its lease, this runner may have lost any session: none is served from memory.
@@ -444,9 +459,11 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
       scheduler.changed();
       return { deleted };
     },
+
+    ...operatorCalls(audit, sandbox, cfg.runnerId),
   });
 
-  const port = await server.listen(cfg.addr.runner);
+  const port = await server.listen(cfg.addr.runner, listenTls);
   logger.info(`runner ${cfg.runnerId} serving on port ${port}`, {
     model: cfg.model,
     providers: [...model.providers.byName.values()].map((p) => `${p.name} (${p.kind}) ${p.baseUrl}`).join(", "),

@@ -7,7 +7,7 @@ import { ROOT_CONTEXT, type Context } from "@opentelemetry/api";
 import {
   AgentEventSchema,
   ClientFrameSchema,
-  QueueMode,
+  type QueueMode,
   Role,
   SessionInfoSchema,
   StopReason,
@@ -58,6 +58,8 @@ export class SessionActor {
   /** Waiting messages and where each goes (mailbox.ts). */
   private readonly mailbox = new Mailbox(() => this.schedule());
   private createdMs = Date.now();
+  /** The model chosen for the session (settle); empty: the agent's. */
+  model = "";
   private updatedMs = Date.now();
   /** Refusals, log writes and acknowledgements of incoming frames (admission.ts). */
   private readonly admission: Admission;
@@ -190,6 +192,7 @@ export class SessionActor {
   ): void {
     const log = recovery.replayRecords(records);
     if (log.queueMode !== undefined) this.mailbox.mode = log.queueMode;
+    if (log.model !== undefined) this.model = log.model;
     this.messages.push(...log.messages);
     for (const [frameId, ev] of log.acks) this.admission.restore(frameId, () => ev);
     this.compaction = log.compaction;
@@ -245,11 +248,15 @@ export class SessionActor {
     }
   }
 
-  /** Sets the session's default queue mode (kept in the log). */
-  async setQueueMode(mode: QueueMode): Promise<void> {
-    if (mode === QueueMode.UNSPECIFIED || mode === this.mailbox.mode) return;
-    this.mailbox.mode = mode;
-    await this.log.append({ t: "settings", queueMode: mode }, true);
+  /**
+   * Sets the session's default queue mode and its model, each when given and changed, in one log
+   * record. The caller has checked that the agent allows the model.
+   */
+  async settle(s: { queueMode?: QueueMode; model?: string }): Promise<void> {
+    const changed: { queueMode?: number; model?: string } = {};
+    if (s.queueMode && s.queueMode !== this.mailbox.mode) changed.queueMode = this.mailbox.mode = s.queueMode;
+    if (s.model && s.model !== this.model) changed.model = this.model = s.model;
+    if (Object.keys(changed).length > 0) await this.log.append({ t: "settings", ...changed }, true);
   }
 
   private abort(frameId: string, reason: string, clearQueue: boolean): void {
@@ -257,6 +264,7 @@ export class SessionActor {
       .record({
         action: "abort",
         sessionId: this.sessionId,
+        tenant: this.owner.tenant,
         frameId,
         reason,
         turnId: this.run?.turnId ?? "",
@@ -324,6 +332,7 @@ export class SessionActor {
   private async execute(first: Queued[], signal: AbortSignal, resume?: { from: number }): Promise<void> {
     const host: RunHost = {
       sessionId: this.sessionId,
+      model: this.model,
       signal,
       messages: this.messages,
       emit: (payload) => void this.emit(payload),

@@ -29,8 +29,8 @@ export type LogRecord =
   // A runner took the session (see session-lease.ts); records of older epochs after it are void.
   | { t: "epoch"; epoch: number; runnerId: string }
   | { t: "frame"; frame: unknown }
-  // The session's default queue mode changed.
-  | { t: "settings"; queueMode: number }
+  // The session's default queue mode or its model changed (each only when set).
+  | { t: "settings"; queueMode?: number; model?: string }
   | { t: "event"; event: unknown }
   // seq values up to `upTo` may have been handed out; a restart continues after it.
   | { t: "seq"; upTo: number }

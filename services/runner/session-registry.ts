@@ -6,7 +6,7 @@ import { SessionElsewhere } from "./session-lease.js";
 import { create } from "@bufbuild/protobuf";
 import { SessionOpenedSchema, type OpenSession, type SessionOpened } from "../shared/gen/troupe/v1/session_pb.js";
 import { sameIdentity, type Identity } from "../shared/auth.js";
-import { notFound, unavailable } from "../shared/errors.js";
+import { invalidArgument, notFound, unavailable } from "../shared/errors.js";
 import { Buckets } from "../shared/rate.js";
 import { validateSessionRef } from "../shared/frames.js";
 import { DEFAULT_AGENT, newId } from "../shared/ids.js";
@@ -19,6 +19,8 @@ export interface RegistryOptions {
   passivateAfterMs: number;
   /** New sessions a tenant may make a minute (quotas.ts, sessionsPerMinute); none: no quota. */
   sessionsPerMinute?: (tenant: string) => number;
+  /** Why an agent's sessions may not choose this model (agent-config.ts, sessionModel); undefined: they may. */
+  modelRefusal?: (agentId: string, model: string) => Promise<string | undefined>;
 }
 
 export class SessionRegistry {
@@ -89,6 +91,11 @@ export class SessionRegistry {
     return this.remember(ref, () => SessionActor.load(ref, this.deps));
   }
 
+  private async checkModel(agentId: string, model: string): Promise<void> {
+    const refused = model === "" ? undefined : await this.options.modelRefusal?.(agentId, model);
+    if (refused) throw invalidArgument(refused);
+  }
+
   /** Opens a session for a client: finds it (if it is the caller's), or creates it for the caller when asked to. */
   async open(
     open: OpenSession,
@@ -105,6 +112,7 @@ export class SessionRegistry {
       if (open.sessionId !== "" && !open.create)
         throw notFound(`session ${sessionId} does not exist (set create to make it)`);
       const agentId = open.agentId || DEFAULT_AGENT;
+      await this.checkModel(agentId, open.model);
       const perMinute = this.options.sessionsPerMinute?.(caller.tenant);
       if (perMinute)
         this.creations.take(
@@ -126,7 +134,8 @@ export class SessionRegistry {
       created = true;
     }
     authorize(actor, caller);
-    await actor.setQueueMode(open.queueMode);
+    if (!created) await this.checkModel(actor.agentId, open.model);
+    await actor.settle(open);
     const opened = create(SessionOpenedSchema, {
       sessionId,
       agentId: actor.agentId,

@@ -7,7 +7,14 @@ import path from "node:path";
 import type pg from "pg";
 import { RunnerHeartbeat } from "../shared/membership.js";
 import { migrate, openPool } from "../shared/pg.js";
-import { AuditLog, type AuditRecord, type AuditSink } from "./audit-log.js";
+import {
+  AuditLog,
+  auditMatches,
+  type AuditQuery,
+  type AuditRecord,
+  type AuditSink,
+  type StoredAudit,
+} from "./audit-log.js";
 import { PgSessionStore } from "./pg-session-store.js";
 import { PgAuditLog, PgProfileStore, PgScheduleStore } from "./pg-stores.js";
 import { InMemoryScheduleStore, InMemorySessionStore } from "./in-memory-store.js";
@@ -115,9 +122,16 @@ export function inMemoryStorage(): RunnerStorage & {
 
 /** Audit records kept in this process, readable by tests. */
 export class InMemoryAudit implements AuditSink {
-  readonly records: AuditRecord[] = [];
+  readonly shared = false;
+  readonly records: StoredAudit[] = [];
   async record(rec: AuditRecord): Promise<void> {
-    this.records.push(structuredClone(rec));
+    this.records.push({ timeMs: Date.now(), record: structuredClone(rec) });
+  }
+  async read(q: AuditQuery): Promise<StoredAudit[]> {
+    return this.records
+      .filter((a) => auditMatches(a.record, q))
+      .reverse()
+      .slice(0, q.limit);
   }
   async close(): Promise<void> {}
 }

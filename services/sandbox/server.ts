@@ -11,7 +11,7 @@ import { randomUUID } from "node:crypto";
 import { create } from "@bufbuild/protobuf";
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import Docker from "dockerode";
-import { identityOf, internalCredentials } from "../shared/auth.js";
+import { identityOf, internalCredentials, internalServing } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
 import { RpcError, Status, failedPrecondition, invalidArgumentIf, notFound, unavailable } from "../shared/errors.js";
 import { ExecResponseSchema, FileType, SandboxService, Signal } from "../shared/gen/troupe/v1/sandbox_pb.js";
@@ -108,6 +108,7 @@ export function workspacePath(path: string, allowRoot: boolean): string {
 }
 
 export async function startSandbox(cfg: Config, logger: Logger): Promise<RunningService> {
+  const listenTls = internalServing(cfg, "sandbox service");
   const docker = new Docker();
   const instance = instanceOf(cfg.dataDir);
   const egress = new EgressProxy({ ...DEFAULT_NET_POLICY, ports: cfg.net.ports, allow: cfg.net.allow }, logger);
@@ -466,7 +467,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
   await reap();
   const reaper = setInterval(() => void reap(), Math.max(500, Math.min(60_000, cfg.sandboxIdleMs / 4)));
   reaper.unref();
-  const port = await server.listen(cfg.addr.sandbox);
+  const port = await server.listen(cfg.addr.sandbox, listenTls);
   logger.info(`sandbox serving on port ${port}`, {
     image: cfg.sandboxImage,
     runtime: cfg.sandboxRuntime,

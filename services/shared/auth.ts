@@ -205,7 +205,25 @@ export const sameIdentity = (a: Identity, b: Identity): boolean => a.tenant === 
 export async function internalCredentials(
   dataDir: string,
   configured = "",
-): Promise<{ authenticate: Authenticator; headers: Record<string, string> }> {
+  caFile = "",
+): Promise<{ authenticate: Authenticator; headers: Record<string, string>; tls?: { ca: Buffer } }> {
   const token = await internalToken(dataDir, configured);
-  return { authenticate: internalAuth(token), headers: { [INTERNAL_TOKEN]: token } };
+  const tls = caFile ? { ca: await readFile(caFile) } : undefined;
+  return { authenticate: internalAuth(token), headers: { [INTERNAL_TOKEN]: token }, tls };
+}
+
+/**
+ * How an internal service listens: with its certificate when TLS between services is on (an
+ * internal CA is configured), plain otherwise. On without a certificate is a configuration error.
+ */
+export function internalServing(
+  cfg: { internalCa: string; tls?: { certFile: string; keyFile: string } },
+  service: string,
+): { certFile: string; keyFile: string } | undefined {
+  if (!cfg.internalCa) return undefined;
+  if (!cfg.tls)
+    throw new Error(
+      `TROUPE_INTERNAL_TLS_CA is set, so the ${service} serves TLS: it needs --tls-cert and --tls-key (TROUPE_TLS_CERT, TROUPE_TLS_KEY)`,
+    );
+  return cfg.tls;
 }

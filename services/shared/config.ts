@@ -82,6 +82,8 @@ export interface Config {
   tls?: { certFile: string; keyFile: string };
   /** Clients: a CA (PEM file) to trust over TLS; empty: plain gRPC unless --tls. */
   tlsCa: string;
+  /** Between services: TLS trusting this CA (PEM file), each serving with `tls`; empty: plain gRPC. */
+  internalCa: string;
   /** Gateway: the API keys file (hashed keys, each with its tenant and principal; see auth.ts). */
   apiKeysFile: string;
   /** Router: the routing configuration (bindings, dm_scope, identity links; see router/bindings.ts). */
@@ -283,6 +285,7 @@ export function loadConfig(
       ? { certFile: path.resolve(str("tlsCert")!), keyFile: path.resolve(str("tlsKey")!) }
       : undefined,
     tlsCa: str("tlsCa") ? path.resolve(str("tlsCa")!) : "",
+    internalCa: str("internalCa") ? path.resolve(str("internalCa")!) : "",
     maxMessageBytes: v.maxMessageBytes,
     drainGraceMs: v.drainGraceMs,
     runnerId: str("runnerId") ?? `runner-${addr.runner}`,

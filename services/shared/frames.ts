@@ -82,6 +82,7 @@ export function validateFrame(
   switch (kind.case) {
     case "open":
       validateSessionRef(kind.value.sessionId, kind.value.agentId, true);
+      validateModelName(kind.value.model);
       break;
     case "prompt":
     case "steer":
@@ -96,6 +97,14 @@ export function validateFrame(
     case "abort":
       break;
   }
+}
+
+/** A model name as a client may choose one: empty (no choice), or provider/model of at most 200 characters. */
+export function validateModelName(model: string): void {
+  if (model !== "" && !/^[A-Za-z0-9._:/@+-]{1,200}$/.test(model))
+    throw invalidArgument(
+      `model ${JSON.stringify(model.slice(0, 64))} is not valid: 1-200 of A-Z a-z 0-9 . _ : / @ + -`,
+    );
 }
 
 export function validateSessionRef(sessionId: string, agentId: string, allowEmptySession: boolean): void {

@@ -70,6 +70,11 @@ export const SETTINGS = {
       default: "<data-dir>/auth/internal-token",
       secret: true,
     },
+    internalCa: {
+      env: "TROUPE_INTERNAL_TLS_CA",
+      flag: "internal-ca",
+      doc: "TLS between services, trusting this CA (PEM): each serves TLS with --tls-cert/--tls-key, and calls the others over TLS",
+    },
     quotasFile: {
       env: "TROUPE_QUOTAS_FILE",
       doc: "quotas per tenant (README, Quotas)",

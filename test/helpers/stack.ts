@@ -70,6 +70,8 @@ export interface Stack {
     options?: ClientOptions,
     key?: { role?: Role; channels?: string[] },
   ): Promise<ServiceClient<(typeof GatewayService)["method"]>>;
+  /** A new API key of tenant/principal, accepted by the gateway before this resolves. */
+  keyFor(tenant: string, principal: string, key?: { role?: Role; channels?: string[] }): Promise<string>;
   /** Everything the processes wrote to stderr, for failure messages. */
   logs(): string;
   start(name: ServiceName): Promise<void>;
@@ -205,11 +207,14 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
         proc.once("exit", (code, signal) => reject(new Error(`${name} exited (${signal ?? code}) before serving`))),
       );
       exited.catch(() => undefined);
-      // A gateway serving TLS is asked over TLS, trusting the CA the test put in its environment.
-      const ca =
-        name === "gateway" && (extraEnv.TROUPE_TLS_CERT ?? env.TROUPE_TLS_CERT)
-          ? (extraEnv.TROUPE_TLS_CA ?? env.TROUPE_TLS_CA)
-          : undefined;
+      // A gateway serving TLS is asked over TLS, trusting the CA the test put in its environment;
+      // another service when TLS between services is on, trusting the internal CA.
+      const all = { ...env, ...extraEnv };
+      const ca = !all.TROUPE_TLS_CERT
+        ? undefined
+        : name === "gateway"
+          ? (all.TROUPE_TLS_CA ?? all.TROUPE_INTERNAL_TLS_CA)
+          : all.TROUPE_INTERNAL_TLS_CA;
       const tls = ca ? { ca: await readFile(ca) } : undefined;
       await Promise.race([waitServing(at[name], 20_000, SERVICE_TYPE[name], tls), exited]).catch((err) => {
         throw new Error(`${err.message}\n--- logs ---\n${logText}`);
@@ -277,11 +282,11 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
       ...opts,
       headers: { ...internal.headers, ...(opts.as ? identityHeaders(opts.as) : {}), ...opts.headers },
     });
-  const gatewayAs = async (
+  const keyFor = async (
     tenant: string,
     principal: string,
-    opts: ClientOptions = {},
     spec: { role?: Role; channels?: string[] } = {},
+    opts: ClientOptions = {},
   ) => {
     const id = `${tenant}-${principal}-${spec.role ?? "user"}-${Math.random().toString(36).slice(2, 8)}`;
     const key = await createApiKey(path.join(dataDir, "auth", "api-keys.json"), { tenant, principal, id, ...spec });
@@ -290,21 +295,37 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
       headers: { authorization: `Bearer ${key}`, ...opts.headers },
     });
     // The gateway re-reads its keys file every 2 s.
-    await waitFor(
-      `the gateway to accept the key of ${tenant}/${principal}`,
-      async () => {
-        try {
-          await c.listSessions({ pageSize: 1 }, { timeoutMs: 1000 });
-          return true;
-        } catch (err) {
-          if ((err as { code?: number }).code === Status.UNAUTHENTICATED) return false;
-          return true;
-        }
-      },
-      10_000,
-      200,
-    );
-    return c;
+    try {
+      await waitFor(
+        `the gateway to accept the key of ${tenant}/${principal}`,
+        async () => {
+          try {
+            await c.listSessions({ pageSize: 1 }, { timeoutMs: 1000 });
+            return true;
+          } catch (err) {
+            if ((err as { code?: number }).code === Status.UNAUTHENTICATED) return false;
+            return true;
+          }
+        },
+        10_000,
+        200,
+      );
+    } finally {
+      c.close();
+    }
+    return key;
+  };
+  const gatewayAs = async (
+    tenant: string,
+    principal: string,
+    opts: ClientOptions = {},
+    spec: { role?: Role; channels?: string[] } = {},
+  ) => {
+    const key = await keyFor(tenant, principal, spec, opts);
+    return createClient(GatewayService, addr.gateway, {
+      ...opts,
+      headers: { authorization: `Bearer ${key}`, ...opts.headers },
+    });
   };
 
   return {
@@ -316,6 +337,7 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
     internalHeaders: internal.headers,
     client,
     gatewayAs,
+    keyFor,
     logs: () => logText,
     start,
     startInstance,

@@ -85,5 +85,33 @@ export function storageContract(kind: string, make: (t: TestContext) => Promise<
       assert.equal(cut?.text, "x".repeat(10));
       assert.match(cut?.problem ?? "", /50 characters; only the first 10 are used/);
     });
+
+    test("the audit log reads back newest first, by tenant and by session", async (t) => {
+      const storage = await make(t);
+      await storage.start();
+      t.after(() => storage.stop());
+      const abort = (tenant: string, sessionId: string, frameId: string) =>
+        storage.audit.record({
+          action: "abort",
+          sessionId,
+          tenant,
+          frameId,
+          reason: "",
+          turnId: "",
+          clearQueue: false,
+        });
+      await abort("t1", "s1", "f1");
+      await abort("t2", "s1", "f2");
+      await abort("t1", "s2", "f3");
+      const frames = async (q: { limit: number; tenant?: string; sessionId?: string }) =>
+        (await storage.audit.read(q)).map((a) => (a.record as { frameId: string }).frameId);
+      assert.deepEqual(await frames({ limit: 10 }), ["f3", "f2", "f1"]);
+      assert.deepEqual(await frames({ limit: 2 }), ["f3", "f2"]);
+      assert.deepEqual(await frames({ limit: 10, tenant: "t1" }), ["f3", "f1"]);
+      assert.deepEqual(await frames({ limit: 10, tenant: "t1", sessionId: "s1" }), ["f1"]);
+      assert.deepEqual(await frames({ limit: 10, tenant: "t3" }), []);
+      const [newest] = await storage.audit.read({ limit: 1 });
+      assert.ok(Math.abs(newest.timeMs - Date.now()) < 60_000);
+    });
   });
 }

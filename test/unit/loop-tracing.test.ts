@@ -28,6 +28,7 @@ test("a run with a tool call is one trace: invoke_agent, then chat and execute_t
   const events: EventPayload[] = [];
   const host: RunHost = {
     sessionId: "traced",
+    model: "",
     signal: new AbortController().signal,
     messages: [],
     emit: (p) => void events.push(p),

@@ -25,6 +25,7 @@ function host(
     steering?: QueuedMessage[][];
     followUps?: QueuedMessage[][];
     messages?: ChatMessage[];
+    model?: string;
   } = {},
 ) {
   const events: EventPayload[] = [];
@@ -34,6 +35,7 @@ function host(
     of: <K extends EventPayload["case"]>(k: K) => Extract<EventPayload, { case: K }>["value"][];
   } = {
     sessionId: "s",
+    model: opts.model ?? "",
     signal: opts.signal ?? new AbortController().signal,
     messages: opts.messages ?? [],
     emit: (p) => {
@@ -106,6 +108,40 @@ describe("the loop", () => {
       [["test-model", "backup"]],
     );
     assert.equal(texts(h2, Role.ASSISTANT)[0], "answered by backup");
+  });
+
+  test("a session's model leads the chain while its agent allows it, then the agent's fallbacks", async () => {
+    const asked: string[] = [];
+    const model = new ScriptedModel((r) => {
+      asked.push(r.model);
+      return r.model === "chosen" ? new ModelError("down", true, 503) : say(`answered by ${r.model}`);
+    });
+    const config = {
+      models: ["chosen"],
+      fallbacks: ["backup"],
+      retry: { maxRetries: 0, baseDelayMs: 1, maxDelayMs: 1 },
+    };
+    const h = host({ model: "chosen" });
+    await runAgent(h, testRunDeps(model, [], { config }), [user("x")]);
+    assert.deepEqual(
+      h.of("agentStart").map((a) => a.model),
+      ["chosen"],
+    );
+    assert.deepEqual(asked, ["chosen", "backup"], "the agent's fallbacks follow the session's choice");
+    assert.equal(texts(h, Role.ASSISTANT)[0], "answered by backup");
+
+    // The agent stopped allowing it (agent.json changed): the run says so and uses the agent's model.
+    asked.length = 0;
+    const h2 = host({ model: "chosen" });
+    await runAgent(h2, testRunDeps(model, [], { config: { fallbacks: ["backup"] } }), [user("x")]);
+    assert.deepEqual(asked, ["test-model"]);
+    const notes = h2.of("error").map((e) => [e.code, e.message]);
+    assert.equal(notes.length, 1);
+    assert.equal(notes[0][0], "AGENT_CONFIG");
+    assert.match(
+      notes[0][1] ?? "",
+      /model chosen is not one agent main allows \(it allows test-model, backup\); this run uses test-model/,
+    );
   });
 
   test("steering and follow-ups rebuild the system prompt for their question", async () => {

@@ -1,7 +1,7 @@
 // The scanner's normalisation and the audit log's recovery, in-process.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { mkdir, mkdtemp, readFile, rm } from "node:fs/promises";
+import { appendFile, mkdir, mkdtemp, readFile, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { AuditLog } from "../../services/runner/audit-log.js";
@@ -28,6 +28,54 @@ test("the scanner reads text as a model would: styled, split and look-alike lett
   assert.equal(scanForInjection("please list the previous files").level, "none");
 });
 
+test("the audit log reads back newest first across blocks, filtered, past a torn line", async () => {
+  const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-audit-"));
+  try {
+    const log = new AuditLog(dir);
+    assert.deepEqual(await log.read({ limit: 10 }), [], "no file yet: nothing, not an error");
+    // About 600 KB: the reader crosses many of its 64 KiB blocks, and lines straddle them.
+    const reason = "r".repeat(300);
+    for (let i = 0; i < 2000; i++)
+      await log.record({
+        action: "abort",
+        sessionId: `s${i % 3}`,
+        tenant: i % 2 === 0 ? "even" : "odd",
+        frameId: `f${i}`,
+        reason: `${i} ${reason}`,
+        turnId: "",
+        clearQueue: false,
+      });
+    await log.close();
+    // A crash mid-write leaves a torn line; the next record starts on a new line.
+    await appendFile(path.join(dir, "audit.jsonl"), '{"time":"2026-01-01T00:00:00Z","action":"ab');
+    const later = new AuditLog(dir);
+    await later.record({
+      action: "abort",
+      sessionId: "s9",
+      tenant: "odd",
+      frameId: "last",
+      reason: "",
+      turnId: "",
+      clearQueue: false,
+    });
+    await later.close();
+
+    const frames = (q: Parameters<AuditLog["read"]>[0]) =>
+      later.read(q).then((rs) => rs.map((r) => (r.record as { frameId: string }).frameId));
+    assert.deepEqual(await frames({ limit: 3 }), ["last", "f1999", "f1998"]);
+    const all = await frames({ limit: 5000 });
+    assert.equal(all.length, 2001, "every record once, the torn line skipped");
+    assert.deepEqual(all.slice(-2), ["f1", "f0"]);
+    assert.deepEqual(await frames({ limit: 3, tenant: "even" }), ["f1998", "f1996", "f1994"]);
+    assert.deepEqual(await frames({ limit: 2, tenant: "odd", sessionId: "s0" }), ["f1995", "f1989"]);
+    assert.deepEqual(await frames({ limit: 2, tenant: "nobody" }), []);
+    const [newest] = await later.read({ limit: 1 });
+    assert.ok(Math.abs(newest.timeMs - Date.now()) < 60_000, "the time written is read back");
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+});
+
 test("the audit log recovers after a failed write and keeps every later record", async () => {
   const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-audit-"));
   try {
@@ -38,6 +86,7 @@ test("the audit log recovers after a failed write and keeps every later record",
     const rec = (reason: string) => ({
       action: "abort" as const,
       sessionId: "s",
+      tenant: "t",
       frameId: "f",
       reason,
       turnId: "",

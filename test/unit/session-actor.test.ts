@@ -69,7 +69,7 @@ describe("queue modes: a prompt that arrives during a run", () => {
       n === 0 ? call(["slow", { text: "a" }], ["slow", { text: "b" }]) : say(`answer ${n}: ${lastUser(r)}`, 0),
     );
     const made = await newActor(() => testRunDeps(model, [echoTool("slow", 300, ran)]));
-    if (mode !== undefined) await made.actor.setQueueMode(mode);
+    if (mode !== undefined) await made.actor.settle({ queueMode: mode });
     await made.actor.submit(prompt("start"));
     await made.events.waitFor((e) => e.payload.case === "toolExecutionStart");
     return { ...made, model, ran };
@@ -101,7 +101,7 @@ describe("queue modes: a prompt that arrives during a run", () => {
       return say(`answer ${n}`, n === 0 ? 100 : 0);
     });
     const { actor, events } = await newActor(() => testRunDeps(model));
-    await actor.setQueueMode(QueueMode.COLLECT);
+    await actor.settle({ queueMode: QueueMode.COLLECT });
     await actor.submit(prompt("first"));
     await events.waitFor((e) => e.payload.case === "turnStart");
     for (const text of ["one", "two", "three"]) await actor.submit(prompt(text));
@@ -158,6 +158,27 @@ describe("seqs, supervision and the log", () => {
     await again.whenIdle();
     assert.ok(Number(later.events[0].seq) > lastSeen, `resumed at ${later.events[0].seq}, past ${lastSeen}`);
     assert.deepEqual(users(again), ["go", "again"]);
+  });
+
+  test("the session's model and queue mode are kept in its log, and a reload runs on them", async () => {
+    const asked: string[] = [];
+    const model = new ScriptedModel((r) => {
+      asked.push(r.model);
+      return say("ok");
+    });
+    const { actor, store, deps } = await newActor(() => testRunDeps(model, [], { config: { models: ["m2"] } }));
+    await actor.settle({ queueMode: QueueMode.FOLLOWUP, model: "m2" });
+    await actor.settle({ model: "m2" });
+    assert.equal(
+      store.records(actor.ref).filter((r) => r.t === "settings").length,
+      1,
+      "an unchanged setting is not written again",
+    );
+    const again = await SessionActor.load(actor.ref, deps);
+    assert.equal(again.model, "m2");
+    await again.submit(prompt("go"));
+    await again.whenIdle();
+    assert.deepEqual(asked, ["m2"]);
   });
 
   test("a run that throws (a bug) restarts the actor from its log; the session goes on; five in a minute fail it", async () => {

@@ -3,6 +3,7 @@
 // Everything the API returns is put on the page as text (textContent), never as markup.
 // The API key lives in this tab's sessionStorage, so it survives a reload and no more.
 const API = "/troupe.v1.GatewayService/";
+const ADMIN_API = "/troupe.v1.AdminService/";
 const $ = (id) => document.getElementById(id);
 const state = { key: sessionStorage.getItem("troupe.key") ?? "", session: "", stream: undefined, lastSeq: 0 };
 
@@ -13,8 +14,8 @@ class ApiError extends Error {
   }
 }
 
-async function call(method, body) {
-  const res = await fetch(API + method, {
+async function call(method, body, api = API) {
+  const res = await fetch(api + method, {
     method: "POST",
     headers: { "content-type": "application/json", authorization: `Bearer ${state.key}` },
     body: JSON.stringify(body),
@@ -92,6 +93,12 @@ async function signIn(key) {
   $("sign-in-error").textContent = "";
   $("who").textContent = `signed in with key …${key.slice(-4)}`;
   show(true);
+  // Admin keys see the operator's views; the API says which keys those are.
+  const admin = await call("ListAuditRecords", { limit: 1 }, ADMIN_API).then(
+    () => true,
+    () => false,
+  );
+  $("admin-nav").hidden = !admin;
   const last = sessionStorage.getItem("troupe.session");
   if (last) await openSession(last);
 }
@@ -187,6 +194,7 @@ async function follow(sessionId) {
 
 async function openSession(sessionId) {
   state.stream?.abort();
+  $("admin").hidden = true;
   state.session = sessionId;
   state.lastSeq = 0;
   view.messages.clear();
@@ -208,7 +216,69 @@ async function openSession(sessionId) {
   );
 }
 
+// ---- the operator's views (admin keys) ----
+
+const when = (t) => (t ? new Date(t).toLocaleString() : "");
+
+const ADMIN_VIEWS = {
+  sandboxes: {
+    title: "Sandboxes",
+    columns: ["name", "scope", "state", "runtime", "commands", "created", "last used"],
+    async rows() {
+      const { sandboxes = [] } = await call("ListAllSandboxes", {}, ADMIN_API);
+      return sandboxes.map((b) => [
+        b.name,
+        b.pooled ? "(pooled)" : b.scopeKey,
+        b.state,
+        b.runtime,
+        String(b.runningCommands ?? 0),
+        when(b.createTime),
+        when(b.lastUseTime),
+      ]);
+    },
+  },
+  audit: {
+    title: "Audit log",
+    columns: ["time", "action", "tenant", "session", "why", "excerpt"],
+    async rows() {
+      const { entries = [] } = await call("ListAuditRecords", { limit: 200 }, ADMIN_API);
+      return entries.map((a) => {
+        const r = a.record ?? {};
+        const why = [r.check, r.level, r.reason].filter(Boolean).join(" · ");
+        return [when(a.time), a.action, a.tenant ?? "", a.sessionId ?? "", why, r.excerpt ?? ""];
+      });
+    },
+  },
+};
+
+async function openAdmin(name) {
+  const v = ADMIN_VIEWS[name];
+  state.stream?.abort();
+  state.session = "";
+  sessionStorage.removeItem("troupe.session");
+  for (const li of $("sessions").children) li.classList.remove("current");
+  $("session").hidden = true;
+  $("admin").hidden = false;
+  $("admin").dataset.view = name;
+  $("admin-title").textContent = v.title;
+  $("admin-head").replaceChildren(...v.columns.map((c) => el("th", "", c)));
+  try {
+    const rows = await v.rows();
+    $("admin-rows").replaceChildren(...rows.map((cells) => {
+      const tr = el("tr");
+      tr.append(...cells.map((c) => el("td", "", c)));
+      return tr;
+    }));
+    $("admin-status").textContent = `${rows.length} ${rows.length === 1 ? "row" : "rows"}, read ${new Date().toLocaleTimeString()}`;
+  } catch (err) {
+    $("admin-status").textContent = err.message;
+  }
+}
+
 // ---- wiring ----
+
+for (const button of $("admin-nav").querySelectorAll("button")) button.onclick = () => openAdmin(button.dataset.view);
+$("admin-refresh").onclick = () => openAdmin($("admin").dataset.view);
 
 $("sign-in").addEventListener("submit", (e) => {
   e.preventDefault();
