@@ -45,7 +45,7 @@ test("--version and per-command --help answer and exit 0", async (t) => {
   for (const [args, shows] of [
     [
       ["chat", "--help"],
-      /chat \[--session ID \| -c\] \[--agent A\] \[--json\] \[--instruction TEXT\][\s\S]*\[MESSAGE\]/,
+      /chat \[--session ID \| -c\] \[--agent A\] \[--model P\/M\] \[--json\] \[--instruction TEXT\][\s\S]*\[MESSAGE\]/,
     ],
     [["doctor", "--help"], /doctor +the same, with what to do about each problem/],
     [["logs", "--help"], /logs \[-f\] \[--service S\] \[-n N\]/],

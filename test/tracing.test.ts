@@ -4,6 +4,7 @@ import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import http from "node:http";
 import { once } from "node:events";
+import { grpc } from "../services/shared/rpc.js";
 import { ChatSession } from "./helpers/session.js";
 import { startStack, waitFor, type Stack } from "./helpers/stack.js";
 
@@ -148,4 +149,47 @@ test("a turn with a tool call is one trace through gateway, runner, memory and s
   const execClient = trace.find((x) => x.spanId === execServer.parentSpanId)!;
   assert.equal(execClient.service, "troupe-runner");
   assert.equal(execClient.parentSpanId, tool.spanId);
+});
+
+test("a client's own traceparent holds the whole turn: the Chat call, the router's placement and every service", async () => {
+  const traceId = "4bf92f3577b34da6a3ce929d0e0e4736";
+  const metadata = new grpc.Metadata();
+  metadata.set("traceparent", `00-${traceId}-00f067aa0ba902b7-01`);
+  // Another owner than the first test's: its memory scope is not yet known to be empty, so the
+  // runner searches it (memory-recall.ts caches an empty scope for a few seconds).
+  const gateway = await stack.gatewayAs("acme", "carol");
+  const s = new ChatSession(gateway, { metadata });
+  s.open();
+  await s.waitOpened();
+  s.prompt("$ echo under-the-client-trace");
+  await s.waitForPayload("agentEnd", 30_000);
+  s.close();
+  gateway.close();
+
+  const wanted = [
+    "troupe-gateway troupe.v1.GatewayService/Chat",
+    "troupe-router troupe.v1.RouterService/ResolveSession",
+    "troupe-runner invoke_agent main",
+    "troupe-memory troupe.v1.MemoryService/SearchMemories",
+    "troupe-sandbox troupe.v1.SandboxService/Exec",
+  ];
+  const names = () => new Set(spans.filter((x) => x.traceId === traceId).map((x) => `${x.service} ${x.name}`));
+  await waitFor("every service's spans under the client's trace id", async () =>
+    wanted.every((n) => names().has(n)),
+  ).catch((err) => {
+    throw new Error(`${err.message}; the trace has: ${[...names()].join(", ")}`);
+  });
+  const trace = spans.filter((x) => x.traceId === traceId);
+  const chat = trace.find((x) => x.name === "troupe.v1.GatewayService/Chat")!;
+  assert.equal(chat.parentSpanId, "00f067aa0ba902b7", "the gateway's Chat span is the client's child");
+  // The placement hangs under the Chat call (through the gateway's client span for it).
+  const resolve = trace.find(
+    (x) => x.name === "troupe.v1.RouterService/ResolveSession" && x.service === "troupe-router",
+  )!;
+  const resolveClient = trace.find((x) => x.spanId === resolve.parentSpanId)!;
+  assert.equal(resolveClient.service, "troupe-gateway");
+  assert.equal(resolveClient.parentSpanId, chat.spanId);
+  // The model calls say when their first chunk came, before the call ended.
+  for (const c of trace.filter((x) => x.name.startsWith("chat ")))
+    assert.ok(Number(c.attributes["gen_ai.response.time_to_first_chunk"]) > 0, "time to first chunk");
 });

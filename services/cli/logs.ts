@@ -1,10 +1,23 @@
 // `troupe logs [-f] [--service S] [-n N]`: what the services of `troupe up` wrote, from
 // <data-dir>/logs/<service>.log. Without --service, every service's last lines merged by time
-// (each line starts with its ISO time); -f follows the files as they grow.
+// (each line starts with its ISO time); -f follows the files as they grow. JSON lines (a stack run
+// with TROUPE_LOG_FORMAT=json) are shown as the plain lines a terminal gets.
 import { createReadStream, watchFile } from "node:fs";
 import { readdir, readFile, stat } from "node:fs/promises";
 import path from "node:path";
+import readline from "node:readline";
 import { loadConfig } from "../shared/config.js";
+import { textLine } from "../shared/log.js";
+
+/** A JSON record as its plain line (time first); any other line as it is. */
+function plainLine(line: string): string {
+  if (!line.startsWith("{")) return line;
+  try {
+    return textLine(JSON.parse(line)).trimEnd();
+  } catch {
+    return line;
+  }
+}
 
 export async function logsCommand(args: string[]): Promise<number> {
   const cfg = loadConfig(args, undefined, {
@@ -34,7 +47,7 @@ export async function logsCommand(args: string[]): Promise<number> {
     }
   const files = wanted.map((s) => path.join(dir, `${s}.log`));
   const tails = (await Promise.all(files.map((f) => readFile(f, "utf8")))).flatMap((t) =>
-    t.split("\n").filter(Boolean).slice(-lines),
+    t.split("\n").filter(Boolean).slice(-lines).map(plainLine),
   );
   // Lines start with their time, so a sort merges the services in order (stable for equal times).
   if (files.length > 1) tails.sort((a, b) => a.slice(0, 24).localeCompare(b.slice(0, 24)));
@@ -47,7 +60,11 @@ export async function logsCommand(args: string[]): Promise<number> {
       // A restart of `troupe up` may start a new file: read it from the beginning.
       if (now.size < offset) offset = 0;
       if (now.size === offset) return;
-      createReadStream(file, { start: offset, end: now.size - 1 }).pipe(process.stdout, { end: false });
+      const chunk = createReadStream(file, { start: offset, end: now.size - 1, encoding: "utf8" });
+      void (async () => {
+        for await (const line of readline.createInterface({ input: chunk, crlfDelay: Number.POSITIVE_INFINITY }))
+          process.stdout.write(`${plainLine(line)}\n`);
+      })();
       offset = now.size;
     });
   }

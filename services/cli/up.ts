@@ -18,6 +18,7 @@ import { RouterService } from "../shared/gen/troupe/v1/router_pb.js";
 import { RunnerService } from "../shared/gen/troupe/v1/runner_pb.js";
 import { SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
 import { createClient } from "../shared/rpc.js";
+import { splitHostPort } from "../shared/host-port.js";
 import { freePort } from "./free-port.js";
 import { startLocalPostgres, type LocalPostgres } from "./local-postgres.js";
 
@@ -67,7 +68,7 @@ export function parseShape(args: string[]): { shape: Shape; rest: string[] } {
 export async function upCommand(argv: string[]): Promise<void> {
   const { shape, rest: args } = parseShape(argv);
   const cfg = loadConfig(args);
-  const logger = createLogger("up", cfg.logLevel);
+  const logger = createLogger("up", cfg.logLevel, cfg.logFormat);
   let storeUrl = cfg.storeUrl;
   let localStore: LocalPostgres | undefined;
   if (!storeUrl && shape.store === "postgres") {
@@ -148,10 +149,23 @@ export async function upCommand(argv: string[]): Promise<void> {
       "--http",
       https[i],
     ]);
+  // Prometheus ports: the configured one for the first service, the next ones for the rest.
+  if (cfg.metricsAddr) {
+    const [host, first] = splitHostPort(cfg.metricsAddr);
+    for (const [i, child] of children.filter((c) => c.name !== "model-server").entries())
+      child.args.push("--metrics", `${host}:${first + i}`);
+  }
   // Made before the children start, so they all read the same files (auth.ts).
   await internalToken(cfg.dataDir, cfg.internalToken);
   const dev = await ensureDevKey(cfg.dataDir, cfg.apiKeysFile);
-  const env = { ...childEnvironment(), ...(storeUrl ? { TROUPE_STORE_URL: storeUrl } : {}) };
+  // The children write to pipes, read by people (this terminal, troupe logs): plain lines unless
+  // JSON is asked for (a log shipper reading the files).
+  const logFormat = cfg.logFormat === "auto" ? "text" : cfg.logFormat;
+  const env = {
+    ...childEnvironment(),
+    TROUPE_LOG_FORMAT: logFormat,
+    ...(storeUrl ? { TROUPE_STORE_URL: storeUrl } : {}),
+  };
   const upFile = path.join(cfg.dataDir, "up.json");
   /** What runs now, for operators and scripts: service, address, pid (rewritten on every start). */
   const writeUp = () =>
@@ -262,7 +276,7 @@ export const SERVICE_TYPE = {
  * warning. Returns what is still not ready.
  */
 async function waitReady(cfg: Config, children: Child[], timeoutMs: number): Promise<string[]> {
-  const logger = createLogger("up", cfg.logLevel);
+  const logger = createLogger("up", cfg.logLevel, cfg.logFormat);
   const deadline = Date.now() + timeoutMs;
   const services = children.filter((c) => c.name !== "model-server");
   const pending = new Set([...services.map((c) => c.name), "runner registration"]);

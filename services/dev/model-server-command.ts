@@ -5,7 +5,7 @@ import { startScriptedModelServer } from "./scripted-model/server.js";
 
 export async function modelServerCommand(args: string[]): Promise<void> {
   const cfg = loadConfig(args, undefined, { "token-rate": { type: "string" } });
-  const logger = createLogger("model", cfg.logLevel);
+  const logger = createLogger("model", cfg.logLevel, cfg.logFormat);
   const [host, port] = splitHostPort(cfg.addr.model);
   const tokenRate = Number(cfg.flags["token-rate"] ?? cfg.scriptedTokenRate);
   if (!Number.isFinite(tokenRate) || tokenRate < 0) throw new Error("--token-rate must be a number >= 0");

@@ -3,6 +3,7 @@
 // to that runner. Events flow runner -> gateway -> client with backpressure honoured at each step;
 // the router is never on that path.
 import { create, fromBinary } from "@bufbuild/protobuf";
+import { context } from "@opentelemetry/api";
 import { apiKeyAuth, callerOf, identityMetadata, identityOf, internalCredentials } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
 import {
@@ -113,6 +114,8 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
   const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes, authenticate: apiKeyAuth(keys) });
   server.add(GatewayService, {
     chat(call) {
+      // The call's own span: placing the session (the router) and attaching are part of its trace.
+      const chatContext = context.active();
       let state: "awaiting-open" | "opening" | "open" | "done" = "awaiting-open";
       let runnerCall: grpc.ClientDuplexStream<AttachRequestInit, Buffer> | undefined;
       const queued: ClientFrame[] = [];
@@ -210,7 +213,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
             validateFrame(frame, false, true);
             releaseStream = limits.openStream(tenant);
             state = "opening";
-            open(frame, 0).catch(finish);
+            context.with(chatContext, () => open(frame, 0)).catch(finish);
             return;
           }
           validateFrame(frame, true, true);

@@ -4,6 +4,7 @@
 // text ever reaches LanceDB's filter language except as such a checked value.
 import { create } from "@bufbuild/protobuf";
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
+import { instruments, secondsSince } from "../shared/metrics.js";
 import { internalCredentials, internalServing, NAME } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
 import { invalidArgument, invalidArgumentIf } from "../shared/errors.js";
@@ -227,9 +228,11 @@ export async function startMemory(cfg: Config, logger: Logger): Promise<RunningS
       const query = checkText(req.query, "query");
       const k = req.k || 5;
       const o = rankOptions(req.options, k);
+      const searchStarted = performance.now();
       const [vector] = await embedder.embed([query]);
       invalidArgumentIf(req.longTermK < 0 || req.longTermK > 100, "long_term_k must be between 0 and 100");
       const { ranked, candidates } = await search(store, where, query, vector, o);
+      instruments().memorySearch.record(secondsSince(searchStarted));
       const results = ranked.map((r) => ({
         memory: toMemory(candidates.get(r.id)!.memory),
         score: r.score,

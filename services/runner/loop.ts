@@ -30,6 +30,8 @@ import { sessionModel, toolOffered } from "./agent-config.js";
 import { failpoint } from "./failpoints.js";
 import { triggerOf } from "../shared/frames.js";
 import { newId } from "../shared/ids.js";
+import { withLogFields } from "../shared/log.js";
+import { instruments } from "../shared/metrics.js";
 import { GenAI, tracer } from "../shared/telemetry.js";
 import { DRIFT_THRESHOLD } from "./context.js";
 import type { TurnInfo } from "./hooks.js";
@@ -68,6 +70,18 @@ export async function runAgent(
   const admitted = resume ? [] : await admit(host, deps, info, initial);
   if (!resume && admitted.length === 0) return { stopReason: StopReason.COMPLETED, errorMessage: "" };
   const first = admitted[0];
+  // The last error event's code is what a failed run is counted under.
+  let lastError = "";
+  const emit = host.emit;
+  host = {
+    ...host,
+    emit: (p) => {
+      if (p.case === "error") lastError = p.value.code ?? "";
+      emit(p);
+    },
+  };
+  const counted = { "gen_ai.agent.id": deps.agentId, tenant: deps.tenant };
+  instruments().turns.add(1, { ...counted, "troupe.turn.phase": resume ? "resumed" : "started" });
   const span = tracer.startSpan(
     `invoke_agent ${deps.agentId}`,
     {
@@ -86,9 +100,19 @@ export async function runAgent(
   const startedAt = resume?.from ?? host.messages.length;
   let outcome: RunOutcome = { stopReason: StopReason.ERROR, errorMessage: "" };
   try {
-    outcome = await context.with(trace.setSpan(first?.traceContext ?? ROOT_CONTEXT, span), () =>
-      runLoop(host, deps, info, admitted, usage, span, resume),
-    );
+    const turnContext = withLogFields(trace.setSpan(first?.traceContext ?? ROOT_CONTEXT, span), {
+      tenant: deps.tenant,
+      session_id: host.sessionId,
+    });
+    outcome = await context.with(turnContext, async () => {
+      const ended = await runLoop(host, deps, info, admitted, usage, span, resume);
+      deps.log.debug("run ended", {
+        stop_reason: StopReason[ended.stopReason],
+        input_tokens: usage.inputTokens,
+        output_tokens: usage.outputTokens,
+      });
+      return ended;
+    });
     span.setAttributes({
       [GenAI.USAGE_INPUT_TOKENS]: usage.inputTokens,
       [GenAI.USAGE_OUTPUT_TOKENS]: usage.outputTokens,
@@ -116,6 +140,17 @@ export async function runAgent(
     return outcome;
   } finally {
     span.end();
+    const phase =
+      outcome.stopReason === StopReason.ABORTED
+        ? "aborted"
+        : outcome.stopReason === StopReason.ERROR
+          ? "failed"
+          : "completed";
+    instruments().turns.add(1, {
+      ...counted,
+      "troupe.turn.phase": phase,
+      ...(phase === "failed" ? { "error.type": lastError || "UNKNOWN" } : {}),
+    });
     deps.hooks.observe(
       "agent_end",
       { ...info, stopReason: StopReason[outcome.stopReason] ?? "ERROR", errorMessage: outcome.errorMessage },

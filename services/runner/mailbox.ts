@@ -92,6 +92,16 @@ export class Mailbox {
     return undefined;
   }
 
+  /** Messages waiting: queued runs, steering, follow-ups and a collection in its quiet window. */
+  get depth(): number {
+    return (
+      this.queue.reduce((n, run) => n + run.length, 0) +
+      this.steering.length +
+      this.followUps.length +
+      this.collecting.length
+    );
+  }
+
   /** Nothing waits to run (steering and follow-ups belong to a run already going). */
   get empty(): boolean {
     return this.queue.length === 0 && this.collecting.length === 0;

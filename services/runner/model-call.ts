@@ -15,6 +15,7 @@ import {
   type Usage,
 } from "../shared/gen/troupe/v1/session_pb.js";
 import { newId } from "../shared/ids.js";
+import { instruments, secondsSince } from "../shared/metrics.js";
 import { GenAI, tracer } from "../shared/telemetry.js";
 import { ModelError, isContextOverflow, type FinishReason, type ModelRequest } from "./model.js";
 import { fitNewestFirst, toModelMessages } from "./transcript.js";
@@ -207,6 +208,12 @@ async function streamAssistant(turn: Turn, request: ModelRequest, isRetry: boole
     },
   });
   const started = performance.now();
+  const measured = {
+    [GenAI.OPERATION_NAME]: "chat",
+    [GenAI.PROVIDER_NAME]: deps.model.providerOf(request.model),
+    [GenAI.REQUEST_MODEL]: request.model,
+  };
+  let firstChunk = true;
   const message = create(ChatMessageSchema, { id, role: Role.ASSISTANT, model: request.model });
   const calls: { id: string; name: string; args: string }[] = [];
   const attempt: Attempt = { outputSent: false, partial: { id, text: "", thinking: "" } };
@@ -217,6 +224,11 @@ async function streamAssistant(turn: Turn, request: ModelRequest, isRetry: boole
   };
   try {
     for await (const chunk of deps.model.stream(request, host.signal)) {
+      if (firstChunk) {
+        firstChunk = false;
+        span.setAttribute(GenAI.RESPONSE_TIME_TO_FIRST_CHUNK, secondsSince(started));
+        instruments().timeToFirstChunk.record(secondsSince(started), measured);
+      }
       switch (chunk.type) {
         case "text":
           opened();
@@ -252,7 +264,6 @@ async function streamAssistant(turn: Turn, request: ModelRequest, isRetry: boole
           break;
         }
         case "done": {
-          span.setAttribute(GenAI.RESPONSE_TIME_TO_FIRST_CHUNK, (performance.now() - started) / 1000);
           opened();
           message.stopReason = calls.length > 0 ? StopReason.TOOL_USE : STOP_BY_FINISH[chunk.finishReason];
           if (chunk.finishReason === "other") {
@@ -276,6 +287,7 @@ async function streamAssistant(turn: Turn, request: ModelRequest, isRetry: boole
               [GenAI.USAGE_INPUT_TOKENS]: u.inputTokens,
               [GenAI.USAGE_OUTPUT_TOKENS]: u.outputTokens,
             });
+            countTokens(measured, deps.tenant, u.inputTokens, u.outputTokens);
           }
           span.setAttributes({
             [GenAI.RESPONSE_MODEL]: chunk.responseModel,
@@ -298,6 +310,10 @@ async function streamAssistant(turn: Turn, request: ModelRequest, isRetry: boole
       span.setAttribute(GenAI.ERROR_TYPE, e.status ? String(e.status) : "network");
     }
     span.end();
+    instruments().modelDuration.record(secondsSince(started), {
+      ...measured,
+      [GenAI.ERROR_TYPE]: e.aborted ? "aborted" : e.status ? String(e.status) : "network",
+    });
     attempt.failure = e;
     return attempt;
   }
@@ -307,8 +323,18 @@ async function streamAssistant(turn: Turn, request: ModelRequest, isRetry: boole
   host.emit({ case: "messageEnd", value: { message } });
   host.messages.push(message);
   span.end();
+  instruments().modelDuration.record(secondsSince(started), measured);
   attempt.message = message;
   return attempt;
+}
+
+/** Tokens by type for the model call, and for its tenant. */
+function countTokens(measured: Record<string, string>, tenant: string, input: number, output: number): void {
+  const m = instruments();
+  m.tokens.record(input, { ...measured, "gen_ai.token.type": "input" });
+  m.tokens.record(output, { ...measured, "gen_ai.token.type": "output" });
+  m.tenantTokens.add(input, { tenant, "gen_ai.token.type": "input" });
+  m.tenantTokens.add(output, { tenant, "gen_ai.token.type": "output" });
 }
 
 export function addUsage(total: Usage, u: Usage | undefined): void {

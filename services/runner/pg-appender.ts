@@ -10,6 +10,7 @@ import type pg from "pg";
 import { sqlState } from "../shared/pg.js";
 import type { SessionRef } from "../shared/session-ref.js";
 import { SessionElsewhere } from "./session-lease.js";
+import { instruments, secondsSince } from "../shared/metrics.js";
 
 interface Pending {
   writer: SessionWriter;
@@ -109,7 +110,9 @@ export class PgAppender {
       const live = batch.filter((p) => !p.writer.failed || (p.reject(p.writer.failed), false));
       if (live.length === 0) continue;
       try {
+        const started = performance.now();
         const matched = await this.write(live);
+        instruments().storeAppend.record(secondsSince(started), { "troupe.store": "postgres" });
         for (const p of live) {
           if (p.writer.failed) p.reject(p.writer.failed);
           else if (matched.has(matchKey(p.writer.sid, p.writer.epoch))) p.resolve();

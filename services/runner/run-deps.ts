@@ -180,6 +180,8 @@ export function runDepsFor(parts: RunnerParts): (actor: SessionActor, first: rea
     ];
     return {
       agentId,
+      tenant: owner.tenant,
+      log: logger,
       defaultModel: parts.defaultModel,
       model,
       hooks,

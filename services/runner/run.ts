@@ -23,6 +23,7 @@ import type { ModelClient, ModelTool } from "./model.js";
 import type { SafetyVerdict } from "./safety.js";
 import type { TokenCounter } from "./tokens.js";
 import type { Tool, ToolResult } from "./tools.js";
+import type { Logger } from "../shared/log.js";
 
 export type EventPayload = NonNullable<MessageInitShape<typeof AgentEventSchema>["payload"]>;
 
@@ -93,6 +94,10 @@ export interface PromptRequest {
  */
 export interface RunDeps {
   agentId: string;
+  /** The session owner's tenant: what per-tenant metrics count under. */
+  tenant: string;
+  /** The runner's log; records made during the run carry its trace, tenant and session. */
+  log: Logger;
   /** The runner's model, for agents whose agent.json names none. */
   defaultModel: string;
   model: ModelClient;

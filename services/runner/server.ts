@@ -56,6 +56,7 @@ import { TokenCounter } from "./tokens.js";
 import { TenantRuns } from "./tenant-runs.js";
 import { configureFailpoints } from "./failpoints.js";
 import { runDepsFor } from "./run-deps.js";
+import { observeSessions } from "./runner-metrics.js";
 import { operatorCalls } from "./operator-calls.js";
 import { BackgroundProcesses } from "./background.js";
 import { Secrets } from "./web-tools.js";
@@ -235,6 +236,8 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
         sessionModel(agentId, (await agents.get(agentId)).config, cfg.model, m).refused,
     },
   );
+
+  observeSessions(registry);
 
   // Silent past its lease, this runner may have lost any session: none is served from memory.
   lapsed = (ms) =>

@@ -285,6 +285,11 @@ export class SessionActor {
     return this.run !== undefined;
   }
 
+  /** Messages waiting in this session's mailbox. */
+  get waiting(): number {
+    return this.mailbox.depth;
+  }
+
   get idle(): boolean {
     return !this.run && !this.resuming && this.mailbox.empty;
   }

@@ -11,6 +11,7 @@ import { DEV_IDENTITY, type Identity } from "../shared/auth.js";
 import { createExclusive, syncDir } from "../shared/exclusive-file.js";
 import { filePart, refOf, type SessionRef } from "../shared/session-ref.js";
 import { SessionElsewhere, SessionLeases, type Lease, type Owner } from "./session-lease.js";
+import { instruments, secondsSince } from "../shared/metrics.js";
 
 /** One line of the log. Frames and events are stored in protobuf JSON form. */
 export type LogRecord =
@@ -181,6 +182,7 @@ class JsonlSessionLog implements SessionLog {
       this.batchSync = false;
       this.waiters = [];
       try {
+        const started = performance.now();
         const bytes = Buffer.from(data, "utf8");
         // The file is opened for appending, so each write lands at the end; loop on short writes.
         const fh = (this.fh ??= await open(this.file, "a"));
@@ -195,6 +197,7 @@ class JsonlSessionLog implements SessionLog {
             );
         }
         this.dirty = !sync;
+        instruments().storeAppend.record(secondsSince(started), { "troupe.store": "files", "troupe.store.sync": sync });
         for (const w of waiters) w.resolve();
       } catch (err) {
         this.failed = err;

@@ -14,6 +14,7 @@ import {
   type ToolCall,
 } from "../shared/gen/troupe/v1/session_pb.js";
 import { newId } from "../shared/ids.js";
+import { instruments, secondsSince } from "../shared/metrics.js";
 import { GenAI, tracer } from "../shared/telemetry.js";
 import type { Tool, ToolResult } from "./tools.js";
 import { hookFailed, pushMessage, report, type QueuedMessage, type RunHost, type Turn } from "./run.js";
@@ -176,6 +177,7 @@ async function runToolCall(turn: Turn, call: ToolCall): Promise<ToolResult> {
     },
   });
   let result: ToolResult;
+  const started = performance.now();
   try {
     if (!tool)
       throw new ToolInputError(
@@ -240,5 +242,12 @@ async function runToolCall(turn: Turn, call: ToolCall): Promise<ToolResult> {
   }
   if (result.isError) span.setStatus({ code: SpanStatusCode.ERROR });
   span.end();
+  // A name the model made up is not a label value: metrics keep one series per real tool.
+  const seconds = secondsSince(started);
+  instruments().toolDuration.record(seconds, {
+    [GenAI.TOOL_NAME]: tool ? call.name : "unknown",
+    "troupe.tool.outcome": result.isError ? "error" : "ok",
+  });
+  instruments().tenantToolSeconds.add(seconds, { tenant: deps.tenant });
   return result;
 }

@@ -262,6 +262,11 @@ export class SandboxFleet {
     return this.pool.length;
   }
 
+  /** Sandboxes claimed by a scope key (made or being made) in this process. */
+  get claimed(): number {
+    return this.byKey.size;
+  }
+
   /** Waits until the pool is full (tests and benchmarks), or the deadline passes. */
   async poolReady(timeoutMs: number): Promise<boolean> {
     const until = Date.now() + timeoutMs;

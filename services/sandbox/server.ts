@@ -14,6 +14,7 @@ import Docker from "dockerode";
 import { identityOf, internalCredentials, internalServing } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
 import { RpcError, Status, failedPrecondition, invalidArgumentIf, notFound, unavailable } from "../shared/errors.js";
+import { instruments } from "../shared/metrics.js";
 import { ExecResponseSchema, FileType, SandboxService, Signal } from "../shared/gen/troupe/v1/sandbox_pb.js";
 import { isAgentId, isSessionId } from "../shared/ids.js";
 import { TenantQuotas } from "../shared/quotas.js";
@@ -126,6 +127,12 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
     logger,
     (socket, agent) => egress.serve(socket, agent.claimedFor, agent.egress),
   );
+  instruments()
+    .meter.createObservableGauge("troupe.sandboxes", { description: "sandboxes of this service, claimed and pooled" })
+    .addCallback((g) => {
+      g.observe(fleet.claimed, { "troupe.sandbox.state": "claimed" });
+      g.observe(fleet.pooled, { "troupe.sandbox.state": "pooled" });
+    });
   const server = new RpcServer({
     maxMessageBytes: cfg.maxMessageBytes,
     authenticate: (await internalCredentials(cfg.dataDir, cfg.internalToken)).authenticate,
@@ -340,6 +347,14 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
         }),
       );
       call.end();
+      const ended = exit.timedOut
+        ? "timeout"
+        : exit.exitCode === 0
+          ? "ok"
+          : exit.exitCode === 137
+            ? "killed"
+            : "failed";
+      instruments().execDuration.record((Date.now() - started) / 1000, { "troupe.exec.outcome": ended });
     },
 
     async writeStdin(req, call) {

@@ -101,6 +101,7 @@ export interface Config {
   /** The token between services; empty means the data directory's (made on first use). */
   internalToken: string;
   logLevel: LogLevel;
+  logFormat: "auto" | "json" | "text";
   /** Runner: failpoints (runner/failpoints.ts), for tests. */
   failpoints: string;
   /** Runner: learning from each completed turn. */
@@ -118,6 +119,10 @@ export interface Config {
   /** Sandbox: the Docker engine's address, as dockerode reads it (for messages). */
   dockerHost: string;
   /** Tracing (OTLP over HTTP); no endpoint: tracing is off. */
+  /** Prometheus' /metrics on this host:port; empty: none. */
+  metricsAddr: string;
+  /** Metrics go to the OTLP endpoint too, when one is set (OTEL_METRICS_EXPORTER). */
+  metricsToOtlp: boolean;
   otel: {
     endpoint: string;
     serviceName: string;
@@ -327,6 +332,7 @@ export function loadConfig(
     clientApiKey: str("clientApiKey") ?? "",
     internalToken: str("internalToken") ?? "",
     logLevel: str("logLevel") as LogLevel,
+    logFormat: str("logFormat") as Config["logFormat"],
     failpoints: str("failpoints") ?? "",
     memoryLearn: str("memoryLearn") !== "0",
     memoryUri: str("memoryUri") ?? path.join(dataDir, "memory"),
@@ -336,6 +342,8 @@ export function loadConfig(
     learningModel: str("learningModel") ?? "",
     scriptedTokenRate: v.scriptedTokenRate ?? 0,
     dockerHost: str("dockerHost")!,
+    metricsAddr: str("metricsAddr") === "off" ? "" : (str("metricsAddr") ?? ""),
+    metricsToOtlp: str("otelMetricsExporter") !== "none",
     otel: {
       endpoint: str("otelEndpoint") ?? "",
       serviceName: str("otelServiceName") ?? "",

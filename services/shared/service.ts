@@ -2,6 +2,7 @@
 // NOT_SERVING, running calls get a grace period) and flush telemetry before exiting.
 import { unknownVariables, type Config } from "./config.js";
 import { createLogger, type Logger } from "./log.js";
+import { startMetrics, type Metrics } from "./metrics.js";
 import { startTelemetry } from "./telemetry.js";
 
 export interface RunningService {
@@ -12,16 +13,23 @@ export interface RunningService {
 export type ServiceStarter = (cfg: Config, logger: Logger) => Promise<RunningService>;
 
 export async function runService(name: string, cfg: Config, start: ServiceStarter): Promise<void> {
-  const logger = createLogger(name, cfg.logLevel);
+  const logger = createLogger(name, cfg.logLevel, cfg.logFormat);
   for (const name of unknownVariables())
     logger.warn(`${name} is set but Troupe reads no such variable (a typo?); troupe config lists them all`);
   const telemetry = await startTelemetry(name, cfg.otel);
+  let meters: Metrics = { shutdown: async () => {} };
   let service: RunningService;
   try {
+    meters = await startMetrics(name, {
+      addr: cfg.metricsAddr,
+      otlpEndpoint: cfg.metricsToOtlp ? cfg.otel.endpoint : "",
+      serviceName: cfg.otel.serviceName,
+    });
+    if (meters.port) logger.info(`metrics at http://${cfg.metricsAddr}/metrics`);
     service = await start(cfg, logger);
   } catch (err) {
     logger.error(`failed to start: ${(err as Error).message}`);
-    await telemetry.shutdown();
+    await Promise.all([telemetry.shutdown(), meters.shutdown()]);
     process.exit(1);
   }
   let stopping = false;
@@ -36,7 +44,7 @@ export async function runService(name: string, cfg: Config, start: ServiceStarte
     } catch (err) {
       logger.error(`drain failed: ${(err as Error).message}`);
     }
-    await telemetry.shutdown().catch(() => undefined);
+    await Promise.all([telemetry.shutdown(), meters.shutdown()]).catch(() => undefined);
     logger.info("stopped");
     process.exit(0);
   };

@@ -86,6 +86,13 @@ export const SETTINGS = {
       default: "info",
       schema: oneOf("debug", "info", "warn", "error"),
     },
+    logFormat: {
+      env: "TROUPE_LOG_FORMAT",
+      flag: "log-format",
+      doc: "json (a line of JSON per record) or text; auto: text on a terminal, else json",
+      default: "auto",
+      schema: oneOf("auto", "json", "text"),
+    },
     threadPool: {
       env: "UV_THREADPOOL_SIZE",
       doc: "libuv threads (session logs fsync on them)",
@@ -261,7 +268,18 @@ export const SETTINGS = {
     dockerHost: { env: "DOCKER_HOST", doc: "the Docker engine", default: "/var/run/docker.sock" },
   },
   tracing: {
-    otelEndpoint: { env: "OTEL_EXPORTER_OTLP_ENDPOINT", doc: "OTLP/HTTP endpoint (unset: tracing off)" },
+    otelEndpoint: { env: "OTEL_EXPORTER_OTLP_ENDPOINT", doc: "OTLP/HTTP endpoint for traces and metrics (unset: off)" },
+    metricsAddr: {
+      env: "TROUPE_METRICS_ADDR",
+      flag: "metrics",
+      doc: "Prometheus metrics at http://HOST:PORT/metrics (unset: none); troupe up gives each further service the next port",
+    },
+    otelMetricsExporter: {
+      env: "OTEL_METRICS_EXPORTER",
+      doc: "metrics to the OTLP endpoint too (otlp), or not (none)",
+      default: "otlp",
+      schema: oneOf("otlp", "none"),
+    },
     otelServiceName: { env: "OTEL_SERVICE_NAME", doc: "service name in traces", default: "troupe-<service>" },
     bspScheduleDelay: { env: "OTEL_BSP_SCHEDULE_DELAY", doc: "span batch delay (ms; OTel's rules)" },
     bspExportTimeout: { env: "OTEL_BSP_EXPORT_TIMEOUT", doc: "span export timeout (ms)" },

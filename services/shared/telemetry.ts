@@ -78,20 +78,18 @@ export interface Telemetry {
  * variables (headers, sampling, batch delays) are honoured by the SDK itself.
  */
 export async function startTelemetry(serviceName: string, otel: Config["otel"]): Promise<Telemetry> {
+  // The context follows async work even without tracing: log records find their tenant and
+  // session in it (log.ts, withLogFields).
+  const { AsyncLocalStorageContextManager } = await import("@opentelemetry/context-async-hooks");
+  context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
   if (!otel.endpoint) return { shutdown: async () => {} };
-  const [
-    { TracerProvider, BatchSpanProcessor },
-    { AsyncLocalStorageContextManager },
-    core,
-    { OTLPTraceExporter },
-    { resourceFromAttributes },
-  ] = await Promise.all([
-    import("@opentelemetry/sdk-trace"),
-    import("@opentelemetry/context-async-hooks"),
-    import("@opentelemetry/core"),
-    import("@opentelemetry/exporter-trace-otlp-http"),
-    import("@opentelemetry/resources"),
-  ]);
+  const [{ TracerProvider, BatchSpanProcessor }, core, { OTLPTraceExporter }, { resourceFromAttributes }] =
+    await Promise.all([
+      import("@opentelemetry/sdk-trace"),
+      import("@opentelemetry/core"),
+      import("@opentelemetry/exporter-trace-otlp-http"),
+      import("@opentelemetry/resources"),
+    ]);
   const provider = new TracerProvider({
     resource: resourceFromAttributes({ "service.name": otel.serviceName || `troupe-${serviceName}` }),
     // The v3 SDK leaves environment configuration to its callers: honour the standard OTEL_BSP_*.
@@ -105,7 +103,6 @@ export async function startTelemetry(serviceName: string, otel: Config["otel"]):
       }),
     ],
   });
-  context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
   propagation.setGlobalPropagator(
     new core.CompositePropagator({
       propagators: [new core.W3CTraceContextPropagator(), new core.W3CBaggagePropagator()],

@@ -122,6 +122,8 @@ export function testRunDeps(
   };
   return {
     agentId: "main",
+    tenant: "t",
+    log: quietLogger,
     defaultModel: "test-model",
     model,
     tools,

@@ -10,7 +10,7 @@ import {
 } from "../../services/shared/gen/troupe/v1/session_pb.js";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import type { ClientFrameSchema } from "../../services/shared/gen/troupe/v1/session_pb.js";
-import type { grpc, ServiceClient } from "../../services/shared/rpc.js";
+import type { CallOptions, grpc, ServiceClient } from "../../services/shared/rpc.js";
 
 type Kind = NonNullable<MessageInitShape<typeof ClientFrameSchema>["kind"]>;
 
@@ -22,8 +22,9 @@ export class ChatSession {
   private n = 0;
   readonly call: grpc.ClientDuplexStream<{ frame: MessageInitShape<typeof ClientFrameSchema> }, ChatResponse>;
 
-  constructor(gateway: ServiceClient<(typeof GatewayService)["method"]>) {
-    this.call = gateway.chat() as never;
+  /** `options`: the call's, such as metadata carrying the client's own traceparent. */
+  constructor(gateway: ServiceClient<(typeof GatewayService)["method"]>, options?: CallOptions) {
+    this.call = gateway.chat(options) as never;
     this.call.on("data", (resp: ChatResponse) => {
       if (resp.kind.case === "opened") this.opened = resp.kind.value;
       else if (resp.kind.case === "event") this.events.push(resp.kind.value);

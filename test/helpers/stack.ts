@@ -171,7 +171,14 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
   const addr = {} as Stack["addr"];
   for (const name of SERVICE_ORDER) addr[name] = `127.0.0.1:${await freePort()}`;
   addr.http = `127.0.0.1:${await freePort()}`;
-  const env: NodeJS.ProcessEnv = { ...process.env, TROUPE_LOG_LEVEL: "info", ...options.env };
+  // Plain lines: the logs are read by tests and shown in their failure messages (JSON lines are
+  // tested in test/logs.test.ts).
+  const env: NodeJS.ProcessEnv = {
+    ...process.env,
+    TROUPE_LOG_LEVEL: "info",
+    TROUPE_LOG_FORMAT: "text",
+    ...options.env,
+  };
   delete env.OPENAI_BASE_URL;
   // Credentials come from the stack's own data directory, never from the caller's environment.
   for (const k of ["TROUPE_INTERNAL_TOKEN", "TROUPE_API_KEY", "TROUPE_API_KEYS", "TROUPE_API_KEYS_FILE"]) delete env[k];

@@ -6,8 +6,10 @@ import * as grpc from "@grpc/grpc-js";
 import type { DescMethod } from "@bufbuild/protobuf";
 import type { GenService, GenServiceMethods } from "@bufbuild/protobuf/codegenv2";
 import { SpanKind, SpanStatusCode, context } from "@opentelemetry/api";
-import { isOpenPath, type Authenticator } from "../auth.js";
+import { TENANT, isOpenPath, type Authenticator } from "../auth.js";
+import { withLogFields } from "../log.js";
 import { RpcError, Status, toStatus } from "../errors.js";
+import { instruments, secondsSince } from "../metrics.js";
 import { extractContext, spanContext, tracer } from "../telemetry.js";
 import { MalformedMessage, serviceDefinition } from "./definition.js";
 import { channelOptions, DEFAULT_MAX_MESSAGE_BYTES } from "./limits.js";
@@ -75,28 +77,39 @@ function wrapHandler(method: DescMethod, handler: (...args: never[]) => unknown)
       { kind: SpanKind.SERVER, attributes: { "rpc.system.name": "grpc", "rpc.method": path } },
       parent,
     );
-    return { span, ctx: spanContext(parent, span) };
+    // Log records made while serving the call say whose it is (log.ts).
+    const ctx = withLogFields(spanContext(parent, span), {
+      tenant: String(call.metadata.get(TENANT)[0] ?? ""),
+      session_id: (call as { request?: { sessionId?: unknown } }).request?.sessionId as string | undefined,
+    });
+    return { span, ctx, started: performance.now() };
   };
-  const endSpan = (span: ReturnType<typeof startSpan>["span"], code: Status) => {
-    span.setAttribute("rpc.status_code", Status[code] ?? String(code));
+  const endSpan = ({ span, started }: ReturnType<typeof startSpan>, code: Status) => {
+    const statusName = Status[code] ?? String(code);
+    span.setAttribute("rpc.status_code", statusName);
     if (SERVER_ERROR_CODES.has(code)) span.setStatus({ code: SpanStatusCode.ERROR });
     span.end();
+    instruments().rpcDuration.record(secondsSince(started), {
+      "rpc.system.name": "grpc",
+      "rpc.method": path,
+      "rpc.response.status_code": statusName,
+    });
   };
 
   if (method.methodKind === "unary" || method.methodKind === "client_streaming") {
     const fn = handler as unknown as (a: unknown, b?: unknown) => Promise<unknown>;
     const unary = (call: AnyCall, callback: grpc.sendUnaryData<unknown>) => {
-      const { span, ctx } = startSpan(call);
+      const started = startSpan(call);
       const run = method.methodKind === "unary" ? () => fn(call.request, call) : () => fn(call);
-      context.with(ctx, run).then(
+      context.with(started.ctx, run).then(
         (response) => {
-          endSpan(span, Status.OK);
+          endSpan(started, Status.OK);
           callback(null, response);
         },
         (err: unknown) => {
           const status = toStatus(err);
           if (!(err instanceof RpcError) && status.code === Status.INTERNAL) console.error(`${path}:`, err);
-          endSpan(span, status.code);
+          endSpan(started, status.code);
           callback(status);
         },
       );
@@ -105,17 +118,17 @@ function wrapHandler(method: DescMethod, handler: (...args: never[]) => unknown)
   }
   const fn = handler as unknown as (call: AnyCall) => unknown;
   const streaming = (call: AnyCall) => {
-    const { span, ctx } = startSpan(call);
+    const started = startSpan(call);
     let ended = false;
     const finish = (code: Status) => {
       if (ended) return;
       ended = true;
-      endSpan(span, code);
+      endSpan(started, code);
     };
     call.once("finish", () => finish(Status.OK));
     call.once("cancelled", () => finish(Status.CANCELLED));
     try {
-      const result = context.with(ctx, () => fn(call));
+      const result = context.with(started.ctx, () => fn(call));
       if (result instanceof Promise) result.catch((err: unknown) => failStream(call, err, path, finish));
     } catch (err) {
       failStream(call, err, path, finish);

@@ -1,0 +1,23 @@
+// The runner's gauges, read when metrics are collected: sessions in memory and the messages
+// waiting in their mailboxes (the per-call instruments live where the calls are made).
+import { instruments } from "../shared/metrics.js";
+import type { SessionRegistry } from "./session-registry.js";
+
+export function observeSessions(registry: SessionRegistry): void {
+  const { meter } = instruments();
+  const mailboxes = meter.createObservableGauge("troupe.mailbox.depth", {
+    description: "messages waiting in the mailboxes of this runner's sessions",
+  });
+  const live = meter.createObservableGauge("troupe.sessions.live", { description: "sessions in this runner's memory" });
+  meter.addBatchObservableCallback(
+    async (r) => {
+      const actors = await registry.loaded();
+      r.observe(
+        mailboxes,
+        actors.reduce((n, a) => n + a.waiting, 0),
+      );
+      r.observe(live, actors.length);
+    },
+    [mailboxes, live],
+  );
+}
