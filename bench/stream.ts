@@ -8,7 +8,13 @@
 // with the raw stream, whose clock also starts with streams that need no setup. "cold": the
 // clock also covers creating S new sessions at once (routing, session logs, fsyncs).
 //
-//   node dist/bench/stream.js [--sessions 200] [--tokens 200]
+// The paced mode measures what users feel: P sessions (--paced-sessions, 1,000) each streaming
+// at R tokens/s (--rate, 30) for D seconds (--seconds, 30), as real models stream. Its figures
+// are the delay added to each token (model write -> client receipt, p50 and p99) and the CPU
+// the gateway and runner spend per 1,000 tokens, beside a raw grpc-js stream carrying the same
+// paced load (its delay, and its server's CPU). --mode burst|paced|both (both).
+//
+//   node dist/bench/stream.js [--sessions 200] [--tokens 200] [--paced-sessions 1000] [--rate 30] [--seconds 30]
 import { spawn } from "node:child_process";
 import { once } from "node:events";
 import { parseArgs } from "node:util";
@@ -19,13 +25,27 @@ import { GatewayService } from "../services/shared/gen/troupe/v1/gateway_pb.js";
 import { StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { createClient, type ServiceClient } from "../services/shared/rpc.js";
 import { LOAD_QUOTAS, startStack } from "../test/helpers/stack.js";
+import { cpuMs } from "./support/cpu.js";
 import { pct } from "./support/stats.js";
 
 const { values } = parseArgs({
-  options: { sessions: { type: "string", default: "200" }, tokens: { type: "string", default: "200" } },
+  options: {
+    sessions: { type: "string", default: "200" },
+    tokens: { type: "string", default: "200" },
+    "paced-sessions": { type: "string", default: "1000" },
+    rate: { type: "string", default: "30" },
+    seconds: { type: "string", default: "30" },
+    mode: { type: "string", default: "both" },
+  },
 });
 const S = Number(values.sessions);
 const T = Number(values.tokens);
+const PACED = {
+  sessions: Number(values["paced-sessions"]),
+  rate: Number(values.rate),
+  seconds: Number(values.seconds),
+};
+const MODE = values.mode;
 const now = () => performance.timeOrigin + performance.now();
 
 type Gateway = ServiceClient<(typeof GatewayService)["method"]>;
@@ -34,15 +54,27 @@ interface TroupeFigures {
   tokensPerS: number;
   eventsPerS: number;
   latencies: number[];
+  /** CPU ms of the charged processes per 1,000 tokens. */
+  cpuPer1000: number;
 }
 
-/** Opens S sessions, then (if warm) starts the clock; sends one `!bench T` prompt to each. */
-async function troupeRun(clients: Gateway[], warm: boolean): Promise<TroupeFigures> {
+/**
+ * Opens n sessions, then (if warm) starts the clock; sends each the prompt `!bench T` (or the
+ * paced one). `cpu`: the processes whose CPU time the run is charged.
+ */
+async function troupeRun(
+  clients: Gateway[],
+  warm: boolean,
+  n = S,
+  prompt = `!bench ${T}`,
+  cpu: number[] = [],
+): Promise<TroupeFigures> {
+  const perSession = Number(/!bench (\d+)/.exec(prompt)![1]);
   const latencies: number[] = [];
   const failures: string[] = [];
   let tokens = 0;
   let deltaEvents = 0;
-  const sessions = Array.from({ length: S }, (_, i) => {
+  const sessions = Array.from({ length: n }, (_, i) => {
     const call = clients[i % clients.length].chat();
     let opened!: () => void;
     let ended!: () => void;
@@ -77,17 +109,19 @@ async function troupeRun(clients: Gateway[], warm: boolean): Promise<TroupeFigur
     await Promise.all(sessions.map((s) => s.isOpen));
     t0 = performance.now();
   }
+  const cpu0 = cpuMs(cpu);
   for (const s of sessions)
-    s.call.write({ frame: { frameId: "p", kind: { case: "prompt", value: { text: `!bench ${T}` } } } });
+    s.call.write({ frame: { frameId: "p", kind: { case: "prompt", value: { text: prompt } } } });
   await Promise.all(sessions.map((s) => s.isDone));
   const seconds = (performance.now() - t0) / 1000;
+  const cpuPer1000 = ((cpuMs(cpu) - cpu0) / Math.max(1, tokens)) * 1000;
   if (failures.length > 0) throw new Error(`${failures.length} runs did not complete, e.g. ${failures[0]}`);
-  if (tokens !== S * T) throw new Error(`expected ${S * T} tokens, received ${tokens}`);
-  return { tokensPerS: tokens / seconds, eventsPerS: deltaEvents / seconds, latencies };
+  if (tokens !== n * perSession) throw new Error(`expected ${n * perSession} tokens, received ${tokens}`);
+  return { tokensPerS: tokens / seconds, eventsPerS: deltaEvents / seconds, latencies, cpuPer1000 };
 }
 
 /** The raw baseline: a bare grpc-js server process; `run(n)` streams n messages on each of S streams. */
-async function startRaw(): Promise<{ run(n: number): Promise<number>; stop(): void }> {
+async function startRaw() {
   const server = spawn(process.execPath, [fileURLToPath(new URL("./support/raw-grpc-server.js", import.meta.url))], {
     stdio: ["ignore", "pipe", "inherit"],
   });
@@ -117,8 +151,40 @@ async function startRaw(): Promise<{ run(n: number): Promise<number>; stop(): vo
     if (received !== S * n) throw new Error(`raw: expected ${S * n} messages, received ${received}`);
     return received / ((performance.now() - t0) / 1000);
   };
+  /** n streams, each `count` messages at `rate` a second; delays from write to receipt, and the server's CPU. */
+  const paced = async (n: number, count: number, rate: number) => {
+    const latencies: number[] = [];
+    const cpu0 = cpuMs([server.pid!]);
+    const t0 = performance.now();
+    await Promise.all(
+      Array.from(
+        { length: n },
+        (_, i) =>
+          new Promise<void>((resolve, reject) => {
+            const call = clients[i % clients.length].makeBidiStreamRequest("/bench.Raw/Stream", identity, identity);
+            call.on("data", (b: Buffer) => latencies.push(now() - b.readDoubleBE(0)));
+            call.on("end", () => resolve());
+            call.on("error", reject);
+            const req = Buffer.alloc(8);
+            req.writeUInt32BE(count, 0);
+            req.writeUInt32BE(rate, 4);
+            call.write(req);
+            call.end();
+          }),
+      ),
+    );
+    if (latencies.length !== n * count)
+      throw new Error(`raw paced: expected ${n * count}, received ${latencies.length}`);
+    const seconds = (performance.now() - t0) / 1000;
+    return {
+      latencies,
+      tokensPerS: latencies.length / seconds,
+      cpuPer1000: ((cpuMs([server.pid!]) - cpu0) / latencies.length) * 1000,
+    };
+  };
   return {
     run,
+    paced,
     stop() {
       for (const c of clients) c.close();
       server.kill("SIGTERM");
@@ -140,35 +206,60 @@ try {
   const raw = await startRaw();
   await raw.run(20); // warm-up: JIT and connections on both sides
   await troupeRun(clients, true);
-  // Interleaved rounds, compared by their medians: this machine's noise hits both sides alike.
-  const rawRates: number[] = [];
-  const warmRuns: TroupeFigures[] = [];
-  for (let i = 0; i < ROUNDS; i++) {
-    rawRates.push(await raw.run(T));
-    warmRuns.push(await troupeRun(clients, true));
+  const result: Record<string, string> = {};
+  if (MODE !== "paced") {
+    // Interleaved rounds, compared by their medians: this machine's noise hits both sides alike.
+    const rawRates: number[] = [];
+    const warmRuns: TroupeFigures[] = [];
+    for (let i = 0; i < ROUNDS; i++) {
+      rawRates.push(await raw.run(T));
+      warmRuns.push(await troupeRun(clients, true));
+    }
+    const cold = await troupeRun(clients, false);
+    const rawRate = median(rawRates);
+    const warmRate = median(warmRuns.map((r) => r.tokensPerS));
+    const latencies = warmRuns.flatMap((r) => r.latencies);
+    const p99 = pct(latencies, 99);
+    const events = median(warmRuns.map((r) => r.eventsPerS));
+    console.log(`burst: sessions=${S} tokens/session=${T} total=${S * T} rounds=${ROUNDS} (medians)`);
+    console.log(
+      `raw grpc-js single hop (own process): ${rawRate.toFixed(0)} messages/s   [rounds: ${rawRates.map((r) => r.toFixed(0)).join(", ")}]`,
+    );
+    console.log(
+      `troupe warm (sessions open): ${warmRate.toFixed(0)} token events/s, carried in ${events.toFixed(0)} message_update events/s   [rounds: ${warmRuns.map((r) => r.tokensPerS.toFixed(0)).join(", ")}]`,
+    );
+    console.log(
+      `troupe cold (creating ${S} sessions too): ${cold.tokensPerS.toFixed(0)} token events/s; latency p50=${pct(cold.latencies, 50).toFixed(1)} ms p99=${pct(cold.latencies, 99).toFixed(1)} ms`,
+    );
+    console.log(
+      `latency model write -> client receipt (warm): p50=${pct(latencies, 50).toFixed(1)} ms p99=${p99.toFixed(1)} ms`,
+    );
+    result.stream_ratio = (warmRate / rawRate).toFixed(2);
+    result.p99_ms = p99.toFixed(1);
+  }
+  if (MODE !== "burst") {
+    const { sessions: n, rate, seconds } = PACED;
+    const count = rate * seconds;
+    const asked = n * rate;
+    const rawPaced = await raw.paced(n, count, rate);
+    const pids = ["gateway", "runner"].map((k) => stack.process(k)!.pid!);
+    const troupe = await troupeRun(clients, true, n, `!bench ${count} rate=${rate}`, pids);
+    const p50 = pct(troupe.latencies, 50);
+    const p99 = pct(troupe.latencies, 99);
+    console.log(`paced: sessions=${n} at ${rate} tokens/s for ${seconds} s (${asked} tokens/s asked)`);
+    console.log(
+      `raw grpc-js, same paced load: ${rawPaced.tokensPerS.toFixed(0)} messages/s, delay p50=${pct(rawPaced.latencies, 50).toFixed(1)} ms p99=${pct(rawPaced.latencies, 99).toFixed(1)} ms, server CPU ${rawPaced.cpuPer1000.toFixed(0)} ms per 1,000`,
+    );
+    console.log(
+      `troupe: ${troupe.tokensPerS.toFixed(0)} tokens/s delivered, delay model write -> client p50=${p50.toFixed(1)} ms p99=${p99.toFixed(1)} ms, gateway+runner CPU ${troupe.cpuPer1000.toFixed(0)} ms per 1,000 tokens`,
+    );
+    result.paced_p50_ms = p50.toFixed(1);
+    result.paced_p99_ms = p99.toFixed(1);
   }
   raw.stop();
-  const cold = await troupeRun(clients, false);
   for (const c of clients) c.close();
-  const rawRate = median(rawRates);
-  const warmRate = median(warmRuns.map((r) => r.tokensPerS));
-  const latencies = warmRuns.flatMap((r) => r.latencies);
-  const p50 = pct(latencies, 50);
-  const p99 = pct(latencies, 99);
-  const events = median(warmRuns.map((r) => r.eventsPerS));
-  const ratio = warmRate / rawRate;
-  console.log(`sessions=${S} tokens/session=${T} total=${S * T} rounds=${ROUNDS} (medians)`);
-  console.log(
-    `raw grpc-js single hop (own process): ${rawRate.toFixed(0)} messages/s   [rounds: ${rawRates.map((r) => r.toFixed(0)).join(", ")}]`,
-  );
-  console.log(
-    `troupe warm (sessions open): ${warmRate.toFixed(0)} token events/s, carried in ${events.toFixed(0)} message_update events/s   [rounds: ${warmRuns.map((r) => r.tokensPerS.toFixed(0)).join(", ")}]`,
-  );
-  console.log(
-    `troupe cold (creating ${S} sessions too): ${cold.tokensPerS.toFixed(0)} token events/s; latency p50=${pct(cold.latencies, 50).toFixed(1)} ms p99=${pct(cold.latencies, 99).toFixed(1)} ms`,
-  );
-  console.log(`latency model write -> client receipt (warm): p50=${p50.toFixed(1)} ms p99=${p99.toFixed(1)} ms`);
-  console.log(`RESULT stream_ratio=${ratio.toFixed(2)} p99_ms=${p99.toFixed(1)}`);
+  const order = ["stream_ratio", "paced_p50_ms", "paced_p99_ms", "p99_ms"].filter((k) => k in result);
+  console.log(`RESULT ${order.map((k) => `${k}=${result[k]}`).join(" ")}`);
 } finally {
   await stack.stop();
 }

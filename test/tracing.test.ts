@@ -16,6 +16,7 @@ interface Span {
   name: string;
   kind: number;
   attributes: Record<string, unknown>;
+  links: { traceId: string; spanId: string }[];
 }
 
 const spans: Span[] = [];
@@ -59,6 +60,10 @@ before(async () => {
             name: s.name,
             kind: s.kind,
             attributes: attrs(s.attributes),
+            links: ((s as { links?: { traceId: string; spanId: string }[] }).links ?? []).map((l) => ({
+              traceId: l.traceId,
+              spanId: l.spanId,
+            })),
           });
         }
       }
@@ -192,4 +197,29 @@ test("a client's own traceparent holds the whole turn: the Chat call, the router
   // The model calls say when their first chunk came, before the call ended.
   for (const c of trace.filter((x) => x.name.startsWith("chat ")))
     assert.ok(Number(c.attributes["gen_ai.response.time_to_first_chunk"]) > 0, "time to first chunk");
+
+  // Recall is its own span in the runner, with what came back; the memory service's search
+  // embeds the query under it, as a GenAI embeddings operation.
+  const recall = trace.find((x) => x.service === "troupe-runner" && x.name === "recall memories")!;
+  assert.ok(recall, "the runner's recall span");
+  assert.equal(typeof recall.attributes["troupe.memory.results"], "number");
+  const search = trace.find(
+    (x) => x.service === "troupe-memory" && x.name === "troupe.v1.MemoryService/SearchMemories",
+  )!;
+  assert.equal(trace.find((x) => x.spanId === search.parentSpanId)?.parentSpanId, recall.spanId);
+  const embed = trace.find((x) => x.service === "troupe-memory" && x.name.startsWith("embeddings "))!;
+  assert.ok(embed, "the query's embedding");
+  assert.equal(embed.parentSpanId, search.spanId);
+  assert.equal(embed.attributes["gen_ai.operation.name"], "embeddings");
+
+  // Learning comes after the answer, on a trace of its own that links to the run.
+  const run = trace.find((x) => x.service === "troupe-runner" && x.name === "invoke_agent main")!;
+  const learn = await waitFor("the learning span", async () =>
+    spans.find((x) => x.name === "learn" && x.links.some((l) => l.spanId === run.spanId)),
+  );
+  assert.notEqual(learn.traceId, traceId, "not part of the answer's trace");
+  assert.equal(learn.links[0].traceId, traceId);
+  await waitFor("learning's call to the memory service under it", async () =>
+    spans.some((x) => x.traceId === learn.traceId && x.name === "troupe.v1.MemoryService/LearnFromTurn"),
+  );
 });

@@ -4,7 +4,9 @@
 // L2-normalised either way (cosine = dot product), and a vector of the wrong dimension is an error,
 // never stored.
 import OpenAI from "openai";
+import { SpanKind, SpanStatusCode } from "@opentelemetry/api";
 import { RpcError, Status } from "../shared/errors.js";
+import { GenAI, tracer } from "../shared/telemetry.js";
 import { HASH_EMBEDDING_DIM, HASH_EMBEDDING_MODEL, hashEmbedding } from "../shared/hash-embedding.js";
 
 export interface Embedder {
@@ -20,6 +22,35 @@ export class LocalEmbedder implements Embedder {
   async embed(texts: string[]): Promise<Float32Array[]> {
     return texts.map((t) => hashEmbedding(t));
   }
+}
+
+/** The same embedder, each call a GenAI `embeddings` span (CLIENT when a model endpoint is called). */
+export function traced(embedder: Embedder): Embedder {
+  const remote = embedder instanceof OpenAIEmbedder;
+  const model = embedder.name;
+  return {
+    name: embedder.name,
+    dim: embedder.dim,
+    async embed(texts) {
+      const span = tracer.startSpan(`embeddings ${model}`, {
+        kind: remote ? SpanKind.CLIENT : SpanKind.INTERNAL,
+        attributes: {
+          [GenAI.OPERATION_NAME]: "embeddings",
+          [GenAI.PROVIDER_NAME]: remote ? "openai" : "troupe",
+          [GenAI.REQUEST_MODEL]: model,
+          "troupe.embeddings.inputs": texts.length,
+        },
+      });
+      try {
+        return await embedder.embed(texts);
+      } catch (err) {
+        span.setStatus({ code: SpanStatusCode.ERROR, message: (err as Error).message });
+        throw err;
+      } finally {
+        span.end();
+      }
+    },
+  };
 }
 
 export function normalise(v: ArrayLike<number>): Float32Array {

@@ -4,6 +4,7 @@
 // text ever reaches LanceDB's filter language except as such a checked value.
 import { create } from "@bufbuild/protobuf";
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
+import { trace } from "@opentelemetry/api";
 import { instruments, secondsSince } from "../shared/metrics.js";
 import { internalCredentials, internalServing, NAME } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
@@ -23,7 +24,7 @@ import { RpcServer } from "../shared/rpc.js";
 import type { RunningService } from "../shared/service.js";
 import { modelBaseUrl } from "../shared/config.js";
 import { loadProviders, resolveModel, singleProvider, type Providers } from "../shared/providers.js";
-import { LocalEmbedder, OpenAIEmbedder, type Embedder } from "./embedder.js";
+import { LocalEmbedder, OpenAIEmbedder, traced, type Embedder } from "./embedder.js";
 import { Learner } from "./learn.js";
 import { DEFAULT_RANKING, rank, type RankOptions, type Ranked } from "./ranking.js";
 import { EVENT, newMemoryRow, sqlString, type StoredCandidate, type StoredMemory } from "./memory-schema.js";
@@ -145,7 +146,7 @@ export function embedderFor(cfg: Config, providers = providersOf(cfg)): Embedder
 export async function startMemory(cfg: Config, logger: Logger): Promise<RunningService> {
   const listenTls = internalServing(cfg, "memory service");
   const providers = providersOf(cfg);
-  const embedder = embedderFor(cfg, providers);
+  const embedder = traced(embedderFor(cfg, providers));
   const { memoryUri: uri, memoryStorageOptions: storageOptions } = cfg;
   const store = await MemoryStore.open(uri, storageOptions, embedder.name, embedder.dim, logger);
   const learning = served(providers, cfg.learningModel || cfg.model, "TROUPE_LEARNING_MODEL");
@@ -233,6 +234,7 @@ export async function startMemory(cfg: Config, logger: Logger): Promise<RunningS
       invalidArgumentIf(req.longTermK < 0 || req.longTermK > 100, "long_term_k must be between 0 and 100");
       const { ranked, candidates } = await search(store, where, query, vector, o);
       instruments().memorySearch.record(secondsSince(searchStarted));
+      trace.getActiveSpan()?.setAttribute("troupe.memory.results", ranked.length);
       const results = ranked.map((r) => ({
         memory: toMemory(candidates.get(r.id)!.memory),
         score: r.score,

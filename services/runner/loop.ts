@@ -135,7 +135,7 @@ export async function runAgent(
           text: m.text,
           speaker: m.speaker?.id,
         }));
-      if (exchange.length > 0) deps.afterRun(host.sessionId, exchange);
+      if (exchange.length > 0) deps.afterRun(host.sessionId, exchange, span.spanContext());
     }
     return outcome;
   } finally {

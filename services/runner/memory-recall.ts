@@ -10,7 +10,9 @@
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import type { MemoryScopeSchema, MemoryService } from "../shared/gen/troupe/v1/memory_pb.js";
 import { MemoryKind } from "../shared/gen/troupe/v1/memory_pb.js";
+import { ROOT_CONTEXT, SpanKind, SpanStatusCode, context, trace, type SpanContext } from "@opentelemetry/api";
 import type { Logger } from "../shared/log.js";
+import { tracer } from "../shared/telemetry.js";
 import type { ServiceClient } from "../shared/rpc.js";
 
 type MemoryClient = ServiceClient<(typeof MemoryService)["method"]>;
@@ -95,11 +97,19 @@ export class MemoryRecall {
     query: string,
     signal: AbortSignal,
   ): Promise<{ texts: Recalled[]; empty: boolean }> {
+    // The recall's own span: the search under it, and what came back.
+    const span = tracer.startSpan("recall memories", {
+      kind: SpanKind.INTERNAL,
+      attributes: { "troupe.memory.k": this.options.k },
+    });
     try {
-      const res = await this.memory.searchMemories(
-        { scope, query, k: this.options.k, longTermK: this.options.longTermK },
-        { timeoutMs: this.options.timeoutMs, signal },
+      const res = await context.with(trace.setSpan(context.active(), span), () =>
+        this.memory.searchMemories(
+          { scope, query, k: this.options.k, longTermK: this.options.longTermK },
+          { timeoutMs: this.options.timeoutMs, signal },
+        ),
       );
+      span.setAttribute("troupe.memory.results", res.results.length);
       // A vector search returns the nearest memories whatever their score: none at all means none exist.
       const empty = res.results.length === 0;
       if (empty) this.emptyUntil.set(key, Date.now() + this.options.emptyForMs);
@@ -114,8 +124,11 @@ export class MemoryRecall {
         .map((r) => ({ text: r.memory!.text, kind: r.memory!.kind, source: sourceOf(r.memory!.provenance) }));
       return { texts, empty };
     } catch (err) {
+      span.setStatus({ code: SpanStatusCode.ERROR, message: String((err as Error).message ?? err) });
       this.logger.debug("memory search skipped", { error: String((err as Error).message ?? err) });
       return { texts: [], empty: false };
+    } finally {
+      span.end();
     }
   }
 }
@@ -136,4 +149,43 @@ function sourceOf(provenance: string): string | undefined {
 
 function scopeKey(scope: MemoryScope): string {
   return JSON.stringify([scope.tenant ?? "", scope.owner ?? "", scope.agentId ?? "", scope.allOwners ?? false]);
+}
+
+/** Learns from a run's exchange for one owner's scope. Contract: never throws, never blocks. */
+export type Learn = (
+  scope: { tenant: string; owner: string },
+  agentId: string,
+  sessionId: string,
+  exchange: { role: string; text: string }[],
+  /** Who said it when not the owner (learned as their claim); empty: the owner. */
+  source: string,
+  /** The run's span, which the learning's own trace links to. */
+  turn?: SpanContext,
+) => void;
+
+/**
+ * Learning after each completed run, in the background (TROUPE_MEMORY_LEARN=0 turns it off): the
+ * memory service extracts and stores what is worth keeping; a failure costs only the learning.
+ * It is traced on its own, linked to the run's span: it is not part of the answer.
+ */
+export function learnAfterRuns(memory: MemoryClient, recall: MemoryRecall, logger: Logger): Learn {
+  return (scope, agentId, sessionId, exchange, source, turn) => {
+    const span = tracer.startSpan("learn", { root: true, links: turn ? [{ context: turn }] : [] });
+    context
+      .with(trace.setSpan(ROOT_CONTEXT, span), () =>
+        memory.learnFromTurn(
+          { scope: { ...scope, agentId }, sessionId, messages: exchange, source },
+          { timeoutMs: 120_000 },
+        ),
+      )
+      .finally(() => span.end())
+      .then(
+        (res) => res.changes.length > 0 && recall.invalidateTenant(scope.tenant),
+        (err: unknown) =>
+          logger.debug("learning from a turn failed", {
+            session: sessionId,
+            error: String((err as Error).message ?? err),
+          }),
+      );
+  };
 }

@@ -13,7 +13,7 @@ import type { AuditSink } from "./audit-log.js";
 import { buildSystemPrompt, type ContextSources, type Sender } from "./context.js";
 import { delegateTool } from "./delegate.js";
 import type { Hooks, TurnInfo } from "./hooks.js";
-import type { MemoryRecall, Recalled } from "./memory-recall.js";
+import type { Learn, MemoryRecall, Recalled } from "./memory-recall.js";
 import type { ModelClient } from "./model.js";
 import type { QueuedMessage, RunDeps } from "./run.js";
 import type { InboundSafety } from "./safety.js";
@@ -43,14 +43,8 @@ export interface RunnerParts {
   sandbox: ServiceClient<(typeof SandboxService)["method"]>;
   memory: ServiceClient<(typeof MemoryService)["method"]>;
   recall: MemoryRecall;
-  /** Learning from a completed run, or undefined when it is off. Contract: never throws, never blocks. */
-  learn?: (
-    scope: { tenant: string; owner: string },
-    agentId: string,
-    sessionId: string,
-    exchange: { role: string; text: string }[],
-    source: string,
-  ) => void;
+  /** Learning from a completed run (memory-recall.ts), or undefined when it is off. */
+  learn?: Learn;
   agents: AgentConfigs;
   sources: ContextSources;
   hooks: Hooks;
@@ -194,7 +188,7 @@ export function runDepsFor(parts: RunnerParts): (actor: SessionActor, first: rea
       // marked with who said it (a claim of theirs, never an instruction; memory-recall.ts).
       afterRun:
         learn && !subagent
-          ? (sid, exchange) =>
+          ? (sid, exchange, turn) =>
               void agents.get(agentId).then(
                 ({ config }) =>
                   learnPerSpeaker(exchange, speakerOf(owner), (who, lines) =>
@@ -204,6 +198,7 @@ export function runDepsFor(parts: RunnerParts): (actor: SessionActor, first: rea
                       sid,
                       lines,
                       isOwner(owner, config, who) ? "" : who,
+                      turn,
                     ),
                   ),
                 () => undefined,

@@ -4,7 +4,7 @@
 // compaction.ts). Nothing here does I/O; the loop itself holds no state between runs.
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import { timestampNow } from "@bufbuild/protobuf/wkt";
-import type { Context } from "@opentelemetry/api";
+import type { Context, SpanContext } from "@opentelemetry/api";
 import {
   ChatMessageSchema,
   Role,
@@ -131,7 +131,12 @@ export interface RunDeps {
    * Called once a run completed, with what the user and the assistant said in it (learning from
    * the turn happens here). Contract: never throws, never blocks (the run has ended, the reply is out).
    */
-  afterRun?(sessionId: string, exchange: { role: "user" | "assistant"; text: string; speaker?: string }[]): void;
+  afterRun?(
+    sessionId: string,
+    exchange: { role: "user" | "assistant"; text: string; speaker?: string }[],
+    /** The run's span: learning is traced on its own, linked to it. */
+    turn?: SpanContext,
+  ): void;
   /** The tenant's quotas for one run (quotas.ts); none: unbounded. Read once, at the run's start. Never throws. */
   runQuotas?(): { stepsPerRun: number; toolCallsPerRun: number };
 }

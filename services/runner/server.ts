@@ -37,7 +37,7 @@ import type { Logger } from "../shared/log.js";
 import type { RunningService } from "../shared/service.js";
 import { RpcServer, createClient, type grpc } from "../shared/rpc.js";
 import { contextFromRecord } from "../shared/telemetry.js";
-import { DEFAULT_RECALL, MemoryRecall } from "./memory-recall.js";
+import { DEFAULT_RECALL, MemoryRecall, learnAfterRuns } from "./memory-recall.js";
 import { loadProviders, singleProvider } from "../shared/providers.js";
 import { registerWithRouter } from "./registration.js";
 import { clearSessionParts, startRetention } from "./retention.js";
@@ -154,31 +154,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   const sandbox = createClient(SandboxService, cfg.addr.sandbox, peer);
   const memory = createClient(MemoryService, cfg.addr.memory, peer);
   const recall = new MemoryRecall(memory, { ...DEFAULT_RECALL, k: cfg.memoryContextK }, logger);
-  // Learning after each completed run, in the background: the memory service extracts and stores
-  // what is worth keeping; a failure costs only the learning. TROUPE_MEMORY_LEARN=0 turns it off.
-  const learn = !cfg.memoryLearn
-    ? undefined
-    : (
-        scope: { tenant: string; owner: string },
-        agentId: string,
-        sessionId: string,
-        exchange: { role: string; text: string }[],
-        source: string,
-      ) => {
-        memory
-          .learnFromTurn(
-            { scope: { ...scope, agentId }, sessionId, messages: exchange, source },
-            { timeoutMs: 120_000 },
-          )
-          .then(
-            (res) => res.changes.length > 0 && recall.invalidateTenant(scope.tenant),
-            (err: unknown) =>
-              logger.debug("learning from a turn failed", {
-                session: sessionId,
-                error: String((err as Error).message ?? err),
-              }),
-          );
-      };
+  const learn = cfg.memoryLearn ? learnAfterRuns(memory, recall, logger) : undefined;
   const router = createClient(RouterService, cfg.addr.router, peer);
   const audit = storage.audit;
   const hooks = new Hooks();
