@@ -56,6 +56,8 @@ interface TroupeFigures {
   latencies: number[];
   /** CPU ms of the charged processes per 1,000 tokens. */
   cpuPer1000: number;
+  /** Why the runs that did not complete ended (tolerated in the paced mode only). */
+  failures: string[];
 }
 
 /**
@@ -68,6 +70,7 @@ async function troupeRun(
   n = S,
   prompt = `!bench ${T}`,
   cpu: number[] = [],
+  tolerant = false,
 ): Promise<TroupeFigures> {
   const perSession = Number(/!bench (\d+)/.exec(prompt)![1]);
   const latencies: number[] = [];
@@ -79,9 +82,14 @@ async function troupeRun(
     let opened!: () => void;
     let ended!: () => void;
     const isOpen = new Promise<void>((r) => (opened = r));
-    const isDone = new Promise<void>((resolve, reject) => {
+    // A stream cut by the server (an overloaded one evicts readers that fell 30 s behind) counts
+    // as a failed run: the burst mode fails on any, the paced mode reports how many.
+    const isDone = new Promise<void>((resolve) => {
       ended = resolve;
-      call.on("error", reject);
+      call.on("error", (err: Error) => {
+        failures.push(err.message);
+        resolve();
+      });
     });
     call.on("data", (resp: ChatResponse) => {
       if (resp.kind.case === "opened") return opened();
@@ -115,9 +123,10 @@ async function troupeRun(
   await Promise.all(sessions.map((s) => s.isDone));
   const seconds = (performance.now() - t0) / 1000;
   const cpuPer1000 = ((cpuMs(cpu) - cpu0) / Math.max(1, tokens)) * 1000;
-  if (failures.length > 0) throw new Error(`${failures.length} runs did not complete, e.g. ${failures[0]}`);
-  if (tokens !== n * perSession) throw new Error(`expected ${n * perSession} tokens, received ${tokens}`);
-  return { tokensPerS: tokens / seconds, eventsPerS: deltaEvents / seconds, latencies, cpuPer1000 };
+  if (!tolerant && failures.length > 0)
+    throw new Error(`${failures.length} runs did not complete, e.g. ${failures[0]}`);
+  if (!tolerant && tokens !== n * perSession) throw new Error(`expected ${n * perSession} tokens, received ${tokens}`);
+  return { tokensPerS: tokens / seconds, eventsPerS: deltaEvents / seconds, latencies, cpuPer1000, failures };
 }
 
 /** The raw baseline: a bare grpc-js server process; `run(n)` streams n messages on each of S streams. */
@@ -243,7 +252,10 @@ try {
     const asked = n * rate;
     const rawPaced = await raw.paced(n, count, rate);
     const pids = ["gateway", "runner"].map((k) => stack.process(k)!.pid!);
-    const troupe = await troupeRun(clients, true, n, `!bench ${count} rate=${rate}`, pids);
+    const modelPid = [stack.process("model-server")!.pid!];
+    const modelCpu0 = cpuMs(modelPid);
+    const troupe = await troupeRun(clients, true, n, `!bench ${count} rate=${rate}`, pids, true);
+    const modelPer1000 = ((cpuMs(modelPid) - modelCpu0) / (n * count)) * 1000;
     const p50 = pct(troupe.latencies, 50);
     const p99 = pct(troupe.latencies, 99);
     console.log(`paced: sessions=${n} at ${rate} tokens/s for ${seconds} s (${asked} tokens/s asked)`);
@@ -251,8 +263,10 @@ try {
       `raw grpc-js, same paced load: ${rawPaced.tokensPerS.toFixed(0)} messages/s, delay p50=${pct(rawPaced.latencies, 50).toFixed(1)} ms p99=${pct(rawPaced.latencies, 99).toFixed(1)} ms, server CPU ${rawPaced.cpuPer1000.toFixed(0)} ms per 1,000`,
     );
     console.log(
-      `troupe: ${troupe.tokensPerS.toFixed(0)} tokens/s delivered, delay model write -> client p50=${p50.toFixed(1)} ms p99=${p99.toFixed(1)} ms, gateway+runner CPU ${troupe.cpuPer1000.toFixed(0)} ms per 1,000 tokens`,
+      `troupe: ${troupe.tokensPerS.toFixed(0)} tokens/s delivered, delay model write -> client p50=${p50.toFixed(1)} ms p99=${p99.toFixed(1)} ms, gateway+runner CPU ${troupe.cpuPer1000.toFixed(0)} ms per 1,000 tokens (the scripted model server's: ${modelPer1000.toFixed(0)} ms)`,
     );
+    if (troupe.failures.length > 0)
+      console.log(`troupe: ${troupe.failures.length} of ${n} streams did not complete, e.g. ${troupe.failures[0]}`);
     result.paced_p50_ms = p50.toFixed(1);
     result.paced_p99_ms = p99.toFixed(1);
   }

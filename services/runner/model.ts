@@ -303,10 +303,19 @@ export function openAIConnection(options: OpenAIModelOptions): { client: OpenAI;
   return { client, pool };
 }
 
+/**
+ * Streamed replies one provider may carry at once from this runner. A streamed reply holds its
+ * HTTP/1.1 connection until it ends, so this is a cap on concurrent model calls, not a pool size
+ * to economise: at 128, the 129th session waited for another's reply to finish, and 1,000
+ * sessions streaming at 30 tokens/s got 3,621 tokens/s instead of 30,000 (bench/stream, paced;
+ * docs/benchmarks.md). Runs are bounded by the tenants' concurrentRuns quotas instead.
+ */
+export const MAX_MODEL_STREAMS = 4096;
+
 /** One keep-alive pool per provider; many sessions share its connections. */
 export function connectionPool(options: Pick<OpenAIModelOptions, "timeoutMs" | "idleTimeoutMs">): Agent {
   return new Agent({
-    connections: 128,
+    connections: MAX_MODEL_STREAMS,
     keepAliveTimeout: 30_000,
     connectTimeout: 10_000,
     headersTimeout: options.timeoutMs ?? 60_000,

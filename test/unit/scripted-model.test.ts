@@ -156,3 +156,29 @@ describe("scripted model rules", () => {
     assert.ok(performance.now() - t0 < 200);
   });
 });
+
+test("200 replies stream at once through one provider's pool: none waits for another to end", async () => {
+  // A streamed reply holds its HTTP/1.1 connection until it ends. With the pool capped at 128,
+  // the 129th reply started only once one of the first 128 had finished.
+  const firsts: number[] = [];
+  const ends: number[] = [];
+  await Promise.all(
+    Array.from({ length: 200 }, async () => {
+      let first = true;
+      for await (const c of model.stream(
+        { model: "scripted-1", messages: [{ role: "user", content: "!tokens 20 rate=10" }], tools: [] },
+        new AbortController().signal,
+      ))
+        if (c.type === "text" && first) {
+          first = false;
+          firsts.push(performance.now());
+        }
+      ends.push(performance.now());
+    }),
+  );
+  assert.equal(firsts.length, 200);
+  assert.ok(
+    Math.max(...firsts) < Math.min(...ends),
+    `every reply had begun before the first one ended (the last began ${(Math.max(...firsts) - Math.min(...ends)).toFixed(0)} ms after)`,
+  );
+});
