@@ -75,7 +75,11 @@ before(async () => {
   await once(collector, "listening");
   const port = (collector.address() as { port: number }).port;
   stack = await startStack({
-    env: { OTEL_EXPORTER_OTLP_ENDPOINT: `http://127.0.0.1:${port}`, OTEL_BSP_SCHEDULE_DELAY: "100" },
+    env: {
+      OTEL_EXPORTER_OTLP_ENDPOINT: `http://127.0.0.1:${port}`,
+      OTEL_EXPORTER_OTLP_PROTOCOL: "http/json",
+      OTEL_BSP_SCHEDULE_DELAY: "100",
+    },
   });
 });
 
@@ -154,6 +158,15 @@ test("a turn with a tool call is one trace through gateway, runner, memory and s
   const execClient = trace.find((x) => x.spanId === execServer.parentSpanId)!;
   assert.equal(execClient.service, "troupe-runner");
   assert.equal(execClient.parentSpanId, tool.spanId);
+
+  // The run's records reach the session log in durable batches, each a span inside the turn.
+  const appends = trace.filter((x) => x.name === "append session log");
+  assert.ok(appends.length > 0, "the session log's appends are in the turn's trace");
+  for (const a of appends) {
+    assert.equal(a.service, "troupe-runner");
+    assert.equal(a.attributes["troupe.store"], "files");
+    assert.ok(Number(a.attributes["troupe.store.records"]) >= 1);
+  }
 });
 
 test("a client's own traceparent holds the whole turn: the Chat call, the router's placement and every service", async () => {

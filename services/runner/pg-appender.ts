@@ -10,7 +10,7 @@ import type pg from "pg";
 import { sqlState } from "../shared/pg.js";
 import type { SessionRef } from "../shared/session-ref.js";
 import { SessionElsewhere } from "./session-lease.js";
-import { instruments, secondsSince } from "../shared/metrics.js";
+import { appendStarted } from "./append-telemetry.js";
 
 interface Pending {
   writer: SessionWriter;
@@ -109,10 +109,11 @@ export class PgAppender {
       // A writer that failed earlier in this batch's lifetime refuses its later records.
       const live = batch.filter((p) => !p.writer.failed || (p.reject(p.writer.failed), false));
       if (live.length === 0) continue;
+      const sessions = new Set(live.map((p) => p.writer)).size;
+      const done = appendStarted({ store: "postgres", records: live.length, sessions });
       try {
-        const started = performance.now();
         const matched = await this.write(live);
-        instruments().storeAppend.record(secondsSince(started), { "troupe.store": "postgres" });
+        done();
         for (const p of live) {
           if (p.writer.failed) p.reject(p.writer.failed);
           else if (matched.has(matchKey(p.writer.sid, p.writer.epoch))) p.resolve();
@@ -124,6 +125,7 @@ export class PgAppender {
           }
         }
       } catch (err) {
+        done(err);
         for (const p of live) {
           p.writer.failed ??= err;
           p.reject(p.writer.failed);

@@ -11,7 +11,7 @@ import { DEV_IDENTITY, type Identity } from "../shared/auth.js";
 import { createExclusive, syncDir } from "../shared/exclusive-file.js";
 import { filePart, refOf, type SessionRef } from "../shared/session-ref.js";
 import { SessionElsewhere, SessionLeases, type Lease, type Owner } from "./session-lease.js";
-import { instruments, secondsSince } from "../shared/metrics.js";
+import { appendStarted } from "./append-telemetry.js";
 
 /** One line of the log. Frames and events are stored in protobuf JSON form. */
 export type LogRecord =
@@ -181,8 +181,8 @@ class JsonlSessionLog implements SessionLog {
       this.batch = [];
       this.batchSync = false;
       this.waiters = [];
+      const done = appendStarted({ store: "files", records: waiters.length, sessions: 1, sync });
       try {
-        const started = performance.now();
         const bytes = Buffer.from(data, "utf8");
         // The file is opened for appending, so each write lands at the end; loop on short writes.
         const fh = (this.fh ??= await open(this.file, "a"));
@@ -197,9 +197,10 @@ class JsonlSessionLog implements SessionLog {
             );
         }
         this.dirty = !sync;
-        instruments().storeAppend.record(secondsSince(started), { "troupe.store": "files", "troupe.store.sync": sync });
+        done();
         for (const w of waiters) w.resolve();
       } catch (err) {
+        done(err);
         this.failed = err;
         for (const w of [...waiters, ...this.waiters]) w.reject(err);
         this.waiters = [];

@@ -121,12 +121,18 @@ export interface Config {
   /** Tracing (OTLP over HTTP); no endpoint: tracing is off. */
   /** Prometheus' /metrics on this host:port; empty: none. */
   metricsAddr: string;
-  /** Metrics go to the OTLP endpoint too, when one is set (OTEL_METRICS_EXPORTER). */
+  /** Metrics go to the OTLP endpoint too (OTEL_METRICS_EXPORTER, OTEL_SDK_DISABLED). */
   metricsToOtlp: boolean;
+  /**
+   * What startTelemetry needs to decide; the OTel SDK reads the standard variables itself
+   * (headers, sampler, resource attributes, batching), after they were checked here.
+   */
   otel: {
-    endpoint: string;
+    /** Spans are exported: an endpoint or a non-OTLP exporter is set, and the SDK is not disabled. */
+    tracing: boolean;
+    /** OTEL_SERVICE_NAME, or empty for troupe-<service>. */
     serviceName: string;
-    batch: Record<"scheduleDelay" | "exportTimeout" | "maxQueueSize" | "maxExportBatchSize", number | undefined>;
+    protocol: "http/protobuf" | "http/json" | "grpc";
   };
   /** Extra positional arguments after the flags. */
   rest: string[];
@@ -200,10 +206,21 @@ export const FLAG_OPTIONS = Object.fromEntries(
   ALL.filter(([, s]) => s.flag).map(([, s]) => [s.flag!, { type: "string" as const }]),
 );
 
-/** The OTel SDK's convention: a positive integer, else unset. */
-function optionalInt(value: unknown): number | undefined {
-  const n = Number(value);
-  return Number.isInteger(n) && n > 0 ? n : undefined;
+/** The telemetry part of Config from the OTEL_* settings. */
+function telemetrySettings(str: (name: SettingName) => string | undefined): Pick<Config, "metricsToOtlp" | "otel"> {
+  const disabled = str("otelSdkDisabled") === "true";
+  const endpoint = Boolean(str("otelEndpoint"));
+  const exporter = str("otelTracesExporter") ?? "otlp";
+  const tracing =
+    !disabled && exporter !== "none" && (exporter !== "otlp" || endpoint || Boolean(str("otelTracesEndpoint")));
+  return {
+    metricsToOtlp: !disabled && endpoint && str("otelMetricsExporter") !== "none",
+    otel: {
+      tracing,
+      serviceName: str("otelServiceName") ?? "",
+      protocol: (str("otelProtocol") ?? "http/protobuf") as Config["otel"]["protocol"],
+    },
+  };
 }
 
 /** TROUPE_MEMORY_STORAGE_OPTIONS: a JSON object of strings. */
@@ -343,17 +360,7 @@ export function loadConfig(
     scriptedTokenRate: v.scriptedTokenRate ?? 0,
     dockerHost: str("dockerHost")!,
     metricsAddr: str("metricsAddr") === "off" ? "" : (str("metricsAddr") ?? ""),
-    metricsToOtlp: str("otelMetricsExporter") !== "none",
-    otel: {
-      endpoint: str("otelEndpoint") ?? "",
-      serviceName: str("otelServiceName") ?? "",
-      batch: {
-        scheduleDelay: optionalInt(raw.bspScheduleDelay),
-        exportTimeout: optionalInt(raw.bspExportTimeout),
-        maxQueueSize: optionalInt(raw.bspMaxQueueSize),
-        maxExportBatchSize: optionalInt(raw.bspMaxExportBatchSize),
-      },
-    },
+    ...telemetrySettings(str),
     rest: positionals,
     flags: values as Record<string, string | boolean | string[] | undefined>,
   };

@@ -1,18 +1,20 @@
 // Metrics through @opentelemetry/api. The SDK is loaded only when something reads them: a
 // Prometheus endpoint (TROUPE_METRICS_ADDR, GET /metrics) and/or OTLP (when the OTLP endpoint is
-// set and OTEL_METRICS_EXPORTER is not "none"). Otherwise every instrument is the API's no-op.
+// set, OTEL_METRICS_EXPORTER is not "none" and OTEL_SDK_DISABLED is not "true"). Otherwise every instrument is the API's no-op.
 //
 // The OTel JS metrics API has no proxy provider: a meter taken before the SDK is set stays a
 // no-op. So instruments are made on first use (instruments()), after runService started this.
 import { metrics, type Counter, type Histogram, type Meter } from "@opentelemetry/api";
 import type { AggregationType, ViewOptions } from "@opentelemetry/sdk-metrics";
 import { splitHostPort } from "./host-port.js";
+import { defaultServiceName } from "./telemetry.js";
 
 export interface MetricsConfig {
   /** host:port for Prometheus' /metrics; empty: none. */
   addr: string;
-  /** OTLP/HTTP endpoint (OTEL_EXPORTER_OTLP_ENDPOINT) when metrics go there; empty: they do not. */
-  otlpEndpoint: string;
+  /** Metrics go to OTLP too, in this encoding (the exporter reads endpoint and headers itself). */
+  otlp?: "http/protobuf" | "http/json" | "grpc";
+  /** OTEL_SERVICE_NAME, or empty for troupe-<service>. */
   serviceName: string;
 }
 
@@ -27,9 +29,8 @@ const SECONDS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
 const TOKENS = [1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576];
 
 export async function startMetrics(service: string, cfg: MetricsConfig): Promise<Metrics> {
-  const otlp = cfg.otlpEndpoint !== "";
-  if (!cfg.addr && !otlp) return { shutdown: async () => {} };
-  const [sdk, { resourceFromAttributes }] = await Promise.all([
+  if (!cfg.addr && !cfg.otlp) return { shutdown: async () => {} };
+  const [sdk, { resourceFromAttributes, detectResources, envDetector }] = await Promise.all([
     import("@opentelemetry/sdk-metrics"),
     import("@opentelemetry/resources"),
   ]);
@@ -45,12 +46,12 @@ export async function startMetrics(service: string, cfg: MetricsConfig): Promise
     port = wanted;
     readers.push(exporter);
   }
-  if (otlp) {
-    const { OTLPMetricExporter } = await import("@opentelemetry/exporter-metrics-otlp-http");
-    readers.push(new sdk.PeriodicExportingMetricReader({ exporter: new OTLPMetricExporter() }));
-  }
+  if (cfg.otlp) readers.push(new sdk.PeriodicExportingMetricReader({ exporter: await otlpExporter(cfg.otlp) }));
+  // The same resource as the spans': the default name, then OTEL_RESOURCE_ATTRIBUTES and
+  // OTEL_SERVICE_NAME over it.
+  const named = resourceFromAttributes({ "service.name": cfg.serviceName || defaultServiceName(service) });
   const provider = new sdk.MeterProvider({
-    resource: resourceFromAttributes({ "service.name": cfg.serviceName || `troupe-${service}` }),
+    resource: named.merge(detectResources({ detectors: [envDetector] })),
     readers,
     views: [
       ...[...SECONDS_INSTRUMENTS].map((name) => buckets(sdk.AggregationType, name, SECONDS)),
@@ -59,6 +60,13 @@ export async function startMetrics(service: string, cfg: MetricsConfig): Promise
   });
   metrics.setGlobalMeterProvider(provider);
   return { port, shutdown: () => provider.shutdown() };
+}
+
+async function otlpExporter(protocol: NonNullable<MetricsConfig["otlp"]>) {
+  if (protocol === "grpc") return new (await import("@opentelemetry/exporter-metrics-otlp-grpc")).OTLPMetricExporter();
+  if (protocol === "http/json")
+    return new (await import("@opentelemetry/exporter-metrics-otlp-http")).OTLPMetricExporter();
+  return new (await import("@opentelemetry/exporter-metrics-otlp-proto")).OTLPMetricExporter();
 }
 
 /** A histogram view with these bucket boundaries for one instrument. */

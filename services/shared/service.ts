@@ -22,7 +22,7 @@ export async function runService(name: string, cfg: Config, start: ServiceStarte
   try {
     meters = await startMetrics(name, {
       addr: cfg.metricsAddr,
-      otlpEndpoint: cfg.metricsToOtlp ? cfg.otel.endpoint : "",
+      otlp: cfg.metricsToOtlp ? cfg.otel.protocol : undefined,
       serviceName: cfg.otel.serviceName,
     });
     if (meters.port) logger.info(`metrics at http://${cfg.metricsAddr}/metrics`);

@@ -73,41 +73,32 @@ export interface Telemetry {
 }
 
 /**
- * Wires the OTel SDK for this process when OTEL_EXPORTER_OTLP_ENDPOINT is set: W3C trace-context
- * propagation, an async-local context manager, batched OTLP/HTTP export. The standard OTEL_*
- * variables (headers, sampling, batch delays) are honoured by the SDK itself.
+ * Starts the OTel Node SDK for this process when tracing is configured (an OTLP endpoint, or
+ * OTEL_TRACES_EXPORTER naming another exporter; never under OTEL_SDK_DISABLED=true). The SDK reads
+ * the standard variables itself: protocol, headers, sampler and its argument, resource attributes,
+ * batching. Without them nothing of the SDK is loaded and every span is the API's no-op.
  */
 export async function startTelemetry(serviceName: string, otel: Config["otel"]): Promise<Telemetry> {
   // The context follows async work even without tracing: log records find their tenant and
   // session in it (log.ts, withLogFields).
   const { AsyncLocalStorageContextManager } = await import("@opentelemetry/context-async-hooks");
   context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
-  if (!otel.endpoint) return { shutdown: async () => {} };
-  const [{ TracerProvider, BatchSpanProcessor }, core, { OTLPTraceExporter }, { resourceFromAttributes }] =
-    await Promise.all([
-      import("@opentelemetry/sdk-trace"),
-      import("@opentelemetry/core"),
-      import("@opentelemetry/exporter-trace-otlp-http"),
-      import("@opentelemetry/resources"),
-    ]);
-  const provider = new TracerProvider({
-    resource: resourceFromAttributes({ "service.name": otel.serviceName || `troupe-${serviceName}` }),
-    // The v3 SDK leaves environment configuration to its callers: honour the standard OTEL_BSP_*.
-    spanProcessors: [
-      new BatchSpanProcessor({
-        exporter: new OTLPTraceExporter(),
-        scheduledDelayMillis: otel.batch.scheduleDelay,
-        exportTimeoutMillis: otel.batch.exportTimeout,
-        maxQueueSize: otel.batch.maxQueueSize,
-        maxExportBatchSize: otel.batch.maxExportBatchSize,
-      }),
-    ],
+  if (!otel.tracing) return { shutdown: async () => {} };
+  const [{ NodeSDK }, { resourceFromAttributes }] = await Promise.all([
+    import("@opentelemetry/sdk-node"),
+    import("@opentelemetry/resources"),
+  ]);
+  const sdk = new NodeSDK({
+    // The default name yields to OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES (the env detector).
+    resource: resourceFromAttributes({ "service.name": defaultServiceName(serviceName) }),
+    // Our own context manager is already set; metrics are startMetrics' (Prometheus and OTLP);
+    // logs go to stdout through pino, not through the OTel logs SDK.
+    contextManager: null as never,
+    metricReaders: [],
+    logRecordProcessors: [],
   });
-  propagation.setGlobalPropagator(
-    new core.CompositePropagator({
-      propagators: [new core.W3CTraceContextPropagator(), new core.W3CBaggagePropagator()],
-    }),
-  );
-  trace.setGlobalTracerProvider(provider);
-  return { shutdown: () => provider.shutdown() };
+  sdk.start();
+  return { shutdown: () => sdk.shutdown() };
 }
+
+export const defaultServiceName = (service: string) => `troupe-${service}`;

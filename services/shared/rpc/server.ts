@@ -66,6 +66,12 @@ const SERVER_ERROR_CODES = new Set([
   Status.DATA_LOSS,
 ]);
 
+/** A unary request's session id, for log records; a stream's first frame is not read yet. */
+function sessionIdOf(call: unknown): string | undefined {
+  const id = (call as { request?: { sessionId?: unknown } }).request?.sessionId;
+  return typeof id === "string" && id !== "" ? id : undefined;
+}
+
 type AnyCall = grpc.ServerUnaryCall<unknown, unknown> & grpc.ServerDuplexStream<unknown, unknown>;
 
 function wrapHandler(method: DescMethod, handler: (...args: never[]) => unknown): grpc.UntypedHandleCall {
@@ -80,7 +86,7 @@ function wrapHandler(method: DescMethod, handler: (...args: never[]) => unknown)
     // Log records made while serving the call say whose it is (log.ts).
     const ctx = withLogFields(spanContext(parent, span), {
       tenant: String(call.metadata.get(TENANT)[0] ?? ""),
-      session_id: (call as { request?: { sessionId?: unknown } }).request?.sessionId as string | undefined,
+      session_id: sessionIdOf(call),
     });
     return { span, ctx, started: performance.now() };
   };
