@@ -26,7 +26,8 @@ export interface SanitiseReport {
 
 /**
  * Orders and repairs a message list for a chat-completions request: messages deduplicated by id;
- * each tool result right after the assistant message that called it (first result per call wins);
+ * each tool result right after the assistant message that called it (the first result of that
+ * call id recorded after the call wins);
  * results with no call before them removed; calls without a result given a stated error result;
  * empty user turns, and a trailing user turn that repeats the one before it, dropped.
  */
@@ -42,12 +43,20 @@ export function sanitise(history: readonly ChatMessage[]): { messages: ChatMessa
     if (m.id !== "") seen.add(m.id);
     unique.push(m);
   }
-  // The first result recorded for each call id, wherever it sits.
-  const results = new Map<string, ChatMessage>();
-  for (const m of unique) if (m.role === Role.TOOL && !results.has(m.toolCallId)) results.set(m.toolCallId, m);
+  // Each call id's results in the order recorded. Ids repeat across turns: OpenAI-compatible
+  // servers (and a restarted one) may number calls call_1, call_2... afresh in every reply, so a
+  // call takes the first result of its id recorded after it; only when there is none, one recorded
+  // before it that no call took.
+  const results = new Map<string, { at: number; m: ChatMessage }[]>();
+  unique.forEach((m, at) => {
+    if (m.role !== Role.TOOL) return;
+    const list = results.get(m.toolCallId) ?? [];
+    list.push({ at, m });
+    results.set(m.toolCallId, list);
+  });
   const placed = new Set<ChatMessage>();
   const out: ChatMessage[] = [];
-  for (const m of unique) {
+  for (const [at, m] of unique.entries()) {
     if (m.role === Role.TOOL) continue; // placed after its call, or an orphan
     if (m.role === Role.USER && m.text.trim() === "") {
       report.droppedUserTurns++;
@@ -56,8 +65,9 @@ export function sanitise(history: readonly ChatMessage[]): { messages: ChatMessa
     if (m.role === Role.ASSISTANT && m.text === "" && m.toolCalls.length === 0) continue; // a failed, empty reply
     out.push(m);
     for (const call of m.role === Role.ASSISTANT ? m.toolCalls : []) {
-      const result = results.get(call.id);
-      if (result && !placed.has(result)) {
+      const list = results.get(call.id) ?? [];
+      const result = (list.find((r) => r.at > at && !placed.has(r.m)) ?? list.find((r) => !placed.has(r.m)))?.m;
+      if (result) {
         placed.add(result);
         out.push(result);
       } else {

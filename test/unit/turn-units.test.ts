@@ -137,6 +137,25 @@ describe("sanitising the message list", () => {
     assert.deepEqual(report, { duplicates: 1, orphanResults: 2, repairedCalls: 1, droppedUserTurns: 2 });
   });
 
+  test("a call id used again in a later turn gets its own result, not the earlier call's", () => {
+    // OpenAI-compatible servers may number calls afresh in every reply (call_1 each time).
+    const first = call("call_1");
+    const second = call("call_1");
+    const { messages, report } = sanitise([
+      user("one"),
+      first,
+      result("call_1", "first result"),
+      user("two"),
+      second,
+      result("call_1", "second result"),
+    ]);
+    assert.deepEqual(
+      messages.map((m) => m.text),
+      ["one", "", "first result", "two", "", "second result"],
+    );
+    assert.equal(report.repairedCalls, 0);
+  });
+
   test("fitting newest-first and the compaction cut never separate a call from its result", async () => {
     const t = await TokenCounter.forModel("gpt-4o");
     const list = [
