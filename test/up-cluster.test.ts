@@ -12,22 +12,13 @@ import { RouterService } from "../services/shared/gen/troupe/v1/router_pb.js";
 import { internalCredentials } from "../services/shared/auth.js";
 import { createClient } from "../services/shared/rpc.js";
 import { ChatSession } from "./helpers/session.js";
-import { MAIN, SERVICE_ORDER, flagsFor, freePort, waitFor, type ServiceName } from "./helpers/stack.js";
+import { MAIN, SERVICE_ORDER, flagsFor, freePort, isAlive, waitFor, type ServiceName } from "./helpers/stack.js";
 
 interface UpFile {
   supervisor: number;
   store?: { service: string; address: string; pid: number };
   services: { service: string; address: string; pid: number | null }[];
 }
-
-const alive = (pid: number) => {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-};
 
 describe("troupe up --runners 2 --gateways 2 --routers 2 --store postgres", () => {
   let dataDir: string;
@@ -82,8 +73,8 @@ describe("troupe up --runners 2 --gateways 2 --routers 2 --store postgres", () =
       "sandbox",
     ]);
     assert.equal(file.supervisor, up.pid);
-    assert.ok(file.store && alive(file.store.pid), "the PostgreSQL server it started is running");
-    for (const s of file.services) assert.ok(s.pid && alive(s.pid), `${s.service} runs as ${s.pid}`);
+    assert.ok(file.store && isAlive(file.store.pid), "the PostgreSQL server it started is running");
+    for (const s of file.services) assert.ok(s.pid && isAlive(s.pid), `${s.service} runs as ${s.pid}`);
     const gateways = file.services.filter((s) => s.service.startsWith("gateway")).map((s) => s.address);
     for (const g of gateways) assert.match(log, new RegExp(g.replace(/\./g, "\\.")), "printed the gateway addresses");
 
@@ -111,8 +102,8 @@ describe("troupe up --runners 2 --gateways 2 --routers 2 --store postgres", () =
     const exited = new Promise<number | null>((resolve) => up.once("exit", (code) => resolve(code)));
     up.kill("SIGTERM");
     assert.equal(await exited, 0);
-    for (const s of file.services) assert.ok(!alive(s.pid!), `${s.service} stopped`);
-    assert.ok(!alive(file.store!.pid), "the PostgreSQL server stopped");
+    for (const s of file.services) assert.ok(!isAlive(s.pid!), `${s.service} stopped`);
+    assert.ok(!isAlive(file.store!.pid), "the PostgreSQL server stopped");
     await assert.rejects(access(path.join(dataDir, "up.json")), "up.json goes with the processes");
   });
 });
@@ -125,6 +116,7 @@ describe("troupe up refuses shapes it cannot run", () => {
     [["--gateways", "two"], /--gateways must be a whole number/],
     [["--store", "mysql"], /--store must be files or postgres, not "mysql"/],
     [["--routers", "2"], /more than one router needs runner membership in a shared store/],
+    [["--one-process", "--runners", "2"], /--one-process runs one of each service/],
   ] as const) {
     test(args.join(" "), () => {
       const out = spawnSync(process.execPath, [MAIN, "up", ...args, "--data-dir", os.tmpdir()], {

@@ -2,7 +2,8 @@
 // troupe: one binary for every service, the supervisor and the chat client.
 import { readFileSync } from "node:fs";
 import { loadConfig, widenThreadPool } from "../shared/config.js";
-import { runService, type ServiceStarter } from "../shared/service.js";
+import { runService } from "../shared/service.js";
+import { SERVICES } from "./service-starters.js";
 
 const USAGE = `usage: troupe <command> [flags]
 
@@ -10,11 +11,12 @@ services (one process each):
   serve gateway|router|runner|memory|sandbox   (or: troupe gateway, troupe router, ...)
   model-server          the scripted OpenAI-compatible model server (HTTP)
 all at once:
-  up [--runners N] [--gateways M] [--routers R] [--store files|postgres]
+  up [--runners N] [--gateways M] [--routers R] [--store files|postgres] [--one-process]
                         start all five services (and the scripted model when no
                         OPENAI_BASE_URL is set), restart any that crash, stop on Ctrl-C;
                         N, M, R instances for a local cluster; --store postgres runs a
-                        PostgreSQL server in DATA_DIR/postgres; what runs: DATA_DIR/up.json
+                        PostgreSQL server in DATA_DIR/postgres; what runs: DATA_DIR/up.json;
+                        --one-process: all in this process (each on its port), less memory
 client:
   chat [--session ID | -c] [--agent A] [--model P/M] [--json] [--instruction TEXT] [--queue-mode M]
        [-i] [--tls] [--ca FILE] [MESSAGE]
@@ -140,14 +142,6 @@ function usageOf(command: string): string {
   const flags = USAGE.slice(USAGE.indexOf("flags (also"));
   return `usage: troupe ${command} ...\n\n${out.join("\n")}\n\n${flags}`;
 }
-
-const SERVICES: Record<string, () => Promise<ServiceStarter>> = {
-  gateway: async () => (await import("../gateway/server.js")).startGateway,
-  router: async () => (await import("../router/server.js")).startRouter,
-  runner: async () => (await import("../runner/server.js")).startRunner,
-  memory: async () => (await import("../memory/server.js")).startMemory,
-  sandbox: async () => (await import("../sandbox/server.js")).startSandbox,
-};
 
 async function main(argv: string[]): Promise<void> {
   let [command, ...args] = argv;

@@ -9,7 +9,7 @@ import { mkdir, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { authPaths, ensureDevKey, internalCredentials, internalToken } from "../shared/auth.js";
-import { childEnvironment, loadConfig, modelBaseUrl, type Config } from "../shared/config.js";
+import { childEnvironment, loadConfig, modelBaseUrl, widenThreadPool, type Config } from "../shared/config.js";
 import { Health, HealthCheckResponse_ServingStatus as Serving } from "../shared/gen/grpc/health/v1/health_pb.js";
 import { createLogger } from "../shared/log.js";
 import { GatewayService } from "../shared/gen/troupe/v1/gateway_pb.js";
@@ -21,12 +21,14 @@ import { createClient } from "../shared/rpc.js";
 import { splitHostPort } from "../shared/host-port.js";
 import { freePort } from "./free-port.js";
 import { startLocalPostgres, type LocalPostgres } from "./local-postgres.js";
+import { runInOneProcess } from "./up-one-process.js";
+import { reapLeftovers, removeSandboxes } from "./up-leftovers.js";
 
 const MAIN = fileURLToPath(new URL("./main.js", import.meta.url));
 
 const LOG_ROTATE_BYTES = 64 * 1024 * 1024;
 
-interface Child {
+export interface Child {
   /** The instance's name: the service, with -2, -3... for extra instances. */
   name: string;
   address: string;
@@ -43,11 +45,13 @@ export interface Shape {
   routers: number;
   /** "postgres": a PostgreSQL server of our own in <data-dir>/postgres, unless TROUPE_STORE_URL is set. */
   store: "files" | "postgres";
+  /** Every service in this process, each on its own ports (up-one-process.ts). */
+  oneProcess: boolean;
 }
 
 /** Takes `troupe up`'s own flags out of `args`; the rest are the services' flags. */
 export function parseShape(args: string[]): { shape: Shape; rest: string[] } {
-  const shape: Shape = { runners: 1, gateways: 1, routers: 1, store: "files" };
+  const shape: Shape = { runners: 1, gateways: 1, routers: 1, store: "files", oneProcess: false };
   const rest: string[] = [];
   for (let i = 0; i < args.length; i++) {
     const [flag, inline] = args[i].split("=", 2);
@@ -60,15 +64,23 @@ export function parseShape(args: string[]): { shape: Shape; rest: string[] } {
       const v = value();
       if (v !== "files" && v !== "postgres") throw new Error(`--store must be files or postgres, not "${v}"`);
       shape.store = v;
+    } else if (args[i] === "--one-process") {
+      shape.oneProcess = true;
     } else rest.push(args[i]);
   }
+  if (shape.oneProcess && shape.runners + shape.gateways + shape.routers > 3)
+    throw new Error("--one-process runs one of each service; --runners, --gateways and --routers need processes");
   return { shape, rest };
 }
 
 export async function upCommand(argv: string[]): Promise<void> {
   const { shape, rest: args } = parseShape(argv);
+  // Services in this process append fsynced session logs: widen the pool before it first starts.
+  if (shape.oneProcess) widenThreadPool();
   const cfg = loadConfig(args);
   const logger = createLogger("up", cfg.logLevel, cfg.logFormat);
+  const upFile = path.join(cfg.dataDir, "up.json");
+  await reapLeftovers(upFile, cfg.dataDir, MAIN, logger);
   let storeUrl = cfg.storeUrl;
   let localStore: LocalPostgres | undefined;
   if (!storeUrl && shape.store === "postgres") {
@@ -166,7 +178,6 @@ export async function upCommand(argv: string[]): Promise<void> {
     TROUPE_LOG_FORMAT: logFormat,
     ...(storeUrl ? { TROUPE_STORE_URL: storeUrl } : {}),
   };
-  const upFile = path.join(cfg.dataDir, "up.json");
   /** What runs now, for operators and scripts: service, address, pid (rewritten on every start). */
   const writeUp = () =>
     writeFile(
@@ -177,12 +188,52 @@ export async function upCommand(argv: string[]): Promise<void> {
           ...(localStore
             ? { store: { service: "postgres", address: `127.0.0.1:${localStore.port}`, pid: localStore.pid } }
             : {}),
-          services: children.map((c) => ({ service: c.name, address: c.address, pid: c.proc?.pid ?? null })),
+          services: children.map((c) => ({
+            service: c.name,
+            address: c.address,
+            pid: shape.oneProcess ? process.pid : (c.proc?.pid ?? null),
+          })),
         },
         null,
         2,
       )}\n`,
     ).catch((err: Error) => logger.warn(`cannot write ${upFile}: ${err.message}`));
+  // The stack's sandboxes go with it (a sandbox service restarted alone keeps them).
+  const cleanup = async () => {
+    await removeSandboxes(cfg.dataDir);
+    await localStore?.stop();
+    await rm(upFile, { force: true });
+  };
+  if (shape.oneProcess) {
+    await runInOneProcess(children, env, cleanup);
+    await writeUp();
+  } else await superviseChildren(cfg, children, env, writeUp, cleanup);
+
+  const missing = await waitReady(cfg, children, 60_000);
+  if (missing.length === 0) {
+    logger.info(
+      `Troupe is up. Gateway${gateways.length > 1 ? "s" : ""}: ${gateways.join(", ")}${cfg.httpAddr ? ` (HTTP: ${https.join(", ")})` : ""}. Chat with it:  npx troupe chat   (or: npx troupe chat "hello")\n` +
+        `  development API key (tenant local, principal dev${dev.created ? ", made just now" : ""}): ${dev.key}\n` +
+        `  kept in ${authPaths(cfg.dataDir).devKey}; troupe chat uses it unless TROUPE_API_KEY is set. Other clients send it as \`authorization: Bearer <key>\`.\n` +
+        `  what runs where: ${upFile}`,
+    );
+  } else {
+    logger.error(`not ready after 60 s: ${missing.join(", ")}; see the logs above`);
+  }
+}
+
+/**
+ * Runs each child as a process of its own: restarted after a backoff when it dies, stopped (the
+ * gateways first) on SIGINT or SIGTERM, its output to this terminal and <data-dir>/logs.
+ */
+async function superviseChildren(
+  cfg: Config,
+  children: Child[],
+  env: NodeJS.ProcessEnv,
+  writeUp: () => Promise<void>,
+  cleanup: () => Promise<void>,
+): Promise<void> {
+  const logger = createLogger("up", cfg.logLevel, cfg.logFormat);
   let stopping = false;
 
   // Each child's output goes to the terminal and to <data-dir>/logs/<name>.log (troupe logs),
@@ -234,26 +285,13 @@ export async function upCommand(argv: string[]): Promise<void> {
         await exited;
         clearTimeout(timer);
       }
-      await localStore?.stop();
-      await rm(upFile, { force: true });
+      await cleanup();
       logger.info("all services stopped");
       process.exit(0);
     })();
   };
   process.on("SIGINT", () => stop("SIGINT"));
   process.on("SIGTERM", () => stop("SIGTERM"));
-
-  const missing = await waitReady(cfg, children, 60_000);
-  if (missing.length === 0) {
-    logger.info(
-      `Troupe is up. Gateway${gateways.length > 1 ? "s" : ""}: ${gateways.join(", ")}${cfg.httpAddr ? ` (HTTP: ${https.join(", ")})` : ""}. Chat with it:  npx troupe chat   (or: npx troupe chat "hello")\n` +
-        `  development API key (tenant local, principal dev${dev.created ? ", made just now" : ""}): ${dev.key}\n` +
-        `  kept in ${authPaths(cfg.dataDir).devKey}; troupe chat uses it unless TROUPE_API_KEY is set. Other clients send it as \`authorization: Bearer <key>\`.\n` +
-        `  what runs where: ${upFile}`,
-    );
-  } else {
-    logger.error(`not ready after 60 s: ${missing.join(", ")}; see the logs above`);
-  }
 }
 
 /**

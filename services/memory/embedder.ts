@@ -3,7 +3,11 @@
 // embeddings call; without one, the built-in local embedder, so memory works offline. Vectors are
 // L2-normalised either way (cosine = dot product), and a vector of the wrong dimension is an error,
 // never stored.
-import OpenAI from "openai";
+import type OpenAI from "openai";
+import { lazyModule } from "../shared/lazy-module.js";
+
+/** Loaded when a remote embedder is made: the built-in hash embedder needs no SDK. */
+const openai = lazyModule<{ OpenAI: typeof OpenAI }>("openai");
 import { SpanKind, SpanStatusCode } from "@opentelemetry/api";
 import { RpcError, Status } from "../shared/errors.js";
 import { GenAI, tracer } from "../shared/telemetry.js";
@@ -73,7 +77,7 @@ export class OpenAIEmbedder implements Embedder {
     readonly dim: number,
   ) {
     this.name = `openai:${model}:${dim}`;
-    this.client = new OpenAI({ baseURL, apiKey: apiKey || "unused", maxRetries: 1, timeout: 30_000 });
+    this.client = new (openai().OpenAI)({ baseURL, apiKey: apiKey || "unused", maxRetries: 1, timeout: 30_000 });
   }
 
   async embed(texts: string[]): Promise<Float32Array[]> {

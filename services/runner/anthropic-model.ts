@@ -7,7 +7,8 @@
 // temperature: model-rules.ts says so, and none is sent.
 // Reference: https://docs.anthropic.com/en/api/messages, .../messages-streaming,
 // https://docs.anthropic.com/en/docs/build-with-claude/extended-thinking.
-import Anthropic from "@anthropic-ai/sdk";
+import type Anthropic from "@anthropic-ai/sdk";
+import { lazyModule } from "../shared/lazy-module.js";
 import { type Agent, fetch as undiciFetch } from "undici";
 import { rulesFor, type ReasoningEffort } from "../shared/model-rules.js";
 import {
@@ -96,13 +97,16 @@ interface StreamState {
   responseId: string;
 }
 
+/** The SDK, loaded when an Anthropic provider is first used. */
+const sdk = lazyModule<typeof import("@anthropic-ai/sdk")>("@anthropic-ai/sdk");
+
 export class AnthropicModelClient implements ModelClient {
   private readonly client: Anthropic;
   private readonly pool: Agent;
 
   constructor(options: OpenAIModelOptions) {
     this.pool = connectionPool(options);
-    this.client = new Anthropic({
+    this.client = new (sdk().Anthropic)({
       baseURL: options.baseUrl.replace(/\/v1\/?$/, ""),
       apiKey: options.apiKey || "unused",
       maxRetries: 0,
@@ -253,9 +257,9 @@ export class AnthropicModelClient implements ModelClient {
 /** Any failure as a ModelError; a 400 naming a field the model does not take counts as a refusal to fall back from. */
 function classifyAnthropic(err: unknown, signal: AbortSignal): ModelError {
   if (err instanceof ModelError) return err;
-  if (signal.aborted || err instanceof Anthropic.APIUserAbortError)
+  if (signal.aborted || err instanceof sdk().APIUserAbortError)
     return new ModelError("aborted", false, undefined, true);
-  if (err instanceof Anthropic.APIError && typeof err.status === "number") {
+  if (err instanceof sdk().APIError && typeof err.status === "number") {
     const status = err.status;
     const message = err.apiMessage ?? err.message;
     const refused = status === 400 && /not permitted|not supported|unsupported/i.test(message);

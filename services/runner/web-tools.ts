@@ -2,7 +2,11 @@
 // `http_request` (call an API the operator allowed, with secrets the model never sees). Both go
 // through the SSRF guard (shared/net-guard.ts); a refusal is a tool error that says why, and
 // nothing from a refused address reaches the model.
-import { convert } from "html-to-text";
+import type { convert as Convert } from "html-to-text";
+import { lazyModule } from "../shared/lazy-module.js";
+
+/** Loaded by the first page fetched. */
+const htmlConverter = lazyModule<{ convert: typeof Convert }>("html-to-text");
 import { guardedRequest, hostMatches, NetRefusal, type GuardedResponse, type NetPolicy } from "../shared/net-guard.js";
 import { ReloadingFile } from "../shared/reloading-file.js";
 import type { AgentConfig } from "./agent-config.js";
@@ -43,17 +47,19 @@ function decode(res: GuardedResponse): string {
 
 /** Readable text of an HTML page: headings, paragraphs, lists, tables and links; no scripts or images. */
 export function htmlToText(html: string): string {
-  return convert(html, {
-    wordwrap: false,
-    selectors: [
-      { selector: "img", format: "skip" },
-      { selector: "a", options: { hideLinkHrefIfSameAsText: true, linkBrackets: ["<", ">"] } },
-      { selector: "h1", options: { uppercase: false } },
-      { selector: "h2", options: { uppercase: false } },
-      { selector: "h3", options: { uppercase: false } },
-      { selector: "table", format: "dataTable" },
-    ],
-  }).trim();
+  return htmlConverter()
+    .convert(html, {
+      wordwrap: false,
+      selectors: [
+        { selector: "img", format: "skip" },
+        { selector: "a", options: { hideLinkHrefIfSameAsText: true, linkBrackets: ["<", ">"] } },
+        { selector: "h1", options: { uppercase: false } },
+        { selector: "h2", options: { uppercase: false } },
+        { selector: "h3", options: { uppercase: false } },
+        { selector: "table", format: "dataTable" },
+      ],
+    })
+    .trim();
 }
 
 const failure = (tool: string, err: unknown): ToolResult => ({

@@ -5,11 +5,20 @@
 // Migrations are numbered and applied in order, each in its own transaction, under an advisory
 // lock so that many processes starting at once apply each one exactly once. A process refuses a
 // database whose schema is newer than it knows (an older binary must not write a newer layout).
-import pg from "pg";
+import type pg from "pg";
+import { lazyModule } from "./lazy-module.js";
+
+/** Loaded when a store URL is first opened: the file store never needs it. */
+const pgModule = lazyModule<typeof pg>("pg");
 
 /** Opens a pool on the store URL. The password, if any, never appears in errors (pg omits it). */
 export function openPool(url: string, max = 10): pg.Pool {
-  const pool = new pg.Pool({ connectionString: url, max, idleTimeoutMillis: 30_000, connectionTimeoutMillis: 5000 });
+  const pool = new (pgModule().Pool)({
+    connectionString: url,
+    max,
+    idleTimeoutMillis: 30_000,
+    connectionTimeoutMillis: 5000,
+  });
   // An idle client whose server went away emits 'error' on the pool; without a listener that
   // would crash the process. The next query reconnects or fails with its own error.
   pool.on("error", () => undefined);

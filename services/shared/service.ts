@@ -1,5 +1,7 @@
 // How a service process lives: start it, serve, and on SIGTERM or SIGINT drain it (health goes
-// NOT_SERVING, running calls get a grace period) and flush telemetry before exiting.
+// NOT_SERVING, running calls get a grace period) and flush telemetry before exiting. Several
+// services may share one process (`troupe up --one-process`): they start in the order given and
+// drain in the reverse order, each still on its own ports.
 import { unknownVariables, type Config } from "./config.js";
 import { createLogger, type Logger } from "./log.js";
 import { startMetrics, type Metrics } from "./metrics.js";
@@ -12,24 +14,57 @@ export interface RunningService {
 
 export type ServiceStarter = (cfg: Config, logger: Logger) => Promise<RunningService>;
 
-export async function runService(name: string, cfg: Config, start: ServiceStarter): Promise<void> {
-  const logger = createLogger(name, cfg.logLevel, cfg.logFormat);
+/** One service of a process: its name (for logs), its configuration and how it starts. */
+export interface ServiceUnit {
+  name: string;
+  cfg: Config;
+  start: ServiceStarter;
+}
+
+export const runService = (name: string, cfg: Config, start: ServiceStarter): Promise<void> =>
+  runServices(name, [{ name, cfg, start }]);
+
+/**
+ * Runs `units` in this process until a signal. Telemetry and metrics are the process's, named
+ * after `processName` and configured by the first unit. `afterDrain` runs once all are drained
+ * (troupe up's own cleanup). A unit that fails to start stops the ones started before it.
+ */
+export async function runServices(
+  processName: string,
+  units: ServiceUnit[],
+  afterDrain: () => Promise<void> = async () => {},
+): Promise<void> {
+  const { cfg } = units[0];
+  const logger = createLogger(processName, cfg.logLevel, cfg.logFormat);
   for (const name of unknownVariables())
     logger.warn(`${name} is set but Troupe reads no such variable (a typo?); troupe config lists them all`);
-  const telemetry = await startTelemetry(name, cfg.otel);
+  const telemetry = await startTelemetry(processName, cfg.otel);
   let meters: Metrics = { shutdown: async () => {} };
-  let service: RunningService;
+  const running: { name: string; service: RunningService; log: Logger }[] = [];
+  const drainAll = async () => {
+    for (const { name, service, log } of running.reverse()) {
+      try {
+        await service.drain();
+      } catch (err) {
+        log.error(`drain of ${name} failed: ${(err as Error).message}`);
+      }
+    }
+  };
   try {
-    meters = await startMetrics(name, {
+    meters = await startMetrics(processName, {
       addr: cfg.metricsAddr,
       otlp: cfg.metricsToOtlp ? cfg.otel.protocol : undefined,
       serviceName: cfg.otel.serviceName,
     });
     if (meters.port) logger.info(`metrics at http://${cfg.metricsAddr}/metrics`);
-    service = await start(cfg, logger);
+    for (const unit of units) {
+      const log = units.length === 1 ? logger : createLogger(unit.name, unit.cfg.logLevel, unit.cfg.logFormat);
+      running.push({ name: unit.name, service: await unit.start(unit.cfg, log), log });
+    }
   } catch (err) {
     logger.error(`failed to start: ${(err as Error).message}`);
-    await Promise.all([telemetry.shutdown(), meters.shutdown()]);
+    await drainAll();
+    await Promise.all([telemetry.shutdown(), meters.shutdown(), afterDrain()]).catch(() => undefined);
     process.exit(1);
   }
   let stopping = false;
@@ -37,14 +72,11 @@ export async function runService(name: string, cfg: Config, start: ServiceStarte
     if (stopping) return;
     stopping = true;
     logger.info(`${signal}: draining`);
-    const hardStop = setTimeout(() => process.exit(1), cfg.drainGraceMs + 5000);
+    const grace = Math.max(...units.map((u) => u.cfg.drainGraceMs));
+    const hardStop = setTimeout(() => process.exit(1), grace * units.length + 5000);
     hardStop.unref();
-    try {
-      await service.drain();
-    } catch (err) {
-      logger.error(`drain failed: ${(err as Error).message}`);
-    }
-    await Promise.all([telemetry.shutdown(), meters.shutdown()]).catch(() => undefined);
+    await drainAll();
+    await Promise.all([telemetry.shutdown(), meters.shutdown(), afterDrain()]).catch(() => undefined);
     logger.info("stopped");
     process.exit(0);
   };

@@ -1,6 +1,7 @@
 // Starts Troupe's real processes for a test: the scripted model server and the five services, each
 // `node dist/services/cli/main.js <name>` on its own free loopback port, with a fresh data dir.
 import { execFile, spawn, type ChildProcess } from "node:child_process";
+import { readFileSync } from "node:fs";
 import { promisify } from "node:util";
 import { mkdtemp, readFile, rm } from "node:fs/promises";
 import os from "node:os";
@@ -156,6 +157,16 @@ export async function waitServing(
     );
   } finally {
     health.close();
+  }
+}
+
+/** Whether a process of this pid runs (a zombie, dead but not yet reaped by its parent, does not). */
+export function isAlive(pid: number): boolean {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    return stat.slice(stat.lastIndexOf(")") + 2, stat.lastIndexOf(")") + 3) !== "Z";
+  } catch {
+    return false;
   }
 }
 

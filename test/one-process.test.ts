@@ -1,0 +1,77 @@
+// `troupe up --one-process`: every service in one Node process, each on its own port, so the
+// chat CLI, `troupe status` and a tool turn through the sandbox work as with five processes; and
+// SIGTERM drains them all and leaves no container behind.
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+import { execFile, spawn, type ChildProcess } from "node:child_process";
+import { once } from "node:events";
+import { mkdtemp, readFile, rm, stat } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { promisify } from "node:util";
+import { instanceOf } from "../services/sandbox/container-spec.js";
+import { MAIN, SERVICE_ORDER, flagsFor, freePort, waitFor, type ServiceName } from "./helpers/stack.js";
+
+const run = promisify(execFile);
+let dataDir: string;
+let addr: Record<ServiceName, string>;
+let up: ChildProcess;
+let log = "";
+
+before(async () => {
+  dataDir = await mkdtemp(path.join(os.tmpdir(), "troupe-one-"));
+  addr = {} as Record<ServiceName, string>;
+  for (const name of SERVICE_ORDER) addr[name] = `127.0.0.1:${await freePort()}`;
+  const env: NodeJS.ProcessEnv = { ...process.env, TROUPE_LOG_FORMAT: "text" };
+  delete env.OPENAI_BASE_URL;
+  up = spawn(process.execPath, [MAIN, "up", "--one-process", ...flagsFor(addr, dataDir)], {
+    env,
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  up.stdout!.on("data", (d) => (log += d));
+  up.stderr!.on("data", (d) => (log += d));
+  await waitFor("troupe up --one-process to say it is up", async () => log.includes("Troupe is up"), 60_000);
+});
+
+after(async () => {
+  if (up.exitCode === null) up.kill("SIGKILL");
+  await rm(dataDir, { recursive: true, force: true });
+});
+
+const troupe = (...args: string[]) =>
+  run(process.execPath, [MAIN, ...args, ...flagsFor(addr, dataDir)], { timeout: 60_000 });
+
+test("every service is this one process, on its own port", async () => {
+  const upFile = JSON.parse(await readFile(path.join(dataDir, "up.json"), "utf8")) as {
+    supervisor: number;
+    services: { service: string; address: string; pid: number }[];
+  };
+  assert.equal(upFile.supervisor, up.pid);
+  const names = upFile.services.map((s) => s.service).sort();
+  assert.deepEqual(names, ["gateway", "memory", "model-server", "router", "runner", "sandbox"]);
+  for (const s of upFile.services) {
+    assert.equal(s.pid, up.pid, `${s.service} runs in troupe up's own process`);
+    assert.equal(s.address, addr[s.service as ServiceName]);
+  }
+  const status = await troupe("status");
+  for (const name of ["gateway", "router", "runner", "memory", "sandbox"])
+    assert.match(status.stdout, new RegExp(name));
+  assert.doesNotMatch(status.stdout, /NOT_SERVING|unreachable/i);
+});
+
+test("a tool turn runs through the sandbox, and the session log is on disk", async () => {
+  const { stdout } = await troupe("chat", "--session", "one-1", "$ echo from-one-process");
+  assert.match(stdout, /from-one-process/);
+  const { stdout: shown } = await troupe("sessions", "show", "one-1");
+  assert.match(shown, /user: \$ echo from-one-process/);
+});
+
+test("SIGTERM drains every service, removes up.json and leaves no container", async () => {
+  up.kill("SIGTERM");
+  const [code] = await once(up, "exit");
+  assert.equal(code, 0, log);
+  assert.match(log, /all: stopped/);
+  await assert.rejects(stat(path.join(dataDir, "up.json")), /ENOENT/);
+  const { stdout } = await run("docker", ["ps", "-aq", "--filter", `label=troupe.instance=${instanceOf(dataDir)}`]);
+  assert.equal(stdout.trim(), "", "the sandbox's containers were removed on the way out");
+});
