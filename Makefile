@@ -17,7 +17,7 @@ SANDBOX_IMAGE ?= troupe-sandbox:busybox
 B ?=
 TROUPE := node dist/services/cli/main.js
 
-.PHONY: build run test test-unit readme-settings lint kubectl images bench soak toolchain host postgres sandbox-image sandbox-image-if-missing sandbox-image-debian python-client openssl chromium clean
+.PHONY: build run test test-unit readme-settings lint kubectl images bench soak soak-long toolchain host postgres sandbox-image sandbox-image-if-missing sandbox-image-debian python-client openssl chromium clean
 
 toolchain: $(TOOLCHAIN_NODE)
 .toolchain/node_modules/.bin/node:
@@ -142,6 +142,11 @@ test: build lint sandbox-image-if-missing python-client postgres openssl chromiu
 # The soak alone.
 soak: build sandbox-image-if-missing
 	node --test --test-timeout=600000 dist/test/soak/soak.test.js
+
+# The long soak: an hour of mixed traffic under troupe up (SOAK_LONG_SECONDS to change it);
+# make test runs the same for 60 s.
+soak-long: build sandbox-image-if-missing
+	SOAK_LONG_SECONDS=$${SOAK_LONG_SECONDS:-3600} node --test --test-timeout=0 dist/test/soak/long.test.js
 
 bench: build sandbox-image-if-missing postgres
 	@if [ -n "$(B)" ]; then node dist/bench/$(B).js; else for b in dist/bench/*.js; do node $$b || exit 1; done; fi
