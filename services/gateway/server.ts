@@ -23,6 +23,7 @@ import { ServerReflection } from "../shared/gen/grpc/reflection/v1/reflection_pb
 import { reflectionService } from "./reflection.js";
 import { adminService } from "./admin.js";
 import { labelName, memoryOwnerOf, normaliseInbound } from "./inbound.js";
+import { carryOut, parseDirective } from "./directives.js";
 import { GatewayLimits } from "./limits.js";
 import { TenantQuotas } from "../shared/quotas.js";
 import { RouterService, type ResolveSessionResponse } from "../shared/gen/troupe/v1/router_pb.js";
@@ -424,10 +425,21 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
         },
         kind: { case: "prompt", value: { text: inbound.body, queueMode: req.queueMode } },
       });
+      const caller = onBehalfOf(call);
       // Commands from the channel act only when the adapter says the sender may use them.
+      const directive = inbound.commandAuthorized ? parseDirective(inbound.body) : undefined;
+      if (directive) {
+        admit(identityOf(call.metadata).tenant, sessionId, prompt);
+        const directiveReply = await withRunner(call, sessionId, (runner) =>
+          carryOut(directive, runner, caller, cfg.channelReset, {
+            open: { sessionId, agentId: route.agentId, create: true, queueMode: req.queueMode },
+            memoryOwner: memoryOwnerOf(route.canonicalSender),
+          }),
+        );
+        return { sessionId, agentId: route.agentId, matchedTier: route.matchedTier, directiveReply };
+      }
       const frame = inbound.commandAuthorized ? catchStopCommand(prompt) : prompt;
       admit(identityOf(call.metadata).tenant, sessionId, frame);
-      const caller = onBehalfOf(call);
       const accepted = await withRunner(call, sessionId, async (runner) => {
         try {
           return (await runner.submit({ sessionId, frame }, { metadata: caller })).accepted;

@@ -10,7 +10,10 @@ import { excerpt, type RunHost, type Turn, SUMMARY_MARKER } from "./run.js";
 const SUMMARY_MAX_TOKENS = 2048;
 const SUMMARY_TIMEOUT_MS = 120_000;
 
-/** The messages after the latest compaction's cut, sanitised. */
+/**
+ * The messages after the latest compaction's cut, sanitised; after a reset only the messages
+ * since it, and no summary of what came before.
+ */
 export function conversationView(host: RunHost): { summary?: string; messages: ChatMessage[] } {
   const c = host.compaction();
   let from = 0;
@@ -18,7 +21,9 @@ export function conversationView(host: RunHost): { summary?: string; messages: C
     const i = host.messages.findIndex((m) => m.id === c.firstKeptMessageId);
     if (i >= 0) from = i;
   }
-  return { summary: c?.summary, messages: sanitise(from === 0 ? host.messages : host.messages.slice(from)).messages };
+  const summary = from >= host.contextFrom ? c?.summary : undefined;
+  from = Math.max(from, host.contextFrom);
+  return { summary, messages: sanitise(from === 0 ? host.messages : host.messages.slice(from)).messages };
 }
 
 export function viewTokens(turn: Turn, view: { summary?: string; messages: ChatMessage[] }): number {

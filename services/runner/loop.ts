@@ -26,7 +26,7 @@ import {
   type ChatMessage,
   type Usage,
 } from "../shared/gen/troupe/v1/session_pb.js";
-import { sessionModel, toolOffered } from "./agent-config.js";
+import { sessionModel, toolOffered, type AgentConfig } from "./agent-config.js";
 import { failpoint } from "./failpoints.js";
 import { triggerOf } from "../shared/frames.js";
 import { newId } from "../shared/ids.js";
@@ -189,7 +189,12 @@ async function startTurn(
   const asked = resume ? resumedMessages(host.messages, resume.from) : initial;
   const query = asked.map((q) => q.text).join("\n");
   // The model is settled before agent_start, which names it; what went wrong on the way follows it.
-  const { config: agent, error } = await deps.agent();
+  const { config: configured, error } = await deps.agent();
+  // A session's own reasoning effort (/think) stands in for its agent's; each model still gets it
+  // only if it takes that value (model-rules.ts).
+  const agent = host.reasoningEffort
+    ? { ...configured, reasoningEffort: host.reasoningEffort as AgentConfig["reasoningEffort"] }
+    : configured;
   // Tools the agent's configuration leaves out are neither offered nor callable in this run.
   deps = { ...deps, tools: deps.tools.filter((t) => toolOffered(agent, t.name)) };
   const chosen = sessionModel(deps.agentId, agent, deps.defaultModel, host.model);

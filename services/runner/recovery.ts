@@ -55,6 +55,10 @@ export interface ReplayedLog {
   queueMode?: QueueMode;
   /** The last model chosen for the session, if any was. */
   model?: string;
+  /** The last reasoning effort chosen ("" once set back to the agent's). */
+  reasoningEffort?: string;
+  /** The first message the model sees after the latest reset. */
+  contextFrom?: number;
   /** The conversation: every message_end, in order. */
   messages: ChatMessage[];
   /** frame_id -> its first frame_accepted event (a resent frame is acknowledged with it). */
@@ -90,6 +94,8 @@ export function replayRecords(records: readonly LogRecord[]): ReplayedLog {
     if (rec.t === "settings") {
       if (rec.queueMode !== undefined) out.queueMode = rec.queueMode;
       if (rec.model !== undefined) out.model = rec.model;
+      if (rec.reasoningEffort !== undefined) out.reasoningEffort = rec.reasoningEffort;
+      if (rec.contextFrom !== undefined) out.contextFrom = rec.contextFrom;
     } else if (rec.t === "elided") {
       const gone = new Set(rec.messageIds);
       out.messages = out.messages.filter((m) => !gone.has(m.id));

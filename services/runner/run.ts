@@ -54,6 +54,10 @@ export interface RunHost {
   readonly sessionId: string;
   /** The model chosen for the session; empty: the agent's. */
   readonly model: string;
+  /** The reasoning effort chosen for the session; empty: the agent's. */
+  readonly reasoningEffort: string;
+  /** The first message of `messages` the model sees: the conversation's start after a reset. */
+  readonly contextFrom: number;
   /** Aborted when the run must stop (an abort, an interrupting prompt, the runner closing). */
   readonly signal: AbortSignal;
   /** The conversation so far (all of it: compaction changes the model's view, not the record); the loop appends to it. */

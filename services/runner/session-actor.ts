@@ -39,6 +39,7 @@ import {
   type Subagent,
 } from "./session-log.js";
 import { SessionElsewhere } from "./session-lease.js";
+import { SessionChoices, type Choice, type ChoiceRecord } from "./session-choices.js";
 
 /** What an actor is given: its store, the audit log, the logger, and what its runs use. */
 export interface ActorDeps {
@@ -58,8 +59,8 @@ export class SessionActor {
   /** Waiting messages and where each goes (mailbox.ts). */
   private readonly mailbox = new Mailbox(() => this.schedule());
   private createdMs = Date.now();
-  /** The model chosen for the session (settle); empty: the agent's. */
-  model = "";
+  /** Model, reasoning effort and reset point chosen for the session (settle). */
+  readonly choices = new SessionChoices();
   private updatedMs = Date.now();
   /** Refusals, log writes and acknowledgements of incoming frames (admission.ts). */
   private readonly admission: Admission;
@@ -192,7 +193,7 @@ export class SessionActor {
   ): void {
     const log = recovery.replayRecords(records);
     if (log.queueMode !== undefined) this.mailbox.mode = log.queueMode;
-    if (log.model !== undefined) this.model = log.model;
+    this.choices.restore(log);
     this.messages.push(...log.messages);
     for (const [frameId, ev] of log.acks) this.admission.restore(frameId, () => ev);
     this.compaction = log.compaction;
@@ -249,14 +250,19 @@ export class SessionActor {
   }
 
   /**
-   * Sets the session's default queue mode and its model, each when given and changed, in one log
-   * record. The caller has checked that the agent allows the model.
+   * Sets the session's default queue mode, model and reasoning effort, each when given and
+   * changed, and with `reset` starts its conversation over (the model sees nothing before it): in
+   * one log record. The caller has checked that the agent allows the model.
    */
-  async settle(s: { queueMode?: QueueMode; model?: string }): Promise<void> {
-    const changed: { queueMode?: number; model?: string } = {};
+  async settle(s: { queueMode?: QueueMode } & Choice): Promise<void> {
+    const changed: { queueMode?: number } & ChoiceRecord = this.choices.apply(s, this.messages);
     if (s.queueMode && s.queueMode !== this.mailbox.mode) changed.queueMode = this.mailbox.mode = s.queueMode;
-    if (s.model && s.model !== this.model) changed.model = this.model = s.model;
     if (Object.keys(changed).length > 0) await this.log.append({ t: "settings", ...changed }, true);
+  }
+
+  /** The default queue mode new messages take. */
+  get queueMode(): QueueMode {
+    return this.mailbox.mode;
   }
 
   private abort(frameId: string, reason: string, clearQueue: boolean): void {
@@ -337,7 +343,9 @@ export class SessionActor {
   private async execute(first: Queued[], signal: AbortSignal, resume?: { from: number }): Promise<void> {
     const host: RunHost = {
       sessionId: this.sessionId,
-      model: this.model,
+      model: this.choices.model,
+      reasoningEffort: this.choices.reasoningEffort,
+      contextFrom: this.choices.contextFrom,
       signal,
       messages: this.messages,
       emit: (payload) => void this.emit(payload),

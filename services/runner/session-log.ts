@@ -30,8 +30,9 @@ export type LogRecord =
   // A runner took the session (see session-lease.ts); records of older epochs after it are void.
   | { t: "epoch"; epoch: number; runnerId: string }
   | { t: "frame"; frame: unknown }
-  // The session's default queue mode or its model changed (each only when set).
-  | { t: "settings"; queueMode?: number; model?: string }
+  // The session's default queue mode, model or reasoning effort changed, or its conversation was
+  // reset to start at message `contextFrom` (each only when set).
+  | { t: "settings"; queueMode?: number; model?: string; reasoningEffort?: string; contextFrom?: number }
   | { t: "event"; event: unknown }
   // seq values up to `upTo` may have been handed out; a restart continues after it.
   | { t: "seq"; upTo: number }

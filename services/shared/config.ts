@@ -59,6 +59,8 @@ export interface Config {
   httpAddr: string;
   /** Gateway: origins allowed to call the HTTP API from a browser ("*": any). */
   httpCors: string[];
+  /** /new and /reset in a chat: the old conversation stays in the history, or is deleted. */
+  channelReset: "keep" | "delete";
   /** Runner: what web_fetch and http_request may reach (shared/net-guard.ts). */
   net: { ports: number[]; allow: string[] };
   /** Runner: the secrets http_request may send, by name ({"NAME": "value"}). */
@@ -325,6 +327,7 @@ export function loadConfig(
     net: { ports: commaList(str("netPorts")).map(Number), allow: commaList(str("netAllow")) },
     httpAddr: str("httpAddr") === "off" ? "" : str("httpAddr")!,
     httpCors: commaList(str("httpCors")),
+    channelReset: str("channelReset") as Config["channelReset"],
     secretsFile: under("secretsFile", "secrets.json"),
     hookModules: commaList(str("hookModules")).map((s) => path.resolve(s)),
     memoryContextK: v.memoryContextK,

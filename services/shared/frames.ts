@@ -83,6 +83,7 @@ export function validateFrame(
     case "open":
       validateSessionRef(kind.value.sessionId, kind.value.agentId, true);
       validateModelName(kind.value.model);
+      validateReasoningEffort(kind.value.reasoningEffort);
       break;
     case "prompt":
     case "steer":
@@ -100,6 +101,16 @@ export function validateFrame(
 }
 
 /** A model name as a client may choose one: empty (no choice), or provider/model of at most 200 characters. */
+/** Reasoning efforts a session may choose; "default" goes back to its agent's. */
+export const SESSION_EFFORTS = ["minimal", "low", "medium", "high", "default"] as const;
+
+export function validateReasoningEffort(effort: string): void {
+  if (effort !== "" && !(SESSION_EFFORTS as readonly string[]).includes(effort))
+    throw invalidArgument(
+      `reasoning_effort must be one of ${SESSION_EFFORTS.join(", ")}, not "${effort.slice(0, 40)}"`,
+    );
+}
+
 export function validateModelName(model: string): void {
   if (model !== "" && !/^[A-Za-z0-9._:/@+-]{1,200}$/.test(model))
     throw invalidArgument(

@@ -129,6 +129,12 @@ export const SETTINGS = {
       env: "TROUPE_HTTP_CORS",
       doc: "origins browsers may call the HTTP API from, comma-separated (`*` for any)",
     },
+    channelReset: {
+      env: "TROUPE_CHANNEL_RESET",
+      doc: "what /new and /reset in a chat do to the old conversation: keep it in the history, or delete it",
+      default: "keep",
+      schema: oneOf("keep", "delete"),
+    },
   },
   router: {
     routingFile: {

@@ -29,6 +29,8 @@ test("a run with a tool call is one trace: invoke_agent, then chat and execute_t
   const host: RunHost = {
     sessionId: "traced",
     model: "",
+    reasoningEffort: "",
+    contextFrom: 0,
     signal: new AbortController().signal,
     messages: [],
     emit: (p) => void events.push(p),

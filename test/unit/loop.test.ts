@@ -4,7 +4,14 @@
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { ROOT_CONTEXT } from "@opentelemetry/api";
-import { FrameKind, Role, StopReason, type ChatMessage } from "../../services/shared/gen/troupe/v1/session_pb.js";
+import { create } from "@bufbuild/protobuf";
+import {
+  ChatMessageSchema,
+  FrameKind,
+  Role,
+  StopReason,
+  type ChatMessage,
+} from "../../services/shared/gen/troupe/v1/session_pb.js";
 import { runAgent } from "../../services/runner/loop.js";
 import { SUMMARY_MARKER, type EventPayload, type QueuedMessage, type RunHost } from "../../services/runner/run.js";
 import { ModelError } from "../../services/runner/model.js";
@@ -18,6 +25,9 @@ const user = (text: string, kind = FrameKind.PROMPT): QueuedMessage => ({
   traceContext: ROOT_CONTEXT,
 });
 
+const chat = (role: Role, text: string): ChatMessage =>
+  create(ChatMessageSchema, { id: `m${++n}`, role, text, stopReason: StopReason.COMPLETED });
+
 /** A run's host: `steering` and `followUps` are handed out one batch per call. */
 function host(
   opts: {
@@ -26,6 +36,8 @@ function host(
     followUps?: QueuedMessage[][];
     messages?: ChatMessage[];
     model?: string;
+    reasoningEffort?: string;
+    contextFrom?: number;
   } = {},
 ) {
   const events: EventPayload[] = [];
@@ -36,6 +48,8 @@ function host(
   } = {
     sessionId: "s",
     model: opts.model ?? "",
+    reasoningEffort: opts.reasoningEffort ?? "",
+    contextFrom: opts.contextFrom ?? 0,
     signal: opts.signal ?? new AbortController().signal,
     messages: opts.messages ?? [],
     emit: (p) => {
@@ -142,6 +156,24 @@ describe("the loop", () => {
       notes[0][1] ?? "",
       /model chosen is not one agent main allows \(it allows test-model, backup\); this run uses test-model/,
     );
+  });
+
+  test("a session's reasoning effort replaces its agent's; after a reset the model sees only what came since", async () => {
+    const model = new ScriptedModel(() => say("ok"));
+    const earlier = [chat(Role.USER, "before the reset"), chat(Role.ASSISTANT, "an answer from before")];
+    const h = host({ reasoningEffort: "high", messages: [...earlier], contextFrom: earlier.length });
+    await runAgent(h, testRunDeps(model, [], { config: { reasoningEffort: "low" } }), [user("after it")]);
+    const request = model.requests[0];
+    assert.equal(request.reasoningEffort, "high");
+    const said = request.messages.map((m) => (m as { content?: unknown }).content).filter((c) => typeof c === "string");
+    assert.ok(said.includes("after it"));
+    assert.ok(!said.some((c) => String(c).includes("before the reset")), `sent: ${JSON.stringify(said)}`);
+    assert.equal(texts(h, Role.USER)[0], "before the reset", "the history keeps what the model no longer sees");
+
+    // Without a session's own effort, the agent's stands.
+    const again = new ScriptedModel(() => say("ok"));
+    await runAgent(host(), testRunDeps(again, [], { config: { reasoningEffort: "low" } }), [user("x")]);
+    assert.equal(again.requests[0].reasoningEffort, "low");
   });
 
   test("steering and follow-ups rebuild the system prompt for their question", async () => {

@@ -175,10 +175,18 @@ describe("seqs, supervision and the log", () => {
       "an unchanged setting is not written again",
     );
     const again = await SessionActor.load(actor.ref, deps);
-    assert.equal(again.model, "m2");
+    assert.equal(again.choices.model, "m2");
     await again.submit(prompt("go"));
     await again.whenIdle();
     assert.deepEqual(asked, ["m2"]);
+
+    // A reasoning effort and a reset are kept the same way, and survive a reload.
+    await again.settle({ reasoningEffort: "high", reset: true });
+    const third = await SessionActor.load(actor.ref, deps);
+    assert.equal(third.choices.reasoningEffort, "high");
+    assert.equal(third.choices.contextFrom, again.messages.length, "the model's view starts after the reset");
+    await third.settle({ reasoningEffort: "default" });
+    assert.equal((await SessionActor.load(actor.ref, deps)).choices.reasoningEffort, "", "default: the agent's again");
   });
 
   test("a run that throws (a bug) restarts the actor from its log; the session goes on; five in a minute fail it", async () => {

@@ -1,0 +1,52 @@
+// What a session's people chose for it, kept in its log as "settings" records: the model, the
+// reasoning effort (each empty for the agent's), and where the model's view of the conversation
+// starts (moved to the end by a reset). The default queue mode is the mailbox's, set alongside.
+import type { ChatMessage, Usage } from "../shared/gen/troupe/v1/session_pb.js";
+import type { ReplayedLog } from "./recovery.js";
+
+/** A change as the open that asked for it says it ("default" effort: back to the agent's). */
+export interface Choice {
+  model?: string;
+  reasoningEffort?: string;
+  reset?: boolean;
+}
+
+export type ChoiceRecord = { model?: string; reasoningEffort?: string; contextFrom?: number };
+
+export class SessionChoices {
+  /** The model chosen for the session; empty: the agent's. */
+  model = "";
+  /** The reasoning effort chosen for the session; empty: the agent's. */
+  reasoningEffort = "";
+  /** The first message the model sees: the conversation's start after the latest reset. */
+  contextFrom = 0;
+
+  /** Takes the choices a replayed log holds. */
+  restore(log: ReplayedLog): void {
+    if (log.model !== undefined) this.model = log.model;
+    if (log.reasoningEffort !== undefined) this.reasoningEffort = log.reasoningEffort;
+    if (log.contextFrom !== undefined) this.contextFrom = log.contextFrom;
+  }
+
+  /** Applies `c` to a session of `messages`; returns what changed, for the log (empty: nothing). */
+  apply(c: Choice, messages: readonly ChatMessage[]): ChoiceRecord {
+    const changed: ChoiceRecord = {};
+    if (c.model && c.model !== this.model) changed.model = this.model = c.model;
+    const effort = c.reasoningEffort === "default" ? "" : (c.reasoningEffort ?? "");
+    if (c.reasoningEffort && effort !== this.reasoningEffort) changed.reasoningEffort = this.reasoningEffort = effort;
+    if (c.reset && this.contextFrom !== messages.length) changed.contextFrom = this.contextFrom = messages.length;
+    return changed;
+  }
+}
+
+/** Token usage of every reply in `messages`. */
+export function usageOf(messages: readonly ChatMessage[]): Pick<Usage, "inputTokens" | "outputTokens" | "totalTokens"> {
+  const u = { inputTokens: 0, outputTokens: 0, totalTokens: 0 };
+  for (const m of messages) {
+    if (!m.usage) continue;
+    u.inputTokens += m.usage.inputTokens;
+    u.outputTokens += m.usage.outputTokens;
+    u.totalTokens += m.usage.totalTokens;
+  }
+  return u;
+}
