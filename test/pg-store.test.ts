@@ -85,6 +85,21 @@ describe("fencing in the database", () => {
     await logB.close();
   });
 
+  test("a restarted runner takes back its sessions before its new membership row replaces the old", async (t) => {
+    const { a } = await twoRunners(t, 60_000);
+    const ref = refOf(ALICE, "s-restart");
+    await a.store.create(ref, "main", ALICE);
+    // The same runner id at the same address, a new process that has not yet beaten: the row
+    // still says the old incarnation is alive, but it cannot be, for this one holds its address.
+    const restarted = new PgSessionStore(a.pool, { ...a.self, incarnation: randomUUID() }, 60_000);
+    const { log, records } = await restarted.activate(ref);
+    assert.deepEqual(
+      records.filter((r) => r.t === "epoch").map((r) => (r as { epoch: number }).epoch),
+      [1, 2],
+    );
+    await log.close();
+  });
+
   test("a closed log releases its lease: another runner takes the session at once", async (t) => {
     const { a, b } = await twoRunners(t, 60_000);
     const ref = refOf(ALICE, "s2");

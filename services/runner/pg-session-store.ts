@@ -135,7 +135,10 @@ export class PgSessionStore implements SessionStore {
         );
         const row = held.rows[0];
         if (!row) throw notThere(ref);
-        if (row.alive && !row.mine)
+        // An earlier process of this runner (same id and address; not `mine`) is gone: this one
+        // holds the address. Its membership row may still beat until this process replaces it.
+        const earlierSelf = row.runner === this.self.runnerId && row.owner_address === this.self.address;
+        if (row.alive && !row.mine && !earlierSelf)
           throw new SessionElsewhere(
             `session ${ref.sessionId} is live on runner ${row.runner} (${row.owner_address}); this runner does not activate a second copy`,
             row.owner_address ?? undefined,

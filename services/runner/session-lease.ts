@@ -31,6 +31,10 @@ export interface Owner {
   incarnation: string;
 }
 
+/** `owner` is an earlier process of the runner `self` is: same id, same address, another incarnation. */
+export const earlierSelf = (owner: Owner, self: Owner): boolean =>
+  owner.runnerId === self.runnerId && owner.address === self.address && owner.incarnation !== self.incarnation;
+
 export interface Lease {
   epoch: number;
   /** The lease file; the lease holds while it exists. */
@@ -127,6 +131,10 @@ export class SessionLeases {
 
   private async alive(owner: Owner): Promise<boolean> {
     if (owner.incarnation === this.self.incarnation) return true; // this process is alive
+    // An earlier incarnation of this runner at this address is gone: this process holds the
+    // address now. Said before its heartbeat says so, a restarted runner would refuse (until the
+    // old beat ages out) the sessions it held a moment ago, which is what the gateway retries at.
+    if (earlierSelf(owner, this.self)) return false;
     const file = this.heartbeatFile(owner.runnerId);
     const [beat, st] = await Promise.all([readJson<Heartbeat>(file), stat(file).catch(() => undefined)]);
     return beat?.incarnation === owner.incarnation && st !== undefined && Date.now() - st.mtimeMs < this.livenessMs;

@@ -149,6 +149,31 @@ test("session leases: a live owner's session is refused; a dead owner's is taken
   }
 });
 
+test("a restarted runner takes back its sessions before its new heartbeat replaces the old one", async () => {
+  const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-lease-"));
+  const first = new JsonlSessionStore(dir, { runnerId: "r", address: "r:1", incarnation: "r-1" }, 60_000);
+  await first.start();
+  try {
+    const log = await first.create(S, "main", OWNER);
+    await log.append({ t: "seq", upTo: 1 }, true);
+    // Another runner is refused while r-1's heartbeat is fresh.
+    const other = new JsonlSessionStore(dir, { runnerId: "q", address: "q:1", incarnation: "q-1" }, 60_000);
+    await assert.rejects(other.activate(S), SessionElsewhere);
+    // The same runner at the same address, a new process that has not yet beaten: r-1's
+    // heartbeat is still fresh, but r-1 cannot be running, for r-2 holds its address.
+    const restarted = new JsonlSessionStore(dir, { runnerId: "r", address: "r:1", incarnation: "r-2" }, 60_000);
+    const { log: taken, records } = await restarted.activate(S);
+    assert.deepEqual(
+      records.flatMap((r) => (r.t === "seq" ? [r.upTo] : [])),
+      [1],
+    );
+    await taken.close();
+  } finally {
+    await first.stop();
+    await rm(dir, { recursive: true, force: true });
+  }
+});
+
 test("sessions are named by owner and id: look-alike ids and other owners never share a log", async () => {
   const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-refs-"));
   try {
