@@ -6,6 +6,7 @@ import assert from "node:assert/strict";
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
+import { RETRY_AFTER_KEY } from "../services/shared/rate.js";
 import { Status } from "../services/shared/errors.js";
 import { parseQuotas, DEFAULT_QUOTAS } from "../services/shared/quotas.js";
 import { loadConfig } from "../services/shared/config.js";
@@ -64,8 +65,12 @@ describe("quotas through the stack", () => {
     await rm(dataDir, { recursive: true, force: true });
   });
 
-  const exhausted = (e: { code: number; details: string }) =>
-    e.code === Status.RESOURCE_EXHAUSTED && /retry in \d+ ms/.test(e.details);
+  // The runner's refusal reaches the client through the gateway with its retry hint in the
+  // trailer too, where clients look for it, not only in the message.
+  const exhausted = (e: { code: number; details: string; metadata?: { get(k: string): unknown[] } }) =>
+    e.code === Status.RESOURCE_EXHAUSTED &&
+    /retry in \d+ ms/.test(e.details) &&
+    Number(e.metadata?.get(RETRY_AFTER_KEY)[0]) > 0;
 
   test("session creations a minute: the third of 'few' is refused with a retry hint; others go on", async () => {
     const few = await stack.gatewayAs("few", "p");

@@ -44,6 +44,9 @@ export function grpcCode(err: unknown): Status | undefined {
 }
 
 /** Converts a thrown value into the status object grpc-js sends. */
+/** The trailer a refusal that may succeed later carries: milliseconds to wait (rate.ts sets it). */
+export const RETRY_AFTER_TRAILER = "retry-after-ms";
+
 export function toStatus(err: unknown): { code: Status; details: string; metadata?: Metadata } {
   if (err instanceof RpcError) {
     const entries = Object.entries(err.trailers);
@@ -53,9 +56,16 @@ export function toStatus(err: unknown): { code: Status; details: string; metadat
     return { code: err.code, details: err.message, metadata };
   }
   const code = grpcCode(err);
-  // A failed downstream call keeps its status: the caller learns UNAVAILABLE, not INTERNAL.
+  // A failed downstream call keeps its status: the caller learns UNAVAILABLE, not INTERNAL. Of
+  // its trailers only the client's contract passes on (a retry hint); the rest are between
+  // services (a session owner's internal address) and stay inside.
   if (code !== undefined && code !== Status.OK) {
-    return { code, details: (err as { details?: string }).details ?? String(err) };
+    const details = (err as { details?: string }).details ?? String(err);
+    const retry = (err as { metadata?: Metadata }).metadata?.get(RETRY_AFTER_TRAILER)[0];
+    if (retry === undefined) return { code, details };
+    const metadata = new Metadata();
+    metadata.set(RETRY_AFTER_TRAILER, String(retry));
+    return { code, details, metadata };
   }
   return { code: Status.INTERNAL, details: "internal error" };
 }

@@ -1,9 +1,9 @@
 // Token buckets and the refusal that says when to come back: RESOURCE_EXHAUSTED with the wait in
 // the trailer `retry-after-ms` and in the message. Used by the gateway's limits and the quotas of
 // the runner and the sandbox service.
-import { RpcError, Status } from "./errors.js";
+import { RETRY_AFTER_TRAILER, RpcError, Status } from "./errors.js";
 
-export const RETRY_AFTER_KEY = "retry-after-ms";
+export const RETRY_AFTER_KEY = RETRY_AFTER_TRAILER;
 
 /** A refusal that says when to come back. */
 export class RateLimited extends RpcError {
