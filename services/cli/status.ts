@@ -26,7 +26,9 @@ async function serviceCheck(cfg: Config, name: (typeof SERVICES)[number], tls?: 
   const internal = cfg.internalCa ? { ca: await readFile(cfg.internalCa) } : undefined;
   const health = createClient(Health, address, { tls: name === "gateway" ? tls : internal });
   try {
-    const { status } = await health.check({ service: "" }, { timeoutMs: 1500 });
+    // A new connection and its first call: on a loaded machine (a test run, a busy host) 1.5 s
+    // was too little and a serving service was reported down.
+    const { status } = await health.check({ service: "" }, { timeoutMs: 5000 });
     const serving = status === Serving.SERVING;
     return {
       name,
