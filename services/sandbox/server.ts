@@ -14,7 +14,7 @@ import Docker from "dockerode";
 import { identityOf, internalCredentials, internalServing } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
 import { RpcError, Status, failedPrecondition, invalidArgumentIf, notFound, unavailable } from "../shared/errors.js";
-import { instruments } from "../shared/metrics.js";
+import { instruments, secondsSince } from "../shared/metrics.js";
 import { ExecResponseSchema, FileType, SandboxService, Signal } from "../shared/gen/troupe/v1/sandbox_pb.js";
 import { isAgentId, isSessionId } from "../shared/ids.js";
 import { TenantQuotas } from "../shared/quotas.js";
@@ -275,7 +275,8 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
       sandbox.agent.egress.budgetBytes = Number(req.egress?.budgetBytes || DEFAULT_EGRESS_BUDGET);
       const exec = sandbox.agent.exec(req.command, options, handlers);
       sandbox.lastUsed = Date.now();
-      const started = Date.now();
+      // A monotonic clock: a wall-clock step (NTP) must not make a command's duration negative.
+      const started = performance.now();
       const oomsBefore = fleet.ooms(sandbox.id);
       const execId = randomUUID();
       running.set(execId, { key, exec, agent: sandbox.agent, stdinOpen: req.openStdin });
@@ -341,7 +342,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
               timedOut: exit.timedOut,
               truncated: exit.truncated,
               oomKilled: fleet.ooms(sandbox.id) > oomsBefore,
-              durationMs: Date.now() - started,
+              durationMs: Math.round(performance.now() - started),
             },
           },
         }),
@@ -354,7 +355,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
           : exit.exitCode === 137
             ? "killed"
             : "failed";
-      instruments().execDuration.record((Date.now() - started) / 1000, { "troupe.exec.outcome": ended });
+      instruments().execDuration.record(secondsSince(started), { "troupe.exec.outcome": ended });
     },
 
     async writeStdin(req, call) {
