@@ -20,7 +20,8 @@ delete env.OPENAI_BASE_URL;
 const started: ChildProcess[] = [];
 
 async function startUp(): Promise<{ proc: ChildProcess; log: () => string }> {
-  const proc = spawn(process.execPath, [MAIN, "up", ...flagsFor(addr, dataDir)], {
+  // Started as people do, by a path relative to where they stand: still recognised as troupe up.
+  const proc = spawn(process.execPath, [path.relative(process.cwd(), MAIN), "up", ...flagsFor(addr, dataDir)], {
     env,
     stdio: ["ignore", "pipe", "pipe"],
   });

@@ -67,7 +67,16 @@ before(async () => {
 
 after(async () => {
   gateway?.close();
-  if (up?.exitCode === null) up.kill("SIGKILL");
+  // After a failed check the stack still runs: stopped cleanly, it removes its containers.
+  if (up?.exitCode === null) {
+    up.kill("SIGTERM");
+    await Promise.race([once(up, "exit"), new Promise((r) => setTimeout(r, 30_000))]);
+    if (up.exitCode === null) up.kill("SIGKILL");
+  }
+  const left = (await run("docker", ["ps", "-aq", "--filter", `label=troupe.instance=${instanceOf(dataDir)}`])).stdout
+    .split("\n")
+    .filter(Boolean);
+  if (left.length > 0) await run("docker", ["rm", "-f", ...left]);
   await rm(dataDir, { recursive: true, force: true });
 });
 
