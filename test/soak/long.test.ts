@@ -159,7 +159,7 @@ const table = (samples: Sample[]) =>
     ),
   ].join("\n");
 
-test(`soak-long: ${SECONDS} s of mixed traffic; RSS grows at most 10 % after warm-up, descriptors do not grow`, {
+test(`soak-long: ${SECONDS} s of mixed traffic; peak RSS grows at most ${RSS_GROWTH * 100} % after warm-up, descriptors do not grow`, {
   timeout: (SECONDS + 300) * 1000,
 }, async () => {
   const failures: string[] = [];
