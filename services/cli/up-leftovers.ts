@@ -16,17 +16,16 @@ interface UpFile {
 
 /**
  * A pid recorded in up.json that still runs `troupe <command>` (not a pid the kernel gave to
- * another process since, such as a `troupe chat`).
+ * another process since, such as a `troupe chat`). `main`: the entry point's real path.
  */
 async function stillTroupe(pid: number, main: string, command: string): Promise<boolean> {
   const args = (await readFile(`/proc/${pid}/cmdline`, "utf8").catch(() => "")).split("\0");
   const cwd = await readlink(`/proc/${pid}/cwd`).catch(() => undefined);
   if (cwd === undefined) return false;
   // However it was started (a relative path, npx's link in node_modules/.bin): the same file.
-  const real = await realpath(main).catch(() => main);
   for (let i = 1; i < Math.min(args.length - 1, 4); i++) {
     const file = await realpath(path.resolve(cwd, args[i])).catch(() => "");
-    if (file === real) return args[i + 1] === command;
+    if (file === main) return args[i + 1] === command;
   }
   return false;
 }
@@ -38,9 +37,10 @@ const commandOf = (service: string) => service.replace(/-\d+$/, "");
  * Refuses to start over a running supervisor; ends the services an earlier, killed one left, and
  * removes the data directory's containers.
  */
-export async function reapLeftovers(upFile: string, dataDir: string, main: string, logger: Logger): Promise<void> {
+export async function reapLeftovers(upFile: string, dataDir: string, entry: string, logger: Logger): Promise<void> {
   const text = await readFile(upFile, "utf8").catch(() => undefined);
   if (text) {
+    const main = await realpath(entry).catch(() => entry);
     const up = JSON.parse(text) as UpFile;
     if (up.supervisor !== process.pid && (await stillTroupe(up.supervisor, main, "up")))
       throw new Error(`troupe up already runs on ${dataDir} (pid ${up.supervisor}); stop it first`);

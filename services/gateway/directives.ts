@@ -11,7 +11,7 @@ import { QueueMode, type OpenSession, type SessionOpened } from "../shared/gen/t
 import type { grpc, ServiceClient } from "../shared/rpc.js";
 
 export type Directive =
-  | { kind: "reset"; word: string }
+  | { kind: "reset" }
   | { kind: "model"; model: string }
   | { kind: "think"; effort: string }
   | { kind: "status" }
@@ -28,7 +28,7 @@ export function parseDirective(text: string): Directive | undefined {
   switch (word) {
     case "new":
     case "reset":
-      return { kind: "reset", word: `/${word}` };
+      return { kind: "reset" };
     case "status":
       return { kind: "status" };
     case "model":

@@ -15,7 +15,7 @@ import type { Identity } from "../shared/auth.js";
 import { sqlState } from "../shared/pg.js";
 import type { SessionRef } from "../shared/session-ref.js";
 import { PgAppender } from "./pg-appender.js";
-import { SessionElsewhere, type Owner } from "./session-lease.js";
+import { SessionElsewhere, sameRunner, type Owner } from "./session-lease.js";
 import {
   ownerOf,
   sessionHeader,
@@ -135,9 +135,9 @@ export class PgSessionStore implements SessionStore {
         );
         const row = held.rows[0];
         if (!row) throw notThere(ref);
-        // An earlier process of this runner (same id and address; not `mine`) is gone: this one
-        // holds the address. Its membership row may still beat until this process replaces it.
-        const earlierSelf = row.runner === this.self.runnerId && row.owner_address === this.self.address;
+        // An earlier process of this runner (not `mine`) may still beat in its membership row
+        // until this process replaces it; it is gone all the same (sameRunner).
+        const earlierSelf = sameRunner({ runnerId: row.runner, address: row.owner_address ?? "" }, this.self);
         if (row.alive && !row.mine && !earlierSelf)
           throw new SessionElsewhere(
             `session ${ref.sessionId} is live on runner ${row.runner} (${row.owner_address}); this runner does not activate a second copy`,

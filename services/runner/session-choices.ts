@@ -1,7 +1,9 @@
 // What a session's people chose for it, kept in its log as "settings" records: the model, the
 // reasoning effort (each empty for the agent's), and where the model's view of the conversation
 // starts (moved to the end by a reset). The default queue mode is the mailbox's, set alongside.
-import type { ChatMessage, Usage } from "../shared/gen/troupe/v1/session_pb.js";
+import { create } from "@bufbuild/protobuf";
+import { UsageSchema, type ChatMessage, type Usage } from "../shared/gen/troupe/v1/session_pb.js";
+import { addUsage } from "./model-call.js";
 import type { ReplayedLog } from "./recovery.js";
 
 /** A change as the open that asked for it says it ("default" effort: back to the agent's). */
@@ -40,13 +42,8 @@ export class SessionChoices {
 }
 
 /** Token usage of every reply in `messages`. */
-export function usageOf(messages: readonly ChatMessage[]): Pick<Usage, "inputTokens" | "outputTokens" | "totalTokens"> {
-  const u = { inputTokens: 0, outputTokens: 0, totalTokens: 0 };
-  for (const m of messages) {
-    if (!m.usage) continue;
-    u.inputTokens += m.usage.inputTokens;
-    u.outputTokens += m.usage.outputTokens;
-    u.totalTokens += m.usage.totalTokens;
-  }
-  return u;
+export function usageOf(messages: readonly ChatMessage[]): Usage {
+  const total = create(UsageSchema);
+  for (const m of messages) addUsage(total, m.usage);
+  return total;
 }

@@ -31,9 +31,12 @@ export interface Owner {
   incarnation: string;
 }
 
-/** `owner` is an earlier process of the runner `self` is: same id, same address, another incarnation. */
-export const earlierSelf = (owner: Owner, self: Owner): boolean =>
-  owner.runnerId === self.runnerId && owner.address === self.address && owner.incarnation !== self.incarnation;
+/**
+ * `owner` is this runner, `self`, by id and address. Of another incarnation, it is an earlier
+ * process of it and is gone: this process holds the address now.
+ */
+export const sameRunner = (owner: Pick<Owner, "runnerId" | "address">, self: Owner): boolean =>
+  owner.runnerId === self.runnerId && owner.address === self.address;
 
 export interface Lease {
   epoch: number;
@@ -134,7 +137,7 @@ export class SessionLeases {
     // An earlier incarnation of this runner at this address is gone: this process holds the
     // address now. Said before its heartbeat says so, a restarted runner would refuse (until the
     // old beat ages out) the sessions it held a moment ago, which is what the gateway retries at.
-    if (earlierSelf(owner, this.self)) return false;
+    if (sameRunner(owner, this.self)) return false;
     const file = this.heartbeatFile(owner.runnerId);
     const [beat, st] = await Promise.all([readJson<Heartbeat>(file), stat(file).catch(() => undefined)]);
     return beat?.incarnation === owner.incarnation && st !== undefined && Date.now() - st.mtimeMs < this.livenessMs;
