@@ -9,8 +9,15 @@ import { mkdtemp, readFile, rm, stat } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { promisify } from "node:util";
-import { instanceOf } from "../services/sandbox/container-spec.js";
-import { MAIN, SERVICE_ORDER, flagsFor, freePort, waitFor, type ServiceName } from "./helpers/stack.js";
+import {
+  MAIN,
+  SERVICE_ORDER,
+  flagsFor,
+  freePort,
+  waitFor,
+  type ServiceName,
+  sandboxContainers,
+} from "./helpers/stack.js";
 
 const run = promisify(execFile);
 let dataDir: string;
@@ -72,6 +79,5 @@ test("SIGTERM drains every service, removes up.json and leaves no container", as
   assert.equal(code, 0, log);
   assert.match(log, /all: stopped/);
   await assert.rejects(stat(path.join(dataDir, "up.json")), /ENOENT/);
-  const { stdout } = await run("docker", ["ps", "-aq", "--filter", `label=troupe.instance=${instanceOf(dataDir)}`]);
-  assert.equal(stdout.trim(), "", "the sandbox's containers were removed on the way out");
+  assert.deepEqual(await sandboxContainers(dataDir), [], "the sandbox's containers were removed on the way out");
 });

@@ -16,7 +16,7 @@ import { Status } from "../services/shared/errors.js";
 import { createClient } from "../services/shared/rpc.js";
 import { containerName, instanceOf } from "../services/sandbox/container-spec.js";
 import { exec, failsWith, type SandboxClient } from "./helpers/sandbox.js";
-import { MAIN, startStack, waitFor, type Stack } from "./helpers/stack.js";
+import { MAIN, startStack, waitFor, type Stack, sandboxContainers } from "./helpers/stack.js";
 import { tempDir } from "./helpers/tempdir.js";
 
 const run = promisify(execFile);
@@ -520,11 +520,7 @@ describe("sandbox abuse and accounting (runc)", () => {
   });
 
   test("nothing leaks: after releases and a shutdown, the instance has no container left", async () => {
-    const count = async () =>
-      (await run("docker", ["ps", "-aq", "--filter", `label=troupe.instance=${instanceOf(stack.dataDir)}`])).stdout
-        .trim()
-        .split("\n")
-        .filter(Boolean).length;
+    const count = async () => (await sandboxContainers(stack.dataDir)).length;
     for (const id of ["leak-1", "leak-2", "leak-3"]) {
       await exec(sandbox, id, "echo hi > f; sleep 0.1");
       await exec(sandbox, id, "sleep 30", { timeoutMs: 300 });

@@ -9,8 +9,17 @@ import { mkdtemp, readFile, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { promisify } from "node:util";
-import { instanceOf } from "../services/sandbox/container-spec.js";
-import { MAIN, SERVICE_ORDER, flagsFor, freePort, isAlive, waitFor, type ServiceName } from "./helpers/stack.js";
+import {
+  MAIN,
+  SERVICE_ORDER,
+  flagsFor,
+  freePort,
+  isAlive,
+  waitFor,
+  type ServiceName,
+  sandboxContainers,
+  removeSandboxes,
+} from "./helpers/stack.js";
 
 const run = promisify(execFile);
 let dataDir: string;
@@ -33,10 +42,7 @@ async function startUp(): Promise<{ proc: ChildProcess; log: () => string }> {
   return { proc, log: () => log };
 }
 
-const containers = async () =>
-  (await run("docker", ["ps", "-aq", "--filter", `label=troupe.instance=${instanceOf(dataDir)}`])).stdout
-    .split("\n")
-    .filter(Boolean);
+const containers = () => sandboxContainers(dataDir);
 before(async () => {
   dataDir = await mkdtemp(path.join(os.tmpdir(), "troupe-leftovers-"));
   addr = {} as Record<ServiceName, string>;
@@ -45,8 +51,7 @@ before(async () => {
 
 after(async () => {
   for (const p of started) if (p.exitCode === null) p.kill("SIGKILL");
-  const left = await containers();
-  if (left.length > 0) await run("docker", ["rm", "-f", ...left]);
+  await removeSandboxes(dataDir);
   await rm(dataDir, { recursive: true, force: true });
 });
 

@@ -170,10 +170,15 @@ export function isAlive(pid: number): boolean {
   }
 }
 
+/** The ids of the containers made for the stack of `dataDir`, running or not. */
+export async function sandboxContainers(dataDir: string): Promise<string[]> {
+  const { stdout } = await run("docker", ["ps", "-aq", "--filter", `label=troupe.instance=${instanceOf(dataDir)}`]);
+  return stdout.split("\n").filter(Boolean);
+}
+
 /** Removes the containers a test stack's sandbox made (and only those). */
 export async function removeSandboxes(dataDir: string): Promise<void> {
-  const { stdout } = await run("docker", ["ps", "-aq", "--filter", `label=troupe.instance=${instanceOf(dataDir)}`]);
-  const ids = stdout.split("\n").filter(Boolean);
+  const ids = await sandboxContainers(dataDir);
   if (ids.length > 0) await run("docker", ["rm", "-f", ...ids]);
 }
 

@@ -11,19 +11,26 @@
 // connections and files that idle timers close. Stopping the stack leaves no container.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
-import { execFile, spawn, type ChildProcess } from "node:child_process";
+import { spawn, type ChildProcess } from "node:child_process";
 import { once } from "node:events";
 import { mkdtemp, readFile, readdir, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
-import { promisify } from "node:util";
-import { instanceOf } from "../../services/sandbox/container-spec.js";
 import { clientApiKey } from "../../services/shared/auth.js";
 import { GatewayService } from "../../services/shared/gen/troupe/v1/gateway_pb.js";
 import { StopReason } from "../../services/shared/gen/troupe/v1/session_pb.js";
 import { createClient, type ServiceClient } from "../../services/shared/rpc.js";
 import { ChatSession } from "../helpers/session.js";
-import { MAIN, SERVICE_ORDER, flagsFor, freePort, waitFor, type ServiceName } from "../helpers/stack.js";
+import {
+  MAIN,
+  SERVICE_ORDER,
+  flagsFor,
+  freePort,
+  waitFor,
+  type ServiceName,
+  removeSandboxes,
+  sandboxContainers,
+} from "../helpers/stack.js";
 
 const SECONDS = Number(process.env.SOAK_LONG_SECONDS ?? 60);
 const CLIENTS = Number(process.env.SOAK_LONG_CLIENTS ?? 4);
@@ -36,7 +43,6 @@ const PAUSE_MS = Number(process.env.SOAK_LONG_PAUSE_MS ?? 100);
 const FD_SLACK = 4;
 const SERVICES = ["gateway", "router", "runner", "memory", "sandbox"] as const;
 
-const run = promisify(execFile);
 let dataDir: string;
 let addr: Record<ServiceName, string>;
 let up: ChildProcess;
@@ -73,10 +79,7 @@ after(async () => {
     await Promise.race([once(up, "exit"), new Promise((r) => setTimeout(r, 30_000))]);
     if (up.exitCode === null) up.kill("SIGKILL");
   }
-  const left = (await run("docker", ["ps", "-aq", "--filter", `label=troupe.instance=${instanceOf(dataDir)}`])).stdout
-    .split("\n")
-    .filter(Boolean);
-  if (left.length > 0) await run("docker", ["rm", "-f", ...left]);
+  await removeSandboxes(dataDir);
   await rm(dataDir, { recursive: true, force: true });
 });
 
@@ -203,6 +206,5 @@ test(`soak-long: ${SECONDS} s of mixed traffic; peak RSS grows at most ${RSS_GRO
   up.kill("SIGTERM");
   const [code] = await once(up, "exit");
   assert.equal(code, 0);
-  const { stdout } = await run("docker", ["ps", "-aq", "--filter", `label=troupe.instance=${instanceOf(dataDir)}`]);
-  assert.equal(stdout.trim(), "", "no container is left after the stack stops");
+  assert.deepEqual(await sandboxContainers(dataDir), [], "no container is left after the stack stops");
 });
