@@ -6,15 +6,7 @@ import { create, fromBinary } from "@bufbuild/protobuf";
 import { context } from "@opentelemetry/api";
 import { apiKeyAuth, callerOf, identityMetadata, identityOf, internalCredentials } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
-import {
-  Status,
-  grpcCode,
-  invalidArgument,
-  invalidArgumentIf,
-  permissionDenied,
-  toStatus,
-  unavailable,
-} from "../shared/errors.js";
+import { Status, grpcCode, invalidArgument, invalidArgumentIf, permissionDenied, toStatus } from "../shared/errors.js";
 import { catchStopCommand, validateFrame, validateModelName, validateSessionRef } from "../shared/frames.js";
 import { AdminService } from "../shared/gen/troupe/v1/admin_pb.js";
 import { GatewayService, type ChatRequest } from "../shared/gen/troupe/v1/gateway_pb.js";
@@ -28,7 +20,7 @@ import { GatewayLimits } from "./limits.js";
 import { TenantQuotas } from "../shared/quotas.js";
 import { RouterService, type ResolveSessionResponse } from "../shared/gen/troupe/v1/router_pb.js";
 import { AttachResponseSchema, type RunnerService } from "../shared/gen/troupe/v1/runner_pb.js";
-import { ClientFrameSchema, type ClientFrame, type SessionInfo } from "../shared/gen/troupe/v1/session_pb.js";
+import { ClientFrameSchema, type ClientFrame } from "../shared/gen/troupe/v1/session_pb.js";
 import { DEFAULT_AGENT } from "../shared/ids.js";
 import type { Logger } from "../shared/log.js";
 import { RpcServer, createClient, type grpc, type ServiceClient } from "../shared/rpc.js";
@@ -44,6 +36,8 @@ import {
   type AttachRequestInit,
 } from "./passthrough.js";
 import { TurnSpans } from "./turn-spans.js";
+import { listOwnedSessions } from "./session-listing.js";
+import { InboxHints, InboxStream } from "./inbox.js";
 import { watchedKeys } from "./revocation.js";
 
 type RunnerClient = ServiceClient<(typeof RunnerService)["method"]>;
@@ -69,6 +63,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
   const router = createClient(RouterService, cfg.addr.router, { headers: internal.headers, tls: internal.tls });
   const placements = new PlacementCache(router);
   const runners = new RunnerPool(cfg.maxMessageBytes, internal.headers, internal.tls);
+  const inboxHints = new InboxHints();
 
   /** Calls the caller's session's runner; if it is gone or the session moved, retries once where it is now. */
   const withRunner = async <T>(
@@ -357,6 +352,34 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       await attempt(0);
     },
 
+    async subscribeInbox(call) {
+      const who = identityOf(call.metadata);
+      const release = limits.openStream(who.tenant);
+      const inbox = new InboxStream(
+        {
+          placements,
+          runners,
+          list: (caller) => listOwnedSessions(router, runners, caller),
+          hints: inboxHints,
+          logger,
+        },
+        who,
+        onBehalfOf(call),
+        (res) => call.write(res),
+        (fn) => call.once("drain", fn),
+      );
+      const unwatch = streams.add(callerOf(call.metadata).keyHash, (err) => {
+        inbox.close();
+        if (!call.cancelled) call.emit("error", toStatus(err));
+      });
+      for (const ev of ["close", "cancelled", "finish", "error"] as const) {
+        call.once(ev, release);
+        call.once(ev, unwatch);
+        call.once(ev, () => inbox.close());
+      }
+      await inbox.start(call.request.afterCursor);
+    },
+
     async createSchedule(req, call) {
       if (!req.schedule) throw invalidArgument("schedule is required");
       const schedule = req.schedule;
@@ -457,6 +480,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
           return (await runner.submit({ sessionId, frame }, { metadata: caller })).accepted;
         }
       });
+      inboxHints.touched(identityOf(call.metadata), sessionId);
       return { sessionId, agentId: route.agentId, matchedTier: route.matchedTier, accepted };
     },
 
@@ -467,20 +491,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
         req.pageToken !== "" && !/^\d{1,9}$/.test(req.pageToken),
         "page_token is not one this service issued",
       );
-      const { runners: live } = await router.listRunners({});
-      if (live.length === 0) throw unavailable("no runner is registered");
-      // Every runner lists what its store holds; a shared store shows a session more than once.
-      const all = new Map<string, SessionInfo>();
-      for (const r of live) {
-        let token = "";
-        do {
-          const page = await runners
-            .get(r.address)
-            .listStoredSessions({ pageSize: 1000, pageToken: token }, { metadata: caller });
-          for (const s of page.sessions) if (!all.has(s.sessionId) || s.running) all.set(s.sessionId, s);
-          token = page.nextPageToken;
-        } while (token !== "");
-      }
+      const all = await listOwnedSessions(router, runners, caller);
       const sorted = [...all.values()].sort((a, b) => a.sessionId.localeCompare(b.sessionId));
       const size = req.pageSize || 100;
       const offset = req.pageToken ? Number(req.pageToken) : 0;
