@@ -10,7 +10,7 @@ import { parseAgentConfig } from "../runner/agent-config.js";
 import { parseProviders } from "../shared/providers.js";
 import { parseKeys } from "../shared/api-keys.js";
 import { effectiveEnvironment, loadConfig, unknownVariables } from "../shared/config.js";
-import { SCHEMAS, type SchemaName, parseJson } from "../shared/json-schema.js";
+import { SCHEMAS, type SchemaName, parseJson, schemaProblems } from "../shared/json-schema.js";
 import { parseQuotas } from "../shared/quotas.js";
 
 /** Where the command writes (a test passes its own). */
@@ -35,6 +35,10 @@ const CHECKS: Record<SchemaName, (text: string, file: string) => void> = {
   "api-keys": (text, file) => void parseKeys(text, file),
   quotas: (text, file) => void parseQuotas(text, file),
   providers: (text, file) => void parseProviders(text, file),
+  "webhook-message": (text, file) => {
+    const problems = schemaProblems("webhook-message", parseJson(text, file));
+    if (problems.length > 0) throw new Error(`${file}: ${problems.join("; ")}`);
+  },
 };
 
 /** The kind of a file from its name, as Troupe names them by default. */

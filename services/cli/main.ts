@@ -33,6 +33,11 @@ client:
   schedules add SESSION (--cron EXPR [--tz ZONE] | --every SECONDS) [--id ID] TEXT
                         a session's scheduled turns (cron in an IANA time zone, or a heartbeat)
   --version             print the version
+channels:
+  adapter webhook|telegram [--state FILE] [--listen HOST:PORT] [--reply-url URL] [--channel NAME]
+                        a channel adapter under an adapter key (TROUPE_API_KEY): webhook takes
+                        signed POSTs and POSTs replies (TROUPE_WEBHOOK_SECRET); telegram polls
+                        the Bot API (TELEGRAM_BOT_TOKEN); docs/channels.md
 operations:
   status                each service's health, the HTTP address, the model endpoint,
                         Docker and runsc, the sandbox image, the keys, the data directory;
@@ -80,6 +85,7 @@ const SUBCOMMANDS: Record<string, string[]> = {
   store: ["migrate", "status"],
   sessions: ["ls", "show", "rm"],
   schedules: ["ls", "add", "rm"],
+  adapter: ["webhook", "telegram"],
 };
 const COMMANDS = [
   "gateway",
@@ -91,6 +97,7 @@ const COMMANDS = [
   "serve",
   "up",
   "chat",
+  "adapter",
   "sessions",
   "schedules",
   "keys",
@@ -200,6 +207,12 @@ async function main(argv: string[]): Promise<void> {
       return void (process.exitCode = unknown(`${command} subcommand`, sub ?? "", SUBCOMMANDS[command]));
     const cli = await import("./sessions.js");
     process.exitCode = await (command === "sessions" ? cli.sessionsCommand(args) : cli.schedulesCommand(args));
+    return;
+  }
+  if (command === "adapter") {
+    if (!SUBCOMMANDS.adapter.includes(sub ?? ""))
+      return void (process.exitCode = unknown("adapter", sub ?? "", SUBCOMMANDS.adapter));
+    process.exitCode = await (await import("./adapter.js")).adapterCommand(args);
     return;
   }
   if (command === "status" || command === "doctor") {

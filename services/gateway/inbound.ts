@@ -6,6 +6,7 @@ import { NAME } from "../shared/api-keys.js";
 import { create } from "@bufbuild/protobuf";
 import { invalidArgument, invalidArgumentIf } from "../shared/errors.js";
 import { CHANNEL_NAME } from "../shared/ids.js";
+import { inboundFrameId } from "../shared/frames.js";
 import {
   ChannelContextSchema,
   ChatType,
@@ -128,7 +129,7 @@ export function normaliseInbound(msg: InboundMessage | undefined): NormalisedInb
   const body = [lead, ...media.map(describe)].filter((l) => l !== "").join("\n");
   invalidArgumentIf(body === "", "the message has neither text nor media");
 
-  const frameId = `in:${createHash("sha256").update(`${channel}\0${c.accountId}\0${key}`).digest("hex").slice(0, 40)}`;
+  const frameId = inboundFrameId(channel, c.accountId, key);
   return { context, body, media, frameId, commandAuthorized: msg.commandAuthorized };
 }
 

@@ -104,6 +104,17 @@ export interface Config {
   internalToken: string;
   logLevel: LogLevel;
   logFormat: "auto" | "json" | "text";
+  /** troupe adapter (services/adapter): "" where unset. */
+  adapter: {
+    stateFile: string;
+    webhookAddr: string;
+    webhookSecret: string;
+    webhookReplyUrl: string;
+    telegramBotToken: string;
+    telegramApiUrl: string;
+    commandUsers: string[];
+    draftIntervalMs: number;
+  };
   /** Runner: failpoints (runner/failpoints.ts), for tests. */
   failpoints: string;
   /** Runner: learning from each completed turn. */
@@ -353,6 +364,16 @@ export function loadConfig(
     internalToken: str("internalToken") ?? "",
     logLevel: str("logLevel") as LogLevel,
     logFormat: str("logFormat") as Config["logFormat"],
+    adapter: {
+      stateFile: str("adapterState") ? path.resolve(str("adapterState")!) : "",
+      webhookAddr: str("webhookAddr")!,
+      webhookSecret: str("webhookSecret") ?? "",
+      webhookReplyUrl: str("webhookReplyUrl") ?? "",
+      telegramBotToken: str("telegramBotToken") ?? "",
+      telegramApiUrl: str("telegramApiUrl")!,
+      commandUsers: commaList(str("commandUsers")),
+      draftIntervalMs: v.draftIntervalMs,
+    },
     failpoints: str("failpoints") ?? "",
     memoryLearn: str("memoryLearn") !== "0",
     memoryUri: str("memoryUri") ?? path.join(dataDir, "memory"),

@@ -1,5 +1,6 @@
 // Validation of client frames, shared by the gateway (to fail fast at the edge) and the runner
 // (which owns the session and must not trust its callers either).
+import { createHash } from "node:crypto";
 import { create } from "@bufbuild/protobuf";
 import { ClientFrameSchema, FrameKind, type ClientFrame } from "./gen/troupe/v1/session_pb.js";
 import { failedPrecondition, invalidArgument } from "./errors.js";
@@ -127,3 +128,11 @@ export function validateSessionRef(sessionId: string, agentId: string, allowEmpt
   if (agentId !== "" && !isAgentId(agentId))
     throw invalidArgument(`agent_id ${JSON.stringify(agentId.slice(0, 64))} is not valid: 1-64 of a-z 0-9 _ -`);
 }
+
+/**
+ * The frame id of a channel message: the same (channel, account, idempotency key) always gives the
+ * same id, so a message delivered twice is one frame, and an adapter knows which frame a run
+ * answers (AgentStart.frame_id) before Deliver returns.
+ */
+export const inboundFrameId = (channel: string, accountId: string, idempotencyKey: string): string =>
+  `in:${createHash("sha256").update(`${channel}\0${accountId}\0${idempotencyKey}`).digest("hex").slice(0, 40)}`;

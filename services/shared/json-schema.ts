@@ -9,8 +9,16 @@ import apiKeys from "./schemas/api-keys.schema.json" with { type: "json" };
 import providers from "./schemas/providers.schema.json" with { type: "json" };
 import quotas from "./schemas/quotas.schema.json" with { type: "json" };
 import routing from "./schemas/routing.schema.json" with { type: "json" };
+import webhookMessage from "./schemas/webhook-message.schema.json" with { type: "json" };
 
-export const SCHEMAS = { agent, routing, "api-keys": apiKeys, quotas, providers } as const;
+export const SCHEMAS = {
+  agent,
+  routing,
+  "api-keys": apiKeys,
+  quotas,
+  providers,
+  "webhook-message": webhookMessage,
+} as const;
 export type SchemaName = keyof typeof SCHEMAS;
 
 /** An ajv for our schemas; `coerce` turns text into the numbers a schema asks for (the environment). */

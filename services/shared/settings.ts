@@ -369,6 +369,52 @@ export const SETTINGS = {
       schema: positive,
     },
   },
+  "channel adapters": {
+    adapterState: {
+      env: "TROUPE_ADAPTER_STATE",
+      flag: "state",
+      doc: "troupe adapter: its state file (inbox cursor, the platform's offset, chats of runs, posted replies)",
+      default: "<data-dir>/adapters/<kind>.json",
+    },
+    webhookAddr: {
+      env: "TROUPE_WEBHOOK_ADDR",
+      flag: "listen",
+      doc: "troupe adapter webhook|slack: where it takes the platform's POSTs",
+      default: "127.0.0.1:8090",
+    },
+    webhookSecret: {
+      env: "TROUPE_WEBHOOK_SECRET",
+      doc: "troupe adapter webhook: the HMAC key of inbound and reply signatures (docs/channels.md)",
+      secret: true,
+    },
+    webhookReplyUrl: {
+      env: "TROUPE_WEBHOOK_REPLY_URL",
+      flag: "reply-url",
+      doc: "troupe adapter webhook: where replies are POSTed",
+      schema: { type: "string", pattern: "^https?://", message: "must be an http:// or https:// URL" },
+    },
+    telegramBotToken: {
+      env: "TELEGRAM_BOT_TOKEN",
+      doc: "troupe adapter telegram: the bot's token (BotFather)",
+      secret: true,
+    },
+    telegramApiUrl: {
+      env: "TELEGRAM_API_URL",
+      doc: "troupe adapter telegram: the Bot API server (a local one, or a test's)",
+      default: "https://api.telegram.org",
+      schema: { type: "string", pattern: "^https?://", message: "must be an http:// or https:// URL" },
+    },
+    commandUsers: {
+      env: "TROUPE_ADAPTER_COMMAND_USERS",
+      doc: "troupe adapter: the platform user ids whose /commands act (comma-separated; unset: nobody's)",
+    },
+    draftIntervalMs: {
+      env: "TROUPE_ADAPTER_DRAFT_INTERVAL_MS",
+      doc: "troupe adapter: least time between edits of a streaming reply, per message",
+      default: 1000,
+      schema: int(100),
+    },
+  },
 } as const satisfies Record<string, Record<string, Setting>>;
 
 export type SettingName = { [S in keyof typeof SETTINGS]: keyof (typeof SETTINGS)[S] }[keyof typeof SETTINGS];

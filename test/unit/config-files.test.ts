@@ -25,6 +25,7 @@ describe("the schemas", () => {
     const required: Record<string, string[]> = {
       "api-keys": ["keys is required"],
       providers: ["providers is required"],
+      "webhook-message": ["id is required", "chat is required", "sender is required"],
     };
     for (const [name, schema] of Object.entries(SCHEMAS)) {
       assert.equal(schema.$schema, "https://json-schema.org/draft/2020-12/schema", name);

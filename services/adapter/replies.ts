@@ -1,0 +1,121 @@
+// The outbound half of every adapter: reads the gateway's inbox (SubscribeInbox) from the saved
+// cursor and turns each run's assistant messages into the platform's replies, sent to the chat of
+// the message that started the run. Streaming text goes to `draft` (the platform edits a message
+// at a bounded rate); the complete message goes to `final`, awaited, and recorded before the
+// cursor passes it, so a restarted adapter neither loses a reply nor posts one twice.
+import type { AgentEvent } from "../shared/gen/troupe/v1/session_pb.js";
+import { Role, StopReason } from "../shared/gen/troupe/v1/session_pb.js";
+import { Status, grpcCode } from "../shared/errors.js";
+import type { Logger } from "../shared/log.js";
+import type { GatewayClient } from "./deliver.js";
+import type { AdapterState, Address, Post } from "./state.js";
+
+/** What a platform does with replies. */
+export interface ReplySink {
+  /** Shows the reply so far; may skip calls to keep within the platform's rate. Never throws. */
+  draft?(to: Address, key: string, post: Post, text: string): void;
+  /** Posts the complete reply (editing the draft when there is one); resolves once the platform has it. */
+  final(to: Address, key: string, post: Post, text: string): Promise<void>;
+}
+
+export class InboxReplies {
+  private call?: ReturnType<GatewayClient["subscribeInbox"]>;
+  private stopped = false;
+  private running?: Promise<void>;
+  /** message id -> text so far, for messages whose start this process saw. */
+  private readonly drafts = new Map<string, string>();
+
+  constructor(
+    private readonly gateway: GatewayClient,
+    private readonly state: AdapterState,
+    private readonly sink: ReplySink,
+    private readonly logger: Logger,
+  ) {}
+
+  start(): void {
+    this.running = this.loop();
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    this.call?.cancel();
+    await this.running;
+  }
+
+  /** Reads the inbox, again and again: a broken stream is opened again after a pause, from the cursor. */
+  private async loop(): Promise<void> {
+    let pauseMs = 500;
+    while (!this.stopped) {
+      const call = this.gateway.subscribeInbox({ afterCursor: this.state.cursor });
+      this.call = call;
+      try {
+        for await (const res of call) {
+          pauseMs = 500;
+          await this.handle(res.event!);
+          this.state.cursor = res.cursor;
+          this.state.saveSoon();
+        }
+      } catch (err) {
+        if (this.stopped) return;
+        if (grpcCode(err) === Status.INVALID_ARGUMENT) {
+          this.logger.error("the gateway refused the saved inbox cursor; delete the state file to start over", {
+            error: String(err),
+          });
+          throw err;
+        }
+        this.logger.warn("inbox stream broke; opening it again", { error: String(err), pauseMs });
+      }
+      await new Promise((r) => setTimeout(r, pauseMs));
+      pauseMs = Math.min(pauseMs * 2, 15_000);
+    }
+  }
+
+  private async handle(event: AgentEvent): Promise<void> {
+    const session = event.sessionId;
+    const run = `${session}/${event.turnId}`;
+    const p = event.payload;
+    if (p.case === "agentStart") {
+      const to = this.state.frames.get(p.value.frameId) ?? this.state.sessions.get(session);
+      if (to) this.state.runs.set(run, to);
+      else this.logger.warn("no chat is known for this run; its replies are dropped", { sessionId: session });
+      return;
+    }
+    const to = this.state.runs.get(run);
+    if (!to) return;
+    if (p.case === "messageStart" && p.value.message?.role === Role.ASSISTANT) {
+      this.drafts.set(p.value.message.id, "");
+    } else if (p.case === "messageUpdate" && p.value.delta.case === "text") {
+      const sofar = this.drafts.get(p.value.messageId);
+      if (sofar === undefined) return;
+      const text = sofar + p.value.delta.value;
+      this.drafts.set(p.value.messageId, text);
+      const key = `${session}/${p.value.messageId}`;
+      this.sink.draft?.(to, key, this.postOf(key), text);
+    } else if (p.case === "messageEnd" && p.value.message?.role === Role.ASSISTANT) {
+      this.drafts.delete(p.value.message.id);
+      await this.finish(to, `${session}/${p.value.message.id}`, p.value.message.text);
+    } else if (p.case === "agentEnd" && p.value.stopReason === StopReason.ERROR) {
+      await this.finish(to, `${run}/error`, `The agent could not answer: ${p.value.errorMessage || "it failed"}`);
+    }
+  }
+
+  private postOf(key: string): Post {
+    let post = this.state.posts.get(key);
+    if (!post) this.state.posts.set(key, (post = { ids: [], final: false }));
+    return post;
+  }
+
+  private async finish(to: Address, key: string, text: string): Promise<void> {
+    if (text.trim() === "") return;
+    const post = this.postOf(key);
+    if (post.final) return;
+    try {
+      await this.sink.final(to, key, post, text);
+    } catch (err) {
+      // Refused for good (a chat that is gone, a bot removed from it): later replies must not wait behind it.
+      this.logger.error("a reply could not be posted; it is dropped", { key, error: String(err) });
+    }
+    post.final = true;
+    await this.state.save();
+  }
+}

@@ -1,0 +1,154 @@
+// `troupe adapter telegram`: a Telegram bot by long polling (getUpdates). Each message becomes a
+// Deliver; the update offset advances (and Telegram forgets the update) only once the gateway has
+// it, so a bot killed mid-batch gets the batch again and the gateway's idempotency keys
+// (chat:message) drop what it already had. In groups the bot takes what is addressed to it: a
+// mention, a reply to one of its messages, or a /command. Replies: telegram-replies.ts.
+import { ChatType } from "../shared/gen/troupe/v1/inbound_pb.js";
+import { Status, grpcCode } from "../shared/errors.js";
+import type { Logger } from "../shared/log.js";
+import { BotApi, BotApiError, type TgMessage, type TgUpdate, type TgUser } from "./bot-api.js";
+import { deliverFrom, type GatewayClient } from "./deliver.js";
+import type { AdapterState, Address } from "./state.js";
+import { TelegramReplies, sendText } from "./telegram-replies.js";
+
+export interface TelegramOptions {
+  token: string;
+  apiUrl: string;
+  channel: string;
+  /** Telegram user ids whose /commands act. */
+  commandUsers: Set<string>;
+  draftIntervalMs: number;
+  logger: Logger;
+}
+
+const POLL_TIMEOUT_S = 25;
+const CHAT_TYPES = {
+  private: ChatType.DIRECT,
+  group: ChatType.GROUP,
+  supergroup: ChatType.GROUP,
+  channel: ChatType.CHANNEL,
+};
+
+export async function startTelegramAdapter(gateway: GatewayClient, state: AdapterState, opts: TelegramOptions) {
+  const api = new BotApi(opts.apiUrl, opts.token);
+  let me: TgUser;
+  try {
+    me = await api.call<TgUser>("getMe");
+  } catch (err) {
+    if (err instanceof BotApiError && err.code === 401) throw new Error("the Bot API refused TELEGRAM_BOT_TOKEN (401)");
+    throw err;
+  }
+  const replies = new TelegramReplies(api, state, opts.draftIntervalMs, opts.logger);
+  const stop = new AbortController();
+  let stopped = false;
+
+  /** Whether a group message is for the bot. */
+  const addressed = (m: TgMessage, text: string) =>
+    m.chat.type === "private" ||
+    (me.username !== undefined && text.toLowerCase().includes(`@${me.username.toLowerCase()}`)) ||
+    m.reply_to_message?.from?.id === me.id ||
+    text.startsWith("/");
+
+  const take = async (m: TgMessage): Promise<void> => {
+    if (!m.from || m.from.is_bot) return;
+    const text = m.text ?? m.caption ?? "";
+    if (!addressed(m, text)) return;
+    const topic = m.is_topic_message && m.message_thread_id !== undefined ? String(m.message_thread_id) : "";
+    const from: Address = {
+      chat_id: String(m.chat.id),
+      message_id: String(m.message_id),
+      ...(topic ? { thread_id: topic } : {}),
+    };
+    const chat = { id: String(m.chat.id), displayName: m.chat.title ?? nameOf(m.from) };
+    const photo = m.photo?.at(-1);
+    const media = [
+      ...(photo
+        ? [{ url: `telegram:file/${photo.file_id}`, mimeType: "image/jpeg", sizeBytes: BigInt(photo.file_size ?? 0) }]
+        : []),
+      ...(m.document
+        ? [
+            {
+              url: `telegram:file/${m.document.file_id}`,
+              mimeType: m.document.mime_type ?? "",
+              fileName: m.document.file_name ?? "",
+              sizeBytes: BigInt(m.document.file_size ?? 0),
+            },
+          ]
+        : []),
+    ];
+    try {
+      const res = await deliverFrom(
+        gateway,
+        state,
+        {
+          idempotencyKey: `${m.chat.id}:${m.message_id}`,
+          context: {
+            channel: opts.channel,
+            accountId: String(me.id),
+            sender: { id: String(m.from.id), displayName: nameOf(m.from) },
+            chatType: CHAT_TYPES[m.chat.type],
+            peer: chat,
+            threadId: topic,
+            parentPeer: topic ? chat : undefined,
+            replyToId: m.reply_to_message ? String(m.reply_to_message.message_id) : "",
+          },
+          text,
+          media,
+          commandAuthorized: opts.commandUsers.has(String(m.from.id)),
+        },
+        from,
+      );
+      if (res.directiveReply) await sendText(api, from, res.directiveReply, [], () => undefined);
+    } catch (err) {
+      const code = grpcCode(err);
+      // A message the gateway will never take (a sticker: no text; a key without this channel) is skipped, not retried forever.
+      if (code !== Status.INVALID_ARGUMENT && code !== Status.PERMISSION_DENIED) throw err;
+      opts.logger.warn("a Telegram message was refused; skipped", { chat: from.chat_id, error: String(err) });
+    }
+  };
+
+  const poll = async (): Promise<void> => {
+    let pauseMs = 1000;
+    while (!stopped) {
+      try {
+        const offset = state.offset === "" ? undefined : Number(state.offset);
+        const updates = await api.call<TgUpdate[]>(
+          "getUpdates",
+          { offset, timeout: POLL_TIMEOUT_S, allowed_updates: ["message"] },
+          stop.signal,
+        );
+        for (const u of updates) {
+          if (u.message) await take(u.message);
+          state.offset = String(u.update_id + 1);
+          await state.save();
+        }
+        pauseMs = 1000;
+      } catch (err) {
+        if (stopped) return;
+        let waitMs = pauseMs;
+        if (err instanceof BotApiError && err.retryAfterS) waitMs = err.retryAfterS * 1000;
+        else if (err instanceof BotApiError && err.code === 409)
+          opts.logger.error("Telegram refused getUpdates: a webhook is set or another instance polls", {
+            error: err.description,
+          });
+        else opts.logger.warn("Telegram polling failed; trying again", { error: String(err), waitMs });
+        await new Promise((r) => setTimeout(r, waitMs));
+        pauseMs = Math.min(pauseMs * 2, 30_000);
+      }
+    }
+  };
+  const polling = poll();
+
+  return {
+    username: me.username ?? String(me.id),
+    replies,
+    async close(): Promise<void> {
+      stopped = true;
+      stop.abort();
+      await polling;
+      await replies.settle();
+    },
+  };
+}
+
+const nameOf = (u: TgUser) => [u.first_name, u.last_name].filter(Boolean).join(" ") || u.username || String(u.id);

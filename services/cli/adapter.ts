@@ -1,0 +1,72 @@
+// `troupe adapter webhook|telegram`: a channel adapter, its own process and a client of the
+// gateway under an adapter key (TROUPE_API_KEY). It keeps nothing but its state file, so it may be
+// killed and started again at any moment (docs/channels.md). SIGTERM and SIGINT stop it cleanly.
+import path from "node:path";
+import { loadConfig } from "../shared/config.js";
+import { createLogger } from "../shared/log.js";
+import { InboxReplies } from "../adapter/replies.js";
+import { AdapterState } from "../adapter/state.js";
+import { startWebhookAdapter, webhookReplies } from "../adapter/webhook.js";
+import { startTelegramAdapter } from "../adapter/telegram.js";
+import { CLIENT_FLAGS, gatewayClient } from "./gateway-client.js";
+
+export async function adapterCommand(args: string[]): Promise<number> {
+  const kind = args[0] as "webhook" | "telegram";
+  const cfg = loadConfig(args.slice(1), undefined, {
+    channel: { type: "string" },
+    account: { type: "string" },
+    ...CLIENT_FLAGS,
+  });
+  const fail = (line: string) => {
+    process.stderr.write(`troupe adapter ${kind}: ${line}\n`);
+    return 2;
+  };
+  if (!cfg.clientApiKey)
+    return fail("set TROUPE_API_KEY to an adapter key (troupe keys create --role adapter --channel NAME)");
+  const a = cfg.adapter;
+  const channel = String(cfg.flags.channel ?? kind);
+  const logger = createLogger(`adapter-${kind}`, cfg.logLevel, cfg.logFormat);
+  const state = await AdapterState.load(a.stateFile || path.join(cfg.dataDir, "adapters", `${kind}.json`));
+  const gateway = await gatewayClient(cfg);
+  let inbound: { close(): Promise<void> };
+  let replies: InboxReplies;
+  if (kind === "webhook") {
+    if (!a.webhookSecret) return fail("set TROUPE_WEBHOOK_SECRET: the key both sides sign with");
+    if (!a.webhookReplyUrl) return fail("set TROUPE_WEBHOOK_REPLY_URL (or --reply-url): where replies go");
+    const opts = {
+      listen: a.webhookAddr,
+      secret: a.webhookSecret,
+      replyUrl: a.webhookReplyUrl,
+      channel,
+      accountId: String(cfg.flags.account ?? "webhook"),
+      logger,
+    };
+    const server = await startWebhookAdapter(gateway, state, opts);
+    logger.info(`webhook adapter taking POST /messages on port ${server.port}; replies to ${a.webhookReplyUrl}`);
+    inbound = server;
+    replies = new InboxReplies(gateway, state, webhookReplies(opts), logger);
+  } else {
+    if (!a.telegramBotToken) return fail("set TELEGRAM_BOT_TOKEN: the bot's token from BotFather");
+    const bot = await startTelegramAdapter(gateway, state, {
+      token: a.telegramBotToken,
+      apiUrl: a.telegramApiUrl,
+      channel,
+      commandUsers: new Set(a.commandUsers),
+      draftIntervalMs: a.draftIntervalMs,
+      logger,
+    });
+    logger.info(`telegram adapter polling as @${bot.username}`);
+    inbound = bot;
+    replies = new InboxReplies(gateway, state, bot.replies, logger);
+  }
+  replies.start();
+  await new Promise<void>((resolve) => {
+    process.once("SIGTERM", resolve);
+    process.once("SIGINT", resolve);
+  });
+  await inbound.close();
+  await replies.stop();
+  await state.close();
+  gateway.close();
+  return 0;
+}

@@ -1,0 +1,270 @@
+// A Telegram Bot API server for tests, written from the published reference
+// (https://core.telegram.org/bots/api): requests to /bot<token>/<method> with JSON, form or query
+// parameters; answers {"ok": true, "result"} or {"ok": false, "error_code", "description"
+// [, "parameters": {"retry_after"}]}. It checks what Telegram checks for the methods an adapter
+// uses: the token (401 Unauthorized), getUpdates' offset confirmation and long poll, one poller
+// at a time (a newer getUpdates ends the older with 409 Conflict), sendMessage's chat, text of 1-4096 characters, topic and reply target,
+// editMessageText's target (the bot's own message) and "message is not modified", and flood
+// control per chat (429 with retry_after; the FAQ's one message a second per chat, with a small
+// burst, and 20 a minute in groups).
+import http from "node:http";
+import type { AddressInfo } from "node:net";
+
+export interface TgChatSpec {
+  id: number;
+  type: "private" | "group" | "supergroup";
+  title?: string;
+  is_forum?: boolean;
+}
+export interface TgUserSpec {
+  id: number;
+  first_name: string;
+  username?: string;
+}
+
+interface StoredMessage {
+  message_id: number;
+  chat: TgChatSpec;
+  from: TgUserSpec & { is_bot: boolean };
+  text: string;
+  date: number;
+  message_thread_id?: number;
+  reply_to?: number;
+  /** Every text it had, first to last (sent, then each edit). */
+  versions: string[];
+}
+
+type Answer = { status: number; body: object };
+const ok = (result: unknown): Answer => ({ status: 200, body: { ok: true, result } });
+const fail = (status: number, description: string, parameters?: object): Answer => ({
+  status,
+  body: { ok: false, error_code: status, description, ...(parameters ? { parameters } : {}) },
+});
+const badRequest = (what: string) => fail(400, `Bad Request: ${what}`);
+
+export class TelegramApiServer {
+  readonly bot = { id: 7_000_001, is_bot: true, first_name: "Troupe", username: "troupe_bot" };
+  private readonly chats = new Map<number, { spec: TgChatSpec; messages: Map<number, StoredMessage>; next: number }>();
+  private readonly updates: { update_id: number; message: object }[] = [];
+  private nextUpdate = 1;
+  private waiting: (() => void)[] = [];
+  private supersede?: () => void;
+  private readonly buckets = new Map<number, { tokens: number; atMs: number; minute: number[] }>();
+  private server?: http.Server;
+  /** Every refused call, as "method: description", for assertions. */
+  readonly refusals: string[] = [];
+  /** Calls per method. */
+  readonly calls = new Map<string, number>();
+
+  constructor(
+    readonly token: string,
+    private readonly flood = { burst: 3, perSecond: 1, groupPerMinute: 20 },
+  ) {}
+
+  async start(): Promise<string> {
+    this.server = http.createServer((req, res) => {
+      const chunks: Buffer[] = [];
+      req.on("data", (c: Buffer) => chunks.push(c));
+      req.on("end", () => {
+        void this.route(req, Buffer.concat(chunks).toString("utf8")).then(({ status, body }) => {
+          res.writeHead(status, { "content-type": "application/json" });
+          res.end(JSON.stringify(body));
+        });
+      });
+    });
+    await new Promise<void>((r) => this.server!.listen(0, "127.0.0.1", () => r()));
+    return `http://127.0.0.1:${(this.server.address() as AddressInfo).port}`;
+  }
+
+  async stop(): Promise<void> {
+    for (const w of [...this.waiting]) w();
+    this.server?.closeAllConnections();
+    await new Promise((r) => this.server?.close(r));
+  }
+
+  addChat(spec: TgChatSpec): void {
+    this.chats.set(spec.id, { spec, messages: new Map(), next: 1 });
+  }
+
+  /** A user writes in a chat: the message and its update, as Telegram would give them. */
+  userSays(chatId: number, from: TgUserSpec, text: string, extra: { thread?: number; replyTo?: number } = {}): number {
+    const chat = this.chats.get(chatId)!;
+    const m: StoredMessage = {
+      message_id: chat.next++,
+      chat: chat.spec,
+      from: { ...from, is_bot: false },
+      text,
+      date: Math.floor(Date.now() / 1000),
+      message_thread_id: extra.thread,
+      reply_to: extra.replyTo,
+      versions: [text],
+    };
+    chat.messages.set(m.message_id, m);
+    this.updates.push({ update_id: this.nextUpdate++, message: this.wire(m) });
+    for (const w of [...this.waiting]) w();
+    return m.message_id;
+  }
+
+  /** The bot's messages in a chat, oldest first. */
+  botMessages(chatId: number): StoredMessage[] {
+    return [...this.chats.get(chatId)!.messages.values()].filter((m) => m.from.is_bot);
+  }
+
+  private wire(m: StoredMessage): object {
+    const chat = this.chats.get(m.chat.id)!;
+    const replied = m.reply_to === undefined ? undefined : chat.messages.get(m.reply_to);
+    return {
+      message_id: m.message_id,
+      date: m.date,
+      chat: m.chat,
+      from: m.from,
+      text: m.text,
+      ...(m.message_thread_id !== undefined ? { message_thread_id: m.message_thread_id, is_topic_message: true } : {}),
+      ...(replied ? { reply_to_message: this.wire({ ...replied, reply_to: undefined }) } : {}),
+    };
+  }
+
+  private async route(req: http.IncomingMessage, raw: string): Promise<Answer> {
+    const url = new URL(req.url ?? "/", "http://x");
+    const m = /^\/bot([^/]+)\/([A-Za-z]+)$/.exec(url.pathname);
+    if (!m) return fail(404, "Not Found");
+    if (m[1] !== this.token) return fail(401, "Unauthorized");
+    const method = m[2]!;
+    this.calls.set(method, (this.calls.get(method) ?? 0) + 1);
+    let params: Record<string, unknown> = Object.fromEntries(url.searchParams);
+    const type = req.headers["content-type"] ?? "";
+    try {
+      if (type.startsWith("application/json") && raw !== "") params = { ...params, ...JSON.parse(raw) };
+      else if (type.startsWith("application/x-www-form-urlencoded"))
+        params = { ...params, ...Object.fromEntries(new URLSearchParams(raw)) };
+    } catch {
+      return badRequest("can't parse JSON object");
+    }
+    const answer = await this.method(method, params);
+    if (!answer.body || (answer.body as { ok: boolean }).ok === false)
+      this.refusals.push(`${method}: ${(answer.body as { description: string }).description}`);
+    return answer;
+  }
+
+  private async method(method: string, p: Record<string, unknown>): Promise<Answer> {
+    switch (method) {
+      case "getMe":
+        return ok(this.bot);
+      case "getUpdates":
+        return this.getUpdates(p);
+      case "sendMessage":
+        return this.sendMessage(p);
+      case "editMessageText":
+        return this.editMessageText(p);
+      default:
+        return fail(404, "Not Found: method not found");
+    }
+  }
+
+  private async getUpdates(p: Record<string, unknown>): Promise<Answer> {
+    // A newer getUpdates ends the one still waiting: that one is answered 409, as Telegram does.
+    this.supersede?.();
+    const offset = p.offset === undefined ? undefined : Number(p.offset);
+    const timeoutS = Math.min(Number(p.timeout ?? 0), 50);
+    // An offset confirms every update before it: they are never returned again.
+    if (offset !== undefined && Number.isFinite(offset))
+      while (this.updates[0] && this.updates[0].update_id < offset) this.updates.shift();
+    if (this.updates.length === 0 && timeoutS > 0) {
+      const superseded = await new Promise<boolean>((resolve) => {
+        const timer = setTimeout(() => done(false), timeoutS * 1000);
+        const done = (v: boolean) => {
+          clearTimeout(timer);
+          this.waiting = this.waiting.filter((w) => w !== wake);
+          if (this.supersede === supersede) this.supersede = undefined;
+          resolve(v);
+        };
+        const wake = () => done(false);
+        const supersede = () => done(true);
+        this.waiting.push(wake);
+        this.supersede = supersede;
+      });
+      if (superseded)
+        return fail(
+          409,
+          "Conflict: terminated by other getUpdates request; make sure that only one bot instance is running",
+        );
+    }
+    return ok(this.updates.slice(0, Math.min(Number(p.limit ?? 100), 100)));
+  }
+
+  private chatOf(p: Record<string, unknown>) {
+    const id = typeof p.chat_id === "string" && /^-?\d+$/.test(p.chat_id) ? Number(p.chat_id) : p.chat_id;
+    return typeof id === "number" ? this.chats.get(id) : undefined;
+  }
+
+  private textProblem(text: unknown): string | undefined {
+    if (typeof text !== "string" || text.trim() === "") return "message text is empty";
+    if (text.length > 4096) return "message is too long";
+    return undefined;
+  }
+
+  /** Flood control: a bucket of `burst` per chat refilled at perSecond, and groupPerMinute in groups. */
+  private flooded(chat: TgChatSpec): Answer | undefined {
+    const now = Date.now();
+    const b = this.buckets.get(chat.id) ?? { tokens: this.flood.burst, atMs: now, minute: [] };
+    this.buckets.set(chat.id, b);
+    b.tokens = Math.min(this.flood.burst, b.tokens + ((now - b.atMs) / 1000) * this.flood.perSecond);
+    b.atMs = now;
+    b.minute = b.minute.filter((t) => now - t < 60_000);
+    let waitS = 0;
+    if (b.tokens < 1) waitS = Math.ceil((1 - b.tokens) / this.flood.perSecond);
+    if (chat.type !== "private" && b.minute.length >= this.flood.groupPerMinute)
+      waitS = Math.max(waitS, Math.ceil((60_000 - (now - b.minute[0]!)) / 1000));
+    if (waitS > 0) return fail(429, `Too Many Requests: retry after ${waitS}`, { retry_after: waitS });
+    b.tokens -= 1;
+    b.minute.push(now);
+    return undefined;
+  }
+
+  private sendMessage(p: Record<string, unknown>): Answer {
+    const chat = this.chatOf(p);
+    if (!chat) return badRequest("chat not found");
+    const bad = this.textProblem(p.text);
+    if (bad) return badRequest(bad);
+    const thread = p.message_thread_id === undefined ? undefined : Number(p.message_thread_id);
+    if (thread !== undefined && (!chat.spec.is_forum || !Number.isInteger(thread)))
+      return badRequest("message thread not found");
+    const reply = p.reply_parameters as { message_id?: unknown; allow_sending_without_reply?: boolean } | undefined;
+    if (reply && !chat.messages.has(Number(reply.message_id)) && !reply.allow_sending_without_reply)
+      return badRequest("message to be replied not found");
+    const flooded = this.flooded(chat.spec);
+    if (flooded) return flooded;
+    const m: StoredMessage = {
+      message_id: chat.next++,
+      chat: chat.spec,
+      from: this.bot,
+      text: p.text as string,
+      date: Math.floor(Date.now() / 1000),
+      message_thread_id: thread,
+      reply_to: reply ? Number(reply.message_id) : undefined,
+      versions: [p.text as string],
+    };
+    chat.messages.set(m.message_id, m);
+    return ok(this.wire(m));
+  }
+
+  private editMessageText(p: Record<string, unknown>): Answer {
+    const chat = this.chatOf(p);
+    if (!chat) return badRequest("chat not found");
+    if (p.message_id === undefined) return badRequest("message identifier is not specified");
+    const m = chat.messages.get(Number(p.message_id));
+    if (!m) return badRequest("message to edit not found");
+    if (!m.from.is_bot) return badRequest("message can't be edited");
+    const bad = this.textProblem(p.text);
+    if (bad) return badRequest(bad === "message is too long" ? "MESSAGE_TOO_LONG" : bad);
+    if (p.text === m.text)
+      return badRequest(
+        "message is not modified: specified new message content and reply markup are exactly the same as a current content and reply markup of the message",
+      );
+    const flooded = this.flooded(chat.spec);
+    if (flooded) return flooded;
+    m.text = p.text as string;
+    m.versions.push(m.text);
+    return ok(this.wire(m));
+  }
+}

@@ -1,0 +1,148 @@
+// `troupe adapter telegram` against a Bot API server written from Telegram's reference
+// (helpers/telegram-api.ts): a chat message reaches the agent and its reply streams back as one
+// message edited at a bounded rate; long replies are split at Telegram's limit; groups answer only
+// what is addressed to the bot, in the topic it came from; directives act for allowed users only;
+// an adapter killed mid-reply and started again neither loses nor doubles a message.
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { startAdapter, type AdapterProcess } from "./helpers/adapter.js";
+import { startStack, waitFor, type Stack } from "./helpers/stack.js";
+import { TelegramApiServer } from "./helpers/telegram-api.js";
+
+const TOKEN = "123456:ABC-test-token";
+const ALICE = { id: 1001, first_name: "Alice" };
+const BOB = { id: 1002, first_name: "Bob" };
+let stack: Stack;
+let dataDir: string;
+let telegram: TelegramApiServer;
+let apiUrl: string;
+let adapterKey: string;
+let adapter: AdapterProcess | undefined;
+
+const start = async () => {
+  adapter = await startAdapter(
+    "telegram",
+    {
+      TROUPE_API_KEY: adapterKey,
+      TROUPE_GATEWAY_ADDR: stack.addr.gateway,
+      TROUPE_DATA_DIR: dataDir,
+      TELEGRAM_BOT_TOKEN: TOKEN,
+      TELEGRAM_API_URL: apiUrl,
+      TROUPE_ADAPTER_COMMAND_USERS: String(ALICE.id),
+    },
+    /telegram adapter polling as @troupe_bot/,
+  );
+};
+
+before(async () => {
+  dataDir = await mkdtemp(path.join(os.tmpdir(), "troupe-telegram-"));
+  await writeFile(path.join(dataDir, "routing.json"), JSON.stringify({ session: { dmScope: "per-channel-peer" } }));
+  stack = await startStack({ dataDir, services: ["model-server", "router", "memory", "runner", "gateway"] });
+  adapterKey = await stack.keyFor("local", "tg-bot", { role: "adapter", channels: ["telegram"] });
+  telegram = new TelegramApiServer(TOKEN);
+  apiUrl = await telegram.start();
+  for (const id of [ALICE.id, BOB.id]) telegram.addChat({ id, type: "private" });
+  telegram.addChat({ id: -100500, type: "supergroup", title: "Team", is_forum: true });
+  await start();
+});
+after(async () => {
+  await adapter?.kill("SIGTERM");
+  await telegram?.stop();
+  await stack?.stop();
+  if (dataDir) await rm(dataDir, { recursive: true, force: true });
+});
+
+/** The bot's messages in a chat once `n` of them exist and the newest reads `last` (a regexp). */
+const botSays = (chat: number, n: number, last: RegExp, ms = 30_000) =>
+  waitFor(
+    `${n} bot messages in ${chat}, the last matching ${last}`,
+    async () => {
+      const msgs = telegram.botMessages(chat);
+      return msgs.length === n && last.test(msgs.at(-1)!.text) && msgs;
+    },
+    ms,
+  );
+const tokens = (n: number) => Array.from({ length: n }, (_, i) => `t${i + 1}`).join(" ");
+
+test("a private message is answered in the chat, streamed as edits of one message at a bounded rate", async () => {
+  const asked = telegram.userSays(ALICE.id, ALICE, "!tokens 40 rate=10");
+  const [reply] = await botSays(ALICE.id, 1, new RegExp(`^${tokens(40)}\\s*$`));
+  assert.ok(reply!.versions.length >= 3, `streamed as edits: ${reply!.versions.length} versions`);
+  assert.ok(reply!.versions.length <= 8, `at most about one edit a second over 4 s: ${reply!.versions.length}`);
+  assert.equal(reply!.reply_to, asked, "a reply to the message it answers");
+  for (const [i, v] of reply!.versions.entries())
+    if (i > 0) assert.ok(v.startsWith(reply!.versions[i - 1]!.trim()), "each edit extends the last");
+  assert.deepEqual(
+    telegram.refusals.filter((r) => !r.includes("Too Many Requests")),
+    [],
+    "nothing Telegram would refuse, apart from flood control the adapter waits out",
+  );
+});
+
+test("a reply over 4096 characters is split at a break into messages Telegram accepts", async () => {
+  telegram.userSays(BOB.id, BOB, "!tokens 1500");
+  const parts = await botSays(BOB.id, 2, /t1500\s*$/);
+  assert.ok(parts.every((m) => m.text.length <= 4096 && m.text.length > 0));
+  assert.equal(parts.map((m) => m.text.trim()).join(" "), tokens(1500));
+});
+
+test("in a group only what is addressed to the bot is answered, in the topic it came from", async () => {
+  const group = -100500;
+  telegram.userSays(group, BOB, "just chatting among ourselves", { thread: 7 });
+  const asked = telegram.userSays(group, BOB, "@troupe_bot hello there", { thread: 7 });
+  const [reply] = await botSays(group, 1, /You said: @troupe_bot hello there/);
+  assert.equal(reply!.message_thread_id, 7);
+  assert.equal(reply!.reply_to, asked);
+  // A reply to the bot's own message is addressed to it too.
+  telegram.userSays(group, ALICE, "and this?", { thread: 7, replyTo: reply!.message_id });
+  await botSays(group, 2, /You said: and this\?/);
+  await new Promise((r) => setTimeout(r, 1500));
+  assert.equal(telegram.botMessages(group).length, 2, "the message not addressed to the bot got no answer");
+});
+
+test("directives act for allowed users; from anyone else they are text", async () => {
+  const before = telegram.botMessages(ALICE.id).length;
+  telegram.userSays(ALICE.id, ALICE, "/status@troupe_bot");
+  const msgs = await botSays(ALICE.id, before + 1, /^agent main, model /);
+  assert.match(msgs.at(-1)!.text, /messages in context/);
+  const bobBefore = telegram.botMessages(BOB.id).length;
+  telegram.userSays(BOB.id, BOB, "/new");
+  await botSays(BOB.id, bobBefore + 1, /^You said: \/new/);
+});
+
+test("killed mid-reply and started again: the reply is finished in the same message, nothing lost or doubled", async () => {
+  const before = telegram.botMessages(ALICE.id).length;
+  telegram.userSays(ALICE.id, ALICE, "!tokens 60 rate=10");
+  await waitFor("the draft is showing", async () => telegram.botMessages(ALICE.id).length === before + 1);
+  await adapter!.kill("SIGKILL");
+  // Written while no adapter runs: Telegram keeps it until the next getUpdates confirms it.
+  telegram.userSays(ALICE.id, ALICE, "are you there?");
+  await start();
+  const msgs = await botSays(ALICE.id, before + 2, /You said: are you there\?/);
+  const long = msgs[before]!;
+  assert.equal(long.text.trim(), tokens(60), "the reply streamed before the kill is completed in place");
+  assert.equal(msgs.slice(before).filter((m) => m.text.startsWith("t1 t2")).length, 1, "one message for the reply");
+  await new Promise((r) => setTimeout(r, 2000));
+  assert.equal(telegram.botMessages(ALICE.id).length, before + 2, "no message twice");
+});
+
+test("a token the Bot API refuses stops the adapter with the reason", async () => {
+  await assert.rejects(
+    startAdapter(
+      "telegram",
+      {
+        TROUPE_API_KEY: adapterKey,
+        TROUPE_GATEWAY_ADDR: stack.addr.gateway,
+        TROUPE_DATA_DIR: dataDir,
+        TROUPE_ADAPTER_STATE: path.join(dataDir, "other.json"),
+        TELEGRAM_BOT_TOKEN: "999:wrong",
+        TELEGRAM_API_URL: apiUrl,
+      },
+      /polling as/,
+    ),
+    /refused TELEGRAM_BOT_TOKEN \(401\)/,
+  );
+});
