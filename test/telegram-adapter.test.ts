@@ -129,6 +129,27 @@ test("killed mid-reply and started again: the reply is finished in the same mess
   assert.equal(telegram.botMessages(ALICE.id).length, before + 2, "no message twice");
 });
 
+test("a photo is downloaded by the adapter and reaches the session as an image, its caption as the text", async () => {
+  const jpeg = Buffer.concat([Buffer.from("ffd8ffe000104a46494600", "hex"), Buffer.alloc(2000, 7)]);
+  const before = telegram.botMessages(BOB.id).length;
+  telegram.userSays(BOB.id, BOB, "what is this?", { photo: jpeg });
+  // The scripted model has no vision: it answers the text, which names the photo.
+  const msgs = await botSays(BOB.id, before + 1, /^You said: what is this\?/);
+  assert.match(msgs.at(-1)!.text, /\[image: photo\.jpg \(image\/jpeg/);
+  const gw = await stack.gatewayAs("local", "tg-bot");
+  try {
+    const sessions = (await gw.listSessions({})).sessions.map((s) => s.sessionId);
+    const session = sessions.find((id) => id.endsWith(`:${BOB.id}`))!;
+    const user = (await gw.getHistory({ sessionId: session })).messages.filter((m) => m.images.length > 0);
+    assert.equal(user.length, 1);
+    assert.equal(user[0]!.images[0]!.mimeType, "image/jpeg");
+    assert.equal(Number(user[0]!.images[0]!.sizeBytes), jpeg.length);
+    assert.ok(!user[0]!.images[0]!.sourceUrl.includes(TOKEN), "the bot's token never leaves the adapter");
+  } finally {
+    gw.close();
+  }
+});
+
 test("a token the Bot API refuses stops the adapter with the reason", async () => {
   await assert.rejects(
     startAdapter(

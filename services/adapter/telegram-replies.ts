@@ -13,12 +13,14 @@ export const MAX_CHARS = 4096;
 const GIVE_UP_MS = 10 * 60_000;
 const NOT_MODIFIED = /message is not modified/i;
 
-/** `text` in parts of at most `max` UTF-16 units, cut at the last newline or space before the limit when there is one. */
+/** `text` in parts of at most `max` UTF-16 units, cut at a line break, else a word break, near the limit. */
 export function splitText(text: string, max = MAX_CHARS): string[] {
   const parts: string[] = [];
   let rest = text;
   while (rest.length > max) {
-    let cut = Math.max(rest.lastIndexOf("\n", max), rest.lastIndexOf(" ", max));
+    // A line break in the second half, else a space there, else the limit.
+    let cut = rest.lastIndexOf("\n", max);
+    if (cut < max / 2) cut = rest.lastIndexOf(" ", max);
     if (cut < max / 2) cut = max;
     // Never between the halves of a surrogate pair.
     if (/[\ud800-\udbff]/.test(rest[cut - 1] ?? "")) cut--;

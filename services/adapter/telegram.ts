@@ -8,6 +8,7 @@ import { Status, grpcCode } from "../shared/errors.js";
 import type { Logger } from "../shared/log.js";
 import { BotApi, BotApiError, type TgMessage, type TgUpdate, type TgUser } from "./bot-api.js";
 import { deliverFrom, type GatewayClient } from "./deliver.js";
+import { MAX_IMAGE_BYTES } from "../shared/images.js";
 import type { AdapterState, Address } from "./state.js";
 import { TelegramReplies, sendText } from "./telegram-replies.js";
 
@@ -60,22 +61,7 @@ export async function startTelegramAdapter(gateway: GatewayClient, state: Adapte
       ...(topic ? { thread_id: topic } : {}),
     };
     const chat = { id: String(m.chat.id), displayName: m.chat.title ?? nameOf(m.from) };
-    const photo = m.photo?.at(-1);
-    const media = [
-      ...(photo
-        ? [{ url: `telegram:file/${photo.file_id}`, mimeType: "image/jpeg", sizeBytes: BigInt(photo.file_size ?? 0) }]
-        : []),
-      ...(m.document
-        ? [
-            {
-              url: `telegram:file/${m.document.file_id}`,
-              mimeType: m.document.mime_type ?? "",
-              fileName: m.document.file_name ?? "",
-              sizeBytes: BigInt(m.document.file_size ?? 0),
-            },
-          ]
-        : []),
-    ];
+    const media = await mediaOf(api, opts.token, opts.apiUrl, m, opts.logger);
     try {
       const res = await deliverFrom(
         gateway,
@@ -152,3 +138,53 @@ export async function startTelegramAdapter(gateway: GatewayClient, state: Adapte
 }
 
 const nameOf = (u: TgUser) => [u.first_name, u.last_name].filter(Boolean).join(" ") || u.username || String(u.id);
+
+/**
+ * A message's photo and document as media. An image (a photo, Telegram's largest size that fits
+ * MAX_IMAGE_BYTES; or a document of an image type) is downloaded here (getFile, then the file
+ * URL), because its URL holds the bot's token and must not leave the adapter: the gateway gets its
+ * bytes under a name without the token. Other files are named by their file id.
+ */
+type Media = { url: string; mimeType: string; fileName: string; sizeBytes: bigint; data: Uint8Array };
+
+async function mediaOf(api: BotApi, token: string, apiUrl: string, m: TgMessage, logger: Logger): Promise<Media[]> {
+  /** The file's bytes; empty when it cannot be had (then the gateway names it only). */
+  const download = async (fileId: string): Promise<Uint8Array> => {
+    try {
+      const file = await api.call<{ file_path?: string }>("getFile", { file_id: fileId });
+      if (!file.file_path) return new Uint8Array();
+      const res = await fetch(`${apiUrl.replace(/\/$/, "")}/file/bot${token}/${file.file_path}`, {
+        signal: AbortSignal.timeout(15_000),
+      });
+      const bytes = new Uint8Array(await res.arrayBuffer());
+      return res.ok && bytes.length <= MAX_IMAGE_BYTES ? bytes : new Uint8Array();
+    } catch (err) {
+      logger.warn("could not download a Telegram image; it goes in as a name only", { error: String(err) });
+      return new Uint8Array();
+    }
+  };
+  const out: Media[] = [];
+  const photo = m.photo?.filter((p) => (p.file_size ?? 0) <= MAX_IMAGE_BYTES).at(-1);
+  if (photo) {
+    const data = await download(photo.file_id);
+    out.push({
+      url: `telegram:file/${photo.file_unique_id}`,
+      mimeType: "image/jpeg",
+      fileName: "photo.jpg",
+      data,
+      sizeBytes: BigInt(photo.file_size ?? 0),
+    });
+  }
+  const doc = m.document;
+  if (doc) {
+    const image = doc.mime_type?.startsWith("image/") && (doc.file_size ?? 0) <= MAX_IMAGE_BYTES;
+    out.push({
+      url: `telegram:file/${doc.file_id}`,
+      mimeType: doc.mime_type ?? "",
+      fileName: doc.file_name ?? "",
+      sizeBytes: BigInt(doc.file_size ?? 0),
+      data: image ? await download(doc.file_id) : new Uint8Array(),
+    });
+  }
+  return out;
+}

@@ -7,6 +7,7 @@ import { create } from "@bufbuild/protobuf";
 import { invalidArgument, invalidArgumentIf } from "../shared/errors.js";
 import { CHANNEL_NAME } from "../shared/ids.js";
 import { inboundFrameId } from "../shared/frames.js";
+import { MAX_IMAGE_BYTES } from "../shared/images.js";
 import {
   ChannelContextSchema,
   ChatType,
@@ -69,6 +70,7 @@ function fileNameOf(url: string): string {
 
 function normaliseMedia(m: MediaRef, i: number): MediaRef {
   invalidArgumentIf(m.url === "" || m.url.length > 2048, `media[${i}].url must be 1-2048 characters`);
+  invalidArgumentIf(m.data.length > MAX_IMAGE_BYTES, `media[${i}].data is over ${MAX_IMAGE_BYTES} bytes`);
   const mime = (m.mimeType || "application/octet-stream").toLowerCase().trim();
   invalidArgumentIf(
     !/^[a-z0-9.+-]+\/[a-z0-9.+-]+$/.test(mime),
@@ -83,6 +85,7 @@ function normaliseMedia(m: MediaRef, i: number): MediaRef {
     fileName: normaliseText(m.fileName || fromUrl || `attachment-${i + 1}`).slice(0, 255),
     caption: normaliseText(m.caption),
     transcript: normaliseText(m.transcript),
+    data: m.data,
   });
 }
 

@@ -38,6 +38,8 @@ import {
 import { TurnSpans } from "./turn-spans.js";
 import { listOwnedSessions } from "./session-listing.js";
 import { InboxHints, InboxStream } from "./inbox.js";
+import { imagesOf } from "./media.js";
+import { DEFAULT_NET_POLICY } from "../shared/net-guard.js";
 import { watchedKeys } from "./revocation.js";
 
 type RunnerClient = ServiceClient<(typeof RunnerService)["method"]>;
@@ -64,6 +66,8 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
   const placements = new PlacementCache(router);
   const runners = new RunnerPool(cfg.maxMessageBytes, internal.headers, internal.tls);
   const inboxHints = new InboxHints();
+  /** Channel images are fetched through the SSRF guard, as agents' web requests are. */
+  const netPolicy = { ...DEFAULT_NET_POLICY, ...cfg.net };
 
   /** Calls the caller's session's runner; if it is gone or the session moved, retries once where it is now. */
   const withRunner = async <T>(
@@ -461,6 +465,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
         );
         return { sessionId, agentId: route.agentId, matchedTier: route.matchedTier, directiveReply };
       }
+      if (prompt.kind.case === "prompt") prompt.kind.value.images = await imagesOf(inbound.media, netPolicy, logger);
       const frame = inbound.commandAuthorized ? catchStopCommand(prompt) : prompt;
       admit(identityOf(call.metadata).tenant, sessionId, frame);
       const accepted = await withRunner(call, sessionId, async (runner) => {

@@ -61,7 +61,14 @@ export function toMessages(messages: readonly ModelMessage[]): { system: string;
         system.push(m.content);
         break;
       case "user":
-        if (m.content !== "") push("user", [{ type: "text", text: m.content }]);
+        // Images before the text, as Anthropic's vision guide advises.
+        push("user", [
+          ...(m.images ?? []).map((i) => ({
+            type: "image",
+            source: { type: "base64", media_type: i.mimeType, data: Buffer.from(i.data).toString("base64") },
+          })),
+          ...(m.content !== "" ? [{ type: "text", text: m.content }] : []),
+        ]);
         break;
       case "assistant":
         push("assistant", [

@@ -377,6 +377,7 @@ export function injectUserMessages(host: Pick<RunHost, "emit" | "messages">, que
       frameId: q.frameId,
       time: timestampNow(),
       speaker: q.speaker,
+      images: q.images ?? [],
     });
     pushMessage(host, message);
   }

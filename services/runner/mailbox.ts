@@ -58,6 +58,7 @@ export class Mailbox {
       kind: FRAME_KIND[k.case],
       text: k.value.text,
       instruction,
+      ...(k.case === "prompt" && k.value.images.length > 0 ? { images: k.value.images } : {}),
       ...(frame.speaker?.id ? { speaker: { id: frame.speaker.id, displayName: frame.speaker.displayName } } : {}),
       traceContext: ctx,
       arrival: ++this.arrivals,

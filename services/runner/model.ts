@@ -6,7 +6,7 @@
 // measured faster than the SDK's (docs/benchmarks.md).
 import OpenAI from "openai";
 import { Agent, fetch as undiciFetch } from "undici";
-import { rulesFor, type ReasoningEffort } from "../shared/model-rules.js";
+import { rulesFor, takesImages, type ReasoningEffort } from "../shared/model-rules.js";
 import type { ProviderKind } from "../shared/providers.js";
 import { SseDecoder, type SseEvent } from "./sse.js";
 
@@ -16,8 +16,15 @@ export interface ModelToolCall {
   argumentsJson: string;
 }
 
+/** An image for a vision model (shared/images.ts checked it); models without vision never get it. */
+export interface ModelImage {
+  mimeType: string;
+  data: Uint8Array;
+}
+
 export type ModelMessage =
-  | { role: "system" | "user"; content: string }
+  | { role: "system"; content: string }
+  | { role: "user"; content: string; images?: readonly ModelImage[] }
   | {
       role: "assistant";
       content: string;
@@ -108,11 +115,23 @@ export interface OpenAIModelOptions {
   idleTimeoutMs?: number;
 }
 
-function toOpenAI(m: ModelMessage): OpenAI.Chat.ChatCompletionMessageParam {
+/** An image as a data URL, as OpenAI's image inputs take it. */
+export const dataUrl = (image: ModelImage): string =>
+  `data:${image.mimeType};base64,${Buffer.from(image.data).toString("base64")}`;
+
+function toOpenAI(m: ModelMessage, vision: boolean): OpenAI.Chat.ChatCompletionMessageParam {
   switch (m.role) {
     case "system":
-    case "user":
       return { role: m.role, content: m.content };
+    case "user":
+      if (!vision || !m.images?.length) return { role: m.role, content: m.content };
+      return {
+        role: "user",
+        content: [
+          { type: "text", text: m.content },
+          ...m.images.map((i) => ({ type: "image_url" as const, image_url: { url: dataUrl(i) } })),
+        ],
+      };
     case "tool":
       return { role: "tool", tool_call_id: m.toolCallId, content: m.content };
     case "assistant":
@@ -166,7 +185,7 @@ export class OpenAIModelClient implements ModelClient {
     const rules = rulesFor(this.kind, request.model);
     return {
       model: request.model,
-      messages: request.messages.map(toOpenAI),
+      messages: request.messages.map((m) => toOpenAI(m, takesImages(this.kind, request.model))),
       stream: true,
       stream_options: { include_usage: true },
       ...(request.tools.length > 0

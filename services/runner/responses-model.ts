@@ -6,9 +6,10 @@
 // https://platform.openai.com/docs/guides/reasoning ("keeping reasoning items in context").
 import type OpenAI from "openai";
 import type { Agent } from "undici";
-import { rulesFor } from "../shared/model-rules.js";
+import { rulesFor, takesImages } from "../shared/model-rules.js";
 import {
   ModelError,
+  dataUrl,
   classify,
   eventJson,
   openAIConnection,
@@ -28,7 +29,7 @@ const MIN_OUTPUT_TOKENS = 16;
 type Item = Record<string, unknown>;
 
 /** The conversation as input items; system messages become `instructions` (the first) or system items. */
-export function toInput(messages: readonly ModelMessage[]): { instructions: string; input: Item[] } {
+export function toInput(messages: readonly ModelMessage[], vision = false): { instructions: string; input: Item[] } {
   let instructions = "";
   const input: Item[] = [];
   for (const [i, m] of messages.entries()) {
@@ -38,7 +39,17 @@ export function toInput(messages: readonly ModelMessage[]): { instructions: stri
         else input.push({ role: "system", content: m.content });
         break;
       case "user":
-        input.push({ role: "user", content: m.content });
+        input.push(
+          vision && m.images?.length
+            ? {
+                role: "user",
+                content: [
+                  { type: "input_text", text: m.content },
+                  ...m.images.map((i) => ({ type: "input_image", image_url: dataUrl(i) })),
+                ],
+              }
+            : { role: "user", content: m.content },
+        );
         break;
       case "assistant":
         // Its reasoning first, as the model produced it (only ever from this same model).
@@ -81,7 +92,7 @@ export class OpenAIResponsesClient implements ModelClient {
   /** The request body, fitted to what the model takes (model-rules.ts). */
   body(request: ModelRequest): Record<string, unknown> {
     const rules = rulesFor("openai-responses", request.model);
-    const { instructions, input } = toInput(request.messages);
+    const { instructions, input } = toInput(request.messages, takesImages("openai-responses", request.model));
     const reasoning = rules.reasoningEfforts.length > 0;
     return {
       model: request.model,

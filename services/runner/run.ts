@@ -12,6 +12,7 @@ import {
   type StopReason,
   type AgentEventSchema,
   type ChatMessage,
+  type Image,
   type ToolCall,
   type Usage,
 } from "../shared/gen/troupe/v1/session_pb.js";
@@ -34,6 +35,8 @@ export interface QueuedMessage {
   text: string;
   /** A prompt's instruction for the run it starts (not kept in the history). */
   instruction?: string;
+  /** A prompt's images, for vision models. */
+  images?: Image[];
   /** Who sent it, when a channel said (Deliver); otherwise the session's principal. */
   speaker?: { id: string; displayName: string };
   /** Trace context of the frame that carried it. */

@@ -158,7 +158,12 @@ export function toModelMessages(
   const out: ModelMessage[] = [{ role: "system", content: system }];
   if (summary) out.push(summaryMessage(summary));
   for (const m of history) {
-    if (m.role === Role.USER) out.push({ role: "user", content: m.speaker ? spoken(m) : m.text });
+    if (m.role === Role.USER)
+      out.push({
+        role: "user",
+        content: m.speaker ? spoken(m) : m.text,
+        ...(m.images.length > 0 ? { images: m.images.map((i) => ({ mimeType: i.mimeType, data: i.data })) } : {}),
+      });
     else if (m.role === Role.ASSISTANT)
       out.push({
         role: "assistant",

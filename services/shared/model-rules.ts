@@ -95,3 +95,19 @@ const FALLBACK: RequestRules = {
 export function rulesFor(kind: ProviderKind, model: string): RequestRules {
   return [...RULES, ANTHROPIC].find((r) => r.kinds.includes(kind) && r.model.test(model))?.rules ?? FALLBACK;
 }
+
+/**
+ * Models that take images (OpenAI's vision guide, platform.openai.com/docs/guides/images-vision;
+ * every current Claude model, docs.anthropic.com/en/docs/build-with-claude/vision). Others get a
+ * message's text alone, which names its attachments; an OpenAI-compatible server is not assumed to
+ * see (its models are unknown here).
+ */
+const VISION: Partial<Record<ProviderKind, RegExp>> = {
+  openai: /^(gpt-4o|chatgpt-4o|gpt-4\.1|gpt-4\.5|gpt-4-turbo|gpt-5|o1(?!-mini|-preview)|o3(?!-mini)|o4)/,
+  "openai-responses": /^(gpt-4o|chatgpt-4o|gpt-4\.1|gpt-4\.5|gpt-4-turbo|gpt-5|o1(?!-mini|-preview)|o3(?!-mini)|o4)/,
+  anthropic: /./,
+};
+
+export function takesImages(kind: ProviderKind, model: string): boolean {
+  return VISION[kind]?.test(model) ?? false;
+}

@@ -127,6 +127,10 @@ export class AnthropicApiServer extends ApiServer {
           return bad(`messages.${i}.content.${k}.text: text content blocks must be non-empty`);
         if (b.type === "thinking" && this.signatures.get(String(b.thinking)) !== b.signature)
           return bad(`messages.${i}.content.${k}: Invalid \`signature\` in \`thinking\` block`);
+        if (b.type === "image") {
+          const problem = imageProblem(b.source as Block | undefined, m.role);
+          if (problem) return bad(`messages.${i}.content.${k}.image.source${problem}`);
+        }
       }
       pending = new Set(
         m.role === "assistant" ? blocks.filter((b) => b.type === "tool_use").map((b) => String(b.id)) : [],
@@ -242,4 +246,29 @@ function assembled(events: Block[]): Block {
   }
   for (const b of blocks) if (b.partial !== undefined) (b.input = JSON.parse(String(b.partial))), delete b.partial;
   return { ...start, content: blocks, stop_reason: stop };
+}
+
+/**
+ * An image block's source, as https://docs.anthropic.com/en/docs/build-with-claude/vision says:
+ * base64 with media_type image/jpeg, image/png, image/gif or image/webp (what the bytes are, the
+ * API decodes them), at most 5 MB; or a url source. Images only in user turns.
+ */
+function imageProblem(source: Block | undefined, role: string): string | undefined {
+  if (role !== "user") return ": images are only allowed in user messages";
+  if (source?.type === "url") return typeof source.url === "string" ? undefined : ".url: Field required";
+  if (source?.type !== "base64") return ".type: Input tag does not match any of the expected tags: 'base64', 'url'";
+  const types = ["image/jpeg", "image/png", "image/gif", "image/webp"];
+  if (!types.includes(String(source.media_type)))
+    return `.base64.media_type: Input should be ${types.map((t) => `'${t}'`).join(", ")}`;
+  const bytes = Buffer.from(String(source.data ?? ""), "base64");
+  if (bytes.length > 5 * 1024 * 1024) return ": image exceeds 5 MB maximum";
+  const magic: Record<string, (b: Buffer) => boolean> = {
+    "image/png": (b) => b.subarray(0, 4).toString("hex") === "89504e47",
+    "image/jpeg": (b) => b.subarray(0, 3).toString("hex") === "ffd8ff",
+    "image/gif": (b) => b.subarray(0, 4).toString("latin1") === "GIF8",
+    "image/webp": (b) => b.subarray(8, 12).toString("latin1") === "WEBP",
+  };
+  if (!magic[String(source.media_type)]!(bytes))
+    return `: Image does not match the provided media type ${source.media_type}`;
+  return undefined;
 }

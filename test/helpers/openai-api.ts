@@ -19,6 +19,8 @@ export interface ApiModel {
   id: string;
   /** Reasoning models (o series, gpt-5): the reasoning guide's rules apply. */
   efforts?: readonly string[];
+  /** false: refuses image inputs, as models without vision do. */
+  vision?: boolean;
 }
 
 export const OPENAI_MODELS: readonly ApiModel[] = [
@@ -103,6 +105,8 @@ export class ChatApiServer extends ApiServer {
     if (messages) return bad(messages);
     const tools = checkTools(body.tools);
     if (tools) return bad(tools);
+    const images = checkImages(body.messages, model);
+    if (images) return bad(images);
     const format = body.response_format as { type?: string } | undefined;
     if (format?.type === "json_object" && !/json/i.test(JSON.stringify(body.messages)))
       return bad(
@@ -270,3 +274,37 @@ export const apiError = (message: string, param: string | null, code: string | n
   param,
   code,
 });
+
+/** The formats the vision guide lists, by their first bytes (the API decodes what it is sent). */
+function imageFormat(bytes: Buffer): string | undefined {
+  if (bytes.subarray(0, 4).toString("hex") === "89504e47") return "png";
+  if (bytes.subarray(0, 3).toString("hex") === "ffd8ff") return "jpeg";
+  if (bytes.subarray(0, 4).toString("latin1") === "GIF8") return "gif";
+  if (bytes.subarray(0, 4).toString("latin1") === "RIFF" && bytes.subarray(8, 12).toString("latin1") === "WEBP")
+    return "webp";
+  return undefined;
+}
+
+/** Image parts: only for models with vision; a data URL must hold a PNG, JPEG, GIF or WebP. */
+function checkImages(messages: ChatBody["messages"], model: ApiModel): ApiError | undefined {
+  for (const [i, m] of messages.entries()) {
+    if (!Array.isArray(m.content)) continue;
+    for (const [j, p] of (m.content as { type: string; image_url?: { url: string } }[]).entries()) {
+      if (p.type !== "image_url") continue;
+      if (model.vision === false)
+        return apiError(
+          "Invalid content type. image_url is only supported by certain models.",
+          `messages.[${i}].content.[${j}].type`,
+          null,
+        );
+      const data = /^data:image\/[a-z]+;base64,([A-Za-z0-9+/=]+)$/.exec(p.image_url!.url);
+      if (data && !imageFormat(Buffer.from(data[1]!, "base64")))
+        return apiError(
+          "You uploaded an unsupported image. Please make sure your image has of one the following formats: ['png', 'jpeg', 'gif', 'webp'].",
+          null,
+          "invalid_image_format",
+        );
+    }
+  }
+  return undefined;
+}

@@ -143,12 +143,59 @@ export function checkMessages(messages: unknown): ApiError | undefined {
         `${at}.content`,
         "invalid_type",
       );
+    if (Array.isArray(m.content)) {
+      const parts = checkParts(m.content, i, m.role as string);
+      if (parts) return parts;
+    }
   }
   if (pending && pending.size > 0)
     return error(
       `An assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id'. The following tool_call_ids did not have response messages: ${[...pending].join(", ")}`,
       `messages.[${pendingAt}].role`,
     );
+  return undefined;
+}
+
+const PART_TYPES = ["text", "image_url", "input_audio", "refusal", "audio", "file"];
+
+/**
+ * Content parts (the reference's "Array of content parts"): text {text}, image_url {image_url:
+ * {url, detail}}, input_audio, file; images only in user messages.
+ */
+function checkParts(parts: unknown[], i: number, role: string): ApiError | undefined {
+  for (const [j, raw] of parts.entries()) {
+    const p = raw as Record<string, unknown>;
+    const at = `messages[${i}].content[${j}]`;
+    if (typeof p !== "object" || p === null || !PART_TYPES.includes(p.type as string))
+      return error(
+        `Invalid value: '${(p as { type?: unknown })?.type}'. Supported values are: 'text', 'image_url', 'input_audio', 'refusal', 'audio', and 'file'.`,
+        `${at}.type`,
+        "invalid_value",
+      );
+    if (p.type === "text" && typeof p.text !== "string")
+      return error(`Missing required parameter: '${at}.text'.`, `${at}.text`, "missing_required_parameter");
+    if (p.type === "image_url") {
+      if (role !== "user")
+        return error(
+          `Invalid 'messages[${i}]'. Image URLs are only allowed for messages with role 'user', but this message with role '${role}' contains an image URL.`,
+          `messages[${i}]`,
+          "invalid_value",
+        );
+      const image = p.image_url as { url?: unknown; detail?: unknown } | undefined;
+      if (typeof image?.url !== "string")
+        return error(
+          `Missing required parameter: '${at}.image_url.url'.`,
+          `${at}.image_url.url`,
+          "missing_required_parameter",
+        );
+      if (image.detail !== undefined && !["auto", "low", "high"].includes(image.detail as string))
+        return error(
+          `Invalid value: '${image.detail}'. Supported values are: 'auto', 'low', and 'high'.`,
+          `${at}.image_url.detail`,
+          "invalid_value",
+        );
+    }
+  }
   return undefined;
 }
 

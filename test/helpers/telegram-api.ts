@@ -30,11 +30,13 @@ interface StoredMessage {
   date: number;
   message_thread_id?: number;
   reply_to?: number;
+  photo?: { file_id: string; file_unique_id: string; width: number; height: number; file_size: number }[];
+  caption?: string;
   /** Every text it had, first to last (sent, then each edit). */
   versions: string[];
 }
 
-type Answer = { status: number; body: object };
+type Answer = { status: number; body: object | Buffer };
 const ok = (result: unknown): Answer => ({ status: 200, body: { ok: true, result } });
 const fail = (status: number, description: string, parameters?: object): Answer => ({
   status,
@@ -46,6 +48,8 @@ export class TelegramApiServer {
   readonly bot = { id: 7_000_001, is_bot: true, first_name: "Troupe", username: "troupe_bot" };
   private readonly chats = new Map<number, { spec: TgChatSpec; messages: Map<number, StoredMessage>; next: number }>();
   private readonly updates: { update_id: number; message: object }[] = [];
+  /** file_id -> its path and bytes (getFile, then /file/bot<token>/<path>). */
+  private readonly files = new Map<string, { path: string; bytes: Buffer }>();
   private nextUpdate = 1;
   private waiting: (() => void)[] = [];
   private supersede?: () => void;
@@ -67,6 +71,8 @@ export class TelegramApiServer {
       req.on("data", (c: Buffer) => chunks.push(c));
       req.on("end", () => {
         void this.route(req, Buffer.concat(chunks).toString("utf8")).then(({ status, body }) => {
+          if (Buffer.isBuffer(body))
+            return void res.writeHead(status, { "content-type": "application/octet-stream" }).end(body);
           res.writeHead(status, { "content-type": "application/json" });
           res.end(JSON.stringify(body));
         });
@@ -87,8 +93,23 @@ export class TelegramApiServer {
   }
 
   /** A user writes in a chat: the message and its update, as Telegram would give them. */
-  userSays(chatId: number, from: TgUserSpec, text: string, extra: { thread?: number; replyTo?: number } = {}): number {
+  userSays(
+    chatId: number,
+    from: TgUserSpec,
+    text: string,
+    extra: { thread?: number; replyTo?: number; photo?: Buffer } = {},
+  ): number {
     const chat = this.chats.get(chatId)!;
+    let photo: StoredMessage["photo"];
+    if (extra.photo) {
+      // Telegram offers sizes of a photo; the largest is the original here.
+      const id = `AgAC${this.files.size + 1}`;
+      this.files.set(id, { path: `photos/file_${this.files.size + 1}.jpg`, bytes: extra.photo });
+      photo = [
+        { file_id: `${id}-thumb`, file_unique_id: `u${id}t`, width: 90, height: 90, file_size: 1200 },
+        { file_id: id, file_unique_id: `u${id}`, width: 800, height: 600, file_size: extra.photo.length },
+      ];
+    }
     const m: StoredMessage = {
       message_id: chat.next++,
       chat: chat.spec,
@@ -98,6 +119,7 @@ export class TelegramApiServer {
       message_thread_id: extra.thread,
       reply_to: extra.replyTo,
       versions: [text],
+      ...(photo ? { photo, caption: text, text: "" } : {}),
     };
     chat.messages.set(m.message_id, m);
     this.updates.push({ update_id: this.nextUpdate++, message: this.wire(m) });
@@ -118,7 +140,7 @@ export class TelegramApiServer {
       date: m.date,
       chat: m.chat,
       from: m.from,
-      text: m.text,
+      ...(m.photo ? { photo: m.photo, caption: m.caption } : { text: m.text }),
       ...(m.message_thread_id !== undefined ? { message_thread_id: m.message_thread_id, is_topic_message: true } : {}),
       ...(replied ? { reply_to_message: this.wire({ ...replied, reply_to: undefined }) } : {}),
     };
@@ -126,6 +148,13 @@ export class TelegramApiServer {
 
   private async route(req: http.IncomingMessage, raw: string): Promise<Answer> {
     const url = new URL(req.url ?? "/", "http://x");
+    // Downloads: https://api.telegram.org/file/bot<token>/<file_path> (getFile's answer).
+    const download = /^\/file\/bot([^/]+)\/(.+)$/.exec(url.pathname);
+    if (download) {
+      const file = [...this.files.values()].find((f) => f.path === download[2]);
+      if (download[1] !== this.token || !file) return fail(404, "Not Found");
+      return { status: 200, body: file.bytes };
+    }
     const m = /^\/bot([^/]+)\/([A-Za-z]+)$/.exec(url.pathname);
     if (!m) return fail(404, "Not Found");
     if (m[1] !== this.token) return fail(401, "Unauthorized");
@@ -141,7 +170,7 @@ export class TelegramApiServer {
       return badRequest("can't parse JSON object");
     }
     const answer = await this.method(method, params);
-    if (!answer.body || (answer.body as { ok: boolean }).ok === false)
+    if ((answer.body as { ok?: boolean }).ok === false)
       this.refusals.push(`${method}: ${(answer.body as { description: string }).description}`);
     return answer;
   }
@@ -156,6 +185,16 @@ export class TelegramApiServer {
         return this.sendMessage(p);
       case "editMessageText":
         return this.editMessageText(p);
+      case "getFile": {
+        const file = this.files.get(String(p.file_id));
+        if (!file) return badRequest("invalid file_id");
+        return ok({
+          file_id: p.file_id,
+          file_unique_id: `u${p.file_id}`,
+          file_size: file.bytes.length,
+          file_path: file.path,
+        });
+      }
       default:
         return fail(404, "Not Found: method not found");
     }

@@ -1,0 +1,40 @@
+// Images for vision models: the four formats both OpenAI and Anthropic take (PNG, JPEG, GIF,
+// WebP), recognised by their first bytes, since a stated type is only a claim. A message carries
+// at most MAX_IMAGES of them and MAX_IMAGE_BYTES in all, so that it fits a gRPC message of the
+// default 4 MiB with its text.
+import { invalidArgument } from "./errors.js";
+import type { Image } from "./gen/troupe/v1/session_pb.js";
+
+export const IMAGE_TYPES = ["image/png", "image/jpeg", "image/gif", "image/webp"] as const;
+export const MAX_IMAGES = 4;
+export const MAX_IMAGE_BYTES = 2 * 1024 * 1024;
+
+/** The image type `data` is by its signature, or undefined when it is none of IMAGE_TYPES. */
+export function sniffImage(data: Uint8Array): (typeof IMAGE_TYPES)[number] | undefined {
+  const b = Buffer.from(data.buffer, data.byteOffset, data.byteLength);
+  if (b.length >= 8 && b.subarray(0, 8).equals(Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a])))
+    return "image/png";
+  if (b.length >= 3 && b[0] === 0xff && b[1] === 0xd8 && b[2] === 0xff) return "image/jpeg";
+  if (b.length >= 6 && /^GIF8[79]a$/.test(b.subarray(0, 6).toString("latin1"))) return "image/gif";
+  if (
+    b.length >= 12 &&
+    b.subarray(0, 4).toString("latin1") === "RIFF" &&
+    b.subarray(8, 12).toString("latin1") === "WEBP"
+  )
+    return "image/webp";
+  return undefined;
+}
+
+/** Checks a frame's images: INVALID_ARGUMENT naming the first one that is not what it says, or too many, or too large. */
+export function validateImages(images: readonly Image[]): void {
+  if (images.length > MAX_IMAGES) throw invalidArgument(`at most ${MAX_IMAGES} images per message`);
+  let total = 0;
+  for (const [i, img] of images.entries()) {
+    total += img.data.length;
+    const actual = sniffImage(img.data);
+    if (!actual) throw invalidArgument(`images[${i}] is not a PNG, JPEG, GIF or WebP image`);
+    if (img.mimeType !== actual) throw invalidArgument(`images[${i}] is ${actual}, not ${img.mimeType || "unstated"}`);
+  }
+  if (total > MAX_IMAGE_BYTES)
+    throw invalidArgument(`a message's images may hold ${MAX_IMAGE_BYTES} bytes in all, not ${total}`);
+}

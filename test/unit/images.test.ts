@@ -1,0 +1,39 @@
+// Image checks: a type is what the bytes say; frames with images that lie, too many or too large
+// are INVALID_ARGUMENT.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { create } from "@bufbuild/protobuf";
+import { MAX_IMAGE_BYTES, sniffImage, validateImages } from "../../services/shared/images.js";
+import { ImageSchema } from "../../services/shared/gen/troupe/v1/session_pb.js";
+import { Status, grpcCode } from "../../services/shared/errors.js";
+
+const PNG = Buffer.from("89504e470d0a1a0a0000000d49484452", "hex");
+const JPEG = Buffer.from("ffd8ffe000104a464946", "hex");
+const GIF = Buffer.from("GIF89a\x01\x00\x01\x00", "latin1");
+const WEBP = Buffer.from("RIFF\x24\x00\x00\x00WEBPVP8 ", "latin1");
+const image = (mimeType: string, data: Buffer) => create(ImageSchema, { mimeType, data });
+const refused = (f: () => void, why: RegExp) =>
+  assert.throws(f, (e) => grpcCode(e) === Status.INVALID_ARGUMENT && why.test((e as Error).message));
+
+test("each format is recognised by its signature, and nothing else is", () => {
+  assert.equal(sniffImage(PNG), "image/png");
+  assert.equal(sniffImage(JPEG), "image/jpeg");
+  assert.equal(sniffImage(GIF), "image/gif");
+  assert.equal(sniffImage(WEBP), "image/webp");
+  for (const other of [
+    Buffer.from("<html>"),
+    Buffer.alloc(0),
+    Buffer.from("RIFF\0\0\0\0WAVE", "latin1"),
+    PNG.subarray(0, 7),
+  ])
+    assert.equal(sniffImage(other), undefined);
+});
+
+test("frames' images: the stated type must be the real one; at most 4, at most 2 MiB in all", () => {
+  validateImages([image("image/png", PNG), image("image/webp", WEBP)]);
+  refused(() => validateImages([image("image/png", JPEG)]), /images\[0\] is image\/jpeg, not image\/png/);
+  refused(() => validateImages([image("image/png", Buffer.from("<svg/>"))]), /not a PNG, JPEG, GIF or WebP/);
+  refused(() => validateImages(Array.from({ length: 5 }, () => image("image/png", PNG))), /at most 4/);
+  const big = Buffer.concat([PNG, Buffer.alloc(MAX_IMAGE_BYTES)]);
+  refused(() => validateImages([image("image/png", big)]), /2097152 bytes in all/);
+});
