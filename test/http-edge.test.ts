@@ -116,6 +116,32 @@ describe("the HTTP face of the gateway", () => {
     }
   });
 
+  test("SubscribeInbox streams over HTTP too, and its cursor resumes there", async () => {
+    const client = createClient(GatewayService, createConnectTransport({ baseUrl: base, httpVersion: "1.1" }));
+    const { session } = await client.createSession({}, { headers: auth() });
+    const sessionId = session!.sessionId;
+    await client.sendMessage({ sessionId, frameId: "i1", text: "first" }, { headers: auth() });
+    /** Reads the inbox until this session's run ends; returns its events' seqs and the last cursor. */
+    const read = async (afterCursor: string) => {
+      const seqs: number[] = [];
+      let cursor = "";
+      const controller = new AbortController();
+      for await (const res of client.subscribeInbox({ afterCursor }, { headers: auth(), signal: controller.signal })) {
+        if (res.event?.sessionId !== sessionId) continue;
+        seqs.push(Number(res.event.seq));
+        cursor = res.cursor;
+        if (res.event.payload.case === "agentEnd") break;
+      }
+      controller.abort();
+      return { seqs, cursor };
+    };
+    const first = await read("");
+    assert.ok(first.seqs.length > 3 && first.cursor.startsWith("i1."));
+    await client.sendMessage({ sessionId, frameId: "i2", text: "second" }, { headers: auth() });
+    const second = await read(first.cursor);
+    assert.equal(second.seqs[0], first.seqs.at(-1)! + 1, "resumes right after the cursor's event");
+  });
+
   test("failures carry the gRPC status as Connect's code, with its message", async () => {
     const cases: [string, unknown, Record<string, string>, number, string, RegExp][] = [
       ["ListSessions", {}, {}, 401, "unauthenticated", /missing credentials/],
