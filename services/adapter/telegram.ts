@@ -10,7 +10,8 @@ import { BotApi, BotApiError, type TgMessage, type TgUpdate, type TgUser } from 
 import { deliverFrom, type GatewayClient } from "./deliver.js";
 import { MAX_IMAGE_BYTES } from "../shared/images.js";
 import type { AdapterState, Address } from "./state.js";
-import { TelegramReplies, sendText } from "./telegram-replies.js";
+import { DraftedReplies, sendText } from "./drafted-replies.js";
+import { telegramChat } from "./telegram-chat.js";
 
 export interface TelegramOptions {
   token: string;
@@ -39,7 +40,8 @@ export async function startTelegramAdapter(gateway: GatewayClient, state: Adapte
     if (err instanceof BotApiError && err.code === 401) throw new Error("the Bot API refused TELEGRAM_BOT_TOKEN (401)");
     throw err;
   }
-  const replies = new TelegramReplies(api, state, opts.draftIntervalMs, opts.logger);
+  const chat = telegramChat(api);
+  const replies = new DraftedReplies(chat, state, opts.draftIntervalMs, opts.logger);
   const stop = new AbortController();
   let stopped = false;
 
@@ -60,7 +62,7 @@ export async function startTelegramAdapter(gateway: GatewayClient, state: Adapte
       message_id: String(m.message_id),
       ...(topic ? { thread_id: topic } : {}),
     };
-    const chat = { id: String(m.chat.id), displayName: m.chat.title ?? nameOf(m.from) };
+    const peer = { id: String(m.chat.id), displayName: m.chat.title ?? nameOf(m.from) };
     const media = await mediaOf(api, opts.token, opts.apiUrl, m, opts.logger);
     try {
       const res = await deliverFrom(
@@ -73,9 +75,9 @@ export async function startTelegramAdapter(gateway: GatewayClient, state: Adapte
             accountId: String(me.id),
             sender: { id: String(m.from.id), displayName: nameOf(m.from) },
             chatType: CHAT_TYPES[m.chat.type],
-            peer: chat,
+            peer,
             threadId: topic,
-            parentPeer: topic ? chat : undefined,
+            parentPeer: topic ? peer : undefined,
             replyToId: m.reply_to_message ? String(m.reply_to_message.message_id) : "",
           },
           text,
@@ -84,7 +86,7 @@ export async function startTelegramAdapter(gateway: GatewayClient, state: Adapte
         },
         from,
       );
-      if (res.directiveReply) await sendText(api, from, res.directiveReply, [], () => undefined);
+      if (res.directiveReply) await sendText(chat, from, res.directiveReply, [], () => undefined);
     } catch (err) {
       const code = grpcCode(err);
       // A message the gateway will never take (a sticker: no text; a key without this channel) is skipped, not retried forever.

@@ -5,19 +5,18 @@
 // it: a receiver keeps the ones it has seen, because a reply whose success was not heard (a
 // timeout, an adapter killed at that moment) is sent again. 5xx, 408, 429 and network failures are
 // retried with backoff (honouring Retry-After) for up to REPLY_GIVE_UP_MS; other 4xx are final.
-import http from "node:http";
+import type http from "node:http";
 import { ChatType } from "../shared/gen/troupe/v1/inbound_pb.js";
 import { RETRY_AFTER_TRAILER, Status, toStatus } from "../shared/errors.js";
-import { splitHostPort } from "../shared/host-port.js";
 import { schemaProblems } from "../shared/json-schema.js";
 import type { Logger } from "../shared/log.js";
 import type { grpc } from "../shared/rpc.js";
 import { deliverFrom, type GatewayClient } from "./deliver.js";
 import { signatureProblem, signedHeaders } from "./signature.js";
+import { serveInbound, type InboundAnswer } from "./http-inbound.js";
 import type { ReplySink } from "./replies.js";
 import type { AdapterState, Address, Post } from "./state.js";
 
-const MAX_BODY_BYTES = 1024 * 1024;
 const REPLY_GIVE_UP_MS = 10 * 60_000;
 const REPLY_TIMEOUT_MS = 15_000;
 
@@ -65,38 +64,10 @@ export async function startWebhookAdapter(
   state: AdapterState,
   opts: WebhookOptions,
 ): Promise<{ port: number; close(): Promise<void> }> {
-  const send = (res: http.ServerResponse, status: number, body: object, headers: Record<string, string> = {}) => {
-    res.writeHead(status, { "content-type": "application/json", ...headers });
-    res.end(JSON.stringify(body));
-  };
-  const server = http.createServer((req, res) => {
-    if (req.url !== "/messages") return send(res, 404, { error: "not found: POST /messages" });
-    if (req.method !== "POST") return send(res, 405, { error: "POST only" }, { allow: "POST" });
+  const handle = async (raw: Buffer, req: http.IncomingMessage): Promise<InboundAnswer> => {
     if (!/^application\/json\b/i.test(req.headers["content-type"] ?? ""))
-      return send(res, 415, { error: "content-type must be application/json" });
-    const chunks: Buffer[] = [];
-    let size = 0;
-    req.on("data", (c: Buffer) => {
-      size += c.length;
-      if (size > MAX_BODY_BYTES) {
-        send(res, 413, { error: `the body is over ${MAX_BODY_BYTES} bytes` });
-        req.destroy();
-      } else chunks.push(c);
-    });
-    req.on("end", () => {
-      if (res.headersSent) return;
-      handle(Buffer.concat(chunks), req.headers).then(
-        ({ status, body, headers }) => send(res, status, body, headers),
-        (err) => {
-          opts.logger.error("webhook message failed", { error: String(err) });
-          send(res, 500, { error: "internal error" });
-        },
-      );
-    });
-  });
-
-  const handle = async (raw: Buffer, headers: http.IncomingHttpHeaders) => {
-    const bad = signatureProblem(opts.secret, headers, raw);
+      return { status: 415, body: { error: "content-type must be application/json" } };
+    const bad = signatureProblem(opts.secret, req.headers, raw);
     if (bad) return { status: 401, body: { error: bad } };
     let doc: unknown;
     try {
@@ -155,15 +126,7 @@ export async function startWebhookAdapter(
     }
   };
 
-  const [host, port] = splitHostPort(opts.listen);
-  await new Promise<void>((resolve, reject) => {
-    server.once("error", reject);
-    server.listen(port, host, () => resolve());
-  });
-  return {
-    port: (server.address() as { port: number }).port,
-    close: () => new Promise((resolve) => server.close(() => resolve())),
-  };
+  return serveInbound(opts.listen, "/messages", handle, opts.logger);
 }
 
 /** Complete replies as signed POSTs to the reply URL. */

@@ -1,4 +1,4 @@
-// `troupe adapter webhook|telegram`: a channel adapter, its own process and a client of the
+// `troupe adapter webhook|telegram|slack`: a channel adapter, its own process and a client of the
 // gateway under an adapter key (TROUPE_API_KEY). It keeps nothing but its state file, so it may be
 // killed and started again at any moment (docs/channels.md). SIGTERM and SIGINT stop it cleanly.
 import path from "node:path";
@@ -8,10 +8,11 @@ import { InboxReplies } from "../adapter/replies.js";
 import { AdapterState } from "../adapter/state.js";
 import { startWebhookAdapter, webhookReplies } from "../adapter/webhook.js";
 import { startTelegramAdapter } from "../adapter/telegram.js";
+import { startSlackAdapter } from "../adapter/slack.js";
 import { CLIENT_FLAGS, gatewayClient } from "./gateway-client.js";
 
 export async function adapterCommand(args: string[]): Promise<number> {
-  const kind = args[0] as "webhook" | "telegram";
+  const kind = args[0] as "webhook" | "telegram" | "slack";
   const cfg = loadConfig(args.slice(1), undefined, {
     channel: { type: "string" },
     account: { type: "string" },
@@ -45,6 +46,22 @@ export async function adapterCommand(args: string[]): Promise<number> {
     logger.info(`webhook adapter taking POST /messages on port ${server.port}; replies to ${a.webhookReplyUrl}`);
     inbound = server;
     replies = new InboxReplies(gateway, state, webhookReplies(opts), logger);
+  } else if (kind === "slack") {
+    if (!a.slackBotToken || !a.slackSigningSecret)
+      return fail("set SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET: the app's bot token and signing secret");
+    const app = await startSlackAdapter(gateway, state, {
+      listen: a.webhookAddr,
+      botToken: a.slackBotToken,
+      signingSecret: a.slackSigningSecret,
+      apiUrl: a.slackApiUrl,
+      channel,
+      commandUsers: new Set(a.commandUsers),
+      draftIntervalMs: a.draftIntervalMs,
+      logger,
+    });
+    logger.info(`slack adapter taking events at POST /slack/events on port ${app.port} as ${app.botUser}`);
+    inbound = app;
+    replies = new InboxReplies(gateway, state, app.replies, logger);
   } else {
     if (!a.telegramBotToken) return fail("set TELEGRAM_BOT_TOKEN: the bot's token from BotFather");
     const bot = await startTelegramAdapter(gateway, state, {

@@ -34,10 +34,11 @@ client:
                         a session's scheduled turns (cron in an IANA time zone, or a heartbeat)
   --version             print the version
 channels:
-  adapter webhook|telegram [--state FILE] [--listen HOST:PORT] [--reply-url URL] [--channel NAME]
+  adapter webhook|telegram|slack [--state FILE] [--listen HOST:PORT] [--reply-url URL] [--channel NAME]
                         a channel adapter under an adapter key (TROUPE_API_KEY): webhook takes
                         signed POSTs and POSTs replies (TROUPE_WEBHOOK_SECRET); telegram polls
-                        the Bot API (TELEGRAM_BOT_TOKEN); docs/channels.md
+                        the Bot API (TELEGRAM_BOT_TOKEN); slack takes the Events API
+                        (SLACK_BOT_TOKEN, SLACK_SIGNING_SECRET); docs/channels.md
 operations:
   status                each service's health, the HTTP address, the model endpoint,
                         Docker and runsc, the sandbox image, the keys, the data directory;
@@ -85,7 +86,7 @@ const SUBCOMMANDS: Record<string, string[]> = {
   store: ["migrate", "status"],
   sessions: ["ls", "show", "rm"],
   schedules: ["ls", "add", "rm"],
-  adapter: ["webhook", "telegram"],
+  adapter: ["webhook", "telegram", "slack"],
 };
 const COMMANDS = [
   "gateway",

@@ -112,6 +112,9 @@ export interface Config {
     webhookReplyUrl: string;
     telegramBotToken: string;
     telegramApiUrl: string;
+    slackBotToken: string;
+    slackSigningSecret: string;
+    slackApiUrl: string;
     commandUsers: string[];
     draftIntervalMs: number;
   };
@@ -371,6 +374,9 @@ export function loadConfig(
       webhookReplyUrl: str("webhookReplyUrl") ?? "",
       telegramBotToken: str("telegramBotToken") ?? "",
       telegramApiUrl: str("telegramApiUrl")!,
+      slackBotToken: str("slackBotToken") ?? "",
+      slackSigningSecret: str("slackSigningSecret") ?? "",
+      slackApiUrl: str("slackApiUrl")!,
       commandUsers: commaList(str("commandUsers")),
       draftIntervalMs: v.draftIntervalMs,
     },

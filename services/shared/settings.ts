@@ -404,6 +404,22 @@ export const SETTINGS = {
       default: "https://api.telegram.org",
       schema: { type: "string", pattern: "^https?://", message: "must be an http:// or https:// URL" },
     },
+    slackBotToken: {
+      env: "SLACK_BOT_TOKEN",
+      doc: "troupe adapter slack: the app's bot token (xoxb-...)",
+      secret: true,
+    },
+    slackSigningSecret: {
+      env: "SLACK_SIGNING_SECRET",
+      doc: "troupe adapter slack: the app's signing secret, to check the Events API's requests",
+      secret: true,
+    },
+    slackApiUrl: {
+      env: "SLACK_API_URL",
+      doc: "troupe adapter slack: the Web API's base (a test's server)",
+      default: "https://slack.com/api",
+      schema: { type: "string", pattern: "^https?://", message: "must be an http:// or https:// URL" },
+    },
     commandUsers: {
       env: "TROUPE_ADAPTER_COMMAND_USERS",
       doc: "troupe adapter: the platform user ids whose /commands act (comma-separated; unset: nobody's)",

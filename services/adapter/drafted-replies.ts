@@ -1,20 +1,30 @@
-// Replies in Telegram. A streaming reply is one message: sent at its first text, then edited with
-// the text so far at most once per draft interval (Telegram asks bots to stay near one message a
-// second per chat, https://core.telegram.org/bots/faq#my-bot-is-hitting-limits-how-do-i-avoid-this),
-// and edited a last time with the complete text. A text over 4096 characters (sendMessage's
-// limit) goes out in parts, split at a line or word break. A 429 is waited out for as long as its
-// retry_after says; a draft edit that meets one is skipped, since a newer one follows.
+// Replies on a chat platform that can edit a message (Telegram, Slack). A streaming reply is one
+// message: sent at its first text, then edited with the text so far at most once per draft
+// interval, and edited a last time with the complete text. A text over the platform's limit goes
+// out in parts, split at a line or word break. A rate limit is waited out for as long as the
+// platform says; a draft edit that meets one is skipped, since a newer one follows.
 import type { Logger } from "../shared/log.js";
-import { BotApiError, type BotApi, type TgMessage } from "./bot-api.js";
 import type { ReplySink } from "./replies.js";
 import type { AdapterState, Address, Post } from "./state.js";
 
-export const MAX_CHARS = 4096;
+/** What a platform offers: post, edit, and how to read its refusals. */
+export interface ChatApi {
+  /** The longest text one message takes. */
+  maxChars: number;
+  /** Posts `text` where `to` says (`first`: the reply's first part, which answers the message); the new message's id. */
+  send(to: Address, text: string, first: boolean): Promise<string>;
+  /** Replaces message `id`'s text; resolves too when it already reads so. */
+  edit(to: Address, id: string, text: string): Promise<void>;
+  /** Seconds to wait when `err` is a rate limit; undefined for anything else. */
+  retryAfterS(err: unknown): number | undefined;
+  /** Whether `err` may pass if tried again (a 5xx, a network failure). */
+  transient(err: unknown): boolean;
+}
+
 const GIVE_UP_MS = 10 * 60_000;
-const NOT_MODIFIED = /message is not modified/i;
 
 /** `text` in parts of at most `max` UTF-16 units, cut at a line break, else a word break, near the limit. */
-export function splitText(text: string, max = MAX_CHARS): string[] {
+export function splitText(text: string, max: number): string[] {
   const parts: string[] = [];
   let rest = text;
   while (rest.length > max) {
@@ -31,70 +41,54 @@ export function splitText(text: string, max = MAX_CHARS): string[] {
   return parts;
 }
 
-/** Calls `fn` until it succeeds: a 429 after its retry_after, a 5xx or network failure after a backoff; other refusals throw. */
-async function persist<T>(fn: () => Promise<T>): Promise<T> {
+/** Calls `fn` until it succeeds: a rate limit after its wait, a transient failure after a backoff; others throw. */
+async function persist<T>(api: ChatApi, fn: () => Promise<T>): Promise<T> {
   const deadline = Date.now() + GIVE_UP_MS;
   for (let pauseMs = 500; ; pauseMs = Math.min(pauseMs * 2, 30_000)) {
     try {
       return await fn();
     } catch (err) {
-      const api = err instanceof BotApiError ? err : undefined;
-      if (api && api.code !== 429 && api.code < 500) throw err;
-      const waitMs = api?.retryAfterS ? api.retryAfterS * 1000 : pauseMs;
+      const after = api.retryAfterS(err);
+      if (after === undefined && !api.transient(err)) throw err;
+      const waitMs = after !== undefined ? after * 1000 : pauseMs;
       if (Date.now() + waitMs > deadline) throw err;
       await new Promise((r) => setTimeout(r, waitMs));
     }
   }
 }
 
-/** sendMessage's parameters for a reply to `to`: its chat, its topic, and the message it answers. */
-const replyTo = (to: Address) => ({
-  chat_id: to.chat_id,
-  ...(to.thread_id ? { message_thread_id: Number(to.thread_id) } : {}),
-  ...(to.message_id
-    ? { reply_parameters: { message_id: Number(to.message_id), allow_sending_without_reply: true } }
-    : {}),
-});
-
 /**
- * Puts `text` in the chat as the messages `ids`: edits those there are, sends the rest (the first
- * as a reply to the message answered), and calls `sent` after each new id is added so it is kept.
- * `showing`: what the messages are known to read already, which need no edit.
+ * Puts `text` in the chat as the messages `ids`: edits those there are, sends the rest, and calls
+ * `sent` after each new id is added so it is kept. `showing`: what the messages are known to read
+ * already, which need no edit.
  */
 export async function sendText(
-  api: BotApi,
+  api: ChatApi,
   to: Address,
   text: string,
   ids: string[],
   sent: () => Promise<void> | void,
   showing: (string | undefined)[] = [],
 ): Promise<void> {
-  for (const [i, part] of splitText(text).entries()) {
-    if (ids[i] !== undefined && showing[i] === part) continue;
+  for (const [i, part] of splitText(text, api.maxChars).entries()) {
     if (ids[i] !== undefined) {
-      await persist(() =>
-        api.call("editMessageText", { chat_id: to.chat_id, message_id: Number(ids[i]), text: part }).catch((err) => {
-          if (!(err instanceof BotApiError && NOT_MODIFIED.test(err.description))) throw err;
-        }),
-      );
+      if (showing[i] !== part) await persist(api, () => api.edit(to, ids[i]!, part));
       continue;
     }
-    const where = i === 0 ? replyTo(to) : { ...replyTo(to), reply_parameters: undefined };
-    const msg = await persist(() => api.call<TgMessage>("sendMessage", { ...where, text: part }));
-    ids.push(String(msg.message_id));
+    ids.push(await persist(api, () => api.send(to, part, i === 0)));
     await sent();
   }
 }
 
-export class TelegramReplies implements ReplySink {
+export class DraftedReplies implements ReplySink {
   private readonly chains = new Map<string, Promise<void>>();
   private readonly pending = new Map<string, { text: string; timer: NodeJS.Timeout }>();
   private readonly shown = new Map<string, { atMs: number; text: string }>();
-  /** chat id -> when flood control lets the bot write there again. */
+  /** The chat a rate limit holds back -> when the platform lets the bot write there again. */
   private readonly blockedUntil = new Map<string, number>();
 
   constructor(
-    private readonly api: BotApi,
+    private readonly api: ChatApi,
     private readonly state: AdapterState,
     private readonly intervalMs: number,
     private readonly logger: Logger,
@@ -110,7 +104,7 @@ export class TelegramReplies implements ReplySink {
     const at = Math.max(
       now,
       (this.shown.get(key)?.atMs ?? 0) + this.intervalMs,
-      this.blockedUntil.get(to.chat_id) ?? 0,
+      this.blockedUntil.get(to.chat_id!) ?? 0,
     );
     const entry = {
       text,
@@ -127,14 +121,14 @@ export class TelegramReplies implements ReplySink {
     if (waiting) clearTimeout(waiting.timer);
     this.pending.delete(key);
     await this.enqueue(key, async () => {
-      const blocked = (this.blockedUntil.get(to.chat_id) ?? 0) - Date.now();
+      const blocked = (this.blockedUntil.get(to.chat_id!) ?? 0) - Date.now();
       if (blocked > 0) await new Promise((r) => setTimeout(r, blocked));
       await sendText(this.api, to, text, post.ids, () => this.state.save(), [this.shown.get(key)?.text]);
     });
     this.shown.delete(key);
   }
 
-  /** Waits for every edit under way. */
+  /** Waits for every post under way. */
   async settle(): Promise<void> {
     for (const { timer } of this.pending.values()) clearTimeout(timer);
     this.pending.clear();
@@ -142,22 +136,20 @@ export class TelegramReplies implements ReplySink {
   }
 
   private async showDraft(to: Address, key: string, post: Post, text: string): Promise<void> {
-    const part = text.slice(0, MAX_CHARS);
+    const part = text.slice(0, this.api.maxChars);
     if (part.trim() === "" || this.shown.get(key)?.text === part) return;
     this.shown.set(key, { atMs: Date.now(), text: part });
     try {
       if (post.ids.length === 0) {
-        const msg = await this.api.call<TgMessage>("sendMessage", { ...replyTo(to), text: part });
-        post.ids.push(String(msg.message_id));
+        post.ids.push(await this.api.send(to, part, true));
         await this.state.save();
       } else {
-        await this.api.call("editMessageText", { chat_id: to.chat_id, message_id: Number(post.ids[0]), text: part });
+        await this.api.edit(to, post.ids[0]!, part);
       }
     } catch (err) {
-      if (err instanceof BotApiError && err.retryAfterS)
-        this.blockedUntil.set(to.chat_id, Date.now() + err.retryAfterS * 1000);
-      else if (!(err instanceof BotApiError && NOT_MODIFIED.test(err.description)))
-        this.logger.warn("a draft edit failed; the next one or the final text follows", { error: String(err) });
+      const after = this.api.retryAfterS(err);
+      if (after !== undefined) this.blockedUntil.set(to.chat_id!, Date.now() + after * 1000);
+      else this.logger.warn("a draft edit failed; the next one or the final text follows", { error: String(err) });
     }
   }
 

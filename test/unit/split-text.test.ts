@@ -2,7 +2,9 @@
 // surrogate pair, and its parts put back together are the reply.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { splitText } from "../../services/adapter/telegram-replies.js";
+import { splitText as split } from "../../services/adapter/drafted-replies.js";
+
+const splitText = (text: string) => split(text, 4096);
 
 test("short text is one part; long text splits at breaks within the limit", () => {
   assert.deepEqual(splitText("hello"), ["hello"]);

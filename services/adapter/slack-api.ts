@@ -1,0 +1,52 @@
+// A small client of Slack's Web API (https://api.slack.com/web): POST https://slack.com/api/<method>
+// with a JSON body and the bot token as a bearer; the answer is {"ok": true, ...} or {"ok": false,
+// "error": "..."}; a rate limit is HTTP 429 with Retry-After in seconds
+// (https://api.slack.com/apis/rate-limits). Only what the adapter uses.
+
+export class SlackApiError extends Error {
+  constructor(
+    readonly error: string,
+    readonly status: number,
+    readonly retryAfterS?: number,
+  ) {
+    super(`Slack API: ${error}`);
+  }
+}
+
+export class SlackApi {
+  constructor(
+    private readonly apiUrl: string,
+    private readonly token: string,
+  ) {}
+
+  async call<T extends object>(method: string, params: object): Promise<T> {
+    const res = await fetch(`${this.apiUrl.replace(/\/$/, "")}/${method}`, {
+      method: "POST",
+      headers: { "content-type": "application/json; charset=utf-8", authorization: `Bearer ${this.token}` },
+      body: JSON.stringify(params),
+      signal: AbortSignal.timeout(15_000),
+    });
+    if (res.status === 429) {
+      await res.arrayBuffer().catch(() => undefined);
+      throw new SlackApiError("ratelimited", 429, Number(res.headers.get("retry-after")) || 1);
+    }
+    let body: { ok?: boolean; error?: string };
+    try {
+      body = (await res.json()) as typeof body;
+    } catch {
+      throw new SlackApiError(`not a Web API answer (HTTP ${res.status})`, res.status);
+    }
+    if (body.ok === true) return body as T;
+    throw new SlackApiError(body.error ?? "unknown_error", res.status);
+  }
+
+  /** A file's bytes from its url_private, which needs the bot token (https://api.slack.com/types/file). */
+  async download(url: string, maxBytes: number): Promise<Uint8Array> {
+    const res = await fetch(url, {
+      headers: { authorization: `Bearer ${this.token}` },
+      signal: AbortSignal.timeout(15_000),
+    });
+    const bytes = new Uint8Array(await res.arrayBuffer());
+    return res.ok && bytes.length <= maxBytes ? bytes : new Uint8Array();
+  }
+}

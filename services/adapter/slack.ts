@@ -1,0 +1,192 @@
+// `troupe adapter slack`: a Slack app through the Events API (https://api.slack.com/apis/events-api).
+// Slack POSTs each event to /slack/events, signed with the app's signing secret
+// (https://api.slack.com/authentication/verifying-requests-from-slack: HMAC-SHA256 of
+// "v0:<timestamp>:<body>", five minutes of skew); the URL is proved once by echoing a
+// url_verification challenge. The bot takes direct messages and mentions (app_mention); each is
+// delivered before the 200 that acknowledges it, so a failure is a 5xx and Slack sends the event
+// again (its retries, and a message arriving as both `message` and `app_mention`, are one message:
+// the idempotency key is channel:ts). Replies go in the thread of the message they answer,
+// streamed by chat.update (drafted-replies.ts).
+import { createHmac, timingSafeEqual } from "node:crypto";
+import type http from "node:http";
+import { ChatType } from "../shared/gen/troupe/v1/inbound_pb.js";
+import { Status, grpcCode } from "../shared/errors.js";
+import { MAX_IMAGE_BYTES } from "../shared/images.js";
+import type { Logger } from "../shared/log.js";
+import { deliverFrom, type GatewayClient } from "./deliver.js";
+import { DraftedReplies, sendText, type ChatApi } from "./drafted-replies.js";
+import { SlackApi, SlackApiError } from "./slack-api.js";
+import { serveInbound, type InboundAnswer } from "./http-inbound.js";
+import type { AdapterState, Address } from "./state.js";
+
+export interface SlackOptions {
+  listen: string;
+  botToken: string;
+  signingSecret: string;
+  apiUrl: string;
+  channel: string;
+  commandUsers: Set<string>;
+  draftIntervalMs: number;
+  logger: Logger;
+}
+
+interface SlackFile {
+  id: string;
+  name?: string;
+  mimetype?: string;
+  size?: number;
+  url_private?: string;
+}
+
+interface SlackEvent {
+  type: string;
+  subtype?: string;
+  channel: string;
+  channel_type?: "im" | "channel" | "group" | "mpim";
+  user?: string;
+  bot_id?: string;
+  text?: string;
+  ts: string;
+  thread_ts?: string;
+  files?: SlackFile[];
+}
+
+const SKEW_S = 300;
+
+/** Slack as a ChatApi: chat.postMessage and chat.update; the docs advise at most 4,000 characters of text. */
+export function slackChat(api: SlackApi): ChatApi {
+  return {
+    maxChars: 4000,
+    async send(to: Address, text: string) {
+      const res = await api.call<{ ts: string }>("chat.postMessage", {
+        channel: to.chat_id,
+        text,
+        ...(to.thread_id ? { thread_ts: to.thread_id } : {}),
+      });
+      return res.ts;
+    },
+    async edit(to: Address, id: string, text: string) {
+      await api.call("chat.update", { channel: to.chat_id, ts: id, text });
+    },
+    retryAfterS: (err) => (err instanceof SlackApiError && err.status === 429 ? (err.retryAfterS ?? 1) : undefined),
+    transient: (err) => !(err instanceof SlackApiError) || err.status >= 500,
+  };
+}
+
+function signatureOk(secret: string, headers: http.IncomingHttpHeaders, body: Buffer): string | undefined {
+  const ts = headers["x-slack-request-timestamp"];
+  const sig = headers["x-slack-signature"];
+  if (typeof ts !== "string" || !/^\d+$/.test(ts)) return "X-Slack-Request-Timestamp is missing";
+  if (Math.abs(Date.now() / 1000 - Number(ts)) > SKEW_S) return "the request is more than five minutes old";
+  if (typeof sig !== "string") return "X-Slack-Signature is missing";
+  const want = Buffer.from(`v0=${createHmac("sha256", secret).update(`v0:${ts}:`).update(body).digest("hex")}`);
+  const got = Buffer.from(sig);
+  return got.length === want.length && timingSafeEqual(got, want) ? undefined : "X-Slack-Signature does not match";
+}
+
+export async function startSlackAdapter(gateway: GatewayClient, state: AdapterState, opts: SlackOptions) {
+  const api = new SlackApi(opts.apiUrl, opts.botToken);
+  const chat = slackChat(api);
+  const auth = await api.call<{ user_id: string; team_id: string; bot_id?: string }>("auth.test", {}).catch((err) => {
+    throw err instanceof SlackApiError && err.error === "invalid_auth"
+      ? new Error("Slack refused SLACK_BOT_TOKEN (invalid_auth)")
+      : err;
+  });
+  const replies = new DraftedReplies(chat, state, opts.draftIntervalMs, opts.logger);
+  // The token goes only to Slack's own file hosts (or the configured API's, for a test's server).
+  const fileOrigins = [new URL(opts.apiUrl).origin];
+  const mayDownload = (url: string) => {
+    try {
+      const u = new URL(url);
+      return u.protocol === "https:" && u.hostname.endsWith(".slack.com") ? true : fileOrigins.includes(u.origin);
+    } catch {
+      return false;
+    }
+  };
+
+  const take = async (teamId: string, e: SlackEvent): Promise<void> => {
+    // Direct messages, and mentions anywhere; not the bot's own words, nor edits and joins.
+    const direct = e.type === "message" && e.channel_type === "im";
+    if (!(direct || e.type === "app_mention") || e.bot_id || !e.user || e.user === auth.user_id) return;
+    if (e.subtype !== undefined && e.subtype !== "file_share") return;
+    const text = (e.text ?? "").replace(new RegExp(`<@${auth.user_id}>\\s*`, "g"), "").trim();
+    // In a channel the reply starts (or joins) the thread of the message; in a DM only a thread already there.
+    const thread = e.thread_ts ?? (direct ? "" : e.ts);
+    const from: Address = { chat_id: e.channel, message_id: e.ts, ...(thread ? { thread_id: thread } : {}) };
+    const media = await Promise.all(
+      (e.files ?? []).map(async (f) => {
+        const image =
+          f.mimetype?.startsWith("image/") && (f.size ?? 0) <= MAX_IMAGE_BYTES && mayDownload(f.url_private ?? "");
+        return {
+          url: `slack:file/${f.id}`,
+          mimeType: f.mimetype ?? "",
+          fileName: f.name ?? "",
+          sizeBytes: BigInt(f.size ?? 0),
+          data: image
+            ? await api.download(f.url_private!, MAX_IMAGE_BYTES).catch(() => new Uint8Array())
+            : new Uint8Array(),
+        };
+      }),
+    );
+    const peer = { id: e.channel, displayName: "" };
+    const res = await deliverFrom(
+      gateway,
+      state,
+      {
+        idempotencyKey: `${e.channel}:${e.ts}`,
+        context: {
+          channel: opts.channel,
+          accountId: auth.user_id,
+          teamId,
+          sender: { id: e.user, displayName: "" },
+          chatType: direct ? ChatType.DIRECT : ChatType.GROUP,
+          peer,
+          threadId: e.thread_ts ?? "",
+          parentPeer: e.thread_ts ? peer : undefined,
+        },
+        text,
+        media,
+        commandAuthorized: opts.commandUsers.has(e.user),
+      },
+      from,
+    );
+    if (res.directiveReply) await sendText(chat, from, res.directiveReply, [], () => undefined);
+  };
+
+  const handle = async (raw: Buffer, req: http.IncomingMessage): Promise<InboundAnswer> => {
+    const bad = signatureOk(opts.signingSecret, req.headers, raw);
+    if (bad) return { status: 401, body: { error: bad } };
+    let doc: { type?: string; challenge?: string; team_id?: string; event?: SlackEvent };
+    try {
+      doc = JSON.parse(raw.toString("utf8"));
+    } catch {
+      return { status: 400, body: { error: "the body is not JSON" } };
+    }
+    if (doc.type === "url_verification") return { status: 200, body: { challenge: doc.challenge } };
+    if (doc.type !== "event_callback" || !doc.event) return { status: 200, body: {} };
+    try {
+      await take(doc.team_id ?? "", doc.event);
+      return { status: 200, body: {} };
+    } catch (err) {
+      const code = grpcCode(err);
+      // A message the gateway will never take is acknowledged, so Slack does not send it again.
+      if (code === Status.INVALID_ARGUMENT || code === Status.PERMISSION_DENIED) {
+        opts.logger.warn("a Slack message was refused; skipped", { error: String(err) });
+        return { status: 200, body: {} };
+      }
+      opts.logger.warn("a Slack event was not delivered; Slack will send it again", { error: String(err) });
+      return { status: 503, body: { error: "not delivered; retry" } };
+    }
+  };
+
+  const server = await serveInbound(opts.listen, "/slack/events", handle, opts.logger);
+  return {
+    port: server.port,
+    botUser: auth.user_id,
+    replies,
+    async close(): Promise<void> {
+      await server.close();
+      await replies.settle();
+    },
+  };
+}
