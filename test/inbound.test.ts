@@ -61,6 +61,16 @@ describe("normalisation (no processes)", () => {
       }),
     );
     assert.equal(captionOnly.body.split("\n")[0], "a cat");
+    // With text, a voice note's transcript is not lost: it follows its line.
+    const withText = normaliseInbound(
+      create(InboundMessageSchema, {
+        idempotencyKey: "k5",
+        context: { channel: "web", sender: { id: "1" } },
+        text: "listen to this",
+        media: [{ url: "https://x/v.ogg", mimeType: "audio/ogg", transcript: "meet at noon" }],
+      }),
+    );
+    assert.equal(withText.body, "listen to this\n[audio: v.ogg (audio/ogg)] transcript: meet at noon");
     // A URL whose escapes or host do not parse still makes a message: the file gets a plain name.
     const odd = normaliseInbound(
       create(InboundMessageSchema, {

@@ -37,6 +37,13 @@ before(async () => {
     flavour: "openai",
     apiKey: KEY,
     models: [{ id: "gpt-4o-mini" }, { id: "gpt-3.5-turbo", vision: false }],
+    // A message naming a workspace file is answered by reading it; then with "read".
+    reply: (body) => {
+      const lastMsg = body.messages.at(-1)!;
+      if (lastMsg.role === "tool") return { text: "read" };
+      const placed = /is in the workspace at \/workspace\/(attachments\/\S+)\]/.exec(JSON.stringify(lastMsg.content));
+      return placed ? { toolCalls: [{ name: "read_file", arguments: { path: placed[1]! } }] } : { text: "ok" };
+    },
   }).start();
   anthropic = await new AnthropicApiServer({ apiKey: KEY }).start();
   images = http.createServer((req, res) => {
@@ -46,6 +53,7 @@ before(async () => {
       res.writeHead(200, { "content-type": "image/png" }).end("<html>not an image</html>");
     else if (req.url === "/huge.png")
       res.writeHead(200, { "content-type": "image/png" }).end(Buffer.concat([PNG, Buffer.alloc(3 * 1024 * 1024)]));
+    else if (req.url === "/data.csv") res.writeHead(200, { "content-type": "text/csv" }).end("city,bees\nLyon,12\n");
     else if (req.url === "/away.png") res.writeHead(302, { location: `http://127.0.0.2:${port}/cat.png` }).end();
     else res.writeHead(404).end();
   });
@@ -86,7 +94,7 @@ before(async () => {
   );
   stack = await startStack({
     dataDir,
-    services: ["router", "memory", "runner", "gateway"],
+    services: ["router", "memory", "sandbox", "runner", "gateway"],
     env: {
       TROUPE_PROVIDERS_FILE: providersFile,
       TROUPE_TEST_PROVIDER_KEY: KEY,
@@ -205,4 +213,36 @@ test("an image that lies, is too large, or is behind the guard is left out; the 
   }
   assert.ok(!fetched.some((u) => u.startsWith("127.0.0.2")), "nothing was asked of an address the guard refuses");
   assert.deepEqual(openai.refused, []);
+});
+
+test("other files go into the session's workspace, where the agent reads them; the message says where", async () => {
+  const before = openai.accepted.length;
+  const res = await adapter.deliver({
+    message: {
+      idempotencyKey: `k${++n}`,
+      context: { channel: "web", sender: { id: `s${n}` } },
+      text: "what does the table say?",
+      media: [
+        { url: `${imageBase}/data.csv`, mimeType: "text/csv", fileName: "data.csv" },
+        {
+          url: "notes:1",
+          mimeType: "text/plain",
+          fileName: "../../etc/notes.txt",
+          data: Buffer.from("sent by the adapter"),
+        },
+      ],
+    },
+  });
+  const done = await waitFor(
+    "the answer after reading the file",
+    async () => openai.accepted.slice(before).find((b) => b.messages.at(-1)!.role === "tool"),
+    60_000,
+  );
+  const tool = done.messages.at(-1)!;
+  assert.match(String(tool.content), /city,bees\nLyon,12/, "the file the model read is the one sent");
+  const user = done.messages.filter((m) => m.role === "user").at(-1)!;
+  assert.match(String(user.content), /\[data\.csv is in the workspace at \/workspace\/attachments\/\w+-1-data\.csv\]/);
+  // A name that tries to leave the workspace is only a name.
+  assert.match(String(user.content), /\/workspace\/attachments\/\w+-2-etc_notes\.txt\]/);
+  assert.ok(res.sessionId);
 });

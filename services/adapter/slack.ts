@@ -11,7 +11,7 @@ import { createHmac, timingSafeEqual } from "node:crypto";
 import type http from "node:http";
 import { ChatType } from "../shared/gen/troupe/v1/inbound_pb.js";
 import { Status, grpcCode } from "../shared/errors.js";
-import { MAX_IMAGE_BYTES } from "../shared/images.js";
+import { MAX_ATTACHMENT_BYTES, MAX_IMAGE_BYTES } from "../shared/media.js";
 import type { Logger } from "../shared/log.js";
 import { deliverFrom, type GatewayClient } from "./deliver.js";
 import { DraftedReplies, sendText, type ChatApi } from "./drafted-replies.js";
@@ -115,16 +115,15 @@ export async function startSlackAdapter(gateway: GatewayClient, state: AdapterSt
     const from: Address = { chat_id: e.channel, message_id: e.ts, ...(thread ? { thread_id: thread } : {}) };
     const media = await Promise.all(
       (e.files ?? []).map(async (f) => {
-        const image =
-          f.mimetype?.startsWith("image/") && (f.size ?? 0) <= MAX_IMAGE_BYTES && mayDownload(f.url_private ?? "");
+        // A file small enough for the workspace (or an image for a vision model) comes with its bytes.
+        const cap = f.mimetype?.startsWith("image/") ? MAX_IMAGE_BYTES : MAX_ATTACHMENT_BYTES;
+        const fetchIt = (f.size ?? 0) <= cap && mayDownload(f.url_private ?? "");
         return {
           url: `slack:file/${f.id}`,
           mimeType: f.mimetype ?? "",
           fileName: f.name ?? "",
           sizeBytes: BigInt(f.size ?? 0),
-          data: image
-            ? await api.download(f.url_private!, MAX_IMAGE_BYTES).catch(() => new Uint8Array())
-            : new Uint8Array(),
+          data: fetchIt ? await api.download(f.url_private!, cap).catch(() => new Uint8Array()) : new Uint8Array(),
         };
       }),
     );

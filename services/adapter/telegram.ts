@@ -8,7 +8,7 @@ import { Status, grpcCode } from "../shared/errors.js";
 import type { Logger } from "../shared/log.js";
 import { BotApi, BotApiError, type TgMessage, type TgUpdate, type TgUser } from "./bot-api.js";
 import { deliverFrom, type GatewayClient } from "./deliver.js";
-import { MAX_IMAGE_BYTES } from "../shared/images.js";
+import { MAX_ATTACHMENT_BYTES, MAX_IMAGE_BYTES } from "../shared/media.js";
 import type { AdapterState, Address } from "./state.js";
 import { DraftedReplies, sendText } from "./drafted-replies.js";
 import { telegramChat } from "./telegram-chat.js";
@@ -142,10 +142,10 @@ export async function startTelegramAdapter(gateway: GatewayClient, state: Adapte
 const nameOf = (u: TgUser) => [u.first_name, u.last_name].filter(Boolean).join(" ") || u.username || String(u.id);
 
 /**
- * A message's photo and document as media. An image (a photo, Telegram's largest size that fits
- * MAX_IMAGE_BYTES; or a document of an image type) is downloaded here (getFile, then the file
- * URL), because its URL holds the bot's token and must not leave the adapter: the gateway gets its
- * bytes under a name without the token. Other files are named by their file id.
+ * A message's photo and document as media, downloaded here (getFile, then the file URL) because
+ * that URL holds the bot's token and must not leave the adapter: the gateway gets the bytes under
+ * a name without it. A photo: Telegram's largest size that fits MAX_IMAGE_BYTES; a document: when
+ * it fits the workspace's MAX_ATTACHMENT_BYTES (an image document, MAX_IMAGE_BYTES), else by name.
  */
 type Media = { url: string; mimeType: string; fileName: string; sizeBytes: bigint; data: Uint8Array };
 
@@ -179,13 +179,15 @@ async function mediaOf(api: BotApi, token: string, apiUrl: string, m: TgMessage,
   }
   const doc = m.document;
   if (doc) {
-    const image = doc.mime_type?.startsWith("image/") && (doc.file_size ?? 0) <= MAX_IMAGE_BYTES;
+    // A file small enough for the workspace (or an image for a vision model) comes with its bytes.
+    const cap = doc.mime_type?.startsWith("image/") ? MAX_IMAGE_BYTES : MAX_ATTACHMENT_BYTES;
+    const fetchIt = (doc.file_size ?? 0) <= cap;
     out.push({
       url: `telegram:file/${doc.file_id}`,
       mimeType: doc.mime_type ?? "",
       fileName: doc.file_name ?? "",
       sizeBytes: BigInt(doc.file_size ?? 0),
-      data: image ? await download(doc.file_id) : new Uint8Array(),
+      data: fetchIt ? await download(doc.file_id) : new Uint8Array(),
     });
   }
   return out;

@@ -7,7 +7,7 @@ import { create } from "@bufbuild/protobuf";
 import { invalidArgument, invalidArgumentIf } from "../shared/errors.js";
 import { CHANNEL_NAME } from "../shared/ids.js";
 import { inboundFrameId } from "../shared/frames.js";
-import { MAX_IMAGE_BYTES } from "../shared/images.js";
+import { MAX_IMAGE_BYTES } from "../shared/media.js";
 import {
   ChannelContextSchema,
   ChatType,
@@ -129,7 +129,11 @@ export function normaliseInbound(msg: InboundMessage | undefined): NormalisedInb
   invalidArgumentIf(text.length > MAX_TEXT_CHARS, `message.text is over ${MAX_TEXT_CHARS} characters`);
   // The body's priority chain: the text, else a transcript, else a caption, else the attachments.
   const lead = text || media.find((m) => m.transcript)?.transcript || media.find((m) => m.caption)?.caption || "";
-  const body = [lead, ...media.map(describe)].filter((l) => l !== "").join("\n");
+  // An audio's transcript is its words: it goes in, unless it is the lead already.
+  const lines = media.map((m) =>
+    m.transcript && m.transcript !== lead ? `${describe(m)} transcript: ${m.transcript}` : describe(m),
+  );
+  const body = [lead, ...lines].filter((l) => l !== "").join("\n");
   invalidArgumentIf(body === "", "the message has neither text nor media");
 
   const frameId = inboundFrameId(channel, c.accountId, key);

@@ -1,12 +1,13 @@
-// A channel message's images, made ready for a vision model: the bytes an adapter sent, or the
-// URL fetched through the SSRF guard (shared/net-guard.ts: public addresses only, checked ports,
-// redirects checked hop by hop), at most MAX_IMAGE_BYTES in all and only PNG, JPEG, GIF or WebP by
-// their first bytes. An image that fails any check is left out, with a log line: the message
-// still goes in, and its text names the attachment as it did before images were sent.
+// A channel message's media, made ready for the run: the bytes an adapter sent, or the URL
+// fetched through the SSRF guard (shared/net-guard.ts: public addresses only, checked ports,
+// redirects checked hop by hop). Images for a vision model: at most MAX_IMAGE_BYTES in all and
+// only PNG, JPEG, GIF or WebP by their first bytes. Other files for the session's workspace: at
+// most MAX_ATTACHMENT_BYTES in all. What fails a check is left out, with a log line (and, for a
+// file, a line telling the model): the message still goes in, its text naming the attachment.
 import { create } from "@bufbuild/protobuf";
 import { MediaKind, type MediaRef } from "../shared/gen/troupe/v1/inbound_pb.js";
-import { ImageSchema, type Image } from "../shared/gen/troupe/v1/session_pb.js";
-import { MAX_IMAGE_BYTES, MAX_IMAGES, sniffImage } from "../shared/images.js";
+import { AttachmentSchema, ImageSchema, type Attachment, type Image } from "../shared/gen/troupe/v1/session_pb.js";
+import { MAX_ATTACHMENT_BYTES, MAX_ATTACHMENTS, MAX_IMAGE_BYTES, MAX_IMAGES, sniffImage } from "../shared/media.js";
 import type { Logger } from "../shared/log.js";
 import { guardedRequest, type NetPolicy } from "../shared/net-guard.js";
 
@@ -43,17 +44,22 @@ export async function imagesOf(media: readonly MediaRef[], policy: NetPolicy, lo
   return out;
 }
 
+/** The media's bytes and the type they were served as: the adapter's, or fetched through the guard. */
+async function bytesOf(
+  m: MediaRef,
+  policy: NetPolicy,
+  maxBytes: number,
+): Promise<{ data: Uint8Array; stated: string }> {
+  if (m.data.length > 0) return { data: m.data, stated: m.mimeType };
+  const res = await guardedRequest(m.url, { maxBytes, timeoutMs: FETCH_TIMEOUT_MS }, policy);
+  if (res.status !== 200) throw new Error(`the URL answered ${res.status}`);
+  if (res.truncated) throw new Error(`it is over ${maxBytes} bytes`);
+  const type = res.headers["content-type"];
+  return { data: res.body, stated: (typeof type === "string" ? type : "").split(";")[0]!.trim().toLowerCase() };
+}
+
 async function imageOf(m: MediaRef, policy: NetPolicy): Promise<Image> {
-  let data: Uint8Array = m.data;
-  let stated = m.mimeType;
-  if (data.length === 0) {
-    const res = await guardedRequest(m.url, { maxBytes: MAX_IMAGE_BYTES, timeoutMs: FETCH_TIMEOUT_MS }, policy);
-    if (res.status !== 200) throw new Error(`the URL answered ${res.status}`);
-    if (res.truncated) throw new Error(`it is over ${MAX_IMAGE_BYTES} bytes`);
-    const type = res.headers["content-type"];
-    stated = (typeof type === "string" ? type : "").split(";")[0]!.trim().toLowerCase();
-    data = res.body;
-  }
+  const { data, stated } = await bytesOf(m, policy, MAX_IMAGE_BYTES);
   const actual = sniffImage(data);
   if (!actual) throw new Error("it is not a PNG, JPEG, GIF or WebP image");
   if (stated !== actual) throw new Error(`it is ${actual}, served as ${stated || "no type"}`);
@@ -63,4 +69,45 @@ async function imageOf(m: MediaRef, policy: NetPolicy): Promise<Image> {
     sourceUrl: m.url,
     sizeBytes: BigInt(data.length),
   });
+}
+
+/**
+ * A message's other media as files for the workspace, each at attachments/<id>-<name> (the id
+ * from the frame, so two messages' report.pdf do not collide), and the lines that tell the model
+ * where each is, or why it is not there.
+ */
+export async function attachmentsOf(
+  media: readonly MediaRef[],
+  frameId: string,
+  policy: NetPolicy,
+  logger: Logger,
+): Promise<{ attachments: Attachment[]; lines: string[] }> {
+  const files = media.filter((m) => m.kind !== MediaKind.IMAGE).slice(0, MAX_ATTACHMENTS);
+  const prefix = frameId.replace(/[^A-Za-z0-9]/g, "").slice(-8);
+  const attachments: Attachment[] = [];
+  const lines: string[] = [];
+  let total = 0;
+  for (const [i, m] of files.entries()) {
+    const name =
+      m.fileName
+        .replace(/[^A-Za-z0-9._-]/g, "_")
+        .replace(/^[._-]+/, "")
+        .slice(0, 100) || `file-${i + 1}`;
+    const path = `attachments/${prefix}-${i + 1}-${name}`;
+    try {
+      const room = MAX_ATTACHMENT_BYTES - total;
+      const { data } = await bytesOf(m, policy, room);
+      if (data.length > room) throw new Error(`the message's files passed ${MAX_ATTACHMENT_BYTES} bytes`);
+      total += data.length;
+      attachments.push(create(AttachmentSchema, { fileName: m.fileName, mimeType: m.mimeType, data, path }));
+      lines.push(`[${m.fileName} is in the workspace at /workspace/${path}]`);
+    } catch (err) {
+      logger.info("a file was not put in the workspace", {
+        url: m.url.slice(0, 200),
+        reason: String((err as Error).message),
+      });
+      lines.push(`[${m.fileName} could not be put in the workspace: ${(err as Error).message}]`);
+    }
+  }
+  return { attachments, lines };
 }

@@ -38,7 +38,7 @@ import {
 import { TurnSpans } from "./turn-spans.js";
 import { listOwnedSessions } from "./session-listing.js";
 import { InboxHints, InboxStream } from "./inbox.js";
-import { imagesOf } from "./media.js";
+import { attachmentsOf, imagesOf } from "./media.js";
 import { DEFAULT_NET_POLICY } from "../shared/net-guard.js";
 import { watchedKeys } from "./revocation.js";
 
@@ -465,7 +465,15 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
         );
         return { sessionId, agentId: route.agentId, matchedTier: route.matchedTier, directiveReply };
       }
-      if (prompt.kind.case === "prompt") prompt.kind.value.images = await imagesOf(inbound.media, netPolicy, logger);
+      if (prompt.kind.case === "prompt" && inbound.media.length > 0) {
+        const [images, files] = await Promise.all([
+          imagesOf(inbound.media, netPolicy, logger),
+          attachmentsOf(inbound.media, inbound.frameId, netPolicy, logger),
+        ]);
+        prompt.kind.value.images = images;
+        prompt.kind.value.attachments = files.attachments;
+        if (files.lines.length > 0) prompt.kind.value.text = [inbound.body, ...files.lines].join("\n");
+      }
       const frame = inbound.commandAuthorized ? catchStopCommand(prompt) : prompt;
       admit(identityOf(call.metadata).tenant, sessionId, frame);
       const accepted = await withRunner(call, sessionId, async (runner) => {

@@ -172,6 +172,7 @@ async function admit(host: RunHost, deps: RunDeps, info: TurnInfo, queued: Queue
       continue;
     }
     deps.hooks.observe("message_received", { ...info, frameId: q.frameId, text: q.text }, hookFailed(host));
+    if (q.attachments?.length) await deps.placeFiles?.(q);
     passed.push(q);
   }
   return passed;

@@ -59,6 +59,7 @@ export class Mailbox {
       text: k.value.text,
       instruction,
       ...(k.case === "prompt" && k.value.images.length > 0 ? { images: k.value.images } : {}),
+      ...(k.case === "prompt" && k.value.attachments.length > 0 ? { attachments: k.value.attachments } : {}),
       ...(frame.speaker?.id ? { speaker: { id: frame.speaker.id, displayName: frame.speaker.displayName } } : {}),
       traceContext: ctx,
       arrival: ++this.arrivals,

@@ -4,6 +4,7 @@
 // the tenant's quotas. The runner builds these parts once (server.ts); a run gets its RunDeps anew.
 import type { MemoryService } from "../shared/gen/troupe/v1/memory_pb.js";
 import type { SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
+import { identityMetadata } from "../shared/auth.js";
 import type { Logger } from "../shared/log.js";
 import type { NetPolicy } from "../shared/net-guard.js";
 import type { TenantQuotas } from "../shared/quotas.js";
@@ -176,6 +177,21 @@ export function runDepsFor(parts: RunnerParts): (actor: SessionActor, first: rea
       agentId,
       tenant: owner.tenant,
       log: logger,
+      placeFiles: async (q) => {
+        for (const a of q.attachments ?? [])
+          await sandbox
+            .writeFile(
+              { sessionId, agentId, path: a.path, data: a.data, createParents: true },
+              { metadata: identityMetadata(owner), timeoutMs: 30_000 },
+            )
+            .catch((err) =>
+              logger.warn("an attachment was not written to the workspace", {
+                sessionId,
+                path: a.path,
+                error: String(err),
+              }),
+            );
+      },
       defaultModel: parts.defaultModel,
       model,
       hooks,

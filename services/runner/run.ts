@@ -13,6 +13,7 @@ import {
   type AgentEventSchema,
   type ChatMessage,
   type Image,
+  type Attachment,
   type ToolCall,
   type Usage,
 } from "../shared/gen/troupe/v1/session_pb.js";
@@ -37,6 +38,8 @@ export interface QueuedMessage {
   instruction?: string;
   /** A prompt's images, for vision models. */
   images?: Image[];
+  /** A prompt's files, for the session's workspace (RunDeps.placeFiles). */
+  attachments?: Attachment[];
   /** Who sent it, when a channel said (Deliver); otherwise the session's principal. */
   speaker?: { id: string; displayName: string };
   /** Trace context of the frame that carried it. */
@@ -129,6 +132,8 @@ export interface RunDeps {
    * (already audited). Never rejects: a failing check is a blocking verdict.
    */
   screen?(message: QueuedMessage): Promise<SafetyVerdict | undefined>;
+  /** Writes a message's attachments into the session's workspace. Contract: never throws; a file not written is logged. */
+  placeFiles?(message: QueuedMessage): Promise<void>;
   /**
    * Safety checks of a tool's result before the model sees it: the result to use (the same, or
    * behind a warning). Never rejects: a failing check is the implementation's to handle.

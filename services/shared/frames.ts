@@ -5,7 +5,7 @@ import { create } from "@bufbuild/protobuf";
 import { ClientFrameSchema, FrameKind, type ClientFrame } from "./gen/troupe/v1/session_pb.js";
 import { failedPrecondition, invalidArgument } from "./errors.js";
 import { isAgentId, isFrameId, isSessionId } from "./ids.js";
-import { validateImages } from "./images.js";
+import { validateAttachments, validateImages } from "./media.js";
 
 export const FRAME_KIND: Record<NonNullable<ClientFrame["kind"]["case"]>, FrameKind> = {
   open: FrameKind.OPEN,
@@ -96,7 +96,10 @@ export function validateFrame(
           `frame ${frame.frameId}: instruction must be at most ${MAX_INSTRUCTION_CHARS} characters`,
         );
       }
-      if (kind.case === "prompt") validateImages(kind.value.images);
+      if (kind.case === "prompt") {
+        validateImages(kind.value.images);
+        validateAttachments(kind.value.attachments);
+      }
       break;
     case "abort":
       break;

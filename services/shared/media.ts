@@ -1,9 +1,9 @@
-// Images for vision models: the four formats both OpenAI and Anthropic take (PNG, JPEG, GIF,
+// Media that comes with a message. Images for vision models: the four formats both OpenAI and Anthropic take (PNG, JPEG, GIF,
 // WebP), recognised by their first bytes, since a stated type is only a claim. A message carries
 // at most MAX_IMAGES of them and MAX_IMAGE_BYTES in all, so that it fits a gRPC message of the
 // default 4 MiB with its text.
 import { invalidArgument } from "./errors.js";
-import type { Image } from "./gen/troupe/v1/session_pb.js";
+import type { Attachment, Image } from "./gen/troupe/v1/session_pb.js";
 
 export const IMAGE_TYPES = ["image/png", "image/jpeg", "image/gif", "image/webp"] as const;
 export const MAX_IMAGES = 4;
@@ -37,4 +37,21 @@ export function validateImages(images: readonly Image[]): void {
   }
   if (total > MAX_IMAGE_BYTES)
     throw invalidArgument(`a message's images may hold ${MAX_IMAGE_BYTES} bytes in all, not ${total}`);
+}
+
+/** A message's files (Prompt.attachments): put in the session's workspace, under attachments/. */
+export const MAX_ATTACHMENTS = 10;
+export const MAX_ATTACHMENT_BYTES = 1024 * 1024;
+const ATTACHMENT_PATH = /^attachments\/[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
+
+export function validateAttachments(files: readonly Attachment[]): void {
+  if (files.length > MAX_ATTACHMENTS) throw invalidArgument(`at most ${MAX_ATTACHMENTS} attachments per message`);
+  let total = 0;
+  for (const [i, f] of files.entries()) {
+    total += f.data.length;
+    if (!ATTACHMENT_PATH.test(f.path) || f.path.includes(".."))
+      throw invalidArgument(`attachments[${i}].path must be attachments/<name> of A-Z a-z 0-9 . _ -`);
+  }
+  if (total > MAX_ATTACHMENT_BYTES)
+    throw invalidArgument(`a message's attachments may hold ${MAX_ATTACHMENT_BYTES} bytes in all, not ${total}`);
 }

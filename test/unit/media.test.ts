@@ -3,7 +3,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { create } from "@bufbuild/protobuf";
-import { MAX_IMAGE_BYTES, sniffImage, validateImages } from "../../services/shared/images.js";
+import { MAX_IMAGE_BYTES, sniffImage, validateImages } from "../../services/shared/media.js";
 import { ImageSchema } from "../../services/shared/gen/troupe/v1/session_pb.js";
 import { Status, grpcCode } from "../../services/shared/errors.js";
 
@@ -36,4 +36,22 @@ test("frames' images: the stated type must be the real one; at most 4, at most 2
   refused(() => validateImages(Array.from({ length: 5 }, () => image("image/png", PNG))), /at most 4/);
   const big = Buffer.concat([PNG, Buffer.alloc(MAX_IMAGE_BYTES)]);
   refused(() => validateImages([image("image/png", big)]), /2097152 bytes in all/);
+});
+
+test("attachments: only attachments/<name> paths, at most 10, at most 1 MiB in all", async () => {
+  const { AttachmentSchema } = await import("../../services/shared/gen/troupe/v1/session_pb.js");
+  const { validateAttachments } = await import("../../services/shared/media.js");
+  const file = (path: string, size = 10) => create(AttachmentSchema, { path, data: Buffer.alloc(size), fileName: "f" });
+  validateAttachments([file("attachments/ab12-1-data.csv")]);
+  for (const path of [
+    "../x",
+    "attachments/../../etc/passwd",
+    "attachments/a/b",
+    "/workspace/x",
+    "attachments/.hidden",
+    "",
+  ])
+    refused(() => validateAttachments([file(path)]), /attachments\[0\]\.path/);
+  refused(() => validateAttachments(Array.from({ length: 11 }, (_, i) => file(`attachments/f${i}`))), /at most 10/);
+  refused(() => validateAttachments([file("attachments/big", 1024 * 1024 + 1)]), /1048576 bytes in all/);
 });
