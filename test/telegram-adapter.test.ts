@@ -9,12 +9,13 @@ import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { startAdapter, type AdapterProcess } from "./helpers/adapter.js";
-import { startStack, waitFor, type Stack } from "./helpers/stack.js";
+import { freePort, startStack, waitFor, type Stack } from "./helpers/stack.js";
 import { TelegramApiServer } from "./helpers/telegram-api.js";
 
 const TOKEN = "123456:ABC-test-token";
 const ALICE = { id: 1001, first_name: "Alice" };
 const BOB = { id: 1002, first_name: "Bob" };
+const CAROL = { id: 1003, first_name: "Carol" };
 let stack: Stack;
 let dataDir: string;
 let telegram: TelegramApiServer;
@@ -165,5 +166,55 @@ test("a token the Bot API refuses stops the adapter with the reason", async () =
       /polling as/,
     ),
     /refused TELEGRAM_BOT_TOKEN \(401\)/,
+  );
+});
+
+test("webhook mode: setWebhook with a secret; updates come by POST and are answered; forged ones are refused", async () => {
+  const hooks = new TelegramApiServer(TOKEN);
+  const url = await hooks.start();
+  hooks.addChat({ id: CAROL.id, type: "private" });
+  const listen = `127.0.0.1:${await freePort()}`;
+  const publicUrl = "https://bot.example.com:8443/telegram";
+  // Telegram reaches the public URL; a proxy in front of the adapter would pass it on to here.
+  hooks.proxy.set(publicUrl, `http://${listen}/telegram`);
+  const env = {
+    TROUPE_API_KEY: adapterKey,
+    TROUPE_GATEWAY_ADDR: stack.addr.gateway,
+    TROUPE_DATA_DIR: dataDir,
+    TROUPE_ADAPTER_STATE: path.join(dataDir, "webhook-bot.json"),
+    TELEGRAM_BOT_TOKEN: TOKEN,
+    TELEGRAM_API_URL: url,
+    TELEGRAM_WEBHOOK_URL: publicUrl,
+    TELEGRAM_WEBHOOK_SECRET: "s3cret_token-1",
+    TROUPE_WEBHOOK_ADDR: listen,
+  };
+  const bot = await startAdapter("telegram", env, /telegram adapter taking its webhook as @troupe_bot/);
+  try {
+    hooks.userSays(CAROL.id, CAROL, "by webhook");
+    const msgs = await waitFor("the answer", async () => {
+      const m = hooks.botMessages(CAROL.id);
+      return m.length === 1 && /^You said: by webhook/.test(m[0]!.text) && m;
+    });
+    assert.equal(msgs.length, 1);
+    const forged = await fetch(`http://${listen}/telegram`, {
+      method: "POST",
+      headers: { "content-type": "application/json", "x-telegram-bot-api-secret-token": "guess" },
+      body: JSON.stringify({
+        update_id: 99,
+        message: { message_id: 9, date: 0, chat: { id: CAROL.id, type: "private" }, from: CAROL, text: "forged" },
+      }),
+    });
+    assert.equal(forged.status, 401);
+    await new Promise((r) => setTimeout(r, 1000));
+    assert.equal(hooks.botMessages(CAROL.id).length, 1);
+    assert.deepEqual(hooks.refusals, []);
+  } finally {
+    await bot.kill("SIGTERM");
+    await hooks.stop();
+  }
+  // Telegram refuses a webhook that is not HTTPS: the adapter does not start.
+  await assert.rejects(
+    startAdapter("telegram", { ...env, TELEGRAM_WEBHOOK_URL: "http://bot.example.com/telegram" }, /webhook/),
+    /must be an https:\/\/ URL/,
   );
 });

@@ -1,8 +1,11 @@
-// `troupe adapter telegram`: a Telegram bot by long polling (getUpdates). Each message becomes a
-// Deliver; the update offset advances (and Telegram forgets the update) only once the gateway has
-// it, so a bot killed mid-batch gets the batch again and the gateway's idempotency keys
-// (chat:message) drop what it already had. In groups the bot takes what is addressed to it: a
+// `troupe adapter telegram`: a Telegram bot by long polling (getUpdates) or by webhook
+// (setWebhook). Each message becomes a Deliver. Polling, the update offset advances (and Telegram
+// forgets the update) only once the gateway has it; by webhook, the 200 comes only then. Either
+// way a bot killed mid-update gets it again, and the gateway's idempotency keys (chat:message)
+// drop what it already had. In groups the bot takes what is addressed to it: a
 // mention, a reply to one of its messages, or a /command. Replies: telegram-replies.ts.
+import { timingSafeEqual } from "node:crypto";
+import type http from "node:http";
 import { ChatType } from "../shared/gen/troupe/v1/inbound_pb.js";
 import { Status, grpcCode } from "../shared/errors.js";
 import type { Logger } from "../shared/log.js";
@@ -11,6 +14,7 @@ import { deliverFrom, type GatewayClient } from "./deliver.js";
 import { MAX_ATTACHMENT_BYTES, MAX_IMAGE_BYTES } from "../shared/media.js";
 import type { AdapterState, Address } from "./state.js";
 import { DraftedReplies, sendText } from "./drafted-replies.js";
+import { serveInbound, type InboundAnswer } from "./http-inbound.js";
 import { telegramChat } from "./telegram-chat.js";
 
 export interface TelegramOptions {
@@ -20,10 +24,13 @@ export interface TelegramOptions {
   /** Telegram user ids whose /commands act. */
   commandUsers: Set<string>;
   draftIntervalMs: number;
+  /** Webhook mode (setWebhook): the public HTTPS URL Telegram POSTs to, its secret token, and where this process listens. */
+  webhook?: { url: string; secret: string; listen: string };
   logger: Logger;
 }
 
 const POLL_TIMEOUT_S = 25;
+const equalSecrets = (a: string, b: string) => a.length === b.length && timingSafeEqual(Buffer.from(a), Buffer.from(b));
 const CHAT_TYPES = {
   private: ChatType.DIRECT,
   group: ChatType.GROUP,
@@ -125,15 +132,53 @@ export async function startTelegramAdapter(gateway: GatewayClient, state: Adapte
       }
     }
   };
-  const polling = poll();
+  /**
+   * Webhook mode: Telegram POSTs each Update with the secret token in a header
+   * (https://core.telegram.org/bots/api#setwebhook). A 2xx tells it the update is taken; anything
+   * else, and it sends the update again later.
+   */
+  const hook = async (raw: Buffer, req: http.IncomingMessage): Promise<InboundAnswer> => {
+    const secret = req.headers["x-telegram-bot-api-secret-token"];
+    if (typeof secret !== "string" || !equalSecrets(secret, opts.webhook!.secret))
+      return { status: 401, body: { error: "X-Telegram-Bot-Api-Secret-Token does not match" } };
+    let update: TgUpdate;
+    try {
+      update = JSON.parse(raw.toString("utf8")) as TgUpdate;
+    } catch {
+      return { status: 400, body: { error: "the body is not JSON" } };
+    }
+    try {
+      if (update.message) await take(update.message);
+      return { status: 200, body: {} };
+    } catch (err) {
+      opts.logger.warn("a Telegram update was not delivered; Telegram will send it again", { error: String(err) });
+      return { status: 503, body: { error: "not delivered; retry" } };
+    }
+  };
+
+  let running: Promise<void> | { close(): Promise<void> };
+  if (opts.webhook) {
+    const server = await serveInbound(opts.webhook.listen, "/telegram", hook, opts.logger);
+    await api.call("setWebhook", {
+      url: opts.webhook.url,
+      secret_token: opts.webhook.secret,
+      allowed_updates: ["message"],
+    });
+    running = server;
+  } else {
+    // A webhook left from an earlier setup would refuse every getUpdates.
+    await api.call("deleteWebhook", { drop_pending_updates: false });
+    running = poll();
+  }
 
   return {
     username: me.username ?? String(me.id),
+    mode: opts.webhook ? "webhook" : "polling",
     replies,
     async close(): Promise<void> {
       stopped = true;
       stop.abort();
-      await polling;
+      await ("close" in running ? running.close() : running);
       await replies.settle();
     },
   };

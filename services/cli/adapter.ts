@@ -64,15 +64,20 @@ export async function adapterCommand(args: string[]): Promise<number> {
     replies = new InboxReplies(gateway, state, app.replies, logger);
   } else {
     if (!a.telegramBotToken) return fail("set TELEGRAM_BOT_TOKEN: the bot's token from BotFather");
+    if (a.telegramWebhookUrl && !a.telegramWebhookSecret)
+      return fail("set TELEGRAM_WEBHOOK_SECRET with TELEGRAM_WEBHOOK_URL: without it anyone could post updates");
     const bot = await startTelegramAdapter(gateway, state, {
       token: a.telegramBotToken,
       apiUrl: a.telegramApiUrl,
       channel,
       commandUsers: new Set(a.commandUsers),
       draftIntervalMs: a.draftIntervalMs,
+      webhook: a.telegramWebhookUrl
+        ? { url: a.telegramWebhookUrl, secret: a.telegramWebhookSecret, listen: a.webhookAddr }
+        : undefined,
       logger,
     });
-    logger.info(`telegram adapter polling as @${bot.username}`);
+    logger.info(`telegram adapter ${bot.mode === "webhook" ? "taking its webhook" : "polling"} as @${bot.username}`);
     inbound = bot;
     replies = new InboxReplies(gateway, state, bot.replies, logger);
   }

@@ -112,6 +112,8 @@ export interface Config {
     webhookReplyUrl: string;
     telegramBotToken: string;
     telegramApiUrl: string;
+    telegramWebhookUrl: string;
+    telegramWebhookSecret: string;
     slackBotToken: string;
     slackSigningSecret: string;
     slackApiUrl: string;
@@ -374,6 +376,8 @@ export function loadConfig(
       webhookReplyUrl: str("webhookReplyUrl") ?? "",
       telegramBotToken: str("telegramBotToken") ?? "",
       telegramApiUrl: str("telegramApiUrl")!,
+      telegramWebhookUrl: str("telegramWebhookUrl") ?? "",
+      telegramWebhookSecret: str("telegramWebhookSecret") ?? "",
       slackBotToken: str("slackBotToken") ?? "",
       slackSigningSecret: str("slackSigningSecret") ?? "",
       slackApiUrl: str("slackApiUrl")!,

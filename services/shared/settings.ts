@@ -404,6 +404,21 @@ export const SETTINGS = {
       default: "https://api.telegram.org",
       schema: { type: "string", pattern: "^https?://", message: "must be an http:// or https:// URL" },
     },
+    telegramWebhookUrl: {
+      env: "TELEGRAM_WEBHOOK_URL",
+      doc: "troupe adapter telegram: set for webhook mode, the public HTTPS URL Telegram POSTs to (proxied to TROUPE_WEBHOOK_ADDR, path /telegram); unset: long polling",
+      schema: {
+        type: "string",
+        pattern: "^https://",
+        message: "must be an https:// URL (Telegram calls only HTTPS webhooks)",
+      },
+    },
+    telegramWebhookSecret: {
+      env: "TELEGRAM_WEBHOOK_SECRET",
+      doc: "troupe adapter telegram: the webhook's secret token (1-256 of A-Z a-z 0-9 _ -), checked on every update",
+      schema: { type: "string", pattern: "^[A-Za-z0-9_-]{1,256}$", message: "must be 1-256 of A-Z a-z 0-9 _ -" },
+      secret: true,
+    },
     slackBotToken: {
       env: "SLACK_BOT_TOKEN",
       doc: "troupe adapter slack: the app's bot token (xoxb-...)",

@@ -6,7 +6,9 @@
 // at a time (a newer getUpdates ends the older with 409 Conflict), sendMessage's chat, text of 1-4096 characters, topic and reply target,
 // editMessageText's target (the bot's own message) and "message is not modified", and flood
 // control per chat (429 with retry_after; the FAQ's one message a second per chat, with a small
-// burst, and 20 a minute in groups).
+// burst, and 20 a minute in groups); setWebhook's rules (HTTPS on ports 443, 80, 88 or 8443, a
+// secret token of A-Z a-z 0-9 _ -), updates POSTed with X-Telegram-Bot-Api-Secret-Token and sent
+// again until answered 2xx, and getUpdates refused while a webhook is set.
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 
@@ -53,6 +55,13 @@ export class TelegramApiServer {
   private nextUpdate = 1;
   private waiting: (() => void)[] = [];
   private supersede?: () => void;
+  /** setWebhook's URL and secret token: updates are POSTed there, getUpdates is refused. */
+  private webhook?: { url: string; secret: string };
+  /** Where a public webhook URL is reached from here: the reverse proxy in front of a bot, in a test. */
+  readonly proxy = new Map<string, string>();
+  private delivering: Promise<void> = Promise.resolve();
+  /** Webhook deliveries: the status each attempt got. */
+  readonly webhookAttempts: number[] = [];
   private readonly buckets = new Map<number, { tokens: number; atMs: number; minute: number[] }>();
   private server?: http.Server;
   /** Every refused call, as "method: description", for assertions. */
@@ -122,9 +131,37 @@ export class TelegramApiServer {
       ...(photo ? { photo, caption: text, text: "" } : {}),
     };
     chat.messages.set(m.message_id, m);
-    this.updates.push({ update_id: this.nextUpdate++, message: this.wire(m) });
-    for (const w of [...this.waiting]) w();
+    const update = { update_id: this.nextUpdate++, message: this.wire(m) };
+    if (this.webhook) this.deliver(update, this.webhook);
+    else {
+      this.updates.push(update);
+      for (const w of [...this.waiting]) w();
+    }
     return m.message_id;
+  }
+
+  /** POSTs an update to the webhook, in order, again after a failure (a second apart here), as Telegram does. */
+  private deliver(update: object, hook: { url: string; secret: string }): void {
+    this.delivering = this.delivering.then(async () => {
+      const target = this.proxy.get(hook.url) ?? hook.url;
+      for (let attempt = 0; attempt < 10; attempt++) {
+        const status = await fetch(target, {
+          method: "POST",
+          headers: {
+            "content-type": "application/json",
+            ...(hook.secret ? { "x-telegram-bot-api-secret-token": hook.secret } : {}),
+          },
+          body: JSON.stringify(update),
+          signal: AbortSignal.timeout(10_000),
+        }).then(
+          (r) => r.status,
+          () => 0,
+        );
+        this.webhookAttempts.push(status);
+        if (status >= 200 && status < 300) return;
+        await new Promise((r) => setTimeout(r, 1000));
+      }
+    });
   }
 
   /** The bot's messages in a chat, oldest first. */
@@ -185,6 +222,25 @@ export class TelegramApiServer {
         return this.sendMessage(p);
       case "editMessageText":
         return this.editMessageText(p);
+      case "setWebhook": {
+        const url = String(p.url ?? "");
+        let parsed: URL | undefined;
+        try {
+          parsed = new URL(url);
+        } catch {}
+        if (!parsed || parsed.protocol !== "https:")
+          return badRequest("bad webhook: An HTTPS URL must be provided for webhook");
+        if (parsed.port !== "" && !["443", "80", "88", "8443"].includes(parsed.port))
+          return badRequest("bad webhook: Webhook can be set up only on ports 80, 88, 443 or 8443");
+        const secret = String(p.secret_token ?? "");
+        if (secret !== "" && !/^[A-Za-z0-9_-]{1,256}$/.test(secret))
+          return badRequest("secret token contains unallowed characters");
+        this.webhook = { url, secret };
+        return ok(true);
+      }
+      case "deleteWebhook":
+        this.webhook = undefined;
+        return ok(true);
       case "getFile": {
         const file = this.files.get(String(p.file_id));
         if (!file) return badRequest("invalid file_id");
@@ -201,6 +257,11 @@ export class TelegramApiServer {
   }
 
   private async getUpdates(p: Record<string, unknown>): Promise<Answer> {
+    if (this.webhook)
+      return fail(
+        409,
+        "Conflict: can't use getUpdates method while webhook is active; use deleteWebhook to delete the webhook first",
+      );
     // A newer getUpdates ends the one still waiting: that one is answered 409, as Telegram does.
     this.supersede?.();
     const offset = p.offset === undefined ? undefined : Number(p.offset);
