@@ -224,12 +224,9 @@ export class TelegramApiServer {
         return this.editMessageText(p);
       case "setWebhook": {
         const url = String(p.url ?? "");
-        let parsed: URL | undefined;
-        try {
-          parsed = new URL(url);
-        } catch {}
-        if (!parsed || parsed.protocol !== "https:")
+        if (!URL.canParse(url) || new URL(url).protocol !== "https:")
           return badRequest("bad webhook: An HTTPS URL must be provided for webhook");
+        const parsed = new URL(url);
         if (parsed.port !== "" && !["443", "80", "88", "8443"].includes(parsed.port))
           return badRequest("bad webhook: Webhook can be set up only on ports 80, 88, 443 or 8443");
         const secret = String(p.secret_token ?? "");
