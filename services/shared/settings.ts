@@ -379,7 +379,7 @@ export const SETTINGS = {
     webhookAddr: {
       env: "TROUPE_WEBHOOK_ADDR",
       flag: "listen",
-      doc: "troupe adapter webhook|slack: where it takes the platform's POSTs",
+      doc: "troupe adapter webhook, slack and telegram (webhook mode): where it takes the platform's POSTs",
       default: "127.0.0.1:8090",
     },
     webhookSecret: {
