@@ -403,6 +403,24 @@ describe("Troupe's internal services", () => {
     assert.ok((await asAlice.readHistory({ sessionId: "alice-1" })).messages.length >= 2);
     for (const c of [asCarol, anonymous, asAlice]) c.close();
   });
+
+  test("the runner checks what an internal caller opens as it checks a client's open frame", async () => {
+    const asAlice = stack.client(RunnerService, stack.addr.runner, { as: { tenant: "acme", principal: "alice" } });
+    try {
+      for (const [open, why] of [
+        [{ sessionId: "alice-effort", create: true, reasoningEffort: "extreme" }, /reasoning_effort/],
+        [{ sessionId: "../alice", create: true }, /session_id/],
+        [{ sessionId: "alice-model", create: true, model: "bad model!" }, /model/],
+      ] as const)
+        await assert.rejects(asAlice.ensureSession({ open }), (err: { code: number; details: string }) => {
+          assert.equal(err.code, Status.INVALID_ARGUMENT);
+          assert.match(err.details, why);
+          return true;
+        });
+    } finally {
+      asAlice.close();
+    }
+  });
 });
 
 describe("memory follows the session's owner", () => {

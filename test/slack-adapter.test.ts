@@ -91,7 +91,7 @@ test("a direct message is answered in the DM, streamed by chat.update", async ()
   assert.deepEqual(slack.refusals, []);
 });
 
-test("a mention in a channel is answered in its thread, without the mention; other channel talk is not", async () => {
+test("a mention in a channel is answered in its thread, without the mention; the thread is followed; other talk is not", async () => {
   const ts = slack.nextTs();
   // Slack sends a mention as both a channel message and an app_mention.
   const text = `<@${slack.botUser}> hello team`;
@@ -116,6 +116,18 @@ test("a mention in a channel is answered in its thread, without the mention; oth
   await new Promise((r) => setTimeout(r, 1500));
   assert.equal(slack.botMessages(GENERAL).length, 1, "one answer: the mention, once");
   assert.equal(reply!.thread_ts, ts);
+  // In the thread it answered in, the bot follows without being mentioned; in another thread it does not.
+  const inThread = { type: "message", channel: GENERAL, channel_type: "channel", user: "U0BOB0001", thread_ts: ts };
+  await slack.sendEvent(eventsUrl, { ...inThread, text: "and one more thing", ts: slack.nextTs() });
+  await slack.sendEvent(eventsUrl, {
+    ...inThread,
+    thread_ts: "1700000000.000100",
+    text: "elsewhere",
+    ts: slack.nextTs(),
+  });
+  await settles(GENERAL, 2, /^You said: and one more thing/, ts);
+  await new Promise((r) => setTimeout(r, 1500));
+  assert.equal(slack.botMessages(GENERAL).length, 2);
 });
 
 test("Slack's retries of an event are one message, answered once; a bot's own message is ignored", async () => {

@@ -5,7 +5,7 @@
 // an adapter killed mid-reply and started again neither loses nor doubles a message.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
-import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { startAdapter, type AdapterProcess } from "./helpers/adapter.js";
@@ -41,6 +41,8 @@ const start = async () => {
 before(async () => {
   dataDir = await mkdtemp(path.join(os.tmpdir(), "troupe-telegram-"));
   await writeFile(path.join(dataDir, "routing.json"), JSON.stringify({ session: { dmScope: "per-channel-peer" } }));
+  await mkdir(path.join(dataDir, "agents", "main"), { recursive: true });
+  await writeFile(path.join(dataDir, "agents", "main", "agent.json"), JSON.stringify({ models: ["scripted-2"] }));
   stack = await startStack({ dataDir, services: ["model-server", "router", "memory", "runner", "gateway"] });
   adapterKey = await stack.keyFor("local", "tg-bot", { role: "adapter", channels: ["telegram"] });
   telegram = new TelegramApiServer(TOKEN);
@@ -109,6 +111,16 @@ test("directives act for allowed users; from anyone else they are text", async (
   telegram.userSays(ALICE.id, ALICE, "/status@troupe_bot");
   const msgs = await botSays(ALICE.id, before + 1, /^agent main, model /);
   assert.match(msgs.at(-1)!.text, /messages in context/);
+  telegram.userSays(ALICE.id, ALICE, "/model scripted-2");
+  await botSays(ALICE.id, before + 2, /^Model set to scripted-2\./);
+  telegram.userSays(ALICE.id, ALICE, "/think high");
+  await botSays(ALICE.id, before + 3, /^Reasoning effort set to high\./);
+  telegram.userSays(ALICE.id, ALICE, "/status");
+  await botSays(ALICE.id, before + 4, /model scripted-2, reasoning effort high/);
+  telegram.userSays(ALICE.id, ALICE, "/new");
+  await botSays(ALICE.id, before + 5, /^Started a new conversation/);
+  telegram.userSays(ALICE.id, ALICE, "/status");
+  await botSays(ALICE.id, before + 6, /0 of \d+ messages in context|0 messages in context/);
   const bobBefore = telegram.botMessages(BOB.id).length;
   telegram.userSays(BOB.id, BOB, "/new");
   await botSays(BOB.id, bobBefore + 1, /^You said: \/new/);
@@ -214,7 +226,11 @@ test("webhook mode: setWebhook with a secret; updates come by POST and are answe
   }
   // Telegram refuses a webhook that is not HTTPS: the adapter does not start.
   await assert.rejects(
-    startAdapter("telegram", { ...env, TELEGRAM_WEBHOOK_URL: "http://bot.example.com/telegram" }, /webhook/),
+    startAdapter(
+      "telegram",
+      { ...env, TELEGRAM_WEBHOOK_URL: "http://bot.example.com/telegram" },
+      /taking its webhook as/,
+    ),
     /must be an https:\/\/ URL/,
   );
 });

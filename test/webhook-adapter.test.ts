@@ -24,6 +24,8 @@ let replyUrl: string;
 /** Replies received with a good signature, in order (duplicates included). */
 const replies: { delivery: string; body: Record<string, string> }[] = [];
 let failNext = 0;
+/** Chats whose replies are refused (503, Retry-After: 1) while listed. */
+const failingChats = new Set<string>();
 let attempts = 0;
 
 const hmac = (ts: string, body: string) =>
@@ -58,6 +60,10 @@ before(async () => {
       const ts = String(req.headers["x-troupe-timestamp"]);
       if (req.headers["x-troupe-signature"] !== hmac(ts, body) || Math.abs(Date.now() / 1000 - Number(ts)) > 300) {
         res.writeHead(401).end();
+        return;
+      }
+      if (failingChats.has(JSON.parse(body).chat_id)) {
+        res.writeHead(503, { "retry-after": "1" }).end();
         return;
       }
       if (failNext > 0) {
@@ -190,4 +196,16 @@ test("killed mid-reply and started again: the reply arrives once", async () => {
   await new Promise((r) => setTimeout(r, 2000));
   assert.equal(repliesTo("m7").length, 1);
   assert.equal(repliesTo("m7")[0]!.body.text.trim().split(" ").length, 60);
+});
+
+test("a chat whose replies keep failing holds up no other chat", async () => {
+  failingChats.add("chat-m8");
+  await post(message("m8", "stuck"));
+  await post(message("m9", "not stuck"));
+  await waitFor("the other chat's reply", async () => repliesTo("m9").length === 1, 15_000);
+  assert.equal(repliesTo("m8").length, 0);
+  failingChats.delete("chat-m8");
+  await waitFor("the stuck reply, once it can go", async () => repliesTo("m8").length === 1, 15_000);
+  await new Promise((r) => setTimeout(r, 1500));
+  assert.equal(repliesTo("m8").length, 1);
 });

@@ -1,6 +1,6 @@
 // The outbound half of every adapter: reads the gateway's inbox (SubscribeInbox) from the saved
 // cursor and turns each run's assistant messages into the platform's replies, sent to the chat of
-// the message that started the run. Streaming text goes to `draft` (the platform edits a message
+// the message that started the run, each session in order and sessions side by side. Streaming text goes to `draft` (the platform edits a message
 // at a bounded rate); the complete message goes to `final`, awaited, and recorded before the
 // cursor passes it, so a restarted adapter neither loses a reply nor posts one twice.
 import type { AgentEvent } from "../shared/gen/troupe/v1/session_pb.js";
@@ -11,6 +11,9 @@ import type { GatewayClient } from "./deliver.js";
 import type { AdapterState, Address, Post } from "./state.js";
 
 /** What a platform does with replies. */
+/** Events read ahead of the oldest one not yet handled; beyond it, reading waits. */
+const MAX_IN_FLIGHT = 1000;
+
 export interface ReplySink {
   /** Shows the reply so far; may skip calls to keep within the platform's rate. Never throws. */
   draft?(to: Address, key: string, post: Post, text: string): void;
@@ -24,6 +27,10 @@ export class InboxReplies {
   private running?: Promise<void>;
   /** message id -> text so far, for messages whose start this process saw. */
   private readonly drafts = new Map<string, string>();
+  /** Each session's events, handled one after another. */
+  private readonly chains = new Map<string, Promise<void>>();
+  /** Events handed to their session's chain, in the inbox's order, until the cursor passes them. */
+  private readonly inFlight: { cursor: string; done: boolean; handled: Promise<void> }[] = [];
 
   constructor(
     private readonly gateway: GatewayClient,
@@ -42,7 +49,11 @@ export class InboxReplies {
     await this.running;
   }
 
-  /** Reads the inbox, again and again: a broken stream is opened again after a pause, from the cursor. */
+  /**
+   * Reads the inbox, again and again: a broken stream is opened again after a pause, from the
+   * cursor. Sessions are handled side by side, each in order, so one chat waiting out a rate
+   * limit holds up no other; the saved cursor moves only past events handled with all before them.
+   */
   private async loop(): Promise<void> {
     let pauseMs = 500;
     while (!this.stopped) {
@@ -51,12 +62,11 @@ export class InboxReplies {
       try {
         for await (const res of call) {
           pauseMs = 500;
-          await this.handle(res.event!);
-          this.state.cursor = res.cursor;
-          this.state.saveSoon();
+          this.dispatch(res.event!, res.cursor);
+          if (this.inFlight.length >= MAX_IN_FLIGHT) await this.inFlight[0]!.handled;
         }
       } catch (err) {
-        if (this.stopped) return;
+        if (this.stopped) break;
         if (grpcCode(err) === Status.INVALID_ARGUMENT) {
           this.logger.error("the gateway refused the saved inbox cursor; delete the state file to start over", {
             error: String(err),
@@ -65,9 +75,45 @@ export class InboxReplies {
         }
         this.logger.warn("inbox stream broke; opening it again", { error: String(err), pauseMs });
       }
+      // What is under way finishes first: the next stream starts where it left off, and must not
+      // hand the same event to a second chain while the first still holds it.
+      await this.settle();
       await new Promise((r) => setTimeout(r, pauseMs));
       pauseMs = Math.min(pauseMs * 2, 15_000);
     }
+    await this.settle();
+  }
+
+  private dispatch(event: AgentEvent, cursor: string): void {
+    const session = event.sessionId;
+    const entry = { cursor, done: false, handled: Promise.resolve() };
+    const chain = (this.chains.get(session) ?? Promise.resolve())
+      .then(() => this.handle(event))
+      .catch((err) =>
+        this.logger.error("an inbox event could not be handled", { sessionId: session, error: String(err) }),
+      )
+      .then(() => {
+        entry.done = true;
+        this.advance();
+        if (this.chains.get(session) === chain) this.chains.delete(session);
+      });
+    entry.handled = chain;
+    this.chains.set(session, chain);
+    this.inFlight.push(entry);
+  }
+
+  /** The saved cursor: the last of the events handled together with every event before them. */
+  private advance(): void {
+    let moved = false;
+    while (this.inFlight[0]?.done) {
+      this.state.cursor = this.inFlight.shift()!.cursor;
+      moved = true;
+    }
+    if (moved) this.state.saveSoon();
+  }
+
+  private async settle(): Promise<void> {
+    await Promise.all([...this.chains.values()]);
   }
 
   private async handle(event: AgentEvent): Promise<void> {

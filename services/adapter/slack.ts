@@ -2,7 +2,8 @@
 // Slack POSTs each event to /slack/events, signed with the app's signing secret
 // (https://api.slack.com/authentication/verifying-requests-from-slack: HMAC-SHA256 of
 // "v0:<timestamp>:<body>", five minutes of skew); the URL is proved once by echoing a
-// url_verification challenge. The bot takes direct messages and mentions (app_mention); each is
+// url_verification challenge. The bot takes direct messages, mentions (app_mention), and what
+// is said in the threads it answered in (channel messages with their thread_ts); each is
 // delivered before the 200 that acknowledges it, so a failure is a 5xx and Slack sends the event
 // again (its retries, and a message arriving as both `message` and `app_mention`, are one message:
 // the idempotency key is channel:ts). Replies go in the thread of the message they answer,
@@ -105,14 +106,18 @@ export async function startSlackAdapter(gateway: GatewayClient, state: AdapterSt
   };
 
   const take = async (teamId: string, e: SlackEvent): Promise<void> => {
-    // Direct messages, and mentions anywhere; not the bot's own words, nor edits and joins.
+    // Direct messages, mentions anywhere, and what is said in a thread the bot answered in; not
+    // the bot's own words, nor edits and joins.
     const direct = e.type === "message" && e.channel_type === "im";
-    if (!(direct || e.type === "app_mention") || e.bot_id || !e.user || e.user === auth.user_id) return;
+    const followed =
+      e.type === "message" && !direct && e.thread_ts !== undefined && state.threads.has(`${e.channel}:${e.thread_ts}`);
+    if (!(direct || followed || e.type === "app_mention") || e.bot_id || !e.user || e.user === auth.user_id) return;
     if (e.subtype !== undefined && e.subtype !== "file_share") return;
     const text = (e.text ?? "").replace(new RegExp(`<@${auth.user_id}>\\s*`, "g"), "").trim();
     // In a channel the reply starts (or joins) the thread of the message; in a DM only a thread already there.
     const thread = e.thread_ts ?? (direct ? "" : e.ts);
     const from: Address = { chat_id: e.channel, message_id: e.ts, ...(thread ? { thread_id: thread } : {}) };
+    if (!direct) state.threads.set(`${e.channel}:${thread}`, true);
     const media = await Promise.all(
       (e.files ?? []).map(async (f) => {
         // A file small enough for the workspace (or an image for a vision model) comes with its bytes.

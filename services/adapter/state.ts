@@ -37,6 +37,8 @@ export class AdapterState {
   readonly runs = new Bounded<Address>();
   /** session id / message id -> what was posted of that reply. */
   readonly posts = new Bounded<Post>();
+  /** Threads the bot takes part in unmentioned (Slack: "channel:thread_ts" of the threads it answered in). */
+  readonly threads = new Bounded<boolean>();
   private saving: Promise<void> = Promise.resolve();
   private soon?: NodeJS.Timeout;
 
@@ -60,7 +62,7 @@ export class AdapterState {
     }
     state.cursor = typeof doc.cursor === "string" ? doc.cursor : "";
     state.offset = typeof doc.offset === "string" ? doc.offset : "";
-    for (const name of ["frames", "sessions", "runs", "posts"] as const) {
+    for (const name of ["frames", "sessions", "runs", "posts", "threads"] as const) {
       const entries = doc[name];
       if (Array.isArray(entries)) for (const [k, v] of entries as [string, never][]) state[name].set(k, v);
     }
@@ -78,6 +80,7 @@ export class AdapterState {
       sessions: [...this.sessions],
       runs: [...this.runs],
       posts: [...this.posts],
+      threads: [...this.threads],
     });
     this.saving = this.saving.then(async () => {
       await mkdir(path.dirname(this.file), { recursive: true });

@@ -348,6 +348,11 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
 
     async ensureSession(req, call) {
       if (!req.open) throw invalidArgument("open is required");
+      // The same checks as an open frame (session id, agent, model, reasoning effort): the caller is trusted, its input is not.
+      validateFrame(
+        create(ClientFrameSchema, { frameId: "ensure-session", kind: { case: "open", value: req.open } }),
+        false,
+      );
       invalidArgumentIf(
         req.memoryOwner !== "" && !NAME.test(req.memoryOwner),
         "memory_owner must be 1-128 of A-Z a-z 0-9 . _ : @ -",
