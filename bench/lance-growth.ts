@@ -1,0 +1,82 @@
+// Where the memory service's resident memory goes under writes: LanceDB's native side, measured
+// apart from Troupe. Each child process opens a table of 500 rows and then either commits one row
+// at a time (an add, as a learned fact is stored), compacting and cleaning up every 100 as the
+// memory service's maintenance does, or only searches (the baseline: reads). Both sample RSS and
+// the V8 heap. In the run of docs/benchmarks.md, commits grew RSS by tens of KB each with the heap
+// flat, and searches did not: the growth is native and per commit, which is what the hour soak's
+// memory service showed (upstream: lance-format/lance#1983, lancedb/lancedb#2693).
+//
+//   node dist/bench/lance-growth.js [--ops 3000]
+//
+// RESULT add_kb_per_op=... search_kb_per_op=... add_heap_mb=... ratio=...
+import { spawn } from "node:child_process";
+import { mkdtemp, rm } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { parseArgs } from "node:util";
+
+const { values } = parseArgs({
+  options: { ops: { type: "string", default: "3000" }, child: { type: "string" }, dir: { type: "string" } },
+});
+const OPS = Number(values.ops);
+const DIM = 256;
+
+/** One child's work: `mode` OPS times; prints RSS and heap (MB) after the first fifth and at the end. */
+async function child(mode: "add" | "search", dir: string): Promise<void> {
+  const lancedb = await import("@lancedb/lancedb");
+  const db = await lancedb.connect(dir);
+  const vec = () => Array.from({ length: DIM }, () => Math.random());
+  const table = await db.createTable(
+    "m",
+    Array.from({ length: 500 }, (_, i) => ({ id: `s${i}`, text: `seed ${i}`, vector: vec() })),
+  );
+  const warm = Math.round(OPS / 5);
+  const sample = () => {
+    (globalThis as { gc?: () => void }).gc?.();
+    const m = process.memoryUsage();
+    return { rss: m.rss / 1048576, heap: m.heapUsed / 1048576 };
+  };
+  let first = sample();
+  for (let i = 1; i <= OPS; i++) {
+    if (mode === "add") {
+      await table.add([{ id: `x${i}`, text: `fact number ${i}`, vector: vec() }]);
+      if (i % 100 === 0) await table.optimize({ cleanupOlderThan: new Date() });
+    } else await table.vectorSearch(vec()).limit(5).toArray();
+    if (i === warm) first = sample();
+  }
+  const last = sample();
+  process.stdout.write(`${JSON.stringify({ first, last, ops: OPS - warm })}\n`);
+}
+
+async function run(mode: "add" | "search"): Promise<{ kbPerOp: number; heapMb: number }> {
+  const dir = await mkdtemp(path.join(os.tmpdir(), `troupe-lance-${mode}-`));
+  const self = fileURLToPath(import.meta.url);
+  const proc = spawn(process.execPath, ["--expose-gc", self, "--child", mode, "--dir", dir, "--ops", String(OPS)], {
+    stdio: ["ignore", "pipe", "inherit"],
+  });
+  let out = "";
+  proc.stdout.on("data", (c) => (out += c));
+  await new Promise((r) => proc.once("exit", r));
+  await rm(dir, { recursive: true, force: true });
+  const { first, last, ops } = JSON.parse(out.trim()) as {
+    first: { rss: number; heap: number };
+    last: { rss: number; heap: number };
+    ops: number;
+  };
+  return { kbPerOp: ((last.rss - first.rss) * 1024) / ops, heapMb: last.heap - first.heap };
+}
+
+if (values.child) await child(values.child as "add" | "search", values.dir!);
+else {
+  const search = await run("search");
+  const add = await run("add");
+  const f = (n: number) => n.toFixed(1);
+  console.log(
+    `commits (one row each, compacted every 100): ${f(add.kbPerOp)} KB of RSS per commit, heap ${f(add.heapMb)} MB`,
+  );
+  console.log(`baseline, searches only: ${f(search.kbPerOp)} KB of RSS per search`);
+  console.log(
+    `RESULT add_kb_per_op=${f(add.kbPerOp)} search_kb_per_op=${f(search.kbPerOp)} add_heap_mb=${f(add.heapMb)} ratio=${f(add.kbPerOp / Math.max(search.kbPerOp, 0.1))}`,
+  );
+}
