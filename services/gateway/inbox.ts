@@ -74,6 +74,7 @@ export class InboxStream {
   private listedAtMs = 0;
   private paused = false;
   private closed = false;
+  private listing = false;
   private poller?: NodeJS.Timeout;
   private unlisten?: () => void;
 
@@ -131,6 +132,9 @@ export class InboxStream {
   }
 
   private async poll(): Promise<void> {
+    // A listing slower than the interval is not stacked up behind another.
+    if (this.listing) return;
+    this.listing = true;
     let sessions: Map<string, SessionInfo>;
     const listedAtMs = Date.now();
     try {
@@ -138,6 +142,8 @@ export class InboxStream {
     } catch (err) {
       this.deps.logger.warn("inbox could not list sessions; trying again", { error: String(err) });
       return;
+    } finally {
+      this.listing = false;
     }
     if (this.closed) return;
     this.listedAtMs = listedAtMs;

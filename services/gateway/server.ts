@@ -6,7 +6,7 @@ import { create, fromBinary } from "@bufbuild/protobuf";
 import { context } from "@opentelemetry/api";
 import { apiKeyAuth, callerOf, identityMetadata, identityOf, internalCredentials } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
-import { Status, grpcCode, invalidArgument, invalidArgumentIf, permissionDenied, toStatus } from "../shared/errors.js";
+import { Status, invalidArgument, invalidArgumentIf, toStatus } from "../shared/errors.js";
 import { catchStopCommand, validateFrame, validateModelName, validateSessionRef } from "../shared/frames.js";
 import { AdminService } from "../shared/gen/troupe/v1/admin_pb.js";
 import { GatewayService, type ChatRequest } from "../shared/gen/troupe/v1/gateway_pb.js";
@@ -14,8 +14,6 @@ import { Health } from "../shared/gen/grpc/health/v1/health_pb.js";
 import { ServerReflection } from "../shared/gen/grpc/reflection/v1/reflection_pb.js";
 import { reflectionService } from "./reflection.js";
 import { adminService } from "./admin.js";
-import { labelName, memoryOwnerOf, normaliseInbound } from "./inbound.js";
-import { carryOut, parseDirective } from "./directives.js";
 import { GatewayLimits } from "./limits.js";
 import { TenantQuotas } from "../shared/quotas.js";
 import { RouterService, type ResolveSessionResponse } from "../shared/gen/troupe/v1/router_pb.js";
@@ -38,7 +36,7 @@ import {
 import { TurnSpans } from "./turn-spans.js";
 import { listOwnedSessions } from "./session-listing.js";
 import { InboxHints, InboxStream } from "./inbox.js";
-import { attachmentsOf, imagesOf } from "./media.js";
+import { deliverHandler } from "./deliver.js";
 import { DEFAULT_NET_POLICY } from "../shared/net-guard.js";
 import { watchedKeys } from "./revocation.js";
 
@@ -66,8 +64,6 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
   const placements = new PlacementCache(router);
   const runners = new RunnerPool(cfg.maxMessageBytes, internal.headers, internal.tls);
   const inboxHints = new InboxHints();
-  /** Channel images are fetched through the SSRF guard, as agents' web requests are. */
-  const netPolicy = { ...DEFAULT_NET_POLICY, ...cfg.net };
 
   /** Calls the caller's session's runner; if it is gone or the session moved, retries once where it is now. */
   const withRunner = async <T>(
@@ -428,74 +424,16 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       return { memoriesForgotten: res.memoriesForgotten, sandboxRemoved: res.sandboxRemoved };
     },
 
-    async deliver(req, call) {
-      // Only an adapter key speaks for channel senders, and only for its own channels.
-      const key = callerOf(call.metadata);
-      if (key.role !== "adapter")
-        throw permissionDenied(
-          `Deliver needs an adapter key (troupe keys create --role adapter --channel NAME); this key's role is ${key.role}`,
-        );
-      const inbound = normaliseInbound(req.message);
-      if (!key.channels.includes(inbound.context.channel))
-        throw permissionDenied(
-          `this adapter key speaks for ${key.channels.join(", ")}, not for channel ${inbound.context.channel}`,
-        );
-      const route = await router.resolveInbound({ context: inbound.context }, { metadata: identityMetadata(key) });
-      const sessionId = route.sessionKey;
-      // The frame says who sent it: in a group (or a main session many write to) each run then
-      // recalls and learns for its own speaker, and the history labels who said what.
-      const prompt = create(ClientFrameSchema, {
-        frameId: inbound.frameId,
-        speaker: {
-          id: memoryOwnerOf(route.canonicalSender),
-          displayName: labelName(inbound.context.sender?.displayName ?? ""),
-        },
-        kind: { case: "prompt", value: { text: inbound.body, queueMode: req.queueMode } },
-      });
-      const caller = onBehalfOf(call);
-      // Commands from the channel act only when the adapter says the sender may use them.
-      const directive = inbound.commandAuthorized ? parseDirective(inbound.body) : undefined;
-      if (directive) {
-        admit(identityOf(call.metadata).tenant, sessionId, prompt);
-        const directiveReply = await withRunner(call, sessionId, (runner) =>
-          carryOut(directive, runner, caller, cfg.channelReset, {
-            open: { sessionId, agentId: route.agentId, create: true, queueMode: req.queueMode },
-            memoryOwner: memoryOwnerOf(route.canonicalSender),
-          }),
-        );
-        return { sessionId, agentId: route.agentId, matchedTier: route.matchedTier, directiveReply };
-      }
-      if (prompt.kind.case === "prompt" && inbound.media.length > 0) {
-        const [images, files] = await Promise.all([
-          imagesOf(inbound.media, netPolicy, logger),
-          attachmentsOf(inbound.media, inbound.frameId, netPolicy, logger),
-        ]);
-        prompt.kind.value.images = images;
-        prompt.kind.value.attachments = files.attachments;
-        if (files.lines.length > 0) prompt.kind.value.text = [inbound.body, ...files.lines].join("\n");
-      }
-      const frame = inbound.commandAuthorized ? catchStopCommand(prompt) : prompt;
-      admit(identityOf(call.metadata).tenant, sessionId, frame);
-      const accepted = await withRunner(call, sessionId, async (runner) => {
-        try {
-          return (await runner.submit({ sessionId, frame }, { metadata: caller })).accepted;
-        } catch (err) {
-          if (grpcCode(err) !== Status.NOT_FOUND) throw err;
-          // The first message of this session key: make the session, for the routed agent.
-          // Its runs recall the sender's memories (one person across channels, after identity links).
-          await runner.ensureSession(
-            {
-              open: { sessionId, agentId: route.agentId, create: true, queueMode: req.queueMode },
-              memoryOwner: memoryOwnerOf(route.canonicalSender),
-            },
-            { metadata: caller },
-          );
-          return (await runner.submit({ sessionId, frame }, { metadata: caller })).accepted;
-        }
-      });
-      inboxHints.touched(identityOf(call.metadata), sessionId);
-      return { sessionId, agentId: route.agentId, matchedTier: route.matchedTier, accepted };
-    },
+    deliver: deliverHandler({
+      router,
+      admit,
+      withRunner,
+      onBehalfOf,
+      channelReset: cfg.channelReset,
+      netPolicy: { ...DEFAULT_NET_POLICY, ...cfg.net },
+      hints: inboxHints,
+      logger,
+    }),
 
     async listSessions(req, call) {
       const caller = onBehalfOf(call);
