@@ -8,6 +8,7 @@ import os from "node:os";
 import path from "node:path";
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import { normaliseInbound, normaliseText } from "../services/gateway/inbound.js";
+import { inboundFrameId } from "../services/shared/frames.js";
 import { Status } from "../services/shared/errors.js";
 import { MemoryService } from "../services/shared/gen/troupe/v1/memory_pb.js";
 import { FrameKind, Role } from "../services/shared/gen/troupe/v1/session_pb.js";
@@ -98,6 +99,8 @@ describe("normalisation (no processes)", () => {
       direct.frameId,
       "one key, one frame id",
     );
+    // An adapter computes the same id before Deliver, however it spells the channel.
+    assert.equal(inboundFrameId(" Telegram ", "", "k1"), direct.frameId);
   });
 
   test("what cannot be made sense of is INVALID_ARGUMENT", () => {

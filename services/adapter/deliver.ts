@@ -5,16 +5,26 @@
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import { RETRY_AFTER_TRAILER, Status, grpcCode } from "../shared/errors.js";
 import { inboundFrameId } from "../shared/frames.js";
-import type { DeliverResponse, GatewayService } from "../shared/gen/troupe/v1/gateway_pb.js";
+import type { DeliverResponse } from "../shared/gen/troupe/v1/gateway_pb.js";
 import type { InboundMessageSchema } from "../shared/gen/troupe/v1/inbound_pb.js";
-import type { grpc, ServiceClient } from "../shared/rpc.js";
+import type { grpc } from "../shared/rpc.js";
+import type { GatewayClient } from "../cli/gateway-client.js";
 import type { AdapterState, Address } from "./state.js";
 
-export type GatewayClient = ServiceClient<(typeof GatewayService)["method"]>;
+export type { GatewayClient };
 export type Inbound = MessageInitShape<typeof InboundMessageSchema>;
 
 /** How long a Deliver keeps trying through UNAVAILABLE and RESOURCE_EXHAUSTED before giving up. */
 const GIVE_UP_MS = 60_000;
+
+/**
+ * A refusal no retry will change (a message with nothing in it, a key without this channel): the
+ * platform's message is acknowledged and skipped rather than sent again forever.
+ */
+export function neverTaken(err: unknown): boolean {
+  const code = grpcCode(err);
+  return code === Status.INVALID_ARGUMENT || code === Status.PERMISSION_DENIED;
+}
 
 export async function deliverFrom(
   gateway: GatewayClient,

@@ -1,8 +1,9 @@
 // The outbound half of every adapter: reads the gateway's inbox (SubscribeInbox) from the saved
 // cursor and turns each run's assistant messages into the platform's replies, sent to the chat of
-// the message that started the run, each session in order and sessions side by side. Streaming text goes to `draft` (the platform edits a message
-// at a bounded rate); the complete message goes to `final`, awaited, and recorded before the
-// cursor passes it, so a restarted adapter neither loses a reply nor posts one twice.
+// the message that started the run, each session in order and sessions side by side. Streaming
+// text goes to `draft` (the platform edits a message at a bounded rate); the complete message
+// goes to `final`, awaited, and recorded before the cursor passes it, so a restarted adapter
+// neither loses a reply nor posts one twice.
 import type { AgentEvent } from "../shared/gen/troupe/v1/session_pb.js";
 import { Role, StopReason } from "../shared/gen/troupe/v1/session_pb.js";
 import { Status, grpcCode } from "../shared/errors.js";
@@ -10,10 +11,10 @@ import type { Logger } from "../shared/log.js";
 import type { GatewayClient } from "./deliver.js";
 import type { AdapterState, Address, Post } from "./state.js";
 
-/** What a platform does with replies. */
 /** Events read ahead of the oldest one not yet handled; beyond it, reading waits. */
 const MAX_IN_FLIGHT = 1000;
 
+/** What a platform does with replies. */
 export interface ReplySink {
   /** Shows the reply so far; may skip calls to keep within the platform's rate. Never throws. */
   draft?(to: Address, key: string, post: Post, text: string): void;

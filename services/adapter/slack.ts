@@ -8,15 +8,14 @@
 // again (its retries, and a message arriving as both `message` and `app_mention`, are one message:
 // the idempotency key is channel:ts). Replies go in the thread of the message they answer,
 // streamed by chat.update (drafted-replies.ts).
-import { createHmac, timingSafeEqual } from "node:crypto";
 import type http from "node:http";
 import { ChatType } from "../shared/gen/troupe/v1/inbound_pb.js";
-import { Status, grpcCode } from "../shared/errors.js";
-import { MAX_ATTACHMENT_BYTES, MAX_IMAGE_BYTES } from "../shared/media.js";
+import { maxMediaBytes } from "../shared/media.js";
 import type { Logger } from "../shared/log.js";
-import { deliverFrom, type GatewayClient } from "./deliver.js";
+import { deliverFrom, neverTaken, type GatewayClient } from "./deliver.js";
 import { DraftedReplies, sendText, type ChatApi } from "./drafted-replies.js";
 import { SlackApi, SlackApiError } from "./slack-api.js";
+import { SLACK_SIGNATURE, signatureProblem } from "./signature.js";
 import { serveInbound, type InboundAnswer } from "./http-inbound.js";
 import type { AdapterState, Address } from "./state.js";
 
@@ -52,8 +51,6 @@ interface SlackEvent {
   files?: SlackFile[];
 }
 
-const SKEW_S = 300;
-
 /** Slack as a ChatApi: chat.postMessage and chat.update; the docs advise at most 4,000 characters of text. */
 export function slackChat(api: SlackApi): ChatApi {
   return {
@@ -74,17 +71,6 @@ export function slackChat(api: SlackApi): ChatApi {
   };
 }
 
-function signatureOk(secret: string, headers: http.IncomingHttpHeaders, body: Buffer): string | undefined {
-  const ts = headers["x-slack-request-timestamp"];
-  const sig = headers["x-slack-signature"];
-  if (typeof ts !== "string" || !/^\d+$/.test(ts)) return "X-Slack-Request-Timestamp is missing";
-  if (Math.abs(Date.now() / 1000 - Number(ts)) > SKEW_S) return "the request is more than five minutes old";
-  if (typeof sig !== "string") return "X-Slack-Signature is missing";
-  const want = Buffer.from(`v0=${createHmac("sha256", secret).update(`v0:${ts}:`).update(body).digest("hex")}`);
-  const got = Buffer.from(sig);
-  return got.length === want.length && timingSafeEqual(got, want) ? undefined : "X-Slack-Signature does not match";
-}
-
 export async function startSlackAdapter(gateway: GatewayClient, state: AdapterState, opts: SlackOptions) {
   const api = new SlackApi(opts.apiUrl, opts.botToken);
   const chat = slackChat(api);
@@ -99,7 +85,7 @@ export async function startSlackAdapter(gateway: GatewayClient, state: AdapterSt
   const mayDownload = (url: string) => {
     try {
       const u = new URL(url);
-      return u.protocol === "https:" && u.hostname.endsWith(".slack.com") ? true : fileOrigins.includes(u.origin);
+      return (u.protocol === "https:" && u.hostname.endsWith(".slack.com")) || fileOrigins.includes(u.origin);
     } catch {
       return false;
     }
@@ -121,7 +107,7 @@ export async function startSlackAdapter(gateway: GatewayClient, state: AdapterSt
     const media = await Promise.all(
       (e.files ?? []).map(async (f) => {
         // A file small enough for the workspace (or an image for a vision model) comes with its bytes.
-        const cap = f.mimetype?.startsWith("image/") ? MAX_IMAGE_BYTES : MAX_ATTACHMENT_BYTES;
+        const cap = maxMediaBytes(f.mimetype);
         const fetchIt = (f.size ?? 0) <= cap && mayDownload(f.url_private ?? "");
         return {
           url: `slack:file/${f.id}`,
@@ -158,7 +144,7 @@ export async function startSlackAdapter(gateway: GatewayClient, state: AdapterSt
   };
 
   const handle = async (raw: Buffer, req: http.IncomingMessage): Promise<InboundAnswer> => {
-    const bad = signatureOk(opts.signingSecret, req.headers, raw);
+    const bad = signatureProblem(SLACK_SIGNATURE, opts.signingSecret, req.headers, raw);
     if (bad) return { status: 401, body: { error: bad } };
     let doc: { type?: string; challenge?: string; team_id?: string; event?: SlackEvent };
     try {
@@ -172,9 +158,7 @@ export async function startSlackAdapter(gateway: GatewayClient, state: AdapterSt
       await take(doc.team_id ?? "", doc.event);
       return { status: 200, body: {} };
     } catch (err) {
-      const code = grpcCode(err);
-      // A message the gateway will never take is acknowledged, so Slack does not send it again.
-      if (code === Status.INVALID_ARGUMENT || code === Status.PERMISSION_DENIED) {
+      if (neverTaken(err)) {
         opts.logger.warn("a Slack message was refused; skipped", { error: String(err) });
         return { status: 200, body: {} };
       }

@@ -4,17 +4,16 @@
 // way a bot killed mid-update gets it again, and the gateway's idempotency keys (chat:message)
 // drop what it already had. In groups the bot takes what is addressed to it: a
 // mention, a reply to one of its messages, or a /command. Replies: telegram-replies.ts.
-import { timingSafeEqual } from "node:crypto";
 import type http from "node:http";
 import { ChatType } from "../shared/gen/troupe/v1/inbound_pb.js";
-import { Status, grpcCode } from "../shared/errors.js";
 import type { Logger } from "../shared/log.js";
 import { BotApi, BotApiError, type TgMessage, type TgUpdate, type TgUser } from "./bot-api.js";
-import { deliverFrom, type GatewayClient } from "./deliver.js";
-import { MAX_ATTACHMENT_BYTES, MAX_IMAGE_BYTES } from "../shared/media.js";
+import { deliverFrom, neverTaken, type GatewayClient } from "./deliver.js";
+import { MAX_IMAGE_BYTES, maxMediaBytes } from "../shared/media.js";
 import type { AdapterState, Address } from "./state.js";
 import { DraftedReplies, sendText } from "./drafted-replies.js";
 import { serveInbound, type InboundAnswer } from "./http-inbound.js";
+import { equalSecrets } from "./signature.js";
 import { telegramChat } from "./telegram-chat.js";
 
 export interface TelegramOptions {
@@ -30,7 +29,6 @@ export interface TelegramOptions {
 }
 
 const POLL_TIMEOUT_S = 25;
-const equalSecrets = (a: string, b: string) => a.length === b.length && timingSafeEqual(Buffer.from(a), Buffer.from(b));
 const CHAT_TYPES = {
   private: ChatType.DIRECT,
   group: ChatType.GROUP,
@@ -95,9 +93,7 @@ export async function startTelegramAdapter(gateway: GatewayClient, state: Adapte
       );
       if (res.directiveReply) await sendText(chat, from, res.directiveReply, [], () => undefined);
     } catch (err) {
-      const code = grpcCode(err);
-      // A message the gateway will never take (a sticker: no text; a key without this channel) is skipped, not retried forever.
-      if (code !== Status.INVALID_ARGUMENT && code !== Status.PERMISSION_DENIED) throw err;
+      if (!neverTaken(err)) throw err;
       opts.logger.warn("a Telegram message was refused; skipped", { chat: from.chat_id, error: String(err) });
     }
   };
@@ -206,7 +202,7 @@ async function mediaOf(api: BotApi, token: string, apiUrl: string, m: TgMessage,
       const bytes = new Uint8Array(await res.arrayBuffer());
       return res.ok && bytes.length <= MAX_IMAGE_BYTES ? bytes : new Uint8Array();
     } catch (err) {
-      logger.warn("could not download a Telegram image; it goes in as a name only", { error: String(err) });
+      logger.warn("could not download a Telegram file; it goes in as a name only", { error: String(err) });
       return new Uint8Array();
     }
   };
@@ -225,8 +221,7 @@ async function mediaOf(api: BotApi, token: string, apiUrl: string, m: TgMessage,
   const doc = m.document;
   if (doc) {
     // A file small enough for the workspace (or an image for a vision model) comes with its bytes.
-    const cap = doc.mime_type?.startsWith("image/") ? MAX_IMAGE_BYTES : MAX_ATTACHMENT_BYTES;
-    const fetchIt = (doc.file_size ?? 0) <= cap;
+    const fetchIt = (doc.file_size ?? 0) <= maxMediaBytes(doc.mime_type);
     out.push({
       url: `telegram:file/${doc.file_id}`,
       mimeType: doc.mime_type ?? "",

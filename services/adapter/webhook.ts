@@ -12,7 +12,7 @@ import { schemaProblems } from "../shared/json-schema.js";
 import type { Logger } from "../shared/log.js";
 import type { grpc } from "../shared/rpc.js";
 import { deliverFrom, type GatewayClient } from "./deliver.js";
-import { signatureProblem, signedHeaders } from "./signature.js";
+import { TROUPE_SIGNATURE, signatureProblem, signedHeaders } from "./signature.js";
 import { serveInbound, type InboundAnswer } from "./http-inbound.js";
 import type { ReplySink } from "./replies.js";
 import type { AdapterState, Address, Post } from "./state.js";
@@ -67,7 +67,7 @@ export async function startWebhookAdapter(
   const handle = async (raw: Buffer, req: http.IncomingMessage): Promise<InboundAnswer> => {
     if (!/^application\/json\b/i.test(req.headers["content-type"] ?? ""))
       return { status: 415, body: { error: "content-type must be application/json" } };
-    const bad = signatureProblem(opts.secret, req.headers, raw);
+    const bad = signatureProblem(TROUPE_SIGNATURE, opts.secret, req.headers, raw);
     if (bad) return { status: 401, body: { error: bad } };
     let doc: unknown;
     try {

@@ -6,7 +6,7 @@
 // Backpressure: when the client stops reading, every runner stream of its inbox pauses.
 import { fromBinary } from "@bufbuild/protobuf";
 import { timestampMs } from "@bufbuild/protobuf/wkt";
-import { identityMetadata, type Identity } from "../shared/auth.js";
+import type { Identity } from "../shared/auth.js";
 import { Status, grpcCode, toStatus } from "../shared/errors.js";
 import type { SubscribeInboxResponse } from "../shared/gen/troupe/v1/gateway_pb.js";
 import { AttachResponseSchema } from "../shared/gen/troupe/v1/runner_pb.js";
@@ -63,6 +63,9 @@ interface Known {
 
 type Upstream = grpc.ClientDuplexStream<AttachRequestInit, Buffer>;
 
+/** When a listed session last changed (its runner's clock). */
+const updateMsOf = (info: SessionInfo): number => (info.updateTime ? Number(timestampMs(info.updateTime)) : 0);
+
 export class InboxStream {
   private readonly known = new Map<string, Known>();
   private readonly attached = new Map<string, { call: Upstream; idle: NodeJS.Timeout }>();
@@ -91,10 +94,10 @@ export class InboxStream {
     const cursor = decodeCursor(afterCursor);
     this.watermarkMs = cursor.watermarkMs;
     this.listedAtMs = Date.now();
-    const sessions = await this.deps.list(identityMetadata(this.who));
+    const sessions = await this.deps.list(this.caller);
     if (this.closed) return;
     for (const [id, info] of sessions) {
-      const updateMs = info.updateTime ? Number(timestampMs(info.updateTime)) : 0;
+      const updateMs = updateMsOf(info);
       const seq = cursor.seqs.get(id);
       if (seq !== undefined) {
         // Its last event is replayed too (attach), so that its time is known again.
@@ -138,7 +141,7 @@ export class InboxStream {
     let sessions: Map<string, SessionInfo>;
     const listedAtMs = Date.now();
     try {
-      sessions = await this.deps.list(identityMetadata(this.who));
+      sessions = await this.deps.list(this.caller);
     } catch (err) {
       this.deps.logger.warn("inbox could not list sessions; trying again", { error: String(err) });
       return;
@@ -154,7 +157,7 @@ export class InboxStream {
         this.wake(id);
         continue;
       }
-      const updateMs = info.updateTime ? Number(timestampMs(info.updateTime)) : 0;
+      const updateMs = updateMsOf(info);
       const live = info.lastSeq > 0n;
       const behind =
         live && k.seq !== undefined ? Number(info.lastSeq) > k.seq : updateMs > Math.max(k.seenUpdateMs, k.lastEventMs);

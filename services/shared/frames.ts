@@ -139,5 +139,8 @@ export function validateSessionRef(sessionId: string, agentId: string, allowEmpt
  * same id, so a message delivered twice is one frame, and an adapter knows which frame a run
  * answers (AgentStart.frame_id) before Deliver returns.
  */
-export const inboundFrameId = (channel: string, accountId: string, idempotencyKey: string): string =>
-  `in:${createHash("sha256").update(`${channel}\0${accountId}\0${idempotencyKey}`).digest("hex").slice(0, 40)}`;
+export const inboundFrameId = (channel: string, accountId: string, idempotencyKey: string): string => {
+  // The channel as the gateway names it (normaliseInbound), however the adapter spelled it.
+  const named = channel.trim().toLowerCase();
+  return `in:${createHash("sha256").update(`${named}\0${accountId}\0${idempotencyKey}`).digest("hex").slice(0, 40)}`;
+};

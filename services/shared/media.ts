@@ -42,6 +42,10 @@ export function validateImages(images: readonly Image[]): void {
 /** A message's files (Prompt.attachments): put in the session's workspace, under attachments/. */
 export const MAX_ATTACHMENTS = 10;
 export const MAX_ATTACHMENT_BYTES = 1024 * 1024;
+/** The most bytes an adapter sends with a medium of this type: an image's, or a workspace file's. */
+export const maxMediaBytes = (mimeType: string | undefined): number =>
+  mimeType?.startsWith("image/") ? MAX_IMAGE_BYTES : MAX_ATTACHMENT_BYTES;
+
 const ATTACHMENT_PATH = /^attachments\/[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 
 export function validateAttachments(files: readonly Attachment[]): void {
