@@ -2,6 +2,10 @@
 // blocks of seqs are reserved in the log before any of them is handed out), recorded (complete
 // events go to the log; token deltas do not), kept in a ring for clients that resume, and sent to
 // every subscriber. Token deltas that arrive in one burst become one event.
+//
+// An event whose record is synced (a run's end, a compaction's end) reaches no client before the
+// store has it, and events after it wait behind it: a client that saw a turn end finds that turn
+// in the history, whatever becomes of this runner next. Everything before it streams at once.
 import { create, fromJson, type JsonValue, toJson } from "@bufbuild/protobuf";
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import type { RpcError } from "../shared/errors.js";
@@ -23,8 +27,11 @@ export interface JournalHost {
   readonly sessionId: string;
   /** The run the next event belongs to ("" between runs). Contract: cheap, never throws. */
   turnId(): string;
-  /** Appends to the session's log. Contract: never throws; a failed write is the host's to handle. */
-  persist(record: LogRecord, sync: boolean): void;
+  /**
+   * Appends to the session's log; with `sync`, settles once the record is durable (or its write
+   * failed). Contract: never throws or rejects; a failed write is the host's to handle.
+   */
+  persist(record: LogRecord, sync: boolean): Promise<void>;
   /** The session's records, for a replay that reaches past the ring. May reject. */
   readLog(): Promise<LogRecord[]>;
   /** Called with every event as it is published, before subscribers get it. Contract: never throws. */
@@ -56,6 +63,10 @@ export class EventJournal {
   private readonly subscribers = new Set<EventSubscriber>();
   private pendingDelta?: { messageId: string; kind: "text" | "thinking"; text: string };
   private flushScheduled = false;
+  /** Published events held back until the synced record at their head is durable. */
+  private readonly outbox: { event: AgentEvent; durable?: Promise<void> }[] = [];
+  private releasing = false;
+  private releasedWaiters: (() => void)[] = [];
 
   constructor(private readonly host: JournalHost) {}
 
@@ -119,20 +130,48 @@ export class EventJournal {
       time: timestampFromMs(now),
       payload: payload as never,
     });
+    // Reserved half a block ahead: this event's seq is already covered, so it need not wait.
     if (this.seq >= this.reservedUpTo - SEQ_BLOCK / 2) {
       this.reservedUpTo = this.seq + SEQ_BLOCK;
-      this.host.persist({ t: "seq", upTo: this.reservedUpTo }, true);
+      void this.host.persist({ t: "seq", upTo: this.reservedUpTo }, true);
     }
-    if (!TRANSIENT.has(payload.case))
-      this.host.persist(
-        { t: "event", event: toJson(AgentEventSchema, event) },
-        payload.case === "agentEnd" || payload.case === "compactionEnd",
-      );
+    let durable: Promise<void> | undefined;
+    if (!TRANSIENT.has(payload.case)) {
+      const sync = payload.case === "agentEnd" || payload.case === "compactionEnd";
+      const written = this.host.persist({ t: "event", event: toJson(AgentEventSchema, event) }, sync);
+      if (sync) durable = written;
+    }
     this.host.published(event);
+    if (!durable && this.outbox.length === 0) this.release(event);
+    else {
+      this.outbox.push({ event, durable });
+      if (!this.releasing) void this.releaseOutbox();
+    }
+    return event;
+  }
+
+  /** Hands held events out in order, each once the synced record ahead of it is durable. */
+  private async releaseOutbox(): Promise<void> {
+    this.releasing = true;
+    while (this.outbox.length > 0) {
+      const next = this.outbox[0];
+      if (next.durable) await next.durable;
+      this.outbox.shift();
+      this.release(next.event);
+    }
+    this.releasing = false;
+    for (const wake of this.releasedWaiters.splice(0)) wake();
+  }
+
+  /** Resolves once every event published so far has been handed to the subscribers. */
+  delivered(): Promise<void> {
+    return this.outbox.length === 0 ? Promise.resolve() : new Promise((resolve) => this.releasedWaiters.push(resolve));
+  }
+
+  private release(event: AgentEvent): void {
     this.ring.push(event);
     if (this.ring.length > RING_SIZE) this.ring.splice(0, this.ring.length - RING_SIZE);
     for (const sub of this.subscribers) sub.send(event);
-    return event;
   }
 
   /** Resolves when every subscriber can take more events (backpressure). */

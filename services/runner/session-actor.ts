@@ -310,9 +310,10 @@ export class SessionActor {
     return this.activeMs;
   }
 
-  /** Resolves once no run is going and nothing waits for one. */
-  whenIdle(): Promise<void> {
-    return this.idle ? Promise.resolve() : new Promise((resolve) => this.idleWaiters.push(resolve));
+  /** Resolves once no run is going, nothing waits for one, and subscribers have every event. */
+  async whenIdle(): Promise<void> {
+    if (!this.idle) await new Promise<void>((resolve) => this.idleWaiters.push(resolve));
+    await this.journal.delivered();
   }
 
   private schedule(): void {
@@ -357,7 +358,7 @@ export class SessionActor {
       elide: (ids) => {
         const gone = new Set(ids);
         this.messages.splice(0, this.messages.length, ...this.messages.filter((m) => !gone.has(m.id)));
-        this.persist({ t: "elided", messageIds: ids }, false);
+        void this.persist({ t: "elided", messageIds: ids }, false);
       },
     };
     try {
@@ -429,11 +430,11 @@ export class SessionActor {
     return this.journal.emit(payload);
   }
 
-  private persist(record: LogRecord, sync: boolean): void {
-    this.log.append(record, sync).catch((err: unknown) => {
+  private persist(record: LogRecord, sync: boolean): Promise<void> {
+    return this.log.append(record, sync).catch((err: unknown) => {
       if (err instanceof SessionElsewhere)
-        return this.loseSession(err, `session ${this.sessionId} was taken over by another runner; dropping it here`);
-      this.storageFailed(err);
+        this.loseSession(err, `session ${this.sessionId} was taken over by another runner; dropping it here`);
+      else this.storageFailed(err);
     });
   }
 

@@ -151,24 +151,36 @@ export async function subscribeUntil(
   afterSeq: bigint,
   ends: number,
   untilQuiet?: () => boolean,
+  timeoutMs = 30_000,
 ): Promise<AgentEvent[]> {
   const sub = gateway.subscribe({ sessionId, afterSeq });
   const got: AgentEvent[] = [];
-  await new Promise<void>((resolve, reject) => {
-    let quiet: NodeJS.Timeout | undefined;
-    const settle = () => {
-      clearTimeout(quiet);
-      quiet = setTimeout(() => untilQuiet?.() && resolve(), 300);
-    };
-    if (untilQuiet) settle();
-    sub.on("data", (r) => {
-      got.push(r.event!);
+  const ended = () => got.filter((e) => e.payload.case === "agentEnd").length;
+  const fail = (why: string) =>
+    new Error(`subscribe ${sessionId}: ${why} after ${got.length} events, ${ended()} of ${ends} ends`);
+  let quiet: NodeJS.Timeout | undefined;
+  let giveUp: NodeJS.Timeout | undefined;
+  try {
+    await new Promise<void>((resolve, reject) => {
+      giveUp = setTimeout(() => reject(fail("timed out")), timeoutMs);
+      const settle = () => {
+        clearTimeout(quiet);
+        quiet = setTimeout(() => untilQuiet?.() && resolve(), 300);
+      };
       if (untilQuiet) settle();
-      else if (got.filter((e) => e.payload.case === "agentEnd").length === ends) resolve();
+      sub.on("data", (r) => {
+        got.push(r.event!);
+        if (untilQuiet) settle();
+        else if (ended() === ends) resolve();
+      });
+      sub.on("end", () => reject(fail("stream ended")));
+      sub.on("error", (e) => ((e as unknown as { code: number }).code === 1 ? undefined : reject(e)));
     });
-    sub.on("error", (e) => ((e as unknown as { code: number }).code === 1 ? undefined : reject(e)));
-  });
-  sub.cancel();
+  } finally {
+    clearTimeout(quiet);
+    clearTimeout(giveUp);
+    sub.cancel();
+  }
   return got;
 }
 
