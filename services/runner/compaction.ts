@@ -36,11 +36,25 @@ export function viewTokens(turn: Turn, view: { summary?: string; messages: ChatM
 }
 
 /**
+ * Switches the run's counter to exact counts (tokens.ts) and counts its system prompt and tools
+ * again, which were counted by the bound. For a run whose view may not fit by the bound.
+ */
+export async function countExactly(turn: Turn): Promise<void> {
+  await turn.tokens.exact();
+  const system = turn.tokens.recurringText(turn.system.text);
+  const tools = turn.tools.length === 0 ? 0 : turn.tokens.recurringText(JSON.stringify(turn.tools));
+  turn.system = { ...turn.system, tokens: system };
+  turn.fixedTokens = system + tools;
+}
+
+/**
  * Summarises the older part of the conversation view and keeps the recent part verbatim (at
  * least keepRecentTokens, cut only between blocks). False when there is nothing older to fold.
  */
 export async function compact(turn: Turn, reason: "threshold" | "overflow", tokensBefore: number): Promise<boolean> {
   const { host } = turn;
+  // Where to cut is decided by exact counts: the bound would keep too little verbatim.
+  if (!turn.tokens.isExact) await countExactly(turn);
   const view = conversationView(host);
   const cut = compactionCut(view.messages, turn.agent.keepRecentTokens, turn.tokens);
   if (cut === undefined) return false;

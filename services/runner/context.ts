@@ -345,6 +345,12 @@ export async function buildSystemPrompt(
   // Over budget, the optional sources leave in their drop order; the identity block always stays.
   let kept = sections;
   let count = kept.reduce((n, s) => n + cost(s), tailTokens);
+  // Over it by the bound (tokens.ts), count exactly before leaving anything out.
+  if (count > budget && !tokens.isExact) {
+    await tokens.exact();
+    tailTokens = tokens.recurringText(block.render());
+    count = kept.reduce((n, s) => n + cost(s), tailTokens);
+  }
   for (const order of [1, 2, 3, 4]) {
     if (count <= budget) break;
     const dropped = kept.filter((s) => s.dropOrder === order);

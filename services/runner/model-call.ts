@@ -20,7 +20,7 @@ import { GenAI, tracer } from "../shared/telemetry.js";
 import { ModelError, isContextOverflow, type FinishReason, type ModelRequest } from "./model.js";
 import { fitNewestFirst, toModelMessages } from "./transcript.js";
 import { report, type Turn } from "./run.js";
-import { compact, conversationView, viewTokens } from "./compaction.js";
+import { compact, conversationView, countExactly, viewTokens } from "./compaction.js";
 
 /** The shortest reply a request may leave room for; below it, the context is cut further. */
 const MIN_REPLY_TOKENS = 256;
@@ -36,7 +36,13 @@ export async function buildRequest(
   const { agent } = turn;
   const limit = agent.contextWindow - agent.reserveTokens;
   let view = conversationView(turn.host);
+  const exact = turn.tokens.isExact;
   let promptTokens = viewTokens(turn, view);
+  // Past this, the count decides a compaction or the reply's room: the bound will not do.
+  if (!exact && promptTokens > Math.min(limit, agent.contextWindow - agent.maxOutputTokens)) {
+    await countExactly(turn);
+    promptTokens = viewTokens(turn, view);
+  }
   if (promptTokens > limit && (await compact(turn, "threshold", promptTokens))) {
     view = conversationView(turn.host);
     promptTokens = viewTokens(turn, view);

@@ -162,14 +162,13 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   const safety = new InboundSafety(hooks.threatChecks);
   const agents = new AgentConfigs(cfg.agentsDir);
   const sources = new ContextSources(cfg.agentsDir, storage.profiles);
-  const counters = new Map<string, Promise<TokenCounter>>();
-  const tokensFor = (modelName: string) => {
+  // One counter per model, shared by its sessions: once one needs exact counts, all have them.
+  const counters = new Map<string, TokenCounter>();
+  const tokensFor = async (modelName: string) => {
     let c = counters.get(modelName);
     if (!c) counters.set(modelName, (c = TokenCounter.forModel(modelName)));
     return c;
   };
-  // The tokenizer tables take a few hundred milliseconds to load: before serving, not in a first run.
-  await tokensFor(cfg.model);
   const subagentsRunning = new Map<string, number>();
   const quotas = await new TenantQuotas(cfg.quotaDefaults, cfg.quotasFile).start((err) =>
     logger.error("quotas file rejected; keeping the quotas read before", {

@@ -7,6 +7,12 @@
 //
 // Counting is the costly part of budgeting a context (about 5 MB/s), so a message is counted once:
 // counts are cached per message object, and the conversation only ever grows by new objects.
+//
+// The tables cost memory (cl100k about 38 MB resident, o200k about 66 MB; docs/benchmarks.md
+// bench/footprint), and most contexts are far from their budget. So a counter starts with a
+// bound instead: a text's UTF-8 length, which no BPE count exceeds (every token is at least one
+// byte). Callers that find the bound over a budget call exact(), which loads the table once per
+// process and counts exactly from then on; under a budget, the bound already proves the fit.
 import type { ChatMessage } from "../shared/gen/troupe/v1/session_pb.js";
 
 type Encoding = { countTokens(text: string): number };
@@ -36,25 +42,53 @@ export function familyOf(model: string): TokenFamily {
   return "estimate";
 }
 
-/** Counts tokens the way the model's family does; see the module comment for other families. */
+/**
+ * Counts tokens the way the model's family does (see the module comment for other families):
+ * an upper bound until exact() is called, exactly after.
+ */
 export class TokenCounter {
-  private readonly cache = new WeakMap<object, number>();
+  private cache = new WeakMap<object, number>();
   /** Long texts that recur unchanged (tool schemas, workspace files), by content. */
   private readonly recurring = new Map<string, number>();
+  private count: (text: string) => number;
+  private loading?: Promise<void>;
+  /** Whether counts are exact; until then every count is at least the exact one. */
+  isExact = false;
 
-  private constructor(
-    readonly family: TokenFamily,
-    private readonly count: (text: string) => number,
-  ) {}
+  private constructor(readonly family: TokenFamily) {
+    const margin = family === "estimate" ? UNKNOWN_FAMILY_MARGIN : 1;
+    this.count = (t) => Math.ceil(margin * Buffer.byteLength(t, "utf8"));
+  }
 
-  static async forModel(model: string): Promise<TokenCounter> {
-    const family = familyOf(model);
-    if (family === "o200k" || family === "cl100k") {
-      const enc = await load(family === "o200k" ? "o200k_base" : "cl100k_base");
-      return new TokenCounter(family, (t) => enc.countTokens(t));
-    }
-    const cl = await load("cl100k_base");
-    return new TokenCounter(family, (t) => Math.ceil(UNKNOWN_FAMILY_MARGIN * cl.countTokens(t)));
+  /** A counter for `model`'s family, counting by the bound until exact() is called. */
+  static forModel(model: string): TokenCounter {
+    return new TokenCounter(familyOf(model));
+  }
+
+  /** A counter that counts exactly from the start. */
+  static async exactForModel(model: string): Promise<TokenCounter> {
+    const counter = TokenCounter.forModel(model);
+    await counter.exact();
+    return counter;
+  }
+
+  /** Loads the family's table (once) and counts exactly from then on. Earlier counts are forgotten. */
+  exact(): Promise<void> {
+    this.loading ??= (async () => {
+      let count: (text: string) => number;
+      if (this.family === "o200k" || this.family === "cl100k") {
+        const enc = await load(this.family === "o200k" ? "o200k_base" : "cl100k_base");
+        count = (t) => enc.countTokens(t);
+      } else {
+        const cl = await load("cl100k_base");
+        count = (t) => Math.ceil(UNKNOWN_FAMILY_MARGIN * cl.countTokens(t));
+      }
+      this.count = count;
+      this.cache = new WeakMap();
+      this.recurring.clear();
+      this.isExact = true;
+    })();
+    return this.loading;
   }
 
   text(text: string): number {

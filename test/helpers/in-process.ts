@@ -105,8 +105,6 @@ export function echoTool(name: string, ms = 0, ran: string[] = []): Tool {
 
 export const quietLogger: Logger = { debug() {}, info() {}, warn() {}, error() {} };
 
-let counter: Promise<TokenCounter> | undefined;
-
 /** What a run needs, with test defaults: no memory, a fixed system prompt, no hooks. */
 export function testRunDeps(
   model: ModelClient,
@@ -114,6 +112,7 @@ export function testRunDeps(
   over: Partial<RunDeps> & { config?: Partial<AgentConfig> } = {},
 ): RunDeps {
   const { config: settings, ...rest } = over;
+  const counter = TokenCounter.forModel("test-model");
   const config: AgentConfig = {
     name: "main",
     ...DEFAULT_AGENT,
@@ -130,7 +129,7 @@ export function testRunDeps(
     hooks: new Hooks(),
     sender: "alice",
     agent: async () => ({ config }),
-    tokens: () => (counter ??= TokenCounter.forModel("test-model")),
+    tokens: async () => counter,
     systemPrompt: async () => ({ text: "You are a test agent.", tokens: 6, warnings: [] }),
     ...rest,
   };

@@ -260,6 +260,22 @@ describe("the loop", () => {
     assert.match(texts(h, Role.ASSISTANT).at(-1)!, /^fits in/);
   });
 
+  test("tokens are counted by a bound until it passes the window; then exactly, so a fitting view is not compacted", async () => {
+    const config = { contextWindow: 1024, reserveTokens: 64, maxOutputTokens: 300 };
+    const model = new ScriptedModel(() => say("ok"));
+    const short = testRunDeps(model, [], { config });
+    await runAgent(host(), short, [user("hello")]);
+    assert.equal((await short.tokens("test-model")).isExact, false, "a short conversation loads no tokenizer table");
+    // 1,200 bytes: over the window by the bound (bytes), about 200 tokens by the tokenizer.
+    const long = testRunDeps(model, [], { config });
+    const h = host();
+    const out = await runAgent(h, long, [user("hello ".repeat(200))]);
+    assert.equal(out.stopReason, StopReason.COMPLETED);
+    assert.equal((await long.tokens("test-model")).isExact, true);
+    assert.equal(h.of("compactionStart").length, 0, "fits by the exact count");
+    assert.equal(model.requests.at(-1)?.maxTokens, 300, "the reply keeps its full room");
+  });
+
   test("an abort reaches the model stream and the run ends as aborted, its messages kept", async () => {
     const controller = new AbortController();
     const model = new ScriptedModel(() => say("a b c d e f g h i j", 30));

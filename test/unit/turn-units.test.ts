@@ -65,12 +65,12 @@ describe("token counts", () => {
     assert.equal(familyOf("o3-mini"), "o200k");
     assert.equal(familyOf("gpt-4-turbo"), "cl100k");
     assert.equal(familyOf("llama-3.1-70b"), "estimate");
-    const t = await TokenCounter.forModel("gpt-4o");
+    const t = await TokenCounter.exactForModel("gpt-4o");
     for (const text of Object.values(corpus)) assert.equal(t.text(text), o200k.countTokens(text));
   });
 
   test("other families are estimated, and the estimate never under-counts either real tokenizer", async () => {
-    const t = await TokenCounter.forModel("qwen2.5-72b-instruct");
+    const t = await TokenCounter.exactForModel("qwen2.5-72b-instruct");
     for (const [name, text] of Object.entries(corpus)) {
       const real = Math.max(o200k.countTokens(text), cl100k.countTokens(text));
       const est = t.text(text);
@@ -79,8 +79,24 @@ describe("token counts", () => {
     }
   });
 
+  test("until exact() the count is a bound that never under-counts, for every family", async () => {
+    for (const model of ["gpt-4o", "gpt-4-turbo", "qwen2.5-72b-instruct"]) {
+      const bound = TokenCounter.forModel(model);
+      const exact = await TokenCounter.exactForModel(model);
+      assert.equal(bound.isExact, false);
+      for (const [name, text] of Object.entries(corpus))
+        assert.ok(bound.text(text) >= exact.text(text), `${model}, ${name}: bound ${bound.text(text)}`);
+      const m = msg(Role.USER, corpus.prose);
+      const before = bound.message(m);
+      await bound.exact();
+      assert.equal(bound.isExact, true);
+      assert.equal(bound.message(m), exact.message(m), "counts made by the bound are forgotten");
+      assert.ok(before >= bound.message(m));
+    }
+  });
+
   test("a message counts its text, its tool calls and the per-message overhead, once", async () => {
-    const t = await TokenCounter.forModel("gpt-4o");
+    const t = await TokenCounter.exactForModel("gpt-4o");
     const m = msg(Role.ASSISTANT, "hello there", {
       toolCalls: [{ $typeName: "troupe.v1.ToolCall", id: "c1", name: "exec", argumentsJson: '{"command":"ls"}' }],
     });
@@ -157,7 +173,7 @@ describe("sanitising the message list", () => {
   });
 
   test("fitting newest-first and the compaction cut never separate a call from its result", async () => {
-    const t = await TokenCounter.forModel("gpt-4o");
+    const t = await TokenCounter.exactForModel("gpt-4o");
     const list = [
       user("a ".repeat(50)),
       call("x"),
@@ -386,7 +402,7 @@ describe("the context builder", () => {
       now: new Date("2026-01-01T00:00:00Z"),
       ...over,
     };
-    return buildSystemPrompt(sources, input, await TokenCounter.forModel("gpt-4o"), 100_000);
+    return buildSystemPrompt(sources, input, await TokenCounter.exactForModel("gpt-4o"), 100_000);
   };
 
   test("files are capped at 4,000 characters each and 12,000 together; binary ones are left out", async (t) => {
@@ -471,7 +487,7 @@ describe("the context builder", () => {
       { text: "Alice likes tea", kind: MemoryKind.FACT },
     ];
     const sources = new ContextSources(dir, new FileProfileStore(path.join(dir, "profiles")), 0);
-    const tokens = await TokenCounter.forModel("gpt-4o");
+    const tokens = await TokenCounter.exactForModel("gpt-4o");
     const input: PromptInput = {
       agentId: "a1",
       agent: { name: "Ada", ...DEFAULT_AGENT },
@@ -489,6 +505,12 @@ describe("the context builder", () => {
     const all = await buildSystemPrompt(sources, input, tokens, 100_000);
     assert.match(all.text, /## Long-term facts\n- Alice likes tea/);
     assert.match(all.text, /## Relevant memories/);
+    // Over the budget by the bound but not by the tokenizer: counted exactly, nothing left out.
+    const bound = TokenCounter.forModel("gpt-4o");
+    const byBound = await buildSystemPrompt(sources, input, bound, all.tokens + 10);
+    assert.equal(bound.isExact, true);
+    assert.deepEqual(byBound.warnings, all.warnings);
+    assert.equal(byBound.tokens, all.tokens);
     const tight = await buildSystemPrompt(sources, input, tokens, all.tokens - 10);
     assert.ok(!tight.text.includes("## Relevant memories") && tight.text.includes("## Long-term facts"));
     assert.match(tight.warnings.at(-1)!.message, /Relevant memories left out/);
@@ -510,7 +532,7 @@ describe("the system prompt's token count", () => {
     await writeFile(path.join(dir, "a1", "AGENTS.md"), "Rules:\n- be brief\n- cite sources\n");
     await writeFile(path.join(dir, "a1", "skills", "x.md"), '## Skill\nDo the thing {"a": 1}\n');
     for (const model of ["gpt-4o", "gpt-4", "llama-3"]) {
-      const tokens = await TokenCounter.forModel(model);
+      const tokens = await TokenCounter.exactForModel(model);
       const out = await buildSystemPrompt(
         new ContextSources(dir, new FileProfileStore(path.join(dir, "profiles")), 0),
         {
