@@ -31,9 +31,15 @@ export interface AdmissionHost {
   placed(frame: ClientFrame, interrupt: boolean): void;
 }
 
+/** What an acknowledged frame's entry becomes: its event is in the log and need not stay in memory. */
+const ACKNOWLEDGED: Promise<unknown> = Promise.resolve();
+
 export class Admission {
-  /** frame_id -> its acknowledgement, so a resent frame is acknowledged without acting again. */
-  private readonly acks = new Map<string, Promise<AgentEvent>>();
+  /**
+   * frame_id -> its acknowledgement while pending, then ACKNOWLEDGED, so a resent frame is
+   * acknowledged without acting again. A session's every frame has an entry.
+   */
+  private readonly acks = new Map<string, Promise<unknown>>();
   /** Frames past their mailbox check whose log write is in flight (they count against its limit). */
   private inFlight = 0;
 
@@ -59,13 +65,18 @@ export class Admission {
     }
     const ack = this.admit(frame, traceContext);
     this.acks.set(frame.frameId, ack);
-    ack.catch(() => this.acks.delete(frame.frameId));
+    ack.then(
+      () => this.acks.get(frame.frameId) === ack && this.acks.set(frame.frameId, ACKNOWLEDGED),
+      () => this.acks.delete(frame.frameId),
+    );
     return ack;
   }
 
-  /** Recovery: the log shows this frame acknowledged (or owed an acknowledgement, given as `ack`). */
+  /** Recovery: the log shows this frame acknowledged (or owed an acknowledgement, which `ack` sends). */
   restore(frameId: string, ack: () => AgentEvent): void {
-    if (!this.acks.has(frameId)) this.acks.set(frameId, Promise.resolve(ack()));
+    if (this.acks.has(frameId)) return;
+    ack();
+    this.acks.set(frameId, ACKNOWLEDGED);
   }
 
   /** Forgets every acknowledgement (a restart reads them back from the log). */
