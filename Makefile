@@ -134,10 +134,13 @@ test-unit: build openssl
 # Every test: the in-process tier first, then the end-to-end tier of real processes, the soaks
 # included (test/soak: 500 sessions of random traffic while the runner is killed three times,
 # about 3 minutes, SOAK_SESSIONS=N and SOAK_KILLS=N change it; and the cluster soak on
-# PostgreSQL, CLUSTER_SESSIONS=N and CLUSTER_DISRUPTIONS=N).
+# PostgreSQL, CLUSTER_SESSIONS=N and CLUSTER_DISRUPTIONS=N). Then no sandbox container made
+# during the run may be left (test/leftovers.ts).
 test: build lint sandbox-image-if-missing python-client postgres openssl chromium
 	node --test --test-timeout=60000 'dist/test/unit/*.test.js'
-	node --test --test-concurrency=1 --test-timeout=600000 'dist/test/*.test.js' 'dist/test/soak/*.test.js'
+	since=$$(date +%s%3N); \
+	node --test --test-concurrency=1 --test-timeout=600000 'dist/test/*.test.js' 'dist/test/soak/*.test.js'; \
+	status=$$?; node dist/test/leftovers.js --since $$since || status=1; exit $$status
 
 # The soak alone.
 soak: build sandbox-image-if-missing

@@ -3,41 +3,23 @@
 // SIGTERM drains them all and leaves no container behind.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
-import { execFile, spawn, type ChildProcess } from "node:child_process";
+import { execFile, type ChildProcess } from "node:child_process";
 import { once } from "node:events";
 import { mkdtemp, readFile, rm, stat } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { promisify } from "node:util";
-import {
-  MAIN,
-  SERVICE_ORDER,
-  flagsFor,
-  freePort,
-  waitFor,
-  type ServiceName,
-  sandboxContainers,
-} from "./helpers/stack.js";
+import { MAIN, flagsFor, sandboxContainers, startUp, type ServiceName, type StackAddresses } from "./helpers/stack.js";
 
 const run = promisify(execFile);
 let dataDir: string;
-let addr: Record<ServiceName, string>;
+let addr: StackAddresses;
 let up: ChildProcess;
-let log = "";
+let log: () => string;
 
 before(async () => {
   dataDir = await mkdtemp(path.join(os.tmpdir(), "troupe-one-"));
-  addr = {} as Record<ServiceName, string>;
-  for (const name of SERVICE_ORDER) addr[name] = `127.0.0.1:${await freePort()}`;
-  const env: NodeJS.ProcessEnv = { ...process.env, TROUPE_LOG_FORMAT: "text" };
-  delete env.OPENAI_BASE_URL;
-  up = spawn(process.execPath, [MAIN, "up", "--one-process", ...flagsFor(addr, dataDir)], {
-    env,
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-  up.stdout!.on("data", (d) => (log += d));
-  up.stderr!.on("data", (d) => (log += d));
-  await waitFor("troupe up --one-process to say it is up", async () => log.includes("Troupe is up"), 60_000);
+  ({ proc: up, addr, log } = await startUp(dataDir, { args: ["--one-process"], env: { TROUPE_LOG_FORMAT: "text" } }));
 });
 
 after(async () => {
@@ -76,8 +58,8 @@ test("a tool turn runs through the sandbox, and the session log is on disk", asy
 test("SIGTERM drains every service, removes up.json and leaves no container", async () => {
   up.kill("SIGTERM");
   const [code] = await once(up, "exit");
-  assert.equal(code, 0, log);
-  assert.match(log, /all: stopped/);
+  assert.equal(code, 0, log());
+  assert.match(log(), /all: stopped/);
   await assert.rejects(stat(path.join(dataDir, "up.json")), /ENOENT/);
   assert.deepEqual(await sandboxContainers(dataDir), [], "the sandbox's containers were removed on the way out");
 });

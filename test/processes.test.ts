@@ -18,14 +18,14 @@ import { createClient } from "../services/shared/rpc.js";
 import { ChatSession } from "./helpers/session.js";
 import {
   MAIN,
-  SERVICE_ORDER,
   SERVICE_TYPE,
   flagsFor,
   freePort,
   startStack,
   waitFor,
   waitServing,
-  type ServiceName,
+  startUp,
+  type StackAddresses,
 } from "./helpers/stack.js";
 
 const run = promisify(execFile);
@@ -33,20 +33,13 @@ const internalHeaders = async (dataDir: string) => (await internalCredentials(da
 
 describe("troupe up", () => {
   let dataDir: string;
-  let addr: Record<ServiceName, string>;
+  let addr: StackAddresses;
   let up: ChildProcess;
-  let log = "";
+  let log: () => string;
 
   before(async () => {
     dataDir = await mkdtemp(path.join(os.tmpdir(), "troupe-up-"));
-    addr = {} as Record<ServiceName, string>;
-    for (const name of SERVICE_ORDER) addr[name] = `127.0.0.1:${await freePort()}`;
-    const env = { ...process.env };
-    delete env.OPENAI_BASE_URL;
-    up = spawn(process.execPath, [MAIN, "up", ...flagsFor(addr, dataDir)], { env, stdio: ["ignore", "pipe", "pipe"] });
-    up.stdout!.on("data", (d) => (log += d));
-    up.stderr!.on("data", (d) => (log += d));
-    await waitFor("troupe up to say it is up", async () => log.includes("Troupe is up"), 60_000);
+    ({ proc: up, addr, log } = await startUp(dataDir));
   });
 
   after(async () => {
@@ -55,14 +48,14 @@ describe("troupe up", () => {
   });
 
   test("starts the scripted model when no endpoint is configured, and says so", () => {
-    assert.match(log, /OPENAI_BASE_URL is not set: using Troupe's scripted model server/);
+    assert.match(log(), /OPENAI_BASE_URL is not set: using Troupe's scripted model server/);
     for (const name of ["router", "memory", "sandbox", "runner", "gateway"])
-      assert.match(log, new RegExp(`${name}: ${name === "runner" ? "runner \\S+ serving" : `${name} serving`}`));
+      assert.match(log(), new RegExp(`${name}: ${name === "runner" ? "runner \\S+ serving" : `${name} serving`}`));
   });
 
   test("makes a development key and an internal token on first start, and says how to use the key", async () => {
     const key = (await readFile(path.join(dataDir, "auth", "dev-key"), "utf8")).trim();
-    assert.match(log, new RegExp(`development API key \\(tenant local, principal dev, made just now\\): ${key}`));
+    assert.match(log(), new RegExp(`development API key \\(tenant local, principal dev, made just now\\): ${key}`));
     assert.match(await readFile(path.join(dataDir, "auth", "api-keys.json"), "utf8"), /"principal": "dev"/);
     assert.doesNotMatch(
       await readFile(path.join(dataDir, "auth", "api-keys.json"), "utf8"),
@@ -86,7 +79,7 @@ describe("troupe up", () => {
     const pid = Number(stdout.trim().split("\n")[0]);
     assert.ok(pid > 0);
     process.kill(pid, "SIGKILL");
-    await waitFor("the supervisor to notice", async () => /runner exited \(SIGKILL\); restarting/.test(log));
+    await waitFor("the supervisor to notice", async () => /runner exited \(SIGKILL\); restarting/.test(log()));
     await waitServing(addr.runner, 30_000, SERVICE_TYPE.runner);
     const gateway = createClient(GatewayService, addr.gateway, {
       headers: { authorization: `Bearer ${await clientApiKey(dataDir)}` },
@@ -130,7 +123,7 @@ describe("troupe up", () => {
     up.kill("SIGINT");
     assert.equal(await exited, 0);
     for (const pid of children) assert.throws(() => process.kill(pid, 0), `child ${pid} is gone`);
-    assert.match(log, /all services stopped/);
+    assert.match(log(), /all services stopped/);
     // Now nothing answers: status fails, and doctor says what to do.
     const doctor = spawnSync(process.execPath, [MAIN, "doctor", ...flagsFor(addr, dataDir)], { encoding: "utf8" });
     assert.equal(doctor.status, 1);

@@ -3,7 +3,7 @@
 // gateway serving, and a clean stop of all of it on SIGTERM.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { spawn, spawnSync, type ChildProcess } from "node:child_process";
+import { spawnSync, type ChildProcess } from "node:child_process";
 import { access, chmod, mkdtemp, readFile, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
@@ -12,7 +12,7 @@ import { RouterService } from "../services/shared/gen/troupe/v1/router_pb.js";
 import { internalCredentials } from "../services/shared/auth.js";
 import { createClient } from "../services/shared/rpc.js";
 import { ChatSession } from "./helpers/session.js";
-import { MAIN, SERVICE_ORDER, flagsFor, freePort, isAlive, waitFor, type ServiceName } from "./helpers/stack.js";
+import { MAIN, isAlive, startUp } from "./helpers/stack.js";
 
 interface UpFile {
   supervisor: number;
@@ -23,35 +23,14 @@ interface UpFile {
 describe("troupe up --runners 2 --gateways 2 --routers 2 --store postgres", () => {
   let dataDir: string;
   let up: ChildProcess;
-  let log = "";
-  const env: NodeJS.ProcessEnv = { ...process.env, TROUPE_RUNNER_LIVENESS_MS: "3000" };
-  delete env.OPENAI_BASE_URL;
-  delete env.TROUPE_STORE_URL;
+  let log: () => string;
+  const env = { TROUPE_RUNNER_LIVENESS_MS: "3000", TROUPE_STORE_URL: undefined };
 
   before(async () => {
     dataDir = await mkdtemp(path.join(os.tmpdir(), "troupe-upc-"));
     await chmod(dataDir, 0o711);
-    const addr = {} as Record<ServiceName, string>;
-    for (const name of SERVICE_ORDER) addr[name] = `127.0.0.1:${await freePort()}`;
-    up = spawn(
-      process.execPath,
-      [
-        MAIN,
-        "up",
-        "--runners",
-        "2",
-        "--gateways=2",
-        "--routers",
-        "2",
-        "--store",
-        "postgres",
-        ...flagsFor(addr, dataDir),
-      ],
-      { env, stdio: ["ignore", "pipe", "pipe"] },
-    );
-    up.stdout!.on("data", (d) => (log += d));
-    up.stderr!.on("data", (d) => (log += d));
-    await waitFor("troupe up to say it is up", async () => log.includes("Troupe is up"), 90_000);
+    const args = ["--runners", "2", "--gateways=2", "--routers", "2", "--store", "postgres"];
+    ({ proc: up, log } = await startUp(dataDir, { args, env, timeoutMs: 90_000 }));
   });
   after(async () => {
     if (up.exitCode === null) up.kill("SIGKILL");
@@ -76,7 +55,7 @@ describe("troupe up --runners 2 --gateways 2 --routers 2 --store postgres", () =
     assert.ok(file.store && isAlive(file.store.pid), "the PostgreSQL server it started is running");
     for (const s of file.services) assert.ok(s.pid && isAlive(s.pid), `${s.service} runs as ${s.pid}`);
     const gateways = file.services.filter((s) => s.service.startsWith("gateway")).map((s) => s.address);
-    for (const g of gateways) assert.match(log, new RegExp(g.replace(/\./g, "\\.")), "printed the gateway addresses");
+    for (const g of gateways) assert.match(log(), new RegExp(g.replace(/\./g, "\\.")), "printed the gateway addresses");
 
     const key = (await readFile(path.join(dataDir, "auth", "dev-key"), "utf8")).trim();
     const headers = { authorization: `Bearer ${key}` };

@@ -3,7 +3,7 @@
 // stop leaves no container. A second `troupe up` over a running one is refused.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
-import { execFile, spawn, spawnSync, type ChildProcess } from "node:child_process";
+import { execFile, spawnSync, type ChildProcess } from "node:child_process";
 import { once } from "node:events";
 import { mkdtemp, readFile, rm } from "node:fs/promises";
 import os from "node:os";
@@ -15,10 +15,11 @@ import {
   flagsFor,
   freePort,
   isAlive,
-  waitFor,
   type ServiceName,
   sandboxContainers,
   removeSandboxes,
+  startUp,
+  type Up,
 } from "./helpers/stack.js";
 
 const run = promisify(execFile);
@@ -28,18 +29,15 @@ const env: NodeJS.ProcessEnv = { ...process.env, TROUPE_LOG_FORMAT: "text" };
 delete env.OPENAI_BASE_URL;
 const started: ChildProcess[] = [];
 
-async function startUp(): Promise<{ proc: ChildProcess; log: () => string }> {
+async function startTroupe(): Promise<Up> {
   // Started as people do, by a path relative to where they stand: still recognised as troupe up.
-  const proc = spawn(process.execPath, [path.relative(process.cwd(), MAIN), "up", ...flagsFor(addr, dataDir)], {
-    env,
-    stdio: ["ignore", "pipe", "pipe"],
+  const up = await startUp(dataDir, {
+    addr,
+    env: { TROUPE_LOG_FORMAT: "text" },
+    main: path.relative(process.cwd(), MAIN),
   });
-  started.push(proc);
-  let log = "";
-  proc.stdout!.on("data", (d) => (log += d));
-  proc.stderr!.on("data", (d) => (log += d));
-  await waitFor("troupe up to say it is up", async () => log.includes("Troupe is up"), 60_000);
-  return { proc, log: () => log };
+  started.push(up.proc);
+  return up;
 }
 
 const containers = () => sandboxContainers(dataDir);
@@ -56,7 +54,7 @@ after(async () => {
 });
 
 test("the next start ends what a SIGKILLed troupe up left, and a clean stop leaves no container", async () => {
-  const first = await startUp();
+  const first = await startTroupe();
   const chat = () =>
     run(process.execPath, [MAIN, "chat", ...flagsFor(addr, dataDir), "--session", "left-1", "$ echo left"]);
   assert.match((await chat()).stdout, /left/);
@@ -76,7 +74,7 @@ test("the next start ends what a SIGKILLed troupe up left, and a clean stop leav
   const orphans = before.services.filter((s) => s.pid && isAlive(s.pid));
   assert.ok(orphans.length > 0, "its services outlive a SIGKILLed supervisor");
 
-  const next = await startUp();
+  const next = await startTroupe();
   assert.match(next.log(), /an earlier troupe up \(pid \d+\) was killed and left .*running: ended them/);
   for (const s of orphans) assert.ok(!isAlive(s.pid), `${s.service} (pid ${s.pid}) was ended`);
   const now = await containers();

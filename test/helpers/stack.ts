@@ -160,6 +160,61 @@ export async function waitServing(
   }
 }
 
+/** A `troupe up` supervisor a test started (startUp). */
+export interface Up {
+  proc: ChildProcess;
+  addr: StackAddresses;
+  /** What it has printed (its last `keepChars` characters). */
+  log(): string;
+}
+
+/**
+ * Starts `troupe up <args>` over `dataDir` on fresh loopback ports (or `addr`), as an operator
+ * would (no OPENAI_BASE_URL: the scripted model), and resolves once it says it is up.
+ */
+export async function startUp(
+  dataDir: string,
+  options: {
+    args?: string[];
+    /** Added to this process's environment; a name set to undefined is left out. */
+    env?: NodeJS.ProcessEnv;
+    addr?: StackAddresses;
+    /** How `troupe` is named on the command line. */
+    main?: string;
+    keepChars?: number;
+    timeoutMs?: number;
+  } = {},
+): Promise<Up> {
+  const addr = options.addr ?? ({} as StackAddresses);
+  if (!options.addr) for (const name of SERVICE_ORDER) addr[name] = `127.0.0.1:${await freePort()}`;
+  const env: NodeJS.ProcessEnv = { ...process.env, ...options.env };
+  delete env.OPENAI_BASE_URL;
+  for (const [name, value] of Object.entries(options.env ?? {})) if (value === undefined) delete env[name];
+  const proc = spawn(
+    process.execPath,
+    [options.main ?? MAIN, "up", ...(options.args ?? []), ...flagsFor(addr, dataDir)],
+    {
+      env,
+      stdio: ["ignore", "pipe", "pipe"],
+    },
+  );
+  let log = "";
+  const keep = options.keepChars ?? Number.POSITIVE_INFINITY;
+  const add = (d: Buffer) => {
+    log += d;
+    if (log.length > keep) log = log.slice(-keep);
+  };
+  proc.stdout!.on("data", add);
+  proc.stderr!.on("data", add);
+  try {
+    await waitFor("troupe up to say it is up", async () => log.includes("Troupe is up"), options.timeoutMs ?? 60_000);
+  } catch (err) {
+    proc.kill("SIGKILL");
+    throw new Error(`${(err as Error).message}; it printed:\n${log.slice(-4000)}`);
+  }
+  return { proc, addr, log: () => log };
+}
+
 /** Whether a process of this pid runs (a zombie, dead but not yet reaped by its parent, does not). */
 export function isAlive(pid: number): boolean {
   try {
@@ -205,6 +260,8 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
   const internal = await internalCredentials(dataDir);
   const dev = await ensureDevKey(dataDir);
 
+  /** Whether any sandbox process ran: its session containers outlive it by design (fleet.ts adopts them). */
+  let ranSandbox = false;
   const spawnService = async (
     key: string,
     name: ServiceName,
@@ -212,6 +269,7 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
     args: string[] = [],
     extraEnv: NodeJS.ProcessEnv = {},
   ) => {
+    if (name === "sandbox") ranSandbox = true;
     const proc = spawn(process.execPath, [MAIN, name, ...flagsFor(at, dataDir), ...args], {
       env: { ...env, ...extraEnv },
       stdio: ["ignore", "pipe", "pipe"],
@@ -274,7 +332,7 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
     for (const key of procs.keys()) if (!(SERVICE_ORDER as string[]).includes(key)) await kill(key, "SIGTERM");
     for (const name of [...SERVICE_ORDER].reverse()) await kill(name, "SIGTERM");
     try {
-      if (services.includes("sandbox")) await removeSandboxes(dataDir);
+      if (ranSandbox) await removeSandboxes(dataDir);
     } finally {
       if (!options.dataDir) await rm(dataDir, { recursive: true, force: true });
     }

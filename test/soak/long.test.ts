@@ -11,7 +11,7 @@
 // connections and files that idle timers close. Stopping the stack leaves no container.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
-import { spawn, type ChildProcess } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
 import { once } from "node:events";
 import { mkdtemp, readFile, readdir, rm } from "node:fs/promises";
 import os from "node:os";
@@ -21,16 +21,7 @@ import { GatewayService } from "../../services/shared/gen/troupe/v1/gateway_pb.j
 import { StopReason } from "../../services/shared/gen/troupe/v1/session_pb.js";
 import { createClient, type ServiceClient } from "../../services/shared/rpc.js";
 import { ChatSession } from "../helpers/session.js";
-import {
-  MAIN,
-  SERVICE_ORDER,
-  flagsFor,
-  freePort,
-  waitFor,
-  type ServiceName,
-  removeSandboxes,
-  sandboxContainers,
-} from "../helpers/stack.js";
+import { removeSandboxes, sandboxContainers, startUp, type StackAddresses } from "../helpers/stack.js";
 
 const SECONDS = Number(process.env.SOAK_LONG_SECONDS ?? 60);
 const CLIENTS = Number(process.env.SOAK_LONG_CLIENTS ?? 4);
@@ -44,24 +35,16 @@ const FD_SLACK = 4;
 const SERVICES = ["gateway", "router", "runner", "memory", "sandbox"] as const;
 
 let dataDir: string;
-let addr: Record<ServiceName, string>;
+let addr: StackAddresses;
 let up: ChildProcess;
 let gateway: ServiceClient<(typeof GatewayService)["method"]>;
 let pids: Record<string, number>;
 
 before(async () => {
   dataDir = await mkdtemp(path.join(os.tmpdir(), "troupe-soak-long-"));
-  addr = {} as Record<ServiceName, string>;
-  for (const name of SERVICE_ORDER) addr[name] = `127.0.0.1:${await freePort()}`;
-  const env: NodeJS.ProcessEnv = { ...process.env, TROUPE_LOG_LEVEL: "info", TROUPE_LOG_FORMAT: "text" };
-  delete env.OPENAI_BASE_URL;
-  up = spawn(process.execPath, [MAIN, "up", ...flagsFor(addr, dataDir)], { env, stdio: ["ignore", "pipe", "pipe"] });
-  let log = "";
-  // Keep only the tail: an hour of warnings must not grow this process.
-  const keep = (d: Buffer) => (log = (log + d).slice(-20_000));
-  up.stdout!.on("data", keep);
-  up.stderr!.on("data", keep);
-  await waitFor("troupe up to say it is up", async () => log.includes("Troupe is up"), 60_000);
+  // Only the log's tail is kept: an hour of warnings must not grow this process.
+  const env = { TROUPE_LOG_LEVEL: "info", TROUPE_LOG_FORMAT: "text" };
+  ({ proc: up, addr } = await startUp(dataDir, { env, keepChars: 20_000 }));
   const upFile = JSON.parse(await readFile(path.join(dataDir, "up.json"), "utf8")) as {
     services: { service: string; pid: number }[];
   };

@@ -1,0 +1,37 @@
+// Run by `make test` after the end-to-end tier: every sandbox container made since `--since` (ms)
+// must be gone, since each test stops what it started. Any left is named (its scope and stack
+// instance say which test made it), removed, and fails the run.
+//
+//   node dist/test/leftovers.js --since <epoch ms>
+import { execFile } from "node:child_process";
+import { parseArgs } from "node:util";
+import { promisify } from "node:util";
+
+const run = promisify(execFile);
+const { values } = parseArgs({ options: { since: { type: "string" } } });
+const since = Number(values.since);
+if (!Number.isFinite(since)) {
+  console.error("usage: leftovers --since <epoch ms>");
+  process.exit(2);
+}
+const { stdout } = await run("docker", [
+  "ps",
+  "-a",
+  "--filter",
+  "label=troupe.owner=troupe-sandbox",
+  "--format",
+  '{{.ID}}\t{{.Label "troupe.created"}}\t{{.Label "troupe.scope"}}\t{{.Label "troupe.instance"}}\t{{.CreatedAt}}',
+]);
+const left = stdout
+  .split("\n")
+  .filter(Boolean)
+  .map((line) => line.split("\t"))
+  .filter(([, created]) => Number(created) >= since);
+if (left.length === 0) {
+  console.log("leftovers: no sandbox container outlived its test");
+  process.exit(0);
+}
+console.error(`leftovers: ${left.length} sandbox container(s) outlived their tests:`);
+for (const [id, , scope, instance, at] of left) console.error(`  ${id} scope=${scope} instance=${instance} made ${at}`);
+await run("docker", ["rm", "-f", ...left.map(([id]) => id)]);
+process.exit(1);
