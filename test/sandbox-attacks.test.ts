@@ -383,6 +383,12 @@ const ATTACKS: Attack[] = [
   },
 ];
 
+/**
+ * As the runner and the CLI call it: removing a gVisor sandbox that a bomb filled can take the
+ * engine more than the 10 s default deadline on a loaded machine (it did in CI).
+ */
+const RELEASE = { timeoutMs: 30_000 };
+
 for (const runtime of ["runc", "runsc"] as const) {
   describe(`sandbox attacks (${runtime})`, () => {
     let stack: Stack;
@@ -411,7 +417,7 @@ for (const runtime of ["runc", "runsc"] as const) {
           !r.exit.timedOut
         ) {
           console.log(`# KNOWN DEFECT: #${attack.n} under ${runtime}: the sandbox died under the command; once more`);
-          await sandbox.releaseSandbox({ sessionId: id });
+          await sandbox.releaseSandbox({ sessionId: id }, RELEASE);
           id = `${id}-again`;
           r = await exec(sandbox, id, attack.command, { timeoutMs: attack.timeoutMs });
         }
@@ -433,7 +439,7 @@ for (const runtime of ["runc", "runsc"] as const) {
         // Whatever it tried, the sandbox still answers.
         const after = await exec(sandbox, id, "echo alive");
         assert.equal(after.out, "alive\n", `after #${attack.n}: ${after.out}`);
-        await sandbox.releaseSandbox({ sessionId: id });
+        await sandbox.releaseSandbox({ sessionId: id }, RELEASE);
       });
     }
 
@@ -448,7 +454,7 @@ for (const runtime of ["runc", "runsc"] as const) {
         r.out,
       );
       for (const line of lines) assert.match(line, / (EPERM|ENOSYS)$/, `${runtime}: ${line}`);
-      await sandbox.releaseSandbox({ sessionId: id });
+      await sandbox.releaseSandbox({ sessionId: id }, RELEASE);
     });
 
     test("#30 CPU burn, measured: three busy loops together get one CPU", async () => {
@@ -460,7 +466,7 @@ for (const runtime of ["runc", "runsc"] as const) {
       const percent = Number.parseFloat(stdout);
       assert.ok(percent > 50 && percent < 135, `the burn used ${stdout.trim()} of a CPU`);
       await burn;
-      await sandbox.releaseSandbox({ sessionId: id });
+      await sandbox.releaseSandbox({ sessionId: id }, RELEASE);
     });
 
     // Background processes outlive their command (docs/sandbox.md). Here they hold every pid of
@@ -482,7 +488,7 @@ for (const runtime of ["runc", "runsc"] as const) {
         // Without the agent ending them, the sleepers (1000 s) would still be there.
         const left = await exec(sandbox, id, "ps -o comm | grep -c '^sleep$' || true");
         assert.equal(left.out.trim(), "0", "the leftovers were ended");
-        await sandbox.releaseSandbox({ sessionId: id });
+        await sandbox.releaseSandbox({ sessionId: id }, RELEASE);
       });
     }
 
@@ -490,8 +496,8 @@ for (const runtime of ["runc", "runsc"] as const) {
       await exec(sandbox, `atk-${runtime}-33a`, "echo secret > /workspace/note; echo hidden > /tmp/note");
       const r = await exec(sandbox, `atk-${runtime}-33b`, "cat /workspace/note /tmp/note 2>&1");
       assert.equal(r.out.match(/No such file or directory/g)?.length, 2, r.out);
-      await sandbox.releaseSandbox({ sessionId: `atk-${runtime}-33a` });
-      await sandbox.releaseSandbox({ sessionId: `atk-${runtime}-33b` });
+      await sandbox.releaseSandbox({ sessionId: `atk-${runtime}-33a` }, RELEASE);
+      await sandbox.releaseSandbox({ sessionId: `atk-${runtime}-33b` }, RELEASE);
     });
 
     test("the service is still healthy after every attack", async () => {
