@@ -6,9 +6,12 @@
 // flat, and searches did not: the growth is native and per commit, which is what the hour soak's
 // memory service showed (upstream: lance-format/lance#1983, lancedb/lancedb#2693).
 //
-//   node dist/bench/lance-growth.js [--ops 3000]
+// With --batch N, each commit adds N rows (a group commit of N callers' facts), which tells
+// growth per commit from growth per row.
 //
-// RESULT add_kb_per_op=... search_kb_per_op=... add_heap_mb=... ratio=...
+//   node dist/bench/lance-growth.js [--ops 3000] [--batch 1]
+//
+// RESULT add_kb_per_op=... search_kb_per_op=... add_heap_mb=... ratio=... batch=...
 import { spawn } from "node:child_process";
 import { mkdtemp, rm } from "node:fs/promises";
 import os from "node:os";
@@ -17,9 +20,15 @@ import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 
 const { values } = parseArgs({
-  options: { ops: { type: "string", default: "3000" }, child: { type: "string" }, dir: { type: "string" } },
+  options: {
+    ops: { type: "string", default: "3000" },
+    batch: { type: "string", default: "1" },
+    child: { type: "string" },
+    dir: { type: "string" },
+  },
 });
 const OPS = Number(values.ops);
+const BATCH = Number(values.batch);
 const DIM = 256;
 
 /** One child's work: `mode` OPS times; prints RSS and heap (MB) after the first fifth and at the end. */
@@ -40,7 +49,9 @@ async function child(mode: "add" | "search", dir: string): Promise<void> {
   let first = sample();
   for (let i = 1; i <= OPS; i++) {
     if (mode === "add") {
-      await table.add([{ id: `x${i}`, text: `fact number ${i}`, vector: vec() }]);
+      await table.add(
+        Array.from({ length: BATCH }, (_, k) => ({ id: `x${i}.${k}`, text: `fact ${i}.${k}`, vector: vec() })),
+      );
       if (i % 100 === 0) await table.optimize({ cleanupOlderThan: new Date() });
     } else await table.vectorSearch(vec()).limit(5).toArray();
     if (i === warm) first = sample();
@@ -52,7 +63,8 @@ async function child(mode: "add" | "search", dir: string): Promise<void> {
 async function run(mode: "add" | "search"): Promise<{ kbPerOp: number; heapMb: number }> {
   const dir = await mkdtemp(path.join(os.tmpdir(), `troupe-lance-${mode}-`));
   const self = fileURLToPath(import.meta.url);
-  const proc = spawn(process.execPath, ["--expose-gc", self, "--child", mode, "--dir", dir, "--ops", String(OPS)], {
+  const args = ["--child", mode, "--dir", dir, "--ops", String(OPS), "--batch", String(BATCH)];
+  const proc = spawn(process.execPath, ["--expose-gc", self, ...args], {
     stdio: ["ignore", "pipe", "inherit"],
   });
   let out = "";
@@ -73,10 +85,10 @@ else {
   const add = await run("add");
   const f = (n: number) => n.toFixed(1);
   console.log(
-    `commits (one row each, compacted every 100): ${f(add.kbPerOp)} KB of RSS per commit, heap ${f(add.heapMb)} MB`,
+    `commits (${BATCH} row(s) each, compacted every 100): ${f(add.kbPerOp)} KB of RSS per commit, heap ${f(add.heapMb)} MB`,
   );
   console.log(`baseline, searches only: ${f(search.kbPerOp)} KB of RSS per search`);
   console.log(
-    `RESULT add_kb_per_op=${f(add.kbPerOp)} search_kb_per_op=${f(search.kbPerOp)} add_heap_mb=${f(add.heapMb)} ratio=${f(add.kbPerOp / Math.max(search.kbPerOp, 0.1))}`,
+    `RESULT add_kb_per_op=${f(add.kbPerOp)} search_kb_per_op=${f(search.kbPerOp)} add_heap_mb=${f(add.heapMb)} ratio=${f(add.kbPerOp / Math.max(search.kbPerOp, 0.1))} batch=${BATCH}`,
   );
 }
