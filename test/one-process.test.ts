@@ -48,6 +48,13 @@ test("every service is this one process, on its own port", async () => {
   assert.doesNotMatch(status.stdout, /NOT_SERVING|unreachable/i);
 });
 
+test("it runs with the small young generation, as the same process", async () => {
+  // up.pid is what the test spawned: the process executed itself again in place.
+  const cmdline = (await readFile(`/proc/${up.pid}/cmdline`, "utf8")).split("\0");
+  assert.equal(cmdline[1], "--max-semi-space-size=2", cmdline.join(" "));
+  assert.ok(cmdline.includes("--one-process"));
+});
+
 test("a tool turn runs through the sandbox, and the session log is on disk", async () => {
   const { stdout } = await troupe("chat", "--session", "one-1", "$ echo from-one-process");
   assert.match(stdout, /from-one-process/);

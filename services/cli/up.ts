@@ -73,8 +73,25 @@ export function parseShape(args: string[]): { shape: Shape; rest: string[] } {
   return { shape, rest };
 }
 
+/**
+ * --one-process is for laptops and small VMs, so V8's young generation is capped at 2 MB
+ * semi-spaces (16 by default): bench/footprint measured the one process 15 to 25 MB smaller
+ * for it, at the cost of more frequent scavenges. The flag must be there when V8 starts, so the
+ * process executes itself again with it (same pid, same descriptors), unless the operator chose
+ * a semi-space size already.
+ */
+function withSmallYoungGeneration(): void {
+  const chosen = [...process.execArgv, ...(process.env.NODE_OPTIONS ?? "").split(/\s+/)].some((a) =>
+    a.startsWith("--max-semi-space-size"),
+  );
+  if (chosen || !process.execve) return;
+  const argv = [process.execPath, "--max-semi-space-size=2", ...process.execArgv, ...process.argv.slice(1)];
+  process.execve(process.execPath, argv, process.env);
+}
+
 export async function upCommand(argv: string[]): Promise<void> {
   const { shape, rest: args } = parseShape(argv);
+  if (shape.oneProcess) withSmallYoungGeneration();
   // Services in this process append fsynced session logs: widen the pool before it first starts.
   if (shape.oneProcess) widenThreadPool();
   const cfg = loadConfig(args);
