@@ -9,7 +9,14 @@ import { mkdir, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { authPaths, ensureDevKey, internalCredentials, internalToken } from "../shared/auth.js";
-import { childEnvironment, loadConfig, modelBaseUrl, widenThreadPool, type Config } from "../shared/config.js";
+import {
+  childEnvironment,
+  loadConfig,
+  modelBaseUrl,
+  semiSpaceChosen,
+  widenThreadPool,
+  type Config,
+} from "../shared/config.js";
 import { Health, HealthCheckResponse_ServingStatus as Serving } from "../shared/gen/grpc/health/v1/health_pb.js";
 import { createLogger } from "../shared/log.js";
 import { GatewayService } from "../shared/gen/troupe/v1/gateway_pb.js";
@@ -81,12 +88,9 @@ export function parseShape(args: string[]): { shape: Shape; rest: string[] } {
  * a semi-space size already.
  */
 function withSmallYoungGeneration(): void {
-  const chosen = [...process.execArgv, ...(process.env.NODE_OPTIONS ?? "").split(/\s+/)].some((a) =>
-    a.startsWith("--max-semi-space-size"),
-  );
-  if (chosen || !process.execve) return;
+  if (semiSpaceChosen() || !process.execve) return;
   const argv = [process.execPath, "--max-semi-space-size=2", ...process.execArgv, ...process.argv.slice(1)];
-  process.execve(process.execPath, argv, process.env);
+  process.execve(process.execPath, argv);
 }
 
 export async function upCommand(argv: string[]): Promise<void> {

@@ -220,6 +220,12 @@ export function widenThreadPool(): void {
   process.env.UV_THREADPOOL_SIZE ??= String(SETTINGS["every service"].threadPool.default);
 }
 
+/** Whether the operator chose V8's semi-space size, on the command line or in NODE_OPTIONS. */
+export function semiSpaceChosen(): boolean {
+  const given = [...process.execArgv, ...(process.env.NODE_OPTIONS ?? "").split(/\s+/)];
+  return given.some((a) => a.startsWith("--max-semi-space-size"));
+}
+
 export const FLAG_OPTIONS = Object.fromEntries(
   ALL.filter(([, s]) => s.flag).map(([, s]) => [s.flag!, { type: "string" as const }]),
 );

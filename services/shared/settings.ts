@@ -99,6 +99,10 @@ export const SETTINGS = {
       default: 16,
       schema: int(),
     },
+    nodeOptions: {
+      env: "NODE_OPTIONS",
+      doc: "Node's own options; `troupe up --one-process` adds `--max-semi-space-size=2` unless they (or the command line) set a size",
+    },
   },
   gateway: {
     apiKeysFile: {

@@ -3,7 +3,13 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { readdir, readFile } from "node:fs/promises";
 import path from "node:path";
-import { ENVIRONMENT, effectiveEnvironment, loadConfig, unknownVariables } from "../../services/shared/config.js";
+import {
+  ENVIRONMENT,
+  effectiveEnvironment,
+  loadConfig,
+  semiSpaceChosen,
+  unknownVariables,
+} from "../../services/shared/config.js";
 import { DEFAULT_QUOTAS } from "../../services/shared/quotas.js";
 import { settingsTable } from "../../services/shared/settings.js";
 
@@ -120,4 +126,17 @@ test("no module but the configuration reads process.env, and every variable it r
   const declared = new Set(ENVIRONMENT.map((e) => e.env));
   for (const [, name] of config.matchAll(/env\.([A-Z][A-Z0-9_]+)/g))
     assert.ok(declared.has(name), `${name} is read but not declared`);
+});
+
+test("troupe up --one-process keeps a semi-space size the operator chose in NODE_OPTIONS", () => {
+  const saved = process.env.NODE_OPTIONS;
+  try {
+    process.env.NODE_OPTIONS = "--trace-warnings --max-semi-space-size=8";
+    assert.equal(semiSpaceChosen(), true);
+    process.env.NODE_OPTIONS = "--trace-warnings";
+    assert.equal(semiSpaceChosen(), false);
+  } finally {
+    if (saved === undefined) delete process.env.NODE_OPTIONS;
+    else process.env.NODE_OPTIONS = saved;
+  }
 });
