@@ -37,7 +37,8 @@ export function viewTokens(turn: Turn, view: { summary?: string; messages: ChatM
 
 /**
  * Switches the run's counter to exact counts (tokens.ts) and counts its system prompt and tools
- * again, which were counted by the bound. For a run whose view may not fit by the bound.
+ * again: they may have been counted by the bound, even when the counter is exact now (another
+ * session's run may have switched it since). For a run whose view may not fit by the bound.
  */
 export async function countExactly(turn: Turn): Promise<void> {
   await turn.tokens.exact();
@@ -54,7 +55,7 @@ export async function countExactly(turn: Turn): Promise<void> {
 export async function compact(turn: Turn, reason: "threshold" | "overflow", tokensBefore: number): Promise<boolean> {
   const { host } = turn;
   // Where to cut is decided by exact counts: the bound would keep too little verbatim.
-  if (!turn.tokens.isExact) await countExactly(turn);
+  await countExactly(turn);
   const view = conversationView(host);
   const cut = compactionCut(view.messages, turn.agent.keepRecentTokens, turn.tokens);
   if (cut === undefined) return false;

@@ -36,10 +36,9 @@ export async function buildRequest(
   const { agent } = turn;
   const limit = agent.contextWindow - agent.reserveTokens;
   let view = conversationView(turn.host);
-  const exact = turn.tokens.isExact;
   let promptTokens = viewTokens(turn, view);
   // Past this, the count decides a compaction or the reply's room: the bound will not do.
-  if (!exact && promptTokens > Math.min(limit, agent.contextWindow - agent.maxOutputTokens)) {
+  if (promptTokens > Math.min(limit, agent.contextWindow - agent.maxOutputTokens)) {
     await countExactly(turn);
     promptTokens = viewTokens(turn, view);
   }

@@ -276,6 +276,22 @@ describe("the loop", () => {
     assert.equal(model.requests.at(-1)?.maxTokens, 300, "the reply keeps its full room");
   });
 
+  test("a system prompt counted by the bound is counted again when another run has made the counter exact since", async () => {
+    const config = { contextWindow: 1024, reserveTokens: 64, maxOutputTokens: 300 };
+    const model = new ScriptedModel(() => say("ok"));
+    const deps = testRunDeps(model, [], { config });
+    deps.systemPrompt = async () => {
+      const counter = await deps.tokens("test-model");
+      const text = "word ".repeat(150);
+      const tokens = counter.text(text); // 750 by the bound, about 150 exactly
+      await counter.exact(); // as another session's run would, meanwhile
+      return { text, tokens, warnings: [] };
+    };
+    const out = await runAgent(host(), deps, [user("hello")]);
+    assert.equal(out.stopReason, StopReason.COMPLETED);
+    assert.equal(model.requests.at(-1)?.maxTokens, 300, "the reply keeps its full room");
+  });
+
   test("an abort reaches the model stream and the run ends as aborted, its messages kept", async () => {
     const controller = new AbortController();
     const model = new ScriptedModel(() => say("a b c d e f g h i j", 30));
