@@ -4,8 +4,7 @@
 //
 //   node dist/test/leftovers.js --since <epoch ms>
 import { execFile } from "node:child_process";
-import { parseArgs } from "node:util";
-import { promisify } from "node:util";
+import { parseArgs, promisify } from "node:util";
 
 const run = promisify(execFile);
 const { values } = parseArgs({ options: { since: { type: "string" } } });

@@ -95,9 +95,11 @@ function withSmallYoungGeneration(): void {
 
 export async function upCommand(argv: string[]): Promise<void> {
   const { shape, rest: args } = parseShape(argv);
-  if (shape.oneProcess) withSmallYoungGeneration();
-  // Services in this process append fsynced session logs: widen the pool before it first starts.
-  if (shape.oneProcess) widenThreadPool();
+  if (shape.oneProcess) {
+    withSmallYoungGeneration();
+    // Services in this process append fsynced session logs: widen the pool before it first starts.
+    widenThreadPool();
+  }
   const cfg = loadConfig(args);
   const logger = createLogger("up", cfg.logLevel, cfg.logFormat);
   const upFile = path.join(cfg.dataDir, "up.json");
