@@ -485,3 +485,85 @@ test("a table made before payloads is searched by its columns, takes writes, and
     db.close();
   }
 });
+
+test("adds that arrive together share commits; each caller gets its own answer, a refusal fails only its caller", async () => {
+  const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-memory-group-"));
+  const store = await MemoryStore.open(dir, {}, EMBEDDER, DIM, logger);
+  const db = await lancedb.connect(dir);
+  try {
+    const row = (owner: string, text: string, id?: string) =>
+      newMemoryRow({
+        ...(id ? { id } : {}),
+        tenant: "t",
+        owner,
+        agent_id: "main",
+        text,
+        vector: around(1, 0.3),
+        embedder: EMBEDDER,
+      });
+    const [seed] = await store.add(scope("ana"), [row("ana", "ana's seed")], new Set());
+    const table = await db.openTable(TABLE);
+    const v0 = await table.version();
+    const answers = await Promise.allSettled([
+      ...Array.from({ length: 30 }, (_, i) =>
+        store.add(scope(owners[i % 2]), [row(owners[i % 2], `fact ${i}`)], new Set()),
+      ),
+      store.add(scope("ana"), [row("ana", "shared fact")], new Set()),
+      store.add(scope("ana"), [row("ana", "shared fact")], new Set()),
+      store.add(scope("ben"), [row("ben", "shared fact")], new Set()),
+      // ben names ana's memory: refused, as a lone add would be.
+      store.add(scope("ben"), [row("ben", "taken over", seed.id)], new Set([seed.id])),
+      // Two upserts of one new id: the first adds it, the second (planned after the first's
+      // commit) updates it.
+      store.add(scope("ana"), [row("ana", "first version", "u1")], new Set(["u1"])),
+      store.add(scope("ana"), [row("ana", "second version", "u1")], new Set(["u1"])),
+    ]);
+    const ok = (i: number) => {
+      const a = answers[i];
+      assert.equal(a.status, "fulfilled", `caller ${i}: ${a.status === "rejected" ? a.reason : ""}`);
+      return (a as PromiseFulfilledResult<{ id: string; outcome: string }[]>).value[0];
+    };
+    for (let i = 0; i < 30; i++) assert.equal(ok(i).outcome, "added");
+    assert.equal(ok(30).outcome, "added");
+    assert.deepEqual(ok(31), { id: ok(30).id, outcome: "duplicate" }, "the same text in the same scope is stored once");
+    assert.equal(ok(32).outcome, "added", "the same text in another scope is its own memory");
+    assert.notEqual(ok(32).id, ok(30).id);
+    const refused = answers[33];
+    assert.equal(refused.status, "rejected");
+    assert.match(String((refused as PromiseRejectedResult).reason), /belongs to another scope/);
+    assert.deepEqual(
+      [ok(34), ok(35)],
+      [
+        { id: "u1", outcome: "added" },
+        { id: "u1", outcome: "updated" },
+      ],
+    );
+
+    assert.equal(
+      (await store.get(scope("ana"), [seed.id]))[0].text,
+      "ana's seed",
+      "the refused caller changed nothing",
+    );
+    assert.equal((await store.get(scope("ana"), ["u1"]))[0].text, "second version");
+    await table.checkoutLatest();
+    assert.equal(await table.countRows(), 1 + 30 + 2 + 1);
+    const u1 = await store.history(scope("ana"), "u1");
+    assert.deepEqual(
+      u1.map((h) => [h.event, h.new_text]),
+      [
+        [1, "first version"],
+        [2, "second version"],
+      ],
+    );
+    // 35 callers' writes: one commit each before group commits. The first add goes alone; the
+    // rest queue behind it and go together, split once where the second upsert of u1 waits for
+    // the first's commit (each split: rows, updates).
+    const commits = (await table.version()) - v0;
+    assert.ok(commits <= 6, `35 adds took ${commits} commits of the table`);
+    table.close();
+  } finally {
+    store.close();
+    db.close();
+    await rm(dir, { recursive: true, force: true });
+  }
+});

@@ -16,6 +16,8 @@ import type * as lancedb from "@lancedb/lancedb";
 import { RpcError, Status, failedPrecondition } from "../shared/errors.js";
 import type { Logger } from "../shared/log.js";
 import { arrowTable } from "./columns.js";
+import { type AddOutcome, type AddRequest, PlannedWrites } from "./add-plan.js";
+import { GroupCommit, type Settled } from "./group-commit.js";
 import { IndexWatcher } from "./index-watch.js";
 import { MemoryTable } from "./memory-table.js";
 import { Maintenance } from "./maintenance.js";
@@ -72,6 +74,8 @@ export class MemoryStore {
   private readonly scopeSizes = new Map<string, { rows: number; at: number }>();
   /** Deletes so far: a scope count begun before a delete is not kept (scopeRows). */
   private deletes = 0;
+  /** Adds waiting for the writer, committed together (group-commit.ts). */
+  private readonly adds: GroupCommit<AddRequest, AddOutcome[]>;
 
   private constructor(
     db: lancedb.Connection,
@@ -83,6 +87,11 @@ export class MemoryStore {
     this.mt = new MemoryTable(db, dim, () => this.maintenance.afterWrite());
     this.watcher = new IndexWatcher(tuning, logger, () => this.mt.closed);
     this.maintenance = new Maintenance(this.mt, this.watcher, tuning, logger);
+    this.adds = new GroupCommit(
+      (group) => this.commitAdds(group),
+      (turn) => this.mt.write(turn),
+      tuning.maxAddGroup,
+    );
   }
 
   static async open(
@@ -290,66 +299,98 @@ export class MemoryStore {
   }
 
   /**
-   * Stores a batch in one commit (upserts in one more). Rows whose text is already stored in the
-   * scope are skipped as duplicates. Returns, per row, the id it has and what happened.
+   * Stores a batch. Rows whose text is already stored in the scope are skipped as duplicates.
+   * Returns, per row, the id it has and what happened. Adds that arrive while another is being
+   * committed go together in the next commit (group-commit.ts): one commit of the table for their
+   * new rows, one for their updates, one of the history.
    */
-  add(
-    scopeWhere: string,
-    rows: MemoryRow[],
-    upsertIds: Set<string>,
-    actor = "api",
-  ): Promise<{ id: string; outcome: "added" | "updated" | "duplicate" }[]> {
-    return this.mt.write(async () => {
-      const filter = await this.hashFilter(rows.length);
+  add(scopeWhere: string, rows: MemoryRow[], upsertIds: Set<string>, actor = "api"): Promise<AddOutcome[]> {
+    return this.adds.submit({ scopeWhere, rows, upsertIds, actor });
+  }
+
+  /**
+   * One group's commit. A caller's own refusal (a foreign id) fails that caller alone. A caller
+   * whose rows name an id an earlier caller of the group is writing is planned after those are
+   * committed, so it sees them as the one-at-a-time writer would have.
+   */
+  private async commitAdds(group: AddRequest[]): Promise<Settled<AddOutcome[]>[]> {
+    const filter = await this.hashFilter(group.reduce((n, r) => n + r.rows.length, 0));
+    // Rows met earlier in this group, by scope and content: a later caller's same text is a duplicate.
+    const seen = new Map<string, string>();
+    let batch = new PlannedWrites();
+    const settled: Settled<AddOutcome[]>[] = [];
+    for (const { scopeWhere, rows, upsertIds, actor } of group) {
+      if (rows.some((r) => batch.ids.has(r.id))) {
+        await this.commitPlanned(batch, filter);
+        batch = new PlannedWrites();
+      }
       const { byHash, byId: present } = await this.existing(
         scopeWhere,
         [...new Set(rows.map((r) => r.content_hash).filter((h) => filter.mayHave(h)))],
         [...upsertIds],
       );
       // An id given for a memory of another scope is refused rather than silently forked.
-      for (const id of upsertIds) {
-        if (!present.has(id) && (await this.mt.table.countRows(`id = ${sqlString(id)}`)) > 0)
-          throw new RpcError(Status.PERMISSION_DENIED, `memory ${id} belongs to another scope`);
+      const foreign = await this.foreignId(upsertIds, present);
+      if (foreign !== undefined) {
+        settled.push({ error: new RpcError(Status.PERMISSION_DENIED, `memory ${foreign} belongs to another scope`) });
+        continue;
       }
-      const seen = new Map<string, string>();
-      const inserts: MemoryRow[] = [];
-      const updates: MemoryRow[] = [];
       const out = rows.map((r) => {
-        const same = byHash.get(r.content_hash) ?? seen.get(r.content_hash);
+        const key = `${scopeWhere}\n${r.content_hash}`;
+        const same = byHash.get(r.content_hash) ?? seen.get(key);
         if (same !== undefined && !(upsertIds.has(r.id) && same === r.id))
           return { id: same, outcome: "duplicate" as const };
-        seen.set(r.content_hash, r.id);
-        if (upsertIds.has(r.id) && present.has(r.id)) {
-          updates.push(r);
-          return { id: r.id, outcome: "updated" as const };
-        }
-        inserts.push(r);
-        return { id: r.id, outcome: "added" as const };
+        seen.set(key, r.id);
+        const before = upsertIds.has(r.id) ? present.get(r.id) : undefined;
+        batch.plan(r, actor, before);
+        return { id: r.id, outcome: before ? ("updated" as const) : ("added" as const) };
       });
-      if (inserts.length > 0) await this.mt.table.add(memoryArrow(this.mt.schema, inserts));
-      this.mt.approxRows += inserts.length;
-      for (const r of [...inserts, ...updates]) filter.add(r.content_hash);
-      if (updates.length > 0) {
-        // An update keeps when the memory was first made.
-        const kept = updates.map((u) => ({ ...u, created: Number(present.get(u.id)!.created) }));
-        await this.mt.table
-          .mergeInsert("id")
-          .whenMatchedUpdateAll()
-          .whenNotMatchedInsertAll()
-          .execute(memoryArrow(this.mt.schema, kept));
-      }
-      // Noted for a rewrite only once committed: a rewrite that began before this point notes
-      // them here, and one that begins after takes its snapshot after the commit. Noted before the
-      // update's commit, an update could fall between the two: not noted (no rewrite yet) and
-      // not in a snapshot taken before its commit, and so lost from the copy.
-      for (const r of [...inserts, ...updates]) this.mt.changedDuringCopy?.add(r.id);
-      const now = Date.now();
-      await this.record([
-        ...inserts.map((r) => historyRow(r, EVENT.add, "", r.text, now, actor)),
-        ...updates.map((r) => historyRow(r, EVENT.update, present.get(r.id)!.text, r.text, now, actor)),
-      ]);
-      return out;
-    });
+      settled.push({ ok: out });
+    }
+    await this.commitPlanned(batch, filter);
+    return settled;
+  }
+
+  /** Commits planned rows: new ones in one commit, updates in one more, their history in a third. */
+  private async commitPlanned(batch: PlannedWrites, filter: HashFilter): Promise<void> {
+    const { inserts, updates } = batch;
+    if (inserts.length > 0)
+      await this.mt.table.add(
+        memoryArrow(
+          this.mt.schema,
+          inserts.map((p) => p.row),
+        ),
+      );
+    this.mt.approxRows += inserts.length;
+    const written = [...inserts, ...updates];
+    for (const { row } of written) filter.add(row.content_hash);
+    if (updates.length > 0) {
+      // An update keeps when the memory was first made.
+      const kept = updates.map((u) => ({ ...u.row, created: Number(u.before!.created) }));
+      await this.mt.table
+        .mergeInsert("id")
+        .whenMatchedUpdateAll()
+        .whenNotMatchedInsertAll()
+        .execute(memoryArrow(this.mt.schema, kept));
+    }
+    // Noted for a rewrite only once committed: a rewrite that began before this point notes
+    // them here, and one that begins after takes its snapshot after the commit. Noted before the
+    // update's commit, an update could fall between the two: not noted (no rewrite yet) and
+    // not in a snapshot taken before its commit, and so lost from the copy.
+    for (const { row } of written) this.mt.changedDuringCopy?.add(row.id);
+    const now = Date.now();
+    await this.record([
+      ...inserts.map((p) => historyRow(p.row, EVENT.add, "", p.row.text, now, p.actor)),
+      ...updates.map((u) => historyRow(u.row, EVENT.update, u.before!.text, u.row.text, now, u.actor)),
+    ]);
+  }
+
+  /** An id among `ids` that no row of the scope has but a row of another scope does. */
+  private async foreignId(ids: Set<string>, present: Map<string, unknown>): Promise<string | undefined> {
+    for (const id of ids) {
+      if (!present.has(id) && (await this.mt.table.countRows(`id = ${sqlString(id)}`)) > 0) return id;
+    }
+    return undefined;
   }
 
   forget(scopeWhere: string, ids: string[], actor = "api"): Promise<number> {

@@ -15,11 +15,14 @@ export interface StoreTuning {
    * index that no probe count it tries brings this far (watchIndex).
    */
   minIndexRecall: number;
+  /** The most callers' adds one commit takes (group-commit.ts); 1 commits each add alone. */
+  maxAddGroup: number;
 }
 export const DEFAULT_TUNING: StoreTuning = {
   indexThreshold: INDEX_THRESHOLD,
   exactScopeRows: 2_000,
   minIndexRecall: 0.95,
+  maxAddGroup: 64,
 };
 /** The table is rewritten in scope order once it has grown by this fraction since the last time. */
 export const LAYOUT_GROWTH = 0.25;
