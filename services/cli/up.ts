@@ -83,9 +83,10 @@ export function parseShape(args: string[]): { shape: Shape; rest: string[] } {
 /**
  * --one-process is for laptops and small VMs, so V8's young generation is capped at 2 MB
  * semi-spaces (16 by default): bench/footprint measured the one process 15 to 25 MB smaller
- * for it, at the cost of more frequent scavenges. The flag must be there when V8 starts, so the
- * process executes itself again with it (same pid, same descriptors), unless the operator chose
- * a semi-space size already.
+ * for it, at a cost under load (more scavenges and promotions: bench/stream's paced p99 about
+ * five times worse with the cap in every process; docs/benchmarks.md). The flag must be there
+ * when V8 starts, so the process executes itself again with it (same pid, same descriptors),
+ * unless the operator chose a semi-space size already.
  */
 function withSmallYoungGeneration(): void {
   if (semiSpaceChosen() || !process.execve) return;
