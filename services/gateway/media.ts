@@ -4,6 +4,7 @@
 // only PNG, JPEG, GIF or WebP by their first bytes. Other files for the session's workspace: at
 // most MAX_ATTACHMENT_BYTES in all. What fails a check is left out, with a log line (and, for a
 // file, a line telling the model): the message still goes in, its text naming the attachment.
+import { createHash } from "node:crypto";
 import { create } from "@bufbuild/protobuf";
 import { MediaKind, type MediaRef } from "../shared/gen/troupe/v1/inbound_pb.js";
 import { AttachmentSchema, ImageSchema, type Attachment, type Image } from "../shared/gen/troupe/v1/session_pb.js";
@@ -72,9 +73,24 @@ async function imageOf(m: MediaRef, policy: NetPolicy): Promise<Image> {
 }
 
 /**
- * A message's other media as files for the workspace, each at attachments/<id>-<name> (the id
- * from the frame, so two messages' report.pdf do not collide), and the lines that tell the model
- * where each is, or why it is not there.
+ * Where a message's `index`th file goes in the workspace: attachments/<frame>-<index>-<name>.
+ * <frame> is 128 bits of a SHA-256 of the frame id, so two messages' files never share a path
+ * (the workspace is the owner's, across sessions and channels); <name> is the sender's file name
+ * made safe, for the model to read. At most 128 characters after attachments/ (validateAttachments).
+ */
+export function attachmentPath(frameId: string, index: number, fileName: string): string {
+  const frame = createHash("sha256").update(frameId).digest("hex").slice(0, 32);
+  const name =
+    fileName
+      .replace(/[^A-Za-z0-9._-]/g, "_")
+      .replace(/^[._-]+/, "")
+      .slice(0, 90) || `file-${index}`;
+  return `attachments/${frame}-${index}-${name}`;
+}
+
+/**
+ * A message's other media as files for the workspace (attachmentPath), and the lines that tell
+ * the model where each is, or why it is not there.
  */
 export async function attachmentsOf(
   media: readonly MediaRef[],
@@ -83,17 +99,11 @@ export async function attachmentsOf(
   logger: Logger,
 ): Promise<{ attachments: Attachment[]; lines: string[] }> {
   const files = media.filter((m) => m.kind !== MediaKind.IMAGE).slice(0, MAX_ATTACHMENTS);
-  const prefix = frameId.replace(/[^A-Za-z0-9]/g, "").slice(-8);
   const attachments: Attachment[] = [];
   const lines: string[] = [];
   let total = 0;
   for (const [i, m] of files.entries()) {
-    const name =
-      m.fileName
-        .replace(/[^A-Za-z0-9._-]/g, "_")
-        .replace(/^[._-]+/, "")
-        .slice(0, 100) || `file-${i + 1}`;
-    const path = `attachments/${prefix}-${i + 1}-${name}`;
+    const path = attachmentPath(frameId, i + 1, m.fileName);
     try {
       const room = MAX_ATTACHMENT_BYTES - total;
       const { data } = await bytesOf(m, policy, room);

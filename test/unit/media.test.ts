@@ -3,8 +3,9 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { create } from "@bufbuild/protobuf";
-import { MAX_IMAGE_BYTES, sniffImage, validateImages } from "../../services/shared/media.js";
-import { ImageSchema } from "../../services/shared/gen/troupe/v1/session_pb.js";
+import { MAX_IMAGE_BYTES, sniffImage, validateAttachments, validateImages } from "../../services/shared/media.js";
+import { attachmentPath } from "../../services/gateway/media.js";
+import { AttachmentSchema, ImageSchema } from "../../services/shared/gen/troupe/v1/session_pb.js";
 import { Status, grpcCode } from "../../services/shared/errors.js";
 
 const PNG = Buffer.from("89504e470d0a1a0a0000000d49484452", "hex");
@@ -54,4 +55,28 @@ test("attachments: only attachments/<name> paths, at most 10, at most 1 MiB in a
     refused(() => validateAttachments([file(path)]), /attachments\[0\]\.path/);
   refused(() => validateAttachments(Array.from({ length: 11 }, (_, i) => file(`attachments/f${i}`))), /at most 10/);
   refused(() => validateAttachments([file("attachments/big", 1024 * 1024 + 1)]), /1048576 bytes in all/);
+});
+
+const file = (path: string) => create(AttachmentSchema, { path, data: Buffer.alloc(10), fileName: "f" });
+
+test("attachment paths: distinct frames never share one, every path is one validateAttachments takes", () => {
+  // Two frame ids that end alike: an 8-character suffix of the id, the earlier prefix, put both
+  // messages' voice.ogg at one path, the later overwriting the earlier in the owner's workspace.
+  const a = attachmentPath("in:0123456789abcdef0123456789abcdef00c0ffee", 1, "voice.ogg");
+  const b = attachmentPath("in:fedcba9876543210fedcba987654321000c0ffee", 1, "voice.ogg");
+  assert.notEqual(a, b);
+  assert.equal(
+    attachmentPath("in:0123456789abcdef0123456789abcdef00c0ffee", 1, "voice.ogg"),
+    a,
+    "a redelivery lands where the first did",
+  );
+  assert.notEqual(
+    attachmentPath("in:x", 1, "a b.txt"),
+    attachmentPath("in:x", 2, "a_b.txt"),
+    "files of one message differ by index",
+  );
+  const longest = attachmentPath("x".repeat(128), 10, `${"n".repeat(300)}.pdf`);
+  const odd = attachmentPath("in:y", 3, "../../.ssh/id_rsa");
+  assert.match(odd, /^attachments\/[0-9a-f]{32}-3-ssh_id_rsa$/);
+  validateAttachments([file(longest), file(odd), file(attachmentPath("in:z", 1, ""))]);
 });
