@@ -23,7 +23,7 @@ export class GroupCommit<Req, Res> {
    *   the group then fails with that error). May be called again with the same group (a retried
    *   commit conflict), so it must not assume it runs once.
    * @param enqueue runs a turn of the table's one writer after every earlier one (MemoryTable.write).
-   * @param maxGroup the most requests one commit takes (1: a commit per request).
+   * @param maxGroup the most requests one commit takes (1, or less: a commit per request).
    */
   constructor(
     private readonly commit: (group: Req[]) => Promise<Settled<Res>[]>,
@@ -44,7 +44,7 @@ export class GroupCommit<Req, Res> {
     const turn = async () => {
       // Taken when the writer gets to it, once: a retried turn commits the same group.
       if (!group) {
-        group = this.waiting.splice(0, this.maxGroup);
+        group = this.waiting.splice(0, Math.max(1, this.maxGroup));
         this.scheduled = false;
         // Whatever arrives from now on (or was left over the limit) goes in the next turn.
         this.schedule();
