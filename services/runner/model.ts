@@ -113,6 +113,8 @@ export interface OpenAIModelOptions {
   timeoutMs?: number;
   /** Longest silence allowed inside a streamed reply. */
   idleTimeoutMs?: number;
+  /** Models that take images besides those model-rules.ts knows (providers.json `visionModels`). */
+  visionModels?: readonly string[];
 }
 
 /** An image as a data URL, as OpenAI's image inputs take it. */
@@ -169,9 +171,11 @@ export class OpenAIModelClient implements ModelClient {
   private readonly kind: ProviderKind;
   private readonly pool: Agent;
   private readonly client: OpenAI;
+  private readonly visionModels: readonly string[];
 
   constructor(options: OpenAIModelOptions) {
     ({ client: this.client, pool: this.pool } = openAIConnection(options));
+    this.visionModels = options.visionModels ?? [];
     this.kind = options.kind ?? "openai-compatible";
     this.providerName = this.kind === "openai" ? "openai" : "openai_compatible";
   }
@@ -185,7 +189,7 @@ export class OpenAIModelClient implements ModelClient {
     const rules = rulesFor(this.kind, request.model);
     return {
       model: request.model,
-      messages: request.messages.map((m) => toOpenAI(m, takesImages(this.kind, request.model))),
+      messages: request.messages.map((m) => toOpenAI(m, takesImages(this.kind, request.model, this.visionModels))),
       stream: true,
       stream_options: { include_usage: true },
       ...(request.tools.length > 0

@@ -80,9 +80,11 @@ interface StreamState {
 export class OpenAIResponsesClient implements ModelClient {
   private readonly client: OpenAI;
   private readonly pool: Agent;
+  private readonly visionModels: readonly string[];
 
   constructor(options: OpenAIModelOptions) {
     ({ client: this.client, pool: this.pool } = openAIConnection(options));
+    this.visionModels = options.visionModels ?? [];
   }
 
   providerOf(): string {
@@ -92,7 +94,10 @@ export class OpenAIResponsesClient implements ModelClient {
   /** The request body, fitted to what the model takes (model-rules.ts). */
   body(request: ModelRequest): Record<string, unknown> {
     const rules = rulesFor("openai-responses", request.model);
-    const { instructions, input } = toInput(request.messages, takesImages("openai-responses", request.model));
+    const { instructions, input } = toInput(
+      request.messages,
+      takesImages("openai-responses", request.model, this.visionModels),
+    );
     const reasoning = rules.reasoningEfforts.length > 0;
     return {
       model: request.model,

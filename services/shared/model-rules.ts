@@ -98,9 +98,9 @@ export function rulesFor(kind: ProviderKind, model: string): RequestRules {
 
 /**
  * Models that take images (OpenAI's vision guide, platform.openai.com/docs/guides/images-vision;
- * every current Claude model, docs.anthropic.com/en/docs/build-with-claude/vision). Others get a
- * message's text alone, which names its attachments; an OpenAI-compatible server is not assumed to
- * see (its models are unknown here).
+ * every current Claude model, docs.anthropic.com/en/docs/build-with-claude/vision), and those the
+ * providers file declares (`visionModels`: an OpenAI-compatible server's models are unknown here).
+ * Others get a message's text alone, which names its attachments.
  */
 const VISION: Partial<Record<ProviderKind, RegExp>> = {
   openai: /^(gpt-4o|chatgpt-4o|gpt-4\.1|gpt-4\.5|gpt-4-turbo|gpt-5|o1(?!-mini|-preview)|o3(?!-mini)|o4)/,
@@ -108,6 +108,7 @@ const VISION: Partial<Record<ProviderKind, RegExp>> = {
   anthropic: /./,
 };
 
-export function takesImages(kind: ProviderKind, model: string): boolean {
-  return VISION[kind]?.test(model) ?? false;
+export function takesImages(kind: ProviderKind, model: string, declared: readonly string[] = []): boolean {
+  if (VISION[kind]?.test(model)) return true;
+  return declared.some((d) => (d.endsWith("*") ? model.startsWith(d.slice(0, -1)) : model === d));
 }

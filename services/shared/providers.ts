@@ -19,6 +19,8 @@ export interface ProviderSpec {
   apiKey: string;
   timeoutMs: number;
   idleTimeoutMs: number;
+  /** Models that take images besides those model-rules.ts knows: names, or prefixes ending in *. */
+  visionModels: readonly string[];
 }
 
 export interface Providers {
@@ -33,6 +35,7 @@ interface ProviderEntry {
   apiKey?: { env?: string; file?: string };
   timeoutMs?: number;
   idleTimeoutMs?: number;
+  visionModels?: string[];
 }
 
 /** A providers file's text, checked (schemas/providers.schema.json), with its keys read. */
@@ -58,6 +61,7 @@ export function parseProviders(text: string, source: string): Providers {
       apiKey,
       timeoutMs: p.timeoutMs ?? 60_000,
       idleTimeoutMs: p.idleTimeoutMs ?? 120_000,
+      visionModels: p.visionModels ?? [],
     });
   }
   if (named !== undefined && !byName.has(named))
@@ -78,7 +82,7 @@ export function loadProviders(file: string): Providers {
 /** The single provider of a runner configured by OPENAI_BASE_URL and OPENAI_API_KEY alone. */
 export function singleProvider(baseUrl: string, apiKey: string): Providers {
   const kind: ProviderKind = new URL(baseUrl).hostname.endsWith("api.openai.com") ? "openai" : "openai-compatible";
-  const spec = { name: "default", kind, baseUrl, apiKey, timeoutMs: 60_000, idleTimeoutMs: 120_000 };
+  const spec = { name: "default", kind, baseUrl, apiKey, timeoutMs: 60_000, idleTimeoutMs: 120_000, visionModels: [] };
   return { byName: new Map([["default", spec]]), defaultName: "default" };
 }
 

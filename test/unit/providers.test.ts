@@ -168,6 +168,65 @@ describe("the providers file", () => {
   });
 });
 
+describe("images for OpenAI-compatible models the providers file declares", () => {
+  /** A real 1x1 PNG. */
+  const PNG = Buffer.from(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==",
+    "base64",
+  );
+  const withImage = (model: string): ModelRequest => ({
+    model,
+    messages: [{ role: "user", content: "what is this?", images: [{ mimeType: "image/png", data: PNG }] }],
+    tools: [],
+  });
+
+  test("a declared model gets image_url parts; an undeclared one the text alone, and both are accepted", async () => {
+    // Ollama's OpenAI compatibility takes images as base64 data URLs, for models that see.
+    const server = await new ChatApiServer({
+      flavour: "ollama",
+      models: [{ id: "llava:7b" }, { id: "qwen2.5vl:3b" }, { id: "llama3.1:8b", vision: false }],
+    }).start();
+    const models = new ProviderModels(
+      parseProviders(
+        JSON.stringify({
+          providers: {
+            seeing: { kind: "openai-compatible", baseUrl: server.baseUrl, visionModels: ["llava*", "qwen2.5vl:3b"] },
+          },
+        }),
+        "providers.json",
+      ),
+    );
+    try {
+      for (const model of ["seeing/llava:7b", "seeing/qwen2.5vl:3b", "seeing/llama3.1:8b"])
+        await drain(models, withImage(model));
+      assert.deepEqual(server.refused, []);
+      const [llava, qwen, llama] = server.accepted.map((b) => b.messages.at(-1)!.content);
+      for (const parts of [llava, qwen]) {
+        assert.ok(Array.isArray(parts), "content parts, not a string");
+        const image = (parts as { type: string; image_url?: { url: string } }[]).find((p) => p.type === "image_url");
+        assert.equal(image?.image_url?.url, `data:image/png;base64,${PNG.toString("base64")}`);
+      }
+      assert.equal(llama, "what is this?", "a model not declared gets the text alone");
+    } finally {
+      await models.close();
+      await server.close();
+    }
+  });
+
+  test("visionModels entries are names or prefixes ending in *", () => {
+    for (const bad of [["a*b"], [""], ["*"], [42]])
+      assert.throws(
+        () =>
+          parseProviders(
+            JSON.stringify({ providers: { a: { kind: "openai-compatible", baseUrl: "http://x", visionModels: bad } } }),
+            "p.json",
+          ),
+        /providers\.a\.visionModels/,
+        JSON.stringify(bad),
+      );
+  });
+});
+
 describe("turns through conformance servers", () => {
   test("a gpt-5-mini turn with a tool call completes; the tool result pairs with its call", async () => {
     const models = new ProviderModels(providers());
