@@ -49,6 +49,7 @@ import {
 } from "./run.js";
 import { callModel, addUsage } from "./model-call.js";
 import { executeToolCalls } from "./tool-calls.js";
+import type { TokenCounter } from "./tokens.js";
 
 /** Where a resumed run's messages begin in the history (recovery.ts cutRunOf). */
 export interface Resume {
@@ -229,9 +230,7 @@ async function startTurn(
   built.failures.forEach(hookFailed(host));
   const tokens = await deps.tokens(models[0]);
   const tools = deps.tools.map(({ name, description, parameters }) => ({ name, description, parameters }));
-  const toolTokens = tools.length === 0 ? 0 : tokens.recurringText(JSON.stringify(tools));
-  // The system prompt may take up to half of what the window leaves for the request.
-  const budget = Math.max(256, Math.floor((agent.contextWindow - agent.reserveTokens - toolTokens) / 2));
+  const { budget, toolTokens } = await systemBudget(agent, tokens, tools);
   const prompt = { agent, ephemeral: extra, tokens, budget };
   const system = await systemFor(host, deps, prompt, query, asked[0]?.speaker);
   for (const w of system.warnings) report(host, w.code, w.message);
@@ -382,4 +381,25 @@ export function injectUserMessages(host: Pick<RunHost, "emit" | "messages">, que
     });
     pushMessage(host, message);
   }
+}
+
+/**
+ * What the system prompt may take (and the tools' count): half of what the window leaves past the
+ * reserve and the tools' schemas. Counted by the bound, the schemas can look several times their size; where that alone
+ * would take a quarter of the room (a small window, many tools), they are counted exactly, so the
+ * prompt is not cut on the bound's word.
+ */
+async function systemBudget(
+  agent: AgentConfig,
+  tokens: TokenCounter,
+  tools: readonly object[],
+): Promise<{ budget: number; toolTokens: number }> {
+  const room = agent.contextWindow - agent.reserveTokens;
+  const schemas = JSON.stringify(tools);
+  let toolTokens = tools.length === 0 ? 0 : tokens.recurringText(schemas);
+  if (!tokens.isExact && toolTokens > room / 4) {
+    await tokens.exact();
+    toolTokens = tokens.recurringText(schemas);
+  }
+  return { budget: Math.max(256, Math.floor((room - toolTokens) / 2)), toolTokens };
 }

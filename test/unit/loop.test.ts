@@ -292,6 +292,24 @@ describe("the loop", () => {
     assert.equal(model.requests.at(-1)?.maxTokens, 300, "the reply keeps its full room");
   });
 
+  test("a small window's system prompt budget counts the tools exactly when their bound would take much of it", async () => {
+    const config = { contextWindow: 4096, reserveTokens: 256, maxOutputTokens: 300 };
+    const model = new ScriptedModel(() => say("ok"));
+    // About 3,300 bytes of schema: by the bound (bytes x 1.25) more than the room the window
+    // leaves, so the budget fell to its floor of 256; exactly, a few hundred tokens.
+    const wordy = { ...echoTool("wordy"), description: "describes ".repeat(330) };
+    const deps = testRunDeps(model, [wordy], { config });
+    let budget = 0;
+    deps.systemPrompt = async (req) => {
+      budget = req.budget;
+      return { text: "system", tokens: 1, warnings: [] };
+    };
+    const out = await runAgent(host(), deps, [user("hello")]);
+    assert.equal(out.stopReason, StopReason.COMPLETED);
+    assert.ok(budget > 1500, `the system prompt may take ${budget} tokens`);
+    assert.equal((await deps.tokens("test-model")).isExact, true);
+  });
+
   test("an abort reaches the model stream and the run ends as aborted, its messages kept", async () => {
     const controller = new AbortController();
     const model = new ScriptedModel(() => say("a b c d e f g h i j", 30));
