@@ -556,8 +556,8 @@ test("adds that arrive together share commits; each caller gets its own answer, 
       ],
     );
     // 35 callers' writes: one commit each before group commits. The first add goes alone; the
-    // rest queue behind it and go together, split once where the second upsert of u1 waits for
-    // the first's commit (each split: rows, updates).
+    // rest queue behind it and go together, split where a caller repeats a text or an id that an
+    // earlier caller is writing (the second "shared fact", the second upsert of u1).
     const commits = (await table.version()) - v0;
     assert.ok(commits <= 6, `35 adds took ${commits} commits of the table`);
     table.close();

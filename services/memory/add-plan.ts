@@ -15,10 +15,12 @@ export class PlannedWrites {
   readonly inserts: PlannedRow[] = [];
   readonly updates: PlannedRow[] = [];
   readonly ids = new Set<string>();
+  readonly hashes = new Set<string>();
 
   plan(row: MemoryRow, actor: string, before?: PlannedRow["before"]): void {
     (before ? this.updates : this.inserts).push({ row, actor, before });
     this.ids.add(row.id);
+    this.hashes.add(row.content_hash);
   }
 }
 export interface PlannedRow {

@@ -310,17 +310,15 @@ export class MemoryStore {
 
   /**
    * One group's commit. A caller's own refusal (a foreign id) fails that caller alone. A caller
-   * whose rows name an id an earlier caller of the group is writing is planned after those are
-   * committed, so it sees them as the one-at-a-time writer would have.
+   * whose rows carry an id or a text an earlier caller of the group is writing is planned after
+   * those are committed, so its lookups see them as the one-at-a-time writer's would have.
    */
   private async commitAdds(group: AddRequest[]): Promise<Settled<AddOutcome[]>[]> {
     const filter = await this.hashFilter(group.reduce((n, r) => n + r.rows.length, 0));
-    // Rows met earlier in this group, by scope and content: a later caller's same text is a duplicate.
-    const seen = new Map<string, string>();
     let batch = new PlannedWrites();
     const settled: Settled<AddOutcome[]>[] = [];
     for (const { scopeWhere, rows, upsertIds, actor } of group) {
-      if (rows.some((r) => batch.ids.has(r.id))) {
+      if (rows.some((r) => batch.ids.has(r.id) || batch.hashes.has(r.content_hash))) {
         await this.commitPlanned(batch, filter);
         batch = new PlannedWrites();
       }
@@ -335,12 +333,12 @@ export class MemoryStore {
         settled.push({ error: new RpcError(Status.PERMISSION_DENIED, `memory ${foreign} belongs to another scope`) });
         continue;
       }
+      const seen = new Map<string, string>();
       const out = rows.map((r) => {
-        const key = `${scopeWhere}\n${r.content_hash}`;
-        const same = byHash.get(r.content_hash) ?? seen.get(key);
+        const same = byHash.get(r.content_hash) ?? seen.get(r.content_hash);
         if (same !== undefined && !(upsertIds.has(r.id) && same === r.id))
           return { id: same, outcome: "duplicate" as const };
-        seen.set(key, r.id);
+        seen.set(r.content_hash, r.id);
         const before = upsertIds.has(r.id) ? present.get(r.id) : undefined;
         batch.plan(r, actor, before);
         return { id: r.id, outcome: before ? ("updated" as const) : ("added" as const) };
