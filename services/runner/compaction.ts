@@ -43,7 +43,7 @@ export function viewTokens(turn: Turn, view: { summary?: string; messages: ChatM
 export async function countExactly(turn: Turn): Promise<void> {
   await turn.tokens.exact();
   const system = turn.tokens.recurringText(turn.system.text);
-  const tools = turn.tools.length === 0 ? 0 : turn.tokens.recurringText(JSON.stringify(turn.tools));
+  const tools = turn.tokens.tools(turn.tools);
   turn.system = { ...turn.system, tokens: system };
   turn.fixedTokens = system + tools;
 }

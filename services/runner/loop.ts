@@ -384,10 +384,10 @@ export function injectUserMessages(host: Pick<RunHost, "emit" | "messages">, que
 }
 
 /**
- * What the system prompt may take (and the tools' count): half of what the window leaves past the
- * reserve and the tools' schemas. Counted by the bound, the schemas can look several times their size; where that alone
- * would take a quarter of the room (a small window, many tools), they are counted exactly, so the
- * prompt is not cut on the bound's word.
+ * What the system prompt may take (and the tools' count): half of what the window leaves past
+ * the reserve and the tools' schemas. By the bound the schemas can count several times their
+ * size; where that alone would take a quarter of the room (a small window, many tools), they are
+ * counted exactly, so the prompt is not cut on the bound's word.
  */
 async function systemBudget(
   agent: AgentConfig,
@@ -395,11 +395,10 @@ async function systemBudget(
   tools: readonly object[],
 ): Promise<{ budget: number; toolTokens: number }> {
   const room = agent.contextWindow - agent.reserveTokens;
-  const schemas = JSON.stringify(tools);
-  let toolTokens = tools.length === 0 ? 0 : tokens.recurringText(schemas);
+  let toolTokens = tokens.tools(tools);
   if (!tokens.isExact && toolTokens > room / 4) {
     await tokens.exact();
-    toolTokens = tokens.recurringText(schemas);
+    toolTokens = tokens.tools(tools);
   }
   return { budget: Math.max(256, Math.floor((room - toolTokens) / 2)), toolTokens };
 }

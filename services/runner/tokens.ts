@@ -106,6 +106,11 @@ export class TokenCounter {
     return n;
   }
 
+  /** The tools' schemas as a request carries them (remembered, as recurringText). */
+  tools(tools: readonly object[]): number {
+    return tools.length === 0 ? 0 : this.recurringText(JSON.stringify(tools));
+  }
+
   /** One conversation message as the model receives it (text, tool calls, overhead). */
   message(m: ChatMessage): number {
     let n = this.cache.get(m);
