@@ -12,12 +12,9 @@
 //   node dist/bench/lance-growth.js [--ops 3000] [--batch 1]
 //
 // RESULT add_kb_per_op=... search_kb_per_op=... add_heap_mb=... ratio=... batch=...
-import { spawn } from "node:child_process";
-import { mkdtemp, rm } from "node:fs/promises";
-import os from "node:os";
-import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
+import { runChild } from "./support/child-run.js";
 
 const { values } = parseArgs({
   options: {
@@ -61,21 +58,12 @@ async function child(mode: "add" | "search", dir: string): Promise<void> {
 }
 
 async function run(mode: "add" | "search"): Promise<{ kbPerOp: number; heapMb: number }> {
-  const dir = await mkdtemp(path.join(os.tmpdir(), `troupe-lance-${mode}-`));
-  const self = fileURLToPath(import.meta.url);
-  const args = ["--child", mode, "--dir", dir, "--ops", String(OPS), "--batch", String(BATCH)];
-  const proc = spawn(process.execPath, ["--expose-gc", self, ...args], {
-    stdio: ["ignore", "pipe", "inherit"],
-  });
-  let out = "";
-  proc.stdout.on("data", (c) => (out += c));
-  await new Promise((r) => proc.once("exit", r));
-  await rm(dir, { recursive: true, force: true });
-  const { first, last, ops } = JSON.parse(out.trim()) as {
+  const args = ["--child", mode, "--ops", String(OPS), "--batch", String(BATCH)];
+  const { first, last, ops } = await runChild<{
     first: { rss: number; heap: number };
     last: { rss: number; heap: number };
     ops: number;
-  };
+  }>(fileURLToPath(import.meta.url), `lance-${mode}`, args);
   return { kbPerOp: ((last.rss - first.rss) * 1024) / ops, heapMb: last.heap - first.heap };
 }
 

@@ -10,10 +10,6 @@
 //
 // RESULT grouped_facts_per_s=... single_facts_per_s=... ratio=... grouped_commits_per_fact=...
 //        grouped_kb_per_fact=... single_kb_per_fact=...
-import { spawn } from "node:child_process";
-import { mkdtemp, rm } from "node:fs/promises";
-import os from "node:os";
-import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import * as lancedb from "@lancedb/lancedb";
@@ -21,6 +17,7 @@ import { newMemoryRow, sqlString } from "../services/memory/memory-schema.js";
 import { TABLE } from "../services/memory/meta.js";
 import { MemoryStore } from "../services/memory/store.js";
 import { createLogger } from "../services/shared/log.js";
+import { runChild } from "./support/child-run.js";
 
 const { values } = parseArgs({
   options: {
@@ -96,16 +93,8 @@ async function child(maxAddGroup: number, dir: string): Promise<void> {
 }
 
 async function run(maxAddGroup: number): Promise<Figures> {
-  const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-memory-writes-"));
-  const self = fileURLToPath(import.meta.url);
-  const args = ["--child", String(maxAddGroup), "--dir", dir, "--facts", String(FACTS), "--callers", String(CALLERS)];
-  const proc = spawn(process.execPath, ["--expose-gc", self, ...args], { stdio: ["ignore", "pipe", "inherit"] });
-  let out = "";
-  proc.stdout.on("data", (c) => (out += c));
-  const code = await new Promise((r) => proc.once("exit", r));
-  await rm(dir, { recursive: true, force: true });
-  if (code !== 0) throw new Error(`the maxAddGroup=${maxAddGroup} run exited with ${code}`);
-  return JSON.parse(out.trim()) as Figures;
+  const args = ["--child", String(maxAddGroup), "--facts", String(FACTS), "--callers", String(CALLERS)];
+  return runChild<Figures>(fileURLToPath(import.meta.url), `memory-writes-${maxAddGroup}`, args);
 }
 
 if (values.child) await child(Number(values.child), values.dir!);
