@@ -17,7 +17,7 @@ SANDBOX_IMAGE ?= troupe-sandbox:busybox
 B ?=
 TROUPE := node dist/services/cli/main.js
 
-.PHONY: build run test test-unit readme-settings lint kubectl images bench soak soak-long toolchain host postgres sandbox-image sandbox-image-if-missing sandbox-image-debian python-client openssl chromium clean
+.PHONY: build run test test-unit readme-settings lint kubectl images bench soak soak-long toolchain host postgres sandbox-image sandbox-image-if-missing sandbox-image-debian python-client openssl chromium jemalloc clean
 
 toolchain: $(TOOLCHAIN_NODE)
 .toolchain/node_modules/.bin/node:
@@ -110,13 +110,19 @@ python-client:
 	@rm -rf .gen/python && mkdir -p .gen/python
 	protoc -I proto --python_out=.gen/python --grpc_python_out=.gen/python --plugin=protoc-gen-grpc_python=$$(command -v grpc_python_plugin) proto/troupe/v1/*.proto
 
-run: build
+run: build jemalloc
 	@$(MAKE) --no-print-directory sandbox-image-if-missing || echo "run: no sandbox available; tools will report errors until Docker runs (see docs/sandbox.md)"
 	$(TROUPE) up
 
 # The README's configuration table, from services/shared/settings.ts.
 readme-settings: build
 	node -e 'const fs=require("fs");import("./dist/services/shared/settings.js").then(({settingsTable})=>{const r=fs.readFileSync("README.md","utf8");const a="<!-- settings:start -->\n",b="<!-- settings:end -->";fs.writeFileSync("README.md",r.slice(0,r.indexOf(a)+a.length)+settingsTable()+r.slice(r.indexOf(b)))})'
+
+# jemalloc, which `troupe up` starts the services with where it is installed (TROUPE_ALLOCATOR;
+# services/cli/allocator.ts says why).
+jemalloc:
+	@test -n "$$(ls /usr/lib/*/libjemalloc.so.2 /usr/lib64/libjemalloc.so.2 /usr/local/lib/libjemalloc.so.2 2>/dev/null)" || \
+	  (apt-get update -qq && apt-get install -y -qq libjemalloc2 >/dev/null && echo "installed libjemalloc2")
 
 # openssl makes the TLS tests' certificates (Debian has it wherever ca-certificates is; not always).
 openssl:
@@ -136,7 +142,7 @@ test-unit: build openssl
 # about 3 minutes, SOAK_SESSIONS=N and SOAK_KILLS=N change it; and the cluster soak on
 # PostgreSQL, CLUSTER_SESSIONS=N and CLUSTER_DISRUPTIONS=N). Then no sandbox container made
 # during the run may be left (test/leftovers.ts).
-test: build lint sandbox-image-if-missing python-client postgres openssl chromium
+test: build lint sandbox-image-if-missing python-client postgres openssl chromium jemalloc
 	node --test --test-timeout=60000 'dist/test/unit/*.test.js'
 	since=$$(date +%s%3N); \
 	node --test --test-concurrency=1 --test-timeout=600000 'dist/test/*.test.js' 'dist/test/soak/*.test.js'; \
@@ -148,10 +154,10 @@ soak: build sandbox-image-if-missing
 
 # The long soak: an hour of mixed traffic under troupe up (SOAK_LONG_SECONDS to change it);
 # make test runs the same for 60 s.
-soak-long: build sandbox-image-if-missing
+soak-long: build sandbox-image-if-missing jemalloc
 	SOAK_LONG_SECONDS=$${SOAK_LONG_SECONDS:-3600} node --test --test-timeout=0 dist/test/soak/long.test.js
 
-bench: build sandbox-image-if-missing postgres
+bench: build sandbox-image-if-missing postgres jemalloc
 	@if [ -n "$(B)" ]; then node dist/bench/$(B).js; else for b in dist/bench/*.js; do node $$b || exit 1; done; fi
 
 clean:

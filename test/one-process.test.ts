@@ -19,7 +19,14 @@ let log: () => string;
 
 before(async () => {
   dataDir = await mkdtemp(path.join(os.tmpdir(), "troupe-one-"));
-  ({ proc: up, addr, log } = await startUp(dataDir, { args: ["--one-process"], env: { TROUPE_LOG_FORMAT: "text" } }));
+  ({
+    proc: up,
+    addr,
+    log,
+  } = await startUp(dataDir, {
+    args: ["--one-process"],
+    env: { TROUPE_LOG_FORMAT: "text", LD_PRELOAD: undefined },
+  }));
 });
 
 after(async () => {
@@ -48,11 +55,12 @@ test("every service is this one process, on its own port", async () => {
   assert.doesNotMatch(status.stdout, /NOT_SERVING|unreachable/i);
 });
 
-test("it runs with the small young generation, as the same process", async () => {
+test("it runs with the small young generation and jemalloc, as the same process", async () => {
   // up.pid is what the test spawned: the process executed itself again in place.
   const cmdline = (await readFile(`/proc/${up.pid}/cmdline`, "utf8")).split("\0");
   assert.equal(cmdline[1], "--max-semi-space-size=2", cmdline.join(" "));
   assert.ok(cmdline.includes("--one-process"));
+  assert.match(await readFile(`/proc/${up.pid}/maps`, "utf8"), /libjemalloc\.so\.2/);
 });
 
 test("a tool turn runs through the sandbox, and the session log is on disk", async () => {

@@ -29,6 +29,7 @@ import { splitHostPort } from "../shared/host-port.js";
 import { freePort } from "./free-port.js";
 import { startLocalPostgres, type LocalPostgres } from "./local-postgres.js";
 import { runInOneProcess } from "./up-one-process.js";
+import { allocatorEnvironment, type AllocatorChoice } from "./allocator.js";
 import { reapLeftovers, removeSandboxes } from "./up-leftovers.js";
 
 const MAIN = fileURLToPath(new URL("./main.js", import.meta.url));
@@ -85,23 +86,25 @@ export function parseShape(args: string[]): { shape: Shape; rest: string[] } {
  * semi-spaces (16 by default): bench/footprint measured the one process 15 to 25 MB smaller
  * for it, at a cost under load (more scavenges and promotions: bench/stream's paced p99 about
  * five times worse with the cap in every process; docs/benchmarks.md). The flag must be there
- * when V8 starts, so the process executes itself again with it (same pid, same descriptors),
- * unless the operator chose a semi-space size already.
+ * when V8 starts, and the allocator's LD_PRELOAD when the process starts, so the process executes
+ * itself again with them (same pid, same descriptors), unless the operator chose a semi-space
+ * size already and there is no allocator to add.
  */
-function withSmallYoungGeneration(): void {
-  if (semiSpaceChosen() || !process.execve) return;
-  const argv = [process.execPath, "--max-semi-space-size=2", ...process.execArgv, ...process.argv.slice(1)];
-  process.execve(process.execPath, argv);
+function startOverForOneProcess(allocator: AllocatorChoice): void {
+  const env = allocatorEnvironment(allocator, childEnvironment());
+  const flags = semiSpaceChosen() ? [] : ["--max-semi-space-size=2"];
+  if ((flags.length === 0 && env === childEnvironment()) || !process.execve) return;
+  process.execve(process.execPath, [process.execPath, ...flags, ...process.execArgv, ...process.argv.slice(1)], env);
 }
 
 export async function upCommand(argv: string[]): Promise<void> {
   const { shape, rest: args } = parseShape(argv);
+  const cfg = loadConfig(args);
   if (shape.oneProcess) {
-    withSmallYoungGeneration();
+    startOverForOneProcess(cfg.allocator);
     // Services in this process append fsynced session logs: widen the pool before it first starts.
     widenThreadPool();
   }
-  const cfg = loadConfig(args);
   const logger = createLogger("up", cfg.logLevel, cfg.logFormat);
   const upFile = path.join(cfg.dataDir, "up.json");
   await reapLeftovers(upFile, cfg.dataDir, MAIN, logger);
@@ -197,11 +200,11 @@ export async function upCommand(argv: string[]): Promise<void> {
   // The children write to pipes, read by people (this terminal, troupe logs): plain lines unless
   // JSON is asked for (a log shipper reading the files).
   const logFormat = cfg.logFormat === "auto" ? "text" : cfg.logFormat;
-  const env = {
+  const env = allocatorEnvironment(cfg.allocator, {
     ...childEnvironment(),
     TROUPE_LOG_FORMAT: logFormat,
     ...(storeUrl ? { TROUPE_STORE_URL: storeUrl } : {}),
-  };
+  });
   /** What runs now, for operators and scripts: service, address, pid (rewritten on every start). */
   const writeUp = () =>
     writeFile(

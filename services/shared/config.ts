@@ -104,6 +104,8 @@ export interface Config {
   internalToken: string;
   logLevel: LogLevel;
   logFormat: "auto" | "json" | "text";
+  /** troupe up: the C allocator its services start with (services/cli/allocator.ts). */
+  allocator: "auto" | "jemalloc" | "system";
   /** troupe adapter (services/adapter): "" where unset. */
   adapter: {
     stateFile: string;
@@ -375,6 +377,7 @@ export function loadConfig(
     internalToken: str("internalToken") ?? "",
     logLevel: str("logLevel") as LogLevel,
     logFormat: str("logFormat") as Config["logFormat"],
+    allocator: str("allocator") as Config["allocator"],
     adapter: {
       stateFile: str("adapterState") ? path.resolve(str("adapterState")!) : "",
       webhookAddr: str("webhookAddr")!,

@@ -99,6 +99,12 @@ export const SETTINGS = {
       default: 16,
       schema: int(),
     },
+    allocator: {
+      env: "TROUPE_ALLOCATOR",
+      doc: "the C allocator `troupe up` starts services with: jemalloc (libjemalloc.so.2, Debian's libjemalloc2), system (glibc's), or auto: jemalloc where installed",
+      default: "auto",
+      schema: oneOf("auto", "jemalloc", "system"),
+    },
     nodeOptions: {
       env: "NODE_OPTIONS",
       doc: "Node's own options; `troupe up --one-process` adds `--max-semi-space-size=2` unless they (or the command line) set a size",
