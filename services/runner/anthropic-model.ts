@@ -9,7 +9,8 @@
 // https://docs.anthropic.com/en/docs/build-with-claude/extended-thinking.
 import type Anthropic from "@anthropic-ai/sdk";
 import { lazyModule } from "../shared/lazy-module.js";
-import { type Agent, fetch as undiciFetch } from "undici";
+import type { Agent } from "undici";
+import { poolFetch } from "./pool-fetch.js";
 import { rulesFor, type ReasoningEffort } from "../shared/model-rules.js";
 import {
   ModelError,
@@ -17,6 +18,7 @@ import {
   eventJson,
   retryAfter,
   streamEvents,
+  streamedBody,
   type FinishReason,
   type ModelChunk,
   type ModelClient,
@@ -118,8 +120,7 @@ export class AnthropicModelClient implements ModelClient {
       apiKey: options.apiKey || "unused",
       maxRetries: 0,
       timeout: options.timeoutMs ?? 60_000,
-      fetch: undiciFetch as never,
-      fetchOptions: { dispatcher: this.pool } as never,
+      fetch: poolFetch(this.pool) as never,
     });
   }
 
@@ -162,8 +163,7 @@ export class AnthropicModelClient implements ModelClient {
       const response = await this.client.messages
         .create(this.body(request) as unknown as Anthropic.MessageCreateParamsStreaming, { signal })
         .asResponse();
-      if (!response.body) throw new ModelError("the model endpoint answered without a body", true);
-      body = response.body as unknown as AsyncIterable<Uint8Array>;
+      body = streamedBody(response);
     } catch (err) {
       throw classifyAnthropic(err, signal);
     }

@@ -1,13 +1,14 @@
 // The model, behind one narrow interface: stream a reply to a conversation. The implementation
 // speaks the OpenAI chat-completions protocol through the official SDK over an undici connection
-// pool, so any OpenAI-compatible endpoint (or Troupe's scripted model server) plugs in by URL;
-// providers.ts routes each model to its provider, model-rules.ts fits the request to the model.
+// pool (pool-fetch.ts), so any OpenAI-compatible endpoint (or Troupe's scripted model server)
+// plugs in by URL; providers.ts routes each model to its provider, model-rules.ts fits the request to the model.
 // The SDK builds the request and classifies errors; the stream is read by our SSE decoder, which
 // measured faster than the SDK's (docs/benchmarks.md).
 import OpenAI from "openai";
-import { Agent, fetch as undiciFetch } from "undici";
+import { Agent } from "undici";
 import { rulesFor, takesImages, type ReasoningEffort } from "../shared/model-rules.js";
 import type { ProviderKind } from "../shared/providers.js";
+import { poolFetch, replyBody } from "./pool-fetch.js";
 import { SseDecoder, type SseEvent } from "./sse.js";
 
 export interface ModelToolCall {
@@ -212,8 +213,7 @@ export class OpenAIModelClient implements ModelClient {
     let body: AsyncIterable<Uint8Array>;
     try {
       const response = await this.client.chat.completions.create(this.body(request), { signal }).asResponse();
-      if (!response.body) throw new ModelError("the model endpoint answered without a body", true);
-      body = response.body as unknown as AsyncIterable<Uint8Array>;
+      body = streamedBody(response);
     } catch (err) {
       throw classify(err, signal);
     }
@@ -320,8 +320,7 @@ export function openAIConnection(options: OpenAIModelOptions): { client: OpenAI;
     apiKey: options.apiKey || "unused",
     maxRetries: 0,
     timeout: options.timeoutMs ?? 60_000,
-    fetch: undiciFetch as unknown as typeof fetch,
-    fetchOptions: { dispatcher: pool } as never,
+    fetch: poolFetch(pool) as typeof fetch,
   });
   return { client, pool };
 }
@@ -375,6 +374,13 @@ export function retryAfter(headers: Headers | undefined, now = Date.now()): numb
   if (/^\d+(\.\d+)?$/.test(value)) return Math.ceil(Number(value) * 1000);
   const at = Date.parse(value);
   return Number.isNaN(at) ? undefined : Math.max(0, at - now);
+}
+
+/** A streamed reply's body (pool-fetch.ts), or a retryable ModelError when it came without one. */
+export function streamedBody(response: Response): AsyncIterable<Uint8Array> {
+  const body = replyBody(response);
+  if (!body) throw new ModelError("the model endpoint answered without a body", true);
+  return body;
 }
 
 /** The endpoint refused the request as longer than the model's context window. */

@@ -14,6 +14,7 @@ import {
   eventJson,
   openAIConnection,
   streamEvents,
+  streamedBody,
   type FinishReason,
   type ModelChunk,
   type ModelClient,
@@ -136,8 +137,7 @@ export class OpenAIResponsesClient implements ModelClient {
       const response = await this.client.responses
         .create(this.body(request) as unknown as OpenAI.Responses.ResponseCreateParamsStreaming, { signal })
         .asResponse();
-      if (!response.body) throw new ModelError("the model endpoint answered without a body", true);
-      body = response.body as unknown as AsyncIterable<Uint8Array>;
+      body = streamedBody(response);
     } catch (err) {
       throw classify(err, signal);
     }

@@ -1,0 +1,129 @@
+// The SDKs' fetch over an undici pool, against a real HTTP server: what a Response gives must be
+// what fetch gives, and the runner's direct read of a streamed body must see every byte.
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
+import { Agent } from "undici";
+import { poolFetch, replyBody } from "../../services/runner/pool-fetch.js";
+
+let server: http.Server;
+let base: string;
+const pool = new Agent({ connections: 8 });
+const fetchOverPool = poolFetch(pool);
+
+before(async () => {
+  server = http.createServer((req, res) => {
+    let body = "";
+    req.on("data", (c) => (body += c));
+    req.on("end", () => {
+      if (req.url === "/stream") {
+        res.writeHead(200, { "content-type": "text/event-stream" });
+        // The first chunk is written at once, the rest later: a read ahead would take the first.
+        res.write("data: one\n\n");
+        setTimeout(() => {
+          res.write("data: two\n\n");
+          res.end("data: [DONE]\n\n");
+        }, 20);
+      } else if (req.url === "/slow") {
+        res.writeHead(200, { "content-type": "text/event-stream" });
+        res.write("data: first\n\n");
+      } else if (req.url === "/refuse") {
+        res.writeHead(429, [
+          ["content-type", "application/json"],
+          ["retry-after", "3"],
+          ["x-multi", "a"],
+          ["x-multi", "b"],
+        ]);
+        res.end(JSON.stringify({ error: { message: "slow down", code: "rate_limit" } }));
+      } else {
+        res.writeHead(200, { "content-type": "application/json" });
+        res.end(JSON.stringify({ method: req.method, url: req.url, body, auth: req.headers.authorization ?? "" }));
+      }
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+});
+
+after(async () => {
+  await pool.close();
+  server.closeAllConnections();
+  await new Promise((resolve) => server.close(resolve));
+});
+
+async function readAll(body: AsyncIterable<Uint8Array>): Promise<string> {
+  let out = "";
+  for await (const chunk of body) out += Buffer.from(chunk).toString();
+  return out;
+}
+
+describe("poolFetch", () => {
+  test("sends the method, path, query, headers and body; the Response reads as fetch's does", async () => {
+    const res = await fetchOverPool(`${base}/echo?x=1`, {
+      method: "post",
+      headers: { authorization: "Bearer k", "content-type": "application/json" },
+      body: '{"a":1}',
+    });
+    assert.equal(res.status, 200);
+    assert.equal(res.ok, true);
+    assert.equal(res.headers.get("content-type"), "application/json");
+    assert.deepEqual(await res.json(), { method: "POST", url: "/echo?x=1", body: '{"a":1}', auth: "Bearer k" });
+  });
+
+  test("a refusal keeps its status, every header value and its body", async () => {
+    const res = await fetchOverPool(`${base}/refuse`, { method: "POST", body: new TextEncoder().encode("{}") });
+    assert.equal(res.status, 429);
+    assert.equal(res.ok, false);
+    assert.equal(res.headers.get("retry-after"), "3");
+    assert.equal(res.headers.get("x-multi"), "a, b");
+    assert.deepEqual(await res.json(), { error: { message: "slow down", code: "rate_limit" } });
+  });
+
+  test("the runner's direct read of a streamed body gets every byte, the first included", async () => {
+    const res = await fetchOverPool(`${base}/stream`);
+    // Let a read ahead, if there were one, take the first chunk before the runner reads.
+    await new Promise((resolve) => setTimeout(resolve, 10));
+    const body = replyBody(res);
+    assert.ok(body);
+    assert.equal(await readAll(body), "data: one\n\ndata: two\n\ndata: [DONE]\n\n");
+  });
+
+  test("the same body read through the Response instead", async () => {
+    const res = await fetchOverPool(`${base}/stream`);
+    assert.equal(await res.text(), "data: one\n\ndata: two\n\ndata: [DONE]\n\n");
+  });
+
+  test("an abort in the middle of a body ends its read with an error", async () => {
+    const controller = new AbortController();
+    const res = await fetchOverPool(`${base}/slow`, { signal: controller.signal });
+    const body = replyBody(res);
+    assert.ok(body);
+    const chunks: string[] = [];
+    await assert.rejects(async () => {
+      for await (const chunk of body) {
+        chunks.push(Buffer.from(chunk).toString());
+        controller.abort();
+      }
+    });
+    assert.deepEqual(chunks, ["data: first\n\n"]);
+  });
+
+  test("an abort before the answer rejects the fetch", async () => {
+    const controller = new AbortController();
+    controller.abort();
+    await assert.rejects(fetchOverPool(`${base}/echo`, { signal: controller.signal }));
+  });
+
+  test("a body it cannot send is a TypeError, as fetch would say, not a silent empty body", async () => {
+    await assert.rejects(fetchOverPool(`${base}/echo`, { method: "POST", body: { a: 1 } }), TypeError);
+  });
+
+  test("a Response made elsewhere gives its own body", async () => {
+    const res = new Response("plain");
+    const body = replyBody(res);
+    assert.ok(body);
+    assert.equal(await readAll(body), "plain");
+    assert.equal(replyBody(new Response(null)), null);
+  });
+});
