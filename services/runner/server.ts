@@ -58,6 +58,7 @@ import { configureFailpoints } from "./failpoints.js";
 import { runDepsFor } from "./run-deps.js";
 import { observeSessions } from "./runner-metrics.js";
 import { operatorCalls } from "./operator-calls.js";
+import { attachEventBytes } from "./event-bytes.js";
 import { BackgroundProcesses } from "./background.js";
 import { Secrets } from "./web-tools.js";
 import { DEFAULT_NET_POLICY } from "../shared/net-guard.js";
@@ -304,8 +305,10 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
               .then(async ({ actor, opened: info }) => {
                 if (detached) return actor;
                 call.write(create(AttachResponseSchema, { kind: { case: "opened", value: info } }));
-                subscriber = new StreamSubscriber(call, (event) =>
-                  create(AttachResponseSchema, { kind: { case: "event", value: event } }),
+                // Bytes already encoded: the adapter writes them as they are (event-bytes.ts).
+                subscriber = new StreamSubscriber(
+                  call as unknown as grpc.ServerDuplexStream<unknown, Uint8Array>,
+                  attachEventBytes,
                 );
                 await actor.attach(
                   subscriber,
