@@ -119,9 +119,10 @@ readme-settings: build
 	node -e 'const fs=require("fs");import("./dist/services/shared/settings.js").then(({settingsTable})=>{const r=fs.readFileSync("README.md","utf8");const a="<!-- settings:start -->\n",b="<!-- settings:end -->";fs.writeFileSync("README.md",r.slice(0,r.indexOf(a)+a.length)+settingsTable()+r.slice(r.indexOf(b)))})'
 
 # jemalloc, which `troupe up` starts the services with where it is installed (TROUPE_ALLOCATOR;
-# services/cli/allocator.ts says why).
+# services/cli/allocator.ts says why, and alone knows where the library lies). dpkg is asked
+# whether the package is in, so no list of library paths is kept here as well.
 jemalloc:
-	@test -n "$$(ls /usr/lib/*/libjemalloc.so.2 /usr/lib64/libjemalloc.so.2 /usr/local/lib/libjemalloc.so.2 2>/dev/null)" || \
+	@dpkg-query -W -f='$${Status}' libjemalloc2 2>/dev/null | grep -q "ok installed" || \
 	  (apt-get update -qq && apt-get install -y -qq libjemalloc2 >/dev/null && echo "installed libjemalloc2")
 
 # openssl makes the TLS tests' certificates (Debian has it wherever ca-certificates is; not always).
