@@ -87,6 +87,8 @@ describe("metrics on /metrics", () => {
     assert.ok(sum("troupe_store_append_duration_count", { troupe_store: "files" }) > 0);
     assert.match(text, /^troupe_mailbox_depth(\{[^}]*\})? 0$/m);
     assert.ok(sum("troupe_sessions_live") >= 2);
+    assert.match(text, /^troupe_learning_waiting(\{[^}]*\})? \d+$/m);
+    assert.match(text, /^troupe_learning_dropped_total(\{[^}]*\})? 0$/m);
     assert.ok(sum("rpc_server_call_duration_count", { rpc_method: "troupe.v1.RunnerService/Submit" }) >= 2);
   });
 

@@ -12,6 +12,7 @@ import type { MemoryScopeSchema, MemoryService } from "../shared/gen/troupe/v1/m
 import { MemoryKind } from "../shared/gen/troupe/v1/memory_pb.js";
 import { ROOT_CONTEXT, SpanKind, SpanStatusCode, context, trace, type SpanContext } from "@opentelemetry/api";
 import type { Logger } from "../shared/log.js";
+import type { LearningQueue } from "./learning-queue.js";
 import { tracer } from "../shared/telemetry.js";
 import type { ServiceClient } from "../shared/rpc.js";
 
@@ -166,26 +167,33 @@ export type Learn = (
 /**
  * Learning after each completed run, in the background (TROUPE_MEMORY_LEARN=0 turns it off): the
  * memory service extracts and stores what is worth keeping; a failure costs only the learning.
- * It is traced on its own, linked to the run's span: it is not part of the answer.
+ * It waits in `queue` while the runner is busy (learning-queue.ts), and is traced on its own,
+ * linked to the run's span: it is not part of the answer.
  */
-export function learnAfterRuns(memory: MemoryClient, recall: MemoryRecall, logger: Logger): Learn {
-  return (scope, agentId, sessionId, exchange, source, turn) => {
-    const span = tracer.startSpan("learn", { root: true, links: turn ? [{ context: turn }] : [] });
-    context
-      .with(trace.setSpan(ROOT_CONTEXT, span), () =>
-        memory.learnFromTurn(
-          { scope: { ...scope, agentId }, sessionId, messages: exchange, source },
-          { timeoutMs: 120_000 },
-        ),
-      )
-      .finally(() => span.end())
-      .then(
-        (res) => res.changes.length > 0 && recall.invalidateTenant(scope.tenant),
-        (err: unknown) =>
-          logger.debug("learning from a turn failed", {
-            session: sessionId,
-            error: String((err as Error).message ?? err),
-          }),
-      );
-  };
+export function learnAfterRuns(
+  memory: MemoryClient,
+  recall: MemoryRecall,
+  queue: LearningQueue,
+  logger: Logger,
+): Learn {
+  return (scope, agentId, sessionId, exchange, source, turn) =>
+    queue.add(() => {
+      const span = tracer.startSpan("learn", { root: true, links: turn ? [{ context: turn }] : [] });
+      return context
+        .with(trace.setSpan(ROOT_CONTEXT, span), () =>
+          memory.learnFromTurn(
+            { scope: { ...scope, agentId }, sessionId, messages: exchange, source },
+            { timeoutMs: 120_000 },
+          ),
+        )
+        .finally(() => span.end())
+        .then(
+          (res) => res.changes.length > 0 && recall.invalidateTenant(scope.tenant),
+          (err: unknown) =>
+            logger.debug("learning from a turn failed", {
+              session: sessionId,
+              error: String((err as Error).message ?? err),
+            }),
+        );
+    });
 }

@@ -1,6 +1,7 @@
-// The runner's gauges, read when metrics are collected: sessions in memory and the messages
-// waiting in their mailboxes (the per-call instruments live where the calls are made).
+// The runner's gauges, read when metrics are collected: sessions in memory, the messages waiting
+// in their mailboxes, and the learning queue (the per-call instruments live where the calls are made).
 import { instruments } from "../shared/metrics.js";
+import type { LearningQueue } from "./learning-queue.js";
 import type { SessionRegistry } from "./session-registry.js";
 
 export function observeSessions(registry: SessionRegistry): void {
@@ -19,5 +20,22 @@ export function observeSessions(registry: SessionRegistry): void {
       r.observe(live, actors.length);
     },
     [mailboxes, live],
+  );
+}
+
+export function observeLearning(queue: LearningQueue): void {
+  const { meter } = instruments();
+  const waiting = meter.createObservableGauge("troupe.learning.waiting", {
+    description: "completed turns waiting to be learned from (learning waits while the runner is busy)",
+  });
+  const dropped = meter.createObservableCounter("troupe.learning.dropped", {
+    description: "turns not learned from because too many were waiting",
+  });
+  meter.addBatchObservableCallback(
+    (r) => {
+      r.observe(waiting, queue.waiting);
+      r.observe(dropped, queue.dropped);
+    },
+    [waiting, dropped],
   );
 }

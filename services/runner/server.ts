@@ -38,6 +38,7 @@ import type { RunningService } from "../shared/service.js";
 import { RpcServer, createClient, type grpc } from "../shared/rpc.js";
 import { contextFromRecord } from "../shared/telemetry.js";
 import { DEFAULT_RECALL, MemoryRecall, learnAfterRuns } from "./memory-recall.js";
+import { LearningQueue } from "./learning-queue.js";
 import { loadProviders, singleProvider } from "../shared/providers.js";
 import { registerWithRouter } from "./registration.js";
 import { clearSessionParts, startRetention } from "./retention.js";
@@ -56,7 +57,7 @@ import { TokenCounter } from "./tokens.js";
 import { TenantRuns } from "./tenant-runs.js";
 import { configureFailpoints } from "./failpoints.js";
 import { runDepsFor } from "./run-deps.js";
-import { observeSessions } from "./runner-metrics.js";
+import { observeLearning, observeSessions } from "./runner-metrics.js";
 import { operatorCalls } from "./operator-calls.js";
 import { attachEventBytes } from "./event-bytes.js";
 import { BackgroundProcesses } from "./background.js";
@@ -155,7 +156,9 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   const sandbox = createClient(SandboxService, cfg.addr.sandbox, peer);
   const memory = createClient(MemoryService, cfg.addr.memory, peer);
   const recall = new MemoryRecall(memory, { ...DEFAULT_RECALL, k: cfg.memoryContextK }, logger);
-  const learn = cfg.memoryLearn ? learnAfterRuns(memory, recall, logger) : undefined;
+  const learning = new LearningQueue(logger);
+  observeLearning(learning);
+  const learn = cfg.memoryLearn ? learnAfterRuns(memory, recall, learning, logger) : undefined;
   const router = createClient(RouterService, cfg.addr.router, peer);
   const audit = storage.audit;
   const hooks = new Hooks();
@@ -476,6 +479,8 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
       await registration.stop();
       const started = Date.now();
       await registry.drain(cfg.drainGraceMs);
+      const unlearned = learning.close();
+      if (unlearned > 0) logger.info("stopping: turns still waiting to be learned from are not", { turns: unlearned });
       // The runs are over (or out of time): streams would wait for clients that never hang up, so
       // calls get at most a second more; clients reconnect to the runner that takes over.
       await server.drain(Math.min(1000, Math.max(0, cfg.drainGraceMs - (Date.now() - started))));
