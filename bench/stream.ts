@@ -7,6 +7,9 @@
 // under way) and the clock runs from the prompts to the last token; this is the one compared
 // with the raw stream, whose clock also starts with streams that need no setup. "cold": the
 // clock also covers creating S new sessions at once (routing, session logs, fsyncs).
+// The raw rounds each start once every process of the stack is quiet; Troupe's three warm rounds
+// run back to back, as under steady load, so background work a round leaves (learning from its
+// turns) competes with the next one, as it would for users.
 //
 // The paced mode measures what users feel: P sessions (--paced-sessions, 1,000) each streaming
 // at R tokens/s (--rate, 30) for D seconds (--seconds, 30), as real models stream. Its figures
@@ -25,7 +28,7 @@ import { GatewayService } from "../services/shared/gen/troupe/v1/gateway_pb.js";
 import { StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { createClient, type ServiceClient } from "../services/shared/rpc.js";
 import { LOAD_QUOTAS, startStack } from "../test/helpers/stack.js";
-import { cpuMs } from "./support/cpu.js";
+import { cpuMs, waitQuiet } from "./support/cpu.js";
 import { pct } from "./support/stats.js";
 
 const { values } = parseArgs({
@@ -202,6 +205,7 @@ async function startRaw() {
 }
 
 const ROUNDS = 3;
+const SERVICE_KEYS = ["gateway", "router", "runner", "memory", "sandbox"];
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 
 const stack = await startStack({
@@ -216,14 +220,20 @@ try {
   await raw.run(20); // warm-up: JIT and connections on both sides
   await troupeRun(clients, true);
   const result: Record<string, string> = {};
+  // Every process of the stack, the model server's too: the raw stream is measured once they are quiet.
+  const stackPids = [...SERVICE_KEYS, "model-server"].flatMap((k) => stack.process(k)?.pid ?? []);
   if (MODE !== "paced") {
-    // Interleaved rounds, compared by their medians: this machine's noise hits both sides alike.
+    // Rounds compared by their medians. The raw stream is measured on a quiet machine: Troupe's
+    // background work (learning from the turns just run, which waits while the runner is busy)
+    // must not be charged to it. Troupe's rounds run back to back, as under steady load, so
+    // whatever one round leaves running competes with the next, as it would for users.
     const rawRates: number[] = [];
     const warmRuns: TroupeFigures[] = [];
     for (let i = 0; i < ROUNDS; i++) {
+      await waitQuiet(stackPids);
       rawRates.push(await raw.run(T));
-      warmRuns.push(await troupeRun(clients, true));
     }
+    for (let i = 0; i < ROUNDS; i++) warmRuns.push(await troupeRun(clients, true));
     const cold = await troupeRun(clients, false);
     const rawRate = median(rawRates);
     const warmRate = median(warmRuns.map((r) => r.tokensPerS));
@@ -250,6 +260,7 @@ try {
     const { sessions: n, rate, seconds } = PACED;
     const count = rate * seconds;
     const asked = n * rate;
+    await waitQuiet(stackPids);
     const rawPaced = await raw.paced(n, count, rate);
     const pids = ["gateway", "runner"].map((k) => stack.process(k)!.pid!);
     const modelPid = [stack.process("model-server")!.pid!];

@@ -14,3 +14,25 @@ export function cpuMs(pids: number[]): number {
   }
   return ticks * TICK_MS;
 }
+
+/**
+ * Waits until these processes together use under `belowPct` of one core over `windowMs`, so that
+ * what one side left running (a backlog of background work) is not charged to the next measured
+ * side. Gives up after `timeoutMs` and says so on stderr.
+ */
+export async function waitQuiet(
+  pids: number[],
+  {
+    belowPct = 5,
+    windowMs = 300,
+    timeoutMs = 30_000,
+  }: { belowPct?: number; windowMs?: number; timeoutMs?: number } = {},
+): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    const before = cpuMs(pids);
+    await new Promise((resolve) => setTimeout(resolve, windowMs));
+    if (((cpuMs(pids) - before) / windowMs) * 100 < belowPct) return;
+  }
+  console.error(`the measured processes were still busy after ${timeoutMs} ms; measuring anyway`);
+}
