@@ -6,7 +6,7 @@
 // whose body is a Node stream, and `replyBody` hands the runner that stream. The Response the SDK
 // gets is still a whole one: its body reads the same Node stream when something reads it.
 import type { Readable } from "node:stream";
-import type { Dispatcher } from "undici";
+import { type Dispatcher, interceptors } from "undici";
 
 /** The Node body of each Response made here, for `replyBody`. */
 const nodeBodies = new WeakMap<Response, Readable>();
@@ -18,8 +18,16 @@ type FetchInit = {
   signal?: AbortSignal | null;
 };
 
-/** A fetch over `pool`. Contract: the same answers and failures as fetch, for string and byte bodies. */
+/** Null-body statuses: a Response with one of them cannot be given a body. */
+const NO_BODY = new Set([204, 205, 304]);
+
+/**
+ * A fetch over `pool`. Contract: the same answers and failures as fetch, for string and byte
+ * bodies: redirects are followed as fetch follows them (at most 20; credentials dropped on a
+ * cross-origin one), and a compressed answer arrives decompressed.
+ */
 export function poolFetch(pool: Dispatcher): (input: string | URL | Request, init?: FetchInit) => Promise<Response> {
+  const dispatcher = pool.compose(interceptors.redirect({ maxRedirections: 20 }), interceptors.decompress());
   return async (input, init = {}) => {
     const url = new URL(typeof input === "string" || input instanceof URL ? input : input.url);
     const body = init.body;
@@ -30,7 +38,7 @@ export function poolFetch(pool: Dispatcher): (input: string | URL | Request, ini
       headers[name] = value;
     });
     const method = (init.method ?? "GET").toUpperCase();
-    const reply = await pool.request({
+    const reply = await dispatcher.request({
       origin: url.origin,
       path: `${url.pathname}${url.search}`,
       method: method as Dispatcher.HttpMethod,
@@ -43,7 +51,7 @@ export function poolFetch(pool: Dispatcher): (input: string | URL | Request, ini
       if (Array.isArray(value)) for (const v of value) answerHeaders.append(name, v);
       else if (value !== undefined) answerHeaders.set(name, value);
     }
-    const noBody = method === "HEAD" || reply.statusCode === 204 || reply.statusCode === 304;
+    const noBody = method === "HEAD" || NO_BODY.has(reply.statusCode);
     const source = reply.body as unknown as Readable;
     if (noBody) source.resume();
     const response = new Response(noBody ? null : lazyWebStream(source), {

@@ -4,6 +4,7 @@ import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
+import { gzipSync } from "node:zlib";
 import { Agent } from "undici";
 import { poolFetch, replyBody } from "../../services/runner/pool-fetch.js";
 
@@ -28,6 +29,18 @@ before(async () => {
       } else if (req.url === "/slow") {
         res.writeHead(200, { "content-type": "text/event-stream" });
         res.write("data: first\n\n");
+      } else if (req.url === "/moved") {
+        res.writeHead(307, { location: "/echo?moved=1" });
+        res.end();
+      } else if (req.url === "/found") {
+        res.writeHead(302, { location: "/echo?found=1" });
+        res.end();
+      } else if (req.url === "/gzip") {
+        res.writeHead(200, { "content-type": "text/event-stream", "content-encoding": "gzip" });
+        res.end(gzipSync("data: packed\n\n"));
+      } else if (req.url === "/empty") {
+        res.writeHead(205);
+        res.end();
       } else if (req.url === "/refuse") {
         res.writeHead(429, [
           ["content-type", "application/json"],
@@ -69,6 +82,26 @@ describe("poolFetch", () => {
     assert.equal(res.ok, true);
     assert.equal(res.headers.get("content-type"), "application/json");
     assert.deepEqual(await res.json(), { method: "POST", url: "/echo?x=1", body: '{"a":1}', auth: "Bearer k" });
+  });
+
+  test("redirects are followed as fetch follows them: 307 keeps the method and body, 302 turns a POST into a GET", async () => {
+    const kept = await fetchOverPool(`${base}/moved`, { method: "POST", body: "again" });
+    assert.deepEqual(await kept.json(), { method: "POST", url: "/echo?moved=1", body: "again", auth: "" });
+    const changed = await fetchOverPool(`${base}/found`, { method: "POST", body: "dropped" });
+    assert.deepEqual(await changed.json(), { method: "GET", url: "/echo?found=1", body: "", auth: "" });
+  });
+
+  test("a compressed answer is read decompressed, directly too", async () => {
+    const res = await fetchOverPool(`${base}/gzip`);
+    const body = replyBody(res);
+    assert.ok(body);
+    assert.equal(await readAll(body), "data: packed\n\n");
+  });
+
+  test("a status that may carry no body gives a Response without one", async () => {
+    const res = await fetchOverPool(`${base}/empty`);
+    assert.equal(res.status, 205);
+    assert.equal(replyBody(res), null);
   });
 
   test("a refusal keeps its status, every header value and its body", async () => {
