@@ -5,6 +5,9 @@ import assert from "node:assert/strict";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { gzipSync } from "node:zlib";
+import { setFlagsFromString } from "node:v8";
+import { runInNewContext } from "node:vm";
+import OpenAI from "openai";
 import { Agent } from "undici";
 import { poolFetch, replyBody } from "../../services/runner/pool-fetch.js";
 
@@ -26,7 +29,7 @@ before(async () => {
           res.write("data: two\n\n");
           res.end("data: [DONE]\n\n");
         }, 20);
-      } else if (req.url === "/slow") {
+      } else if (req.url === "/slow" || req.url === "/v1/chat/completions") {
         res.writeHead(200, { "content-type": "text/event-stream" });
         res.write("data: first\n\n");
       } else if (req.url === "/moved") {
@@ -140,6 +143,48 @@ describe("poolFetch", () => {
       }
     });
     assert.deepEqual(chunks, ["data: first\n\n"]);
+  });
+
+  // The runner keeps only the Node body, not the Response. openai's SDK passes the caller's abort on
+  // through AbortSignal.any (its fallback holds the callback only while the Response's web body
+  // lives): this guards that an abort still ends the read after the Response is collected.
+  test("through the SDK, the caller's abort still reaches a body read directly once the Response is collected", async () => {
+    setFlagsFromString("--expose-gc");
+    const gc = runInNewContext("gc") as () => void;
+    const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: "k", maxRetries: 0, fetch: fetchOverPool as never });
+    const controller = new AbortController();
+    let collected = false;
+    const registry = new FinalizationRegistry(() => {
+      collected = true;
+    });
+    // The Response goes out of scope here, as it does in the runner once the body is taken.
+    const body = await (async () => {
+      const res = await client.chat.completions
+        .create(
+          { model: "m", messages: [{ role: "user", content: "hi" }], stream: true },
+          { signal: controller.signal },
+        )
+        .asResponse();
+      registry.register(res, "response");
+      return replyBody(res);
+    })();
+    assert.ok(body);
+    for (let i = 0; i < 20 && !collected; i++) {
+      await new Promise((resolve) => setTimeout(resolve, 10));
+      gc();
+    }
+    assert.ok(collected, "the Response was collected");
+    const read = (async () => {
+      for await (const _ of body) controller.abort();
+    })();
+    const outcome = await Promise.race([
+      read.then(
+        () => "ended",
+        () => "aborted",
+      ),
+      new Promise((resolve) => setTimeout(() => resolve("still reading"), 3000)),
+    ]);
+    assert.equal(outcome, "aborted");
   });
 
   test("an abort before the answer rejects the fetch", async () => {
