@@ -5,7 +5,8 @@
 // CPU there (docs/benchmarks.md, bench/stream). So the request is made with the pool's `request`,
 // whose body is a Node stream, and `replyBody` hands the runner that stream. The Response the SDK
 // gets is still a whole one: its body reads the same Node stream when something reads it.
-import type { Readable } from "node:stream";
+import { type Readable, pipeline } from "node:stream";
+import { createBrotliDecompress, createGunzip, createInflate } from "node:zlib";
 import { type Dispatcher, interceptors } from "undici";
 
 /** The Node body of each Response made here, for `replyBody`. */
@@ -24,10 +25,10 @@ const NO_BODY = new Set([204, 205, 304]);
 /**
  * A fetch over `pool`. Contract: the same answers and failures as fetch, for string and byte
  * bodies: redirects are followed as fetch follows them (at most 20; credentials dropped on a
- * cross-origin one), and a compressed answer arrives decompressed.
+ * cross-origin one), and a gzip, deflate or brotli answer arrives decompressed.
  */
 export function poolFetch(pool: Dispatcher): (input: string | URL | Request, init?: FetchInit) => Promise<Response> {
-  const dispatcher = pool.compose(interceptors.redirect({ maxRedirections: 20 }), interceptors.decompress());
+  const dispatcher = pool.compose(interceptors.redirect({ maxRedirections: 20 }));
   return async (input, init = {}) => {
     const url = new URL(typeof input === "string" || input instanceof URL ? input : input.url);
     const body = init.body;
@@ -52,8 +53,9 @@ export function poolFetch(pool: Dispatcher): (input: string | URL | Request, ini
       else if (value !== undefined) answerHeaders.set(name, value);
     }
     const noBody = method === "HEAD" || NO_BODY.has(reply.statusCode);
-    const source = reply.body as unknown as Readable;
-    if (noBody) source.resume();
+    const raw = reply.body as unknown as Readable;
+    if (noBody) raw.resume();
+    const source = noBody ? raw : decoded(raw, answerHeaders.get("content-encoding"));
     const response = new Response(noBody ? null : lazyWebStream(source), {
       status: reply.statusCode,
       headers: answerHeaders,
@@ -70,6 +72,24 @@ export function poolFetch(pool: Dispatcher): (input: string | URL | Request, ini
 export function replyBody(response: Response): AsyncIterable<Uint8Array> | null {
   return nodeBodies.get(response) ?? (response.body as unknown as AsyncIterable<Uint8Array> | null);
 }
+
+/**
+ * The body decompressed when it came with one content coding fetch would undo; as it came
+ * otherwise. (Node's zlib, not undici's decompress interceptor: that one is experimental and says
+ * so on stderr, a plain line among the JSON logs.)
+ */
+function decoded(body: Readable, coding: string | null): Readable {
+  const decoder = DECODERS[coding?.trim().toLowerCase() ?? ""];
+  if (!decoder) return body;
+  return pipeline(body, decoder(), () => undefined);
+}
+
+const DECODERS: Record<string, (() => NodeJS.ReadWriteStream & Readable) | undefined> = {
+  gzip: createGunzip,
+  "x-gzip": createGunzip,
+  deflate: createInflate,
+  br: createBrotliDecompress,
+};
 
 /** A web stream that reads `source` only when pulled: a body nobody reads through it costs nothing. */
 function lazyWebStream(source: Readable): ReadableStream<Uint8Array> {
