@@ -21,20 +21,23 @@ const UPDATE_MESSAGE_ID = (1 << 3) | 2;
 const UPDATE_TEXT = (2 << 3) | 2;
 const UPDATE_THINKING = (3 << 3) | 2;
 
+/** The largest seq written by hand: the varint writer works on numbers, not bigints. */
+const MAX_SEQ = BigInt(Number.MAX_SAFE_INTEGER);
+
 /** The AttachResponse carrying `event`, encoded. */
 export function attachEventBytes(event: AgentEvent): Uint8Array {
-  const p = event.payload;
-  const seconds = event.time ? Number(event.time.seconds) : -1;
+  const { payload: p, time } = event;
+  const seconds = time ? Number(time.seconds) : -1;
   if (
     p.case === "messageUpdate" &&
     (p.value.delta.case === "text" || p.value.delta.case === "thinking") &&
+    time &&
     seconds >= 0 &&
     Number.isSafeInteger(seconds) &&
-    event.time !== undefined &&
-    event.time.nanos >= 0 &&
-    event.seq <= BigInt(Number.MAX_SAFE_INTEGER)
+    time.nanos >= 0 &&
+    event.seq <= MAX_SEQ
   )
-    return deltaBytes(event, p.value.messageId, p.value.delta.case, p.value.delta.value, seconds, event.time.nanos);
+    return deltaBytes(event, p.value.messageId, p.value.delta.case, p.value.delta.value, seconds, time.nanos);
   return toBinary(AttachResponseSchema, create(AttachResponseSchema, { kind: { case: "event", value: event } }));
 }
 
