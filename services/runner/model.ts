@@ -1,7 +1,8 @@
 // The model, behind one narrow interface: stream a reply to a conversation. The implementation
 // speaks the OpenAI chat-completions protocol through the official SDK over an undici connection
 // pool (pool-fetch.ts), so any OpenAI-compatible endpoint (or Troupe's scripted model server)
-// plugs in by URL; providers.ts routes each model to its provider, model-rules.ts fits the request to the model.
+// plugs in by URL; providers.ts routes each model to its provider, model-rules.ts fits the
+// request to the model.
 // The SDK builds the request and classifies errors; the stream is read by our SSE decoder, which
 // measured faster than the SDK's (docs/benchmarks.md).
 import OpenAI from "openai";
