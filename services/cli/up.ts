@@ -9,15 +9,9 @@ import { mkdir, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { authPaths, ensureDevKey, internalCredentials, internalToken } from "../shared/auth.js";
-import {
-  childEnvironment,
-  loadConfig,
-  modelBaseUrl,
-  semiSpaceChosen,
-  widenThreadPool,
-  type Config,
-} from "../shared/config.js";
+import { childEnvironment, loadConfig, modelBaseUrl, widenThreadPool, type Config } from "../shared/config.js";
 import { Health, HealthCheckResponse_ServingStatus as Serving } from "../shared/gen/grpc/health/v1/health_pb.js";
+import { describeTrim, startIdleTrim } from "../shared/idle-trim.js";
 import { createLogger } from "../shared/log.js";
 import { GatewayService } from "../shared/gen/troupe/v1/gateway_pb.js";
 import { MemoryService } from "../shared/gen/troupe/v1/memory_pb.js";
@@ -82,19 +76,15 @@ export function parseShape(args: string[]): { shape: Shape; rest: string[] } {
 }
 
 /**
- * --one-process is for laptops and small VMs, so V8's young generation is capped at 2 MB
- * semi-spaces (16 by default): bench/footprint measured the one process 15 to 25 MB smaller
- * for it, at a cost under load (more scavenges and promotions: bench/stream's paced p99 about
- * five times worse with the cap in every process; docs/benchmarks.md). The flag must be there
- * when V8 starts, and the allocator's LD_PRELOAD when the process starts, so the process executes
- * itself again with them (same pid, same descriptors), unless the operator chose a semi-space
- * size already and there is no allocator to add.
+ * The allocator's LD_PRELOAD must be there when the process starts, so --one-process executes
+ * itself again with it (same pid, same descriptors) when there is one to add. (Its young
+ * generation is no longer capped: idle-trim.ts gives back what a quiet process grew, and the cap
+ * cost latency under load; docs/benchmarks.md, footprint.)
  */
 function startOverForOneProcess(allocator: AllocatorChoice): void {
   const env = allocatorEnvironment(allocator, childEnvironment());
-  const flags = semiSpaceChosen() ? [] : ["--max-semi-space-size=2"];
-  if ((flags.length === 0 && env === childEnvironment()) || !process.execve) return;
-  process.execve(process.execPath, [process.execPath, ...flags, ...process.execArgv, ...process.argv.slice(1)], env);
+  if (env === childEnvironment() || !process.execve) return;
+  process.execve(process.execPath, [process.execPath, ...process.execArgv, ...process.argv.slice(1)], env);
 }
 
 export async function upCommand(argv: string[]): Promise<void> {
@@ -291,6 +281,8 @@ async function superviseChildren(
     });
   };
   for (const child of children) await start(child);
+  // The supervisor too grows while it starts everything and then mostly waits.
+  const trimmer = startIdleTrim({ idleMs: cfg.idleTrimMs, onTrim: (t) => logger.debug(describeTrim(t)) });
 
   const stop = (signal: string) => {
     if (stopping) {
@@ -299,6 +291,7 @@ async function superviseChildren(
       process.exit(130);
     }
     stopping = true;
+    trimmer.stop();
     logger.info(`${signal}: stopping all services`);
     // The gateways first, so no new work arrives while the others drain.
     const order = [...children].reverse();

@@ -31,6 +31,8 @@ export interface Config {
   maxMessageBytes: number;
   /** How long a draining server waits for running calls. */
   drainGraceMs: number;
+  /** Idle time after which a process gives its unused heap back (idle-trim.ts); 0: never. */
+  idleTrimMs: number;
   /** Runner: its id, and the address the gateway should dial (defaults to addr.runner). */
   runnerId: string;
   advertise: string;
@@ -222,12 +224,6 @@ export function widenThreadPool(): void {
   process.env.UV_THREADPOOL_SIZE ??= String(SETTINGS["every service"].threadPool.default);
 }
 
-/** Whether the operator chose V8's semi-space size, on the command line or in NODE_OPTIONS. */
-export function semiSpaceChosen(): boolean {
-  const given = [...process.execArgv, ...(process.env.NODE_OPTIONS ?? "").split(/\s+/)];
-  return given.some((a) => a.startsWith("--max-semi-space-size"));
-}
-
 export const FLAG_OPTIONS = Object.fromEntries(
   ALL.filter(([, s]) => s.flag).map(([, s]) => [s.flag!, { type: "string" as const }]),
 );
@@ -336,6 +332,7 @@ export function loadConfig(
     internalCa: str("internalCa") ? path.resolve(str("internalCa")!) : "",
     maxMessageBytes: v.maxMessageBytes,
     drainGraceMs: v.drainGraceMs,
+    idleTrimMs: v.idleTrimMs,
     runnerId: str("runnerId") ?? `runner-${addr.runner}`,
     advertise: str("advertise") ?? addr.runner,
     openaiBaseUrl: str("openaiBaseUrl") ?? "",

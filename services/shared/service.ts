@@ -3,6 +3,7 @@
 // services may share one process (`troupe up --one-process`): they start in the order given and
 // drain in the reverse order, each still on its own ports.
 import { unknownVariables, type Config } from "./config.js";
+import { describeTrim, startIdleTrim } from "./idle-trim.js";
 import { createLogger, type Logger } from "./log.js";
 import { startMetrics, type Metrics } from "./metrics.js";
 import { startTelemetry } from "./telemetry.js";
@@ -67,10 +68,12 @@ export async function runServices(
     await Promise.all([telemetry.shutdown(), meters.shutdown(), afterDrain()]).catch(() => undefined);
     process.exit(1);
   }
+  const trimmer = startIdleTrim({ idleMs: cfg.idleTrimMs, onTrim: (t) => logger.debug(describeTrim(t)) });
   let stopping = false;
   const stop = async (signal: string) => {
     if (stopping) return;
     stopping = true;
+    trimmer.stop();
     logger.info(`${signal}: draining`);
     const grace = Math.max(...units.map((u) => u.cfg.drainGraceMs));
     const hardStop = setTimeout(() => process.exit(1), grace * units.length + 5000);

@@ -93,6 +93,12 @@ export const SETTINGS = {
       default: "auto",
       schema: oneOf("auto", "json", "text"),
     },
+    idleTrimMs: {
+      env: "TROUPE_IDLE_TRIM_MS",
+      doc: "after this long with its event loop idle, a process that grew hands its unused JavaScript heap back to the system (one full collection); 0: never",
+      default: 5000,
+      schema: int(0),
+    },
     threadPool: {
       env: "UV_THREADPOOL_SIZE",
       doc: "libuv threads (session logs fsync on them)",
@@ -107,7 +113,7 @@ export const SETTINGS = {
     },
     nodeOptions: {
       env: "NODE_OPTIONS",
-      doc: "Node's own options; `troupe up --one-process` adds `--max-semi-space-size=2` unless they (or the command line) set a size",
+      doc: "Node's own options, for every service process `troupe up` starts",
     },
   },
   gateway: {

@@ -3,13 +3,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { readdir, readFile } from "node:fs/promises";
 import path from "node:path";
-import {
-  ENVIRONMENT,
-  effectiveEnvironment,
-  loadConfig,
-  semiSpaceChosen,
-  unknownVariables,
-} from "../../services/shared/config.js";
+import { ENVIRONMENT, effectiveEnvironment, loadConfig, unknownVariables } from "../../services/shared/config.js";
 import { DEFAULT_QUOTAS } from "../../services/shared/quotas.js";
 import { settingsTable } from "../../services/shared/settings.js";
 
@@ -66,12 +60,16 @@ test("every bad setting is reported at once, named as it was given; a flag beats
         TROUPE_MAX_MESSAGE_BYTES: "100",
         TROUPE_SANDBOX_SCOPE: "everyone",
         TROUPE_SANDBOX_POOL: "-1",
+        TROUPE_IDLE_TRIM_MS: "soon",
       }),
     (e: Error) =>
       /--max-message-bytes must be a positive integer/.test(e.message) &&
       /TROUPE_SANDBOX_SCOPE must be one of session, agent, shared/.test(e.message) &&
-      /TROUPE_SANDBOX_POOL must be an integer of at least 0/.test(e.message),
+      /TROUPE_SANDBOX_POOL must be an integer of at least 0/.test(e.message) &&
+      /TROUPE_IDLE_TRIM_MS must be an integer of at least 0/.test(e.message),
   );
+  assert.equal(loadConfig([], { TROUPE_IDLE_TRIM_MS: "0" }).idleTrimMs, 0, "0 turns trimming off");
+  assert.equal(loadConfig([], {}).idleTrimMs, 5000);
   const cfg = loadConfig(["--max-message-bytes", "2048", "--data-dir", "/srv/troupe"], {
     TROUPE_MAX_MESSAGE_BYTES: "100",
     TROUPE_SANDBOX_POOL: "0",
@@ -126,17 +124,4 @@ test("no module but the configuration reads process.env, and every variable it r
   const declared = new Set(ENVIRONMENT.map((e) => e.env));
   for (const [, name] of config.matchAll(/env\.([A-Z][A-Z0-9_]+)/g))
     assert.ok(declared.has(name), `${name} is read but not declared`);
-});
-
-test("troupe up --one-process keeps a semi-space size the operator chose in NODE_OPTIONS", () => {
-  const saved = process.env.NODE_OPTIONS;
-  try {
-    process.env.NODE_OPTIONS = "--trace-warnings --max-semi-space-size=8";
-    assert.equal(semiSpaceChosen(), true);
-    process.env.NODE_OPTIONS = "--trace-warnings";
-    assert.equal(semiSpaceChosen(), false);
-  } finally {
-    if (saved === undefined) delete process.env.NODE_OPTIONS;
-    else process.env.NODE_OPTIONS = saved;
-  }
 });
