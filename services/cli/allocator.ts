@@ -1,10 +1,11 @@
-// The C allocator `troupe up` starts its services with. Under steady load glibc's malloc keeps the
+// The C allocator Troupe's services run on. Under steady load glibc's malloc keeps the
 // native memory it was handed back (gRPC and HTTP/2 buffers, LanceDB's write path) in its arenas,
 // and a service's RSS climbs for hours; jemalloc with a background purging thread returns it to the
 // system. Measured by the long soak, same build, back to back (docs/benchmarks.md, The long soak).
 //
 // Node links glibc's malloc; jemalloc replaces it by LD_PRELOAD, which must be in the environment
-// when a process starts: the children get it in theirs, and `--one-process` executes itself again.
+// when a process starts: `troupe up`'s children get it in theirs, and a service started alone (as
+// the Kubernetes manifests do) or `--one-process` executes itself again with it.
 import { existsSync } from "node:fs";
 
 /** Where Debian (each architecture), Fedora and a source build put the library. */
@@ -50,3 +51,13 @@ export function allocatorEnvironment(
 
 /** Whether a process started with `env` preloads jemalloc. */
 export const hasJemalloc = (env: NodeJS.ProcessEnv): boolean => /libjemalloc/.test(env.LD_PRELOAD ?? "");
+
+/**
+ * Executes this process again, same pid and descriptors, with the allocator `choice` asks for, if
+ * its environment lacks it (otherwise returns). Call before anything is started.
+ */
+export function startOverWithAllocator(choice: AllocatorChoice, env: NodeJS.ProcessEnv): void {
+  const wanted = allocatorEnvironment(choice, env);
+  if (wanted === env || !process.execve) return;
+  process.execve(process.execPath, [process.execPath, ...process.execArgv, ...process.argv.slice(1)], wanted);
+}

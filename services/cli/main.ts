@@ -1,8 +1,9 @@
 #!/usr/bin/env node
 // troupe: one binary for every service, the supervisor and the chat client.
 import { readFileSync } from "node:fs";
-import { loadConfig, widenThreadPool } from "../shared/config.js";
+import { childEnvironment, loadConfig, widenThreadPool } from "../shared/config.js";
 import { runService } from "../shared/service.js";
+import { startOverWithAllocator } from "./allocator.js";
 import { SERVICES } from "./service-starters.js";
 
 const USAGE = `usage: troupe <command> [flags]
@@ -235,6 +236,7 @@ async function main(argv: string[]): Promise<void> {
   if (command in SERVICES) {
     widenThreadPool();
     const cfg = loadConfig(args);
+    startOverWithAllocator(cfg.allocator, childEnvironment());
     await runService(command, cfg, await SERVICES[command]());
     return;
   }

@@ -23,7 +23,7 @@ import { splitHostPort } from "../shared/host-port.js";
 import { freePort } from "./free-port.js";
 import { startLocalPostgres, type LocalPostgres } from "./local-postgres.js";
 import { runInOneProcess } from "./up-one-process.js";
-import { allocatorEnvironment, type AllocatorChoice } from "./allocator.js";
+import { allocatorEnvironment, startOverWithAllocator } from "./allocator.js";
 import { reapLeftovers, removeSandboxes } from "./up-leftovers.js";
 
 const MAIN = fileURLToPath(new URL("./main.js", import.meta.url));
@@ -75,23 +75,13 @@ export function parseShape(args: string[]): { shape: Shape; rest: string[] } {
   return { shape, rest };
 }
 
-/**
- * The allocator's LD_PRELOAD must be there when the process starts, so --one-process executes
- * itself again with it (same pid, same descriptors) when there is one to add. (Its young
- * generation is no longer capped: idle-trim.ts gives back what a quiet process grew, and the cap
- * cost latency under load; docs/benchmarks.md, footprint.)
- */
-function startOverForOneProcess(allocator: AllocatorChoice): void {
-  const env = allocatorEnvironment(allocator, childEnvironment());
-  if (env === childEnvironment() || !process.execve) return;
-  process.execve(process.execPath, [process.execPath, ...process.execArgv, ...process.argv.slice(1)], env);
-}
-
 export async function upCommand(argv: string[]): Promise<void> {
   const { shape, rest: args } = parseShape(argv);
   const cfg = loadConfig(args);
   if (shape.oneProcess) {
-    startOverForOneProcess(cfg.allocator);
+    // Its young generation is not capped: idle-trim.ts gives back what a quiet process grew, and
+    // a cap cost latency under load (docs/benchmarks.md, footprint).
+    startOverWithAllocator(cfg.allocator, childEnvironment());
     // Services in this process append fsynced session logs: widen the pool before it first starts.
     widenThreadPool();
   }

@@ -107,7 +107,7 @@ export const SETTINGS = {
     },
     allocator: {
       env: "TROUPE_ALLOCATOR",
-      doc: "the C allocator `troupe up` starts services with: jemalloc (libjemalloc.so.2, Debian's libjemalloc2), system (glibc's), or auto: jemalloc where installed",
+      doc: "the C allocator every service process runs on: jemalloc (libjemalloc.so.2, Debian's libjemalloc2), system (glibc's), or auto: jemalloc where installed",
       default: "auto",
       schema: oneOf("auto", "jemalloc", "system"),
     },
