@@ -20,18 +20,23 @@ const { values } = parseArgs({
   options: {
     ops: { type: "string", default: "3000" },
     batch: { type: "string", default: "1" },
+    "metadata-cache-mb": { type: "string" },
     child: { type: "string" },
     dir: { type: "string" },
   },
 });
 const OPS = Number(values.ops);
 const BATCH = Number(values.batch);
+const METADATA_CACHE_MB = values["metadata-cache-mb"];
 const DIM = 256;
 
 /** One child's work: `mode` OPS times; prints RSS and heap (MB) after the first fifth and at the end. */
 async function child(mode: "add" | "search", dir: string): Promise<void> {
   const lancedb = await import("@lancedb/lancedb");
-  const db = await lancedb.connect(dir);
+  const session = METADATA_CACHE_MB
+    ? new lancedb.Session(undefined, BigInt(Number(METADATA_CACHE_MB) * 1048576))
+    : lancedb.Session.default();
+  const db = await lancedb.connect(dir, { session });
   const vec = () => Array.from({ length: DIM }, () => Math.random());
   const table = await db.createTable(
     "m",
@@ -41,7 +46,7 @@ async function child(mode: "add" | "search", dir: string): Promise<void> {
   const sample = () => {
     (globalThis as { gc?: () => void }).gc?.();
     const m = process.memoryUsage();
-    return { rss: m.rss / 1048576, heap: m.heapUsed / 1048576 };
+    return { rss: m.rss / 1048576, heap: m.heapUsed / 1048576, cache: Number(session.sizeBytes()) / 1048576 };
   };
   let first = sample();
   for (let i = 1; i <= OPS; i++) {
@@ -59,11 +64,13 @@ async function child(mode: "add" | "search", dir: string): Promise<void> {
 
 async function run(mode: "add" | "search"): Promise<{ kbPerOp: number; heapMb: number }> {
   const args = ["--child", mode, "--ops", String(OPS), "--batch", String(BATCH)];
+  if (METADATA_CACHE_MB) args.push("--metadata-cache-mb", METADATA_CACHE_MB);
   const { first, last, ops } = await runChild<{
-    first: { rss: number; heap: number };
-    last: { rss: number; heap: number };
+    first: { rss: number; heap: number; cache: number };
+    last: { rss: number; heap: number; cache: number };
     ops: number;
   }>(fileURLToPath(import.meta.url), `lance-${mode}`, args);
+  console.log(`  ${mode}: LanceDB session caches ${first.cache.toFixed(1)} -> ${last.cache.toFixed(1)} MB`);
   return { kbPerOp: ((last.rss - first.rss) * 1024) / ops, heapMb: last.heap - first.heap };
 }
 

@@ -9,7 +9,7 @@ import os from "node:os";
 import path from "node:path";
 import * as lancedb from "@lancedb/lancedb";
 import { partitionsFor } from "../services/memory/search-plan.js";
-import { FILE_FORMAT, activeTable, TABLE } from "../services/memory/meta.js";
+import { FILE_FORMAT, activeTable, cachedBytes, connectMemoryDb, TABLE } from "../services/memory/meta.js";
 import {
   MEMORY_COLUMNS,
   memoryArrow,
@@ -567,6 +567,31 @@ test("adds that arrive together share commits; each caller gets its own answer, 
   } finally {
     store.close();
     db.close();
+    await rm(dir, { recursive: true, force: true });
+  }
+});
+
+test("LanceDB's metadata cache stays within the store's cap as commits pile up", async () => {
+  const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-lance-cache-"));
+  const cap = 256 * 1024;
+  // The same commits through a capped connection and one at LanceDB's own 1 GB, each in its
+  // own directory: every commit adds its version's metadata to the cache.
+  const work = async (db: lancedb.Connection, name: string) => {
+    const table = await db.createTable(name, [{ id: "seed", vector: [0, 0, 0, 0] }]);
+    for (let i = 0; i < 150; i++) await table.add([{ id: `r${i}`, vector: [i, 1, 2, 3] }]);
+    await table.countRows();
+    table.close();
+  };
+  const capped = await connectMemoryDb(path.join(dir, "capped"), {}, cap);
+  const wide = await connectMemoryDb(path.join(dir, "wide"), {}, 1024 * 1024 * 1024);
+  try {
+    await work(capped, "t");
+    await work(wide, "t");
+    assert.ok(cachedBytes(wide) > 2 * cap, `uncapped, the cache held ${cachedBytes(wide)} bytes`);
+    assert.ok(cachedBytes(capped) <= cap, `capped at ${cap}, the cache held ${cachedBytes(capped)} bytes`);
+  } finally {
+    capped.close();
+    wide.close();
     await rm(dir, { recursive: true, force: true });
   }
 });

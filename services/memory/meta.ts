@@ -2,7 +2,7 @@
 // so a rewrite or a re-embed switches readers in one commit.
 import * as lancedb from "@lancedb/lancedb";
 import { Field, Schema, Utf8 } from "apache-arrow";
-import { SCALAR_INDEXES } from "./tuning.js";
+import { DEFAULT_TUNING, SCALAR_INDEXES } from "./tuning.js";
 
 export const TABLE = "memories_v2";
 /** key -> value rows; "memories_table" names the memory table in use (TABLE when absent). */
@@ -38,10 +38,25 @@ export const metaSchema = new Schema([new Field("key", new Utf8(), false), new F
  */
 export const FILE_FORMAT = "2.1";
 
-/** The memory database at uri, making new tables in FILE_FORMAT. */
-export function connectMemoryDb(uri: string, storageOptions: Record<string, string>): Promise<lancedb.Connection> {
-  return lancedb.connect(uri, { storageOptions: { new_table_data_storage_version: FILE_FORMAT, ...storageOptions } });
+/** The memory database at uri, making new tables in FILE_FORMAT, its metadata cache capped. */
+export async function connectMemoryDb(
+  uri: string,
+  storageOptions: Record<string, string>,
+  metadataCacheBytes = DEFAULT_TUNING.metadataCacheBytes,
+): Promise<lancedb.Connection> {
+  // connect(uri, options, session) drops its session argument (lancedb 0.39): pass it in options.
+  const session = new lancedb.Session(undefined, BigInt(metadataCacheBytes));
+  const db = await lancedb.connect(uri, {
+    storageOptions: { new_table_data_storage_version: FILE_FORMAT, ...storageOptions },
+    session,
+  });
+  sessions.set(db, session);
+  return db;
 }
+
+const sessions = new WeakMap<lancedb.Connection, lancedb.Session>();
+/** What LanceDB's caches of a connection made by connectMemoryDb hold, in bytes. */
+export const cachedBytes = (db: lancedb.Connection): number => Number(sessions.get(db)?.sizeBytes() ?? 0);
 
 /** The meta table's values by key (empty before anything was set). */
 export async function readMeta(db: lancedb.Connection): Promise<Map<string, string>> {

@@ -148,7 +148,9 @@ export async function startMemory(cfg: Config, logger: Logger): Promise<RunningS
   const providers = providersOf(cfg);
   const embedder = traced(embedderFor(cfg, providers));
   const { memoryUri: uri, memoryStorageOptions: storageOptions } = cfg;
-  const store = await MemoryStore.open(uri, storageOptions, embedder.name, embedder.dim, logger);
+  const store = await MemoryStore.open(uri, storageOptions, embedder.name, embedder.dim, logger, {
+    metadataCacheBytes: cfg.memoryMetadataCacheMb * 1024 * 1024,
+  });
   const learning = served(providers, cfg.learningModel || cfg.model, "TROUPE_LEARNING_MODEL");
   const learner = new Learner(learning.provider, learning.model, store, embedder, logger);
   // Every 10 minutes, and then the vector index is built even if writes never pause.

@@ -102,8 +102,9 @@ export class MemoryStore {
     logger: Logger,
     tuning: Partial<StoreTuning> = {},
   ): Promise<MemoryStore> {
-    const db = await connectMemoryDb(uri, storageOptions);
-    const store = new MemoryStore(db, embedder, dim, logger, { ...DEFAULT_TUNING, ...tuning });
+    const tuned = { ...DEFAULT_TUNING, ...tuning };
+    const db = await connectMemoryDb(uri, storageOptions, tuned.metadataCacheBytes);
+    const store = new MemoryStore(db, embedder, dim, logger, tuned);
     await store.init();
     return store;
   }

@@ -3,6 +3,14 @@
 import * as lancedb from "@lancedb/lancedb";
 
 export const INDEX_THRESHOLD = 100_000;
+/**
+ * LanceDB's metadata cache (manifests and file metadata, per table version) by default holds up to
+ * 1 GB, and every commit adds its version's entries: the memory service grew by about 38 KB per
+ * commit until it would be full (bench/lance-growth). The current version's entries are what
+ * searches and writes need, so a small cap costs nothing measurable; TROUPE_MEMORY_METADATA_CACHE_MB.
+ */
+export const DEFAULT_METADATA_CACHE_BYTES = 32 * 1024 * 1024;
+
 /** Sizes a store decides by; tests make them small to reach the large-table paths quickly. */
 export interface StoreTuning {
   /** Rows from which the table gets a vector index and is kept in scope order. */
@@ -17,12 +25,15 @@ export interface StoreTuning {
   minIndexRecall: number;
   /** The most callers' adds one commit takes (group-commit.ts); 1 commits each add alone. */
   maxAddGroup: number;
+  /** The cap on LanceDB's metadata cache (meta.ts connectMemoryDb). */
+  metadataCacheBytes: number;
 }
 export const DEFAULT_TUNING: StoreTuning = {
   indexThreshold: INDEX_THRESHOLD,
   exactScopeRows: 2_000,
   minIndexRecall: 0.95,
   maxAddGroup: 64,
+  metadataCacheBytes: DEFAULT_METADATA_CACHE_BYTES,
 };
 /** The table is rewritten in scope order once it has grown by this fraction since the last time. */
 export const LAYOUT_GROWTH = 0.25;

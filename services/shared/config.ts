@@ -131,6 +131,8 @@ export interface Config {
   /** Memory: where the table lives (any LanceDB URI) and its storage options. */
   memoryUri: string;
   memoryStorageOptions: Record<string, string>;
+  /** LanceDB's metadata cache cap (memory/meta.ts). */
+  memoryMetadataCacheMb: number;
   /** Memory: an embedding model at the model endpoint, and its vector size; empty: the built-in embedder. */
   embeddingModel: string;
   embeddingDim: number;
@@ -394,6 +396,7 @@ export function loadConfig(
     memoryLearn: str("memoryLearn") !== "0",
     memoryUri: str("memoryUri") ?? path.join(dataDir, "memory"),
     memoryStorageOptions: storageOptions(str("memoryStorageOptions")),
+    memoryMetadataCacheMb: v.memoryMetadataCacheMb,
     embeddingModel: str("embeddingModel") ?? "",
     embeddingDim: str("embeddingModel") ? v.embeddingDim : 0,
     learningModel: str("learningModel") ?? "",

@@ -242,6 +242,12 @@ export const SETTINGS = {
   },
   memory: {
     memoryUri: { env: "TROUPE_MEMORY_URI", doc: "memory store (any LanceDB URI)", default: "<data-dir>/memory" },
+    memoryMetadataCacheMb: {
+      env: "TROUPE_MEMORY_METADATA_CACHE_MB",
+      doc: "the cap on LanceDB's cache of table metadata, MB (LanceDB's own default, 1 GB, fills with every commit's)",
+      default: 32,
+      schema: int(),
+    },
     memoryStorageOptions: {
       env: "TROUPE_MEMORY_STORAGE_OPTIONS",
       doc: "its storage options (JSON object)",

@@ -70,6 +70,8 @@ test("every bad setting is reported at once, named as it was given; a flag beats
   );
   assert.equal(loadConfig([], { TROUPE_IDLE_TRIM_MS: "0" }).idleTrimMs, 0, "0 turns trimming off");
   assert.equal(loadConfig([], {}).idleTrimMs, 5000);
+  assert.equal(loadConfig([], {}).memoryMetadataCacheMb, 32);
+  assert.throws(() => loadConfig([], { TROUPE_MEMORY_METADATA_CACHE_MB: "0" }), /must be a positive integer/);
   const cfg = loadConfig(["--max-message-bytes", "2048", "--data-dir", "/srv/troupe"], {
     TROUPE_MAX_MESSAGE_BYTES: "100",
     TROUPE_SANDBOX_POOL: "0",
