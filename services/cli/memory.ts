@@ -26,6 +26,7 @@ async function reembedCommand(cfg: Config, f: Record<string, string | boolean | 
     const res = await reembed(uri, storageOptions, embedder, createLogger("memory", cfg.logLevel), {
       batch,
       keepOld: f["keep-old"] === true,
+      metadataCacheBytes: cfg.memoryMetadataCacheMb * 1024 * 1024,
       onProgress(done, total) {
         if (done - shown >= 10_000 || done === total) {
           shown = done;

@@ -32,11 +32,17 @@ export async function reembed(
   storageOptions: Record<string, string>,
   embedder: Embedder,
   logger: Logger,
-  options: { batch?: number; keepOld?: boolean; onProgress?: (done: number, total: number) => void } = {},
+  options: {
+    batch?: number;
+    keepOld?: boolean;
+    onProgress?: (done: number, total: number) => void;
+    /** The cap on LanceDB's metadata cache, as the service's (connectMemoryDb). */
+    metadataCacheBytes?: number;
+  } = {},
 ): Promise<ReembedResult> {
   const started = Date.now();
   const batchSize = options.batch ?? 256;
-  const db = await connectMemoryDb(uri, storageOptions);
+  const db = await connectMemoryDb(uri, storageOptions, options.metadataCacheBytes);
   try {
     const names = await db.tableNames();
     const active = await activeTable(db);
