@@ -10,6 +10,7 @@ import { runInNewContext } from "node:vm";
 import OpenAI from "openai";
 import { Agent } from "undici";
 import { poolFetch, replyBody } from "../../services/runner/pool-fetch.js";
+import { collectLastResort } from "../../services/shared/idle-trim.js";
 
 let server: http.Server;
 let base: string;
@@ -22,9 +23,13 @@ const fetchOverPool = poolFetch(pool);
 
 before(async () => {
   server = http.createServer((req, res) => {
+    const parts: Buffer[] = [];
     let body = "";
-    req.on("data", (c) => (body += c));
+    // A reply left open must not keep what it was sent (a test measures what the client holds).
+    const keep = req.url !== "/slow" && req.url !== "/v1/chat/completions";
+    req.on("data", (c: Buffer) => keep && parts.push(c));
     req.on("end", () => {
+      body = Buffer.concat(parts).toString();
       if (req.url === "/stream") {
         res.writeHead(200, { "content-type": "text/event-stream" });
         // The first chunk is written at once, the rest later: a read ahead would take the first.
@@ -39,6 +44,32 @@ before(async () => {
       } else if (req.url === "/moved") {
         res.writeHead(307, { location: "/echo?moved=1" });
         res.end();
+      } else if (req.url === "/see-other") {
+        res.writeHead(303, { location: "/echo?seen=1" });
+        res.end("see there");
+      } else if (req.url === "/elsewhere") {
+        // Another origin: the same server by another host name.
+        res.writeHead(307, { location: `${base.replace("127.0.0.1", "localhost")}/echo?far=1` });
+        res.end();
+      } else if (req.url === "/loop") {
+        res.writeHead(302, { location: "/loop" });
+        res.end();
+      } else if (req.url === "/to-file") {
+        res.writeHead(307, { location: "file:///etc/passwd" });
+        res.end();
+      } else if (req.url === "/digest" || req.url === "/moved-digest") {
+        if (req.url === "/moved-digest") {
+          res.writeHead(308, { location: "/digest" });
+          return res.end();
+        }
+        res.writeHead(200, { "content-type": "application/json" });
+        res.end(
+          JSON.stringify({
+            text: body,
+            contentLength: req.headers["content-length"] ?? "",
+            chunked: req.headers["transfer-encoding"] ?? "",
+          }),
+        );
       } else if (req.url === "/found") {
         res.writeHead(302, { location: "/echo?found=1" });
         res.end();
@@ -75,6 +106,9 @@ after(async () => {
   await new Promise((resolve) => server.close(resolve));
 });
 
+/** A flat string (one piece in memory, as a parsed message is), made where its bytes die at once. */
+const flatText = (length: number): string => Buffer.alloc(length, "x").toString();
+
 async function readAll(body: AsyncIterable<Uint8Array>): Promise<string> {
   let out = "";
   for await (const chunk of body) out += Buffer.from(chunk).toString();
@@ -99,6 +133,89 @@ describe("poolFetch", () => {
     assert.deepEqual(await kept.json(), { method: "POST", url: "/echo?moved=1", body: "again", auth: "" });
     const changed = await fetchOverPool(`${base}/found`, { method: "POST", body: "dropped" });
     assert.deepEqual(await changed.json(), { method: "GET", url: "/echo?found=1", body: "", auth: "" });
+  });
+
+  test("a 303 turns any method into a GET without its body; content headers go with it", async () => {
+    const res = await fetchOverPool(`${base}/see-other`, {
+      method: "PUT",
+      headers: { "content-type": "text/plain" },
+      body: "dropped",
+    });
+    assert.deepEqual(await res.json(), { method: "GET", url: "/echo?seen=1", body: "", auth: "" });
+  });
+
+  test("a redirect to another origin drops the credentials; one to the same origin keeps them", async () => {
+    const far = await fetchOverPool(`${base}/elsewhere`, {
+      method: "POST",
+      headers: { authorization: "Bearer secret" },
+      body: "kept",
+    });
+    assert.deepEqual(await far.json(), { method: "POST", url: "/echo?far=1", body: "kept", auth: "" });
+    const near = await fetchOverPool(`${base}/moved`, {
+      method: "POST",
+      headers: { authorization: "Bearer k" },
+      body: "b",
+    });
+    assert.equal(((await near.json()) as { auth: string }).auth, "Bearer k");
+  });
+
+  test("more than 20 redirects, or one to another scheme, fail as fetch fails: a TypeError", async () => {
+    await assert.rejects(
+      fetchOverPool(`${base}/loop`),
+      (err: Error) => err instanceof TypeError && /20 redirects/.test(err.message),
+    );
+    await assert.rejects(
+      fetchOverPool(`${base}/to-file`),
+      (err: Error) => err instanceof TypeError && /file:/.test(err.message),
+    );
+    // The pool still serves after both.
+    assert.equal((await fetchOverPool(`${base}/echo`)).status, 200);
+  });
+
+  // A long body goes out in pieces: each must end on a whole character, and the server must see
+  // the length it was told, not a chunked body.
+  test("a long body arrives whole, with its length, characters across piece boundaries intact, after a 308 too", async () => {
+    const text = "é😀x".repeat(100_000) + "😀".repeat(40_000);
+    for (const path of ["/digest", "/moved-digest"]) {
+      const res = await fetchOverPool(`${base}${path}`, { method: "POST", body: text });
+      const got = (await res.json()) as { text: string; contentLength: string; chunked: string };
+      assert.equal(got.text === text, true, `${path}: the body arrived changed`);
+      assert.equal(got.contentLength, String(Buffer.byteLength(text)));
+      assert.equal(got.chunked, "");
+    }
+  });
+
+  // A streamed reply can last minutes; a runner's request bodies (the whole context) must not be
+  // held that long, or they pile up in the old generation (docs/benchmarks.md, the long soak).
+  test("through the SDK, a long request body is not held while its reply streams", async () => {
+    const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: "k", maxRetries: 0, fetch: fetchOverPool as never });
+    const held = () => {
+      collectLastResort();
+      const m = process.memoryUsage();
+      return m.heapUsed + m.arrayBuffers;
+    };
+    // The conversation is the session's and stays; what must not stay is its copies in the request.
+    const context = flatText(16 * 1024 * 1024);
+    await new Promise((resolve) => setImmediate(resolve));
+    const before = held();
+    const controller = new AbortController();
+    const body = await (async () =>
+      replyBody(
+        await client.chat.completions
+          .create(
+            { model: "m", messages: [{ role: "user", content: context }], stream: true },
+            { signal: controller.signal },
+          )
+          .asResponse(),
+      ))();
+    assert.ok(body);
+    const reader = body[Symbol.asyncIterator]();
+    assert.equal(Buffer.from((await reader.next()).value as Uint8Array).toString(), "data: first\n\n");
+    const grew = held() - before;
+    controller.abort();
+    await reader.next().catch(() => undefined);
+    assert.ok(grew < 4 * 1024 * 1024, `${(grew / 1024 / 1024).toFixed(1)} MB still held while the reply streams`);
+    assert.equal(context.length, 16 * 1024 * 1024);
   });
 
   test("a compressed answer is read decompressed, directly too, and nothing is said on stderr", async () => {
