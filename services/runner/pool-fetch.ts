@@ -27,8 +27,12 @@ const REDIRECTS = new Set([301, 302, 303, 307, 308]);
 const MAX_REDIRECTS = 20;
 /** What fetch drops when a redirect turns the request into a GET without a body. */
 const CONTENT_HEADERS = ["content-encoding", "content-language", "content-location", "content-type", "content-length"];
-/** What is not sent to another origin (fetch drops authorization; undici's redirects the others too). */
-const CREDENTIAL_HEADERS = ["authorization", "proxy-authorization", "cookie"];
+/**
+ * What is not sent to another origin: fetch drops authorization, undici's redirects the cookie and
+ * proxy credentials too, and the providers' own key headers (Anthropic's x-api-key, Azure OpenAI's
+ * api-key) are the same secret under another name.
+ */
+const CREDENTIAL_HEADERS = ["authorization", "proxy-authorization", "cookie", "x-api-key", "api-key"];
 
 /**
  * A fetch over `pool`. Contract: the same answers and failures as fetch, for string and byte

@@ -51,6 +51,12 @@ before(async () => {
         // Another origin: the same server by another host name.
         res.writeHead(307, { location: `${base.replace("127.0.0.1", "localhost")}/echo?far=1` });
         res.end();
+      } else if (req.url === "/elsewhere-headers") {
+        res.writeHead(308, { location: `${base.replace("127.0.0.1", "localhost")}/headers` });
+        res.end();
+      } else if (req.url === "/headers") {
+        res.writeHead(200, { "content-type": "application/json" });
+        res.end(JSON.stringify(req.headers));
       } else if (req.url === "/loop") {
         res.writeHead(302, { location: "/loop" });
         res.end();
@@ -151,6 +157,16 @@ describe("poolFetch", () => {
       body: "kept",
     });
     assert.deepEqual(await far.json(), { method: "POST", url: "/echo?far=1", body: "kept", auth: "" });
+    // Every provider's key header counts as a credential; other headers go on.
+    const keys = { "x-api-key": "sk-ant", "api-key": "azure", cookie: "c=1", "x-request-tag": "kept" };
+    const seen = (await (await fetchOverPool(`${base}/elsewhere-headers`, { headers: keys })).json()) as Record<
+      string,
+      string
+    >;
+    assert.deepEqual(
+      Object.keys(keys).filter((k) => k in seen),
+      ["x-request-tag"],
+    );
     const near = await fetchOverPool(`${base}/moved`, {
       method: "POST",
       headers: { authorization: "Bearer k" },
