@@ -56,8 +56,7 @@ export function poolFetch(pool: Dispatcher): (input: string | URL | Request, ini
         origin: url.origin,
         path: `${url.pathname}${url.search}`,
         method: method as Dispatcher.HttpMethod,
-        headers: body === undefined ? headers : { ...headers, ...contentLength(body) },
-        body: body === undefined ? undefined : outgoing(body),
+        ...outgoing(body, headers),
         signal: init.signal ?? undefined,
       });
       const location = REDIRECTS.has(reply.statusCode) ? oneValue(reply.headers.location) : undefined;
@@ -104,15 +103,23 @@ function response(reply: Dispatcher.ResponseData, method: string): Response {
 const PIECE_CHARS = 64 * 1024;
 
 /**
- * A string body as undici should send it. undici keeps the bytes of a string body (a copy of the
+ * A body as undici should send it, with the headers that go with it. undici keeps the bytes of a string body (a copy of the
  * whole) until the request ends, which for a streamed model reply is its whole length: a runner's
  * long contexts (hundreds of KB each call) then pile up as old-generation garbage until a major
  * collection (the long soak, docs/benchmarks.md). A long one goes out in pieces made as they are
  * written, each dead once written, and the string itself is released once the last is made.
  */
-function outgoing(body: string | Uint8Array): string | Uint8Array | Readable {
-  if (typeof body !== "string" || body.length <= PIECE_CHARS) return body;
-  return Readable.from(pieces(body), { objectMode: false });
+function outgoing(
+  body: string | Uint8Array | undefined,
+  headers: Record<string, string>,
+): { body?: string | Uint8Array | Readable; headers: Record<string, string> } {
+  if (typeof body !== "string" || body.length <= PIECE_CHARS) return { body, headers };
+  // undici cannot work out the length of a body sent in pieces; a string's is its UTF-8 length.
+  const length = String(Buffer.byteLength(body));
+  return {
+    body: Readable.from(pieces(body), { objectMode: false }),
+    headers: { ...headers, "content-length": length },
+  };
 }
 
 /**
@@ -132,10 +139,6 @@ function* pieces(text: string): Generator<Buffer> {
 }
 
 const isHighSurrogate = (code: number): boolean => code >= 0xd800 && code <= 0xdbff;
-
-/** The length undici cannot work out for a body sent in pieces (a string's is its UTF-8 length). */
-const contentLength = (body: string | Uint8Array): Record<string, string> =>
-  typeof body === "string" && body.length > PIECE_CHARS ? { "content-length": String(Buffer.byteLength(body)) } : {};
 
 /**
  * The body of a Response from `poolFetch` as the Node stream it is, else the Response's own body.
