@@ -169,7 +169,7 @@ async function runChild(
       return { output: `The sub-agent refused the task: ${end.payload.value.reason}`, isError: true };
     const stop = end.payload.case === "agentEnd" ? end.payload.value : undefined;
     const reply =
-      [...child.messages].reverse().find((m) => m.role === Role.ASSISTANT && m.text.trim() !== "")?.text ?? "";
+      [...child.history.messages].reverse().find((m) => m.role === Role.ASSISTANT && m.text.trim() !== "")?.text ?? "";
     if (stop && stop.stopReason !== StopReason.COMPLETED) {
       const why = signal.aborted
         ? timedOut()

@@ -292,7 +292,8 @@ function systemFor(
   query: string,
   speaker: QueuedMessage["speaker"],
 ) {
-  const conversation = host.messages.filter((m) => m.role === Role.USER || m.role === Role.ASSISTANT).length;
+  const conversation =
+    host.conversationBefore + host.messages.filter((m) => m.role === Role.USER || m.role === Role.ASSISTANT).length;
   return deps.systemPrompt({ ...prompt, query, speaker, driftReminder: conversation >= DRIFT_THRESHOLD }, host.signal);
 }
 

@@ -64,6 +64,8 @@ export interface RunHost {
   readonly reasoningEffort: string;
   /** The first message of `messages` the model sees: the conversation's start after a reset. */
   readonly contextFrom: number;
+  /** User and assistant messages before `messages[0]`: the actor let them go (the model no longer sees them). */
+  readonly conversationBefore: number;
   /** Aborted when the run must stop (an abort, an interrupting prompt, the runner closing). */
   readonly signal: AbortSignal;
   /** The conversation so far (all of it: compaction changes the model's view, not the record); the loop appends to it. */

@@ -378,12 +378,10 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
       const { size, offset } = pageParams(req.pageSize, req.pageToken);
       const actor = await requireActor(req.sessionId, call);
       // Images without their bytes: a page of messages must fit one gRPC message.
-      const messages = actor.messages
-        .slice(offset, offset + size)
-        .map((m) =>
-          m.images.length === 0 ? m : { ...m, images: m.images.map((i) => ({ ...i, data: new Uint8Array() })) },
-        );
-      const next = offset + size < actor.messages.length ? String(offset + size) : "";
+      const messages = (await actor.historyPage(offset, size)).map((m) =>
+        m.images.length === 0 ? m : { ...m, images: m.images.map((i) => ({ ...i, data: new Uint8Array() })) },
+      );
+      const next = offset + size < actor.history.length ? String(offset + size) : "";
       return { messages, nextPageToken: next };
     },
 

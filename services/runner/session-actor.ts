@@ -40,6 +40,7 @@ import {
 } from "./session-log.js";
 import { SessionElsewhere } from "./session-lease.js";
 import { SessionChoices, type Choice, type ChoiceRecord } from "./session-choices.js";
+import { HeldHistory } from "./held-history.js";
 
 /** What an actor is given: its store, the audit log, the logger, and what its runs use. */
 export interface ActorDeps {
@@ -53,7 +54,8 @@ export interface ActorDeps {
 }
 
 export class SessionActor {
-  readonly messages: ChatMessage[] = [];
+  /** The messages the model can still see, and a tally of the rest (held-history.ts). */
+  readonly history = new HeldHistory();
   /** Numbering, recording and fan-out of this session's events (event-journal.ts). */
   private readonly journal: EventJournal;
   /** Waiting messages and where each goes (mailbox.ts). */
@@ -79,6 +81,8 @@ export class SessionActor {
   private resuming?: { turnId: string; from: number };
   /** The latest compaction: what the model sees in place of the messages before the cut. */
   private compaction?: Compaction;
+  /** The compaction and reset the held history was last trimmed to (releaseUnseen). */
+  private releasedFor = "";
   private idleWaiters: (() => void)[] = [];
   private closing = false;
   /**
@@ -194,7 +198,7 @@ export class SessionActor {
     const log = recovery.replayRecords(records);
     if (log.queueMode !== undefined) this.mailbox.mode = log.queueMode;
     this.choices.restore(log);
-    this.messages.push(...log.messages);
+    this.history.messages.push(...log.messages);
     for (const [frameId, ev] of log.acks) this.admission.restore(frameId, () => ev);
     this.compaction = log.compaction;
     this.updatedMs = log.updatedMs ?? this.updatedMs;
@@ -202,7 +206,7 @@ export class SessionActor {
     if ("live" in numbering) this.journal.saw(numbering.live);
     else this.journal.resumeAt(numbering.resumeAt, numbering.reservedUpTo);
     // Every accepted message is in the history, or was dropped on request, or is owed a run.
-    const inHistory = new Set(this.messages.filter((m) => m.role === Role.USER).map((m) => m.frameId));
+    const inHistory = new Set(this.history.messages.filter((m) => m.role === Role.USER).map((m) => m.frameId));
     // A run its runner died in goes on where it stopped (RunResumed), or closes as it had ended.
     const cut = "live" in numbering || cutOff !== INTERRUPTED ? undefined : recovery.cutRunOf(log);
     if (log.openTurn !== undefined && cut?.resume) this.resuming = { turnId: log.openTurn, from: cut.from };
@@ -215,7 +219,7 @@ export class SessionActor {
       const starters = (cutOff.startedBy ?? []).filter((q) => !inHistory.has(q.frameId) && !log.dropped.has(q.frameId));
       for (const q of starters) inHistory.add(q.frameId);
       this.run = { turnId: log.openTurn, controller: new AbortController(), done: Promise.resolve() };
-      recovery.closeCutOffRun((payload) => void this.emit(payload), this.messages, cutOff, starters);
+      recovery.closeCutOffRun((payload) => void this.emit(payload), this.history.messages, cutOff, starters);
       this.run = undefined;
     }
     for (const frame of log.accepted) {
@@ -255,7 +259,7 @@ export class SessionActor {
    * one log record. The caller has checked that the agent allows the model.
    */
   async settle(s: { queueMode?: QueueMode } & Choice): Promise<void> {
-    const changed: { queueMode?: number } & ChoiceRecord = this.choices.apply(s, this.messages);
+    const changed: { queueMode?: number } & ChoiceRecord = this.choices.apply(s, this.history.length);
     if (s.queueMode && s.queueMode !== this.mailbox.mode) changed.queueMode = this.mailbox.mode = s.queueMode;
     if (Object.keys(changed).length > 0) await this.log.append({ t: "settings", ...changed }, true);
   }
@@ -320,6 +324,7 @@ export class SessionActor {
     if (this.run || this.closing || this.draining) return;
     const resume = this.resuming;
     this.resuming = undefined;
+    if (!resume) this.releaseUnseen();
     const next = resume ? [] : this.mailbox.queue.shift();
     if (!next) {
       this.journal.trimIdle();
@@ -341,14 +346,41 @@ export class SessionActor {
     });
   }
 
+  /**
+   * Lets go of the held messages the model will not see again: those before the latest
+   * compaction's cut or the latest reset. Between runs only; the log keeps them (historyPage).
+   */
+  private releaseUnseen(): void {
+    const c = this.compaction;
+    const from = this.choices.contextFrom;
+    const key = `${c?.firstKeptMessageId ?? ""} ${from}`;
+    if (key === this.releasedFor) return;
+    this.releasedFor = key;
+    // As conversationView reads it: a cut it cannot find starts the view at the beginning.
+    const cut = Math.max(c ? this.history.indexOf(c.firstKeptMessageId) : 0, 0);
+    // A reset after the compaction: its summary is of what the model no longer sees.
+    if (c && cut < from) this.compaction = undefined;
+    this.history.release(Math.max(this.compaction ? cut : 0, from));
+  }
+
+  /** Messages [offset, offset + size) of the whole history; what was let go is read from the log. */
+  async historyPage(offset: number, size: number): Promise<ChatMessage[]> {
+    const held = this.history.page(offset, size);
+    if (held) return held;
+    await this.log.flush();
+    return recovery.replayRecords(await this.deps.store.read(this.ref)).messages.slice(offset, offset + size);
+  }
+
   private async execute(first: Queued[], signal: AbortSignal, resume?: { from: number }): Promise<void> {
+    const { history } = this;
     const host: RunHost = {
       sessionId: this.sessionId,
       model: this.choices.model,
       reasoningEffort: this.choices.reasoningEffort,
-      contextFrom: this.choices.contextFrom,
+      contextFrom: Math.max(0, this.choices.contextFrom - history.released),
+      conversationBefore: history.releasedConversation,
       signal,
-      messages: this.messages,
+      messages: history.messages,
       emit: (payload) => void this.emit(payload),
       delta: (messageId, kind, text) => this.journal.delta(messageId, kind, text),
       pressure: () => this.journal.pressure(),
@@ -357,13 +389,15 @@ export class SessionActor {
       compaction: () => this.compaction,
       elide: (ids) => {
         const gone = new Set(ids);
-        this.messages.splice(0, this.messages.length, ...this.messages.filter((m) => !gone.has(m.id)));
+        history.messages.splice(0, history.messages.length, ...history.messages.filter((m) => !gone.has(m.id)));
         void this.persist({ t: "elided", messageIds: ids }, false);
       },
     };
     try {
-      const starters = resume ? resumedMessages(this.messages, resume.from) : first;
-      await runAgent(host, this.deps.runDeps(this, starters), first, resume);
+      // A resume's index is absolute (the log's); nothing is let go while a resume waits.
+      const resumeAt = resume && { from: resume.from - history.released };
+      const starters = resumeAt ? resumedMessages(history.messages, resumeAt.from) : first;
+      await runAgent(host, this.deps.runDeps(this, starters), first, resumeAt);
     } catch (err) {
       // Not a model or tool failure (those end runs normally): a bug. Its state is suspect, so
       // the actor rebuilds itself from its log; other sessions are untouched.
@@ -396,7 +430,8 @@ export class SessionActor {
       await this.log.flush().catch(() => undefined);
       const records = await this.deps.store.read(this.ref);
       const liveSeq = this.journal.lastSeq;
-      this.messages.length = 0;
+      this.history.clear();
+      this.releasedFor = "";
       this.admission.clear();
       this.mailbox.clear();
       this.compaction = undefined;
@@ -489,7 +524,7 @@ export class SessionActor {
       createTime: timestampFromMs(this.createdMs),
       updateTime: timestampFromMs(this.updatedMs),
       lastSeq: BigInt(this.journal.lastSeq),
-      messageCount: this.messages.length,
+      messageCount: this.history.length,
       running: this.running,
     });
   }

@@ -1,9 +1,6 @@
 // What a session's people chose for it, kept in its log as "settings" records: the model, the
 // reasoning effort (each empty for the agent's), and where the model's view of the conversation
 // starts (moved to the end by a reset). The default queue mode is the mailbox's, set alongside.
-import { create } from "@bufbuild/protobuf";
-import { UsageSchema, type ChatMessage, type Usage } from "../shared/gen/troupe/v1/session_pb.js";
-import { addUsage } from "./model-call.js";
 import type { ReplayedLog } from "./recovery.js";
 
 /** A change as the open that asked for it says it ("default" effort: back to the agent's). */
@@ -30,20 +27,13 @@ export class SessionChoices {
     if (log.contextFrom !== undefined) this.contextFrom = log.contextFrom;
   }
 
-  /** Applies `c` to a session of `messages`; returns what changed, for the log (empty: nothing). */
-  apply(c: Choice, messages: readonly ChatMessage[]): ChoiceRecord {
+  /** Applies `c` to a session of `length` messages; returns what changed, for the log (empty: nothing). */
+  apply(c: Choice, length: number): ChoiceRecord {
     const changed: ChoiceRecord = {};
     if (c.model && c.model !== this.model) changed.model = this.model = c.model;
     const effort = c.reasoningEffort === "default" ? "" : (c.reasoningEffort ?? "");
     if (c.reasoningEffort && effort !== this.reasoningEffort) changed.reasoningEffort = this.reasoningEffort = effort;
-    if (c.reset && this.contextFrom !== messages.length) changed.contextFrom = this.contextFrom = messages.length;
+    if (c.reset && this.contextFrom !== length) changed.contextFrom = this.contextFrom = length;
     return changed;
   }
-}
-
-/** Token usage of every reply in `messages`. */
-export function usageOf(messages: readonly ChatMessage[]): Usage {
-  const total = create(UsageSchema);
-  for (const m of messages) addUsage(total, m.usage);
-  return total;
 }

@@ -2,7 +2,6 @@
 // first use (or loaded from its log) exactly once, however many calls ask for it at the same time.
 // A caller only ever names sessions under its own identity, so another owner's session is one
 // that does not exist for it: NOT_FOUND, the same answer by the same path as a missing one.
-import { usageOf } from "./session-choices.js";
 import { SessionElsewhere } from "./session-lease.js";
 import { create } from "@bufbuild/protobuf";
 import { SessionOpenedSchema, type OpenSession, type SessionOpened } from "../shared/gen/troupe/v1/session_pb.js";
@@ -148,9 +147,9 @@ export class SessionRegistry {
       queueMode: actor.queueMode,
       queued: actor.waiting,
       running: actor.running,
-      usage: usageOf(actor.messages),
-      messageCount: actor.messages.length,
-      messagesInContext: actor.messages.length - actor.choices.contextFrom,
+      usage: actor.history.usage(),
+      messageCount: actor.history.length,
+      messagesInContext: actor.history.length - actor.choices.contextFrom,
     });
     return { actor, opened };
   }

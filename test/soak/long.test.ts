@@ -13,7 +13,7 @@ import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import type { ChildProcess } from "node:child_process";
 import { once } from "node:events";
-import { mkdtemp, readFile, readdir, rm } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { clientApiKey } from "../../services/shared/auth.js";
@@ -42,6 +42,15 @@ let pids: Record<string, number>;
 
 before(async () => {
   dataDir = await mkdtemp(path.join(os.tmpdir(), "troupe-soak-long-"));
+  // A session holds what its model can still see, up to its context window. With the default
+  // window the twenty long sessions would fill for the whole hour and the soak would measure
+  // that fill; with this one they compact every few minutes from the warm-up on, so what is
+  // measured is what stays (docs/benchmarks.md, "The long soak").
+  await mkdir(path.join(dataDir, "agents", "main"), { recursive: true });
+  await writeFile(
+    path.join(dataDir, "agents", "main", "agent.json"),
+    JSON.stringify({ contextWindow: 16_000, reserveTokens: 4_000, keepRecentTokens: 4_000 }),
+  );
   // Only the log's tail is kept: an hour of warnings must not grow this process.
   const env = { TROUPE_LOG_LEVEL: "info", TROUPE_LOG_FORMAT: "text" };
   ({ proc: up, addr } = await startUp(dataDir, { env, keepChars: 20_000 }));
@@ -119,6 +128,8 @@ async function client(w: number, until: number, failures: string[]): Promise<Rec
       }
       if (sessionId.includes("-new-")) await gateway.deleteSession({ sessionId });
       done[action] = (done[action] ?? 0) + 1;
+      const compacted = s.events.filter((e) => e.payload.case === "compactionEnd").length;
+      if (compacted > 0) done.compactions = (done.compactions ?? 0) + compacted;
       await new Promise((r) => setTimeout(r, PAUSE_MS));
     } catch (err) {
       failures.push(`${sessionId} ${action}: ${(err as Error).message.slice(0, 300)}`);

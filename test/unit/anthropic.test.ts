@@ -83,7 +83,7 @@ test("a turn with a tool call and extended thinking completes; the signed thinki
     events.of("usage").some((u) => Number(u.usage?.cacheReadInputTokens ?? 0) > 0),
     "cache reads reported",
   );
-  assert.equal(actor.messages.filter((m) => m.role === Role.ASSISTANT).at(-1)?.text, "done with the tool");
+  assert.equal(actor.history.messages.filter((m) => m.role === Role.ASSISTANT).at(-1)?.text, "done with the tool");
 });
 
 test("without an effort: no thinking; an agent's temperature is not sent; tool results go in the next user turn", async () => {

@@ -31,6 +31,7 @@ test("a run with a tool call is one trace: invoke_agent, then chat and execute_t
     model: "",
     reasoningEffort: "",
     contextFrom: 0,
+    conversationBefore: 0,
     signal: new AbortController().signal,
     messages: [],
     emit: (p) => void events.push(p),

@@ -50,6 +50,7 @@ function host(
     model: opts.model ?? "",
     reasoningEffort: opts.reasoningEffort ?? "",
     contextFrom: opts.contextFrom ?? 0,
+    conversationBefore: 0,
     signal: opts.signal ?? new AbortController().signal,
     messages: opts.messages ?? [],
     emit: (p) => {

@@ -252,7 +252,7 @@ describe("turns through conformance servers", () => {
       (second.find((m) => m.role === "tool") as { tool_call_id: string }).tool_call_id,
       asked.tool_calls[0].id,
     );
-    assert.equal(actor.messages.filter((m) => m.role === Role.ASSISTANT).at(-1)?.text, "done with the tool");
+    assert.equal(actor.history.messages.filter((m) => m.role === Role.ASSISTANT).at(-1)?.text, "done with the tool");
     await models.close();
   });
 
@@ -275,7 +275,7 @@ describe("turns through conformance servers", () => {
       events.of("modelFallback").map((f) => [f.fromModel, f.toModel]),
       [["down/gpt-4.1-mini", "backup/gpt-5-mini"]],
     );
-    assert.equal(actor.messages.filter((m) => m.role === Role.ASSISTANT).at(-1)?.text, "ok");
+    assert.equal(actor.history.messages.filter((m) => m.role === Role.ASSISTANT).at(-1)?.text, "ok");
     await models.close();
     await down.close();
   });
@@ -297,7 +297,7 @@ describe("turns through conformance servers", () => {
     assert.match(refused?.message ?? "", /wrong\/gpt-5-mini: .*Unsupported parameter: 'max_tokens'/);
     assert.equal(events.of("modelRetry").length, 0, "a refusal is not retried");
     assert.equal(events.of("modelFallback").length, 1);
-    assert.equal(actor.messages.filter((m) => m.role === Role.ASSISTANT).at(-1)?.text, "ok");
+    assert.equal(actor.history.messages.filter((m) => m.role === Role.ASSISTANT).at(-1)?.text, "ok");
     await models.close();
   });
 });
@@ -336,7 +336,7 @@ describe("the Responses API (openai-responses)", () => {
     // The reasoning item came back, encrypted, before the call it led to.
     const kinds = second.input.map((i) => i.type ?? i.role);
     assert.deepEqual(kinds.slice(-3), ["reasoning", "function_call", "function_call_output"]);
-    assert.equal(actor.messages.filter((m) => m.role === Role.ASSISTANT).at(-1)?.text, "done with the tool");
+    assert.equal(actor.history.messages.filter((m) => m.role === Role.ASSISTANT).at(-1)?.text, "done with the tool");
     await models.close();
     await api.close();
   });

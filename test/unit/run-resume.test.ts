@@ -82,16 +82,16 @@ describe("a session loaded after its runner died mid-run", () => {
     const resumed = later.of("runResumed");
     assert.equal(resumed.length, 1);
     assert.equal(later.of("agentStart").length, 0, "run_resumed stands where agent_start would");
-    const deployCall = again.messages.flatMap((m) => m.toolCalls).find((c) => c.name === "deploy")!;
+    const deployCall = again.history.messages.flatMap((m) => m.toolCalls).find((c) => c.name === "deploy")!;
     assert.deepEqual(resumed[0].interruptedToolCallIds, [deployCall.id]);
     assert.deepEqual(ran, ["built"], "the finished call was not run again");
     assert.deepEqual(deploys, ["v2"], "the interrupted call was not run again blindly");
     // The model was asked again with the whole step: the logged result and the interruption.
     const last = model.requests.at(-1)!.messages;
     assert.ok(last.some((m) => m.role === "tool" && m.content === "echo: built"));
-    assert.equal(again.messages.filter((m) => m.role === Role.ASSISTANT).at(-1)?.text, "resumed and finished");
+    assert.equal(again.history.messages.filter((m) => m.role === Role.ASSISTANT).at(-1)?.text, "resumed and finished");
     assert.deepEqual(
-      again.messages.filter((m) => m.role === Role.USER).map((m) => m.text),
+      again.history.messages.filter((m) => m.role === Role.USER).map((m) => m.text),
       ["build and deploy"],
       "the prompt is in the history once",
     );
@@ -140,7 +140,7 @@ describe("a session loaded after its runner died mid-run", () => {
     assert.equal(calls, 1);
     assert.equal(events.of("agentEnd").length, 1);
     assert.deepEqual(
-      again.messages.filter((m) => m.role === Role.ASSISTANT).map((m) => m.text),
+      again.history.messages.filter((m) => m.role === Role.ASSISTANT).map((m) => m.text),
       ["the answer"],
     );
   });
@@ -189,6 +189,6 @@ describe("a runner shutting down (SIGTERM)", () => {
     const end = await later.waitFor((e) => e.payload.case === "agentEnd");
     assert.equal(end.payload.case === "agentEnd" && end.payload.value.stopReason, StopReason.COMPLETED);
     assert.equal(later.of("runResumed").length, 1);
-    assert.equal(again.messages.at(-1)?.text, "finished elsewhere");
+    assert.equal(again.history.messages.at(-1)?.text, "finished elsewhere");
   });
 });

@@ -10,6 +10,7 @@ import { RETRY_AFTER_KEY } from "../../services/shared/rate.js";
 import { SessionActor } from "../../services/runner/session-actor.js";
 import { TenantRuns } from "../../services/runner/tenant-runs.js";
 import { refOf } from "../../services/shared/session-ref.js";
+import { SUMMARY_MARKER } from "../../services/runner/run.js";
 import {
   Collector,
   ScriptedModel,
@@ -23,8 +24,9 @@ import {
   testRunDeps,
 } from "../helpers/in-process.js";
 
-const answers = (actor: SessionActor) => actor.messages.filter((m) => m.role === Role.ASSISTANT).map((m) => m.text);
-const users = (actor: SessionActor) => actor.messages.filter((m) => m.role === Role.USER).map((m) => m.text);
+const answers = (actor: SessionActor) =>
+  actor.history.messages.filter((m) => m.role === Role.ASSISTANT).map((m) => m.text);
+const users = (actor: SessionActor) => actor.history.messages.filter((m) => m.role === Role.USER).map((m) => m.text);
 
 describe("a prompt", () => {
   test("is acknowledged only once it is in the log, then runs and is answered", async () => {
@@ -119,8 +121,8 @@ describe("queue modes: a prompt that arrives during a run", () => {
       [StopReason.ABORTED, StopReason.COMPLETED],
     );
     assert.ok(!ran.includes("b"));
-    const calls = actor.messages.flatMap((m) => m.toolCalls.map((c) => c.id));
-    const results = actor.messages.filter((m) => m.role === Role.TOOL).map((m) => m.toolCallId);
+    const calls = actor.history.messages.flatMap((m) => m.toolCalls.map((c) => c.id));
+    const results = actor.history.messages.filter((m) => m.role === Role.TOOL).map((m) => m.toolCallId);
     assert.deepEqual(results.sort(), calls.sort(), "every call has its result");
   });
 
@@ -184,7 +186,7 @@ describe("seqs, supervision and the log", () => {
     await again.settle({ reasoningEffort: "high", reset: true });
     const third = await SessionActor.load(actor.ref, deps);
     assert.equal(third.choices.reasoningEffort, "high");
-    assert.equal(third.choices.contextFrom, again.messages.length, "the model's view starts after the reset");
+    assert.equal(third.choices.contextFrom, again.history.length, "the model's view starts after the reset");
     await third.settle({ reasoningEffort: "default" });
     assert.equal((await SessionActor.load(actor.ref, deps)).choices.reasoningEffort, "", "default: the agent's again");
   });
@@ -234,6 +236,81 @@ describe("seqs, supervision and the log", () => {
     await again.submit(prompt("resent"));
     await again.whenIdle();
     assert.deepEqual(users(again), ["kept", "resent"]);
+  });
+});
+
+describe("what an actor holds", () => {
+  /** Answers summaries by rule, everything else with the same short text, 7 tokens in and 3 out each. */
+  const model = () =>
+    new ScriptedModel((r) => {
+      const system = r.messages[0] && "content" in r.messages[0] ? String(r.messages[0].content) : "";
+      const reply = say(system.includes(SUMMARY_MARKER) ? "## Goal\nsummed up" : "noted, go on");
+      if (reply instanceof Error) return reply;
+      const end = reply.chunks.at(-1)!;
+      if (end.type === "done") end.usage = { inputTokens: 7, outputTokens: 3, cacheReadInputTokens: 0 };
+      return reply;
+    });
+  // A window a dozen messages fill: compaction comes every few turns.
+  const small = { config: { contextWindow: 420, reserveTokens: 100, maxOutputTokens: 64, keepRecentTokens: 60 } };
+  const filler = "with words enough to fill the small window of this session in a few turns";
+
+  test("after a compaction only what the model still sees is held; the history is whole through the log", async () => {
+    const scripted = model();
+    const { actor, events, deps } = await newActor(() => testRunDeps(scripted, [], small));
+    for (let i = 0; i < 24; i++) {
+      await actor.submit(prompt(`message ${i} ${filler}`));
+      await actor.whenIdle();
+    }
+    assert.ok(events.of("compactionEnd").length >= 2, `compactions: ${events.of("compactionEnd").length}`);
+    const total = actor.history.length;
+    assert.equal(total, 48, "a user message and an answer per turn");
+    assert.equal(actor.info().messageCount, total);
+    assert.ok(actor.history.messages.length < 16, `held ${actor.history.messages.length} of ${total}`);
+    // The held part starts at the latest cut: the model's view loses nothing by it.
+    const cut = events.of("compactionEnd").at(-1)!.firstKeptMessageId;
+    assert.equal(actor.history.messages[0].id, cut);
+    // Every message, in order, whether held or read back from the log; the usage of every reply.
+    const whole = [...(await actor.historyPage(0, 30)), ...(await actor.historyPage(30, 30))];
+    assert.deepEqual(
+      whole.filter((m) => m.role === Role.USER).map((m) => m.text.split(" ").slice(0, 2).join(" ")),
+      Array.from({ length: 24 }, (_, i) => `message ${i}`),
+    );
+    assert.deepEqual(whole.slice(-actor.history.messages.length), actor.history.messages);
+    assert.equal(actor.history.usage().inputTokens, 7 * 24);
+    assert.equal(actor.history.usage().outputTokens, 3 * 24);
+
+    // A reload holds the same part, and the model's next view is the summary and that part.
+    const held = actor.history.messages.map((m) => m.text);
+    const again = await SessionActor.load(actor.ref, deps);
+    assert.deepEqual(
+      again.history.messages.map((m) => m.id),
+      actor.history.messages.map((m) => m.id),
+    );
+    await again.submit(prompt("next"));
+    await again.whenIdle();
+    const request = scripted.requests.at(-1)!.messages.map((m) => ("content" in m ? String(m.content) : ""));
+    assert.match(request[1], /<summary>\n## Goal\nsummed up/);
+    assert.deepEqual(request.slice(2), [...held, "next"]);
+  });
+
+  test("a reset lets go of everything before it, and an earlier summary does not come back", async () => {
+    const scripted = model();
+    const { actor, events } = await newActor(() => testRunDeps(scripted, [], small));
+    for (let i = 0; i < 10; i++) {
+      await actor.submit(prompt(`message ${i} ${filler}`));
+      await actor.whenIdle();
+    }
+    assert.ok(events.of("compactionEnd").length >= 1);
+    await actor.settle({ reset: true });
+    await actor.submit(prompt("a fresh start"));
+    await actor.whenIdle();
+    const request = scripted.requests.at(-1)!;
+    assert.ok(!JSON.stringify(request.messages).includes("summed up"), "no summary after a reset");
+    assert.deepEqual(
+      actor.history.messages.map((m) => m.text),
+      ["a fresh start", "noted, go on"],
+    );
+    assert.equal(actor.history.length, 22);
   });
 });
 
