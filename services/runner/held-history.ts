@@ -6,6 +6,7 @@
 import { create } from "@bufbuild/protobuf";
 import { Role, UsageSchema, type ChatMessage, type Usage } from "../shared/gen/troupe/v1/session_pb.js";
 import { addUsage } from "./model-call.js";
+import type { Compaction } from "./run.js";
 
 export class HeldHistory {
   /** The held messages, from absolute index `released` on; runs read and append to this array. */
@@ -42,8 +43,21 @@ export class HeldHistory {
     return this.messages.slice(offset - this.released, offset - this.released + size);
   }
 
+  /**
+   * Lets go of the messages the model will not see again: those before the compaction's cut or
+   * the reset at absolute index `contextFrom`. Returns the compaction still in force: none once a
+   * reset came after it, as its summary is of messages the model no longer sees.
+   */
+  releaseUnseen(compaction: Compaction | undefined, contextFrom: number): Compaction | undefined {
+    // As conversationView reads it: a cut it cannot find starts the view at the beginning.
+    const cut = Math.max(compaction ? this.indexOf(compaction.firstKeptMessageId) : 0, 0);
+    const kept = compaction && cut >= contextFrom ? compaction : undefined;
+    this.release(Math.max(kept ? cut : 0, contextFrom));
+    return kept;
+  }
+
   /** Lets go of the messages before absolute index `upTo` (the log keeps them). */
-  release(upTo: number): void {
+  private release(upTo: number): void {
     const n = Math.min(upTo - this.released, this.messages.length);
     if (n <= 0) return;
     for (const m of this.messages.splice(0, n)) {

@@ -346,21 +346,12 @@ export class SessionActor {
     });
   }
 
-  /**
-   * Lets go of the held messages the model will not see again: those before the latest
-   * compaction's cut or the latest reset. Between runs only; the log keeps them (historyPage).
-   */
+  /** Lets go of the held messages the model will not see again (HeldHistory), between runs only. */
   private releaseUnseen(): void {
-    const c = this.compaction;
-    const from = this.choices.contextFrom;
-    const key = `${c?.firstKeptMessageId ?? ""} ${from}`;
+    const key = `${this.compaction?.firstKeptMessageId ?? ""} ${this.choices.contextFrom}`;
     if (key === this.releasedFor) return;
     this.releasedFor = key;
-    // As conversationView reads it: a cut it cannot find starts the view at the beginning.
-    const cut = Math.max(c ? this.history.indexOf(c.firstKeptMessageId) : 0, 0);
-    // A reset after the compaction: its summary is of what the model no longer sees.
-    if (c && cut < from) this.compaction = undefined;
-    this.history.release(Math.max(this.compaction ? cut : 0, from));
+    this.compaction = this.history.releaseUnseen(this.compaction, this.choices.contextFrom);
   }
 
   /** Messages [offset, offset + size) of the whole history; what was let go is read from the log. */
