@@ -128,3 +128,22 @@ test("the server refuses what the API refuses: a system role, an unknown field, 
     /output_config.effort: Input should be/,
   );
 });
+
+test("a context longer than a request piece (64K characters), multi-byte across the cuts, reaches the API whole", async () => {
+  // Pieces (pool-fetch.ts) are cut at 64K characters of the JSON body. Two runs of surrogate
+  // pairs, one character out of step, each across a cut: one of the cuts falls inside a pair.
+  const long = `${"😀".repeat(40_000)}a${"😀".repeat(40_000)} é 日本`;
+  const from = api.accepted.length;
+  const chunks = [];
+  const request = {
+    model: "claude/claude-sonnet-4-5",
+    messages: [{ role: "user" as const, content: long }],
+    tools: [],
+    maxTokens: 100,
+  };
+  for await (const c of models.stream(request, new AbortController().signal)) chunks.push(c);
+  assert.equal(chunks.at(-1)?.type, "done");
+  assert.equal(api.accepted.length - from, 1);
+  const content = api.accepted.at(-1)!.messages[0].content as { type: string; text: string }[];
+  assert.equal(content.map((b) => b.text).join(""), long);
+});

@@ -110,6 +110,21 @@ describe("request rules, per model", () => {
   });
 });
 
+describe("a long context", () => {
+  test("longer than a request piece (64K characters), multi-byte across the cuts, it reaches the API whole", async () => {
+    const models = new ProviderModels(providers());
+    // Pieces (pool-fetch.ts) are cut at 64K characters of the JSON body. Two runs of surrogate
+    // pairs, one character out of step, each across a cut: one of the cuts falls inside a pair.
+    const long = `${"😀".repeat(40_000)}a${"😀".repeat(40_000)} é 日本`;
+    const before = openai.accepted.length;
+    const chunks = await drain(models, ask("openai/gpt-4.1-mini", { messages: [{ role: "user", content: long }] }));
+    assert.equal(chunks.at(-1)?.type, "done");
+    assert.equal(openai.accepted.length - before, 1);
+    assert.equal(openai.accepted.at(-1)!.messages[0].content, long);
+    await models.close();
+  });
+});
+
 describe("the providers file", () => {
   test("models resolve by provider prefix; other names go whole to the default, or nowhere", async () => {
     const p = providers({}, "local");
