@@ -8,6 +8,9 @@ import { Role, UsageSchema, type ChatMessage, type Usage } from "../shared/gen/t
 import { addUsage } from "./model-call.js";
 import type { Compaction } from "./run.js";
 
+/** How long messages read back from the log for a page are kept after the last page that used them. */
+const READ_BACK_MS = 30_000;
+
 export class HeldHistory {
   /** The held messages, from absolute index `released` on; runs read and append to this array. */
   readonly messages: ChatMessage[] = [];
@@ -17,6 +20,8 @@ export class HeldHistory {
   private releasedUsage = create(UsageSchema);
   /** User and assistant messages let go. */
   releasedConversation = 0;
+  /** Messages let go, as last read back from the log for a page (page). */
+  private readBack?: { messages: ChatMessage[]; timer: NodeJS.Timeout };
 
   /** Every message the session has had. */
   get length(): number {
@@ -37,10 +42,24 @@ export class HeldHistory {
     return i < 0 ? -1 : this.released + i;
   }
 
-  /** Messages [offset, offset + size) by absolute index; undefined when some were let go (read the log). */
-  page(offset: number, size: number): ChatMessage[] | undefined {
-    if (offset < this.released) return undefined;
-    return this.messages.slice(offset - this.released, offset - this.released + size);
+  /**
+   * Messages [offset, offset + size) by absolute index. Those let go are read back through
+   * `readLog` (every message of the log, in order) and kept for READ_BACK_MS after the last page
+   * that needed them, so a client paging through a long history reads its log once, not per page.
+   */
+  async page(offset: number, size: number, readLog: () => Promise<ChatMessage[]>): Promise<ChatMessage[]> {
+    const released = this.released;
+    const end = offset + size;
+    const held = this.messages.slice(Math.max(0, offset - released), Math.max(0, end - released));
+    if (offset >= released) return held;
+    // What was let go never changes (a rebuild from the log clears it), so an earlier read serves.
+    if (!this.readBack || this.readBack.messages.length < Math.min(end, released)) {
+      const messages = (await readLog()).slice(0, released);
+      this.forgetReadBack();
+      this.readBack = { messages, timer: setTimeout(() => this.forgetReadBack(), READ_BACK_MS) };
+    }
+    this.readBack.timer.refresh().unref();
+    return [...this.readBack.messages.slice(offset, Math.min(end, released)), ...held];
   }
 
   /**
@@ -67,8 +86,14 @@ export class HeldHistory {
     this.released += n;
   }
 
+  private forgetReadBack(): void {
+    if (this.readBack) clearTimeout(this.readBack.timer);
+    this.readBack = undefined;
+  }
+
   /** Forgets everything, for a rebuild from the log. */
   clear(): void {
+    this.forgetReadBack();
     this.messages.length = 0;
     this.released = 0;
     this.releasedConversation = 0;

@@ -355,11 +355,11 @@ export class SessionActor {
   }
 
   /** Messages [offset, offset + size) of the whole history; what was let go is read from the log. */
-  async historyPage(offset: number, size: number): Promise<ChatMessage[]> {
-    const held = this.history.page(offset, size);
-    if (held) return held;
-    await this.log.flush();
-    return recovery.replayRecords(await this.deps.store.read(this.ref)).messages.slice(offset, offset + size);
+  historyPage(offset: number, size: number): Promise<ChatMessage[]> {
+    return this.history.page(offset, size, async () => {
+      await this.log.flush();
+      return recovery.replayRecords(await this.deps.store.read(this.ref)).messages;
+    });
   }
 
   private async execute(first: Queued[], signal: AbortSignal, resume?: { from: number }): Promise<void> {

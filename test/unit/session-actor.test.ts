@@ -269,8 +269,14 @@ describe("what an actor holds", () => {
     // The held part starts at the latest cut: the model's view loses nothing by it.
     const cut = events.of("compactionEnd").at(-1)!.firstKeptMessageId;
     assert.equal(actor.history.messages[0].id, cut);
-    // Every message, in order, whether held or read back from the log; the usage of every reply.
-    const whole = [...(await actor.historyPage(0, 30)), ...(await actor.historyPage(30, 30))];
+    // Every message, in order, whether held or read back from the log, which is read once for all
+    // the pages; the usage of every reply.
+    let reads = 0;
+    const read = deps.store.read.bind(deps.store);
+    deps.store.read = (ref) => (reads++, read(ref));
+    const whole = [];
+    for (let offset = 0; offset < total; offset += 5) whole.push(...(await actor.historyPage(offset, 5)));
+    assert.equal(reads, 1);
     assert.deepEqual(
       whole.filter((m) => m.role === Role.USER).map((m) => m.text.split(" ").slice(0, 2).join(" ")),
       Array.from({ length: 24 }, (_, i) => `message ${i}`),
