@@ -103,11 +103,12 @@ function response(reply: Dispatcher.ResponseData, method: string): Response {
 const PIECE_CHARS = 64 * 1024;
 
 /**
- * A body as undici should send it, with the headers that go with it. undici keeps the bytes of a string body (a copy of the
- * whole) until the request ends, which for a streamed model reply is its whole length: a runner's
- * long contexts (hundreds of KB each call) then pile up as old-generation garbage until a major
- * collection (the long soak, docs/benchmarks.md). A long one goes out in pieces made as they are
- * written, each dead once written, and the string itself is released once the last is made.
+ * A body as undici should send it, with the headers that go with it. undici keeps the bytes of a
+ * string body (a copy of the whole) until the request ends, which for a streamed model reply is
+ * its whole length: a runner's long contexts (hundreds of KB each call) then pile up as
+ * old-generation garbage until a major collection (the long soak, docs/benchmarks.md). A long one
+ * goes out in pieces made as they are written, each dead once written, and the string itself is
+ * released once the last is made.
  */
 function outgoing(
   body: string | Uint8Array | undefined,

@@ -68,7 +68,7 @@ export interface RunHost {
   readonly conversationBefore: number;
   /** Aborted when the run must stop (an abort, an interrupting prompt, the runner closing). */
   readonly signal: AbortSignal;
-  /** The conversation so far (all of it: compaction changes the model's view, not the record); the loop appends to it. */
+  /** The conversation the actor holds (from the latest compaction's cut or reset on; the log has all); the loop appends to it. */
   readonly messages: ChatMessage[];
   /** Publishes an event to the session's clients and log. Contract: never throws, never blocks. */
   emit(payload: EventPayload): void;

@@ -1,5 +1,6 @@
-// The conversation as the model gets it. The session keeps every message it ever had (the log is
-// the record); what goes to the model is a view of it:
+// The conversation as the model gets it. The log keeps every message the session ever had; the
+// actor holds those from the latest compaction's cut on (held-history.ts); what goes to the model
+// is a view of them:
 //
 //   [compaction summary] + messages after the last compaction's cut
 //     -> sanitised (every tool call answered right after it, nothing orphaned or repeated)
