@@ -7,9 +7,12 @@
 // memory service showed (upstream: lance-format/lance#1983, lancedb/lancedb#2693).
 //
 // With --batch N, each commit adds N rows (a group commit of N callers' facts), which tells
-// growth per commit from growth per row.
+// growth per commit from growth per row. --scalar-index keeps the table as the memory service
+// does (a btree on id that each add's dedupe lookup uses, maintenance every 20 commits);
+// --metadata-cache-mb and --index-cache-mb cap LanceDB's two session caches.
 //
-//   node dist/bench/lance-growth.js [--ops 3000] [--batch 1]
+//   node --expose-gc dist/bench/lance-growth.js [--ops 3000] [--batch 1] [--scalar-index]
+//     [--metadata-cache-mb M] [--index-cache-mb I]
 //
 // RESULT add_kb_per_op=... search_kb_per_op=... add_heap_mb=... ratio=... batch=...
 import { fileURLToPath } from "node:url";
@@ -21,6 +24,8 @@ const { values } = parseArgs({
     ops: { type: "string", default: "3000" },
     batch: { type: "string", default: "1" },
     "metadata-cache-mb": { type: "string" },
+    "index-cache-mb": { type: "string" },
+    "scalar-index": { type: "boolean", default: false },
     child: { type: "string" },
     dir: { type: "string" },
   },
@@ -28,20 +33,28 @@ const { values } = parseArgs({
 const OPS = Number(values.ops);
 const BATCH = Number(values.batch);
 const METADATA_CACHE_MB = values["metadata-cache-mb"];
+const INDEX_CACHE_MB = values["index-cache-mb"];
+const SCALAR_INDEX = values["scalar-index"];
+const mb = (v: string | undefined) => (v === undefined ? undefined : BigInt(Number(v) * 1048576));
 const DIM = 256;
 
 /** One child's work: `mode` OPS times; prints RSS and heap (MB) after the first fifth and at the end. */
 async function child(mode: "add" | "search", dir: string): Promise<void> {
   const lancedb = await import("@lancedb/lancedb");
-  const session = METADATA_CACHE_MB
-    ? new lancedb.Session(undefined, BigInt(Number(METADATA_CACHE_MB) * 1048576))
-    : lancedb.Session.default();
+  const session =
+    METADATA_CACHE_MB || INDEX_CACHE_MB
+      ? new lancedb.Session(mb(INDEX_CACHE_MB), mb(METADATA_CACHE_MB))
+      : lancedb.Session.default();
   const db = await lancedb.connect(dir, { session });
   const vec = () => Array.from({ length: DIM }, () => Math.random());
   const table = await db.createTable(
     "m",
     Array.from({ length: 500 }, (_, i) => ({ id: `s${i}`, text: `seed ${i}`, vector: vec() })),
   );
+  // As the memory service keeps its table: a btree on id that each add's dedupe lookup uses, and
+  // maintenance (compaction, index catch-up) every 20 writes.
+  if (SCALAR_INDEX) await table.createIndex("id", { config: lancedb.Index.btree() });
+  const maintainEvery = SCALAR_INDEX ? 20 : 100;
   const warm = Math.round(OPS / 5);
   const sample = () => {
     (globalThis as { gc?: () => void }).gc?.();
@@ -51,10 +64,16 @@ async function child(mode: "add" | "search", dir: string): Promise<void> {
   let first = sample();
   for (let i = 1; i <= OPS; i++) {
     if (mode === "add") {
+      if (SCALAR_INDEX)
+        await table
+          .query()
+          .where(`id = 'x${i - 1}.0'`)
+          .limit(1)
+          .toArray();
       await table.add(
         Array.from({ length: BATCH }, (_, k) => ({ id: `x${i}.${k}`, text: `fact ${i}.${k}`, vector: vec() })),
       );
-      if (i % 100 === 0) await table.optimize({ cleanupOlderThan: new Date() });
+      if (i % maintainEvery === 0) await table.optimize({ cleanupOlderThan: new Date() });
     } else await table.vectorSearch(vec()).limit(5).toArray();
     if (i === warm) first = sample();
   }
@@ -65,6 +84,8 @@ async function child(mode: "add" | "search", dir: string): Promise<void> {
 async function run(mode: "add" | "search"): Promise<{ kbPerOp: number; heapMb: number }> {
   const args = ["--child", mode, "--ops", String(OPS), "--batch", String(BATCH)];
   if (METADATA_CACHE_MB) args.push("--metadata-cache-mb", METADATA_CACHE_MB);
+  if (INDEX_CACHE_MB) args.push("--index-cache-mb", INDEX_CACHE_MB);
+  if (SCALAR_INDEX) args.push("--scalar-index");
   const { first, last, ops } = await runChild<{
     first: { rss: number; heap: number; cache: number };
     last: { rss: number; heap: number; cache: number };
@@ -80,7 +101,7 @@ else {
   const add = await run("add");
   const f = (n: number) => n.toFixed(1);
   console.log(
-    `commits (${BATCH} row(s) each, compacted every 100): ${f(add.kbPerOp)} KB of RSS per commit, heap ${f(add.heapMb)} MB`,
+    `commits (${BATCH} row(s) each, compacted every ${SCALAR_INDEX ? "20, a btree on id" : "100"}): ${f(add.kbPerOp)} KB of RSS per commit, heap ${f(add.heapMb)} MB`,
   );
   console.log(`baseline, searches only: ${f(search.kbPerOp)} KB of RSS per search`);
   console.log(
