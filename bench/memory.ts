@@ -14,7 +14,7 @@
 // scopes (measure() says why); the first pass's p50 is printed beside them. Separately, the MMR
 // stage alone over 100 candidates.
 //
-//   node dist/bench/memory.js [--sizes 10000,100000,1000000] [--queries 200]
+//   node dist/bench/memory.js [--sizes 10000,100000,1000000] [--queries 200] [--metadata-cache-mb M]
 import { mkdtemp, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
@@ -27,10 +27,16 @@ import { newMemoryRow, sqlString, type MemoryRow } from "../services/memory/memo
 import { pct } from "./support/stats.js";
 
 const { values } = parseArgs({
-  options: { sizes: { type: "string", default: "10000,100000,1000000" }, queries: { type: "string", default: "200" } },
+  options: {
+    sizes: { type: "string", default: "10000,100000,1000000" },
+    queries: { type: "string", default: "200" },
+    "metadata-cache-mb": { type: "string" },
+  },
 });
 const SIZES = values.sizes.split(",").map(Number);
 const QUERIES = Number(values.queries);
+/** LanceDB's metadata cache cap; unset: the service's (tuning.ts). */
+const TUNING = values["metadata-cache-mb"] ? { metadataCacheBytes: Number(values["metadata-cache-mb"]) * 1048576 } : {};
 const DIM = 256;
 const TOPICS = 512;
 const OWNERS = 100;
@@ -114,7 +120,7 @@ const figures: SizeFigures[] = [];
 for (const size of SIZES) {
   const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-bench-memory-"));
   try {
-    const store = await MemoryStore.open(dir, {}, EMBEDDER, DIM, logger);
+    const store = await MemoryStore.open(dir, {}, EMBEDDER, DIM, logger, TUNING);
     const now = Date.now();
     const BATCH = 1000;
     // Vectors and texts are made first: the ingest figure excludes embedding.
