@@ -8,11 +8,7 @@ import path from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { instanceOf } from "../sandbox/container-spec.js";
 import type { Logger } from "../shared/log.js";
-
-interface UpFile {
-  supervisor: number;
-  services: { service: string; pid: number | null }[];
-}
+import type { UpFile } from "./up-file.js";
 
 /**
  * A pid recorded in up.json that still runs `troupe <command>` (not a pid the kernel gave to

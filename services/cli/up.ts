@@ -5,7 +5,7 @@
 // runs where is written to <data-dir>/up.json.
 import { spawn, type ChildProcess } from "node:child_process";
 import { createWriteStream } from "node:fs";
-import { mkdir, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
+import { mkdir, readFile, rename, stat } from "node:fs/promises";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { authPaths, ensureDevKey, internalCredentials, internalToken } from "../shared/auth.js";
@@ -24,6 +24,7 @@ import { freePort } from "./free-port.js";
 import { startLocalPostgres, type LocalPostgres } from "./local-postgres.js";
 import { runInOneProcess } from "./up-one-process.js";
 import { allocatorEnvironment, startOverWithAllocator } from "./allocator.js";
+import { upFileWriter } from "./up-file.js";
 import { reapLeftovers, removeSandboxes } from "./up-leftovers.js";
 
 const MAIN = fileURLToPath(new URL("./main.js", import.meta.url));
@@ -185,31 +186,27 @@ export async function upCommand(argv: string[]): Promise<void> {
     TROUPE_LOG_FORMAT: logFormat,
     ...(storeUrl ? { TROUPE_STORE_URL: storeUrl } : {}),
   });
-  /** What runs now, for operators and scripts: service, address, pid (rewritten on every start). */
-  const writeUp = () =>
-    writeFile(
-      upFile,
-      `${JSON.stringify(
-        {
-          supervisor: process.pid,
-          ...(localStore
-            ? { store: { service: "postgres", address: `127.0.0.1:${localStore.port}`, pid: localStore.pid } }
-            : {}),
-          services: children.map((c) => ({
-            service: c.name,
-            address: c.address,
-            pid: shape.oneProcess ? process.pid : (c.proc?.pid ?? null),
-          })),
-        },
-        null,
-        2,
-      )}\n`,
-    ).catch((err: Error) => logger.warn(`cannot write ${upFile}: ${err.message}`));
+  const upWriter = upFileWriter(
+    upFile,
+    () => ({
+      supervisor: process.pid,
+      ...(localStore
+        ? { store: { service: "postgres", address: `127.0.0.1:${localStore.port}`, pid: localStore.pid } }
+        : {}),
+      services: children.map((c) => ({
+        service: c.name,
+        address: c.address,
+        pid: shape.oneProcess ? process.pid : (c.proc?.pid ?? null),
+      })),
+    }),
+    (err) => logger.warn(`cannot write ${upFile}: ${err.message}`),
+  );
+  const writeUp = () => upWriter.write();
   // The stack's sandboxes go with it (a sandbox service restarted alone keeps them).
   const cleanup = async () => {
     await removeSandboxes(cfg.dataDir);
     await localStore?.stop();
-    await rm(upFile, { force: true });
+    await upWriter.remove();
   };
   if (shape.oneProcess) {
     await runInOneProcess(children, env, cleanup);
@@ -263,6 +260,7 @@ async function superviseChildren(
     proc.on("exit", (code, signal) => {
       child.proc = undefined;
       if (stopping) return;
+      void writeUp();
       // A child that ran for a minute is considered healthy again: its backoff starts over.
       if (Date.now() - child.startedAt > 60_000) child.restarts = 0;
       const delay = Math.min(30_000, 500 * 2 ** child.restarts++);

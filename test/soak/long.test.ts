@@ -20,6 +20,7 @@ import { clientApiKey } from "../../services/shared/auth.js";
 import { GatewayService } from "../../services/shared/gen/troupe/v1/gateway_pb.js";
 import { StopReason } from "../../services/shared/gen/troupe/v1/session_pb.js";
 import { createClient, type ServiceClient } from "../../services/shared/rpc.js";
+import type { UpFile } from "../../services/cli/up-file.js";
 import { ChatSession } from "../helpers/session.js";
 import { removeSandboxes, sandboxContainers, startUp, type StackAddresses } from "../helpers/stack.js";
 
@@ -38,7 +39,14 @@ let dataDir: string;
 let addr: StackAddresses;
 let up: ChildProcess;
 let gateway: ServiceClient<(typeof GatewayService)["method"]>;
-let pids: Record<string, number>;
+let pids: Record<string, number | null>;
+let sampler: NodeJS.Timeout | undefined;
+
+/** Each service's pid as up.json has it now. */
+async function runningPids(): Promise<Record<string, number | null>> {
+  const upFile = JSON.parse(await readFile(path.join(dataDir, "up.json"), "utf8")) as UpFile;
+  return Object.fromEntries(upFile.services.map((s) => [s.service, s.pid]));
+}
 
 before(async () => {
   dataDir = await mkdtemp(path.join(os.tmpdir(), "troupe-soak-long-"));
@@ -54,16 +62,16 @@ before(async () => {
   // Only the log's tail is kept: an hour of warnings must not grow this process.
   const env = { TROUPE_LOG_LEVEL: "info", TROUPE_LOG_FORMAT: "text" };
   ({ proc: up, addr } = await startUp(dataDir, { env, keepChars: 20_000 }));
-  const upFile = JSON.parse(await readFile(path.join(dataDir, "up.json"), "utf8")) as {
-    services: { service: string; pid: number }[];
-  };
-  pids = Object.fromEntries(upFile.services.map((s) => [s.service, s.pid]));
+  pids = await runningPids();
+  for (const name of SERVICES) assert.ok(pids[name], `up.json names a running ${name}: ${JSON.stringify(pids)}`);
   gateway = createClient(GatewayService, addr.gateway, {
     headers: { authorization: `Bearer ${await clientApiKey(dataDir)}` },
   });
 });
 
 after(async () => {
+  // A failed check must not leave the sampler keeping this file's process alive.
+  clearInterval(sampler);
   gateway?.close();
   // After a failed check the stack still runs: stopped cleanly, it removes its containers.
   if (up?.exitCode === null) {
@@ -81,12 +89,20 @@ interface Sample {
   fds: Record<string, number>;
 }
 
+/**
+ * Every service's RSS and descriptors now. A service that is not the process sampled first (it
+ * died, or was restarted) fails the soak: its fresh process would hide what the old one grew.
+ */
 async function sample(t0: number): Promise<Sample> {
   const s: Sample = { t: Math.round((Date.now() - t0) / 1000), rss: {}, fds: {} };
+  const now = await runningPids();
   for (const name of SERVICES) {
-    const status = await readFile(`/proc/${pids[name]}/status`, "utf8");
+    const pid = pids[name];
+    if (pid === null || now[name] !== pid)
+      throw new Error(`${name} is not the process it was (pid ${pid} -> ${now[name]})`);
+    const status = await readFile(`/proc/${pid}/status`, "utf8");
     s.rss[name] = Math.round(Number(/VmRSS:\s+(\d+)/.exec(status)?.[1]) / 1024);
-    s.fds[name] = (await readdir(`/proc/${pids[name]}/fd`)).length;
+    s.fds[name] = (await readdir(`/proc/${pid}/fd`)).length;
   }
   return s;
 }
@@ -162,7 +178,15 @@ test(`soak-long: ${SECONDS} s of mixed traffic; peak RSS grows at most ${RSS_GRO
   const failures: string[] = [];
   const t0 = Date.now();
   const samples: Sample[] = [];
-  const sampler = setInterval(() => void sample(t0).then((s) => samples.push(s)), SAMPLE_MS);
+  const sampleErrors: string[] = [];
+  sampler = setInterval(
+    () =>
+      void sample(t0).then(
+        (s) => samples.push(s),
+        (err: Error) => sampleErrors.push(`${Math.round((Date.now() - t0) / 1000)} s: ${err.message}`),
+      ),
+    SAMPLE_MS,
+  );
   const warm = await traffic(WARMUP_S, failures);
   await new Promise((r) => setTimeout(r, SETTLE_MS));
   const idleAfterWarmup = await sample(t0);
@@ -187,6 +211,7 @@ test(`soak-long: ${SECONDS} s of mixed traffic; peak RSS grows at most ${RSS_GRO
           `${n}_rss_peak_mb=${warmPeak[n]}->${lastPeak[n]}(${(growth[n] * 100).toFixed(1)}%) ${n}_fds_idle=${idleAfterWarmup.fds[n]}->${idleAtEnd.fds[n]}`,
       ).join(" "),
   );
+  assert.deepEqual(sampleErrors.slice(0, 5), [], "every service was sampled throughout");
   assert.deepEqual(failures.slice(0, 5), [], `${failures.length} actions failed`);
   for (const n of SERVICES) {
     assert.ok(growth[n] <= RSS_GROWTH, `${n}: peak RSS grew ${(growth[n] * 100).toFixed(1)} % after warm-up`);

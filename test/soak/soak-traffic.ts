@@ -183,8 +183,7 @@ export async function runSoak({ sessions, gateways, disruptions, disrupt, rawLog
   }, 2000);
   if (process.env.SOAK_DEBUG)
     setTimeout(() => import("node:fs").then((fs) => fs.writeFileSync("/tmp/soak-stack.log", logs())), 25_000).unref();
-  await traffic;
-  clearInterval(progress);
+  await traffic.finally(() => clearInterval(progress));
   if (disruptions > 0) assert.ok(clients.reduce((n, c) => n + c.reconnects, 0) >= 1, "the disruptions broke streams");
 
   const expected = (c: SoakClient) => c.frames.filter((f) => f.message).map((f) => f.id);
