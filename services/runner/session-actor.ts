@@ -81,8 +81,6 @@ export class SessionActor {
   private resuming?: { turnId: string; from: number };
   /** The latest compaction: what the model sees in place of the messages before the cut. */
   private compaction?: Compaction;
-  /** The compaction and reset the held history was last trimmed to (releaseUnseen). */
-  private releasedFor = "";
   private idleWaiters: (() => void)[] = [];
   private closing = false;
   /**
@@ -231,7 +229,8 @@ export class SessionActor {
         this.emit({ case: "frameAccepted", value: { frameId: frame.frameId, kind } }),
       );
     }
-    // In a restart the failed run's own ending schedules what is next.
+    // In a restart the failed run's own ending releases and schedules what is next.
+    this.releaseUnseen();
     if (!("live" in numbering)) this.schedule();
   }
 
@@ -262,6 +261,7 @@ export class SessionActor {
     const changed: { queueMode?: number } & ChoiceRecord = this.choices.apply(s, this.history.length);
     if (s.queueMode && s.queueMode !== this.mailbox.mode) changed.queueMode = this.mailbox.mode = s.queueMode;
     if (Object.keys(changed).length > 0) await this.log.append({ t: "settings", ...changed }, true);
+    if (changed.contextFrom !== undefined) this.releaseUnseen();
   }
 
   /** The default queue mode new messages take. */
@@ -324,7 +324,6 @@ export class SessionActor {
     if (this.run || this.closing || this.draining) return;
     const resume = this.resuming;
     this.resuming = undefined;
-    if (!resume) this.releaseUnseen();
     const next = resume ? [] : this.mailbox.queue.shift();
     if (!next) {
       this.journal.trimIdle();
@@ -342,15 +341,18 @@ export class SessionActor {
       // Steering or follow-ups that came too late for the run are not lost: they run next.
       this.mailbox.requeueLate();
       this.run = undefined;
+      this.releaseUnseen();
       this.schedule();
     });
   }
 
-  /** Lets go of the held messages the model will not see again (HeldHistory), between runs only. */
+  /**
+   * Lets go of the held messages the model will not see again (HeldHistory). Only between runs,
+   * and not while a resume waits: a run's indexes into the held messages must stay put. Called
+   * where what the model sees can have moved: a run's end, a replay's end, a reset.
+   */
   private releaseUnseen(): void {
-    const key = `${this.compaction?.firstKeptMessageId ?? ""} ${this.choices.contextFrom}`;
-    if (key === this.releasedFor) return;
-    this.releasedFor = key;
+    if (this.run || this.resuming) return;
     this.compaction = this.history.releaseUnseen(this.compaction, this.choices.contextFrom);
   }
 
@@ -422,7 +424,6 @@ export class SessionActor {
       const records = await this.deps.store.read(this.ref);
       const liveSeq = this.journal.lastSeq;
       this.history.clear();
-      this.releasedFor = "";
       this.admission.clear();
       this.mailbox.clear();
       this.compaction = undefined;
