@@ -8,7 +8,6 @@ import {
   AgentEventSchema,
   ClientFrameSchema,
   type QueueMode,
-  Role,
   SessionInfoSchema,
   StopReason,
   type AgentEvent,
@@ -16,7 +15,7 @@ import {
   type ClientFrame,
   type SessionInfo,
 } from "../shared/gen/troupe/v1/session_pb.js";
-import { FRAME_KIND, validateFrame } from "../shared/frames.js";
+import { validateFrame } from "../shared/frames.js";
 import { type RpcError, unavailable } from "../shared/errors.js";
 import { newId } from "../shared/ids.js";
 import type { Logger } from "../shared/log.js";
@@ -41,6 +40,7 @@ import {
 import { SessionElsewhere } from "./session-lease.js";
 import { SessionChoices, type Choice, type ChoiceRecord } from "./session-choices.js";
 import { HeldHistory } from "./held-history.js";
+import { type Numbering, type RebuiltParts, type Resume, rebuildFromLog } from "./session-rebuild.js";
 
 /** What an actor is given: its store, the audit log, the logger, and what its runs use. */
 export interface ActorDeps {
@@ -78,7 +78,7 @@ export class SessionActor {
   private draining = false;
   private frozen = false;
   /** A run its runner died in, to go on with before anything queued (recovery.ts cutRunOf). */
-  private resuming?: { turnId: string; from: number };
+  private resuming?: Resume;
   /** The latest compaction: what the model sees in place of the messages before the cut. */
   private compaction?: Compaction;
   private idleWaiters: (() => void)[] = [];
@@ -187,51 +187,36 @@ export class SessionActor {
     return actor;
   }
 
-  /** Rebuilds state from the log (recovery.ts); numbering goes on from `live` (a restart in place) or `resumeAt`. */
-  private replayLog(
-    records: LogRecord[],
-    numbering: { live: number } | { resumeAt: number; reservedUpTo: number },
-    cutOff: CutOff = INTERRUPTED,
-  ): void {
-    const log = recovery.replayRecords(records);
-    if (log.queueMode !== undefined) this.mailbox.mode = log.queueMode;
-    this.choices.restore(log);
-    this.history.messages.push(...log.messages);
-    for (const [frameId, ev] of log.acks) this.admission.restore(frameId, () => ev);
-    this.compaction = log.compaction;
-    this.updatedMs = log.updatedMs ?? this.updatedMs;
-    this.journal.saw(log.lastSeq);
-    if ("live" in numbering) this.journal.saw(numbering.live);
-    else this.journal.resumeAt(numbering.resumeAt, numbering.reservedUpTo);
-    // Every accepted message is in the history, or was dropped on request, or is owed a run.
-    const inHistory = new Set(this.history.messages.filter((m) => m.role === Role.USER).map((m) => m.frameId));
-    // A run its runner died in goes on where it stopped (RunResumed), or closes as it had ended.
-    const cut = "live" in numbering || cutOff !== INTERRUPTED ? undefined : recovery.cutRunOf(log);
-    if (log.openTurn !== undefined && cut?.resume) this.resuming = { turnId: log.openTurn, from: cut.from };
-    else if (log.openTurn !== undefined && cut && !cut.resume) {
-      this.run = { turnId: log.openTurn, controller: new AbortController(), done: Promise.resolve() };
-      void this.emit({ case: "agentEnd", value: { stopReason: cut.ended, errorMessage: "" } });
-      this.run = undefined;
-    } else if (log.openTurn !== undefined) {
-      // A failed run's starting messages are kept in the history, not run again: they may be the trigger.
-      const starters = (cutOff.startedBy ?? []).filter((q) => !inHistory.has(q.frameId) && !log.dropped.has(q.frameId));
-      for (const q of starters) inHistory.add(q.frameId);
-      this.run = { turnId: log.openTurn, controller: new AbortController(), done: Promise.resolve() };
-      recovery.closeCutOffRun((payload) => void this.emit(payload), this.history.messages, cutOff, starters);
-      this.run = undefined;
-    }
-    for (const frame of log.accepted) {
-      if (inHistory.has(frame.frameId) || log.dropped.has(frame.frameId)) continue;
-      const q = this.mailbox.toQueued(frame, ROOT_CONTEXT);
-      if (q) this.mailbox.queue.push([q]);
-      const kind = FRAME_KIND[frame.kind.case!];
-      this.admission.restore(frame.frameId, () =>
-        this.emit({ case: "frameAccepted", value: { frameId: frame.frameId, kind } }),
-      );
-    }
-    // In a restart the failed run's own ending releases and schedules what is next.
+  /** Rebuilds state from the log (session-rebuild.ts), then lets go of what is unseen and runs what is owed. */
+  private replayLog(records: LogRecord[], numbering: Numbering, cutOff: CutOff = INTERRUPTED): void {
+    this.resuming = rebuildFromLog(this.rebuildParts, records, numbering, cutOff);
     this.releaseUnseen();
+    // In a restart the failed run's own ending schedules what is next.
     if (!("live" in numbering)) this.schedule();
+  }
+
+  /** What a rebuild from the log writes into. */
+  private get rebuildParts(): RebuiltParts {
+    return {
+      mailbox: this.mailbox,
+      choices: this.choices,
+      history: this.history,
+      admission: this.admission,
+      journal: this.journal,
+      restored: (compaction, updatedMs) => {
+        this.compaction = compaction;
+        this.updatedMs = updatedMs ?? this.updatedMs;
+      },
+      emit: (payload) => this.emit(payload),
+      asRun: (turnId, close) => {
+        this.run = { turnId, controller: new AbortController(), done: Promise.resolve() };
+        try {
+          close();
+        } finally {
+          this.run = undefined;
+        }
+      },
+    };
   }
 
   /** Admits one frame (not `open`) and resolves to its frame_accepted event once it is durable. */
