@@ -595,3 +595,54 @@ test("LanceDB's metadata cache stays within the store's cap as commits pile up",
     await rm(dir, { recursive: true, force: true });
   }
 });
+
+test("a store that opens its database anew every few commits loses nothing, and searches go on through each switch", async () => {
+  const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-memory-reconnect-"));
+  const store = await MemoryStore.open(dir, {}, EMBEDDER, DIM, logger, { reconnectCommits: 4 });
+  try {
+    let searching = true;
+    let searches = 0;
+    const failures: string[] = [];
+    const searcher = (async () => {
+      while (searching) {
+        try {
+          await store.vectorCandidates(scope("ana"), around(3, 0.1), 8);
+          searches++;
+        } catch (err) {
+          failures.push(String(err));
+        }
+      }
+    })();
+    const ids: string[] = [];
+    for (let i = 0; i < 40; i++) {
+      const [added] = await store.add(scope("ana"), [memory(i, "ana")], new Set());
+      ids.push(added.id);
+      if (i === 20) await store.forget(scope("ana"), [ids[3]]);
+    }
+    searching = false;
+    await searcher;
+    assert.deepEqual(failures.slice(0, 3), [], "no search failed across the switches");
+    assert.ok(searches > 0);
+    const stats = await store.stats();
+    assert.ok(stats.reconnects >= 8, `41 commits at one switch per 4 commits: ${stats.reconnects} switches`);
+    const kept = ids.filter((_, i) => i !== 3);
+    assert.deepEqual((await store.get(scope("ana"), ids)).map((m) => m.id).sort(), [...kept].sort());
+    assert.equal(stats.rows, 39);
+    assert.deepEqual(
+      (await store.history(scope("ana"), ids[3])).map((h) => h.event),
+      [1, 3],
+      "the history, written through every connection, has the add and the forget",
+    );
+    const found = await store.vectorCandidates(scope("ana"), around(7, 0.1), 5);
+    assert.ok(found.length > 0, "the newest connection searches");
+  } finally {
+    store.close();
+  }
+  const again = await MemoryStore.open(dir, {}, EMBEDDER, DIM, logger);
+  try {
+    assert.equal((await again.stats()).rows, 39, "a store opened afterwards finds every row");
+  } finally {
+    again.close();
+    await rm(dir, { recursive: true, force: true });
+  }
+});

@@ -1,7 +1,8 @@
 // Maintenance of the memory table, outside the writer's queue where it can be: compaction and
 // index catch-up, the scalar indexes, and once the table is large the vector index and the
-// rewrite in scope order (layout.ts), which switches the table in use. docs/memory.md, "Writes",
-// has the schedule and the figures behind it.
+// rewrite in scope order (layout.ts), which switches the table in use. Every so many commits
+// the database is opened anew (reconnect). docs/memory.md, "Writes", has the schedule and the
+// figures behind it.
 import type * as lancedb from "@lancedb/lancedb";
 import type { Logger } from "../shared/log.js";
 import { buildVectorIndex, type IndexWatcher } from "./index-watch.js";
@@ -29,12 +30,18 @@ export class Maintenance {
   private readonly retireTimers = new Set<NodeJS.Timeout>();
   /** When a rewrite last failed: it costs minutes of both cores, so it is not retried at once. */
   private relayoutFailedAt = 0;
+  private sinceReconnect = 0;
+  private reconnecting = false;
+  /** Times the database was opened anew (reconnect). */
+  reconnects = 0;
 
+  /** @param connect opens a new connection to the memory database (meta.ts connectMemoryDb). */
   constructor(
     private readonly mt: MemoryTable,
     private readonly watcher: IndexWatcher,
     private readonly tuning: StoreTuning,
     private readonly logger: Logger,
+    private readonly connect: () => Promise<lancedb.Connection>,
   ) {}
 
   /** Whether a run is going (the store's close then leaves the tables' handles open). */
@@ -48,8 +55,19 @@ export class Maintenance {
     for (const timer of this.retireTimers) clearTimeout(timer);
   }
 
-  /** Counts a write: maintenance runs after OPTIMIZE_EVERY of them (at most every MAINTAIN_INTERVAL_MS). */
+  /**
+   * Counts a write: maintenance runs after OPTIMIZE_EVERY of them (at most every
+   * MAINTAIN_INTERVAL_MS), and the database is opened anew after tuning.reconnectCommits.
+   */
   afterWrite(): void {
+    if (this.tuning.reconnectCommits > 0 && ++this.sinceReconnect >= this.tuning.reconnectCommits) {
+      this.sinceReconnect = 0;
+      void this.reconnect().catch((err: unknown) =>
+        this.logger.warn("could not open the memory database anew; the current connection stays", {
+          error: String((err as Error)?.message ?? err),
+        }),
+      );
+    }
     if (!this.mt.vectorIndex && this.mt.approxRows >= this.tuning.indexThreshold) {
       // Once the writes pause, a maintenance run builds the vector index if the table is due one.
       clearTimeout(this.pauseTimer);
@@ -213,6 +231,55 @@ export class Maintenance {
       }
       throw err;
     }
+  }
+
+  /**
+   * Opens the database anew and switches to it, in the writer's queue, then closes the old
+   * handles once what began on them is done. Why: LanceDB keeps native memory per commit that no
+   * cache cap reaches, and it goes with the connection (lance-format/lance#1983; docs/memory.md,
+   * "Writes", has the figures). Not while a maintenance run goes: a rewrite holds tables of the
+   * connection it began on until its switch.
+   */
+  async reconnect(): Promise<void> {
+    if (this.reconnecting || this.maintaining || this.mt.closed) return;
+    this.reconnecting = true;
+    try {
+      const db = await this.connect();
+      const replaced = await this.mt.write(async () => {
+        if (this.maintaining || this.mt.closed) {
+          db.close();
+          return [];
+        }
+        return this.mt.reopen(db);
+      });
+      if (replaced.length > 0) {
+        this.reconnects++;
+        this.closeLater(replaced);
+      }
+    } finally {
+      this.reconnecting = false;
+    }
+  }
+
+  /**
+   * Closes replaced handles once searches that began on them have had time to finish, and after
+   * any maintenance run going then (it may have begun on them).
+   */
+  private closeLater(handles: { close(): void }[]): void {
+    const timer = setTimeout(async () => {
+      this.retireTimers.delete(timer);
+      await this.maintaining?.done.catch(() => undefined);
+      for (const h of handles) {
+        try {
+          h.close();
+        } catch (err) {
+          // LanceDB refuses to close a handle an operation still uses: the process's end frees it.
+          this.logger.warn("could not close a replaced memory database handle", { error: String(err) });
+        }
+      }
+    }, RETIRE_AFTER_MS);
+    timer.unref();
+    this.retireTimers.add(timer);
   }
 
   /** Drops a replaced table once searches that began on it have had time to finish. */

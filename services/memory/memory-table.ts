@@ -7,7 +7,7 @@ import type * as lancedb from "@lancedb/lancedb";
 import type { Schema } from "apache-arrow";
 import { hasPayload, schemaFor } from "./memory-schema.js";
 import { partitionsFor, retryConflicts } from "./search-plan.js";
-import { TABLE } from "./meta.js";
+import { HISTORY_TABLE, TABLE } from "./meta.js";
 import { WRITES_PAUSE_MS } from "./tuning.js";
 
 export class MemoryTable {
@@ -39,11 +39,32 @@ export class MemoryTable {
 
   /** @param written called after each successful write (maintenance counts them). Contract: never throws. */
   constructor(
-    readonly db: lancedb.Connection,
+    /** The connection the tables were opened from (switched by reopen). */
+    public db: lancedb.Connection,
     readonly dim: number,
     private readonly written: () => void,
   ) {
     this.schema = schemaFor(dim);
+  }
+
+  /**
+   * Switches to `db`, a new connection to the same database, opening the table in use and the
+   * history from it. Returns the handles it replaced, for the caller to close once operations
+   * begun on them are done. Call in the writer's queue, so no write is between the two.
+   */
+  async reopen(db: lancedb.Connection): Promise<{ close(): void }[]> {
+    try {
+      const table = await db.openTable(this.name);
+      const history = await db.openTable(HISTORY_TABLE);
+      const replaced = [this.table, this.history, this.db];
+      this.db = db;
+      this.table = table;
+      this.history = history;
+      return replaced;
+    } catch (err) {
+      db.close();
+      throw err;
+    }
   }
 
   /** Whether the table in use has payloads (schemaFor). */

@@ -79,6 +79,7 @@ export class MemoryStore {
 
   private constructor(
     db: lancedb.Connection,
+    connect: () => Promise<lancedb.Connection>,
     readonly embedder: string,
     readonly dim: number,
     private readonly logger: Logger,
@@ -86,7 +87,7 @@ export class MemoryStore {
   ) {
     this.mt = new MemoryTable(db, dim, () => this.maintenance.afterWrite());
     this.watcher = new IndexWatcher(tuning, logger, () => this.mt.closed);
-    this.maintenance = new Maintenance(this.mt, this.watcher, tuning, logger);
+    this.maintenance = new Maintenance(this.mt, this.watcher, tuning, logger, connect);
     this.adds = new GroupCommit(
       (group) => this.commitAdds(group),
       (turn) => this.mt.write(turn),
@@ -103,8 +104,8 @@ export class MemoryStore {
     tuning: Partial<StoreTuning> = {},
   ): Promise<MemoryStore> {
     const tuned = { ...DEFAULT_TUNING, ...tuning };
-    const db = await connectMemoryDb(uri, storageOptions, tuned.metadataCacheBytes);
-    const store = new MemoryStore(db, embedder, dim, logger, tuned);
+    const connect = () => connectMemoryDb(uri, storageOptions, tuned.metadataCacheBytes);
+    const store = new MemoryStore(await connect(), connect, embedder, dim, logger, tuned);
     await store.init();
     return store;
   }
@@ -238,13 +239,14 @@ export class MemoryStore {
     return { indexed: stats !== undefined, unindexed: stats?.numUnindexedRows ?? 0 };
   }
 
-  async stats(): Promise<{ rows: number; version: number; indexed: boolean; unindexed: number }> {
+  /** The table's size and version, its vector index, and how often the database was opened anew. */
+  async stats(): Promise<{ rows: number; version: number; indexed: boolean; unindexed: number; reconnects: number }> {
     const [rows, version, idx] = await Promise.all([
       this.mt.table.countRows(),
       this.mt.table.version(),
       this.vectorIndexed(),
     ]);
-    return { rows, version, ...idx };
+    return { rows, version, ...idx, reconnects: this.maintenance.reconnects };
   }
 
   /**

@@ -10,6 +10,12 @@ export const INDEX_THRESHOLD = 100_000;
  * searches and writes need, so a small cap costs nothing measurable; TROUPE_MEMORY_METADATA_CACHE_MB.
  */
 export const DEFAULT_METADATA_CACHE_BYTES = 32 * 1024 * 1024;
+/**
+ * What is left per commit with the caches capped is native memory that goes with the connection
+ * (lance-format/lance#1983): the store opens the database anew after this many commits
+ * (bench/lance-growth --reconnect-every; docs/memory.md, "Writes"). TROUPE_MEMORY_RECONNECT_COMMITS.
+ */
+export const DEFAULT_RECONNECT_COMMITS = 200;
 
 /** Sizes a store decides by; tests make them small to reach the large-table paths quickly. */
 export interface StoreTuning {
@@ -27,6 +33,8 @@ export interface StoreTuning {
   maxAddGroup: number;
   /** The cap on LanceDB's metadata cache (meta.ts connectMemoryDb). */
   metadataCacheBytes: number;
+  /** Commits after which the database is opened anew (maintenance.ts reconnect); 0: never. */
+  reconnectCommits: number;
 }
 export const DEFAULT_TUNING: StoreTuning = {
   indexThreshold: INDEX_THRESHOLD,
@@ -34,6 +42,7 @@ export const DEFAULT_TUNING: StoreTuning = {
   minIndexRecall: 0.95,
   maxAddGroup: 64,
   metadataCacheBytes: DEFAULT_METADATA_CACHE_BYTES,
+  reconnectCommits: DEFAULT_RECONNECT_COMMITS,
 };
 /** The table is rewritten in scope order once it has grown by this fraction since the last time. */
 export const LAYOUT_GROWTH = 0.25;

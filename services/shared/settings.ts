@@ -248,6 +248,12 @@ export const SETTINGS = {
       default: 32,
       schema: int(),
     },
+    memoryReconnectCommits: {
+      env: "TROUPE_MEMORY_RECONNECT_COMMITS",
+      doc: "commits after which the memory database is opened anew, giving back what of LanceDB's native memory per commit goes with the connection (0: never)",
+      default: 200,
+      schema: int(0),
+    },
     memoryStorageOptions: {
       env: "TROUPE_MEMORY_STORAGE_OPTIONS",
       doc: "its storage options (JSON object)",
