@@ -624,7 +624,9 @@ test("a store that opens its database anew every few commits loses nothing, and 
     assert.deepEqual(failures.slice(0, 3), [], "no search failed across the switches");
     assert.ok(searches > 0);
     const stats = await store.stats();
-    assert.ok(stats.reconnects >= 8, `41 commits at one switch per 4 commits: ${stats.reconnects} switches`);
+    // One is due every 4 of the 41 commits; those due while maintenance runs (from the 20th
+    // commit on, for as long as it takes) are skipped. The first four fall before it.
+    assert.ok(stats.reconnects >= 4, `41 commits, a switch due every 4: ${stats.reconnects} switches`);
     const kept = ids.filter((_, i) => i !== 3);
     assert.deepEqual((await store.get(scope("ana"), ids)).map((m) => m.id).sort(), [...kept].sort());
     assert.equal(stats.rows, 39);

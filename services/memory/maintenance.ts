@@ -245,7 +245,7 @@ export class Maintenance {
     this.reconnecting = true;
     try {
       const db = await this.connect();
-      const replaced = await this.mt.write(async () => {
+      const replaced = await this.mt.betweenWrites(async () => {
         if (this.maintaining || this.mt.closed) {
           db.close();
           return [];

@@ -50,7 +50,7 @@ export class MemoryTable {
   /**
    * Switches to `db`, a new connection to the same database, opening the table in use and the
    * history from it. Returns the handles it replaced, for the caller to close once operations
-   * begun on them are done. Call in the writer's queue, so no write is between the two.
+   * begun on them are done. Call through betweenWrites, so no write is between the two.
    */
   async reopen(db: lancedb.Connection): Promise<{ close(): void }[]> {
     try {
@@ -83,7 +83,8 @@ export class MemoryTable {
 
   /** Runs a change after every earlier one, retrying commit conflicts with other writers. */
   write<T>(fn: () => Promise<T>): Promise<T> {
-    const run = async () => {
+    this.pendingWrites++;
+    return this.inQueue(async () => {
       try {
         const out = await retryConflicts(fn, 5);
         this.lastWrite = Date.now();
@@ -92,8 +93,15 @@ export class MemoryTable {
       } finally {
         this.pendingWrites--;
       }
-    };
-    this.pendingWrites++;
+    });
+  }
+
+  /** Runs `fn` in the writer's queue, between two writes, without counting as one (reopen). */
+  betweenWrites<T>(fn: () => Promise<T>): Promise<T> {
+    return this.inQueue(fn);
+  }
+
+  private inQueue<T>(run: () => Promise<T>): Promise<T> {
     const next = this.writes.then(run, run);
     this.writes = next.catch(() => undefined);
     return next;
