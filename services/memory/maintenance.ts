@@ -245,13 +245,10 @@ export class Maintenance {
     this.reconnecting = true;
     try {
       const db = await this.connect();
-      const replaced = await this.mt.betweenWrites(async () => {
-        if (this.maintaining || this.mt.closed) {
-          db.close();
-          return [];
-        }
-        return this.mt.reopen(db);
-      });
+      // Checked again once the new handles are open: a run may have begun meanwhile (a timer's).
+      const replaced = await this.mt.betweenWrites(() =>
+        this.mt.reopen(db, () => !this.maintaining && !this.mt.closed),
+      );
       if (replaced.length > 0) {
         this.reconnects++;
         this.closeLater(replaced);

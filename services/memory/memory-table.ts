@@ -49,22 +49,30 @@ export class MemoryTable {
 
   /**
    * Switches to `db`, a new connection to the same database, opening the table in use and the
-   * history from it. Returns the handles it replaced, for the caller to close once operations
-   * begun on them are done. Call through betweenWrites, so no write is between the two.
+   * history from it, if `wanted()` still holds once they are open. Returns the handles it
+   * replaced (none if it did not switch), for the caller to close once operations begun on them
+   * are done. Call through betweenWrites, so no write is between the two.
    */
-  async reopen(db: lancedb.Connection): Promise<{ close(): void }[]> {
+  async reopen(db: lancedb.Connection, wanted: () => boolean): Promise<{ close(): void }[]> {
+    let table: lancedb.Table | undefined;
+    let history: lancedb.Table;
     try {
-      const table = await db.openTable(this.name);
-      const history = await db.openTable(HISTORY_TABLE);
-      const replaced = [this.table, this.history, this.db];
-      this.db = db;
-      this.table = table;
-      this.history = history;
-      return replaced;
+      table = await db.openTable(this.name);
+      history = await db.openTable(HISTORY_TABLE);
     } catch (err) {
+      table?.close();
       db.close();
       throw err;
     }
+    if (!wanted()) {
+      for (const h of [table, history, db]) h.close();
+      return [];
+    }
+    const replaced = [this.table, this.history, this.db];
+    this.db = db;
+    this.table = table;
+    this.history = history;
+    return replaced;
   }
 
   /** Whether the table in use has payloads (schemaFor). */
