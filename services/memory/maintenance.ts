@@ -259,10 +259,10 @@ export class Maintenance {
   }
 
   /**
-   * Closes replaced handles once searches that began on them have had time to finish, and after
-   * any maintenance run going then (it may have begun on them).
+   * Closes replaced handles (then runs `after`, if given) once searches that began on them have
+   * had time to finish, and after any maintenance run going then (it may have begun on them).
    */
-  private closeLater(handles: { close(): void }[]): void {
+  private closeLater(handles: { close(): void }[], after?: () => void): void {
     const timer = setTimeout(async () => {
       this.retireTimers.delete(timer);
       await this.maintaining?.done.catch(() => undefined);
@@ -274,23 +274,22 @@ export class Maintenance {
           this.logger.warn("could not close a replaced memory database handle", { error: String(err) });
         }
       }
+      after?.();
     }, RETIRE_AFTER_MS);
     timer.unref();
     this.retireTimers.add(timer);
   }
 
-  /** Drops a replaced table once searches that began on it have had time to finish. */
+  /** Closes and drops a table a rewrite replaced, as closeLater does. */
   private retire(table: lancedb.Table, name: string): void {
-    const timer = setTimeout(() => {
-      this.retireTimers.delete(timer);
-      table.close();
-      void this.mt.db
-        .dropTable(name)
-        .catch((err: unknown) =>
-          this.logger.warn(`could not drop the replaced memory table ${name}`, { error: String(err) }),
-        );
-    }, RETIRE_AFTER_MS);
-    timer.unref();
-    this.retireTimers.add(timer);
+    this.closeLater(
+      [table],
+      () =>
+        void this.mt.db
+          .dropTable(name)
+          .catch((err: unknown) =>
+            this.logger.warn(`could not drop the replaced memory table ${name}`, { error: String(err) }),
+          ),
+    );
   }
 }
