@@ -208,12 +208,15 @@ export class SessionActor {
         this.updatedMs = updatedMs ?? this.updatedMs;
       },
       emit: (payload) => this.emit(payload),
+      // In a restart the failed run is still going (its own ending schedules what is next): it is
+      // put back, so nothing starts beside it and what the restart says next carries its turn.
       asRun: (turnId, close) => {
+        const going = this.run;
         this.run = { turnId, controller: new AbortController(), done: Promise.resolve() };
         try {
           close();
         } finally {
-          this.run = undefined;
+          this.run = going;
         }
       },
     };

@@ -341,3 +341,62 @@ describe("the tenant's quota of runs", () => {
     assert.deepEqual(users(b.actor), ["now"]);
   });
 });
+
+describe("supervision", () => {
+  test("frames accepted during a restart run one at a time after it, never beside the failed run", async () => {
+    let fail = 1;
+    const model = new ScriptedModel(() => say("steady on", 20));
+    let going = 0;
+    let most = 0;
+    const runs = new (class extends TenantRuns {
+      override started(tenant: string): void {
+        super.started(tenant);
+        most = Math.max(most, ++going);
+      }
+      override ended(tenant: string): void {
+        super.ended(tenant);
+        going--;
+      }
+    })(new TenantQuotas(DEFAULT_QUOTAS));
+    const deps = testRunDeps(model, [], {
+      systemPrompt: async () => {
+        if (fail-- > 0) throw new Error("a bug in the prompt builder");
+        return { text: "sys", tokens: 1, warnings: [] };
+      },
+    });
+    const { actor, events } = await newActor(() => deps, { deps: { runs } });
+    await actor.submit(prompt("boom"));
+    await events.waitFor((e) => e.payload.case === "error" && e.payload.value.code === "INTERNAL");
+    // The restart waits out its backoff (100 ms); these are admitted once it has rebuilt.
+    const late = ["a", "b", "c"].map((t) => actor.submit(prompt(t)));
+    await Promise.all(late);
+    await actor.whenIdle();
+    assert.equal(most, 1, "one run at a time");
+    assert.equal(going, 0);
+    assert.deepEqual(users(actor), ["boom", "a", "b", "c"]);
+    assert.equal(answers(actor).at(-1), "steady on", "what came in last was answered");
+  });
+
+  test("until the failed run has ended, the restart keeps it as the session's run", async () => {
+    const model = new ScriptedModel(() => say("fine"));
+    const deps = testRunDeps(model, [], {
+      systemPrompt: async () => {
+        throw new Error("a bug in the prompt builder");
+      },
+    });
+    const { actor, events } = await newActor(() => deps);
+    for (let i = 0; i < 5; i++) {
+      const from = events.events.length;
+      await actor.submit(prompt(`crash ${i}`));
+      await events.waitFor((e) => e.payload.case === "agentEnd", from, 5000);
+      await actor.whenIdle();
+    }
+    const failed = await events.waitFor((e) => e.payload.case === "error" && e.payload.value.code === "SESSION_FAILED");
+    const internal = events.events.filter((e) => e.payload.case === "error" && e.payload.value.code === "INTERNAL");
+    assert.equal(internal.length, 5);
+    // Emitted after the rebuild closed the cut-off run: with no run recorded then, it had no turn.
+    assert.equal(failed.turnId, internal[4].turnId, "the failure belongs to the run that spent the budget");
+    assert.notEqual(failed.turnId, "");
+    assert.equal(actor.running, false);
+  });
+});
