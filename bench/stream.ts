@@ -205,6 +205,11 @@ async function startRaw() {
 }
 
 const ROUNDS = 3;
+/** This process's CPU time so far (user + system), in ms. */
+const clientCpuMs = () => {
+  const { user, system } = process.cpuUsage();
+  return (user + system) / 1000;
+};
 const SERVICE_KEYS = ["gateway", "router", "runner", "memory", "sandbox"];
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 
@@ -264,9 +269,13 @@ try {
     const rawPaced = await raw.paced(n, count, rate);
     const pids = ["gateway", "runner"].map((k) => stack.process(k)!.pid!);
     const modelPid = [stack.process("model-server")!.pid!];
-    const modelCpu0 = cpuMs(modelPid);
+    // Where the machine's cores went: each process of the path, and this client's own.
+    const cpuOf = () => [...pids.map((p) => cpuMs([p])), cpuMs(modelPid), clientCpuMs()];
+    const cpuBefore = cpuOf();
     const troupe = await troupeRun(clients, true, n, `!bench ${count} rate=${rate}`, pids, true);
-    const modelPer1000 = ((cpuMs(modelPid) - modelCpu0) / (n * count)) * 1000;
+    const [gatewayMs, runnerMs, modelMs, clientMs] = cpuOf().map((ms, i) => ms - cpuBefore[i]);
+    const modelPer1000 = (modelMs / (n * count)) * 1000;
+    const perToken = (ms: number) => ((ms / Math.max(1, troupe.latencies.length)) * 1000).toFixed(0);
     const p50 = pct(troupe.latencies, 50);
     const p99 = pct(troupe.latencies, 99);
     console.log(`paced: sessions=${n} at ${rate} tokens/s for ${seconds} s (${asked} tokens/s asked)`);
@@ -275,6 +284,9 @@ try {
     );
     console.log(
       `troupe: ${troupe.tokensPerS.toFixed(0)} tokens/s delivered, delay model write -> client p50=${p50.toFixed(1)} ms p99=${p99.toFixed(1)} ms, gateway+runner CPU ${troupe.cpuPer1000.toFixed(0)} ms per 1,000 tokens (the scripted model server's: ${modelPer1000.toFixed(0)} ms)`,
+    );
+    console.log(
+      `troupe: CPU per 1,000 tokens delivered: gateway ${perToken(gatewayMs)} ms, runner ${perToken(runnerMs)} ms, model server ${perToken(modelMs)} ms, this client ${perToken(clientMs)} ms`,
     );
     if (troupe.failures.length > 0)
       console.log(`troupe: ${troupe.failures.length} of ${n} streams did not complete, e.g. ${troupe.failures[0]}`);
