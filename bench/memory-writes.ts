@@ -6,7 +6,10 @@
 // and RSS growth per fact after the first fifth (LanceDB keeps native memory per commit:
 // bench/lance-growth).
 //
-//   node dist/bench/memory-writes.js [--facts 3000] [--callers 20]
+//   node dist/bench/memory-writes.js [--facts 3000] [--callers 20] [--reconnect-commits N]
+//
+// --reconnect-commits: how often the store opens the database anew (TROUPE_MEMORY_RECONNECT_COMMITS;
+// the store's default when not given, 0: never).
 //
 // RESULT grouped_facts_per_s=... single_facts_per_s=... ratio=... grouped_commits_per_fact=...
 //        grouped_kb_per_fact=... single_kb_per_fact=...
@@ -23,6 +26,7 @@ const { values } = parseArgs({
   options: {
     facts: { type: "string", default: "3000" },
     callers: { type: "string", default: "20" },
+    "reconnect-commits": { type: "string" },
     child: { type: "string" },
     dir: { type: "string" },
   },
@@ -42,6 +46,7 @@ interface Figures {
 async function child(maxAddGroup: number, dir: string): Promise<void> {
   const store = await MemoryStore.open(dir, {}, "bench-synthetic", DIM, createLogger("bench", "error"), {
     maxAddGroup,
+    ...(values["reconnect-commits"] === undefined ? {} : { reconnectCommits: Number(values["reconnect-commits"]) }),
   });
   const vectors = Array.from({ length: FACTS }, () => Float32Array.from({ length: DIM }, () => Math.random() - 0.5));
   const rss = () => {
@@ -94,6 +99,7 @@ async function child(maxAddGroup: number, dir: string): Promise<void> {
 
 async function run(maxAddGroup: number): Promise<Figures> {
   const args = ["--child", String(maxAddGroup), "--facts", String(FACTS), "--callers", String(CALLERS)];
+  if (values["reconnect-commits"] !== undefined) args.push("--reconnect-commits", values["reconnect-commits"]);
   return runChild<Figures>(fileURLToPath(import.meta.url), `memory-writes-${maxAddGroup}`, args);
 }
 

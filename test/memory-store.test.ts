@@ -596,9 +596,24 @@ test("LanceDB's metadata cache stays within the store's cap as commits pile up",
   }
 });
 
+test("openings anew are spaced in time: under a burst of commits, one set of replaced handles waits at a time", async () => {
+  const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-memory-reconnect-spaced-"));
+  // Due every 2 commits, but at most once in 30 s (the default spacing, RETIRE_AFTER_MS).
+  const store = await MemoryStore.open(dir, {}, EMBEDDER, DIM, logger, { reconnectCommits: 2 });
+  try {
+    for (let i = 0; i < 24; i++) await store.add(scope("ana"), [memory(i, "ana")], new Set());
+    await new Promise((r) => setTimeout(r, 200));
+    assert.equal((await store.stats()).reconnects, 1, "one opening in a burst well under 30 s");
+    assert.equal((await store.stats()).rows, 24);
+  } finally {
+    store.close();
+    await rm(dir, { recursive: true, force: true });
+  }
+});
+
 test("a store that opens its database anew every few commits loses nothing, and searches go on through each switch", async () => {
   const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-memory-reconnect-"));
-  const store = await MemoryStore.open(dir, {}, EMBEDDER, DIM, logger, { reconnectCommits: 4 });
+  const store = await MemoryStore.open(dir, {}, EMBEDDER, DIM, logger, { reconnectCommits: 4, reconnectMinMs: 0 });
   try {
     let searching = true;
     let searches = 0;

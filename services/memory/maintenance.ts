@@ -31,6 +31,7 @@ export class Maintenance {
   /** When a rewrite last failed: it costs minutes of both cores, so it is not retried at once. */
   private relayoutFailedAt = 0;
   private sinceReconnect = 0;
+  private lastReconnectMs = -Infinity;
   private reconnecting = false;
   /** Times the database was opened anew (reconnect). */
   reconnects = 0;
@@ -57,11 +58,17 @@ export class Maintenance {
 
   /**
    * Counts a write: maintenance runs after OPTIMIZE_EVERY of them (at most every
-   * MAINTAIN_INTERVAL_MS), and the database is opened anew after tuning.reconnectCommits.
+   * MAINTAIN_INTERVAL_MS), and the database is opened anew after tuning.reconnectCommits (at
+   * most every tuning.reconnectMinMs).
    */
   afterWrite(): void {
-    if (this.tuning.reconnectCommits > 0 && ++this.sinceReconnect >= this.tuning.reconnectCommits) {
+    if (
+      this.tuning.reconnectCommits > 0 &&
+      ++this.sinceReconnect >= this.tuning.reconnectCommits &&
+      Date.now() - this.lastReconnectMs >= this.tuning.reconnectMinMs
+    ) {
       this.sinceReconnect = 0;
+      this.lastReconnectMs = Date.now();
       void this.reconnect().catch((err: unknown) =>
         this.logger.warn("could not open the memory database anew; the current connection stays", {
           error: String((err as Error)?.message ?? err),

@@ -35,6 +35,11 @@ export interface StoreTuning {
   metadataCacheBytes: number;
   /** Commits after which the database is opened anew (maintenance.ts reconnect); 0: never. */
   reconnectCommits: number;
+  /**
+   * The least time between two openings anew. The handles an opening replaces are closed
+   * RETIRE_AFTER_MS later, so with this at that figure at most one replaced set waits at a time.
+   */
+  reconnectMinMs: number;
 }
 export const DEFAULT_TUNING: StoreTuning = {
   indexThreshold: INDEX_THRESHOLD,
@@ -43,6 +48,7 @@ export const DEFAULT_TUNING: StoreTuning = {
   maxAddGroup: 64,
   metadataCacheBytes: DEFAULT_METADATA_CACHE_BYTES,
   reconnectCommits: DEFAULT_RECONNECT_COMMITS,
+  reconnectMinMs: 30_000,
 };
 /** The table is rewritten in scope order once it has grown by this fraction since the last time. */
 export const LAYOUT_GROWTH = 0.25;
