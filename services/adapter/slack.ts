@@ -1,11 +1,12 @@
 // `troupe adapter slack`: a Slack app through the Events API (https://api.slack.com/apis/events-api).
-// Slack POSTs each event to /slack/events, signed with the app's signing secret
-// (https://api.slack.com/authentication/verifying-requests-from-slack: HMAC-SHA256 of
-// "v0:<timestamp>:<body>", five minutes of skew); the URL is proved once by echoing a
-// url_verification challenge. The bot takes direct messages, mentions (app_mention), and what
+// Events come one of two ways. Over HTTP, Slack POSTs each to /slack/events, signed with the app's
+// signing secret (https://api.slack.com/authentication/verifying-requests-from-slack: HMAC-SHA256
+// of "v0:<timestamp>:<body>", five minutes of skew), and the URL is proved once by echoing a
+// url_verification challenge. By Socket Mode (an app-level token given), the adapter opens a
+// WebSocket to Slack and needs no public URL (slack-socket.ts). The bot takes direct messages, mentions (app_mention), and what
 // is said in the threads it answered in (channel messages with their thread_ts); each is
-// delivered before the 200 that acknowledges it, so a failure is a 5xx and Slack sends the event
-// again (its retries, and a message arriving as both `message` and `app_mention`, are one message:
+// delivered before the 200 (or the Socket Mode acknowledgement) that acknowledges it, so a failure
+// is a 5xx (or no acknowledgement) and Slack sends the event again (its retries, and a message arriving as both `message` and `app_mention`, are one message:
 // the idempotency key is channel:ts). Replies go in the thread of the message they answer,
 // streamed by chat.update (drafted-replies.ts).
 import type http from "node:http";
@@ -17,12 +18,17 @@ import { DraftedReplies, sendText, type ChatApi } from "./drafted-replies.js";
 import { SlackApi, SlackApiError } from "./slack-api.js";
 import { SLACK_SIGNATURE, signatureProblem } from "./signature.js";
 import { serveInbound, type InboundAnswer } from "./http-inbound.js";
+import { type EnvelopeOutcome, SocketModeClient } from "./slack-socket.js";
 import type { AdapterState, Address } from "./state.js";
 
 export interface SlackOptions {
   listen: string;
   botToken: string;
   signingSecret: string;
+  /** An app-level token: events by Socket Mode, no HTTP listener. */
+  appToken?: string;
+  /** Socket Mode: how long one connection is kept before a new one replaces it. */
+  socketRefreshMs?: number;
   apiUrl: string;
   channel: string;
   commandUsers: Set<string>;
@@ -153,25 +159,52 @@ export async function startSlackAdapter(gateway: GatewayClient, state: AdapterSt
       return { status: 400, body: { error: "the body is not JSON" } };
     }
     if (doc.type === "url_verification") return { status: 200, body: { challenge: doc.challenge } };
-    if (doc.type !== "event_callback" || !doc.event) return { status: 200, body: {} };
+    return (await callback(doc)) === "ack"
+      ? { status: 200, body: {} }
+      : { status: 503, body: { error: "not delivered; retry" } };
+  };
+
+  /** An event_callback, however it came: "ack" once taken (or refused for good), "retry" to have it sent again. */
+  const callback = async (doc: { type?: string; team_id?: string; event?: SlackEvent }): Promise<EnvelopeOutcome> => {
+    if (doc.type !== "event_callback" || !doc.event) return "ack";
     try {
       await take(doc.team_id ?? "", doc.event);
-      return { status: 200, body: {} };
+      return "ack";
     } catch (err) {
       if (neverTaken(err)) {
         opts.logger.warn("a Slack message was refused; skipped", { error: String(err) });
-        return { status: 200, body: {} };
+        return "ack";
       }
       opts.logger.warn("a Slack event was not delivered; Slack will send it again", { error: String(err) });
-      return { status: 503, body: { error: "not delivered; retry" } };
+      return "retry";
     }
   };
 
+  const common = { botUser: auth.user_id, replies };
+  if (opts.appToken) {
+    const socket = new SocketModeClient({
+      apiUrl: opts.apiUrl,
+      appToken: opts.appToken,
+      logger: opts.logger,
+      refreshMs: opts.socketRefreshMs ?? 300_000,
+      onEvents: (payload) => callback((payload ?? {}) as Parameters<typeof callback>[0]),
+    });
+    await socket.start();
+    return {
+      ...common,
+      mode: "socket" as const,
+      port: 0,
+      async close(): Promise<void> {
+        await socket.close();
+        await replies.settle();
+      },
+    };
+  }
   const server = await serveInbound(opts.listen, "/slack/events", handle, opts.logger);
   return {
+    ...common,
+    mode: "http" as const,
     port: server.port,
-    botUser: auth.user_id,
-    replies,
     async close(): Promise<void> {
       await server.close();
       await replies.settle();

@@ -47,19 +47,28 @@ export async function adapterCommand(args: string[]): Promise<number> {
     inbound = server;
     replies = new InboxReplies(gateway, state, webhookReplies(opts), logger);
   } else if (kind === "slack") {
-    if (!a.slackBotToken || !a.slackSigningSecret)
-      return fail("set SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET: the app's bot token and signing secret");
+    if (!a.slackBotToken) return fail("set SLACK_BOT_TOKEN: the app's bot token (xoxb-...)");
+    if (!a.slackAppToken && !a.slackSigningSecret)
+      return fail(
+        "set SLACK_SIGNING_SECRET (events by HTTP) or SLACK_APP_TOKEN (events by Socket Mode, an xapp- token)",
+      );
     const app = await startSlackAdapter(gateway, state, {
       listen: a.webhookAddr,
       botToken: a.slackBotToken,
       signingSecret: a.slackSigningSecret,
+      appToken: a.slackAppToken || undefined,
+      socketRefreshMs: a.slackSocketRefreshMs,
       apiUrl: a.slackApiUrl,
       channel,
       commandUsers: new Set(a.commandUsers),
       draftIntervalMs: a.draftIntervalMs,
       logger,
     });
-    logger.info(`slack adapter taking events at POST /slack/events on port ${app.port} as ${app.botUser}`);
+    logger.info(
+      app.mode === "socket"
+        ? `slack adapter taking events by Socket Mode as ${app.botUser}`
+        : `slack adapter taking events at POST /slack/events on port ${app.port} as ${app.botUser}`,
+    );
     inbound = app;
     replies = new InboxReplies(gateway, state, app.replies, logger);
   } else {
@@ -90,5 +99,8 @@ export async function adapterCommand(args: string[]): Promise<number> {
   await replies.stop();
   await state.close();
   gateway.close();
+  // Everything is closed; a connection whose far side never answers our close (a Socket Mode
+  // socket gone silent) would keep the process alive, so it is left to the exit.
+  setTimeout(() => process.exit(), 2000).unref();
   return 0;
 }

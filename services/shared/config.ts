@@ -120,9 +120,11 @@ export interface Config {
     telegramWebhookSecret: string;
     slackBotToken: string;
     slackSigningSecret: string;
+    slackAppToken: string;
     slackApiUrl: string;
     commandUsers: string[];
     draftIntervalMs: number;
+    slackSocketRefreshMs: number;
   };
   /** Runner: failpoints (runner/failpoints.ts), for tests. */
   failpoints: string;
@@ -390,9 +392,11 @@ export function loadConfig(
       telegramWebhookSecret: str("telegramWebhookSecret") ?? "",
       slackBotToken: str("slackBotToken") ?? "",
       slackSigningSecret: str("slackSigningSecret") ?? "",
+      slackAppToken: str("slackAppToken") ?? "",
       slackApiUrl: str("slackApiUrl")!,
       commandUsers: commaList(str("commandUsers")),
       draftIntervalMs: v.draftIntervalMs,
+      slackSocketRefreshMs: v.slackSocketRefreshMs,
     },
     failpoints: str("failpoints") ?? "",
     memoryLearn: str("memoryLearn") !== "0",

@@ -457,6 +457,18 @@ export const SETTINGS = {
       doc: "troupe adapter slack: the app's signing secret, to check the Events API's requests",
       secret: true,
     },
+    slackAppToken: {
+      env: "SLACK_APP_TOKEN",
+      doc: "troupe adapter slack: an app-level token (xapp-..., scope connections:write); set, events come by Socket Mode instead of HTTP",
+      schema: { type: "string", pattern: "^xapp-", message: "must be an app-level token (xapp-...)" },
+      secret: true,
+    },
+    slackSocketRefreshMs: {
+      env: "TROUPE_SLACK_SOCKET_REFRESH_MS",
+      doc: "troupe adapter slack, Socket Mode: how long one connection is kept before a new one replaces it (bounds how long a silently dropped one goes unnoticed; 0: until Slack closes it)",
+      default: 300000,
+      schema: int(0),
+    },
     slackApiUrl: {
       env: "SLACK_API_URL",
       doc: "troupe adapter slack: the Web API's base (a test's server)",

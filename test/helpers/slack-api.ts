@@ -7,10 +7,16 @@
 // (https://api.slack.com/apis/events-api): event_callback envelopes signed as
 // https://api.slack.com/authentication/verifying-requests-from-slack says, the url_verification
 // challenge, and retries with X-Slack-Retry-Num when the app does not answer 2xx (Slack waits
-// minutes between them; here a second).
-import { createHmac } from "node:crypto";
+// minutes between them; here a second). Socket Mode
+// (https://api.slack.com/apis/connections/socket-implement, /methods/apps.connections.open): the
+// URL is asked for with an app-level token (a bot token is not_allowed_token_type) and takes one
+// connection; Slack says hello, sends events_api envelopes and sends one again (retry_attempt,
+// retry_reason "timeout") when no {"envelope_id"} comes back on that socket within 3 s; it recycles
+// a connection with a `disconnect` message before closing it.
+import { createHmac, randomUUID } from "node:crypto";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
+import { acceptWebSocket, type ServerSocket } from "./websocket-server.js";
 
 interface Posted {
   channel: string;
@@ -33,6 +39,13 @@ export class SlackServer {
   private clock = 1_764_000_000;
   private server?: http.Server;
   base = "";
+  readonly appToken = "xapp-1-A0APP0001-1764000000-test";
+  /** Socket Mode: URLs given and not yet used, the connections that said hello, what was sent on them. */
+  private readonly tickets = new Set<string>();
+  readonly sockets: ServerSocket[] = [];
+  readonly socketDeliveries: { envelopeId: string; retry: number; acked: boolean }[] = [];
+  private readonly acks = new Map<string, () => void>();
+  connectionsOpened = 0;
 
   constructor(
     readonly botToken: string,
@@ -47,12 +60,14 @@ export class SlackServer {
       req.on("data", (c: Buffer) => chunks.push(c));
       req.on("end", () => this.route(req, Buffer.concat(chunks), res));
     });
+    this.server.on("upgrade", (req, socket) => this.upgrade(req, socket));
     await new Promise<void>((r) => this.server!.listen(0, "127.0.0.1", () => r()));
     this.base = `http://127.0.0.1:${(this.server.address() as AddressInfo).port}`;
     return `${this.base}/api`;
   }
 
   async stop(): Promise<void> {
+    for (const s of this.sockets) s.close(1001, "", true);
     this.server?.closeAllConnections();
     await new Promise((r) => this.server?.close(r));
   }
@@ -94,19 +109,24 @@ export class SlackServer {
     return res.status === 200 && res.body.challenge === challenge;
   }
 
-  /** Delivers an event as Slack does: until the app answers 2xx, three retries, a second apart. */
-  async sendEvent(url: string, event: Record<string, unknown>): Promise<void> {
-    const eventId = `Ev${Math.random().toString(36).slice(2, 12).toUpperCase()}`;
-    const envelope = {
+  /** The Events API's envelope around an event. */
+  private callback(event: Record<string, unknown>) {
+    return {
       token: "legacy",
       team_id: this.team,
       api_app_id: "A0APP0001",
       event,
       type: "event_callback",
-      event_id: eventId,
+      event_id: `Ev${Math.random().toString(36).slice(2, 12).toUpperCase()}`,
       event_time: Math.floor(Date.now() / 1000),
       authorizations: [{ team_id: this.team, user_id: this.botUser, is_bot: true }],
     };
+  }
+
+  /** Delivers an event as Slack does: until the app answers 2xx, three retries, a second apart. */
+  async sendEvent(url: string, event: Record<string, unknown>): Promise<void> {
+    const envelope = this.callback(event);
+    const eventId = envelope.event_id;
     for (let retry = 0; retry <= 3; retry++) {
       const headers: Record<string, string> = retry
         ? { "x-slack-retry-num": String(retry), "x-slack-retry-reason": "http_error" }
@@ -119,6 +139,87 @@ export class SlackServer {
       if (status >= 200 && status < 300) return;
       await new Promise((r) => setTimeout(r, 1000));
     }
+  }
+
+  /** The newest Socket Mode connection still open (Slack picks one; here the newest). */
+  liveSocket(): ServerSocket | undefined {
+    return this.sockets.filter((s) => !s.closed).at(-1);
+  }
+
+  /**
+   * Sends an event by Socket Mode as Slack does: until it is acknowledged within 3 s, three more
+   * times (retry_reason "timeout"), each on the newest open connection unless `via` is given.
+   * Resolves to whether it was acknowledged.
+   */
+  async sendSocketEvent(event: Record<string, unknown>, via?: ServerSocket): Promise<boolean> {
+    const payload = this.callback(event);
+    for (let retry = 0; retry <= 3; retry++) {
+      const socket = retry === 0 && via ? via : this.liveSocket();
+      const envelopeId = randomUUID();
+      const acked = new Promise<boolean>((resolve) => {
+        const timer = setTimeout(() => resolve(false), 3000);
+        this.acks.set(envelopeId, () => {
+          clearTimeout(timer);
+          resolve(true);
+        });
+      });
+      socket?.sendText(
+        JSON.stringify({
+          envelope_id: envelopeId,
+          payload,
+          type: "events_api",
+          accepts_response_payload: false,
+          retry_attempt: retry,
+          retry_reason: retry ? "timeout" : "",
+        }),
+      );
+      const ok = socket ? await acked : false;
+      this.acks.delete(envelopeId);
+      this.socketDeliveries.push({ envelopeId, retry, acked: ok });
+      if (ok) return true;
+      if (!socket) await new Promise((r) => setTimeout(r, 1000));
+    }
+    return false;
+  }
+
+  /** Recycles every connection as Slack does: a `disconnect` message, then the close `afterMs` later. */
+  recycle(reason = "refresh_requested", afterMs = 1500): void {
+    for (const s of this.sockets.filter((x) => !x.closed)) {
+      s.sendText(JSON.stringify({ type: "disconnect", reason, debug_info: { host: "applink-test" } }));
+      setTimeout(() => s.close(1000, "recycled"), afterMs).unref();
+    }
+  }
+
+  /** Cuts every connection with no notice (a network fault). */
+  cutSockets(): void {
+    for (const s of this.sockets) s.close(1006, "", true);
+  }
+
+  /** A Socket Mode connection: one per URL given by apps.connections.open, then hello. */
+  private upgrade(req: http.IncomingMessage, socket: import("node:stream").Duplex): void {
+    const url = new URL(req.url ?? "/", "http://x");
+    const ticket = url.searchParams.get("ticket") ?? "";
+    const known = url.pathname === "/link/" && this.tickets.delete(ticket);
+    const ws = acceptWebSocket(req, socket, known ? undefined : 401);
+    if (!ws) return;
+    this.sockets.push(ws);
+    ws.onText = (text) => {
+      let m: { envelope_id?: unknown };
+      try {
+        m = JSON.parse(text);
+      } catch {
+        return ws.close(1007, "not JSON");
+      }
+      if (typeof m.envelope_id === "string") this.acks.get(m.envelope_id)?.();
+    };
+    ws.sendText(
+      JSON.stringify({
+        type: "hello",
+        num_connections: this.sockets.filter((s) => !s.closed).length,
+        debug_info: { host: "applink-test", build_number: 1, approximate_connection_time: 18060 },
+        connection_info: { app_id: "A0APP0001" },
+      }),
+    );
   }
 
   /** Answers one request (its return value is not used). */
@@ -142,6 +243,18 @@ export class SlackServer {
     };
     const auth = req.headers.authorization;
     if (!auth) return refuse("not_authed");
+    if (m[1] === "apps.connections.open") {
+      // Only an app-level token opens a connection.
+      if (auth === `Bearer ${this.botToken}`) return refuse("not_allowed_token_type");
+      if (auth !== `Bearer ${this.appToken}`) return refuse("invalid_auth");
+      const ticket = randomUUID();
+      this.tickets.add(ticket);
+      this.connectionsOpened++;
+      return json(200, {
+        ok: true,
+        url: `${this.base.replace(/^http/, "ws")}/link/?ticket=${ticket}&app_id=A0APP0001`,
+      });
+    }
     if (auth !== `Bearer ${this.botToken}`) return refuse("invalid_auth");
     let p: Record<string, unknown> = {};
     try {
