@@ -9,7 +9,6 @@ import {
   ClientFrameSchema,
   type QueueMode,
   SessionInfoSchema,
-  StopReason,
   type AgentEvent,
   type ChatMessage,
   type ClientFrame,
@@ -21,7 +20,7 @@ import { newId } from "../shared/ids.js";
 import type { Logger } from "../shared/log.js";
 import { resumedMessages, runAgent } from "./loop.js";
 import * as recovery from "./recovery.js";
-import { type CutOff, INTERRUPTED, RestartBudget } from "./recovery.js";
+import { type CutOff, INTERRUPTED } from "./recovery.js";
 import type { Compaction, EventPayload, QueuedMessage, RunDeps, RunHost } from "./run.js";
 import type { AuditSink } from "./audit-log.js";
 import { refOf, type SessionRef } from "../shared/session-ref.js";
@@ -41,6 +40,7 @@ import { SessionElsewhere } from "./session-lease.js";
 import { SessionChoices, type Choice, type ChoiceRecord } from "./session-choices.js";
 import { HeldHistory } from "./held-history.js";
 import { type Numbering, type RebuiltParts, type Resume, rebuildFromLog } from "./session-rebuild.js";
+import { Supervision } from "./supervision.js";
 
 /** What an actor is given: its store, the audit log, the logger, and what its runs use. */
 export interface ActorDeps {
@@ -67,12 +67,8 @@ export class SessionActor {
   /** Refusals, log writes and acknowledgements of incoming frames (admission.ts). */
   private readonly admission: Admission;
   private activeMs = Date.now();
-  /** Recent unexpected run failures (supervision). */
-  private readonly restarts = new RestartBudget();
-  /** Set when the session gave up after too many failures: why. */
-  private failed?: string;
-  /** Pending while a restart rebuilds state from the log; admissions wait for it. */
-  private restarting?: Promise<void>;
+  /** Restarts from the log after a run that threw, and the failed state (supervision.ts). */
+  private readonly supervision: Supervision;
   private run?: { turnId: string; controller: AbortController; done: Promise<void> };
   /** Draining (a shutdown): no new run starts. Frozen: a handed-over run's events are dropped. */
   private draining = false;
@@ -122,8 +118,8 @@ export class SessionActor {
       sessionId,
       mailbox: this.mailbox,
       lost: () => this.lost,
-      failed: () => this.failed,
-      restarting: () => this.restarting,
+      failed: () => this.supervision.failed,
+      restarting: () => this.supervision.restarting,
       running: () => this.run !== undefined,
       takeRun: () => this.deps.runs?.admit(this.owner.tenant),
       record: (frame) => this.recordFrame(frame),
@@ -134,6 +130,24 @@ export class SessionActor {
         if (interrupt && this.run) this.abort(frame.frameId, "interrupted by a prompt in interrupt mode", false);
         this.schedule();
       },
+    });
+    this.supervision = new Supervision({
+      sessionId,
+      admitting: () => this.admission.admitting,
+      readLog: async () => {
+        await this.log.flush().catch(() => undefined);
+        return this.deps.store.read(this.ref);
+      },
+      rebuild: (records, cutOff) => {
+        const live = this.journal.lastSeq;
+        this.history.clear();
+        this.admission.clear();
+        this.mailbox.clear();
+        this.compaction = undefined;
+        this.replayLog(records, { live }, cutOff);
+      },
+      emit: (payload) => void this.emit(payload),
+      dropQueued: (message) => this.drop(this.mailbox.queue.splice(0).flat(), message),
     });
   }
 
@@ -386,56 +400,7 @@ export class SessionActor {
         session: this.sessionId,
         error: String((err as Error)?.stack ?? err),
       });
-      await this.restartFromLog(first);
-    }
-  }
-
-  /** Supervision: backoff, then state rebuilt from the log; too many failures mark the session failed. */
-  private async restartFromLog(startedBy: QueuedMessage[]): Promise<void> {
-    const { backoffMs, failed } = this.restarts.spend(Date.now());
-    this.emit({
-      case: "error",
-      value: {
-        code: "INTERNAL",
-        message: "the run failed unexpectedly; the session restarts from its log",
-        retryable: true,
-      },
-    });
-    let done!: () => void;
-    this.restarting = new Promise((resolve) => (done = resolve));
-    try {
-      // New frames wait (see admit); the ones already past that point land in the log first, so
-      // the read below holds every accepted frame and the queues rebuilt from it miss none.
-      while (this.admission.admitting > 0) await new Promise((r) => setTimeout(r, 5));
-      await new Promise((r) => setTimeout(r, backoffMs));
-      await this.log.flush().catch(() => undefined);
-      const records = await this.deps.store.read(this.ref);
-      const liveSeq = this.journal.lastSeq;
-      this.history.clear();
-      this.admission.clear();
-      this.mailbox.clear();
-      this.compaction = undefined;
-      // What was queued comes back from the log (accepted, never applied) and runs after this.
-      this.replayLog(
-        records,
-        { live: liveSeq },
-        { reason: StopReason.ERROR, message: "the run failed unexpectedly", startedBy },
-      );
-      if (failed) {
-        this.failed = failed;
-        this.drop(this.mailbox.queue.splice(0).flat(), "dropped: the session failed");
-        this.emit({
-          case: "error",
-          value: {
-            code: "SESSION_FAILED",
-            message: `session ${this.sessionId} has failed: ${this.failed}`,
-            retryable: false,
-          },
-        });
-      }
-    } finally {
-      this.restarting = undefined;
-      done();
+      await this.supervision.restart(first);
     }
   }
 
