@@ -49,7 +49,7 @@ build: node_modules/.installed services/shared/gen/.generated
 lint: build kubectl
 	npx biome check
 	npx buf lint
-	node dist/test/k8s/validate.js k8s/overlays/dev k8s/overlays/prod
+	node dist/test/k8s/validate.js k8s/overlays/dev k8s/overlays/prod k8s/adapters/slack k8s/adapters/telegram
 	@if git rev-parse --verify -q main >/dev/null; then \
 	  npx buf breaking --against '.git#branch=main'; \
 	else echo "lint: no main branch here; buf breaking skipped"; fi

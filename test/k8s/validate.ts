@@ -1,6 +1,6 @@
 // `make lint`'s check of the Kubernetes manifests: renders each overlay with `kubectl kustomize`
 // and validates every object offline (schema.ts), failing on unknown fields and wrong types.
-//   node dist/test/k8s/validate.js k8s/overlays/dev k8s/overlays/prod
+//   node dist/test/k8s/validate.js k8s/overlays/dev k8s/overlays/prod k8s/adapters/slack k8s/adapters/telegram
 import { execFileSync } from "node:child_process";
 import { parseAllDocuments } from "yaml";
 import { validateObject } from "./schema.js";
