@@ -239,6 +239,11 @@ export class MemoryStore {
     return { indexed: stats !== undefined, unindexed: stats?.numUnindexedRows ?? 0 };
   }
 
+  /** Times the database was opened anew (maintenance.ts reconnect). */
+  get reconnects(): number {
+    return this.maintenance.reconnects;
+  }
+
   /** The table's size and version, its vector index, and how often the database was opened anew. */
   async stats(): Promise<{ rows: number; version: number; indexed: boolean; unindexed: number; reconnects: number }> {
     const [rows, version, idx] = await Promise.all([
