@@ -105,6 +105,20 @@ test("a connection cut without notice is replaced, and Slack's retry of what it 
   assert.ok(slack.socketDeliveries.at(-1)!.retry > 0, "the first send met no connection and was retried");
 });
 
+test("a connection Slack says no hello on is given up, and the next one is used", async () => {
+  const before = slack.botMessages(DM).length;
+  const opened = slack.connectionsOpened;
+  slack.withholdHello = 1;
+  slack.cutSockets();
+  await waitFor("a connection with no hello, then another", async () => slack.connectionsOpened >= opened + 2, 30_000);
+  await waitFor(
+    "the one with no hello closed by the adapter",
+    async () => slack.sockets.at(-2)!.closeCode !== undefined,
+  );
+  assert.equal(await slack.sendSocketEvent(dm("after no hello")), true);
+  await answered(before + 1, /^You said: after no hello/);
+});
+
 test("with the gateway away nothing is acknowledged; Slack's retries reach it once it is back", async () => {
   const before = slack.botMessages(DM).length;
   const attempts = slack.socketDeliveries.length;

@@ -44,6 +44,8 @@ const FIRST_BACKOFF_MS = 1000;
 const MAX_BACKOFF_MS = 30_000;
 /** How long a socket we replaced stays open for the acknowledgements of what it is handling (Slack waits 3 s). */
 const REPLACED_GRACE_MS = 3000;
+/** A connection Slack has not said hello on by then is given up (a handshake or a hello that never comes). */
+const HELLO_TIMEOUT_MS = 10_000;
 
 export class SocketModeClient {
   private readonly api: SlackApi;
@@ -91,16 +93,23 @@ export class SocketModeClient {
     this.sockets.add(ws);
     await new Promise<void>((resolve, reject) => {
       let greeted = false;
+      const timer = setTimeout(() => {
+        this.sockets.delete(ws);
+        ws.close();
+        reject(new Error(`Slack said no hello on the Socket Mode connection within ${HELLO_TIMEOUT_MS} ms`));
+      }, HELLO_TIMEOUT_MS);
       ws.addEventListener("message", (m) => {
         const env = parse(m.data);
         if (env?.type === "hello" && !greeted) {
           greeted = true;
+          clearTimeout(timer);
           this.greeted(ws);
           resolve();
         } else if (env) this.receive(ws, env);
       });
       ws.addEventListener("close", (e) => {
         this.sockets.delete(ws);
+        clearTimeout(timer);
         if (!greeted)
           reject(new Error(`the Socket Mode connection closed before Slack's hello (${e.code} ${e.reason})`));
         else if (ws === this.current && !this.closed) {

@@ -46,6 +46,8 @@ export class SlackServer {
   readonly socketDeliveries: { envelopeId: string; retry: number; acked: boolean }[] = [];
   private readonly acks = new Map<string, () => void>();
   connectionsOpened = 0;
+  /** Connections still to come on which Slack will say no hello (a fault on its side). */
+  withholdHello = 0;
 
   constructor(
     readonly botToken: string,
@@ -212,6 +214,10 @@ export class SlackServer {
       }
       if (typeof m.envelope_id === "string") this.acks.get(m.envelope_id)?.();
     };
+    if (this.withholdHello > 0) {
+      this.withholdHello--;
+      return;
+    }
     ws.sendText(
       JSON.stringify({
         type: "hello",
