@@ -596,6 +596,47 @@ test("LanceDB's metadata cache stays within the store's cap as commits pile up",
   }
 });
 
+test("LanceDB's index cache stays within the store's cap as searches read indexes", async () => {
+  const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-lance-index-cache-"));
+  const meta = 256 * 1024;
+  const cap = 64 * 1024;
+  // The same table and searches through a connection whose index cache is capped and one whose
+  // is not; both have the same small metadata cap, so what differs is what the indexes left.
+  const work = async (db: lancedb.Connection) => {
+    const rows = Array.from({ length: 3000 }, (_, i) => ({
+      id: `r${i}`,
+      text: `note ${i} about w${i % 97} and w${(i * 7) % 89}`,
+      vector: [i % 5, 1, 2, 3],
+    }));
+    const table = await db.createTable("t", rows);
+    await table.createIndex("id", { config: lancedb.Index.btree() });
+    await table.createIndex("text", { config: lancedb.Index.fts() });
+    for (let i = 0; i < 60; i++) {
+      await table
+        .query()
+        .where(`id = 'r${i * 37}'`)
+        .toArray();
+      await table
+        .search(`w${i % 97}`, "fts")
+        .limit(5)
+        .toArray();
+    }
+    table.close();
+  };
+  const capped = await connectMemoryDb(path.join(dir, "capped"), {}, meta, cap);
+  const wide = await connectMemoryDb(path.join(dir, "wide"), {}, meta, 512 * 1024 * 1024);
+  try {
+    await work(capped);
+    await work(wide);
+    assert.ok(cachedBytes(wide) > meta + 2 * cap, `uncapped, the caches held ${cachedBytes(wide)} bytes`);
+    assert.ok(cachedBytes(capped) <= meta + cap, `capped, the caches held ${cachedBytes(capped)} bytes`);
+  } finally {
+    capped.close();
+    wide.close();
+    await rm(dir, { recursive: true, force: true });
+  }
+});
+
 test("openings anew are spaced in time: under a burst of commits, one set of replaced handles waits at a time", async () => {
   const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-memory-reconnect-spaced-"));
   // Due every 2 commits, but at most once in 30 s (the default spacing, RETIRE_AFTER_MS).

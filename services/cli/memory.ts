@@ -27,6 +27,7 @@ async function reembedCommand(cfg: Config, f: Record<string, string | boolean | 
       batch,
       keepOld: f["keep-old"] === true,
       metadataCacheBytes: cfg.memoryMetadataCacheMb * 1024 * 1024,
+      indexCacheBytes: cfg.memoryIndexCacheMb * 1024 * 1024,
       onProgress(done, total) {
         if (done - shown >= 10_000 || done === total) {
           shown = done;

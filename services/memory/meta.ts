@@ -38,14 +38,15 @@ export const metaSchema = new Schema([new Field("key", new Utf8(), false), new F
  */
 export const FILE_FORMAT = "2.1";
 
-/** The memory database at uri, making new tables in FILE_FORMAT, its metadata cache capped. */
+/** The memory database at uri, making new tables in FILE_FORMAT, its metadata and index caches capped. */
 export async function connectMemoryDb(
   uri: string,
   storageOptions: Record<string, string>,
   metadataCacheBytes = DEFAULT_TUNING.metadataCacheBytes,
+  indexCacheBytes = DEFAULT_TUNING.indexCacheBytes,
 ): Promise<lancedb.Connection> {
   // connect(uri, options, session) drops its session argument (lancedb 0.39): pass it in options.
-  const session = new lancedb.Session(undefined, BigInt(metadataCacheBytes));
+  const session = new lancedb.Session(BigInt(indexCacheBytes), BigInt(metadataCacheBytes));
   const db = await lancedb.connect(uri, {
     storageOptions: { new_table_data_storage_version: FILE_FORMAT, ...storageOptions },
     session,

@@ -36,13 +36,14 @@ export async function reembed(
     batch?: number;
     keepOld?: boolean;
     onProgress?: (done: number, total: number) => void;
-    /** The cap on LanceDB's metadata cache, as the service's (connectMemoryDb). */
+    /** The caps on LanceDB's metadata and index caches, as the service's (connectMemoryDb). */
     metadataCacheBytes?: number;
+    indexCacheBytes?: number;
   } = {},
 ): Promise<ReembedResult> {
   const started = Date.now();
   const batchSize = options.batch ?? 256;
-  const db = await connectMemoryDb(uri, storageOptions, options.metadataCacheBytes);
+  const db = await connectMemoryDb(uri, storageOptions, options.metadataCacheBytes, options.indexCacheBytes);
   try {
     const names = await db.tableNames();
     const active = await activeTable(db);

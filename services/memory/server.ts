@@ -150,6 +150,7 @@ export async function startMemory(cfg: Config, logger: Logger): Promise<RunningS
   const { memoryUri: uri, memoryStorageOptions: storageOptions } = cfg;
   const store = await MemoryStore.open(uri, storageOptions, embedder.name, embedder.dim, logger, {
     metadataCacheBytes: cfg.memoryMetadataCacheMb * 1024 * 1024,
+    indexCacheBytes: cfg.memoryIndexCacheMb * 1024 * 1024,
     reconnectCommits: cfg.memoryReconnectCommits,
   });
   const learning = served(providers, cfg.learningModel || cfg.model, "TROUPE_LEARNING_MODEL");

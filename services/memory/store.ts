@@ -104,7 +104,7 @@ export class MemoryStore {
     tuning: Partial<StoreTuning> = {},
   ): Promise<MemoryStore> {
     const tuned = { ...DEFAULT_TUNING, ...tuning };
-    const connect = () => connectMemoryDb(uri, storageOptions, tuned.metadataCacheBytes);
+    const connect = () => connectMemoryDb(uri, storageOptions, tuned.metadataCacheBytes, tuned.indexCacheBytes);
     const store = new MemoryStore(await connect(), connect, embedder, dim, logger, tuned);
     await store.init();
     return store;

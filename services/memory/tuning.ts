@@ -11,6 +11,12 @@ export const INDEX_THRESHOLD = 100_000;
  */
 export const DEFAULT_METADATA_CACHE_BYTES = 32 * 1024 * 1024;
 /**
+ * The cap on LanceDB's index cache (its own default is 6 GB, over the 4-GiB limit the memory
+ * service's pod has). At a million rows the vector index is some 40 MB (an estimate); the cap bounds the
+ * service, it does not shape its searches (docs/memory.md).
+ */
+export const DEFAULT_INDEX_CACHE_BYTES = 1024 * 1024 * 1024;
+/**
  * What is left per commit with the caches capped is native memory that goes with the connection
  * (lance-format/lance#1983): the store opens the database anew after this many commits
  * (bench/lance-growth --reconnect-every; docs/memory.md, "Writes"). TROUPE_MEMORY_RECONNECT_COMMITS.
@@ -33,6 +39,8 @@ export interface StoreTuning {
   maxAddGroup: number;
   /** The cap on LanceDB's metadata cache (meta.ts connectMemoryDb). */
   metadataCacheBytes: number;
+  /** The cap on LanceDB's index cache (meta.ts connectMemoryDb). */
+  indexCacheBytes: number;
   /** Commits after which the database is opened anew (maintenance.ts reconnect); 0: never. */
   reconnectCommits: number;
   /**
@@ -47,6 +55,7 @@ export const DEFAULT_TUNING: StoreTuning = {
   minIndexRecall: 0.95,
   maxAddGroup: 64,
   metadataCacheBytes: DEFAULT_METADATA_CACHE_BYTES,
+  indexCacheBytes: DEFAULT_INDEX_CACHE_BYTES,
   reconnectCommits: DEFAULT_RECONNECT_COMMITS,
   reconnectMinMs: 30_000,
 };

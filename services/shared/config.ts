@@ -135,6 +135,7 @@ export interface Config {
   memoryStorageOptions: Record<string, string>;
   /** LanceDB's metadata cache cap (memory/meta.ts). */
   memoryMetadataCacheMb: number;
+  memoryIndexCacheMb: number;
   /** Commits between two reopenings of the memory database (memory/maintenance.ts reconnect). */
   memoryReconnectCommits: number;
   /** Memory: an embedding model at the model endpoint, and its vector size; empty: the built-in embedder. */
@@ -403,6 +404,7 @@ export function loadConfig(
     memoryUri: str("memoryUri") ?? path.join(dataDir, "memory"),
     memoryStorageOptions: storageOptions(str("memoryStorageOptions")),
     memoryMetadataCacheMb: v.memoryMetadataCacheMb,
+    memoryIndexCacheMb: v.memoryIndexCacheMb,
     memoryReconnectCommits: v.memoryReconnectCommits,
     embeddingModel: str("embeddingModel") ?? "",
     embeddingDim: str("embeddingModel") ? v.embeddingDim : 0,

@@ -248,6 +248,12 @@ export const SETTINGS = {
       default: 32,
       schema: int(),
     },
+    memoryIndexCacheMb: {
+      env: "TROUPE_MEMORY_INDEX_CACHE_MB",
+      doc: "the cap on LanceDB's cache of index pages, MB (LanceDB's own default, 6 GB, is over the memory pod's limit)",
+      default: 1024,
+      schema: int(),
+    },
     memoryReconnectCommits: {
       env: "TROUPE_MEMORY_RECONNECT_COMMITS",
       doc: "commits after which the memory database is opened anew, giving back what of LanceDB's native memory per commit goes with the connection (0: never)",
