@@ -49,6 +49,8 @@ export interface StoreTuning {
    */
   reconnectMinMs: number;
 }
+/** Handles a rewrite or an opening anew replaced are closed this long after (a rewritten-away table is also dropped), once searches begun on them are done. */
+export const RETIRE_AFTER_MS = 30_000;
 export const DEFAULT_TUNING: StoreTuning = {
   indexThreshold: INDEX_THRESHOLD,
   exactScopeRows: 2_000,
@@ -57,14 +59,12 @@ export const DEFAULT_TUNING: StoreTuning = {
   metadataCacheBytes: DEFAULT_METADATA_CACHE_BYTES,
   indexCacheBytes: DEFAULT_INDEX_CACHE_BYTES,
   reconnectCommits: DEFAULT_RECONNECT_COMMITS,
-  reconnectMinMs: 30_000,
+  reconnectMinMs: RETIRE_AFTER_MS,
 };
 /** The table is rewritten in scope order once it has grown by this fraction since the last time. */
 export const LAYOUT_GROWTH = 0.25;
 /** A failed rewrite is tried again after this long (until then, the vector index is built alone). */
 export const RELAYOUT_RETRY_MS = 3600_000;
-/** A table replaced by a rewrite is dropped this long after, once searches begun on it are done. */
-export const RETIRE_AFTER_MS = 30_000;
 export const SCALAR_INDEXES: [string, () => lancedb.Index][] = [
   ["id", () => lancedb.Index.btree()],
   ["content_hash", () => lancedb.Index.btree()],
