@@ -58,8 +58,6 @@ export class SocketModeClient {
   /** A socket replaced by our own refresh (not Slack's notice): closed once the next says hello. */
   private refreshed?: WebSocket;
   private closed = false;
-  /** Connections opened (each a call to apps.connections.open), for logs and tests. */
-  opened = 0;
 
   constructor(private readonly opts: SocketModeOptions) {
     this.api = new SlackApi(opts.apiUrl, opts.appToken);
@@ -88,7 +86,6 @@ export class SocketModeClient {
         );
       throw err;
     });
-    this.opened++;
     const ws = new WebSocket(url);
     this.sockets.add(ws);
     await new Promise<void>((resolve, reject) => {

@@ -3,11 +3,12 @@
 // signing secret (https://api.slack.com/authentication/verifying-requests-from-slack: HMAC-SHA256
 // of "v0:<timestamp>:<body>", five minutes of skew), and the URL is proved once by echoing a
 // url_verification challenge. By Socket Mode (an app-level token given), the adapter opens a
-// WebSocket to Slack and needs no public URL (slack-socket.ts). The bot takes direct messages, mentions (app_mention), and what
-// is said in the threads it answered in (channel messages with their thread_ts); each is
-// delivered before the 200 (or the Socket Mode acknowledgement) that acknowledges it, so a failure
-// is a 5xx (or no acknowledgement) and Slack sends the event again (its retries, and a message arriving as both `message` and `app_mention`, are one message:
-// the idempotency key is channel:ts). Replies go in the thread of the message they answer,
+// WebSocket to Slack and needs no public URL (slack-socket.ts). The bot takes direct messages,
+// mentions (app_mention), and what is said in the threads it answered in (channel messages with
+// their thread_ts); each is delivered before the 200 (or the Socket Mode acknowledgement) that
+// acknowledges it, so a failure is a 5xx (or no acknowledgement) and Slack sends the event again
+// (its retries, and a message arriving as both `message` and `app_mention`, are one message: the
+// idempotency key is channel:ts). Replies go in the thread of the message they answer,
 // streamed by chat.update (drafted-replies.ts).
 import type http from "node:http";
 import { ChatType } from "../shared/gen/troupe/v1/inbound_pb.js";
@@ -27,8 +28,8 @@ export interface SlackOptions {
   signingSecret: string;
   /** An app-level token: events by Socket Mode, no HTTP listener. */
   appToken?: string;
-  /** Socket Mode: how long one connection is kept before a new one replaces it. */
-  socketRefreshMs?: number;
+  /** Socket Mode: how long one connection is kept before a new one replaces it (TROUPE_SLACK_SOCKET_REFRESH_MS). */
+  socketRefreshMs: number;
   apiUrl: string;
   channel: string;
   commandUsers: Set<string>;
@@ -186,7 +187,7 @@ export async function startSlackAdapter(gateway: GatewayClient, state: AdapterSt
       apiUrl: opts.apiUrl,
       appToken: opts.appToken,
       logger: opts.logger,
-      refreshMs: opts.socketRefreshMs ?? 300_000,
+      refreshMs: opts.socketRefreshMs,
       onEvents: (payload) => callback((payload ?? {}) as Parameters<typeof callback>[0]),
     });
     await socket.start();
