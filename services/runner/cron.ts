@@ -6,9 +6,13 @@
 //
 // As in Vixie cron, when both day fields are restricted a day matches if either does; a fixed
 // time that a DST change skips fires right after the gap, and one that happens twice fires once.
-import { Cron as CronJob } from "croner";
+import type { Cron as CronJob } from "croner";
+import { lazyModule } from "../shared/lazy-module.js";
 
 export class CronError extends Error {}
+
+/** Loaded with the first schedule: a runner with none does not carry it. */
+const croner = lazyModule<typeof import("croner")>("croner");
 
 export interface Cron {
   readonly source: string;
@@ -59,7 +63,7 @@ export function parseCron(expression: string, timeZone = "UTC"): Cron {
   const zone = checkTimeZone(timeZone || "UTC");
   let job: CronJob;
   try {
-    job = new CronJob(source, {
+    job = new (croner().Cron)(source, {
       timezone: zone,
       mode: "5-part",
       domAndDow: false,

@@ -1,15 +1,15 @@
 // The model, behind one narrow interface: stream a reply to a conversation. The implementation
-// speaks the OpenAI chat-completions protocol through the official SDK over an undici connection
-// pool (pool-fetch.ts), so any OpenAI-compatible endpoint (or Troupe's scripted model server)
-// plugs in by URL; providers.ts routes each model to its provider, model-rules.ts fits the
-// request to the model.
-// The SDK builds the request and classifies errors; the stream is read by our SSE decoder, which
-// measured faster than the SDK's (docs/benchmarks.md).
-import OpenAI from "openai";
+// speaks the OpenAI chat-completions protocol over an undici connection pool (provider-post.ts,
+// pool-fetch.ts), so any OpenAI-compatible endpoint (or Troupe's scripted model server) plugs in
+// by URL; providers.ts routes each model to its provider, model-rules.ts fits the request to the
+// model. The stream is read by our SSE decoder, which measured faster than the SDK's
+// (docs/benchmarks.md); the SDK's types describe the wire format, its code is not loaded.
+import type OpenAI from "openai";
 import { Agent } from "undici";
 import { rulesFor, takesImages, type ReasoningEffort } from "../shared/model-rules.js";
 import type { ProviderKind } from "../shared/providers.js";
-import { poolFetch, replyBody } from "./pool-fetch.js";
+import { replyBody } from "./pool-fetch.js";
+import { ProviderRefusal, providerPoster } from "./provider-post.js";
 import { SseDecoder, type SseEvent } from "./sse.js";
 
 export interface ModelToolCall {
@@ -172,11 +172,11 @@ export class OpenAIModelClient implements ModelClient {
   private readonly providerName: string;
   private readonly kind: ProviderKind;
   private readonly pool: Agent;
-  private readonly client: OpenAI;
+  private readonly post: ProviderPost;
   private readonly visionModels: readonly string[];
 
   constructor(options: OpenAIModelOptions) {
-    ({ client: this.client, pool: this.pool } = openAIConnection(options));
+    ({ post: this.post, pool: this.pool } = openAIConnection(options));
     this.visionModels = options.visionModels ?? [];
     this.kind = options.kind ?? "openai-compatible";
     this.providerName = this.kind === "openai" ? "openai" : "openai_compatible";
@@ -213,7 +213,7 @@ export class OpenAIModelClient implements ModelClient {
   async *stream(request: ModelRequest, signal: AbortSignal): AsyncIterable<ModelChunk> {
     let body: AsyncIterable<Uint8Array>;
     try {
-      const response = await this.client.chat.completions.create(this.body(request), { signal }).asResponse();
+      const response = await this.post("/chat/completions", this.body(request), signal);
       body = streamedBody(response);
     } catch (err) {
       throw classify(err, signal);
@@ -309,21 +309,16 @@ export class OpenAIModelClient implements ModelClient {
   }
 }
 
+export type ProviderPost = ReturnType<typeof providerPoster>;
+
 /**
- * The SDK over one keep-alive undici pool per provider, shared by the runner's sessions. The SDK
- * never retries: retries and fallbacks belong to the agent loop, which knows whether output was
- * already sent.
+ * Requests to one provider over one keep-alive undici pool, shared by the runner's sessions. Nothing
+ * is retried here: retries and fallbacks belong to the agent loop, which knows whether output was
+ * already sent. The pool's headers timeout is the first-byte timeout.
  */
-export function openAIConnection(options: OpenAIModelOptions): { client: OpenAI; pool: Agent } {
+export function openAIConnection(options: OpenAIModelOptions): { post: ProviderPost; pool: Agent } {
   const pool = connectionPool(options);
-  const client = new OpenAI({
-    baseURL: options.baseUrl,
-    apiKey: options.apiKey || "unused",
-    maxRetries: 0,
-    timeout: options.timeoutMs ?? 60_000,
-    fetch: poolFetch(pool) as typeof fetch,
-  });
-  return { client, pool };
+  return { post: providerPoster({ baseUrl: options.baseUrl, apiKey: options.apiKey }, pool), pool };
 }
 
 /**
@@ -349,17 +344,16 @@ export function connectionPool(options: Pick<OpenAIModelOptions, "timeoutMs" | "
 /** Any failure of a model call as a ModelError: aborted, an HTTP status with its code, or unreachable. */
 export function classify(err: unknown, signal: AbortSignal): ModelError {
   if (err instanceof ModelError) return err;
-  if (signal.aborted || err instanceof OpenAI.APIUserAbortError)
-    return new ModelError("aborted", false, undefined, true);
-  if (err instanceof OpenAI.APIError && typeof err.status === "number") {
+  if (signal.aborted) return new ModelError("aborted", false, undefined, true);
+  if (err instanceof ProviderRefusal) {
     const retryable = err.status === 408 || err.status === 409 || err.status === 429 || err.status >= 500;
     return new ModelError(
       `model endpoint answered ${err.status}: ${err.message}`,
       retryable,
       err.status,
       false,
-      retryAfter(err.headers as Headers | undefined),
-      typeof err.code === "string" ? err.code : undefined,
+      retryAfter(err.headers),
+      err.code,
     );
   }
   // Connection refused, reset, cut mid-stream, timeouts: worth another try.

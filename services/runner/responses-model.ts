@@ -4,7 +4,6 @@
 // next request, so the model keeps its reasoning across tool calls instead of starting over.
 // Reference: https://platform.openai.com/docs/api-reference/responses/create and .../responses-streaming;
 // https://platform.openai.com/docs/guides/reasoning ("keeping reasoning items in context").
-import type OpenAI from "openai";
 import type { Agent } from "undici";
 import { rulesFor, takesImages } from "../shared/model-rules.js";
 import {
@@ -22,6 +21,7 @@ import {
   type ModelRequest,
   type ModelUsage,
   type OpenAIModelOptions,
+  type ProviderPost,
 } from "./model.js";
 
 /** The Responses API's smallest max_output_tokens. */
@@ -79,12 +79,12 @@ interface StreamState {
 }
 
 export class OpenAIResponsesClient implements ModelClient {
-  private readonly client: OpenAI;
+  private readonly post: ProviderPost;
   private readonly pool: Agent;
   private readonly visionModels: readonly string[];
 
   constructor(options: OpenAIModelOptions) {
-    ({ client: this.client, pool: this.pool } = openAIConnection(options));
+    ({ post: this.post, pool: this.pool } = openAIConnection(options));
     this.visionModels = options.visionModels ?? [];
   }
 
@@ -134,9 +134,7 @@ export class OpenAIResponsesClient implements ModelClient {
   async *stream(request: ModelRequest, signal: AbortSignal): AsyncIterable<ModelChunk> {
     let body: AsyncIterable<Uint8Array>;
     try {
-      const response = await this.client.responses
-        .create(this.body(request) as unknown as OpenAI.Responses.ResponseCreateParamsStreaming, { signal })
-        .asResponse();
+      const response = await this.post("/responses", this.body(request), signal);
       body = streamedBody(response);
     } catch (err) {
       throw classify(err, signal);

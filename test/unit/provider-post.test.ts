@@ -1,0 +1,135 @@
+// How a provider's refusals reach the agent loop now that the runner POSTs without the OpenAI SDK
+// (services/runner/provider-post.ts): against the Chat Completions server written from OpenAI's
+// reference (test/helpers/openai-api.ts), and a bare HTTP server for the shapes other compatible
+// servers answer with.
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
+import { ModelError, OpenAIModelClient, type ModelRequest } from "../../services/runner/model.js";
+import { errorOf } from "../../services/runner/provider-post.js";
+import { ChatApiServer } from "../helpers/openai-api.js";
+
+const KEY = "sk-provider-post-test";
+const ask: ModelRequest = { model: "gpt-4.1-mini", messages: [{ role: "user", content: "hi" }], tools: [] };
+
+/** The ModelError a whole stream ends in, or undefined when it completed. */
+async function failureOf(client: OpenAIModelClient, signal = new AbortController().signal) {
+  try {
+    for await (const _ of client.stream(ask, signal));
+    return undefined;
+  } catch (err) {
+    assert.ok(err instanceof ModelError, `not a ModelError: ${err}`);
+    return err;
+  }
+}
+
+let api: ChatApiServer;
+before(async () => {
+  api = await new ChatApiServer({ flavour: "openai", apiKey: KEY }).start();
+});
+after(() => api.close());
+
+describe("OpenAI's refusals", () => {
+  test("a wrong key: 401 with the provider's code, not retried, the key never quoted", async () => {
+    const client = new OpenAIModelClient({ kind: "openai", baseUrl: api.baseUrl, apiKey: "sk-wrong-key" });
+    const err = await failureOf(client);
+    assert.equal(err?.status, 401);
+    assert.equal(err?.code, "invalid_api_key");
+    assert.equal(err?.retryable, false);
+    assert.match(err!.message, /^model endpoint answered 401: /);
+    assert.doesNotMatch(err!.message, /sk-wrong-key/);
+    await client.close();
+  });
+
+  test("rate limited: 429 is retryable and carries the Retry-After the provider asked for", async () => {
+    const client = new OpenAIModelClient({ kind: "openai", baseUrl: `${api.baseUrl}/`, apiKey: KEY });
+    api.outage = { status: 429, retryAfterSeconds: 7 };
+    try {
+      const err = await failureOf(client);
+      assert.equal(err?.status, 429);
+      assert.equal(err?.retryable, true);
+      assert.equal(err?.retryAfterMs, 7000);
+    } finally {
+      api.outage = undefined;
+    }
+    assert.equal(await failureOf(client), undefined, "the same client completes once the outage ends");
+    await client.close();
+  });
+});
+
+describe("what other compatible servers answer", () => {
+  let server: http.Server;
+  let base = "";
+  let answer: (res: http.ServerResponse) => void = () => {};
+  const seen: http.IncomingHttpHeaders[] = [];
+  before(async () => {
+    server = http.createServer((req, res) => {
+      seen.push(req.headers);
+      req.resume().on("end", () => answer(res));
+    });
+    await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+    base = `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`;
+  });
+  after(() => {
+    server.closeAllConnections();
+    server.close();
+  });
+
+  test("no key configured: no Authorization header at all; the JSON body goes to /chat/completions", async () => {
+    answer = (res) => res.writeHead(404, { "content-type": "application/json" }).end('{"detail":"Not Found"}');
+    const client = new OpenAIModelClient({ baseUrl: base, apiKey: "" });
+    const err = await failureOf(client);
+    const headers = seen.at(-1)!;
+    assert.equal(headers.authorization, undefined);
+    assert.equal(headers["content-type"], "application/json");
+    assert.equal(err?.message, "model endpoint answered 404: Not Found");
+    assert.equal(err?.retryable, false);
+    await client.close();
+  });
+
+  test("a 5xx answering a megabyte of HTML: retryable, its message bounded", async () => {
+    const page = `<html>${"x".repeat(1024 * 1024)}</html>`;
+    answer = (res) => res.writeHead(502, { "content-type": "text/html" }).end(page);
+    const client = new OpenAIModelClient({ baseUrl: base, apiKey: "k" });
+    const err = await failureOf(client);
+    assert.equal(err?.status, 502);
+    assert.equal(err?.retryable, true);
+    assert.ok(err!.message.length < 600, `message of ${err!.message.length} characters`);
+    await client.close();
+  });
+
+  test("aborted while waiting for the answer: an aborted ModelError, not a retry", async () => {
+    answer = () => {}; // never answers
+    const client = new OpenAIModelClient({ baseUrl: base, apiKey: "k" });
+    const abort = new AbortController();
+    setTimeout(() => abort.abort(), 100);
+    const err = await failureOf(client, abort.signal);
+    assert.equal(err?.aborted, true);
+    assert.equal(err?.retryable, false);
+    await client.close();
+  });
+
+  test("nothing listening: retryable, said to be unreachable", async () => {
+    const client = new OpenAIModelClient({ baseUrl: "http://127.0.0.1:1/v1", apiKey: "k" });
+    const err = await failureOf(client);
+    assert.equal(err?.retryable, true);
+    assert.match(err!.message, /^model endpoint unreachable: /);
+    await client.close();
+  });
+});
+
+describe("error bodies", () => {
+  test("each shape gives its message and code", () => {
+    const shapes: [string, { message: string; code?: string }][] = [
+      ['{"error":{"message":"m","type":"t","code":"c"}}', { message: "m", code: "c" }],
+      ['{"error":{"message":"m","code":null}}', { message: "m", code: undefined }],
+      ['{"error":"plain"}', { message: "plain" }],
+      ['{"message":"top"}', { message: "top" }],
+      ['{"detail":[{"loc":["body"],"msg":"bad"}]}', { message: '[{"loc":["body"],"msg":"bad"}]' }],
+      ["Bad Gateway\n", { message: "Bad Gateway" }],
+      ["null", { message: "null" }],
+    ];
+    for (const [text, want] of shapes) assert.deepEqual(errorOf(text), want, text);
+  });
+});
