@@ -10,7 +10,8 @@
 import { lookup } from "node:dns/promises";
 import { isIP } from "node:net";
 import type { Readable } from "node:stream";
-import { Agent, request } from "undici";
+import type * as Undici from "undici";
+import { lazyModule } from "./lazy-module.js";
 import { addressRefusal, BLOCKED_NAMES, blockList } from "./address-ranges.js";
 
 export class NetRefusal extends Error {}
@@ -109,6 +110,8 @@ export interface GuardedResponse {
 }
 
 const REDIRECTS = new Set([301, 302, 303, 307, 308]);
+/** undici, loaded at the first guarded request: 5 MB resident that a gateway or sandbox that never fetches does not pay. */
+const undici = lazyModule<typeof Undici>("undici");
 
 /** Sends a request through the guard (see the top of this file) and reads at most maxBytes of its body. */
 export async function guardedRequest(raw: string, req: GuardedRequest, policy: NetPolicy): Promise<GuardedResponse> {
@@ -157,6 +160,7 @@ async function send(
   // One agent per hop, its lookup answering with the address checked above, whatever DNS says now.
   const pinned = (_host: string, opts: { all?: boolean }, cb: (...a: unknown[]) => void) =>
     opts.all ? cb(null, [{ address: target.address, family: target.family }]) : cb(null, target.address, target.family);
+  const { Agent, request } = undici();
   const agent = new Agent({ connect: { lookup: pinned } as object, connections: 1, pipelining: 0 });
   try {
     const res = await request(target.url, { method: method as "GET", headers, body, signal, dispatcher: agent });
