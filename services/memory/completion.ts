@@ -2,24 +2,25 @@
 // OpenAI's kinds (Responses included: OpenAI serves Chat Completions at the same root) and
 // compatible servers through Chat Completions; Anthropic through its Messages API.
 import type Anthropic from "@anthropic-ai/sdk";
-import type OpenAI from "openai";
 import { lazyModule } from "../shared/lazy-module.js";
 import { rulesFor } from "../shared/model-rules.js";
+import { postForJson, providerPoster } from "../shared/provider-post.js";
 import type { ProviderSpec } from "../shared/providers.js";
 
 /** The model's answer to `user` under `system`. May reject (the provider's errors). */
 export type Complete = (system: string, user: string) => Promise<string>;
 
-// Learning with the built-in rules needs neither SDK: each is loaded when a provider of its kind is.
+// Anthropic's SDK is loaded when an Anthropic provider is; OpenAI's kinds need no SDK
+// (shared/provider-post.ts says why).
 const anthropic = lazyModule<{ Anthropic: typeof Anthropic }>("@anthropic-ai/sdk");
-const openai = lazyModule<{ OpenAI: typeof OpenAI }>("openai");
+/** One try of a learning call; a retryable failure gets one more (postForJson). */
+const COMPLETE_TIMEOUT_MS = 60_000;
 
 export function completionFor(provider: Pick<ProviderSpec, "kind" | "baseUrl" | "apiKey">, model: string): Complete {
-  const apiKey = provider.apiKey || "unused";
   if (provider.kind === "anthropic") {
     const client = new (anthropic().Anthropic)({
       baseURL: provider.baseUrl.replace(/\/v1\/?$/, ""),
-      apiKey,
+      apiKey: provider.apiKey || "unused",
       maxRetries: 1,
       timeout: 60_000,
     });
@@ -33,19 +34,26 @@ export function completionFor(provider: Pick<ProviderSpec, "kind" | "baseUrl" | 
       return res.content.map((b) => (b.type === "text" ? b.text : "")).join("");
     };
   }
-  const client = new (openai().OpenAI)({ baseURL: provider.baseUrl, apiKey, maxRetries: 1, timeout: 60_000 });
+  const post = providerPoster(provider, fetch);
   const rules = rulesFor(provider.kind, model);
   return async (system, user) => {
-    const res = await client.chat.completions.create({
-      model,
-      messages: [
-        { role: "system", content: system },
-        { role: "user", content: user },
-      ],
-      // Deterministic where the model lets us choose; JSON asked for where the provider takes it.
-      ...(rules.sampling ? { temperature: 0 } : {}),
-      ...(rules.jsonObject ? { response_format: { type: "json_object" as const } } : {}),
-    });
-    return res.choices[0]?.message?.content ?? "";
+    const answer = await postForJson(
+      post,
+      "/chat/completions",
+      {
+        model,
+        messages: [
+          { role: "system", content: system },
+          { role: "user", content: user },
+        ],
+        // Deterministic where the model lets us choose; JSON asked for where the provider takes it.
+        ...(rules.sampling ? { temperature: 0 } : {}),
+        ...(rules.jsonObject ? { response_format: { type: "json_object" } } : {}),
+      },
+      COMPLETE_TIMEOUT_MS,
+    );
+    const choices = (answer as { choices?: { message?: { content?: unknown } }[] }).choices;
+    const content = Array.isArray(choices) ? choices[0]?.message?.content : undefined;
+    return typeof content === "string" ? content : "";
   };
 }

@@ -1,13 +1,9 @@
 // What turns text into vectors. With an embedding model configured (TROUPE_EMBEDDING_MODEL and
-// TROUPE_EMBEDDING_DIM, at OPENAI_BASE_URL or the scripted model server), the openai SDK's
-// embeddings call; without one, the built-in local embedder, so memory works offline. Vectors are
-// L2-normalised either way (cosine = dot product), and a vector of the wrong dimension is an error,
-// never stored.
-import type OpenAI from "openai";
-import { lazyModule } from "../shared/lazy-module.js";
-
-/** Loaded when a remote embedder is made: the built-in hash embedder needs no SDK. */
-const openai = lazyModule<{ OpenAI: typeof OpenAI }>("openai");
+// TROUPE_EMBEDDING_DIM, at OPENAI_BASE_URL or the scripted model server), OpenAI's embeddings
+// endpoint (platform.openai.com/docs/api-reference/embeddings/create); without one, the built-in
+// local embedder, so memory works offline. Vectors are L2-normalised either way (cosine = dot
+// product), and a vector of the wrong dimension is an error, never stored.
+import { postForJson, providerPoster, type ProviderPost } from "../shared/provider-post.js";
 import { SpanKind, SpanStatusCode } from "@opentelemetry/api";
 import { RpcError, Status } from "../shared/errors.js";
 import { GenAI, tracer } from "../shared/telemetry.js";
@@ -66,9 +62,15 @@ export function normalise(v: ArrayLike<number>): Float32Array {
   return out;
 }
 
+/** One try of an embeddings call; a retryable failure gets one more (postForJson). */
+const EMBED_TIMEOUT_MS = 30_000;
+
+const unavailable = (why: string) =>
+  new RpcError(Status.UNAVAILABLE, `the embedding endpoint failed (${why}); nothing was stored, retry later`);
+
 export class OpenAIEmbedder implements Embedder {
   readonly name: string;
-  private readonly client: OpenAI;
+  private readonly post: ProviderPost;
 
   constructor(
     baseURL: string,
@@ -77,21 +79,23 @@ export class OpenAIEmbedder implements Embedder {
     readonly dim: number,
   ) {
     this.name = `openai:${model}:${dim}`;
-    this.client = new (openai().OpenAI)({ baseURL, apiKey: apiKey || "unused", maxRetries: 1, timeout: 30_000 });
+    this.post = providerPoster({ baseUrl: baseURL, apiKey }, fetch);
   }
 
   async embed(texts: string[]): Promise<Float32Array[]> {
-    let res: OpenAI.Embeddings.CreateEmbeddingResponse;
+    let data: unknown;
     try {
-      res = await this.client.embeddings.create({ model: this.model, input: texts });
+      const body = { model: this.model, input: texts, encoding_format: "float" };
+      data = ((await postForJson(this.post, "/embeddings", body, EMBED_TIMEOUT_MS)) as { data?: unknown }).data;
     } catch (err) {
       // Nothing is stored without its vector: the caller gets UNAVAILABLE and may retry.
-      throw new RpcError(
-        Status.UNAVAILABLE,
-        `the embedding endpoint failed (${(err as Error).message}); nothing was stored, retry later`,
-      );
+      throw unavailable((err as Error).message);
     }
-    const out = res.data.sort((a, b) => a.index - b.index).map((d) => d.embedding as number[]);
+    const items = Array.isArray(data) ? (data as { index?: unknown; embedding?: unknown }[]) : [];
+    const vectors = items.every((d) => typeof d?.index === "number" && Array.isArray(d.embedding)) ? items : [];
+    if (vectors.length !== texts.length)
+      throw unavailable(`it answered ${vectors.length} vectors for ${texts.length} texts`);
+    const out = vectors.sort((a, b) => (a.index as number) - (b.index as number)).map((d) => d.embedding as number[]);
     for (const v of out) {
       if (v.length !== this.dim)
         throw new RpcError(

@@ -9,6 +9,7 @@
 // https://docs.anthropic.com/en/docs/build-with-claude/extended-thinking.
 import type Anthropic from "@anthropic-ai/sdk";
 import { lazyModule } from "../shared/lazy-module.js";
+import { retryAfterMs, retryableStatus } from "../shared/provider-post.js";
 import type { Agent } from "undici";
 import { poolFetch } from "./pool-fetch.js";
 import { rulesFor, type ReasoningEffort } from "../shared/model-rules.js";
@@ -16,7 +17,6 @@ import {
   ModelError,
   connectionPool,
   eventJson,
-  retryAfter,
   streamEvents,
   streamedBody,
   type FinishReason,
@@ -272,10 +272,10 @@ function classifyAnthropic(err: unknown, signal: AbortSignal): ModelError {
     const refused = status === 400 && /not permitted|not supported|unsupported/i.test(message);
     return new ModelError(
       `model endpoint answered ${status}: ${message}`,
-      status === 408 || status === 409 || status === 429 || status >= 500,
+      retryableStatus(status),
       status,
       false,
-      retryAfter(err.headers as Headers | undefined),
+      retryAfterMs(err.headers as Headers | undefined),
       refused ? "unsupported_parameter" : undefined,
     );
   }

@@ -8,8 +8,14 @@ import type OpenAI from "openai";
 import { Agent } from "undici";
 import { rulesFor, takesImages, type ReasoningEffort } from "../shared/model-rules.js";
 import type { ProviderKind } from "../shared/providers.js";
-import { replyBody } from "./pool-fetch.js";
-import { ProviderRefusal, providerPoster } from "./provider-post.js";
+import {
+  type ProviderPost,
+  ProviderRefusal,
+  providerPoster,
+  retryAfterMs,
+  retryableStatus,
+} from "../shared/provider-post.js";
+import { poolFetch, replyBody } from "./pool-fetch.js";
 import { SseDecoder, type SseEvent } from "./sse.js";
 
 export interface ModelToolCall {
@@ -309,7 +315,7 @@ export class OpenAIModelClient implements ModelClient {
   }
 }
 
-export type ProviderPost = ReturnType<typeof providerPoster>;
+export type { ProviderPost };
 
 /**
  * Requests to one provider over one keep-alive undici pool, shared by the runner's sessions. Nothing
@@ -318,7 +324,8 @@ export type ProviderPost = ReturnType<typeof providerPoster>;
  */
 export function openAIConnection(options: OpenAIModelOptions): { post: ProviderPost; pool: Agent } {
   const pool = connectionPool(options);
-  return { post: providerPoster({ baseUrl: options.baseUrl, apiKey: options.apiKey }, pool), pool };
+  const endpoint = { baseUrl: options.baseUrl, apiKey: options.apiKey };
+  return { post: providerPoster(endpoint, poolFetch(pool) as Parameters<typeof providerPoster>[1]), pool };
 }
 
 /**
@@ -346,29 +353,17 @@ export function classify(err: unknown, signal: AbortSignal): ModelError {
   if (err instanceof ModelError) return err;
   if (signal.aborted) return new ModelError("aborted", false, undefined, true);
   if (err instanceof ProviderRefusal) {
-    const retryable = err.status === 408 || err.status === 409 || err.status === 429 || err.status >= 500;
     return new ModelError(
       `model endpoint answered ${err.status}: ${err.message}`,
-      retryable,
+      retryableStatus(err.status),
       err.status,
       false,
-      retryAfter(err.headers),
+      retryAfterMs(err.headers),
       err.code,
     );
   }
   // Connection refused, reset, cut mid-stream, timeouts: worth another try.
   return new ModelError(`model endpoint unreachable: ${(err as Error)?.message ?? String(err)}`, true);
-}
-
-/** A Retry-After (seconds or an HTTP date) or retry-after-ms header, in milliseconds. */
-export function retryAfter(headers: Headers | undefined, now = Date.now()): number | undefined {
-  const ms = headers?.get("retry-after-ms");
-  if (ms && /^\d+(\.\d+)?$/.test(ms.trim())) return Math.ceil(Number(ms));
-  const value = headers?.get("retry-after")?.trim();
-  if (!value) return undefined;
-  if (/^\d+(\.\d+)?$/.test(value)) return Math.ceil(Number(value) * 1000);
-  const at = Date.parse(value);
-  return Number.isNaN(at) ? undefined : Math.max(0, at - now);
 }
 
 /** A streamed reply's body (pool-fetch.ts), or a retryable ModelError when it came without one. */

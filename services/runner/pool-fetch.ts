@@ -1,9 +1,9 @@
-// The fetch the provider SDKs call, over a runner's undici pool. The SDKs build the request and
-// read error answers; the runner reads a streamed reply itself, once per network read for every
+// The fetch model calls make over a runner's undici pool (provider-post.ts, and the Anthropic SDK):
+// they build the request and read error answers; the runner reads a streamed reply itself, once per network read for every
 // session on the runner. Through undici's fetch each of those reads passed a WHATWG stream and
 // fetch's own controller; the profile of the paced benchmark put about a tenth of the runner's
 // CPU there (docs/benchmarks.md, bench/stream). So the request is made with the pool's `request`,
-// whose body is a Node stream, and `replyBody` hands the runner that stream. The Response the SDK
+// whose body is a Node stream, and `replyBody` hands the runner that stream. The Response the caller
 // gets is still a whole one: its body reads the same Node stream when something reads it.
 // Redirects are followed here rather than by undici's interceptor, which keeps the request's body
 // for as long as the request lives (`outgoing` says why that matters).

@@ -25,8 +25,7 @@ function packagesLoadedBy(entry: string): Set<string> {
   return new Set(JSON.parse(out.trim().split("\n").at(-1)!) as string[]);
 }
 
-const entry = (service: string) =>
-  fileURLToPath(new URL(`../../services/${service}/server.js`, import.meta.url));
+const entry = (service: string) => fileURLToPath(new URL(`../../services/${service}/server.js`, import.meta.url));
 
 /** Per service: packages that must wait for their first use. */
 const DEFERRED: Record<string, string[]> = {

@@ -1,5 +1,5 @@
 // How a provider's refusals reach the agent loop now that the runner POSTs without the OpenAI SDK
-// (services/runner/provider-post.ts): against the Chat Completions server written from OpenAI's
+// (services/shared/provider-post.ts): against the Chat Completions server written from OpenAI's
 // reference (test/helpers/openai-api.ts), and a bare HTTP server for the shapes other compatible
 // servers answer with.
 import { after, before, describe, test } from "node:test";
@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { ModelError, OpenAIModelClient, type ModelRequest } from "../../services/runner/model.js";
-import { errorOf } from "../../services/runner/provider-post.js";
+import { errorOf } from "../../services/shared/provider-post.js";
 import { ChatApiServer } from "../helpers/openai-api.js";
 
 const KEY = "sk-provider-post-test";

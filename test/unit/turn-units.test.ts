@@ -25,7 +25,7 @@ import { Hooks } from "../../services/runner/hooks.js";
 import { backoffMs } from "../../services/runner/model-call.js";
 import { metadataSummary } from "../../services/runner/compaction.js";
 import { triggerFrameId, triggerOf } from "../../services/shared/frames.js";
-import { retryAfter } from "../../services/runner/model.js";
+import { retryAfterMs as retryAfter } from "../../services/shared/provider-post.js";
 import { scanForInjection } from "../../services/runner/safety.js";
 import { TokenCounter, familyOf } from "../../services/runner/tokens.js";
 import { MISSING_RESULT, compactionCut, fitNewestFirst, sanitise } from "../../services/runner/transcript.js";

@@ -1,13 +1,12 @@
-// One request to an OpenAI-style HTTP API (chat completions, Responses): a JSON body POSTed with
-// the key as a bearer token, the streamed answer handed back whole. The official SDK did this, and
-// did nothing else for the runner: replies are read by our SSE decoder (sse.ts). Loading the SDK
-// cost every runner 9 MB resident (docs/benchmarks.md, bench/footprint), so it is not loaded here.
-// What a provider answers with is still tested against servers written from its API reference
-// (test/helpers/openai-api.ts, responses-api.ts).
-import type { Dispatcher } from "undici";
-import { poolFetch } from "./pool-fetch.js";
+// One request to an OpenAI-style HTTP API (chat completions, Responses, embeddings): a JSON body
+// POSTed with the key as a bearer token. The official SDK did this for the runner and the memory
+// service, and nothing else: the runner reads replies with our SSE decoder (runner/sse.ts), the
+// memory service reads one JSON answer. Loading the SDK cost each of them 9 MB resident
+// (docs/benchmarks.md, bench/footprint), so neither loads it. What a provider answers with is
+// still tested against servers written from its API reference (test/helpers/openai-api.ts,
+// responses-api.ts, embeddings-api.ts).
 
-const USER_AGENT = "troupe-runner";
+const USER_AGENT = "troupe";
 /** The most of a refusal's body kept for its message: a provider's errors are a few hundred bytes. */
 const MAX_ERROR_BYTES = 16 * 1024;
 
@@ -32,16 +31,19 @@ export interface ProviderEndpoint {
   apiKey: string;
 }
 
+type Fetch = (
+  url: string,
+  init: { method: string; headers: Record<string, string>; body: string; signal: AbortSignal },
+) => Promise<Response>;
+export type ProviderPost = (path: string, body: unknown, signal: AbortSignal) => Promise<Response>;
+
 /**
- * POSTs `body` as JSON to `path` under the endpoint. Contract: resolves with the answer when its
- * status is 2xx (its body unread); throws a ProviderRefusal for any other status, and whatever the
- * fetch threw (refused, reset, timed out, aborted) when there was no answer.
+ * POSTs `body` as JSON to `path` under the endpoint, through `fetch` (the runner's pool, or Node's
+ * own). Contract: resolves with the answer when its status is 2xx (its body unread); throws a
+ * ProviderRefusal for any other status, and whatever the fetch threw (refused, reset, timed out,
+ * aborted) when there was no answer.
  */
-export function providerPoster(
-  endpoint: ProviderEndpoint,
-  pool: Dispatcher,
-): (path: string, body: unknown, signal: AbortSignal) => Promise<Response> {
-  const fetch = poolFetch(pool);
+export function providerPoster(endpoint: ProviderEndpoint, fetch: Fetch): ProviderPost {
   const base = endpoint.baseUrl.replace(/\/+$/, "");
   const headers: Record<string, string> = {
     "content-type": "application/json",
@@ -109,4 +111,48 @@ export function errorOf(text: string): { message: string; code?: string } {
   if (obj.detail !== undefined)
     return { message: typeof obj.detail === "string" ? obj.detail : JSON.stringify(obj.detail).slice(0, 500) };
   return { message: text.trim().slice(0, 500) };
+}
+
+/** Statuses worth one more try: timeout, conflict, rate limit, the provider's own failures. */
+export const retryableStatus = (status: number): boolean =>
+  status === 408 || status === 409 || status === 429 || status >= 500;
+
+/** The longest Retry-After a background call waits for before its one retry. */
+const MAX_RETRY_WAIT_MS = 10_000;
+
+/**
+ * A JSON answer to one POST, for calls whose answer is read whole (learning, embeddings). Each try
+ * is bounded by `timeoutMs`; a retryable refusal or a failed connection gets one more try, after
+ * the provider's Retry-After (at most 10 s) or half a second. Contract: resolves with the parsed
+ * answer; rejects with a ProviderRefusal, a timeout or connection error, or a SyntaxError for an
+ * answer that is not JSON.
+ */
+export async function postForJson(
+  post: ProviderPost,
+  path: string,
+  body: unknown,
+  timeoutMs: number,
+): Promise<unknown> {
+  for (let attempt = 0; ; attempt++) {
+    try {
+      const response = await post(path, body, AbortSignal.timeout(timeoutMs));
+      return JSON.parse(await response.text());
+    } catch (err) {
+      const refused = err instanceof ProviderRefusal;
+      if (attempt > 0 || err instanceof SyntaxError || (refused && !retryableStatus(err.status))) throw err;
+      const asked = refused ? retryAfterMs(err.headers) : undefined;
+      await new Promise((r) => setTimeout(r, Math.min(asked ?? 500, MAX_RETRY_WAIT_MS)));
+    }
+  }
+}
+
+/** A Retry-After (seconds or an HTTP date) or retry-after-ms header, in milliseconds. */
+export function retryAfterMs(headers: Headers | undefined, now = Date.now()): number | undefined {
+  const ms = headers?.get("retry-after-ms");
+  if (ms && /^\d+(\.\d+)?$/.test(ms.trim())) return Math.ceil(Number(ms));
+  const value = headers?.get("retry-after")?.trim();
+  if (!value) return undefined;
+  if (/^\d+(\.\d+)?$/.test(value)) return Math.ceil(Number(value) * 1000);
+  const at = Date.parse(value);
+  return Number.isNaN(at) ? undefined : Math.max(0, at - now);
 }
