@@ -81,6 +81,33 @@ test("an envelope Slack sends again is one message, answered once", async () => 
   assert.equal(slack.botMessages(DM).length, before + 1);
 });
 
+test("a delivery slower than Slack's 3 s: its retry comes while the first is handled, one answer", async () => {
+  const before = slack.botMessages(DM).length;
+  const attempts = slack.socketDeliveries.length;
+  const png = Buffer.from("89504e470d0a1a0a0000000d4948445200000001", "hex");
+  const url = slack.addFile("F0SLOW0001", png);
+  // The first download takes 4.5 s, so that delivery ends after Slack's 3-s wait; Slack's retry
+  // downloads at once and is delivered while the first is still downloading.
+  slack.fileDelayMs = 4500;
+  const event = {
+    ...dm("a slow file"),
+    subtype: "file_share",
+    files: [{ id: "F0SLOW0001", name: "slow.png", mimetype: "image/png", size: png.length, url_private: url }],
+  };
+  assert.equal(await slack.sendSocketEvent(event), true, "the retry is acknowledged");
+  assert.deepEqual(
+    slack.socketDeliveries.slice(attempts).map((d) => [d.retry, d.acked]),
+    [
+      [0, false],
+      [1, true],
+    ],
+  );
+  await answered(before + 1, /^You said: a slow file/);
+  await quiet();
+  await quiet();
+  assert.equal(slack.botMessages(DM).length, before + 1, "both deliveries made one message, answered once");
+});
+
 test("a recycled connection: the next is open before the old closes, and what came between is taken", async () => {
   const before = slack.botMessages(DM).length;
   const opened = slack.connectionsOpened;

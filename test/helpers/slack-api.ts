@@ -74,6 +74,9 @@ export class SlackServer {
     await new Promise((r) => this.server?.close(r));
   }
 
+  /** How long the next file download waits before its bytes come (a slow or large file); once. */
+  fileDelayMs = 0;
+
   /** A file a user shares; its url_private needs the bot token. */
   addFile(id: string, bytes: Buffer): string {
     this.files.set(id, bytes);
@@ -237,9 +240,13 @@ export class SlackServer {
     if (file) {
       const bytes = this.files.get(file[1]!);
       if (req.headers.authorization !== `Bearer ${this.botToken}`) return void res.writeHead(403).end();
-      return void (bytes
-        ? res.writeHead(200, { "content-type": "application/octet-stream" }).end(bytes)
-        : res.writeHead(404).end());
+      const answer = () =>
+        bytes
+          ? res.writeHead(200, { "content-type": "application/octet-stream" }).end(bytes)
+          : res.writeHead(404).end();
+      const delay = this.fileDelayMs;
+      this.fileDelayMs = 0;
+      return void (delay > 0 ? setTimeout(answer, delay) : answer());
     }
     const m = /^\/api\/([a-zA-Z.]+)$/.exec(url.pathname);
     if (!m) return json(404, { ok: false, error: "unknown_method" });
