@@ -2,14 +2,13 @@
 // session which runner owns it (and caches the answer), then connects the client's stream straight
 // to that runner. Events flow runner -> gateway -> client with backpressure honoured at each step;
 // the router is never on that path.
-import { create, fromBinary } from "@bufbuild/protobuf";
-import { context } from "@opentelemetry/api";
-import { apiKeyAuth, callerOf, identityMetadata, identityOf, internalCredentials } from "../shared/auth.js";
+import { create } from "@bufbuild/protobuf";
+import { apiKeyAuth, callerOf, identityOf, internalCredentials, onBehalfOf } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
-import { Status, invalidArgument, invalidArgumentIf, toStatus } from "../shared/errors.js";
+import { invalidArgument, invalidArgumentIf, toStatus } from "../shared/errors.js";
 import { catchStopCommand, validateFrame, validateModelName, validateSessionRef } from "../shared/frames.js";
 import { AdminService } from "../shared/gen/troupe/v1/admin_pb.js";
-import { GatewayService, type ChatRequest } from "../shared/gen/troupe/v1/gateway_pb.js";
+import { GatewayService } from "../shared/gen/troupe/v1/gateway_pb.js";
 import { Health } from "../shared/gen/grpc/health/v1/health_pb.js";
 import { ServerReflection } from "../shared/gen/grpc/reflection/v1/reflection_pb.js";
 import { reflectionService } from "./reflection.js";
@@ -17,22 +16,16 @@ import { adminService } from "./admin.js";
 import { GatewayLimits } from "./limits.js";
 import { TenantQuotas } from "../shared/quotas.js";
 import { RouterService, type ResolveSessionResponse } from "../shared/gen/troupe/v1/router_pb.js";
-import { AttachResponseSchema, type RunnerService } from "../shared/gen/troupe/v1/runner_pb.js";
+import type { RunnerService } from "../shared/gen/troupe/v1/runner_pb.js";
 import { ClientFrameSchema, type ClientFrame } from "../shared/gen/troupe/v1/session_pb.js";
-import { DEFAULT_AGENT } from "../shared/ids.js";
 import type { Logger } from "../shared/log.js";
 import { RpcServer, createClient, type grpc, type ServiceClient } from "../shared/rpc.js";
 import type { RunningService } from "../shared/service.js";
 import { extractContext } from "../shared/telemetry.js";
 import { PlacementCache, RunnerPool } from "./placement.js";
-import {
-  answerWithin,
-  asSubscribeResponse,
-  leaveRunnerCall,
-  needsDecoding,
-  type AttachRequestInit,
-} from "./passthrough.js";
+import { answerWithin, asSubscribeResponse, leaveRunnerCall, type AttachRequestInit } from "./passthrough.js";
 import { TurnSpans } from "./turn-spans.js";
+import { chatHandler } from "./chat.js";
 import { listOwnedSessions } from "./session-listing.js";
 import { InboxHints, InboxStream } from "./inbox.js";
 import { deliverHandler } from "./deliver.js";
@@ -40,9 +33,6 @@ import { DEFAULT_NET_POLICY } from "../shared/net-guard.js";
 import { watchedKeys } from "./revocation.js";
 
 type RunnerClient = ServiceClient<(typeof RunnerService)["method"]>;
-
-/** The client's verified identity (set by apiKeyAuth), carried on to the runner, which serves a session only to its owner. */
-const onBehalfOf = (call: { metadata: grpc.Metadata }): grpc.Metadata => identityMetadata(identityOf(call.metadata));
 
 export async function startGateway(cfg: Config, logger: Logger): Promise<RunningService> {
   const internal = await internalCredentials(cfg.dataDir, cfg.internalToken, cfg.internalCa);
@@ -108,136 +98,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
 
   const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes, authenticate: apiKeyAuth(keys) });
   server.add(GatewayService, {
-    chat(call) {
-      // The call's own span: placing the session (the router) and attaching are part of its trace.
-      const chatContext = context.active();
-      let state: "awaiting-open" | "opening" | "open" | "done" = "awaiting-open";
-      let runnerCall: grpc.ClientDuplexStream<AttachRequestInit, Buffer> | undefined;
-      const queued: ClientFrame[] = [];
-      let halfClosed = false;
-      let sessionId = "";
-      let agentId = DEFAULT_AGENT;
-      const spans = new TurnSpans(
-        extractContext(call.metadata),
-        () => sessionId,
-        () => agentId,
-      );
-      const caller = onBehalfOf(call);
-      const who = identityOf(call.metadata);
-      const tenant = who.tenant;
-      let releaseStream: (() => void) | undefined;
-      const unwatch = streams.add(callerOf(call.metadata).keyHash, (err) => finish(err));
-
-      const finish = (err?: unknown) => {
-        if (state === "done") return;
-        state = "done";
-        unwatch();
-        spans.endAll();
-        releaseStream?.();
-        if (err !== undefined && toStatus(err).code === Status.INTERNAL)
-          logger.error("chat stream failed", { error: String((err as Error)?.stack ?? err) });
-        if (err !== undefined) {
-          runnerCall?.cancel();
-          if (!call.cancelled) call.emit("error", toStatus(err));
-        } else if (!call.cancelled) call.end();
-      };
-      const forward = (frame: ClientFrame) => {
-        if (!runnerCall!.write({ frame })) {
-          call.pause();
-          runnerCall!.once("drain", () => call.resume());
-        }
-      };
-
-      const open = async (openFrame: ClientFrame, attempt: number): Promise<void> => {
-        const o = openFrame.kind.case === "open" ? openFrame.kind.value : undefined;
-        const placement = await placements.resolve(who, o?.sessionId ?? "", o?.agentId ?? "");
-        sessionId = placement.sessionId;
-        agentId = placement.agentId;
-        // A session the router named for us is new: the runner must create it.
-        const frame = o?.sessionId
-          ? openFrame
-          : create(ClientFrameSchema, {
-              ...openFrame,
-              kind: { case: "open", value: { ...o!, sessionId, create: true } },
-            });
-        const rc = runners
-          .get(placement.runner!.address)
-          .attach({ metadata: caller }) as unknown as grpc.ClientDuplexStream<AttachRequestInit, Buffer>;
-        runnerCall = rc;
-        const answer = answerWithin(rc);
-        rc.on("data", (bytes: Buffer) => {
-          answer.heard();
-          if (state === "done") return;
-          if (needsDecoding(bytes)) {
-            const resp = fromBinary(AttachResponseSchema, bytes);
-            if (resp.kind.case === "opened") {
-              agentId = resp.kind.value.agentId;
-              state = "open";
-              for (const f of queued.splice(0)) forward(f);
-              if (halfClosed) rc.end();
-            }
-            spans.observe(resp);
-          }
-          if (!call.write(bytes as never)) {
-            rc.pause();
-            call.once("drain", () => rc.resume());
-          }
-        });
-        let upstreamFailed = false;
-        rc.on("error", (error) => {
-          upstreamFailed = true;
-          const err = answer.error(error);
-          if (!answer.answered && attempt === 0 && state !== "done" && placements.reroute(who, sessionId, err)) {
-            open(openFrame, 1).catch(finish);
-            return;
-          }
-          finish(err);
-        });
-        // grpc-js may end the readable side of a call that failed too: only a clean end is one.
-        rc.on("end", () => {
-          if (!upstreamFailed) finish();
-        });
-        rc.write({ frame });
-      };
-
-      call.on("data", (req: ChatRequest) => {
-        try {
-          const frame = req.frame;
-          if (state === "done") return;
-          if (state === "awaiting-open") {
-            validateFrame(frame, false, true);
-            releaseStream = limits.openStream(tenant);
-            state = "opening";
-            context.with(chatContext, () => open(frame, 0)).catch(finish);
-            return;
-          }
-          validateFrame(frame, true, true);
-          const stopAware = catchStopCommand(frame);
-          // Over a limit, the stream ends with RESOURCE_EXHAUSTED and when to retry; frames not
-          // yet acknowledged are the client's to resend, as after any broken stream.
-          admit(tenant, sessionId, stopAware);
-          const traced = spans.start(stopAware);
-          if (state === "opening") queued.push(traced);
-          else forward(traced);
-        } catch (err) {
-          finish(err);
-        }
-      });
-      // The client is done sending: pass that on once its frames are forwarded; the runner ends
-      // the stream when the session has nothing left to do.
-      call.on("end", () => {
-        halfClosed = true;
-        if (state === "open") runnerCall!.end();
-        else if (state === "awaiting-open") finish();
-      });
-      call.on("cancelled", () => {
-        state = "done";
-        unwatch();
-        spans.endAll();
-        releaseStream?.();
-        if (runnerCall) leaveRunnerCall(runnerCall);
-      });
-    },
+    chat: chatHandler({ placements, runners, limits, streams, admit, logger }),
 
     async createSession(req, call) {
       validateSessionRef(req.sessionId, req.agentId, true);

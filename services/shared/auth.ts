@@ -199,6 +199,10 @@ export function identityMetadata(id: Identity): grpc.Metadata {
   return md;
 }
 
+/** The caller's verified identity (set by apiKeyAuth), carried on to the runner, which serves a session only to its owner. */
+export const onBehalfOf = (call: { metadata: grpc.Metadata }): grpc.Metadata =>
+  identityMetadata(identityOf(call.metadata));
+
 export const sameIdentity = (a: Identity, b: Identity): boolean => a.tenant === b.tenant && a.principal === b.principal;
 
 /** What one of Troupe's internal services needs: the check for its server, headers for its clients. */
