@@ -16,7 +16,10 @@ const anthropic = lazyModule<{ Anthropic: typeof Anthropic }>("@anthropic-ai/sdk
 /** One try of a learning call; a retryable failure gets one more (postForJson). */
 const COMPLETE_TIMEOUT_MS = 60_000;
 
-export function completionFor(provider: Pick<ProviderSpec, "kind" | "baseUrl" | "apiKey">, model: string): Complete {
+export function completionFor(
+  provider: Pick<ProviderSpec, "kind" | "baseUrl" | "apiKey" | "headers">,
+  model: string,
+): Complete {
   if (provider.kind === "anthropic") {
     const client = new (anthropic().Anthropic)({
       baseURL: provider.baseUrl.replace(/\/v1\/?$/, ""),

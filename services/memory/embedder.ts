@@ -77,9 +77,11 @@ export class OpenAIEmbedder implements Embedder {
     apiKey: string,
     private readonly model: string,
     readonly dim: number,
+    /** Sent with each request (OpenAI's account headers, providers.ts). */
+    headers?: Readonly<Record<string, string>>,
   ) {
     this.name = `openai:${model}:${dim}`;
-    this.post = providerPoster({ baseUrl: baseURL, apiKey }, fetch);
+    this.post = providerPoster({ baseUrl: baseURL, apiKey, headers }, fetch);
   }
 
   async embed(texts: string[]): Promise<Float32Array[]> {

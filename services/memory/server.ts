@@ -120,7 +120,9 @@ export async function search(
 
 /** The providers the configuration names (shared/providers.ts). */
 const providersOf = (cfg: Config): Providers =>
-  cfg.providersFile ? loadProviders(cfg.providersFile) : singleProvider(modelBaseUrl(cfg), cfg.openaiApiKey);
+  cfg.providersFile
+    ? loadProviders(cfg.providersFile)
+    : singleProvider(modelBaseUrl(cfg), cfg.openaiApiKey, cfg.openaiAccount);
 
 /** The provider serving `model`, or a start-up error that says what to write. */
 function served(providers: Providers, model: string, setting: string) {
@@ -140,7 +142,7 @@ export function embedderFor(cfg: Config, providers = providersOf(cfg)): Embedder
     throw new Error(
       `TROUPE_EMBEDDING_MODEL=${cfg.embeddingModel}: provider ${provider.name} is of kind anthropic, which serves no embeddings; name an OpenAI or OpenAI-compatible provider's model`,
     );
-  return new OpenAIEmbedder(provider.baseUrl, provider.apiKey, model, cfg.embeddingDim);
+  return new OpenAIEmbedder(provider.baseUrl, provider.apiKey, model, cfg.embeddingDim, provider.headers);
 }
 
 export async function startMemory(cfg: Config, logger: Logger): Promise<RunningService> {

@@ -123,6 +123,8 @@ export interface OpenAIModelOptions {
   idleTimeoutMs?: number;
   /** Models that take images besides those model-rules.ts knows (providers.json `visionModels`). */
   visionModels?: readonly string[];
+  /** Sent with every request (OpenAI's account headers, providers.ts). */
+  headers?: Readonly<Record<string, string>>;
 }
 
 /** An image as a data URL, as OpenAI's image inputs take it. */
@@ -324,7 +326,7 @@ export type { ProviderPost };
  */
 export function openAIConnection(options: OpenAIModelOptions): { post: ProviderPost; pool: Agent } {
   const pool = connectionPool(options);
-  const endpoint = { baseUrl: options.baseUrl, apiKey: options.apiKey };
+  const endpoint = { baseUrl: options.baseUrl, apiKey: options.apiKey, headers: options.headers };
   return { post: providerPoster(endpoint, poolFetch(pool) as Parameters<typeof providerPoster>[1]), pool };
 }
 

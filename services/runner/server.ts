@@ -149,7 +149,9 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   await storage.start();
   const store = storage.sessions;
   const model = new ProviderModels(
-    cfg.providersFile ? loadProviders(cfg.providersFile) : singleProvider(modelBaseUrl(cfg), cfg.openaiApiKey),
+    cfg.providersFile
+      ? loadProviders(cfg.providersFile)
+      : singleProvider(modelBaseUrl(cfg), cfg.openaiApiKey, cfg.openaiAccount),
   );
   const credentials = await internalCredentials(cfg.dataDir, cfg.internalToken, cfg.internalCa);
   const peer = { headers: credentials.headers, tls: credentials.tls };

@@ -39,6 +39,8 @@ export interface Config {
   /** Model endpoint; empty means "use the scripted model server". */
   openaiBaseUrl: string;
   openaiApiKey: string;
+  /** OPENAI_ORG_ID, OPENAI_PROJECT_ID: the default provider's account headers. */
+  openaiAccount: { organization?: string; project?: string };
   model: string;
   /** Runner: how often sessions idle past their agent's retentionDays are deleted. */
   retentionSweepMs: number;
@@ -344,6 +346,7 @@ export function loadConfig(
     advertise: str("advertise") ?? addr.runner,
     openaiBaseUrl: str("openaiBaseUrl") ?? "",
     openaiApiKey: str("openaiApiKey") ?? "",
+    openaiAccount: { organization: str("openaiOrgId") || undefined, project: str("openaiProjectId") || undefined },
     storeUrl: str("storeUrl") ?? "",
     providersFile: str("providersFile") ?? "",
     model: str("model")!,

@@ -29,6 +29,8 @@ export interface ProviderEndpoint {
   baseUrl: string;
   /** Sent as `Authorization: Bearer`; none is sent when empty (a local server without keys). */
   apiKey: string;
+  /** More headers for every request (OpenAI's account headers, providers.ts). */
+  headers?: Readonly<Record<string, string>>;
 }
 
 type Fetch = (
@@ -46,6 +48,7 @@ export type ProviderPost = (path: string, body: unknown, signal: AbortSignal) =>
 export function providerPoster(endpoint: ProviderEndpoint, fetch: Fetch): ProviderPost {
   const base = endpoint.baseUrl.replace(/\/+$/, "");
   const headers: Record<string, string> = {
+    ...endpoint.headers,
     "content-type": "application/json",
     accept: "application/json, text/event-stream",
     "user-agent": USER_AGENT,

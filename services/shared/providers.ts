@@ -17,6 +17,8 @@ export interface ProviderSpec {
   baseUrl: string;
   /** The key itself, read from where the file says; never logged. */
   apiKey: string;
+  /** Sent with every request: OpenAI-Organization and OpenAI-Project when configured. */
+  headers?: Readonly<Record<string, string>>;
   timeoutMs: number;
   idleTimeoutMs: number;
   /** Models that take images besides those model-rules.ts knows: names, or prefixes ending in *. */
@@ -32,6 +34,8 @@ export interface Providers {
 interface ProviderEntry {
   kind: ProviderKind;
   baseUrl: string;
+  organization?: string;
+  project?: string;
   apiKey?: { env?: string; file?: string };
   timeoutMs?: number;
   idleTimeoutMs?: number;
@@ -54,11 +58,16 @@ export function parseProviders(text: string, source: string): Providers {
         throw new Error(`${source}: providers.${name}.apiKey: ${(err as Error).message}`);
       }
     }
+    if (p.kind === "anthropic" && (p.organization || p.project))
+      throw new Error(
+        `${source}: providers.${name}: organization and project are OpenAI's; an anthropic provider takes neither`,
+      );
     byName.set(name, {
       name,
       kind: p.kind,
       baseUrl: p.baseUrl,
       apiKey,
+      headers: openAIHeaders(p),
       timeoutMs: p.timeoutMs ?? 60_000,
       idleTimeoutMs: p.idleTimeoutMs ?? 120_000,
       visionModels: p.visionModels ?? [],
@@ -80,10 +89,35 @@ export function loadProviders(file: string): Providers {
 }
 
 /** The single provider of a runner configured by OPENAI_BASE_URL and OPENAI_API_KEY alone. */
-export function singleProvider(baseUrl: string, apiKey: string): Providers {
+export function singleProvider(
+  baseUrl: string,
+  apiKey: string,
+  account: { organization?: string; project?: string } = {},
+): Providers {
   const kind: ProviderKind = new URL(baseUrl).hostname.endsWith("api.openai.com") ? "openai" : "openai-compatible";
-  const spec = { name: "default", kind, baseUrl, apiKey, timeoutMs: 60_000, idleTimeoutMs: 120_000, visionModels: [] };
+  const headers = openAIHeaders(account);
+  const spec = {
+    name: "default",
+    kind,
+    baseUrl,
+    apiKey,
+    headers,
+    timeoutMs: 60_000,
+    idleTimeoutMs: 120_000,
+    visionModels: [],
+  };
   return { byName: new Map([["default", spec]]), defaultName: "default" };
+}
+
+/**
+ * OpenAI's optional account headers (platform.openai.com/docs/api-reference/authentication): which
+ * organization and project a request counts against, for a key that reaches more than one.
+ */
+function openAIHeaders(account: { organization?: string; project?: string }): Record<string, string> | undefined {
+  const headers: Record<string, string> = {};
+  if (account.organization) headers["openai-organization"] = account.organization;
+  if (account.project) headers["openai-project"] = account.project;
+  return Object.keys(headers).length > 0 ? headers : undefined;
 }
 
 /** Which provider serves `name`, and the model's name there; undefined when none does. */

@@ -180,6 +180,8 @@ export const SETTINGS = {
     },
     openaiBaseUrl: { env: "OPENAI_BASE_URL", doc: "model endpoint", default: "<the scripted model server>" },
     openaiApiKey: { env: "OPENAI_API_KEY", doc: "model endpoint key", secret: true },
+    openaiOrgId: { env: "OPENAI_ORG_ID", doc: "sent as OpenAI-Organization to that endpoint (a key in several)" },
+    openaiProjectId: { env: "OPENAI_PROJECT_ID", doc: "sent as OpenAI-Project to that endpoint (a key in several)" },
     model: { env: "TROUPE_MODEL", doc: "the model of agents that name none", default: "scripted-1" },
     retentionSweepMs: {
       env: "TROUPE_RETENTION_SWEEP_MS",

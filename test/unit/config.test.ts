@@ -13,7 +13,9 @@ test("settings come from the environment, checked; a bad value names its variabl
     TROUPE_MEMORY_LEARN: "0",
     TROUPE_QUOTA_STEPS_PER_RUN: "7",
     TROUPE_TENANT_RATE: "5",
+    OPENAI_ORG_ID: "org-abc",
   });
+  assert.deepEqual(cfg.openaiAccount, { organization: "org-abc", project: undefined });
   assert.equal(cfg.logLevel, "debug");
   assert.equal(cfg.memoryLearn, false);
   assert.equal(cfg.quotaDefaults.stepsPerRun, 7);

@@ -8,6 +8,10 @@ import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { ModelError, OpenAIModelClient, type ModelRequest } from "../../services/runner/model.js";
 import { errorOf } from "../../services/shared/provider-post.js";
+import { singleProvider } from "../../services/shared/providers.js";
+import { ProviderModels } from "../../services/runner/provider-models.js";
+import { completionFor } from "../../services/memory/completion.js";
+import { OpenAIEmbedder } from "../../services/memory/embedder.js";
 import { ChatApiServer } from "../helpers/openai-api.js";
 
 const KEY = "sk-provider-post-test";
@@ -86,6 +90,29 @@ describe("what other compatible servers answer", () => {
     assert.equal(err?.message, "model endpoint answered 404: Not Found");
     assert.equal(err?.retryable, false);
     await client.close();
+  });
+
+  test("OPENAI_ORG_ID and OPENAI_PROJECT_ID reach every call as OpenAI's account headers", async () => {
+    // platform.openai.com/docs/api-reference/authentication: OpenAI-Organization, OpenAI-Project.
+    answer = (res) => res.writeHead(503, { "content-type": "application/json" }).end('{"error":"busy"}');
+    const providers = singleProvider(base, "k", { organization: "org-abc", project: "proj_1" });
+    const spec = providers.byName.get("default")!;
+    const from = seen.length;
+    const models = new ProviderModels(providers);
+    const drained = (async () => {
+      for await (const _ of models.stream(ask, new AbortController().signal));
+    })();
+    await drained.catch(() => undefined);
+    await models.close();
+    await completionFor(spec, "m")("system", "user").catch(() => undefined);
+    await new OpenAIEmbedder(spec.baseUrl, spec.apiKey, "e", 8, spec.headers).embed(["x"]).catch(() => undefined);
+    const sent = seen.slice(from);
+    assert.ok(sent.length >= 3, `${sent.length} requests`);
+    for (const h of sent) {
+      assert.equal(h["openai-organization"], "org-abc");
+      assert.equal(h["openai-project"], "proj_1");
+      assert.equal(h.authorization, "Bearer k");
+    }
   });
 
   test("a 5xx answering a megabyte of HTML: retryable, its message bounded", async () => {

@@ -180,6 +180,24 @@ describe("the providers file", () => {
     });
     assert.match(message, /exactly one of env/);
     assert.doesNotMatch(message, /sk-very-secret/);
+    assert.match(
+      refuse({ providers: { a: { kind: "anthropic", baseUrl: "http://x", organization: "org-abc" } } }),
+      /providers\.a: organization and project are OpenAI's/,
+    );
+    assert.match(
+      refuse({ providers: { a: { kind: "openai", baseUrl: "http://x", project: "proj x\r\nx-injected: 1" } } }),
+      /providers\.a\.project must be a project id/,
+    );
+    const account = parseProviders(
+      JSON.stringify({
+        providers: { a: { kind: "openai", baseUrl: "http://x", organization: "org-abc", project: "proj_1" } },
+      }),
+      "p.json",
+    );
+    assert.deepEqual(account.byName.get("a")?.headers, {
+      "openai-organization": "org-abc",
+      "openai-project": "proj_1",
+    });
   });
 });
 
