@@ -7,8 +7,12 @@ import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { existsSync, readdirSync } from "node:fs";
 import { appendFile, chmod, chown, mkdir, readFile, stat } from "node:fs/promises";
 import path from "node:path";
-import pg from "pg";
+import type pg from "pg";
+import { lazyModule } from "../shared/lazy-module.js";
 import { freePort } from "./free-port.js";
+
+/** Loaded for `--store postgres` only: a file-store stack (and `--one-process`) does not carry it. */
+const pgModule = lazyModule<typeof pg>("pg");
 
 export interface LocalPostgres {
   /** postgres://troupe@127.0.0.1:<port>/troupe */
@@ -87,7 +91,7 @@ export async function startLocalPostgres(dir: string, port = 0): Promise<LocalPo
   const deadline = Date.now() + 30_000;
   for (;;) {
     if (child.exitCode !== null) throw new Error(`postgres exited at start: ${stderr}`);
-    const c = new pg.Client({ connectionString: url });
+    const c = new (pgModule().Client)({ connectionString: url });
     c.on("error", () => undefined); // a probe that loses its server just fails
     try {
       await c.connect();
@@ -102,7 +106,7 @@ export async function startLocalPostgres(dir: string, port = 0): Promise<LocalPo
       await new Promise((r) => setTimeout(r, 100));
     }
   }
-  const admin = new pg.Pool({ connectionString: url, max: 1 });
+  const admin = new (pgModule().Pool)({ connectionString: url, max: 1 });
   admin.on("error", () => undefined); // an idle admin connection cut at shutdown is of no interest
   const ensure = async (name: string) => {
     if (!/^[a-z_][a-z0-9_]{0,62}$/.test(name)) throw new Error(`not a database name: ${name}`);

@@ -25,7 +25,11 @@ function packagesLoadedBy(entry: string): Set<string> {
   return new Set(JSON.parse(out.trim().split("\n").at(-1)!) as string[]);
 }
 
-const entry = (service: string) => fileURLToPath(new URL(`../../services/${service}/server.js`, import.meta.url));
+/** A service's module graph; "up" is the supervisor's (and the one process's of --one-process). */
+const entry = (service: string) =>
+  fileURLToPath(
+    new URL(service === "up" ? "../../services/cli/up.js" : `../../services/${service}/server.js`, import.meta.url),
+  );
 
 /** Per service: packages that must wait for their first use. */
 const DEFERRED: Record<string, string[]> = {
@@ -34,6 +38,7 @@ const DEFERRED: Record<string, string[]> = {
   runner: ["openai", "@anthropic-ai/sdk", "croner", "pg", "html-to-text", "gpt-tokenizer"],
   sandbox: ["undici", "openai", "pg"],
   memory: ["openai", "@anthropic-ai/sdk", "pg"],
+  up: ["pg", "openai", "@connectrpc/connect-node", "undici"],
 };
 
 describe("packages deferred to first use", () => {
