@@ -7,12 +7,8 @@ import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { existsSync, readdirSync } from "node:fs";
 import { appendFile, chmod, chown, mkdir, readFile, stat } from "node:fs/promises";
 import path from "node:path";
-import type pg from "pg";
-import { lazyModule } from "../shared/lazy-module.js";
+import { pgModule } from "../shared/pg.js";
 import { freePort } from "./free-port.js";
-
-/** Loaded for `--store postgres` only: a file-store stack (and `--one-process`) does not carry it. */
-const pgModule = lazyModule<typeof pg>("pg");
 
 export interface LocalPostgres {
   /** postgres://troupe@127.0.0.1:<port>/troupe */

@@ -8,8 +8,8 @@
 import type pg from "pg";
 import { lazyModule } from "./lazy-module.js";
 
-/** Loaded when a store URL is first opened: the file store never needs it. */
-const pgModule = lazyModule<typeof pg>("pg");
+/** node-postgres, loaded when first used (a store URL opened, a local server started): the file store never needs it. */
+export const pgModule = lazyModule<typeof pg>("pg");
 
 /** Opens a pool on the store URL. The password, if any, never appears in errors (pg omits it). */
 export function openPool(url: string, max = 10): pg.Pool {

@@ -9,6 +9,9 @@
 const USER_AGENT = "troupe";
 /** The most of a refusal's body kept for its message: a provider's errors are a few hundred bytes. */
 const MAX_ERROR_BYTES = 16 * 1024;
+/** A body that is not a known error shape is quoted, up to this many characters. */
+const MAX_QUOTED = 500;
+const quoted = (text: string) => text.trim().slice(0, MAX_QUOTED);
 
 /** The provider answered with a status outside 2xx. `message` is the provider's own wording. */
 export class ProviderRefusal extends Error {
@@ -99,7 +102,7 @@ export function errorOf(text: string): { message: string; code?: string } {
   try {
     doc = JSON.parse(text);
   } catch {
-    return { message: text.trim().slice(0, 500) };
+    return { message: quoted(text) };
   }
   const obj = (doc ?? {}) as Record<string, unknown>;
   const error = obj.error;
@@ -107,13 +110,13 @@ export function errorOf(text: string): { message: string; code?: string } {
     const e = error as Record<string, unknown>;
     const code = typeof e.code === "string" ? e.code : undefined;
     if (typeof e.message === "string") return { message: e.message, code };
-    return { message: JSON.stringify(error).slice(0, 500), code };
+    return { message: quoted(JSON.stringify(error)), code };
   }
   if (typeof error === "string") return { message: error };
   if (typeof obj.message === "string") return { message: obj.message };
   if (obj.detail !== undefined)
-    return { message: typeof obj.detail === "string" ? obj.detail : JSON.stringify(obj.detail).slice(0, 500) };
-  return { message: text.trim().slice(0, 500) };
+    return { message: typeof obj.detail === "string" ? obj.detail : quoted(JSON.stringify(obj.detail)) };
+  return { message: quoted(text) };
 }
 
 /** Statuses worth one more try: timeout, conflict, rate limit, the provider's own failures. */
