@@ -2,34 +2,18 @@
 // its flag if it has one, its default, what it sets, and its type as a JSON Schema (config.ts
 // checks values with it, ajv turning a variable's text into the number a schema asks for). A
 // default in <angle brackets> is worked out from other settings when the configuration loads.
-// The README's configuration table is settingsTable()'s, and a unit test keeps it so.
+// The five services' sections are here; tracing, the clients and the channel adapters have files
+// of their own beside it. The README's configuration table is settingsTable()'s, and a unit test
+// keeps it so.
+import { ADAPTER_SETTINGS, CLIENT_SETTINGS } from "./client-settings.js";
 import { DEFAULT_QUOTAS } from "./quotas.js";
+import { address, int, oneOf, positive, type Setting } from "./setting-kinds.js";
+import { TELEMETRY_SETTINGS } from "./telemetry-settings.js";
 
-export interface Setting {
-  env: string;
-  flag?: string;
-  doc: string;
-  default?: string | number;
-  schema?: Record<string, unknown>;
-  secret?: boolean;
-}
+export type { Setting };
 
-const int = (min = 1) => ({
-  type: "integer",
-  minimum: min,
-  message: min === 1 ? "must be a positive integer" : `must be an integer of at least ${min}`,
-});
-const positive = { type: "number", exclusiveMinimum: 0, message: "must be a positive number" };
-const oneOf = (...values: string[]) => ({ enum: values, message: `must be one of ${values.join(", ")}` });
-const address = (env: string, flag: string, what: string, port: number): Setting => ({
-  env,
-  flag,
-  doc: `${what} address`,
-  default: `127.0.0.1:${port}`,
-});
 const quotaEnv = (k: string) => `TROUPE_QUOTA_${k.replace(/[A-Z]/g, (c) => `_${c}`).toUpperCase()}`;
 
-/** The sections of SETTINGS, one per service and a few shared by all: the README's table follows them. */
 export const SETTINGS = {
   "every service": {
     dataDir: { env: "TROUPE_DATA_DIR", flag: "data-dir", doc: "state: session logs, memory, keys", default: "./data" },
@@ -309,191 +293,9 @@ export const SETTINGS = {
     sandboxPoolSize: { env: "TROUPE_SANDBOX_POOL", doc: "warm sandboxes (0: none)", default: 2, schema: int(0) },
     dockerHost: { env: "DOCKER_HOST", doc: "the Docker engine", default: "/var/run/docker.sock" },
   },
-  tracing: {
-    otelEndpoint: { env: "OTEL_EXPORTER_OTLP_ENDPOINT", doc: "OTLP endpoint for traces and metrics (unset: off)" },
-    otelTracesEndpoint: {
-      env: "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-      doc: "OTLP endpoint for traces only (turns tracing on too)",
-    },
-    otelProtocol: {
-      env: "OTEL_EXPORTER_OTLP_PROTOCOL",
-      doc: "OTLP's encoding for traces and metrics",
-      default: "http/protobuf",
-      schema: oneOf("http/protobuf", "http/json", "grpc"),
-    },
-    otelHeaders: {
-      env: "OTEL_EXPORTER_OTLP_HEADERS",
-      doc: "key=value,... sent with every OTLP export (read by the OTel SDK)",
-      secret: true,
-    },
-    otelTracesExporter: {
-      env: "OTEL_TRACES_EXPORTER",
-      doc: "where spans go; console or zipkin turn tracing on without an endpoint",
-      default: "otlp",
-      schema: oneOf("otlp", "console", "zipkin", "none"),
-    },
-    otelSampler: {
-      env: "OTEL_TRACES_SAMPLER",
-      doc: "which traces are kept",
-      default: "parentbased_always_on",
-      schema: oneOf(
-        "always_on",
-        "always_off",
-        "traceidratio",
-        "parentbased_always_on",
-        "parentbased_always_off",
-        "parentbased_traceidratio",
-      ),
-    },
-    otelSamplerArg: {
-      env: "OTEL_TRACES_SAMPLER_ARG",
-      doc: "the ratio samplers' fraction of traces kept",
-      default: 1,
-      schema: { type: "number", minimum: 0, maximum: 1, message: "must be a number from 0 to 1" },
-    },
-    otelResourceAttributes: {
-      env: "OTEL_RESOURCE_ATTRIBUTES",
-      doc: "key=value,... added to every span's and metric's resource",
-    },
-    otelSdkDisabled: {
-      env: "OTEL_SDK_DISABLED",
-      doc: "true: no traces and no OTLP metrics, whatever else is set (Prometheus stays)",
-      default: "false",
-      schema: oneOf("true", "false"),
-    },
-    metricsAddr: {
-      env: "TROUPE_METRICS_ADDR",
-      flag: "metrics",
-      doc: "Prometheus metrics at http://HOST:PORT/metrics (unset: none); troupe up gives each further service the next port",
-    },
-    otelMetricsExporter: {
-      env: "OTEL_METRICS_EXPORTER",
-      doc: "metrics to the OTLP endpoint too (otlp), or not (none)",
-      default: "otlp",
-      schema: oneOf("otlp", "none"),
-    },
-    otelServiceName: {
-      env: "OTEL_SERVICE_NAME",
-      doc: "service name in traces and metrics",
-      default: "troupe-<service>",
-    },
-    bspScheduleDelay: {
-      env: "OTEL_BSP_SCHEDULE_DELAY",
-      doc: "span batch delay (ms; read by the OTel SDK)",
-      schema: int(0),
-    },
-    bspExportTimeout: { env: "OTEL_BSP_EXPORT_TIMEOUT", doc: "span export timeout (ms)", schema: int(0) },
-    bspMaxQueueSize: { env: "OTEL_BSP_MAX_QUEUE_SIZE", doc: "span queue size", schema: int() },
-    bspMaxExportBatchSize: { env: "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", doc: "span batch size", schema: int() },
-  },
-  clients: {
-    clientApiKey: {
-      env: "TROUPE_API_KEY",
-      doc: "the key troupe chat sends",
-      default: "<data-dir>/auth/dev-key",
-      secret: true,
-    },
-    tlsCa: {
-      env: "TROUPE_TLS_CA",
-      flag: "ca",
-      doc: "troupe chat: reach the gateway over TLS, trusting this CA (PEM); --tls trusts the system's",
-    },
-    modelServer: address("TROUPE_MODEL_SERVER_ADDR", "model-server", "scripted model server", 50060),
-    scriptedTokenRate: {
-      env: "TROUPE_SCRIPTED_TOKEN_RATE",
-      doc: "the scripted model's tokens a second (unset: as fast as read)",
-      schema: positive,
-    },
-  },
-  "channel adapters": {
-    adapterState: {
-      env: "TROUPE_ADAPTER_STATE",
-      flag: "state",
-      doc: "troupe adapter: its state file (inbox cursor, the platform's offset, chats of runs, posted replies)",
-      default: "<data-dir>/adapters/<kind>.json",
-    },
-    webhookAddr: {
-      env: "TROUPE_WEBHOOK_ADDR",
-      flag: "listen",
-      doc: "troupe adapter webhook, slack and telegram (webhook mode): where it takes the platform's POSTs",
-      default: "127.0.0.1:8090",
-    },
-    webhookSecret: {
-      env: "TROUPE_WEBHOOK_SECRET",
-      doc: "troupe adapter webhook: the HMAC key of inbound and reply signatures (docs/channels.md)",
-      secret: true,
-    },
-    webhookReplyUrl: {
-      env: "TROUPE_WEBHOOK_REPLY_URL",
-      flag: "reply-url",
-      doc: "troupe adapter webhook: where replies are POSTed",
-      schema: { type: "string", pattern: "^https?://", message: "must be an http:// or https:// URL" },
-    },
-    telegramBotToken: {
-      env: "TELEGRAM_BOT_TOKEN",
-      doc: "troupe adapter telegram: the bot's token (BotFather)",
-      secret: true,
-    },
-    telegramApiUrl: {
-      env: "TELEGRAM_API_URL",
-      doc: "troupe adapter telegram: the Bot API server (a local one, or a test's)",
-      default: "https://api.telegram.org",
-      schema: { type: "string", pattern: "^https?://", message: "must be an http:// or https:// URL" },
-    },
-    telegramWebhookUrl: {
-      env: "TELEGRAM_WEBHOOK_URL",
-      doc: "troupe adapter telegram: set for webhook mode, the public HTTPS URL Telegram POSTs to (proxied to TROUPE_WEBHOOK_ADDR, path /telegram); unset: long polling",
-      schema: {
-        type: "string",
-        pattern: "^https://",
-        message: "must be an https:// URL (Telegram calls only HTTPS webhooks)",
-      },
-    },
-    telegramWebhookSecret: {
-      env: "TELEGRAM_WEBHOOK_SECRET",
-      doc: "troupe adapter telegram: the webhook's secret token (1-256 of A-Z a-z 0-9 _ -), checked on every update",
-      schema: { type: "string", pattern: "^[A-Za-z0-9_-]{1,256}$", message: "must be 1-256 of A-Z a-z 0-9 _ -" },
-      secret: true,
-    },
-    slackBotToken: {
-      env: "SLACK_BOT_TOKEN",
-      doc: "troupe adapter slack: the app's bot token (xoxb-...)",
-      secret: true,
-    },
-    slackSigningSecret: {
-      env: "SLACK_SIGNING_SECRET",
-      doc: "troupe adapter slack: the app's signing secret, to check the Events API's requests",
-      secret: true,
-    },
-    slackAppToken: {
-      env: "SLACK_APP_TOKEN",
-      doc: "troupe adapter slack: an app-level token (xapp-..., scope connections:write); set, events come by Socket Mode instead of HTTP",
-      schema: { type: "string", pattern: "^xapp-", message: "must be an app-level token (xapp-...)" },
-      secret: true,
-    },
-    slackSocketRefreshMs: {
-      env: "TROUPE_SLACK_SOCKET_REFRESH_MS",
-      doc: "troupe adapter slack, Socket Mode: how long one connection is kept before a new one replaces it (bounds how long a silently dropped one goes unnoticed; 0: until Slack closes it)",
-      default: 300000,
-      schema: int(0),
-    },
-    slackApiUrl: {
-      env: "SLACK_API_URL",
-      doc: "troupe adapter slack: the Web API's base (a test's server)",
-      default: "https://slack.com/api",
-      schema: { type: "string", pattern: "^https?://", message: "must be an http:// or https:// URL" },
-    },
-    commandUsers: {
-      env: "TROUPE_ADAPTER_COMMAND_USERS",
-      doc: "troupe adapter: the platform user ids whose /commands act (comma-separated; unset: nobody's)",
-    },
-    draftIntervalMs: {
-      env: "TROUPE_ADAPTER_DRAFT_INTERVAL_MS",
-      doc: "troupe adapter: least time between edits of a streaming reply, per message",
-      default: 1000,
-      schema: int(100),
-    },
-  },
+  tracing: TELEMETRY_SETTINGS,
+  clients: CLIENT_SETTINGS,
+  "channel adapters": ADAPTER_SETTINGS,
 } as const satisfies Record<string, Record<string, Setting>>;
 
 export type SettingName = { [S in keyof typeof SETTINGS]: keyof (typeof SETTINGS)[S] }[keyof typeof SETTINGS];
