@@ -9,9 +9,16 @@
 const USER_AGENT = "troupe";
 /** The most of a refusal's body kept for its message: a provider's errors are a few hundred bytes. */
 const MAX_ERROR_BYTES = 16 * 1024;
-/** A body that is not a known error shape is quoted, up to this many characters. */
-const MAX_QUOTED = 500;
-const quoted = (text: string) => text.trim().slice(0, MAX_QUOTED);
+/**
+ * The most of a provider's message kept, whether it came in a known error shape or was quoted as
+ * it came: it reaches the client's error event and the logs, and a long one is a provider echoing
+ * input back, not explaining more. A cut message ends in "…".
+ */
+const MAX_MESSAGE = 500;
+const quoted = (text: string) => {
+  const trimmed = text.trim();
+  return trimmed.length <= MAX_MESSAGE ? trimmed : `${trimmed.slice(0, MAX_MESSAGE - 1)}…`;
+};
 
 /** The provider answered with a status outside 2xx. `message` is the provider's own wording. */
 export class ProviderRefusal extends Error {
@@ -109,13 +116,13 @@ export function errorOf(text: string): { message: string; code?: string } {
   if (error && typeof error === "object") {
     const e = error as Record<string, unknown>;
     const code = typeof e.code === "string" ? e.code : undefined;
-    if (typeof e.message === "string") return { message: e.message, code };
+    if (typeof e.message === "string") return { message: quoted(e.message), code };
     return { message: quoted(JSON.stringify(error)), code };
   }
-  if (typeof error === "string") return { message: error };
-  if (typeof obj.message === "string") return { message: obj.message };
+  if (typeof error === "string") return { message: quoted(error) };
+  if (typeof obj.message === "string") return { message: quoted(obj.message) };
   if (obj.detail !== undefined)
-    return { message: typeof obj.detail === "string" ? obj.detail : quoted(JSON.stringify(obj.detail)) };
+    return { message: quoted(typeof obj.detail === "string" ? obj.detail : JSON.stringify(obj.detail)) };
   return { message: quoted(text) };
 }
 

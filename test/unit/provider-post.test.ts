@@ -159,4 +159,23 @@ describe("error bodies", () => {
     ];
     for (const [text, want] of shapes) assert.deepEqual(errorOf(text), want, text);
   });
+
+  test("a long message is cut in every shape, and says so", () => {
+    const long = `${"why ".repeat(3000)}end`;
+    const bodies = [
+      JSON.stringify({ error: { message: long, code: "c" } }),
+      JSON.stringify({ error: long }),
+      JSON.stringify({ message: long }),
+      JSON.stringify({ detail: long }),
+      JSON.stringify({ detail: [{ msg: long }] }),
+      long,
+    ];
+    for (const body of bodies) {
+      const { message } = errorOf(body);
+      assert.equal(message.length, 500, body.slice(0, 40));
+      assert.ok(message.endsWith("…"), body.slice(0, 40));
+      assert.ok(!message.includes("end"), body.slice(0, 40));
+    }
+    assert.equal(errorOf(JSON.stringify({ error: { message: "short" } })).message, "short");
+  });
 });
