@@ -16,6 +16,8 @@
 // are the delay added to each token (model write -> client receipt, p50 and p99) and the CPU
 // the gateway and runner spend per 1,000 tokens, beside a raw grpc-js stream carrying the same
 // paced load (its delay, and its server's CPU). --mode burst|paced|both (both).
+// Each mode also says whether the machine was quiet while it ran (support/machine.ts: other
+// processes' CPU and the hypervisor's steal); RESULT's `quiet` is yes only if both were.
 //
 //   node dist/bench/stream.js [--sessions 200] [--tokens 200] [--paced-sessions 1000] [--rate 30] [--seconds 30]
 import { spawn } from "node:child_process";
@@ -29,6 +31,7 @@ import { StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { createClient, type ServiceClient } from "../services/shared/rpc.js";
 import { LOAD_QUOTAS, startStack } from "../test/helpers/stack.js";
 import { cpuMs, waitQuiet } from "./support/cpu.js";
+import { describeLoad, watchMachine } from "./support/machine.js";
 import { pct } from "./support/stats.js";
 
 const { values } = parseArgs({
@@ -195,6 +198,7 @@ async function startRaw() {
     };
   };
   return {
+    pid: server.pid!,
     run,
     paced,
     stop() {
@@ -227,6 +231,17 @@ try {
   const result: Record<string, string> = {};
   // Every process of the stack, the model server's too: the raw stream is measured once they are quiet.
   const stackPids = [...SERVICE_KEYS, "model-server"].flatMap((k) => stack.process(k)?.pid ?? []);
+  // Everything this benchmark runs, for telling its own CPU from the rest of the machine's.
+  const benchCpuMs = () => cpuMs([...stackPids, raw.pid]) + clientCpuMs();
+  const loads: boolean[] = [];
+  const phase = (name: string) => {
+    const watch = watchMachine(benchCpuMs);
+    return () => {
+      const load = watch.end();
+      loads.push(load.quiet);
+      console.log(describeLoad(name, load));
+    };
+  };
   if (MODE !== "paced") {
     // Rounds compared by their medians. The raw stream is measured on a quiet machine: Troupe's
     // background work (learning from the turns just run, which waits while the runner is busy)
@@ -234,12 +249,14 @@ try {
     // whatever one round leaves running competes with the next, as it would for users.
     const rawRates: number[] = [];
     const warmRuns: TroupeFigures[] = [];
+    const burstEnded = phase("the burst");
     for (let i = 0; i < ROUNDS; i++) {
       await waitQuiet(stackPids);
       rawRates.push(await raw.run(T));
     }
     for (let i = 0; i < ROUNDS; i++) warmRuns.push(await troupeRun(clients, true));
     const cold = await troupeRun(clients, false);
+    burstEnded();
     const rawRate = median(rawRates);
     const warmRate = median(warmRuns.map((r) => r.tokensPerS));
     const latencies = warmRuns.flatMap((r) => r.latencies);
@@ -266,6 +283,7 @@ try {
     const count = rate * seconds;
     const asked = n * rate;
     await waitQuiet(stackPids);
+    const pacedEnded = phase("the paced runs");
     const rawPaced = await raw.paced(n, count, rate);
     const pids = ["gateway", "runner"].map((k) => stack.process(k)!.pid!);
     const modelPid = [stack.process("model-server")!.pid!];
@@ -274,6 +292,7 @@ try {
     const cpuBefore = cpuOf();
     const troupe = await troupeRun(clients, true, n, `!bench ${count} rate=${rate}`, pids, true);
     const [gatewayMs, runnerMs, modelMs, clientMs] = cpuOf().map((ms, i) => ms - cpuBefore[i]);
+    pacedEnded();
     const modelPer1000 = (modelMs / (n * count)) * 1000;
     const perToken = (ms: number) => ((ms / Math.max(1, troupe.latencies.length)) * 1000).toFixed(0);
     const p50 = pct(troupe.latencies, 50);
@@ -295,7 +314,8 @@ try {
   }
   raw.stop();
   for (const c of clients) c.close();
-  const order = ["stream_ratio", "paced_p50_ms", "paced_p99_ms", "p99_ms"].filter((k) => k in result);
+  result.quiet = loads.every(Boolean) ? "yes" : "no";
+  const order = ["stream_ratio", "paced_p50_ms", "paced_p99_ms", "p99_ms", "quiet"].filter((k) => k in result);
   console.log(`RESULT ${order.map((k) => `${k}=${result[k]}`).join(" ")}`);
 } finally {
   await stack.stop();
