@@ -11,7 +11,7 @@ import { scopeKey } from "../services/sandbox/scope.js";
 import { execFile } from "node:child_process";
 import { promisify } from "node:util";
 import { parseArgs } from "node:util";
-import Docker from "dockerode";
+import { Engine, engineAddress } from "../services/sandbox/engine.js";
 import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
 import { DEV_IDENTITY } from "../services/shared/auth.js";
 import type { ServiceClient } from "../services/shared/rpc.js";
@@ -124,8 +124,10 @@ for (let i = 0; i < COLD + 1; i++) {
 // Pool claim, in-process on a fleet of its own: the time from asking for a new key's sandbox to
 // having it, with a warm container waiting.
 const logger = createLogger("bench", "warn");
+// The local engine, as the sandbox service reaches it by default.
+const engine = new Engine(engineAddress({ dockerHost: "", dockerTlsVerify: false, dockerCertPath: "" }));
 const fleet = new SandboxFleet(
-  new Docker(),
+  engine,
   {
     image: IMAGE,
     runtime: RUNTIME,
@@ -150,6 +152,7 @@ try {
   }
 } finally {
   await fleet.shutdown();
+  engine.close();
 }
 
 // And through the service: a new session's first command with a warm pool.

@@ -153,6 +153,24 @@ describe("one service process", () => {
     assert.deepEqual(seen, [Serving.SERVING, Serving.NOT_SERVING]);
   });
 
+  test("a sandbox service given an engine address it cannot reach exits 1 naming DOCKER_HOST", async () => {
+    const dataDir = await mkdtemp(path.join(os.tmpdir(), "troupe-engine-"));
+    const port = await freePort();
+    const res = await run(
+      process.execPath,
+      [MAIN, "sandbox", "--sandbox", `127.0.0.1:${port}`, "--data-dir", dataDir],
+      {
+        env: { ...process.env, DOCKER_HOST: "ssh://me@engine-box" },
+      },
+    ).catch((e) => e);
+    await rm(dataDir, { recursive: true, force: true });
+    assert.equal(res.code, 1);
+    assert.match(
+      res.stderr,
+      /failed to start: DOCKER_HOST=ssh:\/\/me@engine-box: .*unix:\/\/\/path or tcp:\/\/host:port/,
+    );
+  });
+
   test("a service whose port is taken exits 1 saying so, and the port's owner answers health only for its own service", async () => {
     const port = await freePort();
     const at = `127.0.0.1:${port}`;

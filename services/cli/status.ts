@@ -3,7 +3,7 @@
 // image, the keys file and the data directory. The exit code is 0 only when every required check
 // passes; `doctor` prints what to do about each one that does not.
 import { access, constants, readFile } from "node:fs/promises";
-import Docker from "dockerode";
+import { Engine, engineAddress } from "../sandbox/engine.js";
 import { loadConfig, modelBaseUrl, type Config } from "../shared/config.js";
 import { Health, HealthCheckResponse_ServingStatus as Serving } from "../shared/gen/grpc/health/v1/health_pb.js";
 import { createClient } from "../shared/rpc.js";
@@ -96,9 +96,22 @@ async function modelCheck(cfg: Config): Promise<Check> {
 }
 
 async function dockerChecks(cfg: Config): Promise<Check[]> {
-  const docker = new Docker();
-  const info = (await docker.info().catch(() => undefined)) as { Runtimes?: Record<string, unknown> } | undefined;
-  if (!info)
+  let docker: Engine;
+  try {
+    docker = new Engine(engineAddress(cfg));
+  } catch (err) {
+    return [
+      {
+        name: "docker",
+        ok: false,
+        detail: (err as Error).message,
+        fix: "set DOCKER_HOST to unix:///path or tcp://host:port",
+      },
+    ];
+  }
+  const info = await docker.info().catch(() => undefined);
+  if (!info) {
+    docker.close();
     return [
       {
         name: "docker",
@@ -107,14 +120,13 @@ async function dockerChecks(cfg: Config): Promise<Check[]> {
         fix: "start dockerd (`make host` installs and starts it), or set DOCKER_HOST",
       },
     ];
+  }
   const runtimes = Object.keys(info.Runtimes ?? {});
-  const image = await docker
-    .getImage(cfg.sandboxImage)
-    .inspect()
-    .then(
-      () => true,
-      () => false,
-    );
+  const image = await docker.inspectImage(cfg.sandboxImage).then(
+    () => true,
+    () => false,
+  );
+  docker.close();
   return [
     { name: "docker", ok: true, detail: `engine up; runtimes ${runtimes.join(", ")}` },
     {

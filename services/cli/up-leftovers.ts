@@ -8,6 +8,7 @@ import path from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { instanceOf } from "../sandbox/container-spec.js";
 import type { Logger } from "../shared/log.js";
+import type { EngineSettings } from "../sandbox/engine.js";
 import type { UpFile } from "./up-file.js";
 
 /**
@@ -33,7 +34,13 @@ const commandOf = (service: string) => service.replace(/-\d+$/, "");
  * Refuses to start over a running supervisor; ends the services an earlier, killed one left, and
  * removes the data directory's containers.
  */
-export async function reapLeftovers(upFile: string, dataDir: string, entry: string, logger: Logger): Promise<void> {
+export async function reapLeftovers(
+  upFile: string,
+  dataDir: string,
+  engine: EngineSettings,
+  entry: string,
+  logger: Logger,
+): Promise<void> {
   const text = await readFile(upFile, "utf8").catch(() => undefined);
   if (text) {
     const main = await realpath(entry).catch(() => entry);
@@ -53,7 +60,7 @@ export async function reapLeftovers(upFile: string, dataDir: string, entry: stri
         `an earlier troupe up (pid ${up.supervisor}) was killed and left ${alive.map((s) => `${s.service} (pid ${s.pid})`).join(", ")} running: ended them`,
       );
   }
-  const removed = await removeSandboxes(dataDir);
+  const removed = await removeSandboxes(dataDir, engine);
   if (removed > 0) logger.warn(`removed ${removed} sandbox container(s) an earlier run of this data directory left`);
 }
 
@@ -66,19 +73,28 @@ async function anyAlive(procs: { service: string; pid: number }[], main: string)
  * Removes every sandbox container made for this data directory. Without a Docker engine there
  * is nothing to remove: 0.
  */
-export async function removeSandboxes(dataDir: string): Promise<number> {
-  const { default: Docker } = await import("dockerode");
-  const docker = new Docker();
-  const listed = await docker
-    .listContainers({ all: true, filters: { label: [`troupe.instance=${instanceOf(dataDir)}`] } })
-    .catch(() => []);
-  await Promise.all(
-    listed.map((c) =>
-      docker
-        .getContainer(c.Id)
-        .remove({ force: true })
-        .catch(() => undefined),
-    ),
-  );
-  return listed.length;
+export async function removeSandboxes(dataDir: string, engine: EngineSettings): Promise<number> {
+  const { Engine, engineAddress } = await import("../sandbox/engine.js");
+  let docker: InstanceType<typeof Engine>;
+  try {
+    docker = new Engine(engineAddress(engine));
+  } catch {
+    return 0; // a DOCKER_HOST Troupe cannot reach: the sandbox service says so at its start
+  }
+  try {
+    const listed = await docker
+      .listContainers({ all: true, filters: { label: [`troupe.instance=${instanceOf(dataDir)}`] } })
+      .catch(() => []);
+    await Promise.all(
+      listed.map((c) =>
+        docker
+          .getContainer(c.Id)
+          .remove()
+          .catch(() => undefined),
+      ),
+    );
+    return listed.length;
+  } finally {
+    docker.close();
+  }
 }

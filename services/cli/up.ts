@@ -88,7 +88,7 @@ export async function upCommand(argv: string[]): Promise<void> {
   }
   const logger = createLogger("up", cfg.logLevel, cfg.logFormat);
   const upFile = path.join(cfg.dataDir, "up.json");
-  await reapLeftovers(upFile, cfg.dataDir, MAIN, logger);
+  await reapLeftovers(upFile, cfg.dataDir, cfg, MAIN, logger);
   let storeUrl = cfg.storeUrl;
   let localStore: LocalPostgres | undefined;
   if (!storeUrl && shape.store === "postgres") {
@@ -204,7 +204,7 @@ export async function upCommand(argv: string[]): Promise<void> {
   const writeUp = () => upWriter.write();
   // The stack's sandboxes go with it (a sandbox service restarted alone keeps them).
   const cleanup = async () => {
-    await removeSandboxes(cfg.dataDir);
+    await removeSandboxes(cfg.dataDir, cfg);
     await localStore?.stop();
     await upWriter.remove();
   };

@@ -12,7 +12,7 @@
 // this side does not know is refused too. Any such violation ends this one connection (the
 // caller discards the container and its callers get AgentGone), never the process.
 import type { Duplex } from "node:stream";
-import type Docker from "dockerode";
+import type { Container } from "./engine.js";
 import { AgentSockets, type AgentSocket, type NetRep } from "./agent-socket.js";
 import type { EgressState } from "./egress-proxy.js";
 
@@ -222,15 +222,8 @@ export class AgentConnection {
    * Attaches to the container's stdio (before start(), for a new container, so nothing is
    * missed) and returns the connection; call hello() once the container runs.
    */
-  static async attach(container: Docker.Container, options: AttachOptions): Promise<AgentConnection> {
-    const stream = (await container.attach({
-      stream: true,
-      stdin: true,
-      stdout: true,
-      stderr: true,
-      hijack: true,
-    })) as unknown as Duplex;
-    return new AgentConnection(stream, options);
+  static async attach(container: Container, options: AttachOptions): Promise<AgentConnection> {
+    return new AgentConnection(await container.attach(), options);
   }
 
   /** A connection over any duplex stream that carries Docker's framing (tests drive it with their own). */

@@ -2,7 +2,7 @@
 // capabilities, the seccomp filter, and the names and labels that tie a container to its
 // deployment and scope key. docs/sandbox.md says why each setting is what it is.
 import { createHash } from "node:crypto";
-import type Docker from "dockerode";
+import type { ContainerSpec } from "./engine.js";
 import { sandboxSeccompProfile } from "./seccomp.js";
 
 const SECCOMP_PROFILE = sandboxSeccompProfile();
@@ -74,7 +74,7 @@ const hostPidsLimit = (opts: FleetOptions): number =>
   opts.runtime === "runsc" ? opts.limits.pids * 8 : opts.limits.pids;
 
 /** The settings every sandbox gets, name and labels aside. */
-function settings(opts: FleetOptions): Docker.ContainerCreateOptions {
+function settings(opts: FleetOptions): ContainerSpec {
   const { limits } = opts;
   return {
     Image: opts.image,
@@ -133,11 +133,7 @@ export const configHash = (opts: FleetOptions) =>
     .slice(0, 16);
 
 /** A new sandbox's full spec: for a scope key, or for the pool (no key). */
-export function containerSpec(
-  opts: FleetOptions,
-  name: string,
-  key: string | undefined,
-): Docker.ContainerCreateOptions {
+export function containerSpec(opts: FleetOptions, name: string, key: string | undefined): ContainerSpec {
   const labels: Record<string, string> = {
     "troupe.owner": "troupe-sandbox",
     "troupe.instance": opts.instance,

@@ -7,7 +7,8 @@
 // after creation, so a claimed pool container carries its key in its name (a hash) and in its
 // agent; one created for a key directly also has the key in its labels.
 import { randomBytes } from "node:crypto";
-import type Docker from "dockerode";
+import type { Readable } from "node:stream";
+import type { Container, Engine } from "./engine.js";
 import { failedPrecondition } from "../shared/errors.js";
 import type { Logger } from "../shared/log.js";
 import { AgentConnection, type AttachOptions } from "./agent-connection.js";
@@ -17,7 +18,7 @@ import { configHash, containerName, containerSpec, poolPrefix, type FleetOptions
 /** One running sandbox and the connection to its agent. */
 export interface Sandbox {
   readonly id: string;
-  readonly container: Docker.Container;
+  readonly container: Container;
   readonly agent: AgentConnection;
   readonly createdAt: number;
   name: string;
@@ -47,12 +48,12 @@ export class SandboxFleet {
   private closed = false;
   /** OOM kills the engine reported, by container id. */
   private readonly oomKills = new Map<string, number>();
-  private events: NodeJS.ReadableStream | undefined;
+  private events: Readable | undefined;
   /** When the reaper first saw a claimed container this process has not used (its key may come back). */
   private readonly firstSeen = new Map<string, number>();
 
   constructor(
-    private readonly docker: Docker,
+    private readonly docker: Engine,
     private readonly opts: FleetOptions,
     private readonly logger: Logger,
     /** A command's connection to its sandbox's egress port (egress-proxy.ts); closed when absent. */
@@ -63,14 +64,20 @@ export class SandboxFleet {
   async watch(): Promise<void> {
     if (this.events) return;
     try {
-      this.events = (await this.docker.getEvents({
-        filters: { type: ["container"], event: ["oom", "die"], label: [`troupe.instance=${this.opts.instance}`] },
-      })) as NodeJS.ReadableStream;
+      this.events = await this.docker.events({
+        type: ["container"],
+        event: ["oom", "die"],
+        label: [`troupe.instance=${this.opts.instance}`],
+      });
     } catch {
       return;
     }
+    // One JSON object per line; a line may come in two chunks, so the unfinished end waits.
+    let partial = "";
     this.events.on("data", (chunk: Buffer) => {
-      for (const line of chunk.toString("utf8").split("\n")) {
+      const lines = (partial + chunk.toString("utf8")).split("\n");
+      partial = lines.pop() ?? "";
+      for (const line of lines) {
         if (!line.trim()) continue;
         try {
           const ev = JSON.parse(line) as { Action?: string; Actor?: { ID?: string } };
@@ -78,7 +85,7 @@ export class SandboxFleet {
           if (ev.Action === "oom") this.oomKills.set(id, this.ooms(id) + 1);
           if (ev.Action === "die") void this.forget(id);
         } catch {
-          // a partial line; the engine sends one event per line
+          // not an event: nothing to act on
         }
       }
     });
@@ -187,7 +194,7 @@ export class SandboxFleet {
     for (let sandbox = this.pool.shift(); sandbox; sandbox = this.pool.shift()) {
       if (!sandbox.agent.alive) continue;
       try {
-        await sandbox.container.rename({ name });
+        await sandbox.container.rename(name);
         await sandbox.agent.claim(key);
       } catch (err) {
         this.logger.warn("could not claim a pooled sandbox; trying another", { error: (err as Error).message });
@@ -207,7 +214,7 @@ export class SandboxFleet {
   private async make(name: string, key?: string): Promise<Sandbox> {
     this.making.add(name);
     try {
-      let container: Docker.Container;
+      let container: Container;
       try {
         container = await this.docker.createContainer(containerSpec(this.opts, name, key));
       } catch (err) {
@@ -354,7 +361,7 @@ export class SandboxFleet {
   /** Ends the engine watch and removes the pool (tenant-neutral, cheap to make again). Claimed sandboxes stay. */
   async shutdown(): Promise<void> {
     this.closed = true;
-    (this.events as { destroy?: () => void } | undefined)?.destroy?.();
+    this.events?.destroy();
     await this.filling;
     const pool = this.pool.splice(0);
     await Promise.all(pool.map(async (s) => (s.agent.close(), this.remove(s.container))));
@@ -385,8 +392,8 @@ export class SandboxFleet {
     }
   }
 
-  private async remove(container: Docker.Container): Promise<boolean> {
-    return container.remove({ force: true }).then(
+  private async remove(container: Container): Promise<boolean> {
+    return container.remove().then(
       () => true,
       (err: { statusCode?: number; message?: string }) => {
         // 404: gone already; 409: someone (the die-event handler, a release) is removing it.
@@ -402,7 +409,7 @@ export class SandboxFleet {
    * connection), and a broken protocol, which ends that sandbox alone: forgotten and removed, so
    * its key's next request makes a new one.
    */
-  private attachOptions(container: Docker.Container, name: string): AttachOptions {
+  private attachOptions(container: Container, name: string): AttachOptions {
     return {
       diagnostics: (line) => this.logger.warn(`sandbox agent (${name}): ${line}`),
       connection: (socket, agent) => (this.onConnection ? this.onConnection(socket, agent) : socket.destroy()),

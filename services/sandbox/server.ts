@@ -10,7 +10,6 @@
 import { randomUUID } from "node:crypto";
 import { create } from "@bufbuild/protobuf";
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
-import Docker from "dockerode";
 import { identityOf, internalCredentials, internalServing } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
 import { failedPrecondition, invalidArgumentIf, notFound, unavailable } from "../shared/errors.js";
@@ -26,6 +25,7 @@ import type { RunningService } from "../shared/service.js";
 import { AgentError, AgentGone, within, type AgentExit, type RunningExec } from "./agent-connection.js";
 import { SandboxFleet, type Sandbox } from "./fleet.js";
 import { EgressProxy } from "./egress-proxy.js";
+import { Engine, engineAddress } from "./engine.js";
 import { DEFAULT_NET_POLICY } from "../shared/net-guard.js";
 import { DEFAULT_LIMITS, instanceOf } from "./container-spec.js";
 import {
@@ -48,7 +48,7 @@ const FILE_OP_TIMEOUT_MS = 15_000;
 
 export async function startSandbox(cfg: Config, logger: Logger): Promise<RunningService> {
   const listenTls = internalServing(cfg, "sandbox service");
-  const docker = new Docker();
+  const docker = new Engine(engineAddress(cfg));
   const instance = instanceOf(cfg.dataDir);
   const egress = new EgressProxy({ ...DEFAULT_NET_POLICY, ports: cfg.net.ports, allow: cfg.net.allow }, logger);
   const fleet = new SandboxFleet(
@@ -426,6 +426,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
       quotas.stop();
       await server.drain(cfg.drainGraceMs);
       await fleet.shutdown();
+      docker.close();
     },
   };
 }

@@ -6,6 +6,7 @@
 // table is settings.ts's settingsTable().
 import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
+import os from "node:os";
 import path from "node:path";
 import { isCidr } from "./address-ranges.js";
 import { settingsChecker } from "./json-schema.js";
@@ -147,8 +148,11 @@ export interface Config {
   learningModel: string;
   /** The scripted model server: tokens per second of every reply (0: as fast as the client reads). */
   scriptedTokenRate: number;
-  /** Sandbox: the Docker engine's address, as dockerode reads it (for messages). */
+  /** Sandbox: the Docker engine's address, as DOCKER_HOST gives it (sandbox/engine.ts). */
   dockerHost: string;
+  /** Sandbox: TLS to a tcp:// engine, with the certificates of dockerCertPath. */
+  dockerTlsVerify: boolean;
+  dockerCertPath: string;
   /** Tracing (OTLP over HTTP); no endpoint: tracing is off. */
   /** Prometheus' /metrics on this host:port; empty: none. */
   metricsAddr: string;
@@ -414,6 +418,8 @@ export function loadConfig(
     learningModel: str("learningModel") ?? "",
     scriptedTokenRate: v.scriptedTokenRate ?? 0,
     dockerHost: str("dockerHost")!,
+    dockerTlsVerify: Boolean(str("dockerTlsVerify")) && str("dockerTlsVerify") !== "0",
+    dockerCertPath: str("dockerCertPath") || path.join(os.homedir(), ".docker"),
     metricsAddr: str("metricsAddr") === "off" ? "" : (str("metricsAddr") ?? ""),
     ...telemetrySettings(str),
     rest: positionals,

@@ -291,7 +291,16 @@ export const SETTINGS = {
       schema: int(),
     },
     sandboxPoolSize: { env: "TROUPE_SANDBOX_POOL", doc: "warm sandboxes (0: none)", default: 2, schema: int(0) },
-    dockerHost: { env: "DOCKER_HOST", doc: "the Docker engine", default: "/var/run/docker.sock" },
+    dockerHost: {
+      env: "DOCKER_HOST",
+      doc: "the Docker engine: unix:///path or tcp://host:port (TLS with DOCKER_TLS_VERIFY, certificates in DOCKER_CERT_PATH)",
+      default: "/var/run/docker.sock",
+    },
+    dockerTlsVerify: { env: "DOCKER_TLS_VERIFY", doc: "TLS to a tcp:// engine (any value but 0), as the docker CLI" },
+    dockerCertPath: {
+      env: "DOCKER_CERT_PATH",
+      doc: "with DOCKER_TLS_VERIFY: the directory of ca.pem, cert.pem and key.pem (default ~/.docker)",
+    },
   },
   tracing: TELEMETRY_SETTINGS,
   clients: CLIENT_SETTINGS,

@@ -34,7 +34,7 @@ const entry = (service: string) =>
 /** Per service: packages that must wait for their first use. */
 const DEFERRED: Record<string, string[]> = {
   gateway: ["@connectrpc/connect-node", "@connectrpc/connect", "undici", "openai", "pg"],
-  router: ["undici", "openai", "pg", "dockerode"],
+  router: ["undici", "openai", "pg"],
   runner: ["openai", "@anthropic-ai/sdk", "croner", "pg", "html-to-text", "gpt-tokenizer"],
   sandbox: ["undici", "openai", "pg"],
   memory: ["openai", "@anthropic-ai/sdk", "pg"],

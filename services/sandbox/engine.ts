@@ -1,0 +1,249 @@
+// The Docker Engine API, as much of it as Troupe uses (docs.docker.com/reference/api/engine):
+// containers made, attached to, started, renamed, inspected, listed and removed; the engine's
+// events; its ping and info; an image's presence. dockerode did this before, and loading it cost
+// the sandbox service 5.6 MB resident with ssh2, protobufjs and tar-fs it pulled in for parts we
+// never call (docs/benchmarks.md, bench/footprint). Paths carry no API version: the engine
+// answers unversioned paths with its own, as dockerode relied on too.
+//
+// Where the engine is: DOCKER_HOST as the docker CLI reads it, unix:///path (the default,
+// /var/run/docker.sock) or tcp://host:port, with TLS when DOCKER_TLS_VERIFY is set (the
+// certificates in DOCKER_CERT_PATH, else ~/.docker). ssh:// is refused at start, said plainly.
+import { readFileSync } from "node:fs";
+import http from "node:http";
+import https from "node:https";
+import path from "node:path";
+import type { Duplex, Readable } from "node:stream";
+
+/** The engine answered with a status outside 2xx; `message` is the engine's own. */
+export class EngineError extends Error {
+  constructor(
+    readonly statusCode: number,
+    message: string,
+  ) {
+    super(message);
+    this.name = "EngineError";
+  }
+}
+
+/** How to reach the engine: a unix socket, or a host and port (with TLS material for https). */
+export interface EngineAddress {
+  socketPath?: string;
+  host?: string;
+  port?: number;
+  tls?: { ca: Buffer; cert: Buffer; key: Buffer };
+}
+
+/** The engine settings (DOCKER_HOST, DOCKER_TLS_VERIFY, DOCKER_CERT_PATH; config.ts). */
+export interface EngineSettings {
+  dockerHost: string;
+  dockerTlsVerify: boolean;
+  dockerCertPath: string;
+}
+
+/** Where the settings point, as the docker CLI reads them. Throws for what it cannot reach. */
+export function engineAddress(settings: EngineSettings): EngineAddress {
+  const host = settings.dockerHost || "unix:///var/run/docker.sock";
+  if (host.startsWith("unix://")) return { socketPath: host.slice("unix://".length) };
+  if (host.startsWith("/")) return { socketPath: host };
+  const m = /^(tcp|http|https):\/\/(\[[0-9a-fA-F:.]+\]|[^/:[\]]+)(?::(\d{1,5}))?\/?$/.exec(host);
+  if (!m) throw new Error(`DOCKER_HOST=${host}: Troupe reaches an engine at unix:///path or tcp://host:port`);
+  const tls = m[1] === "https" || settings.dockerTlsVerify;
+  const address: EngineAddress = {
+    host: m[2].replace(/^\[|\]$/g, ""),
+    port: m[3] ? Number(m[3]) : tls ? 2376 : 2375,
+  };
+  if (!tls) return address;
+  const pem = (name: string) => readFileSync(path.join(settings.dockerCertPath, name));
+  return { ...address, tls: { ca: pem("ca.pem"), cert: pem("cert.pem"), key: pem("key.pem") } };
+}
+
+/** A container as the engine's list gives it (GET /containers/json). */
+export interface ContainerSummary {
+  Id: string;
+  Names: string[];
+  State: string;
+  Labels: Record<string, string>;
+  /** Seconds since the epoch. */
+  Created: number;
+}
+
+/** What inspecting a container gives (GET /containers/{id}/json), the parts read here. */
+export interface ContainerInfo {
+  Id: string;
+  Created: string;
+  State: { Running: boolean };
+  Config: { Labels?: Record<string, string> };
+}
+
+/** A label, name or event filter, as the engine takes it: field -> accepted values. */
+export type Filters = Record<string, string[]>;
+
+/** A container's spec for POST /containers/create (its fields as the API names them); `name` goes in the query. */
+export type ContainerSpec = { name?: string } & Record<string, unknown>;
+
+/** One engine. Requests share kept-alive connections; `close()` lets them go. */
+export class Engine {
+  private readonly address: EngineAddress;
+  private readonly agent: http.Agent;
+
+  constructor(address: EngineAddress) {
+    this.address = address;
+    this.agent = address.tls
+      ? new https.Agent({ keepAlive: true, ...address.tls })
+      : new http.Agent({ keepAlive: true });
+  }
+
+  async ping(): Promise<void> {
+    await this.json("GET", "/_ping");
+  }
+
+  info(): Promise<{ Runtimes?: Record<string, unknown> }> {
+    return this.json("GET", "/info") as Promise<{ Runtimes?: Record<string, unknown> }>;
+  }
+
+  /** Resolves when the image is present; an EngineError 404 when it is not. */
+  async inspectImage(name: string): Promise<void> {
+    await this.json("GET", `/images/${encodeURIComponent(name)}/json`);
+  }
+
+  async createContainer(spec: ContainerSpec): Promise<Container> {
+    const { name, ...body } = spec;
+    const query = name ? `?name=${encodeURIComponent(name)}` : "";
+    const made = (await this.json("POST", `/containers/create${query}`, body)) as { Id: string };
+    return new Container(this, made.Id);
+  }
+
+  /** A handle on a container by id or name; nothing is asked of the engine until it is used. */
+  getContainer(idOrName: string): Container {
+    return new Container(this, idOrName);
+  }
+
+  listContainers(options: { all?: boolean; filters?: Filters }): Promise<ContainerSummary[]> {
+    const query = new URLSearchParams({ all: options.all ? "1" : "0" });
+    if (options.filters) query.set("filters", JSON.stringify(options.filters));
+    return this.json("GET", `/containers/json?${query}`) as Promise<ContainerSummary[]>;
+  }
+
+  /** The engine's events matching `filters` from now on, one JSON object per line, until destroyed. */
+  async events(filters: Filters): Promise<Readable> {
+    const res = await this.send("GET", `/events?filters=${encodeURIComponent(JSON.stringify(filters))}`);
+    if (res.statusCode !== 200) throw await refusal(res);
+    return res;
+  }
+
+  /**
+   * The container's stdin, stdout and stderr on one connection (POST .../attach, upgraded): the
+   * engine's 8-byte frames tell stdout from stderr, since containers here have no TTY.
+   */
+  attach(idOrName: string): Promise<Duplex> {
+    const query = "stream=1&stdin=1&stdout=1&stderr=1";
+    const req = this.request("POST", `/containers/${encodeURIComponent(idOrName)}/attach?${query}`, {
+      connection: "Upgrade",
+      upgrade: "tcp",
+    });
+    return new Promise((resolve, reject) => {
+      req.on("upgrade", (_res, socket, head) => {
+        if (head.length > 0) socket.unshift(head);
+        resolve(socket);
+      });
+      // Anything but 101 is a refusal: the container is gone, or the engine will not attach.
+      req.on("response", (res) => refusal(res).then(reject, reject));
+      req.on("error", reject);
+      req.end();
+    });
+  }
+
+  close(): void {
+    this.agent.destroy();
+  }
+
+  /** One request with a JSON body (if any); the parsed JSON answer, or undefined for an empty one. */
+  async json(method: string, path: string, body?: unknown): Promise<unknown> {
+    const res = await this.send(method, path, body);
+    const status = res.statusCode ?? 0;
+    if (status < 200 || status >= 300) throw await refusal(res);
+    const text = await textOf(res);
+    if (!text) return undefined;
+    return res.headers["content-type"]?.includes("json") ? JSON.parse(text) : text;
+  }
+
+  private send(method: string, path: string, body?: unknown): Promise<http.IncomingMessage> {
+    const payload = body === undefined ? undefined : JSON.stringify(body);
+    const req = this.request(method, path, payload === undefined ? {} : { "content-type": "application/json" });
+    return new Promise((resolve, reject) => {
+      req.on("response", resolve);
+      req.on("error", reject);
+      req.end(payload);
+    });
+  }
+
+  private request(method: string, path: string, headers: http.OutgoingHttpHeaders): http.ClientRequest {
+    const { socketPath, host, port, tls } = this.address;
+    const options = { method, path, headers, agent: this.agent, socketPath, host, port };
+    return tls ? https.request(options) : http.request(options);
+  }
+}
+
+/** A container of one engine, by id (or by the name it was asked by). */
+export class Container {
+  constructor(
+    private readonly engine: Engine,
+    readonly id: string,
+  ) {}
+
+  private get path(): string {
+    return `/containers/${encodeURIComponent(this.id)}`;
+  }
+
+  inspect(): Promise<ContainerInfo> {
+    return this.engine.json("GET", `${this.path}/json`) as Promise<ContainerInfo>;
+  }
+
+  async start(): Promise<void> {
+    await this.engine.json("POST", `${this.path}/start`);
+  }
+
+  async rename(name: string): Promise<void> {
+    await this.engine.json("POST", `${this.path}/rename?name=${encodeURIComponent(name)}`);
+  }
+
+  /** Removes it, running or not (force), with its anonymous volumes. */
+  async remove(): Promise<void> {
+    await this.engine.json("DELETE", `${this.path}?force=1&v=1`);
+  }
+
+  attach(): Promise<Duplex> {
+    return this.engine.attach(this.id);
+  }
+}
+
+/** The most of an answer's body read for an error message: the engine's are one short JSON object. */
+const MAX_ERROR_BYTES = 16 * 1024;
+
+async function textOf(res: http.IncomingMessage, limit = Number.POSITIVE_INFINITY): Promise<string> {
+  const parts: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of res as AsyncIterable<Buffer>) {
+    parts.push(chunk);
+    size += chunk.length;
+    if (size >= limit) {
+      res.destroy();
+      break;
+    }
+  }
+  return Buffer.concat(parts).toString("utf8");
+}
+
+/** An EngineError from a refusal: the engine's `{"message"}`, else the status and what came. */
+async function refusal(res: http.IncomingMessage): Promise<EngineError> {
+  const status = res.statusCode ?? 0;
+  const text = (await textOf(res, MAX_ERROR_BYTES).catch(() => "")).trim();
+  let message = text;
+  try {
+    const doc = JSON.parse(text) as { message?: unknown };
+    if (typeof doc.message === "string") message = doc.message;
+  } catch {
+    // not JSON: the text as it came
+  }
+  return new EngineError(status, `the Docker engine answered ${status}: ${message.slice(0, 500) || res.statusMessage}`);
+}

@@ -1,0 +1,183 @@
+// The Docker Engine API client (services/sandbox/engine.ts): where DOCKER_HOST points, and what
+// it makes of an engine's answers. The engine here is a unix-socket server answering as the
+// Engine API reference says an engine does (docs.docker.com/reference/api/engine/version/v1.47:
+// errors as {"message": ...} with 404 for a missing object and 409 for a name in use; attach
+// upgraded with 101 and raw bytes after; events as one JSON object per line). The real engine
+// is driven by the end-to-end tier (sandbox-api, sandbox-attacks, sandbox-scopes).
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import http from "node:http";
+import os from "node:os";
+import path from "node:path";
+import { Engine, EngineError, engineAddress } from "../../services/sandbox/engine.js";
+import { SandboxFleet } from "../../services/sandbox/fleet.js";
+import { DEFAULT_LIMITS } from "../../services/sandbox/container-spec.js";
+import { createLogger } from "../../services/shared/log.js";
+
+describe("DOCKER_HOST", () => {
+  /** The settings as config.ts gives them when only DOCKER_HOST is set. */
+  const at = (dockerHost: string, tls?: { certPath: string }) =>
+    engineAddress({ dockerHost, dockerTlsVerify: Boolean(tls), dockerCertPath: tls?.certPath ?? "/nowhere" });
+
+  test("unix sockets, the default among them", () => {
+    assert.deepEqual(at(""), { socketPath: "/var/run/docker.sock" });
+    assert.deepEqual(at("unix:///run/docker/docker.sock"), { socketPath: "/run/docker/docker.sock" });
+    assert.deepEqual(at("/var/run/docker.sock"), { socketPath: "/var/run/docker.sock" });
+  });
+
+  test("tcp, with the CLI's default ports", () => {
+    assert.deepEqual(at("tcp://10.0.0.5:2375"), { host: "10.0.0.5", port: 2375 });
+    assert.deepEqual(at("tcp://dind"), { host: "dind", port: 2375 });
+    assert.deepEqual(at("tcp://[::1]:2375"), { host: "::1", port: 2375 });
+  });
+
+  test("DOCKER_TLS_VERIFY: TLS on 2376 with the certificates of DOCKER_CERT_PATH", async () => {
+    const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-certs-"));
+    try {
+      for (const name of ["ca.pem", "cert.pem", "key.pem"]) await writeFile(path.join(dir, name), name);
+      const a = at("tcp://engine", { certPath: dir });
+      assert.equal(a.port, 2376);
+      assert.equal(a.tls?.ca.toString(), "ca.pem");
+      assert.equal(a.tls?.key.toString(), "key.pem");
+      assert.throws(() => at("tcp://engine", { certPath: `${dir}/none` }), /ENOENT/);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
+  test("what it cannot reach is refused by name", () => {
+    for (const host of ["ssh://me@box", "npipe:////./pipe/docker_engine", "tcp://", "docker.sock"])
+      assert.throws(() => at(host), /unix:\/\/\/path or tcp:\/\/host:port/, host);
+  });
+});
+
+describe("an engine's answers", () => {
+  let dir: string;
+  let server: http.Server;
+  let engine: Engine;
+  /** What the test engine does with the next request. */
+  let answer: (req: http.IncomingMessage, res: http.ServerResponse) => void;
+  const seen: { method?: string; url?: string; body: string }[] = [];
+  const upgraded = new Set<import("node:stream").Duplex>();
+
+  before(async () => {
+    dir = await mkdtemp(path.join(os.tmpdir(), "troupe-engine-"));
+    const socketPath = path.join(dir, "docker.sock");
+    server = http.createServer((req, res) => {
+      let body = "";
+      req.on("data", (d) => (body += d));
+      req.on("end", () => {
+        seen.push({ method: req.method, url: req.url, body });
+        answer(req, res);
+      });
+    });
+    server.on("upgrade", (req, socket, head) => {
+      seen.push({ method: req.method, url: req.url, body: head.toString() });
+      // As the engine does: 101, then the container's stdio on the same connection.
+      socket.write("HTTP/1.1 101 UPGRADED\r\nContent-Type: application/vnd.docker.raw-stream\r\n");
+      socket.write("Connection: Upgrade\r\nUpgrade: tcp\r\n\r\n");
+      socket.write(Buffer.from([1, 0, 0, 0, 0, 0, 0, 2, 0x68, 0x69])); // stdout: "hi"
+      socket.on("data", (d) => socket.write(d)); // stdin echoed back, raw
+      socket.on("end", () => socket.end());
+      upgraded.add(socket);
+    });
+    await new Promise<void>((resolve) => server.listen(socketPath, resolve));
+    engine = new Engine({ socketPath });
+  });
+
+  after(async () => {
+    engine.close();
+    server.closeAllConnections();
+    for (const s of upgraded) s.destroy();
+    await new Promise((resolve) => server.close(resolve));
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  const json = (res: http.ServerResponse, status: number, doc: unknown) =>
+    res.writeHead(status, { "content-type": "application/json" }).end(JSON.stringify(doc));
+
+  test("create: the name in the query, the spec as the body", async () => {
+    answer = (_req, res) => json(res, 201, { Id: "c0ffee", Warnings: [] });
+    const c = await engine.createContainer({ name: "troupe-sbx-1", Image: "img", Labels: { a: "b" } });
+    assert.equal(c.id, "c0ffee");
+    const req = seen.at(-1)!;
+    assert.equal(req.method, "POST");
+    assert.equal(req.url, "/containers/create?name=troupe-sbx-1");
+    assert.deepEqual(JSON.parse(req.body), { Image: "img", Labels: { a: "b" } });
+  });
+
+  test("a name in use: 409 with the engine's message; a missing object: 404", async () => {
+    answer = (_req, res) => json(res, 409, { message: 'Conflict. The container name "/x" is already in use' });
+    const conflict = await engine.createContainer({ name: "x", Image: "img" }).catch((e) => e);
+    assert.ok(conflict instanceof EngineError);
+    assert.equal(conflict.statusCode, 409);
+    assert.match(conflict.message, /already in use/);
+    answer = (_req, res) => json(res, 404, { message: "No such container: gone" });
+    const missing = await engine
+      .getContainer("gone")
+      .remove()
+      .catch((e) => e);
+    assert.equal(missing.statusCode, 404);
+    assert.equal(seen.at(-1)!.url, "/containers/gone?force=1&v=1");
+  });
+
+  test("a refusal that is not JSON: the status and a bounded message", async () => {
+    answer = (_req, res) => res.writeHead(502, { "content-type": "text/html" }).end(`<html>${"x".repeat(100_000)}`);
+    const err = await engine.ping().catch((e) => e);
+    assert.equal(err.statusCode, 502);
+    assert.ok(err.message.length < 600, `${err.message.length} characters`);
+  });
+
+  test("list: every container, label filters as the engine's JSON", async () => {
+    answer = (_req, res) => json(res, 200, [{ Id: "a", Names: ["/n"], State: "running", Labels: {}, Created: 1 }]);
+    const list = await engine.listContainers({ all: true, filters: { label: ["troupe.instance=i"] } });
+    assert.equal(list[0].Id, "a");
+    const url = new URL(seen.at(-1)!.url!, "http://engine");
+    assert.equal(url.searchParams.get("all"), "1");
+    assert.deepEqual(JSON.parse(url.searchParams.get("filters")!), { label: ["troupe.instance=i"] });
+  });
+
+  test("attach: the upgraded connection carries the engine's frames and our bytes", async () => {
+    const stream = await engine.getContainer("c0ffee").attach();
+    const got: Buffer[] = [];
+    stream.on("data", (d: Buffer) => got.push(d));
+    stream.write("ping");
+    const deadline = Date.now() + 2000;
+    while (Buffer.concat(got).length < 14 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 10));
+    const all = Buffer.concat(got);
+    assert.deepEqual([...all.subarray(0, 10)], [1, 0, 0, 0, 0, 0, 0, 2, 0x68, 0x69]);
+    assert.equal(all.subarray(10).toString(), "ping");
+    assert.match(seen.at(-1)!.url!, /^\/containers\/c0ffee\/attach\?stream=1&stdin=1&stdout=1&stderr=1$/);
+    stream.destroy();
+  });
+
+  test("events split across chunks still count (an OOM kill seen by the fleet)", async () => {
+    const line = `${JSON.stringify({ Type: "container", Action: "oom", Actor: { ID: "deadbeef", Attributes: {} } })}\n`;
+    answer = (_req, res) => {
+      res.writeHead(200, { "content-type": "application/json" });
+      res.write(line.slice(0, 20));
+      setTimeout(() => res.write(line.slice(20)), 50);
+    };
+    const fleet = new SandboxFleet(
+      engine,
+      {
+        image: "img",
+        runtime: "runc",
+        instance: "t",
+        limits: DEFAULT_LIMITS,
+        poolSize: 0,
+        idleMs: 60_000,
+        maxAgeMs: 0,
+      },
+      createLogger("test", "error"),
+    );
+    await fleet.watch();
+    const deadline = Date.now() + 2000;
+    while (fleet.ooms("deadbeef") === 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 10));
+    assert.equal(fleet.ooms("deadbeef"), 1);
+    const filters = JSON.parse(new URL(seen.at(-1)!.url!, "http://engine").searchParams.get("filters")!);
+    assert.deepEqual(filters.event, ["oom", "die"]);
+    await fleet.shutdown();
+  });
+});
