@@ -48,7 +48,9 @@ export class SandboxFleet {
   private closed = false;
   /** OOM kills the engine reported, by container id. */
   private readonly oomKills = new Map<string, number>();
+  /** The engine's event stream while it lasts; `subscribing` while one is being asked for. */
   private events: Readable | undefined;
+  private subscribing: Promise<void> | undefined;
   /** When the reaper first saw a claimed container this process has not used (its key may come back). */
   private readonly firstSeen = new Map<string, number>();
 
@@ -60,11 +62,20 @@ export class SandboxFleet {
     private readonly onConnection?: (socket: AgentSocket, agent: AgentConnection) => void,
   ) {}
 
-  /** Watches the engine's events; call once the engine answers. */
-  async watch(): Promise<void> {
-    if (this.events) return;
+  /**
+   * Watches the engine's events; call once the engine answers, and again from time to time: a
+   * stream the engine ended (it restarted) is replaced, a live one kept.
+   */
+  watch(): Promise<void> {
+    if (this.events || this.closed) return Promise.resolve();
+    this.subscribing ??= this.subscribe().finally(() => (this.subscribing = undefined));
+    return this.subscribing;
+  }
+
+  private async subscribe(): Promise<void> {
+    let events: Readable;
     try {
-      this.events = await this.docker.events({
+      events = await this.docker.events({
         type: ["container"],
         event: ["oom", "die"],
         label: [`troupe.instance=${this.opts.instance}`],
@@ -72,9 +83,11 @@ export class SandboxFleet {
     } catch {
       return;
     }
+    if (this.closed) return void events.destroy();
+    this.events = events;
     // One JSON object per line; a line may come in two chunks, so the unfinished end waits.
     let partial = "";
-    this.events.on("data", (chunk: Buffer) => {
+    events.on("data", (chunk: Buffer) => {
       const lines = (partial + chunk.toString("utf8")).split("\n");
       partial = lines.pop() ?? "";
       for (const line of lines) {
@@ -89,7 +102,10 @@ export class SandboxFleet {
         }
       }
     });
-    this.events.on("error", () => undefined);
+    events.on("error", () => undefined);
+    events.on("close", () => {
+      if (this.events === events) this.events = undefined;
+    });
   }
 
   ooms(containerId: string): number {

@@ -89,10 +89,11 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
       server.setStatus("", up ? ServingStatus.SERVING : ServingStatus.NOT_SERVING);
       if (up) {
         logger.info("Docker engine reachable");
-        await fleet.watch();
         fleet.fill();
       } else logger.error(engineHint);
     }
+    // Each check: the engine's event stream ends when the engine restarts; watch again.
+    if (up) await fleet.watch();
     return up;
   };
   const requireEngine = async () => {

@@ -52,6 +52,14 @@ describe("DOCKER_HOST", () => {
   });
 });
 
+/** A fleet of no pool on `engine`: what it does with the engine's events. */
+const fleetOn = (engine: Engine) =>
+  new SandboxFleet(
+    engine,
+    { image: "img", runtime: "runc", instance: "t", limits: DEFAULT_LIMITS, poolSize: 0, idleMs: 60_000, maxAgeMs: 0 },
+    createLogger("test", "error"),
+  );
+
 describe("an engine's answers", () => {
   let dir: string;
   let server: http.Server;
@@ -159,19 +167,7 @@ describe("an engine's answers", () => {
       res.write(line.slice(0, 20));
       setTimeout(() => res.write(line.slice(20)), 50);
     };
-    const fleet = new SandboxFleet(
-      engine,
-      {
-        image: "img",
-        runtime: "runc",
-        instance: "t",
-        limits: DEFAULT_LIMITS,
-        poolSize: 0,
-        idleMs: 60_000,
-        maxAgeMs: 0,
-      },
-      createLogger("test", "error"),
-    );
+    const fleet = fleetOn(engine);
     await fleet.watch();
     const deadline = Date.now() + 2000;
     while (fleet.ooms("deadbeef") === 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 10));
@@ -179,5 +175,30 @@ describe("an engine's answers", () => {
     const filters = JSON.parse(new URL(seen.at(-1)!.url!, "http://engine").searchParams.get("filters")!);
     assert.deepEqual(filters.event, ["oom", "die"]);
     await fleet.shutdown();
+  });
+
+  test("an event stream the engine ended is asked for again; a live one is kept", async () => {
+    const fleet = fleetOn(engine);
+    const eventRequests = () => seen.filter((r) => r.url?.startsWith("/events?")).length;
+    let open: http.ServerResponse | undefined;
+    answer = (_req, res) => {
+      res.writeHead(200, { "content-type": "application/json" }).write("");
+      open = res;
+    };
+    const before = eventRequests();
+    await Promise.all([fleet.watch(), fleet.watch()]); // two checks at once ask once
+    await fleet.watch(); // live: kept
+    assert.equal(eventRequests(), before + 1);
+    open!.end(); // the engine restarts
+    const deadline = Date.now() + 2000;
+    while (Date.now() < deadline) {
+      await fleet.watch();
+      if (eventRequests() === before + 2) break;
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    assert.equal(eventRequests(), before + 2);
+    await fleet.shutdown();
+    await fleet.watch(); // shut down: never again
+    assert.equal(eventRequests(), before + 2);
   });
 });
