@@ -13,6 +13,7 @@ import http from "node:http";
 import https from "node:https";
 import path from "node:path";
 import type { Duplex, Readable } from "node:stream";
+import { readCapped } from "../shared/net-guard.js";
 
 /** The engine answered with a status outside 2xx; `message` is the engine's own. */
 export class EngineError extends Error {
@@ -125,22 +126,13 @@ export class Engine {
   }
 
   /** The engine's events matching `filters` from now on, one JSON object per line, until destroyed. */
-  async events(filters: Filters): Promise<Readable> {
-    const res = await this.send("GET", `/events?filters=${encodeURIComponent(JSON.stringify(filters))}`);
-    if (res.statusCode !== 200) throw await refusal(res);
-    return res;
+  events(filters: Filters): Promise<Readable> {
+    return this.answer("GET", `/events?filters=${encodeURIComponent(JSON.stringify(filters))}`);
   }
 
-  /**
-   * The container's stdin, stdout and stderr on one connection (POST .../attach, upgraded): the
-   * engine's 8-byte frames tell stdout from stderr, since containers here have no TTY.
-   */
-  attach(idOrName: string): Promise<Duplex> {
-    const query = "stream=1&stdin=1&stdout=1&stderr=1";
-    const req = this.request("POST", `/containers/${encodeURIComponent(idOrName)}/attach?${query}`, {
-      connection: "Upgrade",
-      upgrade: "tcp",
-    });
+  /** POSTs `path` asking to upgrade the connection; the raw connection once the engine agrees (101). */
+  upgrade(path: string): Promise<Duplex> {
+    const req = this.request("POST", path, { connection: "Upgrade", upgrade: "tcp" });
     return new Promise((resolve, reject) => {
       req.on("upgrade", (_res, socket, head) => {
         if (head.length > 0) socket.unshift(head);
@@ -159,19 +151,22 @@ export class Engine {
 
   /** One request with a JSON body (if any); the parsed JSON answer, or undefined for an empty one. */
   async json(method: string, path: string, body?: unknown): Promise<unknown> {
-    const res = await this.send(method, path, body);
-    const status = res.statusCode ?? 0;
-    if (status < 200 || status >= 300) throw await refusal(res);
-    const text = await textOf(res);
+    const res = await this.answer(method, path, body);
+    const text = (await readCapped(res, Number.POSITIVE_INFINITY)).data.toString("utf8");
     if (!text) return undefined;
     return res.headers["content-type"]?.includes("json") ? JSON.parse(text) : text;
   }
 
-  private send(method: string, path: string, body?: unknown): Promise<http.IncomingMessage> {
+  /** One request; the engine's answer, its body unread, when its status is 2xx, else an EngineError. */
+  private answer(method: string, path: string, body?: unknown): Promise<http.IncomingMessage> {
     const payload = body === undefined ? undefined : JSON.stringify(body);
     const req = this.request(method, path, payload === undefined ? {} : { "content-type": "application/json" });
     return new Promise((resolve, reject) => {
-      req.on("response", resolve);
+      req.on("response", (res) => {
+        const status = res.statusCode ?? 0;
+        if (status >= 200 && status < 300) resolve(res);
+        else refusal(res).then(reject, reject);
+      });
       req.on("error", reject);
       req.end(payload);
     });
@@ -212,32 +207,25 @@ export class Container {
     await this.engine.json("DELETE", `${this.path}?force=1&v=1`);
   }
 
+  /**
+   * Its stdin, stdout and stderr on one connection (attach, upgraded): the engine's 8-byte frames
+   * tell stdout from stderr, since containers here have no TTY.
+   */
   attach(): Promise<Duplex> {
-    return this.engine.attach(this.id);
+    return this.engine.upgrade(`${this.path}/attach?stream=1&stdin=1&stdout=1&stderr=1`);
   }
 }
 
 /** The most of an answer's body read for an error message: the engine's are one short JSON object. */
 const MAX_ERROR_BYTES = 16 * 1024;
 
-async function textOf(res: http.IncomingMessage, limit = Number.POSITIVE_INFINITY): Promise<string> {
-  const parts: Buffer[] = [];
-  let size = 0;
-  for await (const chunk of res as AsyncIterable<Buffer>) {
-    parts.push(chunk);
-    size += chunk.length;
-    if (size >= limit) {
-      res.destroy();
-      break;
-    }
-  }
-  return Buffer.concat(parts).toString("utf8");
-}
-
 /** An EngineError from a refusal: the engine's `{"message"}`, else the status and what came. */
 async function refusal(res: http.IncomingMessage): Promise<EngineError> {
   const status = res.statusCode ?? 0;
-  const text = (await textOf(res, MAX_ERROR_BYTES).catch(() => "")).trim();
+  const text = await readCapped(res, MAX_ERROR_BYTES).then(
+    (r) => r.data.toString("utf8").trim(),
+    () => "",
+  );
   let message = text;
   try {
     const doc = JSON.parse(text) as { message?: unknown };

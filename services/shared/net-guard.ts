@@ -172,7 +172,8 @@ async function send(
   }
 }
 
-async function readCapped(stream: Readable, maxBytes: number): Promise<{ data: Buffer; truncated: boolean }> {
+/** A stream read to its end, or to `maxBytes` (then destroyed): what came, and whether it was cut. */
+export async function readCapped(stream: Readable, maxBytes: number): Promise<{ data: Buffer; truncated: boolean }> {
   const parts: Buffer[] = [];
   let size = 0;
   for await (const chunk of stream) {
