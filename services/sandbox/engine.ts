@@ -79,8 +79,44 @@ export interface ContainerInfo {
 /** A label, name or event filter, as the engine takes it: field -> accepted values. */
 export type Filters = Record<string, string[]>;
 
-/** A container's spec for POST /containers/create (its fields as the API names them); `name` goes in the query. */
-export type ContainerSpec = { name?: string } & Record<string, unknown>;
+/**
+ * A container's spec for POST /containers/create, the fields Troupe sets, named as the API names
+ * them; `name` goes in the query. Typed field by field because the engine ignores a field it does
+ * not know: a misspelt hardening option would be dropped without a word.
+ */
+export interface ContainerSpec {
+  name?: string;
+  Image: string;
+  User: string;
+  Cmd: string[];
+  WorkingDir: string;
+  Env: string[];
+  NetworkDisabled: boolean;
+  OpenStdin: boolean;
+  StdinOnce: boolean;
+  AttachStdin: boolean;
+  AttachStdout: boolean;
+  AttachStderr: boolean;
+  Tty: boolean;
+  Labels?: Record<string, string>;
+  HostConfig: {
+    NetworkMode: string;
+    CapDrop: string[];
+    CapAdd: string[];
+    SecurityOpt: string[];
+    ReadonlyRootfs: boolean;
+    Init: boolean;
+    PidsLimit: number;
+    Memory: number;
+    MemorySwap: number;
+    NanoCpus: number;
+    Ulimits: { Name: string; Soft: number; Hard: number }[];
+    /** Mount point -> tmpfs options. */
+    Tmpfs: Record<string, string>;
+    LogConfig: { Type: string; Config: Record<string, string> };
+    Runtime: string;
+  };
+}
 
 /** One engine. Requests share kept-alive connections; `close()` lets them go. */
 export class Engine {

@@ -12,7 +12,7 @@ import os from "node:os";
 import path from "node:path";
 import { Engine, EngineError, engineAddress } from "../../services/sandbox/engine.js";
 import { SandboxFleet } from "../../services/sandbox/fleet.js";
-import { DEFAULT_LIMITS } from "../../services/sandbox/container-spec.js";
+import { containerSpec, DEFAULT_LIMITS, type FleetOptions } from "../../services/sandbox/container-spec.js";
 import { createLogger } from "../../services/shared/log.js";
 
 describe("DOCKER_HOST", () => {
@@ -52,13 +52,18 @@ describe("DOCKER_HOST", () => {
   });
 });
 
+const OPTS: FleetOptions = {
+  image: "img",
+  runtime: "runc",
+  instance: "t",
+  limits: DEFAULT_LIMITS,
+  poolSize: 0,
+  idleMs: 60_000,
+  maxAgeMs: 0,
+};
+
 /** A fleet of no pool on `engine`: what it does with the engine's events. */
-const fleetOn = (engine: Engine) =>
-  new SandboxFleet(
-    engine,
-    { image: "img", runtime: "runc", instance: "t", limits: DEFAULT_LIMITS, poolSize: 0, idleMs: 60_000, maxAgeMs: 0 },
-    createLogger("test", "error"),
-  );
+const fleetOn = (engine: Engine) => new SandboxFleet(engine, OPTS, createLogger("test", "error"));
 
 describe("an engine's answers", () => {
   let dir: string;
@@ -107,17 +112,18 @@ describe("an engine's answers", () => {
 
   test("create: the name in the query, the spec as the body", async () => {
     answer = (_req, res) => json(res, 201, { Id: "c0ffee", Warnings: [] });
-    const c = await engine.createContainer({ name: "troupe-sbx-1", Image: "img", Labels: { a: "b" } });
+    const { name, ...spec } = containerSpec(OPTS, "troupe-sbx-1", "session:s1");
+    const c = await engine.createContainer({ name, ...spec });
     assert.equal(c.id, "c0ffee");
     const req = seen.at(-1)!;
     assert.equal(req.method, "POST");
     assert.equal(req.url, "/containers/create?name=troupe-sbx-1");
-    assert.deepEqual(JSON.parse(req.body), { Image: "img", Labels: { a: "b" } });
+    assert.deepEqual(JSON.parse(req.body), spec);
   });
 
   test("a name in use: 409 with the engine's message; a missing object: 404", async () => {
     answer = (_req, res) => json(res, 409, { message: 'Conflict. The container name "/x" is already in use' });
-    const conflict = await engine.createContainer({ name: "x", Image: "img" }).catch((e) => e);
+    const conflict = await engine.createContainer(containerSpec(OPTS, "x", "session:s1")).catch((e) => e);
     assert.ok(conflict instanceof EngineError);
     assert.equal(conflict.statusCode, 409);
     assert.match(conflict.message, /already in use/);
