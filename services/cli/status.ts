@@ -109,9 +109,16 @@ async function dockerChecks(cfg: Config): Promise<Check[]> {
       },
     ];
   }
-  const info = await docker.info().catch(() => undefined);
-  if (!info) {
+  try {
+    return await engineChecks(cfg, docker);
+  } finally {
     docker.close();
+  }
+}
+
+async function engineChecks(cfg: Config, docker: Engine): Promise<Check[]> {
+  const info = await docker.info().catch(() => undefined);
+  if (!info)
     return [
       {
         name: "docker",
@@ -120,13 +127,11 @@ async function dockerChecks(cfg: Config): Promise<Check[]> {
         fix: "start dockerd (`make host` installs and starts it), or set DOCKER_HOST",
       },
     ];
-  }
   const runtimes = Object.keys(info.Runtimes ?? {});
   const image = await docker.inspectImage(cfg.sandboxImage).then(
     () => true,
     () => false,
   );
-  docker.close();
   return [
     { name: "docker", ok: true, detail: `engine up; runtimes ${runtimes.join(", ")}` },
     {

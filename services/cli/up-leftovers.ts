@@ -8,7 +8,7 @@ import path from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { instanceOf } from "../sandbox/container-spec.js";
 import type { Logger } from "../shared/log.js";
-import type { EngineSettings } from "../sandbox/engine.js";
+import { Engine, engineAddress, type EngineSettings } from "../sandbox/engine.js";
 import type { UpFile } from "./up-file.js";
 
 /**
@@ -74,8 +74,7 @@ async function anyAlive(procs: { service: string; pid: number }[], main: string)
  * is nothing to remove: 0.
  */
 export async function removeSandboxes(dataDir: string, engine: EngineSettings): Promise<number> {
-  const { Engine, engineAddress } = await import("../sandbox/engine.js");
-  let docker: InstanceType<typeof Engine>;
+  let docker: Engine;
   try {
     docker = new Engine(engineAddress(engine));
   } catch {
