@@ -12,6 +12,7 @@ import { execFile } from "node:child_process";
 import { promisify } from "node:util";
 import { parseArgs } from "node:util";
 import { Engine, engineAddress } from "../services/sandbox/engine.js";
+import { loadConfig } from "../services/shared/config.js";
 import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
 import { DEV_IDENTITY } from "../services/shared/auth.js";
 import type { ServiceClient } from "../services/shared/rpc.js";
@@ -124,8 +125,8 @@ for (let i = 0; i < COLD + 1; i++) {
 // Pool claim, in-process on a fleet of its own: the time from asking for a new key's sandbox to
 // having it, with a warm container waiting.
 const logger = createLogger("bench", "warn");
-// The local engine, as the sandbox service reaches it by default.
-const engine = new Engine(engineAddress({ dockerHost: "", dockerTlsVerify: false, dockerCertPath: "" }));
+// The engine the sandbox service would use (DOCKER_HOST and its TLS settings), as the docker CLI above.
+const engine = new Engine(engineAddress(loadConfig([])));
 const fleet = new SandboxFleet(
   engine,
   {
