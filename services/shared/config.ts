@@ -1,6 +1,6 @@
 // Troupe's configuration: the one module that reads the environment. settings.ts declares
 // every setting once, in a section per service: a flag if it has one, its variable, its default
-// and its type, checked with ajv. The same names work for `troupe up` and for one service at a
+// and its type, checked by setting-kinds.ts. The same names work for `troupe up` and for one service at a
 // time. A TROUPE_* variable SETTINGS does not declare is reported at start (a typo must not be
 // silently ignored); `troupe config` prints the values in force, secrets masked; the README's
 // table is settings.ts's settingsTable().
@@ -9,8 +9,8 @@ import { parseArgs } from "node:util";
 import os from "node:os";
 import path from "node:path";
 import { isCidr } from "./address-ranges.js";
-import { settingsChecker } from "./json-schema.js";
 import { ALL_SETTINGS, SETTINGS, type Setting, type SettingName } from "./settings.js";
+import { settingsChecker } from "./setting-kinds.js";
 import { DEFAULT_QUOTAS, type Quotas } from "./quotas.js";
 
 export interface Addresses {
@@ -204,10 +204,7 @@ const ALL = ALL_SETTINGS;
 /** Every environment variable Troupe reads. */
 export const ENVIRONMENT: readonly Setting[] = ALL.map(([, s]) => s);
 
-const checkSettings = settingsChecker({
-  type: "object",
-  properties: Object.fromEntries(ALL.map(([name, s]) => [name, s.schema ?? { type: "string" }])),
-});
+const checkSettings = settingsChecker(ALL);
 
 /** TROUPE_* variables set but not read: typos, or settings of another version. */
 export function unknownVariables(env: NodeJS.ProcessEnv = process.env): string[] {

@@ -2,8 +2,10 @@
 // are checked against the JSON Schemas in services/shared/schemas/, the same files an editor or
 // another tool can use. A document gets every problem at once, each named by where it is
 // ("bindings[0].match.channel is required"); checks a schema cannot state (a value used twice,
-// one field needing another) stay with each file's parser.
-import { Ajv2020, type ErrorObject, type ValidateFunction } from "ajv/dist/2020.js";
+// one field needing another) stay with each file's parser. ajv is loaded with the first file
+// checked: a process given none of these files never loads it.
+import type { Ajv2020, ErrorObject, ValidateFunction } from "ajv/dist/2020.js";
+import { lazyModule } from "./lazy-module.js";
 import agent from "./schemas/agent.schema.json" with { type: "json" };
 import apiKeys from "./schemas/api-keys.schema.json" with { type: "json" };
 import providers from "./schemas/providers.schema.json" with { type: "json" };
@@ -21,23 +23,23 @@ export const SCHEMAS = {
 } as const;
 export type SchemaName = keyof typeof SCHEMAS;
 
-/** An ajv for our schemas; `coerce` turns text into the numbers a schema asks for (the environment). */
-function makeAjv(coerce: boolean): Ajv2020 {
-  const ajv = new Ajv2020({ allErrors: true, verbose: true, strict: true, coerceTypes: coerce });
-  // "message": how a value breaking this schema is described, in place of ajv's wording.
-  ajv.addKeyword({ keyword: "message", schemaType: "string" });
-  return ajv;
-}
-const ajv = makeAjv(false);
+const ajvModule = lazyModule<typeof import("ajv/dist/2020.js")>("ajv/dist/2020.js");
+let ajv: Ajv2020 | undefined;
 const compiled = new Map<SchemaName, ValidateFunction>();
 
-/**
- * A checker for an object whose properties are named settings (the environment): it coerces
- * their text to the types the schema gives, in place, and returns what is wrong, per property.
- */
-export function settingsChecker(schema: object): (doc: Record<string, unknown>) => string[] {
-  const validate = makeAjv(true).compile(schema);
-  return (doc) => (validate(doc) ? [] : problemsOf(validate));
+/** The schema's validator, compiled on first use by one ajv for all our schemas. */
+function validatorOf(name: SchemaName): ValidateFunction {
+  let validate = compiled.get(name);
+  if (!validate) {
+    if (!ajv) {
+      ajv = new (ajvModule().Ajv2020)({ allErrors: true, verbose: true, strict: true });
+      // "message": how a value breaking this schema is described, in place of ajv's wording.
+      ajv.addKeyword({ keyword: "message", schemaType: "string" });
+    }
+    validate = ajv.compile(SCHEMAS[name]);
+    compiled.set(name, validate);
+  }
+  return validate;
 }
 
 /** Parses JSON, or throws naming the source. */
@@ -51,11 +53,7 @@ export function parseJson(text: string, source: string): unknown {
 
 /** What is wrong with `doc` by schema `name`, one line per problem; empty when it conforms. */
 export function schemaProblems(name: SchemaName, doc: unknown): string[] {
-  let validate = compiled.get(name);
-  if (!validate) {
-    validate = ajv.compile(SCHEMAS[name]);
-    compiled.set(name, validate);
-  }
+  const validate = validatorOf(name);
   return validate(doc) ? [] : problemsOf(validate);
 }
 

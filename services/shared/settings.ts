@@ -1,6 +1,6 @@
 // Every setting Troupe has, declared once, in a section per service: its environment variable,
-// its flag if it has one, its default, what it sets, and its type as a JSON Schema (config.ts
-// checks values with it, ajv turning a variable's text into the number a schema asks for). A
+// its flag if it has one, its default, what it sets, and its shape (setting-kinds.ts checks values
+// against it, turning a variable's text into the number a shape asks for). A
 // default in <angle brackets> is worked out from other settings when the configuration loads.
 // The five services' sections are here; tracing, the clients and the channel adapters have files
 // of their own beside it. The README's configuration table is settingsTable()'s, and a unit test

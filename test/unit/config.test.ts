@@ -1,10 +1,12 @@
 // The configuration: the one module that reads the environment, and what it says about it.
+import { execFileSync } from "node:child_process";
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { readdir, readFile } from "node:fs/promises";
 import path from "node:path";
 import { ENVIRONMENT, effectiveEnvironment, loadConfig, unknownVariables } from "../../services/shared/config.js";
 import { DEFAULT_QUOTAS } from "../../services/shared/quotas.js";
+import { int, oneOf, positive, type Setting, settingsChecker } from "../../services/shared/setting-kinds.js";
 import { settingsTable } from "../../services/shared/settings.js";
 
 test("settings come from the environment, checked; a bad value names its variable", () => {
@@ -128,4 +130,61 @@ test("no module but the configuration reads process.env, and every variable it r
   const declared = new Set(ENVIRONMENT.map((e) => e.env));
   for (const [, name] of config.matchAll(/env\.([A-Z][A-Z0-9_]+)/g))
     assert.ok(declared.has(name), `${name} is read but not declared`);
+});
+
+test("a setting's shape: numbers from text, bounds, choices and patterns; a shape it cannot check is refused", () => {
+  const table: [string, Setting][] = [
+    ["count", { env: "C", doc: "", schema: int(0) }],
+    ["ratio", { env: "R", doc: "", schema: { type: "number", minimum: 0, maximum: 1, message: "must be 0 to 1" } }],
+    ["rate", { env: "T", doc: "", schema: positive }],
+    ["mode", { env: "M", doc: "", schema: oneOf("a", "b") }],
+    ["url", { env: "U", doc: "", schema: { type: "string", pattern: "^https://", message: "must be https" } }],
+    ["name", { env: "N", doc: "" }],
+  ];
+  const check = settingsChecker(table);
+  const good: Record<string, unknown> = { count: "12", ratio: "0.5", rate: 3, mode: "b", url: "https://x", name: "n" };
+  assert.deepEqual(check(good), []);
+  assert.deepEqual(
+    good,
+    { count: 12, ratio: 0.5, rate: 3, mode: "b", url: "https://x", name: "n" },
+    "numbers as numbers",
+  );
+  for (const [name, value] of [
+    ["count", "1.5"],
+    ["count", "-1"],
+    ["count", " "],
+    ["count", "ten"],
+    ["ratio", "1.01"],
+    ["rate", "0"],
+    ["rate", "Infinity"],
+    ["mode", "c"],
+    ["url", "http://x"],
+  ] as const) {
+    const values: Record<string, unknown> = { [name]: value };
+    assert.equal(check(values).length, 1, `${name}=${JSON.stringify(value)} is refused`);
+    assert.match(check(values)[0], new RegExp(`^${name} must`));
+    assert.equal(values[name], value, "a refused value is left as given");
+  }
+  assert.throws(
+    () =>
+      settingsChecker([
+        ["x", { env: "X", doc: "", schema: { type: "string", format: "uri", message: "m" } as Setting["schema"] }],
+      ]),
+    /setting x: cannot check format/,
+  );
+  assert.throws(() => settingsChecker([["x", { env: "X", doc: "", schema: { type: "integer" } }]]), /needs a message/);
+});
+
+test("checking the environment loads no JSON Schema validator: that waits for the first file checked", () => {
+  const script = `
+    import { createRequire } from "node:module";
+    const { loadConfig } = await import(${JSON.stringify(new URL("../../services/shared/config.js", import.meta.url).href)});
+    loadConfig([], { TROUPE_SANDBOX_POOL: "3" });
+    const loaded = () => Object.keys(createRequire(import.meta.url).cache).some((k) => k.includes("/node_modules/ajv/"));
+    const before = loaded();
+    const { schemaProblems } = await import(${JSON.stringify(new URL("../../services/shared/json-schema.js", import.meta.url).href)});
+    const problems = schemaProblems("quotas", { tenants: 1 });
+    console.log(JSON.stringify({ before, after: loaded(), problems: problems.length }));`;
+  const out = execFileSync(process.execPath, ["--input-type=module", "-e", script], { encoding: "utf8" });
+  assert.deepEqual(JSON.parse(out), { before: false, after: true, problems: 1 });
 });
