@@ -116,6 +116,19 @@ describe("troupe up", () => {
     );
   });
 
+  test("the router and the sandbox run on V8's interpreter alone, the other services with every tier", async () => {
+    const tierFlags = async (name: string) => {
+      const { stdout } = await run("pgrep", ["-P", String(up.pid), "-f", ` ${name} `]);
+      const pid = Number(stdout.trim().split("\n")[0]);
+      const cmdline = (await readFile(`/proc/${pid}/cmdline`, "utf8")).split("\0");
+      return cmdline.filter((a) => a.startsWith("--max-opt"));
+    };
+    assert.deepEqual(await tierFlags("router"), ["--max-opt=0"]);
+    assert.deepEqual(await tierFlags("sandbox"), ["--max-opt=0"]);
+    assert.deepEqual(await tierFlags("gateway"), []);
+    assert.deepEqual(await tierFlags("runner"), []);
+  });
+
   test("Ctrl-C stops every service and exits 0", async () => {
     const children = (await run("pgrep", ["-P", String(up.pid)])).stdout.trim().split("\n").map(Number);
     assert.equal(children.length, 6, "model server and five services");
@@ -151,6 +164,32 @@ describe("one service process", () => {
     assert.equal(await exited, 0);
     health.close();
     assert.deepEqual(seen, [Serving.SERVING, Serving.NOT_SERVING]);
+  });
+
+  test("a router started alone starts over, same pid, on the interpreter; TROUPE_JIT=on keeps every tier", async () => {
+    for (const [jit, want] of [
+      [undefined, ["--max-opt=0"]],
+      ["on", []],
+    ] as const) {
+      const env = { ...process.env };
+      delete env.TROUPE_JIT;
+      if (jit) env.TROUPE_JIT = jit;
+      const port = await freePort();
+      const proc = spawn(process.execPath, [MAIN, "router", "--router", `127.0.0.1:${port}`], { stdio: "ignore", env });
+      try {
+        await waitServing(`127.0.0.1:${port}`, 20_000, SERVICE_TYPE.router);
+        const cmdline = (await readFile(`/proc/${proc.pid}/cmdline`, "utf8")).split("\0");
+        assert.deepEqual(
+          cmdline.filter((a) => a.startsWith("--max-opt")),
+          want,
+          `TROUPE_JIT=${jit}: ${cmdline.join(" ")}`,
+        );
+      } finally {
+        const exited = new Promise((resolve) => proc.once("exit", resolve));
+        proc.kill("SIGTERM");
+        await exited;
+      }
+    }
   });
 
   test("a sandbox service given an engine address it cannot reach exits 1 naming DOCKER_HOST", async () => {

@@ -5,8 +5,10 @@
 //
 // Node links glibc's malloc; jemalloc replaces it by LD_PRELOAD, which must be in the environment
 // when a process starts: `troupe up`'s children get it in theirs, and a service started alone (as
-// the Kubernetes manifests do) or `--one-process` executes itself again with it.
+// the Kubernetes manifests do) or `--one-process` executes itself again with it (and with the
+// Node flags jit.ts gives the service, which `troupe up` passes its children itself).
 import { existsSync } from "node:fs";
+import { missingFlags } from "./jit.js";
 
 /** Where Debian (each architecture), Fedora and a source build put the library. */
 const LIBRARY_PATHS = [
@@ -53,11 +55,13 @@ export function allocatorEnvironment(
 export const hasJemalloc = (env: NodeJS.ProcessEnv): boolean => /libjemalloc/.test(env.LD_PRELOAD ?? "");
 
 /**
- * Executes this process again, same pid and descriptors, with the allocator `choice` asks for, if
- * its environment lacks it (otherwise returns). Call before anything is started.
+ * Executes this process again, same pid and descriptors, with the allocator `choice` asks for and
+ * the Node flags `nodeFlags` (jit.ts), if it lacks either (otherwise returns). Call before anything
+ * is started.
  */
-export function startOverWithAllocator(choice: AllocatorChoice, env: NodeJS.ProcessEnv): void {
+export function startOver(choice: AllocatorChoice, env: NodeJS.ProcessEnv, nodeFlags: string[] = []): void {
   const wanted = allocatorEnvironment(choice, env);
-  if (wanted === env || !process.execve) return;
-  process.execve(process.execPath, [process.execPath, ...process.execArgv, ...process.argv.slice(1)], wanted);
+  const flags = missingFlags(nodeFlags, process.execArgv);
+  if ((wanted === env && flags.length === 0) || !process.execve) return;
+  process.execve(process.execPath, [process.execPath, ...flags, ...process.execArgv, ...process.argv.slice(1)], wanted);
 }

@@ -3,7 +3,8 @@
 import { readFileSync } from "node:fs";
 import { childEnvironment, loadConfig, widenThreadPool } from "../shared/config.js";
 import { runService } from "../shared/service.js";
-import { startOverWithAllocator } from "./allocator.js";
+import { startOver } from "./allocator.js";
+import { jitFlags } from "./jit.js";
 import { SERVICES } from "./service-starters.js";
 
 const USAGE = `usage: troupe <command> [flags]
@@ -236,7 +237,7 @@ async function main(argv: string[]): Promise<void> {
   if (command in SERVICES) {
     widenThreadPool();
     const cfg = loadConfig(args);
-    startOverWithAllocator(cfg.allocator, childEnvironment());
+    startOver(cfg.allocator, childEnvironment(), jitFlags(command, cfg.jit));
     await runService(command, cfg, await SERVICES[command]());
     return;
   }

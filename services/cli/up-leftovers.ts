@@ -20,7 +20,7 @@ async function stillTroupe(pid: number, main: string, command: string): Promise<
   const cwd = await readlink(`/proc/${pid}/cwd`).catch(() => undefined);
   if (cwd === undefined) return false;
   // However it was started (a relative path, npx's link in node_modules/.bin): the same file.
-  for (let i = 1; i < Math.min(args.length - 1, 4); i++) {
+  for (let i = 1; i < Math.min(args.length - 1, 8); i++) {
     const file = await realpath(path.resolve(cwd, args[i])).catch(() => "");
     if (file === main) return args[i + 1] === command;
   }

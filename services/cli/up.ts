@@ -23,7 +23,8 @@ import { splitHostPort } from "../shared/host-port.js";
 import { freePort } from "./free-port.js";
 import { startLocalPostgres, type LocalPostgres } from "./local-postgres.js";
 import { runInOneProcess } from "./up-one-process.js";
-import { allocatorEnvironment, startOverWithAllocator } from "./allocator.js";
+import { allocatorEnvironment, startOver } from "./allocator.js";
+import { jitFlags } from "./jit.js";
 import { upFileWriter } from "./up-file.js";
 import { reapLeftovers, removeSandboxes } from "./up-leftovers.js";
 
@@ -82,7 +83,7 @@ export async function upCommand(argv: string[]): Promise<void> {
   if (shape.oneProcess) {
     // Its young generation is not capped: idle-trim.ts gives back what a quiet process grew, and
     // a cap cost latency under load (docs/benchmarks.md, footprint).
-    startOverWithAllocator(cfg.allocator, childEnvironment());
+    startOver(cfg.allocator, childEnvironment());
     // Services in this process append fsynced session logs: widen the pool before it first starts.
     widenThreadPool();
   }
@@ -251,7 +252,11 @@ async function superviseChildren(
       await rename(logFile, `${logFile}.1`).catch(() => undefined);
     const log = createWriteStream(logFile, { flags: "a" });
     log.on("error", (err) => logger.warn(`cannot write ${logFile}: ${err.message}`));
-    const proc = spawn(process.execPath, [MAIN, ...child.args], { stdio: ["ignore", "pipe", "pipe"], env });
+    const nodeFlags = jitFlags(child.args[0], cfg.jit);
+    const proc = spawn(process.execPath, [...nodeFlags, MAIN, ...child.args], {
+      stdio: ["ignore", "pipe", "pipe"],
+      env,
+    });
     proc.stdout!.on("data", (d: Buffer) => (process.stdout.write(d), log.write(d)));
     proc.stderr!.on("data", (d: Buffer) => (process.stderr.write(d), log.write(d)));
     proc.once("close", () => log.end());

@@ -111,6 +111,8 @@ export interface Config {
   logFormat: "auto" | "json" | "text";
   /** troupe up: the C allocator its services start with (services/cli/allocator.ts). */
   allocator: "auto" | "jemalloc" | "system";
+  /** Which of V8's compilers the router and the sandbox run with (services/cli/jit.ts). */
+  jit: "auto" | "on";
   /** troupe adapter (services/adapter): "" where unset. */
   adapter: {
     stateFile: string;
@@ -386,6 +388,7 @@ export function loadConfig(
     logLevel: str("logLevel") as LogLevel,
     logFormat: str("logFormat") as Config["logFormat"],
     allocator: str("allocator") as Config["allocator"],
+    jit: str("jit") as Config["jit"],
     adapter: {
       stateFile: str("adapterState") ? path.resolve(str("adapterState")!) : "",
       webhookAddr: str("webhookAddr")!,

@@ -95,6 +95,12 @@ export const SETTINGS = {
       default: "auto",
       schema: oneOf("auto", "jemalloc", "system"),
     },
+    jit: {
+      env: "TROUPE_JIT",
+      doc: "V8's compilers: auto runs the router and the sandbox on the interpreter alone (10 to 12 MB smaller each; they do little work a call), the others with every tier; on: every tier in every service",
+      default: "auto",
+      schema: oneOf("auto", "on"),
+    },
     nodeOptions: {
       env: "NODE_OPTIONS",
       doc: "Node's own options, for every service process `troupe up` starts",

@@ -4,6 +4,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { JEMALLOC_CONF, allocatorEnvironment, hasJemalloc } from "../../services/cli/allocator.js";
+import { jitFlags, missingFlags } from "../../services/cli/jit.js";
 import { loadConfig } from "../../services/shared/config.js";
 
 const DEBIAN = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
@@ -49,4 +50,15 @@ test("TROUPE_ALLOCATOR takes only the three choices", () => {
     () => loadConfig([], { TROUPE_ALLOCATOR: "tcmalloc" }),
     /TROUPE_ALLOCATOR must be one of auto, jemalloc, system/,
   );
+});
+
+test("V8's tiers: the router and the sandbox on the interpreter unless TROUPE_JIT=on; a flag given wins", () => {
+  assert.deepEqual(jitFlags("router", "auto"), ["--max-opt=0"]);
+  assert.deepEqual(jitFlags("sandbox", "auto"), ["--max-opt=0"]);
+  for (const service of ["gateway", "runner", "memory", "model-server", "adapter"])
+    assert.deepEqual(jitFlags(service, "auto"), [], service);
+  assert.deepEqual(jitFlags("router", "on"), []);
+  assert.deepEqual(missingFlags(["--max-opt=0"], ["--expose-gc"]), ["--max-opt=0"]);
+  assert.deepEqual(missingFlags(["--max-opt=0"], ["--max-opt=0"]), [], "already started with it: no start over");
+  assert.deepEqual(missingFlags(["--max-opt=0"], ["--max_opt=3"]), [], "the operator's own value wins");
 });

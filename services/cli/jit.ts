@@ -1,0 +1,23 @@
+// Which of V8's compilers a service process runs with. The optimizing tiers (Maglev, TurboFan)
+// pay for themselves where JavaScript runs hot: the gateway and the runner on every token, the
+// memory service on every search. The router (a placement per session, a route per message) and
+// the sandbox (waiting on the Docker engine and its containers) do little work each call, and
+// without those tiers their code and the compilers' own pages stay out of memory: 10 to 12 MB a
+// process, with no cost measured in their benchmarks (docs/benchmarks.md, footprint).
+// TROUPE_JIT=on gives every service every tier. `--one-process` runs them all, so all tiers.
+
+export type JitChoice = "auto" | "on";
+
+/** The services that run on V8's interpreter alone unless TROUPE_JIT=on. */
+const INTERPRETED = new Set(["router", "sandbox"]);
+
+/** The flags `service`'s Node process starts with for `choice`. */
+export function jitFlags(service: string, choice: JitChoice): string[] {
+  return choice === "auto" && INTERPRETED.has(service) ? ["--max-opt=0"] : [];
+}
+
+/** Those of `wanted` a process started with `execArgv` lacks; a flag set there, to any value, wins. */
+export function missingFlags(wanted: string[], execArgv: readonly string[]): string[] {
+  const name = (flag: string) => flag.split("=")[0].replace(/_/g, "-");
+  return wanted.filter((w) => !execArgv.some((a) => name(a) === name(w)));
+}
