@@ -2,6 +2,7 @@
 //   cold exec: the first command of a new session with no warm pool (create, start, greet the
 //              agent, run `true`) vs `docker run --rm` of the same image with the same hardening;
 //   warm exec: `true` in a session's running sandbox through the service vs `docker exec`;
+//   file read: ReadFile of a 4 MB file in a session's running sandbox vs `docker exec cat` of it;
 //   pool claim: taking a warm container for a new session (rename, claim), measured in-process
 //              on the service's own fleet, and the first command of a session with a warm pool
 //              through the service.
@@ -53,6 +54,10 @@ const coldClient = coldStack.client(SandboxService, coldStack.addr.sandbox, { as
 const cold: number[] = [];
 const warm: number[] = [];
 let cliExec: number[] = [];
+const reads: number[] = [];
+const cliReads: number[] = [];
+/** The file read: under the service's 4 MiB message limit, beside its 8-byte header. */
+const FILE_BYTES = (4 << 20) - 4096;
 try {
   await timedExec(coldClient, "bench-cold-warmup");
   await coldClient.releaseSandbox({ sessionId: "bench-cold-warmup" });
@@ -75,6 +80,18 @@ try {
     cliExec.push(performance.now() - t0);
   }
   cliExec = cliExec.slice(5);
+
+  // File read: the same file through the service and through `docker exec cat`.
+  await coldClient.writeFile({ sessionId: id, path: "/workspace/read.bin", data: new Uint8Array(FILE_BYTES).fill(7) });
+  for (let i = 0; i < 23; i++) {
+    let t0 = performance.now();
+    const file = await coldClient.readFile({ sessionId: id, path: "/workspace/read.bin", maxBytes: 16 << 20 });
+    if (file.data.length !== FILE_BYTES) throw new Error(`read ${file.data.length} of ${FILE_BYTES} bytes`);
+    if (i >= 3) reads.push(performance.now() - t0);
+    t0 = performance.now();
+    await run("docker", ["exec", name, "cat", "/workspace/read.bin"], { encoding: "buffer", maxBuffer: 8 << 20 });
+    if (i >= 3) cliReads.push(performance.now() - t0);
+  }
   await coldClient.releaseSandbox({ sessionId: id });
 } finally {
   coldClient.close();
@@ -183,9 +200,11 @@ console.log(`cold exec through the service (no pool):      ${fmt(cold)}`);
 console.log(`baseline docker run --rm through the CLI:     ${fmt(cliRun)}`);
 console.log(`warm exec through the service:                ${fmt(warm)}`);
 console.log(`baseline docker exec through the CLI:         ${fmt(cliExec)}`);
+console.log(`4 MB file read through the service:           ${fmt(reads)}`);
+console.log(`baseline docker exec cat through the CLI:     ${fmt(cliReads)}`);
 console.log(`pool claim (in-process fleet):                ${fmt(claim)}`);
 console.log(`first exec of a session with a warm pool:     ${fmt(firstWithPool)}`);
 console.log(
-  `RESULT warm_exec_p50_ms=${pct(warm, 50).toFixed(2)} warm_vs_cli_exec=${ratio(warm, cliExec)} cold_vs_cli_run=${ratio(cold, cliRun)} pool_claim_p50_ms=${pct(claim, 50).toFixed(2)}`,
+  `RESULT warm_exec_p50_ms=${pct(warm, 50).toFixed(2)} warm_vs_cli_exec=${ratio(warm, cliExec)} cold_vs_cli_run=${ratio(cold, cliRun)} pool_claim_p50_ms=${pct(claim, 50).toFixed(2)} read_4mb_p50_ms=${pct(reads, 50).toFixed(1)} read_vs_cli_cat=${ratio(reads, cliReads)}`,
 );
 process.exit(0);

@@ -15,6 +15,7 @@ import type { Duplex } from "node:stream";
 import type { Container } from "./engine.js";
 import { AgentSockets, type AgentSocket, type NetRep } from "./agent-socket.js";
 import type { EgressState } from "./egress-proxy.js";
+import { ChunkWait } from "./chunk-wait.js";
 
 export const AGENT_VERSION = "troupe-agent/1";
 const SYNC_MAGIC = Buffer.from("\0TRPSYNC", "latin1");
@@ -184,10 +185,12 @@ export class AgentConnection {
   private readonly pending = new Map<number, Pending>();
   private readonly execs = new Map<number, ExecState>();
   private diagnosticsWindow = { start: 0, lines: 0, dropped: 0 };
-  /** Docker's framing (8-byte headers) not yet complete. */
+  /** Docker's framing (8-byte headers) not yet complete, and the chunks held until it is. */
   private raw: Buffer = Buffer.alloc(0);
-  /** The agent's frames not yet complete. */
+  private readonly rawWait = new ChunkWait();
+  /** The agent's frames not yet complete, and the chunks held until they are. */
   private buf: Buffer = Buffer.alloc(0);
+  private readonly bufWait = new ChunkWait();
   /** Until the agent's reply to our HELLO, bytes are skipped up to the sync marker. */
   private synced = false;
   private ended: Error | undefined;
@@ -374,13 +377,18 @@ export class AgentConnection {
   }
 
   private onRaw(chunk: Buffer) {
-    this.raw = this.raw.length ? Buffer.concat([this.raw, chunk]) : chunk;
+    const joined = this.rawWait.join(this.raw, chunk);
+    if (!joined) return;
+    this.raw = joined;
     while (this.raw.length >= 8 && !this.ended) {
       const stream = this.raw[0];
       const size = this.raw.readUInt32BE(4);
       if (stream !== 1 && stream !== 2) violation(`a chunk on stream ${stream}`);
       if (size > MAX_DOCKER_CHUNK) violation(`a chunk of ${size} bytes`);
-      if (this.raw.length < 8 + size) break;
+      if (this.raw.length < 8 + size) {
+        this.rawWait.want(8 + size - this.raw.length);
+        break;
+      }
       const body = this.raw.subarray(8, 8 + size);
       this.raw = this.raw.subarray(8 + size);
       if (stream === 2) this.diagnose(body.toString("utf8"));
@@ -407,7 +415,9 @@ export class AgentConnection {
   }
 
   private onFrames(chunk: Buffer) {
-    this.buf = this.buf.length ? Buffer.concat([this.buf, chunk]) : chunk;
+    const joined = this.bufWait.join(this.buf, chunk);
+    if (!joined) return;
+    this.buf = joined;
     if (!this.synced) {
       // Bytes of frames meant for an earlier connection may come first: skip to the marker.
       const at = this.buf.indexOf(SYNC_MAGIC);
@@ -422,7 +432,10 @@ export class AgentConnection {
       const len = this.buf.readUInt32BE(0);
       // Checked before waiting for it: a huge claim is refused now, not buffered for.
       if (len < 5 || len > MAX_FRAME) violation(`a frame of ${len} bytes`);
-      if (this.buf.length < 4 + len) break;
+      if (this.buf.length < 4 + len) {
+        this.bufWait.want(4 + len - this.buf.length);
+        break;
+      }
       const type = this.buf[4];
       const id = this.buf.readUInt32BE(5);
       // Copied: the payload may outlive the buffer it arrived in (queued output, file data).

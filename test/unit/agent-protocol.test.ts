@@ -136,6 +136,39 @@ test("forged and malformed frames end the connection, never the process", async 
   }
 });
 
+test("a 4 MB file read in Docker's small chunks, cut anywhere and mixed with stderr, arrives whole", async () => {
+  const c = connect();
+  await c.greet();
+  const data = Buffer.alloc(4 << 20);
+  for (let i = 0; i < data.length; i++) data[i] = (i * 7919) % 251;
+  const reading = c.conn.readFile("big", 16 << 20);
+  const id = c.lastRequestId();
+  const head = Buffer.alloc(9);
+  head.writeBigUInt64BE(BigInt(data.length), 0);
+  const reply = frame(REP.file, id, Buffer.concat([head, data]));
+  // As dockerd relays it: 32 KB chunks; each reaches us in two reads, split off-centre.
+  for (let off = 0; off < reply.length; off += 32 * 1024) {
+    const docker = chunk(reply.subarray(off, off + 32 * 1024));
+    const cut = 3 + (off % 11);
+    c.feed(docker.subarray(0, cut));
+    c.feed(docker.subarray(cut));
+    if (off === 64 * 1024) c.feed(chunk(Buffer.from("agent: still reading\n"), 2));
+  }
+  const file = await reading;
+  assert.equal(file.size, data.length);
+  assert.equal(file.truncated, false);
+  assert.ok(file.data.equals(data), "every byte, in order");
+  assert.deepEqual(c.diagnostics, ["agent: still reading"]);
+  assert.equal(c.conn.alive, true);
+  // The connection reads on: the next exchange is whole too.
+  const next = c.conn.readFile("small", 10);
+  const small = Buffer.alloc(9 + 2);
+  small.writeBigUInt64BE(2n, 0);
+  small.write("ok", 9);
+  c.feed(chunk(frame(REP.file, c.lastRequestId(), small)));
+  assert.equal((await next).data.toString(), "ok");
+});
+
 test("output over the command's cap is refused even within the window", async () => {
   const c = connect();
   await c.greet();
