@@ -142,15 +142,17 @@ export class ChatSession {
 }
 
 /**
- * Subscribe(after_seq) until `ends` agent_end events have arrived (or, with `quietMs`, until
- * nothing arrives for that long); returns every event received.
+ * Subscribe(after_seq) until `ends` agent_end events have arrived, or, with `untilQuiet`, until
+ * nothing has arrived for 300 ms and `untilQuiet(events so far)` holds; returns every event
+ * received. A replay may take longer than 300 ms to start (the runner loads the session's log
+ * first), so `untilQuiet` should say what a complete answer has, not only `true`.
  */
 export async function subscribeUntil(
   gateway: ServiceClient<(typeof GatewayService)["method"]>,
   sessionId: string,
   afterSeq: bigint,
   ends: number,
-  untilQuiet?: () => boolean,
+  untilQuiet?: (got: readonly AgentEvent[]) => boolean,
   timeoutMs = 30_000,
 ): Promise<AgentEvent[]> {
   const sub = gateway.subscribe({ sessionId, afterSeq });
@@ -165,7 +167,7 @@ export async function subscribeUntil(
       giveUp = setTimeout(() => reject(fail("timed out")), timeoutMs);
       const settle = () => {
         clearTimeout(quiet);
-        quiet = setTimeout(() => untilQuiet?.() && resolve(), 300);
+        quiet = setTimeout(() => untilQuiet?.(got) && resolve(), 300);
       };
       if (untilQuiet) settle();
       sub.on("data", (r) => {

@@ -220,9 +220,12 @@ export async function runSoak({ sessions, gateways, disruptions, disrupt, rawLog
     assert.deepEqual([...ids].sort(), [...want].sort(), `${c.sessionId}: every acknowledged message exactly once`);
     // The session's own record of acknowledgements (first, non-duplicate frame_accepted of each
     // frame), read back through the public API; every acknowledgement the client saw is in it.
-    const record = (await subscribeUntil(gateways[0], c.sessionId, 0n, 0, () => true)).filter(
-      (e) => e.payload.case === "frameAccepted",
-    );
+    // Read until the replay has started and paused. "Quiet for 300 ms" alone counts a replay
+    // that has not started yet (the runner loads the session's log first) as an empty record;
+    // the check below then fails on the session's first frame, as it did once in CI
+    // (2026-11-28: soak-16's f0, with the history complete and sessions 0 to 15 passing).
+    const replay = await subscribeUntil(gateways[0], c.sessionId, 0n, 0, (got) => got.length > 0);
+    const record = replay.filter((e) => e.payload.case === "frameAccepted");
     const firstAck = new Map<string, number>();
     for (const e of record)
       if (e.payload.case === "frameAccepted" && !e.payload.value.duplicate && !firstAck.has(e.payload.value.frameId))
