@@ -15,6 +15,7 @@ import type { Duplex } from "node:stream";
 import type { Container } from "./engine.js";
 import { AgentSockets, type AgentSocket, type NetRep } from "./agent-socket.js";
 import type { EgressState } from "./egress-proxy.js";
+import { AgentDiagnostics } from "./agent-diagnostics.js";
 import { ChunkWait } from "./chunk-wait.js";
 
 export const AGENT_VERSION = "troupe-agent/1";
@@ -24,10 +25,6 @@ const HELLO_TIMEOUT_MS = 5000;
 export const MAX_FRAME = 17 << 20;
 /** Docker's own chunks of the container's output are far smaller; anything larger is not Docker. */
 const MAX_DOCKER_CHUNK = MAX_FRAME + 64 * 1024;
-/** Diagnostics lines from one sandbox: this many per window, longer lines cut. */
-const DIAGNOSTICS_PER_WINDOW = 20;
-const DIAGNOSTICS_WINDOW_MS = 10_000;
-const DIAGNOSTICS_MAX_CHARS = 300;
 
 enum Req {
   Hello = 1,
@@ -71,17 +68,6 @@ class ProtocolViolation extends Error {}
 
 function violation(message: string): never {
   throw new ProtocolViolation(message);
-}
-
-/** A diagnostics line as it may reach a log: control characters escaped, cut at a bound. */
-export function escapeDiagnostic(line: string): string {
-  const escaped = line.replace(
-    /[\u0000-\u001f\u007f-\u009f\u2028\u2029]/g,
-    (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`,
-  );
-  return escaped.length > DIAGNOSTICS_MAX_CHARS
-    ? `${escaped.slice(0, DIAGNOSTICS_MAX_CHARS)}... (${escaped.length} characters)`
-    : escaped;
 }
 
 export interface AgentExit {
@@ -184,7 +170,8 @@ export class AgentConnection {
   private nextId = 1;
   private readonly pending = new Map<number, Pending>();
   private readonly execs = new Map<number, ExecState>();
-  private diagnosticsWindow = { start: 0, lines: 0, dropped: 0 };
+  /** The agent's stderr, escaped and rate-limited on its way to options.diagnostics. */
+  private readonly diagnostics: AgentDiagnostics;
   /** Docker's framing (8-byte headers) not yet complete, and the chunks held until it is. */
   private raw: Buffer = Buffer.alloc(0);
   private readonly rawWait = new ChunkWait();
@@ -206,6 +193,7 @@ export class AgentConnection {
     private readonly options: AttachOptions,
   ) {
     const connection = options.connection;
+    this.diagnostics = new AgentDiagnostics((line) => options.diagnostics(line));
     this.sockets = new AgentSockets(
       (type, id, ...parts) => {
         if (!this.ended) this.stream.write(frame(type, id, ...parts));
@@ -391,26 +379,8 @@ export class AgentConnection {
       }
       const body = this.raw.subarray(8, 8 + size);
       this.raw = this.raw.subarray(8 + size);
-      if (stream === 2) this.diagnose(body.toString("utf8"));
+      if (stream === 2) this.diagnostics.report(body.toString("utf8"));
       else this.onFrames(body);
-    }
-  }
-
-  /** The agent's stderr: escaped, and at most DIAGNOSTICS_PER_WINDOW lines per window. */
-  private diagnose(text: string) {
-    const now = Date.now();
-    const w = this.diagnosticsWindow;
-    if (now - w.start >= DIAGNOSTICS_WINDOW_MS) {
-      if (w.dropped > 0) this.options.diagnostics(`(${w.dropped} more lines dropped)`);
-      this.diagnosticsWindow = { start: now, lines: 0, dropped: 0 };
-    }
-    for (const line of text.trimEnd().split("\n")) {
-      if (line === "") continue;
-      if (this.diagnosticsWindow.lines >= DIAGNOSTICS_PER_WINDOW) this.diagnosticsWindow.dropped++;
-      else {
-        this.diagnosticsWindow.lines++;
-        this.options.diagnostics(escapeDiagnostic(line));
-      }
     }
   }
 
