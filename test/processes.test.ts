@@ -21,6 +21,7 @@ import {
   SERVICE_TYPE,
   flagsFor,
   freePort,
+  sandboxContainers,
   startStack,
   waitFor,
   waitServing,
@@ -129,12 +130,18 @@ describe("troupe up", () => {
     assert.deepEqual(await tierFlags("runner"), []);
   });
 
-  test("Ctrl-C stops every service and exits 0", async () => {
+  test("Ctrl-C stops every service and exits 0, also when a second signal follows at once", async () => {
     const children = (await run("pgrep", ["-P", String(up.pid)])).stdout.trim().split("\n").map(Number);
     assert.equal(children.length, 6, "model server and five services");
+    await waitFor("the sandbox's pool", async () => (await sandboxContainers(dataDir)).length > 0);
     const exited = new Promise<number | null>((resolve) => up.once("exit", (code) => resolve(code)));
+    // As `timeout make run` stops it: the process group's signal, and make's forward of it.
     up.kill("SIGINT");
+    await new Promise((resolve) => setTimeout(resolve, 15));
+    up.kill("SIGTERM");
     assert.equal(await exited, 0);
+    assert.doesNotMatch(log(), /second signal/);
+    assert.deepEqual(await sandboxContainers(dataDir), [], "the pool's containers are removed");
     for (const pid of children) assert.throws(() => process.kill(pid, 0), `child ${pid} is gone`);
     assert.match(log(), /all services stopped/);
     // Now nothing answers: status fails, and doctor says what to do.

@@ -228,6 +228,14 @@ export async function upCommand(argv: string[]): Promise<void> {
 }
 
 /**
+ * A second SIGINT or SIGTERM this soon after the first is the same stop, not a demand to kill:
+ * `timeout make run` delivers two within milliseconds (the process group's and make's forward of
+ * it), and killing the children then leaves the sandbox's pooled containers behind. A person
+ * pressing Ctrl-C again, later, still forces the stop.
+ */
+const SAME_STOP_MS = 1000;
+
+/**
  * Runs each child as a process of its own: restarted after a backoff when it dies, stopped (the
  * gateways first) on SIGINT or SIGTERM, its output to this terminal and <data-dir>/logs.
  */
@@ -277,13 +285,16 @@ async function superviseChildren(
   // The supervisor too grows while it starts everything and then mostly waits.
   const trimmer = startIdleTrim({ idleMs: cfg.idleTrimMs, onTrim: (t) => logger.debug(describeTrim(t)) });
 
+  let stoppingSince = 0;
   const stop = (signal: string) => {
     if (stopping) {
+      if (Date.now() - stoppingSince < SAME_STOP_MS) return;
       logger.warn("second signal: killing children");
       for (const c of children) c.proc?.kill("SIGKILL");
       process.exit(130);
     }
     stopping = true;
+    stoppingSince = Date.now();
     trimmer.stop();
     logger.info(`${signal}: stopping all services`);
     // The gateways first, so no new work arrives while the others drain.
