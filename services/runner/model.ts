@@ -5,9 +5,10 @@
 // model. The stream is read by our SSE decoder, which measured faster than the SDK's
 // (docs/benchmarks.md); the SDK's types describe the wire format, its code is not loaded.
 import type OpenAI from "openai";
-import { Agent } from "undici";
+import type { Agent } from "undici";
 import { rulesFor, takesImages, type ReasoningEffort } from "../shared/model-rules.js";
 import type { ProviderKind } from "../shared/providers.js";
+import { undiciAgent } from "../shared/undici-agent.js";
 import {
   type ProviderPost,
   ProviderRefusal,
@@ -341,7 +342,8 @@ export const MAX_MODEL_STREAMS = 4096;
 
 /** One keep-alive pool per provider; many sessions share its connections. */
 export function connectionPool(options: Pick<OpenAIModelOptions, "timeoutMs" | "idleTimeoutMs">): Agent {
-  return new Agent({
+  const Pool = undiciAgent();
+  return new Pool({
     connections: MAX_MODEL_STREAMS,
     keepAliveTimeout: 30_000,
     connectTimeout: 10_000,

@@ -10,8 +10,7 @@
 import { lookup } from "node:dns/promises";
 import { isIP } from "node:net";
 import type { Readable } from "node:stream";
-import type * as Undici from "undici";
-import { lazyModule } from "./lazy-module.js";
+import { undiciAgent } from "./undici-agent.js";
 import { addressRefusal, BLOCKED_NAMES, blockList } from "./address-ranges.js";
 
 export class NetRefusal extends Error {}
@@ -110,8 +109,6 @@ export interface GuardedResponse {
 }
 
 const REDIRECTS = new Set([301, 302, 303, 307, 308]);
-/** undici, loaded at the first guarded request: 5 MB resident that a gateway or sandbox that never fetches does not pay. */
-const undici = lazyModule<typeof Undici>("undici");
 
 /** Sends a request through the guard (see the top of this file) and reads at most maxBytes of its body. */
 export async function guardedRequest(raw: string, req: GuardedRequest, policy: NetPolicy): Promise<GuardedResponse> {
@@ -157,13 +154,22 @@ async function send(
   body: string | Buffer | undefined,
   signal: AbortSignal,
 ) {
-  // One agent per hop, its lookup answering with the address checked above, whatever DNS says now.
+  // One agent per hop (undici's Agent loads at the first guarded request, so a gateway or sandbox
+  // that never fetches does not pay for it), its lookup answering with the address checked above, whatever DNS says now.
   const pinned = (_host: string, opts: { all?: boolean }, cb: (...a: unknown[]) => void) =>
     opts.all ? cb(null, [{ address: target.address, family: target.family }]) : cb(null, target.address, target.family);
-  const { Agent, request } = undici();
+  const Agent = undiciAgent();
   const agent = new Agent({ connect: { lookup: pinned } as object, connections: 1, pipelining: 0 });
+  const { origin, pathname, search } = target.url;
   try {
-    const res = await request(target.url, { method: method as "GET", headers, body, signal, dispatcher: agent });
+    const res = await agent.request({
+      origin,
+      path: pathname + search,
+      method: method as "GET",
+      headers,
+      body,
+      signal,
+    });
     res.body.once("close", () => void agent.close().catch(() => undefined));
     return res;
   } catch (err) {
