@@ -154,8 +154,9 @@ async function send(
   body: string | Buffer | undefined,
   signal: AbortSignal,
 ) {
-  // One agent per hop (undici's Agent loads at the first guarded request, so a gateway or sandbox
-  // that never fetches does not pay for it), its lookup answering with the address checked above, whatever DNS says now.
+  // One agent per hop, its lookup answering with the address checked above, whatever DNS says now.
+  // undici's Agent loads at the first guarded request: a gateway or sandbox that never fetches
+  // does not pay for it.
   const pinned = (_host: string, opts: { all?: boolean }, cb: (...a: unknown[]) => void) =>
     opts.all ? cb(null, [{ address: target.address, family: target.family }]) : cb(null, target.address, target.family);
   const Agent = undiciAgent();
