@@ -105,12 +105,16 @@ describe("troupe up", () => {
       assert.match(status.stdout, new RegExp(`^ok +${name} `, "m"), status.stdout);
     const logs = troupe("logs", "--service", "gateway", "-n", "100");
     assert.equal(logs.status, 0, logs.stderr);
-    assert.match(logs.stdout, /gateway: gateway serving on port/);
-    assert.doesNotMatch(logs.stdout, /router: /);
+    assert.match(logs.stdout, /gateway: gateway serving on port/, logs.stdout + logs.stderr);
+    assert.doesNotMatch(logs.stdout, /router: /, logs.stdout);
     const merged = troupe("logs", "-n", "1000");
-    assert.match(merged.stdout, /router: router serving[\s\S]*gateway: gateway serving/, "merged in time order");
+    assert.match(
+      merged.stdout,
+      /router: router serving[\s\S]*gateway: gateway serving/,
+      `merged in time order:\n${merged.stdout}${merged.stderr}`,
+    );
     const unknown = troupe("logs", "--service", "gatewya");
-    assert.equal(unknown.status, 2);
+    assert.equal(unknown.status, 2, unknown.stdout + unknown.stderr);
     assert.match(
       unknown.stderr,
       /no log for "gatewya"; there are: gateway, memory, model-server, router, runner, sandbox/,
