@@ -247,7 +247,8 @@ async function superviseChildren(
   cleanup: () => Promise<void>,
 ): Promise<void> {
   const logger = createLogger("up", cfg.logLevel, cfg.logFormat);
-  let stopping = false;
+  /** When the first stop signal came; undefined while running. */
+  let stoppingSince: number | undefined;
 
   // Each child's output goes to the terminal and to <data-dir>/logs/<name>.log (troupe logs),
   // which is moved aside to <name>.log.1 when a start finds it over LOG_ROTATE_BYTES.
@@ -272,28 +273,26 @@ async function superviseChildren(
     void writeUp();
     proc.on("exit", (code, signal) => {
       child.proc = undefined;
-      if (stopping) return;
+      if (stoppingSince !== undefined) return;
       void writeUp();
       // A child that ran for a minute is considered healthy again: its backoff starts over.
       if (Date.now() - child.startedAt > 60_000) child.restarts = 0;
       const delay = Math.min(30_000, 500 * 2 ** child.restarts++);
       logger.error(`${child.name} exited (${signal ?? `code ${code}`}); restarting in ${delay} ms`);
-      setTimeout(() => !stopping && void start(child), delay);
+      setTimeout(() => stoppingSince === undefined && void start(child), delay);
     });
   };
   for (const child of children) await start(child);
   // The supervisor too grows while it starts everything and then mostly waits.
   const trimmer = startIdleTrim({ idleMs: cfg.idleTrimMs, onTrim: (t) => logger.debug(describeTrim(t)) });
 
-  let stoppingSince = 0;
   const stop = (signal: string) => {
-    if (stopping) {
+    if (stoppingSince !== undefined) {
       if (Date.now() - stoppingSince < SAME_STOP_MS) return;
       logger.warn("second signal: killing children");
       for (const c of children) c.proc?.kill("SIGKILL");
       process.exit(130);
     }
-    stopping = true;
     stoppingSince = Date.now();
     trimmer.stop();
     logger.info(`${signal}: stopping all services`);
