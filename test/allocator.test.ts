@@ -10,7 +10,7 @@ import { mkdtemp, readFile, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { JEMALLOC_CONF } from "../services/cli/allocator.js";
-import { MAIN, freePort, startUp, waitServing, type Up } from "./helpers/stack.js";
+import { MAIN, freePort, startUp, stopUp, waitServing, type Up } from "./helpers/stack.js";
 
 let dataDir: string;
 let up: Up;
@@ -21,10 +21,7 @@ before(async () => {
 });
 
 after(async () => {
-  if (up.proc.exitCode === null) {
-    up.proc.kill("SIGTERM");
-    await once(up.proc, "exit");
-  }
+  await stopUp(up.proc);
   await rm(dataDir, { recursive: true, force: true });
 });
 

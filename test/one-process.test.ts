@@ -9,7 +9,15 @@ import { mkdtemp, readFile, rm, stat } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { promisify } from "node:util";
-import { MAIN, flagsFor, sandboxContainers, startUp, type ServiceName, type StackAddresses } from "./helpers/stack.js";
+import {
+  MAIN,
+  flagsFor,
+  sandboxContainers,
+  startUp,
+  stopUp,
+  type ServiceName,
+  type StackAddresses,
+} from "./helpers/stack.js";
 
 const run = promisify(execFile);
 let dataDir: string;
@@ -30,7 +38,7 @@ before(async () => {
 });
 
 after(async () => {
-  if (up.exitCode === null) up.kill("SIGKILL");
+  await stopUp(up);
   await rm(dataDir, { recursive: true, force: true });
 });
 

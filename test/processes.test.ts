@@ -23,6 +23,7 @@ import {
   freePort,
   sandboxContainers,
   startStack,
+  stopUp,
   waitFor,
   waitServing,
   startUp,
@@ -44,15 +45,8 @@ describe("troupe up", () => {
   });
 
   after(async () => {
-    // When the Ctrl-C test did not run (filtered out, or failed before it), stop the stack as it
-    // asks: a SIGKILL would leave its services and their pooled containers running.
-    if (up.exitCode === null && up.signalCode === null) {
-      const exited = new Promise((resolve) => up.once("exit", resolve));
-      up.kill("SIGINT");
-      const timer = setTimeout(() => up.kill("SIGKILL"), 30_000);
-      await exited;
-      clearTimeout(timer);
-    }
+    // When the Ctrl-C test did not run (filtered out, or failed before it).
+    await stopUp(up);
     await rm(dataDir, { recursive: true, force: true });
   });
 

@@ -12,7 +12,7 @@ import { RouterService } from "../services/shared/gen/troupe/v1/router_pb.js";
 import { internalCredentials } from "../services/shared/auth.js";
 import { createClient } from "../services/shared/rpc.js";
 import { ChatSession } from "./helpers/session.js";
-import { MAIN, isAlive, startUp } from "./helpers/stack.js";
+import { MAIN, isAlive, startUp, stopUp } from "./helpers/stack.js";
 
 interface UpFile {
   supervisor: number;
@@ -33,7 +33,7 @@ describe("troupe up --runners 2 --gateways 2 --routers 2 --store postgres", () =
     ({ proc: up, log } = await startUp(dataDir, { args, env, timeoutMs: 90_000 }));
   });
   after(async () => {
-    if (up.exitCode === null) up.kill("SIGKILL");
+    await stopUp(up);
     await rm(dataDir, { recursive: true, force: true });
   });
 

@@ -215,6 +215,20 @@ export async function startUp(
   return { proc, addr, log: () => log };
 }
 
+/**
+ * Stops a `troupe up` started by a test, if it still runs, as an operator would: SIGINT, then
+ * waits for it to exit (SIGKILL after 30 s). A SIGKILL alone would leave its services and their
+ * pooled containers running, for the next start on that data directory to reap.
+ */
+export async function stopUp(proc: ChildProcess): Promise<void> {
+  if (proc.exitCode !== null || proc.signalCode !== null) return;
+  const exited = new Promise((resolve) => proc.once("exit", resolve));
+  proc.kill("SIGINT");
+  const timer = setTimeout(() => proc.kill("SIGKILL"), 30_000);
+  await exited;
+  clearTimeout(timer);
+}
+
 /** Whether a process of this pid runs (a zombie, dead but not yet reaped by its parent, does not). */
 export function isAlive(pid: number): boolean {
   try {
