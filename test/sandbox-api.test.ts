@@ -503,11 +503,17 @@ describe("sandbox abuse and accounting (runc)", () => {
     );
     assert.equal(r.out, "end\n");
     assert.equal((await exec(sandbox, "abuse-agent", "cat f")).out, "x", "the same sandbox serves on");
-    // Killed from outside (the engine), the agent takes only its own sandbox along.
-    await run("docker", [
-      "kill",
-      containerName(instanceOf(stack.dataDir), scopeKey("session", DEV_IDENTITY, "abuse-agent", "")),
-    ]);
+    // Killed from outside (the engine), the agent takes only its own sandbox along, and the
+    // service says so with the engine's exit code (nothing else tells an operator why).
+    const name = containerName(instanceOf(stack.dataDir), scopeKey("session", DEV_IDENTITY, "abuse-agent", ""));
+    await run("docker", ["kill", name]);
+    await waitFor("the warning", async () => stack.logs().includes(`sandbox ${name} ended on its own`), 10_000, 50);
+    const warning = stack
+      .logs()
+      .split("\n")
+      .find((l) => l.includes(`sandbox ${name} ended on its own`))!;
+    assert.match(warning, /"exitCode":"137"/);
+    assert.match(warning, /"scope":"session:local\.dev\.abuse-agent"/);
     await waitFor(
       "a new sandbox",
       async () => (await exec(sandbox, "abuse-agent", "ls").catch(() => ({ out: "failed" }))).out === "",
@@ -528,6 +534,12 @@ describe("sandbox abuse and accounting (runc)", () => {
     assert.ok((await count()) >= 3);
     for (const id of ["leak-1", "leak-2", "leak-3"])
       assert.equal((await sandbox.releaseSandbox({ sessionId: id })).removed, true);
+    // A release is asked for: its container's end is no warning.
+    await new Promise((r) => setTimeout(r, 500));
+    for (const id of ["leak-1", "leak-2", "leak-3"]) {
+      const name = containerName(instanceOf(stack.dataDir), scopeKey("session", DEV_IDENTITY, id, ""));
+      assert.ok(!stack.logs().includes(`sandbox ${name} ended on its own`), `${id} was released, not lost`);
+    }
     await stack.kill("sandbox");
     assert.equal(await count(), 0, "the pool is removed at shutdown, and every released sandbox is gone");
     await stack.start("sandbox");

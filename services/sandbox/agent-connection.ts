@@ -136,6 +136,8 @@ export interface AttachOptions {
   broken?(reason: string): void;
   /** A command connected to the egress port; without this, such connections are closed. */
   connection?(socket: AgentSocket, agent: AgentConnection): void;
+  /** The connection ended without close(): the container stopped, or the engine dropped it. */
+  lost?(reason: string, runningCommands: number): void;
 }
 
 /** Rejects with `onTimeout()`'s error when `work` has not settled in time. */
@@ -181,6 +183,8 @@ export class AgentConnection {
   /** Until the agent's reply to our HELLO, bytes are skipped up to the sync marker. */
   private synced = false;
   private ended: Error | undefined;
+  /** close() was called: the end that follows is ours. */
+  private closing = false;
   /** What the agent last said it was claimed for (empty: a pooled sandbox). */
   claimedFor = "";
   /** Commands' connections to the egress port. */
@@ -339,6 +343,7 @@ export class AgentConnection {
 
   /** Drops the attachment; the agent and its commands go on until the next connection greets it. */
   close(): void {
+    this.closing = true;
     this.end(new AgentGone("the sandbox's agent connection was closed"));
     this.stream.destroy();
   }
@@ -466,6 +471,7 @@ export class AgentConnection {
   private end(err: Error) {
     if (this.ended) return;
     this.ended = err;
+    if (!this.closing) this.options.lost?.(err.message, this.execs.size);
     for (const p of this.pending.values()) p.reject(err);
     this.pending.clear();
     for (const e of this.execs.values()) e.handlers.lost(err);

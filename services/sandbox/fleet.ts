@@ -7,12 +7,12 @@
 // after creation, so a claimed pool container carries its key in its name (a hash) and in its
 // agent; one created for a key directly also has the key in its labels.
 import { randomBytes } from "node:crypto";
-import type { Readable } from "node:stream";
 import type { Container, Engine } from "./engine.js";
 import { failedPrecondition } from "../shared/errors.js";
 import type { Logger } from "../shared/log.js";
 import { AgentConnection, type AttachOptions } from "./agent-connection.js";
 import type { AgentSocket } from "./agent-socket.js";
+import { type ContainerDeath, ContainerEvents } from "./container-events.js";
 import { configHash, containerName, containerSpec, poolPrefix, type FleetOptions } from "./container-spec.js";
 
 /** One running sandbox and the connection to its agent. */
@@ -46,11 +46,9 @@ export class SandboxFleet {
   /** The background fill under way, if any (shutdown waits for it, so nothing it makes leaks). */
   private filling: Promise<void> | undefined;
   private closed = false;
-  /** OOM kills the engine reported, by container id. */
-  private readonly oomKills = new Map<string, number>();
-  /** The engine's event stream while it lasts; `subscribing` while one is being asked for. */
-  private events: Readable | undefined;
-  private subscribing: Promise<void> | undefined;
+  private readonly events: ContainerEvents;
+  /** Containers being removed by us, by the id or name they were removed under. */
+  private readonly removing = new Set<string>();
   /** When the reaper first saw a claimed container this process has not used (its key may come back). */
   private readonly firstSeen = new Map<string, number>();
 
@@ -60,56 +58,18 @@ export class SandboxFleet {
     private readonly logger: Logger,
     /** A command's connection to its sandbox's egress port (egress-proxy.ts); closed when absent. */
     private readonly onConnection?: (socket: AgentSocket, agent: AgentConnection) => void,
-  ) {}
+  ) {
+    this.events = new ContainerEvents(docker, opts.instance, (death) => void this.died(death));
+  }
 
-  /**
-   * Watches the engine's events; call once the engine answers, and again from time to time: a
-   * stream the engine ended (it restarted) is replaced, a live one kept.
-   */
+  /** Watches the engine's events (see ContainerEvents.watch); call from time to time. */
   watch(): Promise<void> {
-    if (this.events || this.closed) return Promise.resolve();
-    this.subscribing ??= this.subscribe().finally(() => (this.subscribing = undefined));
-    return this.subscribing;
+    return this.events.watch();
   }
 
-  private async subscribe(): Promise<void> {
-    let events: Readable;
-    try {
-      events = await this.docker.events({
-        type: ["container"],
-        event: ["oom", "die"],
-        label: [`troupe.instance=${this.opts.instance}`],
-      });
-    } catch {
-      return;
-    }
-    if (this.closed) return void events.destroy();
-    this.events = events;
-    // One JSON object per line; a line may come in two chunks, so the unfinished end waits.
-    let partial = "";
-    events.on("data", (chunk: Buffer) => {
-      const lines = (partial + chunk.toString("utf8")).split("\n");
-      partial = lines.pop() ?? "";
-      for (const line of lines) {
-        if (!line.trim()) continue;
-        try {
-          const ev = JSON.parse(line) as { Action?: string; Actor?: { ID?: string } };
-          const id = ev.Actor?.ID ?? "";
-          if (ev.Action === "oom") this.oomKills.set(id, this.ooms(id) + 1);
-          if (ev.Action === "die") void this.forget(id);
-        } catch {
-          // not an event: nothing to act on
-        }
-      }
-    });
-    events.on("error", () => undefined);
-    events.on("close", () => {
-      if (this.events === events) this.events = undefined;
-    });
-  }
-
+  /** OOM kills the engine reported for this container. */
   ooms(containerId: string): number {
-    return this.oomKills.get(containerId) ?? 0;
+    return this.events.ooms(containerId);
   }
 
   /** The key's sandbox: the one it has, else one from the pool, else a new one. */
@@ -331,7 +291,7 @@ export class SandboxFleet {
       if (!why) continue;
       await this.forget(c.Id);
       this.firstSeen.delete(c.Id);
-      this.oomKills.delete(c.Id);
+      this.events.forget(c.Id);
       if (await this.remove(this.docker.getContainer(c.Id))) {
         removed++;
         this.logger.info(`removed sandbox ${name}: ${why}`, { scope: mine?.key ?? c.Labels["troupe.scope"] ?? "" });
@@ -377,7 +337,7 @@ export class SandboxFleet {
   /** Ends the engine watch and removes the pool (tenant-neutral, cheap to make again). Claimed sandboxes stay. */
   async shutdown(): Promise<void> {
     this.closed = true;
-    this.events?.destroy();
+    this.events.close();
     await this.filling;
     const pool = this.pool.splice(0);
     await Promise.all(pool.map(async (s) => (s.agent.close(), this.remove(s.container))));
@@ -408,7 +368,28 @@ export class SandboxFleet {
     }
   }
 
+  /**
+   * A container ended. One this process held that nobody removed, and whose agent did not end on
+   * the EOF we send when we let go (exit 0), died under its commands: that is worth a warning with
+   * the engine's exit code, since nothing else tells an operator why its commands were killed.
+   */
+  private async died({ id, name, exitCode }: ContainerDeath): Promise<void> {
+    const held = (await this.live()).get(id);
+    const asked = this.removing.has(id) || this.removing.has(name) || exitCode === "0";
+    if (held && !asked)
+      this.logger.warn(`sandbox ${name} ended on its own`, {
+        container: id.slice(0, 12),
+        exitCode,
+        oomKilled: this.events.ooms(id) > 0,
+        scope: this.pool.includes(held) ? "(pool)" : held.key,
+      });
+    await this.forget(id);
+  }
+
   private async remove(container: Container): Promise<boolean> {
+    // Marked for as long as its die event may take to arrive.
+    this.removing.add(container.id);
+    setTimeout(() => this.removing.delete(container.id), 30_000).unref();
     return container.remove().then(
       () => true,
       (err: { statusCode?: number; message?: string }) => {
@@ -429,6 +410,10 @@ export class SandboxFleet {
     return {
       diagnostics: (line) => this.logger.warn(`sandbox agent (${name}): ${line}`),
       connection: (socket, agent) => (this.onConnection ? this.onConnection(socket, agent) : socket.destroy()),
+      lost: (reason, runningCommands) => {
+        if (!this.closed)
+          this.logger.warn(`lost the agent connection of sandbox ${name}: ${reason}`, { runningCommands });
+      },
       broken: (reason) => {
         this.logger.error(`sandbox ${name} broke the agent protocol (${reason}); removing it`);
         void this.forget(container.id)

@@ -42,10 +42,12 @@ function connect(onConnection?: (socket: AgentSocket) => void) {
   });
   const broken: string[] = [];
   const diagnostics: string[] = [];
+  const lost: string[] = [];
   const conn = AgentConnection.over(stream, {
     diagnostics: (l) => diagnostics.push(l),
     broken: (r) => broken.push(r),
     connection: onConnection,
+    lost: (reason, running) => lost.push(`${reason} (${running} running)`),
   });
   const feed = (bytes: Buffer) => stream.push(bytes);
   /** Greets the agent as the service does, answering as a well-behaved agent would. */
@@ -57,7 +59,7 @@ function connect(onConnection?: (socket: AgentSocket) => void) {
     await hello;
   };
   const lastRequestId = () => written.at(-1)!.readUInt32BE(5);
-  return { conn, feed, greet, broken, diagnostics, written, lastRequestId };
+  return { conn, feed, greet, broken, diagnostics, lost, written, lastRequestId, stream };
 }
 
 const exitPayload = (code: number) => {
@@ -85,6 +87,32 @@ test("a well-formed exchange: hello, output within the window, exit", async () =
   assert.equal(exit, 0);
   assert.equal(c.conn.alive, true);
   assert.deepEqual(c.broken, []);
+});
+
+test("a connection the other side ends is reported lost, with its running commands; close() is not", async () => {
+  const c = connect();
+  await c.greet();
+  let lostErr: Error | undefined;
+  c.conn.exec(
+    "sleep 9",
+    { timeoutMs: 9000, maxOutputBytes: 100, windowBytes: 10 },
+    {
+      output: () => undefined,
+      exit: () => undefined,
+      lost: (err) => (lostErr = err),
+    },
+  );
+  c.stream.push(null); // the engine ends the attach
+  await new Promise((r) => setImmediate(r));
+  assert.equal(c.conn.alive, false);
+  assert.match(lostErr!.message, /connection ended/);
+  assert.deepEqual(c.lost, ["the sandbox's agent connection ended (1 running)"]);
+
+  const ours = connect();
+  await ours.greet();
+  ours.conn.close();
+  await new Promise((r) => setImmediate(r));
+  assert.deepEqual(ours.lost, []);
 });
 
 test("forged and malformed frames end the connection, never the process", async () => {

@@ -12,6 +12,7 @@ import os from "node:os";
 import path from "node:path";
 import { Engine, EngineError, engineAddress } from "../../services/sandbox/engine.js";
 import { SandboxFleet } from "../../services/sandbox/fleet.js";
+import { type ContainerDeath, ContainerEvents } from "../../services/sandbox/container-events.js";
 import { containerSpec, DEFAULT_LIMITS, type FleetOptions } from "../../services/sandbox/container-spec.js";
 import { createLogger } from "../../services/shared/log.js";
 
@@ -181,6 +182,25 @@ describe("an engine's answers", () => {
     const filters = JSON.parse(new URL(seen.at(-1)!.url!, "http://engine").searchParams.get("filters")!);
     assert.deepEqual(filters.event, ["oom", "die"]);
     await fleet.shutdown();
+  });
+
+  test("a container's end is passed on with its name and exit code; garbage lines are skipped", async () => {
+    const die = {
+      Type: "container",
+      Action: "die",
+      Actor: { ID: "c0ffee", Attributes: { name: "sbx", exitCode: "3" } },
+    };
+    answer = (_req, res) => {
+      res.writeHead(200, { "content-type": "application/json" });
+      res.write(`not json\n${JSON.stringify(die)}\n`);
+    };
+    const deaths: ContainerDeath[] = [];
+    const events = new ContainerEvents(engine, "i", (d) => deaths.push(d));
+    await events.watch();
+    const deadline = Date.now() + 2000;
+    while (deaths.length === 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 10));
+    assert.deepEqual(deaths, [{ id: "c0ffee", name: "sbx", exitCode: "3" }]);
+    events.close();
   });
 
   test("an event stream the engine ended is asked for again; a live one is kept", async () => {
