@@ -4,11 +4,13 @@
 import type { Readable } from "node:stream";
 import type { Engine } from "./engine.js";
 
-/** A container ended: its id, name, and the exit code the engine reported ("" if none). */
+/** A container ended: its id, name, the exit code the engine reported ("" if none), its scope label. */
 export interface ContainerDeath {
   id: string;
   name: string;
   exitCode: string;
+  /** The `troupe.scope` label: set on a sandbox made for its key, absent on a pooled one. */
+  scope: string;
 }
 
 export class ContainerEvents {
@@ -85,6 +87,12 @@ export class ContainerEvents {
     const id = ev.Actor?.ID ?? "";
     const attributes = ev.Actor?.Attributes ?? {};
     if (ev.Action === "oom") this.oomKills.set(id, this.ooms(id) + 1);
-    if (ev.Action === "die") this.died({ id, name: attributes.name ?? "", exitCode: attributes.exitCode ?? "" });
+    if (ev.Action === "die")
+      this.died({
+        id,
+        name: attributes.name ?? "",
+        exitCode: attributes.exitCode ?? "",
+        scope: attributes["troupe.scope"] ?? "",
+      });
   }
 }

@@ -369,19 +369,21 @@ export class SandboxFleet {
   }
 
   /**
-   * A container ended. One this process held that nobody removed, and whose agent did not end on
-   * the EOF we send when we let go (exit 0), died under its commands: that is worth a warning with
-   * the engine's exit code, since nothing else tells an operator why its commands were killed.
+   * A container ended. One nobody removed died under its commands (or in the pool): that is worth
+   * a warning with the engine's exit code, since nothing else tells an operator why its commands
+   * were killed. Decided at once, before the reaper (which may already be removing it as stopped)
+   * or anything else forgets it.
    */
-  private async died({ id, name, exitCode }: ContainerDeath): Promise<void> {
-    const held = (await this.live()).get(id);
-    const asked = this.removing.has(id) || this.removing.has(name) || exitCode === "0";
-    if (held && !asked)
+  private async died({ id, name, exitCode, scope }: ContainerDeath): Promise<void> {
+    const asked = this.removing.has(id) || this.removing.has(name);
+    const oomKilled = this.events.ooms(id) > 0;
+    const held = asked ? undefined : (await this.live()).get(id);
+    if (!asked)
       this.logger.warn(`sandbox ${name} ended on its own`, {
         container: id.slice(0, 12),
         exitCode,
-        oomKilled: this.events.ooms(id) > 0,
-        scope: this.pool.includes(held) ? "(pool)" : held.key,
+        oomKilled,
+        scope: held?.key || scope || "(pool)",
       });
     await this.forget(id);
   }

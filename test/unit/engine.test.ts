@@ -188,7 +188,7 @@ describe("an engine's answers", () => {
     const die = {
       Type: "container",
       Action: "die",
-      Actor: { ID: "c0ffee", Attributes: { name: "sbx", exitCode: "3" } },
+      Actor: { ID: "c0ffee", Attributes: { name: "sbx", exitCode: "3", "troupe.scope": "session:t.u.s" } },
     };
     answer = (_req, res) => {
       res.writeHead(200, { "content-type": "application/json" });
@@ -199,7 +199,7 @@ describe("an engine's answers", () => {
     await events.watch();
     const deadline = Date.now() + 2000;
     while (deaths.length === 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 10));
-    assert.deepEqual(deaths, [{ id: "c0ffee", name: "sbx", exitCode: "3" }]);
+    assert.deepEqual(deaths, [{ id: "c0ffee", name: "sbx", exitCode: "3", scope: "session:t.u.s" }]);
     events.close();
   });
 
