@@ -13,9 +13,9 @@ import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
 import { DEV_IDENTITY } from "../services/shared/auth.js";
 import { Status } from "../services/shared/errors.js";
 import { createClient } from "../services/shared/rpc.js";
-import { containerName, instanceOf } from "../services/sandbox/container-spec.js";
+import { instanceOf } from "../services/sandbox/container-spec.js";
 import { scopeKey } from "../services/sandbox/scope.js";
-import { exec } from "./helpers/sandbox.js";
+import { exec, sessionContainer } from "./helpers/sandbox.js";
 import { startStack, waitFor, type Stack } from "./helpers/stack.js";
 import { tempDir } from "./helpers/tempdir.js";
 
@@ -94,10 +94,7 @@ describe("sandbox service", () => {
     assert.equal(lines[2], "lo", "only the loopback interface");
     assert.match(lines[3], /Read-only file system/);
     assert.equal(lines[4], "hi");
-    const { stdout } = await run("docker", [
-      "inspect",
-      containerName(instanceOf(stack.dataDir), scopeKey("session", DEV_IDENTITY, id, "")),
-    ]);
+    const { stdout } = await run("docker", ["inspect", sessionContainer(stack.dataDir, id)]);
     const [{ HostConfig: hostConfig, Config: config }] = JSON.parse(stdout);
     const labels = config.Labels;
     const env: string[] = config.Env;
@@ -114,12 +111,10 @@ describe("sandbox service", () => {
     const listed = (await sandbox.listSandboxes({})).sandboxes.find(
       (s) => s.scopeKey === scopeKey("session", DEV_IDENTITY, id, ""),
     );
-    assert.equal(listed?.name, containerName(instanceOf(stack.dataDir), scopeKey("session", DEV_IDENTITY, id, "")));
+    assert.equal(listed?.name, sessionContainer(stack.dataDir, id));
     assert.ok(!env.some((e: string) => /OPENAI|TROUPE|SECRET|KEY/.test(e)), "no host environment");
     assert.equal((await sandbox.releaseSandbox({ sessionId: id })).removed, true);
-    await assert.rejects(
-      run("docker", ["inspect", containerName(instanceOf(stack.dataDir), scopeKey("session", DEV_IDENTITY, id, ""))]),
-    );
+    await assert.rejects(run("docker", ["inspect", sessionContainer(stack.dataDir, id)]));
     sandbox.close();
   });
 
@@ -170,7 +165,7 @@ describe("sandbox service", () => {
       "inspect",
       "--format",
       "{{.HostConfig.Runtime}}",
-      containerName(instanceOf(gv.dataDir), scopeKey("session", DEV_IDENTITY, id, "")),
+      sessionContainer(gv.dataDir, id),
     ]);
     assert.equal(stdout.trim(), "runsc");
     await sandbox.releaseSandbox({ sessionId: id });
@@ -220,7 +215,7 @@ describe("sandbox service", () => {
       const busy = exec(sandbox, "reap-1", "sleep 3; echo slept", { timeoutMs: 10_000 });
       // The sandbox exists while its command runs (made on first use: under load, not within a
       // fixed 500 ms, which once failed in CI).
-      const name = containerName(mine, scopeKey("session", DEV_IDENTITY, "reap-1", ""));
+      const name = sessionContainer(dataDir, "reap-1");
       await waitFor("the busy sandbox to exist", () => exists(name), 2500, 100);
       assert.match((await busy).out, /slept/, "a command running past the idle time is not cut short");
       // A busy loop left behind is no command: it does not keep the sandbox, and goes with it.

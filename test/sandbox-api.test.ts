@@ -15,7 +15,7 @@ import { scopeKey } from "../services/sandbox/scope.js";
 import { Status } from "../services/shared/errors.js";
 import { createClient } from "../services/shared/rpc.js";
 import { containerName, instanceOf } from "../services/sandbox/container-spec.js";
-import { exec, failsWith, type SandboxClient } from "./helpers/sandbox.js";
+import { exec, failsWith, type SandboxClient, sessionContainer } from "./helpers/sandbox.js";
 import { MAIN, startStack, waitFor, type Stack, sandboxContainers } from "./helpers/stack.js";
 import { tempDir } from "./helpers/tempdir.js";
 
@@ -505,7 +505,7 @@ describe("sandbox abuse and accounting (runc)", () => {
     assert.equal((await exec(sandbox, "abuse-agent", "cat f")).out, "x", "the same sandbox serves on");
     // Killed from outside (the engine), the agent takes only its own sandbox along, and the
     // service says so with the engine's exit code (nothing else tells an operator why).
-    const name = containerName(instanceOf(stack.dataDir), scopeKey("session", DEV_IDENTITY, "abuse-agent", ""));
+    const name = sessionContainer(stack.dataDir, "abuse-agent");
     await run("docker", ["kill", name]);
     await waitFor("the warning", async () => stack.logs().includes(`sandbox ${name} ended on its own`), 10_000, 50);
     const warning = stack
@@ -537,7 +537,7 @@ describe("sandbox abuse and accounting (runc)", () => {
     // A release is asked for: its container's end is no warning.
     await new Promise((r) => setTimeout(r, 500));
     for (const id of ["leak-1", "leak-2", "leak-3"]) {
-      const name = containerName(instanceOf(stack.dataDir), scopeKey("session", DEV_IDENTITY, id, ""));
+      const name = sessionContainer(stack.dataDir, id);
       assert.ok(!stack.logs().includes(`sandbox ${name} ended on its own`), `${id} was released, not lost`);
     }
     await stack.kill("sandbox");

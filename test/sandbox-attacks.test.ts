@@ -17,10 +17,8 @@ import {
 import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
 import { DEV_IDENTITY } from "../services/shared/auth.js";
 import { createClient } from "../services/shared/rpc.js";
-import { exec, type ExecResult, type SandboxClient } from "./helpers/sandbox.js";
+import { exec, type ExecResult, type SandboxClient, sessionContainer } from "./helpers/sandbox.js";
 import { startStack, type Stack } from "./helpers/stack.js";
-import { containerName, instanceOf } from "../services/sandbox/container-spec.js";
-import { scopeKey } from "../services/sandbox/scope.js";
 
 const run = promisify(execFile);
 
@@ -491,7 +489,7 @@ for (const runtime of ["runc", "runsc"] as const) {
       const id = `atk-${runtime}-30-measured`;
       const burn = exec(sandbox, id, "for i in 1 2 3; do (while :; do :; done) & done; sleep 8", { timeoutMs: 8000 });
       await new Promise((r) => setTimeout(r, 2500));
-      const name = containerName(instanceOf(stack.dataDir), scopeKey("session", DEV_IDENTITY, id, ""));
+      const name = sessionContainer(stack.dataDir, id);
       const { stdout } = await run("docker", ["stats", "--no-stream", "--format", "{{.CPUPerc}}", name]);
       const percent = Number.parseFloat(stdout);
       assert.ok(percent > 50 && percent < 135, `the burn used ${stdout.trim()} of a CPU`);

@@ -1,11 +1,18 @@
 // Running a command through the sandbox service, for tests: its whole output and exit status;
-// and asserting a call fails with a status.
+// asserting a call fails with a status; and the container a test session's sandbox runs in.
 import assert from "node:assert/strict";
+import { containerName, instanceOf } from "../../services/sandbox/container-spec.js";
+import { scopeKey } from "../../services/sandbox/scope.js";
+import { DEV_IDENTITY } from "../../services/shared/auth.js";
 import { Status } from "../../services/shared/errors.js";
 import type { SandboxService, ExecExit } from "../../services/shared/gen/troupe/v1/sandbox_pb.js";
 import type { ServiceClient } from "../../services/shared/rpc.js";
 
 export type SandboxClient = ServiceClient<(typeof SandboxService)["method"]>;
+
+/** The container name the service gives the sandbox of a session of the dev identity, under a data directory. */
+export const sessionContainer = (dataDir: string, sessionId: string): string =>
+  containerName(instanceOf(dataDir), scopeKey("session", DEV_IDENTITY, sessionId, ""));
 
 export interface ExecResult {
   /** stdout and stderr as they came, decoded as UTF-8. */
