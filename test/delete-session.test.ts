@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import { mkdir, mkdtemp, rm, utimes, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
-import { sessionLogPath } from "../services/runner/session-log.js";
+import { sessionLogPath } from "../services/runner/jsonl-session-store.js";
 import { refOf } from "../services/shared/session-ref.js";
 import { Status } from "../services/shared/errors.js";
 import { MemoryService } from "../services/shared/gen/troupe/v1/memory_pb.js";

@@ -1,7 +1,7 @@
 // One live actor per session with two runners sharing a store: the router places sessions, the
 // store's lease refuses a second activation (and the gateway follows the refusal to the owner),
 // and an owner presumed dead is fenced: what it writes after the takeover does not count.
-import { sessionLogPath } from "../services/runner/session-log.js";
+import { sessionLogPath } from "../services/runner/jsonl-session-store.js";
 import { refOf } from "../services/shared/session-ref.js";
 import { DEV_IDENTITY } from "../services/shared/auth.js";
 import { after, before, test } from "node:test";

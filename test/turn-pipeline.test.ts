@@ -2,7 +2,7 @@
 // fallback, tools and hooks, through real processes and the scripted model; the operator files are
 // in helpers/turn-stack.ts. Where a turn's input comes from (safety, sub-agents, triggers):
 // turn-inputs.test.ts.
-import { sessionLogPath } from "../services/runner/session-log.js";
+import { sessionLogPath } from "../services/runner/jsonl-session-store.js";
 import { refOf } from "../services/shared/session-ref.js";
 import { DEV_IDENTITY } from "../services/shared/auth.js";
 import { after, before, describe, test } from "node:test";

@@ -21,7 +21,8 @@ import { InMemoryScheduleStore, InMemorySessionStore } from "./in-memory-store.j
 import { FileProfileStore, InMemoryProfileStore, type ProfileStore } from "./profile-store.js";
 import { FileScheduleStore, type ScheduleStore } from "./schedule-files.js";
 import type { Owner } from "./session-lease.js";
-import { JsonlSessionStore, type SessionStore } from "./session-log.js";
+import { JsonlSessionStore } from "./jsonl-session-store.js";
+import type { SessionStore } from "./session-log.js";
 
 export interface RunnerStorage {
   readonly sessions: SessionStore;

@@ -2,7 +2,7 @@
 // while the runner is killed (SIGKILL) three times (soak-traffic.ts has the clients and checks).
 import { readFile } from "node:fs/promises";
 import { after, before, test } from "node:test";
-import { sessionLogPath } from "../../services/runner/session-log.js";
+import { sessionLogPath } from "../../services/runner/jsonl-session-store.js";
 import { DEV_IDENTITY } from "../../services/shared/auth.js";
 import { refOf } from "../../services/shared/session-ref.js";
 import { startStack, type Stack } from "../helpers/stack.js";
