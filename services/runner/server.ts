@@ -13,25 +13,13 @@ import {
 } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
 import { modelBaseUrl } from "../shared/config.js";
-import {
-  Status,
-  invalidArgument,
-  invalidArgumentIf,
-  resourceExhausted,
-  toStatus,
-  type RpcError,
-} from "../shared/errors.js";
+import { invalidArgument, invalidArgumentIf } from "../shared/errors.js";
 import { triggerFrameId, validateFrame } from "../shared/frames.js";
 import { MemoryService } from "../shared/gen/troupe/v1/memory_pb.js";
 import { RouterService } from "../shared/gen/troupe/v1/router_pb.js";
-import { AttachResponseSchema, RunnerService, type AttachRequest } from "../shared/gen/troupe/v1/runner_pb.js";
+import { RunnerService } from "../shared/gen/troupe/v1/runner_pb.js";
 import { SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
-import {
-  ClientFrameSchema,
-  QueueMode,
-  SessionInfoSchema,
-  type AgentEvent,
-} from "../shared/gen/troupe/v1/session_pb.js";
+import { ClientFrameSchema, QueueMode, SessionInfoSchema } from "../shared/gen/troupe/v1/session_pb.js";
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import type { Logger } from "../shared/log.js";
 import type { RunningService } from "../shared/service.js";
@@ -43,9 +31,7 @@ import { loadProviders, singleProvider } from "../shared/providers.js";
 import { registerWithRouter } from "./registration.js";
 import { clearSessionParts, startRetention } from "./retention.js";
 import { ProviderModels } from "./provider-models.js";
-import type { EventSubscriber } from "./event-journal.js";
 import type { SessionActor } from "./session-actor.js";
-import { FrameRefused } from "./mailbox.js";
 import { fileStorage, pgStorage } from "./storage.js";
 import { SessionRegistry } from "./session-registry.js";
 import { AgentConfigs, sessionModel } from "./agent-config.js";
@@ -59,67 +45,11 @@ import { configureFailpoints } from "./failpoints.js";
 import { runDepsFor } from "./run-deps.js";
 import { observeLearning, observeSessions } from "./runner-metrics.js";
 import { operatorCalls } from "./operator-calls.js";
-import { attachEventBytes } from "./event-bytes.js";
+import { attachHandler } from "./attach-stream.js";
 import { BackgroundProcesses } from "./background.js";
 import { Secrets } from "./web-tools.js";
 import { DEFAULT_NET_POLICY } from "../shared/net-guard.js";
 import { TenantQuotas } from "../shared/quotas.js";
-
-/** A subscriber that stops taking events for this long is cut off (it can resume by seq). */
-const SLOW_SUBSCRIBER_MS = 30_000;
-
-/** Writes events to one gRPC stream, and reports when the stream is full. */
-class StreamSubscriber<M> implements EventSubscriber {
-  private waiting?: Promise<void>;
-  private closed = false;
-  private lastSeq = 0;
-
-  constructor(
-    private readonly call: grpc.ServerWritableStream<unknown, M> | grpc.ServerDuplexStream<unknown, M>,
-    private readonly wrap: (event: AgentEvent) => M,
-  ) {
-    const close = () => (this.closed = true);
-    call.once("cancelled", close);
-    call.once("close", close);
-  }
-
-  send(event: AgentEvent): void {
-    if (this.closed || this.call.writableEnded) return;
-    this.lastSeq = Number(event.seq);
-    if (this.call.write(this.wrap(event)) || this.waiting) return;
-    this.waiting = new Promise<void>((resolve) => {
-      const done = () => {
-        clearTimeout(timer);
-        this.call.removeListener("drain", done);
-        this.call.removeListener("close", done);
-        this.waiting = undefined;
-        resolve();
-      };
-      const timer = setTimeout(() => {
-        this.closed = true;
-        const status = toStatus(
-          resourceExhausted(
-            `this stream stopped reading for ${SLOW_SUBSCRIBER_MS} ms; resume with Subscribe(after_seq=${this.lastSeq})`,
-          ),
-        );
-        this.call.emit("error", status);
-        done();
-      }, SLOW_SUBSCRIBER_MS);
-      this.call.once("drain", done);
-      this.call.once("close", done);
-    });
-  }
-
-  pressure(): Promise<void> | undefined {
-    return this.closed ? undefined : this.waiting;
-  }
-
-  close(err: RpcError): void {
-    if (this.closed) return;
-    this.closed = true;
-    this.call.emit("error", toStatus(err));
-  }
-}
 
 function pageParams(pageSize: number, pageToken: string): { size: number; offset: number } {
   if (pageSize < 0 || pageSize > 1000) throw invalidArgument("page_size must be between 0 and 1000");
@@ -269,89 +199,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
 
   const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes, authenticate: credentials.authenticate });
   server.add(RunnerService, {
-    attach(call) {
-      let opened: Promise<SessionActor> | undefined;
-      let subscriber: StreamSubscriber<unknown> | undefined;
-      let failed = false;
-      let detached = false;
-      const inflight = new Set<Promise<unknown>>();
-      const fail = (err: unknown) => {
-        if (failed || detached || call.cancelled) return;
-        failed = true;
-        if (toStatus(err).code === Status.INTERNAL)
-          logger.error("session stream failed", { error: String((err as Error)?.stack ?? err) });
-        call.emit("error", toStatus(err));
-      };
-      const detach = () => {
-        if (opened && subscriber) {
-          const sub = subscriber;
-          opened.then(
-            (actor) => actor.detach(sub),
-            () => undefined,
-          );
-        }
-      };
-      call.on("data", (req: AttachRequest) => {
-        try {
-          if (req.detach) {
-            // The client left: end cleanly (no reset); the session itself goes on.
-            detached = true;
-            detach();
-            if (!failed && !call.cancelled) call.end();
-            return;
-          }
-          const frame = req.frame;
-          if (!opened) {
-            validateFrame(frame, false);
-            if (frame.kind.case !== "open") return;
-            const open = frame.kind.value;
-            opened = registry
-              .open(open, identityOf(call.metadata), frame.frameId)
-              .then(async ({ actor, opened: info }) => {
-                if (detached) return actor;
-                call.write(create(AttachResponseSchema, { kind: { case: "opened", value: info } }));
-                // Bytes already encoded: the adapter writes them as they are (event-bytes.ts).
-                subscriber = new StreamSubscriber(
-                  call as unknown as grpc.ServerDuplexStream<unknown, Uint8Array>,
-                  attachEventBytes,
-                );
-                await actor.attach(
-                  subscriber,
-                  open.replayAfterSeq === undefined ? undefined : Number(open.replayAfterSeq),
-                );
-                if (detached) actor.detach(subscriber);
-                return actor;
-              });
-            opened.catch(fail);
-            return;
-          }
-          validateFrame(frame, true);
-          const traceContext = context.active();
-          const admitted = opened.then((actor) => actor.submit(frame, traceContext));
-          inflight.add(admitted);
-          // A refused frame does not end the stream: the session already told it why, by event.
-          admitted.catch((err) => err instanceof FrameRefused || fail(err)).finally(() => inflight.delete(admitted));
-        } catch (err) {
-          fail(err);
-        }
-      });
-      // The gateway half-closes when its client does: finish once the session has nothing left to do.
-      call.on("end", () => {
-        if (detached) return;
-        (opened ?? Promise.reject(new Error("no open frame")))
-          .then(async (actor) => {
-            // Frames sent just before the half-close are admitted first, so their runs count.
-            await Promise.allSettled(inflight);
-            await actor.whenIdle();
-          })
-          .then(
-            () => !failed && !call.cancelled && !detached && call.end(),
-            () => !failed && !call.cancelled && !detached && call.end(),
-          );
-      });
-      call.on("cancelled", detach);
-      call.on("close", detach);
-    },
+    attach: attachHandler(registry, logger),
 
     async ensureSession(req, call) {
       if (!req.open) throw invalidArgument("open is required");
