@@ -2,9 +2,8 @@
 // container, over the container's attached stdin and stdout, carrying framed requests and replies.
 // A command costs a frame each way instead of a Docker API exec.
 //
-// Frames: u32 length (of what follows), u8 type, u32 request id, payload; big-endian. Docker wraps
-// the container's output in its own 8-byte headers (stream, length), unwrapped here first; the
-// agent's stderr is diagnostics only.
+// The frames are agent-frames.ts's. Docker wraps the container's output in its own 8-byte headers
+// (stream, length), unwrapped here first; the agent's stderr is diagnostics only.
 //
 // The other end is inside a sandbox, so this side trusts nothing it reads: every length is
 // checked against a cap and against what is there before anything is read, output beyond the
@@ -17,38 +16,9 @@ import { AgentSockets, type AgentSocket, type NetRep } from "./agent-socket.js";
 import type { EgressState } from "./egress-proxy.js";
 import { AgentDiagnostics } from "./agent-diagnostics.js";
 import { ChunkWait } from "./chunk-wait.js";
+import { AGENT_VERSION, MAX_DOCKER_CHUNK, MAX_FRAME, Rep, Req, SYNC_MAGIC, frame, u32 } from "./agent-frames.js";
 
-export const AGENT_VERSION = "troupe-agent/1";
-const SYNC_MAGIC = Buffer.from("\0TRPSYNC", "latin1");
 const HELLO_TIMEOUT_MS = 5000;
-/** The largest frame either side sends: a 16 MiB file plus its header (MAX_FRAME in the agent). */
-export const MAX_FRAME = 17 << 20;
-/** Docker's own chunks of the container's output are far smaller; anything larger is not Docker. */
-const MAX_DOCKER_CHUNK = MAX_FRAME + 64 * 1024;
-
-enum Req {
-  Hello = 1,
-  Claim = 2,
-  Exec = 3,
-  Stdin = 4,
-  StdinClose = 5,
-  Signal = 6,
-  Credit = 7,
-  KillAll = 8,
-  Read = 9,
-  Write = 10,
-  List = 11,
-}
-
-enum Rep {
-  Hello = 64,
-  Ok = 65,
-  Err = 66,
-  Out = 67,
-  Exit = 68,
-  File = 69,
-  Listing = 70,
-}
 
 /** A failed request, with the errno the agent met (ENOENT, EXDEV for a link leading out, ...). */
 export class AgentError extends Error {
@@ -152,21 +122,6 @@ export async function within<T>(work: Promise<T>, ms: number, onTimeout: () => E
     clearTimeout(timer);
   }
 }
-
-function frame(type: number, id: number, ...parts: Uint8Array[]): Buffer {
-  const len = parts.reduce((n, p) => n + p.length, 0);
-  const head = Buffer.alloc(9);
-  head.writeUInt32BE(5 + len, 0);
-  head.writeUInt8(type, 4);
-  head.writeUInt32BE(id, 5);
-  return Buffer.concat([head, ...parts]);
-}
-
-const u32 = (v: number) => {
-  const b = Buffer.alloc(4);
-  b.writeUInt32BE(v >>> 0);
-  return b;
-};
 
 export class AgentConnection {
   private nextId = 1;

@@ -6,7 +6,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { Duplex } from "node:stream";
-import { AgentConnection, AgentGone, MAX_FRAME } from "../../services/sandbox/agent-connection.js";
+import { AgentConnection, AgentGone } from "../../services/sandbox/agent-connection.js";
+import { MAX_FRAME } from "../../services/sandbox/agent-frames.js";
 import { escapeDiagnostic } from "../../services/sandbox/agent-diagnostics.js";
 import { type AgentSocket, MAX_CONNECTIONS, NET_WINDOW, NetRep, NetReq } from "../../services/sandbox/agent-socket.js";
 
