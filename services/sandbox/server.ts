@@ -1,48 +1,42 @@
 // The sandbox service: untrusted tool code in hardened containers (fleet.ts), run by the agent
 // inside each one (agent-connection.ts). This file is the gRPC face: it validates requests, maps
-// them to a sandbox by scope key, streams output with backpressure, and turns what the agent
-// reports into statuses a caller can act on.
+// them to a sandbox by scope key, and turns what the agent reports into statuses a caller can act
+// on; a command's output streams back by exec-stream.ts.
 //
 // Every process in a sandbox runs as one unprivileged user, the agent included; the agent's
 // kill(-1) therefore reaches every process a command started, however it forked, detached or
 // masked signals, and needs no new process to do it. An agent that does not answer is not
 // trusted to: after KILL_TIMEOUT_MS its container is removed instead.
-import { randomUUID } from "node:crypto";
-import { create } from "@bufbuild/protobuf";
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import { identityOf, internalCredentials, internalServing } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
 import { failedPrecondition, invalidArgumentIf, notFound, unavailable } from "../shared/errors.js";
-import { instruments, secondsSince } from "../shared/metrics.js";
-import { ExecResponseSchema, FileType, SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
+import { instruments } from "../shared/metrics.js";
+import { FileType, SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
 import { isAgentId, isSessionId } from "../shared/ids.js";
 import { TenantQuotas } from "../shared/quotas.js";
 import { RateLimited } from "../shared/rate.js";
 import { scopeKey as sandboxScopeKey, tenantOfScopeKey } from "./scope.js";
 import type { Logger } from "../shared/log.js";
-import { RpcServer, ServingStatus, write, type grpc } from "../shared/rpc.js";
+import { RpcServer, ServingStatus, type grpc } from "../shared/rpc.js";
 import type { RunningService } from "../shared/service.js";
-import { AgentError, AgentGone, within, type AgentExit, type RunningExec } from "./agent-connection.js";
+import { AgentError, AgentGone, within } from "./agent-connection.js";
 import { SandboxFleet, type Sandbox } from "./fleet.js";
+import { execHandler, type RunningCommand } from "./exec-stream.js";
 import { EgressProxy } from "./egress-proxy.js";
 import { Engine, engineAddress } from "./engine.js";
 import { DEFAULT_NET_POLICY } from "../shared/net-guard.js";
 import { DEFAULT_LIMITS, instanceOf } from "./container-spec.js";
 import {
-  DEFAULT_EGRESS_BUDGET,
   DEFAULT_LIST_ENTRIES,
-  DEFAULT_OUTPUT_BYTES,
   DEFAULT_READ_BYTES,
   MAX_LIST_ENTRIES,
   MAX_STDIN_WRITE,
   SIGNALS,
   agentStatus,
-  validateExec,
   workspacePath,
 } from "./requests.js";
 
-/** Output the agent may send ahead of what the caller has taken. */
-const OUTPUT_WINDOW_BYTES = 256 * 1024;
 const KILL_TIMEOUT_MS = 3000;
 const FILE_OP_TIMEOUT_MS = 15_000;
 
@@ -143,7 +137,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
   };
 
   /** Running commands by the id the caller got, for SignalExec. */
-  const running = new Map<string, { key: string; exec: RunningExec; agent: Sandbox["agent"]; stdinOpen: boolean }>();
+  const running = new Map<string, RunningCommand>();
 
   /** A file request: the key's sandbox, the agent's answer within a deadline, errors as statuses. */
   const fileOp = async <T>(
@@ -170,122 +164,16 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
   };
 
   server.add(SandboxService, {
-    async exec(call) {
-      const req = call.request;
-      const key = scopeKey(req, call);
-      validateExec(req);
-      const hosts = req.egress?.allowHosts ?? [];
-      await requireEngine();
-      const timeoutMs = req.timeoutMs || cfg.execTimeoutMs;
-
-      // Output waits here for the caller; the agent sends at most a window ahead of it.
-      const queue: { stream: "stdout" | "stderr"; data: Buffer }[] = [];
-      let outcome: { exit: AgentExit } | { lost: Error } | undefined;
-      let wake: (() => void) | undefined;
-      const handlers = {
-        output: (stream: "stdout" | "stderr", data: Buffer) => (queue.push({ stream, data }), wake?.()),
-        exit: (exit: AgentExit) => ((outcome = { exit }), wake?.()),
-        lost: (err: Error) => ((outcome = { lost: err }), wake?.()),
-      };
-      const options = {
-        timeoutMs,
-        maxOutputBytes: req.maxOutputBytes || DEFAULT_OUTPUT_BYTES,
-        windowBytes: OUTPUT_WINDOW_BYTES,
-        stdin: req.stdin,
-        openStdin: req.openStdin,
-        proxy: hosts.length > 0,
-      };
-      // get() hands out only sandboxes whose agent connection is alive; one that dies from here
-      // on reports the command as lost (killed), below.
-      requireRoom(key, call);
-      const sandbox = await fleet.get(key);
-      // This command's grant is the sandbox's from now on (its budget runs over the sandbox's life).
-      sandbox.agent.egress.hosts = hosts;
-      sandbox.agent.egress.budgetBytes = Number(req.egress?.budgetBytes || DEFAULT_EGRESS_BUDGET);
-      const exec = sandbox.agent.exec(req.command, options, handlers);
-      sandbox.lastUsed = Date.now();
-      // A monotonic clock: a wall-clock step (NTP) must not make a command's duration negative.
-      const started = performance.now();
-      const oomsBefore = fleet.ooms(sandbox.id);
-      const execId = randomUUID();
-      running.set(execId, { key, exec, agent: sandbox.agent, stdinOpen: req.openStdin });
-
-      let cancelled = false;
-      let fellBack = false;
-      // Only while the command runs: grpc-js may also report a call it ended itself (with an
-      // error status) as cancelled, and that must not kill the sandbox's other commands.
-      const onCancelled = () => {
-        cancelled = true;
-        wake?.();
-        void killAll(sandbox);
-      };
-      call.once("cancelled", onCancelled);
-      // The agent ends a command at its timeout; if it has not reported by a while after, it is
-      // not trusted to, and the container goes.
-      const fallback = setTimeout(() => {
-        fellBack = true;
-        void fleet.discard(sandbox, "its agent did not end a command at its timeout");
-      }, timeoutMs + KILL_TIMEOUT_MS);
-      try {
-        const first = write(call, create(ExecResponseSchema, { kind: { case: "started", value: { execId } } }));
-        if (first) await first;
-        while (!cancelled) {
-          const part = queue.shift();
-          if (part) {
-            const wait = write(call, create(ExecResponseSchema, { kind: { case: part.stream, value: part.data } }));
-            if (wait) await wait;
-            exec.credit(part.data.length);
-          } else if (outcome) break;
-          else await new Promise<void>((resolve) => (wake = resolve));
-        }
-      } finally {
-        clearTimeout(fallback);
-        running.delete(execId);
-        call.removeListener("cancelled", onCancelled);
-      }
-      if (cancelled) return;
-
-      let exit: AgentExit;
-      if ("lost" in outcome!) {
-        // A command that could not start is the caller's error to see; one whose sandbox ended
-        // under it (killed by the engine, or by us) reports as killed.
-        if (outcome.lost instanceof AgentError) throw agentStatus(outcome.lost, "exec");
-        exit = { exitCode: 137, signal: 9, timedOut: fellBack, truncated: false };
-      } else exit = outcome!.exit;
-      // A SIGKILL we did not send: give the engine's OOM event time to arrive (it comes on the
-      // events stream, late when the machine is busy: 250 ms once missed it under load).
-      const oomDeadline = Date.now() + 2000;
-      while (
-        exit.exitCode === 137 &&
-        !exit.timedOut &&
-        fleet.ooms(sandbox.id) === oomsBefore &&
-        Date.now() < oomDeadline
-      )
-        await new Promise((r) => setTimeout(r, 50));
-      call.write(
-        create(ExecResponseSchema, {
-          kind: {
-            case: "exit",
-            value: {
-              exitCode: exit.exitCode,
-              timedOut: exit.timedOut,
-              truncated: exit.truncated,
-              oomKilled: fleet.ooms(sandbox.id) > oomsBefore,
-              durationMs: Math.round(performance.now() - started),
-            },
-          },
-        }),
-      );
-      call.end();
-      const ended = exit.timedOut
-        ? "timeout"
-        : exit.exitCode === 0
-          ? "ok"
-          : exit.exitCode === 137
-            ? "killed"
-            : "failed";
-      instruments().execDuration.record(secondsSince(started), { "troupe.exec.outcome": ended });
-    },
+    exec: execHandler({
+      fleet,
+      running,
+      execTimeoutMs: cfg.execTimeoutMs,
+      killTimeoutMs: KILL_TIMEOUT_MS,
+      scopeKey,
+      requireEngine,
+      requireRoom,
+      killAll,
+    }),
 
     async writeStdin(req, call) {
       const key = scopeKey(req, call);
