@@ -1,7 +1,8 @@
 // The one ModelClient the loop sees over every provider (shared/providers.ts): each request goes
 // to the provider its model names, so a fallback chain may leave a provider that is down.
 import { resolveModel, type ProviderKind, type ProviderSpec, type Providers } from "../shared/providers.js";
-import { ModelError, OpenAIModelClient, type ModelChunk, type ModelClient, type ModelRequest } from "./model.js";
+import { OpenAIModelClient } from "./chat-completions-model.js";
+import { ModelError, type ModelChunk, type ModelClient, type ModelRequest } from "./model.js";
 import { OpenAIResponsesClient } from "./responses-model.js";
 import { AnthropicModelClient } from "./anthropic-model.js";
 

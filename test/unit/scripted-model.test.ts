@@ -3,7 +3,8 @@ import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import OpenAI from "openai";
 import { startScriptedModelServer, type RunningModelServer } from "../../services/dev/scripted-model/server.js";
-import { OpenAIModelClient, ModelError, type ModelChunk } from "../../services/runner/model.js";
+import { OpenAIModelClient } from "../../services/runner/chat-completions-model.js";
+import { ModelError, type ModelChunk } from "../../services/runner/model.js";
 
 let server: RunningModelServer;
 let openai: OpenAI;
