@@ -307,6 +307,12 @@ try {
     console.log(
       `troupe: CPU per 1,000 tokens delivered: gateway ${perToken(gatewayMs)} ms, runner ${perToken(runnerMs)} ms, model server ${perToken(modelMs)} ms, this client ${perToken(clientMs)} ms`,
     );
+    // Delivered tokens/s is over the whole run, each session's start and end included; this says
+    // whether any token was missing, and how long the run took beside the streams' own length.
+    const wallS = troupe.latencies.length / troupe.tokensPerS;
+    console.log(
+      `troupe: ${troupe.latencies.length} of ${n * count} tokens arrived, in ${wallS.toFixed(1)} s for streams of ${seconds} s (raw grpc-js: ${(rawPaced.latencies.length / rawPaced.tokensPerS).toFixed(1)} s)`,
+    );
     if (troupe.failures.length > 0)
       console.log(`troupe: ${troupe.failures.length} of ${n} streams did not complete, e.g. ${troupe.failures[0]}`);
     result.paced_p50_ms = p50.toFixed(1);

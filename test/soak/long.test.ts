@@ -156,6 +156,31 @@ async function client(w: number, until: number, failures: string[]): Promise<Rec
   return done;
 }
 
+/**
+ * One tool call in each client's five long-lived sessions, before the warm-up. The sandbox service
+ * holds a connection to every live sandbox, so a session first given one after the warm-up's
+ * sample would read as a descriptor leak: a CI run's 12-s warm-up reached three of each client's
+ * five sessions with a tool call, and the sandbox service went from 45 to 50 descriptors.
+ */
+async function primeSandboxes(failures: string[]): Promise<void> {
+  await Promise.all(
+    Array.from({ length: CLIENTS }, async (_, w) => {
+      for (let k = 0; k < 5; k++) {
+        const s = new ChatSession(gateway);
+        try {
+          s.open(`long-${w}-${k}`);
+          await s.waitOpened();
+          await s.turn(`$ echo prime-${w}-${k}`);
+        } catch (err) {
+          failures.push(`long-${w}-${k} prime: ${(err as Error).message.slice(0, 300)}`);
+        } finally {
+          await s.finish().catch(() => s.close());
+        }
+      }
+    }),
+  );
+}
+
 async function traffic(seconds: number, failures: string[]): Promise<Record<string, number>> {
   const until = Date.now() + seconds * 1000;
   const counts: Record<string, number> = {};
@@ -187,6 +212,7 @@ test(`soak-long: ${SECONDS} s of mixed traffic; peak RSS grows at most ${RSS_GRO
       ),
     SAMPLE_MS,
   );
+  await primeSandboxes(failures);
   const warm = await traffic(WARMUP_S, failures);
   await new Promise((r) => setTimeout(r, SETTLE_MS));
   const idleAfterWarmup = await sample(t0);
