@@ -1,5 +1,6 @@
 // What the sandbox service accepts and answers: request limits and their checks, the workspace
-// path a request may name, and the statuses an agent's failures become. server.ts applies them.
+// path a request may name, and the statuses an agent's failures become. server.ts and
+// exec-stream.ts apply them.
 import { type ExecRequest, Signal } from "../shared/gen/troupe/v1/sandbox_pb.js";
 import { RpcError, Status, invalidArgumentIf, unavailable } from "../shared/errors.js";
 import { AgentError, AgentGone } from "./agent-connection.js";
