@@ -411,8 +411,8 @@ const ATTACKS: Attack[] = [
  * The release after an attack is its cleanup, not what it tests (the leftovers check at the end
  * of the run finds any container a release missed). Removing a gVisor sandbox that a bomb filled
  * can take the engine long on a loaded machine: over the 10 s default deadline once in CI, and
- * over 30 s once in about a dozen CI runs after the fork bomb (#1), against at most 7 s usually. The
- * runner gives a release 30 s and then leaves the sandbox to its idle timeout.
+ * over 30 s once in about a dozen CI runs after the fork bomb (#1), against at most 7 s usually.
+ * The runner gives a release 30 s and then leaves the sandbox to its idle timeout.
  */
 const RELEASE = { timeoutMs: 90_000 };
 

@@ -33,6 +33,9 @@ const RSS_GROWTH = SECONDS >= 1800 ? 0.1 : 1.0;
 /** A pause between a client's actions: steady traffic that leaves the machine room to breathe. */
 const PAUSE_MS = Number(process.env.SOAK_LONG_PAUSE_MS ?? 100);
 const FD_SLACK = 4;
+/** Each client keeps this many sessions for the whole run (and now and then opens a new one). */
+const LONG_SESSIONS = 5;
+const longSession = (w: number, k: number) => `long-${w}-${k}`;
 const SERVICES = ["gateway", "router", "runner", "memory", "sandbox"] as const;
 
 let dataDir: string;
@@ -112,8 +115,7 @@ async function client(w: number, until: number, failures: string[]): Promise<Rec
   const done: Record<string, number> = {};
   for (let i = 0; Date.now() < until; i++) {
     const action = ["chat", "tool", "remember", "recall", "steer", "abort"][(i + w) % 6];
-    // Five long-lived sessions per client, and now and then a new one.
-    const sessionId = i % 7 === 6 ? `long-${w}-new-${i}` : `long-${w}-${i % 5}`;
+    const sessionId = i % 7 === 6 ? `long-${w}-new-${i}` : longSession(w, i % LONG_SESSIONS);
     const s = new ChatSession(gateway);
     try {
       s.open(sessionId);
@@ -157,7 +159,7 @@ async function client(w: number, until: number, failures: string[]): Promise<Rec
 }
 
 /**
- * One tool call in each client's five long-lived sessions, before the warm-up. The sandbox service
+ * One tool call in each client's long-lived sessions, before the warm-up. The sandbox service
  * holds a connection to every live sandbox, so a session first given one after the warm-up's
  * sample would read as a descriptor leak: a CI run's 12-s warm-up reached three of each client's
  * five sessions with a tool call, and the sandbox service went from 45 to 50 descriptors.
@@ -165,14 +167,14 @@ async function client(w: number, until: number, failures: string[]): Promise<Rec
 async function primeSandboxes(failures: string[]): Promise<void> {
   await Promise.all(
     Array.from({ length: CLIENTS }, async (_, w) => {
-      for (let k = 0; k < 5; k++) {
+      for (let k = 0; k < LONG_SESSIONS; k++) {
         const s = new ChatSession(gateway);
         try {
-          s.open(`long-${w}-${k}`);
+          s.open(longSession(w, k));
           await s.waitOpened();
           await s.turn(`$ echo prime-${w}-${k}`);
         } catch (err) {
-          failures.push(`long-${w}-${k} prime: ${(err as Error).message.slice(0, 300)}`);
+          failures.push(`${longSession(w, k)} prime: ${(err as Error).message.slice(0, 300)}`);
         } finally {
           await s.finish().catch(() => s.close());
         }
