@@ -136,7 +136,14 @@ describe("bad input at the gateway", () => {
     await assert.rejects(stack.gateway.createSession({ sessionId: "ok", agentId: "Not Valid" }), {
       code: Status.INVALID_ARGUMENT,
     });
-    await assert.rejects(stack.gateway.getHistory({ sessionId: "x", pageSize: -1 }), { code: Status.INVALID_ARGUMENT });
+  });
+
+  test("a page size out of range or a page token not issued: INVALID_ARGUMENT, from every paged method", async () => {
+    const bad = { code: Status.INVALID_ARGUMENT };
+    await assert.rejects(stack.gateway.getHistory({ sessionId: "x", pageSize: -1 }), bad);
+    await assert.rejects(stack.gateway.getHistory({ sessionId: "x", pageToken: "1e3" }), bad);
+    await assert.rejects(stack.gateway.listSessions({ pageSize: 1001 }), bad);
+    await assert.rejects(stack.gateway.listSessions({ pageToken: "-5" }), bad);
   });
 
   test("a message over the configured size: RESOURCE_EXHAUSTED, and the stream's session survives", async () => {

@@ -5,7 +5,7 @@
 import { create } from "@bufbuild/protobuf";
 import { apiKeyAuth, callerOf, identityOf, internalCredentials, onBehalfOf } from "../shared/auth.js";
 import type { Config } from "../shared/config.js";
-import { invalidArgument, invalidArgumentIf, toStatus } from "../shared/errors.js";
+import { invalidArgument, toStatus } from "../shared/errors.js";
 import { catchStopCommand, validateFrame, validateModelName, validateSessionRef } from "../shared/frames.js";
 import { AdminService } from "../shared/gen/troupe/v1/admin_pb.js";
 import { GatewayService } from "../shared/gen/troupe/v1/gateway_pb.js";
@@ -15,6 +15,7 @@ import { reflectionService } from "./reflection.js";
 import { adminService } from "./admin.js";
 import { GatewayLimits } from "./limits.js";
 import { TenantQuotas } from "../shared/quotas.js";
+import { nextPageToken, pageOf } from "../shared/paging.js";
 import { RouterService, type ResolveSessionResponse } from "../shared/gen/troupe/v1/router_pb.js";
 import type { RunnerService } from "../shared/gen/troupe/v1/runner_pb.js";
 import { ClientFrameSchema, type ClientFrame } from "../shared/gen/troupe/v1/session_pb.js";
@@ -297,18 +298,12 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
 
     async listSessions(req, call) {
       const caller = onBehalfOf(call);
-      invalidArgumentIf(req.pageSize < 0 || req.pageSize > 1000, "page_size must be between 0 and 1000");
-      invalidArgumentIf(
-        req.pageToken !== "" && !/^\d{1,9}$/.test(req.pageToken),
-        "page_token is not one this service issued",
-      );
+      const page = pageOf(req.pageSize, req.pageToken);
       const all = await listOwnedSessions(router, runners, caller);
       const sorted = [...all.values()].sort((a, b) => a.sessionId.localeCompare(b.sessionId));
-      const size = req.pageSize || 100;
-      const offset = req.pageToken ? Number(req.pageToken) : 0;
       return {
-        sessions: sorted.slice(offset, offset + size),
-        nextPageToken: offset + size < sorted.length ? String(offset + size) : "",
+        sessions: sorted.slice(page.offset, page.offset + page.size),
+        nextPageToken: nextPageToken(page, sorted.length),
       };
     },
   });

@@ -50,13 +50,7 @@ import { BackgroundProcesses } from "./background.js";
 import { Secrets } from "./web-tools.js";
 import { DEFAULT_NET_POLICY } from "../shared/net-guard.js";
 import { TenantQuotas } from "../shared/quotas.js";
-
-function pageParams(pageSize: number, pageToken: string): { size: number; offset: number } {
-  if (pageSize < 0 || pageSize > 1000) throw invalidArgument("page_size must be between 0 and 1000");
-  if (pageToken !== "" && !/^\d{1,9}$/.test(pageToken))
-    throw invalidArgument("page_token is not one this service issued");
-  return { size: pageSize === 0 ? 100 : pageSize, offset: pageToken === "" ? 0 : Number(pageToken) };
-}
+import { nextPageToken, pageOf } from "../shared/paging.js";
 
 export async function startRunner(cfg: Config, logger: Logger): Promise<RunningService> {
   const listenTls = internalServing(cfg, "runner");
@@ -225,24 +219,23 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
     },
 
     async readHistory(req, call) {
-      const { size, offset } = pageParams(req.pageSize, req.pageToken);
+      const page = pageOf(req.pageSize, req.pageToken);
       const actor = await requireActor(req.sessionId, call);
       // Images without their bytes: a page of messages must fit one gRPC message.
-      const messages = (await actor.historyPage(offset, size)).map((m) =>
+      const messages = (await actor.historyPage(page.offset, page.size)).map((m) =>
         m.images.length === 0 ? m : { ...m, images: m.images.map((i) => ({ ...i, data: new Uint8Array() })) },
       );
-      const next = offset + size < actor.history.length ? String(offset + size) : "";
-      return { messages, nextPageToken: next };
+      return { messages, nextPageToken: nextPageToken(page, actor.history.length) };
     },
 
     async listStoredSessions(req, call) {
-      const { size, offset } = pageParams(req.pageSize, req.pageToken);
+      const page = pageOf(req.pageSize, req.pageToken);
       const caller = identityOf(call.metadata);
       const live = new Map(
         (await registry.loaded()).filter((a) => sameIdentity(a.owner, caller)).map((a) => [a.sessionId, a]),
       );
       const stored = (await store.list(caller)).sort((a, b) => a.sessionId.localeCompare(b.sessionId));
-      const page = stored.slice(offset, offset + size).map(
+      const sessions = stored.slice(page.offset, page.offset + page.size).map(
         (s) =>
           live.get(s.sessionId)?.info() ??
           create(SessionInfoSchema, {
@@ -252,7 +245,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
             updateTime: timestampFromMs(s.updateMs),
           }),
       );
-      return { sessions: page, nextPageToken: offset + size < stored.length ? String(offset + size) : "" };
+      return { sessions, nextPageToken: nextPageToken(page, stored.length) };
     },
 
     async getRunnerStats(req) {
