@@ -5,7 +5,8 @@
 // itself; a commit conflict with another process is retried a few times with backoff.
 import type * as lancedb from "@lancedb/lancedb";
 import type { Schema } from "apache-arrow";
-import { hasPayload, schemaFor } from "./memory-schema.js";
+import { arrowTable } from "./columns.js";
+import { type HistoryRow, hasPayload, historySchema, schemaFor } from "./memory-schema.js";
 import { partitionsFor, retryConflicts } from "./search-plan.js";
 import { HISTORY_TABLE, TABLE } from "./meta.js";
 import { WRITES_PAUSE_MS } from "./tuning.js";
@@ -73,6 +74,11 @@ export class MemoryTable {
     this.table = table;
     this.history = history;
     return replaced;
+  }
+
+  /** Appends changes to the history (append-only; nothing is written for none). */
+  async recordHistory(changes: HistoryRow[]): Promise<void> {
+    if (changes.length > 0) await this.history.add(arrowTable(historySchema, changes));
   }
 
   /** Whether the table in use has payloads (schemaFor). */

@@ -1,7 +1,8 @@
 // The memory store: opens the table (migrating and cleaning up what earlier processes left),
 // adds, updates and forgets memories through the table's one writer, and runs the two candidate
 // searches (vector and full text) that ranking.ts turns into results. Beside it: memory-table.ts
-// (the table in use and its writer), maintenance.ts (compaction, indexes, the rewrite in scope
+// (the table in use and its writer), add-commit.ts (one group of adds, checked and committed),
+// maintenance.ts (compaction, indexes, the rewrite in scope
 // order, layout.ts), index-watch.ts (how the vector index serves), search-plan.ts (how a search
 // runs), memory-schema.ts (rows, payloads, filters).
 //
@@ -13,11 +14,11 @@
 //   (reembed.ts) migrates: it writes a new table and switches the pointer in META_TABLE to it in
 //   one commit, so a reader sees the old table or the new one, never a mix.
 import type * as lancedb from "@lancedb/lancedb";
-import { RpcError, Status, failedPrecondition } from "../shared/errors.js";
+import { failedPrecondition } from "../shared/errors.js";
 import type { Logger } from "../shared/log.js";
-import { arrowTable } from "./columns.js";
-import { type AddOutcome, type AddRequest, PlannedWrites } from "./add-plan.js";
-import { GroupCommit, type Settled } from "./group-commit.js";
+import type { AddOutcome, AddRequest } from "./add-plan.js";
+import { AddCommit } from "./add-commit.js";
+import { GroupCommit } from "./group-commit.js";
 import { IndexWatcher } from "./index-watch.js";
 import { MemoryTable } from "./memory-table.js";
 import { Maintenance } from "./maintenance.js";
@@ -52,7 +53,6 @@ import {
   hasPayload,
   memoryArrow,
   sqlString,
-  HashFilter,
   type StoredMemory,
   MEMORY_COLUMNS,
   CANDIDATE_COLUMNS,
@@ -68,8 +68,6 @@ export class MemoryStore {
   private readonly maintenance: Maintenance;
   /** The watch of the vector index's first searches, and the plan it decided (index-watch.ts). */
   private readonly watcher: IndexWatcher;
-  /** Content hashes the table may hold (built at the first write, kept by the writer). */
-  private hashes?: HashFilter;
   /** Scope row counts, remembered for SCOPE_SIZE_TTL_MS (scopeRows). */
   private readonly scopeSizes = new Map<string, { rows: number; at: number }>();
   /** Deletes so far: a scope count begun before a delete is not kept (scopeRows). */
@@ -88,8 +86,9 @@ export class MemoryStore {
     this.mt = new MemoryTable(db, dim, () => this.maintenance.afterWrite());
     this.watcher = new IndexWatcher(tuning, logger, () => this.mt.closed);
     this.maintenance = new Maintenance(this.mt, this.watcher, tuning, logger, connect);
+    const commit = new AddCommit(this.mt);
     this.adds = new GroupCommit(
-      (group) => this.commitAdds(group),
+      (group) => commit.commit(group),
       (turn) => this.mt.write(turn),
       tuning.maxAddGroup,
     );
@@ -157,10 +156,6 @@ export class MemoryStore {
     const rows = (await this.mt.history.query().where(where).toArray()) as HistoryRow[];
     // Timestamp columns come back as Dates or numbers; Number() makes either milliseconds.
     return rows.map((r) => ({ ...r, time: Number(r.time) })).sort((a, b) => a.time - b.time);
-  }
-
-  private async record(changes: HistoryRow[]): Promise<void> {
-    if (changes.length > 0) await this.mt.history.add(arrowTable(historySchema, changes));
   }
 
   /**
@@ -269,43 +264,6 @@ export class MemoryStore {
     };
   }
 
-  /** Existing rows of a scope with these content hashes or ids: hash -> id, and the rows by id. */
-  private async existing(
-    scopeWhere: string,
-    hashes: string[],
-    ids: string[],
-  ): Promise<{ byHash: Map<string, string>; byId: Map<string, Pick<MemoryRow, "id" | "text" | "created">> }> {
-    const parts: string[] = [];
-    if (hashes.length > 0) parts.push(`content_hash IN (${hashes.map(sqlString).join(", ")})`);
-    if (ids.length > 0) parts.push(`id IN (${ids.map(sqlString).join(", ")})`);
-    const byHash = new Map<string, string>();
-    const byId = new Map<string, Pick<MemoryRow, "id" | "text" | "created">>();
-    if (parts.length === 0) return { byHash, byId };
-    const rows = (await this.mt.table
-      .query()
-      .where(`${scopeWhere} AND (${parts.join(" OR ")})`)
-      .select(["id", "content_hash", "text", "created"])
-      .toArray()) as (Pick<MemoryRow, "id" | "text" | "created"> & { content_hash: string })[];
-    for (const r of rows) {
-      byHash.set(r.content_hash, r.id);
-      byId.set(r.id, r);
-    }
-    return { byHash, byId };
-  }
-
-  /** The hash filter, (re)built from the table when missing or full. Called inside the writer's queue. */
-  private async hashFilter(adding: number): Promise<HashFilter> {
-    if (this.hashes && this.hashes.size + adding <= this.hashes.capacity) return this.hashes;
-    const rows = await this.mt.table.countRows();
-    const filter = new HashFilter(Math.max(1 << 20, 2 * (rows + adding)));
-    for await (const batch of this.mt.table.query().select(["content_hash"])) {
-      const column = batch.getChild("content_hash");
-      for (let i = 0; i < batch.numRows; i++) filter.add(String(column?.get(i)));
-    }
-    this.hashes = filter;
-    return filter;
-  }
-
   /**
    * Stores a batch. Rows whose text is already stored in the scope are skipped as duplicates.
    * Returns, per row, the id it has and what happened. Adds that arrive while another is being
@@ -314,89 +272,6 @@ export class MemoryStore {
    */
   add(scopeWhere: string, rows: MemoryRow[], upsertIds: Set<string>, actor = "api"): Promise<AddOutcome[]> {
     return this.adds.submit({ scopeWhere, rows, upsertIds, actor });
-  }
-
-  /**
-   * One group's commit. A caller's own refusal (a foreign id) fails that caller alone. A caller
-   * whose rows carry an id or a text an earlier caller of the group is writing is planned after
-   * those are committed, so its lookups see them as the one-at-a-time writer's would have.
-   */
-  private async commitAdds(group: AddRequest[]): Promise<Settled<AddOutcome[]>[]> {
-    const filter = await this.hashFilter(group.reduce((n, r) => n + r.rows.length, 0));
-    let batch = new PlannedWrites();
-    const settled: Settled<AddOutcome[]>[] = [];
-    for (const { scopeWhere, rows, upsertIds, actor } of group) {
-      if (rows.some((r) => batch.ids.has(r.id) || batch.hashes.has(r.content_hash))) {
-        await this.commitPlanned(batch, filter);
-        batch = new PlannedWrites();
-      }
-      const { byHash, byId: present } = await this.existing(
-        scopeWhere,
-        [...new Set(rows.map((r) => r.content_hash).filter((h) => filter.mayHave(h)))],
-        [...upsertIds],
-      );
-      // An id given for a memory of another scope is refused rather than silently forked.
-      const foreign = await this.foreignId(upsertIds, present);
-      if (foreign !== undefined) {
-        settled.push({ error: new RpcError(Status.PERMISSION_DENIED, `memory ${foreign} belongs to another scope`) });
-        continue;
-      }
-      const seen = new Map<string, string>();
-      const out = rows.map((r) => {
-        const same = byHash.get(r.content_hash) ?? seen.get(r.content_hash);
-        if (same !== undefined && !(upsertIds.has(r.id) && same === r.id))
-          return { id: same, outcome: "duplicate" as const };
-        seen.set(r.content_hash, r.id);
-        const before = upsertIds.has(r.id) ? present.get(r.id) : undefined;
-        batch.plan(r, actor, before);
-        return { id: r.id, outcome: before ? ("updated" as const) : ("added" as const) };
-      });
-      settled.push({ ok: out });
-    }
-    await this.commitPlanned(batch, filter);
-    return settled;
-  }
-
-  /** Commits planned rows: new ones in one commit, updates in one more, their history in a third. */
-  private async commitPlanned(batch: PlannedWrites, filter: HashFilter): Promise<void> {
-    const { inserts, updates } = batch;
-    if (inserts.length > 0)
-      await this.mt.table.add(
-        memoryArrow(
-          this.mt.schema,
-          inserts.map((p) => p.row),
-        ),
-      );
-    this.mt.approxRows += inserts.length;
-    const written = [...inserts, ...updates];
-    for (const { row } of written) filter.add(row.content_hash);
-    if (updates.length > 0) {
-      // An update keeps when the memory was first made.
-      const kept = updates.map((u) => ({ ...u.row, created: Number(u.before!.created) }));
-      await this.mt.table
-        .mergeInsert("id")
-        .whenMatchedUpdateAll()
-        .whenNotMatchedInsertAll()
-        .execute(memoryArrow(this.mt.schema, kept));
-    }
-    // Noted for a rewrite only once committed: a rewrite that began before this point notes
-    // them here, and one that begins after takes its snapshot after the commit. Noted before the
-    // update's commit, an update could fall between the two: not noted (no rewrite yet) and
-    // not in a snapshot taken before its commit, and so lost from the copy.
-    for (const { row } of written) this.mt.changedDuringCopy?.add(row.id);
-    const now = Date.now();
-    await this.record([
-      ...inserts.map((p) => historyRow(p.row, EVENT.add, "", p.row.text, now, p.actor)),
-      ...updates.map((u) => historyRow(u.row, EVENT.update, u.before!.text, u.row.text, now, u.actor)),
-    ]);
-  }
-
-  /** An id among `ids` that no row of the scope has but a row of another scope does. */
-  private async foreignId(ids: Set<string>, present: Map<string, unknown>): Promise<string | undefined> {
-    for (const id of ids) {
-      if (!present.has(id) && (await this.mt.table.countRows(`id = ${sqlString(id)}`)) > 0) return id;
-    }
-    return undefined;
   }
 
   forget(scopeWhere: string, ids: string[], actor = "api"): Promise<number> {
@@ -410,7 +285,7 @@ export class MemoryStore {
       }
       for (const r of rows) this.mt.changedDuringCopy?.add(r.id);
       const now = Date.now();
-      await this.record(rows.map((r) => historyRow(r, EVENT.delete, r.text, "", now, actor)));
+      await this.mt.recordHistory(rows.map((r) => historyRow(r, EVENT.delete, r.text, "", now, actor)));
       return rows.length;
     });
   }
