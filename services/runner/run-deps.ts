@@ -25,7 +25,8 @@ import { scheduleTool } from "./schedule-tool.js";
 import type { BackgroundProcesses } from "./background.js";
 import { processTool } from "./process-tool.js";
 import type { ScheduleBook } from "./schedules.js";
-import { execTool, fileTools, memoryTools } from "./tools.js";
+import { execTool, fileTools } from "./tools.js";
+import { memoryTools } from "./memory-tools.js";
 import { httpRequestTool, webFetchTool, type Secrets } from "./web-tools.js";
 
 /** The runner's parts a run draws on. */
