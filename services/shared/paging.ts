@@ -1,8 +1,6 @@
-/**
- * The one reading of page_size and page_token for every List and Read method that pages. A size
- * of 0 means 100 and at most 1,000 may be asked; a token is an offset this service issued, so
- * anything else is INVALID_ARGUMENT rather than a silently empty page.
- */
+// The one reading of page_size and page_token for every List and Read method that pages. A size
+// of 0 means 100 and at most 1,000 may be asked; a token is an offset this service issued, so
+// anything else is INVALID_ARGUMENT rather than a silently empty page.
 import { invalidArgument } from "./errors.js";
 
 export interface Page {
