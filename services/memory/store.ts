@@ -6,8 +6,10 @@
 // order, layout.ts), index-watch.ts (how the vector index serves), search-plan.ts (how a search
 // runs), memory-schema.ts (rows, payloads, filters).
 //
-// - Each add is one LanceDB commit (a new version): a batch lands whole or not at all, and a crash
-//   in the middle leaves the table at its previous version.
+// - A group of adds is at most three LanceDB commits (new rows, updates, their history), each
+//   landing whole or not at all. A crash between two of them keeps the earlier ones: a batch that
+//   both adds and updates can be stored in part, its history short. Its caller had no answer yet,
+//   and sending the batch again completes it (stored texts come back DUPLICATE, updates apply).
 // - Equal texts in one scope are stored once (content_hash of the normalised text).
 // - Every stored vector carries the embedder that made it; a table made by another embedder is
 //   refused rather than searched with vectors from two spaces. `troupe memory reembed`
