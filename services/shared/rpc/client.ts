@@ -6,7 +6,7 @@ import { SpanKind, SpanStatusCode, context } from "@opentelemetry/api";
 import { RpcError, Status } from "../errors.js";
 import { injectContext, spanContext, tracer } from "../telemetry.js";
 import { serviceDefinition } from "./definition.js";
-import { channelOptions, DEFAULT_DEADLINE_MS, DEFAULT_MAX_MESSAGE_BYTES } from "./limits.js";
+import { channelOptions, DEFAULT_DEADLINE_MS, DEFAULT_MAX_MESSAGE_BYTES, RECEIVE_WINDOW_BYTES } from "./limits.js";
 import type { CallOptions, ServiceClient } from "./types.js";
 
 export interface ClientOptions {
@@ -37,6 +37,7 @@ export function createClient<S extends GenServiceMethods>(
 ): ServiceClient<S> {
   const Ctor = grpc.makeGenericClientConstructor(serviceDefinition(service, options.rawResponses), service.typeName);
   const channel = channelOptions(options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES);
+  channel["grpc-node.flow_control_window"] = RECEIVE_WINDOW_BYTES;
   if (options.ownConnection) channel["grpc.use_local_subchannel_pool"] = 1;
   const credentials = options.tls
     ? grpc.credentials.createSsl(options.tls.ca ?? null)

@@ -4,6 +4,14 @@ import type * as grpc from "@grpc/grpc-js";
 export const DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024;
 export const DEFAULT_DEADLINE_MS = 10_000;
 
+/**
+ * What a client lets its server send before the client reads, per stream and for the whole
+ * connection (every stream on it shares that one). grpc-js's default is HTTP/2's 65,535 bytes for
+ * both; with it, under load, a gateway's streams from its runner stalled for seconds and some were
+ * cut after 30 s (docs/benchmarks.md, "The receive window"). 1 MiB is grpc-java's default.
+ */
+export const RECEIVE_WINDOW_BYTES = 1024 * 1024;
+
 export function channelOptions(maxMessageBytes: number): grpc.ChannelOptions {
   return {
     "grpc.max_receive_message_length": maxMessageBytes,
