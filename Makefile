@@ -136,18 +136,19 @@ chromium:
 # The in-process tier (test/unit): the session actor over the in-memory store, the loop with a
 # scripted model client, parsers and stores on files. No ports, no child processes, no Docker.
 test-unit: build openssl
-	node --test --test-timeout=60000 --test-force-exit 'dist/test/unit/*.test.js'
+	node --test --test-timeout=60000 --test-force-exit --import ./dist/test/helpers/whole-report.js 'dist/test/unit/*.test.js'
 
 # Every test: the in-process tier first, then the end-to-end tier of real processes, the soaks
 # included (test/soak: 500 sessions of random traffic while the runner is killed three times,
 # about 3 minutes, SOAK_SESSIONS=N and SOAK_KILLS=N change it; and the cluster soak on
 # PostgreSQL, CLUSTER_SESSIONS=N and CLUSTER_DISRUPTIONS=N). Then no sandbox container made
 # during the run may be left (test/leftovers.ts). --test-force-exit: a test file whose tests have
-# all ended exits, so a timer a failed test leaves behind costs that test, not the whole run.
+# all ended exits, so a timer a failed test leaves behind costs that test, not the whole run;
+# test/helpers/whole-report.ts keeps that exit from dropping verdicts (nodejs/node#64833).
 test: build lint sandbox-image-if-missing python-client postgres openssl chromium jemalloc
-	node --test --test-timeout=60000 --test-force-exit 'dist/test/unit/*.test.js'
+	node --test --test-timeout=60000 --test-force-exit --import ./dist/test/helpers/whole-report.js 'dist/test/unit/*.test.js'
 	since=$$(date +%s%3N); \
-	node --test --test-concurrency=1 --test-timeout=600000 --test-force-exit 'dist/test/*.test.js' 'dist/test/soak/*.test.js'; \
+	node --test --test-concurrency=1 --test-timeout=600000 --test-force-exit --import ./dist/test/helpers/whole-report.js 'dist/test/*.test.js' 'dist/test/soak/*.test.js'; \
 	status=$$?; node dist/test/leftovers.js --since $$since || status=1; exit $$status
 
 # The soak alone.
