@@ -134,7 +134,8 @@ chromium:
 	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null && echo "installed chromium")
 
 # The in-process tier (test/unit): the session actor over the in-memory store, the loop with a
-# scripted model client, parsers and stores on files. No ports, no child processes, no Docker.
+# scripted model client, parsers and stores on files, protocol clients against loopback servers.
+# No Troupe service is started and no Docker is needed.
 test-unit: build openssl
 	node --test --test-timeout=60000 --test-force-exit --import ./dist/test/helpers/whole-report.js 'dist/test/unit/*.test.js'
 
