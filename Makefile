@@ -17,6 +17,12 @@ SANDBOX_IMAGE ?= troupe-sandbox:busybox
 B ?=
 TROUPE := node dist/services/cli/main.js
 
+# How both tiers of make test run node's test runner. --test-force-exit: a test file whose tests
+# have all ended exits, so a timer a failed test leaves behind costs that test, not the whole run;
+# test/helpers/whole-report.ts keeps that exit from dropping verdicts (nodejs/node#64833).
+NODE_TEST := node --test --test-force-exit --import ./dist/test/helpers/whole-report.js
+UNIT_TIER := $(NODE_TEST) --test-timeout=60000 'dist/test/unit/*.test.js'
+
 .PHONY: build run test test-unit readme-settings lint kubectl images bench soak soak-long toolchain host postgres sandbox-image sandbox-image-if-missing sandbox-image-debian python-client openssl chromium jemalloc clean
 
 toolchain: $(TOOLCHAIN_NODE)
@@ -137,19 +143,17 @@ chromium:
 # scripted model client, parsers and stores on files, protocol clients against loopback servers.
 # No Troupe service is started and no Docker is needed.
 test-unit: build openssl
-	node --test --test-timeout=60000 --test-force-exit --import ./dist/test/helpers/whole-report.js 'dist/test/unit/*.test.js'
+	$(UNIT_TIER)
 
 # Every test: the in-process tier first, then the end-to-end tier of real processes, the soaks
 # included (test/soak: 500 sessions of random traffic while the runner is killed three times,
 # about 3 minutes, SOAK_SESSIONS=N and SOAK_KILLS=N change it; and the cluster soak on
 # PostgreSQL, CLUSTER_SESSIONS=N and CLUSTER_DISRUPTIONS=N). Then no sandbox container made
-# during the run may be left (test/leftovers.ts). --test-force-exit: a test file whose tests have
-# all ended exits, so a timer a failed test leaves behind costs that test, not the whole run;
-# test/helpers/whole-report.ts keeps that exit from dropping verdicts (nodejs/node#64833).
+# during the run may be left (test/leftovers.ts).
 test: build lint sandbox-image-if-missing python-client postgres openssl chromium jemalloc
-	node --test --test-timeout=60000 --test-force-exit --import ./dist/test/helpers/whole-report.js 'dist/test/unit/*.test.js'
+	$(UNIT_TIER)
 	since=$$(date +%s%3N); \
-	node --test --test-concurrency=1 --test-timeout=600000 --test-force-exit --import ./dist/test/helpers/whole-report.js 'dist/test/*.test.js' 'dist/test/soak/*.test.js'; \
+	$(NODE_TEST) --test-concurrency=1 --test-timeout=600000 'dist/test/*.test.js' 'dist/test/soak/*.test.js'; \
 	status=$$?; node dist/test/leftovers.js --since $$since || status=1; exit $$status
 
 # The soak alone.

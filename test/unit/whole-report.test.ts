@@ -40,9 +40,35 @@ test("with the preload, a forced exit loses no verdict of any file", async (t) =
   }
 });
 
-test("both tiers of make test preload it", async () => {
-  const makefile = await readFile(new URL("../../../Makefile", import.meta.url), "utf8");
-  const runs = makefile.split("\n").filter((l) => /^\tnode --test\b/.test(l) && l.includes("--test-force-exit"));
-  assert.ok(runs.length >= 3, "make test-unit, and make test's two tiers");
-  for (const line of runs) assert.match(line, /--import \.\/dist\/test\/helpers\/whole-report\.js/, line);
+test("every forced-exit run in the Makefile preloads it", async () => {
+  const root = fileURLToPath(new URL("../../../", import.meta.url));
+  const makefile = await readFile(path.join(root, "Makefile"), "utf8");
+  // --test-force-exit is spelled once, in NODE_TEST, so no run can force an exit without it.
+  const forced = makefile.split("\n").filter((l) => l.includes("--test-force-exit") && !l.startsWith("#"));
+  assert.deepEqual(
+    forced.map((l) => l.split(" ")[0]),
+    ["NODE_TEST"],
+    `lines with --test-force-exit: ${forced.join(" | ")}`,
+  );
+  // What make itself expands, for the variable and for the unit tier built on it.
+  const expand = async (name: string) =>
+    (
+      await run("make", ["-s", "--no-print-directory", "--eval", "show-%: ; @echo $($*)", `show-${name}`], {
+        cwd: root,
+      })
+    ).stdout.trim();
+  for (const name of ["NODE_TEST", "UNIT_TIER"]) {
+    const command = await expand(name);
+    assert.match(command, /^node --test .*--test-force-exit/, `${name}: ${command}`);
+    assert.match(command, /--import \.\/dist\/test\/helpers\/whole-report\.js/, `${name}: ${command}`);
+  }
+  // Both tiers of make test, and make test-unit, run through it.
+  const recipe = (target: string) => {
+    const start = makefile.indexOf(`\n${target}:`);
+    const end = makefile.indexOf("\n\n", start + 1);
+    return makefile.slice(start, end === -1 ? undefined : end);
+  };
+  assert.match(recipe("test-unit"), /\n\t\$\(UNIT_TIER\)/);
+  assert.match(recipe("test"), /\n\t\$\(UNIT_TIER\)/);
+  assert.match(recipe("test"), /\$\(NODE_TEST\) --test-concurrency=1 .*'dist\/test\/\*\.test\.js'/);
 });
