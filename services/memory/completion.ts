@@ -15,6 +15,8 @@ export type Complete = (system: string, user: string) => Promise<string>;
 const anthropic = lazyModule<{ Anthropic: typeof Anthropic }>("@anthropic-ai/sdk");
 /** One try of a learning call; a retryable failure gets one more (postForJson). */
 const COMPLETE_TIMEOUT_MS = 60_000;
+/** The longest answer read: learning asks for a few facts, and a whole reply of 128K tokens is about 0.5 MB. */
+const MAX_ANSWER_BYTES = 16 * 1024 * 1024;
 
 export function completionFor(
   provider: Pick<ProviderSpec, "kind" | "baseUrl" | "apiKey" | "headers">,
@@ -54,6 +56,7 @@ export function completionFor(
         ...(rules.jsonObject ? { response_format: { type: "json_object" } } : {}),
       },
       COMPLETE_TIMEOUT_MS,
+      MAX_ANSWER_BYTES,
     );
     const choices = (answer as { choices?: { message?: { content?: unknown } }[] }).choices;
     const content = Array.isArray(choices) ? choices[0]?.message?.content : undefined;

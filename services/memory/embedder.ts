@@ -64,6 +64,12 @@ export function normalise(v: ArrayLike<number>): Float32Array {
 
 /** One try of an embeddings call; a retryable failure gets one more (postForJson). */
 const EMBED_TIMEOUT_MS = 30_000;
+/**
+ * The longest answer read for `texts` vectors of `dim` numbers: a number written as JSON takes at
+ * most 25 characters ("-1.2345678901234567e-123,"), 48 leaves room for whitespace, and each item
+ * has a few fields besides. More than that is a broken endpoint, not read into memory.
+ */
+const answerBound = (texts: number, dim: number) => texts * (dim * 48 + 1024) + 64 * 1024;
 
 const unavailable = (why: string) =>
   new RpcError(Status.UNAVAILABLE, `the embedding endpoint failed (${why}); nothing was stored, retry later`);
@@ -88,7 +94,14 @@ export class OpenAIEmbedder implements Embedder {
     let data: unknown;
     try {
       const body = { model: this.model, input: texts, encoding_format: "float" };
-      data = ((await postForJson(this.post, "/embeddings", body, EMBED_TIMEOUT_MS)) as { data?: unknown }).data;
+      const answer = await postForJson(
+        this.post,
+        "/embeddings",
+        body,
+        EMBED_TIMEOUT_MS,
+        answerBound(texts.length, this.dim),
+      );
+      data = (answer as { data?: unknown }).data;
     } catch (err) {
       // Nothing is stored without its vector: the caller gets UNAVAILABLE and may retry.
       throw unavailable((err as Error).message);

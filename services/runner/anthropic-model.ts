@@ -15,6 +15,7 @@ import { poolFetch } from "./pool-fetch.js";
 import { rulesFor, type ReasoningEffort } from "../shared/model-rules.js";
 import {
   ModelError,
+  classify,
   connectionPool,
   eventJson,
   streamEvents,
@@ -279,5 +280,6 @@ function classifyAnthropic(err: unknown, signal: AbortSignal): ModelError {
       refused ? "unsupported_parameter" : undefined,
     );
   }
-  return new ModelError(`model endpoint unreachable: ${(err as Error)?.message ?? String(err)}`, true);
+  // The rest as every client classifies them: a cut connection, an event past the decoder's bound.
+  return classify(err, signal);
 }

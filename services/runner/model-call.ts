@@ -17,7 +17,7 @@ import {
 import { newId } from "../shared/ids.js";
 import { instruments, secondsSince } from "../shared/metrics.js";
 import { GenAI, tracer } from "../shared/telemetry.js";
-import { ModelError, isContextOverflow, type FinishReason, type ModelRequest } from "./model.js";
+import { EVENT_TOO_LARGE, ModelError, isContextOverflow, type FinishReason, type ModelRequest } from "./model.js";
 import { fitNewestFirst, toModelMessages } from "./transcript.js";
 import { report, type Turn } from "./run.js";
 import { compact, conversationView, countExactly, viewTokens } from "./compaction.js";
@@ -90,12 +90,16 @@ export function backoffMs(attempt: number, baseMs: number, random = Math.random)
 /** A request this model refuses as written (a parameter or value it does not take): another may not. */
 const REFUSED_REQUEST = new Set(["unsupported_parameter", "unsupported_value", "model_not_found"]);
 
-/** Errors another model may not have: rate limits, overload, outages, auth, a model not served, a refused request. */
+/**
+ * Errors another model may not have: rate limits, overload, outages, auth, a model not served, a
+ * refused request, a broken stream.
+ */
 const fallbackWorthy = (e: ModelError) =>
   e.retryable ||
   e.status === 401 ||
   e.status === 403 ||
   e.status === 404 ||
+  e.code === EVENT_TOO_LARGE ||
   (e.code !== undefined && REFUSED_REQUEST.has(e.code));
 
 /**

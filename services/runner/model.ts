@@ -17,7 +17,7 @@ import {
   retryableStatus,
 } from "../shared/provider-post.js";
 import { poolFetch, replyBody } from "./pool-fetch.js";
-import { SseDecoder } from "./sse.js";
+import { SseDecoder, SseEventTooLarge } from "./sse.js";
 
 export interface ModelToolCall {
   id: string;
@@ -86,6 +86,9 @@ export type ModelChunk =
     };
 
 /** A failed model call. `status` is the HTTP status when the endpoint answered. */
+/** The code of a ModelError for a stream that sent an event past the SSE decoder's bound. */
+export const EVENT_TOO_LARGE = "stream_event_too_large";
+
 export class ModelError extends Error {
   constructor(
     message: string,
@@ -180,6 +183,10 @@ export function classify(err: unknown, signal: AbortSignal): ModelError {
       err.code,
     );
   }
+  // A stream that broke the decoder's bound would break it again: not tried again; the next model
+  // of the chain (another provider, maybe) gets the turn.
+  if (err instanceof SseEventTooLarge)
+    return new ModelError(err.message, false, undefined, false, undefined, EVENT_TOO_LARGE);
   // Connection refused, reset, cut mid-stream, timeouts: worth another try.
   return new ModelError(`model endpoint unreachable: ${(err as Error)?.message ?? String(err)}`, true);
 }

@@ -80,23 +80,37 @@ export function providerPoster(endpoint: ProviderEndpoint, fetch: Fetch): Provid
 
 /** The first MAX_ERROR_BYTES of an answer's body as text; the rest is not read. */
 async function leadingText(response: Response): Promise<string> {
-  if (!response.body) return "";
+  const { bytes } = await readUpTo(response, MAX_ERROR_BYTES);
+  // A body cut while we read it still leaves the status, which is what matters.
+  return bytes.subarray(0, MAX_ERROR_BYTES).toString("utf8");
+}
+
+/**
+ * A body read until it ends or passes `limit` bytes, then let go (the rest is not read). `over`:
+ * it passed the limit; `failed`: reading it threw, after the bytes returned.
+ */
+async function readUpTo(
+  response: Response,
+  limit: number,
+): Promise<{ bytes: Buffer; over: boolean; failed?: unknown }> {
+  if (!response.body) return { bytes: Buffer.alloc(0), over: false };
   const reader = response.body.getReader();
   const parts: Uint8Array[] = [];
   let size = 0;
+  let failed: unknown;
   try {
-    while (size < MAX_ERROR_BYTES) {
+    while (size <= limit) {
       const { done, value } = await reader.read();
       if (done) break;
       parts.push(value);
       size += value.byteLength;
     }
-  } catch {
-    // A body cut while we read it still leaves the status, which is what matters.
+  } catch (err) {
+    failed = err;
   } finally {
     reader.cancel().catch(() => undefined);
   }
-  return Buffer.concat(parts).subarray(0, MAX_ERROR_BYTES).toString("utf8");
+  return { bytes: Buffer.concat(parts, size), over: size > limit, failed };
 }
 
 /**
@@ -133,26 +147,40 @@ export const retryableStatus = (status: number): boolean =>
 /** The longest Retry-After a background call waits for before its one retry. */
 const MAX_RETRY_WAIT_MS = 10_000;
 
+/** An answer longer than its caller's bound (postForJson); the rest of it was not read. */
+export class AnswerTooLarge extends Error {
+  constructor(readonly limit: number) {
+    super(`the provider's answer is longer than ${limit} bytes; the rest was not read`);
+    this.name = "AnswerTooLarge";
+  }
+}
+
 /**
  * A JSON answer to one POST, for calls whose answer is read whole (learning, embeddings). Each try
- * is bounded by `timeoutMs`; a retryable refusal or a failed connection gets one more try, after
- * the provider's Retry-After (at most 10 s) or half a second. Contract: resolves with the parsed
- * answer; rejects with a ProviderRefusal, a timeout or connection error, or a SyntaxError for an
- * answer that is not JSON.
+ * is bounded by `timeoutMs`, and its answer by `maxBytes`: a broken endpoint must not fill the
+ * service's memory. A retryable refusal or a failed connection gets one more try, after the
+ * provider's Retry-After (at most 10 s) or half a second. Contract: resolves with the parsed
+ * answer; rejects with a ProviderRefusal, a timeout or connection error, an AnswerTooLarge, or a
+ * SyntaxError for an answer that is not JSON (the last two are not tried again).
  */
 export async function postForJson(
   post: ProviderPost,
   path: string,
   body: unknown,
   timeoutMs: number,
+  maxBytes: number,
 ): Promise<unknown> {
   for (let attempt = 0; ; attempt++) {
     try {
       const response = await post(path, body, AbortSignal.timeout(timeoutMs));
-      return JSON.parse(await response.text());
+      const { bytes, over, failed } = await readUpTo(response, maxBytes);
+      if (over) throw new AnswerTooLarge(maxBytes);
+      if (failed !== undefined) throw failed;
+      return JSON.parse(bytes.toString("utf8"));
     } catch (err) {
       const refused = err instanceof ProviderRefusal;
-      if (attempt > 0 || err instanceof SyntaxError || (refused && !retryableStatus(err.status))) throw err;
+      if (attempt > 0 || err instanceof SyntaxError || err instanceof AnswerTooLarge) throw err;
+      if (refused && !retryableStatus(err.status)) throw err;
       const asked = refused ? retryAfterMs(err.headers) : undefined;
       await new Promise((r) => setTimeout(r, Math.min(asked ?? 500, MAX_RETRY_WAIT_MS)));
     }

@@ -8,8 +8,12 @@ import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { OpenAIModelClient } from "../../services/runner/chat-completions-model.js";
 import { ModelError, type ModelRequest } from "../../services/runner/model.js";
-import { errorOf } from "../../services/shared/provider-post.js";
-import { singleProvider } from "../../services/shared/providers.js";
+import { AnswerTooLarge, errorOf } from "../../services/shared/provider-post.js";
+import { MAX_EVENT_CHARS } from "../../services/runner/sse.js";
+import { type RpcError, Status } from "../../services/shared/errors.js";
+import { parseProviders, singleProvider } from "../../services/shared/providers.js";
+import { StopReason } from "../../services/shared/gen/troupe/v1/session_pb.js";
+import { newActor, prompt, testRunDeps } from "../helpers/in-process.js";
 import { ProviderModels } from "../../services/runner/provider-models.js";
 import { completionFor } from "../../services/memory/completion.js";
 import { OpenAIEmbedder } from "../../services/memory/embedder.js";
@@ -136,6 +140,105 @@ describe("what other compatible servers answer", () => {
     assert.equal(err?.aborted, true);
     assert.equal(err?.retryable, false);
     await client.close();
+  });
+
+  /**
+   * Answers 200 with `head` and then `unit` over and over, as fast as the client reads, until
+   * `total` bytes or the client lets go; then ends. Resolves with what it sent and whether the
+   * client let go first.
+   */
+  const flood = (res: http.ServerResponse, type: string, head: string, unit: string, total: number) =>
+    new Promise<{ sent: number; cut: boolean }>((resolve) => {
+      const chunk = Buffer.from(unit.repeat(Math.ceil(65536 / unit.length)));
+      let sent = 0;
+      let cut = false;
+      res.on("close", () => {
+        cut = !res.writableFinished;
+        resolve({ sent, cut });
+      });
+      res.writeHead(200, { "content-type": type });
+      res.write(head);
+      const more = () => {
+        while (!res.destroyed && sent < total) {
+          sent += chunk.length;
+          if (!res.write(chunk)) return void res.once("drain", more);
+        }
+        if (!res.destroyed) res.end();
+      };
+      more();
+    });
+
+  test("a stream whose event never ends: stopped at the decoder's bound, not tried again", async () => {
+    // 48 MiB of one data line with no line end, then the body ends. Before the bound the runner
+    // read all of it into one string and failed on the JSON, as retryable.
+    let flooded!: Promise<{ sent: number; cut: boolean }>;
+    answer = (res) => void (flooded = flood(res, "text/event-stream", "data: ", "x", 48 * 1024 * 1024));
+    const client = new OpenAIModelClient({ baseUrl: base, apiKey: "k" });
+    const err = await failureOf(client);
+    assert.equal(err?.retryable, false);
+    assert.equal(
+      err?.message,
+      `the model stream sent an event of more than ${MAX_EVENT_CHARS} characters without ending it`,
+    );
+    const { sent, cut } = await flooded;
+    assert.ok(cut, "the runner let the connection go");
+    assert.ok(sent < 32 * 1024 * 1024, `${sent} bytes sent before it did`);
+    await client.close();
+  });
+
+  test("a turn whose model breaks the bound moves to its fallback and completes there", async () => {
+    let flooded!: Promise<{ sent: number; cut: boolean }>;
+    answer = (res) => void (flooded = flood(res, "text/event-stream", "data: ", "x", 48 * 1024 * 1024));
+    process.env.TROUPE_TEST_OPENAI_KEY = KEY;
+    const models = new ProviderModels(
+      parseProviders(
+        JSON.stringify({
+          providers: {
+            broken: { kind: "openai-compatible", baseUrl: base },
+            good: { kind: "openai", baseUrl: api.baseUrl, apiKey: { env: "TROUPE_TEST_OPENAI_KEY" } },
+          },
+        }),
+        "providers.json",
+      ),
+    );
+    try {
+      const { actor, events } = await newActor(() =>
+        testRunDeps(models, [], { config: { model: "broken/m", fallbacks: ["good/gpt-4.1-mini"] } }),
+      );
+      await actor.submit(prompt("hello"));
+      const end = await events.waitFor((e) => e.payload.case === "agentEnd");
+      assert.equal(end.payload.case === "agentEnd" && end.payload.value.stopReason, StopReason.COMPLETED);
+      const [fallback] = events.of("modelFallback");
+      assert.equal(fallback?.fromModel, "broken/m");
+      assert.match(fallback?.reason ?? "", /more than \d+ characters without ending it/);
+      assert.equal(events.of("modelRetry").length, 0, "not tried again");
+      assert.equal(actor.history.messages.at(-1)?.text, "ok");
+      assert.ok((await flooded).cut);
+    } finally {
+      await models.close();
+    }
+  });
+
+  test("an embeddings or learning answer past its bound: refused, not read on, not tried again", async () => {
+    // An endless array of numbers. An embedding of 8 numbers for one text has a bound of about
+    // 65 KB; a learning answer, 16 MiB.
+    const floods: Promise<{ sent: number; cut: boolean }>[] = [];
+    answer = (res) =>
+      void floods.push(flood(res, "application/json", '{"data":[{"index":0,"embedding":[', "0.125,", 48 * 1024 * 1024));
+    await assert.rejects(
+      new OpenAIEmbedder(base, "k", "e", 8).embed(["x"]),
+      (err: RpcError) =>
+        err.code === Status.UNAVAILABLE && /the provider's answer is longer than \d+ bytes/.test(err.message),
+    );
+    await assert.rejects(
+      completionFor({ kind: "openai-compatible", baseUrl: base, apiKey: "k" }, "m")("system", "user"),
+      (err: Error) => err instanceof AnswerTooLarge && err.limit === 16 * 1024 * 1024,
+    );
+    assert.equal(floods.length, 2, "each asked once");
+    for (const { sent, cut } of await Promise.all(floods)) {
+      assert.ok(cut, "the service let the connection go");
+      assert.ok(sent < 32 * 1024 * 1024, `${sent} bytes sent before it did`);
+    }
   });
 
   test("nothing listening: retryable, said to be unreachable", async () => {

@@ -1,7 +1,7 @@
 // The model-stream SSE decoder, fed byte sequences split the ways a network splits them.
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { SseDecoder, type SseEvent } from "../../services/runner/sse.js";
+import { SseDecoder, SseEventTooLarge, type SseEvent } from "../../services/runner/sse.js";
 
 async function decode(parts: (string | Uint8Array)[]): Promise<SseEvent[]> {
   const enc = new TextEncoder();
@@ -51,5 +51,44 @@ describe("decodeSse", () => {
   test("a last event without its blank line is still delivered; empty events are not", async () => {
     assert.deepEqual(await decode(["\n\n\ndata: tail"]), [{ event: "message", data: "tail" }]);
     assert.deepEqual(await decode(["event: ping\n\n"]), []);
+  });
+
+  test("an event may gather up to its bound, and each event starts from nothing", () => {
+    const enc = new TextEncoder();
+    const decoder = new SseDecoder(100);
+    const fifty = "x".repeat(50);
+    // Two lines of 50 make one event of 100 characters: at the bound, not past it.
+    assert.deepEqual(decoder.push(enc.encode(`data:${fifty}\ndata:${fifty}\n\n`)), [
+      { event: "message", data: `${fifty}\n${fifty}` },
+    ]);
+    for (let i = 0; i < 50; i++) assert.equal(decoder.push(enc.encode(`data: ${"y".repeat(90)}\n\n`)).length, 1);
+  });
+
+  test("past the bound it throws, whether one line never ends or data lines never end the event", () => {
+    const enc = new TextEncoder();
+    const line = new SseDecoder(100);
+    line.push(enc.encode(`data: ${"x".repeat(60)}`));
+    assert.throws(
+      () => line.push(enc.encode("x".repeat(60))),
+      (e) => e instanceof SseEventTooLarge && e.limit === 100,
+    );
+    const lines = new SseDecoder(100);
+    for (let i = 0; i < 3; i++) lines.push(enc.encode(`data: ${"x".repeat(30)}\n`));
+    assert.throws(() => lines.push(enc.encode(`data: ${"x".repeat(30)}\n`)), SseEventTooLarge);
+    // Comments are dropped line by line and do not count.
+    const comments = new SseDecoder(100);
+    for (let i = 0; i < 10; i++) comments.push(enc.encode(`: ${"c".repeat(60)}\n`));
+    assert.deepEqual(comments.push(enc.encode("data: ok\n\n")), [{ event: "message", data: "ok" }]);
+  });
+
+  test("a long line arriving in many reads is decoded whole", () => {
+    const enc = new TextEncoder();
+    const decoder = new SseDecoder();
+    const long = "z".repeat(1024 * 1024);
+    const out: SseEvent[] = [];
+    out.push(...decoder.push(enc.encode("data: ")));
+    for (let at = 0; at < long.length; at += 1000) out.push(...decoder.push(enc.encode(long.slice(at, at + 1000))));
+    out.push(...decoder.push(enc.encode("\r")), ...decoder.push(enc.encode("\n\r\n")));
+    assert.deepEqual(out, [{ event: "message", data: long }]);
   });
 });
