@@ -2,6 +2,7 @@
 // with a JSON body and the bot token as a bearer; the answer is {"ok": true, ...} or {"ok": false,
 // "error": "..."}; a rate limit is HTTP 429 with Retry-After in seconds
 // (https://api.slack.com/apis/rate-limits). Only what the adapter uses.
+import { downloadUpTo } from "../shared/bounded-body.js";
 
 export class SlackApiError extends Error {
   constructor(
@@ -42,11 +43,7 @@ export class SlackApi {
 
   /** A file's bytes from its url_private, which needs the bot token (https://api.slack.com/types/file). */
   async download(url: string, maxBytes: number): Promise<Uint8Array> {
-    const res = await fetch(url, {
-      headers: { authorization: `Bearer ${this.token}` },
-      signal: AbortSignal.timeout(15_000),
-    });
-    const bytes = new Uint8Array(await res.arrayBuffer());
-    return res.ok && bytes.length <= maxBytes ? bytes : new Uint8Array();
+    const init = { headers: { authorization: `Bearer ${this.token}` }, signal: AbortSignal.timeout(15_000) };
+    return downloadUpTo(url, init, maxBytes);
   }
 }

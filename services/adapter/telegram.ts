@@ -10,6 +10,7 @@ import type { Logger } from "../shared/log.js";
 import { BotApi, BotApiError, type TgMessage, type TgUpdate, type TgUser } from "./bot-api.js";
 import { deliverFrom, neverTaken, type GatewayClient } from "./deliver.js";
 import { MAX_IMAGE_BYTES, maxMediaBytes } from "../shared/media.js";
+import { downloadUpTo } from "../shared/bounded-body.js";
 import type { AdapterState, Address } from "./state.js";
 import { DraftedReplies, sendText } from "./drafted-replies.js";
 import { serveInbound, type InboundAnswer } from "./http-inbound.js";
@@ -196,11 +197,8 @@ async function mediaOf(api: BotApi, token: string, apiUrl: string, m: TgMessage,
     try {
       const file = await api.call<{ file_path?: string }>("getFile", { file_id: fileId });
       if (!file.file_path) return new Uint8Array();
-      const res = await fetch(`${apiUrl.replace(/\/$/, "")}/file/bot${token}/${file.file_path}`, {
-        signal: AbortSignal.timeout(15_000),
-      });
-      const bytes = new Uint8Array(await res.arrayBuffer());
-      return res.ok && bytes.length <= MAX_IMAGE_BYTES ? bytes : new Uint8Array();
+      const url = `${apiUrl.replace(/\/$/, "")}/file/bot${token}/${file.file_path}`;
+      return await downloadUpTo(url, { signal: AbortSignal.timeout(15_000) }, MAX_IMAGE_BYTES);
     } catch (err) {
       logger.warn("could not download a Telegram file; it goes in as a name only", { error: String(err) });
       return new Uint8Array();

@@ -6,6 +6,8 @@
 // still tested against servers written from its API reference (test/helpers/openai-api.ts,
 // responses-api.ts, embeddings-api.ts).
 
+import { readUpTo } from "./bounded-body.js";
+
 const USER_AGENT = "troupe";
 /** The most of a refusal's body kept for its message: a provider's errors are a few hundred bytes. */
 const MAX_ERROR_BYTES = 16 * 1024;
@@ -83,34 +85,6 @@ async function leadingText(response: Response): Promise<string> {
   const { bytes } = await readUpTo(response, MAX_ERROR_BYTES);
   // A body cut while we read it still leaves the status, which is what matters.
   return bytes.subarray(0, MAX_ERROR_BYTES).toString("utf8");
-}
-
-/**
- * A body read until it ends or passes `limit` bytes, then let go (the rest is not read). `over`:
- * it passed the limit; `failed`: reading it threw, after the bytes returned.
- */
-async function readUpTo(
-  response: Response,
-  limit: number,
-): Promise<{ bytes: Buffer; over: boolean; failed?: unknown }> {
-  if (!response.body) return { bytes: Buffer.alloc(0), over: false };
-  const reader = response.body.getReader();
-  const parts: Uint8Array[] = [];
-  let size = 0;
-  let failed: unknown;
-  try {
-    while (size <= limit) {
-      const { done, value } = await reader.read();
-      if (done) break;
-      parts.push(value);
-      size += value.byteLength;
-    }
-  } catch (err) {
-    failed = err;
-  } finally {
-    reader.cancel().catch(() => undefined);
-  }
-  return { bytes: Buffer.concat(parts, size), over: size > limit, failed };
 }
 
 /**

@@ -18,6 +18,7 @@ import { ProviderModels } from "../../services/runner/provider-models.js";
 import { completionFor } from "../../services/memory/completion.js";
 import { OpenAIEmbedder } from "../../services/memory/embedder.js";
 import { ChatApiServer } from "../helpers/openai-api.js";
+import { flood, type Flooded } from "../helpers/flood.js";
 
 const KEY = "sk-provider-post-test";
 const ask: ModelRequest = { model: "gpt-4.1-mini", messages: [{ role: "user", content: "hi" }], tools: [] };
@@ -142,36 +143,10 @@ describe("what other compatible servers answer", () => {
     await client.close();
   });
 
-  /**
-   * Answers 200 with `head` and then `unit` over and over, as fast as the client reads, until
-   * `total` bytes or the client lets go; then ends. Resolves with what it sent and whether the
-   * client let go first.
-   */
-  const flood = (res: http.ServerResponse, type: string, head: string, unit: string, total: number) =>
-    new Promise<{ sent: number; cut: boolean }>((resolve) => {
-      const chunk = Buffer.from(unit.repeat(Math.ceil(65536 / unit.length)));
-      let sent = 0;
-      let cut = false;
-      res.on("close", () => {
-        cut = !res.writableFinished;
-        resolve({ sent, cut });
-      });
-      res.writeHead(200, { "content-type": type });
-      res.write(head);
-      const more = () => {
-        while (!res.destroyed && sent < total) {
-          sent += chunk.length;
-          if (!res.write(chunk)) return void res.once("drain", more);
-        }
-        if (!res.destroyed) res.end();
-      };
-      more();
-    });
-
   test("a stream whose event never ends: stopped at the decoder's bound, not tried again", async () => {
     // 48 MiB of one data line with no line end, then the body ends. Before the bound the runner
     // read all of it into one string and failed on the JSON, as retryable.
-    let flooded!: Promise<{ sent: number; cut: boolean }>;
+    let flooded!: Promise<Flooded>;
     answer = (res) => void (flooded = flood(res, "text/event-stream", "data: ", "x", 48 * 1024 * 1024));
     const client = new OpenAIModelClient({ baseUrl: base, apiKey: "k" });
     const err = await failureOf(client);
@@ -187,7 +162,7 @@ describe("what other compatible servers answer", () => {
   });
 
   test("a turn whose model breaks the bound moves to its fallback and completes there", async () => {
-    let flooded!: Promise<{ sent: number; cut: boolean }>;
+    let flooded!: Promise<Flooded>;
     answer = (res) => void (flooded = flood(res, "text/event-stream", "data: ", "x", 48 * 1024 * 1024));
     process.env.TROUPE_TEST_OPENAI_KEY = KEY;
     const models = new ProviderModels(
@@ -222,7 +197,7 @@ describe("what other compatible servers answer", () => {
   test("an embeddings or learning answer past its bound: refused, not read on, not tried again", async () => {
     // An endless array of numbers. An embedding of 8 numbers for one text has a bound of about
     // 65 KB; a learning answer, 16 MiB.
-    const floods: Promise<{ sent: number; cut: boolean }>[] = [];
+    const floods: Promise<Flooded>[] = [];
     answer = (res) =>
       void floods.push(flood(res, "application/json", '{"data":[{"index":0,"embedding":[', "0.125,", 48 * 1024 * 1024));
     await assert.rejects(
