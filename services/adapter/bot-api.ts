@@ -2,6 +2,10 @@
 // every method is POST https://api.telegram.org/bot<token>/<method> with a JSON body, answered by
 // {"ok": true, "result": ...} or {"ok": false, "error_code", "description", "parameters"}, where
 // parameters.retry_after is how long flood control asks to wait. Only what the adapter uses.
+import { jsonUpTo } from "../shared/bounded-body.js";
+
+/** The longest answer read: getUpdates returns at most 100 updates. */
+const MAX_ANSWER_BYTES = 16 * 1024 * 1024;
 
 export class BotApiError extends Error {
   constructor(
@@ -72,7 +76,7 @@ export class BotApi {
       parameters?: { retry_after?: number };
     };
     try {
-      body = (await res.json()) as typeof body;
+      body = (await jsonUpTo(res, MAX_ANSWER_BYTES)) as typeof body;
     } catch {
       throw new BotApiError(res.status, `not a Bot API answer (HTTP ${res.status})`);
     }

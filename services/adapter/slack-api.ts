@@ -2,7 +2,10 @@
 // with a JSON body and the bot token as a bearer; the answer is {"ok": true, ...} or {"ok": false,
 // "error": "..."}; a rate limit is HTTP 429 with Retry-After in seconds
 // (https://api.slack.com/apis/rate-limits). Only what the adapter uses.
-import { downloadUpTo } from "../shared/bounded-body.js";
+import { discardBody, downloadUpTo, jsonUpTo } from "../shared/bounded-body.js";
+
+/** The longest Web API answer read: Slack's are a few kilobytes. */
+const MAX_ANSWER_BYTES = 4 * 1024 * 1024;
 
 export class SlackApiError extends Error {
   constructor(
@@ -28,12 +31,12 @@ export class SlackApi {
       signal: AbortSignal.timeout(15_000),
     });
     if (res.status === 429) {
-      await res.arrayBuffer().catch(() => undefined);
+      await discardBody(res);
       throw new SlackApiError("ratelimited", 429, Number(res.headers.get("retry-after")) || 1);
     }
     let body: { ok?: boolean; error?: string };
     try {
-      body = (await res.json()) as typeof body;
+      body = (await jsonUpTo(res, MAX_ANSWER_BYTES)) as typeof body;
     } catch {
       throw new SlackApiError(`not a Web API answer (HTTP ${res.status})`, res.status);
     }

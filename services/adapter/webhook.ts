@@ -6,6 +6,7 @@
 // timeout, an adapter killed at that moment) is sent again. 5xx, 408, 429 and network failures are
 // retried with backoff (honouring Retry-After) for up to REPLY_GIVE_UP_MS; other 4xx are final.
 import type http from "node:http";
+import { discardBody } from "../shared/bounded-body.js";
 import { ChatType } from "../shared/gen/troupe/v1/inbound_pb.js";
 import { RETRY_AFTER_TRAILER, Status, toStatus } from "../shared/errors.js";
 import { schemaProblems } from "../shared/json-schema.js";
@@ -154,7 +155,7 @@ export function webhookReplies(opts: WebhookOptions): ReplySink {
             body,
             signal: AbortSignal.timeout(REPLY_TIMEOUT_MS),
           });
-          await res.arrayBuffer().catch(() => undefined);
+          await discardBody(res);
           if (res.ok) return;
           if (res.status !== 408 && res.status !== 429 && res.status < 500) {
             opts.logger.error("the reply URL refused a reply; it is dropped", { status: res.status, delivery });

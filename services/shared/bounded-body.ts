@@ -45,3 +45,27 @@ export async function downloadUpTo(url: string, init: RequestInit, maxBytes: num
   if (failed !== undefined) throw failed;
   return over ? new Uint8Array() : new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength);
 }
+
+/** An answer longer than its reader's bound (jsonUpTo); the rest of it was not read. */
+export class BodyTooLarge extends Error {
+  constructor(readonly limit: number) {
+    super(`the answer is longer than ${limit} bytes; the rest was not read`);
+    this.name = "BodyTooLarge";
+  }
+}
+
+/**
+ * A JSON answer of at most `limit` bytes. Throws a BodyTooLarge when it is longer (having read no
+ * more than that), what reading threw when it failed, a SyntaxError when it is not JSON.
+ */
+export async function jsonUpTo(response: Response, limit: number): Promise<unknown> {
+  const { bytes, over, failed } = await readUpTo(response, limit);
+  if (failed !== undefined) throw failed;
+  if (over) throw new BodyTooLarge(limit);
+  return JSON.parse(bytes.toString("utf8"));
+}
+
+/** Lets go of a body whose content does not matter: a short one is read (its connection can serve again), a long one cut. */
+export async function discardBody(response: Response): Promise<void> {
+  await readUpTo(response, 64 * 1024);
+}

@@ -6,7 +6,7 @@
 // still tested against servers written from its API reference (test/helpers/openai-api.ts,
 // responses-api.ts, embeddings-api.ts).
 
-import { readUpTo } from "./bounded-body.js";
+import { BodyTooLarge, jsonUpTo, readUpTo } from "./bounded-body.js";
 
 const USER_AGENT = "troupe";
 /** The most of a refusal's body kept for its message: a provider's errors are a few hundred bytes. */
@@ -121,20 +121,12 @@ export const retryableStatus = (status: number): boolean =>
 /** The longest Retry-After a background call waits for before its one retry. */
 const MAX_RETRY_WAIT_MS = 10_000;
 
-/** An answer longer than its caller's bound (postForJson); the rest of it was not read. */
-export class AnswerTooLarge extends Error {
-  constructor(readonly limit: number) {
-    super(`the provider's answer is longer than ${limit} bytes; the rest was not read`);
-    this.name = "AnswerTooLarge";
-  }
-}
-
 /**
  * A JSON answer to one POST, for calls whose answer is read whole (learning, embeddings). Each try
  * is bounded by `timeoutMs`, and its answer by `maxBytes`: a broken endpoint must not fill the
  * service's memory. A retryable refusal or a failed connection gets one more try, after the
  * provider's Retry-After (at most 10 s) or half a second. Contract: resolves with the parsed
- * answer; rejects with a ProviderRefusal, a timeout or connection error, an AnswerTooLarge, or a
+ * answer; rejects with a ProviderRefusal, a timeout or connection error, a BodyTooLarge, or a
  * SyntaxError for an answer that is not JSON (the last two are not tried again).
  */
 export async function postForJson(
@@ -147,13 +139,10 @@ export async function postForJson(
   for (let attempt = 0; ; attempt++) {
     try {
       const response = await post(path, body, AbortSignal.timeout(timeoutMs));
-      const { bytes, over, failed } = await readUpTo(response, maxBytes);
-      if (over) throw new AnswerTooLarge(maxBytes);
-      if (failed !== undefined) throw failed;
-      return JSON.parse(bytes.toString("utf8"));
+      return await jsonUpTo(response, maxBytes);
     } catch (err) {
       const refused = err instanceof ProviderRefusal;
-      if (attempt > 0 || err instanceof SyntaxError || err instanceof AnswerTooLarge) throw err;
+      if (attempt > 0 || err instanceof SyntaxError || err instanceof BodyTooLarge) throw err;
       if (refused && !retryableStatus(err.status)) throw err;
       const asked = refused ? retryAfterMs(err.headers) : undefined;
       await new Promise((r) => setTimeout(r, Math.min(asked ?? 500, MAX_RETRY_WAIT_MS)));

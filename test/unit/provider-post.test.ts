@@ -8,7 +8,8 @@ import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { OpenAIModelClient } from "../../services/runner/chat-completions-model.js";
 import { ModelError, type ModelRequest } from "../../services/runner/model.js";
-import { AnswerTooLarge, errorOf } from "../../services/shared/provider-post.js";
+import { errorOf } from "../../services/shared/provider-post.js";
+import { BodyTooLarge } from "../../services/shared/bounded-body.js";
 import { MAX_EVENT_CHARS } from "../../services/runner/sse.js";
 import { type RpcError, Status } from "../../services/shared/errors.js";
 import { parseProviders, singleProvider } from "../../services/shared/providers.js";
@@ -202,12 +203,11 @@ describe("what other compatible servers answer", () => {
       void floods.push(flood(res, "application/json", '{"data":[{"index":0,"embedding":[', "0.125,", 48 * 1024 * 1024));
     await assert.rejects(
       new OpenAIEmbedder(base, "k", "e", 8).embed(["x"]),
-      (err: RpcError) =>
-        err.code === Status.UNAVAILABLE && /the provider's answer is longer than \d+ bytes/.test(err.message),
+      (err: RpcError) => err.code === Status.UNAVAILABLE && /the answer is longer than \d+ bytes/.test(err.message),
     );
     await assert.rejects(
       completionFor({ kind: "openai-compatible", baseUrl: base, apiKey: "k" }, "m")("system", "user"),
-      (err: Error) => err instanceof AnswerTooLarge && err.limit === 16 * 1024 * 1024,
+      (err: Error) => err instanceof BodyTooLarge && err.limit === 16 * 1024 * 1024,
     );
     assert.equal(floods.length, 2, "each asked once");
     for (const { sent, cut } of await Promise.all(floods)) {
