@@ -4,6 +4,7 @@
 import type Anthropic from "@anthropic-ai/sdk";
 import { lazyModule } from "../shared/lazy-module.js";
 import { rulesFor } from "../shared/model-rules.js";
+import { jsonUpTo } from "../shared/bounded-body.js";
 import { postForJson, providerPoster } from "../shared/provider-post.js";
 import type { ProviderSpec } from "../shared/providers.js";
 
@@ -30,13 +31,12 @@ export function completionFor(
       timeout: 60_000,
     });
     return async (system, user) => {
-      const res = await client.messages.create({
-        model,
-        max_tokens: 1024,
-        system,
-        messages: [{ role: "user", content: user }],
-      });
-      return res.content.map((b) => (b.type === "text" ? b.text : "")).join("");
+      // The SDK sends (its retries, its errors); the answer is read here, to its bound.
+      const response = await client.messages
+        .create({ model, max_tokens: 1024, system, messages: [{ role: "user", content: user }] })
+        .asResponse();
+      const res = (await jsonUpTo(response, MAX_ANSWER_BYTES)) as Anthropic.Message;
+      return (res.content ?? []).map((b) => (b.type === "text" ? b.text : "")).join("");
     };
   }
   const post = providerPoster(provider, fetch);

@@ -195,7 +195,7 @@ describe("what other compatible servers answer", () => {
     }
   });
 
-  test("an embeddings or learning answer past its bound: refused, not read on, not tried again", async () => {
+  test("an embeddings or learning answer (OpenAI's kinds and Anthropic's) past its bound: refused, not read on, not tried again", async () => {
     // An endless array of numbers. An embedding of 8 numbers for one text has a bound of about
     // 65 KB; a learning answer, 16 MiB.
     const floods: Promise<Flooded>[] = [];
@@ -209,7 +209,11 @@ describe("what other compatible servers answer", () => {
       completionFor({ kind: "openai-compatible", baseUrl: base, apiKey: "k" }, "m")("system", "user"),
       (err: Error) => err instanceof BodyTooLarge && err.limit === 16 * 1024 * 1024,
     );
-    assert.equal(floods.length, 2, "each asked once");
+    await assert.rejects(
+      completionFor({ kind: "anthropic", baseUrl: `${base}`, apiKey: "k" }, "claude-haiku-4-5")("system", "user"),
+      (err: Error) => err instanceof BodyTooLarge && err.limit === 16 * 1024 * 1024,
+    );
+    assert.equal(floods.length, 3, "each asked once");
     for (const { sent, cut } of await Promise.all(floods)) {
       assert.ok(cut, "the service let the connection go");
       assert.ok(sent < 32 * 1024 * 1024, `${sent} bytes sent before it did`);
