@@ -85,10 +85,10 @@ export type ModelChunk =
       reasoning?: string;
     };
 
-/** A failed model call. `status` is the HTTP status when the endpoint answered. */
 /** The code of a ModelError for a stream that sent an event past the SSE decoder's bound. */
 export const EVENT_TOO_LARGE = "stream_event_too_large";
 
+/** A failed model call. `status` is the HTTP status when the endpoint answered. */
 export class ModelError extends Error {
   constructor(
     message: string,
