@@ -3,32 +3,37 @@
 // service spends: a broken model endpoint, or a chat platform's file that is bigger than it said.
 
 /**
- * A body read until it ends or passes `limit` bytes, then let go (the rest is not read, and the
- * connection is released). `over`: it passed the limit; `failed`: reading it threw, after the
- * bytes returned.
+ * A body (a Node stream or a fetch answer's) read until it ends or passes `limit` bytes, then let
+ * go: leaving the loop early ends the stream, so the rest is not read. `over`: it passed the
+ * limit (`bytes` holds what came, a little past it); `failed`: reading threw, after `bytes`.
  */
 export async function readUpTo(
-  response: Response,
+  body: AsyncIterable<Uint8Array> | null,
   limit: number,
 ): Promise<{ bytes: Buffer; over: boolean; failed?: unknown }> {
-  if (!response.body) return { bytes: Buffer.alloc(0), over: false };
-  const reader = response.body.getReader();
   const parts: Uint8Array[] = [];
   let size = 0;
   let failed: unknown;
   try {
-    while (size <= limit) {
-      const { done, value } = await reader.read();
-      if (done) break;
-      parts.push(value);
-      size += value.byteLength;
+    for await (const chunk of body ?? []) {
+      parts.push(chunk);
+      size += chunk.byteLength;
+      if (size > limit) break;
     }
   } catch (err) {
     failed = err;
-  } finally {
-    reader.cancel().catch(() => undefined);
   }
   return { bytes: Buffer.concat(parts, size), over: size > limit, failed };
+}
+
+/** A body read to its end, or to `maxBytes`: what came (at most maxBytes), and whether it was cut. Throws what reading threw. */
+export async function readCapped(
+  body: AsyncIterable<Uint8Array> | null,
+  maxBytes: number,
+): Promise<{ data: Buffer; truncated: boolean }> {
+  const { bytes, over, failed } = await readUpTo(body, maxBytes);
+  if (failed !== undefined) throw failed;
+  return { data: over ? bytes.subarray(0, maxBytes) : bytes, truncated: over };
 }
 
 /**
@@ -41,9 +46,8 @@ export async function downloadUpTo(url: string, init: RequestInit, maxBytes: num
     await res.body?.cancel().catch(() => undefined);
     return new Uint8Array();
   }
-  const { bytes, over, failed } = await readUpTo(res, maxBytes);
-  if (failed !== undefined) throw failed;
-  return over ? new Uint8Array() : new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const { data, truncated } = await readCapped(res.body, maxBytes);
+  return truncated ? new Uint8Array() : new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
 }
 
 /** An answer longer than its reader's bound (jsonUpTo); the rest of it was not read. */
@@ -59,13 +63,12 @@ export class BodyTooLarge extends Error {
  * more than that), what reading threw when it failed, a SyntaxError when it is not JSON.
  */
 export async function jsonUpTo(response: Response, limit: number): Promise<unknown> {
-  const { bytes, over, failed } = await readUpTo(response, limit);
-  if (failed !== undefined) throw failed;
-  if (over) throw new BodyTooLarge(limit);
-  return JSON.parse(bytes.toString("utf8"));
+  const { data, truncated } = await readCapped(response.body, limit);
+  if (truncated) throw new BodyTooLarge(limit);
+  return JSON.parse(data.toString("utf8"));
 }
 
 /** Lets go of a body whose content does not matter: a short one is read (its connection can serve again), a long one cut. */
 export async function discardBody(response: Response): Promise<void> {
-  await readUpTo(response, 64 * 1024);
+  await readUpTo(response.body, 64 * 1024);
 }

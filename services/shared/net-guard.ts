@@ -9,8 +9,8 @@
 // A refusal is a NetRefusal whose message says why; nothing is sent to a refused address.
 import { lookup } from "node:dns/promises";
 import { isIP } from "node:net";
-import type { Readable } from "node:stream";
 import { undiciAgent } from "./undici-agent.js";
+import { readCapped } from "./bounded-body.js";
 import { addressRefusal, BLOCKED_NAMES, blockList } from "./address-ranges.js";
 
 export class NetRefusal extends Error {}
@@ -177,21 +177,4 @@ async function send(
     await agent.destroy().catch(() => undefined);
     throw err;
   }
-}
-
-/** A stream read to its end, or to `maxBytes` (then destroyed): what came, and whether it was cut. */
-export async function readCapped(stream: Readable, maxBytes: number): Promise<{ data: Buffer; truncated: boolean }> {
-  const parts: Buffer[] = [];
-  let size = 0;
-  for await (const chunk of stream) {
-    const b = chunk as Buffer;
-    if (size + b.length > maxBytes) {
-      parts.push(b.subarray(0, maxBytes - size));
-      stream.destroy();
-      return { data: Buffer.concat(parts), truncated: true };
-    }
-    parts.push(b);
-    size += b.length;
-  }
-  return { data: Buffer.concat(parts), truncated: false };
 }

@@ -82,7 +82,7 @@ export function providerPoster(endpoint: ProviderEndpoint, fetch: Fetch): Provid
 
 /** The first MAX_ERROR_BYTES of an answer's body as text; the rest is not read. */
 async function leadingText(response: Response): Promise<string> {
-  const { bytes } = await readUpTo(response, MAX_ERROR_BYTES);
+  const { bytes } = await readUpTo(response.body, MAX_ERROR_BYTES);
   // A body cut while we read it still leaves the status, which is what matters.
   return bytes.subarray(0, MAX_ERROR_BYTES).toString("utf8");
 }
