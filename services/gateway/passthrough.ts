@@ -2,7 +2,7 @@
 // the gateway must decode, how it leaves a runner's stream without a reset, and the one-byte change
 // that turns an Attach event into a Subscribe event.
 import type { MessageInitShape } from "@bufbuild/protobuf";
-import { BinaryReader, WireType } from "@bufbuild/protobuf/wire";
+import { WireType } from "@bufbuild/protobuf/wire";
 import { SubscribeResponseSchema } from "../shared/gen/troupe/v1/gateway_pb.js";
 import { AttachResponseSchema, type AttachRequestSchema } from "../shared/gen/troupe/v1/runner_pb.js";
 import { AgentEventSchema } from "../shared/gen/troupe/v1/session_pb.js";
@@ -16,30 +16,89 @@ import { unavailable } from "../shared/errors.js";
 // number, so an Attach event becomes one by changing its tag byte.
 const OPENED = AttachResponseSchema.field.opened.number;
 const EVENT = AttachResponseSchema.field.event.number;
-const OBSERVED = new Set([
-  AgentEventSchema.field.agentStart.number,
-  AgentEventSchema.field.agentEnd.number,
-  AgentEventSchema.field.queueApplied.number,
-]);
+const AGENT_START = AgentEventSchema.field.agentStart.number;
+const AGENT_END = AgentEventSchema.field.agentEnd.number;
+const QUEUE_APPLIED = AgentEventSchema.field.queueApplied.number;
 
-/** Whether a runner response is one the gateway must look into; most are only forwarded. */
+/**
+ * Whether a runner response is one the gateway must look into; most are only forwarded. It runs
+ * once per token, so it reads tags in place rather than through a BinaryReader (about 670 ns a
+ * call there, with its allocations). It stops at the event: what follows is not read. Anything
+ * before that it cannot read as plain wire data (a group, a cut varint, a length past the end)
+ * answers true, so that fromBinary decides and reports it.
+ */
 export function needsDecoding(bytes: Uint8Array): boolean {
-  const r = new BinaryReader(bytes);
-  while (r.pos < r.len) {
-    const [no, wire] = r.tag();
+  const end = bytes.length;
+  let pos = 0;
+  while (pos < end) {
+    const tag = varintAt(bytes, pos);
+    if (tag < 0) return true;
+    pos = cursor;
+    const no = tag >>> 3;
+    const wire = tag & 7;
     if (no === OPENED) return true;
     if (no === EVENT && wire === WireType.LengthDelimited) {
-      const ev = new BinaryReader(r.bytes());
-      while (ev.pos < ev.len) {
-        const [field, w] = ev.tag();
-        if (OBSERVED.has(field)) return true;
-        ev.skip(w, field);
-      }
-      return false;
+      const len = varintAt(bytes, pos);
+      if (len < 0 || cursor + len > end) return true;
+      return eventObserved(bytes, cursor, cursor + len);
     }
-    r.skip(wire, no);
+    pos = skipValue(bytes, pos, wire, end);
+    if (pos < 0) return true;
   }
   return false;
+}
+
+/** Whether the AgentEvent in bytes[from, to) carries a payload the gateway observes. */
+function eventObserved(bytes: Uint8Array, from: number, to: number): boolean {
+  let pos = from;
+  while (pos < to) {
+    const tag = varintAt(bytes, pos);
+    if (tag < 0) return true;
+    const no = tag >>> 3;
+    if (no === AGENT_START || no === AGENT_END || no === QUEUE_APPLIED) return true;
+    pos = skipValue(bytes, cursor, tag & 7, to);
+    if (pos < 0) return true;
+  }
+  return false;
+}
+
+// Where varintAt stopped reading; a module variable so that no call allocates.
+let cursor = 0;
+
+/**
+ * The varint at pos, up to 2^32 - 1 (a tag or a length), with `cursor` set past it; -1 for one
+ * that is cut short or larger.
+ */
+function varintAt(bytes: Uint8Array, pos: number): number {
+  let value = 0;
+  for (let shift = 0; shift < 31 && pos < bytes.length; shift += 7) {
+    const b = bytes[pos++]!;
+    value |= (b & 0x7f) << shift;
+    if (b < 0x80) {
+      cursor = pos;
+      return shift < 28 || b < 0x10 ? value >>> 0 : -1;
+    }
+  }
+  return -1;
+}
+
+/** The position after a value of this wire type starting at pos; -1 if it does not fit before end. */
+function skipValue(bytes: Uint8Array, pos: number, wire: number, end: number): number {
+  switch (wire) {
+    case WireType.Varint:
+      for (let i = 0; i < 10 && pos < end; i++) if (bytes[pos++]! < 0x80) return pos;
+      return -1;
+    case WireType.Bit64:
+      return pos + 8 <= end ? pos + 8 : -1;
+    case WireType.Bit32:
+      return pos + 4 <= end ? pos + 4 : -1;
+    case WireType.LengthDelimited: {
+      const len = varintAt(bytes, pos);
+      return len >= 0 && cursor + len <= end ? cursor + len : -1;
+    }
+    default:
+      return -1;
+  }
 }
 
 export type AttachRequestInit = MessageInitShape<typeof AttachRequestSchema>;
