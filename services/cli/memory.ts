@@ -9,7 +9,7 @@ import { loadConfig } from "../shared/config.js";
 import { describeError } from "../shared/errors.js";
 import { AddOutcome, MemoryService } from "../shared/gen/troupe/v1/memory_pb.js";
 import { createClient } from "../shared/rpc.js";
-import type { Config } from "../shared/config.js";
+import type { Config } from "../shared/config-types.js";
 import { createLogger } from "../shared/log.js";
 import { reembed } from "../memory/reembed.js";
 import { embedderFor } from "../memory/server.js";

@@ -4,7 +4,8 @@
 // passes; `doctor` prints what to do about each one that does not.
 import { access, constants, readFile } from "node:fs/promises";
 import { Engine, engineAddress } from "../sandbox/engine.js";
-import { loadConfig, modelBaseUrl, type Config } from "../shared/config.js";
+import { loadConfig, modelBaseUrl } from "../shared/config.js";
+import type { Config } from "../shared/config-types.js";
 import { Health, HealthCheckResponse_ServingStatus as Serving } from "../shared/gen/grpc/health/v1/health_pb.js";
 import { createClient } from "../shared/rpc.js";
 import { CLIENT_FLAGS } from "./gateway-client.js";

@@ -4,7 +4,7 @@
 // models and files for the workspace (media.ts); the owner's inboxes hear of the session at once.
 import { create } from "@bufbuild/protobuf";
 import { callerOf, identityMetadata, identityOf } from "../shared/auth.js";
-import type { Config } from "../shared/config.js";
+import type { Config } from "../shared/config-types.js";
 import { Status, grpcCode, permissionDenied } from "../shared/errors.js";
 import { catchStopCommand } from "../shared/frames.js";
 import type { DeliverRequest } from "../shared/gen/troupe/v1/gateway_pb.js";

@@ -1,7 +1,7 @@
 // The gateway's API keys, reloaded as the file changes, and its open streams by key, so that a
 // revoked key's streams end at the next reload.
 import { ApiKeys } from "../shared/api-keys.js";
-import type { Config } from "../shared/config.js";
+import type { Config } from "../shared/config-types.js";
 import { RpcError, Status } from "../shared/errors.js";
 import type { Logger } from "../shared/log.js";
 

@@ -4,7 +4,7 @@
 // the router is never on that path.
 import { create } from "@bufbuild/protobuf";
 import { apiKeyAuth, callerOf, identityOf, internalCredentials, onBehalfOf } from "../shared/auth.js";
-import type { Config } from "../shared/config.js";
+import type { Config } from "../shared/config-types.js";
 import { invalidArgument, toStatus } from "../shared/errors.js";
 import { catchStopCommand, validateFrame, validateModelName, validateSessionRef } from "../shared/frames.js";
 import { AdminService } from "../shared/gen/troupe/v1/admin_pb.js";

@@ -7,7 +7,7 @@ import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import { trace } from "@opentelemetry/api";
 import { instruments, secondsSince } from "../shared/metrics.js";
 import { internalCredentials, internalServing, NAME } from "../shared/auth.js";
-import type { Config } from "../shared/config.js";
+import type { Config } from "../shared/config-types.js";
 import { invalidArgument, invalidArgumentIf } from "../shared/errors.js";
 import { validateSessionRef } from "../shared/frames.js";
 import {

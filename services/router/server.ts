@@ -11,7 +11,7 @@ import type pg from "pg";
 import { liveRunners } from "../shared/membership.js";
 import { openPool } from "../shared/pg.js";
 import { identityOf, internalCredentials, internalServing } from "../shared/auth.js";
-import type { Config } from "../shared/config.js";
+import type { Config } from "../shared/config-types.js";
 import { invalidArgument, invalidArgumentIf, unavailable } from "../shared/errors.js";
 import { ChatType, type ChannelContext } from "../shared/gen/troupe/v1/inbound_pb.js";
 import { ReloadingFile } from "../shared/reloading-file.js";

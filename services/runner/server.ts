@@ -11,7 +11,7 @@ import {
   internalServing,
   sameIdentity,
 } from "../shared/auth.js";
-import type { Config } from "../shared/config.js";
+import type { Config } from "../shared/config-types.js";
 import { modelBaseUrl } from "../shared/config.js";
 import { invalidArgument, invalidArgumentIf } from "../shared/errors.js";
 import { triggerFrameId, validateFrame } from "../shared/frames.js";

@@ -9,7 +9,7 @@
 // trusted to: after KILL_TIMEOUT_MS its container is removed instead.
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import { identityOf, internalCredentials, internalServing } from "../shared/auth.js";
-import type { Config } from "../shared/config.js";
+import type { Config } from "../shared/config-types.js";
 import { failedPrecondition, invalidArgumentIf, notFound, unavailable } from "../shared/errors.js";
 import { instruments } from "../shared/metrics.js";
 import { FileType, SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";

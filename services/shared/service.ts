@@ -2,7 +2,8 @@
 // NOT_SERVING, running calls get a grace period) and flush telemetry before exiting. Several
 // services may share one process (`troupe up --one-process`): they start in the order given and
 // drain in the reverse order, each still on its own ports.
-import { unknownVariables, type Config } from "./config.js";
+import { unknownVariables } from "./config.js";
+import type { Config } from "./config-types.js";
 import { describeTrim, startIdleTrim } from "./idle-trim.js";
 import { createLogger, type Logger } from "./log.js";
 import { startMetrics, type Metrics } from "./metrics.js";

@@ -10,7 +10,7 @@ import {
   type TextMapSetter,
 } from "@opentelemetry/api";
 import type { Metadata } from "@grpc/grpc-js";
-import type { Config } from "./config.js";
+import type { Config } from "./config-types.js";
 
 export const tracer = trace.getTracer("troupe", "0.1.0");
 
