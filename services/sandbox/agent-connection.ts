@@ -2,8 +2,8 @@
 // container, over the container's attached stdin and stdout, carrying framed requests and replies.
 // A command costs a frame each way instead of a Docker API exec.
 //
-// The frames are agent-frames.ts's. Docker wraps the container's output in its own 8-byte headers
-// (stream, length), unwrapped here first; the agent's stderr is diagnostics only.
+// The frames are agent-frames.ts's. agent-unframer.ts cuts the container's output into them (after
+// Docker's own 8-byte headers); the agent's stderr is diagnostics only.
 //
 // The other end is inside a sandbox, so this side trusts nothing it reads: every length is
 // checked against a cap and against what is there before anything is read, output beyond the
@@ -15,8 +15,8 @@ import type { Container } from "./engine.js";
 import { AgentSockets, type AgentSocket, type NetRep } from "./agent-socket.js";
 import type { EgressState } from "./egress-proxy.js";
 import { AgentDiagnostics } from "./agent-diagnostics.js";
-import { ChunkWait } from "./chunk-wait.js";
-import { AGENT_VERSION, MAX_DOCKER_CHUNK, MAX_FRAME, Rep, Req, SYNC_MAGIC, frame, u32 } from "./agent-frames.js";
+import { AgentUnframer, ProtocolViolation, violation } from "./agent-unframer.js";
+import { AGENT_VERSION, Rep, Req, frame, u32 } from "./agent-frames.js";
 
 const HELLO_TIMEOUT_MS = 5000;
 
@@ -32,13 +32,6 @@ export class AgentError extends Error {
 
 /** The connection ended (the container stopped, the engine dropped the attach, or the agent broke the protocol). */
 export class AgentGone extends Error {}
-
-/** What the agent sent is not the protocol: the connection ends, and the sandbox with it. */
-class ProtocolViolation extends Error {}
-
-function violation(message: string): never {
-  throw new ProtocolViolation(message);
-}
 
 export interface AgentExit {
   /** 128 + the signal's number when a signal ended it. */
@@ -129,14 +122,12 @@ export class AgentConnection {
   private readonly execs = new Map<number, ExecState>();
   /** The agent's stderr, escaped and rate-limited on its way to options.diagnostics. */
   private readonly diagnostics: AgentDiagnostics;
-  /** Docker's framing (8-byte headers) not yet complete, and the chunks held until it is. */
-  private raw: Buffer = Buffer.alloc(0);
-  private readonly rawWait = new ChunkWait();
-  /** The agent's frames not yet complete, and the chunks held until they are. */
-  private buf: Buffer = Buffer.alloc(0);
-  private readonly bufWait = new ChunkWait();
-  /** Until the agent's reply to our HELLO, bytes are skipped up to the sync marker. */
-  private synced = false;
+  /** The agent's bytes, cut into frames (agent-unframer.ts). */
+  private readonly unframer = new AgentUnframer({
+    stderr: (text) => this.diagnostics.report(text),
+    frame: (type, id, payload) => this.dispatch(type, id, payload),
+    stopped: () => this.ended !== undefined,
+  });
   private ended: Error | undefined;
   /** close() was called: the end that follows is ours. */
   private closing = false;
@@ -194,7 +185,7 @@ export class AgentConnection {
    * Sets claimedFor from its answer.
    */
   async hello(): Promise<void> {
-    this.synced = false;
+    this.unframer.resync();
     const reply = await within(
       this.request(Req.Hello, this.nextId++),
       HELLO_TIMEOUT_MS,
@@ -315,63 +306,12 @@ export class AgentConnection {
   private receive(chunk: Buffer) {
     if (this.ended) return;
     try {
-      this.onRaw(chunk);
+      this.unframer.push(chunk);
     } catch (err) {
       const reason = err instanceof ProtocolViolation ? err.message : `unreadable output (${(err as Error).message})`;
       this.end(new AgentGone(`the sandbox's agent broke the protocol: ${reason}`));
       this.stream.destroy();
       this.options.broken?.(reason);
-    }
-  }
-
-  private onRaw(chunk: Buffer) {
-    const joined = this.rawWait.join(this.raw, chunk);
-    if (!joined) return;
-    this.raw = joined;
-    while (this.raw.length >= 8 && !this.ended) {
-      const stream = this.raw[0];
-      const size = this.raw.readUInt32BE(4);
-      if (stream !== 1 && stream !== 2) violation(`a chunk on stream ${stream}`);
-      if (size > MAX_DOCKER_CHUNK) violation(`a chunk of ${size} bytes`);
-      if (this.raw.length < 8 + size) {
-        this.rawWait.want(8 + size - this.raw.length);
-        break;
-      }
-      const body = this.raw.subarray(8, 8 + size);
-      this.raw = this.raw.subarray(8 + size);
-      if (stream === 2) this.diagnostics.report(body.toString("utf8"));
-      else this.onFrames(body);
-    }
-  }
-
-  private onFrames(chunk: Buffer) {
-    const joined = this.bufWait.join(this.buf, chunk);
-    if (!joined) return;
-    this.buf = joined;
-    if (!this.synced) {
-      // Bytes of frames meant for an earlier connection may come first: skip to the marker.
-      const at = this.buf.indexOf(SYNC_MAGIC);
-      if (at < 0) {
-        this.buf = this.buf.subarray(Math.max(0, this.buf.length - SYNC_MAGIC.length + 1));
-        return;
-      }
-      this.buf = this.buf.subarray(at + SYNC_MAGIC.length);
-      this.synced = true;
-    }
-    while (this.buf.length >= 4 && !this.ended) {
-      const len = this.buf.readUInt32BE(0);
-      // Checked before waiting for it: a huge claim is refused now, not buffered for.
-      if (len < 5 || len > MAX_FRAME) violation(`a frame of ${len} bytes`);
-      if (this.buf.length < 4 + len) {
-        this.bufWait.want(4 + len - this.buf.length);
-        break;
-      }
-      const type = this.buf[4];
-      const id = this.buf.readUInt32BE(5);
-      // Copied: the payload may outlive the buffer it arrived in (queued output, file data).
-      const payload = Buffer.from(this.buf.subarray(9, 4 + len));
-      this.buf = this.buf.subarray(4 + len);
-      this.dispatch(type, id, payload);
     }
   }
 
