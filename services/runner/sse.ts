@@ -39,24 +39,55 @@ export class SseDecoder {
   private dataChars = 0;
   /** How much of `buffer`'s start is known to hold no line end. */
   private unscanned = 0;
+  /**
+   * Reads with no line end that came after `buffer`, kept apart until one does: appending each to
+   * `buffer` would copy the whole unended line again on every read (the search flattens it).
+   */
+  private held: string[] = [];
+  private heldChars = 0;
 
   constructor(private readonly maxEventChars = MAX_EVENT_CHARS) {}
 
   /** Decodes one network read; returns the events it completed. Throws SseEventTooLarge. */
   push(bytes: Uint8Array): SseEvent[] {
-    this.buffer += this.decoder.decode(bytes, { stream: true });
+    const text = this.decoder.decode(bytes, { stream: true });
+    // Held only after a line that is already going and does not end in a CR (which may be
+    // half a CRLF, and is read as a line end once the next character is known).
+    if (this.buffer !== "" && this.buffer.charCodeAt(this.buffer.length - 1) !== 13 && !hasLineEnd(text)) {
+      this.held.push(text);
+      this.heldChars += text.length;
+      this.checkBound();
+      return [];
+    }
+    this.append(text);
     const out = this.lines(false);
-    if (this.dataChars + this.buffer.length > this.maxEventChars) throw new SseEventTooLarge(this.maxEventChars);
+    this.checkBound();
     return out;
   }
 
   /** The body ended: whatever is left forms the last event. */
   end(): SseEvent[] {
-    this.buffer += this.decoder.decode();
+    this.append(this.decoder.decode());
     const out = this.lines(true);
     const last = this.take();
     if (last) out.push(last);
     return out;
+  }
+
+  /** `text` after the buffer and what is held (which holds no line end, so needs no search). */
+  private append(text: string): void {
+    if (this.held.length > 0) {
+      this.buffer += this.held.join("");
+      this.unscanned = this.buffer.length;
+      this.held = [];
+      this.heldChars = 0;
+    }
+    this.buffer += text;
+  }
+
+  private checkBound(): void {
+    if (this.dataChars + this.buffer.length + this.heldChars > this.maxEventChars)
+      throw new SseEventTooLarge(this.maxEventChars);
   }
 
   private lines(final: boolean): SseEvent[] {
@@ -120,4 +151,8 @@ export class SseDecoder {
     this.data = [];
     return out;
   }
+}
+
+function hasLineEnd(text: string): boolean {
+  return text.indexOf("\n") >= 0 || text.indexOf("\r") >= 0;
 }
