@@ -4,20 +4,26 @@
 // answer, what turn spans observe). Frames sent before the runner answered the open wait in order;
 // over a limit the stream ends with RESOURCE_EXHAUSTED. A runner gone before it answered the open
 // is tried once more where the session is placed now.
-import { create, fromBinary } from "@bufbuild/protobuf";
+import { create } from "@bufbuild/protobuf";
 import { context } from "@opentelemetry/api";
 import { callerOf, identityOf, onBehalfOf } from "../shared/auth.js";
 import { Status, toStatus } from "../shared/errors.js";
 import { catchStopCommand, validateFrame } from "../shared/frames.js";
 import type { ChatRequest, ChatResponse } from "../shared/gen/troupe/v1/gateway_pb.js";
-import { AttachResponseSchema } from "../shared/gen/troupe/v1/runner_pb.js";
+import type { AttachResponse } from "../shared/gen/troupe/v1/runner_pb.js";
 import { ClientFrameSchema, type ClientFrame } from "../shared/gen/troupe/v1/session_pb.js";
 import { DEFAULT_AGENT } from "../shared/ids.js";
 import type { Logger } from "../shared/log.js";
 import type { grpc } from "../shared/rpc.js";
 import { extractContext } from "../shared/telemetry.js";
 import type { GatewayLimits } from "./limits.js";
-import { answerWithin, leaveRunnerCall, needsDecoding, type AttachRequestInit } from "./passthrough.js";
+import {
+  answerWithin,
+  decodeRunnerResponse,
+  leaveRunnerCall,
+  needsDecoding,
+  type AttachRequestInit,
+} from "./passthrough.js";
 import type { PlacementCache, RunnerPool } from "./placement.js";
 import type { StreamsByKey } from "./revocation.js";
 import { TurnSpans } from "./turn-spans.js";
@@ -97,7 +103,13 @@ export function chatHandler(deps: ChatDeps): (call: grpc.ServerDuplexStream<Chat
         answer.heard();
         if (state === "done") return;
         if (needsDecoding(bytes)) {
-          const resp = fromBinary(AttachResponseSchema, bytes);
+          let resp: AttachResponse;
+          try {
+            resp = decodeRunnerResponse(bytes);
+          } catch (err) {
+            finish(err);
+            return;
+          }
           if (resp.kind.case === "opened") {
             agentId = resp.kind.value.agentId;
             state = "open";

@@ -4,17 +4,16 @@
 // POLL_MS (and at once when a Deliver through this gateway touches one), attaches to those with
 // events the client has not had, and leaves a session that has been quiet for IDLE_DETACH_MS.
 // Backpressure: when the client stops reading, every runner stream of its inbox pauses.
-import { fromBinary } from "@bufbuild/protobuf";
 import { timestampMs } from "@bufbuild/protobuf/wkt";
 import type { Identity } from "../shared/auth.js";
 import { Status, grpcCode, toStatus } from "../shared/errors.js";
 import type { SubscribeInboxResponse } from "../shared/gen/troupe/v1/gateway_pb.js";
-import { AttachResponseSchema } from "../shared/gen/troupe/v1/runner_pb.js";
+import type { AttachResponse } from "../shared/gen/troupe/v1/runner_pb.js";
 import type { AgentEvent, SessionInfo } from "../shared/gen/troupe/v1/session_pb.js";
 import type { Logger } from "../shared/log.js";
 import type { grpc } from "../shared/rpc.js";
 import { decodeCursor, encodeCursor } from "./inbox-cursor.js";
-import { answerWithin, leaveRunnerCall, type AttachRequestInit } from "./passthrough.js";
+import { answerWithin, decodeRunnerResponse, leaveRunnerCall, type AttachRequestInit } from "./passthrough.js";
 import type { PlacementCache, RunnerPool } from "./placement.js";
 
 const POLL_MS = 2000;
@@ -188,7 +187,14 @@ export class InboxStream {
         let failed = false;
         call.on("data", (bytes: Buffer) => {
           answer.heard();
-          const res = fromBinary(AttachResponseSchema, bytes);
+          let res: AttachResponse;
+          try {
+            res = decodeRunnerResponse(bytes);
+          } catch (err) {
+            this.lost(id, entry, err);
+            call.cancel();
+            return;
+          }
           if (res.kind.case === "event") this.handOver(res.kind.value);
           if (this.attached.get(id) === entry) entry.idle.refresh();
         });

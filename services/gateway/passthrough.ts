@@ -1,13 +1,17 @@
 // Byte passthrough between a runner's Attach stream and a client's Chat or Subscribe stream: what
 // the gateway must decode, how it leaves a runner's stream without a reset, and the one-byte change
 // that turns an Attach event into a Subscribe event.
-import type { MessageInitShape } from "@bufbuild/protobuf";
+import { fromBinary, type MessageInitShape } from "@bufbuild/protobuf";
 import { WireType } from "@bufbuild/protobuf/wire";
 import { SubscribeResponseSchema } from "../shared/gen/troupe/v1/gateway_pb.js";
-import { AttachResponseSchema, type AttachRequestSchema } from "../shared/gen/troupe/v1/runner_pb.js";
+import {
+  AttachResponseSchema,
+  type AttachRequestSchema,
+  type AttachResponse,
+} from "../shared/gen/troupe/v1/runner_pb.js";
 import { AgentEventSchema } from "../shared/gen/troupe/v1/session_pb.js";
 import type { grpc } from "../shared/rpc.js";
-import { unavailable } from "../shared/errors.js";
+import { RpcError, Status, unavailable } from "../shared/errors.js";
 
 // The runner's AttachResponse and the client's ChatResponse have the same fields under the same
 // numbers, so the runner's bytes are the client's bytes: the gateway forwards them without
@@ -98,6 +102,22 @@ function skipValue(bytes: Uint8Array, pos: number, wire: number, end: number): n
     }
     default:
       return -1;
+  }
+}
+
+/**
+ * A runner's response, decoded; INTERNAL if it cannot be. It is read in a stream's data handler,
+ * where a throw would escape into grpc-js and end the process, with every tenant's streams: the
+ * caller ends that one stream with this error instead.
+ */
+export function decodeRunnerResponse(bytes: Uint8Array): AttachResponse {
+  try {
+    return fromBinary(AttachResponseSchema, bytes);
+  } catch (err) {
+    throw new RpcError(
+      Status.INTERNAL,
+      `the session's runner sent a response the gateway cannot read (${(err as Error).message})`,
+    );
   }
 }
 
