@@ -145,7 +145,6 @@ export interface Config {
   /** Sandbox: TLS to a tcp:// engine, with the certificates of dockerCertPath. */
   dockerTlsVerify: boolean;
   dockerCertPath: string;
-  /** Tracing (OTLP over HTTP); no endpoint: tracing is off. */
   /** Prometheus' /metrics on this host:port; empty: none. */
   metricsAddr: string;
   /** Metrics go to the OTLP endpoint too (OTEL_METRICS_EXPORTER, OTEL_SDK_DISABLED). */
