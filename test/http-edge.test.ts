@@ -4,6 +4,8 @@
 // CreateSession, SendMessage, Subscribe; statuses are the gRPC API's, as Connect codes.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
+import http2 from "node:http2";
+import net from "node:net";
 import { Code, ConnectError, createClient, type Client } from "@connectrpc/connect";
 import { createConnectTransport, createGrpcWebTransport } from "@connectrpc/connect-node";
 import { GatewayService } from "../services/shared/gen/troupe/v1/gateway_pb.js";
@@ -173,6 +175,46 @@ describe("the HTTP face of the gateway", () => {
     const health = await fetch(`${base}/healthz`);
     assert.equal(await health.text(), "ok\n");
     assert.equal((await fetch(`${base}/nowhere`)).status, 404);
+  });
+
+  test("a request target that is not a URL gets 400 over HTTP/1.1 and HTTP/2; the gateway stays up", async () => {
+    const gateway = stack.process("gateway")!;
+    const [host, port] = [stack.addr.http.split(":")[0], Number(stack.addr.http.split(":")[1])];
+    /** One raw HTTP/1.1 request, as any client on the network may send it; the status line back. */
+    const raw = (target: string) =>
+      new Promise<string>((resolve, reject) => {
+        const socket = net.connect(port, host, () => socket.write(`GET ${target} HTTP/1.1\r\nHost: x\r\n\r\n`));
+        let got = "";
+        socket.on("data", (d) => {
+          got += d.toString("latin1");
+          if (got.includes("\r\n")) socket.destroy(), resolve(got.split("\r\n")[0]);
+        });
+        socket.on("error", reject);
+        socket.on("close", () => resolve(got.split("\r\n")[0]));
+      });
+    for (const target of ["http://[", "//[", "http://troupe:99999/v1/models"])
+      assert.equal(await raw(target), "HTTP/1.1 400 Bad Request", target);
+    // A model id whose escapes do not decode names no model: 404, as for any other unknown one.
+    const models = await fetch(`${base}/v1/models/%E0%A4%A`, { headers: auth() });
+    assert.equal(models.status, 404);
+    assert.equal(((await models.json()) as { error: { code: string } }).error.code, "model_not_found");
+
+    const h2 = http2.connect(base);
+    try {
+      const status = await new Promise<number>((resolve, reject) => {
+        // nghttp2 refuses a :path not starting with "/" itself; this one starts with "/".
+        const req = h2.request({ ":method": "GET", ":path": "//[" });
+        req.on("response", (headers) => resolve(Number(headers[":status"])));
+        req.on("error", reject);
+        req.end();
+      });
+      assert.equal(status, 400);
+    } finally {
+      h2.close();
+    }
+    assert.equal(gateway.exitCode, null, "the gateway process is still running");
+    assert.equal(stack.process("gateway"), gateway, "and was not restarted");
+    assert.equal((await post("ListSessions", {})).status, 200);
   });
 
   test("CORS: the configured origin may call from a browser; others get no grant", async () => {

@@ -155,9 +155,21 @@ export async function startHttpEdge(opts: HttpEdgeOptions): Promise<HttpEdge> {
     writeMaxBytes: opts.maxMessageBytes,
     fallback: (req, res) => {
       if (req.url === "/healthz") return answer(res, 200, { "content-type": "text/plain" }, "ok\n");
-      void (opts.fallback?.(req, res) ?? Promise.resolve(false)).then((done) => {
-        if (!done) answer(res, 404, { "content-type": "text/plain" }, "not found\n");
-      });
+      // The routes behind this one read the target as a URL; one that is not (`GET http://[`)
+      // is the client's error, answered here, before any of them can throw on it.
+      if (!URL.canParse(req.url ?? "", "http://troupe"))
+        return answer(res, 400, { "content-type": "text/plain" }, "the request target is not a URL\n");
+      void (opts.fallback?.(req, res) ?? Promise.resolve(false)).then(
+        (done) => {
+          if (!done) answer(res, 404, { "content-type": "text/plain" }, "not found\n");
+        },
+        // A route's failure ends its own request, never the process with every tenant's streams.
+        (err: unknown) => {
+          opts.logger.error("an HTTP route failed", { url: String(req.url).slice(0, 200), error: String(err) });
+          if (res.headersSent) res.destroy();
+          else answer(res, 500, { "content-type": "text/plain" }, "internal error\n");
+        },
+      );
     },
   });
   const handle = (req: NodeServerRequest, res: NodeServerResponse) => {

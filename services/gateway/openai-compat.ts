@@ -78,6 +78,15 @@ async function* runOf(
   throw new ApiError(503, "the session's event stream ended before its run did", "server_error");
 }
 
+/** A path segment's escapes decoded; a segment whose escapes do not decode names no model. */
+function decodedOr404(segment: string): string {
+  try {
+    return decodeURIComponent(segment);
+  } catch {
+    throw new ApiError(404, `The model \`${segment.slice(0, 100)}\` does not exist`, undefined, "model_not_found");
+  }
+}
+
 export function openAiCompat(gateway: GatewayClient, opts: { maxBodyBytes: number; agentsDir: string }) {
   const listModels = async () => {
     const agents = new Set([DEFAULT_AGENT]);
@@ -269,7 +278,7 @@ export function openAiCompat(gateway: GatewayClient, opts: { maxBodyBytes: numbe
         // The key is checked as every call checks it: by the gateway.
         await gateway.listSessions({ pageSize: 1 }, { metadata: forwardedMetadata(req.headers) });
         const models = await listModels();
-        const one = decodeURIComponent(url.pathname.slice("/v1/models/".length));
+        const one = decodedOr404(url.pathname.slice("/v1/models/".length));
         if (url.pathname === "/v1/models") sendJson(res, 200, { object: "list", data: models });
         else {
           const found = models.find((m) => m.id === one);
