@@ -77,7 +77,7 @@ before(async () => {
   for (const [id, model] of [
     ["main", "openai/gpt-4o-mini"],
     ["blind", "openai/gpt-3.5-turbo"],
-    ["claude", "claude/claude-sonnet-4-5"],
+    ["claude", "claude/claude-sonnet-4-6"],
   ]) {
     await mkdir(path.join(dataDir, "agents", id!), { recursive: true });
     await writeFile(path.join(dataDir, "agents", id!, "agent.json"), JSON.stringify({ model }));

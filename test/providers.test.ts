@@ -96,7 +96,7 @@ before(async () => {
   });
   await agent("local", { model: "local/llama3.1:8b", maxOutputTokens: 64 });
   await agent("reasoner", { model: "responses/gpt-5-mini", reasoningEffort: "medium" });
-  await agent("claude", { model: "claude/claude-sonnet-4-5", reasoningEffort: "low" });
+  await agent("claude", { model: "claude/claude-sonnet-4-6", reasoningEffort: "low" });
   stack = await startStack({
     dataDir,
     env: {
@@ -172,14 +172,14 @@ describe("the Responses API kind", () => {
 });
 
 describe("the Anthropic kind", () => {
-  test("claude-sonnet-4-5 with extended thinking: a turn with a tool call completes", async () => {
+  test("claude-sonnet-4-6 with adaptive thinking: a turn with a tool call completes", async () => {
     const s = await open("claude");
     const events = await s.turn("remember that I keep bees", 30_000);
     s.close();
     assert.equal(endOf(events).stopReason, StopReason.COMPLETED, JSON.stringify(of(events, "error")));
     assert.equal(replyOf(events), "noted through the Messages API");
     assert.deepEqual(anthropic.refused, [], "every request one the API accepts");
-    assert.ok(anthropic.accepted.every((b) => b.thinking !== undefined));
+    assert.ok(anthropic.accepted.every((b) => (b.thinking as { type?: string } | undefined)?.type === "adaptive"));
   });
 });
 

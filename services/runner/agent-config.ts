@@ -7,7 +7,7 @@
 //     "persona": "A careful research aide.",  // its identity, personality and tone
 //     "model": "openai/gpt-5-mini",           // provider/model (providers.ts)
 //     "fallbacks": ["local/llama3.1"],        // may cross providers
-//     "models": ["anthropic/claude-sonnet-4-5"],  // a session may choose these too (or the two above)
+//     "models": ["anthropic/claude-sonnet-4-6"],  // a session may choose these too (or the two above)
 //     "reasoningEffort": "low", "temperature": 0.2,  // each sent only where the model takes it
 //     "contextWindow": 128000, "maxOutputTokens": 4096,
 //     "reserveTokens": 16384, "keepRecentTokens": 20000,

@@ -1,18 +1,20 @@
 // Anthropic's Messages API (provider kind "anthropic"), through @anthropic-ai/sdk. Anthropic's
 // OpenAI-compatible endpoint is, in its own words, for testing and comparing, not for production;
-// the native API is where extended thinking and prompt caching are. A reasoning effort asks for
-// extended thinking (and is the output_config.effort); the thinking blocks come back signed and are
-// sent back, first in the assistant message, with the next request to the same model (the API
+// the native API is where thinking and prompt caching are. A reasoning effort asks the model to
+// think as it takes it (model-rules.ts): adaptive thinking and output_config.effort on Claude 4.6
+// and later, a budget_tokens on earlier models. The thinking blocks come back signed and are sent
+// back, first in the assistant message, with the next request to the same model (the API
 // requires it while tool use goes on). The API version the SDK speaks (2026-10-21) takes no
 // temperature: model-rules.ts says so, and none is sent.
 // Reference: https://docs.anthropic.com/en/api/messages, .../messages-streaming,
-// https://docs.anthropic.com/en/docs/build-with-claude/extended-thinking.
+// https://docs.anthropic.com/en/docs/build-with-claude/extended-thinking, and
+// https://platform.claude.com/docs/en/build-with-claude/adaptive-thinking.
 import type Anthropic from "@anthropic-ai/sdk";
 import { lazyModule } from "../shared/lazy-module.js";
 import { retryAfterMs, retryableStatus } from "../shared/provider-post.js";
 import type { Agent } from "undici";
 import { poolFetch } from "./pool-fetch.js";
-import { rulesFor, type ReasoningEffort } from "../shared/model-rules.js";
+import { rulesFor, type AnthropicThinking, type ReasoningEffort } from "../shared/model-rules.js";
 import {
   ModelError,
   classify,
@@ -33,6 +35,26 @@ import {
 const THINKING_BUDGET: Record<ReasoningEffort, number> = { minimal: 1024, low: 1024, medium: 4096, high: 16_384 };
 /** output_config.effort takes low, medium, high (and more); minimal is low. */
 const EFFORT: Record<ReasoningEffort, string> = { minimal: "low", low: "low", medium: "medium", high: "high" };
+
+/**
+ * The fields that ask `thinking`'s kind of model to think at `effort`: adaptive thinking and the
+ * effort; or a budget, with the effort where the model takes one, and nothing when the budget
+ * would not fit under max_tokens (the API refuses a budget that does not).
+ */
+function thinkingFields(
+  thinking: AnthropicThinking | undefined,
+  effort: ReasoningEffort,
+  maxTokens: number,
+): Record<string, unknown> {
+  if (!thinking || thinking.mode === "adaptive")
+    return { thinking: { type: "adaptive" }, output_config: { effort: EFFORT[effort] } };
+  const budget = THINKING_BUDGET[effort];
+  if (budget >= maxTokens) return {};
+  return {
+    thinking: { type: "enabled", budget_tokens: budget },
+    ...(thinking.effort ? { output_config: { effort: EFFORT[effort] } } : {}),
+  };
+}
 
 type Block = Record<string, unknown>;
 type Turn = { role: "user" | "assistant"; content: Block[] };
@@ -135,8 +157,6 @@ export class AnthropicModelClient implements ModelClient {
     const { system, messages } = toMessages(request.messages);
     const maxTokens = request.maxTokens ?? 4096;
     const effort = request.reasoningEffort;
-    const budget = effort && rules.reasoningEfforts.includes(effort) ? THINKING_BUDGET[effort] : 0;
-    const thinking = budget > 0 && budget < maxTokens;
     return {
       model: request.model,
       max_tokens: maxTokens,
@@ -151,9 +171,7 @@ export class AnthropicModelClient implements ModelClient {
             tools: request.tools.map((t) => ({ name: t.name, description: t.description, input_schema: t.parameters })),
           }
         : {}),
-      ...(thinking && effort
-        ? { thinking: { type: "enabled", budget_tokens: budget }, output_config: { effort: EFFORT[effort] } }
-        : {}),
+      ...(effort && rules.reasoningEfforts.includes(effort) ? thinkingFields(rules.thinking, effort, maxTokens) : {}),
       ...(request.temperature !== undefined && rules.sampling ? { temperature: request.temperature } : {}),
     };
   }

@@ -19,7 +19,16 @@ export interface RequestRules {
   reasoningEfforts: readonly ReasoningEffort[];
   /** Whether response_format {"type": "json_object"} is taken (learning asks for JSON with it). */
   jsonObject: boolean;
+  /** Anthropic only: how an effort asks for thinking (anthropic-model.ts); absent: adaptive. */
+  thinking?: AnthropicThinking;
 }
+
+/**
+ * Adaptive thinking (`thinking: {type: "adaptive"}`, the effort as `output_config.effort`) is the
+ * only thinking later Claude models take; a budget (`{type: "enabled", budget_tokens}`) is the
+ * only one earlier models take, and of those only some take an effort beside it.
+ */
+export type AnthropicThinking = { mode: "adaptive" } | { mode: "budget"; effort: boolean };
 
 interface Row {
   kinds: readonly ProviderKind[];
@@ -70,19 +79,36 @@ const RULES: readonly Row[] = [
 ];
 
 /**
- * Anthropic's models: max_tokens is required, the Messages API (version 2026-10-21) takes no
- * sampling parameters, and an effort is output_config.effort with extended thinking (anthropic-model.ts).
+ * Anthropic's models: max_tokens is required, and the Messages API (version 2026-10-21) takes no
+ * sampling parameters. How thinking is asked for depends on the model (Anthropic's adaptive
+ * thinking guide, platform.claude.com/docs/en/build-with-claude/adaptive-thinking, and the same
+ * table in Amazon Bedrock's user guide, docs.aws.amazon.com/bedrock/latest/userguide/
+ * claude-messages-adaptive-thinking.html): Claude 4.6 and later take adaptive thinking, and from
+ * Opus 4.7 on refuse a budget with HTTP 400; Sonnet 4.5, Opus 4.5, Haiku 4.5 and earlier take a
+ * budget only. The effort parameter came with Opus 4.5; Sonnet 4.5 and Haiku 4.5 do not take it.
+ * A Claude model this table does not name is taken to be a later one: adaptive.
  */
-const ANTHROPIC: Row = {
-  kinds: ["anthropic"],
-  model: /./,
-  rules: {
-    maxTokensField: "max_tokens",
-    sampling: false,
-    reasoningEfforts: ["low", "medium", "high"],
-    jsonObject: false,
+const anthropicRules = (thinking: AnthropicThinking): RequestRules => ({
+  maxTokensField: "max_tokens",
+  sampling: false,
+  reasoningEfforts: ["low", "medium", "high"],
+  jsonObject: false,
+  thinking,
+});
+const ANTHROPIC: readonly Row[] = [
+  {
+    kinds: ["anthropic"],
+    model: /^claude-opus-4-5(-\d{8})?$/,
+    rules: anthropicRules({ mode: "budget", effort: true }),
   },
-};
+  {
+    kinds: ["anthropic"],
+    // Claude 3.x, Sonnet 4 and 4.5, Opus 4 and 4.1, Haiku 4.5 (with or without a date).
+    model: /^claude-(3-|sonnet-4(-[05])?(-\d{8})?$|opus-4(-[01])?(-\d{8})?$|haiku-4-5)/,
+    rules: anthropicRules({ mode: "budget", effort: false }),
+  },
+  { kinds: ["anthropic"], model: /./, rules: anthropicRules({ mode: "adaptive" }) },
+];
 
 const FALLBACK: RequestRules = {
   maxTokensField: "max_tokens",
@@ -93,7 +119,7 @@ const FALLBACK: RequestRules = {
 
 /** The rules for `model` served by a provider of `kind`. */
 export function rulesFor(kind: ProviderKind, model: string): RequestRules {
-  return [...RULES, ANTHROPIC].find((r) => r.kinds.includes(kind) && r.model.test(model))?.rules ?? FALLBACK;
+  return [...RULES, ...ANTHROPIC].find((r) => r.kinds.includes(kind) && r.model.test(model))?.rules ?? FALLBACK;
 }
 
 /**

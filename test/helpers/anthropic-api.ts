@@ -5,7 +5,13 @@
 // 1024 and below max_tokens, and while tool use goes on the assistant turn's thinking block must
 // come back first, with its signature unchanged). The body's fields are those of the API version
 // the current SDK speaks (2026-10-21: MessageCreateParams in @anthropic-ai/sdk), which has no
-// sampling parameters; output_config.effort takes low, medium, high, xhigh or max.
+// sampling parameters; output_config.effort takes low, medium, high, xhigh or max. Which kind of
+// thinking each model takes is in MODELS below, from
+// https://platform.claude.com/docs/en/build-with-claude/adaptive-thinking (and Amazon Bedrock's
+// copy, docs.aws.amazon.com/bedrock/latest/userguide/claude-messages-adaptive-thinking.html):
+// Opus 4.7 takes adaptive thinking only, and a budget is a 400 there; Sonnet 4.6 takes both (the
+// budget deprecated); Sonnet 4.5, Opus 4.5 and Haiku 4.5 take a budget only. The effort parameter
+// (.../build-with-claude/effort) came with Opus 4.5: Sonnet 4.5 and Haiku 4.5 refuse it.
 import type http from "node:http";
 import { ApiServer } from "./api-server.js";
 import type { ApiError } from "./openai-checks.js";
@@ -20,6 +26,17 @@ const KNOWN = new Set(
   ),
 );
 const EFFORTS = ["low", "medium", "high", "xhigh", "max"];
+
+/** The models this server serves, and what each takes: thinking.type "adaptive", "enabled" (a budget), output_config.effort. */
+const MODELS: Record<string, { adaptive: boolean; budget: boolean; effort: boolean }> = {
+  "claude-opus-4-7": { adaptive: true, budget: false, effort: true },
+  "claude-sonnet-4-6": { adaptive: true, budget: true, effort: true },
+  "claude-opus-4-5": { adaptive: false, budget: true, effort: true },
+  "claude-sonnet-4-5": { adaptive: false, budget: true, effort: false },
+  "claude-haiku-4-5": { adaptive: false, budget: true, effort: false },
+};
+const thinks = (body: Record<string, unknown>) =>
+  ["enabled", "adaptive"].includes(String((body.thinking as { type?: string } | undefined)?.type));
 
 const error = (type: string, message: string): ApiError => ({ type, message, param: null, code: null });
 
@@ -67,15 +84,29 @@ export class AnthropicApiServer extends ApiServer {
   private check(body: AnthropicBody): { status: number; type: string; message: string } | undefined {
     const bad = (message: string, status = 400, type = "invalid_request_error") => ({ status, type, message });
     for (const key of Object.keys(body)) if (!KNOWN.has(key)) return bad(`${key}: Extra inputs are not permitted`);
-    if (!(this.options.models ?? ["claude-sonnet-4-5", "claude-haiku-4-5"]).includes(body.model))
+    const model = MODELS[body.model];
+    if (!model || !(this.options.models ?? Object.keys(MODELS)).includes(body.model))
       return bad(`model: ${body.model}`, 404, "not_found_error");
     if (!Number.isInteger(body.max_tokens) || (body.max_tokens as number) < 1) return bad("max_tokens: Field required");
     const thinking = body.thinking as { type?: string; budget_tokens?: number } | undefined;
+    if (thinking !== undefined && !["enabled", "adaptive", "disabled"].includes(String(thinking.type)))
+      return bad("thinking.type: Input should be 'enabled', 'adaptive' or 'disabled'");
     if (thinking?.type === "enabled") {
+      if (!model.budget)
+        return bad(
+          `thinking.type.enabled is not supported for ${body.model}. Use thinking.type.adaptive and output_config.effort to control thinking behavior.`,
+        );
       const budget = thinking.budget_tokens ?? 0;
       if (budget < 1024) return bad("thinking.enabled.budget_tokens: Input should be greater than or equal to 1024");
       if (budget >= (body.max_tokens as number))
         return bad("`max_tokens` must be greater than `thinking.budget_tokens`.");
+    }
+    if (thinking?.type === "adaptive") {
+      if (!model.adaptive)
+        return bad(
+          `adaptive thinking is not supported for ${body.model}: use thinking.type.enabled with budget_tokens`,
+        );
+      if ("budget_tokens" in thinking) return bad("thinking.adaptive.budget_tokens: Extra inputs are not permitted");
     }
     const cache = body.cache_control as { type?: string; ttl?: string } | null | undefined;
     if (cache && (cache.type !== "ephemeral" || (cache.ttl !== undefined && !["5m", "1h"].includes(cache.ttl))))
@@ -83,6 +114,8 @@ export class AnthropicApiServer extends ApiServer {
     const effort = (body.output_config as { effort?: string } | undefined)?.effort;
     if (effort !== undefined && !EFFORTS.includes(effort))
       return bad(`output_config.effort: Input should be ${EFFORTS.map((x) => `'${x}'`).join(", ")}`);
+    if (effort !== undefined && !model.effort)
+      return bad(`output_config.effort: the effort parameter is not supported for ${body.model}`);
     for (const t of (body.tools as Block[] | undefined) ?? [])
       if (
         typeof t.name !== "string" ||
@@ -92,7 +125,7 @@ export class AnthropicApiServer extends ApiServer {
         return bad("tools: each tool needs a name matching ^[a-zA-Z0-9_-]{1,128}$ and an input_schema of type object");
     if (!Array.isArray(body.messages) || body.messages.length === 0)
       return bad("messages: at least one message is required");
-    return this.checkMessages(body, thinking?.type === "enabled", bad);
+    return this.checkMessages(body, thinks(body), bad);
   }
 
   private checkMessages(
@@ -172,7 +205,7 @@ export class AnthropicApiServer extends ApiServer {
       },
     ];
     let index = 0;
-    if ((body.thinking as { type?: string } | undefined)?.type === "enabled") {
+    if (thinks(body)) {
       const thought = `thought ${this.n}`;
       const signature = `sig-${this.n}-${Math.random().toString(36).slice(2)}`;
       this.signatures.set(thought, signature);

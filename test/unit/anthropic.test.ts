@@ -1,9 +1,11 @@
 // Anthropic's Messages API as a provider kind, against a server that checks requests as Anthropic's
-// API does (helpers/anthropic-api.ts cites the references): tool use, extended thinking carried
-// across tool calls with its signature, and what the API refuses.
+// API does (helpers/anthropic-api.ts cites the references): tool use, thinking (adaptive or a
+// budget, as each model takes it) carried across tool calls with its signature, and what the API
+// refuses.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { Role, StopReason } from "../../services/shared/gen/troupe/v1/session_pb.js";
+import { rulesFor } from "../../services/shared/model-rules.js";
 import { parseProviders } from "../../services/shared/providers.js";
 import { ProviderModels } from "../../services/runner/provider-models.js";
 import { AnthropicApiServer, type AnthropicBody } from "../helpers/anthropic-api.js";
@@ -48,22 +50,23 @@ async function turn(config: object) {
   return { actor, events, end, ran, bodies: api.accepted.slice(from) };
 }
 
-test("a turn with a tool call and extended thinking completes; the signed thinking comes back first", async () => {
-  const { actor, end, ran, bodies, events } = await turn({
-    model: "claude/claude-sonnet-4-5",
-    reasoningEffort: "low",
-    temperature: 0.3,
-    maxOutputTokens: 4096,
-  });
+/** A turn on `model` at effort low: it completes, with every request one the API accepts. */
+async function thinkingTurn(model: string) {
+  const t = await turn({ model: `claude/${model}`, reasoningEffort: "low", temperature: 0.3, maxOutputTokens: 4096 });
   assert.equal(
-    end.payload.case === "agentEnd" && end.payload.value.stopReason,
+    t.end.payload.case === "agentEnd" && t.end.payload.value.stopReason,
     StopReason.COMPLETED,
     JSON.stringify(api.refused),
   );
   assert.deepEqual(api.refused, []);
-  assert.deepEqual(ran, ["hi"]);
+  assert.deepEqual(t.ran, ["hi"]);
+  return t;
+}
+
+test("a turn with a tool call and adaptive thinking completes; the signed thinking comes back first", async () => {
+  const { actor, bodies, events } = await thinkingTurn("claude-sonnet-4-6");
   const [first, second] = bodies;
-  assert.deepEqual(first.thinking, { type: "enabled", budget_tokens: 1024 });
+  assert.deepEqual(first.thinking, { type: "adaptive" });
   assert.deepEqual(first.output_config, { effort: "low" });
   assert.ok(!("temperature" in first), "the API takes no temperature");
   assert.equal(typeof first.system, "string");
@@ -86,6 +89,43 @@ test("a turn with a tool call and extended thinking completes; the signed thinki
   assert.equal(actor.history.messages.filter((m) => m.role === Role.ASSISTANT).at(-1)?.text, "done with the tool");
 });
 
+test("each model gets the thinking it takes: adaptive from 4.6 on, a budget before, the effort where taken", async () => {
+  // Opus 4.7 refuses a budget; Sonnet 4.5 and Haiku 4.5 refuse adaptive thinking and the effort.
+  const cases: [string, object, object | undefined][] = [
+    ["claude-opus-4-7", { type: "adaptive" }, { effort: "low" }],
+    ["claude-opus-4-5", { type: "enabled", budget_tokens: 1024 }, { effort: "low" }],
+    ["claude-sonnet-4-5", { type: "enabled", budget_tokens: 1024 }, undefined],
+    ["claude-haiku-4-5", { type: "enabled", budget_tokens: 1024 }, undefined],
+  ];
+  for (const [model, thinking, outputConfig] of cases) {
+    const { bodies } = await thinkingTurn(model);
+    for (const body of bodies) {
+      assert.deepEqual(body.thinking, thinking, model);
+      assert.deepEqual(body.output_config, outputConfig, model);
+    }
+    const asked = bodies[1].messages.at(-2)!.content as { type: string }[];
+    assert.equal(asked[0].type, "thinking", `${model}: the signed thinking comes back first`);
+  }
+});
+
+test("the rules name Claude's models with or without their dates, and take an unnamed one to be a later one", () => {
+  const budget = (effort: boolean) => ({ mode: "budget", effort });
+  const expected: [string, object][] = [
+    ["claude-3-7-sonnet-20250219", budget(false)],
+    ["claude-sonnet-4-20250514", budget(false)],
+    ["claude-sonnet-4-0", budget(false)],
+    ["claude-sonnet-4-5-20250929", budget(false)],
+    ["claude-opus-4-1-20250805", budget(false)],
+    ["claude-haiku-4-5-20251001", budget(false)],
+    ["claude-opus-4-5-20251101", budget(true)],
+    ["claude-sonnet-4-6", { mode: "adaptive" }],
+    ["claude-opus-4-7", { mode: "adaptive" }],
+    ["claude-sonnet-5-5", { mode: "adaptive" }],
+    ["claude-haiku-5-5", { mode: "adaptive" }],
+  ];
+  for (const [model, thinking] of expected) assert.deepEqual(rulesFor("anthropic", model).thinking, thinking, model);
+});
+
 test("without an effort: no thinking; an agent's temperature is not sent; tool results go in the next user turn", async () => {
   const { end, bodies } = await turn({ model: "claude/claude-haiku-4-5", temperature: 0.3 });
   assert.equal(end.payload.case === "agentEnd" && end.payload.value.stopReason, StopReason.COMPLETED);
@@ -98,7 +138,7 @@ test("without an effort: no thinking; an agent's temperature is not sent; tool r
 
 test("a thinking budget that would not fit under max_tokens is not asked for", async () => {
   const { end, bodies } = await turn({
-    model: "claude/claude-sonnet-4-5",
+    model: "claude/claude-haiku-4-5",
     reasoningEffort: "high",
     maxOutputTokens: 2048,
   });
@@ -107,14 +147,18 @@ test("a thinking budget that would not fit under max_tokens is not asked for", a
   assert.deepEqual(api.refused, []);
 });
 
-test("the server refuses what the API refuses: a system role, an unknown field, a temperature, a wrong effort", async () => {
+test("the server refuses what the API refuses: a system role, an unknown field, a temperature, a wrong effort, a model's wrong thinking", async () => {
   const post = async (body: object) => {
     const res = await fetch(`${api.baseUrl}/messages`, {
       method: "POST",
       headers: { "x-api-key": KEY, "anthropic-version": "2023-06-01", "content-type": "application/json" },
       body: JSON.stringify(body),
     });
-    return { status: res.status, message: ((await res.json()) as { error: { message: string } }).error?.message };
+    const text = await res.text();
+    return {
+      status: res.status,
+      message: res.ok ? "" : (JSON.parse(text) as { error: { message: string } }).error.message,
+    };
   };
   const base = { model: "claude-sonnet-4-5", max_tokens: 2000, messages: [{ role: "user", content: "hi" }] };
   assert.match(
@@ -127,6 +171,25 @@ test("the server refuses what the API refuses: a system role, an unknown field, 
     (await post({ ...base, output_config: { effort: "minimal" } })).message,
     /output_config.effort: Input should be/,
   );
+  const budget = { type: "enabled", budget_tokens: 1024 };
+  const refusals: [object, RegExp][] = [
+    [{ ...base, model: "claude-opus-4-7", thinking: budget }, /thinking.type.enabled is not supported/],
+    [{ ...base, model: "claude-sonnet-4-5", thinking: { type: "adaptive" } }, /adaptive thinking is not supported/],
+    [{ ...base, model: "claude-sonnet-4-6", thinking: { type: "adaptive", budget_tokens: 1024 } }, /Extra inputs/],
+    [{ ...base, model: "claude-haiku-4-5", output_config: { effort: "low" } }, /effort parameter is not supported/],
+  ];
+  for (const [body, message] of refusals) {
+    const r = await post(body);
+    assert.equal(r.status, 400, JSON.stringify(body));
+    assert.match(r.message, message);
+  }
+  // And takes what it takes: each model's own kind of thinking.
+  for (const [model, thinking] of [
+    ["claude-opus-4-7", { type: "adaptive" }],
+    ["claude-sonnet-4-6", budget],
+    ["claude-haiku-4-5", budget],
+  ] as const)
+    assert.equal((await post({ ...base, model, thinking })).status, 200, model);
 });
 
 test("a context longer than a request piece (64K characters), multi-byte across the cuts, reaches the API whole", async () => {
@@ -136,7 +199,7 @@ test("a context longer than a request piece (64K characters), multi-byte across 
   const from = api.accepted.length;
   const chunks = [];
   const request = {
-    model: "claude/claude-sonnet-4-5",
+    model: "claude/claude-sonnet-4-6",
     messages: [{ role: "user" as const, content: long }],
     tools: [],
     maxTokens: 100,
