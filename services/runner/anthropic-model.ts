@@ -14,7 +14,7 @@ import { lazyModule } from "../shared/lazy-module.js";
 import { retryAfterMs, retryableStatus } from "../shared/provider-post.js";
 import type { Agent } from "undici";
 import { poolFetch } from "./pool-fetch.js";
-import { rulesFor, type AnthropicThinking, type ReasoningEffort } from "../shared/model-rules.js";
+import { effortFor, rulesFor, type AnthropicThinking, type ReasoningEffort } from "../shared/model-rules.js";
 import {
   ModelError,
   classify,
@@ -156,7 +156,7 @@ export class AnthropicModelClient implements ModelClient {
     const rules = rulesFor("anthropic", request.model);
     const { system, messages } = toMessages(request.messages);
     const maxTokens = request.maxTokens ?? 4096;
-    const effort = request.reasoningEffort;
+    const effort = effortFor(rules, request.reasoningEffort);
     return {
       model: request.model,
       max_tokens: maxTokens,
@@ -171,7 +171,7 @@ export class AnthropicModelClient implements ModelClient {
             tools: request.tools.map((t) => ({ name: t.name, description: t.description, input_schema: t.parameters })),
           }
         : {}),
-      ...(effort && rules.reasoningEfforts.includes(effort) ? thinkingFields(rules.thinking, effort, maxTokens) : {}),
+      ...(effort ? thinkingFields(rules.thinking, effort, maxTokens) : {}),
       ...(request.temperature !== undefined && rules.sampling ? { temperature: request.temperature } : {}),
     };
   }

@@ -4,7 +4,7 @@
 // loaded.
 import type OpenAI from "openai";
 import type { Agent } from "undici";
-import { rulesFor, takesImages } from "../shared/model-rules.js";
+import { effortFor, rulesFor, takesImages } from "../shared/model-rules.js";
 import type { ProviderKind } from "../shared/providers.js";
 import { SseDecoder, type SseEvent } from "./sse.js";
 import {
@@ -89,6 +89,7 @@ export class OpenAIModelClient implements ModelClient {
   /** The request body, fitted to what the model takes (model-rules.ts). */
   body(request: ModelRequest): OpenAI.Chat.ChatCompletionCreateParamsStreaming {
     const rules = rulesFor(this.kind, request.model);
+    const effort = effortFor(rules, request.reasoningEffort);
     return {
       model: request.model,
       messages: request.messages.map((m) => toOpenAI(m, takesImages(this.kind, request.model, this.visionModels))),
@@ -104,9 +105,7 @@ export class OpenAIModelClient implements ModelClient {
         : {}),
       ...(request.maxTokens ? { [rules.maxTokensField]: request.maxTokens } : {}),
       ...(request.temperature !== undefined && rules.sampling ? { temperature: request.temperature } : {}),
-      ...(request.reasoningEffort && rules.reasoningEfforts.includes(request.reasoningEffort)
-        ? { reasoning_effort: request.reasoningEffort }
-        : {}),
+      ...(effort ? { reasoning_effort: effort } : {}),
     };
   }
 

@@ -5,7 +5,7 @@
 // Reference: https://platform.openai.com/docs/api-reference/responses/create and .../responses-streaming;
 // https://platform.openai.com/docs/guides/reasoning ("keeping reasoning items in context").
 import type { Agent } from "undici";
-import { rulesFor, takesImages } from "../shared/model-rules.js";
+import { effortFor, rulesFor, takesImages } from "../shared/model-rules.js";
 import {
   ModelError,
   dataUrl,
@@ -100,6 +100,7 @@ export class OpenAIResponsesClient implements ModelClient {
       takesImages("openai-responses", request.model, this.visionModels),
     );
     const reasoning = rules.reasoningEfforts.length > 0;
+    const effort = effortFor(rules, request.reasoningEffort);
     return {
       model: request.model,
       instructions,
@@ -123,9 +124,7 @@ export class OpenAIResponsesClient implements ModelClient {
       ...(reasoning
         ? {
             include: ["reasoning.encrypted_content"],
-            ...(request.reasoningEffort && rules.reasoningEfforts.includes(request.reasoningEffort)
-              ? { reasoning: { effort: request.reasoningEffort } }
-              : {}),
+            ...(effort ? { reasoning: { effort } } : {}),
           }
         : {}),
     };

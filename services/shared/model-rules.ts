@@ -5,7 +5,10 @@
 // Sources: OpenAI's API reference for chat completions (platform.openai.com/docs/api-reference/chat/create:
 // "max_tokens ... is not compatible with o-series models", use max_completion_tokens) and its
 // reasoning guide (platform.openai.com/docs/guides/reasoning: reasoning_effort; sampling
-// parameters such as temperature are refused with `unsupported_parameter`/`unsupported_value`).
+// parameters such as temperature are refused with `unsupported_parameter`/`unsupported_value`),
+// and its ReasoningEffort type (platform.openai.com/docs/api-reference/chat/create#reasoning_effort:
+// gpt-5.1 and later take none, low, medium and high, and refuse minimal; gpt-5-pro takes high
+// only).
 import type { ProviderKind } from "./providers.js";
 
 export type ReasoningEffort = "minimal" | "low" | "medium" | "high";
@@ -39,36 +42,28 @@ interface Row {
 
 const OPENAI: readonly ProviderKind[] = ["openai", "openai-responses"];
 
+/** An OpenAI model that reasons at `efforts` (none: does not reason, and takes a temperature). */
+const openAi = (efforts: readonly ReasoningEffort[]): RequestRules => ({
+  maxTokensField: "max_completion_tokens",
+  sampling: efforts.length === 0,
+  reasoningEfforts: efforts,
+  jsonObject: true,
+});
+
 /** First matching row wins; the last row of each kind is its default. */
 const RULES: readonly Row[] = [
-  // The gpt-5 family reasons (gpt-5-chat-latest is the exception: a chat model without reasoning).
-  {
-    kinds: OPENAI,
-    model: /^gpt-5(?!-chat)/,
-    rules: {
-      maxTokensField: "max_completion_tokens",
-      sampling: false,
-      reasoningEfforts: ["minimal", "low", "medium", "high"],
-      jsonObject: true,
-    },
-  },
+  // gpt-5-chat-latest, gpt-5.1-chat-latest, ...: chat models without reasoning.
+  { kinds: OPENAI, model: /^gpt-5(\.\d+)?-chat/, rules: openAi([]) },
+  // gpt-5-pro reasons at high, and takes no other effort.
+  { kinds: OPENAI, model: /^gpt-5(\.\d+)?-pro/, rules: openAi(["high"]) },
+  // gpt-5.1 and later: no minimal (their least is none, their default).
+  { kinds: OPENAI, model: /^gpt-5\.\d/, rules: openAi(["low", "medium", "high"]) },
+  // The gpt-5 family reasons.
+  { kinds: OPENAI, model: /^gpt-5/, rules: openAi(["minimal", "low", "medium", "high"]) },
   // The o series: o1, o3, o3-mini, o4-mini, ...
-  {
-    kinds: OPENAI,
-    model: /^o\d/,
-    rules: {
-      maxTokensField: "max_completion_tokens",
-      sampling: false,
-      reasoningEfforts: ["low", "medium", "high"],
-      jsonObject: true,
-    },
-  },
+  { kinds: OPENAI, model: /^o\d/, rules: openAi(["low", "medium", "high"]) },
   // Every other OpenAI model: max_tokens is deprecated there, max_completion_tokens is taken by all.
-  {
-    kinds: OPENAI,
-    model: /./,
-    rules: { maxTokensField: "max_completion_tokens", sampling: true, reasoningEfforts: [], jsonObject: true },
-  },
+  { kinds: OPENAI, model: /./, rules: openAi([]) },
   // Ollama, vLLM, LiteLLM and their kin: the older field is the one they all read; JSON mode is
   // not asked for, as not every server has it (learning parses the reply either way).
   {
@@ -116,6 +111,17 @@ const FALLBACK: RequestRules = {
   reasoningEfforts: [],
   jsonObject: false,
 };
+
+/**
+ * The effort to send for an agent's `effort` under `rules`: as asked where the model takes it;
+ * minimal as low where the model has no minimal (the nearest level that still reasons); else
+ * none, and the model reasons at its default.
+ */
+export function effortFor(rules: RequestRules, effort: ReasoningEffort | undefined): ReasoningEffort | undefined {
+  if (!effort) return undefined;
+  if (rules.reasoningEfforts.includes(effort)) return effort;
+  return effort === "minimal" && rules.reasoningEfforts.includes("low") ? "low" : undefined;
+}
 
 /** The rules for `model` served by a provider of `kind`. */
 export function rulesFor(kind: ProviderKind, model: string): RequestRules {

@@ -27,6 +27,9 @@ export const OPENAI_MODELS: readonly ApiModel[] = [
   { id: "gpt-4.1-mini" },
   { id: "gpt-4o-mini" },
   { id: "gpt-5-mini", efforts: ["minimal", "low", "medium", "high"] },
+  // The API reference's ReasoningEffort: gpt-5.1 takes none to high, not minimal; gpt-5-pro high only.
+  { id: "gpt-5.1", efforts: ["none", "low", "medium", "high"] },
+  { id: "gpt-5-pro", efforts: ["high"] },
   { id: "o4-mini", efforts: ["low", "medium", "high"] },
 ];
 

@@ -74,9 +74,24 @@ describe("request rules, per model", () => {
     assert.equal(body.max_completion_tokens, 100);
     assert.equal(body.reasoning_effort, "low");
     assert.ok(!("max_tokens" in body) && !("temperature" in body), JSON.stringify(body));
-    // An effort this model does not take is left out rather than refused.
-    await drain(models, ask("openai/o4-mini", { reasoningEffort: "minimal" }));
-    assert.ok(!("reasoning_effort" in openai.accepted.at(-1)!));
+    // Minimal, where a model has none, is its least that still reasons; an effort it does not
+    // take otherwise is left out (the model's default), never sent to be refused.
+    const sent = async (model: string, reasoningEffort: ModelRequest["reasoningEffort"]) => {
+      const from = openai.accepted.length;
+      await drain(models, ask(`openai/${model}`, { reasoningEffort }));
+      assert.equal(
+        openai.accepted.length,
+        from + 1,
+        `${model} ${reasoningEffort}: ${JSON.stringify(openai.refused.at(-1))}`,
+      );
+      return openai.accepted.at(-1)!.reasoning_effort;
+    };
+    assert.equal(await sent("o4-mini", "minimal"), "low");
+    assert.equal(await sent("gpt-5.1", "minimal"), "low");
+    assert.equal(await sent("gpt-5.1", "medium"), "medium");
+    assert.equal(await sent("gpt-5-mini", "minimal"), "minimal");
+    assert.equal(await sent("gpt-5-pro", "low"), undefined);
+    assert.equal(await sent("gpt-5-pro", "high"), "high");
     await models.close();
   });
 
