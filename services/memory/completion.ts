@@ -1,19 +1,13 @@
 // One question, one answer: how learning asks its model, by the kind of provider that serves it.
 // OpenAI's kinds (Responses included: OpenAI serves Chat Completions at the same root) and
 // compatible servers through Chat Completions; Anthropic through its Messages API.
-import type Anthropic from "@anthropic-ai/sdk";
-import { lazyModule } from "../shared/lazy-module.js";
 import { rulesFor } from "../shared/model-rules.js";
-import { jsonUpTo } from "../shared/bounded-body.js";
-import { postForJson, providerPoster } from "../shared/provider-post.js";
+import { anthropicEndpoint, postForJson, providerPoster } from "../shared/provider-post.js";
 import type { ProviderSpec } from "../shared/providers.js";
 
 /** The model's answer to `user` under `system`. May reject (the provider's errors). */
 export type Complete = (system: string, user: string) => Promise<string>;
 
-// Anthropic's SDK is loaded when an Anthropic provider is; OpenAI's kinds need no SDK
-// (shared/provider-post.ts says why).
-const anthropic = lazyModule<{ Anthropic: typeof Anthropic }>("@anthropic-ai/sdk");
 /** One try of a learning call; a retryable failure gets one more (postForJson). */
 const COMPLETE_TIMEOUT_MS = 60_000;
 /** The longest answer read: learning asks for a few facts, and a whole reply of 128K tokens is about 0.5 MB. */
@@ -24,19 +18,16 @@ export function completionFor(
   model: string,
 ): Complete {
   if (provider.kind === "anthropic") {
-    const client = new (anthropic().Anthropic)({
-      baseURL: provider.baseUrl.replace(/\/v1\/?$/, ""),
-      apiKey: provider.apiKey || "unused",
-      maxRetries: 1,
-      timeout: 60_000,
-    });
+    const post = providerPoster(anthropicEndpoint(provider), fetch);
     return async (system, user) => {
-      // The SDK sends (its retries, its errors); the answer is read here, to its bound.
-      const response = await client.messages
-        .create({ model, max_tokens: 1024, system, messages: [{ role: "user", content: user }] })
-        .asResponse();
-      const res = (await jsonUpTo(response, MAX_ANSWER_BYTES)) as Anthropic.Message;
-      return (res.content ?? []).map((b) => (b.type === "text" ? b.text : "")).join("");
+      const answer = (await postForJson(
+        post,
+        "/v1/messages",
+        { model, max_tokens: 1024, system, messages: [{ role: "user", content: user }] },
+        COMPLETE_TIMEOUT_MS,
+        MAX_ANSWER_BYTES,
+      )) as { content?: { type?: string; text?: string }[] };
+      return (answer.content ?? []).map((b) => (b.type === "text" ? (b.text ?? "") : "")).join("");
     };
   }
   const post = providerPoster(provider, fetch);

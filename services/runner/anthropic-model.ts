@@ -1,4 +1,6 @@
-// Anthropic's Messages API (provider kind "anthropic"), through @anthropic-ai/sdk. Anthropic's
+// Anthropic's Messages API (provider kind "anthropic"), POSTed as shared/provider-post.ts does for
+// every provider (no SDK: Anthropic's printed a plain-text warning per call among the JSON logs
+// for a model nearing its end of life). Anthropic's
 // OpenAI-compatible endpoint is, in its own words, for testing and comparing, not for production;
 // the native API is where thinking and prompt caching are. A reasoning effort asks the model to
 // think as it takes it (model-rules.ts): adaptive thinking and output_config.effort on Claude 4.6
@@ -9,17 +11,14 @@
 // Reference: https://docs.anthropic.com/en/api/messages, .../messages-streaming,
 // https://docs.anthropic.com/en/docs/build-with-claude/extended-thinking, and
 // https://platform.claude.com/docs/en/build-with-claude/adaptive-thinking.
-import type Anthropic from "@anthropic-ai/sdk";
-import { lazyModule } from "../shared/lazy-module.js";
-import { retryAfterMs, retryableStatus } from "../shared/provider-post.js";
+import { anthropicEndpoint, type ProviderPost, ProviderRefusal } from "../shared/provider-post.js";
 import type { Agent } from "undici";
-import { poolFetch } from "./pool-fetch.js";
 import { effortFor, rulesFor, type AnthropicThinking, type ReasoningEffort } from "../shared/model-rules.js";
 import {
   ModelError,
   classify,
-  connectionPool,
   eventJson,
+  providerConnection,
   streamEvents,
   streamedBody,
   type FinishReason,
@@ -129,22 +128,12 @@ interface StreamState {
   responseId: string;
 }
 
-/** The SDK, loaded when an Anthropic provider is first used. */
-const sdk = lazyModule<typeof import("@anthropic-ai/sdk")>("@anthropic-ai/sdk");
-
 export class AnthropicModelClient implements ModelClient {
-  private readonly client: Anthropic;
+  private readonly post: ProviderPost;
   private readonly pool: Agent;
 
   constructor(options: OpenAIModelOptions) {
-    this.pool = connectionPool(options);
-    this.client = new (sdk().Anthropic)({
-      baseURL: options.baseUrl.replace(/\/v1\/?$/, ""),
-      apiKey: options.apiKey || "unused",
-      maxRetries: 0,
-      timeout: options.timeoutMs ?? 60_000,
-      fetch: poolFetch(this.pool) as never,
-    });
+    ({ post: this.post, pool: this.pool } = providerConnection({ ...options, ...anthropicEndpoint(options) }));
   }
 
   providerOf(): string {
@@ -179,9 +168,7 @@ export class AnthropicModelClient implements ModelClient {
   async *stream(request: ModelRequest, signal: AbortSignal): AsyncIterable<ModelChunk> {
     let body: AsyncIterable<Uint8Array>;
     try {
-      const response = await this.client.messages
-        .create(this.body(request) as unknown as Anthropic.MessageCreateParamsStreaming, { signal })
-        .asResponse();
+      const response = await this.post("/v1/messages", this.body(request), signal);
       body = streamedBody(response);
     } catch (err) {
       throw classifyAnthropic(err, signal);
@@ -280,24 +267,17 @@ export class AnthropicModelClient implements ModelClient {
   }
 }
 
-/** Any failure as a ModelError; a 400 naming a field the model does not take counts as a refusal to fall back from. */
+/**
+ * Any failure as a ModelError, as every client classifies it; Anthropic's errors carry no code, so
+ * a 400 naming a field or value the model does not take is marked as a refusal to fall back from.
+ */
 function classifyAnthropic(err: unknown, signal: AbortSignal): ModelError {
-  if (err instanceof ModelError) return err;
-  if (signal.aborted || err instanceof sdk().APIUserAbortError)
-    return new ModelError("aborted", false, undefined, true);
-  if (err instanceof sdk().APIError && typeof err.status === "number") {
-    const status = err.status;
-    const message = err.apiMessage ?? err.message;
-    const refused = status === 400 && /not permitted|not supported|unsupported/i.test(message);
-    return new ModelError(
-      `model endpoint answered ${status}: ${message}`,
-      retryableStatus(status),
-      status,
-      false,
-      retryAfterMs(err.headers as Headers | undefined),
-      refused ? "unsupported_parameter" : undefined,
-    );
-  }
-  // The rest as every client classifies them: a cut connection, an event past the decoder's bound.
-  return classify(err, signal);
+  const e = classify(err, signal);
+  const refused =
+    err instanceof ProviderRefusal &&
+    err.status === 400 &&
+    /not permitted|not supported|unsupported/i.test(err.message);
+  return refused
+    ? new ModelError(e.message, e.retryable, e.status, e.aborted, e.retryAfterMs, "unsupported_parameter")
+    : e;
 }

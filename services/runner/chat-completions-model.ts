@@ -11,7 +11,7 @@ import {
   ModelError,
   classify,
   dataUrl,
-  openAIConnection,
+  providerConnection,
   streamedBody,
   type FinishReason,
   type ModelChunk,
@@ -76,7 +76,7 @@ export class OpenAIModelClient implements ModelClient {
   private readonly visionModels: readonly string[];
 
   constructor(options: OpenAIModelOptions) {
-    ({ post: this.post, pool: this.pool } = openAIConnection(options));
+    ({ post: this.post, pool: this.pool } = providerConnection(options));
     this.visionModels = options.visionModels ?? [];
     this.kind = options.kind ?? "openai-compatible";
     this.providerName = this.kind === "openai" ? "openai" : "openai_compatible";

@@ -142,7 +142,7 @@ export type { ProviderPost };
  * is retried here: retries and fallbacks belong to the agent loop, which knows whether output was
  * already sent. The pool's headers timeout is the first-byte timeout.
  */
-export function openAIConnection(options: OpenAIModelOptions): { post: ProviderPost; pool: Agent } {
+export function providerConnection(options: OpenAIModelOptions): { post: ProviderPost; pool: Agent } {
   const pool = connectionPool(options);
   const endpoint = { baseUrl: options.baseUrl, apiKey: options.apiKey, headers: options.headers };
   return { post: providerPoster(endpoint, poolFetch(pool) as Parameters<typeof providerPoster>[1]), pool };

@@ -11,7 +11,7 @@ import {
   dataUrl,
   classify,
   eventJson,
-  openAIConnection,
+  providerConnection,
   streamEvents,
   streamedBody,
   type FinishReason,
@@ -84,7 +84,7 @@ export class OpenAIResponsesClient implements ModelClient {
   private readonly visionModels: readonly string[];
 
   constructor(options: OpenAIModelOptions) {
-    ({ post: this.post, pool: this.pool } = openAIConnection(options));
+    ({ post: this.post, pool: this.pool } = providerConnection(options));
     this.visionModels = options.visionModels ?? [];
   }
 

@@ -1,8 +1,9 @@
-// One request to an OpenAI-style HTTP API (chat completions, Responses, embeddings): a JSON body
-// POSTed with the key as a bearer token. The official SDK did this for the runner and the memory
-// service, and nothing else: the runner reads replies with our SSE decoder (runner/sse.ts), the
-// memory service reads one JSON answer. Loading the SDK cost each of them 9 MB resident
-// (docs/benchmarks.md, bench/footprint), so neither loads it. What a provider answers with is
+// One request to a model provider's HTTP API (chat completions, Responses, embeddings, Anthropic's
+// Messages): a JSON body POSTed with the key as a bearer token. The official SDKs did this for the
+// runner and the memory service, and nothing else: the runner reads replies with our SSE decoder
+// (runner/sse.ts), the memory service reads one JSON answer. Loading OpenAI's SDK cost each of
+// them 9 MB resident (docs/benchmarks.md, bench/footprint), and Anthropic's printed its own
+// plain-text warnings among the JSON logs, so neither is loaded. What a provider answers with is
 // still tested against servers written from its API reference (test/helpers/openai-api.ts,
 // responses-api.ts, embeddings-api.ts).
 
@@ -112,6 +113,25 @@ export function errorOf(text: string): { message: string; code?: string } {
   if (obj.detail !== undefined)
     return { message: quoted(typeof obj.detail === "string" ? obj.detail : JSON.stringify(obj.detail)) };
   return { message: quoted(text) };
+}
+
+/**
+ * The version of Anthropic's Messages API whose bodies the runner and the memory service send
+ * (MessageCreateParams of @anthropic-ai/sdk 1.13, which sends the same `anthropic-version`).
+ */
+export const ANTHROPIC_VERSION = "2026-10-21";
+
+/**
+ * An Anthropic endpoint as providerPoster takes it: its root (the providers file may name it with
+ * or without /v1; paths start at /v1), and the version header. Errors come back as
+ * `{"type": "error", "error": {"type", "message"}}`, whose message errorOf reads.
+ */
+export function anthropicEndpoint(e: ProviderEndpoint): ProviderEndpoint {
+  return {
+    baseUrl: e.baseUrl.replace(/\/+$/, "").replace(/\/v1$/, ""),
+    apiKey: e.apiKey,
+    headers: { ...e.headers, "anthropic-version": ANTHROPIC_VERSION },
+  };
 }
 
 /** Statuses worth one more try: timeout, conflict, rate limit, the provider's own failures. */

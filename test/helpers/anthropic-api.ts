@@ -4,7 +4,7 @@
 // https://docs.anthropic.com/en/docs/build-with-claude/extended-thinking (budget_tokens of at least
 // 1024 and below max_tokens, and while tool use goes on the assistant turn's thinking block must
 // come back first, with its signature unchanged). The body's fields are those of the API version
-// the current SDK speaks (2026-10-21: MessageCreateParams in @anthropic-ai/sdk), which has no
+// Troupe sends (2026-10-21: MessageCreateParams in @anthropic-ai/sdk 1.13), which has no
 // sampling parameters; output_config.effort takes low, medium, high, xhigh or max. Which kind of
 // thinking each model takes is in MODELS below, from
 // https://platform.claude.com/docs/en/build-with-claude/adaptive-thinking (and Amazon Bedrock's

@@ -108,6 +108,20 @@ test("each model gets the thinking it takes: adaptive from 4.6 on, a budget befo
   }
 });
 
+test("a model near its end of life: nothing is printed beside the logs (the SDK printed a warning)", async () => {
+  // Anthropic's SDK wrote two plain-text lines to stderr on every call to such a model (claude-
+  // sonnet-4-5 ends on 2026-11-30), among the services' JSON log lines.
+  const printed: string[] = [];
+  const write = process.stderr.write;
+  process.stderr.write = ((chunk: string | Uint8Array) => (printed.push(String(chunk)), true)) as typeof write;
+  try {
+    await thinkingTurn("claude-sonnet-4-5");
+  } finally {
+    process.stderr.write = write;
+  }
+  assert.deepEqual(printed, []);
+});
+
 test("the rules name Claude's models with or without their dates, and take an unnamed one to be a later one", () => {
   const budget = (effort: boolean) => ({ mode: "budget", effort });
   const expected: [string, object][] = [

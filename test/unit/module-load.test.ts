@@ -35,9 +35,9 @@ const entry = (service: string) =>
 const DEFERRED: Record<string, string[]> = {
   gateway: ["@connectrpc/connect-node", "@connectrpc/connect", "undici", "openai", "pg"],
   router: ["undici", "openai", "pg"],
-  runner: ["openai", "@anthropic-ai/sdk", "croner", "pg", "html-to-text", "gpt-tokenizer"],
+  runner: ["openai", "croner", "pg", "html-to-text", "gpt-tokenizer"],
   sandbox: ["undici", "openai", "pg"],
-  memory: ["openai", "@anthropic-ai/sdk", "pg"],
+  memory: ["openai", "pg"],
   up: ["pg", "openai", "@connectrpc/connect-node", "undici"],
 };
 
