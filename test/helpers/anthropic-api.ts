@@ -28,8 +28,9 @@ const KNOWN = new Set(
 const EFFORTS = ["low", "medium", "high", "xhigh", "max"];
 
 /** The models this server serves, and what each takes: thinking.type "adaptive", "enabled" (a budget), output_config.effort. */
-const MODELS: Record<string, { adaptive: boolean; budget: boolean; effort: boolean }> = {
-  "claude-opus-4-7": { adaptive: true, budget: false, effort: true },
+const MODELS: Record<string, { adaptive: boolean; budget: boolean; effort: boolean; display?: "omitted" }> = {
+  // Its thinking's display is omitted unless asked for (the SDK's ThinkingConfigAdaptive.display).
+  "claude-opus-4-7": { adaptive: true, budget: false, effort: true, display: "omitted" },
   "claude-sonnet-4-6": { adaptive: true, budget: true, effort: true },
   "claude-opus-4-5": { adaptive: false, budget: true, effort: true },
   "claude-sonnet-4-5": { adaptive: false, budget: true, effort: false },
@@ -42,7 +43,7 @@ const error = (type: string, message: string): ApiError => ({ type, message, par
 
 export class AnthropicApiServer extends ApiServer {
   readonly accepted: AnthropicBody[] = [];
-  /** Signatures this server gave out for thinking blocks, by the thinking text. */
+  /** The thinking text each signature this server gave out was given for. */
   private readonly signatures = new Map<string, string>();
   private n = 0;
 
@@ -158,7 +159,7 @@ export class AnthropicApiServer extends ApiServer {
       for (const [k, b] of blocks.entries()) {
         if (b.type === "text" && (typeof b.text !== "string" || b.text === ""))
           return bad(`messages.${i}.content.${k}.text: text content blocks must be non-empty`);
-        if (b.type === "thinking" && this.signatures.get(String(b.thinking)) !== b.signature)
+        if (b.type === "thinking" && this.signatures.get(String(b.signature)) !== b.thinking)
           return bad(`messages.${i}.content.${k}: Invalid \`signature\` in \`thinking\` block`);
         if (b.type === "image") {
           const problem = imageProblem(b.source as Block | undefined, m.role);
@@ -206,12 +207,17 @@ export class AnthropicApiServer extends ApiServer {
     ];
     let index = 0;
     if (thinks(body)) {
-      const thought = `thought ${this.n}`;
+      // Where the display is omitted (Opus 4.7's default), the block comes with its signature and
+      // no text, and goes back the same way.
+      const display = (body.thinking as { display?: string }).display ?? MODELS[body.model].display;
+      const thought = display === "omitted" ? "" : `thought ${this.n}`;
       const signature = `sig-${this.n}-${Math.random().toString(36).slice(2)}`;
-      this.signatures.set(thought, signature);
+      this.signatures.set(signature, thought);
       events.push(
         { type: "content_block_start", index, content_block: { type: "thinking", thinking: "", signature: "" } },
-        { type: "content_block_delta", index, delta: { type: "thinking_delta", thinking: thought } },
+        ...(thought
+          ? [{ type: "content_block_delta", index, delta: { type: "thinking_delta", thinking: thought } }]
+          : []),
         { type: "content_block_delta", index, delta: { type: "signature_delta", signature } },
         { type: "content_block_stop", index },
       );
