@@ -8,6 +8,7 @@ import { Role, StopReason } from "../../services/shared/gen/troupe/v1/session_pb
 import { rulesFor } from "../../services/shared/model-rules.js";
 import { parseProviders } from "../../services/shared/providers.js";
 import { ProviderModels } from "../../services/runner/provider-models.js";
+import { completionFor } from "../../services/memory/completion.js";
 import { AnthropicApiServer, type AnthropicBody } from "../helpers/anthropic-api.js";
 import { echoTool, newActor, prompt, testRunDeps } from "../helpers/in-process.js";
 
@@ -120,6 +121,17 @@ test("a model near its end of life: nothing is printed beside the logs (the SDK 
     process.stderr.write = write;
   }
   assert.deepEqual(printed, []);
+});
+
+test("the providers file may name Anthropic's root with or without /v1; both reach /v1/messages", async () => {
+  const root = api.baseUrl.replace(/\/v1$/, "");
+  for (const baseUrl of [root, `${root}/`, `${root}/v1`, `${root}/v1/`]) {
+    const ask = completionFor({ kind: "anthropic", baseUrl, apiKey: KEY }, "claude-haiku-4-5");
+    const before = api.accepted.length;
+    await ask("system", "hello");
+    assert.equal(api.accepted.length, before + 1, baseUrl);
+    assert.equal(api.accepted.at(-1)!.system, "system");
+  }
 });
 
 test("the rules name Claude's models with or without their dates, and take an unnamed one to be a later one", () => {
