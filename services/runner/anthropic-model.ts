@@ -1,13 +1,13 @@
-// Anthropic's Messages API (provider kind "anthropic"), POSTed as shared/provider-post.ts does for
-// every provider (no SDK: Anthropic's printed a plain-text warning per call among the JSON logs
-// for a model nearing its end of life). Anthropic's
-// OpenAI-compatible endpoint is, in its own words, for testing and comparing, not for production;
-// the native API is where thinking and prompt caching are. A reasoning effort asks the model to
+// Anthropic's Messages API (provider kind "anthropic"), POSTed by shared/provider-post.ts as every
+// provider's is. (Anthropic's SDK printed a plain-text warning among the JSON logs on each call to
+// a model near its end of life, and did nothing else for us.) Anthropic's OpenAI-compatible
+// endpoint is, in its own words, for testing and comparing, not for production; the native API is
+// where thinking and prompt caching are. A reasoning effort asks the model to
 // think as it takes it (model-rules.ts): adaptive thinking and output_config.effort on Claude 4.6
 // and later, a budget_tokens on earlier models. The thinking blocks come back signed and are sent
 // back, first in the assistant message, with the next request to the same model (the API
-// requires it while tool use goes on). The API version the SDK speaks (2026-10-21) takes no
-// temperature: model-rules.ts says so, and none is sent.
+// requires it while tool use goes on). The API version sent (ANTHROPIC_VERSION, 2026-10-21) takes
+// no temperature: model-rules.ts says so, and none is sent.
 // Reference: https://docs.anthropic.com/en/api/messages, .../messages-streaming,
 // https://docs.anthropic.com/en/docs/build-with-claude/extended-thinking, and
 // https://platform.claude.com/docs/en/build-with-claude/adaptive-thinking.
