@@ -30,6 +30,8 @@ export const OPENAI_MODELS: readonly ApiModel[] = [
   // The API reference's ReasoningEffort: gpt-5.1 takes none to high, not minimal; gpt-5-pro high only.
   { id: "gpt-5.1", efforts: ["none", "low", "medium", "high"] },
   { id: "gpt-5-pro", efforts: ["high"] },
+  // A chat model of the gpt-5.1 family: no reasoning, so no reasoning_effort.
+  { id: "gpt-5.1-chat-latest" },
   { id: "o4-mini", efforts: ["low", "medium", "high"] },
 ];
 

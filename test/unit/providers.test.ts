@@ -92,6 +92,7 @@ describe("request rules, per model", () => {
     assert.equal(await sent("gpt-5-mini", "minimal"), "minimal");
     assert.equal(await sent("gpt-5-pro", "low"), undefined);
     assert.equal(await sent("gpt-5-pro", "high"), "high");
+    assert.equal(await sent("gpt-5.1-chat-latest", "high"), undefined);
     await models.close();
   });
 
