@@ -22,6 +22,11 @@ const exporter = new InMemorySpanExporter();
 let server: RpcServer;
 let address: string;
 let seenTraceIds: string[] = [];
+/** What the server logged, with the trace that was active when it did. */
+const logged: { msg: string; error: string; traceId: string }[] = [];
+const record = (msg: string, fields?: Record<string, unknown>) =>
+  logged.push({ msg, error: String(fields?.error ?? ""), traceId: trace.getActiveSpan()?.spanContext().traceId ?? "" });
+const logger = { debug: record, info: record, warn: record, error: record };
 
 before(async () => {
   // A real SDK in this process, so the test can see which trace each side's spans belong to.
@@ -29,7 +34,7 @@ before(async () => {
   propagation.setGlobalPropagator(new W3CTraceContextPropagator());
   trace.setGlobalTracerProvider(new TracerProvider({ spanProcessors: [new SimpleSpanProcessor({ exporter })] }));
 
-  server = new RpcServer({ maxMessageBytes: 1024 });
+  server = new RpcServer({ maxMessageBytes: 1024, logger });
   server.add(RouterService, {
     resolveInbound: async () => ({}),
     async resolveSession(req) {
@@ -57,6 +62,7 @@ before(async () => {
   });
   server.add(SandboxService, {
     exec(call: { request: { command: string }; write(m: unknown): void; end(): void }) {
+      if (call.request.command === "boom") throw new Error("stream internal detail");
       // Server streaming: echo the command back in pieces, then an exit status.
       for (const ch of call.request.command) call.write({ kind: { case: "stdout", value: Buffer.from(ch) } } as never);
       call.write({ kind: { case: "exit", value: { exitCode: 7 } } } as never);
@@ -154,6 +160,37 @@ describe("the rpc adapter", () => {
     await assert.rejects(sandbox.releaseSandbox({ sessionId: "s" }), { code: Status.FAILED_PRECONDITION });
     sandbox.close();
     client.close();
+  });
+
+  test("an unexpected failure is logged through the service's logger, in the call's trace, with its detail", async () => {
+    logged.length = 0;
+    const client = createClient(RouterService, address);
+    const parent = trace.getTracer("test").startSpan("caller");
+    await context.with(trace.setSpan(context.active(), parent), () =>
+      assert.rejects(client.resolveSession({ sessionId: "boom" }), { code: Status.INTERNAL }),
+    );
+    parent.end();
+    client.close();
+    const sandbox = createClient(SandboxService, address);
+    await assert.rejects(
+      async () => {
+        for await (const _ of sandbox.exec({ command: "boom" })) break;
+      },
+      { code: Status.INTERNAL },
+    );
+    sandbox.close();
+    assert.deepEqual(
+      logged.map((l) => l.msg),
+      ["troupe.v1.RouterService/ResolveSession failed", "troupe.v1.SandboxService/Exec failed"],
+    );
+    assert.match(logged[0].error, /secret internal detail/, "the log keeps what the caller is not told");
+    assert.match(logged[1].error, /stream internal detail/);
+    assert.equal(logged[0].traceId, parent.spanContext().traceId, "the record joins the caller's trace");
+    // An RpcError is the handler's answer, not a failure: nothing logged.
+    const again = createClient(RouterService, address);
+    await assert.rejects(again.resolveSession({ sessionId: "missing" }), { code: Status.NOT_FOUND });
+    again.close();
+    assert.equal(logged.length, 2);
   });
 
   test("bytes that do not parse get INVALID_ARGUMENT; oversize gets RESOURCE_EXHAUSTED", async () => {

@@ -97,7 +97,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
     }
   };
 
-  const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes, authenticate: apiKeyAuth(keys) });
+  const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes, authenticate: apiKeyAuth(keys), logger });
   server.add(GatewayService, {
     chat: chatHandler({ placements, runners, limits, streams, admit, logger }),
 

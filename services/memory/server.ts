@@ -180,6 +180,7 @@ export async function startMemory(cfg: Config, logger: Logger): Promise<RunningS
   const server = new RpcServer({
     maxMessageBytes: cfg.maxMessageBytes,
     authenticate: (await internalCredentials(cfg.dataDir, cfg.internalToken)).authenticate,
+    logger,
   });
   server.add(MemoryService, {
     async addMemories(req) {

@@ -161,6 +161,7 @@ export async function startRouter(cfg: Config, logger: Logger): Promise<RunningS
   const server = new RpcServer({
     maxMessageBytes: cfg.maxMessageBytes,
     authenticate: (await internalCredentials(cfg.dataDir, cfg.internalToken)).authenticate,
+    logger,
   });
   server.add(RouterService, {
     async resolveSession(req, call) {

@@ -191,7 +191,11 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   const requireActor = (sessionId: string, call: { metadata: grpc.Metadata }): Promise<SessionActor> =>
     registry.require(sessionId, identityOf(call.metadata));
 
-  const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes, authenticate: credentials.authenticate });
+  const server = new RpcServer({
+    maxMessageBytes: cfg.maxMessageBytes,
+    authenticate: credentials.authenticate,
+    logger,
+  });
   server.add(RunnerService, {
     attach: attachHandler(registry, logger),
 

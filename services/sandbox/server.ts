@@ -68,6 +68,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
   const server = new RpcServer({
     maxMessageBytes: cfg.maxMessageBytes,
     authenticate: (await internalCredentials(cfg.dataDir, cfg.internalToken)).authenticate,
+    logger,
   });
   const engineHint = `no Docker engine reachable at ${cfg.dockerHost}: start dockerd (or set DOCKER_HOST) and retry`;
   let engineUp = false;

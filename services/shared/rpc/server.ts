@@ -7,7 +7,7 @@ import type { DescMethod } from "@bufbuild/protobuf";
 import type { GenService, GenServiceMethods } from "@bufbuild/protobuf/codegenv2";
 import { SpanKind, SpanStatusCode, context } from "@opentelemetry/api";
 import { TENANT, isOpenPath, type Authenticator } from "../auth.js";
-import { withLogFields } from "../log.js";
+import { type Logger, withLogFields } from "../log.js";
 import { RpcError, Status, toStatus } from "../errors.js";
 import { instruments, secondsSince } from "../metrics.js";
 import { extractContext, spanContext, tracer } from "../telemetry.js";
@@ -74,7 +74,23 @@ function sessionIdOf(call: unknown): string | undefined {
 
 type AnyCall = grpc.ServerUnaryCall<unknown, unknown> & grpc.ServerDuplexStream<unknown, unknown>;
 
-function wrapHandler(method: DescMethod, handler: (...args: never[]) => unknown): grpc.UntypedHandleCall {
+/** Where a handler's unexpected failure goes: a logger, or (the adapter's own tests) stderr. */
+type Unexpected = (path: string, err: unknown, ctx: ReturnType<typeof context.active>) => void;
+
+function unexpectedTo(logger: Logger | undefined): Unexpected {
+  if (!logger) return (path, err) => console.error(`${path}:`, err);
+  // Under the call's context, so the record carries its trace, tenant and session (log.ts).
+  return (path, err, ctx) =>
+    context.with(ctx, () =>
+      logger.error(`${path} failed`, { error: String((err as Error)?.stack ?? err).slice(0, 4000) }),
+    );
+}
+
+function wrapHandler(
+  method: DescMethod,
+  handler: (...args: never[]) => unknown,
+  unexpected: Unexpected,
+): grpc.UntypedHandleCall {
   const path = `${method.parent.typeName}/${method.name}`;
   const startSpan = (call: { metadata: grpc.Metadata }) => {
     const parent = extractContext(call.metadata);
@@ -114,7 +130,7 @@ function wrapHandler(method: DescMethod, handler: (...args: never[]) => unknown)
         },
         (err: unknown) => {
           const status = toStatus(err);
-          if (!(err instanceof RpcError) && status.code === Status.INTERNAL) console.error(`${path}:`, err);
+          if (!(err instanceof RpcError) && status.code === Status.INTERNAL) unexpected(path, err, started.ctx);
           endSpan(started, status.code);
           callback(status);
         },
@@ -135,19 +151,18 @@ function wrapHandler(method: DescMethod, handler: (...args: never[]) => unknown)
     call.once("cancelled", () => finish(Status.CANCELLED));
     try {
       const result = context.with(started.ctx, () => fn(call));
-      if (result instanceof Promise) result.catch((err: unknown) => failStream(call, err, path, finish));
+      if (result instanceof Promise) result.catch(fail);
     } catch (err) {
-      failStream(call, err, path, finish);
+      fail(err);
+    }
+    function fail(err: unknown): void {
+      const status = toStatus(err);
+      if (!(err instanceof RpcError) && status.code === Status.INTERNAL) unexpected(path, err, started.ctx);
+      finish(status.code);
+      if (!call.cancelled && !call.writableEnded) call.emit("error", status);
     }
   };
   return streaming as unknown as grpc.UntypedHandleCall;
-}
-
-function failStream(call: AnyCall, err: unknown, path: string, finish: (code: Status) => void): void {
-  const status = toStatus(err);
-  if (!(err instanceof RpcError) && status.code === Status.INTERNAL) console.error(`${path}:`, err);
-  finish(status.code);
-  if (!call.cancelled && !call.writableEnded) call.emit("error", status);
 }
 
 export interface ServerOptions {
@@ -155,6 +170,8 @@ export interface ServerOptions {
   maxMessageBytes?: number;
   /** Checks every call's credentials (auth.ts); without it the server answers anyone (tests of the adapter only). */
   authenticate?: Authenticator;
+  /** Where a handler's unexpected failure (INTERNAL, not an RpcError) is logged; every service gives its own. */
+  logger?: Logger;
 }
 
 /** Health states of the standard health service. */
@@ -196,8 +213,10 @@ export class RpcServer {
   private readonly server: grpc.Server;
   private readonly statuses = new Map<string, Serving>([["", Serving.SERVING]]);
   private readonly watchers = new Map<string, Set<grpc.ServerWritableStream<unknown, unknown>>>();
+  private readonly unexpected: Unexpected;
 
   constructor(options: ServerOptions = {}) {
+    this.unexpected = unexpectedTo(options.logger);
     this.server = new grpc.Server({
       ...channelOptions(options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES),
       // Lets clients re-resolve and rebalance behind a Kubernetes Service.
@@ -229,7 +248,7 @@ export class RpcServer {
   add<S extends GenServiceMethods>(service: GenService<S>, impl: ServiceImpl<S>): this {
     const handlers: grpc.UntypedServiceImplementation = {};
     for (const method of service.methods) {
-      handlers[method.localName] = wrapHandler(method, impl[method.localName as keyof S] as never);
+      handlers[method.localName] = wrapHandler(method, impl[method.localName as keyof S] as never, this.unexpected);
     }
     this.server.addService(serviceDefinition(service), handlers);
     if (service.typeName !== Health.typeName) this.setStatus(service.typeName, Serving.SERVING);
