@@ -19,3 +19,4 @@ export { DEFAULT_DEADLINE_MS, DEFAULT_MAX_MESSAGE_BYTES } from "./rpc/limits.js"
 export { RpcServer, ServingStatus, type ServerOptions } from "./rpc/server.js";
 export { createClient, type ClientOptions } from "./rpc/client.js";
 export { write } from "./rpc/streams.js";
+export { routeGrpcLogs } from "./rpc/logging.js";

@@ -7,6 +7,7 @@ import type { Config } from "./config-types.js";
 import { describeTrim, startIdleTrim } from "./idle-trim.js";
 import { createLogger, type Logger } from "./log.js";
 import { startMetrics, type Metrics } from "./metrics.js";
+import { routeGrpcLogs } from "./rpc.js";
 import { startTelemetry } from "./telemetry.js";
 
 export interface RunningService {
@@ -38,6 +39,7 @@ export async function runServices(
 ): Promise<void> {
   const { cfg } = units[0];
   const logger = createLogger(processName, cfg.logLevel, cfg.logFormat);
+  routeGrpcLogs(logger);
   for (const name of unknownVariables())
     logger.warn(`${name} is set but Troupe reads no such variable (a typo?); troupe config lists them all`);
   const telemetry = await startTelemetry(processName, cfg.otel);

@@ -7,6 +7,8 @@ import { spawnSync } from "node:child_process";
 const LOG = new URL("../../services/shared/log.js", import.meta.url).href;
 const API = import.meta.resolve("@opentelemetry/api");
 const HOOKS = import.meta.resolve("@opentelemetry/context-async-hooks");
+const GRPC_LOGS = new URL("../../services/shared/rpc/logging.js", import.meta.url).href;
+const GRPC = import.meta.resolve("@grpc/grpc-js");
 
 /** Runs `body` in a fresh process with `log` = createLogger("svc", "debug", format); returns its stderr lines. */
 function logged(format: string, body: string): string[] {
@@ -65,4 +67,20 @@ test("records made under a context carry its tenant and session, and only those"
 test("text: one plain line per record", () => {
   const [line] = logged("text", `log.warn("careful", { why: "because" });`);
   assert.match(line, /^\d{4}-\d\d-\d\dT[\d:.]+Z warn {2}svc: careful \{"why":"because"\}$/);
+});
+
+test("grpc-js's own log lines are the logger's JSON records, not its plain stderr lines", () => {
+  const lines = logged(
+    "json",
+    `const { routeGrpcLogs } = await import(${JSON.stringify(GRPC_LOGS)});
+     const grpc = (await import(${JSON.stringify(GRPC)})).default;
+     routeGrpcLogs(log);
+     grpc.experimental.log(grpc.logVerbosity.ERROR, "a listener failed:", 7);
+     grpc.experimental.log(grpc.logVerbosity.INFO, "below grpc-js's own verbosity");`,
+  );
+  assert.equal(lines.length, 1, lines.join("\n"));
+  const record = JSON.parse(lines[0]);
+  assert.equal(record.level, "error");
+  assert.equal(record.msg, "a listener failed: 7");
+  assert.equal(record.component, "grpc-js");
 });
