@@ -73,3 +73,15 @@ export function createLogger(service: string, level: Level, format: LogFormat = 
       fields ? base[lvl](fields, msg) : base[lvl](msg);
   return { debug: at("debug"), info: at("info"), warn: at("warn"), error: at("error") };
 }
+
+/**
+ * Node's own process warnings (a deprecation, a listener leak) as `logger`'s records with
+ * `component: "node"`, in place of the plain "(node:PID) Warning: ..." line Node prints on stderr.
+ * Process-wide; the last call wins.
+ */
+export function routeNodeWarnings(logger: Logger): void {
+  process.removeAllListeners("warning");
+  process.on("warning", (w: Error & { code?: string }) =>
+    logger.warn(`${w.name}: ${w.message}`, { component: "node", ...(w.code ? { code: w.code } : {}) }),
+  );
+}

@@ -5,7 +5,7 @@
 import { unknownVariables } from "./config.js";
 import type { Config } from "./config-types.js";
 import { describeTrim, startIdleTrim } from "./idle-trim.js";
-import { createLogger, type Logger } from "./log.js";
+import { createLogger, type Logger, routeNodeWarnings } from "./log.js";
 import { startMetrics, type Metrics } from "./metrics.js";
 import { routeGrpcLogs } from "./rpc.js";
 import { startTelemetry } from "./telemetry.js";
@@ -40,6 +40,7 @@ export async function runServices(
   const { cfg } = units[0];
   const logger = createLogger(processName, cfg.logLevel, cfg.logFormat);
   routeGrpcLogs(logger);
+  routeNodeWarnings(logger);
   for (const name of unknownVariables())
     logger.warn(`${name} is set but Troupe reads no such variable (a typo?); troupe config lists them all`);
   const telemetry = await startTelemetry(processName, cfg.otel);

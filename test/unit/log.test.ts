@@ -84,3 +84,18 @@ test("grpc-js's own log lines are the logger's JSON records, not its plain stder
   assert.equal(record.msg, "a listener failed: 7");
   assert.equal(record.component, "grpc-js");
 });
+
+test("Node's own warnings are the logger's records, not its \"(node:PID) Warning\" lines", () => {
+  const lines = logged(
+    "json",
+    `const { routeNodeWarnings } = await import(${JSON.stringify(LOG)});
+     routeNodeWarnings(log);
+     process.emitWarning("an old API was used", { type: "DeprecationWarning", code: "DEP0999" });`,
+  );
+  assert.equal(lines.length, 1, lines.join("\n"));
+  const record = JSON.parse(lines[0]);
+  assert.equal(record.level, "warn");
+  assert.equal(record.msg, "DeprecationWarning: an old API was used");
+  assert.equal(record.component, "node");
+  assert.equal(record.code, "DEP0999");
+});
