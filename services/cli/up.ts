@@ -13,7 +13,7 @@ import { childEnvironment, loadConfig, modelBaseUrl, widenThreadPool } from "../
 import type { Config } from "../shared/config-types.js";
 import { Health, HealthCheckResponse_ServingStatus as Serving } from "../shared/gen/grpc/health/v1/health_pb.js";
 import { describeTrim, startIdleTrim } from "../shared/idle-trim.js";
-import { createLogger } from "../shared/log.js";
+import { createLogger, routeNodeWarnings } from "../shared/log.js";
 import { GatewayService } from "../shared/gen/troupe/v1/gateway_pb.js";
 import { MemoryService } from "../shared/gen/troupe/v1/memory_pb.js";
 import { RouterService } from "../shared/gen/troupe/v1/router_pb.js";
@@ -89,6 +89,7 @@ export async function upCommand(argv: string[]): Promise<void> {
     widenThreadPool();
   }
   const logger = createLogger("up", cfg.logLevel, cfg.logFormat);
+  routeNodeWarnings(logger);
   const upFile = path.join(cfg.dataDir, "up.json");
   await reapLeftovers(upFile, cfg.dataDir, cfg, MAIN, logger);
   let storeUrl = cfg.storeUrl;
