@@ -48,6 +48,8 @@ build: node_modules/.installed services/shared/gen/.generated
 	rm -rf dist
 	npx tsc -p tsconfig.json
 	cp -r services/gateway/console dist/services/gateway/
+	@# package.json's bin: `npx troupe` runs it as a program, and tsc writes it without +x.
+	chmod +x dist/services/cli/main.js
 
 # biome (biome.json): formatting at 120 columns and the recommended lint rules, less four that
 # the code breaks on purpose (non-null assertions, assignments in expressions, control characters

@@ -35,6 +35,14 @@ test("typos are errors with a suggestion; nothing starts and nothing is written"
   assert.equal(existsSync(path.join(cwd, "data")), false, "no data directory was made");
 });
 
+test("the package's bin runs as a program, as `npx troupe` runs it (make build sets its mode)", () => {
+  // npx execs package.json's bin directly; without the executable bit, sh says "Permission denied".
+  const r = spawnSync(MAIN, ["--version"], { encoding: "utf8" });
+  assert.equal(r.error, undefined, String(r.error));
+  assert.equal(r.status, 0, r.stderr);
+  assert.match(r.stdout, /^troupe \d+\.\d+\.\d+/);
+});
+
 test("--version and per-command --help answer and exit 0", async (t) => {
   const cwd = await mkdtemp(path.join(os.tmpdir(), "troupe-cli-"));
   t.after(() => rm(cwd, { recursive: true, force: true }));
