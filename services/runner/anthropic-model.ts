@@ -13,7 +13,7 @@
 // https://platform.claude.com/docs/en/build-with-claude/adaptive-thinking.
 import { anthropicEndpoint, type ProviderPost, ProviderRefusal } from "../shared/provider-post.js";
 import type { Agent } from "undici";
-import { effortFor, rulesFor, type AnthropicThinking, type ReasoningEffort } from "../shared/model-rules.js";
+import { type AnthropicEffort, type AnthropicThinking, anthropicRulesFor, effortFor } from "../shared/model-rules.js";
 import {
   ModelError,
   classify,
@@ -31,9 +31,7 @@ import {
 } from "./model.js";
 
 /** Thinking tokens per effort; the API's floor is 1024, and the budget must stay below max_tokens. */
-const THINKING_BUDGET: Record<ReasoningEffort, number> = { minimal: 1024, low: 1024, medium: 4096, high: 16_384 };
-/** output_config.effort takes low, medium, high (and more); minimal is low. */
-const EFFORT: Record<ReasoningEffort, string> = { minimal: "low", low: "low", medium: "medium", high: "high" };
+const THINKING_BUDGET: Record<AnthropicEffort, number> = { low: 1024, medium: 4096, high: 16_384 };
 
 /**
  * The fields that ask `thinking`'s kind of model to think at `effort`: adaptive thinking and the
@@ -41,17 +39,16 @@ const EFFORT: Record<ReasoningEffort, string> = { minimal: "low", low: "low", me
  * would not fit under max_tokens (the API refuses a budget that does not).
  */
 function thinkingFields(
-  thinking: AnthropicThinking | undefined,
-  effort: ReasoningEffort,
+  thinking: AnthropicThinking,
+  effort: AnthropicEffort,
   maxTokens: number,
 ): Record<string, unknown> {
-  if (!thinking || thinking.mode === "adaptive")
-    return { thinking: { type: "adaptive" }, output_config: { effort: EFFORT[effort] } };
+  if (thinking.mode === "adaptive") return { thinking: { type: "adaptive" }, output_config: { effort } };
   const budget = THINKING_BUDGET[effort];
   if (budget >= maxTokens) return {};
   return {
     thinking: { type: "enabled", budget_tokens: budget },
-    ...(thinking.effort ? { output_config: { effort: EFFORT[effort] } } : {}),
+    ...(thinking.effort ? { output_config: { effort } } : {}),
   };
 }
 
@@ -142,7 +139,7 @@ export class AnthropicModelClient implements ModelClient {
 
   /** The request body, fitted to what the model takes (model-rules.ts). */
   body(request: ModelRequest): Record<string, unknown> {
-    const rules = rulesFor("anthropic", request.model);
+    const rules = anthropicRulesFor(request.model);
     const { system, messages } = toMessages(request.messages);
     const maxTokens = request.maxTokens ?? 4096;
     const effort = effortFor(rules, request.reasoningEffort);

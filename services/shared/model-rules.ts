@@ -12,6 +12,8 @@
 import type { ProviderKind } from "./providers.js";
 
 export type ReasoningEffort = "minimal" | "low" | "medium" | "high";
+/** The efforts Claude models take (as output_config.effort, or as a thinking budget). */
+export type AnthropicEffort = Exclude<ReasoningEffort, "minimal">;
 
 export interface RequestRules {
   /** The request field that caps the reply's tokens. */
@@ -22,8 +24,12 @@ export interface RequestRules {
   reasoningEfforts: readonly ReasoningEffort[];
   /** Whether response_format {"type": "json_object"} is taken (learning asks for JSON with it). */
   jsonObject: boolean;
-  /** Anthropic only: how an effort asks for thinking (anthropic-model.ts); absent: adaptive. */
-  thinking?: AnthropicThinking;
+}
+
+/** A Claude model's rules: its efforts, and how an effort asks it to think (anthropic-model.ts). */
+export interface AnthropicRules extends RequestRules {
+  reasoningEfforts: readonly AnthropicEffort[];
+  thinking: AnthropicThinking;
 }
 
 /**
@@ -83,27 +89,22 @@ const RULES: readonly Row[] = [
  * budget only. The effort parameter came with Opus 4.5; Sonnet 4.5 and Haiku 4.5 do not take it.
  * A Claude model this table does not name is taken to be a later one: adaptive.
  */
-const anthropicRules = (thinking: AnthropicThinking): RequestRules => ({
+const anthropicRules = (thinking: AnthropicThinking): AnthropicRules => ({
   maxTokensField: "max_tokens",
   sampling: false,
   reasoningEfforts: ["low", "medium", "high"],
   jsonObject: false,
   thinking,
 });
-const ANTHROPIC: readonly Row[] = [
+const ANTHROPIC: readonly { model: RegExp; rules: AnthropicRules }[] = [
+  { model: /^claude-opus-4-5(-\d{8})?$/, rules: anthropicRules({ mode: "budget", effort: true }) },
   {
-    kinds: ["anthropic"],
-    model: /^claude-opus-4-5(-\d{8})?$/,
-    rules: anthropicRules({ mode: "budget", effort: true }),
-  },
-  {
-    kinds: ["anthropic"],
     // Claude 3.x, Sonnet 4 and 4.5, Opus 4 and 4.1, Haiku 4.5 (with or without a date).
     model: /^claude-(3-|sonnet-4(-[05])?(-\d{8})?$|opus-4(-[01])?(-\d{8})?$|haiku-4-5)/,
     rules: anthropicRules({ mode: "budget", effort: false }),
   },
-  { kinds: ["anthropic"], model: /./, rules: anthropicRules({ mode: "adaptive" }) },
 ];
+const LATER_CLAUDE = anthropicRules({ mode: "adaptive" });
 
 const FALLBACK: RequestRules = {
   maxTokensField: "max_tokens",
@@ -117,15 +118,24 @@ const FALLBACK: RequestRules = {
  * minimal as low where the model has no minimal (the nearest level that still reasons); else
  * none, and the model reasons at its default.
  */
-export function effortFor(rules: RequestRules, effort: ReasoningEffort | undefined): ReasoningEffort | undefined {
+export function effortFor<E extends ReasoningEffort>(
+  rules: { reasoningEfforts: readonly E[] },
+  effort: ReasoningEffort | undefined,
+): E | undefined {
   if (!effort) return undefined;
-  if (rules.reasoningEfforts.includes(effort)) return effort;
-  return effort === "minimal" && rules.reasoningEfforts.includes("low") ? "low" : undefined;
+  const wanted = effort === "minimal" && !rules.reasoningEfforts.some((e) => e === "minimal") ? "low" : effort;
+  return rules.reasoningEfforts.find((e) => e === wanted);
+}
+
+/** The rules for Claude model `model`. */
+export function anthropicRulesFor(model: string): AnthropicRules {
+  return ANTHROPIC.find((r) => r.model.test(model))?.rules ?? LATER_CLAUDE;
 }
 
 /** The rules for `model` served by a provider of `kind`. */
 export function rulesFor(kind: ProviderKind, model: string): RequestRules {
-  return [...RULES, ...ANTHROPIC].find((r) => r.kinds.includes(kind) && r.model.test(model))?.rules ?? FALLBACK;
+  if (kind === "anthropic") return anthropicRulesFor(model);
+  return RULES.find((r) => r.kinds.includes(kind) && r.model.test(model))?.rules ?? FALLBACK;
 }
 
 /**

@@ -5,7 +5,7 @@
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { Role, StopReason } from "../../services/shared/gen/troupe/v1/session_pb.js";
-import { rulesFor } from "../../services/shared/model-rules.js";
+import { anthropicRulesFor } from "../../services/shared/model-rules.js";
 import { parseProviders } from "../../services/shared/providers.js";
 import { ProviderModels } from "../../services/runner/provider-models.js";
 import { completionFor } from "../../services/memory/completion.js";
@@ -149,7 +149,7 @@ test("the rules name Claude's models with or without their dates, and take an un
     ["claude-sonnet-5-5", { mode: "adaptive" }],
     ["claude-haiku-5-5", { mode: "adaptive" }],
   ];
-  for (const [model, thinking] of expected) assert.deepEqual(rulesFor("anthropic", model).thinking, thinking, model);
+  for (const [model, thinking] of expected) assert.deepEqual(anthropicRulesFor(model).thinking, thinking, model);
 });
 
 test("without an effort: no thinking; an agent's temperature is not sent; tool results go in the next user turn", async () => {
