@@ -2,7 +2,7 @@
 // bodies up to a cap read whole (signatures are over the raw bytes), JSON answers.
 import http from "node:http";
 import { splitHostPort } from "../shared/host-port.js";
-import type { Logger } from "../shared/log.js";
+import { failure, type Logger } from "../shared/log.js";
 
 export interface InboundAnswer {
   status: number;
@@ -31,7 +31,7 @@ export async function serveInbound(listen: string, path: string, handle: Inbound
       if (size > MAX_BODY_BYTES)
         return send({ status: 413, body: { error: `the body is over ${MAX_BODY_BYTES} bytes` } });
       handle(Buffer.concat(chunks), req).then(send, (err) => {
-        logger.error("an inbound request failed", { error: String(err) });
+        logger.error("an inbound request failed", failure(err));
         send({ status: 500, body: { error: "internal error" } });
       });
     });

@@ -13,7 +13,7 @@ import type { ChatRequest, ChatResponse } from "../shared/gen/troupe/v1/gateway_
 import type { AttachResponse } from "../shared/gen/troupe/v1/runner_pb.js";
 import { ClientFrameSchema, type ClientFrame } from "../shared/gen/troupe/v1/session_pb.js";
 import { DEFAULT_AGENT } from "../shared/ids.js";
-import type { Logger } from "../shared/log.js";
+import { failure, type Logger } from "../shared/log.js";
 import type { grpc } from "../shared/rpc.js";
 import { extractContext } from "../shared/telemetry.js";
 import type { GatewayLimits } from "./limits.js";
@@ -68,8 +68,7 @@ export function chatHandler(deps: ChatDeps): (call: grpc.ServerDuplexStream<Chat
       unwatch();
       spans.endAll();
       releaseStream?.();
-      if (err !== undefined && toStatus(err).code === Status.INTERNAL)
-        logger.error("chat stream failed", { error: String((err as Error)?.stack ?? err) });
+      if (err !== undefined && toStatus(err).code === Status.INTERNAL) logger.error("chat stream failed", failure(err));
       if (err !== undefined) {
         runnerCall?.cancel();
         if (!call.cancelled) call.emit("error", toStatus(err));

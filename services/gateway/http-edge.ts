@@ -19,7 +19,7 @@ import type { DescService } from "@bufbuild/protobuf";
 import { AdminService } from "../shared/gen/troupe/v1/admin_pb.js";
 import { GatewayService } from "../shared/gen/troupe/v1/gateway_pb.js";
 import { splitHostPort } from "../shared/host-port.js";
-import type { Logger } from "../shared/log.js";
+import { failure, type Logger } from "../shared/log.js";
 import { grpc, type ServiceClient } from "../shared/rpc.js";
 import { extractContext } from "../shared/telemetry.js";
 
@@ -165,7 +165,7 @@ export async function startHttpEdge(opts: HttpEdgeOptions): Promise<HttpEdge> {
         },
         // A route's failure ends its own request, never the process with every tenant's streams.
         (err: unknown) => {
-          opts.logger.error("an HTTP route failed", { url: String(req.url).slice(0, 200), error: String(err) });
+          opts.logger.error("an HTTP route failed", { url: String(req.url).slice(0, 200), ...failure(err) });
           if (res.headersSent) res.destroy();
           else answer(res, 500, { "content-type": "text/plain" }, "internal error\n");
         },

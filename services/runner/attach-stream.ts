@@ -8,7 +8,7 @@ import { Status, resourceExhausted, toStatus, type RpcError } from "../shared/er
 import { validateFrame } from "../shared/frames.js";
 import { AttachResponseSchema, type AttachRequest } from "../shared/gen/troupe/v1/runner_pb.js";
 import type { AgentEvent } from "../shared/gen/troupe/v1/session_pb.js";
-import type { Logger } from "../shared/log.js";
+import { failure, type Logger } from "../shared/log.js";
 import type { grpc } from "../shared/rpc.js";
 import { attachEventBytes } from "./event-bytes.js";
 import type { EventSubscriber } from "./event-journal.js";
@@ -86,8 +86,7 @@ export function attachHandler(
     const fail = (err: unknown) => {
       if (failed || detached || call.cancelled) return;
       failed = true;
-      if (toStatus(err).code === Status.INTERNAL)
-        logger.error("session stream failed", { error: String((err as Error)?.stack ?? err) });
+      if (toStatus(err).code === Status.INTERNAL) logger.error("session stream failed", failure(err));
       call.emit("error", toStatus(err));
     };
     const detach = () => {

@@ -17,7 +17,7 @@ import {
 import { validateFrame } from "../shared/frames.js";
 import { type RpcError, unavailable } from "../shared/errors.js";
 import { newId } from "../shared/ids.js";
-import type { Logger } from "../shared/log.js";
+import { failure, type Logger } from "../shared/log.js";
 import { runAgent } from "./loop.js";
 import { resumedMessages } from "./turn-start.js";
 import * as recovery from "./recovery.js";
@@ -399,7 +399,7 @@ export class SessionActor {
       // the actor rebuilds itself from its log; other sessions are untouched.
       this.deps.logger.error("run failed unexpectedly; restarting the session from its log", {
         session: this.sessionId,
-        error: String((err as Error)?.stack ?? err),
+        ...failure(err),
       });
       await this.supervision.restart(first);
     }

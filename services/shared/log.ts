@@ -40,6 +40,14 @@ function aboutNow(): Record<string, unknown> {
   return { ...fields, trace_id: span.traceId, span_id: span.spanId };
 }
 
+/**
+ * The fields that log an unexpected failure (a bug, not a refused request or an unreachable
+ * peer): its stack, so the record says where it came from, cut to 4,000 characters.
+ */
+export function failure(err: unknown): { error: string } {
+  return { error: String((err as Error | undefined)?.stack ?? err).slice(0, 4000) };
+}
+
 /** A record as a plain line: `time level service: message {fields}`. */
 export const textLine = (o: Record<string, unknown>): string => {
   const { time, level, service, msg, ...rest } = o;

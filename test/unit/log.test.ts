@@ -99,3 +99,19 @@ test("Node's own warnings are the logger's records, not its \"(node:PID) Warning
   assert.equal(record.component, "node");
   assert.equal(record.code, "DEP0999");
 });
+
+test("an unexpected failure is logged with its stack, cut to 4,000 characters; a thrown non-Error as its text", () => {
+  const lines = logged(
+    "json",
+    `const { failure } = await import(${JSON.stringify(LOG)});
+     function whereItBroke() { return new Error("broken"); }
+     log.error("a", failure(whereItBroke()));
+     log.error("b", failure(new Error("x".repeat(10000))));
+     log.error("c", failure("plain text"));
+     log.error("d", failure(undefined));`,
+  ).map((l) => JSON.parse(l));
+  assert.match(lines[0].error, /^Error: broken\n\s+at whereItBroke/);
+  assert.equal(lines[1].error.length, 4000);
+  assert.equal(lines[2].error, "plain text");
+  assert.equal(lines[3].error, "undefined");
+});

@@ -7,7 +7,7 @@ import type { DescMethod } from "@bufbuild/protobuf";
 import type { GenService, GenServiceMethods } from "@bufbuild/protobuf/codegenv2";
 import { SpanKind, SpanStatusCode, context } from "@opentelemetry/api";
 import { TENANT, isOpenPath, type Authenticator } from "../auth.js";
-import { type Logger, withLogFields } from "../log.js";
+import { failure, type Logger, withLogFields } from "../log.js";
 import { RpcError, Status, toStatus } from "../errors.js";
 import { instruments, secondsSince } from "../metrics.js";
 import { extractContext, spanContext, tracer } from "../telemetry.js";
@@ -80,10 +80,7 @@ type Unexpected = (path: string, err: unknown, ctx: ReturnType<typeof context.ac
 function unexpectedTo(logger: Logger | undefined): Unexpected {
   if (!logger) return (path, err) => console.error(`${path}:`, err);
   // Under the call's context, so the record carries its trace, tenant and session (log.ts).
-  return (path, err, ctx) =>
-    context.with(ctx, () =>
-      logger.error(`${path} failed`, { error: String((err as Error)?.stack ?? err).slice(0, 4000) }),
-    );
+  return (path, err, ctx) => context.with(ctx, () => logger.error(`${path} failed`, failure(err)));
 }
 
 function wrapHandler(
