@@ -43,7 +43,11 @@ function thinkingFields(
   effort: AnthropicEffort,
   maxTokens: number,
 ): Record<string, unknown> {
-  if (thinking.mode === "adaptive") return { thinking: { type: "adaptive" }, output_config: { effort } };
+  // Opus 4.7 and later omit their thinking text unless asked (display "omitted" is their
+  // default); clients of a session see the thinking of every model that thinks, so it is asked
+  // for. Earlier adaptive models summarize by default, so the field changes nothing there.
+  if (thinking.mode === "adaptive")
+    return { thinking: { type: "adaptive", display: "summarized" }, output_config: { effort } };
   const budget = THINKING_BUDGET[effort];
   if (budget >= maxTokens) return {};
   return {

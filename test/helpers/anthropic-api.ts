@@ -11,7 +11,9 @@
 // copy, docs.aws.amazon.com/bedrock/latest/userguide/claude-messages-adaptive-thinking.html):
 // Opus 4.7 takes adaptive thinking only, and a budget is a 400 there; Sonnet 4.6 takes both (the
 // budget deprecated); Sonnet 4.5, Opus 4.5 and Haiku 4.5 take a budget only. The effort parameter
-// (.../build-with-claude/effort) came with Opus 4.5: Sonnet 4.5 and Haiku 4.5 refuse it.
+// (.../build-with-claude/effort) came with Opus 4.5: Sonnet 4.5 and Haiku 4.5 refuse it. A
+// thinking config's display is summarized or omitted (ThinkingConfigAdaptive.display in the SDK;
+// .../build-with-claude/thinking#controlling-thinking-display); Opus 4.7 omits by default.
 import type http from "node:http";
 import { ApiServer } from "./api-server.js";
 import type { ApiError } from "./openai-checks.js";
@@ -109,6 +111,9 @@ export class AnthropicApiServer extends ApiServer {
         );
       if ("budget_tokens" in thinking) return bad("thinking.adaptive.budget_tokens: Extra inputs are not permitted");
     }
+    const display = (thinking as { display?: unknown } | undefined)?.display;
+    if (display !== undefined && display !== null && display !== "summarized" && display !== "omitted")
+      return bad(`thinking.${thinking?.type}.display: Input should be 'summarized' or 'omitted'`);
     const cache = body.cache_control as { type?: string; ttl?: string } | null | undefined;
     if (cache && (cache.type !== "ephemeral" || (cache.ttl !== undefined && !["5m", "1h"].includes(cache.ttl))))
       return bad("cache_control: Input should be {'type': 'ephemeral', 'ttl': '5m' | '1h'}");

@@ -67,7 +67,7 @@ async function thinkingTurn(model: string) {
 test("a turn with a tool call and adaptive thinking completes; the signed thinking comes back first", async () => {
   const { actor, bodies, events } = await thinkingTurn("claude-sonnet-4-6");
   const [first, second] = bodies;
-  assert.deepEqual(first.thinking, { type: "adaptive" });
+  assert.deepEqual(first.thinking, { type: "adaptive", display: "summarized" });
   assert.deepEqual(first.output_config, { effort: "low" });
   assert.ok(!("temperature" in first), "the API takes no temperature");
   assert.equal(typeof first.system, "string");
@@ -93,7 +93,7 @@ test("a turn with a tool call and adaptive thinking completes; the signed thinki
 test("each model gets the thinking it takes: adaptive from 4.6 on, a budget before, the effort where taken", async () => {
   // Opus 4.7 refuses a budget; Sonnet 4.5 and Haiku 4.5 refuse adaptive thinking and the effort.
   const cases: [string, object, object | undefined][] = [
-    ["claude-opus-4-7", { type: "adaptive" }, { effort: "low" }],
+    ["claude-opus-4-7", { type: "adaptive", display: "summarized" }, { effort: "low" }],
     ["claude-opus-4-5", { type: "enabled", budget_tokens: 1024 }, { effort: "low" }],
     ["claude-sonnet-4-5", { type: "enabled", budget_tokens: 1024 }, undefined],
     ["claude-haiku-4-5", { type: "enabled", budget_tokens: 1024 }, undefined],
@@ -107,6 +107,16 @@ test("each model gets the thinking it takes: adaptive from 4.6 on, a budget befo
     const asked = bodies[1].messages.at(-2)!.content as { type: string }[];
     assert.equal(asked[0].type, "thinking", `${model}: the signed thinking comes back first`);
   }
+});
+
+test("Opus 4.7, which omits its thinking unless asked, streams it to the session like any model", async () => {
+  const { events, bodies } = await thinkingTurn("claude-opus-4-7");
+  const thought = events
+    .of("messageUpdate")
+    .map((u) => (u.delta.case === "thinking" ? u.delta.value : ""))
+    .join("");
+  assert.match(thought, /thought \d+/, "the thinking text reached the session's stream");
+  assert.ok(bodies.every((b) => (b.thinking as { display?: string }).display === "summarized"));
 });
 
 test("a model near its end of life: nothing is printed beside the logs (the SDK printed a warning)", async () => {
@@ -203,6 +213,10 @@ test("the server refuses what the API refuses: a system role, an unknown field, 
     [{ ...base, model: "claude-sonnet-4-5", thinking: { type: "adaptive" } }, /adaptive thinking is not supported/],
     [{ ...base, model: "claude-sonnet-4-6", thinking: { type: "adaptive", budget_tokens: 1024 } }, /Extra inputs/],
     [{ ...base, model: "claude-haiku-4-5", output_config: { effort: "low" } }, /effort parameter is not supported/],
+    [
+      { ...base, model: "claude-opus-4-7", thinking: { type: "adaptive", display: "full" } },
+      /display: Input should be/,
+    ],
   ];
   for (const [body, message] of refusals) {
     const r = await post(body);
