@@ -1,5 +1,7 @@
 // The one ModelClient the loop sees over every provider (shared/providers.ts): each request goes
 // to the provider its model names, so a fallback chain may leave a provider that is down.
+import type { Logger } from "../shared/log.js";
+import { endOfLife } from "../shared/model-rules.js";
 import { resolveModel, type ProviderKind, type ProviderSpec, type Providers } from "../shared/providers.js";
 import { OpenAIModelClient } from "./chat-completions-model.js";
 import { ModelError, type ModelChunk, type ModelClient, type ModelRequest } from "./model.js";
@@ -16,8 +18,14 @@ const CLIENTS: Record<ProviderKind, new (p: ProviderSpec) => ModelClient> = {
 /** Streams each request from the provider its model names; one connection pool per provider. */
 export class ProviderModels implements ModelClient {
   private readonly clients = new Map<string, ModelClient>();
+  /** Models whose end of life this process has already warned of. */
+  private readonly warned = new Set<string>();
 
-  constructor(readonly providers: Providers) {
+  /** `logger`: where a model with an announced end of life is warned of, once per model. */
+  constructor(
+    readonly providers: Providers,
+    private readonly logger?: Logger,
+  ) {
     for (const p of providers.byName.values()) this.clients.set(p.name, new CLIENTS[p.kind](p));
   }
 
@@ -32,11 +40,24 @@ export class ProviderModels implements ModelClient {
   stream(request: ModelRequest, signal: AbortSignal): AsyncIterable<ModelChunk> {
     const found = resolveModel(this.providers, request.model);
     if (!found) return refuse(request.model, [...this.providers.byName.keys()]);
+    this.warnEndOfLife(found.provider.kind, request.model, found.model);
     // Reasoning items are the writing model's own: another model (a fallback) never gets them.
     const messages = request.messages.map((m) =>
       m.role === "assistant" && m.reasoning && m.model !== request.model ? { ...m, reasoning: undefined } : m,
     );
     return this.clients.get(found.provider.name)!.stream({ ...request, model: found.model, messages }, signal);
+  }
+
+  /** Once per model: a warning that names the day its provider stops serving it. */
+  private warnEndOfLife(kind: ProviderKind, named: string, model: string): void {
+    const day = endOfLife(kind, model);
+    if (!day || this.warned.has(named)) return;
+    this.warned.add(named);
+    const when = day < new Date().toISOString().slice(0, 10) ? "was retired on" : "reaches its end of life on";
+    this.logger?.warn(`model ${named} ${when} ${day}; requests to it fail from then on: move agents to a later model`, {
+      model: named,
+      endOfLife: day,
+    });
   }
 
   async close(): Promise<void> {

@@ -76,6 +76,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
     cfg.providersFile
       ? loadProviders(cfg.providersFile)
       : singleProvider(modelBaseUrl(cfg), cfg.openaiApiKey, cfg.openaiAccount),
+    logger,
   );
   const credentials = await internalCredentials(cfg.dataDir, cfg.internalToken, cfg.internalCa);
   const peer = { headers: credentials.headers, tls: credentials.tls };

@@ -127,6 +127,25 @@ export function effortFor<E extends ReasoningEffort>(
   return rules.reasoningEfforts.find((e) => e === wanted);
 }
 
+/**
+ * Claude models and the day each stops being served (ISO dates): Anthropic's deprecation table as
+ * @anthropic-ai/sdk 1.13 carries it (internal/data/deprecated-models), whose page is
+ * platform.claude.com/docs/en/about-claude/model-deprecations. Requests after that day fail; the
+ * runner warns before (provider-models.ts). Dates move: keep this in step with the page.
+ */
+const CLAUDE_END_OF_LIFE: Readonly<Record<string, string>> = {
+  "claude-mythos-preview": "2026-06-30",
+  "claude-sonnet-4-5": "2026-11-30",
+  "claude-sonnet-4-5-20250929": "2026-11-30",
+  "claude-opus-4-5": "2027-01-22",
+  "claude-opus-4-5-20251101": "2027-01-22",
+};
+
+/** The day `model` of a provider of `kind` stops being served, if one is announced. */
+export function endOfLife(kind: ProviderKind, model: string): string | undefined {
+  return kind === "anthropic" ? CLAUDE_END_OF_LIFE[model] : undefined;
+}
+
 /** The rules for Claude model `model`. */
 export function anthropicRulesFor(model: string): AnthropicRules {
   return ANTHROPIC.find((r) => r.model.test(model))?.rules ?? LATER_CLAUDE;
