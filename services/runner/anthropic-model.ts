@@ -12,6 +12,7 @@
 // https://docs.anthropic.com/en/docs/build-with-claude/extended-thinking, and
 // https://platform.claude.com/docs/en/build-with-claude/adaptive-thinking.
 import { anthropicEndpoint, type ProviderPost, ProviderRefusal } from "../shared/provider-post.js";
+import type { ThinkingDisplay } from "../shared/providers.js";
 import type { Agent } from "undici";
 import { type AnthropicEffort, type AnthropicThinking, anthropicRulesFor, effortFor } from "../shared/model-rules.js";
 import {
@@ -42,12 +43,12 @@ function thinkingFields(
   thinking: AnthropicThinking,
   effort: AnthropicEffort,
   maxTokens: number,
+  display: ThinkingDisplay,
 ): Record<string, unknown> {
   // Opus 4.7 and later omit their thinking text unless asked (display "omitted" is their
   // default); clients of a session see the thinking of every model that thinks, so it is asked
-  // for. Earlier adaptive models summarize by default, so the field changes nothing there.
-  if (thinking.mode === "adaptive")
-    return { thinking: { type: "adaptive", display: "summarized" }, output_config: { effort } };
+  // for unless the providers file says otherwise. Earlier adaptive models summarize by default.
+  if (thinking.mode === "adaptive") return { thinking: { type: "adaptive", display }, output_config: { effort } };
   const budget = THINKING_BUDGET[effort];
   if (budget >= maxTokens) return {};
   return {
@@ -132,9 +133,11 @@ interface StreamState {
 export class AnthropicModelClient implements ModelClient {
   private readonly post: ProviderPost;
   private readonly pool: Agent;
+  private readonly display: ThinkingDisplay;
 
-  constructor(options: OpenAIModelOptions) {
+  constructor(options: OpenAIModelOptions & { thinkingDisplay?: ThinkingDisplay }) {
     ({ post: this.post, pool: this.pool } = providerConnection({ ...options, ...anthropicEndpoint(options) }));
+    this.display = options.thinkingDisplay ?? "summarized";
   }
 
   providerOf(): string {
@@ -161,7 +164,7 @@ export class AnthropicModelClient implements ModelClient {
             tools: request.tools.map((t) => ({ name: t.name, description: t.description, input_schema: t.parameters })),
           }
         : {}),
-      ...(effort ? thinkingFields(rules.thinking, effort, maxTokens) : {}),
+      ...(effort ? thinkingFields(rules.thinking, effort, maxTokens, this.display) : {}),
       ...(request.temperature !== undefined && rules.sampling ? { temperature: request.temperature } : {}),
     };
   }

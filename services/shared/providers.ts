@@ -23,7 +23,11 @@ export interface ProviderSpec {
   idleTimeoutMs: number;
   /** Models that take images besides those model-rules.ts knows: names, or prefixes ending in *. */
   visionModels: readonly string[];
+  /** Anthropic only: how adaptive thinking comes back (anthropic-model.ts); absent: summarized. */
+  thinkingDisplay?: ThinkingDisplay;
 }
+
+export type ThinkingDisplay = "summarized" | "omitted";
 
 export interface Providers {
   byName: ReadonlyMap<string, ProviderSpec>;
@@ -40,6 +44,7 @@ interface ProviderEntry {
   timeoutMs?: number;
   idleTimeoutMs?: number;
   visionModels?: string[];
+  thinkingDisplay?: ThinkingDisplay;
 }
 
 /** A providers file's text, checked (schemas/providers.schema.json), with its keys read. */
@@ -62,6 +67,8 @@ export function parseProviders(text: string, source: string): Providers {
       throw new Error(
         `${source}: providers.${name}: organization and project are OpenAI's; an anthropic provider takes neither`,
       );
+    if (p.kind !== "anthropic" && p.thinkingDisplay)
+      throw new Error(`${source}: providers.${name}: thinkingDisplay is Anthropic's; a ${p.kind} provider takes none`);
     byName.set(name, {
       name,
       kind: p.kind,
@@ -71,6 +78,7 @@ export function parseProviders(text: string, source: string): Providers {
       timeoutMs: p.timeoutMs ?? 60_000,
       idleTimeoutMs: p.idleTimeoutMs ?? 120_000,
       visionModels: p.visionModels ?? [],
+      ...(p.thinkingDisplay ? { thinkingDisplay: p.thinkingDisplay } : {}),
     });
   }
   if (named !== undefined && !byName.has(named))

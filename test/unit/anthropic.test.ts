@@ -133,6 +133,42 @@ test("a model near its end of life: nothing is printed beside the logs (the SDK 
   assert.deepEqual(printed, []);
 });
 
+test("thinkingDisplay omitted: Opus 4.7's thinking stays unshown, and its signed empty block still goes back", async () => {
+  const omitting = new ProviderModels(
+    parseProviders(
+      JSON.stringify({
+        providers: {
+          claude: {
+            kind: "anthropic",
+            baseUrl: api.baseUrl,
+            apiKey: { env: "TROUPE_TEST_ANTHROPIC_KEY" },
+            thinkingDisplay: "omitted",
+          },
+        },
+      }),
+      "providers.json",
+    ),
+  );
+  try {
+    const ran: string[] = [];
+    const config = { model: "claude/claude-opus-4-7", reasoningEffort: "low" as const, maxOutputTokens: 4096 };
+    const { actor, events } = await newActor(() => testRunDeps(omitting, [echoTool("echo", 0, ran)], { config }));
+    const from = api.accepted.length;
+    await actor.submit(prompt("use your tool"));
+    const end = await events.waitFor((e) => e.payload.case === "agentEnd");
+    assert.equal(end.payload.case === "agentEnd" && end.payload.value.stopReason, StopReason.COMPLETED);
+    const bodies = api.accepted.slice(from);
+    assert.deepEqual(bodies[0].thinking, { type: "adaptive", display: "omitted" });
+    const thought = events.of("messageUpdate").filter((u) => u.delta.case === "thinking" && u.delta.value !== "");
+    assert.deepEqual(thought, []);
+    const asked = bodies[1].messages.at(-2)!.content as { type: string; thinking?: string }[];
+    assert.equal(asked[0].type, "thinking");
+    assert.equal(asked[0].thinking, "");
+  } finally {
+    await omitting.close();
+  }
+});
+
 test("a model with an announced end of life is warned of in the runner's log, once, with its day", async () => {
   const records: { level: string; msg: string; fields?: Record<string, unknown> }[] = [];
   const at = (level: string) => (msg: string, fields?: Record<string, unknown>) => records.push({ level, msg, fields });

@@ -202,6 +202,14 @@ describe("the providers file", () => {
       /providers\.a: organization and project are OpenAI's/,
     );
     assert.match(
+      refuse({ providers: { a: { kind: "openai", baseUrl: "http://x", thinkingDisplay: "omitted" } } }),
+      /providers\.a: thinkingDisplay is Anthropic's; a openai provider takes none/,
+    );
+    assert.match(
+      refuse({ providers: { a: { kind: "anthropic", baseUrl: "http://x", thinkingDisplay: "full" } } }),
+      /providers\.a\.thinkingDisplay/,
+    );
+    assert.match(
       refuse({ providers: { a: { kind: "openai", baseUrl: "http://x", project: "proj x\r\nx-injected: 1" } } }),
       /providers\.a\.project must be a project id/,
     );
