@@ -5,7 +5,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
 import { existsSync, readFileSync } from "node:fs";
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { MAIN } from "./helpers/stack.js";
@@ -67,4 +67,47 @@ test("--version and per-command --help answer and exit 0", async (t) => {
     assert.match(r.out, /--data-dir DIR/, "the shared flags too");
   }
   assert.equal(existsSync(path.join(cwd, "data")), false);
+});
+
+test("doctor names each configured model whose end of life is announced, and where it is configured", async (t) => {
+  const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-cli-"));
+  t.after(() => rm(dir, { recursive: true, force: true }));
+  const write = async (file: string, body: object) => {
+    await mkdir(path.dirname(path.join(dir, file)), { recursive: true });
+    await writeFile(path.join(dir, file), JSON.stringify(body));
+  };
+  await write("providers.json", {
+    providers: {
+      claude: { kind: "anthropic", baseUrl: "https://api.anthropic.com" },
+      local: { kind: "openai-compatible", baseUrl: "http://127.0.0.1:9/v1" },
+    },
+  });
+  await write("agents/support/agent.json", {
+    model: "claude/claude-opus-4-7",
+    fallbacks: ["claude/claude-sonnet-4-5"],
+  });
+  await write("agents/notes/agent.json", { model: "local/claude-sonnet-4-5" });
+  /** `troupe <command>` against the files above, with TROUPE_MODEL set to `model`; its stdout lines. */
+  const run = (command: string, model: string) =>
+    spawnSync(process.execPath, [MAIN, command, "--data-dir", dir], {
+      encoding: "utf8",
+      timeout: 20_000,
+      env: {
+        ...process.env,
+        TROUPE_LEARNING_MODEL: "",
+        TROUPE_PROVIDERS_FILE: path.join(dir, "providers.json"),
+        TROUPE_MODEL: model,
+      },
+    }).stdout.split("\n");
+  const lines = run("doctor", "claude/claude-opus-4-5");
+  const models = lines.find((l) => /^\S+\s+models /.test(l));
+  // Anthropic's models only: the same name on a compatible server is that server's to retire.
+  assert.equal(
+    models,
+    "warn  models   end of life announced for claude/claude-opus-4-5 on 2027-01-22 (TROUPE_MODEL); claude/claude-sonnet-4-5 on 2026-11-30 (agent support)",
+  );
+  assert.match(lines[lines.indexOf(models!) + 1], /fix: move them to a later model/);
+  await write("agents/support/agent.json", { model: "claude/claude-opus-4-7" });
+  const after = run("status", "claude/claude-opus-4-7").join("\n");
+  assert.match(after, /^ok {4}models {3}\d+ configured, none with an announced end of life$/m);
 });

@@ -1,10 +1,13 @@
 // `troupe status` and `troupe doctor`: is everything a deployment needs there, and answering?
-// Each service's health, the HTTP address, the model endpoint, Docker and gVisor, the sandbox
-// image, the keys file and the data directory. The exit code is 0 only when every required check
+// Each service's health, the HTTP address, the model endpoint, the configured models' announced
+// ends of life, Docker and gVisor, the sandbox image, the keys file and the data directory. The exit code is 0 only when every required check
 // passes; `doctor` prints what to do about each one that does not.
-import { access, constants, readFile } from "node:fs/promises";
+import { access, constants, readdir, readFile } from "node:fs/promises";
+import path from "node:path";
 import { Engine, engineAddress } from "../sandbox/engine.js";
 import { loadConfig, modelBaseUrl } from "../shared/config.js";
+import { endOfLife } from "../shared/model-rules.js";
+import { loadProviders, resolveModel, singleProvider } from "../shared/providers.js";
 import type { Config } from "../shared/config-types.js";
 import { Health, HealthCheckResponse_ServingStatus as Serving } from "../shared/gen/grpc/health/v1/health_pb.js";
 import { createClient } from "../shared/rpc.js";
@@ -96,6 +99,52 @@ async function modelCheck(cfg: Config): Promise<Check> {
   };
 }
 
+/** Where each model is configured: TROUPE_MODEL, the learning model, and every agent.json's chain. */
+async function configuredModels(cfg: Config): Promise<Map<string, string[]>> {
+  const named = new Map<string, string[]>();
+  const add = (model: unknown, where: string) => {
+    if (typeof model === "string" && model !== "") named.set(model, [...(named.get(model) ?? []), where]);
+  };
+  add(cfg.model, "TROUPE_MODEL");
+  add(cfg.learningModel, "TROUPE_LEARNING_MODEL");
+  for (const e of await readdir(cfg.agentsDir, { withFileTypes: true }).catch(() => [])) {
+    if (!e.isDirectory()) continue;
+    const agent = await readFile(path.join(cfg.agentsDir, e.name, "agent.json"), "utf8").then(
+      (t) => JSON.parse(t) as { model?: unknown; fallbacks?: unknown; models?: unknown },
+      () => undefined,
+    );
+    if (!agent) continue;
+    const chain = [agent.model, agent.fallbacks, agent.models].flat();
+    for (const model of chain) add(model, `agent ${e.name}`);
+  }
+  return named;
+}
+
+/** Configured models whose provider has announced the day it stops serving them (model-rules.ts). */
+async function endOfLifeCheck(cfg: Config): Promise<Check> {
+  const check = {
+    name: "models",
+    optional: true,
+    fix: "move them to a later model (agent.json's model, fallbacks and models; TROUPE_MODEL)",
+  };
+  let providers: ReturnType<typeof loadProviders>;
+  try {
+    providers = cfg.providersFile ? loadProviders(cfg.providersFile) : singleProvider(modelBaseUrl(cfg), "");
+  } catch {
+    return { ...check, ok: true, detail: "not checked: the providers file does not load (see model above)" };
+  }
+  const named = await configuredModels(cfg);
+  const ending: string[] = [];
+  for (const [model, where] of named) {
+    const found = resolveModel(providers, model);
+    const day = found && endOfLife(found.provider.kind, found.model);
+    if (day) ending.push(`${model} on ${day} (${where.join(", ")})`);
+  }
+  return ending.length > 0
+    ? { ...check, ok: false, detail: `end of life announced for ${ending.join("; ")}` }
+    : { ...check, ok: true, detail: `${named.size} configured, none with an announced end of life` };
+}
+
 async function dockerChecks(cfg: Config): Promise<Check[]> {
   let docker: Engine;
   try {
@@ -184,6 +233,7 @@ export async function statusCommand(args: string[], doctor: boolean): Promise<nu
     ...(await Promise.all(SERVICES.map((s) => serviceCheck(cfg, s, tls)))),
     await httpCheck(cfg),
     await modelCheck(cfg),
+    await endOfLifeCheck(cfg),
     ...(await dockerChecks(cfg)),
     ...(await filesChecks(cfg)),
   ];
