@@ -1,7 +1,8 @@
 // `troupe status` and `troupe doctor`: is everything a deployment needs there, and answering?
 // Each service's health, the HTTP address, the model endpoint, the configured models' announced
-// ends of life, Docker and gVisor, the sandbox image, the keys file and the data directory. The exit code is 0 only when every required check
-// passes; `doctor` prints what to do about each one that does not.
+// ends of life, Docker and gVisor, the sandbox image, the keys file and the data directory. The
+// exit code is 0 only when every required check passes (the ends of life only warn); `doctor`
+// prints what to do about each one that does not.
 import { access, constants, readdir, readFile } from "node:fs/promises";
 import path from "node:path";
 import { Engine, engineAddress } from "../sandbox/engine.js";
