@@ -42,9 +42,10 @@ after(async () => {
   await api.close();
 });
 
-async function turn(config: object) {
+/** One tool turn of an agent with `config`, through `client` (the providers above by default). */
+async function turn(config: object, client: ProviderModels = models) {
   const ran: string[] = [];
-  const { actor, events } = await newActor(() => testRunDeps(models, [echoTool("echo", 0, ran)], { config }));
+  const { actor, events } = await newActor(() => testRunDeps(client, [echoTool("echo", 0, ran)], { config }));
   const from = api.accepted.length;
   await actor.submit(prompt("use your tool"));
   const end = await events.waitFor((e) => e.payload.case === "agentEnd");
@@ -150,14 +151,9 @@ test("thinkingDisplay omitted: Opus 4.7's thinking stays unshown, and its signed
     ),
   );
   try {
-    const ran: string[] = [];
-    const config = { model: "claude/claude-opus-4-7", reasoningEffort: "low" as const, maxOutputTokens: 4096 };
-    const { actor, events } = await newActor(() => testRunDeps(omitting, [echoTool("echo", 0, ran)], { config }));
-    const from = api.accepted.length;
-    await actor.submit(prompt("use your tool"));
-    const end = await events.waitFor((e) => e.payload.case === "agentEnd");
+    const config = { model: "claude/claude-opus-4-7", reasoningEffort: "low", maxOutputTokens: 4096 };
+    const { events, end, bodies } = await turn(config, omitting);
     assert.equal(end.payload.case === "agentEnd" && end.payload.value.stopReason, StopReason.COMPLETED);
-    const bodies = api.accepted.slice(from);
     assert.deepEqual(bodies[0].thinking, { type: "adaptive", display: "omitted" });
     const thought = events.of("messageUpdate").filter((u) => u.delta.case === "thinking" && u.delta.value !== "");
     assert.deepEqual(thought, []);
