@@ -3,11 +3,14 @@
 // command answers --help, and --version says the version.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { spawnSync } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
+import { once } from "node:events";
 import { existsSync, readFileSync } from "node:fs";
 import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
+import { AnthropicApiServer } from "./helpers/anthropic-api.js";
+import { ChatApiServer } from "./helpers/openai-api.js";
 import { MAIN } from "./helpers/stack.js";
 
 function troupe(args: string[], cwd: string) {
@@ -69,16 +72,24 @@ test("--version and per-command --help answer and exit 0", async (t) => {
   assert.equal(existsSync(path.join(cwd, "data")), false);
 });
 
-test("doctor names each configured model whose end of life is announced, and where it is configured", async (t) => {
+test("doctor names each configured model a provider retires or does not serve, and where it is configured", async (t) => {
   const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-cli-"));
-  t.after(() => rm(dir, { recursive: true, force: true }));
+  const key = "sk-doctor";
+  const openai = await new ChatApiServer({ flavour: "openai", apiKey: key }).start();
+  const claude = await new AnthropicApiServer({ apiKey: key }).start();
+  t.after(async () => {
+    await Promise.all([openai.close(), claude.close()]);
+    await rm(dir, { recursive: true, force: true });
+  });
   const write = async (file: string, body: object) => {
     await mkdir(path.dirname(path.join(dir, file)), { recursive: true });
     await writeFile(path.join(dir, file), JSON.stringify(body));
   };
+  const apiKey = { env: "TROUPE_TEST_DOCTOR_KEY" };
   await write("providers.json", {
     providers: {
-      claude: { kind: "anthropic", baseUrl: "https://api.anthropic.com" },
+      claude: { kind: "anthropic", baseUrl: claude.baseUrl, apiKey },
+      openai: { kind: "openai", baseUrl: openai.baseUrl, apiKey },
       local: { kind: "openai-compatible", baseUrl: "http://127.0.0.1:9/v1" },
     },
   });
@@ -86,28 +97,42 @@ test("doctor names each configured model whose end of life is announced, and whe
     model: "claude/claude-opus-4-7",
     fallbacks: ["claude/claude-sonnet-4-5"],
   });
+  await write("agents/coder/agent.json", { model: "openai/gpt-5-mini", fallbacks: ["openai/gpt-5-mni"] });
   await write("agents/notes/agent.json", { model: "local/claude-sonnet-4-5" });
   /** `troupe <command>` against the files above, with TROUPE_MODEL set to `model`; its stdout lines. */
-  const run = (command: string, model: string) =>
-    spawnSync(process.execPath, [MAIN, command, "--data-dir", dir], {
-      encoding: "utf8",
-      timeout: 20_000,
+  const run = async (command: string, model: string) => {
+    // Not spawnSync: the providers' servers answer from this process.
+    const child = spawn(process.execPath, [MAIN, command, "--data-dir", dir], {
       env: {
         ...process.env,
         TROUPE_LEARNING_MODEL: "",
         TROUPE_PROVIDERS_FILE: path.join(dir, "providers.json"),
+        TROUPE_TEST_DOCTOR_KEY: key,
         TROUPE_MODEL: model,
       },
-    }).stdout.split("\n");
-  const lines = run("doctor", "claude/claude-opus-4-5");
+    });
+    let out = "";
+    child.stdout.on("data", (c: Buffer) => {
+      out += c.toString("utf8");
+    });
+    const timer = setTimeout(() => child.kill(), 20_000);
+    await once(child, "close");
+    clearTimeout(timer);
+    return out.split("\n");
+  };
+  const lines = await run("doctor", "claude/claude-opus-4-5");
   const models = lines.find((l) => /^\S+\s+models /.test(l));
-  // Anthropic's models only: the same name on a compatible server is that server's to retire.
+  // OpenAI's day is its Model object's shutdown_date; Anthropic's from its table. The same name on
+  // a compatible server is that server's to retire, and is not asked about.
   assert.equal(
     models,
-    "warn  models   end of life announced for claude/claude-opus-4-5 on 2027-01-22 (TROUPE_MODEL); claude/claude-sonnet-4-5 on 2026-11-30 (agent support)",
+    "warn  models   end of life announced for claude/claude-opus-4-5 on 2027-01-22 (TROUPE_MODEL); " +
+      "openai/gpt-5-mini on 2026-12-11 (agent coder); claude/claude-sonnet-4-5 on 2026-11-30 (agent support); " +
+      "and not served by their provider (HTTP 404): openai/gpt-5-mni (agent coder)",
   );
-  assert.match(lines[lines.indexOf(models!) + 1], /fix: move them to a later model/);
+  assert.match(lines[lines.indexOf(models!) + 1], /fix: move them to a later model, or correct the name/);
   await write("agents/support/agent.json", { model: "claude/claude-opus-4-7" });
-  const after = run("status", "claude/claude-opus-4-7").join("\n");
+  await write("agents/coder/agent.json", { model: "openai/gpt-4.1-mini" });
+  const after = (await run("status", "claude/claude-opus-4-7")).join("\n");
   assert.match(after, /^ok {4}models {3}\d+ configured, none with an announced end of life$/m);
 });

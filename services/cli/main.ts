@@ -43,7 +43,7 @@ channels:
                         (SLACK_BOT_TOKEN, SLACK_SIGNING_SECRET); docs/channels.md
 operations:
   status                each service's health, the HTTP address, the model endpoint,
-                        configured models past or near their end of life (a warning),
+                        configured models a provider retires or does not serve (a warning),
                         Docker and runsc, the sandbox image, the keys, the data directory;
                         exit 0 only if all is well
   doctor                the same, with what to do about each problem

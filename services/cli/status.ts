@@ -1,13 +1,13 @@
 // `troupe status` and `troupe doctor`: is everything a deployment needs there, and answering?
-// Each service's health, the HTTP address, the model endpoint, the configured models' announced
-// ends of life, Docker and gVisor, the sandbox image, the keys file and the data directory. The
-// exit code is 0 only when every required check passes (the ends of life only warn); `doctor`
-// prints what to do about each one that does not.
+// Each service's health, the HTTP address, the model endpoint, the configured models as their
+// providers describe them (an announced end of life, or not served), Docker and gVisor, the
+// sandbox image, the keys file and the data directory. The exit code is 0 only when every required
+// check passes (the models check only warns); `doctor` prints what to do about each that does not.
 import { access, constants, readdir, readFile } from "node:fs/promises";
 import path from "node:path";
+import { ProviderModels } from "../runner/provider-models.js";
 import { Engine, engineAddress } from "../sandbox/engine.js";
 import { loadConfig, modelBaseUrl } from "../shared/config.js";
-import { endOfLife } from "../shared/model-rules.js";
 import { loadProviders, resolveModel, singleProvider } from "../shared/providers.js";
 import type { Config } from "../shared/config-types.js";
 import { Health, HealthCheckResponse_ServingStatus as Serving } from "../shared/gen/grpc/health/v1/health_pb.js";
@@ -108,7 +108,8 @@ async function configuredModels(cfg: Config): Promise<Map<string, string[]>> {
   };
   add(cfg.model, "TROUPE_MODEL");
   add(cfg.learningModel, "TROUPE_LEARNING_MODEL");
-  for (const e of await readdir(cfg.agentsDir, { withFileTypes: true }).catch(() => [])) {
+  const entries = await readdir(cfg.agentsDir, { withFileTypes: true }).catch(() => []);
+  for (const e of entries.sort((a, b) => (a.name < b.name ? -1 : 1))) {
     if (!e.isDirectory()) continue;
     const agent = await readFile(path.join(cfg.agentsDir, e.name, "agent.json"), "utf8").then(
       (t) => JSON.parse(t) as { model?: unknown; fallbacks?: unknown; models?: unknown },
@@ -121,29 +122,48 @@ async function configuredModels(cfg: Config): Promise<Map<string, string[]>> {
   return named;
 }
 
-/** Configured models whose provider has announced the day it stops serving them (model-rules.ts). */
-async function endOfLifeCheck(cfg: Config): Promise<Check> {
+/** How long doctor waits for each provider to describe a model. */
+const DESCRIBE_TIMEOUT_MS = 5000;
+
+/**
+ * Configured models as their providers describe them (shared/model-lifecycle.ts): those with an
+ * announced end of life, and those a provider answers 404 for (a typo, or a model already retired).
+ * A warning only: an agent's fallbacks may cover one, and a provider that cannot be asked says
+ * nothing either way.
+ */
+async function modelsCheck(cfg: Config): Promise<Check> {
   const check = {
     name: "models",
     optional: true,
-    fix: "move them to a later model (agent.json's model, fallbacks and models; TROUPE_MODEL)",
+    fix: "move them to a later model, or correct the name (agent.json's model, fallbacks and models; TROUPE_MODEL)",
   };
   let providers: ReturnType<typeof loadProviders>;
   try {
-    providers = cfg.providersFile ? loadProviders(cfg.providersFile) : singleProvider(modelBaseUrl(cfg), "");
+    providers = cfg.providersFile
+      ? loadProviders(cfg.providersFile)
+      : singleProvider(modelBaseUrl(cfg), cfg.openaiApiKey, cfg.openaiAccount);
   } catch {
     return { ...check, ok: true, detail: "not checked: the providers file does not load (see model above)" };
   }
-  const named = await configuredModels(cfg);
+  const named = [...(await configuredModels(cfg))].filter(([model]) => resolveModel(providers, model));
+  const models = new ProviderModels(providers);
+  const signal = AbortSignal.timeout(DESCRIBE_TIMEOUT_MS);
+  const described = await Promise.all(named.map(([model]) => models.lifecycle(model, signal)));
+  await models.close();
   const ending: string[] = [];
-  for (const [model, where] of named) {
-    const found = resolveModel(providers, model);
-    const day = found && endOfLife(found.provider.kind, found.model);
-    if (day) ending.push(`${model} on ${day} (${where.join(", ")})`);
-  }
-  return ending.length > 0
-    ? { ...check, ok: false, detail: `end of life announced for ${ending.join("; ")}` }
-    : { ...check, ok: true, detail: `${named.size} configured, none with an announced end of life` };
+  const unserved: string[] = [];
+  described.forEach(({ served, endOfLife }, i) => {
+    const [model, where] = named[i];
+    if (endOfLife) ending.push(`${model} on ${endOfLife} (${where.join(", ")})`);
+    else if (served === false) unserved.push(`${model} (${where.join(", ")})`);
+  });
+  const problems = [
+    ...(ending.length > 0 ? [`end of life announced for ${ending.join("; ")}`] : []),
+    ...(unserved.length > 0 ? [`not served by their provider (HTTP 404): ${unserved.join("; ")}`] : []),
+  ];
+  return problems.length > 0
+    ? { ...check, ok: false, detail: problems.join("; and ") }
+    : { ...check, ok: true, detail: `${named.length} configured, none with an announced end of life` };
 }
 
 async function dockerChecks(cfg: Config): Promise<Check[]> {
@@ -234,7 +254,7 @@ export async function statusCommand(args: string[], doctor: boolean): Promise<nu
     ...(await Promise.all(SERVICES.map((s) => serviceCheck(cfg, s, tls)))),
     await httpCheck(cfg),
     await modelCheck(cfg),
-    await endOfLifeCheck(cfg),
+    await modelsCheck(cfg),
     ...(await dockerChecks(cfg)),
     ...(await filesChecks(cfg)),
   ];

@@ -11,9 +11,10 @@
 // Reference: https://docs.anthropic.com/en/api/messages, .../messages-streaming,
 // https://docs.anthropic.com/en/docs/build-with-claude/extended-thinking, and
 // https://platform.claude.com/docs/en/build-with-claude/adaptive-thinking.
-import { anthropicEndpoint, type ProviderPost, ProviderRefusal } from "../shared/provider-post.js";
+import { anthropicEndpoint, type ProviderGet, type ProviderPost, ProviderRefusal } from "../shared/provider-post.js";
 import type { ThinkingDisplay } from "../shared/providers.js";
 import type { Agent } from "undici";
+import { askAnthropic, type ModelLifecycle } from "../shared/model-lifecycle.js";
 import { type AnthropicEffort, type AnthropicThinking, anthropicRulesFor, effortFor } from "../shared/model-rules.js";
 import {
   ModelError,
@@ -24,7 +25,7 @@ import {
   streamedBody,
   type FinishReason,
   type ModelChunk,
-  type ModelClient,
+  type ProviderClient,
   type ModelMessage,
   type ModelRequest,
   type ModelUsage,
@@ -130,18 +131,30 @@ interface StreamState {
   responseId: string;
 }
 
-export class AnthropicModelClient implements ModelClient {
+export class AnthropicModelClient implements ProviderClient {
   private readonly post: ProviderPost;
+  private readonly get: ProviderGet;
   private readonly pool: Agent;
   private readonly display: ThinkingDisplay;
 
   constructor(options: OpenAIModelOptions & { thinkingDisplay?: ThinkingDisplay }) {
-    ({ post: this.post, pool: this.pool } = providerConnection({ ...options, ...anthropicEndpoint(options) }));
+    ({
+      post: this.post,
+      get: this.get,
+      pool: this.pool,
+    } = providerConnection({
+      ...options,
+      ...anthropicEndpoint(options),
+    }));
     this.display = options.thinkingDisplay ?? "summarized";
   }
 
   providerOf(): string {
     return "anthropic";
+  }
+
+  lifecycle(model: string, signal: AbortSignal): Promise<ModelLifecycle> {
+    return askAnthropic(this.get, model, signal);
   }
 
   /** The request body, fitted to what the model takes (model-rules.ts). */

@@ -4,6 +4,7 @@
 // loaded.
 import type OpenAI from "openai";
 import type { Agent } from "undici";
+import { askOpenAi, type ModelLifecycle } from "../shared/model-lifecycle.js";
 import { effortFor, rulesFor, takesImages } from "../shared/model-rules.js";
 import type { ProviderKind } from "../shared/providers.js";
 import { SseDecoder, type SseEvent } from "./sse.js";
@@ -15,11 +16,12 @@ import {
   streamedBody,
   type FinishReason,
   type ModelChunk,
-  type ModelClient,
+  type ProviderClient,
   type ModelMessage,
   type ModelRequest,
   type ModelUsage,
   type OpenAIModelOptions,
+  type ProviderGet,
   type ProviderPost,
 } from "./model.js";
 
@@ -68,15 +70,16 @@ const FINISH: Record<string, FinishReason> = {
   length: "length",
 };
 
-export class OpenAIModelClient implements ModelClient {
+export class OpenAIModelClient implements ProviderClient {
   private readonly providerName: string;
   private readonly kind: ProviderKind;
   private readonly pool: Agent;
   private readonly post: ProviderPost;
+  private readonly get: ProviderGet;
   private readonly visionModels: readonly string[];
 
   constructor(options: OpenAIModelOptions) {
-    ({ post: this.post, pool: this.pool } = providerConnection(options));
+    ({ post: this.post, get: this.get, pool: this.pool } = providerConnection(options));
     this.visionModels = options.visionModels ?? [];
     this.kind = options.kind ?? "openai-compatible";
     this.providerName = this.kind === "openai" ? "openai" : "openai_compatible";
@@ -84,6 +87,11 @@ export class OpenAIModelClient implements ModelClient {
 
   providerOf(): string {
     return this.providerName;
+  }
+
+  /** OpenAI is asked (model-lifecycle.ts); a compatible server is not. */
+  lifecycle(model: string, signal: AbortSignal): Promise<ModelLifecycle> {
+    return this.kind === "openai" ? askOpenAi(this.get, model, signal) : Promise.resolve({});
   }
 
   /** The request body, fitted to what the model takes (model-rules.ts). */

@@ -9,9 +9,12 @@ import type { Agent } from "undici";
 import type { ReasoningEffort } from "../shared/model-rules.js";
 import type { ProviderKind } from "../shared/providers.js";
 import { undiciAgent } from "../shared/undici-agent.js";
+import type { ModelLifecycle } from "../shared/model-lifecycle.js";
 import {
+  type ProviderGet,
   type ProviderPost,
   ProviderRefusal,
+  providerGetter,
   providerPoster,
   retryAfterMs,
   retryableStatus,
@@ -116,6 +119,12 @@ export interface ModelClient {
   close(): Promise<void>;
 }
 
+/** One provider's client, as provider-models.ts routes to it: it can also say what it knows of a model. */
+export interface ProviderClient extends ModelClient {
+  /** Whether the provider serves `model`, and until when (shared/model-lifecycle.ts). Contract: never throws. */
+  lifecycle(model: string, signal: AbortSignal): Promise<ModelLifecycle>;
+}
+
 export interface OpenAIModelOptions {
   /** Decides the request rules; openai-compatible when not given. */
   kind?: ProviderKind;
@@ -135,17 +144,18 @@ export interface OpenAIModelOptions {
 export const dataUrl = (image: ModelImage): string =>
   `data:${image.mimeType};base64,${Buffer.from(image.data).toString("base64")}`;
 
-export type { ProviderPost };
+export type { ProviderGet, ProviderPost };
 
 /**
  * Requests to one provider over one keep-alive undici pool, shared by the runner's sessions. Nothing
  * is retried here: retries and fallbacks belong to the agent loop, which knows whether output was
  * already sent. The pool's headers timeout is the first-byte timeout.
  */
-export function providerConnection(options: OpenAIModelOptions): { post: ProviderPost; pool: Agent } {
+export function providerConnection(options: OpenAIModelOptions): { post: ProviderPost; get: ProviderGet; pool: Agent } {
   const pool = connectionPool(options);
   const endpoint = { baseUrl: options.baseUrl, apiKey: options.apiKey, headers: options.headers };
-  return { post: providerPoster(endpoint, poolFetch(pool) as Parameters<typeof providerPoster>[1]), pool };
+  const fetch = poolFetch(pool) as Parameters<typeof providerPoster>[1];
+  return { post: providerPoster(endpoint, fetch), get: providerGetter(endpoint, fetch), pool };
 }
 
 /**

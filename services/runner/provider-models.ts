@@ -1,24 +1,27 @@
 // The one ModelClient the loop sees over every provider (shared/providers.ts): each request goes
 // to the provider its model names, so a fallback chain may leave a provider that is down.
 import type { Logger } from "../shared/log.js";
-import { endOfLife } from "../shared/model-rules.js";
+import type { ModelLifecycle } from "../shared/model-lifecycle.js";
 import { resolveModel, type ProviderKind, type ProviderSpec, type Providers } from "../shared/providers.js";
 import { OpenAIModelClient } from "./chat-completions-model.js";
-import { ModelError, type ModelChunk, type ModelClient, type ModelRequest } from "./model.js";
+import { ModelError, type ModelChunk, type ModelClient, type ModelRequest, type ProviderClient } from "./model.js";
 import { OpenAIResponsesClient } from "./responses-model.js";
 import { AnthropicModelClient } from "./anthropic-model.js";
 
-const CLIENTS: Record<ProviderKind, new (p: ProviderSpec) => ModelClient> = {
+const CLIENTS: Record<ProviderKind, new (p: ProviderSpec) => ProviderClient> = {
   openai: OpenAIModelClient,
   "openai-compatible": OpenAIModelClient,
   "openai-responses": OpenAIResponsesClient,
   anthropic: AnthropicModelClient,
 };
 
+/** How long a model's first call waits at most for its provider to say until when it serves it. */
+const LIFECYCLE_TIMEOUT_MS = 10_000;
+
 /** Streams each request from the provider its model names; one connection pool per provider. */
 export class ProviderModels implements ModelClient {
-  private readonly clients = new Map<string, ModelClient>();
-  /** Models whose end of life this process has already warned of. */
+  private readonly clients = new Map<string, ProviderClient>();
+  /** Models whose provider this process has asked (or is asking) about their end of life: once each. */
   private readonly warned = new Set<string>();
 
   /** `logger`: where a model with an announced end of life is warned of, once per model. */
@@ -40,7 +43,7 @@ export class ProviderModels implements ModelClient {
   stream(request: ModelRequest, signal: AbortSignal): AsyncIterable<ModelChunk> {
     const found = resolveModel(this.providers, request.model);
     if (!found) return refuse(request.model, [...this.providers.byName.keys()]);
-    this.warnEndOfLife(found.provider.kind, request.model, found.model);
+    this.warnEndOfLife(request.model);
     // Reasoning items are the writing model's own: another model (a fallback) never gets them.
     const messages = request.messages.map((m) =>
       m.role === "assistant" && m.reasoning && m.model !== request.model ? { ...m, reasoning: undefined } : m,
@@ -48,15 +51,29 @@ export class ProviderModels implements ModelClient {
     return this.clients.get(found.provider.name)!.stream({ ...request, model: found.model, messages }, signal);
   }
 
-  /** Once per model: a warning that names the day its provider stops serving it. */
-  private warnEndOfLife(kind: ProviderKind, named: string, model: string): void {
-    const day = endOfLife(kind, model);
-    if (!day || this.warned.has(named)) return;
-    this.warned.add(named);
-    const when = day < new Date().toISOString().slice(0, 10) ? "was retired on" : "reaches its end of life on";
-    this.logger?.warn(`model ${named} ${when} ${day}; requests to it fail from then on: move agents to a later model`, {
-      model: named,
-      endOfLife: day,
+  /**
+   * What the provider of `model` (named as an agent names it) says of it: whether it serves it, and
+   * until when (shared/model-lifecycle.ts). Contract: never throws; a model no provider serves is
+   * not served.
+   */
+  lifecycle(model: string, signal: AbortSignal): Promise<ModelLifecycle> {
+    const found = resolveModel(this.providers, model);
+    if (!found) return Promise.resolve({ served: false });
+    return this.clients.get(found.provider.name)!.lifecycle(found.model, signal);
+  }
+
+  /**
+   * At a model's first call in this process, its provider is asked beside the call (one small
+   * request, never waited for), and a warning names the day it stops serving the model.
+   */
+  private warnEndOfLife(model: string): void {
+    if (this.warned.has(model)) return;
+    this.warned.add(model);
+    void this.lifecycle(model, AbortSignal.timeout(LIFECYCLE_TIMEOUT_MS)).then(({ endOfLife: day }) => {
+      if (!day) return;
+      const when = day < new Date().toISOString().slice(0, 10) ? "was retired on" : "reaches its end of life on";
+      const message = `model ${model} ${when} ${day}; requests to it fail from then on: move agents to a later model`;
+      this.logger?.warn(message, { model, endOfLife: day });
     });
   }
 

@@ -5,6 +5,7 @@
 // Reference: https://platform.openai.com/docs/api-reference/responses/create and .../responses-streaming;
 // https://platform.openai.com/docs/guides/reasoning ("keeping reasoning items in context").
 import type { Agent } from "undici";
+import { askOpenAi, type ModelLifecycle } from "../shared/model-lifecycle.js";
 import { effortFor, rulesFor, takesImages } from "../shared/model-rules.js";
 import {
   ModelError,
@@ -16,11 +17,12 @@ import {
   streamedBody,
   type FinishReason,
   type ModelChunk,
-  type ModelClient,
+  type ProviderClient,
   type ModelMessage,
   type ModelRequest,
   type ModelUsage,
   type OpenAIModelOptions,
+  type ProviderGet,
   type ProviderPost,
 } from "./model.js";
 
@@ -78,18 +80,23 @@ interface StreamState {
   responseId: string;
 }
 
-export class OpenAIResponsesClient implements ModelClient {
+export class OpenAIResponsesClient implements ProviderClient {
   private readonly post: ProviderPost;
+  private readonly get: ProviderGet;
   private readonly pool: Agent;
   private readonly visionModels: readonly string[];
 
   constructor(options: OpenAIModelOptions) {
-    ({ post: this.post, pool: this.pool } = providerConnection(options));
+    ({ post: this.post, get: this.get, pool: this.pool } = providerConnection(options));
     this.visionModels = options.visionModels ?? [];
   }
 
   providerOf(): string {
     return "openai";
+  }
+
+  lifecycle(model: string, signal: AbortSignal): Promise<ModelLifecycle> {
+    return askOpenAi(this.get, model, signal);
   }
 
   /** The request body, fitted to what the model takes (model-rules.ts). */

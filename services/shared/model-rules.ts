@@ -131,7 +131,7 @@ export function effortFor<E extends ReasoningEffort>(
  * Claude models and the day each stops being served (ISO dates): Anthropic's deprecation table as
  * @anthropic-ai/sdk 1.13 carries it (internal/data/deprecated-models), whose page is
  * platform.claude.com/docs/en/about-claude/model-deprecations. Requests after that day fail; the
- * runner warns before (provider-models.ts). Dates move: keep this in step with the page.
+ * runner and `troupe doctor` warn before (model-lifecycle.ts). Dates move: keep this in step with the page.
  */
 const CLAUDE_END_OF_LIFE: Readonly<Record<string, string>> = {
   "claude-mythos-preview": "2026-06-30",

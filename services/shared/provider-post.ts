@@ -48,9 +48,29 @@ export interface ProviderEndpoint {
 
 type Fetch = (
   url: string,
-  init: { method: string; headers: Record<string, string>; body: string; signal: AbortSignal },
+  init: { method: string; headers: Record<string, string>; body?: string; signal: AbortSignal },
 ) => Promise<Response>;
 export type ProviderPost = (path: string, body: unknown, signal: AbortSignal) => Promise<Response>;
+export type ProviderGet = (path: string, signal: AbortSignal) => Promise<Response>;
+
+/** The headers every request to `endpoint` carries: its own, the key, who is asking. */
+function endpointHeaders(endpoint: ProviderEndpoint): Record<string, string> {
+  const headers: Record<string, string> = { ...endpoint.headers, "user-agent": USER_AGENT };
+  if (endpoint.apiKey) headers.authorization = `Bearer ${endpoint.apiKey}`;
+  return headers;
+}
+
+/** A ProviderRefusal for an answer outside 2xx, with the provider's message and code. */
+async function refusal(response: Response): Promise<ProviderRefusal> {
+  const text = await leadingText(response);
+  const { message, code } = errorOf(text);
+  return new ProviderRefusal(
+    response.status,
+    message || `${response.status} ${response.statusText}`,
+    response.headers,
+    code,
+  );
+}
 
 /**
  * POSTs `body` as JSON to `path` under the endpoint, through `fetch` (the runner's pool, or Node's
@@ -60,24 +80,26 @@ export type ProviderPost = (path: string, body: unknown, signal: AbortSignal) =>
  */
 export function providerPoster(endpoint: ProviderEndpoint, fetch: Fetch): ProviderPost {
   const base = endpoint.baseUrl.replace(/\/+$/, "");
-  const headers: Record<string, string> = {
-    ...endpoint.headers,
+  const headers = {
+    ...endpointHeaders(endpoint),
     "content-type": "application/json",
     accept: "application/json, text/event-stream",
-    "user-agent": USER_AGENT,
   };
-  if (endpoint.apiKey) headers.authorization = `Bearer ${endpoint.apiKey}`;
   return async (path, body, signal) => {
     const response = await fetch(`${base}${path}`, { method: "POST", headers, body: JSON.stringify(body), signal });
     if (response.ok) return response;
-    const text = await leadingText(response);
-    const { message, code } = errorOf(text);
-    throw new ProviderRefusal(
-      response.status,
-      message || `${response.status} ${response.statusText}`,
-      response.headers,
-      code,
-    );
+    throw await refusal(response);
+  };
+}
+
+/** GETs `path` under the endpoint (a model's description). Contract: as providerPoster's. */
+export function providerGetter(endpoint: ProviderEndpoint, fetch: Fetch): ProviderGet {
+  const base = endpoint.baseUrl.replace(/\/+$/, "");
+  const headers = { ...endpointHeaders(endpoint), accept: "application/json" };
+  return async (path, signal) => {
+    const response = await fetch(`${base}${path}`, { method: "GET", headers, signal });
+    if (response.ok) return response;
+    throw await refusal(response);
   };
 }
 

@@ -66,12 +66,26 @@ export class AnthropicApiServer extends ApiServer {
       res.writeHead(status, { "content-type": "application/json" });
       res.end(JSON.stringify({ type: "error", error: { type, message } }));
     };
-    if (req.method !== "POST" || req.url !== "/v1/messages") return refuse(404, "not_found_error", "Not found");
+    const describing = req.method === "GET" && req.url?.startsWith("/v1/models/");
+    if (!describing && (req.method !== "POST" || req.url !== "/v1/messages"))
+      return refuse(404, "not_found_error", "Not found");
     // The key as x-api-key, or (what the current SDK sends) as a bearer token.
     const key = req.headers["x-api-key"] ?? req.headers.authorization?.replace(/^Bearer /, "");
     if (key !== this.options.apiKey) return refuse(401, "authentication_error", "invalid x-api-key");
     if (!req.headers["anthropic-version"])
       return refuse(400, "invalid_request_error", "anthropic-version: header is required");
+    if (describing) {
+      // GET /v1/models/{model_id} (platform.claude.com/docs/en/api/models/retrieve): a ModelInfo,
+      // which has no retirement day; a model not served is the Messages API's 404.
+      const id = decodeURIComponent(req.url!.slice("/v1/models/".length));
+      if (!this.serves(id)) return refuse(404, "not_found_error", `model: ${id}`);
+      res.writeHead(200, { "content-type": "application/json" });
+      const name = id.replace(
+        /^claude-(\w)(\w+)-(\d+)-(\d+)$/,
+        (_, a, b, major, minor) => `Claude ${a.toUpperCase()}${b} ${major}.${minor}`,
+      );
+      return res.end(JSON.stringify({ id, type: "model", display_name: name, created_at: "2025-01-01T00:00:00Z" }));
+    }
     let body: AnthropicBody;
     try {
       body = JSON.parse(text);
@@ -84,12 +98,15 @@ export class AnthropicApiServer extends ApiServer {
     this.answer(res, body, this.options.reply?.(body, n) ?? { text: "ok" });
   }
 
+  private serves(model: string): boolean {
+    return Object.hasOwn(MODELS, model) && (this.options.models ?? Object.keys(MODELS)).includes(model);
+  }
+
   private check(body: AnthropicBody): { status: number; type: string; message: string } | undefined {
     const bad = (message: string, status = 400, type = "invalid_request_error") => ({ status, type, message });
     for (const key of Object.keys(body)) if (!KNOWN.has(key)) return bad(`${key}: Extra inputs are not permitted`);
     const model = MODELS[body.model];
-    if (!model || !(this.options.models ?? Object.keys(MODELS)).includes(body.model))
-      return bad(`model: ${body.model}`, 404, "not_found_error");
+    if (!this.serves(body.model)) return bad(`model: ${body.model}`, 404, "not_found_error");
     if (!Number.isInteger(body.max_tokens) || (body.max_tokens as number) < 1) return bad("max_tokens: Field required");
     const thinking = body.thinking as { type?: string; budget_tokens?: number } | undefined;
     if (thinking !== undefined && !["enabled", "adaptive", "disabled"].includes(String(thinking.type)))

@@ -21,12 +21,16 @@ export interface ApiModel {
   efforts?: readonly string[];
   /** false: refuses image inputs, as models without vision do. */
   vision?: boolean;
+  /** Its Model object's shutdown_date (YYYY-MM-DD): the day OpenAI stops serving it. */
+  shutdownDate?: string;
 }
 
 export const OPENAI_MODELS: readonly ApiModel[] = [
   { id: "gpt-4.1-mini" },
   { id: "gpt-4o-mini" },
-  { id: "gpt-5-mini", efforts: ["minimal", "low", "medium", "high"] },
+  // Shut down on Dec 11, 2026 (developers.openai.com/api/docs/deprecations, "gpt-5-mini,
+  // gpt-5-mini-2025-08-07", announced Jun 11, 2026).
+  { id: "gpt-5-mini", efforts: ["minimal", "low", "medium", "high"], shutdownDate: "2026-12-11" },
   // The API reference's ReasoningEffort: gpt-5.1 takes none to high, not minimal; gpt-5-pro high only.
   { id: "gpt-5.1", efforts: ["none", "low", "medium", "high"] },
   { id: "gpt-5-pro", efforts: ["high"] },
@@ -60,7 +64,8 @@ export class ChatApiServer extends ApiServer {
 
   protected handle(req: http.IncomingMessage, text: string, res: http.ServerResponse): unknown {
     const openai = this.options.flavour === "openai";
-    if (req.method !== "POST" || req.url !== "/v1/chat/completions")
+    const describing = openai && req.method === "GET" && req.url?.startsWith("/v1/models/");
+    if (!describing && (req.method !== "POST" || req.url !== "/v1/chat/completions"))
       return this.refuse(res, 404, apiError(`Invalid URL (${req.method} ${req.url})`, null, null));
     if (openai && req.headers.authorization !== `Bearer ${this.options.apiKey}`)
       return this.refuse(res, 401, {
@@ -74,6 +79,7 @@ export class ChatApiServer extends ApiServer {
           : { ...apiError("The server is overloaded or not ready yet.", null, null), type: "server_error" };
       return this.refuse(res, status, error, { "retry-after": String(retryAfterSeconds) });
     }
+    if (describing) return this.describeOpenAiModel(res, req.url!, this.options.models ?? OPENAI_MODELS);
     let body: ChatBody;
     try {
       body = JSON.parse(text);

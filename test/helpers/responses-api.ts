@@ -41,10 +41,12 @@ export class ResponsesApiServer extends ApiServer {
 
   protected handle(req: http.IncomingMessage, text: string, res: http.ServerResponse): unknown {
     const refuse = (status: number, error: ApiError) => this.refuse(res, status, error);
-    if (req.method !== "POST" || req.url !== "/v1/responses")
+    const describing = req.method === "GET" && req.url?.startsWith("/v1/models/");
+    if (!describing && (req.method !== "POST" || req.url !== "/v1/responses"))
       return refuse(404, apiError(`Invalid URL (${req.method} ${req.url})`, null, null));
     if (req.headers.authorization !== `Bearer ${this.options.apiKey}`)
       return refuse(401, apiError("Incorrect API key provided.", null, "invalid_api_key"));
+    if (describing) return this.describeOpenAiModel(res, req.url!, this.options.models ?? OPENAI_MODELS);
     let body: ResponsesBody;
     try {
       body = JSON.parse(text);

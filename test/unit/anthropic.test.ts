@@ -165,28 +165,6 @@ test("thinkingDisplay omitted: Opus 4.7's thinking stays unshown, and its signed
   }
 });
 
-test("a model with an announced end of life is warned of in the runner's log, once, with its day", async () => {
-  const records: { level: string; msg: string; fields?: Record<string, unknown> }[] = [];
-  const at = (level: string) => (msg: string, fields?: Record<string, unknown>) => records.push({ level, msg, fields });
-  const logger = { debug: at("debug"), info: at("info"), warn: at("warn"), error: at("error") };
-  const warning = new ProviderModels(models.providers, logger);
-  try {
-    const ask = async (model: string) => {
-      const request = { model, messages: [{ role: "user" as const, content: "hi" }], tools: [], maxTokens: 10 };
-      for await (const c of warning.stream(request, new AbortController().signal)) void c;
-    };
-    await ask("claude/claude-sonnet-4-5");
-    await ask("claude/claude-sonnet-4-5");
-    await ask("claude/claude-sonnet-4-6");
-  } finally {
-    await warning.close();
-  }
-  assert.equal(records.length, 1, JSON.stringify(records));
-  assert.equal(records[0].level, "warn");
-  assert.match(records[0].msg, /model claude\/claude-sonnet-4-5 (reaches its end of life|was retired) on 2026-11-30/);
-  assert.deepEqual(records[0].fields, { model: "claude/claude-sonnet-4-5", endOfLife: "2026-11-30" });
-});
-
 test("the providers file may name Anthropic's root with or without /v1; both reach /v1/messages", async () => {
   const root = api.baseUrl.replace(/\/v1$/, "");
   for (const baseUrl of [root, `${root}/`, `${root}/v1`, `${root}/v1/`]) {
