@@ -47,6 +47,7 @@ services/shared/gen/.generated: node_modules/.installed buf.yaml buf.gen.yaml $(
 build: node_modules/.installed services/shared/gen/.generated
 	rm -rf dist
 	npx tsc -p tsconfig.json
+	node dist/services/shared/schemas/compile.js
 	cp -r services/gateway/console dist/services/gateway/
 	@# package.json's bin: `npx troupe` runs it as a program, and tsc writes it without +x.
 	chmod +x dist/services/cli/main.js

@@ -2,9 +2,10 @@
 // are checked against the JSON Schemas in services/shared/schemas/, the same files an editor or
 // another tool can use. A document gets every problem at once, each named by where it is
 // ("bindings[0].match.channel is required"); checks a schema cannot state (a value used twice,
-// one field needing another) stay with each file's parser. ajv is loaded with the first file
-// checked: a process given none of these files never loads it.
-import type { Ajv2020, ErrorObject, ValidateFunction } from "ajv/dist/2020.js";
+// one field needing another) stay with each file's parser. Each schema is compiled to a validator
+// module at build time (schemas/compile.ts), loaded with the first file of its kind checked: a
+// process given none of these files loads none, and none loads ajv for them.
+import type { ErrorObject, ValidateFunction } from "ajv/dist/2020.js";
 import { lazyModule } from "./lazy-module.js";
 import agent from "./schemas/agent.schema.json" with { type: "json" };
 import apiKeys from "./schemas/api-keys.schema.json" with { type: "json" };
@@ -23,23 +24,20 @@ export const SCHEMAS = {
 } as const;
 export type SchemaName = keyof typeof SCHEMAS;
 
-const ajvModule = lazyModule<typeof import("ajv/dist/2020.js")>("ajv/dist/2020.js");
-let ajv: Ajv2020 | undefined;
-const compiled = new Map<SchemaName, ValidateFunction>();
+/** Where schema `name`'s compiled validator is, relative to this module. */
+export const validatorFile = (name: SchemaName) => `./schemas/${name}.validate.cjs`;
 
-/** The schema's validator, compiled on first use by one ajv for all our schemas. */
+const validators = new Map(
+  (Object.keys(SCHEMAS) as SchemaName[]).map((name) => [name, lazyModule<ValidateFunction>(validatorFile(name))]),
+);
+
+/** The schema's validator, loaded on first use. */
 function validatorOf(name: SchemaName): ValidateFunction {
-  let validate = compiled.get(name);
-  if (!validate) {
-    if (!ajv) {
-      ajv = new (ajvModule().Ajv2020)({ allErrors: true, verbose: true, strict: true });
-      // "message": how a value breaking this schema is described, in place of ajv's wording.
-      ajv.addKeyword({ keyword: "message", schemaType: "string" });
-    }
-    validate = ajv.compile(SCHEMAS[name]);
-    compiled.set(name, validate);
+  try {
+    return validators.get(name)!();
+  } catch (err) {
+    throw new Error(`the ${name} schema's validator is not built (make build compiles it): ${(err as Error).message}`);
   }
-  return validate;
 }
 
 /** Parses JSON, or throws naming the source. */

@@ -4,13 +4,16 @@
 // services do, with its exit code.
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import { readFileSync } from "node:fs";
 import { writeFile, mkdir } from "node:fs/promises";
 import path from "node:path";
 import { parseRouting } from "../../services/router/bindings.js";
 import { parseAgentConfig } from "../../services/runner/agent-config.js";
 import { NAME, parseKeys } from "../../services/shared/api-keys.js";
 import { CHANNEL_NAME, isAgentId } from "../../services/shared/ids.js";
-import { SCHEMAS, schemaProblems } from "../../services/shared/json-schema.js";
+import { SCHEMAS, type SchemaName, schemaProblems, validatorFile } from "../../services/shared/json-schema.js";
+import { validatorSource } from "../../services/shared/schemas/compile.js";
 import { parseProviders } from "../../services/shared/providers.js";
 import { parseQuotas } from "../../services/shared/quotas.js";
 import { configCommand, kindOf } from "../../services/cli/config.js";
@@ -33,6 +36,38 @@ describe("the schemas", () => {
       const problems = schemaProblems(name as keyof typeof SCHEMAS, {});
       assert.deepEqual(problems, required[name] ?? [], name);
     }
+  });
+
+  test("each compiled validator is the one its schema compiles to now (make build writes them)", () => {
+    for (const name of Object.keys(SCHEMAS) as SchemaName[]) {
+      const built = readFileSync(
+        new URL(validatorFile(name), new URL("../../services/shared/", import.meta.url)),
+        "utf8",
+      );
+      assert.equal(built, validatorSource(name), `${name}: rebuild with make build`);
+    }
+  });
+
+  test("checking a file loads its validator, not ajv's compiler", () => {
+    // A module loaded counts: the gateway checks its keys file at every start (bench/footprint).
+    const script = `
+      import { registerHooks } from "node:module";
+      const seen = [];
+      registerHooks({ resolve(spec, ctx, next) { const r = next(spec, ctx); seen.push(r.url); return r; } });
+      const { parseKeys } = await import(${JSON.stringify(new URL("../../services/shared/api-keys.js", import.meta.url).href)});
+      parseKeys(${JSON.stringify(keysFile([{ tenant: "t", principal: "p", sha256: HASH }]))}, "keys.json");
+      console.log(JSON.stringify(seen));
+    `;
+    const out = execFileSync(process.execPath, ["--input-type=module", "-e", script], { encoding: "utf8" });
+    const loaded = (JSON.parse(out.trim().split("\n").at(-1)!) as string[])
+      .filter((u) => u.includes("/ajv/") || u.endsWith(".validate.cjs"))
+      .map((u) => u.slice(u.lastIndexOf(u.includes("/node_modules/") ? "/node_modules/" : "/services/") + 1));
+    assert.ok(loaded.includes("services/shared/schemas/api-keys.validate.cjs"), loaded.join(", "));
+    assert.deepEqual(
+      loaded.filter((u) => u.startsWith("node_modules/ajv/") && !u.startsWith("node_modules/ajv/dist/runtime/")),
+      [],
+      "only ajv's runtime helpers",
+    );
   });
 
   test("their name patterns are the ones the code checks ids with", () => {
