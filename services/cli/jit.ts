@@ -4,16 +4,23 @@
 // the sandbox (waiting on the Docker engine and its containers) do little work each call, and
 // without those tiers their code and the compilers' own pages stay out of memory: 10 to 12 MB a
 // process, with no cost measured in their benchmarks (docs/benchmarks.md, footprint).
-// TROUPE_JIT=on gives every service every tier. `--one-process` runs them all, so all tiers.
+// TROUPE_JIT=lean also starts the gateway, the runner and the memory service with optimization
+// deferred until they are busy (shared/deferred-tiering.ts): smaller idle, slower for a while
+// once busy. TROUPE_JIT=on gives every service every tier. `--one-process` keeps every tier.
+import { DEFERRING_FLAGS } from "../shared/deferred-tiering.js";
 
-export type JitChoice = "auto" | "on";
+export type JitChoice = "auto" | "on" | "lean";
 
 /** The services that run on V8's interpreter alone unless TROUPE_JIT=on. */
 const INTERPRETED = new Set(["router", "sandbox"]);
+/** The services that TROUPE_JIT=lean starts with optimization deferred (deferred-tiering.ts). */
+const DEFERRED = new Set(["gateway", "runner", "memory"]);
 
 /** The flags `service`'s Node process starts with for `choice`. */
 export function jitFlags(service: string, choice: JitChoice): string[] {
-  return choice === "auto" && INTERPRETED.has(service) ? ["--max-opt=0"] : [];
+  if (choice === "on") return [];
+  if (INTERPRETED.has(service)) return ["--max-opt=0"];
+  return choice === "lean" && DEFERRED.has(service) ? [...DEFERRING_FLAGS] : [];
 }
 
 /** Those of `wanted` a process started with `execArgv` lacks; a flag set there, to any value, wins. */

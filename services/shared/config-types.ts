@@ -101,8 +101,8 @@ export interface Config {
   logFormat: "auto" | "json" | "text";
   /** troupe up: the C allocator its services start with (services/cli/allocator.ts). */
   allocator: "auto" | "jemalloc" | "system";
-  /** Which of V8's compilers the router and the sandbox run with (services/cli/jit.ts). */
-  jit: "auto" | "on";
+  /** Which of V8's compilers each service runs with, and when (services/cli/jit.ts). */
+  jit: "auto" | "on" | "lean";
   /** troupe adapter (services/adapter): "" where unset. */
   adapter: {
     stateFile: string;

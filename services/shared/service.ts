@@ -4,6 +4,7 @@
 // drain in the reverse order, each still on its own ports.
 import { unknownVariables } from "./config.js";
 import type { Config } from "./config-types.js";
+import { resumeOptimizationOnceBusy } from "./deferred-tiering.js";
 import { describeTrim, startIdleTrim } from "./idle-trim.js";
 import { createLogger, type Logger, routeNodeWarnings } from "./log.js";
 import { startMetrics, type Metrics } from "./metrics.js";
@@ -73,11 +74,15 @@ export async function runServices(
     process.exit(1);
   }
   const trimmer = startIdleTrim({ idleMs: cfg.idleTrimMs, onTrim: (t) => logger.debug(describeTrim(t)) });
+  const stopDeferring = resumeOptimizationOnceBusy((share) =>
+    logger.info(`busy (${Math.round(share * 100)} % of a second): V8 optimizes hot code at its usual thresholds`),
+  );
   let stopping = false;
   const stop = async (signal: string) => {
     if (stopping) return;
     stopping = true;
     trimmer.stop();
+    stopDeferring();
     logger.info(`${signal}: draining`);
     const grace = Math.max(...units.map((u) => u.cfg.drainGraceMs));
     const hardStop = setTimeout(() => process.exit(1), grace * units.length + 5000);

@@ -5,6 +5,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { JEMALLOC_CONF, allocatorEnvironment, hasJemalloc } from "../../services/cli/allocator.js";
 import { jitFlags, missingFlags } from "../../services/cli/jit.js";
+import { DEFERRING_FLAGS } from "../../services/shared/deferred-tiering.js";
 import { loadConfig } from "../../services/shared/config.js";
 
 const DEBIAN = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
@@ -52,12 +53,17 @@ test("TROUPE_ALLOCATOR takes only the three choices", () => {
   );
 });
 
-test("V8's tiers: the router and the sandbox on the interpreter unless TROUPE_JIT=on; a flag given wins", () => {
-  assert.deepEqual(jitFlags("router", "auto"), ["--max-opt=0"]);
-  assert.deepEqual(jitFlags("sandbox", "auto"), ["--max-opt=0"]);
-  for (const service of ["gateway", "runner", "memory", "model-server", "adapter"])
+test("V8's tiers: router and sandbox interpreted; lean defers the rest; on gives all; a flag given wins", () => {
+  for (const choice of ["auto", "lean"] as const) {
+    assert.deepEqual(jitFlags("router", choice), ["--max-opt=0"], choice);
+    assert.deepEqual(jitFlags("sandbox", choice), ["--max-opt=0"], choice);
+  }
+  for (const service of ["gateway", "runner", "memory"]) {
     assert.deepEqual(jitFlags(service, "auto"), [], service);
-  assert.deepEqual(jitFlags("router", "on"), []);
+    assert.deepEqual(jitFlags(service, "lean"), DEFERRING_FLAGS, service);
+  }
+  for (const service of ["model-server", "adapter"]) assert.deepEqual(jitFlags(service, "lean"), [], service);
+  for (const service of ["router", "gateway"]) assert.deepEqual(jitFlags(service, "on"), [], service);
   assert.deepEqual(missingFlags(["--max-opt=0"], ["--expose-gc"]), ["--max-opt=0"]);
   assert.deepEqual(missingFlags(["--max-opt=0"], ["--max-opt=0"]), [], "already started with it: no start over");
   assert.deepEqual(missingFlags(["--max-opt=0"], ["--max_opt=3"]), [], "the operator's own value wins");
