@@ -5,8 +5,8 @@
 // without those tiers their code and the compilers' own pages stay out of memory: 10 to 12 MB a
 // process, with no cost measured in their benchmarks (docs/benchmarks.md, footprint).
 // TROUPE_JIT=lean also starts the gateway, the runner and the memory service with optimization
-// deferred until they are busy (shared/deferred-tiering.ts): smaller idle, slower for a while
-// once busy. TROUPE_JIT=on gives every service every tier. `--one-process` keeps every tier.
+// deferred until they are busy (shared/deferred-tiering.ts): smaller idle, and code their start
+// also ran stays slower long after. TROUPE_JIT=on gives every service every tier. `--one-process` keeps every tier.
 import { DEFERRING_FLAGS } from "../shared/deferred-tiering.js";
 
 export type JitChoice = "auto" | "on" | "lean";

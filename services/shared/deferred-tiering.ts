@@ -5,11 +5,12 @@
 // own code, several MB of the node binary that then stay resident. Under lean the gateway, the
 // runner and the memory service start with the thresholds raised past what a start reaches
 // (jit.ts), and V8's own come back at the first second in which the event loop is busy a quarter
-// of the time. Idle after start and a tool turn: gateway 69 MB instead of 80 (docs/benchmarks.md,
-// bench/footprint). The price, and why it is not the default: code the start also ran keeps the
-// raised count until it runs that often again, hours away at a few calls a second. The
-// per-session paths are such code: with the gateway deferred, bench/stream's paced p99 (1,000
-// sessions starting at once) measured 750 to 835 ms, against 490 to 500 ms without.
+// of the time. Idle after start and a tool turn: gateway 68 to 69 MB instead of 77 to 78
+// (docs/benchmarks.md, bench/footprint). The price, and why it is not the default: code the
+// start also ran keeps the raised count until it runs that often again, hours away at a few
+// calls a second. The per-session paths are such code: with the gateway deferred, bench/stream's
+// bursts right after start carried less, and its paced p99 (1,000 sessions starting at once)
+// measured 753 and 835 ms against 496 and 488 without, alternated (a third run without: 760).
 import { performance } from "node:perf_hooks";
 import { setFlagsFromString } from "node:v8";
 

@@ -97,7 +97,7 @@ export const SETTINGS = {
     },
     jit: {
       env: "TROUPE_JIT",
-      doc: "V8's compilers: auto runs the router and the sandbox on the interpreter alone (10 to 12 MB smaller each; they do little work a call), the others with every tier; lean: as auto, and the gateway, runner and memory service start with optimization deferred until busy (5 to 11 MB smaller idle each, slower for a while once busy); on: every tier in every service",
+      doc: "V8's compilers: auto runs the router and the sandbox on the interpreter alone (10 to 12 MB smaller each; they do little work a call), the others with every tier; lean: as auto, and the gateway, runner and memory service start with optimization deferred until busy (2 to 9 MB smaller idle each; code their start also ran stays slower long after); on: every tier in every service",
       default: "auto",
       schema: oneOf("auto", "on", "lean"),
     },
