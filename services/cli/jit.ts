@@ -7,7 +7,7 @@
 // TROUPE_JIT=lean also starts the gateway, the runner and the memory service with optimization
 // deferred until they are busy (shared/deferred-tiering.ts): smaller idle, and code their start
 // also ran stays slower long after. TROUPE_JIT=on gives every service every tier. `--one-process` keeps every tier.
-import { DEFERRING_FLAGS } from "../shared/deferred-tiering.js";
+import { DEFERRING_FLAGS, thresholdsKnown } from "../shared/deferred-tiering.js";
 
 export type JitChoice = "auto" | "on" | "lean";
 
@@ -16,12 +16,24 @@ const INTERPRETED = new Set(["router", "sandbox"]);
 /** The services that TROUPE_JIT=lean starts with optimization deferred (deferred-tiering.ts). */
 const DEFERRED = new Set(["gateway", "runner", "memory"]);
 
-/** The flags `service`'s Node process starts with for `choice`. */
-export function jitFlags(service: string, choice: JitChoice): string[] {
+/**
+ * The flags `service`'s Node process starts with for `choice`. Under lean, on a Node whose V8
+ * lacks the deferring flags (`v8Knows`), the service starts as under auto, with a warning.
+ */
+export function jitFlags(service: string, choice: JitChoice, v8Knows = thresholdsKnown): string[] {
   if (choice === "on") return [];
   if (INTERPRETED.has(service)) return ["--max-opt=0"];
-  return choice === "lean" && DEFERRED.has(service) ? [...DEFERRING_FLAGS] : [];
+  if (choice !== "lean" || !DEFERRED.has(service)) return [];
+  if (v8Knows()) return [...DEFERRING_FLAGS];
+  warnOnce(`TROUPE_JIT=lean needs the V8 of Node 24 (this is ${process.version}); ${service} starts as under auto`);
+  return [];
 }
+
+const warned = new Set<string>();
+const warnOnce = (message: string) => {
+  if (!warned.has(message)) process.emitWarning(message);
+  warned.add(message);
+};
 
 /** Those of `wanted` a process started with `execArgv` lacks; a flag set there, to any value, wins. */
 export function missingFlags(wanted: string[], execArgv: readonly string[]): string[] {

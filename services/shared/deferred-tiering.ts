@@ -11,6 +11,7 @@
 // calls a second. The per-session paths are such code: with the gateway deferred, bench/stream's
 // bursts right after start carried less, and its paced p99 (1,000 sessions starting at once)
 // measured 753 and 835 ms against 496 and 488 without, alternated (a third run without: 760).
+import { spawnSync } from "node:child_process";
 import { performance } from "node:perf_hooks";
 import { setFlagsFromString } from "node:v8";
 
@@ -33,6 +34,23 @@ export const THRESHOLDS: readonly Threshold[] = [
 
 /** The Node flags a service starts with to defer optimization (jit.ts). */
 export const DEFERRING_FLAGS: readonly string[] = THRESHOLDS.map((t) => `${t.flag}=${t.starting}`);
+
+const known = new Map<string, boolean>();
+
+/**
+ * Whether the V8 of the Node at `execPath` has every threshold flag, with the default put back
+ * here. Node 22's V8 lacks some (Troupe runs on Node 22.19 and later), and a Node refuses to start
+ * with a flag it does not know; there, lean starts services as auto does. Asked once per path.
+ */
+export function thresholdsKnown(execPath = process.execPath): boolean {
+  let answer = known.get(execPath);
+  if (answer === undefined) {
+    const options = spawnSync(execPath, ["--v8-options"], { encoding: "utf8", timeout: 10_000 }).stdout ?? "";
+    answer = THRESHOLDS.every((t) => options.includes(`default: ${t.flag}=${t.usual}\n`));
+    known.set(execPath, answer);
+  }
+  return answer;
+}
 
 /**
  * The share of a second the event loop must be busy for the process to count as busy. The

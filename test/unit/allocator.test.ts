@@ -60,7 +60,17 @@ test("V8's tiers: router and sandbox interpreted; lean defers the rest; on gives
   }
   for (const service of ["gateway", "runner", "memory"]) {
     assert.deepEqual(jitFlags(service, "auto"), [], service);
-    assert.deepEqual(jitFlags(service, "lean"), DEFERRING_FLAGS, service);
+    assert.deepEqual(
+      jitFlags(service, "lean", () => true),
+      DEFERRING_FLAGS,
+      service,
+    );
+    // A Node whose V8 lacks the flags would refuse to start with them (Node 22's).
+    assert.deepEqual(
+      jitFlags(service, "lean", () => false),
+      [],
+      service,
+    );
   }
   for (const service of ["model-server", "adapter"]) assert.deepEqual(jitFlags(service, "lean"), [], service);
   for (const service of ["router", "gateway"]) assert.deepEqual(jitFlags(service, "on"), [], service);

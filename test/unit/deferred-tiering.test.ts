@@ -3,7 +3,10 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
-import { DEFERRING_FLAGS, THRESHOLDS } from "../../services/shared/deferred-tiering.js";
+import { chmod, writeFile } from "node:fs/promises";
+import path from "node:path";
+import { DEFERRING_FLAGS, THRESHOLDS, thresholdsKnown } from "../../services/shared/deferred-tiering.js";
+import { tempDir } from "../helpers/tempdir.js";
 
 const MODULE = new URL("../../services/shared/deferred-tiering.js", import.meta.url).href;
 
@@ -15,6 +18,18 @@ test("the thresholds put back are V8's own defaults in this Node", () => {
     assert.equal(Number(stated[1]), t.usual, t.flag);
     assert.ok(t.starting >= t.usual * 30, `${t.flag} is raised well past its default`);
   }
+});
+
+test("lean is used only where the Node's V8 has the flags at those defaults", async (t) => {
+  assert.equal(thresholdsKnown(), true, "this Node (the toolchain's Node 24)");
+  // What Node 20's V8 says: two of the flags only, one of them at another default.
+  const dir = await tempDir(t, "troupe-v8-");
+  const older = path.join(dir, "node");
+  const said =
+    "  --invocation-count-for-maglev (interrupt budget)\n        type: int  default: --invocation-count-for-maglev=100\n";
+  await writeFile(older, `#!/bin/sh\nprintf '${said}'\n`);
+  await chmod(older, 0o755);
+  assert.equal(thresholdsKnown(older), false);
 });
 
 /**
