@@ -5,7 +5,8 @@
 // history. A reply that is not the JSON asked for skips that step: learning never stores guesses.
 import type { Logger } from "../shared/log.js";
 import type { ProviderSpec } from "../shared/providers.js";
-import { completionFor, type Complete } from "./completion.js";
+import { endOfLifeWarning, LIFECYCLE_TIMEOUT_MS } from "../shared/model-lifecycle.js";
+import { completionFor, type Complete, lifecycleFor } from "./completion.js";
 import type { Embedder } from "./embedder.js";
 import type { MemoryStore } from "./store.js";
 import { newMemoryRow, type MemoryRow } from "./memory-schema.js";
@@ -48,7 +49,7 @@ export class Learner {
   private readonly complete: Complete;
 
   constructor(
-    provider: Pick<ProviderSpec, "kind" | "baseUrl" | "apiKey">,
+    provider: Pick<ProviderSpec, "kind" | "baseUrl" | "apiKey" | "headers">,
     /** The model as its provider names it. */
     model: string,
     private readonly store: MemoryStore,
@@ -56,7 +57,21 @@ export class Learner {
     private readonly logger: Logger,
   ) {
     this.complete = completionFor(provider, model);
+    const lifecycle = lifecycleFor(provider, model);
+    this.warnEndOfLife = () => {
+      void lifecycle(AbortSignal.timeout(LIFECYCLE_TIMEOUT_MS)).then(({ endOfLife: day }) => {
+        if (day) this.logger.warn(`learning: ${endOfLifeWarning(model, day)}`, { model, endOfLife: day });
+      });
+    };
   }
+
+  /**
+   * At learning's first call in this process, the provider is asked beside it (never waited for)
+   * until when it serves the model, and a warning names the day; the runner does the same for its
+   * models. Learning is best effort (the runner logs its failures at debug level), so when its
+   * model is gone it stops quietly, and this line is what tells an operator beforehand.
+   */
+  private warnEndOfLife?: () => void;
 
   private async ask(system: string, user: string): Promise<Record<string, unknown> | undefined> {
     const text = await this.complete(system, user);
@@ -77,6 +92,8 @@ export class Learner {
     exchange: Exchange[],
     source = "",
   ): Promise<LearnedChange[]> {
+    this.warnEndOfLife?.();
+    this.warnEndOfLife = undefined;
     const transcript = exchange.map((m) => `${m.role}: ${m.text}`).join("\n");
     const extracted = await this.ask(EXTRACT_PROMPT, transcript);
     const facts = Array.isArray(extracted?.facts)

@@ -1,7 +1,7 @@
 // The one ModelClient the loop sees over every provider (shared/providers.ts): each request goes
 // to the provider its model names, so a fallback chain may leave a provider that is down.
 import type { Logger } from "../shared/log.js";
-import type { ModelLifecycle } from "../shared/model-lifecycle.js";
+import { endOfLifeWarning, LIFECYCLE_TIMEOUT_MS, type ModelLifecycle } from "../shared/model-lifecycle.js";
 import { resolveModel, type ProviderKind, type ProviderSpec, type Providers } from "../shared/providers.js";
 import { OpenAIModelClient } from "./chat-completions-model.js";
 import { ModelError, type ModelChunk, type ModelClient, type ModelRequest, type ProviderClient } from "./model.js";
@@ -14,9 +14,6 @@ const CLIENTS: Record<ProviderKind, new (p: ProviderSpec) => ProviderClient> = {
   "openai-responses": OpenAIResponsesClient,
   anthropic: AnthropicModelClient,
 };
-
-/** How long a model's first call waits at most for its provider to say until when it serves it. */
-const LIFECYCLE_TIMEOUT_MS = 10_000;
 
 /** Streams each request from the provider its model names; one connection pool per provider. */
 export class ProviderModels implements ModelClient {
@@ -70,10 +67,7 @@ export class ProviderModels implements ModelClient {
     if (this.warned.has(model)) return;
     this.warned.add(model);
     void this.lifecycle(model, AbortSignal.timeout(LIFECYCLE_TIMEOUT_MS)).then(({ endOfLife: day }) => {
-      if (!day) return;
-      const when = day < new Date().toISOString().slice(0, 10) ? "was retired on" : "reaches its end of life on";
-      const message = `model ${model} ${when} ${day}; requests to it fail from then on: move agents to a later model`;
-      this.logger?.warn(message, { model, endOfLife: day });
+      if (day) this.logger?.warn(endOfLifeWarning(model, day), { model, endOfLife: day });
     });
   }
 

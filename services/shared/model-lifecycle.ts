@@ -1,5 +1,6 @@
 // Is a model still served, and until when? Each provider says so its own way, and the runner (a
-// warning at a model's first call) and `troupe doctor` (before any run) ask the same questions:
+// warning at a model's first call), the memory service (at learning's first call) and `troupe
+// doctor` (before any run) ask the same questions:
 // - OpenAI answers GET /models/{model} with the Model object, whose `shutdown_date` is the day it
 //   stops serving the model (YYYY-MM-DD) or null when none is announced, and with 404
 //   model_not_found for a model it does not serve (developers.openai.com/api/reference/resources/
@@ -51,4 +52,13 @@ export async function askAnthropic(get: ProviderGet, model: string, signal: Abor
   } catch (err) {
     return { ...unanswered(err), ...known };
   }
+}
+
+/** How long a model's first call waits at most for its provider to say until when it serves it. */
+export const LIFECYCLE_TIMEOUT_MS = 10_000;
+
+/** The warning for a model with an announced end of life: before the day, and after it. */
+export function endOfLifeWarning(model: string, day: string, today = new Date().toISOString().slice(0, 10)): string {
+  const when = day < today ? "was retired on" : "reaches its end of life on";
+  return `model ${model} ${when} ${day}; requests to it fail from then on: move to a later model`;
 }

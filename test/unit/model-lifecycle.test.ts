@@ -6,6 +6,8 @@ import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { parseProviders } from "../../services/shared/providers.js";
 import { ProviderModels } from "../../services/runner/provider-models.js";
+import { Learner } from "../../services/memory/learn.js";
+import type { Logger } from "../../services/shared/log.js";
 import { AnthropicApiServer } from "../helpers/anthropic-api.js";
 import { ChatApiServer } from "../helpers/openai-api.js";
 import { ResponsesApiServer } from "../helpers/responses-api.js";
@@ -94,10 +96,23 @@ test("a provider that cannot be asked claims nothing: a refused key, no server, 
   }
 });
 
-test("the runner warns once per model whose provider announces its end of life, and of no other", async () => {
+/** A logger that keeps what it is given. */
+function recorder() {
   const records: { level: string; msg: string; fields?: Record<string, unknown> }[] = [];
   const at = (level: string) => (msg: string, fields?: Record<string, unknown>) => records.push({ level, msg, fields });
-  const models = providersWith(KEY, { debug: at("debug"), info: at("info"), warn: at("warn"), error: at("error") });
+  const logger: Logger = { debug: at("debug"), info: at("info"), warn: at("warn"), error: at("error") };
+  return { records, logger };
+}
+
+/** Waits for `n` records: the warnings come from requests made beside the calls, one round trip each. */
+async function settled(records: unknown[], n: number): Promise<void> {
+  for (let i = 0; i < 100 && records.length < n; i++) await new Promise((r) => setTimeout(r, 20));
+  await new Promise((r) => setTimeout(r, 100));
+}
+
+test("the runner warns once per model whose provider announces its end of life, and of no other", async () => {
+  const { records, logger } = recorder();
+  const models = providersWith(KEY, logger);
   const refusals = () => chat.refused.length + claude.refused.length;
   try {
     const ask = async (model: string) => {
@@ -108,9 +123,7 @@ test("the runner warns once per model whose provider announces its end of life, 
     for (const model of ["openai/gpt-5-mini", "openai/gpt-5-mini", "openai/gpt-4.1-mini"]) await ask(model);
     for (const model of ["claude/claude-sonnet-4-5", "claude/claude-sonnet-4-5", "claude/claude-sonnet-4-6"])
       await ask(model);
-    // The warnings come from requests made beside the calls; each is one round trip on loopback.
-    for (let i = 0; i < 100 && records.length < 2; i++) await new Promise((r) => setTimeout(r, 20));
-    await new Promise((r) => setTimeout(r, 100));
+    await settled(records, 2);
     assert.equal(refusals(), before, "no request was refused");
   } finally {
     await models.close();
@@ -127,4 +140,29 @@ test("the runner warns once per model whose provider announces its end of life, 
     model: "claude/claude-sonnet-4-5",
     endOfLife: "2026-11-30",
   });
+});
+
+test("learning warns once of its model's end of life, asked of its provider as the runner asks", async () => {
+  const refusedBefore = local.refused.length;
+  const learned = async (provider: ConstructorParameters<typeof Learner>[0], model: string) => {
+    const { records, logger } = recorder();
+    // The test servers answer "ok", which is no JSON of facts: learning stops before the store.
+    const learner = new Learner(provider, model, {} as never, {} as never, logger);
+    const scope = { tenant: "t", owner: "o", agentId: "a" };
+    for (let i = 0; i < 2; i++)
+      assert.deepEqual(await learner.learn(scope, "", "s", [{ role: "user", text: "I moved to Lyon" }]), []);
+    await settled(records, 1);
+    return records.filter((r) => r.level === "warn");
+  };
+  const openai = { kind: "openai" as const, baseUrl: chat.baseUrl, apiKey: KEY };
+  const [retiring, ...more] = await learned(openai, "gpt-5-mini");
+  assert.equal(more.length, 0, "once per process");
+  assert.deepEqual(retiring.fields, { model: "gpt-5-mini", endOfLife: "2026-12-11" });
+  assert.match(retiring.msg, /^learning: model gpt-5-mini (reaches its end of life|was retired) on 2026-12-11/);
+  assert.deepEqual(await learned(openai, "gpt-4.1-mini"), []);
+  const anthropic = { kind: "anthropic" as const, baseUrl: claude.baseUrl, apiKey: KEY };
+  const [claudeWarning] = await learned(anthropic, "claude-sonnet-4-5");
+  assert.deepEqual(claudeWarning?.fields, { model: "claude-sonnet-4-5", endOfLife: "2026-11-30" });
+  assert.deepEqual(await learned({ kind: "openai-compatible", baseUrl: local.baseUrl, apiKey: "" }, "gpt-5-mini"), []);
+  assert.equal(local.refused.length, refusedBefore, "the compatible server was not asked");
 });
