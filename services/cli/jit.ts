@@ -6,7 +6,8 @@
 // process, with no cost measured in their benchmarks (docs/benchmarks.md, footprint).
 // TROUPE_JIT=lean also starts the gateway, the runner and the memory service with optimization
 // deferred until they are busy (shared/deferred-tiering.ts): smaller idle, and code their start
-// also ran stays slower long after. TROUPE_JIT=on gives every service every tier. `--one-process` keeps every tier.
+// also ran stays slower long after. TROUPE_JIT=on gives every service every tier.
+// `--one-process` keeps every tier.
 import { DEFERRING_FLAGS, thresholdsKnown } from "../shared/deferred-tiering.js";
 
 export type JitChoice = "auto" | "on" | "lean";
@@ -18,13 +19,20 @@ const DEFERRED = new Set(["gateway", "runner", "memory"]);
 
 /**
  * The flags `service`'s Node process starts with for `choice`. Under lean, on a Node whose V8
- * lacks the deferring flags (`v8Knows`), the service starts as under auto, with a warning.
+ * lacks the deferring flags (`v8Knows`), the service starts as under auto, with a warning. A
+ * process already started with them (a service after its start over) has its answer and does
+ * not ask V8 again: asking runs `node --v8-options`, about 75 ms of a start here.
  */
-export function jitFlags(service: string, choice: JitChoice, v8Knows = thresholdsKnown): string[] {
+export function jitFlags(
+  service: string,
+  choice: JitChoice,
+  v8Knows = thresholdsKnown,
+  execArgv: readonly string[] = process.execArgv,
+): string[] {
   if (choice === "on") return [];
   if (INTERPRETED.has(service)) return ["--max-opt=0"];
   if (choice !== "lean" || !DEFERRED.has(service)) return [];
-  if (v8Knows()) return [...DEFERRING_FLAGS];
+  if (missingFlags([...DEFERRING_FLAGS], execArgv).length === 0 || v8Knows()) return [...DEFERRING_FLAGS];
   warnOnce(`TROUPE_JIT=lean needs the V8 of Node 24 (this is ${process.version}); ${service} starts as under auto`);
   return [];
 }

@@ -61,16 +61,19 @@ test("V8's tiers: router and sandbox interpreted; lean defers the rest; on gives
   for (const service of ["gateway", "runner", "memory"]) {
     assert.deepEqual(jitFlags(service, "auto"), [], service);
     assert.deepEqual(
-      jitFlags(service, "lean", () => true),
+      jitFlags(service, "lean", () => true, []),
       DEFERRING_FLAGS,
       service,
     );
     // A Node whose V8 lacks the flags would refuse to start with them (Node 22's).
     assert.deepEqual(
-      jitFlags(service, "lean", () => false),
+      jitFlags(service, "lean", () => false, []),
       [],
       service,
     );
+    // After its start over a service has the flags: V8 is not asked again.
+    const asked = () => assert.fail(`${service} asked V8 again`);
+    assert.deepEqual(jitFlags(service, "lean", asked, ["--expose-gc", ...DEFERRING_FLAGS]), DEFERRING_FLAGS, service);
   }
   for (const service of ["model-server", "adapter"]) assert.deepEqual(jitFlags(service, "lean"), [], service);
   for (const service of ["router", "gateway"]) assert.deepEqual(jitFlags(service, "on"), [], service);
