@@ -19,8 +19,9 @@ TROUPE := node dist/services/cli/main.js
 
 # How both tiers of make test run node's test runner. --test-force-exit: a test file whose tests
 # have all ended exits, so a timer a failed test leaves behind costs that test, not the whole run;
-# test/helpers/whole-report.ts keeps that exit from dropping verdicts (nodejs/node#64833).
-NODE_TEST := node --test --test-force-exit --import ./dist/test/helpers/whole-report.js
+# test/helpers/whole-report.ts keeps that exit from dropping verdicts or the report (nodejs/node#64833);
+# --require, not --import, loads it into the runner as well as into each file.
+NODE_TEST := node --test --test-force-exit --require ./dist/test/helpers/whole-report.js
 UNIT_TIER := $(NODE_TEST) --test-timeout=60000 'dist/test/unit/*.test.js'
 
 .PHONY: build run test test-unit readme-settings lint kubectl images bench soak soak-long toolchain host postgres sandbox-image sandbox-image-if-missing sandbox-image-debian python-client openssl chromium jemalloc clean

@@ -1,9 +1,11 @@
-// Every verdict reaches the test runner's report (test/helpers/whole-report.ts): 20 files of 50
-// fast tests, run as make test runs its tiers (--test-force-exit, in child processes), must be
-// counted 1,000. Without the preload, Node 24 counted 947 of them in one run here.
+// Every verdict reaches the test runner's report, and the report its reader
+// (test/helpers/whole-report.ts): 20 files of 50 fast tests, run as make test runs its tiers
+// (--test-force-exit, in child processes), must be counted 1,000 in the report's summary, read as
+// slowly as a loaded CI's log reads it. Without the preload Node 24 counted 947 of them in one run
+// here, and with it loaded by --import the slow reader never got the summary.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { execFile } from "node:child_process";
+import { execFile, spawn } from "node:child_process";
 import { readFile, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { promisify } from "node:util";
@@ -27,10 +29,9 @@ test("with the preload, a forced exit loses no verdict of any file", async (t) =
   // A runner of its own, not one reporting to this file's runner.
   const { NODE_TEST_CONTEXT: _, ...runnerEnv } = process.env;
   for (const concurrency of ["--test-concurrency=1", "--test-concurrency=2"]) {
-    const { stdout } = await run(
-      process.execPath,
-      ["--test", "--test-force-exit", concurrency, "--test-reporter=spec", "--import", preload, "f*.test.mjs"],
-      { cwd: dir, maxBuffer: 64 * 1024 * 1024, env: runnerEnv },
+    const stdout = await readSlowly(
+      ["--test", "--test-force-exit", concurrency, "--test-reporter=spec", "--require", preload, "f*.test.mjs"],
+      { cwd: dir, env: runnerEnv },
     );
     assert.match(
       stdout,
@@ -39,6 +40,19 @@ test("with the preload, a forced exit loses no verdict of any file", async (t) =
     );
   }
 });
+
+/** The stdout of `node args`, read at 4 KB per 2 ms (2 MB/s). */
+async function readSlowly(args: string[], options: { cwd: string; env: NodeJS.ProcessEnv }): Promise<string> {
+  const child = spawn(process.execPath, args, { ...options, stdio: ["ignore", "pipe", "inherit"] });
+  const exited = new Promise<number | null>((resolve) => child.on("exit", resolve));
+  const chunks: Buffer[] = [];
+  for await (const chunk of child.stdout as AsyncIterable<Buffer>) {
+    chunks.push(chunk);
+    await new Promise((r) => setTimeout(r, Math.ceil((2 * chunk.length) / 4096)));
+  }
+  assert.equal(await exited, 0);
+  return Buffer.concat(chunks).toString("utf8");
+}
 
 test("every forced-exit run in the Makefile preloads it", async () => {
   const root = fileURLToPath(new URL("../../../", import.meta.url));
@@ -60,7 +74,7 @@ test("every forced-exit run in the Makefile preloads it", async () => {
   for (const name of ["NODE_TEST", "UNIT_TIER"]) {
     const command = await expand(name);
     assert.match(command, /^node --test .*--test-force-exit/, `${name}: ${command}`);
-    assert.match(command, /--import \.\/dist\/test\/helpers\/whole-report\.js/, `${name}: ${command}`);
+    assert.match(command, /--require \.\/dist\/test\/helpers\/whole-report\.js/, `${name}: ${command}`);
   }
   // Both tiers of make test, and make test-unit, run through it.
   const recipe = (target: string) => {
