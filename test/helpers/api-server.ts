@@ -32,37 +32,6 @@ export abstract class ApiServer {
   /** Answers one request whose body is `text`. */
   protected abstract handle(req: http.IncomingMessage, text: string, res: http.ServerResponse): unknown;
 
-  /**
-   * OpenAI's GET /v1/models/{model} (developers.openai.com/api/reference/resources/models/methods/
-   * retrieve): the Model object, its shutdown_date null unless one is announced; a model not
-   * served is 404 model_not_found, in the words the chat endpoint uses.
-   */
-  protected describeOpenAiModel(
-    res: http.ServerResponse,
-    url: string,
-    models: readonly { id: string; shutdownDate?: string }[],
-  ) {
-    const id = decodeURIComponent(url.slice("/v1/models/".length));
-    const model = models.find((m) => m.id === id);
-    if (!model)
-      return this.refuse(res, 404, {
-        message: `The model \`${id}\` does not exist or you do not have access to it.`,
-        type: "invalid_request_error",
-        param: null,
-        code: "model_not_found",
-      });
-    res.writeHead(200, { "content-type": "application/json" });
-    res.end(
-      JSON.stringify({
-        id,
-        object: "model",
-        created: 1686935002,
-        owned_by: "openai",
-        shutdown_date: model.shutdownDate ?? null,
-      }),
-    );
-  }
-
   protected refuse(res: http.ServerResponse, status: number, error: ApiError, headers: Record<string, string> = {}) {
     this.refused.push({ status, error });
     res.writeHead(status, { "content-type": "application/json", ...headers });

@@ -39,6 +39,31 @@ export const OPENAI_MODELS: readonly ApiModel[] = [
   { id: "o4-mini", efforts: ["low", "medium", "high"] },
 ];
 
+/**
+ * OpenAI's GET /v1/models/{model} (developers.openai.com/api/reference/resources/models/methods/
+ * retrieve), as both OpenAI servers answer it: the Model object, its shutdown_date null unless one
+ * is announced; a model not served is 404 model_not_found, in the words the chat endpoint uses.
+ */
+export function describeModel(
+  res: http.ServerResponse,
+  url: string,
+  models: readonly ApiModel[],
+  notFound: (error: ApiError) => unknown,
+): unknown {
+  const id = decodeURIComponent(url.slice("/v1/models/".length));
+  const model = models.find((m) => m.id === id);
+  if (!model)
+    return notFound({
+      message: `The model \`${id}\` does not exist or you do not have access to it.`,
+      type: "invalid_request_error",
+      param: null,
+      code: "model_not_found",
+    });
+  const shutdown_date = model.shutdownDate ?? null;
+  res.writeHead(200, { "content-type": "application/json" });
+  res.end(JSON.stringify({ id, object: "model", created: 1686935002, owned_by: "openai", shutdown_date }));
+}
+
 /** What the model answers to one accepted request. */
 export type ApiReply = { text: string } | { toolCalls: { name: string; arguments: Record<string, unknown> }[] };
 
@@ -79,7 +104,10 @@ export class ChatApiServer extends ApiServer {
           : { ...apiError("The server is overloaded or not ready yet.", null, null), type: "server_error" };
       return this.refuse(res, status, error, { "retry-after": String(retryAfterSeconds) });
     }
-    if (describing) return this.describeOpenAiModel(res, req.url!, this.options.models ?? OPENAI_MODELS);
+    if (describing)
+      return describeModel(res, req.url!, this.options.models ?? OPENAI_MODELS, (error) =>
+        this.refuse(res, 404, error),
+      );
     let body: ChatBody;
     try {
       body = JSON.parse(text);

@@ -9,7 +9,7 @@
 // reasoning mid-task.
 import type http from "node:http";
 import { ApiServer } from "./api-server.js";
-import { OPENAI_MODELS, apiError, type ApiModel } from "./openai-api.js";
+import { OPENAI_MODELS, apiError, describeModel, type ApiModel } from "./openai-api.js";
 import type { ApiError } from "./openai-checks.js";
 
 /** What the model answers to one accepted request. */
@@ -46,7 +46,7 @@ export class ResponsesApiServer extends ApiServer {
       return refuse(404, apiError(`Invalid URL (${req.method} ${req.url})`, null, null));
     if (req.headers.authorization !== `Bearer ${this.options.apiKey}`)
       return refuse(401, apiError("Incorrect API key provided.", null, "invalid_api_key"));
-    if (describing) return this.describeOpenAiModel(res, req.url!, this.options.models ?? OPENAI_MODELS);
+    if (describing) return describeModel(res, req.url!, this.options.models ?? OPENAI_MODELS, (e) => refuse(404, e));
     let body: ResponsesBody;
     try {
       body = JSON.parse(text);
