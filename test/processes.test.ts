@@ -131,17 +131,18 @@ describe("troupe up", () => {
     );
   });
 
-  test("the router and the sandbox run on V8's interpreter alone, the other services with every tier", async () => {
+  test("the router and the sandbox run on V8's interpreter alone, the gateway deferred, the rest with every tier", async () => {
     const tierFlags = async (name: string) => {
       const { stdout } = await run("pgrep", ["-P", String(up.pid), "-f", ` ${name} `]);
       const pid = Number(stdout.trim().split("\n")[0]);
       const cmdline = (await readFile(`/proc/${pid}/cmdline`, "utf8")).split("\0");
-      return cmdline.filter((a) => a.startsWith("--max-opt"));
+      return cmdline.filter((a) => /^--(max-opt|no-maglev|no-turbofan)/.test(a));
     };
     assert.deepEqual(await tierFlags("router"), ["--max-opt=0"]);
     assert.deepEqual(await tierFlags("sandbox"), ["--max-opt=0"]);
-    assert.deepEqual(await tierFlags("gateway"), []);
+    assert.deepEqual(await tierFlags("gateway"), ["--no-maglev", "--no-turbofan"]);
     assert.deepEqual(await tierFlags("runner"), []);
+    assert.deepEqual(await tierFlags("memory"), []);
   });
 
   test("Ctrl-C stops every service and exits 0, also when a second signal follows at once", async () => {

@@ -97,7 +97,7 @@ export const SETTINGS = {
     },
     jit: {
       env: "TROUPE_JIT",
-      doc: "V8's compilers: auto runs the router and the sandbox on the interpreter alone (10 to 12 MB smaller each; they do little work a call), the others with every tier; lean: as auto, and the gateway, runner and memory service start with optimization deferred until busy (2 to 9 MB smaller idle each; code their start also ran stays slower long after); on: every tier in every service",
+      doc: "V8's compilers: auto runs the router and the sandbox on the interpreter alone (10 to 12 MB smaller each; they do little work a call), starts the gateway with optimization deferred until busy (9 MB smaller idle; the token path's CPU the same), and the runner and the memory service with every tier; lean: as auto, and the runner and the memory service deferred too (2 to 9 MB smaller idle each); on: every tier in every service from the start",
       default: "auto",
       schema: oneOf("auto", "on", "lean"),
     },

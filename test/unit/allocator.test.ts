@@ -53,31 +53,24 @@ test("TROUPE_ALLOCATOR takes only the three choices", () => {
   );
 });
 
-test("V8's tiers: router and sandbox interpreted; lean defers the rest; on gives all; a flag given wins", () => {
+test("V8's tiers: router and sandbox interpreted; the gateway deferred, lean defers more; on gives all; a flag given wins", () => {
   for (const choice of ["auto", "lean"] as const) {
     assert.deepEqual(jitFlags("router", choice), ["--max-opt=0"], choice);
     assert.deepEqual(jitFlags("sandbox", choice), ["--max-opt=0"], choice);
+    assert.deepEqual(jitFlags("gateway", choice), DEFERRING_FLAGS, choice);
   }
-  for (const service of ["gateway", "runner", "memory"]) {
+  for (const service of ["runner", "memory"]) {
     assert.deepEqual(jitFlags(service, "auto"), [], service);
-    assert.deepEqual(
-      jitFlags(service, "lean", () => true, []),
-      DEFERRING_FLAGS,
-      service,
-    );
-    // A Node whose V8 lacks the flags would refuse to start with them (Node 22's).
-    assert.deepEqual(
-      jitFlags(service, "lean", () => false, []),
-      [],
-      service,
-    );
-    // After its start over a service has the flags: V8 is not asked again.
-    const asked = () => assert.fail(`${service} asked V8 again`);
-    assert.deepEqual(jitFlags(service, "lean", asked, ["--expose-gc", ...DEFERRING_FLAGS]), DEFERRING_FLAGS, service);
+    assert.deepEqual(jitFlags(service, "lean"), DEFERRING_FLAGS, service);
   }
   for (const service of ["model-server", "adapter"]) assert.deepEqual(jitFlags(service, "lean"), [], service);
-  for (const service of ["router", "gateway"]) assert.deepEqual(jitFlags(service, "on"), [], service);
+  for (const service of ["router", "gateway", "runner"]) assert.deepEqual(jitFlags(service, "on"), [], service);
   assert.deepEqual(missingFlags(["--max-opt=0"], ["--expose-gc"]), ["--max-opt=0"]);
   assert.deepEqual(missingFlags(["--max-opt=0"], ["--max-opt=0"]), [], "already started with it: no start over");
   assert.deepEqual(missingFlags(["--max-opt=0"], ["--max_opt=3"]), [], "the operator's own value wins");
+  assert.deepEqual(
+    missingFlags(["--no-maglev", "--no-turbofan"], ["--maglev"]),
+    ["--no-turbofan"],
+    "and their own tier",
+  );
 });
