@@ -75,7 +75,7 @@ export async function runServices(
   }
   const trimmer = startIdleTrim({ idleMs: cfg.idleTrimMs, onTrim: (t) => logger.debug(describeTrim(t)) });
   const stopDeferring = resumeOptimizationOnceBusy((share) =>
-    logger.info(`busy (${Math.round(share * 100)} % of a second): V8 optimizes hot code at its usual thresholds`),
+    logger.info(`busy (${Math.round(share * 100)} % of a second): V8's optimizing compilers are on from now`),
   );
   let stopping = false;
   const stop = async (signal: string) => {
