@@ -1,7 +1,7 @@
 // One question, one answer: how learning asks its model, by the kind of provider that serves it.
 // OpenAI's kinds (Responses included: OpenAI serves Chat Completions at the same root) and
 // compatible servers through Chat Completions; Anthropic through its Messages API.
-import { askAnthropic, askOpenAi, type ModelLifecycle } from "../shared/model-lifecycle.js";
+import { askProvider, type ModelLifecycle } from "../shared/model-lifecycle.js";
 import { rulesFor } from "../shared/model-rules.js";
 import { anthropicEndpoint, postForJson, providerGetter, providerPoster } from "../shared/provider-post.js";
 import type { ProviderSpec } from "../shared/providers.js";
@@ -58,17 +58,12 @@ export function completionFor(
 
 /**
  * What the provider says of the learning model, asked as the runner asks of its models
- * (shared/model-lifecycle.ts); a compatible server is not asked. Contract: never throws.
+ * (shared/model-lifecycle.ts). Contract: never throws.
  */
 export function lifecycleFor(
   provider: Pick<ProviderSpec, "kind" | "baseUrl" | "apiKey" | "headers">,
   model: string,
 ): (signal: AbortSignal) => Promise<ModelLifecycle> {
-  if (provider.kind === "anthropic") {
-    const get = providerGetter(anthropicEndpoint(provider), fetch);
-    return (signal) => askAnthropic(get, model, signal);
-  }
-  if (provider.kind === "openai-compatible") return async () => ({});
-  const get = providerGetter(provider, fetch);
-  return (signal) => askOpenAi(get, model, signal);
+  const get = providerGetter(provider.kind === "anthropic" ? anthropicEndpoint(provider) : provider, fetch);
+  return (signal) => askProvider(provider.kind, get, model, signal);
 }

@@ -4,7 +4,7 @@
 // loaded.
 import type OpenAI from "openai";
 import type { Agent } from "undici";
-import { askOpenAi, type ModelLifecycle } from "../shared/model-lifecycle.js";
+import { askProvider, type ModelLifecycle } from "../shared/model-lifecycle.js";
 import { effortFor, rulesFor, takesImages } from "../shared/model-rules.js";
 import type { ProviderKind } from "../shared/providers.js";
 import { SseDecoder, type SseEvent } from "./sse.js";
@@ -91,7 +91,7 @@ export class OpenAIModelClient implements ProviderClient {
 
   /** OpenAI is asked (model-lifecycle.ts); a compatible server is not. */
   lifecycle(model: string, signal: AbortSignal): Promise<ModelLifecycle> {
-    return this.kind === "openai" ? askOpenAi(this.get, model, signal) : Promise.resolve({});
+    return askProvider(this.kind, this.get, model, signal);
   }
 
   /** The request body, fitted to what the model takes (model-rules.ts). */
