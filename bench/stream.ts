@@ -60,6 +60,8 @@ interface TroupeFigures {
   tokensPerS: number;
   eventsPerS: number;
   latencies: number[];
+  /** When each of `latencies` arrived, in ms since the prompts went out. */
+  arrivals: number[];
   /** CPU ms of the charged processes per 1,000 tokens. */
   cpuPer1000: number;
   /** Why the runs that did not complete ended (tolerated in the paced mode only). */
@@ -80,6 +82,7 @@ async function troupeRun(
 ): Promise<TroupeFigures> {
   const perSession = Number(/!bench (\d+)/.exec(prompt)![1]);
   const latencies: number[] = [];
+  const arrivals: number[] = [];
   const failures: string[] = [];
   let tokens = 0;
   let deltaEvents = 0;
@@ -106,6 +109,7 @@ async function troupeRun(
         deltaEvents++;
         for (const m of p.value.delta.value.matchAll(/@(\d+\.\d+) /g)) {
           latencies.push(t - Number(m[1]));
+          arrivals.push(t);
           tokens++;
         }
       } else if (p.case === "agentEnd") {
@@ -124,6 +128,7 @@ async function troupeRun(
     t0 = performance.now();
   }
   const cpu0 = cpuMs(cpu);
+  const sent = now();
   for (const s of sessions)
     s.call.write({ frame: { frameId: "p", kind: { case: "prompt", value: { text: prompt } } } });
   await Promise.all(sessions.map((s) => s.isDone));
@@ -132,7 +137,8 @@ async function troupeRun(
   if (!tolerant && failures.length > 0)
     throw new Error(`${failures.length} runs did not complete, e.g. ${failures[0]}`);
   if (!tolerant && tokens !== n * perSession) throw new Error(`expected ${n * perSession} tokens, received ${tokens}`);
-  return { tokensPerS: tokens / seconds, eventsPerS: deltaEvents / seconds, latencies, cpuPer1000, failures };
+  for (let i = 0; i < arrivals.length; i++) arrivals[i] -= sent;
+  return { tokensPerS: tokens / seconds, eventsPerS: deltaEvents / seconds, latencies, arrivals, cpuPer1000, failures };
 }
 
 /** The raw baseline: a bare grpc-js server process; `run(n)` streams n messages on each of S streams. */
@@ -206,6 +212,23 @@ async function startRaw() {
       server.kill("SIGTERM");
     },
   };
+}
+
+/**
+ * The delay's p99 in each fifth of the run, by arrival: says whether a tail comes from the
+ * sessions' start (every turn begins at once) or lasts through the streams.
+ */
+function timeline(run: TroupeFigures): string {
+  const end = run.arrivals.reduce((a, b) => Math.max(a, b), 0);
+  const parts: number[][] = [[], [], [], [], []];
+  for (let i = 0; i < run.arrivals.length; i++)
+    parts[Math.min(4, Math.floor((run.arrivals[i] / end) * 5))].push(run.latencies[i]);
+  return parts
+    .map(
+      (d, i) =>
+        `${((i * end) / 5000).toFixed(0)}-${(((i + 1) * end) / 5000).toFixed(0)} s p99=${pct(d, 99).toFixed(0)} ms`,
+    )
+    .join(", ");
 }
 
 const ROUNDS = 3;
@@ -313,6 +336,7 @@ try {
     console.log(
       `troupe: ${troupe.latencies.length} of ${n * count} tokens arrived, in ${wallS.toFixed(1)} s for streams of ${seconds} s (raw grpc-js: ${(rawPaced.latencies.length / rawPaced.tokensPerS).toFixed(1)} s)`,
     );
+    console.log(`troupe: delay by when the token arrived: ${timeline(troupe)}`);
     if (troupe.failures.length > 0)
       console.log(`troupe: ${troupe.failures.length} of ${n} streams did not complete, e.g. ${troupe.failures[0]}`);
     result.paced_p50_ms = p50.toFixed(1);
