@@ -11,6 +11,7 @@ import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import type { RpcError } from "../shared/errors.js";
 import { type AgentEvent, AgentEventSchema } from "../shared/gen/troupe/v1/session_pb.js";
 import type { EventPayload } from "./run.js";
+import { RecentEvents } from "./recent-events.js";
 import type { LogRecord } from "./session-log.js";
 
 /** Where events go: a client's stream (or anything that takes them in order). */
@@ -59,7 +60,7 @@ const TRANSIENT: ReadonlySet<EventPayload["case"]> = new Set(["messageUpdate", "
 export class EventJournal {
   private seq = 0;
   private reservedUpTo = 0;
-  private readonly ring: AgentEvent[] = [];
+  private readonly ring = new RecentEvents(RING_SIZE);
   private readonly subscribers = new Set<EventSubscriber>();
   private pendingDelta?: { messageId: string; kind: "text" | "thinking"; text: string };
   private flushScheduled = false;
@@ -170,7 +171,6 @@ export class EventJournal {
 
   private release(event: AgentEvent): void {
     this.ring.push(event);
-    if (this.ring.length > RING_SIZE) this.ring.splice(0, this.ring.length - RING_SIZE);
     for (const sub of this.subscribers) sub.send(event);
   }
 
@@ -186,7 +186,7 @@ export class EventJournal {
 
   /** The session went idle: the ring keeps only its last few events. */
   trimIdle(): void {
-    if (this.ring.length > IDLE_RING_SIZE) this.ring.splice(0, this.ring.length - IDLE_RING_SIZE);
+    this.ring.trim(IDLE_RING_SIZE);
   }
 
   /**
@@ -226,7 +226,8 @@ export class EventJournal {
       last = seq;
     };
     try {
-      const floor = this.ring.length > 0 ? Number(this.ring[0].seq) : this.seq + 1;
+      const oldest = this.ring.oldest();
+      const floor = oldest ? Number(oldest.seq) : this.seq + 1;
       if (afterSeq + 1 < floor) {
         for (const rec of await this.host.readLog()) {
           if (rec.t !== "event") continue;

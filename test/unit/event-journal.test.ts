@@ -77,3 +77,29 @@ test("a client attaching while an end is held gets it once, in order, after it l
     ],
   );
 });
+
+test("a client resuming after a turn that filled the ring gets the deltas the ring holds, then a gap", async () => {
+  const { journal, sub, seen } = journalWithSlowSync();
+  // 5,000 deltas, each its own event (a flush after each): more than the ring's 4,096.
+  for (let i = 1; i <= 5000; i++) {
+    journal.delta("m1", "text", `t${i} `);
+    journal.flushDelta();
+  }
+  journal.emit({ case: "agentStart", value: {} });
+  await journal.attach(sub, 4000);
+  const seqs = seen.map((e) => Number(e.seq));
+  assert.deepEqual(seqs.slice(0, 5), [4001, 4002, 4003, 4004, 4005], "from the ring, oldest first");
+  assert.equal(seqs.at(-1), 5001);
+  assert.equal(seen.length, 1001, "each held event once");
+  const text = (e: AgentEvent) =>
+    e.payload.case === "messageUpdate" && e.payload.value.delta.case === "text" ? e.payload.value.delta.value : "";
+  assert.equal(text(seen[0]), "t4001 ");
+
+  // From before the ring's oldest (seq 906): the log holds no deltas, so the client is told.
+  const early: AgentEvent[] = [];
+  await journal.attach({ send: (e) => void early.push(e), pressure: () => undefined, close: () => undefined }, 10);
+  assert.equal(early[0].payload.case, "gap");
+  assert.equal(early[0].payload.value && (early[0].payload.value as { firstSeq: bigint }).firstSeq, 11n);
+  assert.equal(Number(early[1].seq), 5001 - 4096 + 1, "then the ring's oldest");
+  assert.equal(Number(early.at(-1)!.seq), 5001);
+});
