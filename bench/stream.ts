@@ -220,14 +220,14 @@ async function startRaw() {
  */
 function timeline(run: TroupeFigures): string {
   const end = run.arrivals.reduce((a, b) => Math.max(a, b), 0);
+  if (!(end > 0)) return "no tokens";
   const parts: number[][] = [[], [], [], [], []];
   for (let i = 0; i < run.arrivals.length; i++)
-    parts[Math.min(4, Math.floor((run.arrivals[i] / end) * 5))].push(run.latencies[i]);
+    parts[Math.min(4, Math.floor((Math.max(0, run.arrivals[i]) / end) * 5))].push(run.latencies[i]);
+  // A fifth with no token (streams cut in the tolerant paced mode) says so rather than failing.
+  const p99 = (d: number[]) => (d.length > 0 ? `p99=${pct(d, 99).toFixed(0)} ms` : "no tokens");
   return parts
-    .map(
-      (d, i) =>
-        `${((i * end) / 5000).toFixed(0)}-${(((i + 1) * end) / 5000).toFixed(0)} s p99=${pct(d, 99).toFixed(0)} ms`,
-    )
+    .map((d, i) => `${((i * end) / 5000).toFixed(0)}-${(((i + 1) * end) / 5000).toFixed(0)} s ${p99(d)}`)
     .join(", ");
 }
 
