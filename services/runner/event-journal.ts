@@ -40,7 +40,7 @@ export interface JournalHost {
 }
 
 /** Recent events (deltas included) kept in memory for resuming clients. */
-const RING_SIZE = 4096;
+export const RING_SIZE = 4096;
 /**
  * What the ring keeps once the session is idle. Everything but token deltas is in the log, so a
  * client resuming from further back loses only deltas (reported as a gap); thousands of idle
