@@ -8,6 +8,7 @@ import { askProvider, type ModelLifecycle } from "../shared/model-lifecycle.js";
 import { effortFor, rulesFor, takesImages } from "../shared/model-rules.js";
 import type { ProviderKind } from "../shared/providers.js";
 import { SseDecoder, type SseEvent } from "./sse.js";
+import { untilFinalEvent } from "./reply-rest.js";
 import {
   ModelError,
   classify,
@@ -129,7 +130,7 @@ export class OpenAIModelClient implements ProviderClient {
     const decoder = new SseDecoder();
     let ended = false;
     try {
-      for await (const bytes of body) {
+      for await (const bytes of untilFinalEvent(body, () => ended)) {
         // Consecutive text (or thinking) deltas of one network read leave as one chunk: the
         // session would merge them into one event anyway, and this way the loop runs once per
         // read instead of once per token.
@@ -147,7 +148,6 @@ export class OpenAIModelClient implements ProviderClient {
           }
         }
         for (const c of batch) yield c;
-        if (ended) break;
       }
       if (!ended) for (const sse of decoder.end()) if (this.parseEvent(sse, state) === DONE) break;
     } catch (err) {

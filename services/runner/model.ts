@@ -21,6 +21,7 @@ import {
 } from "../shared/provider-post.js";
 import { poolFetch, replyBody } from "./pool-fetch.js";
 import { SseDecoder, SseEventTooLarge } from "./sse.js";
+import { untilFinalEvent } from "./reply-rest.js";
 
 export interface ModelToolCall {
   id: string;
@@ -232,9 +233,8 @@ export async function* streamEvents(
 ): AsyncIterable<ModelChunk> {
   const decoder = new SseDecoder();
   try {
-    for await (const bytes of body) {
+    for await (const bytes of untilFinalEvent(body, ended)) {
       for (const sse of decoder.push(bytes)) yield* parse(sse.data);
-      if (ended()) break;
     }
     if (!ended()) for (const sse of decoder.end()) yield* parse(sse.data);
   } catch (err) {

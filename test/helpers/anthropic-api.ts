@@ -284,8 +284,9 @@ export class AnthropicApiServer extends ApiServer {
       return;
     }
     res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache" });
-    for (const e of events) res.write(`event: ${e.type}\ndata: ${JSON.stringify(e)}\n\n`);
-    res.end();
+    const sse = events.map((e) => `event: ${e.type}\ndata: ${JSON.stringify(e)}\n\n`);
+    for (const e of sse.slice(0, -1)) res.write(e);
+    this.endStream(res, sse[sse.length - 1]);
   }
 }
 

@@ -7,6 +7,17 @@ import type { ApiError } from "./openai-checks.js";
 export abstract class ApiServer {
   /** Every refusal sent: status and the error object. */
   readonly refused: { status: number; error: ApiError }[] = [];
+  /** TCP connections clients opened to this server. */
+  connections = 0;
+  /** Connections that have closed since, either side closing. */
+  closedConnections = 0;
+  /**
+   * When a streamed body's end goes out after its final event: in the same write (as a server that
+   * ends the response with its last event does), this many ms later (as a server or proxy that
+   * flushes each event as it comes and ends the response afterwards does), or never (a response
+   * held open), or after `junk` bytes of SSE comments following the final event.
+   */
+  bodyEnd: "together" | "never" | number | { junk: number } = "together";
   private server?: http.Server;
 
   /** The API root, as a client's base URL: http://127.0.0.1:<port>/v1. */
@@ -20,6 +31,10 @@ export abstract class ApiServer {
       req.on("data", (c: Buffer) => chunks.push(c));
       req.on("end", () => this.handle(req, Buffer.concat(chunks).toString("utf8"), res));
     });
+    this.server.on("connection", (socket) => {
+      this.connections++;
+      socket.on("close", () => this.closedConnections++);
+    });
     await new Promise<void>((resolve) => this.server!.listen(0, "127.0.0.1", resolve));
     return this;
   }
@@ -31,6 +46,15 @@ export abstract class ApiServer {
 
   /** Answers one request whose body is `text`. */
   protected abstract handle(req: http.IncomingMessage, text: string, res: http.ServerResponse): unknown;
+
+  /** Sends a streamed body's last bytes (its final event) and ends it as `bodyEnd` says. */
+  protected endStream(res: http.ServerResponse, last: string): void {
+    const end = this.bodyEnd;
+    if (end === "together") return void res.end(last);
+    res.write(last);
+    if (typeof end === "number") setTimeout(() => res.end(), end);
+    else if (end !== "never") res.write(`: ${"x".repeat(end.junk)}\n\n`);
+  }
 
   protected refuse(res: http.ServerResponse, status: number, error: ApiError, headers: Record<string, string> = {}) {
     this.refused.push({ status, error });

@@ -303,7 +303,7 @@ export class ChatApiServer extends ApiServer {
       events.push({ ...head, object: "chat.completion.chunk", choices: [], usage });
     res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache" });
     for (const e of events) res.write(`data: ${JSON.stringify(e)}\n\n`);
-    res.end("data: [DONE]\n\n");
+    this.endStream(res, "data: [DONE]\n\n");
   }
 }
 
