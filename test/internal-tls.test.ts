@@ -13,7 +13,7 @@ import { promisify } from "node:util";
 import { Health } from "../services/shared/gen/grpc/health/v1/health_pb.js";
 import { createClient } from "../services/shared/rpc.js";
 import { caAndServer } from "./helpers/certs.js";
-import { MAIN, startStack, type Stack } from "./helpers/stack.js";
+import { MAIN, startStack, troupeChat, type Stack } from "./helpers/stack.js";
 
 const run = promisify(execFile);
 const INTERNAL = ["router", "memory", "sandbox", "runner"] as const;
@@ -44,21 +44,7 @@ after(async () => {
 });
 
 test("a turn with a tool call crosses every service over TLS", async () => {
-  const { stdout } = await run(
-    process.execPath,
-    [
-      MAIN,
-      "chat",
-      "--data-dir",
-      stack.dataDir,
-      "--gateway",
-      stack.addr.gateway,
-      "--ca",
-      f("inner-ca.pem"),
-      "$ echo inside-tls",
-    ],
-    { timeout: 60_000 },
-  );
+  const { stdout } = await troupeChat(stack, ["--ca", f("inner-ca.pem"), "$ echo inside-tls"], { timeout: 60_000 });
   assert.equal(stdout, "Tool results: inside-tls [exit 0]\n");
 });
 

@@ -23,6 +23,7 @@ import {
   freePort,
   sandboxContainers,
   startStack,
+  troupeChat,
   stopUp,
   waitFor,
   waitServing,
@@ -276,33 +277,13 @@ describe("troupe chat", () => {
   });
 
   test("with a message: streams the reply, shows tool activity, exits 0", async () => {
-    const { stdout, stderr } = await run(process.execPath, [
-      MAIN,
-      "chat",
-      "--data-dir",
-      stack.dataDir,
-      "--gateway",
-      stack.addr.gateway,
-      "--session",
-      "cli-1",
-      "$ echo from-cli",
-    ]);
+    const { stdout, stderr } = await troupeChat(stack, ["--session", "cli-1", "$ echo from-cli"]);
     assert.equal(stdout, "Tool results: from-cli [exit 0]\n");
     assert.match(stderr, /session cli-1/);
     assert.match(stderr, /\[tool exec\] \{"command":"echo from-cli"\}/);
     assert.match(stderr, /from-cli\n/);
     // The session keeps its history across invocations.
-    await run(process.execPath, [
-      MAIN,
-      "chat",
-      "--data-dir",
-      stack.dataDir,
-      "--gateway",
-      stack.addr.gateway,
-      "--session",
-      "cli-1",
-      "second",
-    ]);
+    await troupeChat(stack, ["--session", "cli-1", "second"]);
     const history = await stack.gateway.getHistory({ sessionId: "cli-1" });
     assert.equal(history.messages.at(-1)!.text, "You said: second");
   });
@@ -311,8 +292,7 @@ describe("troupe chat", () => {
     const agentDir = path.join(stack.dataDir, "agents", "picker");
     await mkdir(agentDir, { recursive: true });
     await writeFile(path.join(agentDir, "agent.json"), JSON.stringify({ models: ["scripted-2"] }));
-    const chat = (...args: string[]) =>
-      run(process.execPath, [MAIN, "chat", "--data-dir", stack.dataDir, "--gateway", stack.addr.gateway, ...args]);
+    const chat = (...args: string[]) => troupeChat(stack, args);
     const modelsOf = (stdout: string) =>
       stdout
         .trim()
@@ -358,29 +338,13 @@ describe("troupe chat", () => {
   });
 
   test("a failed turn exits non-zero; an unreachable gateway says how to fix it", async () => {
-    const failed = await run(process.execPath, [
-      MAIN,
-      "chat",
-      "--data-dir",
-      stack.dataDir,
-      "--gateway",
-      stack.addr.gateway,
-      "!fail 500",
-    ]).catch((e) => e);
+    const failed = await troupeChat(stack, ["!fail 500"]).catch((e) => e);
     assert.equal(failed.code, 1);
     assert.match(failed.stderr, /MODEL_ERROR/);
     // Retries are shown as they wait, so a slow failure does not look like a hang.
     assert.match(failed.stderr, /\[scripted-1: [^\]]*; retry 1 in \d+\.\d s\]/);
     const port = await freePort();
-    const down = await run(process.execPath, [
-      MAIN,
-      "chat",
-      "--data-dir",
-      stack.dataDir,
-      "--gateway",
-      `127.0.0.1:${port}`,
-      "hi",
-    ]).catch((e) => e);
+    const down = await troupeChat({ ...stack, addr: { gateway: `127.0.0.1:${port}` } }, ["hi"]).catch((e) => e);
     assert.equal(down.code, 1);
     assert.match(down.stderr, /UNAVAILABLE/);
     assert.match(down.stderr, /make run/);
@@ -492,8 +456,7 @@ describe("troupe chat", () => {
   });
 
   test("troupe chat --json prints every event as a JSON line; -c continues the session used last", async () => {
-    const chat = (...args: string[]) =>
-      run(process.execPath, [MAIN, "chat", "--data-dir", stack.dataDir, "--gateway", stack.addr.gateway, ...args]);
+    const chat = (...args: string[]) => troupeChat(stack, args);
     const { stdout } = await chat("--json", "--session", "cli-json", "hello json");
     const events = stdout
       .trim()

@@ -3,6 +3,7 @@
 // killed and started again at any moment (docs/channels.md). SIGTERM and SIGINT stop it cleanly.
 import path from "node:path";
 import { loadConfig } from "../shared/config.js";
+import { useOutboundProxy } from "../shared/outbound-proxy.js";
 import { createLogger } from "../shared/log.js";
 import { InboxReplies } from "../adapter/replies.js";
 import { AdapterState } from "../adapter/state.js";
@@ -18,6 +19,7 @@ export async function adapterCommand(args: string[]): Promise<number> {
     account: { type: "string" },
     ...CLIENT_FLAGS,
   });
+  useOutboundProxy(cfg.outboundProxy);
   const fail = (line: string) => {
     process.stderr.write(`troupe adapter ${kind}: ${line}\n`);
     return 2;

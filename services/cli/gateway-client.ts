@@ -9,6 +9,8 @@ import { createClient, type ServiceClient } from "../shared/rpc.js";
 
 export type GatewayClient = ServiceClient<(typeof GatewayService)["method"]>;
 
+const LOOPBACK = /^(localhost|127\.|\[::1\]|unix:)/;
+
 /** The client-side flags of every client command (loadConfig's `extra`). */
 export const CLIENT_FLAGS = { tls: { type: "boolean" } } as const;
 
@@ -17,6 +19,9 @@ export async function gatewayClient(cfg: Config & { flags: Record<string, unknow
   return createClient(GatewayService, cfg.addr.gateway, {
     headers: { authorization: `Bearer ${await clientApiKey(cfg.dataDir, cfg.clientApiKey)}` },
     tls: tls ? { ca: cfg.tlsCa ? await readFile(cfg.tlsCa) : undefined } : undefined,
+    // A user's client, maybe far from the gateway: the environment's proxy applies, as to any gRPC
+    // client, but not to a gateway on this machine, which no proxy can reach for it.
+    throughProxy: !LOOPBACK.test(cfg.addr.gateway),
   });
 }
 

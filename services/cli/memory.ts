@@ -6,6 +6,7 @@
 //   troupe memory reembed [--batch N] [--keep-old]   (offline: with the memory service stopped)
 import { internalCredentials } from "../shared/auth.js";
 import { loadConfig } from "../shared/config.js";
+import { useOutboundProxy } from "../shared/outbound-proxy.js";
 import { describeError } from "../shared/errors.js";
 import { AddOutcome, MemoryService } from "../shared/gen/troupe/v1/memory_pb.js";
 import { createClient } from "../shared/rpc.js";
@@ -68,6 +69,7 @@ export async function memoryCommand(args: string[]): Promise<number> {
     batch: { type: "string" },
     "keep-old": { type: "boolean" },
   });
+  useOutboundProxy(cfg.outboundProxy);
   const f = cfg.flags as Record<string, string | boolean | undefined>;
   if (sub === "reembed") return reembedCommand(cfg, f);
   const scope = {

@@ -8,6 +8,7 @@ import path from "node:path";
 import { ProviderModels } from "../runner/provider-models.js";
 import { Engine, engineAddress } from "../sandbox/engine.js";
 import { loadConfig, modelBaseUrl } from "../shared/config.js";
+import { proxyHosts, useOutboundProxy } from "../shared/outbound-proxy.js";
 import { loadProviders, resolveModel, singleProvider } from "../shared/providers.js";
 import type { Config } from "../shared/config-types.js";
 import { Health, HealthCheckResponse_ServingStatus as Serving } from "../shared/gen/grpc/health/v1/health_pb.js";
@@ -90,12 +91,13 @@ async function modelCheck(cfg: Config): Promise<Check> {
     (r) => `HTTP ${r.status}`,
     (e: Error) => `unreachable (${e.cause ? String((e.cause as Error).message ?? e.cause) : e.message})`,
   );
+  const proxy = cfg.outboundProxy ? `; outbound proxy ${proxyHosts(cfg.outboundProxy)}` : "";
   return {
     name: "model",
     ok: res === "HTTP 200",
-    detail: `${base} ${res}${cfg.openaiBaseUrl ? `, model ${cfg.model}` : " (the scripted model)"}`,
+    detail: `${base} ${res}${cfg.openaiBaseUrl ? `, model ${cfg.model}` : " (the scripted model)"}${proxy}`,
     fix: cfg.openaiBaseUrl
-      ? "check OPENAI_BASE_URL and OPENAI_API_KEY (401: the key; 404: the base URL should end in /v1)"
+      ? `check OPENAI_BASE_URL and OPENAI_API_KEY (401: the key; 404: the base URL should end in /v1)${proxy ? ", and HTTPS_PROXY, HTTP_PROXY and NO_PROXY" : ""}`
       : "the scripted model server runs under `troupe up`; or set OPENAI_BASE_URL, OPENAI_API_KEY and TROUPE_MODEL",
   };
 }
@@ -248,6 +250,7 @@ async function filesChecks(cfg: Config): Promise<Check[]> {
 
 export async function statusCommand(args: string[], doctor: boolean): Promise<number> {
   const cfg = loadConfig(args, undefined, { ...CLIENT_FLAGS });
+  useOutboundProxy(cfg.outboundProxy);
   const tls =
     cfg.flags.tls === true || cfg.tlsCa !== "" ? { ca: cfg.tlsCa ? await readFile(cfg.tlsCa) : undefined } : undefined;
   const checks = [

@@ -8,7 +8,7 @@
 import type { Agent } from "undici";
 import type { ReasoningEffort } from "../shared/model-rules.js";
 import type { ProviderKind } from "../shared/providers.js";
-import { undiciAgent } from "../shared/undici-agent.js";
+import { outboundAgent } from "../shared/outbound-proxy.js";
 import type { ModelLifecycle } from "../shared/model-lifecycle.js";
 import {
   type ProviderGet,
@@ -170,8 +170,7 @@ export const MAX_MODEL_STREAMS = 4096;
 
 /** One keep-alive pool per provider; many sessions share its connections. */
 export function connectionPool(options: Pick<OpenAIModelOptions, "timeoutMs" | "idleTimeoutMs">): Agent {
-  const Pool = undiciAgent();
-  return new Pool({
+  return outboundAgent({
     connections: MAX_MODEL_STREAMS,
     keepAliveTimeout: 30_000,
     connectTimeout: 10_000,
@@ -198,8 +197,19 @@ export function classify(err: unknown, signal: AbortSignal): ModelError {
   // of the chain (another provider, maybe) gets the turn.
   if (err instanceof SseEventTooLarge)
     return new ModelError(err.message, false, undefined, false, undefined, EVENT_TOO_LARGE);
+  const message = (err as Error)?.message ?? String(err);
+  // The outbound proxy (HTTPS_PROXY, HTTP_PROXY) said no, in undici's words: its own failures
+  // (502, 503) may pass, a refusal (407: credentials; 403: a host it does not allow) will not.
+  const proxyStatus = /^Proxy Authentication Required \((\d+)\)|^Proxy response \((\d+)\) !== 200/.exec(message);
+  if (proxyStatus) {
+    const status = Number(proxyStatus[1] ?? proxyStatus[2]);
+    return new ModelError(
+      `the outbound proxy refused the call with ${status}${status === 407 ? " (its credentials go in the proxy URL: http://user:password@host:port)" : ""}; check HTTPS_PROXY, HTTP_PROXY and NO_PROXY`,
+      status >= 500,
+    );
+  }
   // Connection refused, reset, cut mid-stream, timeouts: worth another try.
-  return new ModelError(`model endpoint unreachable: ${(err as Error)?.message ?? String(err)}`, true);
+  return new ModelError(`model endpoint unreachable: ${message}`, true);
 }
 
 /** A streamed reply's body (pool-fetch.ts), or a retryable ModelError when it came without one. */

@@ -2,6 +2,7 @@
 // settings.ts declares where each value comes from). Types only, so that a module that is handed
 // a Config does not load the loader.
 import type { Quotas } from "./quotas.js";
+import type { OutboundProxy } from "./outbound-proxy.js";
 
 export interface Addresses {
   gateway: string;
@@ -147,6 +148,8 @@ export interface Config {
   dockerCertPath: string;
   /** Prometheus' /metrics on this host:port; empty: none. */
   metricsAddr: string;
+  /** HTTPS_PROXY, HTTP_PROXY and NO_PROXY for outbound calls (outbound-proxy.ts); unset: direct. */
+  outboundProxy?: OutboundProxy;
   /** Metrics go to the OTLP endpoint too (OTEL_METRICS_EXPORTER, OTEL_SDK_DISABLED). */
   metricsToOtlp: boolean;
   /**

@@ -45,7 +45,7 @@ export function effectiveEnvironment(
   env: NodeJS.ProcessEnv = process.env,
 ): { name: string; value: string; doc: string }[] {
   return ENVIRONMENT.map((e) => {
-    const v = env[e.env];
+    const v = (e.lowerCase ? env[e.env.toLowerCase()] : undefined) || env[e.env];
     const value = v === undefined ? "(unset)" : e.secret ? (v === "" ? "" : "****") : v;
     return { name: e.env, value, doc: e.doc };
   });
@@ -125,10 +125,11 @@ export function loadConfig(
   const givenAs = new Map<string, string>();
   for (const [name, s] of ALL) {
     const fromFlag = s.flag ? flags[s.flag] : undefined;
-    const value = fromFlag ?? (env[s.env] === "" ? undefined : env[s.env]);
+    const envName = s.lowerCase && env[s.env.toLowerCase()] ? s.env.toLowerCase() : s.env;
+    const value = fromFlag ?? (env[envName] === "" ? undefined : env[envName]);
     if (value !== undefined) {
       raw[name] = value;
-      givenAs.set(name, fromFlag !== undefined ? `--${s.flag}` : s.env);
+      givenAs.set(name, fromFlag !== undefined ? `--${s.flag}` : envName);
     } else if (s.default !== undefined && !String(s.default).includes("<")) raw[name] = s.default;
   }
   const problems = checkSettings(raw).map((p) => {
@@ -247,11 +248,22 @@ export function loadConfig(
     dockerTlsVerify: Boolean(str("dockerTlsVerify")) && str("dockerTlsVerify") !== "0",
     dockerCertPath: str("dockerCertPath") || path.join(os.homedir(), ".docker"),
     metricsAddr: str("metricsAddr") === "off" ? "" : (str("metricsAddr") ?? ""),
+    outboundProxy:
+      str("httpsProxy") || str("httpProxy")
+        ? {
+            httpsProxy: withScheme(str("httpsProxy")),
+            httpProxy: withScheme(str("httpProxy")),
+            noProxy: str("noProxy"),
+          }
+        : undefined,
     ...telemetrySettings(str),
     rest: positionals,
     flags: values as Record<string, string | boolean | string[] | undefined>,
   };
 }
+
+/** A proxy URL given without a scheme is an http:// one. */
+const withScheme = (url: string | undefined) => (url && !/^https?:\/\//.test(url) ? `http://${url}` : url);
 
 /** The base URL the runner's model client uses: the configured endpoint, else the scripted server. */
 export const modelBaseUrl = (c: Config): string => c.openaiBaseUrl || `http://${c.addr.model}/v1`;

@@ -8,6 +8,7 @@ import { resumeOptimizationOnceBusy } from "./deferred-tiering.js";
 import { describeTrim, startIdleTrim } from "./idle-trim.js";
 import { createLogger, type Logger, routeNodeWarnings } from "./log.js";
 import { startMetrics, type Metrics } from "./metrics.js";
+import { useOutboundProxy } from "./outbound-proxy.js";
 import { routeGrpcLogs } from "./rpc.js";
 import { startTelemetry } from "./telemetry.js";
 
@@ -39,6 +40,7 @@ export async function runServices(
   afterDrain: () => Promise<void> = async () => {},
 ): Promise<void> {
   const { cfg } = units[0];
+  useOutboundProxy(cfg.outboundProxy);
   const logger = createLogger(processName, cfg.logLevel, cfg.logFormat);
   routeGrpcLogs(logger);
   routeNodeWarnings(logger);

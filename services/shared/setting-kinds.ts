@@ -8,6 +8,8 @@
 
 export interface Setting {
   env: string;
+  /** Also read in lower case, which wins when both are set (the proxy variables, as curl and undici read them). */
+  lowerCase?: boolean;
   flag?: string;
   doc: string;
   default?: string | number;

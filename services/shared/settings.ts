@@ -12,6 +12,13 @@ import { TELEMETRY_SETTINGS } from "./telemetry-settings.js";
 
 export type { Setting };
 
+/** A proxy's URL; without a scheme it is http:// (curl's reading, and how many hosts set it). */
+const proxyUrl = {
+  type: "string",
+  pattern: "^(https?://)?[^/?#\\s]+/?$",
+  message: "must be an http:// or https:// URL of the proxy (http://host:port)",
+} as const;
+
 const quotaEnv = (k: string) => `TROUPE_QUOTA_${k.replace(/[A-Z]/g, (c) => `_${c}`).toUpperCase()}`;
 
 export const SETTINGS = {
@@ -82,6 +89,25 @@ export const SETTINGS = {
       doc: "after this long with its event loop idle, a process that grew hands its unused JavaScript heap back to the system (one full collection); 0: never",
       default: 5000,
       schema: int(0),
+    },
+    httpsProxy: {
+      env: "HTTPS_PROXY",
+      lowerCase: true,
+      doc: "an HTTP proxy for outbound calls to https:// model providers and chat APIs (docs/architecture.md, outbound calls); never for calls between Troupe's services",
+      schema: proxyUrl,
+      secret: true,
+    },
+    httpProxy: {
+      env: "HTTP_PROXY",
+      lowerCase: true,
+      doc: "the same for http:// ones, and for https:// ones too when HTTPS_PROXY is unset",
+      schema: proxyUrl,
+      secret: true,
+    },
+    noProxy: {
+      env: "NO_PROXY",
+      lowerCase: true,
+      doc: "hosts outbound calls reach directly: names, .domain suffixes, host:port, or *, comma-separated (localhost, 127.0.0.1 and ::1 always)",
     },
     threadPool: {
       env: "UV_THREADPOOL_SIZE",
@@ -325,7 +351,8 @@ export function settingsTable(): string {
     rows.push(`| **${section}** | | | |`);
     for (const s of Object.values(settings) as Setting[]) {
       const dflt = s.default === undefined ? "" : `\`${s.default}\``;
-      rows.push(`| \`${s.env}\` | ${s.flag ? `\`--${s.flag}\`` : ""} | ${dflt} | ${s.doc} |`);
+      const name = s.lowerCase ? `\`${s.env}\` (\`${s.env.toLowerCase()}\` first)` : `\`${s.env}\``;
+      rows.push(`| ${name} | ${s.flag ? `\`--${s.flag}\`` : ""} | ${dflt} | ${s.doc} |`);
     }
   }
   return `${rows.join("\n")}\n`;

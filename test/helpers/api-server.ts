@@ -19,13 +19,16 @@ export abstract class ApiServer {
    */
   bodyEnd: "together" | "never" | number | { junk: number } = "together";
   private server?: http.Server;
+  private host = "127.0.0.1";
 
   /** The API root, as a client's base URL: http://127.0.0.1:<port>/v1. */
   get baseUrl(): string {
-    return `http://127.0.0.1:${(this.server!.address() as AddressInfo).port}/v1`;
+    return `http://${this.host}:${(this.server!.address() as AddressInfo).port}/v1`;
   }
 
-  async start(): Promise<this> {
+  /** Listens on `host` (a loopback address other than 127.0.0.1 is not one a proxy skips). */
+  async start(host = "127.0.0.1"): Promise<this> {
+    this.host = host;
     this.server = http.createServer((req, res) => {
       const chunks: Buffer[] = [];
       req.on("data", (c: Buffer) => chunks.push(c));
@@ -35,7 +38,7 @@ export abstract class ApiServer {
       this.connections++;
       socket.on("close", () => this.closedConnections++);
     });
-    await new Promise<void>((resolve) => this.server!.listen(0, "127.0.0.1", resolve));
+    await new Promise<void>((resolve) => this.server!.listen(0, host, resolve));
     return this;
   }
 

@@ -38,6 +38,19 @@ export const LOAD_QUOTAS = {
 const run = promisify(execFile);
 export const MAIN = fileURLToPath(new URL("../../services/cli/main.js", import.meta.url));
 
+/**
+ * `troupe chat ARGS` against the stack's gateway, as a user runs it. Rejects on a non-zero exit
+ * with an error carrying `code`, `stdout` and `stderr`.
+ */
+export function troupeChat(
+  stack: { dataDir: string; addr: { gateway: string } },
+  args: string[],
+  options: { env?: NodeJS.ProcessEnv; timeout?: number } = {},
+): Promise<{ stdout: string; stderr: string }> {
+  const argv = [MAIN, "chat", "--data-dir", stack.dataDir, "--gateway", stack.addr.gateway, ...args];
+  return run(process.execPath, argv, { encoding: "utf8", ...options });
+}
+
 export { freePort };
 
 export type ServiceName = "model-server" | "router" | "memory" | "sandbox" | "runner" | "gateway";

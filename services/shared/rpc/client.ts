@@ -27,6 +27,13 @@ export interface ClientOptions {
   headers?: Record<string, string>;
   /** TLS, trusting `ca` (PEM) or else the system's roots. */
   tls?: { ca?: Buffer };
+  /**
+   * Calls may go through the HTTP proxy that grpc_proxy, https_proxy or http_proxy names (unless
+   * no_proxy lists the host), as grpc-js's clients do by default: for a client reaching a gateway
+   * from elsewhere. Unset, calls go straight to the address: Troupe's services talk directly,
+   * whatever proxy the environment names for outbound calls (outbound-proxy.ts).
+   */
+  throughProxy?: boolean;
 }
 
 /** A typed client for one service at host:port. */
@@ -39,6 +46,7 @@ export function createClient<S extends GenServiceMethods>(
   const channel = channelOptions(options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES);
   channel["grpc-node.flow_control_window"] = RECEIVE_WINDOW_BYTES;
   if (options.ownConnection) channel["grpc.use_local_subchannel_pool"] = 1;
+  if (!options.throughProxy) channel["grpc.enable_http_proxy"] = 0;
   const credentials = options.tls
     ? grpc.credentials.createSsl(options.tls.ca ?? null)
     : grpc.credentials.createInsecure();

@@ -1,0 +1,60 @@
+// Outbound calls through an HTTP proxy, where the network allows no other way out: model
+// providers (the runner's pools, the memory service's embedding and learning models) and chat
+// APIs (Telegram, Slack, a webhook's reply URL), as HTTPS_PROXY, HTTP_PROXY and NO_PROXY say
+// (config.ts reads them; undici's EnvHttpProxyAgent routes each call). Three kinds of call never
+// take it: gRPC between Troupe's services (rpc/client.ts turns grpc-js's own proxy support off),
+// the agent tools' web requests, whose guard must check the address it connects to (net-guard.ts),
+// and sandboxed commands' egress, which has a guarded proxy of its own.
+import { createRequire } from "node:module";
+import type { Agent, Dispatcher } from "undici";
+import { undiciAgent } from "./undici-agent.js";
+
+export interface OutboundProxy {
+  /** For https:// endpoints. */
+  httpsProxy?: string;
+  /** For http:// endpoints, and https:// ones when httpsProxy is unset (undici's rule). */
+  httpProxy?: string;
+  /** Hosts reached directly, as NO_PROXY lists them. */
+  noProxy?: string;
+}
+
+/** Reached directly whatever NO_PROXY says: no proxy can reach this machine's loopback for it. */
+const LOOPBACK = ["localhost", "127.0.0.1", "::1"];
+
+const require = createRequire(import.meta.url);
+let configured: OutboundProxy | undefined;
+
+/**
+ * Sets this process's proxy for outbound calls (undefined: direct), for Node's own fetch too.
+ * Call once at start, before the first outbound call; the pools made before it stay direct.
+ */
+export function useOutboundProxy(proxy: OutboundProxy | undefined): void {
+  configured = proxy?.httpsProxy || proxy?.httpProxy ? proxy : undefined;
+  if (!configured) return;
+  // undici's own file, loaded only with a proxy (undici-agent.ts says why not its index). Node's
+  // fetch takes the dispatcher undici's setGlobalDispatcher sets.
+  const { setGlobalDispatcher } = require("undici/lib/global.js") as { setGlobalDispatcher(d: Dispatcher): void };
+  setGlobalDispatcher(outboundAgent({}));
+}
+
+/** A pool for outbound calls with `options`: through the configured proxy, else a plain Agent. */
+export function outboundAgent(options: Agent.Options): Agent {
+  // Also gives every dispatcher undici's request API (undici-agent.ts), the proxy's among them.
+  const Pool = undiciAgent();
+  if (!configured) return new Pool(options);
+  const EnvHttpProxyAgent = require("undici/lib/dispatcher/env-http-proxy-agent.js") as typeof Agent;
+  // Empty strings, not undefined: undici would read the environment for what is missing, and the
+  // configuration (config.ts) is the one reader of the environment.
+  return new EnvHttpProxyAgent({
+    ...options,
+    httpsProxy: configured.httpsProxy ?? "",
+    httpProxy: configured.httpProxy ?? "",
+    noProxy: [configured.noProxy ?? "", ...LOOPBACK].filter(Boolean).join(","),
+  } as Agent.Options);
+}
+
+/** The proxies' host:port, for what a person reads (a proxy URL may carry credentials). */
+export function proxyHosts(proxy: OutboundProxy): string {
+  const hosts = [proxy.httpsProxy, proxy.httpProxy].flatMap((u) => (u ? [new URL(u).host] : []));
+  return [...new Set(hosts)].join(" and ");
+}
