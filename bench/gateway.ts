@@ -26,7 +26,7 @@ import {
 import { RouterService } from "../services/shared/gen/troupe/v1/router_pb.js";
 import { createClient } from "../services/shared/rpc.js";
 import { LOAD_QUOTAS, startStack } from "../test/helpers/stack.js";
-import { pct } from "./support/stats.js";
+import { median, pct } from "./support/stats.js";
 
 const { values } = parseArgs({
   options: { calls: { type: "string", default: "20000" }, concurrency: { type: "string", default: "64" } },
@@ -34,7 +34,6 @@ const { values } = parseArgs({
 const CALLS = Number(values.calls);
 const CONCURRENCY = Number(values.concurrency);
 const ROUNDS = 5;
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 
 const KEY = "trp_bench-key-0123456789abcdefghijklmnopqrstuvwxyz";
 const keysJson = JSON.stringify({ keys: [{ id: "bench", tenant: "bench", principal: "bench", sha256: sha256(KEY) }] });

@@ -16,7 +16,7 @@ import { setFlagsFromString } from "node:v8";
 import { runInNewContext } from "node:vm";
 import { parseArgs } from "node:util";
 import { EventJournal, RING_SIZE as RING } from "../services/runner/event-journal.js";
-import { pct } from "./support/stats.js";
+import { median } from "./support/stats.js";
 
 const { values } = parseArgs({
   options: {
@@ -30,7 +30,6 @@ if (EVENTS + 1 > RING)
   throw new Error(`--events must stay under the ring's ${RING}, so the filling case never fills it`);
 setFlagsFromString("--expose-gc");
 const gc = runInNewContext("gc") as () => void;
-const median = (xs: number[]) => pct(xs, 50);
 
 /** µs per event for EVENTS events, after `before` events and two collections, in a new session. */
 function timed(before: number): number {

@@ -24,7 +24,7 @@ import { mmr } from "../services/memory/ranking.js";
 import { rankOptions, search } from "../services/memory/server.js";
 import { MemoryStore } from "../services/memory/store.js";
 import { newMemoryRow, sqlString, type MemoryRow } from "../services/memory/memory-schema.js";
-import { pct } from "./support/stats.js";
+import { median, pct } from "./support/stats.js";
 
 const { values } = parseArgs({
   options: {
@@ -83,8 +83,6 @@ function row(i: number, now: number): MemoryRow {
     embedder: EMBEDDER,
   });
 }
-
-const median = (xs: number[]) => pct(xs, 50);
 
 // The MMR stage alone: 100 candidates of 256 dimensions, k = 10.
 const mmrTimes: number[] = [];

@@ -32,7 +32,7 @@ import { createClient, type ServiceClient } from "../services/shared/rpc.js";
 import { LOAD_QUOTAS, startStack } from "../test/helpers/stack.js";
 import { cpuMs, waitQuiet } from "./support/cpu.js";
 import { describeLoad, watchMachine } from "./support/machine.js";
-import { pct } from "./support/stats.js";
+import { median, pct } from "./support/stats.js";
 
 const { values } = parseArgs({
   options: {
@@ -238,7 +238,6 @@ const clientCpuMs = () => {
   return (user + system) / 1000;
 };
 const SERVICE_KEYS = ["gateway", "router", "runner", "memory", "sandbox"];
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 
 const stack = await startStack({
   env: { ...LOAD_QUOTAS, TROUPE_LOG_LEVEL: "warn", ...JSON.parse(process.env.BENCH_ENV ?? "{}") },

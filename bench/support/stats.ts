@@ -4,6 +4,9 @@ import { pct } from "../../services/memory/stats.js";
 
 export { pct };
 
+/** The middle value (the upper one of an even count), as pct(xs, 50). */
+export const median = (xs: readonly number[]): number => pct(xs, 50);
+
 export interface Measured {
   p50: number;
   p99: number;
