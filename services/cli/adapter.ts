@@ -30,7 +30,7 @@ export async function adapterCommand(args: string[]): Promise<number> {
   const channel = String(cfg.flags.channel ?? kind);
   const logger = createLogger(`adapter-${kind}`, cfg.logLevel, cfg.logFormat);
   const state = await AdapterState.load(a.stateFile || path.join(cfg.dataDir, "adapters", `${kind}.json`));
-  const gateway = await gatewayClient(cfg);
+  const gateway = await gatewayClient(cfg, { throughProxy: false });
   let inbound: { close(): Promise<void> };
   let replies: InboxReplies;
   if (kind === "webhook") {

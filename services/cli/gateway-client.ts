@@ -14,14 +14,22 @@ const LOOPBACK = /^(localhost|127\.|\[::1\]|unix:)/;
 /** The client-side flags of every client command (loadConfig's `extra`). */
 export const CLIENT_FLAGS = { tls: { type: "boolean" } } as const;
 
-export async function gatewayClient(cfg: Config & { flags: Record<string, unknown> }): Promise<GatewayClient> {
+/**
+ * A client of the configured gateway. `throughProxy` (the client commands'): the environment's
+ * proxy applies, as to any gRPC client, except to a gateway on this machine. A channel adapter
+ * runs beside the gateway, as part of the deployment, and passes false: it reaches the gateway
+ * directly whatever proxy its chat API needs.
+ */
+export async function gatewayClient(
+  cfg: Config & { flags: Record<string, unknown> },
+  { throughProxy = true } = {},
+): Promise<GatewayClient> {
   const tls = cfg.flags.tls === true || cfg.tlsCa !== "";
   return createClient(GatewayService, cfg.addr.gateway, {
     headers: { authorization: `Bearer ${await clientApiKey(cfg.dataDir, cfg.clientApiKey)}` },
     tls: tls ? { ca: cfg.tlsCa ? await readFile(cfg.tlsCa) : undefined } : undefined,
-    // A user's client, maybe far from the gateway: the environment's proxy applies, as to any gRPC
-    // client, but not to a gateway on this machine, which no proxy can reach for it.
-    throughProxy: !LOOPBACK.test(cfg.addr.gateway),
+    // No proxy can reach a gateway on this machine for it.
+    throughProxy: throughProxy && !LOOPBACK.test(cfg.addr.gateway),
   });
 }
 
