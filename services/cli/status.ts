@@ -8,7 +8,7 @@ import path from "node:path";
 import { ProviderModels } from "../runner/provider-models.js";
 import { Engine, engineAddress } from "../sandbox/engine.js";
 import { loadConfig, modelBaseUrl } from "../shared/config.js";
-import { proxyHosts, useOutboundProxy } from "../shared/outbound-proxy.js";
+import { alwaysDirect, proxyHosts, useOutboundProxy } from "../shared/outbound-proxy.js";
 import { loadProviders, resolveModel, singleProvider } from "../shared/providers.js";
 import type { Config } from "../shared/config-types.js";
 import { Health, HealthCheckResponse_ServingStatus as Serving } from "../shared/gen/grpc/health/v1/health_pb.js";
@@ -91,7 +91,8 @@ async function modelCheck(cfg: Config): Promise<Check> {
     (r) => `HTTP ${r.status}`,
     (e: Error) => `unreachable (${e.cause ? String((e.cause as Error).message ?? e.cause) : e.message})`,
   );
-  const proxy = cfg.outboundProxy ? `; outbound proxy ${proxyHosts(cfg.outboundProxy)}` : "";
+  // Named where the check went through it (NO_PROXY may still exempt the endpoint; the fix says so).
+  const proxy = cfg.outboundProxy && !alwaysDirect(base) ? `; outbound proxy ${proxyHosts(cfg.outboundProxy)}` : "";
   return {
     name: "model",
     ok: res === "HTTP 200",

@@ -21,6 +21,10 @@ export interface OutboundProxy {
 /** Reached directly whatever NO_PROXY says: no proxy can reach this machine's loopback for it. */
 const LOOPBACK = ["localhost", "127.0.0.1", "::1"];
 
+/** Whether calls to `url` go directly whatever proxy is configured (its host is in LOOPBACK). */
+export const alwaysDirect = (url: string): boolean =>
+  LOOPBACK.includes(new URL(url).hostname.replace(/^\[(.*)\]$/, "$1"));
+
 const require = createRequire(import.meta.url);
 let configured: OutboundProxy | undefined;
 

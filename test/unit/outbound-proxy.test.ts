@@ -8,7 +8,7 @@ import { OpenAIModelClient } from "../../services/runner/chat-completions-model.
 import { ModelError, type ModelChunk } from "../../services/runner/model.js";
 import { OpenAIEmbedder } from "../../services/memory/embedder.js";
 import { effectiveEnvironment, loadConfig } from "../../services/shared/config.js";
-import { proxyHosts, useOutboundProxy } from "../../services/shared/outbound-proxy.js";
+import { alwaysDirect, proxyHosts, useOutboundProxy } from "../../services/shared/outbound-proxy.js";
 import { ChatApiServer } from "../helpers/openai-api.js";
 import { EmbeddingsApiServer } from "../helpers/embeddings-api.js";
 import { HttpProxy } from "../helpers/http-proxy.js";
@@ -152,5 +152,11 @@ describe("configuration", () => {
     assert.equal(shown.find((v) => v.name === "HTTPS_PROXY")?.value, "****");
     const proxy = loadConfig([], { https_proxy: "http://user:pw@proxy:3128", HTTP_PROXY: "other:8080" }).outboundProxy!;
     assert.equal(proxyHosts(proxy), "proxy:3128 and other:8080");
+    assert.deepEqual(
+      ["http://127.0.0.1:50060/v1", "http://[::1]:1/v1", "http://localhost/v1", "https://api.openai.com/v1"].map(
+        alwaysDirect,
+      ),
+      [true, true, true, false],
+    );
   });
 });
