@@ -40,12 +40,16 @@ export function unknownVariables(env: NodeJS.ProcessEnv = process.env): string[]
   return Object.keys(env).filter((k) => k.startsWith("TROUPE_") && !known.has(k) && !k.startsWith("TROUPE_TEST_"));
 }
 
+/** The variable a setting is read from: its lower-case name when that is set (and non-empty), else its own. */
+const variableOf = (s: Setting, env: NodeJS.ProcessEnv): string =>
+  s.lowerCase && env[s.env.toLowerCase()] ? s.env.toLowerCase() : s.env;
+
 /** The variables Troupe reads, as `troupe config` shows them: the value set (secrets masked), what it sets. */
 export function effectiveEnvironment(
   env: NodeJS.ProcessEnv = process.env,
 ): { name: string; value: string; doc: string }[] {
   return ENVIRONMENT.map((e) => {
-    const v = (e.lowerCase ? env[e.env.toLowerCase()] : undefined) || env[e.env];
+    const v = env[variableOf(e, env)];
     const value = v === undefined ? "(unset)" : e.secret ? (v === "" ? "" : "****") : v;
     return { name: e.env, value, doc: e.doc };
   });
@@ -125,7 +129,7 @@ export function loadConfig(
   const givenAs = new Map<string, string>();
   for (const [name, s] of ALL) {
     const fromFlag = s.flag ? flags[s.flag] : undefined;
-    const envName = s.lowerCase && env[s.env.toLowerCase()] ? s.env.toLowerCase() : s.env;
+    const envName = variableOf(s, env);
     const value = fromFlag ?? (env[envName] === "" ? undefined : env[envName]);
     if (value !== undefined) {
       raw[name] = value;
