@@ -20,11 +20,7 @@
 // processes' CPU and the hypervisor's steal); RESULT's `quiet` is yes only if both were.
 //
 //   node dist/bench/stream.js [--sessions 200] [--tokens 200] [--paced-sessions 1000] [--rate 30] [--seconds 30]
-import { spawn } from "node:child_process";
-import { once } from "node:events";
 import { parseArgs } from "node:util";
-import { fileURLToPath } from "node:url";
-import * as grpc from "@grpc/grpc-js";
 import type { ChatResponse } from "../services/shared/gen/troupe/v1/gateway_pb.js";
 import { GatewayService } from "../services/shared/gen/troupe/v1/gateway_pb.js";
 import { StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
@@ -32,6 +28,7 @@ import { createClient, type ServiceClient } from "../services/shared/rpc.js";
 import { LOAD_QUOTAS, startStack } from "../test/helpers/stack.js";
 import { cpuMs, waitQuiet } from "./support/cpu.js";
 import { describeLoad, watchMachine } from "./support/machine.js";
+import { startRaw } from "./support/raw-grpc.js";
 import { median, pct } from "./support/stats.js";
 
 const { values } = parseArgs({
@@ -141,79 +138,6 @@ async function troupeRun(
   return { tokensPerS: tokens / seconds, eventsPerS: deltaEvents / seconds, latencies, arrivals, cpuPer1000, failures };
 }
 
-/** The raw baseline: a bare grpc-js server process; `run(n)` streams n messages on each of S streams. */
-async function startRaw() {
-  const server = spawn(process.execPath, [fileURLToPath(new URL("./support/raw-grpc-server.js", import.meta.url))], {
-    stdio: ["ignore", "pipe", "inherit"],
-  });
-  const [line] = (await once(server.stdout!, "data")) as [Buffer];
-  const address = `127.0.0.1:${line.toString().trim()}`;
-  const clients = Array.from({ length: 4 }, () => new grpc.Client(address, grpc.credentials.createInsecure()));
-  const identity = (b: Buffer) => b;
-  const run = async (n: number) => {
-    let received = 0;
-    const t0 = performance.now();
-    await Promise.all(
-      Array.from(
-        { length: S },
-        (_, i) =>
-          new Promise<void>((resolve, reject) => {
-            const call = clients[i % clients.length].makeBidiStreamRequest("/bench.Raw/Stream", identity, identity);
-            call.on("data", () => received++);
-            call.on("end", () => resolve());
-            call.on("error", reject);
-            const req = Buffer.alloc(4);
-            req.writeUInt32BE(n);
-            call.write(req);
-            call.end();
-          }),
-      ),
-    );
-    if (received !== S * n) throw new Error(`raw: expected ${S * n} messages, received ${received}`);
-    return received / ((performance.now() - t0) / 1000);
-  };
-  /** n streams, each `count` messages at `rate` a second; delays from write to receipt, and the server's CPU. */
-  const paced = async (n: number, count: number, rate: number) => {
-    const latencies: number[] = [];
-    const cpu0 = cpuMs([server.pid!]);
-    const t0 = performance.now();
-    await Promise.all(
-      Array.from(
-        { length: n },
-        (_, i) =>
-          new Promise<void>((resolve, reject) => {
-            const call = clients[i % clients.length].makeBidiStreamRequest("/bench.Raw/Stream", identity, identity);
-            call.on("data", (b: Buffer) => latencies.push(now() - b.readDoubleBE(0)));
-            call.on("end", () => resolve());
-            call.on("error", reject);
-            const req = Buffer.alloc(8);
-            req.writeUInt32BE(count, 0);
-            req.writeUInt32BE(rate, 4);
-            call.write(req);
-            call.end();
-          }),
-      ),
-    );
-    if (latencies.length !== n * count)
-      throw new Error(`raw paced: expected ${n * count}, received ${latencies.length}`);
-    const seconds = (performance.now() - t0) / 1000;
-    return {
-      latencies,
-      tokensPerS: latencies.length / seconds,
-      cpuPer1000: ((cpuMs([server.pid!]) - cpu0) / latencies.length) * 1000,
-    };
-  };
-  return {
-    pid: server.pid!,
-    run,
-    paced,
-    stop() {
-      for (const c of clients) c.close();
-      server.kill("SIGTERM");
-    },
-  };
-}
-
 /**
  * The delay's p99 in each fifth of the run, by arrival: says whether a tail comes from the
  * sessions' start (every turn begins at once) or lasts through the streams.
@@ -247,7 +171,7 @@ try {
   const clients = Array.from({ length: 4 }, () =>
     createClient(GatewayService, stack.addr.gateway, { headers: { authorization: `Bearer ${stack.apiKey}` } }),
   );
-  const raw = await startRaw();
+  const raw = await startRaw(S);
   await raw.run(20); // warm-up: JIT and connections on both sides
   await troupeRun(clients, true);
   const result: Record<string, string> = {};

@@ -2,6 +2,7 @@
 // receives one request (a message count, and for the paced mode a rate) and answers with that
 // many small messages, honouring backpressure, with no Troupe code on the path.
 import * as grpc from "@grpc/grpc-js";
+import { bytesStreamMethod } from "./bytes-method.js";
 
 const payload = Buffer.alloc(64, 7);
 /** A 64-byte message starting with the wall-clock time of its write, in ms. */
@@ -11,18 +12,9 @@ const stamped = () => {
   return b;
 };
 const server = new grpc.Server({ "grpc-node.max_session_memory": 64 });
-const identity = (b: Buffer) => b;
 server.addService(
   {
-    stream: {
-      path: "/bench.Raw/Stream",
-      requestStream: true,
-      responseStream: true,
-      requestSerialize: identity,
-      requestDeserialize: identity,
-      responseSerialize: identity,
-      responseDeserialize: identity,
-    },
+    stream: bytesStreamMethod("/bench.Raw/Stream"),
   },
   {
     stream: (call: grpc.ServerDuplexStream<Buffer, Buffer>) => {
