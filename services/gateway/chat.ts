@@ -93,9 +93,7 @@ export function chatHandler(deps: ChatDeps): (call: grpc.ServerDuplexStream<Chat
             ...openFrame,
             kind: { case: "open", value: { ...o!, sessionId, create: true } },
           });
-      const rc = runners
-        .get(placement.runner!.address)
-        .attach({ metadata: caller }) as unknown as grpc.ClientDuplexStream<AttachRequestInit, Buffer>;
+      const rc = runners.attach(placement.runner!.address, caller);
       runnerCall = rc;
       const answer = answerWithin(rc);
       rc.on("data", (bytes: Buffer) => {

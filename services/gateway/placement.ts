@@ -6,6 +6,7 @@ import { SESSION_OWNER_KEY, Status, grpcCode } from "../shared/errors.js";
 import type { RouterService, ResolveSessionResponse } from "../shared/gen/troupe/v1/router_pb.js";
 import { RunnerService } from "../shared/gen/troupe/v1/runner_pb.js";
 import { createClient, type grpc, type ServiceClient } from "../shared/rpc.js";
+import { type AttachCall, RunnerMux } from "./runner-mux.js";
 
 type RunnerClient = ServiceClient<(typeof RunnerService)["method"]>;
 type RouterClient = ServiceClient<(typeof RouterService)["method"]>;
@@ -66,18 +67,28 @@ export class PlacementCache {
 
 export class RunnerPool {
   private readonly clients = new Map<string, RunnerClient>();
+  private readonly muxes = new Map<string, RunnerMux>();
   constructor(
     private readonly maxMessageBytes: number,
     private readonly headers: Record<string, string>,
     private readonly tls?: { ca: Buffer },
+    /** shared: client streams go as sub-streams of one AttachMany call per runner (runner-mux.ts). */
+    private readonly streams: "shared" | "separate" = "shared",
   ) {}
+  /** A client stream's session stream to the runner at `address`, acting for `caller`. */
+  attach(address: string, caller: grpc.Metadata): AttachCall {
+    if (this.streams === "separate") return this.get(address).attach({ metadata: caller }) as unknown as AttachCall;
+    let mux = this.muxes.get(address);
+    if (!mux) this.muxes.set(address, (mux = new RunnerMux(this.get(address))));
+    return mux.attach(caller);
+  }
   get(address: string): RunnerClient {
     let c = this.clients.get(address);
     if (!c) {
       // Session streams are forwarded as bytes: see needsDecoding.
       c = createClient(RunnerService, address, {
         maxMessageBytes: this.maxMessageBytes,
-        rawResponses: ["attach"],
+        rawResponses: ["attach", "attachMany"],
         headers: this.headers,
         tls: this.tls,
       });

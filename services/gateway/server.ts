@@ -52,7 +52,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
   };
   const router = createClient(RouterService, cfg.addr.router, { headers: internal.headers, tls: internal.tls });
   const placements = new PlacementCache(router);
-  const runners = new RunnerPool(cfg.maxMessageBytes, internal.headers, internal.tls);
+  const runners = new RunnerPool(cfg.maxMessageBytes, internal.headers, internal.tls, cfg.runnerStreams);
   const inboxHints = new InboxHints();
 
   /** Calls the caller's session's runner; if it is gone or the session moved, retries once where it is now. */

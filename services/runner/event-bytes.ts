@@ -7,6 +7,7 @@
 import { create, toBinary } from "@bufbuild/protobuf";
 import { AttachResponseSchema } from "../shared/gen/troupe/v1/runner_pb.js";
 import type { AgentEvent } from "../shared/gen/troupe/v1/session_pb.js";
+import { varintSize, writeVarint } from "../shared/varint.js";
 
 // Tags: (field number << 3) | wire type, wire type 0 for varints and 2 for length-delimited.
 const ATTACH_EVENT = (2 << 3) | 2;
@@ -91,25 +92,6 @@ function deltaBytes(
   if (idLen > 0) at = writeString(out, at, UPDATE_MESSAGE_ID, messageId, idLen);
   at = writeString(out, at, kind === "text" ? UPDATE_TEXT : UPDATE_THINKING, text, textLen);
   return out;
-}
-
-/** Bytes of `n` (a non-negative safe integer) as a varint. */
-function varintSize(n: number): number {
-  let size = 1;
-  while (n >= 128) {
-    n = Math.floor(n / 128);
-    size++;
-  }
-  return size;
-}
-
-function writeVarint(out: Buffer, at: number, n: number): number {
-  while (n >= 128) {
-    out[at++] = (n % 128) | 128;
-    n = Math.floor(n / 128);
-  }
-  out[at++] = n;
-  return at;
 }
 
 function writeString(out: Buffer, at: number, tag: number, value: string, byteLength: number): number {

@@ -23,7 +23,7 @@ import { ClientFrameSchema, QueueMode, SessionInfoSchema } from "../shared/gen/t
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import type { Logger } from "../shared/log.js";
 import type { RunningService } from "../shared/service.js";
-import { RpcServer, createClient, type grpc } from "../shared/rpc.js";
+import { RpcServer, createClient, type grpc, wrappedHandler } from "../shared/rpc.js";
 import { contextFromRecord } from "../shared/telemetry.js";
 import { DEFAULT_RECALL, MemoryRecall, learnAfterRuns } from "./memory-recall.js";
 import { LearningQueue } from "./learning-queue.js";
@@ -45,6 +45,7 @@ import { configureFailpoints } from "./failpoints.js";
 import { runDepsFor } from "./run-deps.js";
 import { observeLearning, observeSessions } from "./runner-metrics.js";
 import { operatorCalls } from "./operator-calls.js";
+import { attachManyHandler } from "./attach-many.js";
 import { attachHandler } from "./attach-stream.js";
 import { BackgroundProcesses } from "./background.js";
 import { Secrets } from "./web-tools.js";
@@ -197,8 +198,15 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
     authenticate: credentials.authenticate,
     logger,
   });
+  const attach = attachHandler(registry, logger);
   server.add(RunnerService, {
-    attach: attachHandler(registry, logger),
+    attach,
+    // Sub-streams are Attach calls in all but transport: the same handler, wrapped as the server wraps it.
+    attachMany: attachManyHandler(
+      wrappedHandler(RunnerService.method.attach, attach as never, logger) as never,
+      logger,
+      cfg.maxMessageBytes,
+    ),
 
     async ensureSession(req, call) {
       if (!req.open) throw invalidArgument("open is required");

@@ -193,6 +193,7 @@ export function loadConfig(
     httpAddr: str("httpAddr") === "off" ? "" : str("httpAddr")!,
     httpCors: commaList(str("httpCors")),
     channelReset: str("channelReset") as Config["channelReset"],
+    runnerStreams: str("runnerStreams") as Config["runnerStreams"],
     secretsFile: under("secretsFile", "secrets.json"),
     hookModules: commaList(str("hookModules")).map((s) => path.resolve(s)),
     memoryContextK: v.memoryContextK,

@@ -16,7 +16,7 @@ export { grpc };
 export { serviceDefinition } from "./rpc/definition.js";
 export type { CallOptions, ServiceClient, ServiceImpl } from "./rpc/types.js";
 export { DEFAULT_DEADLINE_MS, DEFAULT_MAX_MESSAGE_BYTES } from "./rpc/limits.js";
-export { RpcServer, ServingStatus, type ServerOptions } from "./rpc/server.js";
+export { RpcServer, ServingStatus, type ServerOptions, wrappedHandler } from "./rpc/server.js";
 export { createClient, type ClientOptions } from "./rpc/client.js";
 export { write } from "./rpc/streams.js";
 export { routeGrpcLogs } from "./rpc/logging.js";

@@ -162,6 +162,18 @@ function wrapHandler(
   return streaming as unknown as grpc.UntypedHandleCall;
 }
 
+/**
+ * A handler of `method` wrapped as the server wraps every handler (span, metrics, error mapping),
+ * for calls that arrive some other way than grpc-js (AttachMany's sub-streams, attach-many.ts).
+ */
+export function wrappedHandler(
+  method: DescMethod,
+  handler: (...args: never[]) => unknown,
+  logger?: Logger,
+): grpc.UntypedHandleCall {
+  return wrapHandler(method, handler, unexpectedTo(logger));
+}
+
 export interface ServerOptions {
   /** Largest message the server accepts; larger ones fail with RESOURCE_EXHAUSTED. */
   maxMessageBytes?: number;

@@ -1,0 +1,286 @@
+// The gateway's side of RunnerService.AttachMany: one call per runner carries every client
+// stream's session stream to it, as numbered sub-streams (services/runner/attach-many.ts). A
+// SubStream stands in for the Attach call it replaces, with the part of grpc-js's client stream
+// chat.ts uses: write, end, cancel, pause and resume; data, error, end and status events.
+//
+// What the sub-streams send in one turn of the event loop leaves as one message, and so do the
+// credits: what a sub-stream has passed on to its client, so that the runner may send more.
+// A runner that does not know AttachMany (an older one, during a rolling upgrade) refuses the
+// call with UNIMPLEMENTED before its headers: each sub-stream then replays what it sent on an
+// Attach call of its own, and this runner gets Attach calls from then on.
+import { EventEmitter } from "node:events";
+import { ROOT_CONTEXT, SpanKind, SpanStatusCode, context } from "@opentelemetry/api";
+import { Status } from "../shared/errors.js";
+import type { MessageInitShape } from "@bufbuild/protobuf";
+import type {
+  AttachManyRequest,
+  RunnerService,
+  SubStreamRequestSchema,
+  SubStreamStatus,
+} from "../shared/gen/troupe/v1/runner_pb.js";
+import { grpc, type ServiceClient } from "../shared/rpc.js";
+import { readBatch } from "../shared/sub-streams.js";
+import { injectContext, spanContext, tracer } from "../shared/telemetry.js";
+import type { AttachRequestInit } from "./passthrough.js";
+
+type RunnerClient = ServiceClient<(typeof RunnerService)["method"]>;
+type ItemInit = MessageInitShape<typeof SubStreamRequestSchema>;
+export type AttachCall = grpc.ClientDuplexStream<AttachRequestInit, Buffer>;
+
+/** Credit is returned once a sub-stream has passed on this many bytes (the runner's window is 1 MiB). */
+const CREDIT_EVERY = 64 * 1024;
+/** New sub-streams go on a fresh call once the current one is this old (servers cap a connection's age). */
+const ROTATE_AFTER_MS = 10 * 60_000;
+const ATTACH_PATH = "troupe.v1.RunnerService/Attach";
+
+function serviceError(status: { code: number; details: string; metadata?: grpc.Metadata }): grpc.ServiceError {
+  const err = new Error(`${status.code} ${Status[status.code] ?? ""}: ${status.details}`) as grpc.ServiceError;
+  err.code = status.code;
+  err.details = status.details;
+  err.metadata = status.metadata ?? new grpc.Metadata();
+  return err;
+}
+
+/** One session stream on a runner's AttachMany call. */
+class SubStream extends EventEmitter {
+  private paused = false;
+  private readonly queued: (Buffer | grpc.StatusObject)[] = [];
+  private uncredited = 0;
+  private done = false;
+  /** What was sent before the call was accepted: replayed on an Attach call if it is refused. */
+  private sentBeforeAccept?: ItemInit["kind"][] = [];
+  private real?: AttachCall;
+  private readonly span = tracer.startSpan(ATTACH_PATH, {
+    kind: SpanKind.CLIENT,
+    attributes: { "rpc.system.name": "grpc", "rpc.method": ATTACH_PATH },
+  });
+
+  constructor(
+    readonly id: number,
+    private readonly carrier: MuxCall,
+    private readonly metadata: grpc.Metadata,
+  ) {
+    super();
+    const md = metadata.clone();
+    injectContext(spanContext(context.active(), this.span), md);
+    const fields: Record<string, string> = {};
+    for (const [k, v] of Object.entries(md.getMap())) if (typeof v === "string") fields[k] = v;
+    this.send({ case: "open", value: { metadata: fields } });
+  }
+
+  write(req: AttachRequestInit): boolean {
+    if (this.real) return this.real.write(req);
+    if (!this.done) this.send({ case: "request", value: req });
+    return true;
+  }
+
+  end(): void {
+    if (this.real) return void this.real.end();
+    if (!this.done) this.send({ case: "halfClose", value: true });
+  }
+
+  cancel(): void {
+    if (this.real) {
+      this.real.cancel();
+      return;
+    }
+    if (this.done) return;
+    this.send({ case: "cancel", value: true });
+    this.close({ code: Status.CANCELLED, details: "Cancelled on client", metadata: new grpc.Metadata() });
+  }
+
+  pause(): this {
+    if (this.real) this.real.pause();
+    this.paused = true;
+    return this;
+  }
+
+  resume(): this {
+    if (this.real) this.real.resume();
+    this.paused = false;
+    while (!this.paused && this.queued.length > 0) this.deliver(this.queued.shift()!);
+    return this;
+  }
+
+  /** From the call: a response, or the sub-stream's end. */
+  arrived(item: Buffer | grpc.StatusObject): void {
+    if (this.done) return;
+    if (this.paused || this.queued.length > 0) this.queued.push(item);
+    else this.deliver(item);
+  }
+
+  /** The call was accepted: nothing needs replaying any more. */
+  accepted(): void {
+    this.sentBeforeAccept = undefined;
+  }
+
+  /** The runner refused AttachMany: go on as an Attach call of this sub-stream's own. */
+  fallBack(client: RunnerClient): void {
+    if (this.done || !this.sentBeforeAccept) return;
+    this.span.end();
+    const real = client.attach({ metadata: this.metadata }) as unknown as AttachCall;
+    this.real = real;
+    for (const ev of ["data", "error", "end", "status", "drain"])
+      real.on(ev, (...args: unknown[]) => this.emit(ev, ...args));
+    for (const kind of this.sentBeforeAccept) {
+      if (kind?.case === "request") real.write(kind.value as AttachRequestInit);
+      else if (kind?.case === "halfClose") real.end();
+    }
+    this.sentBeforeAccept = undefined;
+    if (this.paused) real.pause();
+  }
+
+  private send(kind: ItemInit["kind"]): void {
+    this.sentBeforeAccept?.push(kind);
+    this.carrier.send({ stream: this.id, kind });
+  }
+
+  private deliver(item: Buffer | grpc.StatusObject): void {
+    if (!Buffer.isBuffer(item)) {
+      this.close(item);
+      return;
+    }
+    this.uncredited += item.length;
+    if (this.uncredited >= CREDIT_EVERY) {
+      this.carrier.send({ stream: this.id, kind: { case: "credit", value: this.uncredited } });
+      this.uncredited = 0;
+    }
+    this.emit("data", item);
+  }
+
+  /** Ends it with `status`, as grpc-js ends a call: status, then end (OK) or error. */
+  close(status: grpc.StatusObject): void {
+    if (this.done) return;
+    this.done = true;
+    this.queued.length = 0;
+    this.carrier.forget(this.id);
+    this.span.setAttribute("rpc.status_code", Status[status.code] ?? String(status.code));
+    if (status.code !== Status.OK) this.span.setStatus({ code: SpanStatusCode.ERROR });
+    this.span.end();
+    this.emit("status", status);
+    if (status.code === Status.OK) this.emit("end");
+    else this.emit("error", serviceError(status));
+  }
+}
+
+/** One AttachMany call and the sub-streams on it. */
+class MuxCall {
+  private readonly subs = new Map<number, SubStream>();
+  private readonly call: grpc.ClientDuplexStream<AttachManyRequest | MessageInitShape<never>, Buffer>;
+  private outgoing: ItemInit[] = [];
+  private accepted = false;
+  private over = false;
+  readonly startedMs = Date.now();
+
+  constructor(
+    private readonly client: RunnerClient,
+    /** Told when this call can take no new sub-streams, and whether the runner lacks AttachMany. */
+    private readonly gone: (unimplemented: boolean) => void,
+  ) {
+    // Not part of any one session's trace: the call outlives the stream that opened it.
+    this.call = context.with(ROOT_CONTEXT, () => client.attachMany()) as unknown as typeof this.call;
+    this.call.on("metadata", () => {
+      this.accepted = true;
+      for (const sub of this.subs.values()) sub.accepted();
+    });
+    this.call.on("data", (batch: Buffer) => {
+      try {
+        readBatch(batch, {
+          response: (stream, bytes) => this.subs.get(stream)?.arrived(bytes),
+          end: (stream, status) => this.subs.get(stream)?.arrived(statusOf(status)),
+        });
+      } catch (err) {
+        this.fail({ code: Status.INTERNAL, details: `the runner sent a malformed AttachManyResponse: ${err}` });
+        this.call.cancel();
+      }
+    });
+    this.call.on("error", (err: grpc.ServiceError) => this.fail(err));
+    this.call.on("end", () =>
+      this.fail({ code: Status.UNAVAILABLE, details: "the runner ended the session streams' call" }),
+    );
+  }
+
+  get open(): boolean {
+    return !this.over && Date.now() - this.startedMs < ROTATE_AFTER_MS;
+  }
+
+  get size(): number {
+    return this.subs.size;
+  }
+
+  attach(id: number, metadata: grpc.Metadata): SubStream {
+    const sub = new SubStream(id, this, metadata);
+    this.subs.set(id, sub);
+    if (this.accepted) sub.accepted();
+    return sub;
+  }
+
+  send(item: ItemInit): void {
+    if (this.over) return;
+    if (this.outgoing.length === 0) setImmediate(() => this.flush());
+    this.outgoing.push(item);
+  }
+
+  forget(id: number): void {
+    this.subs.delete(id);
+    // A call that takes no new sub-streams ends with its last one.
+    if (!this.open) this.retire();
+  }
+
+  /** Takes no new sub-streams: ends now if it has none, else with its last one. */
+  retire(): void {
+    if (this.subs.size > 0 || this.over) return;
+    this.over = true;
+    setImmediate(() => this.call.end());
+  }
+
+  private flush(): void {
+    const items = this.outgoing;
+    this.outgoing = [];
+    if (this.over && items.length === 0) return;
+    this.call.write({ items } as never);
+  }
+
+  private fail(err: { code: number; details: string }): void {
+    const unimplemented = !this.accepted && err.code === Status.UNIMPLEMENTED;
+    this.over = true;
+    this.gone(unimplemented);
+    const subs = [...this.subs.values()];
+    this.subs.clear();
+    for (const sub of subs) {
+      if (unimplemented) sub.fallBack(this.client);
+      else sub.close({ code: err.code, details: err.details, metadata: new grpc.Metadata() });
+    }
+  }
+}
+
+function statusOf(s: SubStreamStatus): grpc.StatusObject {
+  const metadata = new grpc.Metadata();
+  for (const [k, v] of Object.entries(s.trailers)) metadata.set(k, v);
+  return { code: s.code, details: s.details, metadata };
+}
+
+/** Session streams to one runner: on its AttachMany call, or Attach calls if it has none. */
+export class RunnerMux {
+  private current?: MuxCall;
+  private legacy = false;
+  private nextId = 1;
+
+  constructor(private readonly client: RunnerClient) {}
+
+  /** A session stream to this runner for a caller (`metadata`: the identity it acts for). */
+  attach(metadata: grpc.Metadata): AttachCall {
+    if (this.legacy) return this.client.attach({ metadata }) as unknown as AttachCall;
+    if (!this.current?.open) {
+      this.current?.retire();
+      const call = new MuxCall(this.client, (unimplemented) => {
+        if (unimplemented) this.legacy = true;
+        if (this.current === call) this.current = undefined;
+      });
+      this.current = call;
+    }
+    const id = this.nextId;
+    this.nextId = this.nextId >= 0xfffffff0 ? 1 : this.nextId + 1;
+    return this.current.attach(id, metadata) as unknown as AttachCall;
+  }
+}

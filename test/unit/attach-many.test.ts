@@ -1,0 +1,291 @@
+// AttachMany between a real grpc-js server and client in this process: the runner's side
+// (attach-many.ts) handing sub-streams to an Attach handler, the gateway's (runner-mux.ts)
+// standing in for Attach calls. The Attach handler here is a small script: each prompt frame's
+// text says what it does ("tokens N SIZE", "fail", "big"). And the wire format of the responses,
+// written by hand (sub-streams.ts), against protobuf-es.
+import { describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
+import { attachManyHandler, SUB_STREAM_WINDOW } from "../../services/runner/attach-many.js";
+import { RunnerMux, type AttachCall } from "../../services/gateway/runner-mux.js";
+import { SESSION_OWNER_KEY, Status } from "../../services/shared/errors.js";
+import {
+  AttachManyResponseSchema,
+  AttachResponseSchema,
+  RunnerService,
+  type AttachRequest,
+} from "../../services/shared/gen/troupe/v1/runner_pb.js";
+import { createLogger } from "../../services/shared/log.js";
+import { createClient, grpc, RpcServer, wrappedHandler } from "../../services/shared/rpc.js";
+import { serviceDefinition } from "../../services/shared/rpc/definition.js";
+import { endItem, readBatch, responseItem } from "../../services/shared/sub-streams.js";
+
+const logger = createLogger("runner", "error", "json");
+
+/** An AttachResponse carrying an event whose seq is `seq`, padded with `size` bytes of text. */
+const eventBytes = (seq: number, size = 0) =>
+  toBinary(
+    AttachResponseSchema,
+    create(AttachResponseSchema, {
+      kind: {
+        case: "event",
+        value: {
+          seq: BigInt(seq),
+          payload: {
+            case: "messageUpdate",
+            value: { delta: { case: "text", value: "x".repeat(size) } },
+          },
+        },
+      },
+    }),
+  );
+
+interface Seen {
+  attachCalls: number;
+  attachManyCalls: number;
+  /** Whether a write of the script ever found its stream full. */
+  full: boolean;
+}
+
+/** The scripted Attach handler: opened on the first frame, then what each prompt says. */
+function scriptedAttach(seen: Seen) {
+  return (call: grpc.ServerDuplexStream<AttachRequest, unknown>) => {
+    let first = true;
+    let busy = false;
+    let halfClosed = false;
+    call.on("data", async (req: AttachRequest) => {
+      if (first) {
+        first = false;
+        call.write(create(AttachResponseSchema, { kind: { case: "opened", value: { sessionId: "s" } } }));
+        return;
+      }
+      const kind = req.frame?.kind;
+      const text = kind?.case === "prompt" ? kind.value.text : "";
+      const [what, n, size] = text.split(" ");
+      if (what === "fail") {
+        const metadata = new grpc.Metadata();
+        metadata.set(SESSION_OWNER_KEY, "10.0.0.9:50053");
+        call.emit("error", { code: Status.ABORTED, details: "the session moved", metadata });
+      } else if (what === "big") {
+        call.write(eventBytes(1, Number(n)));
+      } else if (what === "tokens") {
+        busy = true;
+        for (let i = 1; i <= Number(n) && !call.cancelled; i++) {
+          if (!call.write(eventBytes(i, Number(size ?? 0)))) {
+            seen.full = true;
+            await new Promise((r) => call.once("drain", r));
+          }
+        }
+        busy = false;
+        if (halfClosed && !call.writableEnded) call.end();
+      }
+    });
+    // As the runner: the stream ends once the client half-closed and the session is idle.
+    call.on("end", () => {
+      halfClosed = true;
+      if (!busy && !call.writableEnded) call.end();
+    });
+  };
+}
+
+async function startRunner(options: { maxMessageBytes?: number; withoutAttachMany?: boolean } = {}) {
+  const seen: Seen = { attachCalls: 0, attachManyCalls: 0, full: false };
+  const script = scriptedAttach(seen);
+  const attach = (call: grpc.ServerDuplexStream<AttachRequest, unknown>) => {
+    seen.attachCalls++;
+    script(call);
+  };
+  const max = options.maxMessageBytes ?? 4 * 1024 * 1024;
+  let port: number;
+  let stop: () => void;
+  if (options.withoutAttachMany) {
+    // An older runner: grpc-js answers UNIMPLEMENTED for a method it was not given.
+    const server = new grpc.Server();
+    server.addService({ attach: serviceDefinition(RunnerService).attach }, { attach: attach as never });
+    port = await new Promise<number>((resolve, reject) =>
+      server.bindAsync("127.0.0.1:0", grpc.ServerCredentials.createInsecure(), (err, p) =>
+        err ? reject(err) : resolve(p),
+      ),
+    );
+    stop = () => server.forceShutdown();
+  } else {
+    const many = attachManyHandler(wrappedHandler(RunnerService.method.attach, script as never) as never, logger, max);
+    const server = new RpcServer({ maxMessageBytes: max });
+    server.add(RunnerService, {
+      attach,
+      attachMany: (call: never) => {
+        seen.attachManyCalls++;
+        many(call);
+      },
+    } as never);
+    port = await server.listen("127.0.0.1:0");
+    stop = () => void server.drain(0);
+  }
+  const client = createClient(RunnerService, `127.0.0.1:${port}`, { rawResponses: ["attach", "attachMany"] });
+  return { seen, mux: new RunnerMux(client), stop: () => (client.close(), stop()) };
+}
+
+interface Received {
+  seqs: number[];
+  opened: boolean;
+  error?: grpc.ServiceError;
+  ended: Promise<void>;
+}
+
+/** Opens a sub-stream, sends the open frame and `prompt`, and half-closes; collects what comes back. */
+function session(mux: RunnerMux, prompt: string, paused = false): { call: AttachCall; got: Received } {
+  const call = mux.attach(new grpc.Metadata());
+  const got = { seqs: [] as number[], opened: false } as Received;
+  got.ended = new Promise<void>((resolve) => {
+    call.on("end", () => resolve());
+    call.on("error", (err: grpc.ServiceError) => {
+      got.error = err;
+      resolve();
+    });
+  });
+  if (paused) call.pause();
+  call.on("data", (bytes: Buffer) => {
+    const resp = fromAttach(bytes);
+    if (resp.kind.case === "opened") got.opened = true;
+    else if (resp.kind.case === "event") got.seqs.push(Number(resp.kind.value.seq));
+  });
+  call.write({ frame: { frameId: "o", kind: { case: "open", value: { create: true } } } });
+  call.write({ frame: { frameId: "p", kind: { case: "prompt", value: { text: prompt } } } });
+  call.end();
+  return { call, got };
+}
+
+const fromAttach = (bytes: Buffer) => fromBinary(AttachResponseSchema, bytes);
+const oneTo = (n: number) => Array.from({ length: n }, (_, i) => i + 1);
+
+describe("AttachMany", () => {
+  test("many sessions' streams share one call, each in its own order", async () => {
+    const runner = await startRunner();
+    try {
+      const sessions = Array.from({ length: 20 }, () => session(runner.mux, "tokens 50"));
+      await Promise.all(sessions.map((s) => s.got.ended));
+      for (const { got } of sessions) {
+        assert.equal(got.error, undefined);
+        assert.ok(got.opened);
+        assert.deepEqual(got.seqs, oneTo(50));
+      }
+      assert.equal(runner.seen.attachManyCalls, 1);
+      assert.equal(runner.seen.attachCalls, 0);
+    } finally {
+      runner.stop();
+    }
+  });
+
+  test("a sub-stream's failure ends it alone, with its code and trailers", async () => {
+    const runner = await startRunner();
+    try {
+      const failing = session(runner.mux, "fail");
+      const other = session(runner.mux, "tokens 30");
+      await Promise.all([failing.got.ended, other.got.ended]);
+      assert.equal(failing.got.error?.code, Status.ABORTED);
+      assert.equal(failing.got.error?.details, "the session moved");
+      assert.deepEqual(failing.got.error?.metadata.get(SESSION_OWNER_KEY), ["10.0.0.9:50053"]);
+      assert.equal(other.got.error, undefined);
+      assert.deepEqual(other.got.seqs, oneTo(30));
+    } finally {
+      runner.stop();
+    }
+  });
+
+  test("a response over the message limit fails its own sub-stream, not the call", async () => {
+    const runner = await startRunner({ maxMessageBytes: 64 * 1024 });
+    try {
+      // Many small responses add up past the limit within one turn of the loop: sent in parts.
+      const others = Array.from({ length: 10 }, () => session(runner.mux, "tokens 200 500"));
+      const big = session(runner.mux, "big 100000");
+      await Promise.all([big.got.ended, ...others.map((s) => s.got.ended)]);
+      assert.equal(big.got.error?.code, Status.RESOURCE_EXHAUSTED);
+      for (const { got } of others) {
+        assert.equal(got.error, undefined);
+        assert.deepEqual(got.seqs, oneTo(200));
+      }
+    } finally {
+      runner.stop();
+    }
+  });
+
+  test("a paused sub-stream holds its runner to the window while the others flow", async () => {
+    const runner = await startRunner();
+    try {
+      const count = Math.ceil((3 * SUB_STREAM_WINDOW) / 1000);
+      const slow = session(runner.mux, `tokens ${count} 1000`, true);
+      const fast = session(runner.mux, "tokens 100");
+      await fast.got.ended;
+      assert.deepEqual(fast.got.seqs, oneTo(100));
+      await new Promise((r) => setTimeout(r, 200));
+      assert.ok(runner.seen.full, "the runner's writes found the paused stream full");
+      assert.deepEqual(slow.got.seqs, [], "nothing is handed on while paused");
+      slow.call.resume();
+      await slow.got.ended;
+      assert.equal(slow.got.error, undefined);
+      assert.deepEqual(slow.got.seqs, oneTo(count));
+    } finally {
+      runner.stop();
+    }
+  });
+
+  test("a runner without AttachMany gets an Attach call per stream", async () => {
+    const runner = await startRunner({ withoutAttachMany: true });
+    try {
+      const first = session(runner.mux, "tokens 20");
+      const second = session(runner.mux, "tokens 20");
+      await Promise.all([first.got.ended, second.got.ended]);
+      for (const { got } of [first, second]) {
+        assert.equal(got.error, undefined);
+        assert.ok(got.opened);
+        assert.deepEqual(got.seqs, oneTo(20));
+      }
+      const later = session(runner.mux, "tokens 5");
+      await later.got.ended;
+      assert.deepEqual(later.got.seqs, oneTo(5));
+      assert.equal(runner.seen.attachCalls, 3);
+    } finally {
+      runner.stop();
+    }
+  });
+});
+
+describe("AttachManyResponse by hand", () => {
+  test("a response item is the bytes protobuf-es writes, and reads back as a view", () => {
+    for (const stream of [0, 1, 127, 128, 300_000, 0xfffffff0]) {
+      for (const response of [new Uint8Array(), eventBytes(5), eventBytes(9, 200)]) {
+        const mine = responseItem(stream, response);
+        const theirs = toBinary(
+          AttachManyResponseSchema,
+          create(AttachManyResponseSchema, { items: [{ stream, kind: { case: "response", value: response } }] }),
+        );
+        assert.deepEqual(new Uint8Array(mine), theirs);
+      }
+    }
+  });
+
+  test("a batch reads back item by item, in order, ends with their status", () => {
+    const batch = Buffer.concat([
+      responseItem(3, eventBytes(1)),
+      endItem(4, Status.ABORTED, "moved", { [SESSION_OWNER_KEY]: "x:1" }),
+      responseItem(3, eventBytes(2)),
+      endItem(3, 0, ""),
+    ]);
+    const seen: string[] = [];
+    readBatch(batch, {
+      response: (s, bytes) => {
+        const resp = fromAttach(bytes);
+        seen.push(`${s}:${resp.kind.case === "event" ? Number(resp.kind.value.seq) : resp.kind.case}`);
+      },
+      end: (s, status) =>
+        seen.push(`${s}:end ${status.code} ${status.details} ${status.trailers[SESSION_OWNER_KEY] ?? ""}`),
+    });
+    assert.deepEqual(seen, ["3:1", "4:end 10 moved x:1", "3:2", "3:end 0  "]);
+  });
+
+  test("bytes that are not such a message are refused, not half read", () => {
+    const whole = responseItem(1, eventBytes(1, 50));
+    for (const bad of [whole.subarray(0, whole.length - 3), Buffer.from([0x0a, 0xff]), Buffer.from([0x0b])])
+      assert.throws(() => readBatch(bad, { response: () => undefined, end: () => undefined }));
+  });
+});
