@@ -7,7 +7,7 @@
 // credits: what a sub-stream has passed on to its client, so that the runner may send more.
 // A runner that does not know AttachMany (an older one, during a rolling upgrade) refuses the
 // call with UNIMPLEMENTED before its headers: each sub-stream then replays what it sent on an
-// Attach call of its own, and this runner gets Attach calls from then on.
+// Attach call of its own, and this runner gets Attach calls for the next minute.
 import { EventEmitter } from "node:events";
 import { ROOT_CONTEXT, SpanKind, SpanStatusCode, context } from "@opentelemetry/api";
 import { Status } from "../shared/errors.js";
@@ -29,6 +29,8 @@ export type AttachCall = grpc.ClientDuplexStream<AttachRequestInit, Buffer>;
 
 /** Credit is returned once a sub-stream has passed on this many bytes (the runner's window is 1 MiB). */
 const CREDIT_EVERY = 64 * 1024;
+/** A runner that refused AttachMany is asked again after this long (it may have been upgraded in place). */
+const LEGACY_RETRY_MS = 60_000;
 /** New sub-streams go on a fresh call once the current one is this old (servers cap a connection's age). */
 const ROTATE_AFTER_MS = 10 * 60_000;
 const ATTACH_PATH = "troupe.v1.RunnerService/Attach";
@@ -114,9 +116,10 @@ class SubStream extends EventEmitter {
     this.sentBeforeAccept = undefined;
   }
 
-  /** The runner refused AttachMany: go on as an Attach call of this sub-stream's own. */
-  fallBack(client: RunnerClient): void {
-    if (this.done || !this.sentBeforeAccept) return;
+  /** The runner refused AttachMany: go on as an Attach call of this sub-stream's own, if it still can. */
+  fallBack(client: RunnerClient): boolean {
+    if (this.done) return true;
+    if (!this.sentBeforeAccept) return false;
     this.span.end();
     const real = client.attach({ metadata: this.metadata }) as unknown as AttachCall;
     this.real = real;
@@ -128,6 +131,7 @@ class SubStream extends EventEmitter {
     }
     this.sentBeforeAccept = undefined;
     if (this.paused) real.pause();
+    return true;
   }
 
   private send(kind: ItemInit["kind"]): void {
@@ -248,8 +252,8 @@ class MuxCall {
     const subs = [...this.subs.values()];
     this.subs.clear();
     for (const sub of subs) {
-      if (unimplemented) sub.fallBack(this.client);
-      else sub.close({ code: err.code, details: err.details, metadata: new grpc.Metadata() });
+      if (!unimplemented || !sub.fallBack(this.client))
+        sub.close({ code: err.code, details: err.details, metadata: new grpc.Metadata() });
     }
   }
 }
@@ -263,18 +267,19 @@ function statusOf(s: SubStreamStatus): grpc.StatusObject {
 /** Session streams to one runner: on its AttachMany call, or Attach calls if it has none. */
 export class RunnerMux {
   private current?: MuxCall;
-  private legacy = false;
+  /** Until when this runner gets Attach calls: it refused AttachMany. */
+  private legacyUntil = 0;
   private nextId = 1;
 
   constructor(private readonly client: RunnerClient) {}
 
   /** A session stream to this runner for a caller (`metadata`: the identity it acts for). */
   attach(metadata: grpc.Metadata): AttachCall {
-    if (this.legacy) return this.client.attach({ metadata }) as unknown as AttachCall;
+    if (Date.now() < this.legacyUntil) return this.client.attach({ metadata }) as unknown as AttachCall;
     if (!this.current?.open) {
       this.current?.retire();
       const call = new MuxCall(this.client, (unimplemented) => {
-        if (unimplemented) this.legacy = true;
+        if (unimplemented) this.legacyUntil = Date.now() + LEGACY_RETRY_MS;
         if (this.current === call) this.current = undefined;
       });
       this.current = call;
