@@ -43,6 +43,8 @@ const eventBytes = (seq: number, size = 0) =>
 interface Seen {
   attachCalls: number;
   attachManyCalls: number;
+  /** Sub-streams whose handler saw the gateway cancel. */
+  cancelled: number;
   /** Whether a write of the script ever found its stream full. */
   full: boolean;
 }
@@ -80,6 +82,7 @@ function scriptedAttach(seen: Seen) {
         if (halfClosed && !call.writableEnded) call.end();
       }
     });
+    call.on("cancelled", () => seen.cancelled++);
     // As the runner: the stream ends once the client half-closed and the session is idle.
     call.on("end", () => {
       halfClosed = true;
@@ -89,7 +92,7 @@ function scriptedAttach(seen: Seen) {
 }
 
 async function startRunner(options: { maxMessageBytes?: number; withoutAttachMany?: boolean } = {}) {
-  const seen: Seen = { attachCalls: 0, attachManyCalls: 0, full: false };
+  const seen: Seen = { attachCalls: 0, attachManyCalls: 0, cancelled: 0, full: false };
   const script = scriptedAttach(seen);
   const attach = (call: grpc.ServerDuplexStream<AttachRequest, unknown>) => {
     seen.attachCalls++;
@@ -224,6 +227,25 @@ describe("AttachMany", () => {
       await slow.got.ended;
       assert.equal(slow.got.error, undefined);
       assert.deepEqual(slow.got.seqs, oneTo(count));
+    } finally {
+      runner.stop();
+    }
+  });
+
+  test("a cancelled sub-stream stops its handler; the call serves the others on", async () => {
+    const runner = await startRunner();
+    try {
+      const endless = session(runner.mux, "tokens 100000000 100");
+      await new Promise((r) => setTimeout(r, 100));
+      endless.call.cancel();
+      await endless.got.ended;
+      assert.equal(endless.got.error?.code, Status.CANCELLED);
+      const after = session(runner.mux, "tokens 40");
+      await after.got.ended;
+      assert.equal(after.got.error, undefined);
+      assert.deepEqual(after.got.seqs, oneTo(40));
+      assert.equal(runner.seen.cancelled, 1, "the runner's handler was told");
+      assert.equal(runner.seen.attachManyCalls, 1);
     } finally {
       runner.stop();
     }
