@@ -58,7 +58,7 @@ class SubStream extends EventEmitter {
   });
 
   constructor(
-    readonly id: number,
+    private readonly id: number,
     private readonly carrier: MuxCall,
     private readonly metadata: grpc.Metadata,
   ) {
@@ -206,10 +206,6 @@ class MuxCall {
 
   get open(): boolean {
     return !this.over && Date.now() - this.startedMs < ROTATE_AFTER_MS;
-  }
-
-  get size(): number {
-    return this.subs.size;
   }
 
   attach(id: number, metadata: grpc.Metadata): SubStream {

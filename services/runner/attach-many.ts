@@ -10,7 +10,6 @@
 // follows the credit, as HTTP/2's window does for an Attach call. The call itself is always read.
 import { EventEmitter } from "node:events";
 import { Status } from "../shared/errors.js";
-import { toBinary } from "@bufbuild/protobuf";
 import {
   type AttachManyRequest,
   type AttachResponse,
@@ -18,7 +17,11 @@ import {
 } from "../shared/gen/troupe/v1/runner_pb.js";
 import type { Logger } from "../shared/log.js";
 import { grpc } from "../shared/rpc.js";
+import { serialize } from "../shared/rpc/definition.js";
 import { endItem, responseItem } from "../shared/sub-streams.js";
+
+/** What grpc-js's serializer does for an Attach call: bytes as they are, a message encoded. */
+const encodeResponse = serialize(AttachResponseSchema);
 
 /** How far a sub-stream's responses may run ahead of the gateway's credit, in bytes. */
 export const SUB_STREAM_WINDOW = 1 << 20;
@@ -87,7 +90,7 @@ class SubStreamCall extends EventEmitter {
   /** An AttachResponse, or its bytes already encoded (event-bytes.ts), as grpc-js's serializer takes either. */
   write(message: Uint8Array | AttachResponse): boolean {
     if (this.writableEnded || this.cancelled) return false;
-    const bytes = message instanceof Uint8Array ? message : toBinary(AttachResponseSchema, message);
+    const bytes = encodeResponse(message);
     if (bytes.length + ITEM_OVERHEAD > this.maxMessageBytes) {
       // As grpc-js fails a call whose message is over the limit: this stream, not the others.
       this.emit("error", {
