@@ -12,6 +12,7 @@ import {
 import { AgentEventSchema } from "../shared/gen/troupe/v1/session_pb.js";
 import type { grpc } from "../shared/rpc.js";
 import { RpcError, Status, unavailable } from "../shared/errors.js";
+import { cursor, skipValue, varintAt } from "../shared/varint.js";
 
 // The runner's AttachResponse and the client's ChatResponse have the same fields under the same
 // numbers, so the runner's bytes are the client's bytes: the gateway forwards them without
@@ -63,48 +64,6 @@ function eventObserved(bytes: Uint8Array, from: number, to: number): boolean {
     if (pos < 0) return true;
   }
   return false;
-}
-
-// Where varintAt stopped reading; a module variable so that no call allocates.
-let cursor = 0;
-
-/**
- * The varint at pos, up to 2^32 - 1 (a tag or a length), with `cursor` set past it; -1 for one
- * that is cut short or larger.
- */
-function varintAt(bytes: Uint8Array, pos: number): number {
-  let value = 0;
-  for (let shift = 0; shift < 31 && pos < bytes.length; shift += 7) {
-    const b = bytes[pos++]!;
-    value |= (b & 0x7f) << shift;
-    if (b < 0x80) {
-      cursor = pos;
-      return shift < 28 || b < 0x10 ? value >>> 0 : -1;
-    }
-  }
-  return -1;
-}
-
-/**
- * The position after a value of this wire type starting at pos; -1 if it does not fit before end.
- * For a length-delimited value, `cursor` is left at its first byte.
- */
-function skipValue(bytes: Uint8Array, pos: number, wire: number, end: number): number {
-  switch (wire) {
-    case WireType.Varint:
-      for (let i = 0; i < 10 && pos < end; i++) if (bytes[pos++]! < 0x80) return pos;
-      return -1;
-    case WireType.Bit64:
-      return pos + 8 <= end ? pos + 8 : -1;
-    case WireType.Bit32:
-      return pos + 4 <= end ? pos + 4 : -1;
-    case WireType.LengthDelimited: {
-      const len = varintAt(bytes, pos);
-      return len >= 0 && cursor + len <= end ? cursor + len : -1;
-    }
-    default:
-      return -1;
-  }
 }
 
 /**

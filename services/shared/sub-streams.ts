@@ -5,7 +5,7 @@
 // their concatenation. The unit test checks the bytes against protobuf-es both ways.
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import { AttachManyResponseSchema, SubStreamStatusSchema, type SubStreamStatus } from "./gen/troupe/v1/runner_pb.js";
-import { varintSize, writeVarint } from "./varint.js";
+import { cursor, skipValue, varintAt, varintSize, writeVarint } from "./varint.js";
 
 const ITEMS = (1 << 3) | 2;
 const ITEM_STREAM = 1 << 3;
@@ -44,66 +44,41 @@ export interface BatchReader {
   end(stream: number, status: SubStreamStatus): void;
 }
 
-function readVarint(buf: Buffer, at: number): [number, number] {
-  let n = 0;
-  let scale = 1;
-  for (;;) {
-    if (at >= buf.length) throw new Error("a varint runs past the end of the message");
-    const b = buf[at++];
-    n += (b & 0x7f) * scale;
-    if (b < 0x80) return [n, at];
-    scale *= 128;
-    if (scale > 2 ** 63) throw new Error("a varint longer than 10 bytes");
-  }
-}
-
-/** Skips a field of wire type `wire` at `at`; returns where the next field starts. */
-function skip(buf: Buffer, at: number, wire: number): number {
-  switch (wire) {
-    case 0:
-      return readVarint(buf, at)[1];
-    case 1:
-      return at + 8;
-    case 2: {
-      const [len, start] = readVarint(buf, at);
-      return start + len;
-    }
-    case 5:
-      return at + 4;
-    default:
-      throw new Error(`wire type ${wire} is not one proto3 writes`);
-  }
-}
-
 /**
  * Hands each item of an AttachManyResponse to `reader`, in order. The response bytes are views of
  * `batch`, not copies. Throws on bytes that are not such a message (the caller fails the call).
  */
 export function readBatch(batch: Buffer, reader: BatchReader): void {
+  const bad = (why: string) => new Error(`not an AttachManyResponse: ${why}`);
   let at = 0;
   while (at < batch.length) {
-    const [tag, afterTag] = readVarint(batch, at);
+    const tag = varintAt(batch, at);
+    if (tag < 0) throw bad("a tag runs past the end");
     if (tag !== ITEMS) {
-      at = skip(batch, afterTag, tag & 7);
+      at = skipValue(batch, cursor, tag & 7, batch.length);
+      if (at < 0) throw bad("a field runs past the end");
       continue;
     }
-    const [len, start] = readVarint(batch, afterTag);
-    const end = start + len;
-    if (end > batch.length) throw new Error("an item runs past the end of the message");
+    const end = skipValue(batch, cursor, tag & 7, batch.length);
+    if (end < 0) throw bad("an item runs past the end");
     let stream = 0;
     let response: Buffer | undefined;
     let status: SubStreamStatus | undefined;
-    for (let p = start; p < end; ) {
-      const [t, q] = readVarint(batch, p);
-      if (t === ITEM_STREAM) [stream, p] = readVarint(batch, q);
-      else if (t === ITEM_RESPONSE || t === ITEM_END) {
-        const [l, s] = readVarint(batch, q);
-        if (s + l > end) throw new Error("a field runs past the end of its item");
-        if (t === ITEM_RESPONSE) (response = batch.subarray(s, s + l)), (status = undefined);
-        else (status = fromBinary(SubStreamStatusSchema, batch.subarray(s, s + l))), (response = undefined);
-        p = s + l;
-      } else p = skip(batch, q, t & 7);
-      if (p > end) throw new Error("a field runs past the end of its item");
+    for (let p = cursor; p < end; ) {
+      const t = varintAt(batch, p);
+      if (t < 0) throw bad("a tag runs past its item");
+      const next = t === ITEM_STREAM ? varintAt(batch, cursor) : skipValue(batch, cursor, t & 7, end);
+      if (next < 0 || cursor > end) throw bad("a field runs past its item");
+      if (t === ITEM_STREAM) {
+        stream = next;
+        p = cursor;
+        continue;
+      }
+      // A length-delimited value's bytes are from cursor (its first byte) to next.
+      if (t === ITEM_RESPONSE) (response = batch.subarray(cursor, next)), (status = undefined);
+      else if (t === ITEM_END)
+        (status = fromBinary(SubStreamStatusSchema, batch.subarray(cursor, next))), (response = undefined);
+      p = next;
     }
     if (response) reader.response(stream, response);
     else if (status) reader.end(stream, status);
