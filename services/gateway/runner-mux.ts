@@ -9,7 +9,7 @@
 // call with UNIMPLEMENTED before its headers: each sub-stream then replays what it sent on an
 // Attach call of its own, and this runner gets Attach calls for the next minute.
 import { EventEmitter } from "node:events";
-import { ROOT_CONTEXT, SpanKind, SpanStatusCode, context } from "@opentelemetry/api";
+import { ROOT_CONTEXT, context } from "@opentelemetry/api";
 import { Status } from "../shared/errors.js";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import type {
@@ -20,7 +20,8 @@ import type {
 } from "../shared/gen/troupe/v1/runner_pb.js";
 import { grpc, type ServiceClient } from "../shared/rpc.js";
 import { readBatch } from "../shared/sub-streams.js";
-import { injectContext, spanContext, tracer } from "../shared/telemetry.js";
+import { endClientSpan, startClientSpan } from "../shared/rpc/client.js";
+import { injectContext, spanContext } from "../shared/telemetry.js";
 import type { AttachRequestInit } from "./passthrough.js";
 
 type RunnerClient = ServiceClient<(typeof RunnerService)["method"]>;
@@ -52,10 +53,7 @@ class SubStream extends EventEmitter {
   /** What was sent before the call was accepted: replayed on an Attach call if it is refused. */
   private sentBeforeAccept?: ItemInit["kind"][] = [];
   private real?: AttachCall;
-  private readonly span = tracer.startSpan(ATTACH_PATH, {
-    kind: SpanKind.CLIENT,
-    attributes: { "rpc.system.name": "grpc", "rpc.method": ATTACH_PATH },
-  });
+  private readonly span = startClientSpan(ATTACH_PATH);
 
   constructor(
     private readonly id: number,
@@ -158,9 +156,7 @@ class SubStream extends EventEmitter {
     this.done = true;
     this.queued.length = 0;
     this.carrier.forget(this.id);
-    this.span.setAttribute("rpc.status_code", Status[status.code] ?? String(status.code));
-    if (status.code !== Status.OK) this.span.setStatus({ code: SpanStatusCode.ERROR });
-    this.span.end();
+    endClientSpan(this.span, status.code);
     this.emit("status", status);
     if (status.code === Status.OK) this.emit("end");
     else this.emit("error", serviceError(status));

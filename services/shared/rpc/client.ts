@@ -2,7 +2,7 @@
 // default deadline on unary calls.
 import * as grpc from "@grpc/grpc-js";
 import type { GenService, GenServiceMethods } from "@bufbuild/protobuf/codegenv2";
-import { SpanKind, SpanStatusCode, context } from "@opentelemetry/api";
+import { type Span, SpanKind, SpanStatusCode, context } from "@opentelemetry/api";
 import { RpcError, Status } from "../errors.js";
 import { injectContext, spanContext, tracer } from "../telemetry.js";
 import { serviceDefinition } from "./definition.js";
@@ -36,6 +36,21 @@ export interface ClientOptions {
   throughProxy?: boolean;
 }
 
+/** A call's client span (`path`: Service/Method), as every call of a typed client has one. */
+export function startClientSpan(path: string): Span {
+  return tracer.startSpan(path, {
+    kind: SpanKind.CLIENT,
+    attributes: { "rpc.system.name": "grpc", "rpc.method": path },
+  });
+}
+
+/** Ends a client span with the call's status code. */
+export function endClientSpan(span: Span, code: number): void {
+  span.setAttribute("rpc.status_code", Status[code] ?? String(code));
+  if (code !== Status.OK) span.setStatus({ code: SpanStatusCode.ERROR });
+  span.end();
+}
+
 /** A typed client for one service at host:port. */
 export function createClient<S extends GenServiceMethods>(
   service: GenService<S>,
@@ -60,10 +75,7 @@ export function createClient<S extends GenServiceMethods>(
     const path = `${service.typeName}/${method.name}`;
     const fn = (raw as unknown as Record<string, (...a: unknown[]) => grpc.ClientUnaryCall>)[name].bind(raw);
     const prepare = (opts: CallOptions | undefined, unary: boolean) => {
-      const span = tracer.startSpan(path, {
-        kind: SpanKind.CLIENT,
-        attributes: { "rpc.system.name": "grpc", "rpc.method": path },
-      });
+      const span = startClientSpan(path);
       const metadata = opts?.metadata?.clone() ?? new grpc.Metadata();
       for (const [k, v] of fixedHeaders) if (!metadata.get(k).length) metadata.set(k, v);
       injectContext(spanContext(context.active(), span), metadata);
@@ -78,11 +90,6 @@ export function createClient<S extends GenServiceMethods>(
       signal.addEventListener("abort", onAbort, { once: true });
       call.on("status", () => signal.removeEventListener("abort", onAbort));
     };
-    const endSpan = (span: ReturnType<typeof tracer.startSpan>, code: number) => {
-      span.setAttribute("rpc.status_code", Status[code] ?? String(code));
-      if (code !== Status.OK) span.setStatus({ code: SpanStatusCode.ERROR });
-      span.end();
-    };
 
     switch (method.methodKind) {
       case "unary":
@@ -90,7 +97,7 @@ export function createClient<S extends GenServiceMethods>(
           new Promise((resolve, reject) => {
             const { span, metadata, callOptions } = prepare(opts, true);
             const call = fn(request, metadata, callOptions, (err: grpc.ServiceError | null, response: unknown) => {
-              endSpan(span, err ? err.code : Status.OK);
+              endClientSpan(span, err ? err.code : Status.OK);
               if (err) reject(err);
               else resolve(response);
             });
@@ -101,7 +108,7 @@ export function createClient<S extends GenServiceMethods>(
         client[name] = (request: unknown, opts?: CallOptions) => {
           const { span, metadata, callOptions } = prepare(opts, false);
           const call = fn(request, metadata, callOptions);
-          call.on("status", (s: grpc.StatusObject) => endSpan(span, s.code));
+          call.on("status", (s: grpc.StatusObject) => endClientSpan(span, s.code));
           linkSignal(call, opts?.signal);
           return call;
         };
@@ -110,7 +117,7 @@ export function createClient<S extends GenServiceMethods>(
         client[name] = (opts?: CallOptions) => {
           const { span, metadata, callOptions } = prepare(opts, false);
           const call = fn(metadata, callOptions);
-          call.on("status", (s: grpc.StatusObject) => endSpan(span, s.code));
+          call.on("status", (s: grpc.StatusObject) => endClientSpan(span, s.code));
           linkSignal(call, opts?.signal);
           return call;
         };
