@@ -18,7 +18,7 @@ import {
 import type { Logger } from "../shared/log.js";
 import { grpc } from "../shared/rpc.js";
 import { serialize } from "../shared/rpc/definition.js";
-import { endItem, responseItem } from "../shared/sub-streams.js";
+import { endItem, responseHead } from "../shared/sub-streams.js";
 
 /** What grpc-js's serializer does for an Attach call: bytes as they are, a message encoded. */
 const encodeResponse = serialize(AttachResponseSchema);
@@ -35,18 +35,21 @@ const ITEM_OVERHEAD = 16;
 
 /** Responses of every sub-stream, gathered and written once per turn of the event loop. */
 class Outbox {
-  private pending: Buffer[] = [];
+  private pending: Uint8Array[] = [];
   private pendingBytes = 0;
   constructor(
     private readonly call: { cancelled: boolean; writableEnded: boolean; write(b: Buffer): boolean },
     /** No message over this: BATCH_BYTES, or the call's limit where that is smaller. */
     private readonly limit: number,
   ) {}
-  add(item: Buffer): void {
-    if (this.pendingBytes > 0 && this.pendingBytes + item.length > this.limit) this.flush();
+  /** Adds an item: `head` and, for a response, the response's bytes after it (responseHead). */
+  add(head: Buffer, body?: Uint8Array): void {
+    const size = head.length + (body?.length ?? 0);
+    if (this.pendingBytes > 0 && this.pendingBytes + size > this.limit) this.flush();
     if (this.pending.length === 0) setImmediate(() => this.flush());
-    this.pending.push(item);
-    this.pendingBytes += item.length;
+    this.pending.push(head);
+    if (body) this.pending.push(body);
+    this.pendingBytes += size;
   }
   private flush(): void {
     if (this.pending.length === 0) return;
@@ -54,7 +57,7 @@ class Outbox {
     this.pending = [];
     this.pendingBytes = 0;
     if (this.call.cancelled || this.call.writableEnded) return;
-    this.call.write(items.length === 1 ? items[0] : Buffer.concat(items));
+    this.call.write(items.length === 1 ? (items[0] as Buffer) : Buffer.concat(items));
   }
 }
 
@@ -99,7 +102,7 @@ class SubStreamCall extends EventEmitter {
       });
       return false;
     }
-    this.outbox.add(responseItem(this.id, bytes));
+    this.outbox.add(responseHead(this.id, bytes.length), bytes);
     this.ahead += bytes.length;
     if (this.ahead < SUB_STREAM_WINDOW) return true;
     this.full = true;

@@ -12,12 +12,15 @@ const ITEM_STREAM = 1 << 3;
 const ITEM_RESPONSE = (2 << 3) | 2;
 const ITEM_END = (3 << 3) | 2;
 
-/** One item carrying `response` (an encoded AttachResponse) for sub-stream `stream`. */
-export function responseItem(stream: number, response: Uint8Array): Buffer {
+/**
+ * The bytes before `length` bytes of response in an item for sub-stream `stream`: the item is
+ * these followed by the response, so a writer gathering items copies the response only once.
+ */
+export function responseHead(stream: number, length: number): Buffer {
   // As protobuf-es writes it: proto3 leaves out a zero; a oneof's member is written even when empty.
   const streamLen = stream === 0 ? 0 : 1 + varintSize(stream);
-  const inner = streamLen + 1 + varintSize(response.length) + response.length;
-  const out = Buffer.allocUnsafe(1 + varintSize(inner) + inner);
+  const inner = streamLen + 1 + varintSize(length) + length;
+  const out = Buffer.allocUnsafe(1 + varintSize(inner) + inner - length);
   let at = 0;
   out[at++] = ITEMS;
   at = writeVarint(out, at, inner);
@@ -26,8 +29,7 @@ export function responseItem(stream: number, response: Uint8Array): Buffer {
     at = writeVarint(out, at, stream);
   }
   out[at++] = ITEM_RESPONSE;
-  at = writeVarint(out, at, response.length);
-  out.set(response, at);
+  writeVarint(out, at, length);
   return out;
 }
 

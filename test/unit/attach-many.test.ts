@@ -18,7 +18,7 @@ import {
 import { createLogger } from "../../services/shared/log.js";
 import { createClient, grpc, RpcServer, wrappedHandler } from "../../services/shared/rpc.js";
 import { serviceDefinition } from "../../services/shared/rpc/definition.js";
-import { endItem, readBatch, responseItem } from "../../services/shared/sub-streams.js";
+import { endItem, readBatch, responseHead } from "../../services/shared/sub-streams.js";
 
 const logger = createLogger("runner", "error", "json");
 
@@ -158,6 +158,9 @@ function session(mux: RunnerMux, prompt: string, paused = false): { call: Attach
   return { call, got };
 }
 
+/** A whole response item, as the runner's outbox writes it: the head, then the response. */
+const responseItem = (stream: number, response: Uint8Array) =>
+  Buffer.concat([responseHead(stream, response.length), response]);
 const fromAttach = (bytes: Buffer) => fromBinary(AttachResponseSchema, bytes);
 const oneTo = (n: number) => Array.from({ length: n }, (_, i) => i + 1);
 
