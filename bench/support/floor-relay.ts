@@ -31,7 +31,7 @@ async function write(call: Duplex, message: Buffer): Promise<boolean> {
 }
 
 /** Streams the model's reply to `prompt`, handing each chunk's text to `onText` (false: stop reading). */
-async function streamReply(
+export async function streamReply(
   pool: Agent,
   modelOrigin: string,
   prompt: string,
