@@ -19,7 +19,7 @@ import type {
   SubStreamStatus,
 } from "../shared/gen/troupe/v1/runner_pb.js";
 import { grpc, type ServiceClient } from "../shared/rpc.js";
-import { readBatch } from "../shared/sub-streams.js";
+import { metadataOf, metadataRecord, readBatch } from "../shared/sub-streams.js";
 import { endClientSpan, startClientSpan } from "../shared/rpc/client.js";
 import { injectContext, spanContext } from "../shared/telemetry.js";
 import type { AttachRequestInit } from "./passthrough.js";
@@ -63,9 +63,7 @@ class SubStream extends EventEmitter {
     super();
     const md = metadata.clone();
     injectContext(spanContext(context.active(), this.span), md);
-    const fields: Record<string, string> = {};
-    for (const [k, v] of Object.entries(md.getMap())) if (typeof v === "string") fields[k] = v;
-    this.send({ case: "open", value: { metadata: fields } });
+    this.send({ case: "open", value: { metadata: metadataRecord(md) } });
   }
 
   write(req: AttachRequestInit): boolean {
@@ -251,9 +249,7 @@ class MuxCall {
 }
 
 function statusOf(s: SubStreamStatus): grpc.StatusObject {
-  const metadata = new grpc.Metadata();
-  for (const [k, v] of Object.entries(s.trailers)) metadata.set(k, v);
-  return { code: s.code, details: s.details, metadata };
+  return { code: s.code, details: s.details, metadata: metadataOf(s.trailers) };
 }
 
 /** Session streams to one runner: on its AttachMany call, or Attach calls if it has none. */

@@ -18,7 +18,7 @@ import {
 import type { Logger } from "../shared/log.js";
 import { grpc } from "../shared/rpc.js";
 import { serialize } from "../shared/rpc/definition.js";
-import { endItem, responseHead } from "../shared/sub-streams.js";
+import { endItem, metadataOf, metadataRecord, responseHead } from "../shared/sub-streams.js";
 
 /** What grpc-js's serializer does for an Attach call: bytes as they are, a message encoded. */
 const encodeResponse = serialize(AttachResponseSchema);
@@ -79,9 +79,7 @@ class SubStreamCall extends EventEmitter {
     super();
     // As grpc-js's server streams: emitting 'error' with a status ends the call with it.
     this.on("error", (err: { code?: unknown; details?: unknown; message?: unknown; metadata?: unknown }) => {
-      const trailers: Record<string, string> = {};
-      if (err.metadata instanceof grpc.Metadata)
-        for (const [k, v] of Object.entries(err.metadata.getMap())) if (typeof v === "string") trailers[k] = v;
+      const trailers = err.metadata instanceof grpc.Metadata ? metadataRecord(err.metadata) : {};
       this.finish(
         typeof err.code === "number" ? err.code : Status.UNKNOWN,
         String(err.details ?? err.message ?? "unknown error"),
@@ -179,10 +177,12 @@ export function attachManyHandler(
           case "open": {
             if (sub) return refuse(`sub-stream ${item.stream} opened twice`);
             if (subs.size >= MAX_SUB_STREAMS) return refuse(`over ${MAX_SUB_STREAMS} sub-streams on one call`);
-            const metadata = new grpc.Metadata();
-            for (const [k, v] of Object.entries(item.kind.value.metadata)) metadata.set(k, v);
-            const opened = new SubStreamCall(metadata, item.stream, outbox, maxMessageBytes, () =>
-              subs.delete(item.stream),
+            const opened = new SubStreamCall(
+              metadataOf(item.kind.value.metadata),
+              item.stream,
+              outbox,
+              maxMessageBytes,
+              () => subs.delete(item.stream),
             );
             subs.set(item.stream, opened);
             attach(opened as unknown as grpc.ServerDuplexStream<unknown, unknown>);

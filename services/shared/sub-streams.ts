@@ -5,7 +5,25 @@
 // their concatenation. The unit test checks the bytes against protobuf-es both ways.
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import { AttachManyResponseSchema, SubStreamStatusSchema, type SubStreamStatus } from "./gen/troupe/v1/runner_pb.js";
+import { grpc } from "./rpc.js";
 import { cursor, skipValue, varintAt, varintSize, writeVarint } from "./varint.js";
+
+/**
+ * A sub-stream's metadata (its open's, its status's trailers) travels as a string map: its text
+ * entries. Binary (-bin) entries are left out; none of Troupe's own keys is one.
+ */
+export function metadataRecord(metadata: grpc.Metadata): Record<string, string> {
+  const record: Record<string, string> = {};
+  for (const [k, v] of Object.entries(metadata.getMap())) if (typeof v === "string") record[k] = v;
+  return record;
+}
+
+/** The Metadata a sub-stream's string map stands for. */
+export function metadataOf(record: Record<string, string>): grpc.Metadata {
+  const metadata = new grpc.Metadata();
+  for (const [k, v] of Object.entries(record)) metadata.set(k, v);
+  return metadata;
+}
 
 const ITEMS = (1 << 3) | 2;
 const ITEM_STREAM = 1 << 3;

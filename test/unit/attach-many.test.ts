@@ -47,11 +47,17 @@ interface Seen {
   cancelled: number;
   /** Whether a write of the script ever found its stream full. */
   full: boolean;
+  /** The caller each handler's call metadata named (CALLER_KEY), in the order the handlers began. */
+  callers: string[];
 }
+
+/** A metadata entry the gateway's caller sets, which its handler must see. */
+const CALLER_KEY = "x-test-caller";
 
 /** The scripted Attach handler: opened on the first frame, then what each prompt says. */
 function scriptedAttach(seen: Seen) {
   return (call: grpc.ServerDuplexStream<AttachRequest, unknown>) => {
+    seen.callers.push(String(call.metadata.get(CALLER_KEY)[0] ?? ""));
     let first = true;
     let busy = false;
     let halfClosed = false;
@@ -92,7 +98,7 @@ function scriptedAttach(seen: Seen) {
 }
 
 async function startRunner(options: { maxMessageBytes?: number; withoutAttachMany?: boolean } = {}) {
-  const seen: Seen = { attachCalls: 0, attachManyCalls: 0, cancelled: 0, full: false };
+  const seen: Seen = { attachCalls: 0, attachManyCalls: 0, cancelled: 0, full: false, callers: [] };
   const script = scriptedAttach(seen);
   const attach = (call: grpc.ServerDuplexStream<AttachRequest, unknown>) => {
     seen.attachCalls++;
@@ -136,8 +142,10 @@ interface Received {
 }
 
 /** Opens a sub-stream, sends the open frame and `prompt`, and half-closes; collects what comes back. */
-function session(mux: RunnerMux, prompt: string, paused = false): { call: AttachCall; got: Received } {
-  const call = mux.attach(new grpc.Metadata());
+function session(mux: RunnerMux, prompt: string, paused = false, caller = ""): { call: AttachCall; got: Received } {
+  const metadata = new grpc.Metadata();
+  if (caller) metadata.set(CALLER_KEY, caller);
+  const call = mux.attach(metadata);
   const got = { seqs: [] as number[], opened: false } as Received;
   got.ended = new Promise<void>((resolve) => {
     call.on("end", () => resolve());
@@ -168,8 +176,10 @@ describe("AttachMany", () => {
   test("many sessions' streams share one call, each in its own order", async () => {
     const runner = await startRunner();
     try {
-      const sessions = Array.from({ length: 20 }, () => session(runner.mux, "tokens 50"));
+      const sessions = Array.from({ length: 20 }, (_, i) => session(runner.mux, "tokens 50", false, `caller-${i}`));
       await Promise.all(sessions.map((s) => s.got.ended));
+      // Each handler got its own caller's metadata, carried in its sub-stream's open.
+      assert.deepEqual([...runner.seen.callers].sort(), sessions.map((_, i) => `caller-${i}`).sort());
       for (const { got } of sessions) {
         assert.equal(got.error, undefined);
         assert.ok(got.opened);
