@@ -96,7 +96,10 @@ export class RunnerPool {
     }
     return c;
   }
+  /** After the gateway's drain: ends the AttachMany calls, then closes the channels. */
   close(): void {
+    for (const m of this.muxes.values()) m.close();
+    this.muxes.clear();
     for (const c of this.clients.values()) c.close();
   }
 }

@@ -228,6 +228,11 @@ class MuxCall {
     setImmediate(() => this.call.end());
   }
 
+  /** Ends the call now; sub-streams still on it fail CANCELLED. */
+  cancel(): void {
+    this.call.cancel();
+  }
+
   private flush(): void {
     const items = this.outgoing;
     this.outgoing = [];
@@ -275,5 +280,15 @@ export class RunnerMux {
     const id = this.nextId;
     this.nextId = this.nextId >= 0xfffffff0 ? 1 : this.nextId + 1;
     return this.current.attach(id, metadata) as unknown as AttachCall;
+  }
+
+  /**
+   * The gateway is going (after its drain): the call ends now, so the runner's side lets go of it
+   * at once, and the connection can close. Streams attached later get a call of their own.
+   */
+  close(): void {
+    const call = this.current;
+    this.current = undefined;
+    call?.cancel();
   }
 }

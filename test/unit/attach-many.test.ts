@@ -47,6 +47,8 @@ interface Seen {
   cancelled: number;
   /** Whether a write of the script ever found its stream full. */
   full: boolean;
+  /** AttachMany calls that ended by the gateway's cancel. */
+  manyCancelled: number;
   /** The caller each handler's call metadata named (CALLER_KEY), in the order the handlers began. */
   callers: string[];
 }
@@ -98,7 +100,7 @@ function scriptedAttach(seen: Seen) {
 }
 
 async function startRunner(options: { maxMessageBytes?: number; withoutAttachMany?: boolean } = {}) {
-  const seen: Seen = { attachCalls: 0, attachManyCalls: 0, cancelled: 0, full: false, callers: [] };
+  const seen: Seen = { attachCalls: 0, attachManyCalls: 0, cancelled: 0, manyCancelled: 0, full: false, callers: [] };
   const script = scriptedAttach(seen);
   const attach = (call: grpc.ServerDuplexStream<AttachRequest, unknown>) => {
     seen.attachCalls++;
@@ -122,16 +124,19 @@ async function startRunner(options: { maxMessageBytes?: number; withoutAttachMan
     const server = new RpcServer({ maxMessageBytes: max });
     server.add(RunnerService, {
       attach,
-      attachMany: (call: never) => {
+      attachMany: (call: grpc.ServerDuplexStream<unknown, unknown>) => {
         seen.attachManyCalls++;
-        many(call);
+        call.on("cancelled", () => seen.manyCancelled++);
+        many(call as never);
       },
     } as never);
     port = await server.listen("127.0.0.1:0");
     stop = () => void server.drain(0);
   }
   const client = createClient(RunnerService, `127.0.0.1:${port}`, { rawResponses: ["attach", "attachMany"] });
-  return { seen, mux: new RunnerMux(client), stop: () => (client.close(), stop()) };
+  const mux = new RunnerMux(client);
+  // As the gateway's RunnerPool.close: the call ends first, so the connection can close.
+  return { seen, mux, stop: () => (mux.close(), client.close(), stop()) };
 }
 
 interface Received {
@@ -259,6 +264,28 @@ describe("AttachMany", () => {
       assert.deepEqual(after.got.seqs, oneTo(40));
       assert.equal(runner.seen.cancelled, 1, "the runner's handler was told");
       assert.equal(runner.seen.attachManyCalls, 1);
+    } finally {
+      runner.stop();
+    }
+  });
+
+  test("closing the mux ends its call: the runner lets go of it and of its sub-streams", async () => {
+    const runner = await startRunner();
+    try {
+      const endless = session(runner.mux, "tokens 100000000 100");
+      await new Promise((r) => setTimeout(r, 100));
+      runner.mux.close();
+      await endless.got.ended;
+      assert.equal(endless.got.error?.code, Status.CANCELLED);
+      for (let waited = 0; runner.seen.manyCancelled === 0 && waited < 2000; waited += 10)
+        await new Promise((r) => setTimeout(r, 10));
+      assert.equal(runner.seen.manyCancelled, 1, "the runner saw its AttachMany call end");
+      assert.equal(runner.seen.cancelled, 1, "the sub-stream's handler was told");
+      // A stream attached after the close goes on a call of its own.
+      const later = session(runner.mux, "tokens 10");
+      await later.got.ended;
+      assert.deepEqual(later.got.seqs, oneTo(10));
+      assert.equal(runner.seen.attachManyCalls, 2);
     } finally {
       runner.stop();
     }
