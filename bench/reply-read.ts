@@ -72,7 +72,9 @@ try {
   console.log(`reply-read: ${REPLIES} replies at once, ${TOKENS} tokens each, ${PROMPT}`);
   console.log(`troupe's client: ${figures.troupe.map((x) => x.toFixed(2)).join(", ")} µs of CPU per token`);
   console.log(`baseline (undici request, split and parse): ${figures.baseline.map((x) => x.toFixed(2)).join(", ")} µs`);
-  console.log(`RESULT troupe_us_per_token=${t.toFixed(2)} baseline_us_per_token=${b.toFixed(2)} ratio=${(t / b).toFixed(2)}`);
+  console.log(
+    `RESULT troupe_us_per_token=${t.toFixed(2)} baseline_us_per_token=${b.toFixed(2)} ratio=${(t / b).toFixed(2)}`,
+  );
   await pool.close();
 } finally {
   await stack.stop();
