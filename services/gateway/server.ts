@@ -324,6 +324,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       quotas.stop();
       runners.close();
       router.close();
+      server.close();
     },
   };
 }

@@ -13,6 +13,7 @@ import { instruments, secondsSince } from "../metrics.js";
 import { extractContext, spanContext, tracer } from "../telemetry.js";
 import { MalformedMessage, serviceDefinition } from "./definition.js";
 import { channelOptions, DEFAULT_MAX_MESSAGE_BYTES } from "./limits.js";
+import { LiveCalls } from "./live-calls.js";
 import type { ServiceImpl } from "./types.js";
 
 /**
@@ -216,13 +217,14 @@ function checkKeyPair({ certFile, keyFile }: TlsFiles): void {
 /**
  * A grpc-js server with the health service built in. Lifecycle: add services, listen(), and on
  * the way out drain(): health goes NOT_SERVING, new calls are refused, running ones get a grace
- * period, then whatever is left is cancelled.
+ * period; then close(), last, ends whatever is left.
  */
 export class RpcServer {
   private readonly server: grpc.Server;
   private readonly statuses = new Map<string, Serving>([["", Serving.SERVING]]);
   private readonly watchers = new Map<string, Set<grpc.ServerWritableStream<unknown, unknown>>>();
   private readonly unexpected: Unexpected;
+  private readonly live = new LiveCalls();
 
   constructor(options: ServerOptions = {}) {
     this.unexpected = unexpectedTo(options.logger);
@@ -235,7 +237,8 @@ export class RpcServer {
       "grpc.http2.min_ping_interval_without_data_ms": 60_000,
       // Node's 10 MB default per HTTP/2 session throttles fast event streams.
       "grpc-node.max_session_memory": 64,
-      interceptors: [guard(options.authenticate)],
+      // The live-call tracker innermost, so that it sees the guard's refusals end their calls too.
+      interceptors: [this.live.interceptor, guard(options.authenticate)],
     });
     this.add(Health, {
       check: async (req) => {
@@ -290,7 +293,11 @@ export class RpcServer {
     });
   }
 
-  /** Go NOT_SERVING, stop accepting, give running calls graceMs to end, then cancel the rest. */
+  /**
+   * Go NOT_SERVING, stop accepting, give running calls graceMs to end. Calls still running after
+   * it stay open until close(), so that the service can finish its own shutdown first (a runner
+   * releases its sessions, and its clients' retries find them free).
+   */
   async drain(graceMs: number): Promise<void> {
     for (const name of this.statuses.keys()) this.setStatus(name, Serving.NOT_SERVING);
     for (const set of this.watchers.values()) for (const call of set) call.end();
@@ -304,5 +311,10 @@ export class RpcServer {
         resolve();
       });
     });
+  }
+
+  /** Ends every call still running with UNAVAILABLE (live-calls.ts says why grpc-js does not). Last, after drain(). */
+  close(): void {
+    this.live.endAll("the server is shutting down; retry");
   }
 }
