@@ -22,10 +22,6 @@ export class LiveCalls {
     return live;
   };
 
-  get size(): number {
-    return this.calls.size;
-  }
-
   /** Ends every call still under way with UNAVAILABLE: the client retries elsewhere. */
   endAll(details: string): void {
     for (const call of [...this.calls]) {
