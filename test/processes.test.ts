@@ -15,6 +15,7 @@ import { Role } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { RouterService } from "../services/shared/gen/troupe/v1/router_pb.js";
 import { clientApiKey, internalCredentials } from "../services/shared/auth.js";
 import { createClient } from "../services/shared/rpc.js";
+import { Status } from "../services/shared/errors.js";
 import { ChatSession } from "./helpers/session.js";
 import {
   MAIN,
@@ -468,5 +469,25 @@ describe("troupe chat", () => {
     const again = await chat("-c", "and again");
     assert.match(again.stderr, /session cli-json\n/);
     assert.equal(again.stdout, "You said: and again\n");
+  });
+});
+
+describe("a gateway stopped with a stream still open", () => {
+  let stack: Awaited<ReturnType<typeof startStack>>;
+  before(async () => {
+    stack = await startStack({ env: { TROUPE_DRAIN_GRACE_MS: "300" } });
+  });
+  after(() => stack?.stop());
+
+  test("ends it UNAVAILABLE, to retry, not as if the client had cancelled", async () => {
+    const s = new ChatSession(stack.gateway);
+    s.open();
+    // A turn that outlasts the drain's grace: 2,000 tokens at 20 a second.
+    s.prompt("!bench 2000 rate=20");
+    await s.waitFor((e) => e.payload.case === "messageUpdate", 20_000);
+    assert.equal(await stack.kill("gateway", "SIGTERM"), 0);
+    await s.until(() => s.status !== undefined, 10_000).catch(() => undefined);
+    assert.equal(s.status?.code, Status.UNAVAILABLE, `${s.status?.code} ${s.status?.details}`);
+    assert.match(s.status?.details ?? "", /shutting down; retry/);
   });
 });

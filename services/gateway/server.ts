@@ -322,9 +322,10 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       keys.stop();
       limits.stop();
       quotas.stop();
+      // Client streams first, with a status they retry on; then the runner calls they were using.
+      await server.close();
       runners.close();
       router.close();
-      server.close();
     },
   };
 }

@@ -339,7 +339,7 @@ export async function startMemory(cfg: Config, logger: Logger): Promise<RunningS
       clearInterval(maintenance);
       await server.drain(cfg.drainGraceMs);
       store.close();
-      server.close();
+      await server.close();
     },
   };
 }

@@ -202,7 +202,7 @@ export async function startRouter(cfg: Config, logger: Logger): Promise<RunningS
       routing.stop();
       await server.drain(cfg.drainGraceMs);
       await pool?.end();
-      server.close();
+      await server.close();
     },
   };
 }

@@ -343,7 +343,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
       await model.close();
       for (const c of [sandbox, memory, router]) c.close();
       // Last: a stream still open learns only now, when its session is free for the next runner.
-      server.close();
+      await server.close();
     },
   };
 }

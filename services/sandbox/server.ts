@@ -317,7 +317,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
       await server.drain(cfg.drainGraceMs);
       await fleet.shutdown();
       docker.close();
-      server.close();
+      await server.close();
     },
   };
 }

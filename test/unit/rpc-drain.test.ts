@@ -39,7 +39,7 @@ test("close after a drain ends the calls still running with UNAVAILABLE", async 
     assert.equal(started.attach, 3);
     const t0 = performance.now();
     await server.drain(100);
-    server.close();
+    await server.close();
     const outcome = await Promise.race([
       Promise.all(statuses),
       new Promise<"still open">((r) => setTimeout(() => r("still open"), 3000)),

@@ -214,6 +214,9 @@ function checkKeyPair({ certFile, keyFile }: TlsFiles): void {
   }
 }
 
+/** How long close() waits for the connections of the calls it ended to close. */
+const CLOSE_WAIT_MS = 1000;
+
 /**
  * A grpc-js server with the health service built in. Lifecycle: add services, listen(), and on
  * the way out drain(): health goes NOT_SERVING, new calls are refused, running ones get a grace
@@ -313,8 +316,19 @@ export class RpcServer {
     });
   }
 
-  /** Ends every call still running with UNAVAILABLE (live-calls.ts says why grpc-js does not). Last, after drain(). */
-  close(): void {
+  /**
+   * Ends every call still running with UNAVAILABLE (live-calls.ts says why grpc-js does not), and
+   * resolves once their connections have closed, so the statuses are out before the process
+   * exits (at most CLOSE_WAIT_MS). Last, after drain().
+   */
+  async close(): Promise<void> {
     this.live.endAll("the server is shutting down; retry");
+    await new Promise<void>((resolve) => {
+      const timer = setTimeout(resolve, CLOSE_WAIT_MS);
+      this.server.tryShutdown(() => {
+        clearTimeout(timer);
+        resolve();
+      });
+    });
   }
 }
