@@ -1,6 +1,7 @@
 // One session's JSONL file, as the file store writes and reads it: appends by group commit, each
 // line stamped with its writer's epoch; the parse that leaves out a fenced owner's late lines and
 // skips damaged ones; the repair of a tail torn by a crash.
+import { writeSync } from "node:fs";
 import { open, type FileHandle } from "node:fs/promises";
 import { SessionElsewhere, type Lease, type SessionLeases } from "./session-lease.js";
 import { appendStarted } from "./append-telemetry.js";
@@ -16,11 +17,15 @@ export function logLine(record: LogRecord, epoch?: number): string {
 const IDLE_CLOSE_MS = 2000;
 
 /**
- * Group commit: records appended while a write is in flight are written together by the next one,
- * and fsynced once if any of them asked for it. Order is append order; a promise resolves when
- * its record is written (and synced, if asked). After a failed write every later append fails:
- * nothing is acknowledged past a hole in the log. Each line carries the writer's epoch, and every
- * sync checks that the lease still holds.
+ * Group commit: records appended in one turn of the event loop, or while a sync is in flight, are
+ * written together by one write, and fsynced once if any of them asked for it. Order is append
+ * order; a promise resolves when its record is written (and synced, if asked). After a failed
+ * write every later append fails: nothing is acknowledged past a hole in the log. Each line
+ * carries the writer's epoch, and every sync checks that the lease still holds.
+ *
+ * The write itself is synchronous (a few KB into the page cache, about 2 µs), the fsync and the
+ * lease check are not: a write handed to libuv's thread pool cost the busy runner 50 µs or more
+ * of its loop each, in thread hand-offs (docs/benchmarks.md, "The cost of a turn").
  */
 export class JsonlSessionLog implements SessionLog {
   private batch: string[] = [];
@@ -44,8 +49,14 @@ export class JsonlSessionLog implements SessionLog {
     this.batch.push(logLine(record, this.lease.epoch));
     this.batchSync ||= sync;
     const done = new Promise<void>((resolve, reject) => this.waiters.push({ resolve, reject }));
-    this.writing ??= this.drain();
+    this.writing ??= this.drainSoon();
     return done;
+  }
+
+  /** Drains once this turn of the event loop is over, so what it appended goes in one write. */
+  private async drainSoon(): Promise<void> {
+    await new Promise<void>((resolve) => setImmediate(resolve));
+    await this.drain();
   }
 
   async flush(): Promise<void> {
@@ -66,7 +77,7 @@ export class JsonlSessionLog implements SessionLog {
         const bytes = Buffer.from(data, "utf8");
         // The file is opened for appending, so each write lands at the end; loop on short writes.
         const fh = (this.fh ??= await open(this.file, "a"));
-        for (let off = 0; off < bytes.length; ) off += (await fh.write(bytes, off)).bytesWritten;
+        for (let off = 0; off < bytes.length; ) off += writeSync(fh.fd, bytes, off);
         if (sync) {
           await fh.datasync();
           // Checked after the sync: a lease still held now was held when the record landed, so

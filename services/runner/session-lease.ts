@@ -16,6 +16,7 @@
 // This needs a filesystem with POSIX create-exclusive and unlink visibility across the runners
 // (a local disk, or a shared volume with close-to-open consistency).
 import { randomUUID } from "node:crypto";
+import { statSync } from "node:fs";
 import { mkdir, readFile, rename, stat, unlink, utimes, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
@@ -173,15 +174,20 @@ export class SessionLeases {
     }
   }
 
-  /** Whether the lease still holds. False means a new owner took the session. */
+  /**
+   * Whether the lease still holds. False means a new owner took the session. Checked after every
+   * fsync, so it is a stat on the event loop (about 2 µs on a local disk) rather than a trip
+   * through libuv's thread pool, which cost the busy runner more (docs/benchmarks.md, "The cost
+   * of a turn"); on a shared volume it is one round trip to the file server.
+   */
   async holds(lease: Lease): Promise<boolean> {
-    return stat(lease.file).then(
-      () => true,
-      (err: NodeJS.ErrnoException) => {
-        if (err.code === "ENOENT") return false;
-        throw err;
-      },
-    );
+    try {
+      statSync(lease.file);
+      return true;
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === "ENOENT") return false;
+      throw err;
+    }
   }
 
   async release(lease: Lease): Promise<void> {

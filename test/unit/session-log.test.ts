@@ -3,6 +3,8 @@
 // skipped and reported, and sessions are named by their owner as well as their id.
 import { test } from "node:test";
 import assert from "node:assert/strict";
+import { trace } from "@opentelemetry/api";
+import { InMemorySpanExporter, SimpleSpanProcessor, TracerProvider } from "@opentelemetry/sdk-trace";
 import { appendFile, mkdir, mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
@@ -78,6 +80,44 @@ test("the session log: atomic create, torn tail repaired, appends in order", asy
       "no temporary files left",
     );
   } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+});
+
+test("records appended in one turn of the event loop are written together, in order", async () => {
+  // Each write of the log is one "append session log" span; its attribute counts the records.
+  const exporter = new InMemorySpanExporter();
+  trace.setGlobalTracerProvider(new TracerProvider({ spanProcessors: [new SimpleSpanProcessor({ exporter })] }));
+  const batches = () =>
+    exporter
+      .getFinishedSpans()
+      .map((s) => ({ records: s.attributes["troupe.store.records"], sync: s.attributes["troupe.store.sync"] }));
+  const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-log-"));
+  try {
+    const store = new JsonlSessionStore(dir);
+    const log = await store.create(S1, "main", OWNER);
+    await log.append({ t: "seq", upTo: 99 }, false); // the log's file is open from here on
+    exporter.reset();
+    // Five records in one stretch of code, the last synced: one write, one fsync.
+    await Promise.all(Array.from({ length: 5 }, (_, i) => log.append({ t: "seq", upTo: 100 + i }, i === 4)));
+    assert.deepEqual(batches(), [{ records: 5, sync: true }]);
+    // A record appended while the sync is in flight waits for it and goes in the next write.
+    exporter.reset();
+    const synced = log.append({ t: "seq", upTo: 200 }, true);
+    await new Promise((resolve) => setImmediate(resolve));
+    const late = log.append({ t: "seq", upTo: 201 }, false);
+    await Promise.all([synced, late]);
+    assert.deepEqual(batches(), [
+      { records: 1, sync: true },
+      { records: 1, sync: false },
+    ]);
+    await log.close();
+    assert.deepEqual(
+      (await store.read(S1)).slice(2).map((r) => (r as { upTo: number }).upTo),
+      [99, 100, 101, 102, 103, 104, 200, 201],
+    );
+  } finally {
+    trace.disable();
     await rm(dir, { recursive: true, force: true });
   }
 });
