@@ -291,7 +291,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       withRunner,
       onBehalfOf,
       channelReset: cfg.channelReset,
-      netPolicy: { ...DEFAULT_NET_POLICY, ...cfg.net },
+      netPolicy: { ...DEFAULT_NET_POLICY, ...cfg.net, proxy: cfg.outboundProxy },
       hints: inboxHints,
       logger,
     }),

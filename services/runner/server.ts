@@ -113,7 +113,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   const runDeps = runDepsFor({
     defaultModel: cfg.model,
     execTimeoutMs: cfg.execTimeoutMs,
-    net: { ...DEFAULT_NET_POLICY, ...cfg.net },
+    net: { ...DEFAULT_NET_POLICY, ...cfg.net, proxy: cfg.outboundProxy },
     secrets: new Secrets(cfg.secretsFile),
     background,
     // The scheduler starts below; a tool call can only come after it has.

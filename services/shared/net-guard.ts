@@ -5,13 +5,18 @@
 //     [::ffff:127.0.0.1] are all 127.0.0.1 by the time they are checked);
 //   - resolves a name once, refuses it if ANY of its addresses is not public, and connects to the
 //     address it checked (the socket's lookup is pinned to it: no second resolution to rebind);
-//   - follows redirects itself, each one checked the same way, up to the policy's cap.
+//   - follows redirects itself, each one checked the same way, up to the policy's cap;
+//   - where an HTTP proxy is configured (the policy's `proxy`, outbound-proxy.ts proxyFor), asks
+//     it for a CONNECT tunnel to the address it checked (never to the name, which the proxy would
+//     resolve again), and speaks to the site inside it: TLS named for the site, Host the site's.
 // A refusal is a NetRefusal whose message says why; nothing is sent to a refused address.
 import { lookup } from "node:dns/promises";
 import { isIP } from "node:net";
 import { undiciAgent } from "./undici-agent.js";
 import { readCapped } from "./bounded-body.js";
 import { addressRefusal, BLOCKED_NAMES, blockList } from "./address-ranges.js";
+import { type OutboundProxy, proxyFor, proxyHosts } from "./outbound-proxy.js";
+import { createRequire } from "node:module";
 
 export class NetRefusal extends Error {}
 
@@ -24,6 +29,8 @@ export interface NetPolicy {
   maxRedirects: number;
   /** A host name's addresses; dns.lookup by default. */
   resolve?: (host: string) => Promise<{ address: string; family: number }[]>;
+  /** The HTTP proxy requests leave through (HTTPS_PROXY, HTTP_PROXY, NO_PROXY); none: directly. */
+  proxy?: OutboundProxy;
 }
 
 export const DEFAULT_NET_POLICY: NetPolicy = { ports: [80, 443], allow: [], maxRedirects: 5 };
@@ -123,7 +130,7 @@ export async function guardedRequest(raw: string, req: GuardedRequest, policy: N
     for (;;) {
       const target = await checkTarget(next, policy, allow);
       req.checkHop?.(target.url);
-      const res = await send(target, method, req.headers?.(target.url) ?? {}, body, signal);
+      const res = await send(target, method, req.headers?.(target.url) ?? {}, body, signal, policy.proxy);
       const location = res.headers.location;
       if (REDIRECTS.has(res.statusCode) && typeof location === "string") {
         await res.body.dump().catch(() => undefined);
@@ -153,21 +160,17 @@ async function send(
   headers: Record<string, string>,
   body: string | Buffer | undefined,
   signal: AbortSignal,
+  proxy: OutboundProxy | undefined,
 ) {
-  // One agent per hop, its lookup answering with the address checked above, whatever DNS says now.
-  // undici's Agent loads at the first guarded request: a gateway or sandbox that never fetches
-  // does not pay for it.
-  const pinned = (_host: string, opts: { all?: boolean }, cb: (...a: unknown[]) => void) =>
-    opts.all ? cb(null, [{ address: target.address, family: target.family }]) : cb(null, target.address, target.family);
-  const Agent = undiciAgent();
-  const agent = new Agent({ connect: { lookup: pinned } as object, connections: 1, pipelining: 0 });
-  const { origin, pathname, search } = target.url;
+  const via = proxyFor(proxy, target.url);
+  const { origin, pathname, search } = via ? addressed(target) : target.url;
+  const agent = via ? tunnelTo(via, target) : pinnedTo(target);
   try {
     const res = await agent.request({
       origin,
       path: pathname + search,
       method: method as "GET",
-      headers,
+      headers: via ? { ...headers, host: target.url.host } : headers,
       body,
       signal,
     });
@@ -175,6 +178,51 @@ async function send(
     return res;
   } catch (err) {
     await agent.destroy().catch(() => undefined);
+    // The proxy's refusal of the tunnel, said as such: undici words it "Proxy response (407) !== 200".
+    const refused = via && !signal.aborted && /^Proxy response \((\d+)\)/.exec((err as Error).message ?? "");
+    if (refused)
+      throw new NetRefusal(
+        `the proxy at ${proxyHosts({ httpsProxy: via })} refused a tunnel to ${target.url.host} (HTTP ${refused[1]}${refused[1] === "407" ? ": it wants credentials, given in the proxy's URL" : ""})`,
+      );
     throw err;
   }
+}
+
+/**
+ * One agent per hop, its lookup answering with the address checked above, whatever DNS says now.
+ * undici's Agent loads at the first guarded request: a gateway or sandbox that never fetches
+ * does not pay for it.
+ */
+function pinnedTo(target: CheckedTarget) {
+  const pinned = (_host: string, opts: { all?: boolean }, cb: (...a: unknown[]) => void) =>
+    opts.all ? cb(null, [{ address: target.address, family: target.family }]) : cb(null, target.address, target.family);
+  const Agent = undiciAgent();
+  return new Agent({ connect: { lookup: pinned } as object, connections: 1, pipelining: 0 });
+}
+
+/** The target's URL with its checked address in place of its name: what the tunnel is asked for. */
+function addressed(target: CheckedTarget): URL {
+  const url = new URL(target.url);
+  url.hostname = target.family === 6 ? `[${target.address}]` : target.address;
+  return url;
+}
+
+const require = createRequire(import.meta.url);
+
+/**
+ * A one-connection agent through `proxyUrl`'s CONNECT tunnel, for http:// targets too (undici's
+ * proxyTunnel), so the proxy is given an address and a port, never a request to rewrite. The TLS
+ * inside is named for the site (SNI and the certificate's check), unless the URL names an address.
+ */
+function tunnelTo(proxyUrl: string, target: CheckedTarget) {
+  undiciAgent(); // the request API on every dispatcher, the proxy agent's among them
+  const ProxyAgent = require("undici/lib/dispatcher/proxy-agent.js") as typeof import("undici").ProxyAgent;
+  const host = target.url.hostname.replace(/^\[|\]$/g, "");
+  return new ProxyAgent({
+    uri: proxyUrl,
+    proxyTunnel: true,
+    connections: 1,
+    pipelining: 0,
+    ...(isIP(host) === 0 ? { requestTls: { servername: host } } : {}),
+  });
 }

@@ -1,10 +1,11 @@
 // Outbound calls through an HTTP proxy, where the network allows no other way out: model
 // providers (the runner's pools, the memory service's embedding and learning models) and chat
 // APIs (Telegram, Slack, a webhook's reply URL), as HTTPS_PROXY, HTTP_PROXY and NO_PROXY say
-// (config.ts reads them; undici's EnvHttpProxyAgent routes each call). Three kinds of call never
-// take it: gRPC between Troupe's services (rpc/client.ts turns grpc-js's own proxy support off),
-// the agent tools' web requests, whose guard must check the address it connects to (net-guard.ts),
-// and sandboxed commands' egress, which has a guarded proxy of its own.
+// (config.ts reads them; undici's EnvHttpProxyAgent routes each call). The agent tools' web
+// requests and the gateway's media fetches take it too, by proxyFor below: their guard
+// (net-guard.ts) resolves and checks the address itself and tunnels to that address. Two kinds of
+// call never take it: gRPC between Troupe's services (rpc/client.ts turns grpc-js's own proxy
+// support off), and sandboxed commands' egress, which has a guarded proxy of its own.
 import { createRequire } from "node:module";
 import type { Agent, Dispatcher } from "undici";
 import { undiciAgent } from "./undici-agent.js";
@@ -55,6 +56,41 @@ export function outboundAgent(options: Agent.Options): Agent {
     httpProxy: configured.httpProxy ?? "",
     noProxy: [configured.noProxy ?? "", ...LOOPBACK].filter(Boolean).join(","),
   } as Agent.Options);
+}
+
+/**
+ * The proxy a request to `url` goes through, or undefined: directly. The same rules as undici's
+ * EnvHttpProxyAgent (outboundAgent), so every outbound call of a process agrees: https:// takes
+ * httpsProxy, else httpProxy; http:// takes httpProxy; loopback and NO_PROXY's hosts go directly.
+ */
+export function proxyFor(proxy: OutboundProxy | undefined, url: URL): string | undefined {
+  const via = url.protocol === "https:" ? proxy?.httpsProxy || proxy?.httpProxy : proxy?.httpProxy;
+  if (!via) return undefined;
+  const host = url.hostname
+    .replace(/^\[(.*)\]$/, "$1")
+    .toLowerCase()
+    .replace(/\.$/, "");
+  const port = Number(url.port || (url.protocol === "https:" ? 443 : 80));
+  if (LOOPBACK.includes(host) || bypassed(proxy?.noProxy ?? "", host, port)) return undefined;
+  return via;
+}
+
+/**
+ * Whether NO_PROXY names `host` (lower case, no brackets) on `port`, as undici reads it: entries
+ * split on commas and spaces, each a host with an optional port; `*` is every host; `name` and
+ * `.name` are the name and everything under it, `*.name` only what is under it.
+ */
+function bypassed(noProxy: string, host: string, port: number): boolean {
+  for (const entry of noProxy.split(/[,\s]/)) {
+    if (entry === "") continue;
+    const m = /^\[(.+)\]:(\d+)$/.exec(entry) ?? /^([^:]+):(\d+)$/.exec(entry);
+    const name = (m ? m[1] : entry.replace(/^\[(.+)\]$/, "$1")).toLowerCase();
+    if (m && Number(m[2]) !== port) continue;
+    if (name === "*") return true;
+    const base = name.replace(/^\*?\./, "").replace(/\.$/, "");
+    if ((!name.startsWith("*") && host === base) || host.endsWith(`.${base}`)) return true;
+  }
+  return false;
 }
 
 /** The proxies' host:port, for what a person reads (a proxy URL may carry credentials). */

@@ -16,6 +16,7 @@ import { writeFile, mkdtemp, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { selfSigned } from "../helpers/certs.js";
+import { HttpProxy } from "../helpers/http-proxy.js";
 import { guardedRequest, NetRefusal, type NetPolicy } from "../../services/shared/net-guard.js";
 import { DEFAULT_AGENT, type AgentConfig } from "../../services/runner/agent-config.js";
 import { httpRequestTool, Secrets, webFetchTool } from "../../services/runner/web-tools.js";
@@ -397,5 +398,106 @@ describe("http_request", () => {
       assert.match(r.output, why, JSON.stringify(args));
     }
     assert.equal(sentinelHits, 0);
+  });
+});
+
+describe("the SSRF guard behind an HTTP proxy", () => {
+  // The proxy as RFC 9110 describes one (helpers/http-proxy.ts), on 127.0.0.1: reaching it is the
+  // operator's choice, not the guard's. What it is asked to carry is what the guard checked.
+  const behind = (proxy: HttpProxy, over: Partial<NetPolicy["proxy"]> = {}): NetPolicy => ({
+    ...policy(),
+    proxy: { httpProxy: proxy.url, httpsProxy: proxy.url, ...over },
+  });
+
+  test("a request is tunnelled to the address the guard checked, never to the name", async () => {
+    const proxy = await new HttpProxy().start();
+    try {
+      const res = await guardedRequest(`http://public.test:${P}/`, { maxBytes: 1000, timeoutMs: 5000 }, behind(proxy));
+      assert.equal(res.body.toString(), `public public.test:${P}`, "the site is asked for by its name");
+      // A redirect's next hop is checked and tunnelled the same way.
+      await guardedRequest(`http://public.test:${P}/hop`, { maxBytes: 1000, timeoutMs: 5000 }, behind(proxy));
+      assert.deepEqual(proxy.seen, [
+        { method: "CONNECT", target: `127.0.0.2:${P}` },
+        { method: "CONNECT", target: `127.0.0.2:${P}` },
+        { method: "CONNECT", target: `127.0.0.2:${P}` },
+      ]);
+    } finally {
+      await proxy.close();
+    }
+  });
+
+  test(`the ${HOSTILE.length} hostile URLs are refused before the proxy is asked for anything`, async () => {
+    const proxy = await new HttpProxy().start();
+    try {
+      for (const [raw, why] of HOSTILE) {
+        const url = expand(raw);
+        await assert.rejects(guardedRequest(url, { maxBytes: 1000, timeoutMs: 5000 }, behind(proxy)), why, raw);
+      }
+      // Redirect chains asked the proxy for their first, public hop only.
+      assert.ok(
+        proxy.seen.every((s) => s.target === `127.0.0.2:${P}`),
+        JSON.stringify(proxy.seen),
+      );
+      assert.equal(sentinelHits, 0);
+    } finally {
+      await proxy.close();
+    }
+  });
+
+  test("https inside the tunnel is named for the site, and its certificate is still checked", async () => {
+    const proxy = await new HttpProxy().start();
+    try {
+      const r = await webFetchTool(behind(proxy), agent()).execute({ url: `https://public.test:${T}/` }, ctx());
+      assert.equal(r.isError, true);
+      assert.match(r.output, /^web_fetch failed: self[- ]signed certificate/);
+      assert.equal(sniSeen.at(-1), "public.test");
+      assert.deepEqual(proxy.seen, [{ method: "CONNECT", target: `127.0.0.2:${T}` }]);
+    } finally {
+      await proxy.close();
+    }
+  });
+
+  test("a proxy's refusal says so (407: credentials), and credentials in its URL are sent", async () => {
+    const proxy = await new HttpProxy("agent:s3cret").start();
+    try {
+      await assert.rejects(
+        guardedRequest(`http://public.test:${P}/`, { maxBytes: 1000, timeoutMs: 5000 }, behind(proxy)),
+        (err: Error) => {
+          assert.ok(err instanceof NetRefusal, err.message);
+          assert.match(err.message, /proxy at 127\.0\.0\.1:\d+ refused a tunnel to public\.test:\d+ \(HTTP 407/);
+          assert.ok(!err.message.includes("s3cret"));
+          return true;
+        },
+      );
+      const withCredentials = proxy.url.replace("http://", "http://agent:s3cret@");
+      const res = await guardedRequest(
+        `http://public.test:${P}/`,
+        { maxBytes: 1000, timeoutMs: 5000 },
+        behind(proxy, { httpProxy: withCredentials }),
+      );
+      assert.equal(res.status, 200);
+    } finally {
+      await proxy.close();
+    }
+  });
+
+  test("a host NO_PROXY names, and HTTPS_PROXY alone for an http:// URL, go directly", async () => {
+    const proxy = await new HttpProxy().start();
+    try {
+      const url = `http://public.test:${P}/`;
+      const direct = [
+        behind(proxy, { noProxy: "example.com, .test" }),
+        behind(proxy, { noProxy: `public.test:${P}` }),
+        { ...policy(), proxy: { httpsProxy: proxy.url } },
+      ];
+      for (const p of direct)
+        assert.equal((await guardedRequest(url, { maxBytes: 1000, timeoutMs: 5000 }, p)).status, 200);
+      assert.deepEqual(proxy.seen, []);
+      // A NO_PROXY entry for another port does not count.
+      await guardedRequest(url, { maxBytes: 1000, timeoutMs: 5000 }, behind(proxy, { noProxy: "public.test:1" }));
+      assert.equal(proxy.seen.length, 1);
+    } finally {
+      await proxy.close();
+    }
   });
 });

@@ -8,7 +8,7 @@ import { OpenAIModelClient } from "../../services/runner/chat-completions-model.
 import { ModelError, type ModelChunk } from "../../services/runner/model.js";
 import { OpenAIEmbedder } from "../../services/memory/embedder.js";
 import { effectiveEnvironment, loadConfig } from "../../services/shared/config.js";
-import { alwaysDirect, proxyHosts, useOutboundProxy } from "../../services/shared/outbound-proxy.js";
+import { alwaysDirect, proxyFor, proxyHosts, useOutboundProxy } from "../../services/shared/outbound-proxy.js";
 import { ChatApiServer } from "../helpers/openai-api.js";
 import { EmbeddingsApiServer } from "../helpers/embeddings-api.js";
 import { HttpProxy } from "../helpers/http-proxy.js";
@@ -159,4 +159,32 @@ describe("configuration", () => {
       [true, true, true, false],
     );
   });
+});
+
+test("proxyFor, the guarded requests' choice, reads NO_PROXY as undici's EnvHttpProxyAgent does", () => {
+  const H = "http://proxy:3128";
+  const S = "http://tls-proxy:3128";
+  const cases: [string, Parameters<typeof proxyFor>[0], string | undefined][] = [
+    ["https://example.com/", { httpsProxy: S, httpProxy: H }, S],
+    ["https://example.com/", { httpProxy: H }, H], // HTTP_PROXY carries https:// when HTTPS_PROXY is unset
+    ["http://example.com/", { httpsProxy: S }, undefined],
+    ["http://example.com/", { httpProxy: H }, H],
+    ["http://localhost:8080/", { httpProxy: H }, undefined],
+    ["http://[::1]/", { httpProxy: H }, undefined],
+    ["http://example.com/", { httpProxy: H, noProxy: "example.com" }, undefined],
+    ["http://www.example.com/", { httpProxy: H, noProxy: "example.com" }, undefined],
+    ["http://example.com/", { httpProxy: H, noProxy: ".example.com" }, undefined],
+    ["http://example.com/", { httpProxy: H, noProxy: "*.example.com" }, H], // subdomains only
+    ["http://a.example.com/", { httpProxy: H, noProxy: "*.example.com" }, undefined],
+    ["http://notexample.com/", { httpProxy: H, noProxy: "example.com" }, H],
+    ["http://example.com:8080/", { httpProxy: H, noProxy: "example.com:80" }, H],
+    ["http://example.com/", { httpProxy: H, noProxy: "other.org example.com:80" }, undefined],
+    ["http://EXAMPLE.com./", { httpProxy: H, noProxy: "Example.COM" }, undefined],
+    ["http://anything.net/", { httpProxy: H, noProxy: "x.org,*" }, undefined],
+    ["http://[2001:db8::1]:8080/", { httpProxy: H, noProxy: "[2001:db8::1]:8080" }, undefined],
+    ["http://[2001:db8::1]/", { httpProxy: H, noProxy: "2001:db8::1" }, undefined],
+    ["http://example.com/", undefined, undefined],
+  ];
+  for (const [url, proxy, want] of cases)
+    assert.equal(proxyFor(proxy, new URL(url)), want, `${url} ${JSON.stringify(proxy)}`);
 });
