@@ -8,6 +8,8 @@
 //   - the host must be in the grant's allowed hosts (names, *.suffix, or addresses), and then
 //     pass the same SSRF guard as web_fetch (shared/net-guard.ts): resolved once, every address
 //     public, the connection pinned to the address checked, ports from TROUPE_NET_PORTS;
+//   - where the deployment names an HTTP proxy (HTTPS_PROXY, HTTP_PROXY, NO_PROXY), the connection
+//     to the checked address is a CONNECT tunnel through it (shared/proxy-tunnel.ts);
 //   - a byte budget per sandbox, both directions together; a connection that spends it is cut;
 //   - every connection is logged with the sandbox's scope key (its tenant and session).
 // A refusal is an HTTP answer (403, 400, 502) whose body says why, so curl, pip and npm show it.
@@ -16,6 +18,8 @@ import { checkServerIdentity, connect as connectTls } from "node:tls";
 import type { Duplex } from "node:stream";
 import type { Logger } from "../shared/log.js";
 import { checkTarget, hostMatches, NetRefusal, type NetPolicy } from "../shared/net-guard.js";
+import { proxyFor, proxyHosts } from "../shared/outbound-proxy.js";
+import { connectThrough } from "../shared/proxy-tunnel.js";
 
 /** What commands in one sandbox may reach, and what they have used. */
 export interface EgressState {
@@ -133,13 +137,17 @@ function plan(head: string): Plan {
   return { what: `${method} ${url.origin}${url.pathname}`.slice(0, 300), url, tunnel: false, upstreamHead };
 }
 
-/** A connection to the checked address; with `tls`, a TLS one whose certificate must be that host's. */
-function connectTo(address: string, port: number, tls?: { host: string }): Promise<Socket> {
+/**
+ * A connection to the checked address, directly or through `via` (the deployment's HTTP proxy,
+ * by a CONNECT tunnel to that address); with `tls`, a TLS one whose certificate must be that host's.
+ */
+async function connectTo(address: string, port: number, tls?: { host: string }, via?: string): Promise<Socket> {
+  const tunnel = via ? await connectThrough(via, address, port, CONNECT_TIMEOUT_MS) : undefined;
+  if (tunnel && !tls) return tunnel;
   return new Promise((resolve, reject) => {
     const upstream = tls
       ? connectTls({
-          host: address,
-          port,
+          ...(tunnel ? { socket: tunnel } : { host: address, port }),
           servername: isIP(tls.host) ? undefined : tls.host,
           checkServerIdentity: (_address, cert) => checkServerIdentity(tls.host, cert),
         })
@@ -197,12 +205,14 @@ export class EgressProxy {
       const tls = !target.tunnel && target.url.protocol === "https:";
       const host = target.url.hostname.replace(/^\[|\]$/g, "");
       const port = Number(target.url.port || (target.tunnel || tls ? 443 : 80));
+      // A command's CONNECT is an https:// URL here (plan), so it takes HTTPS_PROXY as undici would.
+      const via = proxyFor(this.policy.proxy, target.url);
       try {
-        upstream = await connectTo(checked.address, port, tls ? { host } : undefined);
+        upstream = await connectTo(checked.address, port, tls ? { host } : undefined, via);
       } catch (err) {
         throw new Refused(502, `could not connect to ${target.url.hostname}:${port} (${(err as Error).message})`);
       }
-      what += ` (${checked.address})`;
+      what += ` (${checked.address}${via ? `, through the proxy at ${proxyHosts({ httpsProxy: via })}` : ""})`;
     } catch (err) {
       const refused = err instanceof Refused ? err : new Refused(502, (err as Error).message);
       log(`refused, ${refused.status}: ${refused.message}`);

@@ -44,7 +44,10 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
   const listenTls = internalServing(cfg, "sandbox service");
   const docker = new Engine(engineAddress(cfg));
   const instance = instanceOf(cfg.dataDir);
-  const egress = new EgressProxy({ ...DEFAULT_NET_POLICY, ports: cfg.net.ports, allow: cfg.net.allow }, logger);
+  const egress = new EgressProxy(
+    { ...DEFAULT_NET_POLICY, ports: cfg.net.ports, allow: cfg.net.allow, proxy: cfg.outboundProxy },
+    logger,
+  );
   const fleet = new SandboxFleet(
     docker,
     {

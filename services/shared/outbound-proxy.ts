@@ -2,10 +2,10 @@
 // providers (the runner's pools, the memory service's embedding and learning models) and chat
 // APIs (Telegram, Slack, a webhook's reply URL), as HTTPS_PROXY, HTTP_PROXY and NO_PROXY say
 // (config.ts reads them; undici's EnvHttpProxyAgent routes each call). The agent tools' web
-// requests and the gateway's media fetches take it too, by proxyFor below: their guard
-// (net-guard.ts) resolves and checks the address itself and tunnels to that address. Two kinds of
-// call never take it: gRPC between Troupe's services (rpc/client.ts turns grpc-js's own proxy
-// support off), and sandboxed commands' egress, which has a guarded proxy of its own.
+// requests, the gateway's media fetches and sandboxed commands' egress take it too, by proxyFor
+// below: their guard (net-guard.ts) resolves and checks the address itself and tunnels to that
+// address. gRPC between Troupe's services never takes it (rpc/client.ts turns grpc-js's own
+// proxy support off).
 import { createRequire } from "node:module";
 import type { Agent, Dispatcher } from "undici";
 import { undiciAgent } from "./undici-agent.js";

@@ -93,7 +93,7 @@ export const SETTINGS = {
     httpsProxy: {
       env: "HTTPS_PROXY",
       lowerCase: true,
-      doc: "an HTTP proxy for outbound calls to https:// model providers, chat APIs and the agents' web tools (docs/architecture.md, outbound calls); never for calls between Troupe's services",
+      doc: "an HTTP proxy for outbound calls to https:// model providers, chat APIs, the agents' web tools and sandbox egress (docs/architecture.md, outbound calls); never for calls between Troupe's services",
       schema: proxyUrl,
       secret: true,
     },

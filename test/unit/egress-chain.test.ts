@@ -1,0 +1,164 @@
+// The sandbox's egress proxy where the deployment's only way out is an HTTP proxy: what a command
+// sends leaves through a CONNECT tunnel to the address the guard checked. In-process on real
+// sockets: each connection to a local port is served by EgressProxy as the sandbox service serves
+// a command's (test/sandbox-egress.test.ts covers the path from inside a container); the upstream
+// proxy is the RFC 9110 one of helpers/http-proxy.ts, the sites are on 127.0.0.2 (the policy's
+// "public" address) and a sentinel on 127.0.0.3 counts what reaches it.
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { createServer as createHttpServer, type Server } from "node:http";
+import { createServer as createHttpsServer } from "node:https";
+import { connect, createServer, type AddressInfo, type Server as TcpServer } from "node:net";
+import os from "node:os";
+import path from "node:path";
+import { EgressProxy, type EgressState } from "../../services/sandbox/egress-proxy.js";
+import { DEFAULT_NET_POLICY } from "../../services/shared/net-guard.js";
+import { createLogger } from "../../services/shared/log.js";
+import type { OutboundProxy } from "../../services/shared/outbound-proxy.js";
+import { selfSigned } from "../helpers/certs.js";
+import { HttpProxy } from "../helpers/http-proxy.js";
+
+let site: Server;
+let secure: Server;
+let echo: TcpServer;
+let sentinel: TcpServer;
+let sentinelHits = 0;
+let dir = "";
+const port = (s: Server | TcpServer) => (s.address() as AddressInfo).port;
+const listen = (s: Server | TcpServer, host: string) => new Promise<void>((r) => s.listen(0, host, r));
+
+before(async () => {
+  site = createHttpServer((req, res) => res.end(`site: ${req.method} ${req.url} for ${req.headers.host}`));
+  echo = createServer((socket) => socket.on("data", (d) => socket.write(d.toString("utf8").toUpperCase())));
+  sentinel = createServer((socket) => (sentinelHits++, socket.destroy()));
+  dir = mkdtempSync(path.join(os.tmpdir(), "troupe-chain-"));
+  const cert = selfSigned(dir, "site", "127.0.0.2", "IP:127.0.0.2");
+  secure = createHttpsServer({ cert: readFileSync(cert.cert), key: readFileSync(cert.key) }, (_q, res) =>
+    res.end("tls"),
+  );
+  await Promise.all([
+    listen(site, "127.0.0.2"),
+    listen(echo, "127.0.0.2"),
+    listen(secure, "127.0.0.2"),
+    listen(sentinel, "127.0.0.3"),
+  ]);
+});
+
+after(() => {
+  for (const s of [site, secure]) s.closeAllConnections();
+  for (const s of [site, secure, echo, sentinel]) s.close();
+  rmSync(dir, { recursive: true, force: true });
+});
+
+/** A local port whose every connection EgressProxy serves, as a sandbox granted `hosts`. */
+async function egressPort(proxy: OutboundProxy | undefined, hosts = ["127.0.0.2", "127.0.0.3"]) {
+  const egress = new EgressProxy(
+    {
+      ...DEFAULT_NET_POLICY,
+      ports: [port(site), port(secure), port(echo), port(sentinel)],
+      allow: ["127.0.0.2/32"],
+      proxy,
+    },
+    createLogger("sandbox", "error"),
+  );
+  const state: EgressState = { hosts, budgetBytes: 1 << 20, usedBytes: 0 };
+  const server = createServer((socket) => egress.serve(socket, "tenant/session", state));
+  await listen(server, "127.0.0.1");
+  return server;
+}
+
+/** Sends `request` to the egress port and returns everything it answers, once it closes. */
+function ask(server: TcpServer, request: string, then?: string): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const socket = connect(port(server), "127.0.0.1", () => socket.write(request));
+    let text = "";
+    socket.on("data", (d) => {
+      text += d.toString("utf8");
+      if (then && text.includes("\r\n\r\n")) {
+        socket.write(then);
+        then = undefined;
+        setTimeout(() => socket.end(), 200);
+      }
+    });
+    socket.on("error", reject);
+    socket.on("close", () => resolve(text));
+  });
+}
+
+describe("sandbox egress chained through the deployment's proxy", () => {
+  test("a plain request and a CONNECT tunnel leave through the proxy, to the checked address", async () => {
+    const upstream = await new HttpProxy().start();
+    const server = await egressPort({ httpProxy: upstream.url, httpsProxy: upstream.url });
+    try {
+      const siteAt = `127.0.0.2:${port(site)}`;
+      const plain = await ask(server, `GET http://${siteAt}/page HTTP/1.1\r\nHost: ${siteAt}\r\n\r\n`);
+      assert.match(plain, /^HTTP\/1\.1 200 [\s\S]*site: GET \/page for 127\.0\.0\.2:\d+$/);
+      const echoAt = `127.0.0.2:${port(echo)}`;
+      const tunnelled = await ask(server, `CONNECT ${echoAt} HTTP/1.1\r\nHost: ${echoAt}\r\n\r\n`, "shout");
+      assert.match(tunnelled, /^HTTP\/1\.1 200 Connection established\r\n\r\nSHOUT$/);
+      assert.deepEqual(upstream.seen, [
+        { method: "CONNECT", target: siteAt },
+        { method: "CONNECT", target: echoAt },
+      ]);
+    } finally {
+      server.close();
+      await upstream.close();
+    }
+  });
+
+  test("https in absolute form: TLS inside the tunnel, the certificate still checked", async () => {
+    const upstream = await new HttpProxy().start();
+    const server = await egressPort({ httpsProxy: upstream.url });
+    try {
+      const at = `127.0.0.2:${port(secure)}`;
+      // The test's certificate is its own, not in the service's trust: refused after the tunnel
+      // opened, which is the check being made inside it.
+      const r = await ask(server, `GET https://${at}/ HTTP/1.1\r\nHost: ${at}\r\n\r\n`);
+      assert.match(r, /^HTTP\/1\.1 502 [\s\S]*could not connect to 127\.0\.0\.2:\d+ \(self[- ]signed certificate/);
+      assert.deepEqual(upstream.seen, [{ method: "CONNECT", target: at }]);
+    } finally {
+      server.close();
+      await upstream.close();
+    }
+  });
+
+  test("what the guard refuses never reaches the proxy; a proxy's refusal is a 502 that says so", async () => {
+    const upstream = await new HttpProxy("user:pw").start();
+    const server = await egressPort({ httpProxy: upstream.url, httpsProxy: upstream.url });
+    try {
+      const inward = await ask(server, `GET http://127.0.0.3:${port(sentinel)}/ HTTP/1.1\r\n\r\n`);
+      assert.match(inward, /^HTTP\/1\.1 403 [\s\S]*127\.0\.0\.3 is not a public address/);
+      assert.deepEqual(upstream.seen, []);
+      assert.equal(sentinelHits, 0);
+      const at = `127.0.0.2:${port(site)}`;
+      const refused = await ask(server, `GET http://${at}/ HTTP/1.1\r\n\r\n`);
+      assert.match(
+        refused,
+        /^HTTP\/1\.1 502 [\s\S]*could not connect to 127\.0\.0\.2:\d+ \(the proxy refused the tunnel \(HTTP 407\)\)/,
+      );
+      assert.ok(!refused.includes("pw"));
+    } finally {
+      server.close();
+      await upstream.close();
+    }
+  });
+
+  test("credentials in the proxy's URL are sent; NO_PROXY's hosts go directly", async () => {
+    const upstream = await new HttpProxy("user:pw").start();
+    const withCredentials = upstream.url.replace("http://", "http://user:pw@");
+    const chained = await egressPort({ httpProxy: withCredentials });
+    const bypass = await egressPort({ httpProxy: upstream.url, noProxy: "127.0.0.2" });
+    try {
+      const at = `127.0.0.2:${port(site)}`;
+      assert.match(await ask(chained, `GET http://${at}/a HTTP/1.1\r\n\r\n`), /site: GET \/a/);
+      assert.equal(upstream.seen.length, 1);
+      assert.match(await ask(bypass, `GET http://${at}/b HTTP/1.1\r\n\r\n`), /site: GET \/b/);
+      assert.equal(upstream.seen.length, 1, "the host NO_PROXY names went directly");
+    } finally {
+      chained.close();
+      bypass.close();
+      await upstream.close();
+    }
+  });
+});
