@@ -16,6 +16,7 @@ import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
 import { exec, type SandboxClient } from "./helpers/sandbox.js";
 import { selfSigned } from "./helpers/certs.js";
 import { startStack, waitFor, type Stack } from "./helpers/stack.js";
+import { HttpProxy } from "./helpers/http-proxy.js";
 
 const BIG = Buffer.alloc(1 << 20, "x");
 let web: Server;
@@ -30,8 +31,10 @@ let secure: Server;
 let impostor: Server;
 let securePort = 0;
 let impostorPort = 0;
-/** Both certificates, for the sandbox service to trust (NODE_EXTRA_CA_CERTS). */
+/** The certificates above and the upstream proxy's, for the sandbox service to trust (NODE_EXTRA_CA_CERTS). */
 let trusted = "";
+/** The deployment's proxy's certificate, for 127.0.0.1 (the last describe). */
+let proxyCert: { cert: string; key: string };
 let dir = "";
 const seen: { url: string; host: string; connection: string }[] = [];
 
@@ -50,8 +53,12 @@ before(async () => {
   dir = mkdtempSync(path.join(os.tmpdir(), "troupe-egress-certs-"));
   const good = selfSigned(dir, "good", "127.0.0.2", "IP:127.0.0.2");
   const other = selfSigned(dir, "other", "other.example", "DNS:other.example");
+  proxyCert = selfSigned(dir, "proxy", "127.0.0.1", "IP:127.0.0.1");
   trusted = path.join(dir, "trusted.pem");
-  writeFileSync(trusted, readFileSync(good.cert, "utf8") + readFileSync(other.cert, "utf8"));
+  writeFileSync(
+    trusted,
+    readFileSync(good.cert, "utf8") + readFileSync(other.cert, "utf8") + readFileSync(proxyCert.cert, "utf8"),
+  );
   const tls = (c: { cert: string; key: string }) => ({ cert: readFileSync(c.cert), key: readFileSync(c.key) });
   secure = createHttpsServer(tls(good), (req, res) => res.end(`hello over TLS, you asked for ${req.url}\n`));
   impostor = createHttpsServer(tls(other), (_req, res) => res.end("IMPOSTOR\n"));
@@ -261,3 +268,57 @@ for (const runtime of ["runc", "runsc"] as const) {
     });
   });
 }
+
+// Where the deployment's only way out is an HTTP proxy (here an https:// one, the harder case),
+// the service chains a command's egress through it: a CONNECT tunnel to the address it checked.
+// The chaining's cases are in test/unit/egress-chain.test.ts; this is the whole path, once.
+describe("sandbox egress behind the deployment's proxy (runc)", () => {
+  let stack: Stack;
+  let sandbox: SandboxClient;
+  let upstream: HttpProxy;
+
+  before(async () => {
+    upstream = await new HttpProxy(undefined, {
+      key: readFileSync(proxyCert.key),
+      cert: readFileSync(proxyCert.cert),
+    }).start();
+    stack = await startStack({
+      services: ["sandbox"],
+      env: {
+        TROUPE_SANDBOX_RUNTIME: "runc",
+        TROUPE_SANDBOX_POOL: "0",
+        TROUPE_NET_ALLOW: "127.0.0.2/32",
+        TROUPE_NET_PORTS: `80,443,${webPort},${securePort}`,
+        NODE_EXTRA_CA_CERTS: trusted,
+        https_proxy: upstream.url,
+        http_proxy: upstream.url,
+      },
+    });
+    sandbox = stack.client(SandboxService, stack.addr.sandbox, { as: DEV_IDENTITY });
+  });
+  after(async () => {
+    sandbox?.close();
+    await stack?.stop();
+    await upstream?.close();
+  });
+
+  test("wget reaches a granted host through the service and then the proxy; the log says so", async () => {
+    const grant = { allowHosts: ["127.0.0.2"] };
+    const r = await exec(
+      sandbox,
+      "egress-chained",
+      `wget -q -O - http://127.0.0.2:${webPort}/chained; wget -q -O - https://127.0.0.2:${securePort}/tls; echo "exit $?"`,
+      { egress: grant },
+    );
+    assert.match(r.out, /you asked for \/chained[\s\S]*hello over TLS, you asked for \/tls[\s\S]*exit 0/, r.out);
+    assert.deepEqual(upstream.seen, [
+      { method: "CONNECT", target: `127.0.0.2:${webPort}` },
+      { method: "CONNECT", target: `127.0.0.2:${securePort}` },
+    ]);
+    await waitFor("the chained connection in the service's log", async () =>
+      /egress GET http:\/\/127\.0\.0\.2:\d+\/chained \(127\.0\.0\.2, through the proxy at 127\.0\.0\.1:\d+\): done/.test(
+        stack.logs(),
+      ),
+    );
+  });
+});

@@ -4,6 +4,7 @@
 // `credentials`, a request without them gets 407 and a Proxy-Authenticate challenge (RFC 9110
 // §11.7.1, Basic as RFC 7617 defines it). It records every request it is asked to carry.
 import http from "node:http";
+import https from "node:https";
 import net from "node:net";
 import type { AddressInfo } from "node:net";
 
@@ -15,18 +16,25 @@ export interface ProxiedRequest {
 
 export class HttpProxy {
   readonly seen: ProxiedRequest[] = [];
-  private readonly server: http.Server;
+  private readonly server: http.Server | https.Server;
 
-  /** `credentials`: "user:password" a client must send in Proxy-Authorization. */
-  constructor(private readonly credentials?: string) {
-    this.server = http.createServer((req, res) => this.forward(req, res));
+  /**
+   * `credentials`: "user:password" a client must send in Proxy-Authorization. `tls`: the proxy
+   * itself is reached over TLS (an https:// proxy URL) with this key and certificate.
+   */
+  constructor(
+    private readonly credentials?: string,
+    private readonly tls?: { key: Buffer; cert: Buffer },
+  ) {
+    const handle = (req: http.IncomingMessage, res: http.ServerResponse) => this.forward(req, res);
+    this.server = tls ? https.createServer(tls, handle) : http.createServer(handle);
     this.server.on("connect", (req: http.IncomingMessage, socket: net.Socket, head: Buffer) =>
       this.tunnel(req, socket, head),
     );
   }
 
   get url(): string {
-    return `http://127.0.0.1:${(this.server.address() as AddressInfo).port}`;
+    return `${this.tls ? "https" : "http"}://127.0.0.1:${(this.server.address() as AddressInfo).port}`;
   }
 
   async start(): Promise<this> {
