@@ -8,20 +8,11 @@ import { connect as connectTls } from "node:tls";
 /** The proxy's answer head may be no longer than this. */
 const HEAD_LIMIT = 16 * 1024;
 
-/** Why a tunnel was not opened: the proxy's status when it answered. */
-export class TunnelRefused extends Error {
-  constructor(
-    message: string,
-    readonly status?: number,
-  ) {
-    super(message);
-  }
-}
-
 /**
  * A socket to `address`:`port` through `proxyUrl` (http:// or https://, credentials in it sent as
  * Basic Proxy-Authorization). Resolves once the proxy answered 200; bytes after its answer's head
- * are the far end's and stay in the socket. Rejects with TunnelRefused, or the socket's error.
+ * are the far end's and stay in the socket. Rejects with an Error saying why (the proxy's status
+ * when it refused).
  */
 export function connectThrough(proxyUrl: string, address: string, port: number, timeoutMs: number): Promise<Socket> {
   const proxy = new URL(proxyUrl);
@@ -40,22 +31,21 @@ export function connectThrough(proxyUrl: string, address: string, port: number, 
       reject(err);
     };
     const timer = setTimeout(
-      () => fail(new TunnelRefused(`the proxy did not open a tunnel within ${timeoutMs} ms`)),
+      () => fail(new Error(`the proxy did not open a tunnel within ${timeoutMs} ms`)),
       timeoutMs,
     );
     const onData = (chunk: Buffer) => {
       head = Buffer.concat([head, chunk]);
       const end = head.indexOf("\r\n\r\n");
       if (end < 0) {
-        if (head.length > HEAD_LIMIT) fail(new TunnelRefused("the proxy's answer has no end"));
+        if (head.length > HEAD_LIMIT) fail(new Error("the proxy's answer has no end"));
         return;
       }
       socket.off("data", onData);
       socket.pause();
       const status = /^HTTP\/1\.[01] (\d{3})/.exec(head.subarray(0, end).toString("latin1"));
-      if (!status) return fail(new TunnelRefused("the proxy's answer is not HTTP"));
-      if (status[1] !== "200")
-        return fail(new TunnelRefused(`the proxy refused the tunnel (HTTP ${status[1]})`, Number(status[1])));
+      if (!status) return fail(new Error("the proxy's answer is not HTTP"));
+      if (status[1] !== "200") return fail(new Error(`the proxy refused the tunnel (HTTP ${status[1]})`));
       clearTimeout(timer);
       socket.off("error", fail);
       const rest = head.subarray(end + 4);
