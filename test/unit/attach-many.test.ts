@@ -171,6 +171,15 @@ function session(mux: RunnerMux, prompt: string, paused = false, caller = ""): {
   return { call, got };
 }
 
+/** Starts a session that would stream for ever, cuts it by `cut` once it streams: it ends CANCELLED. */
+async function cutWhileStreaming(mux: RunnerMux, cut: (endless: ReturnType<typeof session>) => void) {
+  const endless = session(mux, "tokens 100000000 100");
+  await new Promise((r) => setTimeout(r, 100));
+  cut(endless);
+  await endless.got.ended;
+  assert.equal(endless.got.error?.code, Status.CANCELLED);
+}
+
 /** A whole response item, as the runner's outbox writes it: the head, then the response. */
 const responseItem = (stream: number, response: Uint8Array) =>
   Buffer.concat([responseHead(stream, response.length), response]);
@@ -253,11 +262,7 @@ describe("AttachMany", () => {
   test("a cancelled sub-stream stops its handler; the call serves the others on", async () => {
     const runner = await startRunner();
     try {
-      const endless = session(runner.mux, "tokens 100000000 100");
-      await new Promise((r) => setTimeout(r, 100));
-      endless.call.cancel();
-      await endless.got.ended;
-      assert.equal(endless.got.error?.code, Status.CANCELLED);
+      await cutWhileStreaming(runner.mux, (endless) => endless.call.cancel());
       const after = session(runner.mux, "tokens 40");
       await after.got.ended;
       assert.equal(after.got.error, undefined);
@@ -272,11 +277,7 @@ describe("AttachMany", () => {
   test("closing the mux ends its call: the runner lets go of it and of its sub-streams", async () => {
     const runner = await startRunner();
     try {
-      const endless = session(runner.mux, "tokens 100000000 100");
-      await new Promise((r) => setTimeout(r, 100));
-      runner.mux.close();
-      await endless.got.ended;
-      assert.equal(endless.got.error?.code, Status.CANCELLED);
+      await cutWhileStreaming(runner.mux, () => runner.mux.close());
       for (let waited = 0; runner.seen.manyCancelled === 0 && waited < 2000; waited += 10)
         await new Promise((r) => setTimeout(r, 10));
       assert.equal(runner.seen.manyCancelled, 1, "the runner saw its AttachMany call end");
