@@ -53,7 +53,15 @@ describe("troupe up", () => {
   });
 
   test("starts the scripted model when no endpoint is configured, and says so", () => {
-    assert.match(log(), /OPENAI_BASE_URL is not set: using Troupe's scripted model server/);
+    // In plain lines like its services' (its output is a pipe here; no TROUPE_LOG_FORMAT set).
+    assert.match(log(), /warn {2}up: OPENAI_BASE_URL is not set: using Troupe's scripted model server/);
+    assert.deepEqual(
+      log()
+        .split("\n")
+        .filter((l) => l.startsWith("{")),
+      [],
+      "no JSON lines",
+    );
     for (const name of ["router", "memory", "sandbox", "runner", "gateway"])
       assert.match(log(), new RegExp(`${name}: ${name === "runner" ? "runner \\S+ serving" : `${name} serving`}`));
   });

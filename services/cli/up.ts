@@ -78,6 +78,15 @@ export function parseShape(args: string[]): { shape: Shape; rest: string[] } {
   return { shape, rest };
 }
 
+/**
+ * How `troupe up` and its services log: its output is read by people (this terminal, a nohup
+ * file, troupe logs), so plain lines unless JSON is asked for (a log shipper reading the files),
+ * and the same for the supervisor's own lines as for its services'.
+ */
+function upLogFormat(cfg: Config): "json" | "text" {
+  return cfg.logFormat === "auto" ? "text" : cfg.logFormat;
+}
+
 export async function upCommand(argv: string[]): Promise<void> {
   const { shape, rest: args } = parseShape(argv);
   const cfg = loadConfig(args);
@@ -88,7 +97,7 @@ export async function upCommand(argv: string[]): Promise<void> {
     // Services in this process append fsynced session logs: widen the pool before it first starts.
     widenThreadPool();
   }
-  const logger = createLogger("up", cfg.logLevel, cfg.logFormat);
+  const logger = createLogger("up", cfg.logLevel, upLogFormat(cfg));
   routeNodeWarnings(logger);
   const upFile = path.join(cfg.dataDir, "up.json");
   await reapLeftovers(upFile, cfg.dataDir, cfg, MAIN, logger);
@@ -181,12 +190,9 @@ export async function upCommand(argv: string[]): Promise<void> {
   // Made before the children start, so they all read the same files (auth.ts).
   await internalToken(cfg.dataDir, cfg.internalToken);
   const dev = await ensureDevKey(cfg.dataDir, cfg.apiKeysFile);
-  // The children write to pipes, read by people (this terminal, troupe logs): plain lines unless
-  // JSON is asked for (a log shipper reading the files).
-  const logFormat = cfg.logFormat === "auto" ? "text" : cfg.logFormat;
   const env = allocatorEnvironment(cfg.allocator, {
     ...childEnvironment(),
-    TROUPE_LOG_FORMAT: logFormat,
+    TROUPE_LOG_FORMAT: upLogFormat(cfg),
     ...(storeUrl ? { TROUPE_STORE_URL: storeUrl } : {}),
   });
   const upWriter = upFileWriter(
@@ -248,7 +254,7 @@ async function superviseChildren(
   writeUp: () => Promise<void>,
   cleanup: () => Promise<void>,
 ): Promise<void> {
-  const logger = createLogger("up", cfg.logLevel, cfg.logFormat);
+  const logger = createLogger("up", cfg.logLevel, upLogFormat(cfg));
   /** When the first stop signal came; undefined while running. */
   let stoppingSince: number | undefined;
 
@@ -339,7 +345,7 @@ export const SERVICE_TYPE = {
  * warning. Returns what is still not ready.
  */
 async function waitReady(cfg: Config, children: Child[], timeoutMs: number): Promise<string[]> {
-  const logger = createLogger("up", cfg.logLevel, cfg.logFormat);
+  const logger = createLogger("up", cfg.logLevel, upLogFormat(cfg));
   const deadline = Date.now() + timeoutMs;
   const services = children.filter((c) => c.name !== "model-server");
   const pending = new Set([...services.map((c) => c.name), "runner registration"]);
