@@ -63,6 +63,24 @@ test("the belief that a scope is empty expires", async () => {
   );
 });
 
+test("beliefs about empty scopes are bounded: agent ids come from clients", async () => {
+  const recall = recallWith({ emptyScopesKept: 20 });
+  const scopeOf = (i: number) => ({ tenant: "t2", owner: "fay", agentId: `made-up-${i}` });
+  for (let i = 0; i < 60; i++) assert.deepEqual(await recall.recall(scopeOf(i), "anything", signal), []);
+  assert.equal(recall.emptyScopes, 20, "the oldest beliefs went");
+  // The latest are still held (not searched again); the first was let go (searched again).
+  await recall.recall(scopeOf(59), "anything", signal);
+  assert.equal(recall.skipped, 1);
+  await recall.recall(scopeOf(0), "anything", signal);
+  assert.equal(recall.skipped, 1);
+  // Beliefs that have run out are swept before live ones are let go.
+  const brief = recallWith({ emptyScopesKept: 20, emptyForMs: 50 });
+  for (let i = 0; i < 19; i++) await brief.recall(scopeOf(i), "anything", signal);
+  await new Promise((r) => setTimeout(r, 80));
+  for (let i = 100; i < 102; i++) await brief.recall(scopeOf(i), "anything", signal);
+  assert.equal(brief.emptyScopes, 2);
+});
+
 test("recall is off with k = 0, and a memory service that is down costs the run only its memories", async () => {
   const off = recallWith({ k: 0 });
   assert.deepEqual(await off.recall({ tenant: "t1", owner: "erin" }, "flight", signal), []);

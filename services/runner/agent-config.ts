@@ -135,7 +135,11 @@ export function parseAgentConfig(agentId: string, json: unknown): AgentConfig {
   return cfg;
 }
 
-/** agent.json files, each re-read when its modification time changes. */
+/**
+ * agent.json files, each re-read when its modification time changes. Any well-formed agent id
+ * names an agent (one without a folder has the defaults), so clients choose the keys: the cache
+ * keeps the `capacity` agents used last.
+ */
 export class AgentConfigs {
   private readonly cache = new Map<string, { mtimeMs: number; checked: number; config: AgentConfig; error?: string }>();
 
@@ -143,7 +147,13 @@ export class AgentConfigs {
     readonly agentsDir: string,
     /** How long a read is trusted before the file's time is looked at again. */
     private readonly recheckMs = 1000,
+    private readonly capacity = 1000,
   ) {}
+
+  /** Agents whose config is held (for tests). */
+  get size(): number {
+    return this.cache.size;
+  }
 
   /** The folder of an agent's files. */
   dirOf(agentId: string): string {
@@ -155,7 +165,12 @@ export class AgentConfigs {
     const file = path.join(this.dirOf(agentId), "agent.json");
     const now = Date.now();
     const hit = this.cache.get(agentId);
-    if (hit && now - hit.checked < this.recheckMs) return hit;
+    if (hit) {
+      // Used last: moved to the end, the far side from eviction.
+      this.cache.delete(agentId);
+      this.cache.set(agentId, hit);
+      if (now - hit.checked < this.recheckMs) return hit;
+    }
     const mtimeMs = await stat(file).then(
       (s) => s.mtimeMs,
       () => -1,
@@ -179,7 +194,9 @@ export class AgentConfigs {
         };
       }
     }
+    this.cache.delete(agentId);
     this.cache.set(agentId, entry);
+    if (this.cache.size > this.capacity) this.cache.delete(this.cache.keys().next().value!);
     return entry;
   }
 }

@@ -36,6 +36,8 @@ export interface MemoryRecallOptions {
    * many: who the speaker is must not depend on the question being near it (seed PocketPaw 002).
    */
   longTermK: number;
+  /** The most scopes believed empty that are kept (default 10,000, each some 100 bytes). */
+  emptyScopesKept?: number;
 }
 
 export const DEFAULT_RECALL: Omit<MemoryRecallOptions, "k"> = {
@@ -91,6 +93,26 @@ export class MemoryRecall {
     for (const key of this.emptyUntil.keys()) if (key.startsWith(prefix)) this.emptyUntil.delete(key);
   }
 
+  /**
+   * Remembers that a scope is empty for a while. Scopes carry client-chosen agent ids, so once
+   * the map is full what has run out is swept, and the oldest beliefs go if it is still full.
+   */
+  private believeEmpty(key: string): void {
+    const now = Date.now();
+    const kept = this.options.emptyScopesKept ?? 10_000;
+    if (this.emptyUntil.size >= kept && !this.emptyUntil.has(key)) {
+      for (const [k, until] of this.emptyUntil) if (until <= now) this.emptyUntil.delete(k);
+      while (this.emptyUntil.size >= kept) this.emptyUntil.delete(this.emptyUntil.keys().next().value!);
+    }
+    this.emptyUntil.delete(key);
+    this.emptyUntil.set(key, now + this.options.emptyForMs);
+  }
+
+  /** Scopes believed empty (for tests). */
+  get emptyScopes(): number {
+    return this.emptyUntil.size;
+  }
+
   /** One search: the relevant texts, and whether the scope holds no memory at all (false if the search failed). */
   private async search(
     scope: MemoryScope,
@@ -113,7 +135,7 @@ export class MemoryRecall {
       span.setAttribute("troupe.memory.results", res.results.length);
       // A vector search returns the nearest memories whatever their score: none at all means none exist.
       const empty = res.results.length === 0;
-      if (empty) this.emptyUntil.set(key, Date.now() + this.options.emptyForMs);
+      if (empty) this.believeEmpty(key);
       else this.emptyUntil.delete(key);
       const texts = res.results
         .filter(

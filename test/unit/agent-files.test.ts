@@ -2,8 +2,16 @@
 // example plugin (examples/hooks/guard.mjs) loaded and guarding as its README says.
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
+import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import os from "node:os";
 import path from "node:path";
-import { AgentConfigError, DEFAULT_AGENT, parseAgentConfig, toolOffered } from "../../services/runner/agent-config.js";
+import {
+  AgentConfigError,
+  AgentConfigs,
+  DEFAULT_AGENT,
+  parseAgentConfig,
+  toolOffered,
+} from "../../services/runner/agent-config.js";
 import { Hooks } from "../../services/runner/hooks.js";
 
 describe("agent.json", () => {
@@ -40,6 +48,29 @@ describe("agent.json", () => {
         JSON.stringify(doc),
       );
   });
+});
+
+test("the agent.json cache keeps the agents used last, and a folder's config survives eviction", async () => {
+  const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-agents-"));
+  try {
+    await mkdir(path.join(dir, "writer"));
+    await writeFile(path.join(dir, "writer", "agent.json"), JSON.stringify({ contextWindow: 64_000 }));
+    const configs = new AgentConfigs(dir, 1000, 5);
+    assert.equal((await configs.get("writer")).config.contextWindow, 64_000);
+    // Any well-formed id names an agent with the defaults; clients choose them.
+    for (let i = 0; i < 50; i++) assert.equal((await configs.get(`made-up-${i}`)).config.name, `made-up-${i}`);
+    assert.equal(configs.size, 5);
+    assert.equal((await configs.get("writer")).config.contextWindow, 64_000, "read again after eviction");
+    // A hit moves an agent to the far side from eviction.
+    for (let i = 0; i < 4; i++) await configs.get(`again-${i}`);
+    await configs.get("writer");
+    await configs.get("again-4");
+    assert.equal(configs.size, 5);
+    await rm(path.join(dir, "writer"), { recursive: true });
+    assert.equal((await configs.get("writer")).config.contextWindow, 64_000, "still held: no read within recheckMs");
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
 });
 
 test("the tools a run offers follow agent.json", () => {
