@@ -4,6 +4,9 @@ import type { RouterService } from "../shared/gen/troupe/v1/router_pb.js";
 import type { Logger } from "../shared/log.js";
 import type { ServiceClient } from "../shared/rpc.js";
 
+/** How long registration may fail before it is worth a warning. */
+const WARN_AFTER_MS = 3000;
+
 /** Registers the runner with the router and renews the lease until stopped. */
 export function registerWithRouter(
   router: ServiceClient<(typeof RouterService)["method"]>,
@@ -13,18 +16,30 @@ export function registerWithRouter(
 ) {
   let stopped = false;
   let timer: NodeJS.Timeout | undefined;
+  let registered = false;
+  let failingSince: number | undefined;
   let warned = false;
   const beat = async () => {
     if (stopped) return;
     let next = 1000;
     try {
       const res = await router.registerRunner({ runner: { runnerId, address } }, { timeoutMs: 2000 });
-      if (warned) logger.info("registered with the router again");
+      if (!registered) logger.info("registered with the router", { address });
+      else if (warned) logger.info("registered with the router again");
+      registered = true;
+      failingSince = undefined;
       warned = false;
       next = Math.max(200, Math.floor(res.leaseTtlMs / 3));
     } catch (err) {
-      if (!warned) logger.warn("cannot reach the router; retrying", { error: (err as Error).message });
-      warned = true;
+      // Services started together come up in any order: a router still starting is not news.
+      failingSince ??= Date.now();
+      const failingMs = Date.now() - failingSince;
+      if (!warned && failingMs >= WARN_AFTER_MS) {
+        logger.warn(`cannot reach the router for ${Math.round(failingMs / 1000)} s; retrying`, {
+          error: (err as Error).message,
+        });
+        warned = true;
+      }
     }
     if (!stopped) timer = setTimeout(beat, next);
   };
