@@ -7,13 +7,15 @@
 //   --model PROVIDER/MODEL  the session's model from now on (one its agent allows)
 //   troupe chat             interactive (a terminal, or -i): a line typed while the agent works
 //                           is sent as steering; Ctrl-C aborts the running turn, a second exits
+//   A connection lost mid-session (a runner or gateway restarting) is made again, and the
+//   session's events go on from the last one seen (chat-stream.ts).
 import readline from "node:readline";
 import { randomBytes } from "node:crypto";
 import { loadConfig } from "../shared/config.js";
 import { statusName } from "../shared/errors.js";
 import { toJson } from "@bufbuild/protobuf";
-import type { ChatResponse } from "../shared/gen/troupe/v1/gateway_pb.js";
-import { AgentEventSchema, QueueMode, StopReason, type AgentEvent } from "../shared/gen/troupe/v1/session_pb.js";
+import { AgentEventSchema, QueueMode, Role, StopReason, type AgentEvent } from "../shared/gen/troupe/v1/session_pb.js";
+import { ChatStream } from "./chat-stream.js";
 import { CLIENT_FLAGS, gatewayClient, listAllSessions } from "./gateway-client.js";
 
 const dim = (s: string) => (process.stderr.isTTY ? `\x1b[2m${s}\x1b[0m` : s);
@@ -58,24 +60,45 @@ export async function chatCommand(args: string[]): Promise<number> {
     if (!latest) process.stderr.write(dim("[no earlier session: starting a new one]\n"));
     sessionId = latest?.sessionId ?? "";
   }
-  const call = client.chat();
   const prefix = randomBytes(4).toString("hex");
   let n = 0;
   const frameId = () => `cli-${prefix}-${++n}`;
   let running = false;
   let lastStop = StopReason.UNSPECIFIED;
   let interrupts = 0;
+  /** What was printed of each assistant message streaming; after a gap, the rest comes whole. */
+  const printed = new Map<string, string>();
+  let missed = false;
 
   const render = (ev: AgentEvent) => {
     const p = ev.payload;
     switch (p.case) {
       case "runResumed":
+        // What streamed of a message the restart cut off stays as it is, on a line of its own.
+        if (printed.size > 0) process.stdout.write("\n");
+        printed.clear();
         process.stderr.write(dim("\n[the run goes on after a runner restart]\n"));
         break;
-      case "messageUpdate":
-        if (p.value.delta.case === "text") process.stdout.write(p.value.delta.value);
-        else if (p.value.delta.case === "thinking") process.stderr.write(dim(p.value.delta.value));
+      case "gap":
+        missed = true;
+        process.stderr.write(
+          dim("\n[streamed output from while the connection was down is not kept; complete messages follow]\n"),
+        );
         break;
+      case "messageUpdate":
+        if (p.value.delta.case === "text") {
+          printed.set(p.value.messageId, (printed.get(p.value.messageId) ?? "") + p.value.delta.value);
+          process.stdout.write(p.value.delta.value);
+        } else if (p.value.delta.case === "thinking") process.stderr.write(dim(p.value.delta.value));
+        break;
+      case "messageEnd": {
+        const m = p.value.message;
+        const shown = printed.get(m?.id ?? "") ?? "";
+        printed.delete(m?.id ?? "");
+        if (missed && m?.role === Role.ASSISTANT && m.text.length > shown.length && m.text.startsWith(shown))
+          process.stdout.write(m.text.slice(shown.length));
+        break;
+      }
       case "toolExecutionStart":
         process.stderr.write(dim(`\n[tool ${p.value.toolName}] ${p.value.argumentsJson}\n`));
         break;
@@ -122,6 +145,7 @@ export async function chatCommand(args: string[]): Promise<number> {
         process.stderr.write(red(`\n[error ${p.value.code}] ${p.value.message}\n`));
         break;
       case "agentEnd":
+        missed = false;
         process.stdout.write("\n");
         if (p.value.stopReason !== StopReason.COMPLETED)
           process.stderr.write(
@@ -133,54 +157,42 @@ export async function chatCommand(args: string[]): Promise<number> {
     }
   };
 
-  const ended = new Promise<number>((resolve) => {
-    call.on("data", (resp: ChatResponse) => {
-      if (resp.kind.case === "opened") process.stderr.write(dim(`session ${resp.kind.value.sessionId}\n`));
-      else if (resp.kind.case === "event") {
-        // --json: every event as a line of the API's JSON mapping, for scripts (pi's --mode json).
-        if (cfg.flags.json) process.stdout.write(`${JSON.stringify(toJson(AgentEventSchema, resp.kind.value))}\n`);
-        else render(resp.kind.value);
-        // Whether a run is going (a typed line steers it) and how the last one ended (the exit code).
-        const p = resp.kind.value.payload;
-        if (p.case === "agentStart" || p.case === "runResumed") running = true;
-        if (p.case === "agentEnd") [running, lastStop] = [false, p.value.stopReason];
-      }
-    });
-    call.on("error", (err: { code?: number; details?: string }) => {
-      if (err.code === 1) return resolve(lastStop === StopReason.COMPLETED ? 0 : 130); // cancelled by us
-      process.stderr.write(red(`troupe chat: ${statusName(err.code ?? 2)}: ${err.details ?? String(err)}\n`));
-      if (err.code === 14)
-        process.stderr.write(
-          `Is Troupe running? Start it with \`make run\` (gateway expected at ${cfg.addr.gateway}).\n`,
-        );
-      resolve(1);
-    });
-    call.on("end", () => resolve(lastStop === StopReason.COMPLETED ? 0 : 1));
-  });
-
-  call.write({
-    frame: {
-      frameId: frameId(),
-      kind: {
-        case: "open",
-        value: {
-          sessionId,
-          agentId: String(cfg.flags.agent ?? ""),
-          create: true,
-          queueMode,
-          model: String(cfg.flags.model ?? ""),
-        },
-      },
+  const stream = new ChatStream(client, {
+    open: { sessionId, agentId: String(cfg.flags.agent ?? ""), queueMode, model: String(cfg.flags.model ?? "") },
+    onOpened: (id, again) =>
+      process.stderr.write(again ? dim(`[reconnected to session ${id}]\n`) : dim(`session ${id}\n`)),
+    onLost: (err) =>
+      process.stderr.write(
+        dim(`\n[connection lost (${statusName(err.code ?? 2)}: ${err.details ?? err.message}); reconnecting]\n`),
+      ),
+    onEvent: (ev) => {
+      // --json: every event as a line of the API's JSON mapping, for scripts (pi's --mode json).
+      if (cfg.flags.json) process.stdout.write(`${JSON.stringify(toJson(AgentEventSchema, ev))}\n`);
+      else render(ev);
+      // Whether a run is going (a typed line steers it) and how the last one ended (the exit code).
+      const p = ev.payload;
+      if (p.case === "agentStart" || p.case === "runResumed") running = true;
+      if (p.case === "agentEnd") [running, lastStop] = [false, p.value.stopReason];
     },
+  });
+  const ended = stream.ended.then((err) => {
+    if (!err) return lastStop === StopReason.COMPLETED ? 0 : 1;
+    if (err.code === 1) return lastStop === StopReason.COMPLETED ? 0 : 130; // cancelled by us
+    process.stderr.write(red(`troupe chat: ${statusName(err.code ?? 2)}: ${err.details ?? String(err)}\n`));
+    if (err.code === 14)
+      process.stderr.write(
+        `Is Troupe running? Start it with \`make run\` (gateway expected at ${cfg.addr.gateway}).\n`,
+      );
+    return 1;
   });
 
   if (message) {
-    call.write({ frame: { frameId: frameId(), kind: { case: "prompt", value: { text: message, instruction } } } });
-    call.end(); // the stream ends once the session has nothing left to do
+    stream.send({ frameId: frameId(), kind: { case: "prompt", value: { text: message, instruction } } });
+    stream.end(); // the stream ends once the session has nothing left to do
     process.on("SIGINT", () => {
       if (interrupts++ === 0 && running)
-        call.write({ frame: { frameId: frameId(), kind: { case: "abort", value: { reason: "Ctrl-C" } } } });
-      else call.cancel();
+        stream.send({ frameId: frameId(), kind: { case: "abort", value: { reason: "Ctrl-C" } } });
+      else stream.cancel();
     });
     const code = await ended;
     client.close();
@@ -197,20 +209,20 @@ export async function chatCommand(args: string[]): Promise<number> {
       running && queueMode === QueueMode.UNSPECIFIED
         ? { case: "steer" as const, value: { text } }
         : { case: "prompt" as const, value: { text, instruction, queueMode } };
-    call.write({ frame: { frameId: frameId(), kind } });
+    stream.send({ frameId: frameId(), kind });
   });
   rl.on("SIGINT", () => {
     if (running && interrupts === 0) {
       interrupts++;
-      call.write({ frame: { frameId: frameId(), kind: { case: "abort", value: { reason: "Ctrl-C" } } } });
+      stream.send({ frameId: frameId(), kind: { case: "abort", value: { reason: "Ctrl-C" } } });
       process.stderr.write(dim("\n[abort sent; Ctrl-C again to exit]\n"));
       setTimeout(() => (interrupts = 0), 3000).unref();
       return;
     }
     rl.close();
-    call.cancel();
+    stream.cancel();
   });
-  rl.on("close", () => call.end());
+  rl.on("close", () => stream.end());
   const code = await ended;
   rl.close();
   client.close();

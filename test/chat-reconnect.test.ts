@@ -1,0 +1,78 @@
+// `troupe chat` across restarts behind it, as `troupe up` restarts a service that died: the
+// stream is made again, the turn's events go on from the last one seen, the prompt runs once,
+// and the command exits 0 when the turn completes.
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { MAIN, startStack, waitFor, type Stack } from "./helpers/stack.js";
+
+let stack: Stack;
+before(async () => {
+  stack = await startStack({ env: { TROUPE_SANDBOX_POOL: "0", TROUPE_MEMORY_LEARN: "0" } });
+});
+after(() => stack?.stop());
+
+/** `troupe chat --session <id> <prompt>` started, with what it has printed so far. */
+function chat(session: string, prompt: string) {
+  const proc = spawn(
+    process.execPath,
+    [MAIN, "chat", "--data-dir", stack.dataDir, "--gateway", stack.addr.gateway, "--session", session, prompt],
+    { stdio: ["ignore", "pipe", "pipe"] },
+  );
+  const got = { out: "", err: "" };
+  proc.stdout.on("data", (d) => (got.out += d));
+  proc.stderr.on("data", (d) => (got.err += d));
+  const exited = new Promise<number | null>((resolve) => proc.once("exit", resolve));
+  return { got, exited };
+}
+
+const words = (n: number) => Array.from({ length: n }, (_, i) => `t${i + 1} `).join("");
+
+test("a gateway restarted mid-turn: every token arrives once, and the command exits 0", async () => {
+  const c = chat("reconnect-gateway", "!tokens 60 rate=20");
+  await waitFor("the reply to stream", async () => c.got.out.includes("t5 "), 20_000);
+  await stack.kill("gateway", "SIGKILL");
+  await new Promise((r) => setTimeout(r, 500));
+  await stack.start("gateway");
+  assert.equal(await c.exited, 0, c.got.err);
+  // The runner kept the turn's events: the replay after the last one seen leaves no hole.
+  assert.equal(c.got.out, `${words(60)}\n`);
+  assert.match(c.got.err, /\[connection lost \(UNAVAILABLE: [^)]*\); reconnecting\]/);
+  assert.match(c.got.err, /\[reconnected to session reconnect-gateway\]/);
+  assert.doesNotMatch(c.got.err, /not kept/);
+});
+
+test("a runner killed mid-turn: the run goes on after its restart, the prompt runs once", async () => {
+  const c = chat("reconnect-runner", "!tokens 60 rate=20");
+  await waitFor("the reply to stream", async () => c.got.out.includes("t5 "), 20_000);
+  await stack.kill("runner", "SIGKILL");
+  await stack.start("runner");
+  assert.equal(await c.exited, 0, c.got.err);
+  assert.match(c.got.err, /\[the run goes on after a runner restart\]/);
+  // What streamed before the kill stays on a line of its own; the resumed answer is whole.
+  const lines = c.got.out.split("\n");
+  assert.equal(lines.length, 3, c.got.out);
+  assert.ok(lines[0].startsWith("t1 t2 t3 t4 t5 ") && words(60).startsWith(lines[0]), lines[0]);
+  assert.equal(lines[1], words(60));
+  const history = await stack.gateway.getHistory({ sessionId: "reconnect-runner" });
+  assert.deepEqual(
+    history.messages.map((m) => m.text),
+    ["!tokens 60 rate=20", words(60)],
+    "one prompt, one answer",
+  );
+});
+
+test("a session that never opened is not retried: an unreachable gateway fails at once", async () => {
+  await stack.kill("gateway", "SIGKILL");
+  try {
+    const t0 = Date.now();
+    const c = chat("reconnect-none", "hi");
+    assert.equal(await c.exited, 1);
+    assert.ok(Date.now() - t0 < 15_000, `${Date.now() - t0} ms`);
+    assert.match(c.got.err, /UNAVAILABLE/);
+    assert.match(c.got.err, /make run/);
+    assert.doesNotMatch(c.got.err, /reconnecting/);
+  } finally {
+    await stack.start("gateway");
+  }
+});
