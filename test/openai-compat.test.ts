@@ -178,4 +178,36 @@ describe("the OpenAI-compatible endpoint, through the openai SDK", () => {
     const sessions = await stack.gateway.listSessions({});
     assert.equal(sessions.sessions.find((s) => s.sessionId === sessionId)?.running, false);
   });
+
+  test("a runner killed mid-run: the request still gets the whole reply, streamed or not", async () => {
+    const words = (n: number) => Array.from({ length: n }, (_, i) => `t${i + 1}`).join(" ");
+    // Streamed: what was sent before the kill cannot be taken back; the resumed reply follows it.
+    const stream = await client.chat.completions.create({
+      model: "troupe/main",
+      messages: [{ role: "user", content: "!tokens 40 rate=20" }],
+      stream: true,
+    });
+    let streamed = "";
+    let finish: string | null = null;
+    let killed: Promise<unknown> | undefined;
+    for await (const chunk of stream) {
+      streamed += chunk.choices[0]?.delta.content ?? "";
+      finish = chunk.choices[0]?.finish_reason ?? finish;
+      if (!killed && streamed.includes("t5 "))
+        killed = stack.kill("runner", "SIGKILL").then(() => stack.start("runner"));
+    }
+    await killed;
+    assert.equal(finish, "stop");
+    assert.ok(streamed.trimEnd().endsWith(words(40)), streamed);
+    assert.ok(streamed.startsWith("t1 t2 t3 t4 t5 "), streamed);
+
+    // Not streamed: only the reply the resumed run gave.
+    const asked = ask("!tokens 40 rate=20");
+    await new Promise((r) => setTimeout(r, 800));
+    await stack.kill("runner", "SIGKILL");
+    await stack.start("runner");
+    const { choices } = await asked;
+    assert.equal(choices[0].message.content?.trim(), words(40));
+    assert.equal(choices[0].finish_reason, "stop");
+  });
 });

@@ -14,16 +14,16 @@
 //     client's copy of what the session already holds, or the agent's own prompt's business);
 //   - the agent's own tools run server-side; with `x-troupe-tool-progress: 1`, their calls and
 //     results are streamed as content lines; client-side `tools` are refused, not ignored;
-//   - usage is the run's, summed over its model calls.
+//   - usage is the run's, summed over its model calls;
+//   - a runner that dies mid-run is waited for: the run goes on after its restart (run-events.ts).
 // Every step is a gateway gRPC call with the caller's key (http-edge.ts), so keys, limits and
 // quotas are the gRPC API's.
 import { createHash, randomUUID } from "node:crypto";
 import { readdir } from "node:fs/promises";
-import type { AgentEvent } from "../shared/gen/troupe/v1/session_pb.js";
 import { QueueMode, Role, StopReason } from "../shared/gen/troupe/v1/session_pb.js";
 import { DEFAULT_AGENT, isAgentId } from "../shared/ids.js";
-import { Status } from "../shared/errors.js";
 import { forwardedMetadata, type GatewayClient, type NodeServerRequest, type NodeServerResponse } from "./http-edge.js";
+import { runEvents } from "./run-events.js";
 import {
   agentOf,
   ApiError,
@@ -38,45 +38,6 @@ import {
 /** A run this long without its end is given up on (the run itself goes on). */
 const RUN_TIMEOUT_MS = 15 * 60_000;
 const TOOL_PROGRESS_CHARS = 500;
-
-/** The events of the run a frame started, until its end. */
-async function* runOf(
-  gateway: GatewayClient,
-  opts: {
-    sessionId: string;
-    afterSeq: bigint;
-    frameId: string;
-    metadata: ReturnType<typeof forwardedMetadata>;
-    signal: AbortSignal;
-  },
-): AsyncGenerator<AgentEvent> {
-  const stream = gateway.subscribe(
-    { sessionId: opts.sessionId, afterSeq: opts.afterSeq },
-    { metadata: opts.metadata, signal: opts.signal },
-  );
-  let turnId = "";
-  for await (const { event } of stream) {
-    if (!event) continue;
-    const p = event.payload;
-    if (!turnId) {
-      if (p.case === "agentStart" && p.value.frameId === opts.frameId) turnId = event.turnId;
-      else if (p.case === "messageBlocked" && p.value.frameId === opts.frameId)
-        throw new ApiError(
-          400,
-          `the message was blocked (${p.value.check}): ${p.value.reason}`,
-          "invalid_request_error",
-          "content_filter",
-        );
-      else if (p.case === "error" && p.value.frameId === opts.frameId)
-        throw apiErrorOf({ code: Status[p.value.code as keyof typeof Status], details: p.value.message });
-      if (!turnId) continue;
-    }
-    if (event.turnId !== turnId) continue;
-    yield event;
-    if (p.case === "agentEnd") return;
-  }
-  throw new ApiError(503, "the session's event stream ended before its run did", "server_error");
-}
 
 /** A path segment's escapes decoded; a segment whose escapes do not decode names no model. */
 function decodedOr404(segment: string): string {
@@ -167,6 +128,9 @@ export function openAiCompat(gateway: GatewayClient, opts: { maxBodyBytes: numbe
     let usage = { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 };
     let finishReason = "stop";
     let assistantMessages = 0;
+    /** The assistant message streaming, and what of its text has been passed on. */
+    let streaming = "";
+    let shown = "";
     const content = async (piece: string) => {
       text += piece;
       if (stream && piece !== "") await write(chunk({ content: piece }));
@@ -180,7 +144,7 @@ export function openAiCompat(gateway: GatewayClient, opts: { maxBodyBytes: numbe
       await write(chunk({ role: "assistant", content: "" }));
     }
     try {
-      for await (const event of runOf(gateway, {
+      for await (const event of runEvents(gateway, {
         sessionId: session,
         afterSeq: sent.accepted!.seq,
         frameId,
@@ -189,15 +153,23 @@ export function openAiCompat(gateway: GatewayClient, opts: { maxBodyBytes: numbe
       })) {
         runningTurn = true;
         const p = event.payload;
-        if (
-          p.case === "messageStart" &&
-          p.value.message?.role === Role.ASSISTANT &&
-          assistantMessages++ > 0 &&
-          text !== ""
-        )
-          await content("\n\n");
-        else if (p.case === "messageUpdate" && p.value.delta.case === "text") await content(p.value.delta.value);
-        else if (toolProgress && p.case === "toolExecutionStart")
+        if (p.case === "messageStart" && p.value.message?.role === Role.ASSISTANT) {
+          if (assistantMessages++ > 0 && text !== "") await content("\n\n");
+          [streaming, shown] = [p.value.message.id, ""];
+        } else if (p.case === "messageUpdate" && p.value.delta.case === "text") {
+          shown += p.value.delta.value;
+          await content(p.value.delta.value);
+        } else if (p.case === "messageEnd" && p.value.message?.id === streaming) {
+          // Deltas lost while a runner was replaced (a gap): the complete message has the rest.
+          const full = p.value.message.text;
+          if (full.length > shown.length && full.startsWith(shown)) await content(full.slice(shown.length));
+          streaming = "";
+        } else if (p.case === "runResumed" && streaming) {
+          // The message a runner's death cut off is asked for again: a reply not yet sent keeps
+          // only the new one; a stream cannot take back what it sent, so the new one follows it.
+          if (!stream) text = text.slice(0, text.length - shown.length);
+          streaming = "";
+        } else if (toolProgress && p.case === "toolExecutionStart")
           await content(`\n[${p.value.toolName} ${p.value.argumentsJson.slice(0, TOOL_PROGRESS_CHARS)}]\n`);
         else if (toolProgress && p.case === "toolExecutionEnd") {
           const out = p.value.result.slice(0, TOOL_PROGRESS_CHARS);

@@ -1,0 +1,71 @@
+// The events of one run, for the HTTP faces that answer a request with a run (the OpenAI
+// endpoint). A runner that dies mid-run is restarted or replaced and the run goes on there
+// (run_resumed), so a subscription that breaks with UNAVAILABLE, or ABORTED (the session moved),
+// is made again after the last seq seen, for up to RESUME_FOR_MS, instead of failing the request.
+import type { AgentEvent } from "../shared/gen/troupe/v1/session_pb.js";
+import { Status } from "../shared/errors.js";
+import type { forwardedMetadata, GatewayClient } from "./http-edge.js";
+import { ApiError, apiErrorOf } from "./openai-request.js";
+
+/** How long a broken subscription is tried again, in all, before the request fails. */
+export const RESUME_FOR_MS = 60_000;
+
+const RESUMABLE = new Set<number>([Status.UNAVAILABLE, Status.ABORTED]);
+
+/** The events of the run `frameId` started, from after `afterSeq` until its agent_end. */
+export async function* runEvents(
+  gateway: GatewayClient,
+  opts: {
+    sessionId: string;
+    afterSeq: bigint;
+    frameId: string;
+    metadata: ReturnType<typeof forwardedMetadata>;
+    signal: AbortSignal;
+    resumeForMs?: number;
+  },
+): AsyncGenerator<AgentEvent> {
+  let afterSeq = opts.afterSeq;
+  let turnId = "";
+  let lostSince: number | undefined;
+  for (;;) {
+    const stream = gateway.subscribe(
+      { sessionId: opts.sessionId, afterSeq },
+      { metadata: opts.metadata, signal: opts.signal },
+    );
+    try {
+      for await (const { event } of stream) {
+        if (!event) continue;
+        lostSince = undefined;
+        if (event.seq > afterSeq) afterSeq = event.seq;
+        const p = event.payload;
+        if (!turnId) {
+          if (p.case === "agentStart" && p.value.frameId === opts.frameId) turnId = event.turnId;
+          else if (p.case === "messageBlocked" && p.value.frameId === opts.frameId)
+            throw new ApiError(
+              400,
+              `the message was blocked (${p.value.check}): ${p.value.reason}`,
+              "invalid_request_error",
+              "content_filter",
+            );
+          else if (p.case === "error" && p.value.frameId === opts.frameId)
+            throw apiErrorOf({ code: Status[p.value.code as keyof typeof Status], details: p.value.message });
+          if (!turnId) continue;
+        }
+        if (event.turnId !== turnId) continue;
+        yield event;
+        if (p.case === "agentEnd") return;
+      }
+    } catch (err) {
+      if (err instanceof ApiError) throw err;
+      const code = (err as { code?: unknown }).code;
+      if (opts.signal.aborted || typeof code !== "number" || !RESUMABLE.has(code)) throw err;
+      lostSince ??= Date.now();
+      const lostMs = Date.now() - lostSince;
+      if (lostMs > (opts.resumeForMs ?? RESUME_FOR_MS)) throw err;
+      // Quick at first (a restart takes a second or two), then every 2 s.
+      await new Promise((r) => setTimeout(r, Math.min(2000, 250 + lostMs / 2)));
+      continue;
+    }
+    throw new ApiError(503, "the session's event stream ended before its run did", "server_error");
+  }
+}
