@@ -121,6 +121,17 @@ describe("the OpenAI-compatible endpoint, through the openai SDK", () => {
       (e: unknown) => e instanceof OpenAI.AuthenticationError && e.status === 401,
     );
     await assert.rejects(bad.models.list(), OpenAI.AuthenticationError);
+    // The key first, as OpenAI checks it: a bad key with a bad request is a 401, not a 400.
+    await assert.rejects(
+      bad.chat.completions.create({ model: "gpt-4o", messages: [] }),
+      (e: unknown) => e instanceof OpenAI.AuthenticationError && e.status === 401,
+    );
+    const keyless = await fetch(`http://${stack.addr.http}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: "{nope",
+    });
+    assert.equal(keyless.status, 401);
     const cases: [Partial<OpenAI.ChatCompletionCreateParamsNonStreaming>, new (...a: never[]) => Error, RegExp][] = [
       [{ model: "gpt-4o" }, OpenAI.NotFoundError, /model `gpt-4o` does not exist/],
       [{ model: "troupe/../etc" }, OpenAI.NotFoundError, /does not exist/],
