@@ -252,7 +252,7 @@ describe("one service process", () => {
       const res = await run(process.execPath, [MAIN, "memory", "--memory", at, "--data-dir", dataDir]).catch((e) => e);
       await rm(dataDir, { recursive: true, force: true });
       assert.equal(res.code, 1);
-      assert.match(res.stderr, /failed to start: .*EADDRINUSE/);
+      assert.match(res.stderr, new RegExp(`failed to start: ${at} is already in use by another process`));
       // What `troupe up` and the test stacks ask: by name, the memory service is not here.
       const health = createClient(Health, at);
       try {

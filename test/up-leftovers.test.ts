@@ -68,6 +68,23 @@ test("the next start ends what a SIGKILLed troupe up left, and a clean stop leav
   const second = spawnSync(process.execPath, [MAIN, "up", ...flagsFor(addr, dataDir)], { env, encoding: "utf8" });
   assert.equal(second.status, 1);
   assert.match(second.stderr, new RegExp(`troupe up already runs on .* \\(pid ${first.proc.pid}\\)`));
+  // On another data directory its ports are still taken: refused before anything starts, naming
+  // each address (it used to restart services that could not bind, forever).
+  const otherDir = await mkdtemp(path.join(os.tmpdir(), "troupe-other-"));
+  try {
+    const other = spawnSync(process.execPath, [MAIN, "up", ...flagsFor(addr, otherDir)], {
+      env,
+      encoding: "utf8",
+      timeout: 30_000,
+    });
+    assert.equal(other.status, 1, other.stderr);
+    assert.match(other.stderr, new RegExp(`cannot start: .*${addr.gateway} \\(gateway\\).* already in use`));
+    assert.match(other.stderr, new RegExp(`${addr.runner} \\(runner\\)`));
+    assert.doesNotMatch(other.stderr, /exited|restarting/);
+    assert.equal(JSON.parse(await readFile(path.join(dataDir, "up.json"), "utf8")).supervisor, first.proc.pid);
+  } finally {
+    await rm(otherDir, { recursive: true, force: true });
+  }
 
   first.proc.kill("SIGKILL");
   await once(first.proc, "exit");

@@ -24,6 +24,7 @@ import { splitHostPort } from "../shared/host-port.js";
 import { freePort } from "./free-port.js";
 import { startLocalPostgres, type LocalPostgres } from "./local-postgres.js";
 import { runInOneProcess } from "./up-one-process.js";
+import { inUse, inUseMessage, type Listener } from "./ports-in-use.js";
 import { allocatorEnvironment, startOver } from "./allocator.js";
 import { jitFlags } from "./jit.js";
 import { upFileWriter } from "./up-file.js";
@@ -76,6 +77,19 @@ export function parseShape(args: string[]): { shape: Shape; rest: string[] } {
   if (shape.oneProcess && shape.runners + shape.gateways + shape.routers > 3)
     throw new Error("--one-process runs one of each service; --runners, --gateways and --routers need processes");
   return { shape, rest };
+}
+
+/** Every address the children will listen on: gRPC, the gateways' HTTP, the metrics ports. */
+function listenersOf(children: readonly Child[]): Listener[] {
+  const out: Listener[] = [];
+  for (const c of children) {
+    out.push({ name: c.name, address: c.address });
+    for (const flag of ["--http", "--metrics"]) {
+      const i = c.args.indexOf(flag);
+      if (i >= 0 && c.args[i + 1] !== "off") out.push({ name: `${c.name} ${flag.slice(2)}`, address: c.args[i + 1] });
+    }
+  }
+  return out;
 }
 
 /**
@@ -186,6 +200,11 @@ export async function upCommand(argv: string[]): Promise<void> {
     const [host, first] = splitHostPort(cfg.metricsAddr);
     for (const [i, child] of children.filter((c) => c.name !== "model-server").entries())
       child.args.push("--metrics", `${host}:${first + i}`);
+  }
+  const taken = await inUse(listenersOf(children));
+  if (taken.length > 0) {
+    await localStore?.stop();
+    throw new Error(inUseMessage(taken));
   }
   // Made before the children start, so they all read the same files (auth.ts).
   await internalToken(cfg.dataDir, cfg.internalToken);

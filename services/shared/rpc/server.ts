@@ -292,7 +292,13 @@ export class RpcServer {
       credentials = grpc.experimental.createCertificateProviderServerCredentials(files, null, false);
     }
     return new Promise((resolve, reject) => {
-      this.server.bindAsync(address, credentials, (err, port) => (err ? reject(err) : resolve(port)));
+      this.server.bindAsync(address, credentials, (err, port) => {
+        if (!err) return resolve(port);
+        // grpc-js says "No address added out of total 1 resolved"; the reason is further on.
+        if (/EADDRINUSE/.test(err.message))
+          return reject(new Error(`${address} is already in use by another process (EADDRINUSE)`));
+        reject(err);
+      });
     });
   }
 
