@@ -23,7 +23,7 @@ function chat(session: string, prompt: string) {
   proc.stdout.on("data", (d) => (got.out += d));
   proc.stderr.on("data", (d) => (got.err += d));
   const exited = new Promise<number | null>((resolve) => proc.once("exit", resolve));
-  return { got, exited };
+  return { proc, got, exited };
 }
 
 const words = (n: number) => Array.from({ length: n }, (_, i) => `t${i + 1} `).join("");
@@ -60,6 +60,23 @@ test("a runner killed mid-turn: the run goes on after its restart, the prompt ru
     ["!tokens 60 rate=20", words(60)],
     "one prompt, one answer",
   );
+});
+
+test("Ctrl-C while it waits to reconnect: the first asks for an abort, the second exits", async () => {
+  const c = chat("reconnect-cancel", "!tokens 200 rate=20");
+  await waitFor("the reply to stream", async () => c.got.out.includes("t3 "), 20_000);
+  await stack.kill("gateway", "SIGKILL");
+  try {
+    await waitFor("it to notice", async () => c.got.err.includes("reconnecting"), 10_000);
+    c.proc.kill("SIGINT");
+    await new Promise((r) => setTimeout(r, 200));
+    c.proc.kill("SIGINT");
+    const t0 = Date.now();
+    assert.equal(await c.exited, 130);
+    assert.ok(Date.now() - t0 < 3000, `exited ${Date.now() - t0} ms after the second Ctrl-C`);
+  } finally {
+    await stack.start("gateway");
+  }
 });
 
 test("a session that never opened is not retried: an unreachable gateway fails at once", async () => {

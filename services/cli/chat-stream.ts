@@ -63,10 +63,13 @@ export class ChatStream {
 
   cancel(): void {
     this.cancelled = true;
-    this.call?.cancel();
+    if (this.call) this.call.cancel();
+    // Between connections (waiting to reconnect): nothing to cancel but the wait.
+    else this.settle(Object.assign(new Error("cancelled"), { code: 1 }));
   }
 
   private connect(): void {
+    if (this.cancelled) return;
     const again = this.sessionId !== "";
     const call = this.client.chat();
     this.call = call;
