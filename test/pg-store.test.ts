@@ -12,7 +12,7 @@ import { RunnerHeartbeat, liveRunners } from "../services/shared/membership.js";
 import { MIGRATIONS, migrate, openPool, schemaVersion } from "../services/shared/pg.js";
 import { refOf } from "../services/shared/session-ref.js";
 import { freshDatabase } from "./helpers/postgres.js";
-import { storageContract } from "./helpers/storage-contract.js";
+import { leftHereContract, storageContract } from "./helpers/storage-contract.js";
 
 const ALICE = { tenant: "t1", principal: "alice" };
 const runner = (id: string) => ({ runnerId: id, address: `127.0.0.1:${id.length}`, incarnation: randomUUID() });
@@ -98,6 +98,15 @@ describe("fencing in the database", () => {
       [1, 2],
     );
     await log.close();
+  });
+
+  test("what an earlier process of a runner left open is found by the next one", async (t) => {
+    const { a, b } = await twoRunners(t, 60_000);
+    await leftHereContract({
+      first: a.store,
+      restarted: new PgSessionStore(a.pool, { ...a.self, incarnation: randomUUID() }, 60_000),
+      another: b.store,
+    });
   });
 
   test("a closed log releases its lease: another runner takes the session at once", async (t) => {

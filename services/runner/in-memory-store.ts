@@ -107,6 +107,11 @@ export class InMemorySessionStore implements SessionStore {
     return this.sessions.has(refKey(ref));
   }
 
+  /** Nothing: an earlier process's memory is gone with it. */
+  async leftHere(): Promise<SessionRef[]> {
+    return [];
+  }
+
   async create(
     ref: SessionRef,
     agentId: string,

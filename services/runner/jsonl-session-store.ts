@@ -10,7 +10,7 @@ import { createExclusive, syncDir } from "../shared/exclusive-file.js";
 import { filePart, refOf, type SessionRef } from "../shared/session-ref.js";
 import { migrateFlatLogs } from "./flat-logs.js";
 import { JsonlSessionLog, logLine, parseLog, repairTornTail, type ParsedLog } from "./jsonl-log.js";
-import { SessionLeases, type Owner } from "./session-lease.js";
+import { SessionLeases, sameRunner, type Owner } from "./session-lease.js";
 import {
   ownerOf,
   sessionHeader,
@@ -198,31 +198,57 @@ export class JsonlSessionStore implements SessionStore {
     return dirs;
   }
 
+  async leftHere(): Promise<SessionRef[]> {
+    const self = this.leases.self;
+    const out: SessionRef[] = [];
+    for (const dir of await this.ownerDirs()) {
+      for (const name of await readdir(dir).catch(() => [] as string[])) {
+        const m = /^(.+)\.lease\.\d+$/.exec(name);
+        if (!m) continue;
+        const holder = await readFile(path.join(dir, name), "utf8")
+          .then((t) => JSON.parse(t) as Owner)
+          .catch(() => undefined);
+        if (!holder || !sameRunner(holder, self) || holder.incarnation === self.incarnation) continue;
+        const head = await this.header(path.join(dir, `${m[1]}.jsonl`));
+        if (head) out.push(refOf(ownerOf(head), head.sessionId));
+      }
+    }
+    return out;
+  }
+
+  /** A log's header (its first line; 4 KiB are read, not the whole log), if the file is a log that sits where its header puts it. */
+  private async header(file: string): Promise<Extract<LogRecord, { t: "session" }> | undefined> {
+    try {
+      const fh = await open(file, "r");
+      try {
+        const { bytesRead, buffer } = await fh.read(Buffer.alloc(4096), 0, 4096, 0);
+        const head = JSON.parse(buffer.subarray(0, bytesRead).toString("utf8").split("\n")[0]) as LogRecord;
+        return head.t === "session" && this.file(refOf(ownerOf(head), head.sessionId)) === file ? head : undefined;
+      } finally {
+        await fh.close();
+      }
+    } catch {
+      return undefined;
+    }
+  }
+
   private async listDir(dir: string): Promise<StoredSession[]> {
     const names = await readdir(dir).catch(() => [] as string[]);
     const out: StoredSession[] = [];
     for (const name of names) {
       if (!name.endsWith(".jsonl")) continue; // leftover .tmp files of interrupted creates are skipped
       const file = path.join(dir, name);
-      try {
-        // The header is the first line; reading 4 KiB avoids reading whole logs to list them.
-        const fh = await open(file, "r");
-        const { bytesRead, buffer } = await fh.read(Buffer.alloc(4096), 0, 4096, 0);
-        const s = await fh.stat();
-        await fh.close();
-        const head = JSON.parse(buffer.subarray(0, bytesRead).toString("utf8").split("\n")[0]) as LogRecord;
-        // A log counts where its header's owner and id put it, and nowhere else.
-        if (head.t !== "session" || this.file(refOf(ownerOf(head), head.sessionId)) !== file) continue;
-        out.push({
-          sessionId: head.sessionId,
-          agentId: head.agentId,
-          owner: ownerOf(head),
-          createdMs: head.createdMs,
-          updateMs: s.mtimeMs,
-        });
-      } catch {
-        // A log being created right now, or not ours: not listed.
-      }
+      // A log being created right now, or not ours: not listed.
+      const head = await this.header(file);
+      const st = head && (await stat(file).catch(() => undefined));
+      if (!head || !st) continue;
+      out.push({
+        sessionId: head.sessionId,
+        agentId: head.agentId,
+        owner: ownerOf(head),
+        createdMs: head.createdMs,
+        updateMs: st.mtimeMs,
+      });
     }
     return out;
   }

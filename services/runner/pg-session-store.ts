@@ -229,6 +229,16 @@ export class PgSessionStore implements SessionStore {
     });
   }
 
+  async leftHere(): Promise<SessionRef[]> {
+    // A session row names its holder until the holder closes it (release); the index is migration 2's.
+    const { rows } = await this.pool.query<{ tenant: string; principal: string; session_id: string }>(
+      `SELECT tenant, principal, session_id FROM troupe_sessions
+        WHERE owner_runner = $1 AND owner_address = $2 AND owner_incarnation <> $3`,
+      [this.self.runnerId, this.self.address, this.self.incarnation],
+    );
+    return rows.map((r) => ({ tenant: r.tenant, principal: r.principal, sessionId: r.session_id }));
+  }
+
   async remove(ref: SessionRef): Promise<boolean> {
     const { rowCount } = await this.pool.query(`DELETE FROM troupe_sessions WHERE ${KEY}`, keyOf(ref));
     return (rowCount ?? 0) > 0;

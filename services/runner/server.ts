@@ -29,6 +29,8 @@ import { DEFAULT_RECALL, MemoryRecall, learnAfterRuns } from "./memory-recall.js
 import { LearningQueue } from "./learning-queue.js";
 import { loadProviders, singleProvider } from "../shared/providers.js";
 import { registerWithRouter } from "./registration.js";
+import { resumeLeftRuns } from "./left-runs.js";
+import type { SessionRef } from "../shared/session-ref.js";
 import { clearSessionParts, startRetention } from "./retention.js";
 import { ProviderModels } from "./provider-models.js";
 import type { SessionActor } from "./session-actor.js";
@@ -152,19 +154,22 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
       .relinquishAll()
       .then((n) => logger.warn(`silent ${ms} ms, past the lease: ${n} sessions handed over`));
 
+  /** Whether a session belongs here: it lives here, or the router places it here (or cannot say). */
+  const placedHere = async (ref: SessionRef): Promise<boolean> => {
+    if (registry.holds(ref)) return true;
+    const placed = await router
+      .resolveSession({ sessionId: ref.sessionId }, { timeoutMs: 2000, metadata: identityMetadata(ref) })
+      .catch(() => undefined);
+    return !placed?.runner || placed.runner.runnerId === cfg.runnerId;
+  };
+
   // Scheduled tasks and heartbeats: each firing is a prompt the session takes once (see schedules.ts).
   const scheduler = new Scheduler(
     book,
     async (f) => {
       // The runner the router places the session on fires it (unless the session already lives here),
       // so a firing does not pull the session away from where its clients are sent.
-      if (!registry.holds(f.ref)) {
-        const placed = await router
-          .resolveSession({ sessionId: f.ref.sessionId }, { timeoutMs: 2000, metadata: identityMetadata(f.ref) })
-          .catch(() => undefined);
-        if (placed?.runner && placed.runner.runnerId !== cfg.runnerId)
-          throw new Error(`session ${f.ref.sessionId} is placed on runner ${placed.runner.runnerId}`);
-      }
+      if (!(await placedHere(f.ref))) throw new Error(`session ${f.ref.sessionId} is placed on another runner`);
       // The schedule's own ref: it fires only into the session of the principal that made it.
       const actor = await registry.get(f.ref);
       if (!actor) {
@@ -320,12 +325,20 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   const registration = cfg.storeUrl
     ? { stop: () => storage.drain() }
     : registerWithRouter(router, cfg.runnerId, cfg.advertise, logger);
+  // What an earlier process of this runner was killed in the middle of goes on now (left-runs.ts).
+  const leftRuns = resumeLeftRuns({
+    store: storage.sessions,
+    placedHere,
+    load: (ref) => registry.get(ref),
+    logger,
+  });
 
   return {
     // SIGTERM: leave the router's list, let the runs going finish within the grace while their
     // streams still carry them, then end the streams and hand over what is left (the next load
     // of each such session, here or on another runner, resumes its run).
     async drain() {
+      leftRuns.stop();
       scheduler.stop();
       retention.stop();
       background.stopAll();

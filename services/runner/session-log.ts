@@ -118,4 +118,9 @@ export interface SessionStore {
   list(owner?: Identity): Promise<StoredSession[]>;
   /** Deletes the session's log for good; false when there was none. Call with no activation of it open. */
   remove(ref: SessionRef): Promise<boolean>;
+  /**
+   * The sessions an earlier process of this runner (same id and address) still held when it
+   * ended without closing them: a crash, a SIGKILL, the OOM killer. What it may have left half done.
+   */
+  leftHere(): Promise<SessionRef[]>;
 }

@@ -81,6 +81,10 @@ export const MIGRATIONS: readonly string[] = [
     record    jsonb NOT NULL
   );
   `,
+  // 2: the sessions each runner holds, for a restarted runner to find what it left (leftHere).
+  `
+  CREATE INDEX troupe_sessions_owner ON troupe_sessions (owner_runner) WHERE owner_runner IS NOT NULL;
+  `,
 ];
 
 const LOCK_ID = 0x7472_6f75; // "trou": the advisory lock that serialises migrations

@@ -3,8 +3,9 @@
 // are kept per owner, a stranger's object and a missing one look the same.
 import { describe, test, type TestContext } from "node:test";
 import assert from "node:assert/strict";
+import type { SessionStore } from "../../services/runner/session-log.js";
 import type { RunnerStorage } from "../../services/runner/storage.js";
-import { refOf } from "../../services/shared/session-ref.js";
+import { refOf, type SessionRef } from "../../services/shared/session-ref.js";
 
 const ALICE = { tenant: "t1", principal: "alice" };
 const MALLORY = { tenant: "t2", principal: "alice" };
@@ -114,4 +115,30 @@ export function storageContract(kind: string, make: (t: TestContext) => Promise<
       assert.ok(Math.abs(newest.timeMs - Date.now()) < 60_000);
     });
   });
+}
+
+/**
+ * leftHere, on stores that share one storage: `first` and `restarted` are two processes of one
+ * runner (same id and address, the second a new incarnation), `another` is another runner. What
+ * the first left open is the restarted one's to find; what it closed, and another runner's, are not.
+ */
+export async function leftHereContract(stores: {
+  first: SessionStore;
+  restarted: SessionStore;
+  another: SessionStore;
+}): Promise<void> {
+  const { first, restarted, another } = stores;
+  // The same session id under two owners: two sessions, each found as its own.
+  for (const owner of [ALICE, MALLORY]) await first.create(refOf(owner, "s-open"), "main", owner);
+  await (await first.create(refOf(ALICE, "s-closed"), "main", ALICE)).close();
+  await another.create(refOf(ALICE, "s-other"), "main", ALICE);
+  const sorted = (refs: SessionRef[]) => refs.map((r) => `${r.tenant}/${r.principal}/${r.sessionId}`).sort();
+  assert.deepEqual(sorted(await restarted.leftHere()), ["t1/alice/s-open", "t2/alice/s-open"]);
+  assert.deepEqual(await first.leftHere(), [], "a process has not left what it still holds");
+  assert.deepEqual(await another.leftHere(), []);
+  // Once the restarted process takes a session back, it is no longer left.
+  const { log } = await restarted.activate(refOf(ALICE, "s-open"));
+  assert.deepEqual(sorted(await restarted.leftHere()), ["t2/alice/s-open"]);
+  await log.close();
+  assert.deepEqual(sorted(await restarted.leftHere()), ["t2/alice/s-open"], "a closed session is no one's");
 }

@@ -1,0 +1,79 @@
+// A run its runner was killed in goes on when the runner comes back, with no client asking: the
+// turn's message was sent with SendMessage and nobody watches the session (a schedule's turn, a
+// client that went away). The session's log, read from disk without loading the session, shows
+// the run resumed and ended with the whole answer.
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+import { fromJson, type JsonValue } from "@bufbuild/protobuf";
+import { AgentEventSchema, Role, StopReason, type AgentEvent } from "../services/shared/gen/troupe/v1/session_pb.js";
+import { JsonlSessionStore } from "../services/runner/jsonl-session-store.js";
+import { refOf } from "../services/shared/session-ref.js";
+import { startStack, waitFor, type Stack } from "./helpers/stack.js";
+
+let stack: Stack;
+before(async () => {
+  stack = await startStack({ env: { TROUPE_SANDBOX_POOL: "0", TROUPE_MEMORY_LEARN: "0" } });
+});
+after(() => stack?.stop());
+
+/** The session's events as its log on disk has them (no lease taken, nothing loaded). */
+async function loggedEvents(sessionId: string): Promise<AgentEvent[]> {
+  const records = await new JsonlSessionStore(stack.dataDir).read(
+    refOf({ tenant: "local", principal: "dev" }, sessionId),
+  );
+  return records.flatMap((r) => (r.t === "event" ? [fromJson(AgentEventSchema, r.event as JsonValue)] : []));
+}
+
+const words = (n: number) => Array.from({ length: n }, (_, i) => `t${i + 1} `).join("");
+
+test("a runner killed mid-run resumes the run at its restart, with no client attached", async () => {
+  const { session } = await stack.gateway.createSession({ sessionId: "left-1" });
+  await stack.gateway.sendMessage({ sessionId: session!.sessionId, frameId: "m1", text: "!tokens 40 rate=20" });
+  await waitFor("the run to start", async () =>
+    (await loggedEvents("left-1")).some((e) => e.payload.case === "agentStart"),
+  );
+  await new Promise((r) => setTimeout(r, 500));
+  await stack.kill("runner", "SIGKILL");
+  const cut = await loggedEvents("left-1");
+  assert.ok(!cut.some((e) => e.payload.case === "agentEnd"), "the kill cut the run");
+
+  await stack.start("runner");
+  const events = await waitFor(
+    "the resumed run to end",
+    async () => {
+      const evs = await loggedEvents("left-1");
+      return evs.some((e) => e.payload.case === "agentEnd") && evs;
+    },
+    20_000,
+  );
+  assert.ok(events.some((e) => e.payload.case === "runResumed"));
+  const end = events.find((e) => e.payload.case === "agentEnd")!;
+  assert.equal(end.payload.case === "agentEnd" && end.payload.value.stopReason, StopReason.COMPLETED);
+  const answers = events.flatMap((e) =>
+    e.payload.case === "messageEnd" && e.payload.value.message?.role === Role.ASSISTANT
+      ? [e.payload.value.message.text]
+      : [],
+  );
+  assert.deepEqual(answers, [words(40)]);
+  assert.match(stack.logs(), /loaded the sessions an earlier process of this runner left/);
+});
+
+test("a session left with nothing owed is loaded, and nothing in it runs again", async () => {
+  // left-1 ended above and is held by the restarted runner; left-idle's turn ends before the kill.
+  await stack.gateway.createSession({ sessionId: "left-idle" });
+  await stack.gateway.sendMessage({ sessionId: "left-idle", frameId: "m1", text: "hello" });
+  await waitFor("the turn", async () => (await loggedEvents("left-idle")).some((e) => e.payload.case === "agentEnd"));
+  const before = stack.logs().length;
+  await stack.kill("runner", "SIGKILL");
+  await stack.start("runner");
+  // Both were held when the runner was killed: both are found and loaded, nothing else.
+  const line = await waitFor(
+    "the sweep's report",
+    async () =>
+      /loaded the sessions an earlier process of this runner left[^\n]*/.exec(stack.logs().slice(before))?.[0],
+  );
+  assert.match(line, /"found":2,"loaded":2/);
+  // Nothing was owed in left-idle: its log has no second run.
+  const runs = (await loggedEvents("left-idle")).filter((e) => e.payload.case === "agentStart");
+  assert.equal(runs.length, 1);
+});
