@@ -8,14 +8,15 @@
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import type { ClientFrameSchema, AgentEvent, QueueMode } from "../shared/gen/troupe/v1/session_pb.js";
 import type { ChatResponse } from "../shared/gen/troupe/v1/gateway_pb.js";
+import { Status } from "../shared/errors.js";
 import type { GatewayClient } from "./gateway-client.js";
 
 type Frame = MessageInitShape<typeof ClientFrameSchema> & { frameId: string };
 type Call = ReturnType<GatewayClient["chat"]>;
 export type StreamError = Error & { code?: number; details?: string };
 
-/** gRPC codes after which the session is worth opening again: UNAVAILABLE, ABORTED. */
-const RESUMABLE = new Set([14, 10]);
+/** The statuses after which the session is worth opening again. */
+const RESUMABLE = new Set<number>([Status.UNAVAILABLE, Status.ABORTED]);
 
 export interface ChatStreamOptions {
   open: { sessionId: string; agentId: string; queueMode: QueueMode; model: string };
