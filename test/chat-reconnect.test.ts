@@ -4,6 +4,8 @@
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
+import { JsonlSessionStore } from "../services/runner/jsonl-session-store.js";
+import { refOf } from "../services/shared/session-ref.js";
 import { MAIN, startStack, waitFor, type Stack } from "./helpers/stack.js";
 
 let stack: Stack;
@@ -40,6 +42,26 @@ test("a gateway restarted mid-turn: every token arrives once, and the command ex
   assert.match(c.got.err, /\[connection lost \(UNAVAILABLE: [^)]*\); reconnecting\]/);
   assert.match(c.got.err, /\[reconnected to session reconnect-gateway\]/);
   assert.doesNotMatch(c.got.err, /not kept/);
+});
+
+test("a turn that ends while the gateway is down: what the replay no longer holds comes from the complete message", async () => {
+  const c = chat("reconnect-gap", "!tokens 300 rate=100");
+  await waitFor("the reply to stream", async () => c.got.out.includes("t5 "), 20_000);
+  await stack.kill("gateway", "SIGKILL");
+  // The run ends unwatched; the idle session keeps only its last events in memory (a gap for us).
+  const log = new JsonlSessionStore(stack.dataDir);
+  await waitFor(
+    "the run to end",
+    async () =>
+      (await log.read(refOf({ tenant: "local", principal: "dev" }, "reconnect-gap"))).some(
+        (r) => r.t === "event" && JSON.stringify(r.event).includes('"agentEnd"'),
+      ),
+    20_000,
+  );
+  await stack.start("gateway");
+  assert.equal(await c.exited, 0, c.got.err);
+  assert.match(c.got.err, /not kept; complete messages follow/);
+  assert.equal(c.got.out, `${words(300)}\n`, "every token once: the streamed part, then the rest of the message");
 });
 
 test("a runner killed mid-turn: the run goes on after its restart, the prompt runs once", async () => {

@@ -66,9 +66,13 @@ export async function chatCommand(args: string[]): Promise<number> {
   let running = false;
   let lastStop = StopReason.UNSPECIFIED;
   let interrupts = 0;
-  /** What was printed of each assistant message streaming; after a gap, the rest comes whole. */
+  // What was printed of each assistant message, and the seq it started at. A replay's gap ends
+  // at its own seq: a message started before that may have lost deltas, so from the gap on its
+  // deltas are not printed and its end prints what its text has beyond what was.
   const printed = new Map<string, string>();
-  let missed = false;
+  const startedAt = new Map<string, bigint>();
+  let gapUpTo = -1n;
+  const lostDeltas = (id: string) => gapUpTo >= 0n && (startedAt.get(id) ?? -1n) < gapUpTo;
 
   const render = (ev: AgentEvent) => {
     const p = ev.payload;
@@ -80,23 +84,28 @@ export async function chatCommand(args: string[]): Promise<number> {
         process.stderr.write(dim("\n[the run goes on after a runner restart]\n"));
         break;
       case "gap":
-        missed = true;
+        gapUpTo = ev.seq;
         process.stderr.write(
           dim("\n[streamed output from while the connection was down is not kept; complete messages follow]\n"),
         );
         break;
+      case "messageStart":
+        if (p.value.message?.role === Role.ASSISTANT) startedAt.set(p.value.message.id, ev.seq);
+        break;
       case "messageUpdate":
-        if (p.value.delta.case === "text") {
+        if (p.value.delta.case === "text" && !lostDeltas(p.value.messageId)) {
           printed.set(p.value.messageId, (printed.get(p.value.messageId) ?? "") + p.value.delta.value);
           process.stdout.write(p.value.delta.value);
         } else if (p.value.delta.case === "thinking") process.stderr.write(dim(p.value.delta.value));
         break;
       case "messageEnd": {
         const m = p.value.message;
-        const shown = printed.get(m?.id ?? "") ?? "";
-        printed.delete(m?.id ?? "");
-        if (missed && m?.role === Role.ASSISTANT && m.text.length > shown.length && m.text.startsWith(shown))
-          process.stdout.write(m.text.slice(shown.length));
+        if (m?.role !== Role.ASSISTANT) break;
+        const shown = printed.get(m.id) ?? "";
+        if (lostDeltas(m.id))
+          process.stdout.write(m.text.startsWith(shown) ? m.text.slice(shown.length) : `\n${m.text}`);
+        printed.delete(m.id);
+        startedAt.delete(m.id);
         break;
       }
       case "toolExecutionStart":
@@ -145,7 +154,6 @@ export async function chatCommand(args: string[]): Promise<number> {
         process.stderr.write(red(`\n[error ${p.value.code}] ${p.value.message}\n`));
         break;
       case "agentEnd":
-        missed = false;
         process.stdout.write("\n");
         if (p.value.stopReason !== StopReason.COMPLETED)
           process.stderr.write(

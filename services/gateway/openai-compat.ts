@@ -148,6 +148,8 @@ export function openAiCompat(gateway: GatewayClient, opts: { maxBodyBytes: numbe
     /** The assistant message streaming, and what of its text has been passed on. */
     let streaming = "";
     let shown = "";
+    /** A gap took some of its deltas: the rest comes from its end. */
+    let lost = false;
     const content = async (piece: string) => {
       text += piece;
       if (stream && piece !== "") await write(chunk({ content: piece }));
@@ -172,12 +174,16 @@ export function openAiCompat(gateway: GatewayClient, opts: { maxBodyBytes: numbe
         const p = event.payload;
         if (p.case === "messageStart" && p.value.message?.role === Role.ASSISTANT) {
           if (assistantMessages++ > 0 && text !== "") await content("\n\n");
-          [streaming, shown] = [p.value.message.id, ""];
+          [streaming, shown, lost] = [p.value.message.id, "", false];
+        } else if (p.case === "gap") {
+          // Deltas of the streaming message went missing: later ones would leave a hole in it.
+          lost = streaming !== "";
         } else if (p.case === "messageUpdate" && p.value.delta.case === "text") {
+          if (lost && p.value.messageId === streaming) continue;
           shown += p.value.delta.value;
           await content(p.value.delta.value);
         } else if (p.case === "messageEnd" && p.value.message?.id === streaming) {
-          // Deltas lost while a runner was replaced (a gap): the complete message has the rest.
+          // After a gap the complete message has the rest of what was passed on.
           const full = p.value.message.text;
           if (full.length > shown.length && full.startsWith(shown)) await content(full.slice(shown.length));
           streaming = "";

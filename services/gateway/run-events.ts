@@ -51,7 +51,8 @@ export async function* runEvents(
             throw apiErrorOf({ code: Status[p.value.code as keyof typeof Status], details: p.value.message });
           if (!turnId) continue;
         }
-        if (event.turnId !== turnId) continue;
+        // A replay's gap belongs to no turn; the run's reader needs it (its deltas have a hole).
+        if (event.turnId !== turnId && p.case !== "gap") continue;
         yield event;
         if (p.case === "agentEnd") return;
       }
