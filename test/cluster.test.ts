@@ -10,11 +10,13 @@ import { placeOn } from "../services/router/server.js";
 import { DEV_IDENTITY } from "../services/shared/auth.js";
 import { GatewayService } from "../services/shared/gen/troupe/v1/gateway_pb.js";
 import { RouterService } from "../services/shared/gen/troupe/v1/router_pb.js";
+import { PgSessionStore } from "../services/runner/pg-session-store.js";
+import { openPool } from "../services/shared/pg.js";
 import { Role, StopReason, type AgentEvent } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { createClient, type ServiceClient } from "../services/shared/rpc.js";
 import { refKey, refOf } from "../services/shared/session-ref.js";
 import { testPostgres } from "./helpers/postgres.js";
-import { ChatSession, subscribeUntil } from "./helpers/session.js";
+import { ChatSession, loggedEvents, runOutcome, subscribeUntil } from "./helpers/session.js";
 import { LOAD_QUOTAS, startStack, waitFor, type Stack } from "./helpers/stack.js";
 
 type Gateway = ServiceClient<(typeof GatewayService)["method"]>;
@@ -23,6 +25,9 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 let stack: Stack;
 let gateway2: Gateway;
+/** The session store, read as no runner: a test reads logs without loading sessions. */
+let reader: PgSessionStore;
+let readerPool: ReturnType<typeof openPool>;
 const runners = [
   { key: "runner", id: "runner-1" },
   { key: "runner-2", id: "runner-2" },
@@ -41,6 +46,8 @@ before(async () => {
       TROUPE_RUNNER_ID: "runner-1",
     },
   });
+  readerPool = openPool(storeUrl);
+  reader = new PgSessionStore(readerPool, { runnerId: "reader", address: "", incarnation: "reader" }, LIVENESS_MS);
   addrOf.set("runner", stack.addr.runner);
   for (const r of runners.slice(1))
     addrOf.set(r.key, await stack.startInstance(r.key, "runner", { args: ["--runner-id", r.id] }));
@@ -51,6 +58,7 @@ before(async () => {
 });
 after(async () => {
   gateway2?.close();
+  await readerPool?.end();
   await stack?.stop();
 });
 
@@ -177,6 +185,37 @@ describe("a cluster on PostgreSQL", () => {
       assert.ok(!events.some((e) => e.payload.case === "runResumed"), `${sessionId}: no run was cut and resumed`);
       const history = await stack.gateway.getHistory({ sessionId, pageSize: 1000 });
       assert.equal(history.messages.filter((m) => m.role === Role.USER).length, sent, `${sessionId}: each prompt once`);
+    }
+  });
+
+  test("a runner killed mid-run with no client watching: another runner finishes the run", async () => {
+    const sessionId = await sessionOn("runner-2", "orphan");
+    const ref = refOf(DEV_IDENTITY, sessionId);
+    // Read straight from the database: a call through a gateway would load the session itself.
+    const events = async () => loggedEvents(await reader.read(ref).catch(() => []));
+    await stack.gateway.createSession({ sessionId });
+    await stack.gateway.sendMessage({ sessionId, frameId: "m1", text: "!tokens 60 rate=20" });
+    await waitFor("the run to start", async () => (await events()).some((e) => e.payload.case === "agentStart"));
+    await sleep(500);
+    await stack.kill("runner-2", "SIGKILL");
+    try {
+      // Its lease lapses after LIVENESS_MS; a live runner's next sweep takes the session.
+      const done = await waitFor(
+        "another runner to finish the run",
+        async () => {
+          const evs = await events();
+          return evs.some((e) => e.payload.case === "agentEnd") && evs;
+        },
+        30_000,
+      );
+      assert.deepEqual(runOutcome(done), {
+        resumed: true,
+        stopReason: StopReason.COMPLETED,
+        answers: [Array.from({ length: 60 }, (_, i) => `t${i + 1} `).join("")],
+      });
+    } finally {
+      await restart("runner-2");
+      await waitFor("three live runners", async () => (await liveRunners()).length === 3);
     }
   });
 

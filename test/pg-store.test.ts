@@ -12,7 +12,7 @@ import { RunnerHeartbeat, liveRunners } from "../services/shared/membership.js";
 import { MIGRATIONS, migrate, openPool, schemaVersion } from "../services/shared/pg.js";
 import { refOf } from "../services/shared/session-ref.js";
 import { freshDatabase } from "./helpers/postgres.js";
-import { leftHereContract, storageContract } from "./helpers/storage-contract.js";
+import { orphansContract, storageContract } from "./helpers/storage-contract.js";
 
 const ALICE = { tenant: "t1", principal: "alice" };
 const runner = (id: string) => ({ runnerId: id, address: `127.0.0.1:${id.length}`, incarnation: randomUUID() });
@@ -100,12 +100,28 @@ describe("fencing in the database", () => {
     await log.close();
   });
 
-  test("what an earlier process of a runner left open is found by the next one", async (t) => {
-    const { a, b } = await twoRunners(t, 60_000);
-    await leftHereContract({
-      first: a.store,
-      restarted: new PgSessionStore(a.pool, { ...a.self, incarnation: randomUUID() }, 60_000),
-      another: b.store,
+  test("a session whose holder is gone is an orphan to every runner", async (t) => {
+    const pool = openPool(await freshDatabase());
+    await migrate(pool);
+    const beats: RunnerHeartbeat[] = [];
+    t.after(async () => {
+      for (const b of beats) await b.stop();
+      await pool.end();
+    });
+    const runnerOf = (self: ReturnType<typeof runner>) => {
+      const heartbeat = new RunnerHeartbeat(pool, self, 60_000);
+      beats.push(heartbeat);
+      return {
+        store: new PgSessionStore(pool, self, 60_000),
+        start: () => heartbeat.start(),
+        kill: () => heartbeat.stop(),
+      };
+    };
+    const self = runner("ra");
+    await orphansContract({
+      first: runnerOf(self),
+      restarted: runnerOf({ ...self, incarnation: randomUUID() }),
+      another: runnerOf(runner("rb")),
     });
   });
 

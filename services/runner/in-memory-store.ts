@@ -107,8 +107,8 @@ export class InMemorySessionStore implements SessionStore {
     return this.sessions.has(refKey(ref));
   }
 
-  /** Nothing: an earlier process's memory is gone with it. */
-  async leftHere(): Promise<SessionRef[]> {
+  /** Nothing: a process's memory is gone with it. */
+  async orphans(): Promise<SessionRef[]> {
     return [];
   }
 

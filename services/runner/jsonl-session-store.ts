@@ -10,7 +10,7 @@ import { createExclusive, syncDir } from "../shared/exclusive-file.js";
 import { filePart, refOf, type SessionRef } from "../shared/session-ref.js";
 import { migrateFlatLogs } from "./flat-logs.js";
 import { JsonlSessionLog, logLine, parseLog, repairTornTail, type ParsedLog } from "./jsonl-log.js";
-import { SessionLeases, sameRunner, type Owner } from "./session-lease.js";
+import { SessionLeases, type Owner } from "./session-lease.js";
 import {
   ownerOf,
   sessionHeader,
@@ -198,9 +198,10 @@ export class JsonlSessionStore implements SessionStore {
     return dirs;
   }
 
-  async leftHere(): Promise<SessionRef[]> {
-    const self = this.leases.self;
+  async orphans(): Promise<SessionRef[]> {
     const out: SessionRef[] = [];
+    // Each holder's heartbeat is read once a sweep.
+    const alive = new Map<string, Promise<boolean>>();
     for (const dir of await this.ownerDirs()) {
       for (const name of await readdir(dir).catch(() => [] as string[])) {
         const m = /^(.+)\.lease\.\d+$/.exec(name);
@@ -208,7 +209,10 @@ export class JsonlSessionStore implements SessionStore {
         const holder = await readFile(path.join(dir, name), "utf8")
           .then((t) => JSON.parse(t) as Owner)
           .catch(() => undefined);
-        if (!holder || !sameRunner(holder, self) || holder.incarnation === self.incarnation) continue;
+        if (!holder) continue;
+        const key = `${holder.runnerId}\0${holder.address}\0${holder.incarnation}`;
+        if (!alive.has(key)) alive.set(key, this.leases.alive(holder));
+        if (await alive.get(key)) continue;
         const head = await this.header(path.join(dir, `${m[1]}.jsonl`));
         if (head) out.push(refOf(ownerOf(head), head.sessionId));
       }

@@ -229,12 +229,18 @@ export class PgSessionStore implements SessionStore {
     });
   }
 
-  async leftHere(): Promise<SessionRef[]> {
-    // A session row names its holder until the holder closes it (release); the index is migration 2's.
+  async orphans(): Promise<SessionRef[]> {
+    // A row names its holder until the holder closes it (release); migration 2 indexes holders.
+    // Gone: an earlier process of this runner, or a holder whose membership row is not its own
+    // fresh beat (the same test activate() makes under the row's lock).
     const { rows } = await this.pool.query<{ tenant: string; principal: string; session_id: string }>(
-      `SELECT tenant, principal, session_id FROM troupe_sessions
-        WHERE owner_runner = $1 AND owner_address = $2 AND owner_incarnation <> $3`,
-      [this.self.runnerId, this.self.address, this.self.incarnation],
+      `SELECT s.tenant, s.principal, s.session_id
+         FROM troupe_sessions s LEFT JOIN troupe_runners r ON r.runner_id = s.owner_runner
+        WHERE s.owner_runner IS NOT NULL AND s.owner_incarnation <> $3
+          AND ((s.owner_runner = $1 AND s.owner_address = $2)
+               OR r.incarnation IS DISTINCT FROM s.owner_incarnation
+               OR r.beat_at <= now() - $4 * interval '1 millisecond')`,
+      [this.self.runnerId, this.self.address, this.self.incarnation, this.livenessMs],
     );
     return rows.map((r) => ({ tenant: r.tenant, principal: r.principal, sessionId: r.session_id }));
   }

@@ -29,7 +29,7 @@ import { DEFAULT_RECALL, MemoryRecall, learnAfterRuns } from "./memory-recall.js
 import { LearningQueue } from "./learning-queue.js";
 import { loadProviders, singleProvider } from "../shared/providers.js";
 import { registerWithRouter } from "./registration.js";
-import { resumeLeftRuns } from "./left-runs.js";
+import { adoptOrphans } from "./orphaned-runs.js";
 import type { SessionRef } from "../shared/session-ref.js";
 import { clearSessionParts, startRetention } from "./retention.js";
 import { ProviderModels } from "./provider-models.js";
@@ -325,12 +325,14 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   const registration = cfg.storeUrl
     ? { stop: () => storage.drain() }
     : registerWithRouter(router, cfg.runnerId, cfg.advertise, logger);
-  // What an earlier process of this runner was killed in the middle of goes on now (left-runs.ts).
-  const leftRuns = resumeLeftRuns({
+  // What a runner process that died was in the middle of goes on here, if placed here (orphaned-runs.ts).
+  const orphans = adoptOrphans({
     store: storage.sessions,
     placedHere,
     load: (ref) => registry.get(ref),
     logger,
+    // Past a dead runner's lease its sessions are free; a sweep or two later they are taken.
+    everyMs: Math.max(5000, 2 * cfg.runnerLivenessMs),
   });
 
   return {
@@ -338,7 +340,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
     // streams still carry them, then end the streams and hand over what is left (the next load
     // of each such session, here or on another runner, resumes its run).
     async drain() {
-      leftRuns.stop();
+      orphans.stop();
       scheduler.stop();
       retention.stop();
       background.stopAll();

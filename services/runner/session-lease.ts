@@ -133,7 +133,8 @@ export class SessionLeases {
     if (beat?.incarnation === this.self.incarnation) await unlink(file).catch(() => undefined);
   }
 
-  private async alive(owner: Owner): Promise<boolean> {
+  /** Whether the process `owner` names still runs: this one, or a runner whose heartbeat is fresh and names it. */
+  async alive(owner: Owner): Promise<boolean> {
     if (owner.incarnation === this.self.incarnation) return true; // this process is alive
     // An earlier incarnation of this runner at this address is gone: this process holds the
     // address now. Said before its heartbeat says so, a restarted runner would refuse (until the

@@ -119,8 +119,9 @@ export interface SessionStore {
   /** Deletes the session's log for good; false when there was none. Call with no activation of it open. */
   remove(ref: SessionRef): Promise<boolean>;
   /**
-   * The sessions an earlier process of this runner (same id and address) still held when it
-   * ended without closing them: a crash, a SIGKILL, the OOM killer. What it may have left half done.
+   * The sessions still held by a runner process that is gone without closing them (a crash, a
+   * SIGKILL, the OOM killer, a lost node): an earlier process of this runner (same id and
+   * address), or another runner whose heartbeat has stopped. What they may have left half done.
    */
-  leftHere(): Promise<SessionRef[]>;
+  orphans(): Promise<SessionRef[]>;
 }

@@ -81,7 +81,7 @@ export const MIGRATIONS: readonly string[] = [
     record    jsonb NOT NULL
   );
   `,
-  // 2: the sessions each runner holds, for a restarted runner to find what it left (leftHere).
+  // 2: the sessions each runner holds, for the runners to find what a dead one left (orphans).
   `
   CREATE INDEX troupe_sessions_owner ON troupe_sessions (owner_runner) WHERE owner_runner IS NOT NULL;
   `,

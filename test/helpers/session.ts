@@ -1,9 +1,12 @@
 // A test client for one Chat stream: send frames, collect events, wait for what should come.
-import { toJson } from "@bufbuild/protobuf";
+import { fromJson, toJson, type JsonValue } from "@bufbuild/protobuf";
+import type { LogRecord } from "../../services/runner/session-log.js";
 import type { GatewayService } from "../../services/shared/gen/troupe/v1/gateway_pb.js";
 import type { ChatResponse } from "../../services/shared/gen/troupe/v1/gateway_pb.js";
 import {
   AgentEventSchema,
+  Role,
+  type StopReason,
   type AgentEvent,
   type ClientFrame,
   type SessionOpened,
@@ -189,3 +192,25 @@ export async function subscribeUntil(
 /** Frame id helper for unary calls. */
 export const frame = (k: Kind, frameId: string): MessageInitShape<typeof ClientFrameSchema> => ({ frameId, kind: k });
 export type { ClientFrame };
+
+/** The events a session's log holds, as stored records (read without loading the session). */
+export const loggedEvents = (records: readonly LogRecord[]): AgentEvent[] =>
+  records.flatMap((r) => (r.t === "event" ? [fromJson(AgentEventSchema, r.event as JsonValue)] : []));
+
+/** How a run recorded in `events` ended: whether it was resumed, its stop reason, the assistant's answers. */
+export function runOutcome(events: readonly AgentEvent[]): {
+  resumed: boolean;
+  stopReason?: StopReason;
+  answers: string[];
+} {
+  const end = events.find((e) => e.payload.case === "agentEnd");
+  return {
+    resumed: events.some((e) => e.payload.case === "runResumed"),
+    stopReason: end?.payload.case === "agentEnd" ? end.payload.value.stopReason : undefined,
+    answers: events.flatMap((e) =>
+      e.payload.case === "messageEnd" && e.payload.value.message?.role === Role.ASSISTANT
+        ? [e.payload.value.message.text]
+        : [],
+    ),
+  };
+}

@@ -5,7 +5,7 @@ import { describe, test, type TestContext } from "node:test";
 import assert from "node:assert/strict";
 import type { SessionStore } from "../../services/runner/session-log.js";
 import type { RunnerStorage } from "../../services/runner/storage.js";
-import { refOf, type SessionRef } from "../../services/shared/session-ref.js";
+import { refOf } from "../../services/shared/session-ref.js";
 
 const ALICE = { tenant: "t1", principal: "alice" };
 const MALLORY = { tenant: "t2", principal: "alice" };
@@ -117,28 +117,48 @@ export function storageContract(kind: string, make: (t: TestContext) => Promise<
   });
 }
 
+/** A runner process over a shared storage, for orphansContract: its store, its heartbeat's start, and its death. */
+export interface ContractRunner {
+  store: SessionStore;
+  start(): Promise<void>;
+  /** Its heartbeat stops and it closes nothing, as a SIGKILL leaves things. */
+  kill(): Promise<void>;
+}
+
 /**
- * leftHere, on stores that share one storage: `first` and `restarted` are two processes of one
- * runner (same id and address, the second a new incarnation), `another` is another runner. What
- * the first left open is the restarted one's to find; what it closed, and another runner's, are not.
+ * orphans, on runners that share one storage: `first` and `restarted` are two processes of one
+ * runner (same id and address, the second a new incarnation), `another` is another runner. A
+ * session is an orphan once its holder is gone, to every runner; what a live runner holds, or
+ * what nobody holds (closed), is not.
  */
-export async function leftHereContract(stores: {
-  first: SessionStore;
-  restarted: SessionStore;
-  another: SessionStore;
+export async function orphansContract(runners: {
+  first: ContractRunner;
+  restarted: ContractRunner;
+  another: ContractRunner;
 }): Promise<void> {
-  const { first, restarted, another } = stores;
+  const { first, restarted, another } = runners;
+  const sorted = async (r: ContractRunner) =>
+    (await r.store.orphans()).map((x) => `${x.tenant}/${x.principal}/${x.sessionId}`).sort();
+  await first.start();
+  await another.start();
   // The same session id under two owners: two sessions, each found as its own.
-  for (const owner of [ALICE, MALLORY]) await first.create(refOf(owner, "s-open"), "main", owner);
-  await (await first.create(refOf(ALICE, "s-closed"), "main", ALICE)).close();
-  await another.create(refOf(ALICE, "s-other"), "main", ALICE);
-  const sorted = (refs: SessionRef[]) => refs.map((r) => `${r.tenant}/${r.principal}/${r.sessionId}`).sort();
-  assert.deepEqual(sorted(await restarted.leftHere()), ["t1/alice/s-open", "t2/alice/s-open"]);
-  assert.deepEqual(await first.leftHere(), [], "a process has not left what it still holds");
-  assert.deepEqual(await another.leftHere(), []);
-  // Once the restarted process takes a session back, it is no longer left.
-  const { log } = await restarted.activate(refOf(ALICE, "s-open"));
-  assert.deepEqual(sorted(await restarted.leftHere()), ["t2/alice/s-open"]);
+  for (const owner of [ALICE, MALLORY]) await first.store.create(refOf(owner, "s-open"), "main", owner);
+  await (await first.store.create(refOf(ALICE, "s-closed"), "main", ALICE)).close();
+  await another.store.create(refOf(ALICE, "s-other"), "main", ALICE);
+  assert.deepEqual(await sorted(another), [], "a live runner's sessions are not orphans");
+  assert.deepEqual(await sorted(first), [], "nor one's own");
+
+  await first.kill();
+  await restarted.start();
+  const left = ["t1/alice/s-open", "t2/alice/s-open"];
+  assert.deepEqual(await sorted(restarted), left, "what the killed process held, found by its successor");
+  assert.deepEqual(await sorted(another), left, "and by any other runner");
+  // Taken back, a session is no longer an orphan; closed, it is nobody's.
+  const { log } = await restarted.store.activate(refOf(ALICE, "s-open"));
+  assert.deepEqual(await sorted(another), ["t2/alice/s-open"]);
   await log.close();
-  assert.deepEqual(sorted(await restarted.leftHere()), ["t2/alice/s-open"], "a closed session is no one's");
+  assert.deepEqual(await sorted(another), ["t2/alice/s-open"]);
+
+  await another.kill();
+  assert.deepEqual(await sorted(restarted), ["t1/alice/s-other", "t2/alice/s-open"], "another runner's, once it died");
 }

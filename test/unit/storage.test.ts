@@ -3,8 +3,9 @@
 import { randomUUID } from "node:crypto";
 import { test } from "node:test";
 import { JsonlSessionStore } from "../../services/runner/jsonl-session-store.js";
+import type { Owner } from "../../services/runner/session-lease.js";
 import { fileStorage, inMemoryStorage } from "../../services/runner/storage.js";
-import { leftHereContract, storageContract } from "../helpers/storage-contract.js";
+import { orphansContract, storageContract } from "../helpers/storage-contract.js";
 import { tempDir } from "../helpers/tempdir.js";
 
 storageContract("files", async (t) =>
@@ -17,12 +18,16 @@ storageContract("files", async (t) =>
 );
 storageContract("in memory", async () => inMemoryStorage());
 
-test("files: what an earlier process of this runner left open is found by the next one", async (t) => {
-  const dir = await tempDir(t, "troupe-left-");
+test("files: a session whose holder is gone is an orphan to every runner", async (t) => {
+  const dir = await tempDir(t, "troupe-orphans-");
+  const runner = (self: Owner) => {
+    const store = new JsonlSessionStore(dir, self, 10_000);
+    return { store, start: () => store.start(), kill: () => store.stop() };
+  };
   const self = { runnerId: "r1", address: "127.0.0.1:1", incarnation: randomUUID() };
-  await leftHereContract({
-    first: new JsonlSessionStore(dir, self),
-    restarted: new JsonlSessionStore(dir, { ...self, incarnation: randomUUID() }),
-    another: new JsonlSessionStore(dir, { runnerId: "r2", address: "127.0.0.1:2", incarnation: randomUUID() }),
+  await orphansContract({
+    first: runner(self),
+    restarted: runner({ ...self, incarnation: randomUUID() }),
+    another: runner({ runnerId: "r2", address: "127.0.0.1:2", incarnation: randomUUID() }),
   });
 });
