@@ -310,7 +310,11 @@ describe("sandbox egress behind the deployment's proxy (runc)", () => {
       `wget -q -O - http://127.0.0.2:${webPort}/chained; wget -q -O - https://127.0.0.2:${securePort}/tls; echo "exit $?"`,
       { egress: grant },
     );
-    assert.match(r.out, /you asked for \/chained[\s\S]*hello over TLS, you asked for \/tls[\s\S]*exit 0/, r.out);
+    assert.match(
+      r.out,
+      /you asked for \/chained[\s\S]*hello over TLS, you asked for \/tls[\s\S]*exit 0/,
+      `${r.out}\n${stack.logs().slice(-3000)}`,
+    );
     assert.deepEqual(upstream.seen, [
       { method: "CONNECT", target: `127.0.0.2:${webPort}` },
       { method: "CONNECT", target: `127.0.0.2:${securePort}` },

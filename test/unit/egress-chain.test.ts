@@ -63,7 +63,8 @@ async function egressPort(proxy: OutboundProxy | undefined, hosts = ["127.0.0.2"
     createLogger("sandbox", "error"),
   );
   const state: EgressState = { hosts, budgetBytes: 1 << 20, usedBytes: 0 };
-  const server = createServer((socket) => egress.serve(socket, "tenant/session", state));
+  // Half-open as a command's connection through the agent is: its end of sending is not the end of reading.
+  const server = createServer({ allowHalfOpen: true }, (socket) => egress.serve(socket, "tenant/session", state));
   await listen(server, "127.0.0.1");
   return server;
 }
@@ -101,6 +102,30 @@ describe("sandbox egress chained through the deployment's proxy", () => {
         { method: "CONNECT", target: siteAt },
         { method: "CONNECT", target: echoAt },
       ]);
+    } finally {
+      server.close();
+      await upstream.close();
+    }
+  });
+
+  test("a command that half-closes after its request gets the answer through a plain proxy", async () => {
+    // busybox wget shuts its sending side once the request is out. Through an http:// proxy the
+    // half-close is passed on and the answer still comes back. (Through an https:// proxy it is
+    // not passed on: test/sandbox-egress.test.ts, whose container trusts that proxy.)
+    const upstream = await new HttpProxy().start();
+    const server = await egressPort({ httpProxy: upstream.url });
+    try {
+      const at = `127.0.0.2:${port(site)}`;
+      const answer = await new Promise<string>((resolve, reject) => {
+        const socket = connect(port(server), "127.0.0.1", () =>
+          socket.end(`GET http://${at}/half HTTP/1.1\r\nHost: ${at}\r\n\r\n`),
+        );
+        let text = "";
+        socket.on("data", (d) => (text += d.toString("utf8")));
+        socket.on("error", reject);
+        socket.on("close", () => resolve(text));
+      });
+      assert.match(answer, /^HTTP\/1\.1 200 [\s\S]*site: GET \/half for 127\.0\.0\.2:\d+$/);
     } finally {
       server.close();
       await upstream.close();
