@@ -251,7 +251,8 @@ export class EgressProxy {
     };
     // The command's side closes only when both its directions are done (or it is cut).
     socket.once("close", () => (upstream.destroy(), closed()));
-    upstream.once("close", () => (socket.destroyed || socket.end(), closed()));
+    // Reading on after the upstream is gone lets the command's own end (and so its close) be seen.
+    upstream.once("close", () => (socket.destroyed || (socket.end(), socket.resume()), closed()));
 
     if (target.tunnel) socket.write("HTTP/1.1 200 Connection established\r\n\r\n");
     else {
@@ -262,7 +263,11 @@ export class EgressProxy {
       spend(rest.length, "up");
       upstream.write(rest);
     }
-    socket.pipe(upstream);
+    // A request's end is where its HTTP framing says, and it asked for Connection: close, so a
+    // command's half-close (busybox wget's, after every request) stays here: passed on into TLS it
+    // is a close_notify, and an https:// proxy drops the tunnel on it before the answer. A tunnel's
+    // bytes are the command's own protocol, so there it is passed on.
+    socket.pipe(upstream, { end: target.tunnel });
     upstream.pipe(socket);
     socket.resume();
   }

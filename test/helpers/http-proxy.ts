@@ -17,6 +17,8 @@ export interface ProxiedRequest {
 export class HttpProxy {
   readonly seen: ProxiedRequest[] = [];
   private readonly server: http.Server | https.Server;
+  /** CONNECT tunnels still open, client side; the server's own bookkeeping forgets upgraded sockets. */
+  private readonly tunnels = new Set<net.Socket>();
 
   /**
    * `credentials`: "user:password" a client must send in Proxy-Authorization. `tls`: the proxy
@@ -42,7 +44,13 @@ export class HttpProxy {
     return this;
   }
 
+  /** How many CONNECT tunnels are open now. */
+  get openTunnels(): number {
+    return this.tunnels.size;
+  }
+
   async close(): Promise<void> {
+    for (const socket of this.tunnels) socket.destroy();
     this.server.closeAllConnections();
     await new Promise<void>((resolve) => this.server.close(() => resolve()));
   }
@@ -85,6 +93,8 @@ export class HttpProxy {
   private tunnel(req: http.IncomingMessage, socket: net.Socket, head: Buffer): void {
     this.seen.push({ method: "CONNECT", target: req.url ?? "" });
     socket.on("error", () => undefined);
+    this.tunnels.add(socket);
+    socket.once("close", () => this.tunnels.delete(socket));
     if (!this.authorized(req))
       return void socket.end(
         'HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: Basic realm="proxy"\r\n\r\n',
@@ -97,5 +107,8 @@ export class HttpProxy {
       socket.pipe(upstream);
     });
     upstream.on("error", () => socket.end("HTTP/1.1 502 Bad Gateway\r\n\r\n"));
+    // Either side's close ends the tunnel, as squid's does; resume so the client's own close is seen.
+    socket.once("close", () => upstream.destroy());
+    upstream.once("close", () => (socket.end(), socket.resume()));
   }
 }

@@ -10,6 +10,7 @@ import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { createServer as createHttpServer, type Server } from "node:http";
 import { createServer as createHttpsServer } from "node:https";
 import { connect, createServer, type AddressInfo, type Server as TcpServer } from "node:net";
+import { getCACertificates, setDefaultCACertificates } from "node:tls";
 import os from "node:os";
 import path from "node:path";
 import { EgressProxy, type EgressState } from "../../services/sandbox/egress-proxy.js";
@@ -18,9 +19,14 @@ import { createLogger } from "../../services/shared/log.js";
 import type { OutboundProxy } from "../../services/shared/outbound-proxy.js";
 import { selfSigned } from "../helpers/certs.js";
 import { HttpProxy } from "../helpers/http-proxy.js";
+import { waitFor } from "../helpers/stack.js";
 
 let site: Server;
 let secure: Server;
+/** An https site whose certificate this process trusts, as NODE_EXTRA_CA_CERTS makes the service trust one. */
+let trusted: Server;
+/** The key and certificate of an https:// deployment proxy on 127.0.0.1, also trusted. */
+let proxyTls: { key: Buffer; cert: Buffer };
 let echo: TcpServer;
 let sentinel: TcpServer;
 let sentinelHits = 0;
@@ -37,7 +43,21 @@ before(async () => {
   secure = createHttpsServer({ cert: readFileSync(cert.cert), key: readFileSync(cert.key) }, (_q, res) =>
     res.end("tls"),
   );
+  const trustedCert = selfSigned(dir, "trusted", "127.0.0.2", "IP:127.0.0.2");
+  const proxyCert = selfSigned(dir, "proxy", "127.0.0.1", "IP:127.0.0.1");
+  proxyTls = { key: readFileSync(proxyCert.key), cert: readFileSync(proxyCert.cert) };
+  // This file runs in a process of its own (node --test), so widening its trust touches no other test.
+  setDefaultCACertificates([
+    ...getCACertificates("default"),
+    readFileSync(trustedCert.cert, "utf8"),
+    readFileSync(proxyCert.cert, "utf8"),
+  ]);
+  trusted = createHttpsServer(
+    { cert: readFileSync(trustedCert.cert), key: readFileSync(trustedCert.key) },
+    (req, res) => res.end(`tls: ${req.url}`),
+  );
   await Promise.all([
+    listen(trusted, "127.0.0.2"),
     listen(site, "127.0.0.2"),
     listen(echo, "127.0.0.2"),
     listen(secure, "127.0.0.2"),
@@ -46,8 +66,8 @@ before(async () => {
 });
 
 after(() => {
-  for (const s of [site, secure]) s.closeAllConnections();
-  for (const s of [site, secure, echo, sentinel]) s.close();
+  for (const s of [site, secure, trusted]) s.closeAllConnections();
+  for (const s of [site, secure, trusted, echo, sentinel]) s.close();
   rmSync(dir, { recursive: true, force: true });
 });
 
@@ -56,7 +76,7 @@ async function egressPort(proxy: OutboundProxy | undefined, hosts = ["127.0.0.2"
   const egress = new EgressProxy(
     {
       ...DEFAULT_NET_POLICY,
-      ports: [port(site), port(secure), port(echo), port(sentinel)],
+      ports: [port(site), port(secure), port(trusted), port(echo), port(sentinel)],
       allow: ["127.0.0.2/32"],
       proxy,
     },
@@ -67,6 +87,17 @@ async function egressPort(proxy: OutboundProxy | undefined, hosts = ["127.0.0.2"
   const server = createServer({ allowHalfOpen: true }, (socket) => egress.serve(socket, "tenant/session", state));
   await listen(server, "127.0.0.1");
   return server;
+}
+
+/** Sends `request` and shuts the sending side at once, as busybox wget does; returns the whole answer. */
+function askAndHalfClose(server: TcpServer, request: string): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const socket = connect(port(server), "127.0.0.1", () => socket.end(request));
+    let text = "";
+    socket.on("data", (d) => (text += d.toString("utf8")));
+    socket.on("error", reject);
+    socket.on("close", () => resolve(text));
+  });
 }
 
 /** Sends `request` to the egress port and returns everything it answers, once it closes. */
@@ -109,26 +140,47 @@ describe("sandbox egress chained through the deployment's proxy", () => {
   });
 
   test("a command that half-closes after its request gets the answer through a plain proxy", async () => {
-    // busybox wget shuts its sending side once the request is out. Through an http:// proxy the
-    // half-close is passed on and the answer still comes back. (Through an https:// proxy it is
-    // not passed on: test/sandbox-egress.test.ts, whose container trusts that proxy.)
+    // busybox wget shuts its sending side once the request is out; a plain request passes that on.
     const upstream = await new HttpProxy().start();
     const server = await egressPort({ httpProxy: upstream.url });
     try {
       const at = `127.0.0.2:${port(site)}`;
-      const answer = await new Promise<string>((resolve, reject) => {
-        const socket = connect(port(server), "127.0.0.1", () =>
-          socket.end(`GET http://${at}/half HTTP/1.1\r\nHost: ${at}\r\n\r\n`),
-        );
-        let text = "";
-        socket.on("data", (d) => (text += d.toString("utf8")));
-        socket.on("error", reject);
-        socket.on("close", () => resolve(text));
-      });
+      const answer = await askAndHalfClose(server, `GET http://${at}/half HTTP/1.1\r\nHost: ${at}\r\n\r\n`);
       assert.match(answer, /^HTTP\/1\.1 200 [\s\S]*site: GET \/half for 127\.0\.0\.2:\d+$/);
     } finally {
       server.close();
       await upstream.close();
+    }
+  });
+
+  test("https in absolute form, half-closed, through an https:// proxy: the answer comes, no tunnel stays", async () => {
+    // The TLS connection is this side's, so the command's half-close is not the server's business:
+    // passed on, it ended the TLS session to the site and the one to the proxy, which dropped the
+    // tunnel before the answer (stop 61's flaky sandbox-egress test; 100% lost here).
+    const upstream = await new HttpProxy(undefined, proxyTls).start();
+    const server = await egressPort({ httpsProxy: upstream.url });
+    try {
+      const at = `127.0.0.2:${port(trusted)}`;
+      for (let i = 0; i < 5; i++) {
+        const answer = await askAndHalfClose(server, `GET https://${at}/n${i} HTTP/1.1\r\nHost: ${at}\r\n\r\n`);
+        assert.match(answer, new RegExp(`^HTTP/1\\.1 200 [\\s\\S]*tls: /n${i}$`));
+      }
+      assert.equal(upstream.seen.length, 5);
+      await waitFor("every tunnel through the proxy closed", async () => upstream.openTunnels === 0, 5000);
+    } finally {
+      server.close();
+      await upstream.close();
+    }
+  });
+
+  test("https in absolute form, directly, half-closed: the answer comes", async () => {
+    const server = await egressPort(undefined);
+    try {
+      const at = `127.0.0.2:${port(trusted)}`;
+      const answer = await askAndHalfClose(server, `GET https://${at}/direct HTTP/1.1\r\nHost: ${at}\r\n\r\n`);
+      assert.match(answer, /^HTTP\/1\.1 200 [\s\S]*tls: \/direct$/);
+    } finally {
+      server.close();
     }
   });
 
