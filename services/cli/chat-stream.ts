@@ -1,22 +1,19 @@
 // The Chat stream of `troupe chat`, kept across lost connections. A runner that dies mid-turn is
 // restarted (troupe up) or replaced (another runner takes its sessions), and the run goes on
-// there; a gateway can restart too. When the stream breaks with UNAVAILABLE, or ABORTED (the
-// session moved to another runner), the session is opened again with replay_after_seq at the
-// last event seen, and the frames not yet acknowledged are sent again: their ids make a second
-// copy a duplicate, never a second turn (docs/architecture.md). A new session that never opened
-// has no id to go back to, so a break before the first `opened` is final.
+// there; a gateway can restart too. When the stream breaks that way (shared/resume-policy.ts),
+// the session is opened again with replay_after_seq at the last event seen, and the frames not
+// yet acknowledged are sent again: their ids make a second copy a duplicate, never a second turn
+// (docs/architecture.md). A new session that never opened has no id to go back to, so a break
+// before the first `opened` is final.
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import type { ClientFrameSchema, AgentEvent, QueueMode } from "../shared/gen/troupe/v1/session_pb.js";
 import type { ChatResponse } from "../shared/gen/troupe/v1/gateway_pb.js";
-import { Status } from "../shared/errors.js";
+import { RESUME_FOR_MS, resumable, resumeDelayMs } from "../shared/resume-policy.js";
 import type { GatewayClient } from "./gateway-client.js";
 
 type Frame = MessageInitShape<typeof ClientFrameSchema> & { frameId: string };
 type Call = ReturnType<GatewayClient["chat"]>;
 export type StreamError = Error & { code?: number; details?: string };
-
-/** The statuses after which the session is worth opening again. */
-const RESUMABLE = new Set<number>([Status.UNAVAILABLE, Status.ABORTED]);
 
 export interface ChatStreamOptions {
   open: { sessionId: string; agentId: string; queueMode: QueueMode; model: string };
@@ -112,16 +109,15 @@ export class ChatStream {
         this.lostSince = Date.now();
         this.options.onLost(err);
       }
-      if (Date.now() - this.lostSince > (this.options.reconnectForMs ?? 60_000)) return this.settle(err);
-      // Quick at first (a restart takes a second or two), then every 2 s.
       const waited = Date.now() - this.lostSince;
-      setTimeout(() => this.connect(), Math.min(2000, 250 + waited / 2));
+      if (waited > (this.options.reconnectForMs ?? RESUME_FOR_MS)) return this.settle(err);
+      setTimeout(() => this.connect(), resumeDelayMs(waited));
     });
     call.on("end", () => this.call === call && this.settle(undefined));
   }
 
   private resumable(err: StreamError): boolean {
-    return this.sessionId !== "" && err.code !== undefined && RESUMABLE.has(err.code);
+    return this.sessionId !== "" && resumable(err);
   }
 
   private event(ev: AgentEvent): void {

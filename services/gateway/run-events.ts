@@ -1,16 +1,11 @@
 // The events of one run, for the HTTP faces that answer a request with a run (the OpenAI
-// endpoint). A runner that dies mid-run is restarted or replaced and the run goes on there
-// (run_resumed), so a subscription that breaks with UNAVAILABLE, or ABORTED (the session moved),
-// is made again after the last seq seen, for up to RESUME_FOR_MS, instead of failing the request.
+// endpoint). A subscription that breaks the way a runner's restart breaks it is made again after
+// the last seq seen (shared/resume-policy.ts), instead of failing the request.
 import type { AgentEvent } from "../shared/gen/troupe/v1/session_pb.js";
 import { Status } from "../shared/errors.js";
+import { RESUME_FOR_MS, resumable, resumeDelayMs } from "../shared/resume-policy.js";
 import type { forwardedMetadata, GatewayClient } from "./http-edge.js";
 import { ApiError, apiErrorOf } from "./openai-request.js";
-
-/** How long a broken subscription is tried again, in all, before the request fails. */
-export const RESUME_FOR_MS = 60_000;
-
-const RESUMABLE = new Set<number>([Status.UNAVAILABLE, Status.ABORTED]);
 
 /** The events of the run `frameId` started, from after `afterSeq` until its agent_end. */
 export async function* runEvents(
@@ -58,13 +53,11 @@ export async function* runEvents(
       }
     } catch (err) {
       if (err instanceof ApiError) throw err;
-      const code = (err as { code?: unknown }).code;
-      if (opts.signal.aborted || typeof code !== "number" || !RESUMABLE.has(code)) throw err;
+      if (opts.signal.aborted || !resumable(err)) throw err;
       lostSince ??= Date.now();
       const lostMs = Date.now() - lostSince;
       if (lostMs > (opts.resumeForMs ?? RESUME_FOR_MS)) throw err;
-      // Quick at first (a restart takes a second or two), then every 2 s.
-      await new Promise((r) => setTimeout(r, Math.min(2000, 250 + lostMs / 2)));
+      await new Promise((r) => setTimeout(r, resumeDelayMs(lostMs)));
       continue;
     }
     throw new ApiError(503, "the session's event stream ended before its run did", "server_error");
