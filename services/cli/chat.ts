@@ -15,6 +15,7 @@ import { loadConfig } from "../shared/config.js";
 import { statusName } from "../shared/errors.js";
 import { toJson } from "@bufbuild/protobuf";
 import { AgentEventSchema, QueueMode, Role, StopReason, type AgentEvent } from "../shared/gen/troupe/v1/session_pb.js";
+import { StreamedText } from "../shared/streamed-text.js";
 import { ChatStream } from "./chat-stream.js";
 import { CLIENT_FLAGS, gatewayClient, listAllSessions } from "./gateway-client.js";
 
@@ -66,46 +67,34 @@ export async function chatCommand(args: string[]): Promise<number> {
   let running = false;
   let lastStop = StopReason.UNSPECIFIED;
   let interrupts = 0;
-  // What was printed of each assistant message, and the seq it started at. A replay's gap ends
-  // at its own seq: a message started before that may have lost deltas, so from the gap on its
-  // deltas are not printed and its end prints what its text has beyond what was.
-  const printed = new Map<string, string>();
-  const startedAt = new Map<string, bigint>();
-  let gapUpTo = -1n;
-  const lostDeltas = (id: string) => gapUpTo >= 0n && (startedAt.get(id) ?? -1n) < gapUpTo;
+  // What was printed of each assistant message, so that a replay's gap leaves no hole in one.
+  const printed = new StreamedText();
 
   const render = (ev: AgentEvent) => {
     const p = ev.payload;
     switch (p.case) {
       case "runResumed":
         // What streamed of a message the restart cut off stays as it is, on a line of its own.
-        if (printed.size > 0) process.stdout.write("\n");
-        printed.clear();
+        if (printed.resumed().some((shown) => shown !== "")) process.stdout.write("\n");
         process.stderr.write(dim("\n[the run goes on after a runner restart]\n"));
         break;
       case "gap":
-        gapUpTo = ev.seq;
+        printed.gap(ev.seq);
         process.stderr.write(
           dim("\n[streamed output from while the connection was down is not kept; complete messages follow]\n"),
         );
         break;
       case "messageStart":
-        if (p.value.message?.role === Role.ASSISTANT) startedAt.set(p.value.message.id, ev.seq);
+        if (p.value.message?.role === Role.ASSISTANT) printed.start(p.value.message.id, ev.seq);
         break;
       case "messageUpdate":
-        if (p.value.delta.case === "text" && !lostDeltas(p.value.messageId)) {
-          printed.set(p.value.messageId, (printed.get(p.value.messageId) ?? "") + p.value.delta.value);
-          process.stdout.write(p.value.delta.value);
-        } else if (p.value.delta.case === "thinking") process.stderr.write(dim(p.value.delta.value));
+        if (p.value.delta.case === "text") process.stdout.write(printed.delta(p.value.messageId, p.value.delta.value));
+        else if (p.value.delta.case === "thinking") process.stderr.write(dim(p.value.delta.value));
         break;
       case "messageEnd": {
         const m = p.value.message;
         if (m?.role !== Role.ASSISTANT) break;
-        const shown = printed.get(m.id) ?? "";
-        if (lostDeltas(m.id))
-          process.stdout.write(m.text.startsWith(shown) ? m.text.slice(shown.length) : `\n${m.text}`);
-        printed.delete(m.id);
-        startedAt.delete(m.id);
+        process.stdout.write(printed.end(m.id, m.text));
         break;
       }
       case "toolExecutionStart":

@@ -24,6 +24,7 @@ import { QueueMode, Role, StopReason } from "../shared/gen/troupe/v1/session_pb.
 import { DEFAULT_AGENT, isAgentId } from "../shared/ids.js";
 import { forwardedMetadata, type GatewayClient, type NodeServerRequest, type NodeServerResponse } from "./http-edge.js";
 import { runEvents } from "./run-events.js";
+import { StreamedText } from "../shared/streamed-text.js";
 import {
   agentOf,
   ApiError,
@@ -145,11 +146,8 @@ export function openAiCompat(gateway: GatewayClient, opts: { maxBodyBytes: numbe
     let usage = { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 };
     let finishReason = "stop";
     let assistantMessages = 0;
-    /** The assistant message streaming, and what of its text has been passed on. */
-    let streaming = "";
-    let shown = "";
-    /** A gap took some of its deltas: the rest comes from its end. */
-    let lost = false;
+    /** What of each assistant message has been passed on, so that a replay's gap leaves no hole. */
+    const passed = new StreamedText();
     const content = async (piece: string) => {
       text += piece;
       if (stream && piece !== "") await write(chunk({ content: piece }));
@@ -174,24 +172,17 @@ export function openAiCompat(gateway: GatewayClient, opts: { maxBodyBytes: numbe
         const p = event.payload;
         if (p.case === "messageStart" && p.value.message?.role === Role.ASSISTANT) {
           if (assistantMessages++ > 0 && text !== "") await content("\n\n");
-          [streaming, shown, lost] = [p.value.message.id, "", false];
-        } else if (p.case === "gap") {
-          // Deltas of the streaming message went missing: later ones would leave a hole in it.
-          lost = streaming !== "";
-        } else if (p.case === "messageUpdate" && p.value.delta.case === "text") {
-          if (lost && p.value.messageId === streaming) continue;
-          shown += p.value.delta.value;
-          await content(p.value.delta.value);
-        } else if (p.case === "messageEnd" && p.value.message?.id === streaming) {
-          // After a gap the complete message has the rest of what was passed on.
-          const full = p.value.message.text;
-          if (full.length > shown.length && full.startsWith(shown)) await content(full.slice(shown.length));
-          streaming = "";
-        } else if (p.case === "runResumed" && streaming) {
+          passed.start(p.value.message.id, event.seq);
+        } else if (p.case === "gap") passed.gap(event.seq);
+        else if (p.case === "messageUpdate" && p.value.delta.case === "text")
+          await content(passed.delta(p.value.messageId, p.value.delta.value));
+        else if (p.case === "messageEnd" && p.value.message?.role === Role.ASSISTANT)
+          await content(passed.end(p.value.message.id, p.value.message.text));
+        else if (p.case === "runResumed") {
           // The message a runner's death cut off is asked for again: a reply not yet sent keeps
           // only the new one; a stream cannot take back what it sent, so the new one follows it.
-          if (!stream) text = text.slice(0, text.length - shown.length);
-          streaming = "";
+          const cut = passed.resumed().join("");
+          if (!stream) text = text.slice(0, text.length - cut.length);
         } else if (toolProgress && p.case === "toolExecutionStart")
           await content(`\n[${p.value.toolName} ${p.value.argumentsJson.slice(0, TOOL_PROGRESS_CHARS)}]\n`);
         else if (toolProgress && p.case === "toolExecutionEnd") {
