@@ -94,17 +94,19 @@ export class MemoryRecall {
   }
 
   /**
-   * Remembers that a scope is empty for a while. Scopes carry client-chosen agent ids, so once
-   * the map is full what has run out is swept, and the oldest beliefs go if it is still full.
+   * Remembers that a scope is empty for a while. Scopes carry client-chosen agent ids, so the map
+   * is bounded: what has run out goes, and the oldest beliefs if it is still full. Every belief
+   * lasts emptyForMs and is set anew at the back, so the map's order is expiry order and both are
+   * at the front: amortised O(1), not a sweep of the map.
    */
   private believeEmpty(key: string): void {
     const now = Date.now();
     const kept = this.options.emptyScopesKept ?? 10_000;
-    if (this.emptyUntil.size >= kept && !this.emptyUntil.has(key)) {
-      for (const [k, until] of this.emptyUntil) if (until <= now) this.emptyUntil.delete(k);
-      while (this.emptyUntil.size >= kept) this.emptyUntil.delete(this.emptyUntil.keys().next().value!);
-    }
     this.emptyUntil.delete(key);
+    for (const [k, until] of this.emptyUntil) {
+      if (until > now && this.emptyUntil.size < kept) break;
+      this.emptyUntil.delete(k);
+    }
     this.emptyUntil.set(key, now + this.options.emptyForMs);
   }
 
