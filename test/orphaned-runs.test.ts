@@ -1,8 +1,8 @@
-// A run its runner was killed in goes on when the runner comes back, with no client asking: the
-// turn's message was sent with SendMessage and nobody watches the session (a schedule's turn, a
-// client that went away). The session's log, read from disk without loading the session, shows
-// the run resumed and ended with the whole answer. (On PostgreSQL, with another runner taking
-// over from a killed one: test/cluster.test.ts.)
+// A run its runner was killed in, or stopped past its drain grace, goes on when the runner comes
+// back, with no client asking: the turn's message was sent with SendMessage and nobody watches
+// the session (a schedule's turn, a client that went away). The session's log, read from disk
+// without loading the session, shows the run resumed and ended with the whole answer. (On
+// PostgreSQL, with another runner taking over from a killed one: test/cluster.test.ts.)
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { StopReason, type AgentEvent } from "../services/shared/gen/troupe/v1/session_pb.js";
@@ -13,7 +13,10 @@ import { startStack, waitFor, type Stack } from "./helpers/stack.js";
 
 let stack: Stack;
 before(async () => {
-  stack = await startStack({ env: { TROUPE_SANDBOX_POOL: "0", TROUPE_MEMORY_LEARN: "0" } });
+  // A short drain grace: a SIGTERM hands over a run that is still going rather than waiting for it.
+  stack = await startStack({
+    env: { TROUPE_SANDBOX_POOL: "0", TROUPE_MEMORY_LEARN: "0", TROUPE_DRAIN_GRACE_MS: "300" },
+  });
 });
 after(() => stack?.stop());
 
@@ -67,4 +70,42 @@ test("a session left with nothing owed is loaded, and nothing in it runs again",
   // Nothing was owed in left-idle: its log has no second run.
   const runs = (await loggedEvents("left-idle")).filter((e) => e.payload.case === "agentStart");
   assert.equal(runs.length, 1);
+});
+
+test("a run handed over at a SIGTERM resumes at the restart, with no client attached", async () => {
+  // Before stop 62 a run handed over at a shutdown released its session, so no sweep found it:
+  // it went on only when someone next used the session.
+  await stack.gateway.createSession({ sessionId: "left-term" });
+  await stack.gateway.sendMessage({ sessionId: "left-term", frameId: "m1", text: "!tokens 40 rate=20" });
+  await waitFor("the run to start", async () =>
+    (await loggedEvents("left-term")).some((e) => e.payload.case === "agentStart"),
+  );
+  await new Promise((r) => setTimeout(r, 500));
+  await stack.kill("runner", "SIGTERM");
+  const cut = await loggedEvents("left-term");
+  assert.ok(!cut.some((e) => e.payload.case === "agentEnd"), "the drain grace ran out before the run ended");
+
+  await stack.start("runner");
+  const events = await waitFor(
+    "the handed-over run to end",
+    async () => {
+      const evs = await loggedEvents("left-term");
+      return evs.some((e) => e.payload.case === "agentEnd") && evs;
+    },
+    20_000,
+  );
+  assert.deepEqual(runOutcome(events), { resumed: true, stopReason: StopReason.COMPLETED, answers: [words(40)] });
+});
+
+test("a session idle at a SIGTERM is let go, not adopted at the restart", async () => {
+  await stack.gateway.createSession({ sessionId: "idle-term" });
+  await stack.gateway.sendMessage({ sessionId: "idle-term", frameId: "m1", text: "hello" });
+  await waitFor("the turn", async () => (await loggedEvents("idle-term")).some((e) => e.payload.case === "agentEnd"));
+  const before = stack.logs().length;
+  await stack.kill("runner", "SIGTERM");
+  await stack.start("runner");
+  // The restarted runner registered and swept: nothing of a clean shutdown is an orphan.
+  await waitFor("the restarted runner to serve", async () => /runner \S+ serving/.test(stack.logs().slice(before)));
+  await new Promise((r) => setTimeout(r, 1000));
+  assert.doesNotMatch(stack.logs().slice(before), /loaded sessions whose runner process is gone/);
 });

@@ -113,7 +113,7 @@ export class JsonlSessionLog implements SessionLog {
     }
   }
 
-  async close(): Promise<void> {
+  async close(options: { keepLease?: boolean } = {}): Promise<void> {
     clearTimeout(this.idleTimer);
     await this.writing;
     if (this.dirty && !this.failed) await this.fh?.datasync().catch(() => undefined);
@@ -121,7 +121,7 @@ export class JsonlSessionLog implements SessionLog {
     this.fh = undefined;
     // Released after a failed write too: the next activation cuts a torn tail before it appends,
     // and a damaged line in the middle is skipped by readers.
-    await this.leases.release(this.lease);
+    if (!options.keepLease) await this.leases.release(this.lease);
   }
 }
 

@@ -53,11 +53,11 @@ class PgSessionLog implements SessionLog {
     return this.writer.flush();
   }
 
-  async close(): Promise<void> {
+  async close(options: { keepLease?: boolean } = {}): Promise<void> {
     if (this.closed) return;
     this.closed = true;
     await this.writer.flush().catch(() => undefined);
-    await this.store.release(this.ref, this.epoch);
+    if (!options.keepLease) await this.store.release(this.ref, this.epoch);
   }
 }
 

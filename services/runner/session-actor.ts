@@ -485,16 +485,22 @@ export class SessionActor {
     return this.run?.done ?? Promise.resolve();
   }
 
-  /** Stops the run and closes the log; `handOver`: nothing more of the run is recorded (resumed next load); `end`: streams end with it. */
-  async close(options: { handOver?: boolean; end?: RpcError } = {}): Promise<void> {
+  /**
+   * Stops the run and closes the log. `handOver`: nothing more of the run is recorded (the next
+   * load resumes it); `exiting` too (the process is stopping): a run handed over keeps its lease
+   * until the process is gone, so a runner's sweep for orphans resumes it, not only its session's
+   * next call. `end`: streams end with it.
+   */
+  async close(options: { handOver?: boolean; exiting?: boolean; end?: RpcError } = {}): Promise<void> {
     this.closing = true;
     this.mailbox.stop();
-    if (options.handOver && this.run) this.frozen = true;
+    const handedOver = options.handOver === true && this.run !== undefined;
+    if (handedOver) this.frozen = true;
     this.run?.controller.abort(new Error("runner shutting down"));
     await this.run?.done;
     this.journal.flushDelta();
     await this.log.append({ t: "closed", seq: this.journal.lastSeq }, true).catch(() => undefined);
-    await this.log.close();
+    await this.log.close({ keepLease: handedOver && options.exiting === true });
     if (options.end) this.loseSession(options.end, "session handed over");
   }
 }

@@ -49,8 +49,12 @@ export interface SessionLog {
   append(record: LogRecord, sync?: boolean): Promise<void>;
   /** Resolves once everything appended so far is written. */
   flush(): Promise<void>;
-  /** Flushes, then gives the session up (its lease) for the next activation anywhere. */
-  close(): Promise<void>;
+  /**
+   * Flushes, then gives the session up (its lease) for the next activation anywhere. With
+   * `keepLease` the lease stays this process's until it exits: the session then counts as left
+   * by a process that is gone (SessionStore.orphans), so whichever runner sweeps first resumes it.
+   */
+  close(options?: { keepLease?: boolean }): Promise<void>;
 }
 
 /**

@@ -249,8 +249,12 @@ export class SessionRegistry {
     clearInterval(this.sweeper);
     this.creations.stop();
     await Promise.allSettled(this.leaving.values());
-    // A run still going is handed over, not ended: the next load (here or elsewhere) resumes it.
-    await Promise.allSettled([...this.actors.values()].map(async (p) => (await p).close({ handOver: true })));
+    // A run still going is handed over, not ended: the next load (here or elsewhere) resumes it,
+    // and its session stays held by this process, which is about to go, so the next runner's
+    // sweep for orphans (or this runner's, restarted) makes that load with no client asking.
+    await Promise.allSettled(
+      [...this.actors.values()].map(async (p) => (await p).close({ handOver: true, exiting: true })),
+    );
     this.actors.clear();
   }
 }

@@ -128,8 +128,8 @@ export interface ContractRunner {
 /**
  * orphans, on runners that share one storage: `first` and `restarted` are two processes of one
  * runner (same id and address, the second a new incarnation), `another` is another runner. A
- * session is an orphan once its holder is gone, to every runner; what a live runner holds, or
- * what nobody holds (closed), is not.
+ * session is an orphan once its holder is gone, to every runner (also one its holder closed
+ * keeping the lease); what a live runner holds, or what nobody holds (closed), is not.
  */
 export async function orphansContract(runners: {
   first: ContractRunner;
@@ -144,17 +144,20 @@ export async function orphansContract(runners: {
   // The same session id under two owners: two sessions, each found as its own.
   for (const owner of [ALICE, MALLORY]) await first.store.create(refOf(owner, "s-open"), "main", owner);
   await (await first.store.create(refOf(ALICE, "s-closed"), "main", ALICE)).close();
+  // Closed keeping its lease (a run handed over at a shutdown): still held while its process lives.
+  await (await first.store.create(refOf(ALICE, "s-kept"), "main", ALICE)).close({ keepLease: true });
   await another.store.create(refOf(ALICE, "s-other"), "main", ALICE);
   assert.deepEqual(await sorted(another), [], "a live runner's sessions are not orphans");
   assert.deepEqual(await sorted(first), [], "nor one's own");
 
   await first.kill();
   await restarted.start();
-  const left = ["t1/alice/s-open", "t2/alice/s-open"];
+  const left = ["t1/alice/s-kept", "t1/alice/s-open", "t2/alice/s-open"];
   assert.deepEqual(await sorted(restarted), left, "what the killed process held, found by its successor");
   assert.deepEqual(await sorted(another), left, "and by any other runner");
   // Taken back, a session is no longer an orphan; closed, it is nobody's.
   const { log } = await restarted.store.activate(refOf(ALICE, "s-open"));
+  await (await restarted.store.activate(refOf(ALICE, "s-kept"))).log.close();
   assert.deepEqual(await sorted(another), ["t2/alice/s-open"]);
   await log.close();
   assert.deepEqual(await sorted(another), ["t2/alice/s-open"]);
