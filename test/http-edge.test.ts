@@ -177,6 +177,59 @@ describe("the HTTP face of the gateway", () => {
     assert.equal((await fetch(`${base}/nowhere`)).status, 404);
   });
 
+  test("without a valid key a call is refused before its body is read, in each protocol, as on gRPC", async () => {
+    const bad = { authorization: "Bearer not-a-key" };
+    // Malformed bodies: before stop 62 the edge decoded first and answered invalid_argument.
+    for (const [body, headers, message] of [
+      ["{not json", bad, /unknown API key/],
+      ['{"sessionId": 7}', {}, /missing credentials/],
+    ] as const) {
+      const r = await post("SendMessage", body, headers);
+      assert.deepEqual([r.status, r.json.code], [401, "unauthenticated"], JSON.stringify(r.json));
+      assert.match(String(r.json.message), message);
+    }
+    // A Connect stream with a torn envelope: one end-of-stream message (flags 2) naming the code.
+    const stream = await fetch(`${base}/troupe.v1.GatewayService/Subscribe`, {
+      method: "POST",
+      headers: { "content-type": "application/connect+json", ...bad },
+      body: Buffer.from([0, 0, 0, 0, 99, 123]),
+    });
+    const frame = Buffer.from(await stream.arrayBuffer());
+    assert.equal(stream.status, 200);
+    assert.equal(frame[0], 2);
+    assert.deepEqual(JSON.parse(frame.subarray(5, 5 + frame.readUInt32BE(1)).toString("utf8")), {
+      error: { code: "unauthenticated", message: "unknown API key" },
+    });
+    // gRPC-Web with garbage for a message: trailers-only, grpc-status 16.
+    const web = await fetch(`${base}/troupe.v1.GatewayService/ListSessions`, {
+      method: "POST",
+      headers: { "content-type": "application/grpc-web+proto", ...bad },
+      body: Buffer.from([0, 0, 0, 0, 9, 255, 255]),
+    });
+    assert.deepEqual([web.status, web.headers.get("grpc-status")], [200, "16"]);
+    assert.equal(decodeURIComponent(web.headers.get("grpc-message") ?? ""), "unknown API key");
+    // And each official client reads these refusals as Unauthenticated, unary and streaming.
+    const transports = {
+      connect: createConnectTransport({ baseUrl: base, httpVersion: "1.1" }),
+      "connect, binary, HTTP/2": createConnectTransport({ baseUrl: base, httpVersion: "2", useBinaryFormat: true }),
+      "gRPC-Web": createGrpcWebTransport({ baseUrl: base, httpVersion: "1.1" }),
+    };
+    const unauthenticated = (name: string) => (e: unknown) => {
+      assert.ok(e instanceof ConnectError && e.code === Code.Unauthenticated, `${name}: ${String(e)}`);
+      assert.match(e.rawMessage, /unknown API key/, name);
+      return true;
+    };
+    for (const [name, transport] of Object.entries(transports)) {
+      const client = createClient(GatewayService, transport);
+      await assert.rejects(client.listSessions({}, { headers: bad }), unauthenticated(name));
+      await assert.rejects(async () => {
+        for await (const _ of client.subscribe({ sessionId: "s" }, { headers: bad })) break;
+      }, unauthenticated(name));
+    }
+    // The edge serves on, and a good key is unaffected.
+    assert.equal((await post("ListSessions", {})).status, 200);
+  });
+
   test("a request target that is not a URL gets 400 over HTTP/1.1 and HTTP/2; the gateway stays up", async () => {
     const gateway = stack.process("gateway")!;
     const [host, port] = [stack.addr.http.split(":")[0], Number(stack.addr.http.split(":")[1])];

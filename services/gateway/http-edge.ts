@@ -18,10 +18,13 @@ import { context } from "@opentelemetry/api";
 import type { DescService } from "@bufbuild/protobuf";
 import { AdminService } from "../shared/gen/troupe/v1/admin_pb.js";
 import { GatewayService } from "../shared/gen/troupe/v1/gateway_pb.js";
+import type { Authenticator } from "../shared/auth.js";
+import { toStatus } from "../shared/errors.js";
 import { splitHostPort } from "../shared/host-port.js";
 import { failure, type Logger } from "../shared/log.js";
 import { grpc, type ServiceClient } from "../shared/rpc.js";
 import { extractContext } from "../shared/telemetry.js";
+import { refuseCall } from "./connect-refusal.js";
 
 export type GatewayClient = ServiceClient<(typeof GatewayService)["method"]>;
 export type AdminClient = ServiceClient<(typeof AdminService)["method"]>;
@@ -43,6 +46,12 @@ export interface HttpEdgeOptions {
   /** Origins allowed to call from a browser; "*" for any. */
   cors: string[];
   tls?: { certFile: string; keyFile: string };
+  /**
+   * The gRPC server's own check of a call's credentials, made here too before a Connect or
+   * gRPC-Web request's body is read: as on the gRPC port, a caller without a valid key is told
+   * so, not what else is wrong with its request, and costs no decoding.
+   */
+  authenticate?: Authenticator;
   /** Requests the Connect routes do not take (the OpenAI-compatible endpoint); false: not its. */
   fallback?: (req: NodeServerRequest, res: NodeServerResponse) => Promise<boolean>;
   logger: Logger;
@@ -112,7 +121,24 @@ function passThrough(service: DescService, client: object) {
   return impl;
 }
 
-/** CORS for the allowed origins; answers preflights. True when the request is done. */
+/** The Connect routes' paths: the two services' methods, as the gRPC port names them. */
+const ROUTE = /^\/troupe\.v1\.(GatewayService|AdminService)\//;
+
+/** Answers a call to a Connect route whose credentials `authenticate` refuses. True when it did. */
+function refusedCredentials(req: NodeServerRequest, res: NodeServerResponse, authenticate: Authenticator): boolean {
+  const pathname = (req.url ?? "").split("?")[0];
+  if (!ROUTE.test(pathname)) return false;
+  try {
+    // A copy: the check rewrites what it is given, and the call builds its own (passThrough).
+    authenticate(forwardedMetadata(req.headers), pathname);
+    return false;
+  } catch (err) {
+    const { code, details } = toStatus(err);
+    refuseCall(req, res, code, details);
+    return true;
+  }
+}
+
 /** A whole answer; the HTTP/1 and HTTP/2 compatibility responses take the same calls. */
 export function answer(
   res: NodeServerResponse,
@@ -123,6 +149,7 @@ export function answer(
   (res as http.ServerResponse).writeHead(status, headers).end(body);
 }
 
+/** CORS for the allowed origins; answers preflights. True when the request is done. */
 function cors(allowed: string[], req: NodeServerRequest, res: NodeServerResponse): boolean {
   const origin = req.headers.origin;
   if (typeof origin !== "string" || !(allowed.includes("*") || allowed.includes(origin))) {
@@ -174,6 +201,7 @@ export async function startHttpEdge(opts: HttpEdgeOptions): Promise<HttpEdge> {
   });
   const handle = (req: NodeServerRequest, res: NodeServerResponse) => {
     if (opts.cors.length > 0 && cors(opts.cors, req, res)) return;
+    if (opts.authenticate && refusedCredentials(req, res, opts.authenticate)) return;
     connect(req, res);
   };
 

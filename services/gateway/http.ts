@@ -3,6 +3,7 @@
 import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
+import type { Authenticator } from "../shared/auth.js";
 import type { Config } from "../shared/config-types.js";
 import { AdminService } from "../shared/gen/troupe/v1/admin_pb.js";
 import { GatewayService } from "../shared/gen/troupe/v1/gateway_pb.js";
@@ -16,7 +17,12 @@ import { openAiCompat } from "./openai-compat.js";
  * private Unix socket (a directory only this user can enter; calls through it still need an API
  * key) and serves HTTP on cfg.httpAddr, passing calls through.
  */
-export async function serveHttp(cfg: Config, server: RpcServer, logger: Logger): Promise<HttpEdge> {
+export async function serveHttp(
+  cfg: Config,
+  server: RpcServer,
+  authenticate: Authenticator,
+  logger: Logger,
+): Promise<HttpEdge> {
   const dir = mkdtempSync(path.join(os.tmpdir(), "troupe-gateway-"));
   const socket = path.join(dir, "grpc.sock");
   await server.listen(`unix:${socket}`);
@@ -31,6 +37,7 @@ export async function serveHttp(cfg: Config, server: RpcServer, logger: Logger):
     maxMessageBytes: cfg.maxMessageBytes,
     cors: cfg.httpCors,
     tls: cfg.tls,
+    authenticate,
     fallback: async (req, res) => (await openAi(req, res)) || webConsole(req, res),
     logger,
   });

@@ -97,7 +97,8 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
     }
   };
 
-  const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes, authenticate: apiKeyAuth(keys), logger });
+  const authenticate = apiKeyAuth(keys);
+  const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes, authenticate, logger });
   server.add(GatewayService, {
     chat: chatHandler({ placements, runners, limits, streams, admit, logger }),
 
@@ -315,7 +316,9 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
   const port = await server.listen(cfg.addr.gateway, cfg.tls);
   logger.info(`gateway serving on port ${port}${cfg.tls ? " (TLS)" : ""}`, { maxMessageBytes: cfg.maxMessageBytes });
   // The HTTP address's modules (Connect, the console) load only when it is on: 8 MB resident.
-  const http = cfg.httpAddr ? await (await import("./http.js")).serveHttp(cfg, server, logger) : undefined;
+  const http = cfg.httpAddr
+    ? await (await import("./http.js")).serveHttp(cfg, server, authenticate, logger)
+    : undefined;
   return {
     async drain() {
       await Promise.all([http?.close(cfg.drainGraceMs), server.drain(cfg.drainGraceMs)]);
