@@ -76,7 +76,8 @@ test("a run handed over at a SIGTERM resumes at the restart, with no client atta
   // Before stop 62 a run handed over at a shutdown released its session, so no sweep found it:
   // it went on only when someone next used the session.
   await stack.gateway.createSession({ sessionId: "left-term" });
-  await stack.gateway.sendMessage({ sessionId: "left-term", frameId: "m1", text: "!tokens 40 rate=20" });
+  // 4 s of tokens: the drain (300 ms of grace, then at most 1 s for calls) ends well inside it.
+  await stack.gateway.sendMessage({ sessionId: "left-term", frameId: "m1", text: "!tokens 80 rate=20" });
   await waitFor("the run to start", async () =>
     (await loggedEvents("left-term")).some((e) => e.payload.case === "agentStart"),
   );
@@ -94,7 +95,7 @@ test("a run handed over at a SIGTERM resumes at the restart, with no client atta
     },
     20_000,
   );
-  assert.deepEqual(runOutcome(events), { resumed: true, stopReason: StopReason.COMPLETED, answers: [words(40)] });
+  assert.deepEqual(runOutcome(events), { resumed: true, stopReason: StopReason.COMPLETED, answers: [words(80)] });
 });
 
 test("a session idle at a SIGTERM is let go, not adopted at the restart", async () => {
