@@ -30,6 +30,15 @@ import {
 const KEY = "tenant = $1 AND principal = $2 AND session_id = $3";
 const keyOf = (ref: SessionRef) => [ref.tenant, ref.principal, ref.sessionId];
 
+/**
+ * Whether a session row `s`'s holder still holds it: its membership row `r` (LEFT JOINed on
+ * owner_runner) is that incarnation's and beat within `livenessMs`, the query parameter named.
+ * Activation and the orphan sweep judge a holder by this one test.
+ */
+const holderAlive = (livenessMs: string) =>
+  `(r.incarnation IS NOT NULL AND r.incarnation = s.owner_incarnation
+    AND r.beat_at > now() - ${livenessMs} * interval '1 millisecond')`;
+
 const notThere = (ref: SessionRef) =>
   Object.assign(new Error(`session ${ref.sessionId} does not exist`), { code: "ENOENT" });
 
@@ -126,8 +135,7 @@ export class PgSessionStore implements SessionStore {
           runner: string;
         }>(
           `SELECT s.sid, s.owner_address, s.owner_runner AS runner, s.owner_incarnation = $4 AS mine,
-                  (r.incarnation IS NOT NULL AND r.incarnation = s.owner_incarnation
-                   AND r.beat_at > now() - $5 * interval '1 millisecond') AS alive
+                  ${holderAlive("$5")} AS alive
              FROM troupe_sessions s LEFT JOIN troupe_runners r ON r.runner_id = s.owner_runner
             WHERE s.tenant = $1 AND s.principal = $2 AND s.session_id = $3
             FOR UPDATE OF s`,
@@ -231,15 +239,13 @@ export class PgSessionStore implements SessionStore {
 
   async orphans(): Promise<SessionRef[]> {
     // A row names its holder until the holder closes it (release); migration 2 indexes holders.
-    // Gone: an earlier process of this runner, or a holder whose membership row is not its own
-    // fresh beat (the same test activate() makes under the row's lock).
+    // Gone: an earlier process of this runner, or a holder that is not alive by the test
+    // activate() makes under the row's lock.
     const { rows } = await this.pool.query<{ tenant: string; principal: string; session_id: string }>(
       `SELECT s.tenant, s.principal, s.session_id
          FROM troupe_sessions s LEFT JOIN troupe_runners r ON r.runner_id = s.owner_runner
         WHERE s.owner_runner IS NOT NULL AND s.owner_incarnation <> $3
-          AND ((s.owner_runner = $1 AND s.owner_address = $2)
-               OR r.incarnation IS DISTINCT FROM s.owner_incarnation
-               OR r.beat_at <= now() - $4 * interval '1 millisecond')`,
+          AND ((s.owner_runner = $1 AND s.owner_address = $2) OR NOT ${holderAlive("$4")})`,
       [this.self.runnerId, this.self.address, this.self.incarnation, this.livenessMs],
     );
     return rows.map((r) => ({ tenant: r.tenant, principal: r.principal, sessionId: r.session_id }));

@@ -123,9 +123,10 @@ export interface SessionStore {
   /** Deletes the session's log for good; false when there was none. Call with no activation of it open. */
   remove(ref: SessionRef): Promise<boolean>;
   /**
-   * The sessions still held by a runner process that is gone without closing them (a crash, a
-   * SIGKILL, the OOM killer, a lost node): an earlier process of this runner (same id and
-   * address), or another runner whose heartbeat has stopped. What they may have left half done.
+   * The sessions still held by a runner process that is gone without giving them up (a crash, a
+   * SIGKILL, the OOM killer, a lost node, or a shutdown that handed a run over: close with
+   * keepLease): an earlier process of this runner (same id and address), or another runner whose
+   * heartbeat has stopped. What they may have left half done.
    */
   orphans(): Promise<SessionRef[]>;
 }
