@@ -29,26 +29,35 @@ async function loggedEvents(sessionId: string): Promise<AgentEvent[]> {
 
 const words = (n: number) => Array.from({ length: n }, (_, i) => `t${i + 1} `).join("");
 
-test("a runner killed mid-run resumes the run at its restart, with no client attached", async () => {
-  const { session } = await stack.gateway.createSession({ sessionId: "left-1" });
-  await stack.gateway.sendMessage({ sessionId: session!.sessionId, frameId: "m1", text: "!tokens 40 rate=20" });
+/**
+ * Starts a `tokens`-token turn (20 a second) in a new session nobody watches, stops the runner
+ * with `signal` half a second in, checks the run was cut, restarts the runner and returns the
+ * session's logged events once the run has ended there.
+ */
+async function cutAndResume(sessionId: string, tokens: number, signal: NodeJS.Signals): Promise<AgentEvent[]> {
+  await stack.gateway.createSession({ sessionId });
+  await stack.gateway.sendMessage({ sessionId, frameId: "m1", text: `!tokens ${tokens} rate=20` });
   await waitFor("the run to start", async () =>
-    (await loggedEvents("left-1")).some((e) => e.payload.case === "agentStart"),
+    (await loggedEvents(sessionId)).some((e) => e.payload.case === "agentStart"),
   );
   await new Promise((r) => setTimeout(r, 500));
-  await stack.kill("runner", "SIGKILL");
-  const cut = await loggedEvents("left-1");
-  assert.ok(!cut.some((e) => e.payload.case === "agentEnd"), "the kill cut the run");
+  await stack.kill("runner", signal);
+  const cut = await loggedEvents(sessionId);
+  assert.ok(!cut.some((e) => e.payload.case === "agentEnd"), `the ${signal} cut the run`);
 
   await stack.start("runner");
-  const events = await waitFor(
+  return waitFor(
     "the resumed run to end",
     async () => {
-      const evs = await loggedEvents("left-1");
+      const evs = await loggedEvents(sessionId);
       return evs.some((e) => e.payload.case === "agentEnd") && evs;
     },
     20_000,
   );
+}
+
+test("a runner killed mid-run resumes the run at its restart, with no client attached", async () => {
+  const events = await cutAndResume("left-1", 40, "SIGKILL");
   assert.deepEqual(runOutcome(events), { resumed: true, stopReason: StopReason.COMPLETED, answers: [words(40)] });
   assert.match(stack.logs(), /loaded sessions whose runner process is gone/);
 });
@@ -74,27 +83,9 @@ test("a session left with nothing owed is loaded, and nothing in it runs again",
 
 test("a run handed over at a SIGTERM resumes at the restart, with no client attached", async () => {
   // Before stop 62 a run handed over at a shutdown released its session, so no sweep found it:
-  // it went on only when someone next used the session.
-  await stack.gateway.createSession({ sessionId: "left-term" });
-  // 4 s of tokens: the drain (300 ms of grace, then at most 1 s for calls) ends well inside it.
-  await stack.gateway.sendMessage({ sessionId: "left-term", frameId: "m1", text: "!tokens 80 rate=20" });
-  await waitFor("the run to start", async () =>
-    (await loggedEvents("left-term")).some((e) => e.payload.case === "agentStart"),
-  );
-  await new Promise((r) => setTimeout(r, 500));
-  await stack.kill("runner", "SIGTERM");
-  const cut = await loggedEvents("left-term");
-  assert.ok(!cut.some((e) => e.payload.case === "agentEnd"), "the drain grace ran out before the run ended");
-
-  await stack.start("runner");
-  const events = await waitFor(
-    "the handed-over run to end",
-    async () => {
-      const evs = await loggedEvents("left-term");
-      return evs.some((e) => e.payload.case === "agentEnd") && evs;
-    },
-    20_000,
-  );
+  // it went on only when someone next used the session. 4 s of tokens: the drain (300 ms of
+  // grace, then at most 1 s for calls) ends well inside the turn.
+  const events = await cutAndResume("left-term", 80, "SIGTERM");
   assert.deepEqual(runOutcome(events), { resumed: true, stopReason: StopReason.COMPLETED, answers: [words(80)] });
 });
 
