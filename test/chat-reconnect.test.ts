@@ -7,6 +7,7 @@ import { spawn } from "node:child_process";
 import { JsonlSessionStore } from "../services/runner/jsonl-session-store.js";
 import { refOf } from "../services/shared/session-ref.js";
 import { MAIN, startStack, waitFor, type Stack } from "./helpers/stack.js";
+import { tokensReply } from "./helpers/session.js";
 
 let stack: Stack;
 before(async () => {
@@ -28,8 +29,6 @@ function chat(session: string, prompt: string) {
   return { proc, got, exited };
 }
 
-const words = (n: number) => Array.from({ length: n }, (_, i) => `t${i + 1} `).join("");
-
 test("a gateway restarted mid-turn: every token arrives once, and the command exits 0", async () => {
   const c = chat("reconnect-gateway", "!tokens 60 rate=20");
   await waitFor("the reply to stream", async () => c.got.out.includes("t5 "), 20_000);
@@ -38,7 +37,7 @@ test("a gateway restarted mid-turn: every token arrives once, and the command ex
   await stack.start("gateway");
   assert.equal(await c.exited, 0, c.got.err);
   // The runner kept the turn's events: the replay after the last one seen leaves no hole.
-  assert.equal(c.got.out, `${words(60)}\n`);
+  assert.equal(c.got.out, `${tokensReply(60)}\n`);
   assert.match(c.got.err, /\[connection lost \(UNAVAILABLE: [^)]*\); reconnecting\]/);
   assert.match(c.got.err, /\[reconnected to session reconnect-gateway\]/);
   assert.doesNotMatch(c.got.err, /not kept/);
@@ -61,7 +60,7 @@ test("a turn that ends while the gateway is down: what the replay no longer hold
   await stack.start("gateway");
   assert.equal(await c.exited, 0, c.got.err);
   assert.match(c.got.err, /not kept; complete messages follow/);
-  assert.equal(c.got.out, `${words(300)}\n`, "every token once: the streamed part, then the rest of the message");
+  assert.equal(c.got.out, `${tokensReply(300)}\n`, "every token once: the streamed part, then the rest of the message");
 });
 
 test("a runner killed mid-turn: the run goes on after its restart, the prompt runs once", async () => {
@@ -74,12 +73,12 @@ test("a runner killed mid-turn: the run goes on after its restart, the prompt ru
   // What streamed before the kill stays on a line of its own; the resumed answer is whole.
   const lines = c.got.out.split("\n");
   assert.equal(lines.length, 3, c.got.out);
-  assert.ok(lines[0].startsWith("t1 t2 t3 t4 t5 ") && words(60).startsWith(lines[0]), lines[0]);
-  assert.equal(lines[1], words(60));
+  assert.ok(lines[0].startsWith("t1 t2 t3 t4 t5 ") && tokensReply(60).startsWith(lines[0]), lines[0]);
+  assert.equal(lines[1], tokensReply(60));
   const history = await stack.gateway.getHistory({ sessionId: "reconnect-runner" });
   assert.deepEqual(
     history.messages.map((m) => m.text),
-    ["!tokens 60 rate=20", words(60)],
+    ["!tokens 60 rate=20", tokensReply(60)],
     "one prompt, one answer",
   );
 });

@@ -16,7 +16,7 @@ import { Role, StopReason, type AgentEvent } from "../services/shared/gen/troupe
 import { createClient, type ServiceClient } from "../services/shared/rpc.js";
 import { refKey, refOf } from "../services/shared/session-ref.js";
 import { testPostgres } from "./helpers/postgres.js";
-import { ChatSession, loggedEvents, runOutcome, subscribeUntil } from "./helpers/session.js";
+import { ChatSession, loggedEvents, runOutcome, subscribeUntil, tokensReply } from "./helpers/session.js";
 import { LOAD_QUOTAS, startStack, waitFor, type Stack } from "./helpers/stack.js";
 
 type Gateway = ServiceClient<(typeof GatewayService)["method"]>;
@@ -211,7 +211,7 @@ describe("a cluster on PostgreSQL", () => {
       assert.deepEqual(runOutcome(done), {
         resumed: true,
         stopReason: StopReason.COMPLETED,
-        answers: [Array.from({ length: 60 }, (_, i) => `t${i + 1} `).join("")],
+        answers: [tokensReply(60)],
       });
     } finally {
       await restart("runner-2");

@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import { StopReason, type AgentEvent } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { JsonlSessionStore } from "../services/runner/jsonl-session-store.js";
 import { refOf } from "../services/shared/session-ref.js";
-import { loggedEvents as eventsOf, runOutcome } from "./helpers/session.js";
+import { loggedEvents as eventsOf, runOutcome, tokensReply } from "./helpers/session.js";
 import { startStack, waitFor, type Stack } from "./helpers/stack.js";
 
 let stack: Stack;
@@ -26,8 +26,6 @@ async function loggedEvents(sessionId: string): Promise<AgentEvent[]> {
     await new JsonlSessionStore(stack.dataDir).read(refOf({ tenant: "local", principal: "dev" }, sessionId)),
   );
 }
-
-const words = (n: number) => Array.from({ length: n }, (_, i) => `t${i + 1} `).join("");
 
 /**
  * Starts a `tokens`-token turn (20 a second) in a new session nobody watches, stops the runner
@@ -58,7 +56,7 @@ async function cutAndResume(sessionId: string, tokens: number, signal: NodeJS.Si
 
 test("a runner killed mid-run resumes the run at its restart, with no client attached", async () => {
   const events = await cutAndResume("left-1", 40, "SIGKILL");
-  assert.deepEqual(runOutcome(events), { resumed: true, stopReason: StopReason.COMPLETED, answers: [words(40)] });
+  assert.deepEqual(runOutcome(events), { resumed: true, stopReason: StopReason.COMPLETED, answers: [tokensReply(40)] });
   assert.match(stack.logs(), /loaded sessions whose runner process is gone/);
 });
 
@@ -86,7 +84,7 @@ test("a run handed over at a SIGTERM resumes at the restart, with no client atta
   // it went on only when someone next used the session. 4 s of tokens: the drain (300 ms of
   // grace, then at most 1 s for calls) ends well inside the turn.
   const events = await cutAndResume("left-term", 80, "SIGTERM");
-  assert.deepEqual(runOutcome(events), { resumed: true, stopReason: StopReason.COMPLETED, answers: [words(80)] });
+  assert.deepEqual(runOutcome(events), { resumed: true, stopReason: StopReason.COMPLETED, answers: [tokensReply(80)] });
 });
 
 test("a session idle at a SIGTERM is let go, not adopted at the restart", async () => {

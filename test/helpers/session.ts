@@ -214,3 +214,6 @@ export function runOutcome(events: readonly AgentEvent[]): {
     ),
   };
 }
+
+/** The scripted model's whole answer to `!tokens n` (services/dev/scripted-model/rules.ts). */
+export const tokensReply = (n: number): string => Array.from({ length: n }, (_, i) => `t${i + 1} `).join("");
