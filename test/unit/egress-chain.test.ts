@@ -89,27 +89,27 @@ async function egressPort(proxy: OutboundProxy | undefined, hosts = ["127.0.0.2"
   return server;
 }
 
-/** Sends `request` and shuts the sending side at once, as busybox wget does; returns the whole answer. */
-function askAndHalfClose(server: TcpServer, request: string): Promise<string> {
+/**
+ * Sends `request` to the egress port and returns everything it answers, once it closes.
+ * `afterHead`: sent once the answer's head is in, the sending side shut 200 ms later.
+ * `halfClose`: the sending side is shut with the request, as busybox wget does.
+ */
+function ask(
+  server: TcpServer,
+  request: string,
+  how: { afterHead?: string; halfClose?: boolean } = {},
+): Promise<string> {
+  let pending = how.afterHead;
   return new Promise((resolve, reject) => {
-    const socket = connect(port(server), "127.0.0.1", () => socket.end(request));
-    let text = "";
-    socket.on("data", (d) => (text += d.toString("utf8")));
-    socket.on("error", reject);
-    socket.on("close", () => resolve(text));
-  });
-}
-
-/** Sends `request` to the egress port and returns everything it answers, once it closes. */
-function ask(server: TcpServer, request: string, then?: string): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const socket = connect(port(server), "127.0.0.1", () => socket.write(request));
+    const socket = connect(port(server), "127.0.0.1", () =>
+      how.halfClose ? socket.end(request) : socket.write(request),
+    );
     let text = "";
     socket.on("data", (d) => {
       text += d.toString("utf8");
-      if (then && text.includes("\r\n\r\n")) {
-        socket.write(then);
-        then = undefined;
+      if (pending && text.includes("\r\n\r\n")) {
+        socket.write(pending);
+        pending = undefined;
         setTimeout(() => socket.end(), 200);
       }
     });
@@ -127,7 +127,9 @@ describe("sandbox egress chained through the deployment's proxy", () => {
       const plain = await ask(server, `GET http://${siteAt}/page HTTP/1.1\r\nHost: ${siteAt}\r\n\r\n`);
       assert.match(plain, /^HTTP\/1\.1 200 [\s\S]*site: GET \/page for 127\.0\.0\.2:\d+$/);
       const echoAt = `127.0.0.2:${port(echo)}`;
-      const tunnelled = await ask(server, `CONNECT ${echoAt} HTTP/1.1\r\nHost: ${echoAt}\r\n\r\n`, "shout");
+      const tunnelled = await ask(server, `CONNECT ${echoAt} HTTP/1.1\r\nHost: ${echoAt}\r\n\r\n`, {
+        afterHead: "shout",
+      });
       assert.match(tunnelled, /^HTTP\/1\.1 200 Connection established\r\n\r\nSHOUT$/);
       assert.deepEqual(upstream.seen, [
         { method: "CONNECT", target: siteAt },
@@ -145,7 +147,7 @@ describe("sandbox egress chained through the deployment's proxy", () => {
     const server = await egressPort({ httpProxy: upstream.url });
     try {
       const at = `127.0.0.2:${port(site)}`;
-      const answer = await askAndHalfClose(server, `GET http://${at}/half HTTP/1.1\r\nHost: ${at}\r\n\r\n`);
+      const answer = await ask(server, `GET http://${at}/half HTTP/1.1\r\nHost: ${at}\r\n\r\n`, { halfClose: true });
       assert.match(answer, /^HTTP\/1\.1 200 [\s\S]*site: GET \/half for 127\.0\.0\.2:\d+$/);
     } finally {
       server.close();
@@ -162,7 +164,9 @@ describe("sandbox egress chained through the deployment's proxy", () => {
     try {
       const at = `127.0.0.2:${port(trusted)}`;
       for (let i = 0; i < 5; i++) {
-        const answer = await askAndHalfClose(server, `GET https://${at}/n${i} HTTP/1.1\r\nHost: ${at}\r\n\r\n`);
+        const answer = await ask(server, `GET https://${at}/n${i} HTTP/1.1\r\nHost: ${at}\r\n\r\n`, {
+          halfClose: true,
+        });
         assert.match(answer, new RegExp(`^HTTP/1\\.1 200 [\\s\\S]*tls: /n${i}$`));
       }
       assert.equal(upstream.seen.length, 5);
@@ -177,7 +181,7 @@ describe("sandbox egress chained through the deployment's proxy", () => {
     const server = await egressPort(undefined);
     try {
       const at = `127.0.0.2:${port(trusted)}`;
-      const answer = await askAndHalfClose(server, `GET https://${at}/direct HTTP/1.1\r\nHost: ${at}\r\n\r\n`);
+      const answer = await ask(server, `GET https://${at}/direct HTTP/1.1\r\nHost: ${at}\r\n\r\n`, { halfClose: true });
       assert.match(answer, /^HTTP\/1\.1 200 [\s\S]*tls: \/direct$/);
     } finally {
       server.close();
