@@ -16,7 +16,6 @@ import {
 } from "../shared/gen/troupe/v1/session_pb.js";
 import { validateFrame } from "../shared/frames.js";
 import { type RpcError, unavailable } from "../shared/errors.js";
-import { newId } from "../shared/ids.js";
 import { failure, type Logger } from "../shared/log.js";
 import { runAgent } from "./loop.js";
 import { resumedMessages } from "./turn-start.js";
@@ -42,6 +41,7 @@ import { SessionChoices, type Choice, type ChoiceRecord } from "./session-choice
 import { HeldHistory } from "./held-history.js";
 import { type Numbering, type RebuiltParts, type Resume, rebuildFromLog } from "./session-rebuild.js";
 import { Supervision } from "./supervision.js";
+import { type NextRun, RunSlot } from "./run-slot.js";
 
 /** What an actor is given: its store, the audit log, the logger, and what its runs use. */
 export interface ActorDeps {
@@ -60,7 +60,7 @@ export class SessionActor {
   /** Numbering, recording and fan-out of this session's events (event-journal.ts). */
   private readonly journal: EventJournal;
   /** Waiting messages and where each goes (mailbox.ts). */
-  private readonly mailbox = new Mailbox(() => this.schedule());
+  private readonly mailbox = new Mailbox(() => this.slot.schedule());
   private createdMs = Date.now();
   /** Model, reasoning effort and reset point chosen for the session (settle). */
   readonly choices = new SessionChoices();
@@ -70,16 +70,15 @@ export class SessionActor {
   private activeMs = Date.now();
   /** Restarts from the log after a run that threw, and the failed state (supervision.ts). */
   private readonly supervision: Supervision;
-  private run?: { turnId: string; controller: AbortController; done: Promise<void> };
-  /** Draining (a shutdown): no new run starts. Frozen: a handed-over run's events are dropped. */
-  private draining = false;
+  /** The turn lock: one run at a time, started as work arrives (run-slot.ts). */
+  private readonly slot: RunSlot;
+  /** Frozen: a handed-over run's events are dropped. */
   private frozen = false;
   /** A run its runner died in, to go on with before anything queued (recovery.ts cutRunOf). */
   private resuming?: Resume;
   /** The latest compaction: what the model sees in place of the messages before the cut. */
   private compaction?: Compaction;
   private idleWaiters: (() => void)[] = [];
-  private closing = false;
   /**
    * Set once the session is lost here: another runner took it (ABORTED), or its log could not be
    * written (UNAVAILABLE). From then on this actor only refuses; the next call loads it anew.
@@ -98,9 +97,25 @@ export class SessionActor {
     /** Set when the session is a sub-agent's (delegate_task): its parent, depth and instruction. */
     readonly subagent?: Subagent,
   ) {
+    this.slot = new RunSlot({
+      takeNext: () => this.takeNext(),
+      execute: (next, signal) => this.execute(next, signal),
+      started: () => this.deps.runs?.started(this.owner.tenant),
+      ended: () => {
+        this.deps.runs?.ended(this.owner.tenant);
+        // Steering or follow-ups that came too late for the run are not lost: they run next.
+        this.mailbox.requeueLate();
+        this.releaseUnseen();
+      },
+      nothingOwed: () => {
+        this.journal.trimIdle();
+        // Prompts still gathering (collect mode) are work to come: not idle until they have run.
+        if (this.idle) for (const wake of this.idleWaiters.splice(0)) wake();
+      },
+    });
     this.journal = new EventJournal({
       sessionId,
-      turnId: () => this.run?.turnId ?? "",
+      turnId: () => this.slot.turnId ?? "",
       persist: (record, sync) => this.persist(record, sync),
       readLog: () => this.deps.store.read(this.ref),
       published: (event) => {
@@ -121,15 +136,15 @@ export class SessionActor {
       lost: () => this.lost,
       failed: () => this.supervision.failed,
       restarting: () => this.supervision.restarting,
-      running: () => this.run !== undefined,
+      running: () => this.slot.busy,
       takeRun: () => this.deps.runs?.admit(this.owner.tenant),
       record: (frame) => this.recordFrame(frame),
       emit: (payload) => this.emit(payload),
       placed: (frame, interrupt) => {
         if (frame.kind.case === "abort")
           this.abort(frame.frameId, frame.kind.value.reason, frame.kind.value.clearQueue);
-        if (interrupt && this.run) this.abort(frame.frameId, "interrupted by a prompt in interrupt mode", false);
-        this.schedule();
+        if (interrupt && this.slot.busy) this.abort(frame.frameId, "interrupted by a prompt in interrupt mode", false);
+        this.slot.schedule();
       },
     });
     this.supervision = new Supervision({
@@ -207,7 +222,7 @@ export class SessionActor {
     this.resuming = rebuildFromLog(this.rebuildParts, records, numbering, cutOff);
     this.releaseUnseen();
     // In a restart the failed run's own ending schedules what is next.
-    if (!("live" in numbering)) this.schedule();
+    if (!("live" in numbering)) this.slot.schedule();
   }
 
   /** What a rebuild from the log writes into. */
@@ -223,17 +238,7 @@ export class SessionActor {
         this.updatedMs = updatedMs ?? this.updatedMs;
       },
       emit: (payload) => this.emit(payload),
-      // In a restart the failed run is still going (its own ending schedules what is next): it is
-      // put back, so nothing starts beside it and what the restart says next carries its turn.
-      asRun: (turnId, close) => {
-        const going = this.run;
-        this.run = { turnId, controller: new AbortController(), done: Promise.resolve() };
-        try {
-          close();
-        } finally {
-          this.run = going;
-        }
-      },
+      asRun: (turnId, close) => this.slot.asRun(turnId, close),
     };
   }
 
@@ -280,13 +285,13 @@ export class SessionActor {
         tenant: this.owner.tenant,
         frameId,
         reason,
-        turnId: this.run?.turnId ?? "",
+        turnId: this.slot.turnId ?? "",
         clearQueue,
       })
       .catch((err: unknown) => this.deps.logger.error("audit log write failed", { error: String(err) }));
     if (clearQueue)
       this.drop(this.mailbox.clear(), `dropped by an abort that cleared the queue${reason ? `: ${reason}` : ""}`);
-    this.run?.controller.abort(new Error(reason || "aborted"));
+    this.slot.abort(new Error(reason || "aborted"));
   }
 
   /** Tells every subscriber these messages will not run (a replay leaves them out too). */
@@ -295,7 +300,7 @@ export class SessionActor {
   }
 
   get running(): boolean {
-    return this.run !== undefined;
+    return this.slot.busy;
   }
 
   /** Messages waiting in this session's mailbox. */
@@ -304,12 +309,12 @@ export class SessionActor {
   }
 
   get idle(): boolean {
-    return !this.run && !this.resuming && this.mailbox.empty;
+    return !this.slot.busy && !this.resuming && this.mailbox.empty;
   }
 
   /** Nothing running, waiting, arriving or watching: the actor may leave memory. */
   get passivatable(): boolean {
-    return this.idle && this.journal.subscriberCount === 0 && this.admission.admitting === 0 && !this.closing;
+    return this.idle && this.journal.subscriberCount === 0 && this.admission.admitting === 0 && !this.slot.stopped;
   }
 
   /** Last time anything happened in or to this actor. */
@@ -323,30 +328,13 @@ export class SessionActor {
     await this.journal.delivered();
   }
 
-  private schedule(): void {
-    if (this.run || this.closing || this.draining) return;
+  /** What runs next: a cut-off run first, then the mailbox's next batch. */
+  private takeNext(): NextRun | undefined {
     const resume = this.resuming;
     this.resuming = undefined;
-    const next = resume ? [] : this.mailbox.queue.shift();
-    if (!next) {
-      this.journal.trimIdle();
-      // Prompts still gathering (collect mode) are work to come: not idle until they have run.
-      if (this.idle) for (const wake of this.idleWaiters.splice(0)) wake();
-      return;
-    }
-    const controller = new AbortController();
-    const turnId = resume?.turnId ?? newId();
-    const run = { turnId, controller, done: Promise.resolve() };
-    this.run = run;
-    this.deps.runs?.started(this.owner.tenant);
-    run.done = this.execute(next, controller.signal, resume).finally(() => {
-      this.deps.runs?.ended(this.owner.tenant);
-      // Steering or follow-ups that came too late for the run are not lost: they run next.
-      this.mailbox.requeueLate();
-      this.run = undefined;
-      this.releaseUnseen();
-      this.schedule();
-    });
+    if (resume) return { first: [], resume };
+    const first = this.mailbox.queue.shift();
+    return first && { first };
   }
 
   /**
@@ -355,7 +343,7 @@ export class SessionActor {
    * where what the model sees can have moved: a run's end, a replay's end, a reset.
    */
   private releaseUnseen(): void {
-    if (this.run || this.resuming) return;
+    if (this.slot.busy || this.resuming) return;
     this.compaction = this.history.releaseUnseen(this.compaction, this.choices.contextFrom);
   }
 
@@ -367,7 +355,7 @@ export class SessionActor {
     });
   }
 
-  private async execute(first: Queued[], signal: AbortSignal, resume?: { from: number }): Promise<void> {
+  private async execute({ first, resume }: NextRun, signal: AbortSignal): Promise<void> {
     const { history } = this;
     const host: RunHost = {
       sessionId: this.sessionId,
@@ -438,10 +426,9 @@ export class SessionActor {
   private loseSession(err: RpcError, why: string): void {
     if (this.lost) return;
     this.lost = err;
-    this.closing = true;
     this.deps.logger.warn(why, { session: this.sessionId });
+    void this.slot.stop(err);
     this.mailbox.stop();
-    this.run?.controller.abort(err);
     this.journal.closeAll(err);
     for (const wake of this.idleWaiters.splice(0)) wake();
     this.onLost?.();
@@ -481,8 +468,7 @@ export class SessionActor {
 
   /** Starts no new run from now on; resolves when the one going (if any) has ended. */
   drain(): Promise<void> {
-    this.draining = true;
-    return this.run?.done ?? Promise.resolve();
+    return this.slot.drain();
   }
 
   /**
@@ -492,12 +478,11 @@ export class SessionActor {
    * next call. `end`: streams end with it.
    */
   async close(options: { handOver?: boolean; exiting?: boolean; end?: RpcError } = {}): Promise<void> {
-    this.closing = true;
-    this.mailbox.stop();
-    const handedOver = options.handOver === true && this.run !== undefined;
+    const handedOver = options.handOver === true && this.slot.busy;
     if (handedOver) this.frozen = true;
-    this.run?.controller.abort(new Error("runner shutting down"));
-    await this.run?.done;
+    const ended = this.slot.stop(new Error("runner shutting down"));
+    this.mailbox.stop();
+    await ended;
     this.journal.flushDelta();
     await this.log.append({ t: "closed", seq: this.journal.lastSeq }, true).catch(() => undefined);
     await this.log.close({ keepLease: handedOver && options.exiting === true });
