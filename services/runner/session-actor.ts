@@ -15,7 +15,7 @@ import {
   type SessionInfo,
 } from "../shared/gen/troupe/v1/session_pb.js";
 import { validateFrame } from "../shared/frames.js";
-import { type RpcError, unavailable } from "../shared/errors.js";
+import type { RpcError } from "../shared/errors.js";
 import { failure, type Logger } from "../shared/log.js";
 import { runAgent } from "./loop.js";
 import { resumedMessages } from "./turn-start.js";
@@ -36,7 +36,7 @@ import {
   type SessionStore,
   type Subagent,
 } from "./session-log.js";
-import { SessionElsewhere } from "./session-lease.js";
+import { SessionWrites } from "./session-writes.js";
 import { SessionChoices, type Choice, type ChoiceRecord } from "./session-choices.js";
 import { HeldHistory } from "./held-history.js";
 import { type Numbering, type RebuiltParts, type Resume, rebuildFromLog } from "./session-rebuild.js";
@@ -70,6 +70,8 @@ export class SessionActor {
   private activeMs = Date.now();
   /** Restarts from the log after a run that threw, and the failed state (supervision.ts). */
   private readonly supervision: Supervision;
+  /** Appends to the log; a failed one loses the session (session-writes.ts). */
+  private readonly writes: SessionWrites;
   /** The turn lock: one run at a time, started as work arrives (run-slot.ts). */
   private readonly slot: RunSlot;
   /** Frozen: a handed-over run's events are dropped. */
@@ -97,6 +99,10 @@ export class SessionActor {
     /** Set when the session is a sub-agent's (delegate_task): its parent, depth and instruction. */
     readonly subagent?: Subagent,
   ) {
+    this.writes = new SessionWrites(log, sessionId, {
+      lose: (err, why) => this.loseSession(err, why),
+      lost: () => this.lost,
+    });
     this.slot = new RunSlot({
       takeNext: () => this.takeNext(),
       execute: (next, signal) => this.execute(next, signal),
@@ -116,7 +122,7 @@ export class SessionActor {
     this.journal = new EventJournal({
       sessionId,
       turnId: () => this.slot.turnId ?? "",
-      persist: (record, sync) => this.persist(record, sync),
+      persist: (record, sync) => this.writes.append(record, sync),
       readLog: () => this.deps.store.read(this.ref),
       published: (event) => {
         const now = Date.now();
@@ -138,7 +144,7 @@ export class SessionActor {
       restarting: () => this.supervision.restarting,
       running: () => this.slot.busy,
       takeRun: () => this.deps.runs?.admit(this.owner.tenant),
-      record: (frame) => this.recordFrame(frame),
+      record: (frame) => this.writes.appendOrRefuse({ t: "frame", frame: toJson(ClientFrameSchema, frame) }, true),
       emit: (payload) => this.emit(payload),
       placed: (frame, interrupt) => {
         if (frame.kind.case === "abort")
@@ -249,17 +255,6 @@ export class SessionActor {
     return this.admission.submit(frame, traceContext);
   }
 
-  /** Writes an admitted frame to the log; a failed write loses the session here (see loseSession). */
-  private async recordFrame(frame: ClientFrame): Promise<void> {
-    try {
-      await this.log.append({ t: "frame", frame: toJson(ClientFrameSchema, frame) }, true);
-    } catch (err) {
-      if (!(err instanceof SessionElsewhere)) throw this.storageFailed(err);
-      this.loseSession(err, `session ${this.sessionId} was taken over by another runner; dropping it here`);
-      throw err;
-    }
-  }
-
   /**
    * Sets the session's default queue mode, model and reasoning effort, each when given and
    * changed, and with `reset` starts its conversation over (the model sees nothing before it): in
@@ -268,7 +263,7 @@ export class SessionActor {
   async settle(s: { queueMode?: QueueMode } & Choice): Promise<void> {
     const changed: { queueMode?: number } & ChoiceRecord = this.choices.apply(s, this.history.length);
     if (s.queueMode && s.queueMode !== this.mailbox.mode) changed.queueMode = this.mailbox.mode = s.queueMode;
-    if (Object.keys(changed).length > 0) await this.log.append({ t: "settings", ...changed }, true);
+    if (Object.keys(changed).length > 0) await this.writes.appendOrRefuse({ t: "settings", ...changed }, true);
     if (changed.contextFrom !== undefined) this.releaseUnseen();
   }
 
@@ -374,7 +369,7 @@ export class SessionActor {
       elide: (ids) => {
         const gone = new Set(ids);
         history.messages.splice(0, history.messages.length, ...history.messages.filter((m) => !gone.has(m.id)));
-        void this.persist({ t: "elided", messageIds: ids }, false);
+        void this.writes.append({ t: "elided", messageIds: ids }, false);
       },
     };
     try {
@@ -397,26 +392,6 @@ export class SessionActor {
     // A handed-over run's last moments are not recorded or sent: its next runner redoes them.
     if (this.frozen) return create(AgentEventSchema, { sessionId: this.sessionId, payload });
     return this.journal.emit(payload);
-  }
-
-  private persist(record: LogRecord, sync: boolean): Promise<void> {
-    return this.log.append(record, sync).catch((err: unknown) => {
-      if (err instanceof SessionElsewhere)
-        this.loseSession(err, `session ${this.sessionId} was taken over by another runner; dropping it here`);
-      else this.storageFailed(err);
-    });
-  }
-
-  /** A failed write (a full disk) fails every later append; the actor leaves, the next call reloads the disk's log. */
-  private storageFailed(err: unknown): RpcError {
-    const lost = unavailable(
-      `session ${this.sessionId}'s log could not be written (${(err as Error).message ?? err}); retry: it is reloaded from its log on the next call`,
-    );
-    if (!this.lost) {
-      this.loseSession(lost, "session log append failed; the session leaves memory");
-      void this.log.close().catch(() => undefined);
-    }
-    return this.lost ?? lost;
   }
 
   /**

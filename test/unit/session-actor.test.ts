@@ -237,6 +237,21 @@ describe("seqs, supervision and the log", () => {
     await again.whenIdle();
     assert.deepEqual(users(again), ["kept", "resent"]);
   });
+
+  test("a settings write that fails is refused (UNAVAILABLE) and the session leaves; a reload has the logged settings", async () => {
+    const model = new ScriptedModel(() => say("ok"));
+    const { actor, store, deps } = await newActor(() => testRunDeps(model, [], { config: { models: ["m2"] } }));
+    store.failAppends(1);
+    await assert.rejects(actor.settle({ model: "m2", queueMode: QueueMode.FOLLOWUP }), { code: Status.UNAVAILABLE });
+    await assert.rejects(
+      actor.submit(prompt("after")),
+      { code: Status.UNAVAILABLE },
+      "the actor has left: it would run on settings its log does not have",
+    );
+    const again = await SessionActor.load(actor.ref, deps);
+    assert.equal(again.choices.model, "", "the log never had m2");
+    assert.notEqual(again.queueMode, QueueMode.FOLLOWUP);
+  });
 });
 
 describe("what an actor holds", () => {
