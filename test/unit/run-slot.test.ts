@@ -34,6 +34,8 @@ function slotOver(queue: NextRun[]) {
 
 const batch = (...frameIds: string[]): NextRun => ({ first: frameIds.map((frameId) => ({ frameId }) as Queued) });
 const settle = () => new Promise((resolve) => setImmediate(resolve));
+/** The slot's log without each run's turn id (random), which the tests check on their own. */
+const withoutTurns = (log: string[]) => log.map((l) => l.replace(/ as .*/, ""));
 
 describe("the run slot", () => {
   test("runs one at a time, choosing the next as each ends, and says when nothing is owed", async () => {
@@ -49,20 +51,17 @@ describe("the run slot", () => {
     end("b+c");
     await settle();
     assert.equal(slot.busy, false);
-    assert.deepEqual(
-      log.map((l) => l.replace(/ as .*/, "")),
-      [
-        "started",
-        "run a",
-        "end a",
-        "ended, busy=false",
-        "started",
-        "run b+c",
-        "end b+c",
-        "ended, busy=false",
-        "nothing owed",
-      ],
-    );
+    assert.deepEqual(withoutTurns(log), [
+      "started",
+      "run a",
+      "end a",
+      "ended, busy=false",
+      "started",
+      "run b+c",
+      "end b+c",
+      "ended, busy=false",
+      "nothing owed",
+    ]);
   });
 
   test("a resumed run keeps the turn it was cut off in", async () => {
@@ -98,12 +97,11 @@ describe("the run slot", () => {
     await slot.stop(new Error("runner shutting down"));
     assert.ok(slot.stopped && !slot.busy);
     slot.schedule();
-    assert.deepEqual(log.slice(1, 4), [
-      "run a as " + log[1].split(" as ")[1],
-      "abort a: runner shutting down",
-      "end a",
-    ]);
-    assert.ok(!log.some((l) => l.startsWith("run b")));
+    assert.deepEqual(
+      withoutTurns(log),
+      ["started", "run a", "abort a: runner shutting down", "end a", "ended, busy=false"],
+      "b never ran, and the stopped slot did not look for more work",
+    );
   });
 
   test("a rebuild's stand-in run carries its turn, blocks nothing after, and restores the run going", async () => {
