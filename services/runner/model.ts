@@ -160,11 +160,12 @@ export function providerConnection(options: OpenAIModelOptions): { post: Provide
 }
 
 /**
- * Streamed replies one provider may carry at once from this runner. A streamed reply holds its
- * HTTP/1.1 connection until it ends, so this is a cap on concurrent model calls, not a pool size
- * to economise: at 128, the 129th session waited for another's reply to finish, and 1,000
+ * Connections to one provider from this runner. Over HTTP/1.1 (plain http:// servers) a streamed
+ * reply holds its connection until it ends, so this is a cap on concurrent model calls, not a pool
+ * size to economise: at 128, the 129th session waited for another's reply to finish, and 1,000
  * sessions streaming at 30 tokens/s got 3,621 tokens/s instead of 30,000 (bench/stream, paced;
- * docs/benchmarks.md). Runs are bounded by the tenants' concurrentRuns quotas instead.
+ * docs/benchmarks.md). Over HTTPS undici offers h2 by ALPN, and each connection then carries up to
+ * 100 replies. Runs are bounded by the tenants' concurrentRuns quotas instead.
  */
 export const MAX_MODEL_STREAMS = 4096;
 

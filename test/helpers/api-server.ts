@@ -1,12 +1,30 @@
-// The part every provider test server shares: a loopback HTTP server on a free port, its API
-// root, and the refusals it sent (each an error object in the providers' shape).
+// The part every provider test server shares: a loopback server on a free port, its API root, and
+// the refusals it sent (each an error object in the providers' shape). Plain, it speaks HTTP/1.1,
+// as local servers (Ollama, vLLM) do; with a certificate, HTTPS offering h2 before http/1.1 by
+// ALPN, as the hosted APIs' edges do, so a client that can speak HTTP/2 does (undici's default).
 import http from "node:http";
-import type { AddressInfo } from "node:net";
+import http2 from "node:http2";
+import type { AddressInfo, Socket } from "node:net";
 import type { ApiError } from "./openai-checks.js";
+
+/** A certificate and its key, PEM. */
+export interface TlsIdentity {
+  cert: Buffer | string;
+  key: Buffer | string;
+}
 
 export abstract class ApiServer {
   /** Every refusal sent: status and the error object. */
   readonly refused: { status: number; error: ApiError }[] = [];
+  /** The HTTP version of each request, in order ("1.1", "2.0"). */
+  readonly httpVersions: string[] = [];
+  /**
+   * Responses the client left before they ended: an aborted reply, its HTTP/2 stream reset or its
+   * HTTP/1.1 connection closed.
+   */
+  unfinished = 0;
+  /** The most requests one HTTP/2 connection carried at once. */
+  streamsAtOnce = 0;
   /** TCP connections clients opened to this server. */
   connections = 0;
   /** Connections that have closed since, either side closing. */
@@ -18,32 +36,75 @@ export abstract class ApiServer {
    * held open), or after `junk` bytes of SSE comments following the final event.
    */
   bodyEnd: "together" | "never" | number | { junk: number } = "together";
-  private server?: http.Server;
+  private server?: http.Server | http2.Http2SecureServer;
+  private readonly sockets = new Set<Socket>();
+  private readonly sessions = new Set<http2.ServerHttp2Session>();
+  private readonly openStreams = new WeakMap<http2.Http2Session, number>();
   private host = "127.0.0.1";
+  private secure = false;
 
-  /** The API root, as a client's base URL: http://127.0.0.1:<port>/v1. */
+  /** The API root, as a client's base URL: http(s)://127.0.0.1:<port>/v1. */
   get baseUrl(): string {
-    return `http://${this.host}:${(this.server!.address() as AddressInfo).port}/v1`;
+    return `${this.secure ? "https" : "http"}://${this.host}:${(this.server!.address() as AddressInfo).port}/v1`;
   }
 
-  /** Listens on `host` (a loopback address other than 127.0.0.1 is not one a proxy skips). */
-  async start(host = "127.0.0.1"): Promise<this> {
+  /**
+   * Listens on `host` (a loopback address other than 127.0.0.1 is not one a proxy skips); with
+   * `tls`, over HTTPS with h2 and http/1.1 offered.
+   */
+  async start(host = "127.0.0.1", tls?: TlsIdentity): Promise<this> {
     this.host = host;
-    this.server = http.createServer((req, res) => {
+    this.secure = tls !== undefined;
+    // node:http2's compatibility request and response take every call these servers make
+    // (method, url, headers, writeHead, write, end), so one handler serves both versions.
+    const onRequest = (req: http.IncomingMessage | http2.Http2ServerRequest, res: object) => {
+      this.httpVersions.push(req.httpVersion);
+      const response = res as http.ServerResponse;
+      const session = "stream" in req ? req.stream.session : undefined;
+      if (session) {
+        const open = (this.openStreams.get(session) ?? 0) + 1;
+        this.openStreams.set(session, open);
+        this.streamsAtOnce = Math.max(this.streamsAtOnce, open);
+      }
+      response.on("close", () => {
+        if (session) this.openStreams.set(session, this.openStreams.get(session)! - 1);
+        if (!response.writableEnded) this.unfinished++;
+      });
       const chunks: Buffer[] = [];
       req.on("data", (c: Buffer) => chunks.push(c));
-      req.on("end", () => this.handle(req, Buffer.concat(chunks).toString("utf8"), res));
-    });
-    this.server.on("connection", (socket) => {
+      req.on("end", () => this.handle(req as http.IncomingMessage, Buffer.concat(chunks).toString("utf8"), response));
+    };
+    this.server = tls
+      ? http2.createSecureServer({ ...tls, allowHTTP1: true }, onRequest)
+      : http.createServer(onRequest);
+    this.server.on("connection", (socket: Socket) => {
       this.connections++;
-      socket.on("close", () => this.closedConnections++);
+      this.sockets.add(socket);
+      socket.on("close", () => (this.closedConnections++, this.sockets.delete(socket)));
+    });
+    this.server.on("session", (session: http2.ServerHttp2Session) => {
+      this.sessions.add(session);
+      session.on("close", () => this.sessions.delete(session));
     });
     await new Promise<void>((resolve) => this.server!.listen(0, host, resolve));
     return this;
   }
 
+  /**
+   * Closes every HTTP/2 connection gracefully, as an edge rotating its connections does: a GOAWAY
+   * naming the last stream it took, the streams up to it answered in full, then the close.
+   */
+  goAway(): void {
+    for (const session of this.sessions) session.close();
+  }
+
+  /** Cuts every connection at once, mid-reply or not, as a crashed or unplugged server would. */
+  cutConnections(): void {
+    for (const socket of this.sockets) socket.destroy();
+  }
+
   async close(): Promise<void> {
-    this.server?.closeAllConnections();
+    this.cutConnections();
     await new Promise<void>((resolve) => this.server?.close(() => resolve()));
   }
 

@@ -83,6 +83,8 @@ export class ChatApiServer extends ApiServer {
   readonly accepted: ChatBody[] = [];
   /** While set, every request gets this status (503: overloaded, 429: rate limited) with Retry-After. */
   outage?: { status: 429 | 503; retryAfterSeconds: number };
+  /** The pause between a streamed reply's events, as a model generating them takes; 0: all at once. */
+  eventGapMs = 0;
   constructor(private readonly options: ApiServerOptions) {
     super();
   }
@@ -302,8 +304,19 @@ export class ChatApiServer extends ApiServer {
     if ((body.stream_options as { include_usage?: boolean } | undefined)?.include_usage)
       events.push({ ...head, object: "chat.completion.chunk", choices: [], usage });
     res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache" });
-    for (const e of events) res.write(`data: ${JSON.stringify(e)}\n\n`);
-    this.endStream(res, "data: [DONE]\n\n");
+    const gap = this.eventGapMs;
+    if (gap === 0) {
+      for (const e of events) res.write(`data: ${JSON.stringify(e)}\n\n`);
+      this.endStream(res, "data: [DONE]\n\n");
+      return;
+    }
+    const next = (i: number) => {
+      if (res.destroyed) return;
+      if (i === events.length) return this.endStream(res, "data: [DONE]\n\n");
+      res.write(`data: ${JSON.stringify(events[i])}\n\n`);
+      setTimeout(next, gap, i + 1);
+    };
+    next(0);
   }
 }
 
