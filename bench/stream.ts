@@ -18,13 +18,21 @@
 // paced load (its delay, and its server's CPU). --mode burst|paced|both (both).
 // Each mode also says whether the machine was quiet while it ran (support/machine.ts: other
 // processes' CPU and the hypervisor's steal); RESULT's `quiet` is yes only if both were.
+// The runner reaches the scripted model over plain HTTP/1.1, as it reaches a local model server;
+// --model-tls makes it HTTPS offering h2, as hosted APIs are reached, where the runner's client
+// takes HTTP/2 and the replies share connections (RESULT's `model` says which).
 //
 //   node dist/bench/stream.js [--sessions 200] [--tokens 200] [--paced-sessions 1000] [--rate 30] [--seconds 30]
+//     [--mode both|burst|paced] [--model-tls]
+import { mkdtemp, rm } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
 import { parseArgs } from "node:util";
 import type { ChatResponse } from "../services/shared/gen/troupe/v1/gateway_pb.js";
 import { GatewayService } from "../services/shared/gen/troupe/v1/gateway_pb.js";
 import { StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { createClient, type ServiceClient } from "../services/shared/rpc.js";
+import { caAndServer } from "../test/helpers/certs.js";
 import { LOAD_QUOTAS, startStack } from "../test/helpers/stack.js";
 import { cpuMs, waitQuiet } from "./support/cpu.js";
 import { describeLoad, watchMachine } from "./support/machine.js";
@@ -39,6 +47,7 @@ const { values } = parseArgs({
     rate: { type: "string", default: "30" },
     seconds: { type: "string", default: "30" },
     mode: { type: "string", default: "both" },
+    "model-tls": { type: "boolean", default: false },
   },
 });
 const S = Number(values.sessions);
@@ -163,10 +172,23 @@ const clientCpuMs = () => {
 };
 const SERVICE_KEYS = ["gateway", "router", "runner", "memory", "sandbox"];
 
+const certDir = await mkdtemp(path.join(os.tmpdir(), "troupe-bench-model-"));
+if (values["model-tls"]) caAndServer(certDir, "model");
 const stack = await startStack({
   env: { ...LOAD_QUOTAS, TROUPE_LOG_LEVEL: "warn", ...JSON.parse(process.env.BENCH_ENV ?? "{}") },
+  modelServerTls: values["model-tls"]
+    ? {
+        cert: path.join(certDir, "model.pem"),
+        key: path.join(certDir, "model.key"),
+        ca: path.join(certDir, "model-ca.pem"),
+      }
+    : undefined,
 });
 try {
+  const model = values["model-tls"] ? "h2" : "http1";
+  console.log(
+    `the scripted model server: ${model === "h2" ? "HTTPS, h2 offered (as hosted APIs)" : "plain HTTP/1.1 (as local model servers)"}`,
+  );
   // Clients as users have them: a few connections, many streams on each.
   const clients = Array.from({ length: 4 }, () =>
     createClient(GatewayService, stack.addr.gateway, { headers: { authorization: `Bearer ${stack.apiKey}` } }),
@@ -268,8 +290,10 @@ try {
   raw.stop();
   for (const c of clients) c.close();
   result.quiet = loads.every(Boolean) ? "yes" : "no";
-  const order = ["stream_ratio", "paced_p50_ms", "paced_p99_ms", "p99_ms", "quiet"].filter((k) => k in result);
+  result.model = model;
+  const order = ["stream_ratio", "paced_p50_ms", "paced_p99_ms", "p99_ms", "quiet", "model"].filter((k) => k in result);
   console.log(`RESULT ${order.map((k) => `${k}=${result[k]}`).join(" ")}`);
 } finally {
   await stack.stop();
+  await rm(certDir, { recursive: true, force: true });
 }

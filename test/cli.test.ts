@@ -38,6 +38,18 @@ test("typos are errors with a suggestion; nothing starts and nothing is written"
   assert.equal(existsSync(path.join(cwd, "data")), false, "no data directory was made");
 });
 
+test("the scripted model server refuses half a certificate and a file it cannot read", async (t) => {
+  const cwd = await mkdtemp(path.join(os.tmpdir(), "troupe-cli-"));
+  t.after(() => rm(cwd, { recursive: true, force: true }));
+  const at = ["model-server", "--model-server", "127.0.0.1:0"];
+  const half = troupe([...at, "--https-cert", "cert.pem"], cwd);
+  assert.deepEqual([half.signal, half.code], [null, 1]);
+  assert.match(half.err, /--https-cert and --https-key go together/);
+  const missing = troupe([...at, "--https-cert", "cert.pem", "--https-key", "key.pem"], cwd);
+  assert.deepEqual([missing.signal, missing.code], [null, 1]);
+  assert.match(missing.err, /--https-cert: cannot read cert\.pem \(ENOENT/);
+});
+
 test("the package's bin runs as a program, as `npx troupe` runs it (make build sets its mode)", () => {
   // npx execs package.json's bin directly; without the executable bit, sh says "Permission denied".
   const r = spawnSync(MAIN, ["--version"], { encoding: "utf8" });

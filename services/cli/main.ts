@@ -11,7 +11,9 @@ const USAGE = `usage: troupe <command> [flags]
 
 services (one process each):
   serve gateway|router|runner|memory|sandbox   (or: troupe gateway, troupe router, ...)
-  model-server          the scripted OpenAI-compatible model server (HTTP)
+  model-server [--token-rate R] [--https-cert FILE --https-key FILE]
+                        the scripted OpenAI-compatible model server: plain HTTP/1.1,
+                        or HTTPS offering h2 and http/1.1 (docs/scripted-model.md)
 all at once:
   up [--runners N] [--gateways M] [--routers R] [--store files|postgres] [--one-process]
                         start all five services (and the scripted model when no

@@ -2,6 +2,7 @@
 // `node dist/services/cli/main.js <name>` on its own free loopback port, with a fresh data dir.
 import { execFile, spawn, type ChildProcess } from "node:child_process";
 import { readFileSync } from "node:fs";
+import https from "node:https";
 import { promisify } from "node:util";
 import { mkdtemp, readFile, rm } from "node:fs/promises";
 import os from "node:os";
@@ -107,6 +108,22 @@ export interface StackOptions {
   env?: NodeJS.ProcessEnv;
   services?: ServiceName[];
   dataDir?: string;
+  /**
+   * The scripted model server over HTTPS (h2 and http/1.1 offered, as hosted APIs are reached),
+   * with this certificate and key; every process trusts `ca` and calls the model at https://.
+   */
+  modelServerTls?: { cert: string; key: string; ca: string };
+}
+
+/** Whether the model server at `addr` answers its health check (over HTTPS trusting `ca`, if given). */
+async function modelServerUp(addr: string, ca?: string): Promise<boolean> {
+  if (!ca) return (await fetch(`http://${addr}/healthz`)).ok;
+  const caPem = await readFile(ca);
+  return new Promise((resolve, reject) =>
+    https
+      .get(`https://${addr}/healthz`, { ca: caPem }, (res) => (res.resume(), resolve(res.statusCode === 200)))
+      .on("error", reject),
+  );
 }
 
 /** The flags that give a process the stack's addresses; no HTTP face unless addr.http is set. */
@@ -281,6 +298,11 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
   // Credentials come from the stack's own data directory, never from the caller's environment.
   for (const k of ["TROUPE_INTERNAL_TOKEN", "TROUPE_API_KEY", "TROUPE_API_KEYS", "TROUPE_API_KEYS_FILE"]) delete env[k];
   if (options.env?.OPENAI_BASE_URL) env.OPENAI_BASE_URL = options.env.OPENAI_BASE_URL;
+  const modelTls = options.modelServerTls;
+  if (modelTls) {
+    env.OPENAI_BASE_URL = `https://${addr["model-server"]}/v1`;
+    env.NODE_EXTRA_CA_CERTS = modelTls.ca;
+  }
   const procs = new Map<string, ChildProcess>();
   let logText = "";
   // The credentials `troupe up` would make: every process of the stack reads them from dataDir.
@@ -308,7 +330,7 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
     });
     procs.set(key, proc);
     if (name === "model-server") {
-      await waitFor("the model server", async () => (await fetch(`http://${at[name]}/healthz`)).ok);
+      await waitFor("the model server", () => modelServerUp(at[name], modelTls?.ca));
     } else {
       // A process that exits first (its port taken, a bad flag) fails the start at once, with its logs.
       const exited = new Promise<never>((_, reject) =>
@@ -329,7 +351,8 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
       });
     }
   };
-  const start = (name: ServiceName) => spawnService(name, name, addr);
+  const modelArgs = modelTls ? ["--https-cert", modelTls.cert, "--https-key", modelTls.key] : [];
+  const start = (name: ServiceName) => spawnService(name, name, addr, name === "model-server" ? modelArgs : []);
   const startInstance = async (
     key: string,
     name: ServiceName,

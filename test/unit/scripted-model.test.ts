@@ -1,10 +1,17 @@
 // The scripted model server, driven by the official openai client as the runner drives it.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
+import { once } from "node:events";
+import { mkdtemp, readFile, rm } from "node:fs/promises";
+import http2 from "node:http2";
+import https from "node:https";
+import os from "node:os";
+import path from "node:path";
 import OpenAI from "openai";
 import { startScriptedModelServer, type RunningModelServer } from "../../services/dev/scripted-model/server.js";
 import { OpenAIModelClient } from "../../services/runner/chat-completions-model.js";
 import { ModelError, type ModelChunk } from "../../services/runner/model.js";
+import { caAndServer } from "../helpers/certs.js";
 
 let server: RunningModelServer;
 let openai: OpenAI;
@@ -182,4 +189,62 @@ test("200 replies stream at once through one provider's pool: none waits for ano
     Math.max(...firsts) < Math.min(...ends),
     `every reply had begun before the first one ended (the last began ${(Math.max(...firsts) - Math.min(...ends)).toFixed(0)} ms after)`,
   );
+});
+
+describe("over HTTPS", () => {
+  let tlsServer: RunningModelServer;
+  let dir: string;
+  before(async () => {
+    dir = await mkdtemp(path.join(os.tmpdir(), "troupe-scripted-tls-"));
+    caAndServer(dir, "model");
+    const tls = { cert: await readFile(path.join(dir, "model.pem")), key: await readFile(path.join(dir, "model.key")) };
+    tlsServer = await startScriptedModelServer({ port: 0, tls });
+  });
+  after(async () => {
+    await tlsServer.close();
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  /** A streamed chat request on `session`: the body read, and the stream's RST_STREAM code (0: none). */
+  function ask(session: http2.ClientHttp2Session, content: string): Promise<{ body: string; rstCode: number }> {
+    const req = session.request({
+      ":method": "POST",
+      ":path": "/v1/chat/completions",
+      "content-type": "application/json",
+    });
+    req.end(JSON.stringify({ model: "scripted-1", stream: true, messages: [{ role: "user", content }] }));
+    let body = "";
+    req.setEncoding("utf8").on("data", (d: string) => (body += d));
+    req.on("error", () => undefined); // a reset stream errors; its rstCode says how it ended
+    return new Promise((resolve) => req.on("close", () => resolve({ body, rstCode: req.rstCode ?? 0 })));
+  }
+
+  test("h2 is offered first; a cut reply resets its own stream, the connection's other reply completes", async () => {
+    const session = http2.connect(`https://127.0.0.1:${tlsServer.port}`, {
+      ca: await readFile(path.join(dir, "model-ca.pem")),
+    });
+    await once(session, "connect");
+    assert.equal(session.alpnProtocol, "h2");
+    const [cut, whole] = await Promise.all([ask(session, "!cut 3 rate=50"), ask(session, "!tokens 10 rate=50")]);
+    assert.equal(cut.rstCode, http2.constants.NGHTTP2_INTERNAL_ERROR);
+    assert.equal(cut.body.match(/"content":"t\d+ ?"/g)?.length, 3);
+    assert.equal(whole.rstCode, 0);
+    assert.match(whole.body, /"finish_reason":"stop"[\s\S]*data: \[DONE\]\n\n$/);
+    assert.equal(whole.body.match(/"content":"t\d+ ?"/g)?.length, 10);
+    assert.equal(session.closed || session.destroyed, false, "the connection outlived the cut");
+    session.close();
+  });
+
+  test("a client that offers only http/1.1 is answered over it", async () => {
+    const ca = await readFile(path.join(dir, "model-ca.pem"));
+    const { status, version } = await new Promise<{ status?: number; version: string }>((resolve, reject) =>
+      https
+        .get(`https://127.0.0.1:${tlsServer.port}/v1/models`, { ca }, (res) => {
+          res.resume();
+          resolve({ status: res.statusCode, version: res.httpVersion });
+        })
+        .on("error", reject),
+    );
+    assert.deepEqual({ status, version }, { status: 200, version: "1.1" });
+  });
 });

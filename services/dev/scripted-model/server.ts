@@ -1,8 +1,12 @@
 // The scripted model's HTTP side: the OpenAI API's endpoints (chat completions, streamed as SSE or
 // not, embeddings, models), requests checked as the API checks them (tool message pairing), and the
-// replies the rules (rules.ts) choose, written with backpressure.
+// replies the rules (rules.ts) choose, written with backpressure. Plain HTTP/1.1 by default, as
+// local model servers speak; with a certificate, HTTPS offering h2 then http/1.1 by ALPN, as hosted
+// APIs are reached (bench/stream --model-tls measures that path).
 import http from "node:http";
+import http2 from "node:http2";
 import { once } from "node:events";
+import type { Socket } from "node:net";
 import { HASH_EMBEDDING_DIM, hashEmbedding } from "../../shared/hash-embedding.js";
 import { ScriptedModel, contentText, nowMs, type InMessage, type Reply, type ScriptedModelOptions } from "./rules.js";
 
@@ -58,9 +62,10 @@ async function streamReply(
 ) {
   const id = `chatcmpl-${Date.now().toString(36)}${Math.random().toString(36).slice(2, 8)}`;
   const created = Math.floor(Date.now() / 1000);
-  res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache", connection: "keep-alive" });
+  // No connection header: HTTP/1.1 keeps the connection alive by default, and HTTP/2 forbids it.
+  res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache" });
   let aborted = false;
-  res.on("close", () => (aborted = !res.writableFinished));
+  res.on("close", () => (aborted = !res.writableEnded));
   const pause = reply.rate > 0 ? 1000 / reply.rate : 0;
   const wait = () => (pause > 0 ? new Promise((r) => setTimeout(r, pause)) : undefined);
   // Unpaced, a reply is one burst: chunks are gathered and written up to 16 KiB at a time, the
@@ -92,7 +97,7 @@ async function streamReply(
     if (aborted) return;
     if (reply.cutAfter !== undefined && written >= reply.cutAfter) {
       await flush();
-      res.socket?.destroy();
+      cut(res);
       return;
     }
     await send({ content: reply.stamp ? `@${nowMs().toFixed(3)} ` : t });
@@ -120,6 +125,13 @@ async function streamReply(
   }
   await flush();
   res.end("data: [DONE]\n\n");
+}
+
+/** Breaks a reply off mid-stream: its connection closed (HTTP/1.1), or its stream reset (HTTP/2). */
+function cut(res: http.ServerResponse): void {
+  const stream = (res as unknown as Partial<http2.Http2ServerResponse>).stream;
+  if (stream) stream.close(http2.constants.NGHTTP2_INTERNAL_ERROR);
+  else res.socket?.destroy();
 }
 
 function completeReply(res: http.ServerResponse, reply: Reply, model: string, promptTokens: number) {
@@ -158,9 +170,16 @@ export interface RunningModelServer {
   close(): Promise<void>;
 }
 
-export async function startScriptedModelServer(options: ScriptedModelOptions = {}): Promise<RunningModelServer> {
+export interface ScriptedServerOptions extends ScriptedModelOptions {
+  /** Serve HTTPS with this certificate and key (PEM), h2 and http/1.1 offered. */
+  tls?: { cert: Buffer; key: Buffer };
+}
+
+export async function startScriptedModelServer(options: ScriptedServerOptions = {}): Promise<RunningModelServer> {
   const model = new ScriptedModel(options.tokenRate ?? 0);
-  const server = http.createServer(async (req, res) => {
+  // node:http2's compatibility request and response take every call made here, so one handler
+  // serves both versions.
+  const handle = async (req: http.IncomingMessage, res: http.ServerResponse) => {
     try {
       const url = new URL(req.url ?? "/", "http://x");
       if (req.method === "GET" && url.pathname === "/healthz") return sendJson(res, 200, { ok: true });
@@ -228,8 +247,15 @@ export async function startScriptedModelServer(options: ScriptedModelOptions = {
         sendJson(res, 400, { error: { message: (err as Error).message, type: "invalid_request_error" } });
       else res.destroy();
     }
+  };
+  const server = options.tls
+    ? http2.createSecureServer({ ...options.tls, allowHTTP1: true }, handle as never)
+    : Object.assign(http.createServer(handle), { keepAliveTimeout: 60_000 });
+  const sockets = new Set<Socket>();
+  server.on("connection", (socket: Socket) => {
+    sockets.add(socket);
+    socket.on("close", () => sockets.delete(socket));
   });
-  server.keepAliveTimeout = 60_000;
   server.listen(options.port ?? 0, options.host ?? "127.0.0.1");
   await once(server, "listening");
   const port = (server.address() as { port: number }).port;
@@ -237,7 +263,7 @@ export async function startScriptedModelServer(options: ScriptedModelOptions = {
     port,
     close: () =>
       new Promise((resolve) => {
-        server.closeAllConnections();
+        for (const socket of sockets) socket.destroy();
         server.close(() => resolve());
       }),
   };
