@@ -11,7 +11,10 @@ import os from "node:os";
 import path from "node:path";
 import { StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { caAndServer } from "./helpers/certs.js";
+import { AnthropicApiServer } from "./helpers/anthropic-api.js";
+import type { ApiServer } from "./helpers/api-server.js";
 import { ChatApiServer, type ChatBody } from "./helpers/openai-api.js";
+import { ResponsesApiServer } from "./helpers/responses-api.js";
 import { ChatSession } from "./helpers/session.js";
 import { startStack, type Stack } from "./helpers/stack.js";
 import { endOf, of, replyOf } from "./helpers/turn-stack.js";
@@ -31,12 +34,14 @@ function reply(body: ChatBody) {
 }
 
 let provider: ChatApiServer;
+let responses: ResponsesApiServer;
+let anthropic: AnthropicApiServer;
 let stack: Stack;
 let dir: string;
 
-async function open(): Promise<ChatSession> {
+async function open(agentId = "main"): Promise<ChatSession> {
   const s = new ChatSession(stack.gateway);
-  s.send({ case: "open", value: { agentId: "main", create: true } });
+  s.send({ case: "open", value: { agentId, create: true } });
   await s.waitOpened();
   return s;
 }
@@ -52,20 +57,41 @@ before(async () => {
     key: await readFile(path.join(dir, "provider.key")),
   };
   provider = await new ChatApiServer({ flavour: "openai", apiKey: KEY, reply }).start("127.0.0.1", tls);
+  responses = await new ResponsesApiServer({
+    apiKey: KEY,
+    reply: (b) =>
+      b.input.some((i) => i.type === "function_call_output")
+        ? { text: "noted through the Responses API" }
+        : { calls: [{ name: "memory_save", arguments: { text: "bees" } }] },
+  }).start("127.0.0.1", tls);
+  anthropic = await new AnthropicApiServer({
+    apiKey: KEY,
+    reply: (b) =>
+      JSON.stringify(b.messages).includes('"tool_result"')
+        ? { text: "noted through the Messages API" }
+        : { calls: [{ name: "memory_save", input: { text: "bees" } }] },
+  }).start("127.0.0.1", tls);
+  const key = { env: "TROUPE_TEST_PROVIDER_KEY" };
   const providersFile = path.join(dir, "providers.json");
   await writeFile(
     providersFile,
     JSON.stringify({
-      providers: { hosted: { kind: "openai", baseUrl: provider.baseUrl, apiKey: { env: "TROUPE_TEST_PROVIDER_KEY" } } },
+      providers: {
+        hosted: { kind: "openai", baseUrl: provider.baseUrl, apiKey: key },
+        responses: { kind: "openai-responses", baseUrl: responses.baseUrl, apiKey: key },
+        claude: { kind: "anthropic", baseUrl: anthropic.baseUrl, apiKey: key },
+      },
       default: "hosted",
     }),
   );
-  await mkdir(path.join(dir, "agents", "main"), { recursive: true });
+  const agent = async (id: string, config: object) => {
+    await mkdir(path.join(dir, "agents", id), { recursive: true });
+    await writeFile(path.join(dir, "agents", id, "agent.json"), JSON.stringify(config));
+  };
   // One attempt per call: a cut reply must show as the turn's error, not be hidden by a retry.
-  await writeFile(
-    path.join(dir, "agents", "main", "agent.json"),
-    JSON.stringify({ model: "hosted/gpt-4.1-mini", retry: { maxRetries: 0 } }),
-  );
+  await agent("main", { model: "hosted/gpt-4.1-mini", retry: { maxRetries: 0 } });
+  await agent("reasoner", { model: "responses/gpt-5-mini", reasoningEffort: "medium" });
+  await agent("claude", { model: "claude/claude-sonnet-4-6", reasoningEffort: "low" });
   stack = await startStack({
     dataDir: dir,
     env: {
@@ -80,7 +106,7 @@ before(async () => {
 });
 after(async () => {
   await stack?.stop();
-  await provider?.close();
+  await Promise.all([provider?.close(), responses?.close(), anthropic?.close()]);
   await rm(dir, { recursive: true, force: true });
 });
 
@@ -97,8 +123,25 @@ describe("a provider that speaks HTTP/2", () => {
     assert.deepEqual(new Set(provider.httpVersions), new Set(["2.0"]));
   });
 
+  for (const [kind, agentId, server, answer] of [
+    ["Responses API", "reasoner", () => responses, "noted through the Responses API"],
+    ["Anthropic Messages API", "claude", () => anthropic, "noted through the Messages API"],
+  ] as const) {
+    test(`the ${kind}: a turn with a tool call completes over HTTP/2, every request accepted`, async () => {
+      const api: ApiServer = server();
+      const s = await open(agentId);
+      const events = await s.turn("remember that I keep bees", 30_000);
+      s.close();
+      assert.equal(endOf(events).stopReason, StopReason.COMPLETED, JSON.stringify(of(events, "error")));
+      assert.equal(replyOf(events), answer);
+      assert.deepEqual(api.refused, []);
+      assert.ok(api.httpVersions.length >= 2);
+      assert.deepEqual(new Set(api.httpVersions), new Set(["2.0"]));
+    });
+  }
+
   test("ten sessions streaming at once share one connection", async () => {
-    provider.eventGapMs = 40;
+    provider.eventGapMs = 100; // each reply lasts over a second: all ten overlap
     const sessions = await Promise.all(Array.from({ length: 10 }, open));
     const turns = await Promise.all(sessions.map((s) => s.turn("say your words", 30_000)));
     for (const s of sessions) s.close();
