@@ -34,6 +34,8 @@ function reply(body: ChatBody) {
 }
 
 let provider: ChatApiServer;
+/** Allows 4 streams per connection, as some edges allow fewer than undici's 100. */
+let narrow: ChatApiServer;
 let responses: ResponsesApiServer;
 let anthropic: AnthropicApiServer;
 let stack: Stack;
@@ -57,6 +59,10 @@ before(async () => {
     key: await readFile(path.join(dir, "provider.key")),
   };
   provider = await new ChatApiServer({ flavour: "openai", apiKey: KEY, reply }).start("127.0.0.1", tls);
+  narrow = await new ChatApiServer({ flavour: "openai", apiKey: KEY, reply }).start("127.0.0.1", {
+    ...tls,
+    maxConcurrentStreams: 4,
+  });
   responses = await new ResponsesApiServer({
     apiKey: KEY,
     reply: (b) =>
@@ -78,6 +84,7 @@ before(async () => {
     JSON.stringify({
       providers: {
         hosted: { kind: "openai", baseUrl: provider.baseUrl, apiKey: key },
+        narrow: { kind: "openai", baseUrl: narrow.baseUrl, apiKey: key },
         responses: { kind: "openai-responses", baseUrl: responses.baseUrl, apiKey: key },
         claude: { kind: "anthropic", baseUrl: anthropic.baseUrl, apiKey: key },
       },
@@ -90,6 +97,7 @@ before(async () => {
   };
   // One attempt per call: a cut reply must show as the turn's error, not be hidden by a retry.
   await agent("main", { model: "hosted/gpt-4.1-mini", retry: { maxRetries: 0 } });
+  await agent("narrow", { model: "narrow/gpt-4.1-mini" });
   await agent("reasoner", { model: "responses/gpt-5-mini", reasoningEffort: "medium" });
   await agent("claude", { model: "claude/claude-sonnet-4-6", reasoningEffort: "low" });
   stack = await startStack({
@@ -106,7 +114,7 @@ before(async () => {
 });
 after(async () => {
   await stack?.stop();
-  await Promise.all([provider?.close(), responses?.close(), anthropic?.close()]);
+  await Promise.all([provider?.close(), narrow?.close(), responses?.close(), anthropic?.close()]);
   await rm(dir, { recursive: true, force: true });
 });
 
@@ -147,6 +155,28 @@ describe("a provider that speaks HTTP/2", () => {
     for (const s of sessions) s.close();
     for (const events of turns) assert.equal(replyOf(events), WORDS);
     assert.ok(provider.streamsAtOnce >= 10, `at most ${provider.streamsAtOnce} replies on one connection at once`);
+  });
+
+  test("a provider allowing 4 streams a connection: ten sessions stream at once on more connections", async () => {
+    narrow.eventGapMs = 100;
+    const sessions = await Promise.all(Array.from({ length: 10 }, () => open("narrow")));
+    const firsts: number[] = [];
+    const turns = await Promise.all(
+      sessions.map(async (s) => {
+        const from = s.events.length;
+        s.prompt("say your words");
+        await s.until(() => deltas(s) >= 1, 20_000);
+        firsts.push(Date.now());
+        await s.waitForPayload("agentEnd", 30_000, from);
+        return { events: s.events.slice(from), ended: Date.now() };
+      }),
+    );
+    for (const s of sessions) s.close();
+    for (const t of turns) assert.equal(replyOf(t.events), WORDS);
+    // None waited for another's reply to end: the pool opened connections past the server's limit.
+    assert.ok(Math.max(...firsts) < Math.min(...turns.map((t) => t.ended)), "every reply began before the first ended");
+    assert.ok(narrow.streamsAtOnce <= 4, `${narrow.streamsAtOnce} streams on one connection`);
+    assert.ok(narrow.connections >= 3, `${narrow.connections} connections`);
   });
 
   test("a GOAWAY mid-reply: the reply completes, the next turn opens a new connection", async () => {

@@ -7,10 +7,11 @@ import http2 from "node:http2";
 import type { AddressInfo, Socket } from "node:net";
 import type { ApiError } from "./openai-checks.js";
 
-/** A certificate and its key, PEM. */
+/** A certificate and its key, PEM; and the streams one HTTP/2 connection may carry (SETTINGS). */
 export interface TlsIdentity {
   cert: Buffer | string;
   key: Buffer | string;
+  maxConcurrentStreams?: number;
 }
 
 export abstract class ApiServer {
@@ -75,7 +76,15 @@ export abstract class ApiServer {
       req.on("end", () => this.handle(req as http.IncomingMessage, Buffer.concat(chunks).toString("utf8"), response));
     };
     this.server = tls
-      ? http2.createSecureServer({ ...tls, allowHTTP1: true }, onRequest)
+      ? http2.createSecureServer(
+          {
+            cert: tls.cert,
+            key: tls.key,
+            allowHTTP1: true,
+            settings: tls.maxConcurrentStreams ? { maxConcurrentStreams: tls.maxConcurrentStreams } : {},
+          },
+          onRequest,
+        )
       : http.createServer(onRequest);
     this.server.on("connection", (socket: Socket) => {
       this.connections++;
