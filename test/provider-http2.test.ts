@@ -195,6 +195,24 @@ describe("a provider that speaks HTTP/2", () => {
     assert.equal(provider.connections - before, 1, "one new connection, after the GOAWAY");
   });
 
+  test("a GOAWAY refusing replies the provider never began: they are sent again, every one completes", async () => {
+    provider.eventGapMs = 100;
+    const sessions = await Promise.all(Array.from({ length: 10 }, () => open()));
+    const before = { connections: provider.connections, requests: provider.httpVersions.length };
+    provider.goAwayAtRequest = 6;
+    const turns = await Promise.all(sessions.map((s) => s.turn("say your words", 30_000)));
+    for (const s of sessions) s.close();
+    assert.equal(provider.goAwayAtRequest, undefined, "the GOAWAY went");
+    // The agent allows no retry: a refused request surfacing as an error would end its turn so
+    // (undici 8.5 failed them so: nodejs/undici#5468).
+    for (const events of turns) {
+      assert.deepEqual(of(events, "error"), []);
+      assert.equal(replyOf(events), WORDS);
+    }
+    assert.ok(provider.httpVersions.length - before.requests >= 15, "five requests came twice");
+    assert.ok(provider.connections > before.connections, "the refused ones on a new connection");
+  });
+
   test("a connection cut mid-reply: the turn ends in a retryable model error, the next completes", async () => {
     provider.eventGapMs = 60;
     const s = await open();

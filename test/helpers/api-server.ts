@@ -37,6 +37,13 @@ export abstract class ApiServer {
    * held open), or after `junk` bytes of SSE comments following the final event.
    */
   bodyEnd: "together" | "never" | number | { junk: number } = "together";
+  /**
+   * Set, the n-th HTTP/2 request from now makes its connection send GOAWAY naming the first of
+   * them as the last stream it took: the 2nd to n-th (and any sent after) are refused unprocessed,
+   * which RFC 9113 (section 8.7) lets a client send again. Cleared once sent.
+   */
+  goAwayAtRequest?: number;
+  private goAwayArmed?: { count: number; lastTaken: number };
   private server?: http.Server | http2.Http2SecureServer;
   private readonly sockets = new Set<Socket>();
   private readonly sessions = new Set<http2.ServerHttp2Session>();
@@ -62,6 +69,7 @@ export abstract class ApiServer {
       this.httpVersions.push(req.httpVersion);
       const response = res as http.ServerResponse;
       const session = "stream" in req ? req.stream.session : undefined;
+      if (session && this.refusedByGoAway(req as http2.Http2ServerRequest)) return;
       if (session) {
         const open = (this.openStreams.get(session) ?? 0) + 1;
         this.openStreams.set(session, open);
@@ -97,6 +105,22 @@ export abstract class ApiServer {
     });
     await new Promise<void>((resolve) => this.server!.listen(0, host, resolve));
     return this;
+  }
+
+  /** Whether this request is one a GOAWAY (goAwayAtRequest) refuses: held unanswered until it goes. */
+  private refusedByGoAway(req: http2.Http2ServerRequest): boolean {
+    if (!this.goAwayAtRequest) return false;
+    const { stream } = req;
+    if (!this.goAwayArmed) {
+      this.goAwayArmed = { count: 1, lastTaken: stream.id ?? 0 };
+      return false;
+    }
+    stream.on("error", () => undefined); // nghttp2 resets it with REFUSED_STREAM
+    if (++this.goAwayArmed.count === this.goAwayAtRequest) {
+      stream.session?.goaway(http2.constants.NGHTTP2_NO_ERROR, this.goAwayArmed.lastTaken);
+      this.goAwayAtRequest = this.goAwayArmed = undefined;
+    }
+    return true;
   }
 
   /**
