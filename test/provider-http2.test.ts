@@ -1,9 +1,11 @@
-// A provider reached over HTTPS that offers h2 by ALPN, as hosted APIs are: undici, the runner's
-// HTTP client, then speaks HTTP/2, and every session's reply from that provider shares a few
-// connections. The provider conformance servers elsewhere speak plain HTTP/1.1, so this is the only
-// place the HTTP/2 path runs. What the other side may do is RFC 9113's: a GOAWAY closes a
-// connection gracefully, the streams it names still answered in full (section 6.8); a connection
-// can also just end, streams and all. Real processes; the provider is helpers/openai-api.ts over TLS.
+// Providers reached over HTTPS that offer h2 by ALPN, as hosted APIs are: undici, the runner's
+// HTTP client, then speaks HTTP/2, and the replies from one provider share a few connections. The
+// provider conformance servers elsewhere speak plain HTTP/1.1, so this is where the HTTP/2 path
+// runs, for the three chat kinds. What the other side may do is RFC 9113's: a GOAWAY closes a
+// connection gracefully, the streams it names still answered in full (section 6.8), and any sent
+// after them refused unprocessed, which a client may send again (section 8.7); SETTINGS may allow
+// fewer streams than the client would use; a connection can also just end, streams and all.
+// Real processes; the providers are helpers/openai-api.ts, responses-api.ts and anthropic-api.ts.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
