@@ -172,11 +172,11 @@ const clientCpuMs = () => {
 };
 const SERVICE_KEYS = ["gateway", "router", "runner", "memory", "sandbox"];
 
-const certDir = await mkdtemp(path.join(os.tmpdir(), "troupe-bench-model-"));
-if (values["model-tls"]) caAndServer(certDir, "model");
+const certDir = values["model-tls"] ? await mkdtemp(path.join(os.tmpdir(), "troupe-bench-model-")) : undefined;
+if (certDir) caAndServer(certDir, "model");
 const stack = await startStack({
   env: { ...LOAD_QUOTAS, TROUPE_LOG_LEVEL: "warn", ...JSON.parse(process.env.BENCH_ENV ?? "{}") },
-  modelServerTls: values["model-tls"]
+  modelServerTls: certDir
     ? {
         cert: path.join(certDir, "model.pem"),
         key: path.join(certDir, "model.key"),
@@ -185,7 +185,7 @@ const stack = await startStack({
     : undefined,
 });
 try {
-  const model = values["model-tls"] ? "h2" : "http1";
+  const model = certDir ? "h2" : "http1";
   console.log(
     `the scripted model server: ${model === "h2" ? "HTTPS, h2 offered (as hosted APIs)" : "plain HTTP/1.1 (as local model servers)"}`,
   );
@@ -295,5 +295,5 @@ try {
   console.log(`RESULT ${order.map((k) => `${k}=${result[k]}`).join(" ")}`);
 } finally {
   await stack.stop();
-  await rm(certDir, { recursive: true, force: true });
+  if (certDir) await rm(certDir, { recursive: true, force: true });
 }

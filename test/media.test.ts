@@ -5,7 +5,7 @@
 // address the guard refuses is left out while the message still goes in.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
-import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import os from "node:os";
@@ -13,7 +13,7 @@ import path from "node:path";
 import { Role } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { AnthropicApiServer, type AnthropicBody } from "./helpers/anthropic-api.js";
 import { ChatApiServer, type ChatBody } from "./helpers/openai-api.js";
-import { startStack, waitFor, type Stack } from "./helpers/stack.js";
+import { startStack, waitFor, writeAgent, type Stack } from "./helpers/stack.js";
 
 const KEY = "sk-test-media";
 /** A real 1x1 PNG. */
@@ -79,8 +79,7 @@ before(async () => {
     ["blind", "openai/gpt-3.5-turbo"],
     ["claude", "claude/claude-sonnet-4-6"],
   ]) {
-    await mkdir(path.join(dataDir, "agents", id!), { recursive: true });
-    await writeFile(path.join(dataDir, "agents", id!, "agent.json"), JSON.stringify({ model }));
+    await writeAgent(dataDir, id!, { model });
   }
   await writeFile(
     path.join(dataDir, "routing.json"),

@@ -8,7 +8,7 @@
 // Real processes; the providers are helpers/openai-api.ts, responses-api.ts and anthropic-api.ts.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
@@ -18,7 +18,7 @@ import type { ApiServer } from "./helpers/api-server.js";
 import { ChatApiServer, type ChatBody } from "./helpers/openai-api.js";
 import { ResponsesApiServer } from "./helpers/responses-api.js";
 import { ChatSession } from "./helpers/session.js";
-import { startStack, type Stack } from "./helpers/stack.js";
+import { startStack, writeAgent, type Stack } from "./helpers/stack.js";
 import { endOf, of, replyOf } from "./helpers/turn-stack.js";
 
 const KEY = "sk-e2e-http2";
@@ -93,10 +93,7 @@ before(async () => {
       default: "hosted",
     }),
   );
-  const agent = async (id: string, config: object) => {
-    await mkdir(path.join(dir, "agents", id), { recursive: true });
-    await writeFile(path.join(dir, "agents", id, "agent.json"), JSON.stringify(config));
-  };
+  const agent = (id: string, config: object) => writeAgent(dir, id, config);
   // One attempt per call: a cut reply must show as the turn's error, not be hidden by a retry.
   await agent("main", { model: "hosted/gpt-4.1-mini", retry: { maxRetries: 0 } });
   await agent("narrow", { model: "narrow/gpt-4.1-mini" });

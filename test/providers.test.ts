@@ -5,7 +5,7 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
-import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { promisify } from "node:util";
@@ -15,7 +15,7 @@ import { ChatApiServer, type ChatBody } from "./helpers/openai-api.js";
 import { ResponsesApiServer } from "./helpers/responses-api.js";
 import { AnthropicApiServer } from "./helpers/anthropic-api.js";
 import { ChatSession } from "./helpers/session.js";
-import { MAIN, startStack, waitFor, type Stack } from "./helpers/stack.js";
+import { MAIN, startStack, waitFor, writeAgent, type Stack } from "./helpers/stack.js";
 import { endOf, of, replyOf } from "./helpers/turn-stack.js";
 
 const run = promisify(execFile);
@@ -84,10 +84,7 @@ before(async () => {
       default: "openai",
     }),
   );
-  const agent = async (id: string, config: object) => {
-    await mkdir(path.join(dataDir, "agents", id), { recursive: true });
-    await writeFile(path.join(dataDir, "agents", id, "agent.json"), JSON.stringify(config));
-  };
+  const agent = (id: string, config: object) => writeAgent(dataDir, id, config);
   await agent("main", { model: "openai/gpt-5-mini", reasoningEffort: "low", temperature: 0.3 });
   await agent("failover", {
     model: "down/gpt-4.1-mini",

@@ -4,7 +4,7 @@ import { execFile, spawn, type ChildProcess } from "node:child_process";
 import { readFileSync } from "node:fs";
 import https from "node:https";
 import { promisify } from "node:util";
-import { mkdtemp, readFile, rm } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -116,14 +116,19 @@ export interface StackOptions {
 }
 
 /** Whether the model server at `addr` answers its health check (over HTTPS trusting `ca`, if given). */
-async function modelServerUp(addr: string, ca?: string): Promise<boolean> {
+async function modelServerUp(addr: string, ca?: Buffer): Promise<boolean> {
   if (!ca) return (await fetch(`http://${addr}/healthz`)).ok;
-  const caPem = await readFile(ca);
   return new Promise((resolve, reject) =>
     https
-      .get(`https://${addr}/healthz`, { ca: caPem }, (res) => (res.resume(), resolve(res.statusCode === 200)))
+      .get(`https://${addr}/healthz`, { ca }, (res) => (res.resume(), resolve(res.statusCode === 200)))
       .on("error", reject),
   );
+}
+
+/** Writes agent `id`'s agent.json under `dataDir`, as an operator would before the stack starts. */
+export async function writeAgent(dataDir: string, id: string, config: object): Promise<void> {
+  await mkdir(path.join(dataDir, "agents", id), { recursive: true });
+  await writeFile(path.join(dataDir, "agents", id, "agent.json"), JSON.stringify(config));
 }
 
 /** The flags that give a process the stack's addresses; no HTTP face unless addr.http is set. */
@@ -330,7 +335,8 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
     });
     procs.set(key, proc);
     if (name === "model-server") {
-      await waitFor("the model server", () => modelServerUp(at[name], modelTls?.ca));
+      const ca = modelTls ? await readFile(modelTls.ca) : undefined;
+      await waitFor("the model server", () => modelServerUp(at[name], ca));
     } else {
       // A process that exits first (its port taken, a bad flag) fails the start at once, with its logs.
       const exited = new Promise<never>((_, reject) =>

@@ -249,7 +249,10 @@ export async function startScriptedModelServer(options: ScriptedServerOptions = 
     }
   };
   const server = options.tls
-    ? http2.createSecureServer({ ...options.tls, allowHTTP1: true }, handle as never)
+    ? http2.createSecureServer(
+        { ...options.tls, allowHTTP1: true },
+        handle as unknown as (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => void,
+      )
     : Object.assign(http.createServer(handle), { keepAliveTimeout: 60_000 });
   const sockets = new Set<Socket>();
   server.on("connection", (socket: Socket) => {
