@@ -9,14 +9,26 @@ import net from "node:net";
 import { Code, ConnectError, createClient, type Client } from "@connectrpc/connect";
 import { createConnectTransport, createGrpcWebTransport } from "@connectrpc/connect-node";
 import { GatewayService } from "../services/shared/gen/troupe/v1/gateway_pb.js";
-import { startStack, type Stack } from "./helpers/stack.js";
+import { freePort, startStack, waitFor, type Stack } from "./helpers/stack.js";
 
 let stack: Stack;
 let base = "";
 const CONSOLE = "https://console.example";
+const DEADLINE = { firstByte: 800, head: 1200, body: 1200, idle: 1500 };
 
 before(async () => {
-  stack = await startStack({ env: { TROUPE_SANDBOX_POOL: "0", TROUPE_MEMORY_LEARN: "0", TROUPE_HTTP_CORS: CONSOLE } });
+  stack = await startStack({
+    env: {
+      TROUPE_SANDBOX_POOL: "0",
+      TROUPE_MEMORY_LEARN: "0",
+      TROUPE_HTTP_CORS: CONSOLE,
+      // Short deadlines, so that the tests of them are quick; the other tests live within them.
+      TROUPE_HTTP_FIRST_BYTE_MS: String(DEADLINE.firstByte),
+      TROUPE_HTTP_HEAD_MS: String(DEADLINE.head),
+      TROUPE_HTTP_BODY_MS: String(DEADLINE.body),
+      TROUPE_HTTP_IDLE_MS: String(DEADLINE.idle),
+    },
+  });
   base = `http://${stack.addr.http}`;
 });
 after(async () => {
@@ -174,7 +186,9 @@ describe("the HTTP face of the gateway", () => {
     assert.equal((await post("ListSessions", {})).status, 200);
     const health = await fetch(`${base}/healthz`);
     assert.equal(await health.text(), "ok\n");
-    assert.equal((await fetch(`${base}/nowhere`)).status, 404);
+    // A route nobody serves: a keyless caller learns nothing of it, a keyed one that it is not there.
+    assert.equal((await fetch(`${base}/nowhere`)).status, 401);
+    assert.equal((await fetch(`${base}/nowhere`, { headers: auth() })).status, 404);
   });
 
   test("without a valid key a call is refused before its body is read, in each protocol, as on gRPC", async () => {
@@ -293,5 +307,230 @@ describe("the HTTP face of the gateway", () => {
       body: "{}",
     });
     assert.equal(call.headers.get("access-control-allow-origin"), CONSOLE);
+  });
+});
+
+/** A raw connection to the edge's HTTP port, as anyone on the network may open one. */
+function rawSocket(): Promise<net.Socket> {
+  const [host, port] = [stack.addr.http.split(":")[0], Number(stack.addr.http.split(":")[1])];
+  return new Promise((resolve, reject) => {
+    const socket = net.connect(port, host, () => resolve(socket));
+    socket.on("error", reject);
+  });
+}
+
+/** Everything the server sent until it closed the connection, and how long after `since` it closed. */
+function untilClosed(socket: net.Socket, since = performance.now()): Promise<{ got: string; afterMs: number }> {
+  let got = "";
+  socket.on("data", (d) => (got += d.toString("latin1")));
+  socket.on("error", () => undefined);
+  return new Promise((resolve) => socket.on("close", () => resolve({ got, afterMs: performance.now() - since })));
+}
+
+describe("connections cannot be held open", () => {
+  test("a silent connection is closed at the first-byte deadline; half a head at the head deadline", async () => {
+    const silent = await rawSocket();
+    const closed = await untilClosed(silent);
+    assert.equal(closed.got, "");
+    assert.ok(
+      closed.afterMs >= DEADLINE.firstByte - 50 && closed.afterMs < DEADLINE.firstByte + 1000,
+      `${closed.afterMs}`,
+    );
+
+    // A head sent a header at a time, each well within any inactivity timer: the head's own
+    // deadline closes it all the same, keyless and unanswered.
+    const slow = await rawSocket();
+    const start = performance.now();
+    const done = untilClosed(slow, start);
+    slow.write("POST /v1/chat/completions HTTP/1.1\r\nHost: troupe\r\n");
+    const drip = setInterval(() => slow.writable && slow.write(`x-drip-${Math.random()}: 1\r\n`), 200);
+    const held = await done;
+    clearInterval(drip);
+    assert.ok(held.afterMs < DEADLINE.head + 1000, `the half head held the connection ${held.afterMs} ms`);
+    assert.equal(held.got, "");
+  });
+
+  test("HTTP/2: a session that opens no stream is closed, and one idle after its streams", async () => {
+    const session = http2.connect(base);
+    const start = performance.now();
+    const closed = await new Promise<number>((resolve) => {
+      session.on("error", () => undefined);
+      session.on("close", () => resolve(performance.now() - start));
+    });
+    assert.ok(closed < DEADLINE.head + 1000, `a streamless session lived ${closed} ms`);
+
+    const used = http2.connect(base);
+    used.on("error", () => undefined);
+    const status = await new Promise<number>((resolve, reject) => {
+      const req = used.request({ ":method": "GET", ":path": "/healthz" });
+      req.on("response", (h) => resolve(Number(h[":status"])));
+      req.on("error", reject);
+      req.resume();
+      req.end();
+    });
+    assert.equal(status, 200);
+    const idleFrom = performance.now();
+    const idled = await new Promise<number>((resolve) => used.on("close", () => resolve(performance.now() - idleFrom)));
+    assert.ok(idled >= DEADLINE.idle - 100 && idled < DEADLINE.idle + 1000, `closed ${idled} ms after going idle`);
+  });
+
+  test("a body that does not come in time is answered 408, over HTTP/1.1 and HTTP/2", async () => {
+    const socket = await rawSocket();
+    const done = untilClosed(socket);
+    const head = `POST /troupe.v1.GatewayService/ListSessions HTTP/1.1\r\nHost: troupe\r\nContent-Type: application/json\r\nAuthorization: Bearer ${stack.apiKey}\r\nContent-Length: 100\r\n\r\n{`;
+    socket.write(head);
+    const { got, afterMs } = await done;
+    assert.match(got, /^HTTP\/1\.1 408 /);
+    assert.ok(afterMs >= DEADLINE.body - 50 && afterMs < DEADLINE.body + 1000, `${afterMs}`);
+
+    const h2 = http2.connect(base);
+    h2.on("error", () => undefined);
+    try {
+      const start = performance.now();
+      const [status, after] = await new Promise<[number, number]>((resolve, reject) => {
+        const req = h2.request({
+          ":method": "POST",
+          ":path": "/troupe.v1.GatewayService/ListSessions",
+          "content-type": "application/json",
+          authorization: `Bearer ${stack.apiKey}`,
+        });
+        req.on("response", (h) => resolve([Number(h[":status"]), performance.now() - start]));
+        req.on("error", reject);
+        req.write("{");
+      });
+      assert.equal(status, 408);
+      assert.ok(after < DEADLINE.body + 1000, `${after}`);
+    } finally {
+      h2.close();
+    }
+  });
+
+  test("a streamed answer outlives every deadline: Subscribe and a /v1 stream", async () => {
+    const created = await post("CreateSession", { agentId: "main" });
+    const sessionId = (created.json.session as { sessionId: string }).sessionId;
+    const sent = await post("SendMessage", { sessionId, frameId: "long", text: "!tokens 30 rate=10" });
+    const seq = Number((sent.json.accepted as { seq: string }).seq);
+    const start = performance.now();
+    const { events } = await subscribeRaw(sessionId, seq, (e) => "agentEnd" in e);
+    assert.ok(performance.now() - start > DEADLINE.idle + DEADLINE.body, "the stream lasted past the deadlines");
+    assert.equal(events.filter((e) => "messageUpdate" in e).length >= 30, true);
+
+    const v1 = await fetch(`${base}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json", ...auth() },
+      body: JSON.stringify({
+        model: "troupe/main",
+        stream: true,
+        messages: [{ role: "user", content: "!tokens 30 rate=10" }],
+      }),
+    });
+    assert.equal(v1.status, 200);
+    const text = await v1.text();
+    assert.match(text, /data: \[DONE\]/);
+    assert.equal((text.match(/"content":"[^"]/g) ?? []).length >= 30, true);
+  });
+
+  test("the key before the body: a keyless 3 MB /v1 request is answered 401 with its body unsent", async () => {
+    const big = 3 * 1024 * 1024;
+    // The head alone, the body held back: the answer comes without it.
+    const plain = await rawSocket();
+    const answered = new Promise<string>((resolve) => {
+      let got = "";
+      plain.on("data", (d) => {
+        got += d.toString("latin1");
+        if (got.includes("\r\n\r\n") && got.includes("}")) resolve(got);
+      });
+    });
+    plain.write(
+      `POST /v1/chat/completions HTTP/1.1\r\nHost: troupe\r\nContent-Type: application/json\r\nContent-Length: ${big}\r\n\r\n`,
+    );
+    const reply = await answered;
+    assert.match(reply, /^HTTP\/1\.1 401 /);
+    assert.match(reply, /"code":"invalid_api_key"/);
+    plain.destroy();
+
+    // Expect: 100-continue, as curl sends a large body: no 100 Continue, the refusal, the close.
+    const expecting = await rawSocket();
+    const closed = untilClosed(expecting);
+    expecting.write(
+      `POST /v1/chat/completions HTTP/1.1\r\nHost: troupe\r\nAuthorization: Bearer not-a-key\r\nContent-Type: application/json\r\nContent-Length: ${big}\r\nExpect: 100-continue\r\n\r\n`,
+    );
+    const { got } = await closed;
+    assert.doesNotMatch(got, /100 Continue/);
+    assert.match(got, /^HTTP\/1\.1 401 /);
+    assert.match(got, /unknown API key/);
+
+    // With a good key the client is told to go on.
+    const good = await rawSocket();
+    const continued = new Promise<string>((resolve) => {
+      let seen = "";
+      good.on("data", (d) => ((seen += d.toString("latin1")), seen.includes("\r\n\r\n") && resolve(seen)));
+    });
+    good.write(
+      `POST /v1/chat/completions HTTP/1.1\r\nHost: troupe\r\nAuthorization: Bearer ${stack.apiKey}\r\nContent-Type: application/json\r\nContent-Length: 10\r\nExpect: 100-continue\r\n\r\n`,
+    );
+    assert.match(await continued, /^HTTP\/1\.1 100 Continue/);
+    good.destroy();
+
+    // HTTP/2: the HEADERS alone, the body never sent.
+    const h2 = http2.connect(base);
+    h2.on("error", () => undefined);
+    try {
+      const [status, body] = await new Promise<[number, string]>((resolve, reject) => {
+        const req = h2.request({ ":method": "POST", ":path": "/v1/chat/completions", "content-length": String(big) });
+        let status = 0;
+        let body = "";
+        req.on("response", (h) => (status = Number(h[":status"])));
+        req.on("data", (d) => (body += d));
+        req.on("end", () => resolve([status, body]));
+        req.on("error", reject);
+      });
+      assert.equal(status, 401);
+      assert.match(body, /missing credentials/);
+    } finally {
+      h2.close();
+    }
+    // Every other route too, the console's API included; only the open ones answer keyless.
+    for (const path of ["/troupe.v1.AdminService/ListTenants", "/v1/models", "/anything/added/later"]) {
+      const r = await fetch(`${base}${path}`, { method: path.startsWith("/v1") ? "GET" : "POST" });
+      assert.equal(r.status, 401, path);
+    }
+    assert.equal((await fetch(`${base}/healthz`)).status, 200);
+    assert.equal((await fetch(`${base}/`)).status, 200);
+  });
+
+  test("open connections are capped: one over the cap is refused, logged and counted", async () => {
+    const http = `127.0.0.1:${await freePort()}`;
+    const metrics = `127.0.0.1:${await freePort()}`;
+    await stack.startInstance("capped-gateway", "gateway", {
+      addr: `127.0.0.1:${await freePort()}`,
+      // The last --http wins over the one the stack passes (off, for an extra gateway).
+      args: ["--metrics", metrics, "--http", http],
+      env: { TROUPE_HTTP_MAX_CONNECTIONS: "3", TROUPE_HTTP_FIRST_BYTE_MS: "60000" },
+    });
+    const [host, port] = [http.split(":")[0], Number(http.split(":")[1])];
+    const open = (): Promise<net.Socket> =>
+      new Promise((resolve, reject) => {
+        const s = net.connect(port, host, () => resolve(s));
+        s.on("error", reject);
+      });
+    const held = [await open(), await open(), await open()];
+    const over = await open();
+    const refused = await untilClosed(over);
+    assert.equal(refused.got, "");
+    assert.ok(refused.afterMs < 1000, `the connection over the cap lived ${refused.afterMs} ms`);
+    for (const s of held) assert.equal(s.destroyed, false, "the held connections stay");
+    for (const s of held) s.destroy();
+    await waitFor("the log line", async () =>
+      /refused connections: it holds TROUPE_HTTP_MAX_CONNECTIONS/.test(stack.logs()),
+    );
+    const scraped = await (await fetch(`http://${metrics}/metrics`)).text();
+    assert.match(scraped, /troupe_http_connections_refused_total\{[^}]*reason="max_connections"[^}]*\} [1-9]/);
+    // Below the cap again, it serves.
+    await waitFor(
+      "serving below the cap",
+      async () => (await fetch(`http://${http}/healthz`).catch(() => undefined))?.status === 200,
+    );
+    await stack.kill("capped-gateway");
   });
 });

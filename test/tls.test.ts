@@ -11,7 +11,9 @@ import path from "node:path";
 import { promisify } from "node:util";
 import { readFileSync } from "node:fs";
 import { request } from "node:https";
-import type { TLSSocket } from "node:tls";
+import http2 from "node:http2";
+import net from "node:net";
+import { connect as tlsConnect, type TLSSocket } from "node:tls";
 import { createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import { GatewayService } from "../services/shared/gen/troupe/v1/gateway_pb.js";
@@ -39,7 +41,13 @@ before(async () => {
   http = `127.0.0.1:${await freePort()}`;
   gateway = await stack.startInstance("gateway-tls", "gateway", {
     args: ["--http", http],
-    env: { TROUPE_TLS_CERT: f("server.pem"), TROUPE_TLS_KEY: f("server.key"), TROUPE_TLS_CA: f("first-ca.pem") },
+    env: {
+      TROUPE_TLS_CERT: f("server.pem"),
+      TROUPE_TLS_KEY: f("server.key"),
+      TROUPE_TLS_CA: f("first-ca.pem"),
+      TROUPE_HTTP_FIRST_BYTE_MS: "800",
+      TROUPE_HTTP_HEAD_MS: "1200",
+    },
   });
 });
 
@@ -132,6 +140,30 @@ test("the HTTP API over TLS: HTTP/1.1 and HTTP/2 (by ALPN) with the CA, refused 
     () => "refused",
   );
   assert.equal(plain, "refused", "plain HTTP on the TLS port");
+});
+
+test("over TLS too, no connection is held: a silent one, half a handshake, half a head, no stream", async () => {
+  const port = Number(http.split(":")[1]);
+  const closedWithin = (socket: net.Socket | TLSSocket) => {
+    const start = performance.now();
+    socket.on("error", () => undefined);
+    return new Promise<number>((resolve) => socket.on("close", () => resolve(performance.now() - start)));
+  };
+  const silent = net.connect(port, "127.0.0.1");
+  assert.ok((await closedWithin(silent)) < 800 + 1000, "a silent connection");
+  // A ClientHello's first bytes, then nothing: the handshake is due within the first-byte deadline.
+  const halfHello = net.connect(port, "127.0.0.1", () => halfHello.write(Buffer.from([0x16, 0x03, 0x01, 0x02, 0x00])));
+  assert.ok((await closedWithin(halfHello)) < 800 + 1000, "half a handshake");
+  const ca = readFileSync(f("first-ca.pem"));
+  const h1 = tlsConnect({ port, host: "127.0.0.1", servername: "localhost", ca, ALPNProtocols: ["http/1.1"] }, () =>
+    h1.write("GET /healthz HTTP/1.1\r\nHost: x\r\n"),
+  );
+  assert.ok((await closedWithin(h1)) < 1200 + 1000, "half a head over TLS");
+  const h2 = http2.connect(`https://localhost:${port}`, { ca });
+  h2.on("error", () => undefined);
+  const h2Start = performance.now();
+  await new Promise((resolve) => h2.on("close", resolve));
+  assert.ok(performance.now() - h2Start < 1200 + 1500, "a streamless HTTP/2 session");
 });
 
 test("a renewed certificate is served without a restart", async () => {

@@ -1,10 +1,10 @@
 // A call refused before its request is read, in the protocol the client spoke: how the HTTP edge
-// (http-edge.ts) answers a Connect or gRPC-Web request whose credentials the gateway refuses, the
+// (admission.ts) answers a Connect or gRPC-Web request whose credentials the gateway refuses, the
 // way the gRPC port refuses one before decoding its message (shared/rpc/server.ts). Written from
 // the protocols' published references, since connect-es exports its own writers only as
 // internals: https://connectrpc.com/docs/protocol (unary errors, the end-of-stream message) and
 // https://github.com/grpc/grpc/blob/master/doc/PROTOCOL-WEB.md (a trailers-only response).
-import type { NodeServerRequest, NodeServerResponse } from "./http-edge.js";
+import type { NodeServerRequest, NodeServerResponse } from "./http-answer.js";
 
 /** Connect's name and HTTP status for each gRPC code (connectrpc.com/docs/protocol#error-codes). */
 const CODES: Record<number, [string, number]> = {

@@ -13,28 +13,23 @@ import http from "node:http";
 import http2 from "node:http2";
 import net from "node:net";
 import { Code, ConnectError, type ConnectRouter, type HandlerContext } from "@connectrpc/connect";
-import { connectNodeAdapter, type ConnectNodeAdapterOptions } from "@connectrpc/connect-node";
+import { connectNodeAdapter } from "@connectrpc/connect-node";
 import { context } from "@opentelemetry/api";
 import type { DescService } from "@bufbuild/protobuf";
 import { AdminService } from "../shared/gen/troupe/v1/admin_pb.js";
 import { GatewayService } from "../shared/gen/troupe/v1/gateway_pb.js";
 import type { Authenticator } from "../shared/auth.js";
-import { toStatus } from "../shared/errors.js";
 import { splitHostPort } from "../shared/host-port.js";
 import { failure, type Logger } from "../shared/log.js";
-import { grpc, type ServiceClient } from "../shared/rpc.js";
+import type { ServiceClient } from "../shared/rpc.js";
 import { extractContext } from "../shared/telemetry.js";
-import { refuseCall } from "./connect-refusal.js";
+import { admission } from "./admission.js";
+import { ConnectionGuard, type ConnectionLimits } from "./connection-guard.js";
+import { answer, type NodeServerRequest, type NodeServerResponse } from "./http-answer.js";
+import { forwardedMetadata } from "./metadata.js";
 
 export type GatewayClient = ServiceClient<(typeof GatewayService)["method"]>;
 export type AdminClient = ServiceClient<(typeof AdminService)["method"]>;
-
-type NodeHandler = NonNullable<ConnectNodeAdapterOptions["fallback"]>;
-export type NodeServerRequest = Parameters<NodeHandler>[0];
-export type NodeServerResponse = Parameters<NodeHandler>[1];
-
-/** Headers passed on to the gRPC server as metadata: credentials and trace context. */
-const FORWARDED = ["authorization", "traceparent", "tracestate"];
 
 export interface HttpEdgeOptions {
   /** host:port to listen on. */
@@ -47,11 +42,15 @@ export interface HttpEdgeOptions {
   cors: string[];
   tls?: { certFile: string; keyFile: string };
   /**
-   * The gRPC server's own check of a call's credentials, made here too before a Connect or
-   * gRPC-Web request's body is read: as on the gRPC port, a caller without a valid key is told
+   * The gRPC server's own check of a call's credentials, made here before any route reads a
+   * request's body (admission.ts): as on the gRPC port, a caller without a valid key is told
    * so, not what else is wrong with its request, and costs no decoding.
    */
-  authenticate?: Authenticator;
+  authenticate: Authenticator;
+  /** Requests anyone may make besides /healthz (the console's files). */
+  isPublic?: (req: NodeServerRequest) => boolean;
+  /** Deadlines for every connection's bytes and a cap on their number (connection-guard.ts). */
+  connections: ConnectionLimits;
   /** Requests the Connect routes do not take (the OpenAI-compatible endpoint); false: not its. */
   fallback?: (req: NodeServerRequest, res: NodeServerResponse) => Promise<boolean>;
   logger: Logger;
@@ -59,18 +58,9 @@ export interface HttpEdgeOptions {
 
 export interface HttpEdge {
   port: number;
+  guard: ConnectionGuard;
   /** Stops accepting; open streams end within graceMs. */
   close(graceMs: number): Promise<void>;
-}
-
-/** Metadata for the gRPC call from an HTTP request's headers. */
-export function forwardedMetadata(headers: Headers | http.IncomingHttpHeaders): grpc.Metadata {
-  const metadata = new grpc.Metadata();
-  for (const name of FORWARDED) {
-    const value = headers instanceof Headers ? headers.get(name) : headers[name];
-    if (typeof value === "string" && value !== "") metadata.set(name, value);
-  }
-  return metadata;
 }
 
 /** A gRPC client's failure as Connect's: the same code, the same message. */
@@ -121,34 +111,6 @@ function passThrough(service: DescService, client: object) {
   return impl;
 }
 
-/** The Connect routes' paths: the two services' methods, as the gRPC port names them. */
-const ROUTE = /^\/troupe\.v1\.(GatewayService|AdminService)\//;
-
-/** Answers a call to a Connect route whose credentials `authenticate` refuses. True when it did. */
-function refusedCredentials(req: NodeServerRequest, res: NodeServerResponse, authenticate: Authenticator): boolean {
-  const pathname = (req.url ?? "").split("?")[0];
-  if (!ROUTE.test(pathname)) return false;
-  try {
-    // A copy: the check rewrites what it is given, and the call builds its own (passThrough).
-    authenticate(forwardedMetadata(req.headers), pathname);
-    return false;
-  } catch (err) {
-    const { code, details } = toStatus(err);
-    refuseCall(req, res, code, details);
-    return true;
-  }
-}
-
-/** A whole answer; the HTTP/1 and HTTP/2 compatibility responses take the same calls. */
-export function answer(
-  res: NodeServerResponse,
-  status: number,
-  headers: http.OutgoingHttpHeaders,
-  body: string | Buffer = "",
-): void {
-  (res as http.ServerResponse).writeHead(status, headers).end(body);
-}
-
 /** CORS for the allowed origins; answers preflights. True when the request is done. */
 function cors(allowed: string[], req: NodeServerRequest, res: NodeServerResponse): boolean {
   const origin = req.headers.origin;
@@ -182,10 +144,6 @@ export async function startHttpEdge(opts: HttpEdgeOptions): Promise<HttpEdge> {
     writeMaxBytes: opts.maxMessageBytes,
     fallback: (req, res) => {
       if (req.url === "/healthz") return answer(res, 200, { "content-type": "text/plain" }, "ok\n");
-      // The routes behind this one read the target as a URL; one that is not (`GET http://[`)
-      // is the client's error, answered here, before any of them can throw on it.
-      if (!URL.canParse(req.url ?? "", "http://troupe"))
-        return answer(res, 400, { "content-type": "text/plain" }, "the request target is not a URL\n");
       void (opts.fallback?.(req, res) ?? Promise.resolve(false)).then(
         (done) => {
           if (!done) answer(res, 404, { "content-type": "text/plain" }, "not found\n");
@@ -199,9 +157,29 @@ export async function startHttpEdge(opts: HttpEdgeOptions): Promise<HttpEdge> {
       );
     },
   });
+  const guard = new ConnectionGuard(opts.connections, opts.logger);
+  const admitted = admission(opts.authenticate, opts.isPublic ?? (() => false));
+  /** What every request meets first, from its head alone; true when it may go on to its route. */
+  const admit = (req: NodeServerRequest, res: NodeServerResponse, expectsContinue: boolean) => {
+    guard.request(req, res);
+    // The routes read the target as a URL; one that is not (`GET http://[`) is the client's
+    // error, answered before any of them can throw on it.
+    if (!URL.canParse(req.url ?? "", "http://troupe")) {
+      req.resume();
+      answer(res, 400, { "content-type": "text/plain" }, "the request target is not a URL\n");
+      return false;
+    }
+    if (opts.cors.length > 0 && cors(opts.cors, req, res)) return false;
+    return admitted(req, res, expectsContinue);
+  };
   const handle = (req: NodeServerRequest, res: NodeServerResponse) => {
-    if (opts.cors.length > 0 && cors(opts.cors, req, res)) return;
-    if (opts.authenticate && refusedCredentials(req, res, opts.authenticate)) return;
+    if (admit(req, res, false)) connect(req, res);
+  };
+  // `Expect: 100-continue`: the client waits to send its body until told to; it is told only
+  // once its key is good (Node would otherwise say so on its own, before any check).
+  const handleExpecting = (req: NodeServerRequest, res: NodeServerResponse) => {
+    if (!admit(req, res, true)) return;
+    res.writeContinue();
     connect(req, res);
   };
 
@@ -213,9 +191,20 @@ export async function startHttpEdge(opts: HttpEdgeOptions): Promise<HttpEdge> {
   if (opts.tls) {
     const files = opts.tls;
     const secure = http2.createSecureServer(
-      { cert: readFileSync(files.certFile), key: readFileSync(files.keyFile), allowHTTP1: true },
+      {
+        cert: readFileSync(files.certFile),
+        key: readFileSync(files.keyFile),
+        allowHTTP1: true,
+        // The first-byte deadline, as TLS has it: the whole handshake within it.
+        handshakeTimeout: opts.connections.firstByteMs,
+      },
       handle,
     );
+    secure.on("checkContinue", handleExpecting);
+    secure.on("session", (session) => guard.http2(session));
+    secure.on("secureConnection", (tls) => {
+      if (tls.alpnProtocol !== "h2") guard.http1(tls);
+    });
     reload = () => {
       try {
         secure.setSecureContext({ cert: readFileSync(files.certFile), key: readFileSync(files.keyFile) });
@@ -228,16 +217,22 @@ export async function startHttpEdge(opts: HttpEdgeOptions): Promise<HttpEdge> {
     watchFile(files.keyFile, { interval: 5000 }, reload);
     server = secure;
   } else {
-    const h1 = http.createServer(handle);
+    const h1 = http.createServer({ keepAliveTimeout: opts.connections.idleMs }, handle);
+    h1.on("checkContinue", handleExpecting);
     closeIdle = () => h1.closeIdleConnections();
     const h2 = http2.createServer(handle);
+    h2.on("checkContinue", handleExpecting);
+    h2.on("session", (session) => guard.http2(session));
     server = net.createServer((socket) => {
+      const firstBytesCame = guard.firstBytes(socket);
       socket.once("data", (first: Buffer) => {
+        firstBytesCame();
         socket.pause();
         socket.unshift(first);
         // HTTP/2 reads what is buffered itself; HTTP/1 needs the stream flowing again.
         if (first.subarray(0, 3).toString("latin1") === "PRI") h2.emit("connection", socket);
         else {
+          guard.http1(socket);
           h1.emit("connection", socket);
           socket.resume();
         }
@@ -245,6 +240,7 @@ export async function startHttpEdge(opts: HttpEdgeOptions): Promise<HttpEdge> {
       socket.on("error", () => undefined);
     });
   }
+  guard.guardServer(server);
   const open = new Set<net.Socket>();
   server.on("connection", (s: net.Socket) => (open.add(s), s.once("close", () => open.delete(s))));
 
@@ -256,6 +252,7 @@ export async function startHttpEdge(opts: HttpEdgeOptions): Promise<HttpEdge> {
   const bound = (server.address() as net.AddressInfo).port;
   return {
     port: bound,
+    guard,
     async close(graceMs) {
       if (opts.tls) for (const file of [opts.tls.certFile, opts.tls.keyFile]) unwatchFile(file, reload);
       const closed = new Promise<void>((resolve) => server.close(() => resolve()));

@@ -9,7 +9,8 @@ import { AdminService } from "../shared/gen/troupe/v1/admin_pb.js";
 import { GatewayService } from "../shared/gen/troupe/v1/gateway_pb.js";
 import type { Logger } from "../shared/log.js";
 import { createClient, type RpcServer } from "../shared/rpc.js";
-import { answer, type HttpEdge, type NodeServerRequest, type NodeServerResponse, startHttpEdge } from "./http-edge.js";
+import { answer, type NodeServerRequest, type NodeServerResponse } from "./http-answer.js";
+import { type HttpEdge, startHttpEdge } from "./http-edge.js";
 import { openAiCompat } from "./openai-compat.js";
 
 /**
@@ -38,12 +39,15 @@ export async function serveHttp(
     cors: cfg.httpCors,
     tls: cfg.tls,
     authenticate,
-    fallback: async (req, res) => (await openAi(req, res)) || webConsole(req, res),
+    isPublic: webConsole.has,
+    connections: cfg.httpConnections,
+    fallback: async (req, res) => (await openAi(req, res)) || webConsole.serve(req, res),
     logger,
   });
   logger.info(`gateway HTTP on port ${edge.port}${cfg.tls ? " (TLS)" : ""}`, { cors: cfg.httpCors.join(",") });
   return {
     port: edge.port,
+    guard: edge.guard,
     async close(graceMs) {
       await edge.close(graceMs);
       gateway.close();
@@ -63,7 +67,10 @@ const CONSOLE_FILES: Record<string, [string, string]> = {
  * The web console's files (console/, copied beside this module at build), served at /. The page
  * may load and call nothing but this origin, and may not be framed.
  */
-function consoleFiles(logger: Logger): (req: NodeServerRequest, res: NodeServerResponse) => boolean {
+function consoleFiles(logger: Logger): {
+  has(req: NodeServerRequest): boolean;
+  serve(req: NodeServerRequest, res: NodeServerResponse): boolean;
+} {
   const dir = new URL("./console/", import.meta.url);
   const files = new Map<string, [Buffer, string]>();
   for (const [route, [name, type]] of Object.entries(CONSOLE_FILES)) {
@@ -72,8 +79,13 @@ function consoleFiles(logger: Logger): (req: NodeServerRequest, res: NodeServerR
   }
   if (files.size < Object.keys(CONSOLE_FILES).length)
     logger.warn("the web console's files are missing from the build (make build copies them); / answers 404");
-  return (req, res) => {
-    const found = req.method === "GET" ? files.get(new URL(req.url ?? "/", "http://x").pathname) : undefined;
+  const fileOf = (req: NodeServerRequest) =>
+    req.method === "GET" && URL.canParse(req.url ?? "/", "http://x")
+      ? files.get(new URL(req.url ?? "/", "http://x").pathname)
+      : undefined;
+  return { has: (req) => fileOf(req) !== undefined, serve };
+  function serve(req: NodeServerRequest, res: NodeServerResponse): boolean {
+    const found = fileOf(req);
     if (!found) return false;
     answer(
       res,
@@ -89,5 +101,5 @@ function consoleFiles(logger: Logger): (req: NodeServerRequest, res: NodeServerR
       found[0],
     );
     return true;
-  };
+  }
 }

@@ -22,7 +22,9 @@ import { createHash, randomUUID } from "node:crypto";
 import { readdir } from "node:fs/promises";
 import { QueueMode, Role, StopReason } from "../shared/gen/troupe/v1/session_pb.js";
 import { DEFAULT_AGENT, isAgentId } from "../shared/ids.js";
-import { forwardedMetadata, type GatewayClient, type NodeServerRequest, type NodeServerResponse } from "./http-edge.js";
+import type { GatewayClient } from "./http-edge.js";
+import type { NodeServerRequest, NodeServerResponse } from "./http-answer.js";
+import { forwardedMetadata } from "./metadata.js";
 import { runEvents } from "./run-events.js";
 import { StreamedText } from "../shared/streamed-text.js";
 import {
@@ -59,34 +61,23 @@ export function openAiCompat(gateway: GatewayClient, opts: { maxBodyBytes: numbe
       .map((a) => ({ id: `${MODEL_PREFIX}${a}`, object: "model", created: 0, owned_by: "troupe" }));
   };
 
-  /** The key is checked as every call checks it: by the gateway. Throws its refusal. */
-  const checkKey = (req: NodeServerRequest) =>
-    gateway.listSessions({ pageSize: 1 }, { metadata: forwardedMetadata(req.headers) });
-
-  /** What the request asks for; a request that is not valid is refused after its key (OpenAI's order). */
+  /** What the request asks for. Its key was checked before its body was read (admission.ts). */
   const chatRequest = async (req: NodeServerRequest) => {
-    try {
-      const body = await readJson(req, opts.maxBodyBytes);
-      const agentId = agentOf(body.model);
-      const prompt = promptOf(body.messages);
-      if (Array.isArray(body.tools) && body.tools.length > 0)
-        throw new ApiError(
-          400,
-          "client-side tools are not supported: the agent runs its own tools",
-          undefined,
-          null,
-          "tools",
-        );
-      if (body.n !== undefined && body.n !== 1)
-        throw new ApiError(400, "only n = 1 is supported", undefined, null, "n");
-      if (body.user !== undefined && (typeof body.user !== "string" || body.user.length > 256))
-        throw new ApiError(400, "`user` must be a string of at most 256 characters", undefined, null, "user");
-      return { body, agentId, prompt };
-    } catch (err) {
-      // Only a refused request pays for the check; a valid one is checked by its first call.
-      await checkKey(req);
-      throw err;
-    }
+    const body = await readJson(req, opts.maxBodyBytes);
+    const agentId = agentOf(body.model);
+    const prompt = promptOf(body.messages);
+    if (Array.isArray(body.tools) && body.tools.length > 0)
+      throw new ApiError(
+        400,
+        "client-side tools are not supported: the agent runs its own tools",
+        undefined,
+        null,
+        "tools",
+      );
+    if (body.n !== undefined && body.n !== 1) throw new ApiError(400, "only n = 1 is supported", undefined, null, "n");
+    if (body.user !== undefined && (typeof body.user !== "string" || body.user.length > 256))
+      throw new ApiError(400, "`user` must be a string of at most 256 characters", undefined, null, "user");
+    return { body, agentId, prompt };
   };
 
   const chat = async (req: NodeServerRequest, res: NodeServerResponse) => {
@@ -261,7 +252,6 @@ export function openAiCompat(gateway: GatewayClient, opts: { maxBodyBytes: numbe
         await chat(req, res);
       } else if (url.pathname === "/v1/models" || url.pathname.startsWith("/v1/models/")) {
         if (req.method !== "GET") throw new ApiError(405, "use GET");
-        await checkKey(req);
         const models = await listModels();
         const one = decodedOr404(url.pathname.slice("/v1/models/".length));
         if (url.pathname === "/v1/models") sendJson(res, 200, { object: "list", data: models });

@@ -3,7 +3,7 @@
 // https://platform.openai.com/docs/guides/error-codes for errors and their HTTP statuses.
 import { Status } from "../shared/errors.js";
 import { DEFAULT_AGENT, isAgentId } from "../shared/ids.js";
-import { answer, type NodeServerRequest, type NodeServerResponse } from "./http-edge.js";
+import { answer, type NodeServerRequest, type NodeServerResponse } from "./http-answer.js";
 
 export const MODEL_PREFIX = "troupe/";
 

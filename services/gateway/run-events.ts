@@ -4,7 +4,8 @@
 import type { AgentEvent } from "../shared/gen/troupe/v1/session_pb.js";
 import { Status } from "../shared/errors.js";
 import { RESUME_FOR_MS, resumable, resumeDelayMs } from "../shared/resume-policy.js";
-import type { forwardedMetadata, GatewayClient } from "./http-edge.js";
+import type { GatewayClient } from "./http-edge.js";
+import type { forwardedMetadata } from "./metadata.js";
 import { ApiError, apiErrorOf } from "./openai-request.js";
 
 /** The events of the run `frameId` started, from after `afterSeq` until its agent_end. */

@@ -55,6 +55,14 @@ export interface Config {
   httpAddr: string;
   /** Gateway: origins allowed to call the HTTP API from a browser ("*": any). */
   httpCors: string[];
+  /** Gateway: deadlines and a cap for the HTTP face's connections (gateway/connection-guard.ts). */
+  httpConnections: {
+    firstByteMs: number;
+    headMs: number;
+    bodyMs: number;
+    idleMs: number;
+    maxConnections: number;
+  };
   /** /new and /reset in a chat: the old conversation stays in the history, or is deleted. */
   channelReset: "keep" | "delete";
   /** How the gateway carries client streams to a runner (services/gateway/runner-mux.ts). */

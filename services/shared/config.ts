@@ -192,6 +192,13 @@ export function loadConfig(
     net: { ports: commaList(str("netPorts")).map(Number), allow: commaList(str("netAllow")) },
     httpAddr: str("httpAddr") === "off" ? "" : str("httpAddr")!,
     httpCors: commaList(str("httpCors")),
+    httpConnections: {
+      firstByteMs: v.httpFirstByteMs,
+      headMs: v.httpHeadMs,
+      bodyMs: v.httpBodyMs,
+      idleMs: v.httpIdleMs,
+      maxConnections: v.httpMaxConnections,
+    },
     channelReset: str("channelReset") as Config["channelReset"],
     runnerStreams: str("runnerStreams") as Config["runnerStreams"],
     secretsFile: under("secretsFile", "secrets.json"),

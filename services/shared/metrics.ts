@@ -97,6 +97,7 @@ export interface Instruments {
   memorySearch: Histogram;
   tenantTokens: Counter;
   tenantToolSeconds: Counter;
+  httpConnectionsRefused: Counter;
 }
 
 let made: Instruments | undefined;
@@ -129,6 +130,10 @@ export function instruments(): Instruments {
     tenantToolSeconds: meter.createCounter("troupe.tenant.tool_time", {
       unit: "s",
       description: "time spent in tool calls by each tenant",
+    }),
+    httpConnectionsRefused: meter.createCounter("troupe.http.connections.refused", {
+      description:
+        "HTTP connections the gateway closed or refused, by reason: max_connections, first_byte, head, body, idle",
     }),
   };
   return made;

@@ -161,6 +161,36 @@ export const SETTINGS = {
       env: "TROUPE_HTTP_CORS",
       doc: "origins browsers may call the HTTP API from, comma-separated (`*` for any)",
     },
+    httpFirstByteMs: {
+      env: "TROUPE_HTTP_FIRST_BYTE_MS",
+      doc: "HTTP: a new connection's first byte (TLS: its whole handshake) must come within this, or it is closed",
+      default: 5_000,
+      schema: int(),
+    },
+    httpHeadMs: {
+      env: "TROUPE_HTTP_HEAD_MS",
+      doc: "HTTP: a request's head must be whole within this of its start (HTTP/2: a new session's first stream)",
+      default: 10_000,
+      schema: int(),
+    },
+    httpBodyMs: {
+      env: "TROUPE_HTTP_BODY_MS",
+      doc: "HTTP: a request's body must be whole within this of its head (408 otherwise); a streamed response is not cut",
+      default: 30_000,
+      schema: int(),
+    },
+    httpIdleMs: {
+      env: "TROUPE_HTTP_IDLE_MS",
+      doc: "HTTP: a kept-alive connection or HTTP/2 session with no request open is closed after this",
+      default: 30_000,
+      schema: int(),
+    },
+    httpMaxConnections: {
+      env: "TROUPE_HTTP_MAX_CONNECTIONS",
+      doc: "HTTP: open connections at most; more are refused at accept (logged, and counted in troupe.http.connections.refused)",
+      default: 10_000,
+      schema: int(),
+    },
     runnerStreams: {
       env: "TROUPE_RUNNER_STREAMS",
       doc: "how client streams reach a runner: shared (one AttachMany call per runner, the events of many sessions in one message) or separate (an Attach call per stream, as before 2026-12)",
