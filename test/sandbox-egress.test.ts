@@ -196,6 +196,24 @@ for (const runtime of ["runc", "runsc"] as const) {
       });
       assert.equal(seen.at(-1)?.url, "/vhost");
       assert.equal(seen.at(-1)?.host, `127.0.0.2:${webPort}`);
+      // A second request on the checked connection, naming another site: it never leaves.
+      const before = seen.length;
+      const two = await exec(
+        sandbox,
+        id,
+        raw(`GET http://127.0.0.2:${webPort}/first HTTP/1.1\r\n\r\nGET /second HTTP/1.1\r\nHost: evil.example\r\n\r\n`),
+        { egress: grant },
+      );
+      assert.match(two.out, /you asked for \/first/);
+      assert.deepEqual(
+        seen.slice(before).map((r) => r.url),
+        ["/first"],
+      );
+      await waitFor("the refusal in the log", async () =>
+        /egress GET http:\/\/127\.0\.0\.2:\d+\/first .*a second request on this connection was not passed on/.test(
+          stack.logs(),
+        ),
+      );
     });
 
     test("https in absolute form (BusyBox wget's way): the proxy makes the TLS connection and checks the certificate", async () => {

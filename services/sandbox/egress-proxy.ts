@@ -1,10 +1,18 @@
 // The way out of a sandbox, on the service's side: an HTTP proxy on every connection a command
 // makes to its sandbox's egress port (127.0.0.1:3128 inside; agent-socket.ts carries it here).
 // The container itself has no network, so this is the only route, and it goes only where the
-// sandbox's grant says:
-//   - `CONNECT host:port` (https, and anything tunnelled) and absolute-form `GET http://...`;
-//     also absolute-form `GET https://...` (BusyBox wget's way, which has no CONNECT): then this
-//     side makes the TLS connection, and checks the host's certificate; nothing else;
+// sandbox's grant says. What it checks is the first request of a connection, and only that:
+//   - `CONNECT host:port` (https, and anything tunnelled): the host and port are checked, then the
+//     tunnel carries the command's own bytes, unread (TLS to the host, as a rule). What travels
+//     inside is the command's business: a CONNECT allowlist cannot see a TLS name or an inner
+//     Host header naming another site on the same address (a CDN's), nor what is sent to an
+//     allowed host (docs/sandbox.md, egress);
+//   - absolute-form `GET http://...`, and absolute-form `GET https://...` (BusyBox wget's way,
+//     which has no CONNECT: this side makes the TLS connection and checks the host's
+//     certificate): one request a connection. Its body is passed on by its Content-Length
+//     (a chunked body is refused with 411), upstream is asked to close after answering, and any
+//     byte the command sends after that request is a second request nobody checked: it is not
+//     passed on, and the connection ends with the first answer;
 //   - the host must be in the grant's allowed hosts (names, *.suffix, or addresses), and then
 //     pass the same SSRF guard as web_fetch (shared/net-guard.ts): resolved once, every address
 //     public, the connection pinned to the address checked, ports from TROUPE_NET_PORTS;
@@ -52,6 +60,7 @@ const REASONS: Record<number, string> = {
   400: "Bad Request",
   403: "Forbidden",
   408: "Request Timeout",
+  411: "Length Required",
   431: "Request Header Fields Too Large",
   502: "Bad Gateway",
 };
@@ -94,8 +103,9 @@ interface Plan {
   what: string;
   url: URL;
   tunnel: boolean;
-  /** For a plain http request: the head to send upstream. */
+  /** For a plain http request: the head to send upstream, and the length of its body. */
   upstreamHead?: string;
+  bodyBytes?: number;
 }
 
 /** Reads the request line and headers into what to do; throws Refused for anything else. */
@@ -126,6 +136,7 @@ function plan(head: string): Plan {
   // Host is set from the URL: a Host header naming another site on an allowed address (a CDN's)
   // would otherwise reach that site.
   const headers = headerLines.filter((h) => !HOP_HEADERS.has(h.slice(0, h.indexOf(":")).trim().toLowerCase()));
+  const bodyBytes = bodyLength(headers);
   const upstreamHead = [
     `${method} ${url.pathname}${url.search} ${version}`,
     `Host: ${url.host}`,
@@ -134,7 +145,31 @@ function plan(head: string): Plan {
     "",
     "",
   ].join("\r\n");
-  return { what: `${method} ${url.origin}${url.pathname}`.slice(0, 300), url, tunnel: false, upstreamHead };
+  return {
+    what: `${method} ${url.origin}${url.pathname}`.slice(0, 300),
+    url,
+    tunnel: false,
+    upstreamHead,
+    bodyBytes,
+  };
+}
+
+/**
+ * The length of a plain request's body, from its one Content-Length (RFC 9112 §6.3); a chunked
+ * or otherwise encoded body is refused, so that where the request ends is never a guess.
+ */
+function bodyLength(headers: string[]): number {
+  const named = (name: string) =>
+    headers
+      .filter((h) => h.slice(0, h.indexOf(":")).trim().toLowerCase() === name)
+      .map((h) => h.slice(h.indexOf(":") + 1).trim());
+  if (named("transfer-encoding").length > 0)
+    throw new Refused(411, "a request body through this proxy needs a Content-Length (https:// tunnels take any)");
+  const lengths = named("content-length");
+  if (lengths.length === 0) return 0;
+  if (lengths.length > 1 || !/^\d{1,15}$/.test(lengths[0]))
+    throw new Refused(400, "the request needs one Content-Length, a number");
+  return Number(lengths[0]);
 }
 
 /**
@@ -254,21 +289,41 @@ export class EgressProxy {
     // Reading on after the upstream is gone lets the command's own end (and so its close) be seen.
     upstream.once("close", () => (socket.destroyed || (socket.end(), socket.resume()), closed()));
 
-    if (target.tunnel) socket.write("HTTP/1.1 200 Connection established\r\n\r\n");
-    else {
+    upstream.pipe(socket);
+    if (target.tunnel) {
+      socket.write("HTTP/1.1 200 Connection established\r\n\r\n");
+      if (rest.length > 0) {
+        spend(rest.length, "up");
+        upstream.write(rest);
+      }
+      // A tunnel's bytes are the command's own protocol: its half-close is passed on too.
+      socket.pipe(upstream);
+    } else {
       upstream.write(target.upstreamHead!);
       spend(Buffer.byteLength(target.upstreamHead!), "up");
+      // The one checked request's body, by its length; nothing after it. The request asked for
+      // Connection: close, so a command's half-close (busybox wget's, after every request) stays
+      // here: passed on into TLS it is a close_notify, and an https:// proxy drops the tunnel on
+      // it before the answer.
+      let left = target.bodyBytes!;
+      let refusedMore = false;
+      const up = (chunk: Buffer) => {
+        const take = Math.min(left, chunk.length);
+        if (take > 0) {
+          left -= take;
+          upstream.write(take === chunk.length ? chunk : chunk.subarray(0, take));
+        }
+        if (take < chunk.length && !refusedMore) {
+          refusedMore = true;
+          cut ||= "a second request on this connection was not passed on (one checked request a connection)";
+        }
+      };
+      if (rest.length > 0) {
+        spend(rest.length, "up");
+        up(rest);
+      }
+      socket.on("data", up);
     }
-    if (rest.length > 0) {
-      spend(rest.length, "up");
-      upstream.write(rest);
-    }
-    // A request's end is where its HTTP framing says, and it asked for Connection: close, so a
-    // command's half-close (busybox wget's, after every request) stays here: passed on into TLS it
-    // is a close_notify, and an https:// proxy drops the tunnel on it before the answer. A tunnel's
-    // bytes are the command's own protocol, so there it is passed on.
-    socket.pipe(upstream, { end: target.tunnel });
-    upstream.pipe(socket);
     socket.resume();
   }
 }

@@ -243,3 +243,61 @@ describe("sandbox egress chained through the deployment's proxy", () => {
     }
   });
 });
+
+describe("one checked request a connection", () => {
+  test("a second request written on a checked connection never leaves; the first is answered", async () => {
+    const server = await egressPort(undefined);
+    const requests: string[] = [];
+    const count = (req: { method?: string; url?: string; headers: { host?: string } }) =>
+      requests.push(`${req.method} ${req.url} ${req.headers.host}`);
+    site.on("request", count);
+    try {
+      const at = `127.0.0.2:${port(site)}`;
+      // Pipelined after a GET, and after a POST's body: the second names another site by Host.
+      const second = "GET /smuggled HTTP/1.1\r\nHost: other.example\r\n\r\n";
+      const afterGet = await ask(server, `GET http://${at}/one HTTP/1.1\r\nHost: ${at}\r\n\r\n${second}`);
+      const afterPost = await ask(
+        server,
+        `POST http://${at}/two HTTP/1.1\r\nHost: ${at}\r\nContent-Length: 5\r\n\r\nhello${second}`,
+      );
+      // And sent later, once the first answer is in, as a keep-alive client would.
+      const later = await ask(server, `GET http://${at}/three HTTP/1.1\r\nHost: ${at}\r\n\r\n`, { afterHead: second });
+      assert.deepEqual(requests, [`GET /one ${at}`, `POST /two ${at}`, `GET /three ${at}`]);
+      for (const [answer, path] of [
+        [afterGet, "/one"],
+        [afterPost, "/two"],
+        [later, "/three"],
+      ]) {
+        assert.equal(answer.match(/HTTP\/1\.1 200/g)?.length, 1, answer);
+        assert.match(answer, new RegExp(`site: \\w+ ${path} for`));
+      }
+    } finally {
+      site.off("request", count);
+      server.close();
+    }
+  });
+
+  test("a chunked body is refused with 411 before anything is sent; two lengths with 400", async () => {
+    const server = await egressPort(undefined);
+    let reached = 0;
+    const count = () => reached++;
+    site.on("request", count);
+    try {
+      const at = `127.0.0.2:${port(site)}`;
+      const chunked = await ask(
+        server,
+        `POST http://${at}/c HTTP/1.1\r\nHost: ${at}\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n`,
+      );
+      assert.match(chunked, /^HTTP\/1\.1 411 Length Required[\s\S]*needs a Content-Length/);
+      const twice = await ask(
+        server,
+        `POST http://${at}/d HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 20\r\n\r\nx`,
+      );
+      assert.match(twice, /^HTTP\/1\.1 400 [\s\S]*one Content-Length/);
+      assert.equal(reached, 0);
+    } finally {
+      site.off("request", count);
+      server.close();
+    }
+  });
+});

@@ -54,3 +54,38 @@ test("a kind the API does not have is refused", () => {
   );
   assert.deepEqual(validateObject({ kind: "Service" }), ["an object without apiVersion and kind"]);
 });
+
+test("a DinD engine whose command line opens TCP is refused; the manifest's own is not", async () => {
+  const { engineListenerProblems, tcpListener } = await import("../k8s/engine-listeners.js");
+  const dind = (c: Record<string, unknown>) => ({ name: "engine", image: "docker:27-dind", ...c });
+  // What the sandbox manifest had: args alone, so the entrypoint prepends a TCP listener.
+  assert.match(tcpListener(dind({ args: ["--host=unix:///run/docker/docker.sock"] })) ?? "", /2376/);
+  assert.match(tcpListener(dind({})) ?? "", /2376/);
+  assert.match(
+    tcpListener(dind({ command: ["dockerd", "-H", "tcp://0.0.0.0:2375"] })) ?? "",
+    /tcp:\/\/0\.0\.0\.0:2375/,
+  );
+  assert.match(tcpListener(dind({ args: ["dockerd", "--host=tcp://127.0.0.1:2375"] })) ?? "", /tcp:/);
+  assert.equal(
+    tcpListener(dind({ command: ["dockerd-entrypoint.sh", "dockerd", "--host=unix:///run/docker/docker.sock"] })),
+    undefined,
+  );
+  assert.equal(tcpListener({ name: "cli", image: "docker:27-cli", command: ["docker", "load"] }), undefined);
+  // Found in init containers of a workload, with where it is.
+  const d = deployment({});
+  (d.spec.template.spec as Record<string, unknown>).initContainers = [dind({ args: ["--debug"] })];
+  assert.match(engineListenerProblems(d).join(), /^Deployment n\/d container engine: dockerd-entrypoint\.sh/);
+  // And the rendered manifests pass: make lint runs the same check over them.
+  const { readFileSync } = await import("node:fs");
+  const { parseAllDocuments } = await import("yaml");
+  const file = new URL("../../../k8s/base/sandbox.yaml", import.meta.url);
+  const docs = parseAllDocuments(readFileSync(file, "utf8")).map((x) => x.toJS());
+  assert.deepEqual(
+    docs.flatMap((x) => engineListenerProblems(x)),
+    [],
+  );
+  assert.ok(
+    docs.some((x) => JSON.stringify(x).includes("docker:27-dind")),
+    "the sandbox manifest runs DinD",
+  );
+});
