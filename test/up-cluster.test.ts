@@ -4,6 +4,7 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { spawnSync, type ChildProcess } from "node:child_process";
+import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import { access, chmod, mkdtemp, readFile, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
@@ -105,5 +106,33 @@ describe("troupe up refuses shapes it cannot run", () => {
       assert.equal(out.status, 1);
       assert.match(out.stderr, message);
     });
+  }
+});
+
+test("--store postgres under a folder the postgres user cannot enter stops before initdb, saying what to do", () => {
+  // As root (as make test runs), the server runs as the postgres user: a data directory below a
+  // 0700 folder of root's (its home, say) is out of that user's reach.
+  const locked = mkdtempSync(path.join(os.tmpdir(), "troupe-locked-"));
+  try {
+    const dataDir = path.join(locked, "data");
+    const env = { ...process.env };
+    delete env.TROUPE_STORE_URL;
+    const out = spawnSync(process.execPath, [MAIN, "up", "--store", "postgres", "--data-dir", dataDir], {
+      encoding: "utf8",
+      env,
+      timeout: 60_000,
+    });
+    assert.equal(out.status, 1, out.stderr);
+    assert.match(
+      out.stderr,
+      new RegExp(
+        `postgres user, which cannot enter ${locked}, so it cannot reach its data directory ${dataDir}/postgres`,
+      ),
+    );
+    assert.match(out.stderr, new RegExp(`setfacl -m u:postgres:x ${locked}.*chmod o\\+x ${locked}`));
+    assert.doesNotMatch(out.stderr, /initdb/);
+    assert.equal(existsSync(path.join(dataDir, "postgres", "PG_VERSION")), false, "initdb did not run");
+  } finally {
+    rmSync(locked, { recursive: true, force: true });
   }
 });

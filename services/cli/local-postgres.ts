@@ -54,6 +54,10 @@ export async function startLocalPostgres(dir: string, port = 0): Promise<LocalPo
     const parent = path.dirname(dir);
     const mode = (await stat(parent)).mode;
     if ((mode & 0o001) === 0) await chmod(parent, (mode & 0o7777) | 0o001);
+    // Folders above that one are not ours to open: one the server's user cannot pass stops the
+    // start here, before initdb, with what to do (initdb itself says only "Permission denied").
+    const blocked = firstUnreachable(dir);
+    if (blocked) throw new Error(unreachableMessage(dir, blocked));
   }
   if (!existsSync(path.join(dir, "PG_VERSION"))) {
     const [cmd, args] = asServerUser(path.join(bin, "initdb"), [
@@ -140,3 +144,27 @@ function idOf(flag: "-u" | "-g", user: string): number {
 }
 const uidOf = (u: string) => idOf("-u", u);
 const gidOf = (u: string) => idOf("-g", u);
+
+/** The first folder on the way to `dir` that the postgres user cannot enter, or undefined. */
+function firstUnreachable(dir: string): string | undefined {
+  const ways: string[] = [];
+  for (let d = path.resolve(dir); ; d = path.dirname(d)) {
+    ways.unshift(d);
+    if (d === path.dirname(d)) break;
+  }
+  const probe = spawnSync(
+    "runuser",
+    ["-u", "postgres", "--", "sh", "-c", 'for d; do [ -x "$d" ] || { printf %s "$d"; exit 1; }; done', "sh", ...ways],
+    { encoding: "utf8" },
+  );
+  return probe.status === 0 ? undefined : probe.stdout || ways[0];
+}
+
+function unreachableMessage(dir: string, blocked: string): string {
+  return (
+    `the PostgreSQL server runs as the postgres user, which cannot enter ${blocked}, so it cannot reach its data directory ${dir}. ` +
+    `Either keep Troupe's data where that user can pass (--data-dir /var/lib/troupe, say), ` +
+    `or let it pass through ${blocked} without reading it: \`setfacl -m u:postgres:x ${blocked}\` (that user only) or \`chmod o+x ${blocked}\` (every user; nothing there becomes listable); ` +
+    `or use a server of your own with TROUPE_STORE_URL`
+  );
+}
