@@ -11,7 +11,7 @@ import path from "node:path";
 import { promisify } from "node:util";
 import { StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { DECIDE_MARKER, EXTRACT_MARKER } from "../services/memory/learn.js";
-import { ChatApiServer, type ChatBody } from "./helpers/openai-api.js";
+import { ChatApiServer, OPENAI_MODELS, type ChatBody } from "./helpers/openai-api.js";
 import { ResponsesApiServer } from "./helpers/responses-api.js";
 import { AnthropicApiServer } from "./helpers/anthropic-api.js";
 import { ChatSession } from "./helpers/session.js";
@@ -35,6 +35,8 @@ let down: ChatApiServer;
 let ollama: ChatApiServer;
 let responses: ResponsesApiServer;
 let anthropic: AnthropicApiServer;
+/** An OpenAI-style gateway (Azure OpenAI, LiteLLM, a proxy): OpenAI's rules, another host. */
+let gateway: ChatApiServer;
 let stack: Stack;
 let dataDir: string;
 
@@ -68,6 +70,13 @@ before(async () => {
         ? { text: "noted through the Messages API" }
         : { calls: [{ name: "memory_save", input: { text: "the user keeps bees" } }] },
   }).start();
+  gateway = await new ChatApiServer({
+    flavour: "openai",
+    apiKey: KEY,
+    reply: agentReply,
+    // gpt-5-mini under its own name, and a reasoning model under a deployment's name.
+    models: [...OPENAI_MODELS, { id: "team-reasoner", efforts: ["low", "medium", "high"] }],
+  }).start();
   dataDir = await mkdtemp(path.join(os.tmpdir(), "troupe-providers-"));
   const providersFile = path.join(dataDir, "providers.json");
   const key = { env: "TROUPE_TEST_PROVIDER_KEY" };
@@ -80,6 +89,7 @@ before(async () => {
         local: { kind: "openai-compatible", baseUrl: ollama.baseUrl },
         responses: { kind: "openai-responses", baseUrl: responses.baseUrl, apiKey: key },
         claude: { kind: "anthropic", baseUrl: anthropic.baseUrl, apiKey: key },
+        gateway: { kind: "openai-compatible", baseUrl: gateway.baseUrl, apiKey: key },
       },
       default: "openai",
     }),
@@ -94,6 +104,8 @@ before(async () => {
   await agent("local", { model: "local/llama3.1:8b", maxOutputTokens: 64 });
   await agent("reasoner", { model: "responses/gpt-5-mini", reasoningEffort: "medium" });
   await agent("claude", { model: "claude/claude-sonnet-4-6", reasoningEffort: "low" });
+  await agent("gateway", { model: "gateway/gpt-5-mini", temperature: 0.3, maxOutputTokens: 512 });
+  await agent("deployment", { model: "gateway/team-reasoner", temperature: 0.3, maxOutputTokens: 512 });
   stack = await startStack({
     dataDir,
     env: {
@@ -105,7 +117,14 @@ before(async () => {
 });
 after(async () => {
   await stack?.stop();
-  await Promise.all([openai?.close(), down?.close(), ollama?.close(), responses?.close(), anthropic?.close()]);
+  await Promise.all([
+    openai?.close(),
+    down?.close(),
+    ollama?.close(),
+    responses?.close(),
+    anthropic?.close(),
+    gateway?.close(),
+  ]);
   await rm(dataDir, { recursive: true, force: true });
 });
 
@@ -152,6 +171,57 @@ describe("turns through provider conformance servers", () => {
     const body = ollama.accepted.at(-1)!;
     assert.equal(body.model, "llama3.1:8b");
     assert.ok(typeof body.max_tokens === "number" && !("max_completion_tokens" in body));
+  });
+});
+
+describe("request rules by model, not by host", () => {
+  const turns = () => gateway.accepted.filter((b) => !system(b).startsWith("[troupe:"));
+
+  test("gpt-5-mini behind an OpenAI-style base URL: max_completion_tokens, no temperature, from the first request", async () => {
+    const s = await open("gateway");
+    const events = await s.turn("remember that I keep bees", 30_000);
+    const plain = await s.turn("and hello", 30_000);
+    s.close();
+    assert.equal(endOf(events).stopReason, StopReason.COMPLETED, JSON.stringify(of(events, "error")));
+    assert.equal(of(events, "toolExecutionEnd")[0]?.isError, false, "the tool turn ran its tool");
+    assert.equal(replyOf(events), "saved it");
+    assert.equal(endOf(plain).stopReason, StopReason.COMPLETED);
+    assert.ok(turns().length >= 3);
+    for (const b of turns()) {
+      assert.equal(b.model, "gpt-5-mini");
+      assert.equal(b.max_completion_tokens, 512);
+      assert.ok(!("max_tokens" in b) && !("temperature" in b), JSON.stringify(b).slice(0, 300));
+    }
+    assert.deepEqual(gateway.refused, []);
+  });
+
+  test("a model named by its deployment: what the provider refuses by name is fitted, remembered, logged once", async () => {
+    const before = gateway.refused.length;
+    const s = await open("deployment");
+    const first = await s.turn("remember that I keep bees", 30_000);
+    assert.equal(endOf(first).stopReason, StopReason.COMPLETED, JSON.stringify(of(first, "error")));
+    assert.equal(replyOf(first), "saved it");
+    // max_tokens was refused and replaced, then temperature refused and dropped: once each.
+    assert.deepEqual(
+      gateway.refused.slice(before).map((r) => [r.status, r.error.param, r.error.code]),
+      [
+        [400, "max_tokens", "unsupported_parameter"],
+        [400, "temperature", "unsupported_value"],
+      ],
+    );
+    const second = await s.turn("and hello", 30_000);
+    s.close();
+    assert.equal(endOf(second).stopReason, StopReason.COMPLETED);
+    assert.equal(gateway.refused.length, before + 2, "the next requests are fitted from the start");
+    const last = turns().at(-1)!;
+    assert.equal(last.model, "team-reasoner");
+    assert.equal(last.max_completion_tokens, 512);
+    assert.ok(!("max_tokens" in last) && !("temperature" in last));
+    const logged = stack
+      .logs()
+      .match(/provider gateway refused max_tokens for team-reasoner: sending max_completion_tokens instead/g);
+    assert.equal(logged?.length, 1, "logged once");
+    assert.match(stack.logs(), /provider gateway refused temperature for team-reasoner: no longer sent/);
   });
 });
 

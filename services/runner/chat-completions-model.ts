@@ -7,6 +7,7 @@ import type { Agent } from "undici";
 import { askProvider, type ModelLifecycle } from "../shared/model-lifecycle.js";
 import { effortFor, rulesFor, takesImages } from "../shared/model-rules.js";
 import type { ProviderKind } from "../shared/providers.js";
+import { postFitted, type RequestFixes } from "./request-fixes.js";
 import { SseDecoder, type SseEvent } from "./sse.js";
 import { untilFinalEvent } from "./reply-rest.js";
 import {
@@ -79,7 +80,11 @@ export class OpenAIModelClient implements ProviderClient {
   private readonly get: ProviderGet;
   private readonly visionModels: readonly string[];
 
-  constructor(options: OpenAIModelOptions) {
+  /** `fixes`: what this provider refused by name, per model (request-fixes.ts). */
+  constructor(
+    options: OpenAIModelOptions,
+    private readonly fixes?: RequestFixes,
+  ) {
     ({ post: this.post, get: this.get, pool: this.pool } = providerConnection(options));
     this.visionModels = options.visionModels ?? [];
     this.kind = options.kind ?? "openai-compatible";
@@ -121,7 +126,14 @@ export class OpenAIModelClient implements ProviderClient {
   async *stream(request: ModelRequest, signal: AbortSignal): AsyncIterable<ModelChunk> {
     let body: AsyncIterable<Uint8Array>;
     try {
-      const response = await this.post("/chat/completions", this.body(request), signal);
+      const response = await postFitted(
+        this.post,
+        this.fixes,
+        "/chat/completions",
+        request.model,
+        this.body(request),
+        signal,
+      );
       body = streamedBody(response);
     } catch (err) {
       throw classify(err, signal);

@@ -7,8 +7,9 @@ import { OpenAIModelClient } from "./chat-completions-model.js";
 import { ModelError, type ModelChunk, type ModelClient, type ModelRequest, type ProviderClient } from "./model.js";
 import { OpenAIResponsesClient } from "./responses-model.js";
 import { AnthropicModelClient } from "./anthropic-model.js";
+import { RequestFixes } from "./request-fixes.js";
 
-const CLIENTS: Record<ProviderKind, new (p: ProviderSpec) => ProviderClient> = {
+const CLIENTS: Record<ProviderKind, new (p: ProviderSpec, fixes: RequestFixes) => ProviderClient> = {
   openai: OpenAIModelClient,
   "openai-compatible": OpenAIModelClient,
   "openai-responses": OpenAIResponsesClient,
@@ -26,7 +27,8 @@ export class ProviderModels implements ModelClient {
     readonly providers: Providers,
     private readonly logger?: Logger,
   ) {
-    for (const p of providers.byName.values()) this.clients.set(p.name, new CLIENTS[p.kind](p));
+    for (const p of providers.byName.values())
+      this.clients.set(p.name, new CLIENTS[p.kind](p, new RequestFixes(p.name, logger)));
   }
 
   providerOf(model: string): string {

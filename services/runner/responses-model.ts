@@ -7,6 +7,7 @@
 import type { Agent } from "undici";
 import { askOpenAi, type ModelLifecycle } from "../shared/model-lifecycle.js";
 import { effortFor, rulesFor, takesImages } from "../shared/model-rules.js";
+import { postFitted, type RequestFixes } from "./request-fixes.js";
 import {
   ModelError,
   dataUrl,
@@ -86,7 +87,11 @@ export class OpenAIResponsesClient implements ProviderClient {
   private readonly pool: Agent;
   private readonly visionModels: readonly string[];
 
-  constructor(options: OpenAIModelOptions) {
+  /** `fixes`: what this provider refused by name, per model (request-fixes.ts). */
+  constructor(
+    options: OpenAIModelOptions,
+    private readonly fixes?: RequestFixes,
+  ) {
     ({ post: this.post, get: this.get, pool: this.pool } = providerConnection(options));
     this.visionModels = options.visionModels ?? [];
   }
@@ -140,7 +145,7 @@ export class OpenAIResponsesClient implements ProviderClient {
   async *stream(request: ModelRequest, signal: AbortSignal): AsyncIterable<ModelChunk> {
     let body: AsyncIterable<Uint8Array>;
     try {
-      const response = await this.post("/responses", this.body(request), signal);
+      const response = await postFitted(this.post, this.fixes, "/responses", request.model, this.body(request), signal);
       body = streamedBody(response);
     } catch (err) {
       throw classify(err, signal);

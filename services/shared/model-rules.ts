@@ -151,10 +151,21 @@ export function anthropicRulesFor(model: string): AnthropicRules {
   return ANTHROPIC.find((r) => r.model.test(model))?.rules ?? LATER_CLAUDE;
 }
 
+/**
+ * OpenAI's own model families, known by name behind any OpenAI-style base URL (Azure OpenAI, an
+ * enterprise gateway, LiteLLM, a proxy): the request rules go by the model, not by the host. A
+ * vendor prefix (`openai/gpt-5-mini`, as gateways name models) is read past. A model whose name
+ * says nothing (an Azure deployment named by its operator) is fitted by what its provider refuses
+ * (runner/request-fixes.ts).
+ */
+const OPENAI_FAMILY = /^(gpt-5|o\d)/;
+
 /** The rules for `model` served by a provider of `kind`. */
 export function rulesFor(kind: ProviderKind, model: string): RequestRules {
   if (kind === "anthropic") return anthropicRulesFor(model);
-  return RULES.find((r) => r.kinds.includes(kind) && r.model.test(model))?.rules ?? FALLBACK;
+  const bare = model.slice(model.lastIndexOf("/") + 1);
+  const asKind = kind === "openai-compatible" && OPENAI_FAMILY.test(bare) ? "openai" : kind;
+  return RULES.find((r) => r.kinds.includes(asKind) && r.model.test(bare))?.rules ?? FALLBACK;
 }
 
 /**

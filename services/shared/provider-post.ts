@@ -31,6 +31,8 @@ export class ProviderRefusal extends Error {
     readonly headers: Headers,
     /** The provider's error code ("unsupported_parameter", "invalid_api_key"), if it gave one. */
     readonly code?: string,
+    /** The request field the error is about ("max_tokens"), if the provider named one. */
+    readonly param?: string,
   ) {
     super(message);
     this.name = "ProviderRefusal";
@@ -63,12 +65,13 @@ function endpointHeaders(endpoint: ProviderEndpoint): Record<string, string> {
 /** A ProviderRefusal for an answer outside 2xx, with the provider's message and code. */
 async function refusal(response: Response): Promise<ProviderRefusal> {
   const text = await leadingText(response);
-  const { message, code } = errorOf(text);
+  const { message, code, param } = errorOf(text);
   return new ProviderRefusal(
     response.status,
     message || `${response.status} ${response.statusText}`,
     response.headers,
     code,
+    param,
   );
 }
 
@@ -111,11 +114,11 @@ async function leadingText(response: Response): Promise<string> {
 }
 
 /**
- * The message and code of an error body. OpenAI's shape is `{"error": {"message", "type", "code"}}`
+ * The message, code and param of an error body. OpenAI's shape is `{"error": {"message", "type", "param", "code"}}`
  * (platform.openai.com/docs/guides/error-codes); compatible servers also answer `{"error": "..."}`,
  * `{"message": "..."}` or FastAPI's `{"detail": ...}`. Anything else is quoted as it came.
  */
-export function errorOf(text: string): { message: string; code?: string } {
+export function errorOf(text: string): { message: string; code?: string; param?: string } {
   let doc: unknown;
   try {
     doc = JSON.parse(text);
@@ -127,8 +130,9 @@ export function errorOf(text: string): { message: string; code?: string } {
   if (error && typeof error === "object") {
     const e = error as Record<string, unknown>;
     const code = typeof e.code === "string" ? e.code : undefined;
-    if (typeof e.message === "string") return { message: quoted(e.message), code };
-    return { message: quoted(JSON.stringify(error)), code };
+    const param = typeof e.param === "string" ? e.param : undefined;
+    if (typeof e.message === "string") return { message: quoted(e.message), code, param };
+    return { message: quoted(JSON.stringify(error)), code, param };
   }
   if (typeof error === "string") return { message: quoted(error) };
   if (typeof obj.message === "string") return { message: quoted(obj.message) };
