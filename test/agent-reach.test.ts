@@ -14,7 +14,7 @@ import path from "node:path";
 import { Role } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { ChatSession } from "./helpers/session.js";
 import { startStack, waitFor, type Stack } from "./helpers/stack.js";
-import { of } from "./helpers/turn-stack.js";
+import { of, replyOf } from "./helpers/turn-stack.js";
 import { execFile } from "node:child_process";
 import { promisify } from "node:util";
 import { instanceOf } from "../services/sandbox/container-spec.js";
@@ -108,6 +108,14 @@ describe("the agent's reach through the runner", () => {
     await waitFor("the refusal in the sandbox service's log", async () =>
       /egress GET http:\/\/127\.0\.0\.3:\d+\/page: refused, 403: 127\.0\.0\.3 is not among/.test(stack.logs()),
     );
+    // And its system prompt says so, not that the sandbox has no network.
+    const prompt = replyOf(await s.turn("!system", 30_000));
+    assert.match(
+      prompt,
+      /Network: commands in the sandbox reach only these hosts.* 127\.0\.0\.2\. Nothing else is reachable\./,
+    );
+    assert.match(prompt, /Workspace: \/workspace in a sandbox of this session's own/);
+    assert.doesNotMatch(prompt, /without network/);
     s.close();
     // Its sandbox goes with it (the process test below counts what is left).
     await stack.gateway.deleteSession({ sessionId: s.opened!.sessionId });

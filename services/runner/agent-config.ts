@@ -17,7 +17,8 @@
 //     "tools": ["exec", "read_file"],         // the tools it is offered (default: all)
 //     "webFetch": true,                       // web_fetch of public pages
 //     "http": { "allowHosts": ["api.github.com"], "secrets": { "GITHUB_TOKEN": ["api.github.com"] } },
-//     "egress": { "allowHosts": ["registry.npmjs.org"], "budgetMb": 1024 }  // sandboxed commands' way out
+//     "egress": { "allowHosts": ["registry.npmjs.org"], "budgetMb": 1024 },  // sandboxed commands' way out
+//     "timeZone": "Europe/Berlin"             // the users' time zone: the prompt's clock says it
 //   }
 import { readFile, stat } from "node:fs/promises";
 import path from "node:path";
@@ -60,6 +61,8 @@ export interface AgentConfig {
   http: { allowHosts: string[]; secrets: Record<string, string[]> };
   /** Hosts sandboxed commands reach through the sandbox's egress proxy; empty: no network. */
   egress: { allowHosts: string[]; budgetMb: number };
+  /** The users' time zone (IANA name): the prompt's current time is said in it; absent: UTC. */
+  timeZone?: string;
 }
 
 export const DEFAULT_AGENT: Readonly<Omit<AgentConfig, "name">> = {
@@ -128,6 +131,15 @@ export function parseAgentConfig(agentId: string, json: unknown): AgentConfig {
     http: { ...d.http, ...o.http },
     egress: { ...d.egress, ...o.egress },
   };
+  if (cfg.timeZone !== undefined) {
+    try {
+      new Intl.DateTimeFormat("en-US", { timeZone: cfg.timeZone });
+    } catch {
+      throw new AgentConfigError(
+        `timeZone ${JSON.stringify(cfg.timeZone)} is not a time zone (IANA names such as Europe/Berlin)`,
+      );
+    }
+  }
   if (cfg.reserveTokens >= cfg.contextWindow)
     throw new AgentConfigError(
       `reserveTokens (${cfg.reserveTokens}) must be below contextWindow (${cfg.contextWindow})`,

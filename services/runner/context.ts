@@ -79,6 +79,8 @@ export interface PromptInput {
   /** The conversation has reached DRIFT_THRESHOLD messages. */
   driftReminder: boolean;
   now: Date;
+  /** Who shares the session's sandbox (TROUPE_SANDBOX_SCOPE, the deployment's). */
+  sandboxScope: "session" | "agent" | "shared";
 }
 
 /** Something in the context sources that could not be used as it was; the run says so by event. */
@@ -247,15 +249,6 @@ export async function buildSystemPrompt(
   const { sender } = input;
 
   const toolLines = input.tools.map((t) => `- ${t.name}: ${t.description}`);
-  // What a command can reach, so the model does not try what cannot work (or miss what can).
-  if (input.tools.some((t) => t.name === "exec" || t.name === "process")) {
-    const hosts = input.agent.egress.allowHosts;
-    toolLines.push(
-      hosts.length > 0
-        ? `Commands in the sandbox reach only these hosts, through the proxy in HTTP_PROXY and HTTPS_PROXY (curl, wget, pip and npm use it): ${hosts.join(", ")}.`
-        : "Commands in the sandbox have no network.",
-    );
-  }
   const dirs = await sources.searchPath(input.agentId, input.session);
   const reference = input.skipContextFiles ? undefined : await sources.nearest(dirs, "TOOLS.md");
   if (reference?.problem) warnings.push({ code: "CONTEXT_FILE", message: reference.problem });
@@ -273,8 +266,8 @@ export async function buildSystemPrompt(
       `Agent: ${input.agentId}`,
       `Session: ${input.sessionId}`,
       `Channel: ${input.channel}`,
-      `Current time: ${input.now.toISOString()}`,
-      "Workspace: /workspace in an isolated sandbox without network access (shell commands and files go there).",
+      currentTime(input.now, input.agent.timeZone),
+      ...workspaceLines(input),
     ].join("\n"),
     dropOrder: 0,
   });
@@ -377,3 +370,44 @@ export async function buildSystemPrompt(
   }
   return { text: [...kept.map(rendered), block.render()].join("\n\n"), tokens: count, warnings };
 }
+
+/** The current time, in the users' time zone where the agent names one; UTC otherwise, said as such. */
+export function currentTime(now: Date, timeZone: string | undefined): string {
+  if (!timeZone) return `Current time: ${now.toISOString()} (UTC; the user's time zone is not known)`;
+  const local = new Intl.DateTimeFormat("en-CA", {
+    timeZone,
+    weekday: "long",
+    year: "numeric",
+    month: "2-digit",
+    day: "2-digit",
+    hour: "2-digit",
+    minute: "2-digit",
+    hourCycle: "h23",
+    timeZoneName: "shortOffset",
+  }).format(now);
+  return `Current time: ${local} (${timeZone}; ${now.toISOString()} in UTC)`;
+}
+
+/**
+ * What the sandbox is, as it is: who shares its /workspace (the deployment's scope) and what its
+ * commands can reach (the agent's egress grant). Said only when a tool works there.
+ */
+function workspaceLines(input: PromptInput): string[] {
+  if (!input.tools.some((t) => SANDBOX_TOOLS.has(t.name))) return [];
+  const shared =
+    input.sandboxScope === "session"
+      ? "a sandbox of this session's own"
+      : input.sandboxScope === "agent"
+        ? `a sandbox shared by every session of agent ${input.agentId} in this tenant: other conversations read and change the same files`
+        : "a sandbox shared by every session of this tenant: other conversations and agents read and change the same files";
+  const hosts = input.agent.egress.allowHosts;
+  return [
+    `Workspace: /workspace in ${shared} (shell commands and files go there).`,
+    hosts.length > 0
+      ? `Network: commands in the sandbox reach only these hosts, through the proxy in HTTP_PROXY and HTTPS_PROXY (curl, wget, pip and npm use it): ${hosts.join(", ")}. Nothing else is reachable.`
+      : "Network: commands in the sandbox have none.",
+  ];
+}
+
+/** Tools that work in the session's sandbox. */
+const SANDBOX_TOOLS = new Set(["exec", "process", "read_file", "write_file", "list_files"]);

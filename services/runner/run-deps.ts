@@ -34,6 +34,8 @@ export interface RunnerParts {
   /** The model for agents whose agent.json names none. */
   defaultModel: string;
   execTimeoutMs: number;
+  /** Who shares a sandbox (TROUPE_SANDBOX_SCOPE), for the prompt to say. */
+  sandboxScope: "session" | "agent" | "shared";
   /** What web_fetch and http_request may reach, and the secrets http_request may send. */
   net: NetPolicy;
   secrets: Secrets;
@@ -240,6 +242,7 @@ export function runDepsFor(parts: RunnerParts): (actor: SessionActor, first: rea
             skipContextFiles: subagent !== undefined,
             driftReminder: req.driftReminder,
             now: new Date(),
+            sandboxScope: parts.sandboxScope,
           },
           req.tokens,
           req.budget,

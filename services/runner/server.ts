@@ -115,6 +115,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   const runDeps = runDepsFor({
     defaultModel: cfg.model,
     execTimeoutMs: cfg.execTimeoutMs,
+    sandboxScope: cfg.sandboxScope,
     net: { ...DEFAULT_NET_POLICY, ...cfg.net, proxy: cfg.outboundProxy },
     secrets: new Secrets(cfg.secretsFile),
     background,

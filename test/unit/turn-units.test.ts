@@ -11,7 +11,7 @@ import * as o200k from "gpt-tokenizer/encoding/o200k_base";
 import * as cl100k from "gpt-tokenizer/encoding/cl100k_base";
 import { ChatMessageSchema, Role, type ChatMessage } from "../../services/shared/gen/troupe/v1/session_pb.js";
 import { MemoryKind } from "../../services/shared/gen/troupe/v1/memory_pb.js";
-import { DEFAULT_AGENT } from "../../services/runner/agent-config.js";
+import { DEFAULT_AGENT, parseAgentConfig } from "../../services/runner/agent-config.js";
 import {
   ContextSources,
   FILE_CHAR_LIMIT,
@@ -400,10 +400,40 @@ describe("the context builder", () => {
       skipContextFiles: false,
       driftReminder: false,
       now: new Date("2026-01-01T00:00:00Z"),
+      sandboxScope: "session",
       ...over,
     };
     return buildSystemPrompt(sources, input, await TokenCounter.exactForModel("gpt-4o"), 100_000);
   };
+
+  test("the runtime section tells the truth: the sandbox's sharing and network, the time and its zone", async (t) => {
+    const dir = await contextDir(t);
+    const egress = { allowHosts: ["registry.npmjs.org", "*.pythonhosted.org"], budgetMb: 64 };
+    const granted = await base(dir, { agent: { name: "Ada", ...DEFAULT_AGENT, egress } });
+    assert.match(granted.text, /Workspace: \/workspace in a sandbox of this session's own/);
+    assert.match(
+      granted.text,
+      /Network: commands in the sandbox reach only these hosts.*registry\.npmjs\.org, \*\.pythonhosted\.org\. Nothing else/,
+    );
+    assert.doesNotMatch(granted.text, /without network|have none/);
+    assert.match(granted.text, /Current time: 2026-01-01T00:00:00\.000Z \(UTC; the user's time zone is not known\)/);
+    const closed = await base(dir, { sandboxScope: "agent" });
+    assert.match(
+      closed.text,
+      /a sandbox shared by every session of agent a1 in this tenant: other conversations read and change the same files/,
+    );
+    assert.match(closed.text, /Network: commands in the sandbox have none\./);
+    const shared = await base(dir, { sandboxScope: "shared" });
+    assert.match(shared.text, /a sandbox shared by every session of this tenant/);
+    const noTools = await base(dir, { tools: [{ name: "memory_search", description: "search" }] });
+    assert.doesNotMatch(noTools.text, /Workspace:|Network:/);
+    const berlin = await base(dir, { agent: { name: "Ada", ...DEFAULT_AGENT, timeZone: "Europe/Berlin" } });
+    assert.match(
+      berlin.text,
+      /Current time: Thursday, 2026-01-01, 01:00 GMT\+1 \(Europe\/Berlin; 2026-01-01T00:00:00\.000Z in UTC\)/,
+    );
+    assert.throws(() => parseAgentConfig("a1", { timeZone: "Mars/Olympus" }), /not a time zone/);
+  });
 
   test("files are capped at 4,000 characters each and 12,000 together; binary ones are left out", async (t) => {
     const dir = await contextDir(t);
@@ -501,6 +531,7 @@ describe("the context builder", () => {
       skipContextFiles: false,
       driftReminder: true,
       now: new Date(),
+      sandboxScope: "session",
     };
     const all = await buildSystemPrompt(sources, input, tokens, 100_000);
     assert.match(all.text, /## Long-term facts\n- Alice likes tea/);
@@ -543,6 +574,7 @@ describe("the system prompt's token count", () => {
           channel: "grpc",
           sender: { id: "u", tenant: "t", isOwner: true },
           tools: [{ name: "exec", description: "run" }],
+          sandboxScope: "session",
           memories: [{ text: "likes tea", kind: MemoryKind.FACT }],
           ephemeral: ["x"],
           skipContextFiles: false,
