@@ -2,6 +2,7 @@
 // its memories only when asked; only its owner can, and to anyone else it does not exist.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
+import { existsSync } from "node:fs";
 import { mkdir, mkdtemp, rm, utimes, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
@@ -50,6 +51,30 @@ async function memoriesOf(query: string) {
   } finally {
     memory.close();
   }
+}
+
+/**
+ * Session `id` with two sub-agent sessions: one that ran a command in its sandbox, one that saved
+ * a memory. Returns their ids.
+ */
+async function withChildren(id: string): Promise<{ parent: string; children: string[] }> {
+  const s = new ChatSession(stack.gateway);
+  s.send({ case: "open", value: { sessionId: id, create: true } });
+  await s.waitOpened();
+  const children: string[] = [];
+  for (const task of [
+    '!call exec {"command": "echo child > /workspace/c.txt"}',
+    '!call memory_save {"text": "the heron nests by the pier"}',
+  ]) {
+    const events = await s.turn(`!call delegate_task ${JSON.stringify({ task })}`, 30_000);
+    const started = /sub-agent session (\S+) started/.exec(
+      events.flatMap((e) => (e.payload.case === "toolExecutionUpdate" ? [e.payload.value.output] : [])).join(""),
+    );
+    assert.ok(started, "a child was started");
+    children.push(started[1]);
+  }
+  s.close();
+  return { parent: id, children };
 }
 
 const codeOf = (p: Promise<unknown>) =>
@@ -117,6 +142,64 @@ describe("DeleteSession", () => {
     const left = await memoriesOf("bike");
     assert.ok(!left.some((m) => m.session === "forgetful"), JSON.stringify(left));
     assert.ok(left.some((m) => m.session === "other"));
+  });
+
+  test("a session goes with its sub-agents: their logs, sandboxes and, when asked, memories", async () => {
+    const { parent, children } = await withChildren("family");
+    const listed = async () => (await stack.gateway.listSessions({})).sessions.map((x) => x.sessionId);
+    for (const c of children) assert.ok((await listed()).includes(c), "a child is listed before");
+    await waitFor("the child's memory", async () =>
+      (await memoriesOf("heron")).some((m) => children.includes(m.session)),
+    );
+    const sandbox = stack.client(SandboxService, stack.addr.sandbox);
+    const scopes = children.map((c) => scopeKey("session", DEV_IDENTITY, c, ""));
+    assert.ok(
+      (await sandbox.listSandboxes({})).sandboxes.some((s) => scopes.includes(s.scopeKey)),
+      "a child's sandbox",
+    );
+
+    const res = await stack.gateway.deleteSession({ sessionId: parent, forgetMemories: true });
+    assert.ok(res.memoriesForgotten >= 1, "the child's memory counted");
+    for (const id of [parent, ...children]) {
+      assert.equal(await codeOf(stack.gateway.getHistory({ sessionId: id })), Status.NOT_FOUND, id);
+      assert.ok(!(await listed()).includes(id), id);
+      assert.equal(existsSync(sessionLogPath(dataDir, refOf(DEV_IDENTITY, id))), false, `${id}'s log`);
+    }
+    assert.ok(!(await sandbox.listSandboxes({})).sandboxes.some((s) => scopes.includes(s.scopeKey)), "sandboxes gone");
+    sandbox.close();
+    assert.ok(
+      !(await memoriesOf("heron")).some((m) => children.includes(m.session)),
+      "what the child saved is forgotten",
+    );
+  });
+
+  test("a deletion cut short leaves no sub-agent readable, and is finished by the sweep and at the next start", async () => {
+    // What a crash between the parent's removal and its children's leaves: the parent's log gone.
+    const live = await withChildren("cut-live");
+    await rm(sessionLogPath(dataDir, refOf(DEV_IDENTITY, live.parent)));
+    for (const c of live.children)
+      assert.equal(await codeOf(stack.gateway.getHistory({ sessionId: c })), Status.NOT_FOUND, "unreadable at once");
+    await waitFor("the sweep", async () =>
+      live.children.every((c) => !existsSync(sessionLogPath(dataDir, refOf(DEV_IDENTITY, c)))),
+    );
+
+    // The runner killed with the deletion half done, then started again.
+    const killed = await withChildren("cut-killed");
+    await stack.kill("runner", "SIGKILL");
+    await rm(sessionLogPath(dataDir, refOf(DEV_IDENTITY, killed.parent)));
+    await stack.start("runner");
+    for (const c of killed.children)
+      assert.equal(await codeOf(stack.gateway.getHistory({ sessionId: c })), Status.NOT_FOUND);
+    await waitFor("the start's sweep", async () =>
+      killed.children.every((c) => !existsSync(sessionLogPath(dataDir, refOf(DEV_IDENTITY, c)))),
+    );
+    const sandbox = stack.client(SandboxService, stack.addr.sandbox);
+    const scopes = killed.children.map((c) => scopeKey("session", DEV_IDENTITY, c, ""));
+    await waitFor(
+      "their sandboxes removed",
+      async () => !(await sandbox.listSandboxes({})).sandboxes.some((s) => scopes.includes(s.scopeKey)),
+    );
+    sandbox.close();
   });
 
   test("a malformed session id is INVALID_ARGUMENT, and the service keeps serving", async () => {

@@ -163,6 +163,7 @@ export class InMemorySessionStore implements SessionStore {
         owner: ownerOf(head),
         createdMs: head.createdMs,
         updateMs: s.updateMs,
+        ...(head.subagent ? { parentSessionId: head.subagent.parentSessionId } : {}),
       });
     }
     return out;

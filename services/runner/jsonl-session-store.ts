@@ -31,6 +31,9 @@ function headerMatches(records: LogRecord[], ref: SessionRef): boolean {
 }
 
 /** Where a data directory keeps a session's log (for operators and tests; the store uses the same). */
+/** A log header longer than this is not a header this store wrote. */
+const MAX_HEADER_BYTES = 256 * 1024;
+
 export const sessionLogPath = (dataDir: string, ref: SessionRef): string =>
   path.join(dataDir, "sessions", filePart(ref.tenant), filePart(ref.principal), `${filePart(ref.sessionId)}.jsonl`);
 
@@ -225,8 +228,18 @@ export class JsonlSessionStore implements SessionStore {
     try {
       const fh = await open(file, "r");
       try {
-        const { bytesRead, buffer } = await fh.read(Buffer.alloc(4096), 0, 4096, 0);
-        const head = JSON.parse(buffer.subarray(0, bytesRead).toString("utf8").split("\n")[0]) as LogRecord;
+        // The header is the first line: most fit in 4 KiB; a sub-agent's carries its instruction
+        // (up to 16,000 characters), so the read goes on to the line's end, within a bound.
+        let line = Buffer.alloc(0);
+        for (let at = 0; at < MAX_HEADER_BYTES; ) {
+          const { bytesRead, buffer } = await fh.read(Buffer.alloc(4096), 0, 4096, at);
+          if (bytesRead === 0) break;
+          line = Buffer.concat([line, buffer.subarray(0, bytesRead)]);
+          at += bytesRead;
+          if (buffer.subarray(0, bytesRead).includes(0x0a)) break;
+        }
+        const end = line.indexOf(0x0a);
+        const head = JSON.parse(line.subarray(0, end < 0 ? line.length : end).toString("utf8")) as LogRecord;
         return head.t === "session" && this.file(refOf(ownerOf(head), head.sessionId)) === file ? head : undefined;
       } finally {
         await fh.close();
@@ -252,6 +265,7 @@ export class JsonlSessionStore implements SessionStore {
         owner: ownerOf(head),
         createdMs: head.createdMs,
         updateMs: st.mtimeMs,
+        ...(head.subagent ? { parentSessionId: head.subagent.parentSessionId } : {}),
       });
     }
     return out;

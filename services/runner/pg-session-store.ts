@@ -233,6 +233,7 @@ export class PgSessionStore implements SessionStore {
         owner: ownerOf(head),
         createdMs: Number(r.created_ms),
         updateMs: Number(r.update_ms),
+        ...(head.subagent ? { parentSessionId: head.subagent.parentSessionId } : {}),
       };
     });
   }

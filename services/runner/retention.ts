@@ -2,6 +2,13 @@
 // sandbox) is done here, and so is retention: an agent.json may say how many days an idle session
 // is kept (retentionDays); a sweep (hourly by default) deletes the older ones as DeleteSession
 // would, memories kept.
+//
+// A session goes with its descendants: the sub-agent sessions delegate_task made (delegate.ts),
+// their children, and what each has outside its log. The memories of all of them go first when
+// asked (a failure there deletes nothing); then the session itself, which makes every descendant
+// unreachable at once (the registry answers NOT_FOUND for a sub-agent whose parent is gone); then
+// the descendants. A crash between the two leaves orphans that nobody can read, and the sweep,
+// which also runs once at start, deletes them.
 import type { MemoryService } from "../shared/gen/troupe/v1/memory_pb.js";
 import type { SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
 import { identityMetadata } from "../shared/auth.js";
@@ -9,8 +16,9 @@ import type { Logger } from "../shared/log.js";
 import type { ServiceClient } from "../shared/rpc.js";
 import type { AgentConfigs } from "./agent-config.js";
 import type { ScheduleStore } from "./schedule-files.js";
+import type { Identity } from "../shared/auth.js";
 import type { SessionActor } from "./session-actor.js";
-import type { SessionStore } from "./session-log.js";
+import type { SessionStore, StoredSession } from "./session-log.js";
 import type { SessionRegistry } from "./session-registry.js";
 
 const DAY_MS = 86_400_000;
@@ -54,24 +62,106 @@ export async function clearSessionParts(
   return { memoriesForgotten, sandboxRemoved };
 }
 
-/** Deletes the sessions idle longer than their agent's retentionDays, every `everyMs`. */
-export function startRetention(o: {
+export interface Deletion {
   store: SessionStore;
   registry: SessionRegistry;
-  agents: AgentConfigs;
   parts: SessionParts;
-  everyMs: number;
-}): { stop(): void; sweep(): Promise<number> } {
+}
+
+/** The sub-agent sessions below `sessionId` among one owner's `sessions`, nearest first. */
+export function descendantsOf(sessionId: string, sessions: readonly StoredSession[]): StoredSession[] {
+  const children = new Map<string, StoredSession[]>();
+  for (const s of sessions)
+    if (s.parentSessionId !== undefined)
+      (children.get(s.parentSessionId) ?? children.set(s.parentSessionId, []).get(s.parentSessionId)!).push(s);
+  const out: StoredSession[] = [];
+  const seen = new Set([sessionId]);
+  for (let i = -1; i < out.length; i++)
+    for (const c of children.get(i < 0 ? sessionId : out[i].sessionId) ?? [])
+      if (!seen.has(c.sessionId)) seen.add(c.sessionId), out.push(c);
+  return out;
+}
+
+/**
+ * Deletes the caller's session `sessionId` and its descendants, as the file's head says.
+ * NOT_FOUND when the caller has no such session. Rejects when the memories asked to be forgotten
+ * cannot be (nothing is deleted then) or when the session itself cannot be; a descendant that
+ * cannot be deleted now is left, unreachable, to the sweep.
+ */
+export async function deleteSessionTree(
+  o: Deletion,
+  sessionId: string,
+  caller: Identity,
+  forgetMemories: boolean,
+): Promise<{ memoriesForgotten: number; sandboxRemoved: boolean }> {
+  const root = await o.registry.require(sessionId, caller);
+  const descendants = descendantsOf(sessionId, await o.store.list(caller));
+  let memoriesForgotten = 0;
+  if (forgetMemories) {
+    const scope = { tenant: root.owner.tenant, owner: root.owner.memoryOwner ?? root.owner.principal };
+    for (const id of [sessionId, ...descendants.map((d) => d.sessionId)])
+      memoriesForgotten += (await o.parts.memory.forgetMemories({ scope, sessionId: id })).forgotten;
+  }
+  let sandboxRemoved = false;
+  await o.registry.delete(sessionId, caller, async (actor) => {
+    sandboxRemoved = (await clearSessionParts(o.parts, actor, false)).sandboxRemoved;
+  });
+  await deleteOrphans(o, descendants);
+  return { memoriesForgotten, sandboxRemoved };
+}
+
+/** Deletes sub-agent sessions whose parent is gone, with what they hold outside their logs. */
+async function deleteOrphans(o: Deletion, orphans: readonly StoredSession[]): Promise<number> {
+  let deleted = 0;
+  for (const s of orphans) {
+    try {
+      await o.registry.delete(s.sessionId, s.owner, (actor) =>
+        clearSessionParts(o.parts, actor, false).then(() => undefined),
+      );
+      deleted++;
+    } catch (err) {
+      o.parts.logger.warn("a deleted session's sub-agent session is left to the next sweep", {
+        session: s.sessionId,
+        error: String((err as Error).message ?? err),
+      });
+    }
+  }
+  return deleted;
+}
+
+/** `all` less the orphans among it: what a listing shows. */
+export function withoutOrphans(all: readonly StoredSession[]): StoredSession[] {
+  const orphans = new Set(orphansAmong(all));
+  return all.filter((s) => !orphans.has(s));
+}
+
+/** The sub-agent sessions among `all` whose parent is not among them (same owner). */
+function orphansAmong(all: readonly StoredSession[]): StoredSession[] {
+  const present = new Set(all.map((s) => `${s.owner.tenant}\0${s.owner.principal}\0${s.sessionId}`));
+  return all.filter(
+    (s) =>
+      s.parentSessionId !== undefined && !present.has(`${s.owner.tenant}\0${s.owner.principal}\0${s.parentSessionId}`),
+  );
+}
+
+/**
+ * Every `everyMs`, and once at start: deletes the sessions idle longer than their agent's
+ * retentionDays, with their descendants, and the sub-agent sessions whose parent is gone.
+ */
+export function startRetention(o: Deletion & { agents: AgentConfigs; everyMs: number }): {
+  stop(): void;
+  sweep(): Promise<number>;
+} {
   const sweep = async (): Promise<number> => {
     let deleted = 0;
     const now = Date.now();
-    for (const s of await o.store.list()) {
+    const all = await o.store.list();
+    for (const s of all) {
+      if (s.parentSessionId !== undefined) continue; // goes with its parent
       const days = (await o.agents.get(s.agentId)).config.retentionDays;
       if (days === undefined || now - s.updateMs < days * DAY_MS) continue;
       try {
-        await o.registry.delete(s.sessionId, s.owner, (actor) =>
-          clearSessionParts(o.parts, actor, false).then(() => undefined),
-        );
+        await deleteSessionTree(o, s.sessionId, s.owner, false);
         deleted++;
       } catch (err) {
         o.parts.logger.warn("retention: a session could not be deleted; trying again next sweep", {
@@ -81,16 +171,22 @@ export function startRetention(o: {
       }
     }
     if (deleted > 0) o.parts.logger.info(`retention: deleted ${deleted} idle session(s)`);
-    return deleted;
+    const orphans = orphansAmong(deleted > 0 ? await o.store.list() : all);
+    const finished = await deleteOrphans(o, orphans);
+    if (finished > 0) o.parts.logger.info(`deleted ${finished} sub-agent session(s) whose parent was deleted`);
+    return deleted + finished;
   };
   let running = false;
-  const timer = setInterval(() => {
+  const tick = () => {
     if (running) return;
     running = true;
     void sweep()
       .catch((err: unknown) => o.parts.logger.warn("retention sweep failed", { error: String(err) }))
       .finally(() => (running = false));
-  }, o.everyMs);
+  };
+  const timer = setInterval(tick, o.everyMs);
   timer.unref();
+  // A deletion a crash cut short is finished at the next start, not an hour later.
+  setImmediate(tick).unref();
   return { stop: () => clearInterval(timer), sweep };
 }

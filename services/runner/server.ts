@@ -31,7 +31,7 @@ import { loadProviders, singleProvider } from "../shared/providers.js";
 import { registerWithRouter } from "./registration.js";
 import { adoptOrphans } from "./orphaned-runs.js";
 import type { SessionRef } from "../shared/session-ref.js";
-import { clearSessionParts, startRetention } from "./retention.js";
+import { deleteSessionTree, startRetention, withoutOrphans } from "./retention.js";
 import { ProviderModels } from "./provider-models.js";
 import type { SessionActor } from "./session-actor.js";
 import { fileStorage, pgStorage } from "./storage.js";
@@ -253,7 +253,8 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
       const live = new Map(
         (await registry.loaded()).filter((a) => sameIdentity(a.owner, caller)).map((a) => [a.sessionId, a]),
       );
-      const stored = (await store.list(caller)).sort((a, b) => a.sessionId.localeCompare(b.sessionId));
+      // A sub-agent's session whose parent is gone is gone too (retention.ts).
+      const stored = withoutOrphans(await store.list(caller)).sort((a, b) => a.sessionId.localeCompare(b.sessionId));
       const sessions = stored.slice(page.offset, page.offset + page.size).map(
         (s) =>
           live.get(s.sessionId)?.info() ??
@@ -287,11 +288,12 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
     },
 
     async deleteStoredSession(req, call) {
-      let cleared = { memoriesForgotten: 0, sandboxRemoved: false };
-      await registry.delete(req.sessionId, identityOf(call.metadata), async (actor) => {
-        cleared = await clearSessionParts(parts, actor, req.forgetMemories);
-      });
-      return cleared;
+      return deleteSessionTree(
+        { store, registry, parts },
+        req.sessionId,
+        identityOf(call.metadata),
+        req.forgetMemories,
+      );
     },
 
     async putSchedule(req, call) {

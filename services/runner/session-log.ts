@@ -95,6 +95,8 @@ export interface StoredSession {
   owner: Identity;
   createdMs: number;
   updateMs: number;
+  /** A sub-agent's session: its parent's id (same owner). */
+  parentSessionId?: string;
 }
 
 /** Sessions are addressed by ref (owner and id): the same id of two owners is two sessions. */

@@ -71,11 +71,21 @@ export class SessionRegistry {
     return this.actors.size;
   }
 
-  /** The caller's session `sessionId`, live: NOT_FOUND if the caller has no such session. */
+  /**
+   * The caller's session `sessionId`, live: NOT_FOUND if the caller has no such session. A
+   * sub-agent's session whose parent is gone (a deletion cut short) is gone too: NOT_FOUND, as
+   * a missing one, until the sweep removes it (retention.ts).
+   */
   async require(sessionId: string, caller: Identity): Promise<SessionActor> {
     const actor = await this.get(refOf(caller, sessionId));
-    if (!actor) throw notFound(`session ${sessionId} does not exist`);
+    if (!actor || (await this.orphaned(actor))) throw notFound(`session ${sessionId} does not exist`);
     return authorize(actor, caller);
+  }
+
+  /** A sub-agent's session whose parent no longer exists. */
+  private async orphaned(actor: SessionActor): Promise<boolean> {
+    const parent = actor.subagent?.parentSessionId;
+    return parent !== undefined && !(await this.deps.store.exists(refOf(actor.owner, parent)));
   }
 
   /** The live actor of a stored session, loading it if needed; undefined if no such session. */
@@ -107,6 +117,7 @@ export class SessionRegistry {
     const sessionId = open.sessionId || newId();
     const ref = refOf(caller, sessionId);
     let actor = await this.get(ref);
+    if (actor && (await this.orphaned(actor))) throw notFound(`session ${sessionId} does not exist`);
     let created = false;
     if (!actor) {
       if (open.sessionId !== "" && !open.create)
@@ -160,7 +171,10 @@ export class SessionRegistry {
    * call can be retried), then the log goes. Meanwhile the session is neither found nor loaded.
    */
   async delete(sessionId: string, caller: Identity, before: (actor: SessionActor) => Promise<void>): Promise<void> {
-    const actor = await this.require(sessionId, caller);
+    // Not require(): a sub-agent's session whose parent is gone must still be deletable.
+    const actor = await this.get(refOf(caller, sessionId));
+    if (!actor) throw notFound(`session ${sessionId} does not exist`);
+    authorize(actor, caller);
     const key = refKey(actor.ref);
     const deleting = (async () => {
       await actor.close();

@@ -31,6 +31,28 @@ export function storageContract(kind: string, make: (t: TestContext) => Promise<
       assert.deepEqual(records.at(-1), { t: "settings", queueMode: 2 });
     });
 
+    test("a sub-agent's session is listed with its parent, whatever the length of its instruction", async (t) => {
+      const storage = await make(t);
+      await storage.start();
+      t.after(() => storage.stop());
+      await (await storage.sessions.create(refOf(ALICE, "p1"), "main", ALICE)).close();
+      // The longest instruction delegate_task allows, in three-byte characters: a header of ~48 KB.
+      const instruction = "数".repeat(16_000);
+      const child = refOf(ALICE, "p1:sub:abc");
+      await (
+        await storage.sessions.create(child, "main", ALICE, { parentSessionId: "p1", depth: 1, instruction })
+      ).close();
+      const listed = (await storage.sessions.list(ALICE)).sort((a, b) => a.sessionId.localeCompare(b.sessionId));
+      assert.deepEqual(
+        listed.map((s) => [s.sessionId, s.parentSessionId]),
+        [
+          ["p1", undefined],
+          ["p1:sub:abc", "p1"],
+        ],
+      );
+      assert.deepEqual((await storage.sessions.list()).length, 2, "and in the listing of everyone's");
+    });
+
     test("a removed session is gone for good: its id may be made again, empty; a stranger's is not touched", async (t) => {
       const storage = await make(t);
       await storage.start();
