@@ -23,7 +23,11 @@ before(async () => {
   dataDir = await mkdtemp(path.join(os.tmpdir(), "troupe-delete-"));
   await mkdir(path.join(dataDir, "agents", "brief"), { recursive: true });
   await writeFile(path.join(dataDir, "agents", "brief", "agent.json"), JSON.stringify({ retentionDays: 1 }));
-  stack = await startStack({ dataDir, env: { TROUPE_RETENTION_SWEEP_MS: "300" } });
+  // The runner dies half-way through deleting session cut-killed, as in a crash.
+  stack = await startStack({
+    dataDir,
+    env: { TROUPE_RETENTION_SWEEP_MS: "300", TROUPE_FAILPOINTS: "runner.delete=cut-killed!crash" },
+  });
 });
 after(async () => {
   await stack?.stop();
@@ -183,10 +187,18 @@ describe("DeleteSession", () => {
       live.children.every((c) => !existsSync(sessionLogPath(dataDir, refOf(DEV_IDENTITY, c)))),
     );
 
-    // The runner killed with the deletion half done, then started again.
+    // The runner dies between the parent's removal and its children's (a failpoint), then starts again.
     const killed = await withChildren("cut-killed");
+    const runner = stack.process("runner")!;
+    const died = new Promise((resolve) => runner.once("exit", (_code, signal) => resolve(signal)));
+    assert.notEqual(await codeOf(stack.gateway.deleteSession({ sessionId: killed.parent })), Status.OK);
+    assert.equal(await died, "SIGKILL");
+    assert.equal(existsSync(sessionLogPath(dataDir, refOf(DEV_IDENTITY, killed.parent))), false, "the parent went");
+    assert.ok(
+      killed.children.every((c) => existsSync(sessionLogPath(dataDir, refOf(DEV_IDENTITY, c)))),
+      "its children did not",
+    );
     await stack.kill("runner", "SIGKILL");
-    await rm(sessionLogPath(dataDir, refOf(DEV_IDENTITY, killed.parent)));
     await stack.start("runner");
     for (const c of killed.children)
       assert.equal(await codeOf(stack.gateway.getHistory({ sessionId: c })), Status.NOT_FOUND);

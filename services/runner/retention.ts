@@ -17,6 +17,7 @@ import type { ServiceClient } from "../shared/rpc.js";
 import type { AgentConfigs } from "./agent-config.js";
 import type { ScheduleStore } from "./schedule-files.js";
 import type { Identity } from "../shared/auth.js";
+import { failpoint } from "./failpoints.js";
 import type { SessionActor } from "./session-actor.js";
 import type { SessionStore, StoredSession } from "./session-log.js";
 import type { SessionRegistry } from "./session-registry.js";
@@ -106,6 +107,7 @@ export async function deleteSessionTree(
   await o.registry.delete(sessionId, caller, async (actor) => {
     sandboxRemoved = (await clearSessionParts(o.parts, actor, false)).sandboxRemoved;
   });
+  failpoint("runner.delete", sessionId);
   await deleteOrphans(o, descendants);
   return { memoriesForgotten, sandboxRemoved };
 }
