@@ -16,6 +16,7 @@ const TOKEN = "xoxb-test-token";
 const SECRET = "8f742231b10e8888abcd99yyyzzz85a5";
 const DM = "D0DM00001";
 const GENERAL = "C0GENERAL";
+const STRANGER_DM = "D0DM00002";
 let stack: Stack;
 let dataDir: string;
 let slack: SlackServer;
@@ -47,7 +48,7 @@ before(async () => {
   await writeFile(path.join(dataDir, "routing.json"), JSON.stringify({ session: { dmScope: "per-channel-peer" } }));
   stack = await startStack({ dataDir, services: ["model-server", "router", "memory", "runner", "gateway"] });
   adapterKey = await stack.keyFor("local", "slack-app", { role: "adapter", channels: ["slack"] });
-  slack = new SlackServer(TOKEN, SECRET, new Set([DM, GENERAL]));
+  slack = new SlackServer(TOKEN, SECRET, new Set([DM, GENERAL, STRANGER_DM]));
   apiUrl = await slack.start();
   eventsUrl = `http://127.0.0.1:${await freePort()}/slack/events`;
   await start();
@@ -144,6 +145,27 @@ test("Slack's retries of an event are one message, answered once; a bot's own me
   await settles(DM, before + 1, /^You said: once only/);
   await new Promise((r) => setTimeout(r, 1500));
   assert.equal(slack.botMessages(DM).length, before + 1);
+});
+
+test("a stranger's direct message gets a pairing code in the DM and reaches no agent", async () => {
+  const ts = slack.nextTs();
+  await slack.sendEvent(eventsUrl, {
+    type: "message",
+    channel: STRANGER_DM,
+    channel_type: "im",
+    user: "U0STRANGE",
+    text: "let me in",
+    ts,
+  });
+  const [told] = await settles(STRANGER_DM, 1, /Your pairing code is [A-Z2-9]{8}/);
+  assert.equal(told!.thread_ts, undefined);
+  const gw = await stack.gatewayAs("local", "slack-app");
+  try {
+    const sessions = (await gw.listSessions({})).sessions.map((s) => s.sessionId.toLowerCase());
+    assert.ok(!sessions.some((id) => id.includes("u0strange")), sessions.join(", "));
+  } finally {
+    gw.close();
+  }
 });
 
 test("forged and stale requests are refused and reach no agent", async () => {

@@ -29,6 +29,8 @@ const env = (extra: NodeJS.ProcessEnv = {}): NodeJS.ProcessEnv => ({
   SLACK_BOT_TOKEN: TOKEN,
   SLACK_APP_TOKEN: slack.appToken,
   SLACK_API_URL: apiUrl,
+  // Alice writes in private; under the default DM policy (pairing) she is let in by name.
+  TROUPE_ADAPTER_ALLOW_FROM: "U0ALICE01",
   ...extra,
 });
 

@@ -2,20 +2,25 @@
 // (helpers/telegram-api.ts): a chat message reaches the agent and its reply streams back as one
 // message edited at a bounded rate; long replies are split at Telegram's limit; groups answer only
 // what is addressed to the bot, in the topic it came from; directives act for allowed users only;
-// an adapter killed mid-reply and started again neither loses nor doubles a message.
+// an adapter killed mid-reply and started again neither loses nor doubles a message. Strangers
+// writing in private under the defaults (pairing, per-channel-peer) get a code and reach nothing
+// until the operator lets them in, and then each has a conversation of their own.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { startAdapter, type AdapterProcess } from "./helpers/adapter.js";
-import { freePort, startStack, waitFor, type Stack } from "./helpers/stack.js";
+import { execFile } from "node:child_process";
+import { freePort, MAIN, startStack, waitFor, type Stack } from "./helpers/stack.js";
 import { TelegramApiServer } from "./helpers/telegram-api.js";
 
 const TOKEN = "123456:ABC-test-token";
 const ALICE = { id: 1001, first_name: "Alice" };
 const BOB = { id: 1002, first_name: "Bob" };
 const CAROL = { id: 1003, first_name: "Carol" };
+const DAVE = { id: 2001, first_name: "Dave" };
+const ERIN = { id: 2002, first_name: "Erin" };
 let stack: Stack;
 let dataDir: string;
 let telegram: TelegramApiServer;
@@ -33,6 +38,8 @@ const start = async () => {
       TELEGRAM_BOT_TOKEN: TOKEN,
       TELEGRAM_API_URL: apiUrl,
       TROUPE_ADAPTER_COMMAND_USERS: String(ALICE.id),
+      // Known people, let in by name; strangers meet the default DM policy, pairing.
+      TROUPE_ADAPTER_ALLOW_FROM: [BOB.id, CAROL.id].join(","),
     },
     /telegram adapter polling as @troupe_bot/,
   );
@@ -40,14 +47,13 @@ const start = async () => {
 
 before(async () => {
   dataDir = await mkdtemp(path.join(os.tmpdir(), "troupe-telegram-"));
-  await writeFile(path.join(dataDir, "routing.json"), JSON.stringify({ session: { dmScope: "per-channel-peer" } }));
   await mkdir(path.join(dataDir, "agents", "main"), { recursive: true });
   await writeFile(path.join(dataDir, "agents", "main", "agent.json"), JSON.stringify({ models: ["scripted-2"] }));
   stack = await startStack({ dataDir, services: ["model-server", "router", "memory", "runner", "gateway"] });
   adapterKey = await stack.keyFor("local", "tg-bot", { role: "adapter", channels: ["telegram"] });
   telegram = new TelegramApiServer(TOKEN);
   apiUrl = await telegram.start();
-  for (const id of [ALICE.id, BOB.id]) telegram.addChat({ id, type: "private" });
+  for (const id of [ALICE.id, BOB.id, DAVE.id, ERIN.id]) telegram.addChat({ id, type: "private" });
   telegram.addChat({ id: -100500, type: "supergroup", title: "Team", is_forum: true });
   await start();
 });
@@ -84,6 +90,71 @@ test("a private message is answered in the chat, streamed as edits of one messag
     "nothing Telegram would refuse, apart from flood control the adapter waits out",
   );
 });
+
+test("strangers writing in private get a pairing code and reach nothing; let in, each talks alone", async () => {
+  // Under the defaults: no routing file (per-channel-peer), no DM policy set (pairing).
+  telegram.userSays(DAVE.id, DAVE, "my locker code is 4412");
+  telegram.userSays(ERIN.id, ERIN, "my locker code is 9001");
+  const codeOf = async (who: typeof DAVE) => {
+    const [told] = await botSays(who.id, 1, /Your pairing code is [A-Z2-9]{8}/);
+    return /pairing code is ([A-Z2-9]{8})/.exec(told!.text)![1]!;
+  };
+  const [daveCode, erinCode] = [await codeOf(DAVE), await codeOf(ERIN)];
+  assert.notEqual(daveCode, erinCode);
+  // Writing again while waiting: the same code, not told twice.
+  telegram.userSays(DAVE.id, DAVE, "hello?");
+  const gw = await stack.gatewayAs("local", "tg-bot");
+  try {
+    const sessions = async () => (await gw.listSessions({})).sessions.map((s) => s.sessionId);
+    await new Promise((r) => setTimeout(r, 1500));
+    assert.equal(telegram.botMessages(DAVE.id).length, 1, "the code is told once");
+    assert.ok(!(await sessions()).some((id) => id.endsWith(`:${DAVE.id}`) || id.endsWith(`:${ERIN.id}`)), "no session");
+    const listed = await pairing("ls");
+    assert.match(listed.stdout, new RegExp(`${daveCode}  ${DAVE.id} \\(Dave\\)`));
+    assert.equal((await pairing("approve", "WRONGCOD")).code, 1);
+    assert.match(
+      (await pairing("approve", daveCode.toLowerCase())).stdout,
+      /telegram: let in 2001 \(Dave\); they were told/,
+    );
+    assert.match((await pairing("approve", erinCode)).stdout, /let in 2002 \(Erin\)/);
+    await botSays(DAVE.id, 2, /You are let in/);
+    // What they wrote before is not in any session: each one's first message is the next.
+    telegram.userSays(DAVE.id, DAVE, "!first");
+    telegram.userSays(ERIN.id, ERIN, "!first");
+    const [daveReply] = (await botSays(DAVE.id, 3, /./)).slice(-1);
+    const [erinReply] = (await botSays(ERIN.id, 3, /./)).slice(-1);
+    for (const reply of [daveReply!, erinReply!]) assert.doesNotMatch(reply.text, /locker|hello\?/);
+    // Each in a session of their own, answered in their own chat, each reply to its own message.
+    const own = (await sessions()).filter((id) => id.endsWith(`:${DAVE.id}`) || id.endsWith(`:${ERIN.id}`));
+    assert.equal(own.length, 2, own.join(", "));
+    telegram.userSays(DAVE.id, DAVE, "dave's own words");
+    const asked = telegram.userSays(ERIN.id, ERIN, "erin's own words");
+    const [toErin] = (await botSays(ERIN.id, 4, /You said: erin's own words/)).slice(-1);
+    assert.equal(toErin!.reply_to, asked);
+    await botSays(DAVE.id, 4, /You said: dave's own words/);
+    for (const id of own) {
+      const texts = (await gw.getHistory({ sessionId: id })).messages.map((m) => m.text).join("\n");
+      const mine = id.endsWith(`:${DAVE.id}`) ? "dave" : "erin";
+      assert.match(texts, new RegExp(`${mine}'s own words`));
+      assert.doesNotMatch(texts, new RegExp(`${mine === "dave" ? "erin" : "dave"}'s own words`));
+    }
+    // Revoked, Dave is a stranger again.
+    assert.match((await pairing("revoke", String(DAVE.id))).stdout, /may no longer write in private/);
+    telegram.userSays(DAVE.id, DAVE, "still there?");
+    await botSays(DAVE.id, 5, /Your pairing code is/);
+  } finally {
+    gw.close();
+  }
+});
+
+/** `troupe pairing ...` against the test's data directory. */
+function pairing(...args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+  return new Promise((resolve) =>
+    execFile(process.execPath, [MAIN, "pairing", ...args, "--data-dir", dataDir], (err, stdout, stderr) =>
+      resolve({ code: (err as { code?: number } | null)?.code ?? 0, stdout, stderr }),
+    ),
+  );
+}
 
 test("a reply over 4096 characters is split at a break into messages Telegram accepts", async () => {
   telegram.userSays(BOB.id, BOB, "!tokens 1500");
@@ -199,6 +270,7 @@ test("webhook mode: setWebhook with a secret; updates come by POST and are answe
     TELEGRAM_WEBHOOK_URL: publicUrl,
     TELEGRAM_WEBHOOK_SECRET: "s3cret_token-1",
     TROUPE_WEBHOOK_ADDR: listen,
+    TROUPE_ADAPTER_ALLOW_FROM: String(CAROL.id),
   };
   const bot = await startAdapter("telegram", env, /telegram adapter taking its webhook as @troupe_bot/);
   try {

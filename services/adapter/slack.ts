@@ -10,6 +10,7 @@
 // (its retries, and a message arriving as both `message` and `app_mention`, are one message: the
 // idempotency key is channel:ts). Replies go in the thread of the message they answer,
 // streamed by chat.update (drafted-replies.ts).
+import { DmGate, type DmSettings } from "./dm-gate.js";
 import type http from "node:http";
 import { ChatType } from "../shared/gen/troupe/v1/inbound_pb.js";
 import { maxMediaBytes } from "../shared/media.js";
@@ -33,6 +34,8 @@ export interface SlackOptions {
   apiUrl: string;
   channel: string;
   commandUsers: Set<string>;
+  /** Who may write in private (dm-gate.ts). */
+  dm: DmSettings;
   draftIntervalMs: number;
   logger: Logger;
 }
@@ -87,6 +90,11 @@ export async function startSlackAdapter(gateway: GatewayClient, state: AdapterSt
       : err;
   });
   const replies = new DraftedReplies(chat, state, opts.draftIntervalMs, opts.logger);
+  const gate = await DmGate.start({
+    ...opts.dm,
+    tell: (to, text) => sendText(chat, to, text, [], () => undefined),
+    logger: opts.logger,
+  });
   // The token goes only to Slack's own file hosts (or the configured API's, for a test's server).
   const fileOrigins = [new URL(opts.apiUrl).origin];
   const mayDownload = (url: string) => {
@@ -110,6 +118,8 @@ export async function startSlackAdapter(gateway: GatewayClient, state: AdapterSt
     // In a channel the reply starts (or joins) the thread of the message; in a DM only a thread already there.
     const thread = e.thread_ts ?? (direct ? "" : e.ts);
     const from: Address = { chat_id: e.channel, message_id: e.ts, ...(thread ? { thread_id: thread } : {}) };
+    // A DM is the DM policy's: nothing of a sender it refuses goes further, not even their files.
+    if (direct && !(await gate.admit({ id: e.user, name: e.user }, { chat_id: e.channel }))) return;
     if (!direct) state.threads.set(`${e.channel}:${thread}`, true);
     const media = await Promise.all(
       (e.files ?? []).map(async (f) => {
@@ -196,6 +206,7 @@ export async function startSlackAdapter(gateway: GatewayClient, state: AdapterSt
       mode: "socket" as const,
       port: 0,
       async close(): Promise<void> {
+        gate.close();
         await socket.close();
         await replies.settle();
       },
@@ -207,6 +218,7 @@ export async function startSlackAdapter(gateway: GatewayClient, state: AdapterSt
     mode: "http" as const,
     port: server.port,
     async close(): Promise<void> {
+      gate.close();
       await server.close();
       await replies.settle();
     },

@@ -16,6 +16,7 @@ import { DraftedReplies, sendText } from "./drafted-replies.js";
 import { serveInbound, type InboundAnswer } from "./http-inbound.js";
 import { equalSecrets } from "./signature.js";
 import { telegramChat } from "./telegram-chat.js";
+import { DmGate, type DmSettings } from "./dm-gate.js";
 
 export interface TelegramOptions {
   token: string;
@@ -23,6 +24,8 @@ export interface TelegramOptions {
   channel: string;
   /** Telegram user ids whose /commands act. */
   commandUsers: Set<string>;
+  /** Who may write in private (dm-gate.ts). */
+  dm: DmSettings;
   draftIntervalMs: number;
   /** Webhook mode (setWebhook): the public HTTPS URL Telegram POSTs to, its secret token, and where this process listens. */
   webhook?: { url: string; secret: string; listen: string };
@@ -48,6 +51,11 @@ export async function startTelegramAdapter(gateway: GatewayClient, state: Adapte
   }
   const chat = telegramChat(api);
   const replies = new DraftedReplies(chat, state, opts.draftIntervalMs, opts.logger);
+  const gate = await DmGate.start({
+    ...opts.dm,
+    tell: (to, text) => sendText(chat, to, text, [], () => undefined),
+    logger: opts.logger,
+  });
   const stop = new AbortController();
   let stopped = false;
 
@@ -68,6 +76,9 @@ export async function startTelegramAdapter(gateway: GatewayClient, state: Adapte
       message_id: String(m.message_id),
       ...(topic ? { thread_id: topic } : {}),
     };
+    // A private chat is the DM policy's: nothing of a sender it refuses goes further, not even
+    // their files.
+    if (m.chat.type === "private" && !(await gate.admit({ id: String(m.from.id), name: nameOf(m.from) }, from))) return;
     const peer = { id: String(m.chat.id), displayName: m.chat.title ?? nameOf(m.from) };
     const media = await mediaOf(api, opts.token, opts.apiUrl, m, opts.logger);
     try {
@@ -174,6 +185,7 @@ export async function startTelegramAdapter(gateway: GatewayClient, state: Adapte
     replies,
     async close(): Promise<void> {
       stopped = true;
+      gate.close();
       stop.abort();
       await ("close" in running ? running.close() : running);
       await replies.settle();

@@ -11,6 +11,10 @@ import { startWebhookAdapter, webhookReplies } from "../adapter/webhook.js";
 import { startTelegramAdapter } from "../adapter/telegram.js";
 import { startSlackAdapter } from "../adapter/slack.js";
 import { CLIENT_FLAGS, gatewayClient } from "./gateway-client.js";
+import type { DmSettings } from "../adapter/dm-gate.js";
+import { sharedDmWarnings } from "./shared-dms.js";
+import type { Config } from "../shared/config-types.js";
+import type { Logger } from "../shared/log.js";
 
 export async function adapterCommand(args: string[]): Promise<number> {
   const kind = args[0] as "webhook" | "telegram" | "slack";
@@ -29,7 +33,15 @@ export async function adapterCommand(args: string[]): Promise<number> {
   const a = cfg.adapter;
   const channel = String(cfg.flags.channel ?? kind);
   const logger = createLogger(`adapter-${kind}`, cfg.logLevel, cfg.logFormat);
-  const state = await AdapterState.load(a.stateFile || path.join(cfg.dataDir, "adapters", `${kind}.json`));
+  const stateFile = a.stateFile || path.join(cfg.dataDir, "adapters", `${kind}.json`);
+  const state = await AdapterState.load(stateFile);
+  // Private messages: the public adapters let in only whom the operator approved, by default.
+  const dm: DmSettings = {
+    policy: a.dmPolicy ?? (kind === "webhook" ? "open" : "pairing"),
+    allowFrom: new Set([...a.allowFrom, ...a.commandUsers]),
+    stateFile,
+  };
+  warnOfSharedDms(cfg, channel, dm.policy, logger);
   const gateway = await gatewayClient(cfg, { throughProxy: false });
   let inbound: { close(): Promise<void> };
   let replies: InboxReplies;
@@ -63,6 +75,7 @@ export async function adapterCommand(args: string[]): Promise<number> {
       apiUrl: a.slackApiUrl,
       channel,
       commandUsers: new Set(a.commandUsers),
+      dm,
       draftIntervalMs: a.draftIntervalMs,
       logger,
     });
@@ -82,6 +95,7 @@ export async function adapterCommand(args: string[]): Promise<number> {
       apiUrl: a.telegramApiUrl,
       channel,
       commandUsers: new Set(a.commandUsers),
+      dm,
       draftIntervalMs: a.draftIntervalMs,
       webhook: a.telegramWebhookUrl
         ? { url: a.telegramWebhookUrl, secret: a.telegramWebhookSecret, listen: a.webhookAddr }
@@ -105,4 +119,17 @@ export async function adapterCommand(args: string[]): Promise<number> {
   // socket gone silent) would keep the process alive, so it is left to the exit.
   setTimeout(() => process.exit(), 2000).unref();
   return 0;
+}
+
+/**
+ * Says so at start when this adapter's direct messages from anyone land in one shared session (a
+ * routing file on this machine whose dmScope is main for this channel) and its policy lets
+ * strangers in: they would read each other's conversation.
+ */
+function warnOfSharedDms(cfg: Config, channel: string, policy: DmSettings["policy"], logger: Logger): void {
+  for (const line of sharedDmWarnings(cfg.routingFile, [{ channel, policy }])) logger.warn(line);
+  if (policy === "open")
+    logger.warn(
+      `${channel} adapter: TROUPE_ADAPTER_DM_POLICY=open: anyone may write to the agent in private (pairing or allowlist keep strangers out)`,
+    );
 }

@@ -12,6 +12,7 @@ import { parseKeys } from "../shared/api-keys.js";
 import { effectiveEnvironment, loadConfig, unknownVariables } from "../shared/config.js";
 import { SCHEMAS, type SchemaName, parseJson, schemaProblems } from "../shared/json-schema.js";
 import { parseQuotas } from "../shared/quotas.js";
+import { routingWarnings } from "./shared-dms.js";
 
 /** Where the command writes (a test passes its own). */
 export interface Output {
@@ -20,8 +21,11 @@ export interface Output {
 }
 const STDIO: Output = { out: (t) => process.stdout.write(t), err: (t) => process.stderr.write(t) };
 
-/** Each kind of file, checked by the parser its service uses (schema first, then the rest). */
-const CHECKS: Record<SchemaName, (text: string, file: string) => void> = {
+/**
+ * Each kind of file, checked by the parser its service uses (schema first, then the rest); what
+ * it returns are warnings: valid, but probably not what the operator wants.
+ */
+const CHECKS: Record<SchemaName, (text: string, file: string) => string[] | void> = {
   agent: (text, file) => {
     try {
       parseAgentConfig(path.basename(path.dirname(file)), parseJson(text, file));
@@ -31,7 +35,7 @@ const CHECKS: Record<SchemaName, (text: string, file: string) => void> = {
       );
     }
   },
-  routing: (text, file) => void parseRouting(text, file),
+  routing: (text, file) => routingWarnings(parseRouting(text, file), file),
   "api-keys": (text, file) => void parseKeys(text, file),
   quotas: (text, file) => void parseQuotas(text, file),
   providers: (text, file) => void parseProviders(text, file),
@@ -104,7 +108,7 @@ async function validate(args: string[], io: Output): Promise<number> {
     return 1;
   }
   try {
-    CHECKS[kind](text, file);
+    for (const warning of CHECKS[kind](text, file) ?? []) io.err(`troupe config validate: warning: ${warning}\n`);
   } catch (err) {
     io.err(`troupe config validate: ${(err as Error).message}\n`);
     return 1;

@@ -43,6 +43,9 @@ channels:
                         signed POSTs and POSTs replies (TROUPE_WEBHOOK_SECRET); telegram polls
                         the Bot API (TELEGRAM_BOT_TOKEN); slack takes the Events API
                         (SLACK_BOT_TOKEN, SLACK_SIGNING_SECRET); docs/channels.md
+  pairing ls | approve CODE | reject CODE | revoke SENDER_ID [--adapter KIND]
+                        who may write to the agent in private (TROUPE_ADAPTER_DM_POLICY=pairing):
+                        the strangers waiting with their codes; let one in, or not
 operations:
   status                each service's health, the HTTP address, the model endpoint,
                         configured models a provider retires or does not serve (a warning),
@@ -92,6 +95,7 @@ const SUBCOMMANDS: Record<string, string[]> = {
   sessions: ["ls", "show", "rm"],
   schedules: ["ls", "add", "rm"],
   adapter: ["webhook", "telegram", "slack"],
+  pairing: ["ls", "approve", "reject", "revoke"],
 };
 const COMMANDS = [
   "gateway",
@@ -104,6 +108,7 @@ const COMMANDS = [
   "up",
   "chat",
   "adapter",
+  "pairing",
   "sessions",
   "schedules",
   "keys",
@@ -227,6 +232,10 @@ async function main(argv: string[]): Promise<void> {
   }
   if (command === "logs") {
     process.exitCode = await (await import("./logs.js")).logsCommand(args);
+    return;
+  }
+  if (command === "pairing") {
+    process.exitCode = await (await import("./pairing.js")).pairingCommand(args);
     return;
   }
   if (command === "keys") {

@@ -10,7 +10,7 @@ import { catchStopCommand } from "../shared/frames.js";
 import type { DeliverRequest } from "../shared/gen/troupe/v1/gateway_pb.js";
 import type { RouterService } from "../shared/gen/troupe/v1/router_pb.js";
 import type { RunnerService } from "../shared/gen/troupe/v1/runner_pb.js";
-import { ClientFrameSchema, type ClientFrame } from "../shared/gen/troupe/v1/session_pb.js";
+import { ClientFrameSchema, QueueMode, type ClientFrame } from "../shared/gen/troupe/v1/session_pb.js";
 import type { Logger } from "../shared/log.js";
 import type { NetPolicy } from "../shared/net-guard.js";
 import type { grpc, ServiceClient } from "../shared/rpc.js";
@@ -53,6 +53,9 @@ export function deliverHandler(deps: DeliverDeps) {
       );
     const route = await router.resolveInbound({ context: inbound.context }, { metadata: identityMetadata(key) });
     const sessionId = route.sessionKey;
+    // In a session several senders write to in private, a message never joins another's run
+    // (steered in, or collected with it): its own run answers it, in its own chat.
+    const queueMode = route.sharedDm ? QueueMode.FOLLOWUP : req.queueMode;
     // The frame says who sent it: in a group (or a main session many write to) each run then
     // recalls and learns for its own speaker, and the history labels who said what.
     const prompt = create(ClientFrameSchema, {
@@ -61,7 +64,7 @@ export function deliverHandler(deps: DeliverDeps) {
         id: memoryOwnerOf(route.canonicalSender),
         displayName: labelName(inbound.context.sender?.displayName ?? ""),
       },
-      kind: { case: "prompt", value: { text: inbound.body, queueMode: req.queueMode } },
+      kind: { case: "prompt", value: { text: inbound.body, queueMode } },
     });
     const caller = onBehalfOf(call);
     // Commands from the channel act only when the adapter says the sender may use them.
@@ -70,7 +73,7 @@ export function deliverHandler(deps: DeliverDeps) {
       admit(identityOf(call.metadata).tenant, sessionId, prompt);
       const directiveReply = await withRunner(call, sessionId, (runner) =>
         carryOut(directive, runner, caller, deps.channelReset, {
-          open: { sessionId, agentId: route.agentId, create: true, queueMode: req.queueMode },
+          open: { sessionId, agentId: route.agentId, create: true, queueMode },
           memoryOwner: memoryOwnerOf(route.canonicalSender),
         }),
       );
@@ -96,7 +99,7 @@ export function deliverHandler(deps: DeliverDeps) {
         // Its runs recall the sender's memories (one person across channels, after identity links).
         await runner.ensureSession(
           {
-            open: { sessionId, agentId: route.agentId, create: true, queueMode: req.queueMode },
+            open: { sessionId, agentId: route.agentId, create: true, queueMode },
             memoryOwner: memoryOwnerOf(route.canonicalSender),
           },
           { metadata: caller },

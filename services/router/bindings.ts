@@ -18,6 +18,10 @@
 // (also matched against a thread's parent chat, one tier lower), a peer wildcard (`"id": "*"`),
 // guild and roles, guild, team, a named account, the channel alone (accountId absent or "*").
 // Within a tier the first binding in configuration order wins; with none, the default agent.
+//
+// Direct messages are private by default (`per-channel-peer`): each sender of each channel has a
+// session of their own. `main` (every DM in one session) is an operator's explicit choice, and
+// `troupe config validate` warns of it: strangers writing to a public bot would read each other.
 import { createHash } from "node:crypto";
 import { ChatType, RouteTier, type ChannelContext } from "../shared/gen/troupe/v1/inbound_pb.js";
 import { parseJson, schemaProblems } from "../shared/json-schema.js";
@@ -56,6 +60,8 @@ export interface Route {
   tier: RouteTier;
   sessionKey: string;
   canonicalSender: string;
+  /** A direct message in the one session every sender's direct messages share (dmScope main). */
+  sharedDm: boolean;
 }
 
 /**
@@ -91,16 +97,19 @@ export function parseRouting(text: string, source: string): RoutingConfig {
   if (problems.length > 0) fail(problems);
   return {
     defaultAgent: d.defaultAgent ?? "main",
-    dmScope: d.session?.dmScope ?? "main",
+    dmScope: d.session?.dmScope ?? DEFAULT_DM_SCOPE,
     mainKey: d.session?.mainKey ?? "main",
     identityLinks,
     bindings,
   };
 }
 
+/** Each sender of each channel in a session of their own, unless the operator says otherwise. */
+export const DEFAULT_DM_SCOPE: DmScope = "per-channel-peer";
+
 export const EMPTY_ROUTING: RoutingConfig = {
   defaultAgent: "main",
-  dmScope: "main",
+  dmScope: DEFAULT_DM_SCOPE,
   mainKey: "main",
   identityLinks: new Map(),
   bindings: [],
@@ -139,10 +148,18 @@ function matches(b: Binding, tier: RouteTier, ctx: ChannelContext): boolean {
   return true;
 }
 
-/** Session key parts must fit session ids' alphabet; anything else is replaced by its hash. */
+/**
+ * Session key parts must fit session ids' alphabet; anything else is replaced by its hash. The
+ * two forms never meet: a part that merely looks like a hash (`x` and 16 hex digits, which a
+ * stranger may choose as a webhook sender id) is hashed too, so no chosen id lands in the session
+ * of the id whose hash it spells.
+ */
 function part(s: string): string {
-  return /^[A-Za-z0-9._-]{1,64}$/.test(s) ? s : `x${createHash("sha256").update(s).digest("hex").slice(0, 16)}`;
+  return /^[A-Za-z0-9._-]{1,64}$/.test(s) && !HASHED_PART.test(s)
+    ? s
+    : `x${createHash("sha256").update(s).digest("hex").slice(0, 16)}`;
 }
+const HASHED_PART = /^x[0-9a-f]{16}$/;
 
 const TIERS = [
   RouteTier.PEER,
@@ -226,7 +243,13 @@ export class InboundRouter {
     const senderId = ctx.sender?.id ?? "";
     const linked = this.config.identityLinks.get(`${channel}:${senderId}`);
     const canonicalSender = linked ?? `${channel}:${senderId}`;
-    return { agentId, tier, sessionKey: this.sessionKey(agentId, dmScope, ctx, linked ?? senderId), canonicalSender };
+    return {
+      agentId,
+      tier,
+      sessionKey: this.sessionKey(agentId, dmScope, ctx, linked ?? senderId),
+      canonicalSender,
+      sharedDm: ctx.chatType === ChatType.DIRECT && dmScope === "main",
+    };
   }
 
   private sessionKey(agent: string, dmScope: DmScope, ctx: ChannelContext, person: string): string {

@@ -191,6 +191,7 @@ export async function startRouter(cfg: Config, logger: Logger): Promise<RunningS
         matchedTier: route.tier,
         sessionKey: route.sessionKey,
         canonicalSender: route.canonicalSender,
+        sharedDm: route.sharedDm,
         runner: await place(route.sessionKey, call),
       };
     },

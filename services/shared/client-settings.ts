@@ -102,7 +102,17 @@ export const ADAPTER_SETTINGS = {
   },
   commandUsers: {
     env: "TROUPE_ADAPTER_COMMAND_USERS",
-    doc: "troupe adapter: the platform user ids whose /commands act (comma-separated; unset: nobody's)",
+    doc: "troupe adapter: the platform user ids whose /commands act (comma-separated; unset: nobody's); they may also write in private whatever the DM policy",
+  },
+  dmPolicy: {
+    env: "TROUPE_ADAPTER_DM_POLICY",
+    doc: "troupe adapter: who may write to the agent in private: open (anyone), allowlist (TROUPE_ADAPTER_ALLOW_FROM only) or pairing (those, and strangers the operator approves with troupe pairing approve CODE)",
+    default: "<pairing for telegram and slack, open for webhook>",
+    schema: { enum: ["open", "allowlist", "pairing"], message: "must be one of open, allowlist, pairing" },
+  },
+  allowFrom: {
+    env: "TROUPE_ADAPTER_ALLOW_FROM",
+    doc: "troupe adapter: platform user ids let in to write in private under any DM policy (comma-separated)",
   },
   draftIntervalMs: {
     env: "TROUPE_ADAPTER_DRAFT_INTERVAL_MS",

@@ -129,6 +129,9 @@ export interface Config {
     slackAppToken: string;
     slackApiUrl: string;
     commandUsers: string[];
+    /** Unset: the adapter's own default (cli/adapter.ts). */
+    dmPolicy?: "open" | "allowlist" | "pairing";
+    allowFrom: string[];
     draftIntervalMs: number;
     slackSocketRefreshMs: number;
   };

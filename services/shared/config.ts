@@ -242,6 +242,8 @@ export function loadConfig(
       slackAppToken: str("slackAppToken") ?? "",
       slackApiUrl: str("slackApiUrl")!,
       commandUsers: commaList(str("commandUsers")),
+      dmPolicy: str("dmPolicy") as Config["adapter"]["dmPolicy"],
+      allowFrom: commaList(str("allowFrom")),
       draftIntervalMs: v.draftIntervalMs,
       slackSocketRefreshMs: v.slackSocketRefreshMs,
     },

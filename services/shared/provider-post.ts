@@ -131,8 +131,9 @@ export function errorOf(text: string): { message: string; code?: string; param?:
     const e = error as Record<string, unknown>;
     const code = typeof e.code === "string" ? e.code : undefined;
     const param = typeof e.param === "string" ? e.param : undefined;
-    if (typeof e.message === "string") return { message: quoted(e.message), code, param };
-    return { message: quoted(JSON.stringify(error)), code, param };
+    const named = param === undefined ? {} : { param };
+    if (typeof e.message === "string") return { message: quoted(e.message), code, ...named };
+    return { message: quoted(JSON.stringify(error)), code, ...named };
   }
   if (typeof error === "string") return { message: quoted(error) };
   if (typeof obj.message === "string") return { message: quoted(obj.message) };

@@ -196,6 +196,24 @@ describe("troupe config validate", () => {
     assert.equal((await run([file, "--kind", "colour"])).code, 2);
   });
 
+  test("a routing that shares direct messages is valid, with a warning naming each place", async (t) => {
+    const dir = await tempDir(t, "troupe-validate-");
+    const file = path.join(dir, "routing.json");
+    await writeFile(
+      file,
+      JSON.stringify({
+        session: { dmScope: "main" },
+        bindings: [{ agent: "a", match: { channel: "telegram" }, dmScope: "main" }],
+      }),
+    );
+    const shared = await run([file]);
+    assert.equal(shared.code, 0);
+    assert.match(shared.err, /warning: .*session\.dmScope is main: every direct message goes to one shared session/);
+    assert.match(shared.err, /warning: .*bindings\[0\]\.dmScope is main: every direct message on telegram/);
+    await writeFile(file, JSON.stringify({ session: { dmScope: "per-peer" } }));
+    assert.equal((await run([file])).err, "", "no warning for private DMs");
+  });
+
   test("troupe config schema prints a schema; an unknown name is a usage error", async () => {
     let out = "";
     const io = { out: (t: string) => (out += t), err: () => undefined };

@@ -109,11 +109,18 @@ describe("request rules, per model", () => {
     await models.close();
   });
 
-  test("what Troupe used to send (max_tokens) is refused by a reasoning model, with the provider's code", async () => {
-    // The client as it was before the rules: every model treated as a generic compatible server.
-    const old = new OpenAIModelClient({ baseUrl: openai.baseUrl, apiKey: KEY });
+  test("max_tokens to a reasoning model its name does not tell is refused, with the provider's code", async () => {
+    // A deployment's name says nothing of its model, so the rules send max_tokens; a client given
+    // no RequestFixes (request-fixes.ts) reports the refusal as it came.
+    const deployment = await new ChatApiServer({
+      flavour: "openai",
+      apiKey: KEY,
+      models: [{ id: "team-reasoner", efforts: ["low", "medium", "high"] }],
+    }).start();
+    after(() => deployment.close());
+    const old = new OpenAIModelClient({ baseUrl: deployment.baseUrl, apiKey: KEY });
     const err = await (async () => {
-      for await (const _ of old.stream(ask("gpt-5-mini"), new AbortController().signal));
+      for await (const _ of old.stream(ask("team-reasoner"), new AbortController().signal));
     })().then(
       () => undefined,
       (e) => e,
@@ -338,8 +345,8 @@ describe("turns through conformance servers", () => {
     await down.close();
   });
 
-  test("a refused parameter is reported with the provider's message and moves to the fallback", async () => {
-    // A provider declared with the wrong kind sends max_tokens to a reasoning model.
+  test("a refused request that teaches nothing is reported with the provider's message and moves to the fallback", async () => {
+    // A model the provider does not serve: no field to fit, the next model answers.
     const models = new ProviderModels(
       providers({
         wrong: { kind: "openai-compatible", baseUrl: backup.baseUrl, apiKey: { env: "TROUPE_TEST_OPENAI_KEY" } },
@@ -347,12 +354,14 @@ describe("turns through conformance servers", () => {
       }),
     );
     const { actor, events } = await newActor(() =>
-      testRunDeps(models, [], { config: { model: "wrong/gpt-5-mini", fallbacks: ["backup/gpt-5-mini"] } }),
+      testRunDeps(models, [], {
+        config: { model: "wrong/gpt-9-ultra", fallbacks: ["backup/gpt-5-mini"] },
+      }),
     );
     await actor.submit(prompt("hello"));
     await events.waitFor((e) => e.payload.case === "agentEnd");
     const refused = events.of("error").find((e) => e.code === "MODEL_REQUEST_REFUSED");
-    assert.match(refused?.message ?? "", /wrong\/gpt-5-mini: .*Unsupported parameter: 'max_tokens'/);
+    assert.match(refused?.message ?? "", /wrong\/gpt-9-ultra: .*gpt-9-ultra/);
     assert.equal(events.of("modelRetry").length, 0, "a refusal is not retried");
     assert.equal(events.of("modelFallback").length, 1);
     assert.equal(actor.history.messages.filter((m) => m.role === Role.ASSISTANT).at(-1)?.text, "ok");

@@ -118,11 +118,26 @@ describe("session keys", () => {
   const keyFor = (dmScope: string, c = ctx(dm)) =>
     new InboundRouter(config({ session: { dmScope } })).resolve(c).sessionKey;
 
+  test("direct messages are private by default: each sender of each channel alone", () => {
+    const router = new InboundRouter(config({}));
+    const of = (id: string, channel = "telegram") =>
+      router.resolve(ctx({ channel, accountId: "bot1", sender: { id }, peer: { id } })).sessionKey;
+    assert.equal(of("42"), "agent:main:telegram:dm:42");
+    assert.notEqual(of("42"), of("43"));
+    assert.notEqual(of("42"), of("42", "slack"));
+  });
+
   test("each dm_scope", () => {
     assert.equal(keyFor("main"), "agent:main:main");
     assert.equal(keyFor("per-peer"), "agent:main:dm:42");
     assert.equal(keyFor("per-channel-peer"), "agent:main:telegram:dm:42");
     assert.equal(keyFor("per-account-channel-peer"), "agent:main:telegram:bot1:dm:42");
+    // Only a direct message into the one shared session is marked shared (its own run answers it).
+    const shared = (dmScope: string, c = ctx(dm)) =>
+      new InboundRouter(config({ session: { dmScope } })).resolve(c).sharedDm;
+    assert.equal(shared("main"), true);
+    assert.equal(shared("per-channel-peer"), false);
+    assert.equal(shared("main", ctx({ channel: "discord", chatType: ChatType.GROUP, peer: { id: "g" } })), false);
   });
 
   test("groups, channels and threads have keys of their own whatever the dm_scope", () => {
@@ -169,6 +184,11 @@ describe("session keys", () => {
       ctx({ ...dm, sender: { id: "+1 (555) 010-9999" }, peer: { id: "+1 (555) 010-9999" } }),
     ).sessionKey;
     assert.match(odd, /^agent:sales:dm:x[0-9a-f]{16}$/);
+    // A stranger who names themselves after that hash gets a session of their own, not that one.
+    const spelled = odd.slice("agent:sales:dm:".length);
+    const impostor = r.resolve(ctx({ ...dm, sender: { id: spelled }, peer: { id: spelled } })).sessionKey;
+    assert.notEqual(impostor, odd);
+    assert.match(impostor, /^agent:sales:dm:x[0-9a-f]{16}$/);
     const long = r.resolve(
       ctx({ channel: "discord", chatType: ChatType.GROUP, peer: { id: "r".repeat(64) }, threadId: "t".repeat(64) }),
     ).sessionKey;
