@@ -21,6 +21,8 @@ const BOB = { id: 1002, first_name: "Bob" };
 const CAROL = { id: 1003, first_name: "Carol" };
 const DAVE = { id: 2001, first_name: "Dave" };
 const ERIN = { id: 2002, first_name: "Erin" };
+const FRANK = { id: 3001, first_name: "Frank" };
+const GINA = { id: 3002, first_name: "Gina" };
 let stack: Stack;
 let dataDir: string;
 let telegram: TelegramApiServer;
@@ -47,9 +49,18 @@ const start = async () => {
 
 before(async () => {
   dataDir = await mkdtemp(path.join(os.tmpdir(), "troupe-telegram-"));
+  // An operator who chose one shared session for the DMs of another bot (channel "shared").
+  await writeFile(
+    path.join(dataDir, "routing.json"),
+    JSON.stringify({ bindings: [{ agent: "main", match: { channel: "shared" }, dmScope: "main" }] }),
+  );
   await mkdir(path.join(dataDir, "agents", "main"), { recursive: true });
   await writeFile(path.join(dataDir, "agents", "main", "agent.json"), JSON.stringify({ models: ["scripted-2"] }));
-  stack = await startStack({ dataDir, services: ["model-server", "router", "memory", "runner", "gateway"] });
+  stack = await startStack({
+    dataDir,
+    services: ["model-server", "router", "memory", "runner", "gateway"],
+    env: { TROUPE_MIN_HEARTBEAT_S: "1" },
+  });
   adapterKey = await stack.keyFor("local", "tg-bot", { role: "adapter", channels: ["telegram"] });
   telegram = new TelegramApiServer(TOKEN);
   apiUrl = await telegram.start();
@@ -144,6 +155,57 @@ test("strangers writing in private get a pairing code and reach nothing; let in,
     await botSays(DAVE.id, 5, /Your pairing code is/);
   } finally {
     gw.close();
+  }
+});
+
+test("a shared DM session (dmScope main, chosen): each reply in its own chat, a schedule's where it was made", async () => {
+  const bot = new TelegramApiServer(TOKEN);
+  const url = await bot.start();
+  for (const id of [FRANK.id, GINA.id]) bot.addChat({ id, type: "private" });
+  const key = await stack.keyFor("local", "tg-shared", { role: "adapter", channels: ["shared"] });
+  const env = {
+    TROUPE_API_KEY: key,
+    TROUPE_GATEWAY_ADDR: stack.addr.gateway,
+    TROUPE_DATA_DIR: dataDir,
+    TROUPE_ADAPTER_STATE: path.join(dataDir, "shared-bot.json"),
+    TELEGRAM_BOT_TOKEN: TOKEN,
+    TELEGRAM_API_URL: url,
+    TROUPE_ADAPTER_ALLOW_FROM: `${FRANK.id},${GINA.id}`,
+  };
+  const shared = await startAdapter("telegram", env, /polling as @troupe_bot/, ["--channel", "shared"]);
+  const says = (chat: number, n: number, last: RegExp) =>
+    waitFor(`${n} messages in ${chat}`, async () => {
+      const m = bot.botMessages(chat);
+      return m.length === n && last.test(m.at(-1)!.text) && m;
+    });
+  const gw = await stack.gatewayAs("local", "tg-shared");
+  try {
+    // Frank's run is going when Gina writes: hers is not steered into it, and is answered in her chat.
+    bot.userSays(FRANK.id, FRANK, "!tokens 30 rate=10");
+    await waitFor("Frank's reply started", async () => bot.botMessages(FRANK.id).length === 1);
+    bot.userSays(GINA.id, GINA, "hello from gina");
+    await says(FRANK.id, 1, /t30\s*$/);
+    await says(GINA.id, 1, /^You said: hello from gina/);
+    assert.equal(bot.botMessages(FRANK.id).length, 1);
+    // Frank makes a schedule; Gina writes last; the schedule's turn is answered in Frank's chat.
+    bot.userSays(
+      FRANK.id,
+      FRANK,
+      '!call manage_schedule {"action": "create", "schedule_id": "ping", "every_seconds": 2, "text": "ping"}',
+    );
+    await says(FRANK.id, 2, /scheduled ping/);
+    bot.userSays(GINA.id, GINA, "me again");
+    await says(GINA.id, 2, /^You said: me again/);
+    await says(FRANK.id, 3, /ping/);
+    const [session] = (await gw.listSessions({})).sessions.map((s) => s.sessionId);
+    assert.equal(session, "agent:main:main", "one shared session, as configured");
+    await gw.deleteSchedule({ sessionId: session, scheduleId: "ping" });
+    await new Promise((r) => setTimeout(r, 1000));
+    assert.equal(bot.botMessages(GINA.id).length, 2, "none of the schedule's replies went to Gina");
+  } finally {
+    gw.close();
+    await shared.kill("SIGTERM");
+    await bot.stop();
   }
 });
 

@@ -122,7 +122,11 @@ export class InboxReplies {
     const run = `${session}/${event.turnId}`;
     const p = event.payload;
     if (p.case === "agentStart") {
-      const to = this.state.frames.get(p.value.frameId) ?? this.state.sessions.get(session);
+      // A message's run answers in its chat; a schedule's, in the chat it was made in (its origin,
+      // refreshed here so that a schedule in use keeps it); failing both, the session's latest chat.
+      const origin = p.value.originFrameId ? this.state.frames.get(p.value.originFrameId) : undefined;
+      if (origin) this.state.frames.set(p.value.originFrameId, origin);
+      const to = this.state.frames.get(p.value.frameId) ?? origin ?? this.state.sessions.get(session);
       if (to) this.state.runs.set(run, to);
       else this.logger.warn("no chat is known for this run; its replies are dropped", { sessionId: session });
       return;

@@ -22,6 +22,8 @@ import type { SessionActor } from "./session-actor.js";
 import type { SessionOwner, Subagent } from "./session-log.js";
 import type { TokenCounter } from "./tokens.js";
 import { scheduleTool } from "./schedule-tool.js";
+import { originOf } from "./schedules.js";
+import { triggerOf } from "../shared/frames.js";
 import type { BackgroundProcesses } from "./background.js";
 import { processTool } from "./process-tool.js";
 import type { ScheduleBook } from "./schedules.js";
@@ -152,6 +154,12 @@ export function runDepsFor(parts: RunnerParts): (actor: SessionActor, first: rea
     };
     const starter = first[0];
     const sender = starter?.speaker?.id || speakerOf(owner);
+    const triggerOrigin = (trigger: string) => originOf(parts.schedules.book, actor.ref, trigger);
+    /** The frame this run answers: its first message's, or, triggered, its schedule's origin. */
+    const answering = async () => {
+      const trigger = triggerOf(starter?.frameId ?? "");
+      return trigger ? triggerOrigin(trigger) : (starter?.frameId ?? "");
+    };
     // Where the memory tools read and write, and what learning adds to: the speaker's own memories.
     const mine = { tenant: owner.tenant, owner: sender };
     const runTools = [
@@ -167,6 +175,7 @@ export function runDepsFor(parts: RunnerParts): (actor: SessionActor, first: rea
       scheduleTool(actor.ref, {
         ...parts.schedules,
         max: () => quotas.of(owner.tenant).schedulesPerSession,
+        origin: answering,
       }),
       delegateTool({
         parent: actor,
@@ -198,6 +207,7 @@ export function runDepsFor(parts: RunnerParts): (actor: SessionActor, first: rea
       defaultModel: parts.defaultModel,
       model,
       hooks,
+      triggerOrigin,
       sender,
       tools: runTools,
       agent: () => agents.get(agentId),

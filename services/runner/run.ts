@@ -117,6 +117,8 @@ export interface RunDeps {
   hooks: Hooks;
   /** Who speaks in this session (principal or channel identity), for hooks. */
   sender: string;
+  /** A triggered run: the frame its schedule was made in (schedules.ts originOf); "" for others. */
+  triggerOrigin(trigger: string): Promise<string>;
   /** The agent's settings, and why its file was not used if it was not. May reject (a bug). */
   agent(): Promise<{ config: AgentConfig; error?: string }>;
   /** The token counter for a model (loaded once per model). May reject (a bug). */

@@ -17,6 +17,8 @@ export interface StoredSchedule {
   text: string;
   createdMs: number;
   lastFireMs?: number;
+  /** The frame of the message in whose run an agent made it (manage_schedule). */
+  originFrameId?: string;
 }
 
 export interface ScheduleFile {

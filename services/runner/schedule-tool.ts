@@ -16,6 +16,8 @@ export interface ScheduleToolDeps {
   changed(): void;
   /** The owner's quota of schedules per session. */
   max(): number;
+  /** The frame of the message this run answers, kept as the schedule's origin (its replies' chat). */
+  origin(): Promise<string>;
 }
 
 const line = (s: Schedule) => {
@@ -67,7 +69,7 @@ export function scheduleTool(ref: SessionRef, deps: ScheduleToolDeps): Tool {
               timeZone: typeof args.time_zone === "string" ? args.time_zone : "",
               text: typeof args.text === "string" ? args.text : "",
             });
-            const made = await deps.book.put(ref, schedule, deps.max());
+            const made = await deps.book.put(ref, schedule, deps.max(), await deps.origin());
             deps.changed();
             return { output: `scheduled ${line(made)}`, isError: false };
           }

@@ -70,6 +70,7 @@ function toProto(sessionId: string, s: StoredSchedule): Schedule {
     nextFireTime: next === undefined ? undefined : timestampFromMs(next),
     lastFireTime: s.lastFireMs === undefined ? undefined : timestampFromMs(s.lastFireMs),
     timeZone: s.timeZone ?? "",
+    originFrameId: s.originFrameId ?? "",
   });
 }
 
@@ -117,13 +118,16 @@ export class ScheduleBook {
     return (file?.schedules ?? []).map((s) => toProto(file!.sessionId, s));
   }
 
-  /** Adds or replaces (same id) a schedule of the session, which may hold at most `max`. */
-  put(ref: SessionRef, schedule: Schedule, max: number): Promise<Schedule> {
+  /**
+   * Adds or replaces (same id) a schedule of the session, which may hold at most `max`. `origin`:
+   * the frame of the message in whose run an agent makes it (never the caller's to say).
+   */
+  put(ref: SessionRef, schedule: Schedule, max: number, origin = ""): Promise<Schedule> {
     return this.update(ref, (file) => {
       const others = (file?.schedules ?? []).filter(
         (s) => s.scheduleId !== schedule.scheduleId || schedule.scheduleId === "",
       );
-      const stored = validate(schedule, this.minEverySeconds);
+      const stored = { ...validate(schedule, this.minEverySeconds), ...(origin ? { originFrameId: origin } : {}) };
       if (others.length >= max)
         throw resourceExhausted(`a session holds at most ${max} schedules (quota schedulesPerSession)`);
       const next: ScheduleFile = {
@@ -265,4 +269,15 @@ function latestDue(cron: Cron, from: number, now: number): number {
   for (let t = nextFire(cron, from), n = 0; t !== undefined && t <= now && n < 100_000; t = nextFire(cron, t), n++)
     last = t;
   return last;
+}
+
+/**
+ * The frame a triggered run answers: the origin of the schedule that fired it (`trigger` as
+ * AgentStart names it, "schedule:<id>" or "heartbeat:<id>"); "" when there is none or it is gone.
+ */
+export async function originOf(book: ScheduleBook, ref: SessionRef, trigger: string): Promise<string> {
+  const id = trigger.slice(trigger.indexOf(":") + 1);
+  if (!trigger || !id) return "";
+  const file = await book.read(ref).catch(() => undefined);
+  return file?.schedules.find((s) => s.scheduleId === id)?.originFrameId ?? "";
 }

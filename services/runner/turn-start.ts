@@ -59,16 +59,19 @@ export async function startTurn(
     const interrupted = unansweredCalls(host.messages).map((c) => c.id);
     host.emit({ case: "runResumed", value: { model: models[0], interruptedToolCallIds: interrupted } });
     answerUnanswered(host.emit, host.messages, INTERRUPTED_CALL);
-  } else
+  } else {
+    const trigger = triggerOf(initial[0].frameId);
     host.emit({
       case: "agentStart",
       value: {
         agentId: deps.agentId,
         model: models[0],
         frameId: initial[0].frameId,
-        trigger: triggerOf(initial[0].frameId),
+        trigger,
+        originFrameId: trigger ? await deps.triggerOrigin(trigger) : "",
       },
     });
+  }
   if (error) report(host, "AGENT_CONFIG", error);
   if (chosen.refused) report(host, "AGENT_CONFIG", `${chosen.refused}; this run uses ${chosen.model}`);
   resolved.failures.forEach(hookFailed(host));

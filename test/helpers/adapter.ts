@@ -9,9 +9,14 @@ export interface AdapterProcess {
   kill(signal: NodeJS.Signals): Promise<number | null>;
 }
 
-/** Starts `troupe adapter KIND` with `env` added, and waits until it logs `ready`. */
-export async function startAdapter(kind: string, env: NodeJS.ProcessEnv, ready: RegExp): Promise<AdapterProcess> {
-  const proc = spawn(process.execPath, [MAIN, "adapter", kind], {
+/** Starts `troupe adapter KIND [args]` with `env` added, and waits until it logs `ready`. */
+export async function startAdapter(
+  kind: string,
+  env: NodeJS.ProcessEnv,
+  ready: RegExp,
+  args: string[] = [],
+): Promise<AdapterProcess> {
+  const proc = spawn(process.execPath, [MAIN, "adapter", kind, ...args], {
     env: { ...process.env, TROUPE_LOG_FORMAT: "json", ...env },
     stdio: ["ignore", "pipe", "pipe"],
   });

@@ -123,6 +123,7 @@ export function testRunDeps(
     agentId: "main",
     tenant: "t",
     log: quietLogger,
+    triggerOrigin: async () => "",
     defaultModel: "test-model",
     model,
     tools,

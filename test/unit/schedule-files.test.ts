@@ -109,7 +109,7 @@ test("manage_schedule: the agent's own session's schedules, with the book's chec
   const book = new ScheduleBook(new InMemoryScheduleStore(), 10);
   let changes = 0;
   let max = 2;
-  const tool = scheduleTool(acme, { book, changed: () => changes++, max: () => max });
+  const tool = scheduleTool(acme, { book, changed: () => changes++, max: () => max, origin: async () => "in:abc" });
   const ctx = {
     sessionId: acme.sessionId,
     agentId: "a",
@@ -131,6 +131,23 @@ test("manage_schedule: the agent's own session's schedules, with the book's chec
     /^scheduled standup: cron "0 9 \* \* mon-fri" Europe\/Berlin; next \d{4}-\d\d-\d\dT0[78]:00:00\.000Z; "standup"$/,
   );
   assert.match((await run({ action: "create", every_seconds: 30, text: "ping" })).output, /every 30 s/);
+  // Each keeps the frame of the message its run answered: its replies' chat.
+  assert.deepEqual(
+    book.list(await book.read(acme)).map((s) => s.originFrameId),
+    ["in:abc", "in:abc"],
+  );
+  // A caller of the API cannot say where a schedule came from.
+  const viaApi = await book.put(
+    acme,
+    create(ScheduleSchema, {
+      scheduleId: "api",
+      when: { case: "everySeconds", value: 60 },
+      originFrameId: "in:forged",
+    }),
+    10,
+  );
+  assert.equal(viaApi.originFrameId, "");
+  await book.remove(acme, "api");
   const full = await run({ action: "create", every_seconds: 30, text: "third" });
   assert.deepEqual([full.isError, /at most 2 schedules \(quota schedulesPerSession\)/.test(full.output)], [true, true]);
   max = 3;
