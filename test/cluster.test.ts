@@ -242,4 +242,22 @@ describe("a cluster on PostgreSQL", () => {
       `${fired.length} firings in ${elapsed.toFixed(1)} s of a 1 s schedule`,
     );
   });
+
+  test("DeleteSession through another gateway takes the session's sub-agent sessions with it", async () => {
+    const s = new ChatSession(stack.gateway);
+    s.open("family");
+    await s.waitOpened();
+    const events = await s.turn(`!call delegate_task ${JSON.stringify({ task: "hello child" })}`, 30_000);
+    s.close();
+    const child = /sub-agent session (\S+) started/.exec(
+      events.flatMap((e) => (e.payload.case === "toolExecutionUpdate" ? [e.payload.value.output] : [])).join(""),
+    )?.[1];
+    assert.ok(child, "a child was started");
+    assert.equal(await reader.exists(refOf(DEV_IDENTITY, child)), true);
+    await gateway2.deleteSession({ sessionId: "family" });
+    for (const id of ["family", child]) {
+      assert.equal(await reader.exists(refOf(DEV_IDENTITY, id)), false, `${id} is gone from the store`);
+      await assert.rejects(stack.gateway.getHistory({ sessionId: id }), (e: { code?: number }) => e.code === 5);
+    }
+  });
 });
