@@ -22,7 +22,7 @@ import { DEV_IDENTITY } from "../services/shared/auth.js";
 import { RouterService } from "../services/shared/gen/troupe/v1/router_pb.js";
 import { refKey, refOf } from "../services/shared/session-ref.js";
 import { fileStorage, pgStorage, type RunnerStorage } from "../services/runner/storage.js";
-import { startLocalPostgres } from "../services/cli/local-postgres.js";
+import { startLocalPostgres } from "../services/cli/up/local-postgres.js";
 import { ChatSession } from "../test/helpers/session.js";
 import { LOAD_QUOTAS, startStack, type Stack } from "../test/helpers/stack.js";
 import { pct } from "./support/stats.js";

@@ -3,7 +3,7 @@
 // one run: through the gateway's gRPC port (the baseline: the API as gRPC clients see it);
 // through the HTTP address as Connect JSON over HTTP/1.1 with fetch, as curl or a browser would;
 // and as Connect binary over HTTP/2 with Connect's own client. The HTTP ways pass each call on
-// to the gateway's gRPC server over its Unix socket (http-edge.ts), so the difference is that
+// to the gateway's gRPC server over its Unix socket (gateway/http/edge.ts), so the difference is that
 // hop plus the JSON. One call at a time, then 16 at a time.
 //
 //   node dist/bench/http-edge.js [--calls 3000]

@@ -1,4 +1,4 @@
-// The gateway's HTTP face (http-edge.ts), tested the way its clients speak: Connect's own client
+// The gateway's HTTP face (gateway/http/edge.ts), tested the way its clients speak: Connect's own client
 // (@connectrpc/connect-node, over HTTP/1.1 and over HTTP/2 with prior knowledge), a gRPC-Web
 // client, and plain fetch with JSON as curl would send it. A turn is driven over HTTP alone:
 // CreateSession, SendMessage, Subscribe; statuses are the gRPC API's, as Connect codes.

@@ -7,11 +7,12 @@ import { RETRY_AFTER_TRAILER, Status, grpcCode } from "../shared/errors.js";
 import { inboundFrameId } from "../shared/frames.js";
 import type { DeliverResponse } from "../shared/gen/troupe/v1/gateway_pb.js";
 import type { InboundMessageSchema } from "../shared/gen/troupe/v1/inbound_pb.js";
-import type { grpc } from "../shared/rpc.js";
-import type { GatewayClient } from "../cli/gateway-client.js";
+import type { GatewayService } from "../shared/gen/troupe/v1/gateway_pb.js";
+import type { grpc, ServiceClient } from "../shared/rpc.js";
 import type { AdapterState, Address } from "./state.js";
 
-export type { GatewayClient };
+/** The gateway, as an adapter's key reaches it (the CLI makes the client: cli/adapter.ts). */
+export type GatewayClient = ServiceClient<(typeof GatewayService)["method"]>;
 export type Inbound = MessageInitShape<typeof InboundMessageSchema>;
 
 /** How long a Deliver keeps trying through UNAVAILABLE and RESOURCE_EXHAUSTED before giving up. */

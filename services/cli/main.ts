@@ -257,7 +257,7 @@ async function main(argv: string[]): Promise<void> {
     case "model-server":
       return (await import("../dev/model-server-command.js")).modelServerCommand(args);
     case "up":
-      return (await import("./up.js")).upCommand(args);
+      return (await import("./up/command.js")).upCommand(args);
     case "chat":
       process.exitCode = await (await import("./chat.js")).chatCommand(args);
       return;

@@ -317,7 +317,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
   logger.info(`gateway serving on port ${port}${cfg.tls ? " (TLS)" : ""}`, { maxMessageBytes: cfg.maxMessageBytes });
   // The HTTP address's modules (Connect, the console) load only when it is on: 8 MB resident.
   const http = cfg.httpAddr
-    ? await (await import("./http.js")).serveHttp(cfg, server, authenticate, logger)
+    ? await (await import("./http/serve.js")).serveHttp(cfg, server, authenticate, logger)
     : undefined;
   return {
     async drain() {

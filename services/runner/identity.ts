@@ -6,7 +6,7 @@
 //
 // A speaker who is not an owner gets the same agent (its persona is the agent's, not the owner's)
 // but never the owner's profile, and a line saying who they are.
-import type { PromptInput } from "./context.js";
+import type { PromptInput } from "./prompt-input.js";
 
 export interface IdentityPart {
   /** IDENTITY.md, SOUL.md or USER.md. */

@@ -3,7 +3,7 @@
 import type pg from "pg";
 import { sameRef, type SessionRef } from "../shared/session-ref.js";
 import type { AuditQuery, AuditRecord, AuditSink, StoredAudit } from "./audit-log.js";
-import type { FileRead } from "./context.js";
+import type { FileRead } from "./context-file.js";
 import { profileRead, type ProfileOwner, type ProfileStore } from "./profile-store.js";
 import { parseScheduleFile, refOfFile, type ScheduleFile, type ScheduleStore } from "./schedule-files.js";
 

@@ -4,7 +4,7 @@
 import { mkdir, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { filePart } from "../shared/session-ref.js";
-import { type FileRead, readContextFile } from "./context.js";
+import { type FileRead, readContextFile } from "./context-file.js";
 
 /** Whose profile: an agent's owner in one tenant. */
 export interface ProfileOwner {

@@ -19,7 +19,7 @@ import {
 } from "../shared/gen/troupe/v1/session_pb.js";
 import { newId } from "../shared/ids.js";
 import type { AgentConfig } from "./agent-config.js";
-import type { ContextWarning } from "./context.js";
+import type { ContextWarning } from "./prompt-input.js";
 import type { HookFailure, Hooks, TurnInfo } from "./hooks.js";
 import type { ModelClient, ModelTool } from "./model.js";
 import type { SafetyVerdict } from "./safety.js";

@@ -51,11 +51,11 @@ export interface Config {
   agentsDir: string;
   /** Plugin modules (comma-separated paths) that register hooks and threat checks. */
   hookModules: string[];
-  /** Gateway: the HTTP face (http-edge.ts); empty: none. */
+  /** Gateway: the HTTP face (gateway/http/edge.ts); empty: none. */
   httpAddr: string;
   /** Gateway: origins allowed to call the HTTP API from a browser ("*": any). */
   httpCors: string[];
-  /** Gateway: deadlines and a cap for the HTTP face's connections (gateway/connection-guard.ts). */
+  /** Gateway: deadlines and a cap for the HTTP face's connections (gateway/http/connection-guard.ts). */
   httpConnections: {
     firstByteMs: number;
     headMs: number;

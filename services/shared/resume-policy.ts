@@ -2,7 +2,7 @@
 // mid-run is restarted (troupe up) or replaced (another runner takes its sessions) and the run
 // goes on there (run_resumed), so its clients reopen after the last seq they saw instead of
 // failing: troupe chat (services/cli/chat-stream.ts) and the OpenAI endpoint
-// (services/gateway/run-events.ts) follow the same rule.
+// (services/gateway/http/run-events.ts) follow the same rule.
 import { Status } from "./errors.js";
 
 /** How long, in all, a broken stream is tried again before its client gives up. */

@@ -3,7 +3,7 @@
 // not kept: a message that started before that seq may have lost some, so from the gap on its
 // deltas are held back and its end (which carries the complete text) supplies the rest. Messages
 // that start after the gap stream as usual. troupe chat (services/cli/chat.ts) and the OpenAI
-// endpoint (services/gateway/openai-compat.ts) both show text by this one rule.
+// endpoint (services/gateway/http/openai-compat.ts) both show text by this one rule.
 export class StreamedText {
   private readonly shown = new Map<string, string>();
   private readonly startedAt = new Map<string, bigint>();

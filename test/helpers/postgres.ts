@@ -1,10 +1,10 @@
 // One throwaway PostgreSQL server per test file (Debian's package, in a temp directory, on a free
-// port; services/cli/local-postgres.ts), and a fresh database per test on it.
+// port; services/cli/up/local-postgres.ts), and a fresh database per test on it.
 import { chmod, mkdtemp, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { after } from "node:test";
-import { startLocalPostgres, type LocalPostgres } from "../../services/cli/local-postgres.js";
+import { startLocalPostgres, type LocalPostgres } from "../../services/cli/up/local-postgres.js";
 
 let server: Promise<LocalPostgres> | undefined;
 let dir: string | undefined;

@@ -20,7 +20,7 @@ import { ensureDevKey, identityHeaders, internalCredentials, type Identity } fro
 import { Status } from "../../services/shared/errors.js";
 import { createClient, type ClientOptions, type ServiceClient } from "../../services/shared/rpc.js";
 import { instanceOf } from "../../services/sandbox/container-spec.js";
-import { SERVICE_TYPE } from "../../services/cli/up.js";
+import { SERVICE_TYPE } from "../../services/cli/up/command.js";
 import { freePort } from "../../services/cli/free-port.js";
 
 export { SERVICE_TYPE };

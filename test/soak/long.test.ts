@@ -20,7 +20,7 @@ import { clientApiKey } from "../../services/shared/auth.js";
 import { GatewayService } from "../../services/shared/gen/troupe/v1/gateway_pb.js";
 import { StopReason } from "../../services/shared/gen/troupe/v1/session_pb.js";
 import { createClient, type ServiceClient } from "../../services/shared/rpc.js";
-import type { UpFile } from "../../services/cli/up-file.js";
+import type { UpFile } from "../../services/cli/up/file.js";
 import { ChatSession } from "../helpers/session.js";
 import { removeSandboxes, sandboxContainers, startUp, type StackAddresses } from "../helpers/stack.js";
 

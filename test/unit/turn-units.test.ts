@@ -12,13 +12,8 @@ import * as cl100k from "gpt-tokenizer/encoding/cl100k_base";
 import { ChatMessageSchema, Role, type ChatMessage } from "../../services/shared/gen/troupe/v1/session_pb.js";
 import { MemoryKind } from "../../services/shared/gen/troupe/v1/memory_pb.js";
 import { DEFAULT_AGENT, parseAgentConfig } from "../../services/runner/agent-config.js";
-import {
-  ContextSources,
-  FILE_CHAR_LIMIT,
-  USER_TEMPLATE,
-  buildSystemPrompt,
-  type PromptInput,
-} from "../../services/runner/context.js";
+import { ContextSources, FILE_CHAR_LIMIT, USER_TEMPLATE, buildSystemPrompt } from "../../services/runner/context.js";
+import type { PromptInput } from "../../services/runner/prompt-input.js";
 import { FileProfileStore } from "../../services/runner/profile-store.js";
 import { CronError, nextFire, parseCron } from "../../services/runner/cron.js";
 import { Hooks } from "../../services/runner/hooks.js";

@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import { mkdir, mkdtemp, readdir, readFile, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
-import { upFileWriter, type UpFile } from "../../services/cli/up-file.js";
+import { upFileWriter, type UpFile } from "../../services/cli/up/file.js";
 
 const SERVICES = ["router", "memory", "sandbox", "runner", "gateway"];
 

@@ -1,5 +1,5 @@
 // <data-dir>/up.json: what a `troupe up` runs now (service, address, pid), for operators, scripts
-// and the next start (up-leftovers.ts). It is rewritten whenever a child starts, and children
+// and the next start (leftovers.ts). It is rewritten whenever a child starts, and children
 // start concurrently; so writes go one at a time, each writing the state as it is when it runs,
 // to a temporary file renamed over up.json. A reader sees a whole file, and the last start is
 // never overwritten by an older picture of the stack.

@@ -1,9 +1,9 @@
 // The requests and errors of the OpenAI-compatible endpoint (openai-compat.ts), as OpenAI's API
 // reference has them: https://platform.openai.com/docs/api-reference/chat/create for the body,
 // https://platform.openai.com/docs/guides/error-codes for errors and their HTTP statuses.
-import { Status } from "../shared/errors.js";
-import { DEFAULT_AGENT, isAgentId } from "../shared/ids.js";
-import { answer, type NodeServerRequest, type NodeServerResponse } from "./http-answer.js";
+import { Status } from "../../shared/errors.js";
+import { DEFAULT_AGENT, isAgentId } from "../../shared/ids.js";
+import { answer, type NodeServerRequest, type NodeServerResponse } from "./answer.js";
 
 export const MODEL_PREFIX = "troupe/";
 

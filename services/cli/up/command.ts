@@ -3,46 +3,37 @@
 // `--runners N --gateways M --routers R` start a local cluster; `--store postgres` gives it a
 // PostgreSQL server of its own in <data-dir>/postgres (unless TROUPE_STORE_URL names one). What
 // runs where is written to <data-dir>/up.json.
-import { spawn, type ChildProcess } from "node:child_process";
+import { spawn } from "node:child_process";
 import { createWriteStream } from "node:fs";
 import { mkdir, readFile, rename, stat } from "node:fs/promises";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { authPaths, ensureDevKey, internalCredentials, internalToken } from "../shared/auth.js";
-import { childEnvironment, loadConfig, modelBaseUrl, widenThreadPool } from "../shared/config.js";
-import type { Config } from "../shared/config-types.js";
-import { Health, HealthCheckResponse_ServingStatus as Serving } from "../shared/gen/grpc/health/v1/health_pb.js";
-import { describeTrim, startIdleTrim } from "../shared/idle-trim.js";
-import { createLogger, routeNodeWarnings } from "../shared/log.js";
-import { GatewayService } from "../shared/gen/troupe/v1/gateway_pb.js";
-import { MemoryService } from "../shared/gen/troupe/v1/memory_pb.js";
-import { RouterService } from "../shared/gen/troupe/v1/router_pb.js";
-import { RunnerService } from "../shared/gen/troupe/v1/runner_pb.js";
-import { SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
-import { createClient } from "../shared/rpc.js";
-import { splitHostPort } from "../shared/host-port.js";
-import { freePort } from "./free-port.js";
+import { authPaths, ensureDevKey, internalCredentials, internalToken } from "../../shared/auth.js";
+import { childEnvironment, loadConfig, modelBaseUrl, widenThreadPool } from "../../shared/config.js";
+import type { Config } from "../../shared/config-types.js";
+import { Health, HealthCheckResponse_ServingStatus as Serving } from "../../shared/gen/grpc/health/v1/health_pb.js";
+import { describeTrim, startIdleTrim } from "../../shared/idle-trim.js";
+import { createLogger, routeNodeWarnings } from "../../shared/log.js";
+import { GatewayService } from "../../shared/gen/troupe/v1/gateway_pb.js";
+import { MemoryService } from "../../shared/gen/troupe/v1/memory_pb.js";
+import { RouterService } from "../../shared/gen/troupe/v1/router_pb.js";
+import { RunnerService } from "../../shared/gen/troupe/v1/runner_pb.js";
+import { SandboxService } from "../../shared/gen/troupe/v1/sandbox_pb.js";
+import { createClient } from "../../shared/rpc.js";
+import { splitHostPort } from "../../shared/host-port.js";
+import { freePort } from "../free-port.js";
 import { startLocalPostgres, type LocalPostgres } from "./local-postgres.js";
-import { runInOneProcess } from "./up-one-process.js";
+import { runInOneProcess } from "./one-process.js";
+import type { Child } from "./child.js";
 import { inUse, inUseMessage, type Listener } from "./ports-in-use.js";
-import { allocatorEnvironment, startOver } from "./allocator.js";
-import { jitFlags } from "./jit.js";
-import { upFileWriter } from "./up-file.js";
-import { reapLeftovers, removeSandboxes } from "./up-leftovers.js";
+import { allocatorEnvironment, startOver } from "../allocator.js";
+import { jitFlags } from "../jit.js";
+import { upFileWriter } from "./file.js";
+import { reapLeftovers, removeSandboxes } from "./leftovers.js";
 
 const MAIN = fileURLToPath(new URL("./main.js", import.meta.url));
 
 const LOG_ROTATE_BYTES = 64 * 1024 * 1024;
-
-export interface Child {
-  /** The instance's name: the service, with -2, -3... for extra instances. */
-  name: string;
-  address: string;
-  args: string[];
-  proc?: ChildProcess;
-  restarts: number;
-  startedAt: number;
-}
 
 /** How many of each service `troupe up` starts, and where the store is (its own flags). */
 export interface Shape {
@@ -51,7 +42,7 @@ export interface Shape {
   routers: number;
   /** "postgres": a PostgreSQL server of our own in <data-dir>/postgres, unless TROUPE_STORE_URL is set. */
   store: "files" | "postgres";
-  /** Every service in this process, each on its own ports (up-one-process.ts). */
+  /** Every service in this process, each on its own ports (one-process.ts). */
   oneProcess: boolean;
 }
 

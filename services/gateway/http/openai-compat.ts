@@ -16,17 +16,17 @@
 //     results are streamed as content lines; client-side `tools` are refused, not ignored;
 //   - usage is the run's, summed over its model calls;
 //   - a runner that dies mid-run is waited for: the run goes on after its restart (run-events.ts).
-// Every step is a gateway gRPC call with the caller's key (http-edge.ts), so keys, limits and
+// Every step is a gateway gRPC call with the caller's key (gateway/http/edge.ts), so keys, limits and
 // quotas are the gRPC API's.
 import { createHash, randomUUID } from "node:crypto";
 import { readdir } from "node:fs/promises";
-import { QueueMode, Role, StopReason } from "../shared/gen/troupe/v1/session_pb.js";
-import { DEFAULT_AGENT, isAgentId } from "../shared/ids.js";
-import type { GatewayClient } from "./http-edge.js";
-import type { NodeServerRequest, NodeServerResponse } from "./http-answer.js";
+import { QueueMode, Role, StopReason } from "../../shared/gen/troupe/v1/session_pb.js";
+import { DEFAULT_AGENT, isAgentId } from "../../shared/ids.js";
+import type { GatewayClient } from "./edge.js";
+import type { NodeServerRequest, NodeServerResponse } from "./answer.js";
 import { forwardedMetadata } from "./metadata.js";
 import { runEvents } from "./run-events.js";
-import { StreamedText } from "../shared/streamed-text.js";
+import { StreamedText } from "../../shared/streamed-text.js";
 import {
   agentOf,
   ApiError,

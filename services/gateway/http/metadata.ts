@@ -1,7 +1,7 @@
 // What of an HTTP request's headers reaches the gateway's gRPC server as call metadata:
 // credentials and trace context, nothing else.
 import type http from "node:http";
-import { grpc } from "../shared/rpc.js";
+import { grpc } from "../../shared/rpc.js";
 
 const FORWARDED = ["authorization", "traceparent", "tracestate"];
 

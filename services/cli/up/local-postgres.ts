@@ -7,8 +7,8 @@ import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { existsSync, readdirSync } from "node:fs";
 import { appendFile, chmod, chown, mkdir, readFile, stat } from "node:fs/promises";
 import path from "node:path";
-import { pgModule } from "../shared/pg.js";
-import { freePort } from "./free-port.js";
+import { pgModule } from "../../shared/pg.js";
+import { freePort } from "../free-port.js";
 
 export interface LocalPostgres {
   /** postgres://troupe@127.0.0.1:<port>/troupe */

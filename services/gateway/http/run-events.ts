@@ -1,10 +1,10 @@
 // The events of one run, for the HTTP faces that answer a request with a run (the OpenAI
 // endpoint). A subscription that breaks the way a runner's restart breaks it is made again after
 // the last seq seen (shared/resume-policy.ts), instead of failing the request.
-import type { AgentEvent } from "../shared/gen/troupe/v1/session_pb.js";
-import { Status } from "../shared/errors.js";
-import { RESUME_FOR_MS, resumable, resumeDelayMs } from "../shared/resume-policy.js";
-import type { GatewayClient } from "./http-edge.js";
+import type { AgentEvent } from "../../shared/gen/troupe/v1/session_pb.js";
+import { Status } from "../../shared/errors.js";
+import { RESUME_FOR_MS, resumable, resumeDelayMs } from "../../shared/resume-policy.js";
+import type { GatewayClient } from "./edge.js";
 import type { forwardedMetadata } from "./metadata.js";
 import { ApiError, apiErrorOf } from "./openai-request.js";
 

@@ -3,11 +3,11 @@
 // difference. For laptops and small VMs: one runtime, one heap, one copy of every module (see
 // docs/benchmarks.md, footprint). A crash takes every service down at once, and nothing restarts
 // it: run it under a supervisor (systemd, a container's restart policy) where that matters.
-import { loadConfig } from "../shared/config.js";
-import { splitHostPort } from "../shared/host-port.js";
-import { runServices, type ServiceUnit } from "../shared/service.js";
-import { SERVICES } from "./service-starters.js";
-import type { Child } from "./up.js";
+import { loadConfig } from "../../shared/config.js";
+import { splitHostPort } from "../../shared/host-port.js";
+import { runServices, type ServiceUnit } from "../../shared/service.js";
+import { SERVICES } from "../service-starters.js";
+import type { Child } from "./child.js";
 
 export async function runInOneProcess(
   children: Child[],
@@ -21,7 +21,7 @@ export async function runInOneProcess(
     // Only the first service's --metrics is used: the process has one meter provider.
     const cfg = loadConfig(args, env);
     if (kind === "model-server") {
-      const { startScriptedModelServer } = await import("../dev/scripted-model/server.js");
+      const { startScriptedModelServer } = await import("../../dev/scripted-model/server.js");
       const [host, port] = splitHostPort(cfg.addr.model);
       const server = await startScriptedModelServer({ host, port, tokenRate: cfg.scriptedTokenRate });
       stops.push(() => server.close());

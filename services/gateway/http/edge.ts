@@ -16,16 +16,16 @@ import { Code, ConnectError, type ConnectRouter, type HandlerContext } from "@co
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import { context } from "@opentelemetry/api";
 import type { DescService } from "@bufbuild/protobuf";
-import { AdminService } from "../shared/gen/troupe/v1/admin_pb.js";
-import { GatewayService } from "../shared/gen/troupe/v1/gateway_pb.js";
-import type { Authenticator } from "../shared/auth.js";
-import { splitHostPort } from "../shared/host-port.js";
-import { failure, type Logger } from "../shared/log.js";
-import type { ServiceClient } from "../shared/rpc.js";
-import { extractContext } from "../shared/telemetry.js";
+import { AdminService } from "../../shared/gen/troupe/v1/admin_pb.js";
+import { GatewayService } from "../../shared/gen/troupe/v1/gateway_pb.js";
+import type { Authenticator } from "../../shared/auth.js";
+import { splitHostPort } from "../../shared/host-port.js";
+import { failure, type Logger } from "../../shared/log.js";
+import type { ServiceClient } from "../../shared/rpc.js";
+import { extractContext } from "../../shared/telemetry.js";
 import { admission } from "./admission.js";
 import { ConnectionGuard, type ConnectionLimits } from "./connection-guard.js";
-import { answer, type NodeServerRequest, type NodeServerResponse } from "./http-answer.js";
+import { answer, type NodeServerRequest, type NodeServerResponse } from "./answer.js";
 import { forwardedMetadata } from "./metadata.js";
 
 export type GatewayClient = ServiceClient<(typeof GatewayService)["method"]>;

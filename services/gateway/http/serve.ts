@@ -1,16 +1,16 @@
-// The gateway's HTTP address, put together: the Connect routes (http-edge.ts) in front of the
+// The gateway's HTTP address, put together: the Connect routes (gateway/http/edge.ts) in front of the
 // gateway's own gRPC server, and the OpenAI-compatible endpoint (openai-compat.ts) beside them.
 import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import type { Authenticator } from "../shared/auth.js";
-import type { Config } from "../shared/config-types.js";
-import { AdminService } from "../shared/gen/troupe/v1/admin_pb.js";
-import { GatewayService } from "../shared/gen/troupe/v1/gateway_pb.js";
-import type { Logger } from "../shared/log.js";
-import { createClient, type RpcServer } from "../shared/rpc.js";
-import { answer, type NodeServerRequest, type NodeServerResponse } from "./http-answer.js";
-import { type HttpEdge, startHttpEdge } from "./http-edge.js";
+import type { Authenticator } from "../../shared/auth.js";
+import type { Config } from "../../shared/config-types.js";
+import { AdminService } from "../../shared/gen/troupe/v1/admin_pb.js";
+import { GatewayService } from "../../shared/gen/troupe/v1/gateway_pb.js";
+import type { Logger } from "../../shared/log.js";
+import { createClient, type RpcServer } from "../../shared/rpc.js";
+import { answer, type NodeServerRequest, type NodeServerResponse } from "./answer.js";
+import { type HttpEdge, startHttpEdge } from "./edge.js";
 import { openAiCompat } from "./openai-compat.js";
 
 /**
@@ -71,7 +71,7 @@ function consoleFiles(logger: Logger): {
   has(req: NodeServerRequest): boolean;
   serve(req: NodeServerRequest, res: NodeServerResponse): boolean;
 } {
-  const dir = new URL("./console/", import.meta.url);
+  const dir = new URL("../console/", import.meta.url);
   const files = new Map<string, [Buffer, string]>();
   for (const [route, [name, type]] of Object.entries(CONSOLE_FILES)) {
     const file = new URL(name, dir);

@@ -4,7 +4,7 @@
 // the protocols' published references, since connect-es exports its own writers only as
 // internals: https://connectrpc.com/docs/protocol (unary errors, the end-of-stream message) and
 // https://github.com/grpc/grpc/blob/master/doc/PROTOCOL-WEB.md (a trailers-only response).
-import type { NodeServerRequest, NodeServerResponse } from "./http-answer.js";
+import type { NodeServerRequest, NodeServerResponse } from "./answer.js";
 
 /** Connect's name and HTTP status for each gRPC code (connectrpc.com/docs/protocol#error-codes). */
 const CODES: Record<number, [string, number]> = {

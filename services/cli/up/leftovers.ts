@@ -6,10 +6,10 @@
 import { readFile, readlink, realpath } from "node:fs/promises";
 import path from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
-import { instanceOf } from "../sandbox/container-spec.js";
-import type { Logger } from "../shared/log.js";
-import { Engine, engineAddress, type EngineSettings } from "../sandbox/engine.js";
-import type { UpFile } from "./up-file.js";
+import { instanceOf } from "../../sandbox/container-spec.js";
+import type { Logger } from "../../shared/log.js";
+import { Engine, engineAddress, type EngineSettings } from "../../sandbox/engine.js";
+import type { UpFile } from "./file.js";
 
 /**
  * A pid recorded in up.json that still runs `troupe <command>` (not a pid the kernel gave to
