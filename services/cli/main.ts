@@ -82,7 +82,7 @@ flags (also as environment variables):
                         read again every 5 s, so a renewed certificate needs no restart)
 credentials: TROUPE_API_KEY (clients; else DATA_DIR/auth/dev-key, made by troupe up),
   TROUPE_INTERNAL_TOKEN (between services; else DATA_DIR/auth/internal-token)
-model: OPENAI_BASE_URL, OPENAI_API_KEY, TROUPE_MODEL; tracing: OTEL_EXPORTER_OTLP_ENDPOINT and the other OTEL_* (README)
+model: OPENAI_BASE_URL, OPENAI_API_KEY, TROUPE_MODEL; tracing: OTEL_EXPORTER_OTLP_ENDPOINT and the other OTEL_* (docs/settings.md)
 `;
 
 /** Subcommands of the commands that have them, for checking and suggestions. */

@@ -2,7 +2,7 @@
 // every setting once, in a section per service: a flag if it has one, its variable, its default
 // and its type, checked by setting-kinds.ts. The same names work for `troupe up` and for one service at a
 // time. A TROUPE_* variable SETTINGS does not declare is reported at start (a typo must not be
-// silently ignored); `troupe config` prints the values in force, secrets masked; the README's
+// silently ignored); `troupe config` prints the values in force, secrets masked; docs/settings.md's
 // table is settings.ts's settingsTable().
 import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";

@@ -1,7 +1,7 @@
 // What a setting is, the shapes its values take, and how a value is checked against its shape,
 // for the tables of settings.ts and the files beside it (telemetry-settings.ts,
 // client-settings.ts). A shape is written as a small JSON Schema (so `troupe config` and the
-// README can show it), but only the keywords below are allowed: the environment is checked at
+// docs/settings.md can show it), but only the keywords below are allowed: the environment is checked at
 // every start of every process, and a general validator there cost each process 83 modules,
 // about 2.5 MB of heap and 100 ms (docs/benchmarks.md, footprint). The JSON files operators
 // write are still checked by json-schema.ts.

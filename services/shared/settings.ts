@@ -3,7 +3,7 @@
 // against it, turning a variable's text into the number a shape asks for). A
 // default in <angle brackets> is worked out from other settings when the configuration loads.
 // The five services' sections are here; tracing, the clients and the channel adapters have files
-// of their own beside it. The README's configuration table is settingsTable()'s, and a unit test
+// of their own beside it. docs/settings.md's table is settingsTable()'s, and a unit test
 // keeps it so.
 import { ADAPTER_SETTINGS, CLIENT_SETTINGS } from "./client-settings.js";
 import { DEFAULT_QUOTAS } from "./quotas.js";
@@ -68,7 +68,7 @@ export const SETTINGS = {
     },
     quotasFile: {
       env: "TROUPE_QUOTAS_FILE",
-      doc: "quotas per tenant (README, Quotas)",
+      doc: "quotas per tenant (docs/security.md, Quotas)",
       default: "<data-dir>/quotas.json",
     },
     logLevel: {
@@ -290,7 +290,7 @@ export const SETTINGS = {
     ...Object.fromEntries(
       Object.entries(DEFAULT_QUOTAS).map(([k, d]) => [
         `quota.${k}`,
-        { env: quotaEnv(k), doc: `quota: ${k} (README, Quotas)`, default: d, schema: int() },
+        { env: quotaEnv(k), doc: `quota: ${k} (docs/security.md, Quotas)`, default: d, schema: int() },
       ]),
     ),
   },
@@ -380,7 +380,7 @@ export type SettingName = { [S in keyof typeof SETTINGS]: keyof (typeof SETTINGS
 /** Every setting by name, in section order. */
 export const ALL_SETTINGS: [string, Setting][] = Object.values(SETTINGS).flatMap((section) => Object.entries(section));
 
-/** The README's configuration table, section by section (a unit test keeps the README in step). */
+/** docs/settings.md's table, section by section (a unit test keeps it in step). */
 export function settingsTable(): string {
   const rows = ["| variable | flag | default | sets |", "|---|---|---|---|"];
   for (const [section, settings] of Object.entries(SETTINGS)) {

@@ -1,4 +1,4 @@
-// The tracing and metrics settings: the standard OTEL_* variables Troupe honours (README,
+// The tracing and metrics settings: the standard OTEL_* variables Troupe honours (docs/tracing.md,
 // Observability) and its own Prometheus address. A section of settings.ts.
 import { int, oneOf, type Setting } from "./setting-kinds.js";
 

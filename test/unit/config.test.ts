@@ -89,15 +89,15 @@ test("every bad setting is reported at once, named as it was given; a flag beats
   assert.deepEqual(loadConfig([], {}).quotaDefaults, DEFAULT_QUOTAS);
 });
 
-test("the README's configuration table is the one the settings make", async () => {
-  const readme = await readFile(path.resolve(import.meta.dirname, "../../../README.md"), "utf8");
-  const start = readme.indexOf("<!-- settings:start -->\n");
-  const end = readme.indexOf("<!-- settings:end -->");
-  assert.ok(start >= 0 && end > start, "README.md has the settings markers");
+test("docs/settings.md's table is the one the settings make", async () => {
+  const doc = await readFile(path.resolve(import.meta.dirname, "../../../docs/settings.md"), "utf8");
+  const start = doc.indexOf("<!-- settings:start -->\n");
+  const end = doc.indexOf("<!-- settings:end -->");
+  assert.ok(start >= 0 && end > start, "docs/settings.md has the settings markers");
   assert.equal(
-    readme.slice(start + "<!-- settings:start -->\n".length, end),
+    doc.slice(start + "<!-- settings:start -->\n".length, end),
     settingsTable(),
-    "README.md's table is stale: run make readme-settings",
+    "docs/settings.md's table is stale: run make readme-settings",
   );
 });
 
