@@ -129,9 +129,9 @@ run: build jemalloc
 	@$(MAKE) --no-print-directory sandbox-image-if-missing || echo "run: no sandbox available; tools will report errors until Docker runs (see docs/sandbox.md)"
 	$(TROUPE) up
 
-# The README's configuration table, from services/shared/settings.ts.
+# The README's configuration table, from services/shared/config/settings.ts.
 readme-settings: build
-	node -e 'const fs=require("fs");import("./dist/services/shared/settings.js").then(({settingsTable})=>{const r=fs.readFileSync("docs/settings.md","utf8");const a="<!-- settings:start -->\n",b="<!-- settings:end -->";fs.writeFileSync("docs/settings.md",r.slice(0,r.indexOf(a)+a.length)+settingsTable()+r.slice(r.indexOf(b)))})'
+	node -e 'const fs=require("fs");import("./dist/services/shared/config/settings.js").then(({settingsTable})=>{const r=fs.readFileSync("docs/settings.md","utf8");const a="<!-- settings:start -->\n",b="<!-- settings:end -->";fs.writeFileSync("docs/settings.md",r.slice(0,r.indexOf(a)+a.length)+settingsTable()+r.slice(r.indexOf(b)))})'
 
 # jemalloc, which `troupe up` starts the services with where it is installed (TROUPE_ALLOCATOR;
 # services/cli/allocator.ts says why, and alone knows where the library lies). dpkg is asked

@@ -13,7 +13,7 @@ import { promisify } from "node:util";
 import { fileURLToPath } from "node:url";
 import * as grpc from "@grpc/grpc-js";
 import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
-import { DEV_IDENTITY } from "../services/shared/auth.js";
+import { DEV_IDENTITY } from "../services/shared/auth/auth.js";
 import { StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { containerName, instanceOf } from "../services/sandbox/container-spec.js";
 import { ChatSession } from "../test/helpers/session.js";

@@ -17,7 +17,7 @@ import { parseArgs } from "node:util";
 import * as grpc from "@grpc/grpc-js";
 import { create, toBinary } from "@bufbuild/protobuf";
 import { PlacementCache } from "../services/gateway/placement.js";
-import { sha256 } from "../services/shared/api-keys.js";
+import { sha256 } from "../services/shared/auth/api-keys.js";
 import {
   ChatRequestSchema,
   GatewayService,

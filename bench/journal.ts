@@ -15,7 +15,7 @@
 import { setFlagsFromString } from "node:v8";
 import { runInNewContext } from "node:vm";
 import { parseArgs } from "node:util";
-import { EventJournal, RING_SIZE as RING } from "../services/runner/event-journal.js";
+import { EventJournal, RING_SIZE as RING } from "../services/runner/session/event-journal.js";
 import { median } from "./support/stats.js";
 
 const { values } = parseArgs({

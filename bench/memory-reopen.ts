@@ -13,7 +13,7 @@ import { mkdtemp, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { parseArgs } from "node:util";
-import { createLogger } from "../services/shared/log.js";
+import { createLogger } from "../services/shared/process/log.js";
 import { rankOptions, search } from "../services/memory/server.js";
 import { MemoryStore } from "../services/memory/store.js";
 import { newMemoryRow, sqlString } from "../services/memory/memory-schema.js";

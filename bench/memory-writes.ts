@@ -19,7 +19,7 @@ import * as lancedb from "@lancedb/lancedb";
 import { newMemoryRow, sqlString } from "../services/memory/memory-schema.js";
 import { TABLE } from "../services/memory/meta.js";
 import { MemoryStore } from "../services/memory/store.js";
-import { createLogger } from "../services/shared/log.js";
+import { createLogger } from "../services/shared/process/log.js";
 import { runChild } from "./support/child-run.js";
 
 const { values } = parseArgs({

@@ -19,7 +19,7 @@ import { mkdtemp, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { parseArgs } from "node:util";
-import { createLogger, type Level } from "../services/shared/log.js";
+import { createLogger, type Level } from "../services/shared/process/log.js";
 import { mmr } from "../services/memory/ranking.js";
 import { rankOptions, search } from "../services/memory/server.js";
 import { MemoryStore } from "../services/memory/store.js";

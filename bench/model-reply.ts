@@ -1,6 +1,6 @@
 // bench/model-reply: model calls made one after another by the runner's client over HTTPS, as a
 // session's turns make them, against a loopback provider whose streamed reply ends in one of two
-// ways (services/runner/reply-rest.ts says why it matters):
+// ways (services/runner/providers/reply-rest.ts says why it matters):
 // - "late end": the final event ([DONE]) goes out, then the end of the body --gap ms later, as a
 //   server or proxy that flushes each event as it comes and ends the response afterwards sends it;
 // - "together" (the baseline, same run): the final event and the end of the body in one write.
@@ -17,7 +17,7 @@ import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
-import { OpenAIModelClient } from "../services/runner/chat-completions-model.js";
+import { OpenAIModelClient } from "../services/runner/providers/chat-completions-model.js";
 import { selfSigned } from "../test/helpers/certs.js";
 import { pct } from "./support/stats.js";
 

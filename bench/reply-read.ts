@@ -12,7 +12,7 @@
 //   node dist/bench/reply-read.js [--replies 300] [--tokens 150] [--rate 30] [--rounds 4]
 import { parseArgs } from "node:util";
 import { Agent } from "undici";
-import { OpenAIModelClient } from "../services/runner/chat-completions-model.js";
+import { OpenAIModelClient } from "../services/runner/providers/chat-completions-model.js";
 import { startStack } from "../test/helpers/stack.js";
 import { streamReply } from "./support/floor-relay.js";
 import { median } from "./support/stats.js";

@@ -1,4 +1,4 @@
-// bench/sse: the runner's SSE decoder (services/runner/sse.ts), in-process. Two figures:
+// bench/sse: the runner's SSE decoder (services/runner/providers/sse.ts), in-process. Two figures:
 // - per event: chat-completions chunks as OpenAI streams them, in reads of 700 to 1,600 bytes cut
 //   anywhere, so most reads end inside an event;
 // - a broken stream: one `data:` line that never ends, in 64 KiB reads, until the decoder's bound
@@ -8,7 +8,7 @@
 //
 //   node dist/bench/sse.js [--rounds 5]
 import { parseArgs } from "node:util";
-import { MAX_EVENT_CHARS, SseDecoder, SseEventTooLarge } from "../services/runner/sse.js";
+import { MAX_EVENT_CHARS, SseDecoder, SseEventTooLarge } from "../services/runner/providers/sse.js";
 
 const { values } = parseArgs({ options: { rounds: { type: "string", default: "5" } } });
 const ROUNDS = Number(values.rounds);

@@ -9,7 +9,7 @@ import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { parseArgs } from "node:util";
 import { Agent, request } from "undici";
-import { guardedRequest, type NetPolicy } from "../services/shared/net-guard.js";
+import { guardedRequest, type NetPolicy } from "../services/shared/net/net-guard.js";
 import { measure, type Measured } from "./support/stats.js";
 
 const { values } = parseArgs({ options: { requests: { type: "string", default: "2000" } } });

@@ -16,7 +16,7 @@ import { RouterService } from "../services/shared/gen/troupe/v1/router_pb.js";
 import { RunnerService } from "../services/shared/gen/troupe/v1/runner_pb.js";
 import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
 import { Role } from "../services/shared/gen/troupe/v1/session_pb.js";
-import { ApiKeys, createApiKey, revokeApiKey } from "../services/shared/api-keys.js";
+import { ApiKeys, createApiKey, revokeApiKey } from "../services/shared/auth/api-keys.js";
 import { Status } from "../services/shared/errors.js";
 import { createClient, type ServiceClient } from "../services/shared/rpc.js";
 import { ChatSession, subscribeUntil } from "./helpers/session.js";
@@ -455,7 +455,7 @@ describe("memory follows the session's owner", () => {
 describe("the development key", () => {
   test("is made even when the keys file lives outside the data directory (--api-keys)", async (t) => {
     const { stat: statFile } = await import("node:fs/promises");
-    const { ensureDevKey } = await import("../services/shared/auth.js");
+    const { ensureDevKey } = await import("../services/shared/auth/auth.js");
     const dataDir = await tempDir(t, "troupe-devkey-");
     const keysDir = await tempDir(t, "troupe-keys-");
     const keysFile = path.join(keysDir, "keys.json");

@@ -4,7 +4,7 @@
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { JsonlSessionStore } from "../services/runner/jsonl-session-store.js";
+import { JsonlSessionStore } from "../services/runner/store/jsonl-session-store.js";
 import { refOf } from "../services/shared/session-ref.js";
 import { MAIN, startStack, waitFor, type Stack } from "./helpers/stack.js";
 import { tokensReply } from "./helpers/session.js";

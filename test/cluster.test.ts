@@ -7,10 +7,10 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { placeOn } from "../services/router/server.js";
-import { DEV_IDENTITY } from "../services/shared/auth.js";
+import { DEV_IDENTITY } from "../services/shared/auth/auth.js";
 import { GatewayService } from "../services/shared/gen/troupe/v1/gateway_pb.js";
 import { RouterService } from "../services/shared/gen/troupe/v1/router_pb.js";
-import { PgSessionStore } from "../services/runner/pg-session-store.js";
+import { PgSessionStore } from "../services/runner/store/pg-session-store.js";
 import { openPool } from "../services/shared/pg.js";
 import { Role, StopReason, type AgentEvent } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { createClient, type ServiceClient } from "../services/shared/rpc.js";

@@ -15,7 +15,7 @@ import { SearchOptionsSchema } from "../services/shared/gen/troupe/v1/memory_pb.
 import { rankOptions, search } from "../services/memory/server.js";
 import { MemoryStore } from "../services/memory/store.js";
 import { newMemoryRow } from "../services/memory/memory-schema.js";
-import { createLogger } from "../services/shared/log.js";
+import { createLogger } from "../services/shared/process/log.js";
 
 interface Fixture {
   memories: { id: string; group: string; ageDays: number; evergreen?: boolean; text: string }[];

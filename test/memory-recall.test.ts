@@ -4,9 +4,9 @@
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { MemoryKind, MemoryService } from "../services/shared/gen/troupe/v1/memory_pb.js";
-import { createLogger } from "../services/shared/log.js";
+import { createLogger } from "../services/shared/process/log.js";
 import type { createClient } from "../services/shared/rpc.js";
-import { MemoryRecall, type MemoryRecallOptions } from "../services/runner/memory-recall.js";
+import { MemoryRecall, type MemoryRecallOptions } from "../services/runner/memory/memory-recall.js";
 import { startStack, type Stack } from "./helpers/stack.js";
 
 let stack: Stack;

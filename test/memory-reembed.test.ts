@@ -8,7 +8,7 @@ import { promisify } from "node:util";
 import path from "node:path";
 import { MemoryService, type ScoredMemory } from "../services/shared/gen/troupe/v1/memory_pb.js";
 import { MemoryStore } from "../services/memory/store.js";
-import { createLogger } from "../services/shared/log.js";
+import { createLogger } from "../services/shared/process/log.js";
 import { MAIN, startStack, type Stack } from "./helpers/stack.js";
 
 const run = promisify(execFile);

@@ -10,7 +10,7 @@ import {
 } from "../services/shared/gen/grpc/health/v1/health_pb.js";
 import { MemoryService, MemoryKind } from "../services/shared/gen/troupe/v1/memory_pb.js";
 import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
-import { DEV_IDENTITY } from "../services/shared/auth.js";
+import { DEV_IDENTITY } from "../services/shared/auth/auth.js";
 import { Status } from "../services/shared/errors.js";
 import { createClient } from "../services/shared/rpc.js";
 import { instanceOf } from "../services/sandbox/container-spec.js";

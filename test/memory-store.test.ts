@@ -20,7 +20,7 @@ import {
   type StoredMemory,
 } from "../services/memory/memory-schema.js";
 import { MemoryStore } from "../services/memory/store.js";
-import { createLogger, type Logger } from "../services/shared/log.js";
+import { createLogger, type Logger } from "../services/shared/process/log.js";
 
 const DIM = 32;
 const EMBEDDER = "test-synthetic";

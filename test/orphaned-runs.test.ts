@@ -6,7 +6,7 @@
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { StopReason, type AgentEvent } from "../services/shared/gen/troupe/v1/session_pb.js";
-import { JsonlSessionStore } from "../services/runner/jsonl-session-store.js";
+import { JsonlSessionStore } from "../services/runner/store/jsonl-session-store.js";
 import { refOf } from "../services/shared/session-ref.js";
 import { loggedEvents as eventsOf, runOutcome, tokensReply } from "./helpers/session.js";
 import { startStack, waitFor, type Stack } from "./helpers/stack.js";

@@ -1,9 +1,9 @@
 // One live actor per session with two runners sharing a store: the router places sessions, the
 // store's lease refuses a second activation (and the gateway follows the refusal to the owner),
 // and an owner presumed dead is fenced: what it writes after the takeover does not count.
-import { sessionLogPath } from "../services/runner/jsonl-session-store.js";
+import { sessionLogPath } from "../services/runner/store/jsonl-session-store.js";
 import { refOf } from "../services/shared/session-ref.js";
-import { DEV_IDENTITY } from "../services/shared/auth.js";
+import { DEV_IDENTITY } from "../services/shared/auth/auth.js";
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { readFile } from "node:fs/promises";
@@ -12,7 +12,7 @@ import { RunnerService } from "../services/shared/gen/troupe/v1/runner_pb.js";
 import { Role } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { SESSION_OWNER_KEY, Status } from "../services/shared/errors.js";
 import type { grpc, ServiceClient } from "../services/shared/rpc.js";
-import { LEGACY_OWNER } from "../services/runner/session-log.js";
+import { LEGACY_OWNER } from "../services/runner/session/session-log.js";
 import { ChatSession } from "./helpers/session.js";
 import { startStack, waitFor, type Stack } from "./helpers/stack.js";
 

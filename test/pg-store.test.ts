@@ -5,9 +5,9 @@
 import { describe, test, type TestContext } from "node:test";
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
-import { PgSessionStore } from "../services/runner/pg-session-store.js";
-import { SessionElsewhere } from "../services/runner/session-lease.js";
-import { pgStorage } from "../services/runner/storage.js";
+import { PgSessionStore } from "../services/runner/store/pg-session-store.js";
+import { SessionElsewhere } from "../services/runner/session/session-lease.js";
+import { pgStorage } from "../services/runner/store/storage.js";
 import { RunnerHeartbeat, liveRunners } from "../services/shared/membership.js";
 import { MIGRATIONS, migrate, openPool, schemaVersion } from "../services/shared/pg.js";
 import { refOf } from "../services/shared/session-ref.js";

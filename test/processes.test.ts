@@ -13,7 +13,7 @@ import {
 import { GatewayService } from "../services/shared/gen/troupe/v1/gateway_pb.js";
 import { Role } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { RouterService } from "../services/shared/gen/troupe/v1/router_pb.js";
-import { clientApiKey, internalCredentials } from "../services/shared/auth.js";
+import { clientApiKey, internalCredentials } from "../services/shared/auth/auth.js";
 import { createClient } from "../services/shared/rpc.js";
 import { Status } from "../services/shared/errors.js";
 import { ChatSession } from "./helpers/session.js";

@@ -1,8 +1,8 @@
 // A runner killed mid-turn: nothing acknowledged is lost, the cut-off run goes on after the
 // restart (RunResumed) with every tool call paired and none run twice, and what was queued runs.
-import { sessionLogPath } from "../services/runner/jsonl-session-store.js";
+import { sessionLogPath } from "../services/runner/store/jsonl-session-store.js";
 import { refOf } from "../services/shared/session-ref.js";
-import { DEV_IDENTITY } from "../services/shared/auth.js";
+import { DEV_IDENTITY } from "../services/shared/auth/auth.js";
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { readFile, writeFile } from "node:fs/promises";

@@ -10,7 +10,7 @@ import {
   HealthCheckResponse_ServingStatus as Serving,
 } from "../services/shared/gen/grpc/health/v1/health_pb.js";
 import { FileType, SandboxService, Signal, type ExecExit } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
-import { DEV_IDENTITY } from "../services/shared/auth.js";
+import { DEV_IDENTITY } from "../services/shared/auth/auth.js";
 import { scopeKey } from "../services/sandbox/scope.js";
 import { Status } from "../services/shared/errors.js";
 import { createClient } from "../services/shared/rpc.js";

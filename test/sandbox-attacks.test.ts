@@ -15,7 +15,7 @@ import {
   HealthCheckResponse_ServingStatus as Serving,
 } from "../services/shared/gen/grpc/health/v1/health_pb.js";
 import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
-import { DEV_IDENTITY } from "../services/shared/auth.js";
+import { DEV_IDENTITY } from "../services/shared/auth/auth.js";
 import { createClient } from "../services/shared/rpc.js";
 import { exec, type ExecResult, type SandboxClient, sessionContainer } from "./helpers/sandbox.js";
 import { startStack, type Stack } from "./helpers/stack.js";

@@ -11,7 +11,7 @@ import { createServer as createHttpServer, type Server } from "node:http";
 import { createServer as createHttpsServer } from "node:https";
 import path from "node:path";
 import { createServer as createTcpServer, type AddressInfo, type Server as TcpServer } from "node:net";
-import { DEV_IDENTITY } from "../services/shared/auth.js";
+import { DEV_IDENTITY } from "../services/shared/auth/auth.js";
 import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
 import { exec, type SandboxClient } from "./helpers/sandbox.js";
 import { selfSigned } from "./helpers/certs.js";

@@ -3,7 +3,7 @@
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
-import { DEV_IDENTITY } from "../services/shared/auth.js";
+import { DEV_IDENTITY } from "../services/shared/auth/auth.js";
 import { StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { Status } from "../services/shared/errors.js";
 import { scopeKey } from "../services/sandbox/scope.js";

@@ -2,9 +2,9 @@
 // fallback, tools and hooks, through real processes and the scripted model; the operator files are
 // in helpers/turn-stack.ts. Where a turn's input comes from (safety, sub-agents, triggers):
 // turn-inputs.test.ts.
-import { sessionLogPath } from "../services/runner/jsonl-session-store.js";
+import { sessionLogPath } from "../services/runner/store/jsonl-session-store.js";
 import { refOf } from "../services/shared/session-ref.js";
-import { DEV_IDENTITY } from "../services/shared/auth.js";
+import { DEV_IDENTITY } from "../services/shared/auth/auth.js";
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { readFile } from "node:fs/promises";

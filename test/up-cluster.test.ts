@@ -10,7 +10,7 @@ import os from "node:os";
 import path from "node:path";
 import { GatewayService } from "../services/shared/gen/troupe/v1/gateway_pb.js";
 import { RouterService } from "../services/shared/gen/troupe/v1/router_pb.js";
-import { internalCredentials } from "../services/shared/auth.js";
+import { internalCredentials } from "../services/shared/auth/auth.js";
 import { createClient } from "../services/shared/rpc.js";
 import { ChatSession } from "./helpers/session.js";
 import { MAIN, isAlive, startUp, stopUp } from "./helpers/stack.js";

@@ -7,8 +7,8 @@
 // Prints "bare=PORT adapter=PORT auth=PORT" when all three listen.
 import * as grpc from "@grpc/grpc-js";
 import { create, toBinary } from "@bufbuild/protobuf";
-import { ApiKeys } from "../../services/shared/api-keys.js";
-import { apiKeyAuth, identityOf } from "../../services/shared/auth.js";
+import { ApiKeys } from "../../services/shared/auth/api-keys.js";
+import { apiKeyAuth, identityOf } from "../../services/shared/auth/auth.js";
 import {
   ChatResponseSchema,
   GatewayService,

@@ -2,7 +2,7 @@
 // every method is POST https://api.telegram.org/bot<token>/<method> with a JSON body, answered by
 // {"ok": true, "result": ...} or {"ok": false, "error_code", "description", "parameters"}, where
 // parameters.retry_after is how long flood control asks to wait. Only what the adapter uses.
-import { jsonUpTo } from "../shared/bounded-body.js";
+import { jsonUpTo } from "../shared/net/bounded-body.js";
 
 /** The longest answer read: getUpdates returns at most 100 updates. */
 const MAX_ANSWER_BYTES = 16 * 1024 * 1024;

@@ -7,7 +7,7 @@
 //              The default of the public adapters, Telegram and Slack.
 // Group and channel messages are not direct messages: the adapters' own rules (a mention, a reply)
 // decide those.
-import type { Logger } from "../shared/log.js";
+import type { Logger } from "../shared/process/log.js";
 import { CODE_TTL_MS, PairingBook } from "./pairing-book.js";
 import type { Address } from "./state.js";
 

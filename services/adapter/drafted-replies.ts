@@ -3,7 +3,7 @@
 // interval, and edited a last time with the complete text. A text over the platform's limit goes
 // out in parts, split at a line or word break. A rate limit is waited out for as long as the
 // platform says; a draft edit that meets one is skipped, since a newer one follows.
-import type { Logger } from "../shared/log.js";
+import type { Logger } from "../shared/process/log.js";
 import type { ReplySink } from "./replies.js";
 import type { AdapterState, Address, Post } from "./state.js";
 

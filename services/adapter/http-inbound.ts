@@ -1,8 +1,8 @@
 // The HTTP side of adapters a platform calls (webhook, Slack's Events API): POSTs to one path,
 // bodies up to a cap read whole (signatures are over the raw bytes), JSON answers.
 import http from "node:http";
-import { splitHostPort } from "../shared/host-port.js";
-import { failure, type Logger } from "../shared/log.js";
+import { splitHostPort } from "../shared/net/host-port.js";
+import { failure, type Logger } from "../shared/process/log.js";
 
 export interface InboundAnswer {
   status: number;

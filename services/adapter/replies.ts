@@ -7,7 +7,7 @@
 import type { AgentEvent } from "../shared/gen/troupe/v1/session_pb.js";
 import { Role, StopReason } from "../shared/gen/troupe/v1/session_pb.js";
 import { Status, grpcCode } from "../shared/errors.js";
-import type { Logger } from "../shared/log.js";
+import type { Logger } from "../shared/process/log.js";
 import type { GatewayClient } from "./deliver.js";
 import type { AdapterState, Address, Post } from "./state.js";
 

@@ -2,7 +2,7 @@
 // with a JSON body and the bot token as a bearer; the answer is {"ok": true, ...} or {"ok": false,
 // "error": "..."}; a rate limit is HTTP 429 with Retry-After in seconds
 // (https://api.slack.com/apis/rate-limits). Only what the adapter uses.
-import { discardBody, downloadUpTo, jsonUpTo } from "../shared/bounded-body.js";
+import { discardBody, downloadUpTo, jsonUpTo } from "../shared/net/bounded-body.js";
 
 /** The longest Web API answer read: Slack's are a few kilobytes. */
 const MAX_ANSWER_BYTES = 4 * 1024 * 1024;

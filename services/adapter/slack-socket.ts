@@ -16,7 +16,7 @@
 // would not be noticed: each connection is replaced the same way after `refreshMs`, which bounds
 // how long the adapter can be deaf. An envelope whose acknowledgement the replaced socket can no
 // longer carry is sent again by Slack and taken once.
-import type { Logger } from "../shared/log.js";
+import type { Logger } from "../shared/process/log.js";
 import { SlackApi, SlackApiError } from "./slack-api.js";
 
 /** What an events_api envelope's handling came to: acknowledge it, or leave it for Slack to send again. */

@@ -14,7 +14,7 @@ import { DmGate, type DmSettings } from "./dm-gate.js";
 import type http from "node:http";
 import { ChatType } from "../shared/gen/troupe/v1/inbound_pb.js";
 import { maxMediaBytes } from "../shared/media.js";
-import type { Logger } from "../shared/log.js";
+import type { Logger } from "../shared/process/log.js";
 import { deliverFrom, neverTaken, type GatewayClient } from "./deliver.js";
 import { DraftedReplies, sendText, type ChatApi } from "./drafted-replies.js";
 import { SlackApi, SlackApiError } from "./slack-api.js";

@@ -6,11 +6,11 @@
 // mention, a reply to one of its messages, or a /command. Replies: telegram-replies.ts.
 import type http from "node:http";
 import { ChatType } from "../shared/gen/troupe/v1/inbound_pb.js";
-import type { Logger } from "../shared/log.js";
+import type { Logger } from "../shared/process/log.js";
 import { BotApi, BotApiError, type TgMessage, type TgUpdate, type TgUser } from "./bot-api.js";
 import { deliverFrom, neverTaken, type GatewayClient } from "./deliver.js";
 import { MAX_IMAGE_BYTES, maxMediaBytes } from "../shared/media.js";
-import { downloadUpTo } from "../shared/bounded-body.js";
+import { downloadUpTo } from "../shared/net/bounded-body.js";
 import type { AdapterState, Address } from "./state.js";
 import { DraftedReplies, sendText } from "./drafted-replies.js";
 import { serveInbound, type InboundAnswer } from "./http-inbound.js";

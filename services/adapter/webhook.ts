@@ -6,11 +6,11 @@
 // timeout, an adapter killed at that moment) is sent again. 5xx, 408, 429 and network failures are
 // retried with backoff (honouring Retry-After) for up to REPLY_GIVE_UP_MS; other 4xx are final.
 import type http from "node:http";
-import { discardBody } from "../shared/bounded-body.js";
+import { discardBody } from "../shared/net/bounded-body.js";
 import { ChatType } from "../shared/gen/troupe/v1/inbound_pb.js";
 import { RETRY_AFTER_TRAILER, Status, toStatus } from "../shared/errors.js";
 import { schemaProblems } from "../shared/json-schema.js";
-import type { Logger } from "../shared/log.js";
+import type { Logger } from "../shared/process/log.js";
 import type { grpc } from "../shared/rpc.js";
 import { deliverFrom, type GatewayClient } from "./deliver.js";
 import { TROUPE_SIGNATURE, signatureProblem, signedHeaders } from "./signature.js";

@@ -2,9 +2,9 @@
 // gateway under an adapter key (TROUPE_API_KEY). It keeps nothing but its state file, so it may be
 // killed and started again at any moment (docs/channels.md). SIGTERM and SIGINT stop it cleanly.
 import path from "node:path";
-import { loadConfig } from "../shared/config.js";
-import { useOutboundProxy } from "../shared/outbound-proxy.js";
-import { createLogger } from "../shared/log.js";
+import { loadConfig } from "../shared/config/config.js";
+import { useOutboundProxy } from "../shared/net/outbound-proxy.js";
+import { createLogger } from "../shared/process/log.js";
 import { InboxReplies } from "../adapter/replies.js";
 import { AdapterState } from "../adapter/state.js";
 import { startWebhookAdapter, webhookReplies } from "../adapter/webhook.js";
@@ -13,8 +13,8 @@ import { startSlackAdapter } from "../adapter/slack.js";
 import { CLIENT_FLAGS, gatewayClient } from "./gateway-client.js";
 import type { DmSettings } from "../adapter/dm-gate.js";
 import { sharedDmWarnings } from "./shared-dms.js";
-import type { Config } from "../shared/config-types.js";
-import type { Logger } from "../shared/log.js";
+import type { Config } from "../shared/config/config-types.js";
+import type { Logger } from "../shared/process/log.js";
 
 export async function adapterCommand(args: string[]): Promise<number> {
   const kind = args[0] as "webhook" | "telegram" | "slack";

@@ -11,7 +11,7 @@
 //   session's events go on from the last one seen (chat-stream.ts).
 import readline from "node:readline";
 import { randomBytes } from "node:crypto";
-import { loadConfig } from "../shared/config.js";
+import { loadConfig } from "../shared/config/config.js";
 import { statusName } from "../shared/errors.js";
 import { toJson } from "@bufbuild/protobuf";
 import { AgentEventSchema, QueueMode, Role, StopReason, type AgentEvent } from "../shared/gen/troupe/v1/session_pb.js";

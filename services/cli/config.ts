@@ -7,11 +7,11 @@ import { readFile } from "node:fs/promises";
 import path from "node:path";
 import { parseRouting } from "../router/bindings.js";
 import { parseAgentConfig } from "../runner/agent-config.js";
-import { parseProviders } from "../shared/providers.js";
-import { parseKeys } from "../shared/api-keys.js";
-import { effectiveEnvironment, loadConfig, unknownVariables } from "../shared/config.js";
+import { parseProviders } from "../shared/models/providers.js";
+import { parseKeys } from "../shared/auth/api-keys.js";
+import { effectiveEnvironment, loadConfig, unknownVariables } from "../shared/config/config.js";
 import { SCHEMAS, type SchemaName, parseJson, schemaProblems } from "../shared/json-schema.js";
-import { parseQuotas } from "../shared/quotas.js";
+import { parseQuotas } from "../shared/auth/quotas.js";
 import { routingWarnings } from "./shared-dms.js";
 
 /** Where the command writes (a test passes its own). */

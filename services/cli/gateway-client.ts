@@ -1,8 +1,8 @@
 // The gateway client every client command uses: the API key (TROUPE_API_KEY, else the data
 // directory's development key) and, for a gateway serving TLS, --tls or --ca.
 import { readFile } from "node:fs/promises";
-import { clientApiKey } from "../shared/auth.js";
-import type { Config } from "../shared/config-types.js";
+import { clientApiKey } from "../shared/auth/auth.js";
+import type { Config } from "../shared/config/config-types.js";
 import { GatewayService } from "../shared/gen/troupe/v1/gateway_pb.js";
 import type { SessionInfo } from "../shared/gen/troupe/v1/session_pb.js";
 import { createClient, type ServiceClient } from "../shared/rpc.js";

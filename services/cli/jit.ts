@@ -4,14 +4,14 @@
 // the sandbox (waiting on the Docker engine and its containers) do little work each call, and
 // without those tiers their code and the compilers' own pages stay out of memory: 10 to 12 MB a
 // process, with no cost measured in their benchmarks (docs/benchmarks.md, footprint).
-// The gateway starts with optimization deferred until it is busy (shared/deferred-tiering.ts):
+// The gateway starts with optimization deferred until it is busy (shared/process/deferred-tiering.ts):
 // 9 MB smaller idle, the token path's CPU and bursts the same, its paced p99 within the spread
 // of runs without it (docs/benchmarks.md, bench/stream). TROUPE_JIT=lean defers the
 // runner and the memory service too (2 to 9 MB each), for a laptop or a small VM; it is not the
 // default for them because they are within their budgets without it and their first busy
 // seconds compile on the main thread. TROUPE_JIT=on gives every service every tier from the
 // start. `--one-process` keeps every tier.
-import { DEFERRING_FLAGS } from "../shared/deferred-tiering.js";
+import { DEFERRING_FLAGS } from "../shared/process/deferred-tiering.js";
 
 export type JitChoice = "auto" | "on" | "lean";
 

@@ -4,8 +4,8 @@
 //   troupe keys create --tenant T --principal P [--role user|adapter|admin] [--channel C]... [--name N]
 //   troupe keys ls
 //   troupe keys revoke NAME
-import { createApiKey, listApiKeys, revokeApiKey, ROLES, type Role } from "../shared/api-keys.js";
-import { loadConfig } from "../shared/config.js";
+import { createApiKey, listApiKeys, revokeApiKey, ROLES, type Role } from "../shared/auth/api-keys.js";
+import { loadConfig } from "../shared/config/config.js";
 import { printTable } from "./table.js";
 
 const USAGE = `usage: troupe keys create --tenant TENANT --principal PRINCIPAL [--role user|adapter|admin] [--channel CHANNEL]... [--name NAME] [--api-keys FILE]

@@ -6,8 +6,8 @@ import { createReadStream, watchFile } from "node:fs";
 import { readdir, readFile, stat } from "node:fs/promises";
 import path from "node:path";
 import readline from "node:readline";
-import { loadConfig } from "../shared/config.js";
-import { textLine } from "../shared/log.js";
+import { loadConfig } from "../shared/config/config.js";
+import { textLine } from "../shared/process/log.js";
 
 /** A JSON record as its plain line (time first); any other line as it is. */
 function plainLine(line: string): string {

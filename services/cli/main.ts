@@ -1,8 +1,8 @@
 #!/usr/bin/env node
 // troupe: one binary for every service, the supervisor and the chat client.
 import { readFileSync } from "node:fs";
-import { childEnvironment, loadConfig, widenThreadPool } from "../shared/config.js";
-import { runService } from "../shared/service.js";
+import { childEnvironment, loadConfig, widenThreadPool } from "../shared/config/config.js";
+import { runService } from "../shared/process/service.js";
 import { startOver } from "./allocator.js";
 import { jitFlags } from "./jit.js";
 import { SERVICES } from "./service-starters.js";

@@ -4,14 +4,14 @@
 //   troupe memory forget --tenant T --owner O ID...
 //   troupe memory stats
 //   troupe memory reembed [--batch N] [--keep-old]   (offline: with the memory service stopped)
-import { internalCredentials } from "../shared/auth.js";
-import { loadConfig } from "../shared/config.js";
-import { useOutboundProxy } from "../shared/outbound-proxy.js";
+import { internalCredentials } from "../shared/auth/auth.js";
+import { loadConfig } from "../shared/config/config.js";
+import { useOutboundProxy } from "../shared/net/outbound-proxy.js";
 import { describeError } from "../shared/errors.js";
 import { AddOutcome, MemoryService } from "../shared/gen/troupe/v1/memory_pb.js";
 import { createClient } from "../shared/rpc.js";
-import type { Config } from "../shared/config-types.js";
-import { createLogger } from "../shared/log.js";
+import type { Config } from "../shared/config/config-types.js";
+import { createLogger } from "../shared/process/log.js";
 import { reembed } from "../memory/reembed.js";
 import { embedderFor } from "../memory/server.js";
 

@@ -6,7 +6,7 @@
 import { existsSync } from "node:fs";
 import { mkdir, readdir, writeFile } from "node:fs/promises";
 import path from "node:path";
-import { loadConfig } from "../shared/config.js";
+import { loadConfig } from "../shared/config/config.js";
 import {
   CODE,
   CODE_TTL_MS,

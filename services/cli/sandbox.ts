@@ -6,8 +6,8 @@
 // --agent NAME names the session's agent (it matters when TROUPE_SANDBOX_SCOPE=agent); --tenant and
 // --principal name the session's owner (default: the development identity, local/dev).
 import { timestampMs } from "@bufbuild/protobuf/wkt";
-import { DEV_IDENTITY, identityHeaders, internalCredentials } from "../shared/auth.js";
-import { loadConfig } from "../shared/config.js";
+import { DEV_IDENTITY, identityHeaders, internalCredentials } from "../shared/auth/auth.js";
+import { loadConfig } from "../shared/config/config.js";
 import { describeError } from "../shared/errors.js";
 import { SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
 import { createClient } from "../shared/rpc.js";

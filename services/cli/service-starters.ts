@@ -1,5 +1,5 @@
 // Each service's starter, imported only when that service runs in this process.
-import type { ServiceStarter } from "../shared/service.js";
+import type { ServiceStarter } from "../shared/process/service.js";
 
 export const SERVICES: Record<string, () => Promise<ServiceStarter>> = {
   gateway: async () => (await import("../gateway/server.js")).startGateway,

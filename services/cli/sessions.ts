@@ -3,7 +3,7 @@
 // owns, nothing else). --json prints one JSON object per line, as the API's JSON mapping has it.
 import { toJson, type DescMessage, type MessageShape } from "@bufbuild/protobuf";
 import { timestampMs, type Timestamp } from "@bufbuild/protobuf/wkt";
-import { loadConfig } from "../shared/config.js";
+import { loadConfig } from "../shared/config/config.js";
 import { describeError } from "../shared/errors.js";
 import { ScheduleSchema } from "../shared/gen/troupe/v1/schedule_pb.js";
 import { ChatMessageSchema, Role, SessionInfoSchema } from "../shared/gen/troupe/v1/session_pb.js";

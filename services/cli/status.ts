@@ -5,12 +5,12 @@
 // check passes (the models check only warns); `doctor` prints what to do about each that does not.
 import { access, constants, readdir, readFile } from "node:fs/promises";
 import path from "node:path";
-import { ProviderModels } from "../runner/provider-models.js";
+import { ProviderModels } from "../runner/providers/provider-models.js";
 import { Engine, engineAddress } from "../sandbox/engine.js";
-import { loadConfig, modelBaseUrl } from "../shared/config.js";
-import { alwaysDirect, proxyHosts, useOutboundProxy } from "../shared/outbound-proxy.js";
-import { loadProviders, resolveModel, singleProvider } from "../shared/providers.js";
-import type { Config } from "../shared/config-types.js";
+import { loadConfig, modelBaseUrl } from "../shared/config/config.js";
+import { alwaysDirect, proxyHosts, useOutboundProxy } from "../shared/net/outbound-proxy.js";
+import { loadProviders, resolveModel, singleProvider } from "../shared/models/providers.js";
+import type { Config } from "../shared/config/config-types.js";
 import { Health, HealthCheckResponse_ServingStatus as Serving } from "../shared/gen/grpc/health/v1/health_pb.js";
 import { createClient } from "../shared/rpc.js";
 import { CLIENT_FLAGS } from "./gateway-client.js";
@@ -129,7 +129,7 @@ async function configuredModels(cfg: Config): Promise<Map<string, string[]>> {
 const DESCRIBE_TIMEOUT_MS = 5000;
 
 /**
- * Configured models as their providers describe them (shared/model-lifecycle.ts): those with an
+ * Configured models as their providers describe them (shared/models/model-lifecycle.ts): those with an
  * announced end of life, and those a provider answers 404 for (a typo, or a model already retired).
  * A warning only: an agent's fallbacks may cover one, and a provider that cannot be asked says
  * nothing either way.

@@ -1,7 +1,7 @@
 // `troupe store migrate|status`: the PostgreSQL store's schema (shared/pg.ts). Services migrate at
 // start too; this is for operators who upgrade the schema as its own step (a Kubernetes Job
 // before a rollout, say) and for checking where a database stands.
-import { loadConfig } from "../shared/config.js";
+import { loadConfig } from "../shared/config/config.js";
 import { MIGRATIONS, migrate, openPool, schemaVersion } from "../shared/pg.js";
 
 export async function storeCommand(args: string[]): Promise<number> {

@@ -1,7 +1,7 @@
 import { readFile } from "node:fs/promises";
-import { loadConfig } from "../shared/config.js";
-import { splitHostPort } from "../shared/host-port.js";
-import { createLogger } from "../shared/log.js";
+import { loadConfig } from "../shared/config/config.js";
+import { splitHostPort } from "../shared/net/host-port.js";
+import { createLogger } from "../shared/process/log.js";
 import { startScriptedModelServer } from "./scripted-model/server.js";
 
 export async function modelServerCommand(args: string[]): Promise<void> {

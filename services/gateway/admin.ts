@@ -3,7 +3,7 @@
 // merged newest first; on PostgreSQL every runner reads the one table, so one answer is all of it.
 // Sandboxes come from the sandbox service(s) the runners use, each container listed once.
 import { timestampMs } from "@bufbuild/protobuf/wkt";
-import { callerOf } from "../shared/auth.js";
+import { callerOf } from "../shared/auth/auth.js";
 import { invalidArgumentIf, permissionDenied, unavailable } from "../shared/errors.js";
 import type { AdminService, AuditEntry } from "../shared/gen/troupe/v1/admin_pb.js";
 import type { RouterService } from "../shared/gen/troupe/v1/router_pb.js";

@@ -6,16 +6,16 @@
 // is tried once more where the session is placed now.
 import { create } from "@bufbuild/protobuf";
 import { context } from "@opentelemetry/api";
-import { callerOf, identityOf, onBehalfOf } from "../shared/auth.js";
+import { callerOf, identityOf, onBehalfOf } from "../shared/auth/auth.js";
 import { Status, toStatus } from "../shared/errors.js";
 import { catchStopCommand, validateFrame } from "../shared/frames.js";
 import type { ChatRequest, ChatResponse } from "../shared/gen/troupe/v1/gateway_pb.js";
 import type { AttachResponse } from "../shared/gen/troupe/v1/runner_pb.js";
 import { ClientFrameSchema, type ClientFrame } from "../shared/gen/troupe/v1/session_pb.js";
 import { DEFAULT_AGENT } from "../shared/ids.js";
-import { failure, type Logger } from "../shared/log.js";
+import { failure, type Logger } from "../shared/process/log.js";
 import type { grpc } from "../shared/rpc.js";
-import { extractContext } from "../shared/telemetry.js";
+import { extractContext } from "../shared/process/telemetry.js";
 import type { GatewayLimits } from "./limits.js";
 import {
   answerWithin,

@@ -3,16 +3,16 @@
 // rights is carried out instead (directives.ts); the message's media become images for vision
 // models and files for the workspace (media.ts); the owner's inboxes hear of the session at once.
 import { create } from "@bufbuild/protobuf";
-import { callerOf, identityMetadata, identityOf } from "../shared/auth.js";
-import type { Config } from "../shared/config-types.js";
+import { callerOf, identityMetadata, identityOf } from "../shared/auth/auth.js";
+import type { Config } from "../shared/config/config-types.js";
 import { Status, grpcCode, permissionDenied } from "../shared/errors.js";
 import { catchStopCommand } from "../shared/frames.js";
 import type { DeliverRequest } from "../shared/gen/troupe/v1/gateway_pb.js";
 import type { RouterService } from "../shared/gen/troupe/v1/router_pb.js";
 import type { RunnerService } from "../shared/gen/troupe/v1/runner_pb.js";
 import { ClientFrameSchema, QueueMode, type ClientFrame } from "../shared/gen/troupe/v1/session_pb.js";
-import type { Logger } from "../shared/log.js";
-import type { NetPolicy } from "../shared/net-guard.js";
+import type { Logger } from "../shared/process/log.js";
+import type { NetPolicy } from "../shared/net/net-guard.js";
 import type { grpc, ServiceClient } from "../shared/rpc.js";
 import { carryOut, parseDirective } from "./directives.js";
 import { labelName, memoryOwnerOf, normaliseInbound } from "./inbound.js";

@@ -3,7 +3,7 @@
 // the adapter says the sender may use commands (as /stop does), never reach the model, and are
 // answered with a line for the chat (DeliverResponse.directive_reply). Anything else that starts
 // with a slash is an ordinary message. "/status@mybot" (Telegram's form in groups) is /status.
-import type { Config } from "../shared/config-types.js";
+import type { Config } from "../shared/config/config-types.js";
 import { Status, grpcCode } from "../shared/errors.js";
 import { SESSION_EFFORTS } from "../shared/frames.js";
 import type { RunnerService } from "../shared/gen/troupe/v1/runner_pb.js";

@@ -2,7 +2,7 @@
 // that is always set, typed media, the body the agent sees, and a frame id that makes a
 // redelivered message a duplicate. Anything that cannot be made sense of is INVALID_ARGUMENT.
 import { createHash } from "node:crypto";
-import { NAME } from "../shared/api-keys.js";
+import { NAME } from "../shared/auth/api-keys.js";
 import { create } from "@bufbuild/protobuf";
 import { invalidArgument, invalidArgumentIf } from "../shared/errors.js";
 import { CHANNEL_NAME } from "../shared/ids.js";

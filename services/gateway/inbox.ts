@@ -5,12 +5,12 @@
 // events the client has not had, and leaves a session that has been quiet for IDLE_DETACH_MS.
 // Backpressure: when the client stops reading, every runner stream of its inbox pauses.
 import { timestampMs } from "@bufbuild/protobuf/wkt";
-import type { Identity } from "../shared/auth.js";
+import type { Identity } from "../shared/auth/auth.js";
 import { Status, grpcCode, toStatus } from "../shared/errors.js";
 import type { SubscribeInboxResponse } from "../shared/gen/troupe/v1/gateway_pb.js";
 import type { AttachResponse } from "../shared/gen/troupe/v1/runner_pb.js";
 import type { AgentEvent, SessionInfo } from "../shared/gen/troupe/v1/session_pb.js";
-import type { Logger } from "../shared/log.js";
+import type { Logger } from "../shared/process/log.js";
 import type { grpc } from "../shared/rpc.js";
 import { decodeCursor, encodeCursor } from "./inbox-cursor.js";
 import { answerWithin, decodeRunnerResponse, leaveRunnerCall, type AttachRequestInit } from "./passthrough.js";

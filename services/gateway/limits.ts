@@ -7,8 +7,8 @@
 // - open streams (Chat, Subscribe) are capped per tenant.
 // A refusal is RESOURCE_EXHAUSTED with a retry hint: the trailer `retry-after-ms` and the same
 // figure in the message. Buckets that have refilled are dropped, so idle sessions cost nothing.
-import type { LimitsConfig } from "../shared/config-types.js";
-import { RateLimited, RETRY_AFTER_KEY, TokenBucket } from "../shared/rate.js";
+import type { LimitsConfig } from "../shared/config/config-types.js";
+import { RateLimited, RETRY_AFTER_KEY, TokenBucket } from "../shared/auth/rate.js";
 
 export { RETRY_AFTER_KEY };
 

@@ -1,5 +1,5 @@
 // A channel message's media, made ready for the run: the bytes an adapter sent, or the URL
-// fetched through the SSRF guard (shared/net-guard.ts: public addresses only, checked ports,
+// fetched through the SSRF guard (shared/net/net-guard.ts: public addresses only, checked ports,
 // redirects checked hop by hop). Images for a vision model: at most MAX_IMAGE_BYTES in all and
 // only PNG, JPEG, GIF or WebP by their first bytes. Other files for the session's workspace: at
 // most MAX_ATTACHMENT_BYTES in all. What fails a check is left out, with a log line (and, for a
@@ -9,8 +9,8 @@ import { create } from "@bufbuild/protobuf";
 import { MediaKind, type MediaRef } from "../shared/gen/troupe/v1/inbound_pb.js";
 import { AttachmentSchema, ImageSchema, type Attachment, type Image } from "../shared/gen/troupe/v1/session_pb.js";
 import { MAX_ATTACHMENT_BYTES, MAX_ATTACHMENTS, MAX_IMAGE_BYTES, MAX_IMAGES, sniffImage } from "../shared/media.js";
-import type { Logger } from "../shared/log.js";
-import { guardedRequest, type NetPolicy } from "../shared/net-guard.js";
+import type { Logger } from "../shared/process/log.js";
+import { guardedRequest, type NetPolicy } from "../shared/net/net-guard.js";
 
 const FETCH_TIMEOUT_MS = 10_000;
 

@@ -1,6 +1,6 @@
 // Where a caller's session lives: the router's answer per (caller, session), cached and bounded,
 // and one client per runner address.
-import { identityMetadata, type Identity } from "../shared/auth.js";
+import { identityMetadata, type Identity } from "../shared/auth/auth.js";
 import { refKey, refOf } from "../shared/session-ref.js";
 import { SESSION_OWNER_KEY, Status, grpcCode } from "../shared/errors.js";
 import type { RouterService, ResolveSessionResponse } from "../shared/gen/troupe/v1/router_pb.js";

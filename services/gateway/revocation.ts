@@ -1,9 +1,9 @@
 // The gateway's API keys, reloaded as the file changes, and its open streams by key, so that a
 // revoked key's streams end at the next reload.
-import { ApiKeys } from "../shared/api-keys.js";
-import type { Config } from "../shared/config-types.js";
+import { ApiKeys } from "../shared/auth/api-keys.js";
+import type { Config } from "../shared/config/config-types.js";
 import { RpcError, Status } from "../shared/errors.js";
-import type { Logger } from "../shared/log.js";
+import type { Logger } from "../shared/process/log.js";
 
 /** The keys file, watched every 2 s; a revoked key's open streams end then, not when they next send. */
 export async function watchedKeys(cfg: Config, logger: Logger): Promise<{ keys: ApiKeys; streams: StreamsByKey }> {

@@ -1,5 +1,5 @@
 // The gateway's side of RunnerService.AttachMany: one call per runner carries every client
-// stream's session stream to it, as numbered sub-streams (services/runner/attach-many.ts). A
+// stream's session stream to it, as numbered sub-streams (services/runner/transport/attach-many.ts). A
 // SubStream stands in for the Attach call it replaces, with the part of grpc-js's client stream
 // chat.ts uses: write, end, cancel, pause and resume; data, error, end and status events.
 //
@@ -21,7 +21,7 @@ import type {
 import { grpc, type ServiceClient } from "../shared/rpc.js";
 import { metadataOf, metadataRecord, readBatch } from "../shared/sub-streams.js";
 import { endClientSpan, startClientSpan } from "../shared/rpc/client.js";
-import { injectContext, spanContext } from "../shared/telemetry.js";
+import { injectContext, spanContext } from "../shared/process/telemetry.js";
 import type { AttachRequestInit } from "./passthrough.js";
 
 type RunnerClient = ServiceClient<(typeof RunnerService)["method"]>;

@@ -3,8 +3,8 @@
 // to that runner. Events flow runner -> gateway -> client with backpressure honoured at each step;
 // the router is never on that path.
 import { create } from "@bufbuild/protobuf";
-import { apiKeyAuth, callerOf, identityOf, internalCredentials, onBehalfOf } from "../shared/auth.js";
-import type { Config } from "../shared/config-types.js";
+import { apiKeyAuth, callerOf, identityOf, internalCredentials, onBehalfOf } from "../shared/auth/auth.js";
+import type { Config } from "../shared/config/config-types.js";
 import { invalidArgument, toStatus } from "../shared/errors.js";
 import { catchStopCommand, validateFrame, validateModelName, validateSessionRef } from "../shared/frames.js";
 import { AdminService } from "../shared/gen/troupe/v1/admin_pb.js";
@@ -14,15 +14,15 @@ import { ServerReflection } from "../shared/gen/grpc/reflection/v1/reflection_pb
 import { reflectionService } from "./reflection.js";
 import { adminService } from "./admin.js";
 import { GatewayLimits } from "./limits.js";
-import { TenantQuotas } from "../shared/quotas.js";
+import { TenantQuotas } from "../shared/auth/quotas.js";
 import { nextPageToken, pageOf } from "../shared/paging.js";
 import { RouterService, type ResolveSessionResponse } from "../shared/gen/troupe/v1/router_pb.js";
 import type { RunnerService } from "../shared/gen/troupe/v1/runner_pb.js";
 import { ClientFrameSchema, type ClientFrame } from "../shared/gen/troupe/v1/session_pb.js";
-import type { Logger } from "../shared/log.js";
+import type { Logger } from "../shared/process/log.js";
 import { RpcServer, createClient, type grpc, type ServiceClient } from "../shared/rpc.js";
-import type { RunningService } from "../shared/service.js";
-import { extractContext } from "../shared/telemetry.js";
+import type { RunningService } from "../shared/process/service.js";
+import { extractContext } from "../shared/process/telemetry.js";
 import { PlacementCache, RunnerPool } from "./placement.js";
 import { answerWithin, asSubscribeResponse, leaveRunnerCall, type AttachRequestInit } from "./passthrough.js";
 import { TurnSpans } from "./turn-spans.js";
@@ -30,7 +30,7 @@ import { chatHandler } from "./chat.js";
 import { listOwnedSessions } from "./session-listing.js";
 import { InboxHints, InboxStream } from "./inbox.js";
 import { deliverHandler } from "./deliver.js";
-import { DEFAULT_NET_POLICY } from "../shared/net-guard.js";
+import { DEFAULT_NET_POLICY } from "../shared/net/net-guard.js";
 import { watchedKeys } from "./revocation.js";
 
 type RunnerClient = ServiceClient<(typeof RunnerService)["method"]>;

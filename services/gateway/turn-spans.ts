@@ -3,7 +3,7 @@ import { create } from "@bufbuild/protobuf";
 import { SpanKind, trace, type Context, type Span } from "@opentelemetry/api";
 import type { AttachResponse } from "../shared/gen/troupe/v1/runner_pb.js";
 import { ClientFrameSchema, type ClientFrame } from "../shared/gen/troupe/v1/session_pb.js";
-import { GenAI, contextToRecord, tracer } from "../shared/telemetry.js";
+import { GenAI, contextToRecord, tracer } from "../shared/process/telemetry.js";
 
 /**
  * One span per turn the client starts, named invoke_agent as the GenAI conventions say for a

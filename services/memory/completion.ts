@@ -1,10 +1,10 @@
 // One question, one answer: how learning asks its model, by the kind of provider that serves it.
 // OpenAI's kinds (Responses included: OpenAI serves Chat Completions at the same root) and
 // compatible servers through Chat Completions; Anthropic through its Messages API.
-import { askProvider, type ModelLifecycle } from "../shared/model-lifecycle.js";
-import { rulesFor } from "../shared/model-rules.js";
-import { anthropicEndpoint, postForJson, providerGetter, providerPoster } from "../shared/provider-post.js";
-import type { ProviderSpec } from "../shared/providers.js";
+import { askProvider, type ModelLifecycle } from "../shared/models/model-lifecycle.js";
+import { rulesFor } from "../shared/models/model-rules.js";
+import { anthropicEndpoint, postForJson, providerGetter, providerPoster } from "../shared/models/provider-post.js";
+import type { ProviderSpec } from "../shared/models/providers.js";
 
 /** The model's answer to `user` under `system`. May reject (the provider's errors). */
 export type Complete = (system: string, user: string) => Promise<string>;
@@ -58,7 +58,7 @@ export function completionFor(
 
 /**
  * What the provider says of the learning model, asked as the runner asks of its models
- * (shared/model-lifecycle.ts). Contract: never throws.
+ * (shared/models/model-lifecycle.ts). Contract: never throws.
  */
 export function lifecycleFor(
   provider: Pick<ProviderSpec, "kind" | "baseUrl" | "apiKey" | "headers">,

@@ -3,11 +3,11 @@
 // endpoint (platform.openai.com/docs/api-reference/embeddings/create); without one, the built-in
 // local embedder, so memory works offline. Vectors are L2-normalised either way (cosine = dot
 // product), and a vector of the wrong dimension is an error, never stored.
-import { postForJson, providerPoster, type ProviderPost } from "../shared/provider-post.js";
+import { postForJson, providerPoster, type ProviderPost } from "../shared/models/provider-post.js";
 import { SpanKind, SpanStatusCode } from "@opentelemetry/api";
 import { RpcError, Status } from "../shared/errors.js";
-import { GenAI, tracer } from "../shared/telemetry.js";
-import { HASH_EMBEDDING_DIM, HASH_EMBEDDING_MODEL, hashEmbedding } from "../shared/hash-embedding.js";
+import { GenAI, tracer } from "../shared/process/telemetry.js";
+import { HASH_EMBEDDING_DIM, HASH_EMBEDDING_MODEL, hashEmbedding } from "../shared/models/hash-embedding.js";
 
 export interface Embedder {
   /** Recorded with every vector: vectors of different embedders are never compared. */

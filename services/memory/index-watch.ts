@@ -4,7 +4,7 @@
 // compaction under it or a start are checked against exact search, and the plan (probes, which
 // scopes go exact) follows what they showed. Measurements and history: docs/memory.md, "Writes".
 import * as lancedb from "@lancedb/lancedb";
-import type { Logger } from "../shared/log.js";
+import type { Logger } from "../shared/process/log.js";
 import {
   type IndexServing,
   type IndexWatch,

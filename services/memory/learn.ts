@@ -3,9 +3,9 @@
 // so it never has to copy an id) and answers ADD, UPDATE (which one, with what text), DELETE
 // (which one) or NONE. The decisions are applied through the store's one writer and kept in the
 // history. A reply that is not the JSON asked for skips that step: learning never stores guesses.
-import type { Logger } from "../shared/log.js";
-import type { ProviderSpec } from "../shared/providers.js";
-import { endOfLifeWarning, LIFECYCLE_TIMEOUT_MS } from "../shared/model-lifecycle.js";
+import type { Logger } from "../shared/process/log.js";
+import type { ProviderSpec } from "../shared/models/providers.js";
+import { endOfLifeWarning, LIFECYCLE_TIMEOUT_MS } from "../shared/models/model-lifecycle.js";
 import { completionFor, type Complete, lifecycleFor } from "./completion.js";
 import type { Embedder } from "./embedder.js";
 import type { MemoryStore } from "./store.js";

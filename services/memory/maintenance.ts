@@ -4,7 +4,7 @@
 // the database is opened anew (reconnect). docs/memory.md, "Writes", has the schedule and the
 // figures behind it.
 import type * as lancedb from "@lancedb/lancedb";
-import type { Logger } from "../shared/log.js";
+import type { Logger } from "../shared/process/log.js";
 import { buildVectorIndex, type IndexWatcher } from "./index-watch.js";
 import { carryOver, copyInScopeOrder, layoutTableName } from "./layout.js";
 import { memoryArrow, schemaFor } from "./memory-schema.js";

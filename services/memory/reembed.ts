@@ -12,7 +12,7 @@
 //
 // A run that dies before step 4 leaves the old table in use and a partial new one, which the next
 // run drops. The history table is not touched: it holds texts, not vectors.
-import type { Logger } from "../shared/log.js";
+import type { Logger } from "../shared/process/log.js";
 import type { Embedder } from "./embedder.js";
 import { MEMORY_COLUMNS, memoryArrow, schemaFor, type StoredMemory } from "./memory-schema.js";
 import { activeTable, connectMemoryDb, indexNewTable, setActiveTable } from "./meta.js";

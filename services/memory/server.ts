@@ -5,9 +5,9 @@
 import { create } from "@bufbuild/protobuf";
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import { trace } from "@opentelemetry/api";
-import { instruments, secondsSince } from "../shared/metrics.js";
-import { internalCredentials, internalServing, NAME } from "../shared/auth.js";
-import type { Config } from "../shared/config-types.js";
+import { instruments, secondsSince } from "../shared/process/metrics.js";
+import { internalCredentials, internalServing, NAME } from "../shared/auth/auth.js";
+import type { Config } from "../shared/config/config-types.js";
 import { invalidArgument, invalidArgumentIf } from "../shared/errors.js";
 import { validateSessionRef } from "../shared/frames.js";
 import {
@@ -19,11 +19,11 @@ import {
   type MemoryScope,
   type SearchOptions,
 } from "../shared/gen/troupe/v1/memory_pb.js";
-import type { Logger } from "../shared/log.js";
+import type { Logger } from "../shared/process/log.js";
 import { RpcServer } from "../shared/rpc.js";
-import type { RunningService } from "../shared/service.js";
-import { modelBaseUrl } from "../shared/config.js";
-import { loadProviders, resolveModel, singleProvider, type Providers } from "../shared/providers.js";
+import type { RunningService } from "../shared/process/service.js";
+import { modelBaseUrl } from "../shared/config/config.js";
+import { loadProviders, resolveModel, singleProvider, type Providers } from "../shared/models/providers.js";
 import { LocalEmbedder, OpenAIEmbedder, traced, type Embedder } from "./embedder.js";
 import { Learner } from "./learn.js";
 import { DEFAULT_RANKING, rank, type RankOptions, type Ranked } from "./ranking.js";
@@ -118,7 +118,7 @@ export async function search(
   return { ranked: rank([...candidates.values()], o), candidates };
 }
 
-/** The providers the configuration names (shared/providers.ts). */
+/** The providers the configuration names (shared/models/providers.ts). */
 const providersOf = (cfg: Config): Providers =>
   cfg.providersFile
     ? loadProviders(cfg.providersFile)

@@ -17,7 +17,7 @@
 //   one commit, so a reader sees the old table or the new one, never a mix.
 import type * as lancedb from "@lancedb/lancedb";
 import { failedPrecondition } from "../shared/errors.js";
-import type { Logger } from "../shared/log.js";
+import type { Logger } from "../shared/process/log.js";
 import type { AddOutcome, AddRequest } from "./add-plan.js";
 import { AddCommit } from "./add-commit.js";
 import { GroupCommit } from "./group-commit.js";

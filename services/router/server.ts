@@ -10,19 +10,19 @@ import { create } from "@bufbuild/protobuf";
 import type pg from "pg";
 import { liveRunners } from "../shared/membership.js";
 import { openPool } from "../shared/pg.js";
-import { identityOf, internalCredentials, internalServing } from "../shared/auth.js";
-import type { Config } from "../shared/config-types.js";
+import { identityOf, internalCredentials, internalServing } from "../shared/auth/auth.js";
+import type { Config } from "../shared/config/config-types.js";
 import { invalidArgument, invalidArgumentIf, unavailable } from "../shared/errors.js";
 import { ChatType, type ChannelContext } from "../shared/gen/troupe/v1/inbound_pb.js";
-import { ReloadingFile } from "../shared/reloading-file.js";
+import { ReloadingFile } from "../shared/config/reloading-file.js";
 import { EMPTY_ROUTING, InboundRouter, parseRouting } from "./bindings.js";
 import { validateSessionRef } from "../shared/frames.js";
 import { RouterService, RunnerInfoSchema, type RunnerInfo } from "../shared/gen/troupe/v1/router_pb.js";
 import { CHANNEL_NAME, DEFAULT_AGENT, newId } from "../shared/ids.js";
-import type { Logger } from "../shared/log.js";
+import type { Logger } from "../shared/process/log.js";
 import { RpcServer, type grpc } from "../shared/rpc.js";
 import { refKey, refOf } from "../shared/session-ref.js";
-import type { RunningService } from "../shared/service.js";
+import type { RunningService } from "../shared/process/service.js";
 
 const LEASE_TTL_MS = 6000;
 

@@ -23,7 +23,7 @@
 import { readFile, stat } from "node:fs/promises";
 import path from "node:path";
 import { schemaProblems } from "../shared/json-schema.js";
-import type { ReasoningEffort } from "../shared/model-rules.js";
+import type { ReasoningEffort } from "../shared/models/model-rules.js";
 
 export interface RetryPolicy {
   /** Retries of one model call (so maxRetries + 1 attempts per model of the chain). */

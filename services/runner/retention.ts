@@ -11,16 +11,16 @@
 // which also runs once at start, deletes them.
 import type { MemoryService } from "../shared/gen/troupe/v1/memory_pb.js";
 import type { SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
-import { identityMetadata } from "../shared/auth.js";
-import type { Logger } from "../shared/log.js";
+import { identityMetadata } from "../shared/auth/auth.js";
+import type { Logger } from "../shared/process/log.js";
 import type { ServiceClient } from "../shared/rpc.js";
 import type { AgentConfigs } from "./agent-config.js";
-import type { ScheduleStore } from "./schedule-files.js";
-import type { Identity } from "../shared/auth.js";
-import { failpoint } from "./failpoints.js";
-import type { SessionActor } from "./session-actor.js";
-import type { SessionStore, StoredSession } from "./session-log.js";
-import type { SessionRegistry } from "./session-registry.js";
+import type { ScheduleStore } from "./store/schedule-files.js";
+import type { Identity } from "../shared/auth/auth.js";
+import { failpoint } from "./loop/failpoints.js";
+import type { SessionActor } from "./session/session-actor.js";
+import type { SessionStore, StoredSession } from "./session/session-log.js";
+import type { SessionRegistry } from "./session/session-registry.js";
 
 const DAY_MS = 86_400_000;
 

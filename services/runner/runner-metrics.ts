@@ -1,8 +1,8 @@
 // The runner's gauges, read when metrics are collected: sessions in memory, the messages waiting
 // in their mailboxes, and the learning queue (the per-call instruments live where the calls are made).
-import { instruments } from "../shared/metrics.js";
-import type { LearningQueue } from "./learning-queue.js";
-import type { SessionRegistry } from "./session-registry.js";
+import { instruments } from "../shared/process/metrics.js";
+import type { LearningQueue } from "./memory/learning-queue.js";
+import type { SessionRegistry } from "./session/session-registry.js";
 
 export function observeSessions(registry: SessionRegistry): void {
   const { meter } = instruments();

@@ -14,20 +14,20 @@
 //     byte the command sends after that request is a second request nobody checked: it is not
 //     passed on, and the connection ends with the first answer;
 //   - the host must be in the grant's allowed hosts (names, *.suffix, or addresses), and then
-//     pass the same SSRF guard as web_fetch (shared/net-guard.ts): resolved once, every address
+//     pass the same SSRF guard as web_fetch (shared/net/net-guard.ts): resolved once, every address
 //     public, the connection pinned to the address checked, ports from TROUPE_NET_PORTS;
 //   - where the deployment names an HTTP proxy (HTTPS_PROXY, HTTP_PROXY, NO_PROXY), the connection
-//     to the checked address is a CONNECT tunnel through it (shared/proxy-tunnel.ts);
+//     to the checked address is a CONNECT tunnel through it (shared/net/proxy-tunnel.ts);
 //   - a byte budget per sandbox, both directions together; a connection that spends it is cut;
 //   - every connection is logged with the sandbox's scope key (its tenant and session).
 // A refusal is an HTTP answer (403, 400, 502) whose body says why, so curl, pip and npm show it.
 import { connect, isIP, type Socket } from "node:net";
 import { checkServerIdentity, connect as connectTls } from "node:tls";
 import type { Duplex } from "node:stream";
-import type { Logger } from "../shared/log.js";
-import { checkTarget, hostMatches, NetRefusal, type NetPolicy } from "../shared/net-guard.js";
-import { proxyFor, proxyHosts } from "../shared/outbound-proxy.js";
-import { connectThrough } from "../shared/proxy-tunnel.js";
+import type { Logger } from "../shared/process/log.js";
+import { checkTarget, hostMatches, NetRefusal, type NetPolicy } from "../shared/net/net-guard.js";
+import { proxyFor, proxyHosts } from "../shared/net/outbound-proxy.js";
+import { connectThrough } from "../shared/net/proxy-tunnel.js";
 
 /** What commands in one sandbox may reach, and what they have used. */
 export interface EgressState {

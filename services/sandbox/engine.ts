@@ -13,7 +13,7 @@ import http from "node:http";
 import https from "node:https";
 import path from "node:path";
 import type { Duplex, Readable } from "node:stream";
-import { readCapped } from "../shared/bounded-body.js";
+import { readCapped } from "../shared/net/bounded-body.js";
 
 /** The engine answered with a status outside 2xx; `message` is the engine's own. */
 export class EngineError extends Error {

@@ -6,7 +6,7 @@
 import { randomUUID } from "node:crypto";
 import { create } from "@bufbuild/protobuf";
 import { ExecResponseSchema, type ExecRequest } from "../shared/gen/troupe/v1/sandbox_pb.js";
-import { instruments, secondsSince } from "../shared/metrics.js";
+import { instruments, secondsSince } from "../shared/process/metrics.js";
 import { write, type grpc } from "../shared/rpc.js";
 import { AgentError, type AgentExit, type RunningExec } from "./agent-connection.js";
 import type { SandboxFleet, Sandbox } from "./fleet.js";

@@ -9,7 +9,7 @@
 import { randomBytes } from "node:crypto";
 import type { Container, Engine } from "./engine.js";
 import { failedPrecondition } from "../shared/errors.js";
-import type { Logger } from "../shared/log.js";
+import type { Logger } from "../shared/process/log.js";
 import { AgentConnection, type AttachOptions } from "./agent-connection.js";
 import type { AgentSocket } from "./agent-socket.js";
 import { type ContainerDeath, ContainerEvents } from "./container-events.js";

@@ -1,7 +1,7 @@
 // Whose sandbox a request is for. The deployment picks the scope (TROUPE_SANDBOX_SCOPE): one
 // sandbox per session of its owner (the default), per agent within a tenant, or one per tenant.
 // No scope spans tenants, and every key is injective in the ids it is made of (session-ref.ts).
-import type { Identity } from "../shared/auth.js";
+import type { Identity } from "../shared/auth/auth.js";
 import { DEFAULT_AGENT } from "../shared/ids.js";
 import { fileName } from "../shared/session-ref.js";
 

@@ -8,24 +8,24 @@
 // masked signals, and needs no new process to do it. An agent that does not answer is not
 // trusted to: after KILL_TIMEOUT_MS its container is removed instead.
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
-import { identityOf, internalCredentials, internalServing } from "../shared/auth.js";
-import type { Config } from "../shared/config-types.js";
+import { identityOf, internalCredentials, internalServing } from "../shared/auth/auth.js";
+import type { Config } from "../shared/config/config-types.js";
 import { failedPrecondition, invalidArgumentIf, notFound, unavailable } from "../shared/errors.js";
-import { instruments } from "../shared/metrics.js";
+import { instruments } from "../shared/process/metrics.js";
 import { FileType, SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
 import { isAgentId, isSessionId } from "../shared/ids.js";
-import { TenantQuotas } from "../shared/quotas.js";
-import { RateLimited } from "../shared/rate.js";
+import { TenantQuotas } from "../shared/auth/quotas.js";
+import { RateLimited } from "../shared/auth/rate.js";
 import { scopeKey as sandboxScopeKey, tenantOfScopeKey } from "./scope.js";
-import type { Logger } from "../shared/log.js";
+import type { Logger } from "../shared/process/log.js";
 import { RpcServer, ServingStatus, type grpc } from "../shared/rpc.js";
-import type { RunningService } from "../shared/service.js";
+import type { RunningService } from "../shared/process/service.js";
 import { AgentError, AgentGone, within } from "./agent-connection.js";
 import { SandboxFleet, type Sandbox } from "./fleet.js";
 import { execHandler, type RunningCommand } from "./exec-stream.js";
 import { EgressProxy } from "./egress-proxy.js";
 import { Engine, engineAddress } from "./engine.js";
-import { DEFAULT_NET_POLICY } from "../shared/net-guard.js";
+import { DEFAULT_NET_POLICY } from "../shared/net/net-guard.js";
 import { DEFAULT_LIMITS, instanceOf } from "./container-spec.js";
 import {
   DEFAULT_LIST_ENTRIES,

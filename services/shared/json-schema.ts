@@ -5,8 +5,9 @@
 // one field needing another) stay with each file's parser. Each schema is compiled to a validator
 // module at build time (schemas/compile.ts), loaded with the first file of its kind checked: a
 // process given none of these files loads none, and none loads ajv for them.
+import { fileURLToPath } from "node:url";
 import type { ErrorObject, ValidateFunction } from "ajv/dist/2020.js";
-import { lazyModule } from "./lazy-module.js";
+import { lazyModule } from "./process/lazy-module.js";
 import agent from "./schemas/agent.schema.json" with { type: "json" };
 import apiKeys from "./schemas/api-keys.schema.json" with { type: "json" };
 import providers from "./schemas/providers.schema.json" with { type: "json" };
@@ -28,7 +29,11 @@ export type SchemaName = keyof typeof SCHEMAS;
 export const validatorFile = (name: SchemaName) => `./schemas/${name}.validate.cjs`;
 
 const validators = new Map(
-  (Object.keys(SCHEMAS) as SchemaName[]).map((name) => [name, lazyModule<ValidateFunction>(validatorFile(name))]),
+  (Object.keys(SCHEMAS) as SchemaName[]).map((name) => [
+    name,
+    // By its whole path: lazyModule resolves a relative name from its own folder, not this one's.
+    lazyModule<ValidateFunction>(fileURLToPath(new URL(validatorFile(name), import.meta.url))),
+  ]),
 );
 
 /** The schema's validator, loaded on first use. */

@@ -6,7 +6,7 @@
 // lock so that many processes starting at once apply each one exactly once. A process refuses a
 // database whose schema is newer than it knows (an older binary must not write a newer layout).
 import type pg from "pg";
-import { lazyModule } from "./lazy-module.js";
+import { lazyModule } from "./process/lazy-module.js";
 
 /** node-postgres, loaded when first used (a store URL opened, a local server started): the file store never needs it. */
 export const pgModule = lazyModule<typeof pg>("pg");

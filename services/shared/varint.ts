@@ -1,5 +1,5 @@
 // Protobuf varints and fields by hand, for the hot paths that skip protobuf-es: the encoders
-// (runner/event-bytes.ts, sub-streams.ts) and the gateway's scans. Numbers, not bigints.
+// (runner/session/event-bytes.ts, sub-streams.ts) and the gateway's scans. Numbers, not bigints.
 import { WireType } from "@bufbuild/protobuf/wire";
 
 /** Bytes of `n` (a non-negative safe integer) as a varint. */

@@ -8,17 +8,22 @@ import type { AgentEvent, ClientFrame } from "../../services/shared/gen/troupe/v
 import { ClientFrameSchema } from "../../services/shared/gen/troupe/v1/session_pb.js";
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import type { RpcError } from "../../services/shared/errors.js";
-import type { Logger } from "../../services/shared/log.js";
+import type { Logger } from "../../services/shared/process/log.js";
 import { DEFAULT_AGENT, type AgentConfig } from "../../services/runner/agent-config.js";
-import { AuditLog } from "../../services/runner/audit-log.js";
-import { Hooks } from "../../services/runner/hooks.js";
-import { InMemorySessionStore } from "../../services/runner/in-memory-store.js";
-import type { RunDeps } from "../../services/runner/run.js";
-import { ModelError, type ModelChunk, type ModelClient, type ModelRequest } from "../../services/runner/model.js";
-import type { EventSubscriber } from "../../services/runner/event-journal.js";
-import { SessionActor, type ActorDeps } from "../../services/runner/session-actor.js";
-import { TokenCounter } from "../../services/runner/tokens.js";
-import type { Tool } from "../../services/runner/tools.js";
+import { AuditLog } from "../../services/runner/store/audit-log.js";
+import { Hooks } from "../../services/runner/loop/hooks.js";
+import { InMemorySessionStore } from "../../services/runner/store/in-memory-store.js";
+import type { RunDeps } from "../../services/runner/loop/run.js";
+import {
+  ModelError,
+  type ModelChunk,
+  type ModelClient,
+  type ModelRequest,
+} from "../../services/runner/providers/model.js";
+import type { EventSubscriber } from "../../services/runner/session/event-journal.js";
+import { SessionActor, type ActorDeps } from "../../services/runner/session/session-actor.js";
+import { TokenCounter } from "../../services/runner/loop/tokens.js";
+import type { Tool } from "../../services/runner/tools/tools.js";
 
 /** One model call's answer: its chunks (streamed `gapMs` apart), or an error thrown at the start. */
 export type Reply = { chunks: ModelChunk[]; gapMs?: number } | ModelError;

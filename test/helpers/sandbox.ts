@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { containerName, instanceOf } from "../../services/sandbox/container-spec.js";
 import { scopeKey } from "../../services/sandbox/scope.js";
-import { DEV_IDENTITY } from "../../services/shared/auth.js";
+import { DEV_IDENTITY } from "../../services/shared/auth/auth.js";
 import { Status } from "../../services/shared/errors.js";
 import type { SandboxService, ExecExit } from "../../services/shared/gen/troupe/v1/sandbox_pb.js";
 import type { ServiceClient } from "../../services/shared/rpc.js";

@@ -1,6 +1,6 @@
 // A test client for one Chat stream: send frames, collect events, wait for what should come.
 import { fromJson, toJson, type JsonValue } from "@bufbuild/protobuf";
-import type { LogRecord } from "../../services/runner/session-log.js";
+import type { LogRecord } from "../../services/runner/session/session-log.js";
 import type { GatewayService } from "../../services/shared/gen/troupe/v1/gateway_pb.js";
 import type { ChatResponse } from "../../services/shared/gen/troupe/v1/gateway_pb.js";
 import {

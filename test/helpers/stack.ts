@@ -15,8 +15,8 @@ import {
 import { GatewayService } from "../../services/shared/gen/troupe/v1/gateway_pb.js";
 import { RouterService } from "../../services/shared/gen/troupe/v1/router_pb.js";
 import type { GenService, GenServiceMethods } from "@bufbuild/protobuf/codegenv2";
-import { createApiKey, type Role } from "../../services/shared/api-keys.js";
-import { ensureDevKey, identityHeaders, internalCredentials, type Identity } from "../../services/shared/auth.js";
+import { createApiKey, type Role } from "../../services/shared/auth/api-keys.js";
+import { ensureDevKey, identityHeaders, internalCredentials, type Identity } from "../../services/shared/auth/auth.js";
 import { Status } from "../../services/shared/errors.js";
 import { createClient, type ClientOptions, type ServiceClient } from "../../services/shared/rpc.js";
 import { instanceOf } from "../../services/sandbox/container-spec.js";

@@ -3,8 +3,8 @@
 // are kept per owner, a stranger's object and a missing one look the same.
 import { describe, test, type TestContext } from "node:test";
 import assert from "node:assert/strict";
-import type { SessionStore } from "../../services/runner/session-log.js";
-import type { RunnerStorage } from "../../services/runner/storage.js";
+import type { SessionStore } from "../../services/runner/session/session-log.js";
+import type { RunnerStorage } from "../../services/runner/store/storage.js";
 import { refOf } from "../../services/shared/session-ref.js";
 
 const ALICE = { tenant: "t1", principal: "alice" };

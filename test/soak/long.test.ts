@@ -16,7 +16,7 @@ import { once } from "node:events";
 import { mkdir, mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
-import { clientApiKey } from "../../services/shared/auth.js";
+import { clientApiKey } from "../../services/shared/auth/auth.js";
 import { GatewayService } from "../../services/shared/gen/troupe/v1/gateway_pb.js";
 import { StopReason } from "../../services/shared/gen/troupe/v1/session_pb.js";
 import { createClient, type ServiceClient } from "../../services/shared/rpc.js";

@@ -2,8 +2,8 @@
 // while the runner is killed (SIGKILL) three times (soak-traffic.ts has the clients and checks).
 import { readFile } from "node:fs/promises";
 import { after, before, test } from "node:test";
-import { sessionLogPath } from "../../services/runner/jsonl-session-store.js";
-import { DEV_IDENTITY } from "../../services/shared/auth.js";
+import { sessionLogPath } from "../../services/runner/store/jsonl-session-store.js";
+import { DEV_IDENTITY } from "../../services/shared/auth/auth.js";
 import { refOf } from "../../services/shared/session-ref.js";
 import { startStack, type Stack } from "../helpers/stack.js";
 import { SOAK_ENV, runSoak } from "./soak-traffic.js";

@@ -12,7 +12,7 @@ import {
   parseAgentConfig,
   toolOffered,
 } from "../../services/runner/agent-config.js";
-import { Hooks } from "../../services/runner/hooks.js";
+import { Hooks } from "../../services/runner/loop/hooks.js";
 
 describe("agent.json", () => {
   test("defaults, and a clear error for each kind of mistake", () => {
@@ -88,7 +88,7 @@ test("the tools a run offers follow agent.json", () => {
 
 describe("the example plugin", () => {
   test("examples/hooks/guard.mjs loads and guards", async () => {
-    const { loadPlugins } = await import("../../services/runner/hooks.js");
+    const { loadPlugins } = await import("../../services/runner/loop/hooks.js");
     const hooks = new Hooks();
     await loadPlugins(hooks, [path.resolve(import.meta.dirname, "../../../examples/hooks/guard.mjs")]);
     const info = { sessionId: "s", agentId: "a", sender: "u" };

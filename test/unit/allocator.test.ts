@@ -5,8 +5,8 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { JEMALLOC_CONF, allocatorEnvironment, hasJemalloc } from "../../services/cli/allocator.js";
 import { jitFlags, missingFlags } from "../../services/cli/jit.js";
-import { DEFERRING_FLAGS } from "../../services/shared/deferred-tiering.js";
-import { loadConfig } from "../../services/shared/config.js";
+import { DEFERRING_FLAGS } from "../../services/shared/process/deferred-tiering.js";
+import { loadConfig } from "../../services/shared/config/config.js";
 
 const DEBIAN = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
 const installed = (file: string) => file === DEBIAN;

@@ -5,9 +5,9 @@
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { Role, StopReason } from "../../services/shared/gen/troupe/v1/session_pb.js";
-import { anthropicRulesFor } from "../../services/shared/model-rules.js";
-import { parseProviders } from "../../services/shared/providers.js";
-import { ProviderModels } from "../../services/runner/provider-models.js";
+import { anthropicRulesFor } from "../../services/shared/models/model-rules.js";
+import { parseProviders } from "../../services/shared/models/providers.js";
+import { ProviderModels } from "../../services/runner/providers/provider-models.js";
 import { completionFor } from "../../services/memory/completion.js";
 import { AnthropicApiServer, type AnthropicBody } from "../helpers/anthropic-api.js";
 import { echoTool, newActor, prompt, testRunDeps } from "../helpers/in-process.js";

@@ -6,7 +6,7 @@
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
-import { attachManyHandler, SUB_STREAM_WINDOW } from "../../services/runner/attach-many.js";
+import { attachManyHandler, SUB_STREAM_WINDOW } from "../../services/runner/transport/attach-many.js";
 import { RunnerMux, type AttachCall } from "../../services/gateway/runner-mux.js";
 import { SESSION_OWNER_KEY, Status } from "../../services/shared/errors.js";
 import {
@@ -15,7 +15,7 @@ import {
   RunnerService,
   type AttachRequest,
 } from "../../services/shared/gen/troupe/v1/runner_pb.js";
-import { createLogger } from "../../services/shared/log.js";
+import { createLogger } from "../../services/shared/process/log.js";
 import { createClient, grpc, RpcServer, wrappedHandler } from "../../services/shared/rpc.js";
 import { serviceDefinition } from "../../services/shared/rpc/definition.js";
 import { endItem, readBatch, responseHead } from "../../services/shared/sub-streams.js";

@@ -3,7 +3,7 @@
 // read is bounded and its loss counted, split UTF-8 is joined, and waiting ends with the process.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { BackgroundProcess } from "../../services/runner/background.js";
+import { BackgroundProcess } from "../../services/runner/tools/background.js";
 
 test("output is read once, capped when unread, and UTF-8 split across chunks comes out whole", () => {
   const p = new BackgroundProcess("p1", "cmd");

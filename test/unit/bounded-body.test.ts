@@ -1,10 +1,10 @@
-// Downloads that stop at their bound (services/shared/bounded-body.ts): a chat platform's file is
+// Downloads that stop at their bound (services/shared/net/bounded-body.ts): a chat platform's file is
 // read only as far as the adapter would keep it, whatever size the platform declared.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
-import { downloadUpTo } from "../../services/shared/bounded-body.js";
+import { downloadUpTo } from "../../services/shared/net/bounded-body.js";
 import { SlackApi } from "../../services/adapter/slack-api.js";
 import { BotApi, BotApiError } from "../../services/adapter/bot-api.js";
 import { flood, type Flooded } from "../helpers/flood.js";

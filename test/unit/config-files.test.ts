@@ -10,12 +10,12 @@ import { writeFile, mkdir } from "node:fs/promises";
 import path from "node:path";
 import { parseRouting } from "../../services/router/bindings.js";
 import { parseAgentConfig } from "../../services/runner/agent-config.js";
-import { NAME, parseKeys } from "../../services/shared/api-keys.js";
+import { NAME, parseKeys } from "../../services/shared/auth/api-keys.js";
 import { CHANNEL_NAME, isAgentId } from "../../services/shared/ids.js";
 import { SCHEMAS, type SchemaName, schemaProblems, validatorFile } from "../../services/shared/json-schema.js";
 import { validatorSource } from "../../services/shared/schemas/compile.js";
-import { parseProviders } from "../../services/shared/providers.js";
-import { parseQuotas } from "../../services/shared/quotas.js";
+import { parseProviders } from "../../services/shared/models/providers.js";
+import { parseQuotas } from "../../services/shared/auth/quotas.js";
 import { configCommand, kindOf } from "../../services/cli/config.js";
 import { tempDir } from "../helpers/tempdir.js";
 
@@ -54,7 +54,7 @@ describe("the schemas", () => {
       import { registerHooks } from "node:module";
       const seen = [];
       registerHooks({ resolve(spec, ctx, next) { const r = next(spec, ctx); seen.push(r.url); return r; } });
-      const { parseKeys } = await import(${JSON.stringify(new URL("../../services/shared/api-keys.js", import.meta.url).href)});
+      const { parseKeys } = await import(${JSON.stringify(new URL("../../services/shared/auth/api-keys.js", import.meta.url).href)});
       parseKeys(${JSON.stringify(keysFile([{ tenant: "t", principal: "p", sha256: HASH }]))}, "keys.json");
       console.log(JSON.stringify(seen));
     `;

@@ -4,10 +4,15 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { readdir, readFile } from "node:fs/promises";
 import path from "node:path";
-import { ENVIRONMENT, effectiveEnvironment, loadConfig, unknownVariables } from "../../services/shared/config.js";
-import { DEFAULT_QUOTAS } from "../../services/shared/quotas.js";
-import { int, oneOf, positive, type Setting, settingsChecker } from "../../services/shared/setting-kinds.js";
-import { settingsTable } from "../../services/shared/settings.js";
+import {
+  ENVIRONMENT,
+  effectiveEnvironment,
+  loadConfig,
+  unknownVariables,
+} from "../../services/shared/config/config.js";
+import { DEFAULT_QUOTAS } from "../../services/shared/auth/quotas.js";
+import { int, oneOf, positive, type Setting, settingsChecker } from "../../services/shared/config/setting-kinds.js";
+import { settingsTable } from "../../services/shared/config/settings.js";
 
 test("settings come from the environment, checked; a bad value names its variable", () => {
   const cfg = loadConfig([], {
@@ -125,8 +130,8 @@ test("no module but the configuration reads process.env, and every variable it r
   await walk(root);
   const readers = [];
   for (const f of files) if ((await readFile(f, "utf8")).includes("process.env")) readers.push(path.relative(root, f));
-  assert.deepEqual(readers, ["shared/config.ts"]);
-  const config = await readFile(path.join(root, "shared/config.ts"), "utf8");
+  assert.deepEqual(readers, ["shared/config/config.ts"]);
+  const config = await readFile(path.join(root, "shared/config/config.ts"), "utf8");
   const declared = new Set(ENVIRONMENT.map((e) => e.env));
   for (const [, name] of config.matchAll(/env\.([A-Z][A-Z0-9_]+)/g))
     assert.ok(declared.has(name), `${name} is read but not declared`);
@@ -178,7 +183,7 @@ test("a setting's shape: numbers from text, bounds, choices and patterns; a shap
 test("checking the environment loads no JSON Schema validator: that waits for the first file checked", () => {
   const script = `
     import { createRequire } from "node:module";
-    const { loadConfig } = await import(${JSON.stringify(new URL("../../services/shared/config.js", import.meta.url).href)});
+    const { loadConfig } = await import(${JSON.stringify(new URL("../../services/shared/config/config.js", import.meta.url).href)});
     loadConfig([], { TROUPE_SANDBOX_POOL: "3" });
     const loaded = () => Object.keys(createRequire(import.meta.url).cache).some((k) => k.includes("/node_modules/ajv/") || k.endsWith(".validate.cjs"));
     const before = loaded();

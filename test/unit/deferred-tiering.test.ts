@@ -1,11 +1,11 @@
-// Optimization deferred while a service starts (shared/deferred-tiering.ts), checked in child
+// Optimization deferred while a service starts (shared/process/deferred-tiering.ts), checked in child
 // processes by V8's own account of what it compiles (--trace-opt).
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
-import { DEFERRING_FLAGS } from "../../services/shared/deferred-tiering.js";
+import { DEFERRING_FLAGS } from "../../services/shared/process/deferred-tiering.js";
 
-const MODULE = new URL("../../services/shared/deferred-tiering.js", import.meta.url).href;
+const MODULE = new URL("../../services/shared/process/deferred-tiering.js", import.meta.url).href;
 
 /**
  * A child that calls `startOnly` and `both` 20,000 times each (Maglev's threshold is 400), then

@@ -3,7 +3,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { descendantsOf, withoutOrphans } from "../../services/runner/retention.js";
-import type { StoredSession } from "../../services/runner/session-log.js";
+import type { StoredSession } from "../../services/runner/session/session-log.js";
 
 const owner = { tenant: "t", principal: "p" };
 const session = (sessionId: string, parentSessionId?: string): StoredSession => ({

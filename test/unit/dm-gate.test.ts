@@ -14,7 +14,7 @@ import {
   readBook,
   requestFileName,
 } from "../../services/adapter/pairing-book.js";
-import { createLogger } from "../../services/shared/log.js";
+import { createLogger } from "../../services/shared/process/log.js";
 import { tempDir } from "../helpers/tempdir.js";
 
 const logger = createLogger("test", "error");

@@ -14,7 +14,7 @@ import { Engine, EngineError, engineAddress } from "../../services/sandbox/engin
 import { SandboxFleet } from "../../services/sandbox/fleet.js";
 import { type ContainerDeath, ContainerEvents } from "../../services/sandbox/container-events.js";
 import { containerSpec, DEFAULT_LIMITS, type FleetOptions } from "../../services/sandbox/container-spec.js";
-import { createLogger } from "../../services/shared/log.js";
+import { createLogger } from "../../services/shared/process/log.js";
 
 describe("DOCKER_HOST", () => {
   /** The settings as config.ts gives them when only DOCKER_HOST is set. */

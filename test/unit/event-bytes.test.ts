@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import { AttachResponseSchema } from "../../services/shared/gen/troupe/v1/runner_pb.js";
 import { AgentEventSchema, type AgentEvent } from "../../services/shared/gen/troupe/v1/session_pb.js";
-import { attachEventBytes } from "../../services/runner/event-bytes.js";
+import { attachEventBytes } from "../../services/runner/session/event-bytes.js";
 
 const reference = (event: AgentEvent) =>
   toBinary(AttachResponseSchema, create(AttachResponseSchema, { kind: { case: "event", value: event } }));

@@ -3,8 +3,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import type { AgentEvent } from "../../services/shared/gen/troupe/v1/session_pb.js";
-import { EventJournal, type EventSubscriber } from "../../services/runner/event-journal.js";
-import type { LogRecord } from "../../services/runner/session-log.js";
+import { EventJournal, type EventSubscriber } from "../../services/runner/session/event-journal.js";
+import type { LogRecord } from "../../services/runner/session/session-log.js";
 
 function journalWithSlowSync() {
   const logged: LogRecord[] = [];

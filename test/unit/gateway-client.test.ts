@@ -12,7 +12,7 @@ import os from "node:os";
 import path from "node:path";
 import * as grpc from "@grpc/grpc-js";
 import { gatewayClient } from "../../services/cli/gateway-client.js";
-import { loadConfig } from "../../services/shared/config.js";
+import { loadConfig } from "../../services/shared/config/config.js";
 import { GatewayService } from "../../services/shared/gen/troupe/v1/gateway_pb.js";
 import { createClient } from "../../services/shared/rpc.js";
 import { HttpProxy } from "../helpers/http-proxy.js";

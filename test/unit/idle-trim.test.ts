@@ -5,7 +5,7 @@ import { describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { setTimeout as sleep } from "node:timers/promises";
 import { getHeapSpaceStatistics } from "node:v8";
-import { collectLastResort, startIdleTrim, type Trim } from "../../services/shared/idle-trim.js";
+import { collectLastResort, startIdleTrim, type Trim } from "../../services/shared/process/idle-trim.js";
 
 const MB = 1024 * 1024;
 

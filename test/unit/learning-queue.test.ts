@@ -4,8 +4,8 @@
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { setTimeout as sleep } from "node:timers/promises";
-import { LearningQueue } from "../../services/runner/learning-queue.js";
-import type { Logger } from "../../services/shared/log.js";
+import { LearningQueue } from "../../services/runner/memory/learning-queue.js";
+import type { Logger } from "../../services/shared/process/log.js";
 
 interface Line {
   level: string;

@@ -4,7 +4,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
 
-const LOG = new URL("../../services/shared/log.js", import.meta.url).href;
+const LOG = new URL("../../services/shared/process/log.js", import.meta.url).href;
 const API = import.meta.resolve("@opentelemetry/api");
 const HOOKS = import.meta.resolve("@opentelemetry/context-async-hooks");
 const GRPC_LOGS = new URL("../../services/shared/rpc/logging.js", import.meta.url).href;

@@ -7,8 +7,8 @@ import { context, ROOT_CONTEXT, SpanKind, trace } from "@opentelemetry/api";
 import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-hooks";
 import { InMemorySpanExporter, SimpleSpanProcessor, TracerProvider } from "@opentelemetry/sdk-trace";
 import { FrameKind } from "../../services/shared/gen/troupe/v1/session_pb.js";
-import { runAgent } from "../../services/runner/loop.js";
-import type { EventPayload, RunHost } from "../../services/runner/run.js";
+import { runAgent } from "../../services/runner/loop/loop.js";
+import type { EventPayload, RunHost } from "../../services/runner/loop/run.js";
 import { ScriptedModel, call, echoTool, say, testRunDeps } from "../helpers/in-process.js";
 
 const exporter = new InMemorySpanExporter();

@@ -12,9 +12,9 @@ import {
   StopReason,
   type ChatMessage,
 } from "../../services/shared/gen/troupe/v1/session_pb.js";
-import { runAgent } from "../../services/runner/loop.js";
-import { SUMMARY_MARKER, type EventPayload, type QueuedMessage, type RunHost } from "../../services/runner/run.js";
-import { ModelError } from "../../services/runner/model.js";
+import { runAgent } from "../../services/runner/loop/loop.js";
+import { SUMMARY_MARKER, type EventPayload, type QueuedMessage, type RunHost } from "../../services/runner/loop/run.js";
+import { ModelError } from "../../services/runner/providers/model.js";
 import { ScriptedModel, call, echoTool, lastUser, say, testRunDeps } from "../helpers/in-process.js";
 
 let n = 0;

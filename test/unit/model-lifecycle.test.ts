@@ -1,13 +1,13 @@
-// Whether a provider serves a model, and until when (shared/model-lifecycle.ts), asked of servers
+// Whether a provider serves a model, and until when (shared/models/model-lifecycle.ts), asked of servers
 // that answer as the providers' model endpoints do (helpers/api-server.ts and anthropic-api.ts cite
 // the references): OpenAI's shutdown_date, Anthropic's deprecation table, a 404 for a model not
 // served, and nothing claimed when the provider cannot be asked.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
-import { parseProviders } from "../../services/shared/providers.js";
-import { ProviderModels } from "../../services/runner/provider-models.js";
+import { parseProviders } from "../../services/shared/models/providers.js";
+import { ProviderModels } from "../../services/runner/providers/provider-models.js";
 import { Learner } from "../../services/memory/learn.js";
-import type { Logger } from "../../services/shared/log.js";
+import type { Logger } from "../../services/shared/process/log.js";
 import { AnthropicApiServer } from "../helpers/anthropic-api.js";
 import { ChatApiServer } from "../helpers/openai-api.js";
 import { ResponsesApiServer } from "../helpers/responses-api.js";

@@ -28,7 +28,10 @@ function packagesLoadedBy(entry: string): Set<string> {
 /** A service's module graph; "up" is the supervisor's (and the one process's of --one-process). */
 const entry = (service: string) =>
   fileURLToPath(
-    new URL(service === "up" ? "../../services/cli/up/command.js" : `../../services/${service}/server.js`, import.meta.url),
+    new URL(
+      service === "up" ? "../../services/cli/up/command.js" : `../../services/${service}/server.js`,
+      import.meta.url,
+    ),
   );
 
 /** Per service: packages that must wait for their first use. */

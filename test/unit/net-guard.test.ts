@@ -17,10 +17,10 @@ import os from "node:os";
 import path from "node:path";
 import { selfSigned } from "../helpers/certs.js";
 import { HttpProxy } from "../helpers/http-proxy.js";
-import { guardedRequest, NetRefusal, type NetPolicy } from "../../services/shared/net-guard.js";
+import { guardedRequest, NetRefusal, type NetPolicy } from "../../services/shared/net/net-guard.js";
 import { DEFAULT_AGENT, type AgentConfig } from "../../services/runner/agent-config.js";
-import { httpRequestTool, Secrets, webFetchTool } from "../../services/runner/web-tools.js";
-import type { ToolContext } from "../../services/runner/tools.js";
+import { httpRequestTool, Secrets, webFetchTool } from "../../services/runner/tools/web-tools.js";
+import type { ToolContext } from "../../services/runner/tools/tools.js";
 
 const SECRET_PAGE = "SENTINEL-PRIVATE-BYTES";
 let sentinelHits = 0;

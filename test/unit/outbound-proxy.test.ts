@@ -1,14 +1,14 @@
-// Outbound calls through an HTTP proxy (services/shared/outbound-proxy.ts), against a forward proxy
+// Outbound calls through an HTTP proxy (services/shared/net/outbound-proxy.ts), against a forward proxy
 // written from the RFCs (test/helpers/http-proxy.ts) and providers written from their API
 // references. The providers listen on 127.0.0.2: loopback still, but not an address Troupe always
 // reaches directly. The proxy setting is the process's, so each test sets the one it needs.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { OpenAIModelClient } from "../../services/runner/chat-completions-model.js";
-import { ModelError, type ModelChunk } from "../../services/runner/model.js";
+import { OpenAIModelClient } from "../../services/runner/providers/chat-completions-model.js";
+import { ModelError, type ModelChunk } from "../../services/runner/providers/model.js";
 import { OpenAIEmbedder } from "../../services/memory/embedder.js";
-import { effectiveEnvironment, loadConfig } from "../../services/shared/config.js";
-import { alwaysDirect, proxyFor, proxyHosts, useOutboundProxy } from "../../services/shared/outbound-proxy.js";
+import { effectiveEnvironment, loadConfig } from "../../services/shared/config/config.js";
+import { alwaysDirect, proxyFor, proxyHosts, useOutboundProxy } from "../../services/shared/net/outbound-proxy.js";
 import { ChatApiServer } from "../helpers/openai-api.js";
 import { EmbeddingsApiServer } from "../helpers/embeddings-api.js";
 import { HttpProxy } from "../helpers/http-proxy.js";

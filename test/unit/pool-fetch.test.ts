@@ -9,8 +9,8 @@ import { setFlagsFromString } from "node:v8";
 import { runInNewContext } from "node:vm";
 import OpenAI from "openai";
 import { Agent } from "undici";
-import { poolFetch, replyBody } from "../../services/runner/pool-fetch.js";
-import { collectLastResort } from "../../services/shared/idle-trim.js";
+import { poolFetch, replyBody } from "../../services/runner/providers/pool-fetch.js";
+import { collectLastResort } from "../../services/shared/process/idle-trim.js";
 
 let server: http.Server;
 let base: string;

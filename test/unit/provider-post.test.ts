@@ -1,21 +1,21 @@
 // How a provider's refusals reach the agent loop now that the runner POSTs without the OpenAI SDK
-// (services/shared/provider-post.ts): against the Chat Completions server written from OpenAI's
+// (services/shared/models/provider-post.ts): against the Chat Completions server written from OpenAI's
 // reference (test/helpers/openai-api.ts), and a bare HTTP server for the shapes other compatible
 // servers answer with.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
-import { OpenAIModelClient } from "../../services/runner/chat-completions-model.js";
-import { ModelError, type ModelRequest } from "../../services/runner/model.js";
-import { errorOf } from "../../services/shared/provider-post.js";
-import { BodyTooLarge } from "../../services/shared/bounded-body.js";
-import { MAX_EVENT_CHARS } from "../../services/runner/sse.js";
+import { OpenAIModelClient } from "../../services/runner/providers/chat-completions-model.js";
+import { ModelError, type ModelRequest } from "../../services/runner/providers/model.js";
+import { errorOf } from "../../services/shared/models/provider-post.js";
+import { BodyTooLarge } from "../../services/shared/net/bounded-body.js";
+import { MAX_EVENT_CHARS } from "../../services/runner/providers/sse.js";
 import { type RpcError, Status } from "../../services/shared/errors.js";
-import { parseProviders, singleProvider } from "../../services/shared/providers.js";
+import { parseProviders, singleProvider } from "../../services/shared/models/providers.js";
 import { StopReason } from "../../services/shared/gen/troupe/v1/session_pb.js";
 import { newActor, prompt, testRunDeps } from "../helpers/in-process.js";
-import { ProviderModels } from "../../services/runner/provider-models.js";
+import { ProviderModels } from "../../services/runner/providers/provider-models.js";
 import { completionFor } from "../../services/memory/completion.js";
 import { OpenAIEmbedder } from "../../services/memory/embedder.js";
 import { ChatApiServer } from "../helpers/openai-api.js";

@@ -3,7 +3,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { create } from "@bufbuild/protobuf";
 import { type AgentEvent, AgentEventSchema } from "../../services/shared/gen/troupe/v1/session_pb.js";
-import { RecentEvents } from "../../services/runner/recent-events.js";
+import { RecentEvents } from "../../services/runner/session/recent-events.js";
 
 const ev = (seq: number): AgentEvent => create(AgentEventSchema, { sessionId: "s", seq: BigInt(seq) });
 const seqs = (r: RecentEvents) => [...r].map((e) => Number(e.seq));

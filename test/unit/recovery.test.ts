@@ -19,9 +19,9 @@ import {
   closeCutOffRun,
   replayRecords,
   resumeSeq,
-} from "../../services/runner/recovery.js";
-import type { LogRecord } from "../../services/runner/session-log.js";
-import type { EventPayload } from "../../services/runner/run.js";
+} from "../../services/runner/session/recovery.js";
+import type { LogRecord } from "../../services/runner/session/session-log.js";
+import type { EventPayload } from "../../services/runner/loop/run.js";
 
 const header: LogRecord = { t: "session", sessionId: "s", agentId: "main", createdMs: 1 };
 const event = (seq: number, payload: EventPayload, turnId = ""): LogRecord => ({

@@ -1,15 +1,15 @@
-// A streamed reply's connection after its final event (services/runner/reply-rest.ts), for each
+// A streamed reply's connection after its final event (services/runner/providers/reply-rest.ts), for each
 // provider protocol, against the servers written from the providers' API references
 // (test/helpers/*-api.ts). Those servers end a body in the same write as its final event unless
 // told otherwise; here the end comes later, never, or after bytes that should not be there.
 import { after, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { setTimeout as sleep } from "node:timers/promises";
-import { AnthropicModelClient } from "../../services/runner/anthropic-model.js";
-import { OpenAIModelClient } from "../../services/runner/chat-completions-model.js";
-import type { ModelChunk, ProviderClient } from "../../services/runner/model.js";
-import { REST_BYTES, REST_MS } from "../../services/runner/reply-rest.js";
-import { OpenAIResponsesClient } from "../../services/runner/responses-model.js";
+import { AnthropicModelClient } from "../../services/runner/providers/anthropic-model.js";
+import { OpenAIModelClient } from "../../services/runner/providers/chat-completions-model.js";
+import type { ModelChunk, ProviderClient } from "../../services/runner/providers/model.js";
+import { REST_BYTES, REST_MS } from "../../services/runner/providers/reply-rest.js";
+import { OpenAIResponsesClient } from "../../services/runner/providers/responses-model.js";
 import { AnthropicApiServer } from "../helpers/anthropic-api.js";
 import type { ApiServer } from "../helpers/api-server.js";
 import { ChatApiServer } from "../helpers/openai-api.js";

@@ -1,10 +1,10 @@
-// What a provider refuses by name (runner/request-fixes.ts), and the rules by model name
-// (shared/model-rules.ts) that make most refusals unnecessary.
+// What a provider refuses by name (runner/providers/request-fixes.ts), and the rules by model name
+// (shared/models/model-rules.ts) that make most refusals unnecessary.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { rulesFor } from "../../services/shared/model-rules.js";
-import { ProviderRefusal } from "../../services/shared/provider-post.js";
-import { MAX_FIXES_PER_CALL, postFitted, RequestFixes } from "../../services/runner/request-fixes.js";
+import { rulesFor } from "../../services/shared/models/model-rules.js";
+import { ProviderRefusal } from "../../services/shared/models/provider-post.js";
+import { MAX_FIXES_PER_CALL, postFitted, RequestFixes } from "../../services/runner/providers/request-fixes.js";
 
 const refusal = (param: string, code = "unsupported_parameter", message = `Unsupported parameter: '${param}'.`) =>
   new ProviderRefusal(400, message, new Headers(), code, param);

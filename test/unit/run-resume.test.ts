@@ -10,10 +10,10 @@ import {
   Role,
   StopReason,
 } from "../../services/shared/gen/troupe/v1/session_pb.js";
-import type { QueuedMessage } from "../../services/runner/run.js";
-import { cutRunOf, replayRecords, type ReplayedLog } from "../../services/runner/recovery.js";
-import { SessionActor } from "../../services/runner/session-actor.js";
-import type { Tool } from "../../services/runner/tools.js";
+import type { QueuedMessage } from "../../services/runner/loop/run.js";
+import { cutRunOf, replayRecords, type ReplayedLog } from "../../services/runner/session/recovery.js";
+import { SessionActor } from "../../services/runner/session/session-actor.js";
+import type { Tool } from "../../services/runner/tools/tools.js";
 import { Collector, ScriptedModel, call, echoTool, newActor, prompt, say, testRunDeps } from "../helpers/in-process.js";
 
 const message = (role: Role, over: object = {}) => create(ChatMessageSchema, { role, ...over });

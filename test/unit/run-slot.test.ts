@@ -2,8 +2,8 @@
 // turn, draining and stopping, and a rebuild's stand-in run.
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { type NextRun, RunSlot } from "../../services/runner/run-slot.js";
-import type { Queued } from "../../services/runner/mailbox.js";
+import { type NextRun, RunSlot } from "../../services/runner/session/run-slot.js";
+import type { Queued } from "../../services/runner/session/mailbox.js";
 
 /** A slot over a queue of named runs; each run waits until the test ends it (or it is aborted). */
 function slotOver(queue: NextRun[]) {

@@ -4,8 +4,8 @@ import assert from "node:assert/strict";
 import { appendFile, mkdir, mkdtemp, readFile, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
-import { AuditLog } from "../../services/runner/audit-log.js";
-import { normaliseForScan, scanForInjection } from "../../services/runner/safety.js";
+import { AuditLog } from "../../services/runner/store/audit-log.js";
+import { normaliseForScan, scanForInjection } from "../../services/runner/loop/safety.js";
 
 test("the scanner reads text as a model would: styled, split and look-alike letters", () => {
   assert.equal(normaliseForScan("\uff29\uff47\uff4e\uff4f\uff52\uff45"), "Ignore");

@@ -7,11 +7,11 @@ import os from "node:os";
 import path from "node:path";
 import { create } from "@bufbuild/protobuf";
 import { ScheduleSchema } from "../../services/shared/gen/troupe/v1/schedule_pb.js";
-import { ScheduleBook } from "../../services/runner/schedules.js";
-import { FileScheduleStore } from "../../services/runner/schedule-files.js";
-import { InMemoryScheduleStore } from "../../services/runner/in-memory-store.js";
+import { ScheduleBook } from "../../services/runner/schedules/schedules.js";
+import { FileScheduleStore } from "../../services/runner/store/schedule-files.js";
+import { InMemoryScheduleStore } from "../../services/runner/store/in-memory-store.js";
 import { fileName } from "../../services/shared/session-ref.js";
-import { scheduleTool } from "../../services/runner/schedule-tool.js";
+import { scheduleTool } from "../../services/runner/tools/schedule-tool.js";
 
 const acme = { tenant: "acme", principal: "alice", sessionId: "agent:x:main" };
 const evil = { tenant: "evil", principal: "bob", sessionId: "agent_x_main" };

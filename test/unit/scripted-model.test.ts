@@ -9,8 +9,8 @@ import os from "node:os";
 import path from "node:path";
 import OpenAI from "openai";
 import { startScriptedModelServer, type RunningModelServer } from "../../services/dev/scripted-model/server.js";
-import { OpenAIModelClient } from "../../services/runner/chat-completions-model.js";
-import { ModelError, type ModelChunk } from "../../services/runner/model.js";
+import { OpenAIModelClient } from "../../services/runner/providers/chat-completions-model.js";
+import { ModelError, type ModelChunk } from "../../services/runner/providers/model.js";
 import { caAndServer } from "../helpers/certs.js";
 
 let server: RunningModelServer;

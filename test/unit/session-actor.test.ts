@@ -5,12 +5,12 @@ import { describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { QueueMode, Role, StopReason } from "../../services/shared/gen/troupe/v1/session_pb.js";
 import { Status } from "../../services/shared/errors.js";
-import { TenantQuotas, DEFAULT_QUOTAS } from "../../services/shared/quotas.js";
-import { RETRY_AFTER_KEY } from "../../services/shared/rate.js";
-import { SessionActor } from "../../services/runner/session-actor.js";
-import { TenantRuns } from "../../services/runner/tenant-runs.js";
+import { TenantQuotas, DEFAULT_QUOTAS } from "../../services/shared/auth/quotas.js";
+import { RETRY_AFTER_KEY } from "../../services/shared/auth/rate.js";
+import { SessionActor } from "../../services/runner/session/session-actor.js";
+import { TenantRuns } from "../../services/runner/session/tenant-runs.js";
 import { refOf } from "../../services/shared/session-ref.js";
-import { SUMMARY_MARKER } from "../../services/runner/run.js";
+import { SUMMARY_MARKER } from "../../services/runner/loop/run.js";
 import {
   Collector,
   ScriptedModel,

@@ -8,10 +8,10 @@ import { InMemorySpanExporter, SimpleSpanProcessor, TracerProvider } from "@open
 import { appendFile, mkdir, mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
-import { JsonlSessionStore } from "../../services/runner/jsonl-session-store.js";
-import type { LogRecord } from "../../services/runner/session-log.js";
+import { JsonlSessionStore } from "../../services/runner/store/jsonl-session-store.js";
+import type { LogRecord } from "../../services/runner/session/session-log.js";
 import { fileName, filePart, refOf } from "../../services/shared/session-ref.js";
-import { SessionElsewhere } from "../../services/runner/session-lease.js";
+import { SessionElsewhere } from "../../services/runner/session/session-lease.js";
 import { Status } from "../../services/shared/errors.js";
 
 const OWNER = { tenant: "t1", principal: "alice" };

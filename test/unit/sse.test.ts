@@ -1,7 +1,7 @@
 // The model-stream SSE decoder, fed byte sequences split the ways a network splits them.
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { SseDecoder, SseEventTooLarge, type SseEvent } from "../../services/runner/sse.js";
+import { SseDecoder, SseEventTooLarge, type SseEvent } from "../../services/runner/providers/sse.js";
 
 async function decode(parts: (string | Uint8Array)[]): Promise<SseEvent[]> {
   const enc = new TextEncoder();

@@ -2,9 +2,9 @@
 // directory and on the in-memory storage the in-process tier uses.
 import { randomUUID } from "node:crypto";
 import { test } from "node:test";
-import { JsonlSessionStore } from "../../services/runner/jsonl-session-store.js";
-import type { Owner } from "../../services/runner/session-lease.js";
-import { fileStorage, inMemoryStorage } from "../../services/runner/storage.js";
+import { JsonlSessionStore } from "../../services/runner/store/jsonl-session-store.js";
+import type { Owner } from "../../services/runner/session/session-lease.js";
+import { fileStorage, inMemoryStorage } from "../../services/runner/store/storage.js";
 import { orphansContract, storageContract } from "../helpers/storage-contract.js";
 import { tempDir } from "../helpers/tempdir.js";
 

@@ -12,18 +12,23 @@ import * as cl100k from "gpt-tokenizer/encoding/cl100k_base";
 import { ChatMessageSchema, Role, type ChatMessage } from "../../services/shared/gen/troupe/v1/session_pb.js";
 import { MemoryKind } from "../../services/shared/gen/troupe/v1/memory_pb.js";
 import { DEFAULT_AGENT, parseAgentConfig } from "../../services/runner/agent-config.js";
-import { ContextSources, FILE_CHAR_LIMIT, USER_TEMPLATE, buildSystemPrompt } from "../../services/runner/context.js";
-import type { PromptInput } from "../../services/runner/prompt-input.js";
-import { FileProfileStore } from "../../services/runner/profile-store.js";
-import { CronError, nextFire, parseCron } from "../../services/runner/cron.js";
-import { Hooks } from "../../services/runner/hooks.js";
-import { backoffMs } from "../../services/runner/model-call.js";
-import { metadataSummary } from "../../services/runner/compaction.js";
+import {
+  ContextSources,
+  FILE_CHAR_LIMIT,
+  USER_TEMPLATE,
+  buildSystemPrompt,
+} from "../../services/runner/loop/context.js";
+import type { PromptInput } from "../../services/runner/loop/prompt-input.js";
+import { FileProfileStore } from "../../services/runner/store/profile-store.js";
+import { CronError, nextFire, parseCron } from "../../services/runner/schedules/cron.js";
+import { Hooks } from "../../services/runner/loop/hooks.js";
+import { backoffMs } from "../../services/runner/loop/model-call.js";
+import { metadataSummary } from "../../services/runner/loop/compaction.js";
 import { triggerFrameId, triggerOf } from "../../services/shared/frames.js";
-import { retryAfterMs as retryAfter } from "../../services/shared/provider-post.js";
-import { scanForInjection } from "../../services/runner/safety.js";
-import { TokenCounter, familyOf } from "../../services/runner/tokens.js";
-import { MISSING_RESULT, compactionCut, fitNewestFirst, sanitise } from "../../services/runner/transcript.js";
+import { retryAfterMs as retryAfter } from "../../services/shared/models/provider-post.js";
+import { scanForInjection } from "../../services/runner/loop/safety.js";
+import { TokenCounter, familyOf } from "../../services/runner/loop/tokens.js";
+import { MISSING_RESULT, compactionCut, fitNewestFirst, sanitise } from "../../services/runner/session/transcript.js";
 import { tempDir } from "../helpers/tempdir.js";
 
 /** A workspace directory for one test. */

@@ -1,4 +1,4 @@
-// undici's Agent loaded alone (services/shared/undici-agent.ts): it sends a request and reads the
+// undici's Agent loaded alone (services/shared/net/undici-agent.ts): it sends a request and reads the
 // reply, and a process that uses it, the runner's model pool among them, has not loaded the rest
 // of undici (its index, fetch, WebSocket, mocks). Fails if an undici upgrade moves the files it names.
 import { test } from "node:test";
@@ -33,7 +33,7 @@ test("undici's Agent alone sends a request and reads its reply", () => {
     const http = await import("node:http");
     const server = http.createServer((req, res) => res.end(req.method + " " + req.url + " " + req.headers["x-probe"]));
     await new Promise((r) => server.listen(0, "127.0.0.1", r));
-    const { undiciAgent } = await import(${moduleUrl("shared/undici-agent.js")});
+    const { undiciAgent } = await import(${moduleUrl("shared/net/undici-agent.js")});
     const Agent = undiciAgent();
     const agent = new Agent({ connections: 1 });
     const res = await agent.request({
@@ -53,7 +53,7 @@ test("undici's Agent alone sends a request and reads its reply", () => {
 
 test("the runner's model pool loads undici's Agent, not the rest of undici", () => {
   const { result, files } = runProbe(`
-    const { connectionPool } = await import(${moduleUrl("runner/model.js")});
+    const { connectionPool } = await import(${moduleUrl("runner/providers/model.js")});
     const pool = connectionPool({});
     await pool.close();
     return typeof pool.request;

@@ -7,7 +7,7 @@ import { readFile, readlink, realpath } from "node:fs/promises";
 import path from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { instanceOf } from "../../sandbox/container-spec.js";
-import type { Logger } from "../../shared/log.js";
+import type { Logger } from "../../shared/process/log.js";
 import { Engine, engineAddress, type EngineSettings } from "../../sandbox/engine.js";
 import type { UpFile } from "./file.js";
 

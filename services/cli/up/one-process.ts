@@ -3,9 +3,9 @@
 // difference. For laptops and small VMs: one runtime, one heap, one copy of every module (see
 // docs/benchmarks.md, footprint). A crash takes every service down at once, and nothing restarts
 // it: run it under a supervisor (systemd, a container's restart policy) where that matters.
-import { loadConfig } from "../../shared/config.js";
-import { splitHostPort } from "../../shared/host-port.js";
-import { runServices, type ServiceUnit } from "../../shared/service.js";
+import { loadConfig } from "../../shared/config/config.js";
+import { splitHostPort } from "../../shared/net/host-port.js";
+import { runServices, type ServiceUnit } from "../../shared/process/service.js";
 import { SERVICES } from "../service-starters.js";
 import type { Child } from "./child.js";
 

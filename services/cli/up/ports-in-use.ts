@@ -3,7 +3,7 @@
 // service that wanted it fail at start, be restarted, and fail again, forever, with grpc-js's
 // "No address added out of total 1 resolved" for a reason.
 import net from "node:net";
-import { splitHostPort } from "../../shared/host-port.js";
+import { splitHostPort } from "../../shared/net/host-port.js";
 
 /** What listens where: a service's name and its address (host:port). */
 export interface Listener {

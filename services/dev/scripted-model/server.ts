@@ -7,7 +7,7 @@ import http from "node:http";
 import http2 from "node:http2";
 import { once } from "node:events";
 import type { Socket } from "node:net";
-import { HASH_EMBEDDING_DIM, hashEmbedding } from "../../shared/hash-embedding.js";
+import { HASH_EMBEDDING_DIM, hashEmbedding } from "../../shared/models/hash-embedding.js";
 import { ScriptedModel, contentText, nowMs, type InMessage, type Reply, type ScriptedModelOptions } from "./rules.js";
 
 /**

@@ -3,7 +3,7 @@
 // here (liveness, and what the edge is told is public: the console's files); every other route,
 // today's and any added later, is refused without a valid key, in its own protocol's words, with
 // its body left unread (drained, bounded by the connection guard's body deadline).
-import type { Authenticator } from "../../shared/auth.js";
+import type { Authenticator } from "../../shared/auth/auth.js";
 import { toStatus } from "../../shared/errors.js";
 import { refuseCall } from "./connect-refusal.js";
 import { answer, type NodeServerRequest, type NodeServerResponse } from "./answer.js";

@@ -14,9 +14,9 @@
 import type http from "node:http";
 import http2 from "node:http2";
 import type net from "node:net";
-import type { Logger } from "../../shared/log.js";
+import type { Logger } from "../../shared/process/log.js";
 import type { NodeServerRequest as AnyRequest, NodeServerResponse as AnyResponse } from "./answer.js";
-import { instruments } from "../../shared/metrics.js";
+import { instruments } from "../../shared/process/metrics.js";
 
 export interface ConnectionLimits {
   /** From accept to the first byte (TLS: to the end of the handshake). */

@@ -3,11 +3,11 @@
 import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import type { Authenticator } from "../../shared/auth.js";
-import type { Config } from "../../shared/config-types.js";
+import type { Authenticator } from "../../shared/auth/auth.js";
+import type { Config } from "../../shared/config/config-types.js";
 import { AdminService } from "../../shared/gen/troupe/v1/admin_pb.js";
 import { GatewayService } from "../../shared/gen/troupe/v1/gateway_pb.js";
-import type { Logger } from "../../shared/log.js";
+import type { Logger } from "../../shared/process/log.js";
 import { createClient, type RpcServer } from "../../shared/rpc.js";
 import { answer, type NodeServerRequest, type NodeServerResponse } from "./answer.js";
 import { type HttpEdge, startHttpEdge } from "./edge.js";

@@ -4,7 +4,7 @@ import * as grpc from "@grpc/grpc-js";
 import type { GenService, GenServiceMethods } from "@bufbuild/protobuf/codegenv2";
 import { type Span, SpanKind, SpanStatusCode, context } from "@opentelemetry/api";
 import { RpcError, Status } from "../errors.js";
-import { injectContext, spanContext, tracer } from "../telemetry.js";
+import { injectContext, spanContext, tracer } from "../process/telemetry.js";
 import { serviceDefinition } from "./definition.js";
 import { channelOptions, DEFAULT_DEADLINE_MS, DEFAULT_MAX_MESSAGE_BYTES, RECEIVE_WINDOW_BYTES } from "./limits.js";
 import type { CallOptions, ServiceClient } from "./types.js";

@@ -3,7 +3,7 @@
 // "E <text>" lines among them. Its verbosity stays its own (GRPC_VERBOSITY, default ERROR).
 import { format } from "node:util";
 import * as grpc from "@grpc/grpc-js";
-import type { Logger } from "../log.js";
+import type { Logger } from "../process/log.js";
 
 /** Routes grpc-js's logging, process-wide, to `logger`. The last call wins. */
 export function routeGrpcLogs(logger: Logger): void {

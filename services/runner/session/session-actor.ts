@@ -1,0 +1,466 @@
+// One actor per session. It owns the session's state (conversation, seq, queues), admits client
+// frames in arrival order, runs one agent run at a time (the turn lock), and publishes every event
+// to the streams attached to it. A frame is acknowledged only after it is durably in the log.
+import { create, toJson } from "@bufbuild/protobuf";
+import { timestampFromMs } from "@bufbuild/protobuf/wkt";
+import { ROOT_CONTEXT, type Context } from "@opentelemetry/api";
+import {
+  AgentEventSchema,
+  ClientFrameSchema,
+  type QueueMode,
+  SessionInfoSchema,
+  type AgentEvent,
+  type ChatMessage,
+  type ClientFrame,
+  type SessionInfo,
+} from "../../shared/gen/troupe/v1/session_pb.js";
+import { validateFrame } from "../../shared/frames.js";
+import type { RpcError } from "../../shared/errors.js";
+import { failure, type Logger } from "../../shared/process/log.js";
+import { runAgent } from "../loop/loop.js";
+import { resumedMessages } from "../loop/turn-start.js";
+import * as recovery from "./recovery.js";
+import { type CutOff, INTERRUPTED } from "./recovery.js";
+import type { Compaction, EventPayload, QueuedMessage, RunDeps, RunHost } from "../loop/run.js";
+import type { AuditSink } from "../store/audit-log.js";
+import { refOf, type SessionRef } from "../../shared/session-ref.js";
+import type { TenantRuns } from "./tenant-runs.js";
+import { EventJournal, type EventSubscriber, SEQ_BLOCK } from "./event-journal.js";
+import { Mailbox, type Queued } from "./mailbox.js";
+import { Admission } from "./admission.js";
+import {
+  ownerOf,
+  type LogRecord,
+  type SessionLog,
+  type SessionOwner,
+  type SessionStore,
+  type Subagent,
+} from "./session-log.js";
+import { SessionWrites } from "./session-writes.js";
+import { SessionChoices, type Choice, type ChoiceRecord } from "./session-choices.js";
+import { HeldHistory } from "./held-history.js";
+import { type Numbering, type RebuiltParts, type Resume, rebuildFromLog } from "./session-rebuild.js";
+import { Supervision } from "./supervision.js";
+import { type NextRun, RunSlot } from "./run-slot.js";
+
+/** What an actor is given: its store, the audit log, the logger, and what its runs use. */
+export interface ActorDeps {
+  store: SessionStore;
+  audit: AuditSink;
+  logger: Logger;
+  /** A run's dependencies, for the messages that start it (their speaker decides whose memories). Contract: never throws. */
+  runDeps(actor: SessionActor, first: readonly QueuedMessage[]): RunDeps;
+  /** Runs going per tenant (the concurrentRuns quota); none: no quota. */
+  runs?: TenantRuns;
+}
+
+export class SessionActor {
+  /** The messages the model can still see, and a tally of the rest (held-history.ts). */
+  readonly history = new HeldHistory();
+  /** Numbering, recording and fan-out of this session's events (event-journal.ts). */
+  private readonly journal: EventJournal;
+  /** Waiting messages and where each goes (mailbox.ts). */
+  private readonly mailbox = new Mailbox(() => this.slot.schedule());
+  private createdMs = Date.now();
+  /** Model, reasoning effort and reset point chosen for the session (settle). */
+  readonly choices = new SessionChoices();
+  private updatedMs = Date.now();
+  /** Refusals, log writes and acknowledgements of incoming frames (admission.ts). */
+  private readonly admission: Admission;
+  private activeMs = Date.now();
+  /** Restarts from the log after a run that threw, and the failed state (supervision.ts). */
+  private readonly supervision: Supervision;
+  /** Appends to the log; a failed one loses the session (session-writes.ts). */
+  private readonly writes: SessionWrites;
+  /** The turn lock: one run at a time, started as work arrives (run-slot.ts). */
+  private readonly slot: RunSlot;
+  /** Frozen: a handed-over run's events are dropped. */
+  private frozen = false;
+  /** A run its runner died in, to go on with before anything queued (recovery.ts cutRunOf). */
+  private resuming?: Resume;
+  /** The latest compaction: what the model sees in place of the messages before the cut. */
+  private compaction?: Compaction;
+  private idleWaiters: (() => void)[] = [];
+  /**
+   * Set once the session is lost here: another runner took it (ABORTED), or its log could not be
+   * written (UNAVAILABLE). From then on this actor only refuses; the next call loads it anew.
+   */
+  private lost?: RpcError;
+  /** Called once when the session is lost, so the registry forgets this actor. */
+  onLost?: () => void;
+
+  private constructor(
+    readonly sessionId: string,
+    readonly agentId: string,
+    /** The tenant and principal the session belongs to; only they may use it. */
+    readonly owner: SessionOwner,
+    private readonly log: SessionLog,
+    private readonly deps: ActorDeps,
+    /** Set when the session is a sub-agent's (delegate_task): its parent, depth and instruction. */
+    readonly subagent?: Subagent,
+  ) {
+    this.writes = new SessionWrites(log, sessionId, {
+      lose: (err, why) => this.loseSession(err, why),
+      lost: () => this.lost,
+    });
+    this.slot = new RunSlot({
+      takeNext: () => this.takeNext(),
+      execute: (next, signal) => this.execute(next, signal),
+      started: () => this.deps.runs?.started(this.owner.tenant),
+      ended: () => {
+        this.deps.runs?.ended(this.owner.tenant);
+        // Steering or follow-ups that came too late for the run are not lost: they run next.
+        this.mailbox.requeueLate();
+        this.releaseUnseen();
+      },
+      nothingOwed: () => {
+        this.journal.trimIdle();
+        // Prompts still gathering (collect mode) are work to come: not idle until they have run.
+        if (this.idle) for (const wake of this.idleWaiters.splice(0)) wake();
+      },
+    });
+    this.journal = new EventJournal({
+      sessionId,
+      turnId: () => this.slot.turnId ?? "",
+      persist: (record, sync) => this.writes.append(record, sync),
+      readLog: () => this.deps.store.read(this.ref),
+      published: (event) => {
+        const now = Date.now();
+        this.updatedMs = now;
+        this.activeMs = now;
+        if (event.payload.case === "compactionEnd") {
+          this.compaction = {
+            summary: event.payload.value.summary,
+            firstKeptMessageId: event.payload.value.firstKeptMessageId,
+          };
+        }
+      },
+    });
+    this.admission = new Admission({
+      sessionId,
+      mailbox: this.mailbox,
+      lost: () => this.lost,
+      failed: () => this.supervision.failed,
+      restarting: () => this.supervision.restarting,
+      running: () => this.slot.busy,
+      takeRun: () => this.deps.runs?.admit(this.owner.tenant),
+      record: (frame) => this.writes.appendOrRefuse({ t: "frame", frame: toJson(ClientFrameSchema, frame) }, true),
+      emit: (payload) => this.emit(payload),
+      placed: (frame, interrupt) => {
+        if (frame.kind.case === "abort")
+          this.abort(frame.frameId, frame.kind.value.reason, frame.kind.value.clearQueue);
+        if (interrupt && this.slot.busy) this.abort(frame.frameId, "interrupted by a prompt in interrupt mode", false);
+        this.slot.schedule();
+      },
+    });
+    this.supervision = new Supervision({
+      sessionId,
+      admitting: () => this.admission.admitting,
+      readLog: async () => {
+        await this.log.flush().catch(() => undefined);
+        return this.deps.store.read(this.ref);
+      },
+      rebuild: (records, cutOff) => {
+        const live = this.journal.lastSeq;
+        this.history.clear();
+        this.admission.clear();
+        this.mailbox.clear();
+        this.compaction = undefined;
+        this.replayLog(records, { live }, cutOff);
+      },
+      emit: (payload) => void this.emit(payload),
+      dropQueued: (message) => this.drop(this.mailbox.queue.splice(0).flat(), message),
+    });
+  }
+
+  /** The session as its owner names it (the store's and the registry's key). */
+  get ref(): SessionRef {
+    return refOf(this.owner, this.sessionId);
+  }
+
+  static async create(
+    sessionId: string,
+    agentId: string,
+    owner: SessionOwner,
+    deps: ActorDeps,
+    subagent?: Subagent,
+  ): Promise<SessionActor> {
+    // The first block of seqs is reserved in the log's first write: events reach clients before
+    // the log has them (why: docs/architecture.md, the session actor).
+    const log = await deps.store.create(refOf(owner, sessionId), agentId, owner, subagent, [
+      { t: "seq", upTo: SEQ_BLOCK },
+    ]);
+    const actor = new SessionActor(sessionId, agentId, owner, log, deps, subagent);
+    actor.journal.resumeAt(0, SEQ_BLOCK);
+    return actor;
+  }
+
+  /** Rebuilds the actor from its log. A run the log shows as unfinished was cut off by a crash. */
+  static async load(ref: SessionRef, deps: ActorDeps): Promise<SessionActor> {
+    const { log, records, corruptLines } = await deps.store.activate(ref);
+    const head = records[0];
+    if (head?.t !== "session") {
+      await log.close();
+      throw new Error(`session log ${ref.sessionId} has no header`);
+    }
+    const actor = new SessionActor(ref.sessionId, head.agentId, ownerOf(head), log, deps, head.subagent);
+    actor.createdMs = head.createdMs;
+    // Recovery publishes events at once (acknowledgements owed, a resumed run), before the log
+    // has them: their seqs are reserved durably first, so no seq is ever handed out twice.
+    const resumeAt = recovery.resumeSeq(records);
+    try {
+      await log.append({ t: "seq", upTo: resumeAt + SEQ_BLOCK }, true);
+    } catch (err) {
+      await log.close().catch(() => undefined);
+      throw err;
+    }
+    actor.replayLog(records, { resumeAt, reservedUpTo: resumeAt + SEQ_BLOCK });
+    if (corruptLines.length > 0) {
+      const message = `session log lines ${corruptLines.join(", ")} were damaged and skipped; what they held is missing from this session`;
+      deps.logger.error(message, { session: ref.sessionId });
+      actor.emit({ case: "error", value: { code: "LOG_CORRUPT", message, retryable: false } });
+    }
+    return actor;
+  }
+
+  /** Rebuilds state from the log (session-rebuild.ts), then lets go of what is unseen and runs what is owed. */
+  private replayLog(records: LogRecord[], numbering: Numbering, cutOff: CutOff = INTERRUPTED): void {
+    this.resuming = rebuildFromLog(this.rebuildParts, records, numbering, cutOff);
+    this.releaseUnseen();
+    // In a restart the failed run's own ending schedules what is next.
+    if (!("live" in numbering)) this.slot.schedule();
+  }
+
+  /** What a rebuild from the log writes into. */
+  private get rebuildParts(): RebuiltParts {
+    return {
+      mailbox: this.mailbox,
+      choices: this.choices,
+      history: this.history,
+      admission: this.admission,
+      journal: this.journal,
+      restored: (compaction, updatedMs) => {
+        this.compaction = compaction;
+        this.updatedMs = updatedMs ?? this.updatedMs;
+      },
+      emit: (payload) => this.emit(payload),
+      asRun: (turnId, close) => this.slot.asRun(turnId, close),
+    };
+  }
+
+  /** Admits one frame (not `open`) and resolves to its frame_accepted event once it is durable. */
+  submit(frame: ClientFrame, traceContext: Context = ROOT_CONTEXT): Promise<AgentEvent> {
+    validateFrame(frame, true);
+    this.activeMs = Date.now();
+    return this.admission.submit(frame, traceContext);
+  }
+
+  /**
+   * Sets the session's default queue mode, model and reasoning effort, each when given and
+   * changed, and with `reset` starts its conversation over (the model sees nothing before it): in
+   * one log record. The caller has checked that the agent allows the model.
+   */
+  async settle(s: { queueMode?: QueueMode } & Choice): Promise<void> {
+    const changed: { queueMode?: number } & ChoiceRecord = this.choices.apply(s, this.history.length);
+    if (s.queueMode && s.queueMode !== this.mailbox.mode) changed.queueMode = this.mailbox.mode = s.queueMode;
+    if (Object.keys(changed).length > 0) await this.writes.appendOrRefuse({ t: "settings", ...changed }, true);
+    if (changed.contextFrom !== undefined) this.releaseUnseen();
+  }
+
+  /** The default queue mode new messages take. */
+  get queueMode(): QueueMode {
+    return this.mailbox.mode;
+  }
+
+  private abort(frameId: string, reason: string, clearQueue: boolean): void {
+    this.deps.audit
+      .record({
+        action: "abort",
+        sessionId: this.sessionId,
+        tenant: this.owner.tenant,
+        frameId,
+        reason,
+        turnId: this.slot.turnId ?? "",
+        clearQueue,
+      })
+      .catch((err: unknown) => this.deps.logger.error("audit log write failed", { error: String(err) }));
+    if (clearQueue)
+      this.drop(this.mailbox.clear(), `dropped by an abort that cleared the queue${reason ? `: ${reason}` : ""}`);
+    this.slot.abort(new Error(reason || "aborted"));
+  }
+
+  /** Tells every subscriber these messages will not run (a replay leaves them out too). */
+  private drop(queued: Queued[], message: string): void {
+    for (const q of queued) this.emit({ case: "error", value: { code: "CANCELLED", message, frameId: q.frameId } });
+  }
+
+  get running(): boolean {
+    return this.slot.busy;
+  }
+
+  /** Messages waiting in this session's mailbox. */
+  get waiting(): number {
+    return this.mailbox.depth;
+  }
+
+  get idle(): boolean {
+    return !this.slot.busy && !this.resuming && this.mailbox.empty;
+  }
+
+  /** Nothing running, waiting, arriving or watching: the actor may leave memory. */
+  get passivatable(): boolean {
+    return this.idle && this.journal.subscriberCount === 0 && this.admission.admitting === 0 && !this.slot.stopped;
+  }
+
+  /** Last time anything happened in or to this actor. */
+  get lastActiveMs(): number {
+    return this.activeMs;
+  }
+
+  /** Resolves once no run is going, nothing waits for one, and subscribers have every event. */
+  async whenIdle(): Promise<void> {
+    if (!this.idle) await new Promise<void>((resolve) => this.idleWaiters.push(resolve));
+    await this.journal.delivered();
+  }
+
+  /** What runs next: a cut-off run first, then the mailbox's next batch. */
+  private takeNext(): NextRun | undefined {
+    const resume = this.resuming;
+    this.resuming = undefined;
+    if (resume) return { first: [], resume };
+    const first = this.mailbox.queue.shift();
+    return first && { first };
+  }
+
+  /**
+   * Lets go of the held messages the model will not see again (HeldHistory). Only between runs,
+   * and not while a resume waits: a run's indexes into the held messages must stay put. Called
+   * where what the model sees can have moved: a run's end, a replay's end, a reset.
+   */
+  private releaseUnseen(): void {
+    if (this.slot.busy || this.resuming) return;
+    this.compaction = this.history.releaseUnseen(this.compaction, this.choices.contextFrom);
+  }
+
+  /** Messages [offset, offset + size) of the whole history; what was let go is read from the log. */
+  historyPage(offset: number, size: number): Promise<ChatMessage[]> {
+    return this.history.page(offset, size, async () => {
+      await this.log.flush();
+      return recovery.replayRecords(await this.deps.store.read(this.ref)).messages;
+    });
+  }
+
+  private async execute({ first, resume }: NextRun, signal: AbortSignal): Promise<void> {
+    const { history } = this;
+    const host: RunHost = {
+      sessionId: this.sessionId,
+      model: this.choices.model,
+      reasoningEffort: this.choices.reasoningEffort,
+      contextFrom: Math.max(0, this.choices.contextFrom - history.released),
+      conversationBefore: history.releasedConversation,
+      signal,
+      messages: history.messages,
+      emit: (payload) => void this.emit(payload),
+      delta: (messageId, kind, text) => this.journal.delta(messageId, kind, text),
+      pressure: () => this.journal.pressure(),
+      takeSteering: () => this.mailbox.steering.splice(0),
+      takeFollowUps: () => this.mailbox.followUps.splice(0),
+      compaction: () => this.compaction,
+      elide: (ids) => {
+        const gone = new Set(ids);
+        history.messages.splice(0, history.messages.length, ...history.messages.filter((m) => !gone.has(m.id)));
+        void this.writes.append({ t: "elided", messageIds: ids }, false);
+      },
+    };
+    try {
+      // A resume's index is absolute (the log's); nothing is let go while a resume waits.
+      const resumeAt = resume && { from: resume.from - history.released };
+      const starters = resumeAt ? resumedMessages(history.messages, resumeAt.from) : first;
+      await runAgent(host, this.deps.runDeps(this, starters), first, resumeAt);
+    } catch (err) {
+      // Not a model or tool failure (those end runs normally): a bug. Its state is suspect, so
+      // the actor rebuilds itself from its log; other sessions are untouched.
+      this.deps.logger.error("run failed unexpectedly; restarting the session from its log", {
+        session: this.sessionId,
+        ...failure(err),
+      });
+      await this.supervision.restart(first);
+    }
+  }
+
+  private emit(payload: EventPayload): AgentEvent {
+    // A handed-over run's last moments are not recorded or sent: its next runner redoes them.
+    if (this.frozen) return create(AgentEventSchema, { sessionId: this.sessionId, payload });
+    return this.journal.emit(payload);
+  }
+
+  /**
+   * The session cannot go on here (another runner took it, or its log failed): the run is aborted,
+   * streams end with `err` so clients reconnect through the router, the registry forgets the actor.
+   */
+  private loseSession(err: RpcError, why: string): void {
+    if (this.lost) return;
+    this.lost = err;
+    this.deps.logger.warn(why, { session: this.sessionId });
+    void this.slot.stop(err);
+    this.mailbox.stop();
+    this.journal.closeAll(err);
+    for (const wake of this.idleWaiters.splice(0)) wake();
+    this.onLost?.();
+  }
+
+  /** Adds a subscriber, first sending what the session holds after `afterSeq` (EventJournal.attach). */
+  async attach(sub: EventSubscriber, afterSeq?: number): Promise<void> {
+    if (this.lost) throw this.lost;
+    this.activeMs = Date.now();
+    await this.journal.attach(sub, afterSeq);
+    if (this.lost) {
+      this.journal.detach(sub);
+      throw this.lost;
+    }
+  }
+
+  detach(sub: EventSubscriber): void {
+    this.activeMs = Date.now();
+    this.journal.detach(sub);
+  }
+
+  info(): SessionInfo {
+    return create(SessionInfoSchema, {
+      sessionId: this.sessionId,
+      agentId: this.agentId,
+      createTime: timestampFromMs(this.createdMs),
+      updateTime: timestampFromMs(this.updatedMs),
+      lastSeq: BigInt(this.journal.lastSeq),
+      messageCount: this.history.length,
+      running: this.running,
+    });
+  }
+
+  get lastSeq(): number {
+    return this.journal.lastSeq;
+  }
+
+  /** Starts no new run from now on; resolves when the one going (if any) has ended. */
+  drain(): Promise<void> {
+    return this.slot.drain();
+  }
+
+  /**
+   * Stops the run and closes the log. `handOver`: nothing more of the run is recorded (the next
+   * load resumes it); `exiting` too (the process is stopping): a run handed over keeps its lease
+   * until the process is gone, so a runner's sweep for orphans resumes it, not only its session's
+   * next call. `end`: streams end with it.
+   */
+  async close(options: { handOver?: boolean; exiting?: boolean; end?: RpcError } = {}): Promise<void> {
+    const handedOver = options.handOver === true && this.slot.busy;
+    if (handedOver) this.frozen = true;
+    const ended = this.slot.stop(new Error("runner shutting down"));
+    this.mailbox.stop();
+    await ended;
+    this.journal.flushDelta();
+    await this.log.append({ t: "closed", seq: this.journal.lastSeq }, true).catch(() => undefined);
+    await this.log.close({ keepLease: handedOver && options.exiting === true });
+    if (options.end) this.loseSession(options.end, "session handed over");
+  }
+}

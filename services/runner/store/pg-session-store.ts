@@ -1,0 +1,275 @@
+// Session logs in PostgreSQL: the SessionStore contract (session-log.ts) over three tables
+// (shared/pg.ts). A session is a troupe_sessions row (its owner, its lease and its epoch) and its
+// records in troupe_records, numbered by pos.
+//
+// Fencing is the database's: every write of a session's records is one statement that also updates
+// the session's row *where its epoch is the writer's*. An activation elsewhere bumps the epoch under
+// the row's lock, so once it commits, a writer of an older epoch (a runner paused past its lease,
+// then resumed) matches no row and its records are refused, not merely ignored by readers.
+//
+// The lease: a session's row names the incarnation (one runner process) that holds it. It holds
+// while that incarnation's membership row beats (shared/membership.ts); a runner that stopped
+// beating for livenessMs, or left, no longer holds anything, and the next activation takes over.
+import type pg from "pg";
+import type { Identity } from "../../shared/auth/auth.js";
+import { sqlState } from "../../shared/pg.js";
+import type { SessionRef } from "../../shared/session-ref.js";
+import { PgAppender } from "./pg-appender.js";
+import { SessionElsewhere, sameRunner, type Owner } from "../session/session-lease.js";
+import {
+  ownerOf,
+  sessionHeader,
+  type LogRecord,
+  type SessionLog,
+  type SessionOwner,
+  type SessionStore,
+  type StoredSession,
+  type Subagent,
+} from "../session/session-log.js";
+
+const KEY = "tenant = $1 AND principal = $2 AND session_id = $3";
+const keyOf = (ref: SessionRef) => [ref.tenant, ref.principal, ref.sessionId];
+
+/**
+ * Whether a session row `s`'s holder still holds it: its membership row `r` (LEFT JOINed on
+ * owner_runner) is that incarnation's and beat within `livenessMs`, the query parameter named.
+ * Activation and the orphan sweep judge a holder by this one test.
+ */
+const holderAlive = (livenessMs: string) =>
+  `(r.incarnation IS NOT NULL AND r.incarnation = s.owner_incarnation
+    AND r.beat_at > now() - ${livenessMs} * interval '1 millisecond')`;
+
+const notThere = (ref: SessionRef) =>
+  Object.assign(new Error(`session ${ref.sessionId} does not exist`), { code: "ENOENT" });
+
+/** One activation's log: appends go through the store's appender at this epoch, from `nextPos` on. */
+class PgSessionLog implements SessionLog {
+  private closed = false;
+
+  constructor(
+    private readonly store: PgSessionStore,
+    readonly ref: SessionRef,
+    readonly epoch: number,
+    private readonly writer: ReturnType<PgAppender["writer"]>,
+  ) {}
+
+  append(record: LogRecord, _sync = false): Promise<void> {
+    // Every commit is durable (synchronous_commit), so `sync` asks for nothing more.
+    return this.writer.append(JSON.stringify(record));
+  }
+
+  flush(): Promise<void> {
+    return this.writer.flush();
+  }
+
+  async close(options: { keepLease?: boolean } = {}): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    await this.writer.flush().catch(() => undefined);
+    if (!options.keepLease) await this.store.release(this.ref, this.epoch);
+  }
+}
+
+export class PgSessionStore implements SessionStore {
+  readonly appender: PgAppender;
+
+  constructor(
+    private readonly pool: pg.Pool,
+    readonly self: Owner,
+    /** A lease whose holder has not beaten for this long is free. */
+    private readonly livenessMs: number,
+  ) {
+    this.appender = new PgAppender(pool);
+  }
+
+  async exists(ref: SessionRef): Promise<boolean> {
+    const { rowCount } = await this.pool.query(`SELECT 1 FROM troupe_sessions WHERE ${KEY}`, keyOf(ref));
+    return (rowCount ?? 0) > 0;
+  }
+
+  async create(
+    ref: SessionRef,
+    agentId: string,
+    owner: SessionOwner,
+    subagent?: Subagent,
+    opening: LogRecord[] = [],
+  ): Promise<SessionLog> {
+    const header = sessionHeader(ref, agentId, owner, subagent) as Extract<LogRecord, { t: "session" }>;
+    const records = [header, { t: "epoch", epoch: 1, runnerId: this.self.runnerId }, ...opening];
+    // One statement: the row and its first records exist together or not at all.
+    const { rows } = await this.pool.query<{ sid: string }>(
+      `WITH s AS (
+         INSERT INTO troupe_sessions (tenant, principal, session_id, agent_id, created_ms, update_ms, epoch,
+                                      owner_runner, owner_incarnation, owner_address)
+         VALUES ($1, $2, $3, $4, $5, $5, 1, $6, $7, $8)
+         ON CONFLICT DO NOTHING RETURNING sid
+       ), r AS (
+         INSERT INTO troupe_records (sid, pos, epoch, record)
+         SELECT s.sid, u.i - 1, 1, u.rec FROM s, unnest($9::text[]) WITH ORDINALITY AS u(rec, i)
+       )
+       SELECT sid FROM s`,
+      [
+        ...keyOf(ref),
+        agentId,
+        header.createdMs,
+        this.self.runnerId,
+        this.self.incarnation,
+        this.self.address,
+        records.map((r) => JSON.stringify(r)),
+      ],
+    );
+    if (rows.length === 0) throw Object.assign(new Error(`session ${ref.sessionId} exists`), { code: "EEXIST" });
+    return new PgSessionLog(this, ref, 1, this.appender.writer(ref, String(rows[0].sid), 1, records.length));
+  }
+
+  async activate(ref: SessionRef): Promise<{ log: SessionLog; records: LogRecord[]; corruptLines: number[] }> {
+    const client = await this.pool.connect();
+    try {
+      await client.query("BEGIN");
+      try {
+        const held = await client.query<{
+          sid: string;
+          owner_address: string | null;
+          alive: boolean;
+          mine: boolean;
+          runner: string;
+        }>(
+          `SELECT s.sid, s.owner_address, s.owner_runner AS runner, s.owner_incarnation = $4 AS mine,
+                  ${holderAlive("$5")} AS alive
+             FROM troupe_sessions s LEFT JOIN troupe_runners r ON r.runner_id = s.owner_runner
+            WHERE s.tenant = $1 AND s.principal = $2 AND s.session_id = $3
+            FOR UPDATE OF s`,
+          [...keyOf(ref), this.self.incarnation, this.livenessMs],
+        );
+        const row = held.rows[0];
+        if (!row) throw notThere(ref);
+        // An earlier process of this runner (not `mine`) may still beat in its membership row
+        // until this process replaces it; it is gone all the same (sameRunner).
+        const earlierSelf = sameRunner({ runnerId: row.runner, address: row.owner_address ?? "" }, this.self);
+        if (row.alive && !row.mine && !earlierSelf)
+          throw new SessionElsewhere(
+            `session ${ref.sessionId} is live on runner ${row.runner} (${row.owner_address}); this runner does not activate a second copy`,
+            row.owner_address ?? undefined,
+          );
+        // Taking the next epoch under the row's lock is what fences every earlier writer.
+        const bumped = await client.query<{ epoch: number }>(
+          `UPDATE troupe_sessions SET epoch = epoch + 1, owner_runner = $4, owner_incarnation = $5, owner_address = $6
+            WHERE ${KEY} RETURNING epoch`,
+          [...keyOf(ref), this.self.runnerId, this.self.incarnation, this.self.address],
+        );
+        const epoch = bumped.rows[0].epoch;
+        const stored = await client.query<{ pos: number; record: string }>(
+          "SELECT pos, record FROM troupe_records WHERE sid = $1 ORDER BY pos",
+          [row.sid],
+        );
+        const { records, corruptLines } = parseRows(stored.rows);
+        const mark: LogRecord = { t: "epoch", epoch, runnerId: this.self.runnerId };
+        const nextPos = stored.rows.length === 0 ? 0 : stored.rows[stored.rows.length - 1].pos + 1;
+        await client.query("INSERT INTO troupe_records (sid, pos, epoch, record) VALUES ($1, $2, $3, $4)", [
+          row.sid,
+          nextPos,
+          epoch,
+          JSON.stringify(mark),
+        ]);
+        await client.query("COMMIT");
+        records.push(mark);
+        return {
+          log: new PgSessionLog(this, ref, epoch, this.appender.writer(ref, row.sid, epoch, nextPos + 1)),
+          records,
+          corruptLines,
+        };
+      } catch (err) {
+        await client.query("ROLLBACK").catch(() => undefined);
+        // Two runners activating at once: the loser meets the winner's lock, then its live lease.
+        if (sqlState(err) === "40P01") throw new SessionElsewhere(`session ${ref.sessionId} is being taken elsewhere`);
+        throw err;
+      }
+    } finally {
+      client.release();
+    }
+  }
+
+  /** Gives up the lease of `epoch` (if it still holds it), so the next activation anywhere is immediate. */
+  async release(ref: SessionRef, epoch: number): Promise<void> {
+    await this.pool
+      .query(
+        `UPDATE troupe_sessions SET owner_runner = NULL, owner_incarnation = NULL, owner_address = NULL
+          WHERE ${KEY} AND epoch = $4`,
+        [...keyOf(ref), epoch],
+      )
+      .catch(() => undefined);
+  }
+
+  async read(ref: SessionRef): Promise<LogRecord[]> {
+    const { rows } = await this.pool.query<{ pos: number; record: string }>(
+      `SELECT r.pos, r.record FROM troupe_records r JOIN troupe_sessions USING (sid) WHERE ${KEY} ORDER BY r.pos`,
+      keyOf(ref),
+    );
+    const { records } = parseRows(rows);
+    if (records[0]?.t !== "session") throw notThere(ref);
+    return records;
+  }
+
+  async list(owner?: Identity): Promise<StoredSession[]> {
+    const { rows } = await this.pool.query<{
+      tenant: string;
+      principal: string;
+      session_id: string;
+      agent_id: string;
+      created_ms: string;
+      update_ms: string;
+      header: string;
+    }>(
+      `SELECT s.tenant, s.principal, s.session_id, s.agent_id, s.created_ms, s.update_ms, h.record AS header
+         FROM troupe_sessions s JOIN troupe_records h USING (sid)
+        WHERE h.pos = 0 ${owner ? "AND s.tenant = $1 AND s.principal = $2" : ""}`,
+      owner ? [owner.tenant, owner.principal] : [],
+    );
+    return rows.map((r) => {
+      const head = JSON.parse(r.header) as Extract<LogRecord, { t: "session" }>;
+      return {
+        sessionId: r.session_id,
+        agentId: r.agent_id,
+        owner: ownerOf(head),
+        createdMs: Number(r.created_ms),
+        updateMs: Number(r.update_ms),
+        ...(head.subagent ? { parentSessionId: head.subagent.parentSessionId } : {}),
+      };
+    });
+  }
+
+  async orphans(): Promise<SessionRef[]> {
+    // A row names its holder until the holder closes it (release); migration 2 indexes holders.
+    // Gone: an earlier process of this runner, or a holder that is not alive by the test
+    // activate() makes under the row's lock.
+    const { rows } = await this.pool.query<{ tenant: string; principal: string; session_id: string }>(
+      `SELECT s.tenant, s.principal, s.session_id
+         FROM troupe_sessions s LEFT JOIN troupe_runners r ON r.runner_id = s.owner_runner
+        WHERE s.owner_runner IS NOT NULL AND s.owner_incarnation <> $3
+          AND ((s.owner_runner = $1 AND s.owner_address = $2) OR NOT ${holderAlive("$4")})`,
+      [this.self.runnerId, this.self.address, this.self.incarnation, this.livenessMs],
+    );
+    return rows.map((r) => ({ tenant: r.tenant, principal: r.principal, sessionId: r.session_id }));
+  }
+
+  async remove(ref: SessionRef): Promise<boolean> {
+    const { rowCount } = await this.pool.query(`DELETE FROM troupe_sessions WHERE ${KEY}`, keyOf(ref));
+    return (rowCount ?? 0) > 0;
+  }
+}
+
+/** Records from rows; a row that does not parse (a hand edit) is skipped and reported by its pos + 1. */
+function parseRows(rows: { pos: number; record: string }[]): { records: LogRecord[]; corruptLines: number[] } {
+  const records: LogRecord[] = [];
+  const corruptLines: number[] = [];
+  for (const row of rows) {
+    try {
+      const rec = JSON.parse(row.record) as LogRecord;
+      if (typeof rec !== "object" || rec === null || typeof rec.t !== "string") throw new Error("not a record");
+      records.push(rec);
+    } catch {
+      corruptLines.push(row.pos + 1);
+    }
+  }
+  return { records, corruptLines };
+}
