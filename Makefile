@@ -57,12 +57,14 @@ build: node_modules/.installed services/shared/gen/.generated
 # the code breaks on purpose (non-null assertions, assignments in expressions, control characters
 # in the sanitisers' patterns, comma sequences in one-line handlers).
 # dependency-cruiser holds the imports to .dependency-cruiser.cjs: no cycle (type imports
-# included), no service reaching into another's files, shared below every service. It reads the
+# included), no service reaching into another's files, shared below every service; and no
+# folder under services/ holds more than 25 source files (test/lint/folders.ts). It reads the
 # sources with swc, as TypeScript 7.0 has no API for it; its note that no TypeScript compiler it
 # can use was found says only that.
 lint: build kubectl
 	npx biome check
 	npx depcruise --config .dependency-cruiser.cjs services
+	node dist/test/lint/folders.js services
 	npx buf lint
 	node dist/test/k8s/validate.js k8s/overlays/dev k8s/overlays/prod k8s/adapters/slack k8s/adapters/telegram
 	@if git rev-parse --verify -q main >/dev/null; then \

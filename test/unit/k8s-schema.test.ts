@@ -89,3 +89,20 @@ test("a DinD engine whose command line opens TCP is refused; the manifest's own 
     "the sandbox manifest runs DinD",
   );
 });
+
+test("the folder check refuses a folder over 25 source files, and services/ passes it", async () => {
+  const { mkdtempSync, mkdirSync, writeFileSync, rmSync } = await import("node:fs");
+  const os = await import("node:os");
+  const path = await import("node:path");
+  const { overFull } = await import("../lint/folders.js");
+  const dir = mkdtempSync(path.join(os.tmpdir(), "troupe-rooms-"));
+  try {
+    mkdirSync(path.join(dir, "hall"));
+    for (let i = 0; i < 26; i++) writeFileSync(path.join(dir, "hall", `f${i}.ts`), "");
+    writeFileSync(path.join(dir, "hall", "notes.md"), "");
+    assert.deepEqual(overFull(dir), [{ folder: path.join(dir, "hall"), files: 26 }]);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+  assert.deepEqual(overFull(new URL("../../../services", import.meta.url).pathname), []);
+});
