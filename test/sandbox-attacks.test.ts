@@ -419,6 +419,20 @@ const ATTACKS: Attack[] = [
  */
 const RELEASE = { timeoutMs: 90_000 };
 
+/**
+ * Releases an attack's sandbox. A release the engine has not finished within RELEASE is not the
+ * attack's failure: the container is still being removed (docker says "removal already in
+ * progress"), and the leftovers check at the end of the run fails it if it outlives the run.
+ */
+async function release(sandbox: Sandbox, sessionId: string): Promise<void> {
+  await sandbox.releaseSandbox({ sessionId }, RELEASE).catch((err: { code?: number }) => {
+    if (err.code !== 4) throw err;
+    console.log(
+      `# the release of ${sessionId} took over ${RELEASE.timeoutMs / 1000} s; the leftovers check watches it`,
+    );
+  });
+}
+
 for (const runtime of ["runc", "runsc"] as const) {
   describe(`sandbox attacks (${runtime})`, () => {
     let stack: Stack;
@@ -449,7 +463,7 @@ for (const runtime of ["runc", "runsc"] as const) {
         ) {
           console.log(`# KNOWN DEFECT: #${attack.n} under ${runtime}: the sandbox died under the command; once more`);
           console.log(await deathReport(stack));
-          await sandbox.releaseSandbox({ sessionId: id }, RELEASE);
+          await release(sandbox, id);
           id = `${id}-again`;
           r = await exec(sandbox, id, attack.command, { timeoutMs: attack.timeoutMs });
         }
@@ -473,7 +487,7 @@ for (const runtime of ["runc", "runsc"] as const) {
         // Whatever it tried, the sandbox still answers.
         const after = await exec(sandbox, id, "echo alive");
         assert.equal(after.out, "alive\n", `after #${attack.n}: ${after.out}`);
-        await sandbox.releaseSandbox({ sessionId: id }, RELEASE);
+        await release(sandbox, id);
       });
     }
 
@@ -488,7 +502,7 @@ for (const runtime of ["runc", "runsc"] as const) {
         r.out,
       );
       for (const line of lines) assert.match(line, / (EPERM|ENOSYS)$/, `${runtime}: ${line}`);
-      await sandbox.releaseSandbox({ sessionId: id }, RELEASE);
+      await release(sandbox, id);
     });
 
     test("#30 CPU burn, measured: three busy loops together get one CPU", async () => {
@@ -500,7 +514,7 @@ for (const runtime of ["runc", "runsc"] as const) {
       const percent = Number.parseFloat(stdout);
       assert.ok(percent > 50 && percent < 135, `the burn used ${stdout.trim()} of a CPU`);
       await burn;
-      await sandbox.releaseSandbox({ sessionId: id }, RELEASE);
+      await release(sandbox, id);
     });
 
     // Background processes outlive their command (docs/sandbox.md). Here they hold every pid of
@@ -522,7 +536,7 @@ for (const runtime of ["runc", "runsc"] as const) {
         // Without the agent ending them, the sleepers (1000 s) would still be there.
         const left = await exec(sandbox, id, "ps -o comm | grep -c '^sleep$' || true");
         assert.equal(left.out.trim(), "0", "the leftovers were ended");
-        await sandbox.releaseSandbox({ sessionId: id }, RELEASE);
+        await release(sandbox, id);
       });
     }
 
@@ -530,8 +544,8 @@ for (const runtime of ["runc", "runsc"] as const) {
       await exec(sandbox, `atk-${runtime}-33a`, "echo secret > /workspace/note; echo hidden > /tmp/note");
       const r = await exec(sandbox, `atk-${runtime}-33b`, "cat /workspace/note /tmp/note 2>&1");
       assert.equal(r.out.match(/No such file or directory/g)?.length, 2, r.out);
-      await sandbox.releaseSandbox({ sessionId: `atk-${runtime}-33a` }, RELEASE);
-      await sandbox.releaseSandbox({ sessionId: `atk-${runtime}-33b` }, RELEASE);
+      await release(sandbox, `atk-${runtime}-33a`);
+      await release(sandbox, `atk-${runtime}-33b`);
     });
 
     test("the service is still healthy after every attack", async () => {
