@@ -490,6 +490,25 @@ describe("connections cannot be held open", () => {
     } finally {
       h2.close();
     }
+    // Refused, a body trickled on for ever is not read for ever: the stream is reset at the body deadline.
+    const trickle = http2.connect(base);
+    trickle.on("error", () => undefined);
+    try {
+      const start = performance.now();
+      const [status, resetAfter] = await new Promise<[number, number]>((resolve) => {
+        const req = trickle.request({ ":method": "POST", ":path": "/v1/chat/completions" });
+        let got = 0;
+        req.on("response", (h) => (got = Number(h[":status"])));
+        req.on("error", () => undefined);
+        req.resume();
+        const drip = setInterval(() => req.writable && req.write("x".repeat(100)), 100);
+        req.on("close", () => (clearInterval(drip), resolve([got, performance.now() - start])));
+      });
+      assert.equal(status, 401);
+      assert.ok(resetAfter >= DEADLINE.body - 50 && resetAfter < DEADLINE.body + 1500, `${resetAfter}`);
+    } finally {
+      trickle.close();
+    }
     // Every other route too, the console's API included; only the open ones answer keyless.
     for (const path of ["/troupe.v1.AdminService/ListTenants", "/v1/models", "/anything/added/later"]) {
       const r = await fetch(`${base}${path}`, { method: path.startsWith("/v1") ? "GET" : "POST" });

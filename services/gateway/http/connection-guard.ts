@@ -7,8 +7,9 @@
 //   - request head: a connection with no request open must complete the next request's head in
 //     time (HTTP/1: from its first byte or the end of the last response; HTTP/2: its next stream,
 //     or the session is closed);
-//   - body: a request's body must have arrived in time after its head. A streaming response
-//     (Subscribe, /v1 streams) is never cut: these clocks stop once the request is in.
+//   - body: a request's body must have arrived in time after its head, answered or not (a refused
+//     request's body is discarded as it comes, until then). A streaming response (Subscribe, /v1
+//     streams) is never cut: these clocks stop once the request is in.
 //   - a cap on open connections (net.Server's maxConnections): one over it is dropped at accept,
 //     and the drop is logged (at most once every 10 s, with the count) and counted in a metric.
 import type http from "node:http";
@@ -142,8 +143,10 @@ export class ConnectionGuard {
       });
     });
     clock.arm(this.limits.bodyMs, "body");
-    res.once("close", () => clock.stop());
+    // Only the body's end, or its connection's (stream's), stops it: an answer sent early (a
+    // refusal, a 404) does not, or a client could trickle an unread body for ever.
     req.once("end", () => clock.stop());
+    (h2 ?? req.socket).once("close", () => clock.stop());
   }
 }
 
