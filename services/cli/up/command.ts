@@ -31,7 +31,7 @@ import { jitFlags } from "../jit.js";
 import { upFileWriter } from "./file.js";
 import { reapLeftovers, removeSandboxes } from "./leftovers.js";
 
-const MAIN = fileURLToPath(new URL("./main.js", import.meta.url));
+const MAIN = fileURLToPath(new URL("../main.js", import.meta.url));
 
 const LOG_ROTATE_BYTES = 64 * 1024 * 1024;
 
