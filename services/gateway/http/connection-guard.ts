@@ -52,8 +52,6 @@ const h1State = new WeakMap<net.Socket, { clock: Clock; open: number }>();
 export class ConnectionGuard {
   private dropped = 0;
   private lastDropLog = 0;
-  /** Connections closed by a deadline, by which; for tests and the log. */
-  readonly expired = new Map<string, number>();
 
   constructor(
     private readonly limits: ConnectionLimits,
@@ -79,7 +77,6 @@ export class ConnectionGuard {
   }
 
   private expire(what: string, close: () => void): void {
-    this.expired.set(what, (this.expired.get(what) ?? 0) + 1);
     instruments().httpConnectionsRefused.add(1, { reason: what });
     close();
   }
@@ -144,9 +141,15 @@ export class ConnectionGuard {
     });
     clock.arm(this.limits.bodyMs, "body");
     // Only the body's end, or its connection's (stream's), stops it: an answer sent early (a
-    // refusal, a 404) does not, or a client could trickle an unread body for ever.
-    req.once("end", () => clock.stop());
-    (h2 ?? req.socket).once("close", () => clock.stop());
+    // refusal, a 404) does not, or a client could trickle an unread body for ever. The close
+    // listener goes with the body's end: a kept-alive connection carries many requests.
+    const carrier = h2 ?? req.socket;
+    const closed = () => clock.stop();
+    carrier.once("close", closed);
+    req.once("end", () => {
+      clock.stop();
+      carrier.off("close", closed);
+    });
   }
 }
 

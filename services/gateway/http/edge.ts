@@ -58,7 +58,6 @@ export interface HttpEdgeOptions {
 
 export interface HttpEdge {
   port: number;
-  guard: ConnectionGuard;
   /** Stops accepting; open streams end within graceMs. */
   close(graceMs: number): Promise<void>;
 }
@@ -252,7 +251,6 @@ export async function startHttpEdge(opts: HttpEdgeOptions): Promise<HttpEdge> {
   const bound = (server.address() as net.AddressInfo).port;
   return {
     port: bound,
-    guard,
     async close(graceMs) {
       if (opts.tls) for (const file of [opts.tls.certFile, opts.tls.keyFile]) unwatchFile(file, reload);
       const closed = new Promise<void>((resolve) => server.close(() => resolve()));

@@ -47,7 +47,6 @@ export async function serveHttp(
   logger.info(`gateway HTTP on port ${edge.port}${cfg.tls ? " (TLS)" : ""}`, { cors: cfg.httpCors.join(",") });
   return {
     port: edge.port,
-    guard: edge.guard,
     async close(graceMs) {
       await edge.close(graceMs);
       gateway.close();
