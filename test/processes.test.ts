@@ -231,14 +231,14 @@ describe("one service process", () => {
       process.execPath,
       [MAIN, "sandbox", "--sandbox", `127.0.0.1:${port}`, "--data-dir", dataDir],
       {
-        env: { ...process.env, DOCKER_HOST: "ssh://me@engine-box" },
+        env: { ...process.env, DOCKER_HOST: "npipe:////./pipe/docker_engine" },
       },
     ).catch((e) => e);
     await rm(dataDir, { recursive: true, force: true });
     assert.equal(res.code, 1);
     assert.match(
       res.stderr,
-      /failed to start: DOCKER_HOST=ssh:\/\/me@engine-box: .*unix:\/\/\/path or tcp:\/\/host:port/,
+      /failed to start: DOCKER_HOST=npipe:\/\/\/\/\.\/pipe\/docker_engine: Troupe reaches an engine at unix:\/\/\/path, tcp:\/\/host:port/,
     );
   });
 

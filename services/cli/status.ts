@@ -179,7 +179,7 @@ async function dockerChecks(cfg: Config): Promise<Check[]> {
         name: "docker",
         ok: false,
         detail: (err as Error).message,
-        fix: "set DOCKER_HOST to unix:///path or tcp://host:port",
+        fix: "set DOCKER_HOST to unix:///path, tcp://host:port or ssh://host, or choose a docker context",
       },
     ];
   }
@@ -197,7 +197,7 @@ async function engineChecks(cfg: Config, docker: Engine): Promise<Check[]> {
       {
         name: "docker",
         ok: false,
-        detail: `no engine at ${cfg.dockerHost}`,
+        detail: `no engine at ${docker.name}`,
         fix: "start dockerd (`make host` installs and starts it), or set DOCKER_HOST",
       },
     ];

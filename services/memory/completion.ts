@@ -1,8 +1,9 @@
 // One question, one answer: how learning asks its model, by the kind of provider that serves it.
 // OpenAI's kinds (Responses included: OpenAI serves Chat Completions at the same root) and
-// compatible servers through Chat Completions; Anthropic through its Messages API.
+// compatible servers through Chat Completions, by the openai SDK; Anthropic through its Messages API.
 import { askProvider, type ModelLifecycle } from "../shared/models/model-lifecycle.js";
 import { rulesFor } from "../shared/models/model-rules.js";
+import { openaiGetter, openaiPoster } from "../shared/models/openai-sdk.js";
 import { anthropicEndpoint, postForJson, providerGetter, providerPoster } from "../shared/models/provider-post.js";
 import type { ProviderSpec } from "../shared/models/providers.js";
 
@@ -31,7 +32,7 @@ export function completionFor(
       return (answer.content ?? []).map((b) => (b.type === "text" ? (b.text ?? "") : "")).join("");
     };
   }
-  const post = providerPoster(provider, fetch);
+  const post = openaiPoster(provider, fetch);
   const rules = rulesFor(provider.kind, model);
   return async (system, user) => {
     const answer = await postForJson(
@@ -64,6 +65,7 @@ export function lifecycleFor(
   provider: Pick<ProviderSpec, "kind" | "baseUrl" | "apiKey" | "headers">,
   model: string,
 ): (signal: AbortSignal) => Promise<ModelLifecycle> {
-  const get = providerGetter(provider.kind === "anthropic" ? anthropicEndpoint(provider) : provider, fetch);
+  const get =
+    provider.kind === "anthropic" ? providerGetter(anthropicEndpoint(provider), fetch) : openaiGetter(provider, fetch);
   return (signal) => askProvider(provider.kind, get, model, signal);
 }

@@ -3,7 +3,8 @@
 // endpoint (platform.openai.com/docs/api-reference/embeddings/create); without one, the built-in
 // local embedder, so memory works offline. Vectors are L2-normalised either way (cosine = dot
 // product), and a vector of the wrong dimension is an error, never stored.
-import { postForJson, providerPoster, type ProviderPost } from "../shared/models/provider-post.js";
+import { openaiPoster } from "../shared/models/openai-sdk.js";
+import { postForJson, type ProviderPost } from "../shared/models/provider-post.js";
 import { SpanKind, SpanStatusCode } from "@opentelemetry/api";
 import { RpcError, Status } from "../shared/errors.js";
 import { GenAI, tracer } from "../shared/process/telemetry.js";
@@ -87,7 +88,7 @@ export class OpenAIEmbedder implements Embedder {
     headers?: Readonly<Record<string, string>>,
   ) {
     this.name = `openai:${model}:${dim}`;
-    this.post = providerPoster({ baseUrl: baseURL, apiKey, headers }, fetch);
+    this.post = openaiPoster({ baseUrl: baseURL, apiKey, headers }, fetch);
   }
 
   async embed(texts: string[]): Promise<Float32Array[]> {

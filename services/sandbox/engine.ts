@@ -1,19 +1,18 @@
-// The Docker Engine API, as much of it as Troupe uses (docs.docker.com/reference/api/engine):
-// containers made, attached to, started, renamed, inspected, listed and removed; the engine's
-// events; its ping and info; an image's presence. dockerode did this before, and loading it cost
-// the sandbox service 5.6 MB resident with ssh2, protobufjs and tar-fs it pulled in for parts we
-// never call (docs/benchmarks.md, bench/footprint). Paths carry no API version: the engine
-// answers unversioned paths with its own, as dockerode relied on too.
+// The Docker Engine API through dockerode (docs.docker.com/reference/api/engine), as much of it as
+// Troupe uses: containers made, attached to, started, renamed, inspected, listed and removed; the
+// engine's events; its ping and info; an image's presence. dockerode (with docker-modem) speaks to
+// the engine wherever the docker CLI would: a unix socket, tcp with TLS, or ssh (engine-address.ts
+// finds which). It is loaded on first use, so a process that never asks the engine never pays for it.
 //
-// Where the engine is: DOCKER_HOST as the docker CLI reads it, unix:///path (the default,
-// /var/run/docker.sock) or tcp://host:port, with TLS when DOCKER_TLS_VERIFY is set (the
-// certificates in DOCKER_CERT_PATH, else ~/.docker). ssh:// is refused at start, said plainly.
-import { readFileSync } from "node:fs";
+// Every refusal is an EngineError with the engine's status and its own message, bounded.
 import http from "node:http";
 import https from "node:https";
-import path from "node:path";
 import type { Duplex, Readable } from "node:stream";
-import { readCapped } from "../shared/net/bounded-body.js";
+import type Dockerode from "dockerode";
+import { describeEngine, type EngineAddress } from "./engine-address.js";
+import { sshOptions } from "./engine-ssh.js";
+
+export { describeEngine, type EngineAddress, type EngineSettings, engineAddress } from "./engine-address.js";
 
 /** The engine answered with a status outside 2xx; `message` is the engine's own. */
 export class EngineError extends Error {
@@ -24,38 +23,6 @@ export class EngineError extends Error {
     super(message);
     this.name = "EngineError";
   }
-}
-
-/** How to reach the engine: a unix socket, or a host and port (with TLS material for https). */
-export interface EngineAddress {
-  socketPath?: string;
-  host?: string;
-  port?: number;
-  tls?: { ca: Buffer; cert: Buffer; key: Buffer };
-}
-
-/** The engine settings (DOCKER_HOST, DOCKER_TLS_VERIFY, DOCKER_CERT_PATH; config.ts). */
-export interface EngineSettings {
-  dockerHost: string;
-  dockerTlsVerify: boolean;
-  dockerCertPath: string;
-}
-
-/** Where the settings point, as the docker CLI reads them. Throws for what it cannot reach. */
-export function engineAddress(settings: EngineSettings): EngineAddress {
-  const host = settings.dockerHost || "unix:///var/run/docker.sock";
-  if (host.startsWith("unix://")) return { socketPath: host.slice("unix://".length) };
-  if (host.startsWith("/")) return { socketPath: host };
-  const m = /^(tcp|http|https):\/\/(\[[0-9a-fA-F:.]+\]|[^/:[\]]+)(?::(\d{1,5}))?\/?$/.exec(host);
-  if (!m) throw new Error(`DOCKER_HOST=${host}: Troupe reaches an engine at unix:///path or tcp://host:port`);
-  const tls = m[1] === "https" || settings.dockerTlsVerify;
-  const address: EngineAddress = {
-    host: m[2].replace(/^\[|\]$/g, ""),
-    port: m[3] ? Number(m[3]) : tls ? 2376 : 2375,
-  };
-  if (!tls) return address;
-  const pem = (name: string) => readFileSync(path.join(settings.dockerCertPath, name));
-  return { ...address, tls: { ca: pem("ca.pem"), cert: pem("cert.pem"), key: pem("key.pem") } };
 }
 
 /** A container as the engine's list gives it (GET /containers/json). */
@@ -120,34 +87,40 @@ export interface ContainerSpec {
 
 /** One engine. Requests share kept-alive connections; `close()` lets them go. */
 export class Engine {
-  private readonly address: EngineAddress;
-  private readonly agent: http.Agent;
+  private client?: Promise<Dockerode>;
+  private readonly agent?: http.Agent;
 
-  constructor(address: EngineAddress) {
-    this.address = address;
-    this.agent = address.tls
-      ? new https.Agent({ keepAlive: true, ...address.tls })
-      : new http.Agent({ keepAlive: true });
+  constructor(readonly address: EngineAddress) {
+    // ssh:// makes its own connections (docker-modem's ssh agent); the others keep theirs alive.
+    if (!("protocol" in address) || address.protocol !== "ssh")
+      this.agent =
+        "tls" in address ? new https.Agent({ keepAlive: true, ...address.tls }) : new http.Agent({ keepAlive: true });
+  }
+
+  /** Where it is, for messages. */
+  get name(): string {
+    return describeEngine(this.address);
   }
 
   async ping(): Promise<void> {
-    await this.json("GET", "/_ping");
+    await this.call((d) => d.ping());
   }
 
   info(): Promise<{ Runtimes?: Record<string, unknown> }> {
-    return this.json("GET", "/info") as Promise<{ Runtimes?: Record<string, unknown> }>;
+    return this.call((d) => d.info());
   }
 
   /** Resolves when the image is present; an EngineError 404 when it is not. */
   async inspectImage(name: string): Promise<void> {
-    await this.json("GET", `/images/${encodeURIComponent(name)}/json`);
+    await this.call((d) => d.getImage(name).inspect());
   }
 
   async createContainer(spec: ContainerSpec): Promise<Container> {
     const { name, ...body } = spec;
-    const query = name ? `?name=${encodeURIComponent(name)}` : "";
-    const made = (await this.json("POST", `/containers/create${query}`, body)) as { Id: string };
-    return new Container(this, made.Id);
+    // The name in the query, the spec as the body only: dockerode would put every field in both.
+    const options = { _query: name ? { name } : {}, _body: body } as unknown as Dockerode.ContainerCreateOptions;
+    const made = await this.call((d) => d.createContainer(options));
+    return new Container(this, made.id);
   }
 
   /** A handle on a container by id or name; nothing is asked of the engine until it is used. */
@@ -156,62 +129,51 @@ export class Engine {
   }
 
   listContainers(options: { all?: boolean; filters?: Filters }): Promise<ContainerSummary[]> {
-    const query = new URLSearchParams({ all: options.all ? "1" : "0" });
-    if (options.filters) query.set("filters", JSON.stringify(options.filters));
-    return this.json("GET", `/containers/json?${query}`) as Promise<ContainerSummary[]>;
+    return this.call((d) => d.listContainers(options)) as Promise<ContainerSummary[]>;
   }
 
   /** The engine's events matching `filters` from now on, one JSON object per line, until destroyed. */
   events(filters: Filters): Promise<Readable> {
-    return this.answer("GET", `/events?filters=${encodeURIComponent(JSON.stringify(filters))}`);
-  }
-
-  /** POSTs `path` asking to upgrade the connection; the raw connection once the engine agrees (101). */
-  upgrade(path: string): Promise<Duplex> {
-    const req = this.request("POST", path, { connection: "Upgrade", upgrade: "tcp" });
-    return new Promise((resolve, reject) => {
-      req.on("upgrade", (_res, socket, head) => {
-        if (head.length > 0) socket.unshift(head);
-        resolve(socket);
-      });
-      // Anything but 101 is a refusal: the container is gone, or the engine will not attach.
-      req.on("response", (res) => refusal(res).then(reject, reject));
-      req.on("error", reject);
-      req.end();
-    });
+    return this.call((d) => d.getEvents({ filters })) as Promise<Readable>;
   }
 
   close(): void {
-    this.agent.destroy();
+    this.agent?.destroy();
   }
 
-  /** One request with a JSON body (if any); the parsed JSON answer, or undefined for an empty one. */
-  async json(method: string, path: string, body?: unknown): Promise<unknown> {
-    const res = await this.answer(method, path, body);
-    const text = (await readCapped(res, Number.POSITIVE_INFINITY)).data.toString("utf8");
-    if (!text) return undefined;
-    return res.headers["content-type"]?.includes("json") ? JSON.parse(text) : text;
+  /** `op` on the client (made on first use); a refusal as an EngineError. */
+  async call<T>(op: (docker: Dockerode) => Promise<T>): Promise<T> {
+    this.client ??= import("dockerode").then((m) => new m.default(this.options()));
+    try {
+      return await op(await this.client);
+    } catch (err) {
+      throw asEngineError(err);
+    }
   }
 
-  /** One request; the engine's answer, its body unread, when its status is 2xx, else an EngineError. */
-  private answer(method: string, path: string, body?: unknown): Promise<http.IncomingMessage> {
-    const payload = body === undefined ? undefined : JSON.stringify(body);
-    const req = this.request(method, path, payload === undefined ? {} : { "content-type": "application/json" });
-    return new Promise((resolve, reject) => {
-      req.on("response", (res) => {
-        const status = res.statusCode ?? 0;
-        if (status >= 200 && status < 300) resolve(res);
-        else refusal(res).then(reject, reject);
-      });
-      req.on("error", reject);
-      req.end(payload);
-    });
-  }
-
-  private request(method: string, path: string, headers: http.OutgoingHttpHeaders): http.ClientRequest {
-    const { socketPath, host, port, tls } = this.address;
-    const options = { method, path, headers, agent: this.agent, socketPath, host, port };
-    return tls ? https.request(options) : http.request(options);
+  /** docker-modem's options, every key given, so none of its own reading of the environment applies. */
+  private options(): Dockerode.DockerOptions {
+    const a = this.address;
+    const none = { socketPath: undefined, host: undefined, port: undefined, protocol: undefined };
+    if ("socketPath" in a) return { ...none, socketPath: a.socketPath, agent: this.agent } as Dockerode.DockerOptions;
+    if (a.protocol === "ssh")
+      return {
+        ...none,
+        protocol: "ssh",
+        host: a.host,
+        port: a.port,
+        username: a.username,
+        sshOptions: sshOptions(a.host, a.port, a.ssh),
+      } as Dockerode.DockerOptions;
+    const tls = a.protocol === "https" ? a.tls : undefined;
+    return {
+      ...none,
+      protocol: a.protocol,
+      host: a.host,
+      port: a.port,
+      agent: this.agent,
+      ...tls,
+    } as Dockerode.DockerOptions;
   }
 }
 
@@ -222,25 +184,21 @@ export class Container {
     readonly id: string,
   ) {}
 
-  private get path(): string {
-    return `/containers/${encodeURIComponent(this.id)}`;
-  }
-
   inspect(): Promise<ContainerInfo> {
-    return this.engine.json("GET", `${this.path}/json`) as Promise<ContainerInfo>;
+    return this.engine.call((d) => d.getContainer(this.id).inspect()) as Promise<ContainerInfo>;
   }
 
   async start(): Promise<void> {
-    await this.engine.json("POST", `${this.path}/start`);
+    await this.engine.call((d) => d.getContainer(this.id).start());
   }
 
   async rename(name: string): Promise<void> {
-    await this.engine.json("POST", `${this.path}/rename?name=${encodeURIComponent(name)}`);
+    await this.engine.call((d) => d.getContainer(this.id).rename({ name }));
   }
 
   /** Removes it, running or not (force), with its anonymous volumes. */
   async remove(): Promise<void> {
-    await this.engine.json("DELETE", `${this.path}?force=1&v=1`);
+    await this.engine.call((d) => d.getContainer(this.id).remove({ force: true, v: true }));
   }
 
   /**
@@ -248,26 +206,26 @@ export class Container {
    * tell stdout from stderr, since containers here have no TTY.
    */
   attach(): Promise<Duplex> {
-    return this.engine.upgrade(`${this.path}/attach?stream=1&stdin=1&stdout=1&stderr=1`);
+    return this.engine.call(
+      (d) =>
+        d
+          .getContainer(this.id)
+          .attach({ stream: true, stdin: true, stdout: true, stderr: true, hijack: true }) as Promise<Duplex>,
+    );
   }
 }
 
-/** The most of an answer's body read for an error message: the engine's are one short JSON object. */
-const MAX_ERROR_BYTES = 16 * 1024;
+/** The most of the engine's message kept: its refusals are one short JSON object. */
+const MAX_MESSAGE_CHARS = 500;
 
-/** An EngineError from a refusal: the engine's `{"message"}`, else the status and what came. */
-async function refusal(res: http.IncomingMessage): Promise<EngineError> {
-  const status = res.statusCode ?? 0;
-  const text = await readCapped(res, MAX_ERROR_BYTES).then(
-    (r) => r.data.toString("utf8").trim(),
-    () => "",
+/** docker-modem's error (statusCode, json) as an EngineError; a connection's error as it came. */
+function asEngineError(err: unknown): unknown {
+  const e = err as { statusCode?: number; json?: unknown; message?: string };
+  if (typeof e?.statusCode !== "number") return err;
+  const doc = e.json as { message?: unknown } | string | null | undefined;
+  const message = typeof doc === "string" ? doc : typeof doc?.message === "string" ? doc.message : (e.message ?? "");
+  return new EngineError(
+    e.statusCode,
+    `the Docker engine answered ${e.statusCode}: ${message.trim().slice(0, MAX_MESSAGE_CHARS)}`,
   );
-  let message = text;
-  try {
-    const doc = JSON.parse(text) as { message?: unknown };
-    if (typeof doc.message === "string") message = doc.message;
-  } catch {
-    // not JSON: the text as it came
-  }
-  return new EngineError(status, `the Docker engine answered ${status}: ${message.slice(0, 500) || res.statusMessage}`);
 }

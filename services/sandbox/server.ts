@@ -73,7 +73,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
     authenticate: (await internalCredentials(cfg.dataDir, cfg.internalToken)).authenticate,
     logger,
   });
-  const engineHint = `no Docker engine reachable at ${cfg.dockerHost}: start dockerd (or set DOCKER_HOST) and retry`;
+  const engineHint = `no Docker engine reachable at ${docker.name}: start dockerd (or set DOCKER_HOST or DOCKER_CONTEXT) and retry`;
   let engineUp = false;
 
   const checkEngine = async () => {

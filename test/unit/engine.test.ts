@@ -6,50 +6,168 @@
 // is driven by the end-to-end tier (sandbox-api, sandbox-attacks, sandbox-scopes).
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { createHash } from "node:crypto";
+import { mkdir, mkdtemp, rm, symlink, writeFile } from "node:fs/promises";
 import http from "node:http";
 import os from "node:os";
 import path from "node:path";
-import { Engine, EngineError, engineAddress } from "../../services/sandbox/engine.js";
+import { Engine, EngineError, type EngineSettings, engineAddress } from "../../services/sandbox/engine.js";
 import { SandboxFleet } from "../../services/sandbox/fleet.js";
 import { type ContainerDeath, ContainerEvents } from "../../services/sandbox/container-events.js";
 import { containerSpec, DEFAULT_LIMITS, type FleetOptions } from "../../services/sandbox/container-spec.js";
 import { createLogger } from "../../services/shared/process/log.js";
 
-describe("DOCKER_HOST", () => {
-  /** The settings as config.ts gives them when only DOCKER_HOST is set. */
-  const at = (dockerHost: string, tls?: { certPath: string }) =>
-    engineAddress({ dockerHost, dockerTlsVerify: Boolean(tls), dockerCertPath: tls?.certPath ?? "/nowhere" });
+/** The SSH settings of an address when the test gives none. */
+const NO_SSH = { homeDir: undefined, sshAuthSock: undefined };
 
-  test("unix sockets, the default among them", () => {
-    assert.deepEqual(at(""), { socketPath: "/var/run/docker.sock" });
-    assert.deepEqual(at("unix:///run/docker/docker.sock"), { socketPath: "/run/docker/docker.sock" });
-    assert.deepEqual(at("/var/run/docker.sock"), { socketPath: "/var/run/docker.sock" });
+describe("where the engine is", () => {
+  /** The settings as config.ts gives them: DOCKER_HOST and what else is given. */
+  const at = (dockerHost: string, more: Partial<EngineSettings> = {}, exists = (_p: string) => false) =>
+    engineAddress({ dockerHost, dockerTlsVerify: false, dockerCertPath: "/nowhere", ...more }, exists);
+  let dir: string;
+  before(async () => {
+    dir = await mkdtemp(path.join(os.tmpdir(), "troupe-docker-config-"));
+  });
+  after(() => rm(dir, { recursive: true, force: true }));
+
+  /** A context as `docker context create NAME --docker host=HOST` stores it (with TLS files if given). */
+  const context = async (configDir: string, name: string, host: string, tls = false) => {
+    const id = createHash("sha256").update(name).digest("hex");
+    const meta = path.join(configDir, "contexts", "meta", id);
+    await mkdir(meta, { recursive: true });
+    const doc = { Name: name, Metadata: {}, Endpoints: { docker: { Host: host, SkipTLSVerify: false } } };
+    await writeFile(path.join(meta, "meta.json"), JSON.stringify(doc));
+    if (!tls) return;
+    const tlsDir = path.join(configDir, "contexts", "tls", id, "docker");
+    await mkdir(tlsDir, { recursive: true });
+    for (const f of ["ca.pem", "cert.pem", "key.pem"]) await writeFile(path.join(tlsDir, f), `${name} ${f}`);
+  };
+
+  test("DOCKER_HOST: unix sockets", () => {
+    assert.deepEqual(at("unix:///run/docker/docker.sock"), {
+      from: "DOCKER_HOST",
+      socketPath: "/run/docker/docker.sock",
+    });
+    assert.deepEqual(at("/var/run/docker.sock"), { from: "DOCKER_HOST", socketPath: "/var/run/docker.sock" });
   });
 
-  test("tcp, with the CLI's default ports", () => {
-    assert.deepEqual(at("tcp://10.0.0.5:2375"), { host: "10.0.0.5", port: 2375 });
-    assert.deepEqual(at("tcp://dind"), { host: "dind", port: 2375 });
-    assert.deepEqual(at("tcp://[::1]:2375"), { host: "::1", port: 2375 });
+  test("DOCKER_HOST: tcp with the CLI's default ports, and ssh with its user", () => {
+    assert.deepEqual(at("tcp://10.0.0.5:2375"), {
+      from: "DOCKER_HOST",
+      protocol: "http",
+      host: "10.0.0.5",
+      port: 2375,
+    });
+    assert.deepEqual(at("tcp://dind"), { from: "DOCKER_HOST", protocol: "http", host: "dind", port: 2375 });
+    assert.deepEqual(at("tcp://[::1]:2375"), { from: "DOCKER_HOST", protocol: "http", host: "::1", port: 2375 });
+    assert.deepEqual(at("ssh://me@box"), {
+      from: "DOCKER_HOST",
+      protocol: "ssh",
+      host: "box",
+      port: 22,
+      username: "me",
+      ssh: NO_SSH,
+    });
+    assert.deepEqual(at("ssh://box:2222"), {
+      from: "DOCKER_HOST",
+      protocol: "ssh",
+      host: "box",
+      port: 2222,
+      username: undefined,
+      ssh: NO_SSH,
+    });
   });
 
   test("DOCKER_TLS_VERIFY: TLS on 2376 with the certificates of DOCKER_CERT_PATH", async () => {
-    const dir = await mkdtemp(path.join(os.tmpdir(), "troupe-certs-"));
-    try {
-      for (const name of ["ca.pem", "cert.pem", "key.pem"]) await writeFile(path.join(dir, name), name);
-      const a = at("tcp://engine", { certPath: dir });
-      assert.equal(a.port, 2376);
-      assert.equal(a.tls?.ca.toString(), "ca.pem");
-      assert.equal(a.tls?.key.toString(), "key.pem");
-      assert.throws(() => at("tcp://engine", { certPath: `${dir}/none` }), /ENOENT/);
-    } finally {
-      await rm(dir, { recursive: true, force: true });
-    }
+    const certs = path.join(dir, "certs");
+    await mkdir(certs);
+    for (const name of ["ca.pem", "cert.pem", "key.pem"]) await writeFile(path.join(certs, name), name);
+    const a = at("tcp://engine", { dockerTlsVerify: true, dockerCertPath: certs });
+    assert.ok("protocol" in a && a.protocol === "https");
+    assert.equal(a.port, 2376);
+    assert.equal(a.tls?.ca.toString(), "ca.pem");
+    assert.equal(a.tls?.key.toString(), "key.pem");
+    assert.throws(() => at("tcp://engine", { dockerTlsVerify: true, dockerCertPath: `${certs}/none` }), /ENOENT/);
+  });
+
+  test("no DOCKER_HOST: the context DOCKER_CONTEXT names, else the config's current one", async () => {
+    const configDir = path.join(dir, "contexts-config");
+    await context(configDir, "remote", "ssh://ops@build-box");
+    await context(configDir, "secure", "tcp://10.1.1.1:2376", true);
+    await writeFile(path.join(configDir, "config.json"), JSON.stringify({ currentContext: "remote" }));
+    assert.deepEqual(at("", { dockerConfigDir: configDir }), {
+      from: 'docker context "remote"',
+      protocol: "ssh",
+      host: "build-box",
+      port: 22,
+      username: "ops",
+      ssh: NO_SSH,
+    });
+    const secure = at("", { dockerConfigDir: configDir, dockerContext: "secure" });
+    assert.ok("tls" in secure, "a context's stored TLS material is used");
+    assert.equal(secure.tls?.cert.toString(), "secure cert.pem");
+    // DOCKER_HOST wins over any context, as with the CLI.
+    assert.equal(at("tcp://h:1", { dockerConfigDir: configDir }).from, "DOCKER_HOST");
+    // "default" is the engine's default socket.
+    assert.equal(at("", { dockerConfigDir: configDir, dockerContext: "default" }).from, "the default socket");
+    assert.throws(
+      () => at("", { dockerConfigDir: configDir, dockerContext: "gone" }),
+      /docker context "gone": not found/,
+    );
+  });
+
+  test("nothing named: the system socket, else the rootless one, else Docker Desktop's", () => {
+    const present =
+      (...paths: string[]) =>
+      (p: string) =>
+        paths.includes(p);
+    const more = { runtimeDir: "/run/user/1000", homeDir: "/home/me", dockerConfigDir: path.join(dir, "none") };
+    assert.deepEqual(at("", more, present("/var/run/docker.sock", "/run/user/1000/docker.sock")), {
+      from: "the default socket",
+      socketPath: "/var/run/docker.sock",
+    });
+    assert.equal(
+      (at("", more, present("/run/user/1000/docker.sock")) as { socketPath: string }).socketPath,
+      "/run/user/1000/docker.sock",
+    );
+    assert.equal(
+      (at("", more, present("/home/me/.docker/run/docker.sock")) as { socketPath: string }).socketPath,
+      "/home/me/.docker/run/docker.sock",
+    );
+    assert.equal((at("", more) as { socketPath: string }).socketPath, "/var/run/docker.sock");
   });
 
   test("what it cannot reach is refused by name", () => {
-    for (const host of ["ssh://me@box", "npipe:////./pipe/docker_engine", "tcp://", "docker.sock"])
-      assert.throws(() => at(host), /unix:\/\/\/path or tcp:\/\/host:port/, host);
+    for (const host of ["npipe:////./pipe/docker_engine", "tcp://", "docker.sock", "tcp://me@host:2375"])
+      assert.throws(() => at(host), /DOCKER_HOST=/, host);
+  });
+
+  test("a context's engine is reached (a real socket, found through a context and through the rootless path)", async () => {
+    const socketPath = path.join(dir, "ctx.sock");
+    const server = http.createServer((_req, res) => res.writeHead(200, { "content-type": "text/plain" }).end("OK"));
+    await new Promise<void>((resolve) => server.listen(socketPath, resolve));
+    try {
+      const configDir = path.join(dir, "reach-config");
+      await context(configDir, "local", `unix://${socketPath}`);
+      for (const address of [
+        at("", { dockerConfigDir: configDir, dockerContext: "local" }),
+        at("", { runtimeDir: dir, dockerConfigDir: configDir }, (p) => p === path.join(dir, "docker.sock")),
+      ]) {
+        if ("socketPath" in address && address.from === "the default socket") {
+          // the rootless path is <runtime dir>/docker.sock: point it at the test engine
+          await symlink(socketPath, path.join(dir, "docker.sock")).catch(() => undefined);
+        }
+        const engine = new Engine(address);
+        try {
+          await engine.ping();
+        } finally {
+          engine.close();
+        }
+      }
+    } finally {
+      server.closeAllConnections();
+      await new Promise((resolve) => server.close(resolve));
+    }
   });
 });
 
@@ -97,7 +215,7 @@ describe("an engine's answers", () => {
       upgraded.add(socket);
     });
     await new Promise<void>((resolve) => server.listen(socketPath, resolve));
-    engine = new Engine({ socketPath });
+    engine = new Engine({ from: "test", socketPath });
   });
 
   after(async () => {
@@ -134,7 +252,10 @@ describe("an engine's answers", () => {
       .remove()
       .catch((e) => e);
     assert.equal(missing.statusCode, 404);
-    assert.equal(seen.at(-1)!.url, "/containers/gone?force=1&v=1");
+    const removal = new URL(seen.at(-1)!.url!, "http://engine");
+    assert.equal(removal.pathname, "/containers/gone");
+    assert.equal(removal.searchParams.get("force"), "true");
+    assert.equal(removal.searchParams.get("v"), "true");
   });
 
   test("a refusal that is not JSON: the status and a bounded message", async () => {
@@ -149,7 +270,7 @@ describe("an engine's answers", () => {
     const list = await engine.listContainers({ all: true, filters: { label: ["troupe.instance=i"] } });
     assert.equal(list[0].Id, "a");
     const url = new URL(seen.at(-1)!.url!, "http://engine");
-    assert.equal(url.searchParams.get("all"), "1");
+    assert.equal(url.searchParams.get("all"), "true");
     assert.deepEqual(JSON.parse(url.searchParams.get("filters")!), { label: ["troupe.instance=i"] });
   });
 
@@ -163,7 +284,9 @@ describe("an engine's answers", () => {
     const all = Buffer.concat(got);
     assert.deepEqual([...all.subarray(0, 10)], [1, 0, 0, 0, 0, 0, 0, 2, 0x68, 0x69]);
     assert.equal(all.subarray(10).toString(), "ping");
-    assert.match(seen.at(-1)!.url!, /^\/containers\/c0ffee\/attach\?stream=1&stdin=1&stdout=1&stderr=1$/);
+    const url = new URL(seen.at(-1)!.url!, "http://engine");
+    assert.equal(url.pathname, "/containers/c0ffee/attach");
+    for (const p of ["stream", "stdin", "stdout", "stderr"]) assert.equal(url.searchParams.get(p), "true", p);
     stream.destroy();
   });
 

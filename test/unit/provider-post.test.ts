@@ -1,5 +1,5 @@
-// How a provider's refusals reach the agent loop now that the runner POSTs without the OpenAI SDK
-// (services/shared/models/provider-post.ts): against the Chat Completions server written from OpenAI's
+// How a provider's refusals reach the agent loop, through the openai SDK for OpenAI's kinds
+// (services/shared/models/openai-sdk.ts, provider-post.ts): against the Chat Completions server written from OpenAI's
 // reference (test/helpers/openai-api.ts), and a bare HTTP server for the shapes other compatible
 // servers answer with.
 import { after, before, describe, test } from "node:test";
@@ -97,6 +97,24 @@ describe("what other compatible servers answer", () => {
     assert.equal(err?.message, "model endpoint answered 404: Not Found");
     assert.equal(err?.retryable, false);
     await client.close();
+  });
+
+  test("OpenAI's kinds call through the openai SDK, which never retries on its own: the loop decides", async () => {
+    answer = (res) => res.writeHead(500, { "content-type": "application/json" }).end('{"error":"boom"}');
+    const providers = singleProvider(base, "k");
+    const spec = providers.byName.get("default")!;
+    const from = seen.length;
+    const client = new OpenAIModelClient({ baseUrl: base, apiKey: "k" });
+    assert.equal((await failureOf(client))?.retryable, true, "a 500 is retryable, for the loop to retry");
+    await client.close();
+    await new OpenAIEmbedder(spec.baseUrl, spec.apiKey, "e", 8).embed(["x"]).catch(() => undefined);
+    const sent = seen.slice(from);
+    // One request from the model call; the embedder's postForJson tries twice, itself.
+    assert.equal(sent.length, 3, `${sent.length} requests: the SDK retried on its own`);
+    for (const h of sent) {
+      assert.match(String(h["user-agent"]), /^OpenAI\/JS /, "made by the openai SDK");
+      assert.equal(h["x-stainless-retry-count"], "0");
+    }
   });
 
   test("OPENAI_ORG_ID and OPENAI_PROJECT_ID reach every call as OpenAI's account headers", async () => {

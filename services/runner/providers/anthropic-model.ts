@@ -152,10 +152,13 @@ export class AnthropicModelClient implements ProviderClient {
       post: this.post,
       get: this.get,
       pool: this.pool,
-    } = providerConnection({
-      ...options,
-      ...anthropicEndpoint(options),
-    }));
+    } = providerConnection(
+      {
+        ...options,
+        ...anthropicEndpoint(options),
+      },
+      "http",
+    ));
     this.display = options.thinkingDisplay ?? "summarized";
   }
 

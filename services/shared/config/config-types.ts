@@ -154,11 +154,19 @@ export interface Config {
   learningModel: string;
   /** The scripted model server: tokens per second of every reply (0: as fast as the client reads). */
   scriptedTokenRate: number;
-  /** Sandbox: the Docker engine's address, as DOCKER_HOST gives it (sandbox/engine.ts). */
+  /** Sandbox: the Docker engine's address, as DOCKER_HOST gives it; empty: found (sandbox/engine-address.ts). */
   dockerHost: string;
   /** Sandbox: TLS to a tcp:// engine, with the certificates of dockerCertPath. */
   dockerTlsVerify: boolean;
   dockerCertPath: string;
+  /** Sandbox: the docker context (DOCKER_CONTEXT) and the docker config directory (DOCKER_CONFIG). */
+  dockerContext: string;
+  dockerConfigDir: string;
+  /** XDG_RUNTIME_DIR (a rootless engine's socket) and the home directory (Docker Desktop's). */
+  runtimeDir: string;
+  homeDir: string;
+  /** SSH_AUTH_SOCK, for an ssh:// engine. */
+  sshAuthSock: string;
   /** Prometheus' /metrics on this host:port; empty: none. */
   metricsAddr: string;
   /** HTTPS_PROXY, HTTP_PROXY and NO_PROXY for outbound calls (outbound-proxy.ts); unset: direct. */

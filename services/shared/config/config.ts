@@ -258,9 +258,14 @@ export function loadConfig(
     embeddingDim: str("embeddingModel") ? v.embeddingDim : 0,
     learningModel: str("learningModel") ?? "",
     scriptedTokenRate: v.scriptedTokenRate ?? 0,
-    dockerHost: str("dockerHost")!,
+    dockerHost: str("dockerHost") ?? "",
     dockerTlsVerify: Boolean(str("dockerTlsVerify")) && str("dockerTlsVerify") !== "0",
-    dockerCertPath: str("dockerCertPath") || path.join(os.homedir(), ".docker"),
+    dockerCertPath: str("dockerCertPath") || str("dockerConfigDir") || path.join(os.homedir(), ".docker"),
+    dockerContext: str("dockerContext") ?? "",
+    dockerConfigDir: str("dockerConfigDir") || path.join(os.homedir(), ".docker"),
+    runtimeDir: str("runtimeDir") ?? "",
+    sshAuthSock: str("sshAuthSock") ?? "",
+    homeDir: os.homedir(),
     metricsAddr: str("metricsAddr") === "off" ? "" : (str("metricsAddr") ?? ""),
     outboundProxy:
       str("httpsProxy") || str("httpProxy")

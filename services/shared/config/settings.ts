@@ -361,13 +361,28 @@ export const SETTINGS = {
     sandboxPoolSize: { env: "TROUPE_SANDBOX_POOL", doc: "warm sandboxes (0: none)", default: 2, schema: int(0) },
     dockerHost: {
       env: "DOCKER_HOST",
-      doc: "the Docker engine: unix:///path or tcp://host:port (TLS with DOCKER_TLS_VERIFY, certificates in DOCKER_CERT_PATH)",
-      default: "/var/run/docker.sock",
+      doc: "the Docker engine: unix:///path, tcp://host:port (TLS with DOCKER_TLS_VERIFY, certificates in DOCKER_CERT_PATH), https://host:port or ssh://[user@]host[:port]; unset: the docker context, else the system socket, else the rootless one",
     },
     dockerTlsVerify: { env: "DOCKER_TLS_VERIFY", doc: "TLS to a tcp:// engine (any value but 0), as the docker CLI" },
     dockerCertPath: {
       env: "DOCKER_CERT_PATH",
-      doc: "with DOCKER_TLS_VERIFY: the directory of ca.pem, cert.pem and key.pem (default ~/.docker)",
+      doc: "with DOCKER_TLS_VERIFY: the directory of ca.pem, cert.pem and key.pem (default: the docker config directory)",
+    },
+    dockerContext: {
+      env: "DOCKER_CONTEXT",
+      doc: "with DOCKER_HOST unset: the docker context whose engine is used (default: the config's currentContext)",
+    },
+    dockerConfigDir: {
+      env: "DOCKER_CONFIG",
+      doc: "the docker CLI's config directory, where contexts are (default ~/.docker)",
+    },
+    sshAuthSock: {
+      env: "SSH_AUTH_SOCK",
+      doc: "the SSH agent an ssh:// engine is reached with (else ~/.ssh/id_ed25519, id_ecdsa or id_rsa; the host must be in ~/.ssh/known_hosts)",
+    },
+    runtimeDir: {
+      env: "XDG_RUNTIME_DIR",
+      doc: "where a rootless Docker engine's socket (docker.sock) is looked for when nothing else names an engine",
     },
   },
   tracing: TELEMETRY_SETTINGS,

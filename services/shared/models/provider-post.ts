@@ -1,11 +1,9 @@
-// One request to a model provider's HTTP API (chat completions, Responses, embeddings, Anthropic's
-// Messages): a JSON body POSTed with the key as a bearer token. The official SDKs did this for the
-// runner and the memory service, and nothing else: the runner reads replies with our SSE decoder
-// (runner/providers/sse.ts), the memory service reads one JSON answer. Loading OpenAI's SDK cost each of
-// them 9 MB resident (docs/benchmarks.md, bench/footprint), and Anthropic's printed its own
-// plain-text warnings among the JSON logs, so neither is loaded. What a provider answers with is
-// still tested against servers written from its API reference (test/helpers/openai-api.ts,
-// responses-api.ts, embeddings-api.ts).
+// One request to a model provider's HTTP API, and what every provider's calls share: the refusal
+// (ProviderRefusal, with the provider's own words from any of the error shapes servers use), the
+// retry decision and Retry-After, a bounded JSON answer. OpenAI's kinds send through the `openai`
+// SDK (openai-sdk.ts); Anthropic's Messages API is POSTed here as plain JSON (providerPoster). What
+// a provider answers with is tested against servers written from its API reference
+// (test/helpers/openai-api.ts, responses-api.ts, embeddings-api.ts, anthropic-api.ts).
 
 import { BodyTooLarge, jsonUpTo, readUpTo } from "../net/bounded-body.js";
 
@@ -48,7 +46,7 @@ export interface ProviderEndpoint {
   headers?: Readonly<Record<string, string>>;
 }
 
-type Fetch = (
+export type Fetch = (
   url: string,
   init: { method: string; headers: Record<string, string>; body?: string; signal: AbortSignal },
 ) => Promise<Response>;
@@ -62,8 +60,8 @@ function endpointHeaders(endpoint: ProviderEndpoint): Record<string, string> {
   return headers;
 }
 
-/** A ProviderRefusal for an answer outside 2xx, with the provider's message and code. */
-async function refusal(response: Response): Promise<ProviderRefusal> {
+/** A ProviderRefusal for an answer outside 2xx, with the provider's message and code (its first 16 KiB read). */
+export async function refusal(response: Response): Promise<ProviderRefusal> {
   const text = await leadingText(response);
   const { message, code, param } = errorOf(text);
   return new ProviderRefusal(
