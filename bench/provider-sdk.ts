@@ -1,11 +1,12 @@
 // bench/provider-sdk: what calling OpenAI's kinds through the `openai` SDK costs against the plain
-// HTTP poster it replaced (the baseline, same run; Anthropic's calls still use it). Both send over
+// HTTP poster it replaced (the baseline, same run; bench/support/plain-poster.ts). Both send over
 // the runner's pooled fetch (pool-fetch.ts) to one loopback server streaming a chat completion of
 // --tokens events, and both replies are read by the runner's SSE decoder, so the difference is the
 // SDK's: building the request, its headers, its promise chain. Alternated rounds, --calls calls
 // each, --parallel at a time. Figures per poster: CPU per call (this process's user+system time
 // over the calls), p50 and p99 of a call (request to the done event); and the resident memory the
-// SDK adds once loaded (a fresh process, before and after `import("openai")`).
+// SDKs add once loaded (a fresh process each, before and after `import("openai")` and
+// `import("@anthropic-ai/sdk")`).
 //
 //   node dist/bench/provider-sdk.js [--calls 2000] [--parallel 16] [--tokens 50]
 import { execFileSync } from "node:child_process";
@@ -16,7 +17,8 @@ import { Agent } from "undici";
 import { poolFetch, replyBody } from "../services/runner/providers/pool-fetch.js";
 import { SseDecoder } from "../services/runner/providers/sse.js";
 import { openaiPoster } from "../services/shared/models/openai-sdk.js";
-import { type Fetch, type ProviderPost, providerPoster } from "../services/shared/models/provider-post.js";
+import type { Fetch, ProviderPost } from "../services/shared/models/provider-post.js";
+import { providerPoster } from "./support/plain-poster.js";
 import { measure, pct } from "./support/stats.js";
 
 const { values } = parseArgs({
@@ -84,17 +86,20 @@ const of = (name: keyof typeof posters) => ({
 const sdk = of("sdk");
 const plain = of("http");
 
-// The SDK's resident cost: a fresh process, before and after loading it.
-const rss = execFileSync(
-  process.execPath,
-  [
-    "--expose-gc",
-    "--input-type=module",
-    "-e",
-    `globalThis.gc(); const a = process.memoryUsage().rss; await import("openai"); globalThis.gc?.(); const b = process.memoryUsage().rss; console.log(((b - a) / 1048576).toFixed(1));`,
-  ],
-  { encoding: "utf8" },
-).trim();
+// Each SDK's resident cost: a fresh process, before and after loading it.
+const loadMb = (pkg: string) =>
+  execFileSync(
+    process.execPath,
+    [
+      "--expose-gc",
+      "--input-type=module",
+      "-e",
+      `globalThis.gc(); const a = process.memoryUsage().rss; await import(${JSON.stringify(pkg)}); globalThis.gc(); console.log(((process.memoryUsage().rss - a) / 1048576).toFixed(1));`,
+    ],
+    { encoding: "utf8" },
+  ).trim();
+const rss = loadMb("openai");
+const anthropicRss = loadMb("@anthropic-ai/sdk");
 
 for (const [name, r] of [
   ["openai SDK", sdk],
@@ -103,7 +108,7 @@ for (const [name, r] of [
   console.log(
     `${name}: ${ROUNDS} rounds of ${CALLS} calls, ${PARALLEL} at a time, ${TOKENS} events each: ${r.cpu.toFixed(0)} µs CPU per call, p50 ${r.p50.toFixed(2)} ms, p99 ${r.p99.toFixed(2)} ms`,
   );
-console.log(`loading the openai SDK adds ${rss} MB resident`);
+console.log(`loading the openai SDK adds ${rss} MB resident; @anthropic-ai/sdk ${anthropicRss} MB`);
 console.log(
-  `RESULT sdk_cpu_us_per_call=${sdk.cpu.toFixed(0)} http_cpu_us_per_call=${plain.cpu.toFixed(0)} cpu_ratio=${(sdk.cpu / plain.cpu).toFixed(2)} sdk_p50_ms=${sdk.p50.toFixed(2)} http_p50_ms=${plain.p50.toFixed(2)} sdk_load_mb=${rss}`,
+  `RESULT sdk_cpu_us_per_call=${sdk.cpu.toFixed(0)} http_cpu_us_per_call=${plain.cpu.toFixed(0)} cpu_ratio=${(sdk.cpu / plain.cpu).toFixed(2)} sdk_p50_ms=${sdk.p50.toFixed(2)} http_p50_ms=${plain.p50.toFixed(2)} openai_load_mb=${rss} anthropic_load_mb=${anthropicRss}`,
 );

@@ -22,6 +22,7 @@ import { SLACK_SIGNATURE, signatureProblem } from "./signature.js";
 import { serveInbound, type InboundAnswer } from "./http-inbound.js";
 import { type EnvelopeOutcome, SocketModeClient } from "./slack-socket.js";
 import type { AdapterState, Address } from "./state.js";
+import type { ChannelAdapter } from "./channel-adapter.js";
 
 export interface SlackOptions {
   listen: string;
@@ -224,3 +225,37 @@ export async function startSlackAdapter(gateway: GatewayClient, state: AdapterSt
     },
   };
 }
+
+/** The Slack adapter: events by HTTP (signed) or by Socket Mode (an app token). */
+export const slackAdapter: ChannelAdapter = {
+  defaultDmPolicy: "pairing",
+  missing: (a) =>
+    !a.slackBotToken
+      ? "set SLACK_BOT_TOKEN: the app's bot token (xoxb-...)"
+      : !a.slackAppToken && !a.slackSigningSecret
+        ? "set SLACK_SIGNING_SECRET (events by HTTP) or SLACK_APP_TOKEN (events by Socket Mode, an xapp- token)"
+        : undefined,
+  async start({ gateway, state, settings: a, channel, dm, logger }) {
+    const app = await startSlackAdapter(gateway, state, {
+      listen: a.webhookAddr,
+      botToken: a.slackBotToken,
+      signingSecret: a.slackSigningSecret,
+      appToken: a.slackAppToken || undefined,
+      socketRefreshMs: a.slackSocketRefreshMs,
+      apiUrl: a.slackApiUrl,
+      channel,
+      commandUsers: new Set(a.commandUsers),
+      dm,
+      draftIntervalMs: a.draftIntervalMs,
+      logger,
+    });
+    return {
+      inbound: app,
+      replies: app.replies,
+      serving:
+        app.mode === "socket"
+          ? `slack adapter taking events by Socket Mode as ${app.botUser}`
+          : `slack adapter taking events at POST /slack/events on port ${app.port} as ${app.botUser}`,
+    };
+  },
+};

@@ -17,6 +17,7 @@ import { serveInbound, type InboundAnswer } from "./http-inbound.js";
 import { equalSecrets } from "./signature.js";
 import { telegramChat } from "./telegram-chat.js";
 import { DmGate, type DmSettings } from "./dm-gate.js";
+import type { ChannelAdapter } from "./channel-adapter.js";
 
 export interface TelegramOptions {
   token: string;
@@ -242,3 +243,33 @@ async function mediaOf(api: BotApi, token: string, apiUrl: string, m: TgMessage,
   }
   return out;
 }
+
+/** The Telegram adapter (Bot API): long polling, or a webhook when TELEGRAM_WEBHOOK_URL is set. */
+export const telegramAdapter: ChannelAdapter = {
+  defaultDmPolicy: "pairing",
+  missing: (a) =>
+    !a.telegramBotToken
+      ? "set TELEGRAM_BOT_TOKEN: the bot's token from BotFather"
+      : a.telegramWebhookUrl && !a.telegramWebhookSecret
+        ? "set TELEGRAM_WEBHOOK_SECRET with TELEGRAM_WEBHOOK_URL: without it anyone could post updates"
+        : undefined,
+  async start({ gateway, state, settings: a, channel, dm, logger }) {
+    const bot = await startTelegramAdapter(gateway, state, {
+      token: a.telegramBotToken,
+      apiUrl: a.telegramApiUrl,
+      channel,
+      commandUsers: new Set(a.commandUsers),
+      dm,
+      draftIntervalMs: a.draftIntervalMs,
+      webhook: a.telegramWebhookUrl
+        ? { url: a.telegramWebhookUrl, secret: a.telegramWebhookSecret, listen: a.webhookAddr }
+        : undefined,
+      logger,
+    });
+    return {
+      inbound: bot,
+      replies: bot.replies,
+      serving: `telegram adapter ${bot.mode === "webhook" ? "taking its webhook" : "polling"} as @${bot.username}`,
+    };
+  },
+};

@@ -17,6 +17,7 @@ import { TROUPE_SIGNATURE, signatureProblem, signedHeaders } from "./signature.j
 import { serveInbound, type InboundAnswer } from "./http-inbound.js";
 import type { ReplySink } from "./replies.js";
 import type { AdapterState, Address, Post } from "./state.js";
+import type { ChannelAdapter } from "./channel-adapter.js";
 
 const REPLY_GIVE_UP_MS = 10 * 60_000;
 const REPLY_TIMEOUT_MS = 15_000;
@@ -175,3 +176,30 @@ export function webhookReplies(opts: WebhookOptions): ReplySink {
     },
   };
 }
+
+/** The webhook adapter: its caller signs every request and vouches for its users, so DMs are open by default. */
+export const webhookAdapter: ChannelAdapter = {
+  defaultDmPolicy: "open",
+  missing: (a) =>
+    !a.webhookSecret
+      ? "set TROUPE_WEBHOOK_SECRET: the key both sides sign with"
+      : !a.webhookReplyUrl
+        ? "set TROUPE_WEBHOOK_REPLY_URL (or --reply-url): where replies go"
+        : undefined,
+  async start({ gateway, state, settings: a, channel, account, logger }) {
+    const opts = {
+      listen: a.webhookAddr,
+      secret: a.webhookSecret,
+      replyUrl: a.webhookReplyUrl,
+      channel,
+      accountId: account,
+      logger,
+    };
+    const server = await startWebhookAdapter(gateway, state, opts);
+    return {
+      inbound: server,
+      replies: webhookReplies(opts),
+      serving: `webhook adapter taking POST /messages on port ${server.port}; replies to ${a.webhookReplyUrl}`,
+    };
+  },
+};

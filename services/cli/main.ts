@@ -6,6 +6,7 @@ import { runService } from "../shared/process/service.js";
 import { startOver } from "./allocator.js";
 import { jitFlags } from "./jit.js";
 import { SERVICES } from "./service-starters.js";
+import { CHANNEL_ADAPTERS } from "../adapter/registry.js";
 
 const USAGE = `usage: troupe <command> [flags]
 
@@ -94,7 +95,7 @@ const SUBCOMMANDS: Record<string, string[]> = {
   store: ["migrate", "status"],
   sessions: ["ls", "show", "rm"],
   schedules: ["ls", "add", "rm"],
-  adapter: ["webhook", "telegram", "slack"],
+  adapter: Object.keys(CHANNEL_ADAPTERS),
   pairing: ["ls", "approve", "reject", "revoke"],
 };
 const COMMANDS = [

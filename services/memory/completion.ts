@@ -1,10 +1,9 @@
-// One question, one answer: how learning asks its model, by the kind of provider that serves it.
-// OpenAI's kinds (Responses included: OpenAI serves Chat Completions at the same root) and
-// compatible servers through Chat Completions, by the openai SDK; Anthropic through its Messages API.
-import { askProvider, type ModelLifecycle } from "../shared/models/model-lifecycle.js";
-import { rulesFor } from "../shared/models/model-rules.js";
-import { openaiGetter, openaiPoster } from "../shared/models/openai-sdk.js";
-import { anthropicEndpoint, postForJson, providerGetter, providerPoster } from "../shared/models/provider-post.js";
+// One question, one answer: how learning asks its model, in the form of the kind of provider that
+// serves it (shared/models/provider-kinds.ts: Chat Completions for OpenAI's kinds, the Messages
+// API for Anthropic's).
+import type { ModelLifecycle } from "../shared/models/model-lifecycle.js";
+import { PROVIDER_KINDS } from "../shared/models/provider-kinds.js";
+import { postForJson } from "../shared/models/provider-post.js";
 import type { ProviderSpec } from "../shared/models/providers.js";
 
 /** The model's answer to `user` under `system`. May reject (the provider's errors). */
@@ -19,42 +18,12 @@ export function completionFor(
   provider: Pick<ProviderSpec, "kind" | "baseUrl" | "apiKey" | "headers">,
   model: string,
 ): Complete {
-  if (provider.kind === "anthropic") {
-    const post = providerPoster(anthropicEndpoint(provider), fetch);
-    return async (system, user) => {
-      const answer = (await postForJson(
-        post,
-        "/v1/messages",
-        { model, max_tokens: 1024, system, messages: [{ role: "user", content: user }] },
-        COMPLETE_TIMEOUT_MS,
-        MAX_ANSWER_BYTES,
-      )) as { content?: { type?: string; text?: string }[] };
-      return (answer.content ?? []).map((b) => (b.type === "text" ? (b.text ?? "") : "")).join("");
-    };
-  }
-  const post = openaiPoster(provider, fetch);
-  const rules = rulesFor(provider.kind, model);
-  return async (system, user) => {
-    const answer = await postForJson(
-      post,
-      "/chat/completions",
-      {
-        model,
-        messages: [
-          { role: "system", content: system },
-          { role: "user", content: user },
-        ],
-        // Deterministic where the model lets us choose; JSON asked for where the provider takes it.
-        ...(rules.sampling ? { temperature: 0 } : {}),
-        ...(rules.jsonObject ? { response_format: { type: "json_object" } } : {}),
-      },
-      COMPLETE_TIMEOUT_MS,
-      MAX_ANSWER_BYTES,
+  const { calls, question } = PROVIDER_KINDS[provider.kind];
+  const { post } = calls(provider, fetch);
+  return async (system, user) =>
+    question.answer(
+      await postForJson(post, question.path, question.body(model, system, user), COMPLETE_TIMEOUT_MS, MAX_ANSWER_BYTES),
     );
-    const choices = (answer as { choices?: { message?: { content?: unknown } }[] }).choices;
-    const content = Array.isArray(choices) ? choices[0]?.message?.content : undefined;
-    return typeof content === "string" ? content : "";
-  };
 }
 
 /**
@@ -65,7 +34,7 @@ export function lifecycleFor(
   provider: Pick<ProviderSpec, "kind" | "baseUrl" | "apiKey" | "headers">,
   model: string,
 ): (signal: AbortSignal) => Promise<ModelLifecycle> {
-  const get =
-    provider.kind === "anthropic" ? providerGetter(anthropicEndpoint(provider), fetch) : openaiGetter(provider, fetch);
-  return (signal) => askProvider(provider.kind, get, model, signal);
+  const { calls, ask } = PROVIDER_KINDS[provider.kind];
+  const { get } = calls(provider, fetch);
+  return (signal) => ask(get, model, signal);
 }

@@ -29,6 +29,7 @@ import { Learner } from "./learn.js";
 import { DEFAULT_RANKING, rank, type RankOptions, type Ranked } from "./ranking.js";
 import { EVENT, newMemoryRow, sqlString, type StoredCandidate, type StoredMemory } from "./memory-schema.js";
 import { MemoryStore } from "./store.js";
+import { PROVIDER_KINDS } from "../shared/models/provider-kinds.js";
 
 const MAX_TEXT_CHARS = 8000;
 const MAX_BATCH = 1000;
@@ -138,9 +139,9 @@ function served(providers: Providers, model: string, setting: string) {
 export function embedderFor(cfg: Config, providers = providersOf(cfg)): Embedder {
   if (cfg.embeddingModel === "") return new LocalEmbedder();
   const { provider, model } = served(providers, cfg.embeddingModel, "TROUPE_EMBEDDING_MODEL");
-  if (provider.kind === "anthropic")
+  if (!PROVIDER_KINDS[provider.kind].embeddings)
     throw new Error(
-      `TROUPE_EMBEDDING_MODEL=${cfg.embeddingModel}: provider ${provider.name} is of kind anthropic, which serves no embeddings; name an OpenAI or OpenAI-compatible provider's model`,
+      `TROUPE_EMBEDDING_MODEL=${cfg.embeddingModel}: provider ${provider.name} is of kind ${provider.kind}, which serves no embeddings; name an OpenAI or OpenAI-compatible provider's model`,
     );
   return new OpenAIEmbedder(provider.baseUrl, provider.apiKey, model, cfg.embeddingDim, provider.headers);
 }

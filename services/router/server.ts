@@ -1,15 +1,10 @@
 // The router: which agent and session a message is for, and which runner owns that session.
 // Sessions are placed by rendezvous (highest-random-weight) hashing over the live runners, so a
-// runner joining or leaving moves only its own share. Who is live: on the file store, the runners
-// that registered here and renew a lease (one router); on PostgreSQL, the runners beating in the
-// store (shared/membership.ts), so any number of routers agree. Either way the session's lease in
+// runner joining or leaving moves only its own share. Who is live: membership.ts, by store kind.
+// Either way the session's lease in
 // the store, not this placement, decides who runs it: a runner asked for a session live elsewhere
 // answers ABORTED with the owner's address.
 import { createHash } from "node:crypto";
-import { create } from "@bufbuild/protobuf";
-import type pg from "pg";
-import { liveRunners } from "../shared/membership.js";
-import { openPool } from "../shared/pg.js";
 import { identityOf, internalCredentials, internalServing } from "../shared/auth/auth.js";
 import type { Config } from "../shared/config/config-types.js";
 import { invalidArgument, invalidArgumentIf, unavailable } from "../shared/errors.js";
@@ -17,82 +12,14 @@ import { ChatType, type ChannelContext } from "../shared/gen/troupe/v1/inbound_p
 import { ReloadingFile } from "../shared/config/reloading-file.js";
 import { EMPTY_ROUTING, InboundRouter, parseRouting } from "./bindings.js";
 import { validateSessionRef } from "../shared/frames.js";
-import { RouterService, RunnerInfoSchema, type RunnerInfo } from "../shared/gen/troupe/v1/router_pb.js";
+import { RouterService, type RunnerInfo } from "../shared/gen/troupe/v1/router_pb.js";
 import { CHANNEL_NAME, DEFAULT_AGENT, newId } from "../shared/ids.js";
 import type { Logger } from "../shared/process/log.js";
 import { RpcServer, type grpc } from "../shared/rpc.js";
 import { refKey, refOf } from "../shared/session-ref.js";
 import type { RunningService } from "../shared/process/service.js";
-
-const LEASE_TTL_MS = 6000;
-
-interface Lease {
-  runner: RunnerInfo;
-  expires: number;
-  draining: boolean;
-}
-
-/** Where live runners are known from. */
-export interface Membership {
-  live(): Promise<RunnerInfo[]>;
-}
-
-/** The runners that registered with this router and renew their lease (the file store's membership). */
-export class RunnerDirectory implements Membership {
-  private readonly leases = new Map<string, Lease>();
-
-  renew(runner: RunnerInfo, draining: boolean, now = Date.now()): void {
-    this.leases.set(runner.runnerId, { runner, expires: now + LEASE_TTL_MS, draining });
-  }
-
-  async live(): Promise<RunnerInfo[]> {
-    return this.liveNow();
-  }
-
-  liveNow(now = Date.now()): RunnerInfo[] {
-    const out: RunnerInfo[] = [];
-    for (const [id, lease] of this.leases) {
-      if (lease.expires < now) this.leases.delete(id);
-      else if (!lease.draining) out.push(lease.runner);
-    }
-    return out;
-  }
-}
-
-/**
- * The runners beating in the PostgreSQL store, read at most every `refreshMs` (one query shared
- * by every call in that time); when the store cannot be read, the last answer serves for a
- * liveness period, then placement fails UNAVAILABLE rather than guess.
- */
-export class StoreMembership implements Membership {
-  private cached?: { at: number; runners: RunnerInfo[] };
-  private inflight?: Promise<RunnerInfo[]>;
-
-  constructor(
-    private readonly pool: pg.Pool,
-    private readonly livenessMs: number,
-    private readonly refreshMs = 500,
-  ) {}
-
-  live(): Promise<RunnerInfo[]> {
-    const now = Date.now();
-    if (this.cached && now - this.cached.at < this.refreshMs) return Promise.resolve(this.cached.runners);
-    this.inflight ??= liveRunners(this.pool, this.livenessMs)
-      .then((rows) => {
-        const runners = rows.map((r) => create(RunnerInfoSchema, r));
-        this.cached = { at: Date.now(), runners };
-        return runners;
-      })
-      .catch((err) => {
-        if (this.cached && Date.now() - this.cached.at < this.livenessMs) return this.cached.runners;
-        throw unavailable(`the store cannot be read for runner membership: ${(err as Error).message}`);
-      })
-      .finally(() => {
-        this.inflight = undefined;
-      });
-    return this.inflight;
-  }
-}
+import { storeKind } from "../shared/store-kind.js";
+import { LEASE_TTL_MS, MEMBERSHIPS, RunnerDirectory } from "./membership.js";
 
 /** The runner with the highest hash weight for this key. */
 export function placeOn(runners: readonly RunnerInfo[], key: string): RunnerInfo | undefined {
@@ -126,8 +53,8 @@ function checkContext(ctx: ChannelContext | undefined): ChannelContext {
 export async function startRouter(cfg: Config, logger: Logger): Promise<RunningService> {
   const listenTls = internalServing(cfg, "router service");
   const directory = new RunnerDirectory();
-  const pool = cfg.storeUrl ? openPool(cfg.storeUrl, 4) : undefined;
-  const membership: Membership = pool ? new StoreMembership(pool, cfg.runnerLivenessMs) : directory;
+  const members = MEMBERSHIPS[storeKind(cfg.storeUrl)](cfg.storeUrl, cfg.runnerLivenessMs, directory);
+  const { membership } = members;
   // Routing rules, read again when the file changes (which also empties the resolution cache).
   let routes = new InboundRouter(EMPTY_ROUTING);
   const routing = new ReloadingFile(cfg.routingFile, parseRouting, EMPTY_ROUTING, (config) => {
@@ -150,12 +77,7 @@ export async function startRouter(cfg: Config, logger: Logger): Promise<RunningS
    */
   const place = async (sessionId: string, call: { metadata: grpc.Metadata }) => {
     const runner = placeOn(await membership.live(), refKey(refOf(identityOf(call.metadata), sessionId)));
-    if (!runner)
-      throw unavailable(
-        pool
-          ? "no runner is live in the store; start one with `troupe serve runner` and the same TROUPE_STORE_URL"
-          : "no runner is registered with the router yet; start one with `troupe runner`",
-      );
+    if (!runner) throw unavailable(members.noneLive);
     return runner;
   };
   const server = new RpcServer({
@@ -202,7 +124,7 @@ export async function startRouter(cfg: Config, logger: Logger): Promise<RunningS
     async drain() {
       routing.stop();
       await server.drain(cfg.drainGraceMs);
-      await pool?.end();
+      await members.close();
       await server.close();
     },
   };

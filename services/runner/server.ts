@@ -34,7 +34,8 @@ import type { SessionRef } from "../shared/session-ref.js";
 import { deleteSessionTree, startRetention, withoutOrphans } from "./retention.js";
 import { ProviderModels } from "./providers/provider-models.js";
 import type { SessionActor } from "./session/session-actor.js";
-import { fileStorage, pgStorage } from "./store/storage.js";
+import { RUNNER_STORES } from "./store/registry.js";
+import { storeKind } from "../shared/store-kind.js";
 import { SessionRegistry } from "./session/session-registry.js";
 import { AgentConfigs, sessionModel } from "./agent-config.js";
 import { ContextSources } from "./loop/context.js";
@@ -58,21 +59,19 @@ import { nextPageToken, pageOf } from "../shared/paging.js";
 export async function startRunner(cfg: Config, logger: Logger): Promise<RunningService> {
   const listenTls = internalServing(cfg, "runner");
   configureFailpoints(cfg.failpoints);
-  // Runners arbitrate sessions through their shared store: a data directory (session-lease.ts) or
-  // PostgreSQL (pg-session-store.ts), where membership lives too.
+  // Runners arbitrate sessions through their shared store (store/registry.ts): a data directory
+  // (session-lease.ts) or PostgreSQL (pg-session-store.ts), where membership lives too.
   const self = { runnerId: cfg.runnerId, address: cfg.advertise, incarnation: randomUUID() };
   let lapsed = (_silentMs: number) => undefined as void;
-  const storage = cfg.storeUrl
-    ? pgStorage(
-        cfg.storeUrl,
-        self,
-        cfg.runnerLivenessMs,
-        (message) => logger.error(`store: ${message}`),
-        (ms) => lapsed(ms),
-      )
-    : fileStorage(cfg.dataDir, self, cfg.runnerLivenessMs, (file) =>
-        logger.warn("a schedule file is empty or damaged; skipping it", { file }),
-      );
+  const storage = RUNNER_STORES[storeKind(cfg.storeUrl)]({
+    url: cfg.storeUrl,
+    dataDir: cfg.dataDir,
+    self,
+    livenessMs: cfg.runnerLivenessMs,
+    damagedSchedule: (file) => logger.warn("a schedule file is empty or damaged; skipping it", { file }),
+    trouble: (message) => logger.error(`store: ${message}`),
+    lapsed: (ms) => lapsed(ms),
+  });
   await storage.start();
   const store = storage.sessions;
   const model = new ProviderModels(
@@ -325,9 +324,10 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
     providers: [...model.providers.byName.values()].map((p) => `${p.name} (${p.kind}) ${p.baseUrl}`).join(", "),
   });
   // On PostgreSQL the routers read membership from the store (the heartbeat); on files they are told.
-  const registration = cfg.storeUrl
-    ? { stop: () => storage.drain() }
-    : registerWithRouter(router, cfg.runnerId, cfg.advertise, logger);
+  const registration =
+    storage.membership === "store"
+      ? { stop: () => storage.drain() }
+      : registerWithRouter(router, cfg.runnerId, cfg.advertise, logger);
   // What a runner process that died was in the middle of goes on here, if placed here (orphaned-runs.ts).
   const orphans = adoptOrphans({
     store: storage.sessions,

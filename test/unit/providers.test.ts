@@ -206,7 +206,7 @@ describe("the providers file", () => {
     assert.doesNotMatch(message, /sk-very-secret/);
     assert.match(
       refuse({ providers: { a: { kind: "anthropic", baseUrl: "http://x", organization: "org-abc" } } }),
-      /providers\.a: organization and project are OpenAI's/,
+      /providers\.a: organization is OpenAI's; a anthropic provider takes none/,
     );
     assert.match(
       refuse({ providers: { a: { kind: "openai", baseUrl: "http://x", thinkingDisplay: "omitted" } } }),

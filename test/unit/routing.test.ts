@@ -219,7 +219,8 @@ describe("configurations that make no sense are refused, with the place of the m
 
 describe("placement across runners (rendezvous hashing)", () => {
   test("a runner joining takes only its share; a runner leaving gives up only its own sessions", async () => {
-    const { RunnerDirectory, placeOn } = await import("../../services/router/server.js");
+    const { placeOn } = await import("../../services/router/server.js");
+    const { RunnerDirectory } = await import("../../services/router/membership.js");
     const dir = new RunnerDirectory();
     const runner = (id: string) => ({ $typeName: "troupe.v1.RunnerInfo" as const, runnerId: id, address: `${id}:1` });
     for (const id of ["r1", "r2", "r3"]) dir.renew(runner(id), false);

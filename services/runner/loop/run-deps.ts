@@ -13,7 +13,6 @@ import { toolOffered, type AgentConfig, type AgentConfigs } from "../agent-confi
 import type { AuditSink } from "../store/audit-log.js";
 import { buildSystemPrompt, type ContextSources } from "./context.js";
 import type { Sender } from "./prompt-input.js";
-import { delegateTool } from "../tools/delegate.js";
 import type { Hooks, TurnInfo } from "./hooks.js";
 import type { Learn, MemoryRecall, Recalled } from "../memory/memory-recall.js";
 import type { ModelClient } from "../providers/model.js";
@@ -22,15 +21,12 @@ import type { InboundSafety } from "./safety.js";
 import type { SessionActor } from "../session/session-actor.js";
 import type { SessionOwner, Subagent } from "../session/session-log.js";
 import type { TokenCounter } from "./tokens.js";
-import { scheduleTool } from "../tools/schedule-tool.js";
 import { originOf } from "../schedules/schedules.js";
 import { triggerOf } from "../../shared/frames.js";
 import type { BackgroundProcesses } from "../tools/background.js";
-import { processTool } from "../tools/process-tool.js";
 import type { ScheduleBook } from "../schedules/schedules.js";
-import { execTool, fileTools } from "../tools/tools.js";
-import { memoryTools } from "../tools/memory-tools.js";
-import { httpRequestTool, webFetchTool, type Secrets } from "../tools/web-tools.js";
+import type { Secrets } from "../tools/web-tools.js";
+import { toolsFor } from "../tools/registry.js";
 
 /** The runner's parts a run draws on. */
 export interface RunnerParts {
@@ -163,29 +159,26 @@ export function runDepsFor(parts: RunnerParts): (actor: SessionActor, first: rea
     };
     // Where the memory tools read and write, and what learning adds to: the speaker's own memories.
     const mine = { tenant: owner.tenant, owner: sender };
-    const runTools = [
-      execTool(sandbox, parts.execTimeoutMs, owner, egress),
-      ...fileTools(sandbox, owner),
-      processTool(actor.ref, owner, sandbox, parts.background, {
-        max: () => quotas.of(owner.tenant).processesPerSession,
-        egress,
-      }),
-      ...memoryTools(memory, mine, agentId, () => recall.invalidateTenant(owner.tenant)),
-      webFetchTool(parts.net, agentConfig),
-      httpRequestTool(parts.net, agentConfig, parts.secrets),
-      scheduleTool(actor.ref, {
-        ...parts.schedules,
-        max: () => quotas.of(owner.tenant).schedulesPerSession,
-        origin: answering,
-      }),
-      delegateTool({
-        parent: actor,
-        agent: agentConfig,
-        createChild: (childId, sub) => parts.createChild(childId, actor, sub),
-        running: subagentsRunning,
-        perRun: quotas.of(owner.tenant).subagentsPerRun,
-      }),
-    ];
+    const runTools = toolsFor({
+      actor,
+      owner,
+      agentId,
+      agentConfig,
+      egress,
+      quotas: () => quotas.of(owner.tenant),
+      sandbox,
+      memory,
+      memoryScope: mine,
+      memorySaved: () => recall.invalidateTenant(owner.tenant),
+      execTimeoutMs: parts.execTimeoutMs,
+      net: parts.net,
+      secrets: parts.secrets,
+      background: parts.background,
+      schedules: parts.schedules,
+      answering,
+      subagentsRunning,
+      createChild: (childId, sub) => parts.createChild(childId, actor, sub),
+    });
     return {
       agentId,
       tenant: owner.tenant,

@@ -1,6 +1,5 @@
-// Anthropic's Messages API (provider kind "anthropic"), POSTed by shared/models/provider-post.ts as every
-// provider's is. (Anthropic's SDK printed a plain-text warning among the JSON logs on each call to
-// a model near its end of life, and did nothing else for us.) Anthropic's OpenAI-compatible
+// Anthropic's Messages API (provider kind "anthropic"), called through `@anthropic-ai/sdk`
+// (shared/models/anthropic-sdk.ts), its streamed reply read by the runner's SSE decoder. Anthropic's OpenAI-compatible
 // endpoint is, in its own words, for testing and comparing, not for production; the native API is
 // where thinking and prompt caching are. A reasoning effort asks the model to
 // think as it takes it (model-rules.ts): adaptive thinking and output_config.effort on Claude 4.6
@@ -11,15 +10,11 @@
 // Reference: https://docs.anthropic.com/en/api/messages, .../messages-streaming,
 // https://docs.anthropic.com/en/docs/build-with-claude/extended-thinking, and
 // https://platform.claude.com/docs/en/build-with-claude/adaptive-thinking.
-import {
-  anthropicEndpoint,
-  type ProviderGet,
-  type ProviderPost,
-  ProviderRefusal,
-} from "../../shared/models/provider-post.js";
+import { type ProviderGet, type ProviderPost, ProviderRefusal } from "../../shared/models/provider-post.js";
 import type { ThinkingDisplay } from "../../shared/models/providers.js";
 import type { Agent } from "undici";
-import { askAnthropic, type ModelLifecycle } from "../../shared/models/model-lifecycle.js";
+import type { ModelLifecycle } from "../../shared/models/model-lifecycle.js";
+import { PROVIDER_KINDS } from "../../shared/models/provider-kinds.js";
 import {
   type AnthropicEffort,
   type AnthropicThinking,
@@ -148,17 +143,7 @@ export class AnthropicModelClient implements ProviderClient {
   private readonly display: ThinkingDisplay;
 
   constructor(options: OpenAIModelOptions & { thinkingDisplay?: ThinkingDisplay }) {
-    ({
-      post: this.post,
-      get: this.get,
-      pool: this.pool,
-    } = providerConnection(
-      {
-        ...options,
-        ...anthropicEndpoint(options),
-      },
-      "http",
-    ));
+    ({ post: this.post, get: this.get, pool: this.pool } = providerConnection(options, "anthropic"));
     this.display = options.thinkingDisplay ?? "summarized";
   }
 
@@ -167,7 +152,7 @@ export class AnthropicModelClient implements ProviderClient {
   }
 
   lifecycle(model: string, signal: AbortSignal): Promise<ModelLifecycle> {
-    return askAnthropic(this.get, model, signal);
+    return PROVIDER_KINDS.anthropic.ask(this.get, model, signal);
   }
 
   /** The request body, fitted to what the model takes (model-rules.ts). */

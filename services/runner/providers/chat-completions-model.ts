@@ -4,7 +4,8 @@
 // loaded.
 import type OpenAI from "openai";
 import type { Agent } from "undici";
-import { askProvider, type ModelLifecycle } from "../../shared/models/model-lifecycle.js";
+import type { ModelLifecycle } from "../../shared/models/model-lifecycle.js";
+import { PROVIDER_KINDS } from "../../shared/models/provider-kinds.js";
 import { effortFor, rulesFor, takesImages } from "../../shared/models/model-rules.js";
 import type { ProviderKind } from "../../shared/models/providers.js";
 import { postFitted, type RequestFixes } from "./request-fixes.js";
@@ -72,6 +73,9 @@ const FINISH: Record<string, FinishReason> = {
   length: "length",
 };
 
+/** gen_ai.provider.name by kind: OpenAI's own API, else any other server speaking its protocol. */
+const GEN_AI_PROVIDER: Partial<Record<ProviderKind, string>> = { openai: "openai" };
+
 export class OpenAIModelClient implements ProviderClient {
   private readonly providerName: string;
   private readonly kind: ProviderKind;
@@ -85,10 +89,10 @@ export class OpenAIModelClient implements ProviderClient {
     options: OpenAIModelOptions,
     private readonly fixes?: RequestFixes,
   ) {
-    ({ post: this.post, get: this.get, pool: this.pool } = providerConnection(options));
-    this.visionModels = options.visionModels ?? [];
     this.kind = options.kind ?? "openai-compatible";
-    this.providerName = this.kind === "openai" ? "openai" : "openai_compatible";
+    ({ post: this.post, get: this.get, pool: this.pool } = providerConnection(options, this.kind));
+    this.visionModels = options.visionModels ?? [];
+    this.providerName = GEN_AI_PROVIDER[this.kind] ?? "openai_compatible";
   }
 
   providerOf(): string {
@@ -97,7 +101,7 @@ export class OpenAIModelClient implements ProviderClient {
 
   /** OpenAI is asked (model-lifecycle.ts); a compatible server is not. */
   lifecycle(model: string, signal: AbortSignal): Promise<ModelLifecycle> {
-    return askProvider(this.kind, this.get, model, signal);
+    return PROVIDER_KINDS[this.kind].ask(this.get, model, signal);
   }
 
   /** The request body, fitted to what the model takes (model-rules.ts). */

@@ -1,7 +1,7 @@
 // The model, behind one narrow interface: stream a reply to a conversation. This file is the
 // contract (requests, chunks, ModelError, ModelClient) and what every provider's client shares:
-// one undici connection pool per provider (pool-fetch.ts; OpenAI's kinds called through the
-// `openai` SDK over it, shared/models/openai-sdk.ts), failures classified as ModelErrors, and the
+// one undici connection pool per provider (pool-fetch.ts; the provider's SDK calls over it,
+// shared/models/openai-sdk.ts and anthropic-sdk.ts), failures classified as ModelErrors, and the
 // streamed body read by our SSE decoder, which measured faster than the SDK's (docs/benchmarks.md). The clients: chat-completions-model.ts (OpenAI's chat completions
 // and every compatible endpoint, Troupe's scripted model server among them), responses-model.ts,
 // anthropic-model.ts; provider-models.ts routes each model to its provider's client.
@@ -10,14 +10,12 @@ import type { ReasoningEffort } from "../../shared/models/model-rules.js";
 import type { ProviderKind } from "../../shared/models/providers.js";
 import { outboundAgent } from "../../shared/net/outbound-proxy.js";
 import type { ModelLifecycle } from "../../shared/models/model-lifecycle.js";
-import { openaiGetter, openaiPoster } from "../../shared/models/openai-sdk.js";
+import { PROVIDER_KINDS } from "../../shared/models/provider-kinds.js";
 import {
   type Fetch,
   type ProviderGet,
   type ProviderPost,
   ProviderRefusal,
-  providerGetter,
-  providerPoster,
   retryAfterMs,
   retryableStatus,
 } from "../../shared/models/provider-post.js";
@@ -150,21 +148,18 @@ export const dataUrl = (image: ModelImage): string =>
 export type { ProviderGet, ProviderPost };
 
 /**
- * Requests to one provider over one keep-alive undici pool, shared by the runner's sessions:
- * through the `openai` SDK for OpenAI's kinds (shared/models/openai-sdk.ts), as plain HTTP for
- * Anthropic's Messages API. Nothing is retried here: retries and fallbacks belong to the agent
- * loop, which knows whether output was already sent. The pool's headers timeout is the first-byte
- * timeout.
+ * Requests to one provider over one keep-alive undici pool, shared by the runner's sessions,
+ * through the SDK of its kind (shared/models/provider-kinds.ts). Nothing is retried here: retries
+ * and fallbacks belong to the agent loop, which knows whether output was already sent. The pool's
+ * headers timeout is the first-byte timeout.
  */
 export function providerConnection(
   options: OpenAIModelOptions,
-  via: "openai-sdk" | "http" = "openai-sdk",
+  kind: ProviderKind,
 ): { post: ProviderPost; get: ProviderGet; pool: Agent } {
   const pool = connectionPool(options);
   const endpoint = { baseUrl: options.baseUrl, apiKey: options.apiKey, headers: options.headers };
-  const fetch = poolFetch(pool) as Fetch;
-  if (via === "http") return { post: providerPoster(endpoint, fetch), get: providerGetter(endpoint, fetch), pool };
-  return { post: openaiPoster(endpoint, fetch), get: openaiGetter(endpoint, fetch), pool };
+  return { ...PROVIDER_KINDS[kind].calls(endpoint, poolFetch(pool) as Fetch), pool };
 }
 
 /**

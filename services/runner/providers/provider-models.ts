@@ -9,7 +9,7 @@ import { OpenAIResponsesClient } from "./responses-model.js";
 import { AnthropicModelClient } from "./anthropic-model.js";
 import { RequestFixes } from "./request-fixes.js";
 
-const CLIENTS: Record<ProviderKind, new (p: ProviderSpec, fixes: RequestFixes) => ProviderClient> = {
+export const PROVIDER_CLIENTS: Record<ProviderKind, new (p: ProviderSpec, fixes: RequestFixes) => ProviderClient> = {
   openai: OpenAIModelClient,
   "openai-compatible": OpenAIModelClient,
   "openai-responses": OpenAIResponsesClient,
@@ -28,7 +28,7 @@ export class ProviderModels implements ModelClient {
     private readonly logger?: Logger,
   ) {
     for (const p of providers.byName.values())
-      this.clients.set(p.name, new CLIENTS[p.kind](p, new RequestFixes(p.name, logger)));
+      this.clients.set(p.name, new PROVIDER_CLIENTS[p.kind](p, new RequestFixes(p.name, logger)));
   }
 
   providerOf(model: string): string {

@@ -5,7 +5,8 @@
 // Reference: https://platform.openai.com/docs/api-reference/responses/create and .../responses-streaming;
 // https://platform.openai.com/docs/guides/reasoning ("keeping reasoning items in context").
 import type { Agent } from "undici";
-import { askOpenAi, type ModelLifecycle } from "../../shared/models/model-lifecycle.js";
+import type { ModelLifecycle } from "../../shared/models/model-lifecycle.js";
+import { PROVIDER_KINDS } from "../../shared/models/provider-kinds.js";
 import { effortFor, rulesFor, takesImages } from "../../shared/models/model-rules.js";
 import { postFitted, type RequestFixes } from "./request-fixes.js";
 import {
@@ -92,7 +93,7 @@ export class OpenAIResponsesClient implements ProviderClient {
     options: OpenAIModelOptions,
     private readonly fixes?: RequestFixes,
   ) {
-    ({ post: this.post, get: this.get, pool: this.pool } = providerConnection(options));
+    ({ post: this.post, get: this.get, pool: this.pool } = providerConnection(options, "openai-responses"));
     this.visionModels = options.visionModels ?? [];
   }
 
@@ -101,7 +102,7 @@ export class OpenAIResponsesClient implements ProviderClient {
   }
 
   lifecycle(model: string, signal: AbortSignal): Promise<ModelLifecycle> {
-    return askOpenAi(this.get, model, signal);
+    return PROVIDER_KINDS["openai-responses"].ask(this.get, model, signal);
   }
 
   /** The request body, fitted to what the model takes (model-rules.ts). */

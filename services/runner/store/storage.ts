@@ -29,6 +29,11 @@ export interface RunnerStorage {
   readonly schedules: ScheduleStore;
   readonly profiles: ProfileStore;
   readonly audit: AuditSink;
+  /**
+   * Where the runners sharing it are known from: the store itself (its heartbeat, read by every
+   * router), or the router, which the runner registers with.
+   */
+  readonly membership: "store" | "router";
   /** Joins the runners sharing this storage (and brings older layouts up to date). Call before serving. */
   start(): Promise<void>;
   /** Stops new sessions being placed here (the router skips draining runners); held ones stay. */
@@ -55,6 +60,7 @@ export function fileStorage(
     schedules,
     profiles: new FileProfileStore(path.join(dataDir, "profiles")),
     audit: new AuditLog(dataDir),
+    membership: "router",
     async start() {
       await sessions.start();
       await schedules.migrate();
@@ -91,6 +97,7 @@ export function pgStorage(
     schedules: new PgScheduleStore(pool),
     profiles: new PgProfileStore(pool),
     audit,
+    membership: "store",
     async start() {
       await migrate(pool);
       await heartbeat.start();
@@ -115,6 +122,7 @@ export function inMemoryStorage(): RunnerStorage & {
     schedules: new InMemoryScheduleStore(),
     profiles: new InMemoryProfileStore(),
     audit: new InMemoryAudit(),
+    membership: "router",
     start: async () => undefined,
     drain: async () => undefined,
     stop: async () => undefined,

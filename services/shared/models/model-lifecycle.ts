@@ -14,7 +14,6 @@
 import { discardBody, jsonUpTo } from "../net/bounded-body.js";
 import { endOfLife } from "./model-rules.js";
 import { type ProviderGet, ProviderRefusal } from "./provider-post.js";
-import type { ProviderKind } from "./providers.js";
 
 export interface ModelLifecycle {
   /** false: the provider answered 404 for it; undefined: not asked, or no answer. */
@@ -53,15 +52,6 @@ export async function askAnthropic(get: ProviderGet, model: string, signal: Abor
   } catch (err) {
     return { ...unanswered(err), ...known };
   }
-}
-
-/**
- * What a provider of `kind` says of `model`, asked its own way through `get` (at its API root:
- * anthropicEndpoint's for Anthropic); a compatible server is not asked. Contract: never throws.
- */
-export function askProvider(kind: ProviderKind, get: ProviderGet, model: string, signal: AbortSignal) {
-  if (kind === "anthropic") return askAnthropic(get, model, signal);
-  return kind === "openai-compatible" ? Promise.resolve<ModelLifecycle>({}) : askOpenAi(get, model, signal);
 }
 
 /** How long a model's first call waits at most for its provider to say until when it serves it. */

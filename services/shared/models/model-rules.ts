@@ -141,9 +141,12 @@ const CLAUDE_END_OF_LIFE: Readonly<Record<string, string>> = {
   "claude-opus-4-5-20251101": "2027-01-22",
 };
 
+/** Announced end-of-life days by kind (OpenAI's say theirs when asked, model-lifecycle.ts). */
+const END_OF_LIFE: Partial<Record<ProviderKind, Readonly<Record<string, string>>>> = { anthropic: CLAUDE_END_OF_LIFE };
+
 /** The day `model` of a provider of `kind` stops being served, if one is announced. */
 export function endOfLife(kind: ProviderKind, model: string): string | undefined {
-  return kind === "anthropic" ? CLAUDE_END_OF_LIFE[model] : undefined;
+  return END_OF_LIFE[kind]?.[model];
 }
 
 /** The rules for Claude model `model`. */
@@ -160,12 +163,24 @@ export function anthropicRulesFor(model: string): AnthropicRules {
  */
 const OPENAI_FAMILY = /^(gpt-5|o\d)/;
 
+/** The rules of an OpenAI-style kind's `model`; a compatible server's OpenAI model goes by OpenAI's. */
+function openaiRulesFor(kind: ProviderKind, model: string): RequestRules {
+  const bare = model.slice(model.lastIndexOf("/") + 1);
+  const asKind = OPENAI_FAMILY.test(bare) && !OPENAI.includes(kind) ? "openai" : kind;
+  return RULES.find((r) => r.kinds.includes(asKind) && r.model.test(bare))?.rules ?? FALLBACK;
+}
+
+/** Each kind's rules, by model. */
+const RULES_BY_KIND: Record<ProviderKind, (model: string) => RequestRules> = {
+  openai: (m) => openaiRulesFor("openai", m),
+  "openai-responses": (m) => openaiRulesFor("openai-responses", m),
+  "openai-compatible": (m) => openaiRulesFor("openai-compatible", m),
+  anthropic: anthropicRulesFor,
+};
+
 /** The rules for `model` served by a provider of `kind`. */
 export function rulesFor(kind: ProviderKind, model: string): RequestRules {
-  if (kind === "anthropic") return anthropicRulesFor(model);
-  const bare = model.slice(model.lastIndexOf("/") + 1);
-  const asKind = kind === "openai-compatible" && OPENAI_FAMILY.test(bare) ? "openai" : kind;
-  return RULES.find((r) => r.kinds.includes(asKind) && r.model.test(bare))?.rules ?? FALLBACK;
+  return RULES_BY_KIND[kind](model);
 }
 
 /**

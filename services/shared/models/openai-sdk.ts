@@ -5,21 +5,14 @@
 // - the HTTP client: the SDK is given a fetch (the runner's is over its pooled undici dispatcher,
 //   pool-fetch.ts; the memory service's is Node's), and never retries (maxRetries 0): retries and
 //   fallbacks belong to the agent loop, which knows whether output was already sent;
-// - a refusal's body is read up to 16 KiB, and the shapes compatible servers answer with
-//   (`{"error": "..."}`, `{"message"}`, FastAPI's `{"detail"}`) are put in OpenAI's before the SDK
-//   reads it, so every refusal keeps the server's own words (errorOf, provider-post.ts);
+// - a refusal is read (16 KiB at most) and worded by errorOf, which knows the shapes compatible
+//   servers answer with besides OpenAI's (sdk-calls.ts);
 // - a streamed reply is taken as the raw Response (`asResponse`) and read by the runner's SSE
 //   decoder, once per network read (docs/benchmarks.md, bench/stream: the SDK's Stream costs more).
 // The SDK is imported on the first call, so a process that never calls a model never loads it.
 import type OpenAI from "openai";
-import {
-  type Fetch,
-  type ProviderEndpoint,
-  type ProviderGet,
-  type ProviderPost,
-  ProviderRefusal,
-  refusal,
-} from "./provider-post.js";
+import type { Fetch, ProviderEndpoint, ProviderGet, ProviderPost } from "./provider-post.js";
+import { refusalsKept, sdkAnswer } from "./sdk-calls.js";
 
 /** A request option the SDK's calls take: the caller's signal. */
 type CallOptions = { signal: AbortSignal };
@@ -47,7 +40,7 @@ export function openaiPoster(endpoint: ProviderEndpoint, fetch: Fetch): Provider
     const pending = call
       ? call(c, body as never, options)
       : c.post(path, { body: body as Record<string, unknown>, ...options });
-    return answer(() => pending.asResponse());
+    return sdkAnswer(() => pending.asResponse());
   };
 }
 
@@ -58,7 +51,7 @@ export function openaiGetter(endpoint: ProviderEndpoint, fetch: Fetch): Provider
     const c = await client();
     const model = /^\/models\/([^/]+)$/.exec(path)?.[1];
     const pending = model ? c.models.retrieve(decodeURIComponent(model), { signal }) : c.get(path, { signal });
-    return answer(() => pending.asResponse());
+    return sdkAnswer(() => pending.asResponse());
   };
 }
 
@@ -76,58 +69,10 @@ function lazyClient(endpoint: ProviderEndpoint, fetch: Fetch): () => Promise<Ope
           project: null,
           defaultHeaders: { ...endpoint.headers, ...(endpoint.apiKey ? {} : { authorization: null }) },
           maxRetries: 0,
-          fetch: refusalsInOpenAIShape(fetch) as never,
+          fetch: refusalsKept(fetch) as never,
           logLevel: "off",
         }),
     );
     return made;
   };
-}
-
-/** `fetch`, with a refusal's body bounded and in OpenAI's error shape (see the top of this file). */
-function refusalsInOpenAIShape(fetch: Fetch): Fetch {
-  return async (url, init) => {
-    const response = await fetch(url, init);
-    if (response.ok) return response;
-    const r = await refusal(response);
-    const headers = new Headers(response.headers);
-    for (const name of ["content-length", "content-encoding", "transfer-encoding"]) headers.delete(name);
-    headers.set("content-type", "application/json");
-    const error = { message: r.message, code: r.code ?? null, param: r.param ?? null };
-    return new Response(JSON.stringify({ error }), {
-      status: response.status,
-      statusText: response.statusText,
-      headers,
-    });
-  };
-}
-
-/** The SDK's answer, its APIError as a ProviderRefusal; a failure with no answer as the fetch threw it. */
-async function answer(call: () => Promise<Response>): Promise<Response> {
-  try {
-    return await call();
-  } catch (err) {
-    const e = err as {
-      status?: unknown;
-      headers?: Headers;
-      error?: { message?: unknown };
-      code?: unknown;
-      param?: unknown;
-      cause?: unknown;
-    };
-    if (typeof e?.status === "number" && e.headers) {
-      const message = typeof e.error?.message === "string" ? e.error.message : String((err as Error).message);
-      return Promise.reject(
-        new ProviderRefusal(
-          e.status,
-          message,
-          e.headers,
-          typeof e.code === "string" ? e.code : undefined,
-          typeof e.param === "string" ? e.param : undefined,
-        ),
-      );
-    }
-    // APIConnectionError and APIUserAbortError carry what the fetch threw: the caller classifies that.
-    throw e?.cause ?? err;
-  }
 }

@@ -7,7 +7,6 @@
 
 import { BodyTooLarge, jsonUpTo, readUpTo } from "../net/bounded-body.js";
 
-const USER_AGENT = "troupe";
 /** The most of a refusal's body kept for its message: a provider's errors are a few hundred bytes. */
 const MAX_ERROR_BYTES = 16 * 1024;
 /**
@@ -40,7 +39,7 @@ export class ProviderRefusal extends Error {
 export interface ProviderEndpoint {
   /** The API's base, up to and including its version: "https://api.openai.com/v1". */
   baseUrl: string;
-  /** Sent as `Authorization: Bearer`; none is sent when empty (a local server without keys). */
+  /** The key (a bearer token, or Anthropic's x-api-key); none is sent when empty (a local server without keys). */
   apiKey: string;
   /** More headers for every request (OpenAI's account headers, providers.ts). */
   headers?: Readonly<Record<string, string>>;
@@ -50,15 +49,14 @@ export type Fetch = (
   url: string,
   init: { method: string; headers: Record<string, string>; body?: string; signal: AbortSignal },
 ) => Promise<Response>;
+/**
+ * POSTs `body` as JSON to `path` under the endpoint. Contract: resolves with the answer when its
+ * status is 2xx (its body unread); throws a ProviderRefusal for any other status, and whatever the
+ * fetch threw (refused, reset, timed out, aborted) when there was no answer.
+ */
 export type ProviderPost = (path: string, body: unknown, signal: AbortSignal) => Promise<Response>;
+/** GETs `path` under the endpoint (a model's description). Contract: as ProviderPost's. */
 export type ProviderGet = (path: string, signal: AbortSignal) => Promise<Response>;
-
-/** The headers every request to `endpoint` carries: its own, the key, who is asking. */
-function endpointHeaders(endpoint: ProviderEndpoint): Record<string, string> {
-  const headers: Record<string, string> = { ...endpoint.headers, "user-agent": USER_AGENT };
-  if (endpoint.apiKey) headers.authorization = `Bearer ${endpoint.apiKey}`;
-  return headers;
-}
 
 /** A ProviderRefusal for an answer outside 2xx, with the provider's message and code (its first 16 KiB read). */
 export async function refusal(response: Response): Promise<ProviderRefusal> {
@@ -71,37 +69,6 @@ export async function refusal(response: Response): Promise<ProviderRefusal> {
     code,
     param,
   );
-}
-
-/**
- * POSTs `body` as JSON to `path` under the endpoint, through `fetch` (the runner's pool, or Node's
- * own). Contract: resolves with the answer when its status is 2xx (its body unread); throws a
- * ProviderRefusal for any other status, and whatever the fetch threw (refused, reset, timed out,
- * aborted) when there was no answer.
- */
-export function providerPoster(endpoint: ProviderEndpoint, fetch: Fetch): ProviderPost {
-  const base = endpoint.baseUrl.replace(/\/+$/, "");
-  const headers = {
-    ...endpointHeaders(endpoint),
-    "content-type": "application/json",
-    accept: "application/json, text/event-stream",
-  };
-  return async (path, body, signal) => {
-    const response = await fetch(`${base}${path}`, { method: "POST", headers, body: JSON.stringify(body), signal });
-    if (response.ok) return response;
-    throw await refusal(response);
-  };
-}
-
-/** GETs `path` under the endpoint (a model's description). Contract: as providerPoster's. */
-export function providerGetter(endpoint: ProviderEndpoint, fetch: Fetch): ProviderGet {
-  const base = endpoint.baseUrl.replace(/\/+$/, "");
-  const headers = { ...endpointHeaders(endpoint), accept: "application/json" };
-  return async (path, signal) => {
-    const response = await fetch(`${base}${path}`, { method: "GET", headers, signal });
-    if (response.ok) return response;
-    throw await refusal(response);
-  };
 }
 
 /** The first MAX_ERROR_BYTES of an answer's body as text; the rest is not read. */
@@ -145,19 +112,6 @@ export function errorOf(text: string): { message: string; code?: string; param?:
  * (MessageCreateParams of @anthropic-ai/sdk 1.13, which sends the same `anthropic-version`).
  */
 export const ANTHROPIC_VERSION = "2026-10-21";
-
-/**
- * An Anthropic endpoint as providerPoster takes it: its root (the providers file may name it with
- * or without /v1; paths start at /v1), and the version header. Errors come back as
- * `{"type": "error", "error": {"type", "message"}}`, whose message errorOf reads.
- */
-export function anthropicEndpoint(e: ProviderEndpoint): ProviderEndpoint {
-  return {
-    baseUrl: e.baseUrl.replace(/\/+$/, "").replace(/\/v1$/, ""),
-    apiKey: e.apiKey,
-    headers: { ...e.headers, "anthropic-version": ANTHROPIC_VERSION },
-  };
-}
 
 /** Statuses worth one more try: timeout, conflict, rate limit, the provider's own failures. */
 export const retryableStatus = (status: number): boolean =>

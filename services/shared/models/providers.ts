@@ -11,6 +11,17 @@ import { parseJson, schemaProblems } from "../json-schema.js";
 
 export type ProviderKind = "openai" | "openai-responses" | "openai-compatible" | "anthropic";
 
+/** The providers file's fields only some kinds take; another kind naming one is refused. */
+const KIND_FIELDS: readonly {
+  name: "organization" | "project" | "thinkingDisplay";
+  kinds: readonly ProviderKind[];
+  whose: string;
+}[] = [
+  { name: "organization", kinds: ["openai", "openai-responses", "openai-compatible"], whose: "OpenAI's" },
+  { name: "project", kinds: ["openai", "openai-responses", "openai-compatible"], whose: "OpenAI's" },
+  { name: "thinkingDisplay", kinds: ["anthropic"], whose: "Anthropic's" },
+];
+
 export interface ProviderSpec {
   name: string;
   kind: ProviderKind;
@@ -63,12 +74,12 @@ export function parseProviders(text: string, source: string): Providers {
         throw new Error(`${source}: providers.${name}.apiKey: ${(err as Error).message}`);
       }
     }
-    if (p.kind === "anthropic" && (p.organization || p.project))
-      throw new Error(
-        `${source}: providers.${name}: organization and project are OpenAI's; an anthropic provider takes neither`,
-      );
-    if (p.kind !== "anthropic" && p.thinkingDisplay)
-      throw new Error(`${source}: providers.${name}: thinkingDisplay is Anthropic's; a ${p.kind} provider takes none`);
+    for (const field of KIND_FIELDS) {
+      if (p[field.name] !== undefined && !field.kinds.includes(p.kind))
+        throw new Error(
+          `${source}: providers.${name}: ${field.name} is ${field.whose}; a ${p.kind} provider takes none`,
+        );
+    }
     byName.set(name, {
       name,
       kind: p.kind,
