@@ -158,3 +158,15 @@ test("an owner presumed dead is fenced: its session moves, and its late writes d
   const all = await historyOf(runnerA, sid);
   assert.ok(!all.some((m) => m.includes("stale write")), "nothing B wrote after the takeover counts");
 });
+
+test("a session stream is an AttachMany sub-stream only: Attach on its own is refused UNIMPLEMENTED", async () => {
+  const call = runnerA.attach() as unknown as grpc.ClientDuplexStream<unknown, unknown>;
+  const status = await new Promise<grpc.StatusObject>((resolve) => {
+    call.on("status", resolve);
+    call.on("error", () => undefined);
+    call.on("data", () => assert.fail("Attach answered a session stream"));
+  });
+  assert.equal(status.code, Status.UNIMPLEMENTED);
+  assert.match(status.details, /AttachMany/);
+  call.end();
+});

@@ -177,9 +177,7 @@ export class InboxStream {
       .then((placement) => {
         this.attaching.delete(id);
         if (this.closed || this.attached.has(id)) return;
-        const call = this.deps.runners
-          .get(placement.runner!.address)
-          .attach({ metadata: this.caller }) as unknown as Upstream;
+        const call = this.deps.runners.attach(placement.runner!.address, this.caller) as unknown as Upstream;
         const entry = { call, idle: setTimeout(() => this.leave(id), IDLE_DETACH_MS) };
         this.attached.set(id, entry);
         if (this.paused) call.pause();

@@ -72,12 +72,12 @@ export class RunnerPool {
     private readonly maxMessageBytes: number,
     private readonly headers: Record<string, string>,
     private readonly tls?: { ca: Buffer },
-    /** shared: client streams go as sub-streams of one AttachMany call per runner (runner-mux.ts). */
-    private readonly streams: "shared" | "separate" = "shared",
   ) {}
-  /** A client stream's session stream to the runner at `address`, acting for `caller`. */
+  /**
+   * A client stream's session stream to the runner at `address`, acting for `caller`: a
+   * sub-stream of the one AttachMany call to that runner (runner-mux.ts).
+   */
   attach(address: string, caller: grpc.Metadata): AttachCall {
-    if (this.streams === "separate") return this.get(address).attach({ metadata: caller }) as unknown as AttachCall;
     let mux = this.muxes.get(address);
     if (!mux) this.muxes.set(address, (mux = new RunnerMux(this.get(address))));
     return mux.attach(caller);
@@ -88,7 +88,7 @@ export class RunnerPool {
       // Session streams are forwarded as bytes: see needsDecoding.
       c = createClient(RunnerService, address, {
         maxMessageBytes: this.maxMessageBytes,
-        rawResponses: ["attach", "attachMany"],
+        rawResponses: ["attachMany"],
         headers: this.headers,
         tls: this.tls,
       });

@@ -1,13 +1,11 @@
 // The gateway's side of RunnerService.AttachMany: one call per runner carries every client
-// stream's session stream to it, as numbered sub-streams (services/runner/transport/attach-many.ts). A
-// SubStream stands in for the Attach call it replaces, with the part of grpc-js's client stream
-// chat.ts uses: write, end, cancel, pause and resume; data, error, end and status events.
+// stream's session stream to it, as numbered sub-streams (services/runner/transport/attach-many.ts),
+// the only way session streams reach a runner. A SubStream has the part of grpc-js's client
+// stream chat.ts and the inboxes use: write, end, cancel, pause and resume; data, error, end and
+// status events.
 //
 // What the sub-streams send in one turn of the event loop leaves as one message, and so do the
 // credits: what a sub-stream has passed on to its client, so that the runner may send more.
-// A runner that does not know AttachMany (an older one, during a rolling upgrade) refuses the
-// call with UNIMPLEMENTED before its headers: each sub-stream then replays what it sent on an
-// Attach call of its own, and this runner gets Attach calls for the next minute.
 import { EventEmitter } from "node:events";
 import { ROOT_CONTEXT, context } from "@opentelemetry/api";
 import { Status } from "../shared/errors.js";
@@ -30,8 +28,6 @@ export type AttachCall = grpc.ClientDuplexStream<AttachRequestInit, Buffer>;
 
 /** Credit is returned once a sub-stream has passed on this many bytes (the runner's window is 1 MiB). */
 const CREDIT_EVERY = 64 * 1024;
-/** A runner that refused AttachMany is asked again after this long (it may have been upgraded in place). */
-const LEGACY_RETRY_MS = 60_000;
 /** New sub-streams go on a fresh call once the current one is this old (servers cap a connection's age). */
 const ROTATE_AFTER_MS = 10 * 60_000;
 const ATTACH_PATH = "troupe.v1.RunnerService/Attach";
@@ -50,15 +46,12 @@ class SubStream extends EventEmitter {
   private readonly queued: (Buffer | grpc.StatusObject)[] = [];
   private uncredited = 0;
   private done = false;
-  /** What was sent before the call was accepted: replayed on an Attach call if it is refused. */
-  private sentBeforeAccept?: ItemInit["kind"][] = [];
-  private real?: AttachCall;
   private readonly span = startClientSpan(ATTACH_PATH);
 
   constructor(
     private readonly id: number,
     private readonly carrier: MuxCall,
-    private readonly metadata: grpc.Metadata,
+    metadata: grpc.Metadata,
   ) {
     super();
     const md = metadata.clone();
@@ -67,34 +60,26 @@ class SubStream extends EventEmitter {
   }
 
   write(req: AttachRequestInit): boolean {
-    if (this.real) return this.real.write(req);
     if (!this.done) this.send({ case: "request", value: req });
     return true;
   }
 
   end(): void {
-    if (this.real) return void this.real.end();
     if (!this.done) this.send({ case: "halfClose", value: true });
   }
 
   cancel(): void {
-    if (this.real) {
-      this.real.cancel();
-      return;
-    }
     if (this.done) return;
     this.send({ case: "cancel", value: true });
     this.close({ code: Status.CANCELLED, details: "Cancelled on client", metadata: new grpc.Metadata() });
   }
 
   pause(): this {
-    if (this.real) this.real.pause();
     this.paused = true;
     return this;
   }
 
   resume(): this {
-    if (this.real) this.real.resume();
     this.paused = false;
     while (!this.paused && this.queued.length > 0) this.deliver(this.queued.shift()!);
     return this;
@@ -107,31 +92,7 @@ class SubStream extends EventEmitter {
     else this.deliver(item);
   }
 
-  /** The call was accepted: nothing needs replaying any more. */
-  accepted(): void {
-    this.sentBeforeAccept = undefined;
-  }
-
-  /** The runner refused AttachMany: go on as an Attach call of this sub-stream's own, if it still can. */
-  fallBack(client: RunnerClient): boolean {
-    if (this.done) return true;
-    if (!this.sentBeforeAccept) return false;
-    this.span.end();
-    const real = client.attach({ metadata: this.metadata }) as unknown as AttachCall;
-    this.real = real;
-    for (const ev of ["data", "error", "end", "status", "drain"])
-      real.on(ev, (...args: unknown[]) => this.emit(ev, ...args));
-    for (const kind of this.sentBeforeAccept) {
-      if (kind?.case === "request") real.write(kind.value as AttachRequestInit);
-      else if (kind?.case === "halfClose") real.end();
-    }
-    this.sentBeforeAccept = undefined;
-    if (this.paused) real.pause();
-    return true;
-  }
-
   private send(kind: ItemInit["kind"]): void {
-    this.sentBeforeAccept?.push(kind);
     this.carrier.send({ stream: this.id, kind });
   }
 
@@ -166,21 +127,16 @@ class MuxCall {
   private readonly subs = new Map<number, SubStream>();
   private readonly call: grpc.ClientDuplexStream<AttachManyRequest | MessageInitShape<never>, Buffer>;
   private outgoing: ItemInit[] = [];
-  private accepted = false;
   private over = false;
   readonly startedMs = Date.now();
 
   constructor(
-    private readonly client: RunnerClient,
-    /** Told when this call can take no new sub-streams, and whether the runner lacks AttachMany. */
-    private readonly gone: (unimplemented: boolean) => void,
+    client: RunnerClient,
+    /** Told when this call can take no new sub-streams. */
+    private readonly gone: () => void,
   ) {
     // Not part of any one session's trace: the call outlives the stream that opened it.
     this.call = context.with(ROOT_CONTEXT, () => client.attachMany()) as unknown as typeof this.call;
-    this.call.on("metadata", () => {
-      this.accepted = true;
-      for (const sub of this.subs.values()) sub.accepted();
-    });
     this.call.on("data", (batch: Buffer) => {
       try {
         readBatch(batch, {
@@ -205,7 +161,6 @@ class MuxCall {
   attach(id: number, metadata: grpc.Metadata): SubStream {
     const sub = new SubStream(id, this, metadata);
     this.subs.set(id, sub);
-    if (this.accepted) sub.accepted();
     return sub;
   }
 
@@ -240,16 +195,13 @@ class MuxCall {
     this.call.write({ items } as never);
   }
 
+  /** The call failed or ended: every sub-stream on it ends with its status (clients reattach). */
   private fail(err: { code: number; details: string }): void {
-    const unimplemented = !this.accepted && err.code === Status.UNIMPLEMENTED;
     this.over = true;
-    this.gone(unimplemented);
+    this.gone();
     const subs = [...this.subs.values()];
     this.subs.clear();
-    for (const sub of subs) {
-      if (!unimplemented || !sub.fallBack(this.client))
-        sub.close({ code: err.code, details: err.details, metadata: new grpc.Metadata() });
-    }
+    for (const sub of subs) sub.close({ code: err.code, details: err.details, metadata: new grpc.Metadata() });
   }
 }
 
@@ -257,22 +209,18 @@ function statusOf(s: SubStreamStatus): grpc.StatusObject {
   return { code: s.code, details: s.details, metadata: metadataOf(s.trailers) };
 }
 
-/** Session streams to one runner: on its AttachMany call, or Attach calls if it has none. */
+/** Session streams to one runner, on its AttachMany call (a new one once the last is retired). */
 export class RunnerMux {
   private current?: MuxCall;
-  /** Until when this runner gets Attach calls: it refused AttachMany. */
-  private legacyUntil = 0;
   private nextId = 1;
 
   constructor(private readonly client: RunnerClient) {}
 
   /** A session stream to this runner for a caller (`metadata`: the identity it acts for). */
   attach(metadata: grpc.Metadata): AttachCall {
-    if (Date.now() < this.legacyUntil) return this.client.attach({ metadata }) as unknown as AttachCall;
     if (!this.current?.open) {
       this.current?.retire();
-      const call = new MuxCall(this.client, (unimplemented) => {
-        if (unimplemented) this.legacyUntil = Date.now() + LEGACY_RETRY_MS;
+      const call = new MuxCall(this.client, () => {
         if (this.current === call) this.current = undefined;
       });
       this.current = call;

@@ -52,7 +52,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
   };
   const router = createClient(RouterService, cfg.addr.router, { headers: internal.headers, tls: internal.tls });
   const placements = new PlacementCache(router);
-  const runners = new RunnerPool(cfg.maxMessageBytes, internal.headers, internal.tls, cfg.runnerStreams);
+  const runners = new RunnerPool(cfg.maxMessageBytes, internal.headers, internal.tls);
   const inboxHints = new InboxHints();
 
   /** Calls the caller's session's runner; if it is gone or the session moved, retries once where it is now. */
@@ -176,9 +176,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       const attempt = async (n: number): Promise<void> => {
         const placement = await placements.resolve(who, sessionId, "");
         if (call.cancelled) return;
-        const up = runners
-          .get(placement.runner!.address)
-          .attach({ metadata: caller }) as unknown as grpc.ClientDuplexStream<AttachRequestInit, Buffer>;
+        const up = runners.attach(placement.runner!.address, caller);
         upstream = up;
         let failed = false;
         const answer = answerWithin(up);

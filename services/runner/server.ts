@@ -55,6 +55,7 @@ import { Secrets } from "./tools/web-tools.js";
 import { DEFAULT_NET_POLICY } from "../shared/net/net-guard.js";
 import { TenantQuotas } from "../shared/auth/quotas.js";
 import { nextPageToken, pageOf } from "../shared/paging.js";
+import { RpcError, Status } from "../shared/errors.js";
 
 export async function startRunner(cfg: Config, logger: Logger): Promise<RunningService> {
   const listenTls = internalServing(cfg, "runner");
@@ -205,7 +206,10 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   });
   const attach = attachHandler(registry, logger);
   server.add(RunnerService, {
-    attach,
+    // A session stream is a sub-stream of AttachMany, never a call of its own.
+    async attach() {
+      throw new RpcError(Status.UNIMPLEMENTED, "session streams are carried on AttachMany; Attach is not served alone");
+    },
     // Sub-streams are Attach calls in all but transport: the same handler, wrapped as the server wraps it.
     attachMany: attachManyHandler(
       wrappedHandler(RunnerService.method.attach, attach as never, logger) as never,

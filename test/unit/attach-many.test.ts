@@ -292,21 +292,21 @@ describe("AttachMany", () => {
     }
   });
 
-  test("a runner without AttachMany gets an Attach call per stream", async () => {
+  test("a runner without AttachMany: its streams end UNIMPLEMENTED, none falls back to Attach", async () => {
     const runner = await startRunner({ withoutAttachMany: true });
     try {
       const first = session(runner.mux, "tokens 20");
       const second = session(runner.mux, "tokens 20");
       await Promise.all([first.got.ended, second.got.ended]);
       for (const { got } of [first, second]) {
-        assert.equal(got.error, undefined);
-        assert.ok(got.opened);
-        assert.deepEqual(got.seqs, oneTo(20));
+        assert.equal(got.error?.code, Status.UNIMPLEMENTED);
+        assert.deepEqual(got.seqs, []);
       }
+      // The next stream asks for AttachMany again, not for Attach.
       const later = session(runner.mux, "tokens 5");
       await later.got.ended;
-      assert.deepEqual(later.got.seqs, oneTo(5));
-      assert.equal(runner.seen.attachCalls, 3);
+      assert.equal(later.got.error?.code, Status.UNIMPLEMENTED);
+      assert.equal(runner.seen.attachCalls, 0);
     } finally {
       runner.stop();
     }

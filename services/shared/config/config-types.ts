@@ -65,8 +65,6 @@ export interface Config {
   };
   /** /new and /reset in a chat: the old conversation stays in the history, or is deleted. */
   channelReset: "keep" | "delete";
-  /** How the gateway carries client streams to a runner (services/gateway/runner-mux.ts). */
-  runnerStreams: "shared" | "separate";
   /** Runner: what web_fetch and http_request may reach (shared/net/net-guard.ts). */
   net: { ports: number[]; allow: string[] };
   /** Runner: the secrets http_request may send, by name ({"NAME": "value"}). */

@@ -200,7 +200,6 @@ export function loadConfig(
       maxConnections: v.httpMaxConnections,
     },
     channelReset: str("channelReset") as Config["channelReset"],
-    runnerStreams: str("runnerStreams") as Config["runnerStreams"],
     secretsFile: under("secretsFile", "secrets.json"),
     hookModules: commaList(str("hookModules")).map((s) => path.resolve(s)),
     memoryContextK: v.memoryContextK,

@@ -191,12 +191,6 @@ export const SETTINGS = {
       default: 10_000,
       schema: int(),
     },
-    runnerStreams: {
-      env: "TROUPE_RUNNER_STREAMS",
-      doc: "how client streams reach a runner: shared (one AttachMany call per runner, the events of many sessions in one message) or separate (an Attach call per stream, as before 2026-12)",
-      default: "shared",
-      schema: oneOf("shared", "separate"),
-    },
     channelReset: {
       env: "TROUPE_CHANNEL_RESET",
       doc: "what /new and /reset in a chat do to the old conversation: keep it in the history, or delete it",
