@@ -2,7 +2,7 @@
 // apart from Troupe. Each child process opens a table of 500 rows and then either commits one row
 // at a time (an add, as a learned fact is stored), compacting and cleaning up every 100 as the
 // memory service's maintenance does, or only searches (the baseline: reads). Both sample RSS and
-// the V8 heap. In the run of docs/benchmarks.md, commits grew RSS by tens of KB each with the heap
+// the V8 heap. In the run of bench/history.md, commits grew RSS by tens of KB each with the heap
 // flat, and searches did not: the growth is native and per commit, which is what the hour soak's
 // memory service showed (upstream: lance-format/lance#1983, lancedb/lancedb#2693).
 //

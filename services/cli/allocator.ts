@@ -1,7 +1,7 @@
 // The C allocator Troupe's services run on. Under steady load glibc's malloc keeps the
 // native memory it was handed back (gRPC and HTTP/2 buffers, LanceDB's write path) in its arenas,
 // and a service's RSS climbs for hours; jemalloc with a background purging thread returns it to the
-// system. Measured by the long soak, same build, back to back (docs/benchmarks.md, The long soak).
+// system. Measured by the long soak, same build, back to back (bench/history.md, The long soak).
 //
 // Node links glibc's malloc; jemalloc replaces it by LD_PRELOAD, which must be in the environment
 // when a process starts: `troupe up`'s children get it in theirs, and a service started alone (as

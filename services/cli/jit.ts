@@ -3,10 +3,10 @@
 // memory service on every search. The router (a placement per session, a route per message) and
 // the sandbox (waiting on the Docker engine and its containers) do little work each call, and
 // without those tiers their code and the compilers' own pages stay out of memory: 10 to 12 MB a
-// process, with no cost measured in their benchmarks (docs/benchmarks.md, footprint).
+// process, with no cost measured in their benchmarks (bench/history.md, footprint).
 // The gateway starts with optimization deferred until it is busy (shared/process/deferred-tiering.ts):
 // 9 MB smaller idle, the token path's CPU and bursts the same, its paced p99 within the spread
-// of runs without it (docs/benchmarks.md, bench/stream). TROUPE_JIT=lean defers the
+// of runs without it (bench/history.md, bench/stream). TROUPE_JIT=lean defers the
 // runner and the memory service too (2 to 9 MB each), for a laptop or a small VM; it is not the
 // default for them because they are within their budgets without it and their first busy
 // seconds compile on the main thread. TROUPE_JIT=on gives every service every tier from the

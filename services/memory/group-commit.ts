@@ -1,7 +1,7 @@
 // Group commit: requests that arrive while the writer is busy wait, and go together in its next
 // turn, as one commit of the table. LanceDB's cost is per commit, not per row: a commit writes a
 // manifest and a new version, and each commit keeps native memory (about 70 KB of RSS for a
-// one-row commit against about 10 KB per row in a commit of ten; docs/benchmarks.md,
+// one-row commit against about 10 KB per row in a commit of ten; bench/history.md,
 // bench/lance-growth). Nothing waits on purpose: a lone request is committed at once, and a
 // group forms only from the requests that queued behind a commit already under way.
 

@@ -1,5 +1,5 @@
 // The figures the memory store decides by: when to index, how hard to probe, when to rewrite,
-// maintain and retire. The measurements behind them are in docs/memory.md and docs/benchmarks.md.
+// maintain and retire. The measurements behind them are in docs/memory.md and bench/history.md.
 import * as lancedb from "@lancedb/lancedb";
 
 export const INDEX_THRESHOLD = 100_000;

@@ -2,7 +2,7 @@
 // chunks of the container's output, and the agent's frames inside them (up to 17 MB, a file
 // read). Joining every chunk to what was waiting copied a unit's bytes once per chunk, so a
 // 3.9 MB file read in Docker's 32 KB chunks copied about 250 MB, and reads grew with the square
-// of their size (docs/benchmarks.md, bench/sandbox). Chunks now wait in a list until the unit
+// of their size (bench/history.md, bench/sandbox). Chunks now wait in a list until the unit
 // they belong to is whole, and are joined once.
 
 /** Chunks held back until the unit being read has all its bytes. */

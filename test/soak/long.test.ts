@@ -56,7 +56,7 @@ before(async () => {
   // A session holds what its model can still see, up to its context window. With the default
   // window the twenty long sessions would fill for the whole hour and the soak would measure
   // that fill; with this one they compact every few minutes from the warm-up on, so what is
-  // measured is what stays (docs/benchmarks.md, "The long soak").
+  // measured is what stays (bench/history.md, "The long soak").
   await mkdir(path.join(dataDir, "agents", "main"), { recursive: true });
   await writeFile(
     path.join(dataDir, "agents", "main", "agent.json"),

@@ -1,6 +1,6 @@
 // What each service loads when its module graph is imported, before anything runs: the packages a
 // service may never use (an SDK for a provider nobody configured, the HTTP edge when it is off)
-// cost megabytes of resident memory each (docs/benchmarks.md, bench/footprint), so they are loaded
+// cost megabytes of resident memory each (bench/history.md, bench/footprint), so they are loaded
 // on first use. This guards that no static import brings one back.
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";

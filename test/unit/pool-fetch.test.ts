@@ -202,7 +202,7 @@ describe("poolFetch", () => {
   });
 
   // A streamed reply can last minutes; a runner's request bodies (the whole context) must not be
-  // held that long, or they pile up in the old generation (docs/benchmarks.md, the long soak).
+  // held that long, or they pile up in the old generation (bench/history.md, the long soak).
   test("through the SDK, a long request body is not held while its reply streams", async () => {
     const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: "k", maxRetries: 0, fetch: fetchOverPool as never });
     const held = () => {

@@ -97,7 +97,7 @@ export async function upCommand(argv: string[]): Promise<void> {
   const cfg = loadConfig(args);
   if (shape.oneProcess) {
     // Its young generation is not capped: idle-trim.ts gives back what a quiet process grew, and
-    // a cap cost latency under load (docs/benchmarks.md, footprint).
+    // a cap cost latency under load (bench/history.md, footprint).
     startOver(cfg.allocator, childEnvironment());
     // Services in this process append fsynced session logs: widen the pool before it first starts.
     widenThreadPool();

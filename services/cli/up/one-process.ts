@@ -1,7 +1,7 @@
 // `troupe up --one-process`: every service of `troupe up` in this Node process, each still serving
 // on its own ports with its own configuration, so clients, the CLI and the other services see no
 // difference. For laptops and small VMs: one runtime, one heap, one copy of every module (see
-// docs/benchmarks.md, footprint). A crash takes every service down at once, and nothing restarts
+// bench/history.md, footprint). A crash takes every service down at once, and nothing restarts
 // it: run it under a supervisor (systemd, a container's restart policy) where that matters.
 import { loadConfig } from "../../shared/config/config.js";
 import { splitHostPort } from "../../shared/net/host-port.js";

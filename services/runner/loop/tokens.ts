@@ -8,7 +8,7 @@
 // Counting is the costly part of budgeting a context (about 5 MB/s), so a message is counted once:
 // counts are cached per message object, and the conversation only ever grows by new objects.
 //
-// The tables cost memory (cl100k about 38 MB resident, o200k about 66 MB; docs/benchmarks.md
+// The tables cost memory (cl100k about 38 MB resident, o200k about 66 MB; bench/history.md
 // bench/footprint), and most contexts are far from their budget. So a counter starts with a
 // bound instead: a text's UTF-8 length, which no BPE count exceeds (every token is at least one
 // byte). Callers that find the bound over a budget call exact(), which loads the table once per

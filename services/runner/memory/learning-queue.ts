@@ -1,7 +1,7 @@
 // Learning after runs waits while the runner is busy. Each completed run asks the memory service
 // to learn from it, which costs a model call, embeddings and a write, all on the machine that is
 // streaming other sessions' replies. Fired at once, 200 runs ending together started 200 of them
-// during the next round's streaming (bench/stream, docs/benchmarks.md). So jobs queue here: a few
+// during the next round's streaming (bench/stream, bench/history.md). So jobs queue here: a few
 // run at a time while the runner's event loop is mostly idle; while it is busy, one starts only
 // after a pause with none running, so learning slows down under load but never stops for good.
 // Learning is best effort: past `maxWaiting` the oldest waiting job is dropped, and said so.

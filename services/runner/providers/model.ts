@@ -2,7 +2,7 @@
 // contract (requests, chunks, ModelError, ModelClient) and what every provider's client shares:
 // one undici connection pool per provider (pool-fetch.ts; the provider's SDK calls over it,
 // shared/models/openai-sdk.ts and anthropic-sdk.ts), failures classified as ModelErrors, and the
-// streamed body read by our SSE decoder, which measured faster than the SDK's (docs/benchmarks.md). The clients: chat-completions-model.ts (OpenAI's chat completions
+// streamed body read by our SSE decoder, which measured faster than the SDK's (bench/history.md). The clients: chat-completions-model.ts (OpenAI's chat completions
 // and every compatible endpoint, Troupe's scripted model server among them), responses-model.ts,
 // anthropic-model.ts; provider-models.ts routes each model to its provider's client.
 import type { Agent } from "undici";
@@ -167,7 +167,7 @@ export function providerConnection(
  * reply holds its connection until it ends, so this is a cap on concurrent model calls, not a pool
  * size to economise: at 128, the 129th session waited for another's reply to finish, and 1,000
  * sessions streaming at 30 tokens/s got 3,621 tokens/s instead of 30,000 (bench/stream, paced;
- * docs/benchmarks.md). Over HTTPS undici offers h2 by ALPN, and each connection then carries up to
+ * bench/history.md). Over HTTPS undici offers h2 by ALPN, and each connection then carries up to
  * 100 replies. Runs are bounded by the tenants' concurrentRuns quotas instead.
  */
 export const MAX_MODEL_STREAMS = 4096;

@@ -2,7 +2,7 @@
 // they build the request and read error answers; the runner reads a streamed reply itself, once per network read for every
 // session on the runner. Through undici's fetch each of those reads passed a WHATWG stream and
 // fetch's own controller; the profile of the paced benchmark put about a tenth of the runner's
-// CPU there (docs/benchmarks.md, bench/stream). So the request is made with the pool's `request`,
+// CPU there (bench/history.md, bench/stream). So the request is made with the pool's `request`,
 // whose body is a Node stream, and `replyBody` hands the runner that stream. The Response the caller
 // gets is still a whole one: its body reads the same Node stream when something reads it.
 // Redirects are followed here rather than by undici's interceptor, which keeps the request's body
@@ -106,7 +106,7 @@ const PIECE_CHARS = 64 * 1024;
  * A body as undici should send it, with the headers that go with it. undici keeps the bytes of a
  * string body (a copy of the whole) until the request ends, which for a streamed model reply is
  * its whole length: a runner's long contexts (hundreds of KB each call) then pile up as
- * old-generation garbage until a major collection (the long soak, docs/benchmarks.md). A long one
+ * old-generation garbage until a major collection (the long soak, bench/history.md). A long one
  * goes out in pieces made as they are written, each dead once written, and the string itself is
  * released once the last is made.
  */

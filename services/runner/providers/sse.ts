@@ -1,7 +1,7 @@
 // A server-sent-events decoder for model streams. provider-post.ts makes the request (auth, base
 // URL, errors for non-2xx answers) over the provider's pool (pool-fetch.ts); the body is decoded
 // here because this loop runs once per token for every session on the runner, and measured about
-// twice as fast as the OpenAI SDK's generic stream iterator (see docs/benchmarks.md). It is
+// twice as fast as the OpenAI SDK's generic stream iterator (see bench/history.md). It is
 // synchronous: bytes in, complete events out, so a network read costs one await however many
 // events it carries. An event may gather at most MAX_EVENT_CHARS before it ends.
 //

@@ -1,7 +1,7 @@
 // The Attach stream's bytes for an event. A session's most frequent event is a token delta, one
 // per token at a real model's pace, and encoding it through protobuf-es (a new writer, its buffer
 // grown chunk by chunk, every field checked against the schema) took about a tenth of the runner's
-// CPU in the paced benchmark (docs/benchmarks.md, bench/stream). A text or thinking delta is
+// CPU in the paced benchmark (bench/history.md, bench/stream). A text or thinking delta is
 // written here by hand, field by field as protobuf-es writes it (the unit test compares the bytes);
 // every other event goes through protobuf-es.
 import { create, toBinary } from "@bufbuild/protobuf";

@@ -3,7 +3,7 @@
 // oldest with splice(0, 1) on every event of a turn that filled it. V8 does that in place only
 // while the array is young; once the collector has moved it to the old generation (a long turn on
 // a busy runner) every splice moves all 4,096 slots: 7 to 10 µs an event here, against under 1
-// for the rest of the journal's work (docs/benchmarks.md, bench/journal).
+// for the rest of the journal's work (bench/history.md, bench/journal).
 import type { AgentEvent } from "../../shared/gen/troupe/v1/session_pb.js";
 
 export class RecentEvents implements Iterable<AgentEvent> {

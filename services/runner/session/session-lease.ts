@@ -178,7 +178,7 @@ export class SessionLeases {
   /**
    * Whether the lease still holds. False means a new owner took the session. Checked after every
    * fsync, so it is a stat on the event loop (about 2 µs on a local disk) rather than a trip
-   * through libuv's thread pool, which cost the busy runner more (docs/benchmarks.md, "The cost
+   * through libuv's thread pool, which cost the busy runner more (bench/history.md, "The cost
    * of a turn"); on a shared volume it is one round trip to the file server.
    */
   async holds(lease: Lease): Promise<boolean> {

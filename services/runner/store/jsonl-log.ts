@@ -25,7 +25,7 @@ const IDLE_CLOSE_MS = 2000;
  *
  * The write itself is synchronous (a few KB into the page cache, about 2 µs); the fsync is not. A
  * write handed to libuv's thread pool cost the busy runner 50 µs or more of its loop each, in
- * thread hand-offs (docs/benchmarks.md, "The cost of a turn"). The price: a disk so far behind
+ * thread hand-offs (bench/history.md, "The cost of a turn"). The price: a disk so far behind
  * that the kernel throttles writers stalls the loop for that write, where it stalled the pool's
  * threads (and every fsync queued behind them) before.
  */

@@ -3,7 +3,7 @@
 // client-settings.ts). A shape is written as a small JSON Schema (so `troupe config` and the
 // docs/settings.md can show it), but only the keywords below are allowed: the environment is checked at
 // every start of every process, and a general validator there cost each process 83 modules,
-// about 2.5 MB of heap and 100 ms (docs/benchmarks.md, footprint). The JSON files operators
+// about 2.5 MB of heap and 100 ms (bench/history.md, footprint). The JSON files operators
 // write are still checked by json-schema.ts.
 
 export interface Setting {

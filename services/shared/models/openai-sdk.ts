@@ -8,7 +8,7 @@
 // - a refusal is read (16 KiB at most) and worded by errorOf, which knows the shapes compatible
 //   servers answer with besides OpenAI's (sdk-calls.ts);
 // - a streamed reply is taken as the raw Response (`asResponse`) and read by the runner's SSE
-//   decoder, once per network read (docs/benchmarks.md, bench/stream: the SDK's Stream costs more).
+//   decoder, once per network read (bench/history.md, bench/stream: the SDK's Stream costs more).
 // The SDK is imported on the first call, so a process that never calls a model never loads it.
 import type OpenAI from "openai";
 import type { Fetch, ProviderEndpoint, ProviderGet, ProviderPost } from "./provider-post.js";

@@ -6,7 +6,7 @@
 // then stay resident. So a deferred service (jit.ts) starts with both optimizing compilers off
 // (Ignition and Sparkplug only), and they are turned on at the first second in which its event
 // loop is busy a quarter of the time. Idle after start and a tool turn the gateway measures 68.8 MB
-// instead of 77 to 78 (docs/benchmarks.md, bench/footprint).
+// instead of 77 to 78 (bench/history.md, bench/footprint).
 //
 // Why the compilers are switched and not their thresholds raised (stop 54's first lean): V8 sets
 // a function's next tier-up check from the thresholds in force when it last set it, so code the

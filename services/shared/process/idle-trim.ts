@@ -6,7 +6,7 @@
 // V8's "last resort" full collection, the one it runs when the system is low on memory.
 //
 // It never runs under steady work (the loop is not idle), and at most once per quiet period that
-// followed growth. Figures: docs/benchmarks.md, bench/footprint.
+// followed growth. Figures: bench/history.md, bench/footprint.
 import { performance } from "node:perf_hooks";
 import { setFlagsFromString } from "node:v8";
 import { runInNewContext } from "node:vm";

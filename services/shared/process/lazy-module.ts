@@ -1,6 +1,6 @@
 // Packages a process may never use, loaded on first use instead of at start: an SDK for a provider
 // nobody configured, PostgreSQL under the file store, the HTML converter before the first fetch.
-// Each costs megabytes of resident memory once loaded (docs/benchmarks.md, footprint), and the
+// Each costs megabytes of resident memory once loaded (bench/history.md, footprint), and the
 // constructors that need them are synchronous, so these are CommonJS requires, made once.
 import { createRequire } from "node:module";
 

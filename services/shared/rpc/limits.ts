@@ -8,7 +8,7 @@ export const DEFAULT_DEADLINE_MS = 10_000;
  * What a client lets its server send before the client reads, per stream and for the whole
  * connection (every stream on it shares that one). grpc-js's default is HTTP/2's 65,535 bytes for
  * both; with it, under load, a gateway's streams from its runner stalled for seconds and some were
- * cut after 30 s (docs/benchmarks.md, "The receive window"). 1 MiB is grpc-java's default.
+ * cut after 30 s (bench/history.md, "The receive window"). 1 MiB is grpc-java's default.
  */
 export const RECEIVE_WINDOW_BYTES = 1024 * 1024;
 

@@ -1,7 +1,7 @@
 // Compiles each JSON Schema of services/shared/schemas/ to a validator module at build time (`make
 // build` runs this after tsc), with ajv's standalone code generation. A service that reads one of
 // these files at start then loads that validator alone, not ajv and its code generator: 2 MB of
-// the gateway's resident memory, which checks the API keys file (docs/benchmarks.md,
+// the gateway's resident memory, which checks the API keys file (bench/history.md,
 // bench/footprint), and the schema's compilation at each start. The runner still loads ajv when
 // it first checks a tool's arguments, whose schemas come from the agents.
 //
