@@ -1,12 +1,17 @@
-// A runner that answers bytes the gateway cannot read. The gateway decodes a runner's answer in
-// a stream's data handler, where a throw escapes into grpc-js and ends the process: every tenant's
-// streams with it. It must end that one stream with INTERNAL and serve on.
+// A runner that answers bytes the gateway cannot read, in a session stream (a sub-stream of its
+// AttachMany call). The gateway decodes a runner's answer in a stream's data handler, where a
+// throw escapes into grpc-js and ends the process: every tenant's streams with it. It must end
+// that one stream with INTERNAL and serve on.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import * as grpc from "@grpc/grpc-js";
-import { create, toBinary } from "@bufbuild/protobuf";
+import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import { RouterService } from "../services/shared/gen/troupe/v1/router_pb.js";
-import { ListStoredSessionsResponseSchema } from "../services/shared/gen/troupe/v1/runner_pb.js";
+import {
+  AttachManyRequestSchema,
+  ListStoredSessionsResponseSchema,
+} from "../services/shared/gen/troupe/v1/runner_pb.js";
+import { responseHead } from "../services/shared/sub-streams.js";
 import { ChatSession } from "./helpers/session.js";
 import { startStack, type Stack } from "./helpers/stack.js";
 
@@ -26,7 +31,7 @@ let rogue: grpc.Server;
 let rogueAddress = "";
 /** What the rogue runner answers to the next stream's first frame. */
 let answer: Buffer = Buffer.alloc(0);
-/** Attach streams the rogue runner was asked for. */
+/** Session streams (AttachMany sub-streams) the rogue runner was asked for. */
 let attaches = 0;
 /** The one session the rogue runner's store lists, with events to read. */
 const LISTED = Buffer.from(
@@ -41,8 +46,8 @@ before(async () => {
   rogue = new grpc.Server();
   rogue.addService(
     {
-      attach: {
-        path: "/troupe.v1.RunnerService/Attach",
+      attachMany: {
+        path: "/troupe.v1.RunnerService/AttachMany",
         requestStream: true,
         responseStream: true,
         requestSerialize: raw,
@@ -61,10 +66,19 @@ before(async () => {
       },
     },
     {
-      attach: (call: grpc.ServerDuplexStream<Buffer, Buffer>) => {
-        attaches++;
+      // Every session stream is a sub-stream of the gateway's AttachMany call: each one's first
+      // request is answered with `answer`, as one response item of that sub-stream.
+      attachMany: (call: grpc.ServerDuplexStream<Buffer, Buffer>) => {
+        const answered = new Set<number>();
         call.on("error", () => undefined);
-        call.once("data", () => call.write(answer));
+        call.on("data", (batch: Buffer) => {
+          for (const item of fromBinary(AttachManyRequestSchema, batch).items) {
+            if (item.kind.case === "open") attaches++;
+            if (item.kind.case !== "request" || answered.has(item.stream)) continue;
+            answered.add(item.stream);
+            call.write(Buffer.concat([responseHead(item.stream, answer.length), answer]));
+          }
+        });
       },
       listStoredSessions: (_call: unknown, done: grpc.sendUnaryData<Buffer>) => done(null, LISTED),
     },
