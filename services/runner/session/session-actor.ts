@@ -1,12 +1,11 @@
 // One actor per session. It owns the session's state (conversation, seq, queues), admits client
 // frames in arrival order, runs one agent run at a time (the turn lock), and publishes every event
 // to the streams attached to it. A frame is acknowledged only after it is durably in the log.
-import { create, toJson } from "@bufbuild/protobuf";
+import { create } from "@bufbuild/protobuf";
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import { ROOT_CONTEXT, type Context } from "@opentelemetry/api";
 import {
   AgentEventSchema,
-  ClientFrameSchema,
   type QueueMode,
   SessionInfoSchema,
   type AgentEvent,
@@ -25,9 +24,9 @@ import type { Compaction, EventPayload, QueuedMessage, RunDeps, RunHost } from "
 import type { AuditSink } from "../store/audit-log.js";
 import { refOf, type SessionRef } from "../../shared/session-ref.js";
 import type { TenantRuns } from "./tenant-runs.js";
-import { EventJournal, type EventSubscriber, type JournalHost, SEQ_BLOCK } from "./event-journal.js";
+import { EventJournal, type EventSubscriber, SEQ_BLOCK } from "./event-journal.js";
 import { Mailbox, type Queued } from "./mailbox.js";
-import { Admission, type AdmissionHost } from "./admission.js";
+import { Admission } from "./admission.js";
 import {
   ownerOf,
   type LogRecord,
@@ -40,8 +39,17 @@ import { SessionWrites } from "./session-writes.js";
 import { SessionChoices, type Choice, type ChoiceRecord } from "./session-choices.js";
 import { HeldHistory } from "./held-history.js";
 import { type Numbering, type RebuiltParts, type Resume, rebuildFromLog } from "./session-rebuild.js";
-import { type RestartHost, Supervision } from "./supervision.js";
+import { Supervision } from "./supervision.js";
 import { type NextRun, RunSlot } from "./run-slot.js";
+import {
+  type ActorInternals,
+  AdmissionHostOf,
+  CollectedHost,
+  JournalHostOf,
+  RestartHostOf,
+  SlotHost,
+  WritesHost,
+} from "./actor-hosts.js";
 
 /** What an actor is given: its store, the audit log, the logger, and what its runs use. */
 export interface ActorDeps {
@@ -60,7 +68,7 @@ export class SessionActor {
   /** Numbering, recording and fan-out of this session's events (event-journal.ts). */
   private readonly journal: EventJournal;
   /** Waiting messages and where each goes (mailbox.ts). */
-  private readonly mailbox: Mailbox = new Mailbox(new CollectedHost(this).collected);
+  private readonly mailbox: Mailbox = new Mailbox(new CollectedHost(this as unknown as ActorInternals).collected);
   private createdMs = Date.now();
   /** Model, reasoning effort and reset point chosen for the session (settle). */
   readonly choices = new SessionChoices();
@@ -99,13 +107,14 @@ export class SessionActor {
     /** Set when the session is a sub-agent's (delegate_task): its parent, depth and instruction. */
     readonly subagent?: Subagent,
   ) {
-    // Each part's host is one small object whose methods are on its prototype (the classes at the
-    // bottom of this file): an idle actor holds no closures for them.
-    this.writes = new SessionWrites(log, sessionId, new WritesHost(this));
-    this.slot = new RunSlot(new SlotHost(this));
-    this.journal = new EventJournal(new JournalHostOf(this));
-    this.admission = new Admission(new AdmissionHostOf(this));
-    this.supervision = new Supervision(new RestartHostOf(this));
+    // Each part's host is one small object whose methods are on its prototype (actor-hosts.ts):
+    // an idle actor holds no closures for them.
+    const self = this as unknown as ActorInternals;
+    this.writes = new SessionWrites(log, sessionId, new WritesHost(self));
+    this.slot = new RunSlot(new SlotHost(self));
+    this.journal = new EventJournal(new JournalHostOf(self));
+    this.admission = new Admission(new AdmissionHostOf(self));
+    this.supervision = new Supervision(new RestartHostOf(self));
   }
 
   /** The session as its owner names it (the store's and the registry's key). */
@@ -207,7 +216,7 @@ export class SessionActor {
     return this.mailbox.mode;
   }
 
-  /** Reached by the hosts at the bottom of this file (protected: not for callers). */
+  /** Reached by the hosts of actor-hosts.ts (protected: not for callers). */
   protected abort(frameId: string, reason: string, clearQueue: boolean): void {
     this.deps.audit
       .record({
@@ -398,181 +407,5 @@ export class SessionActor {
     await this.log.append({ t: "closed", seq: this.journal.lastSeq }, true).catch(() => undefined);
     await this.log.close({ keepLease: handedOver && options.exiting === true });
     if (options.end) this.loseSession(options.end, "session handed over");
-  }
-}
-
-// The actor's side of each part's host interface. Each is one object holding the actor, its
-// methods on the prototype, so an actor holds five small objects here and no closures. They reach
-// the actor's private state through `ActorInternals`, which only this file sees.
-
-/** What the hosts below use of an actor (its private members, by name). */
-type ActorInternals = {
-  sessionId: string;
-  owner: SessionOwner;
-  ref: SessionRef;
-  deps: ActorDeps;
-  log: SessionLog;
-  lost?: RpcError;
-  mailbox: Mailbox;
-  slot: RunSlot;
-  journal: EventJournal;
-  admission: Admission;
-  supervision: Supervision;
-  history: HeldHistory;
-  idle: boolean;
-  idleWaiters: (() => void)[];
-  updatedMs: number;
-  activeMs: number;
-  compaction?: Compaction;
-  writes: SessionWrites;
-  loseSession(err: RpcError, why: string): void;
-  takeNext(): NextRun | undefined;
-  execute(next: NextRun, signal: AbortSignal): Promise<void>;
-  releaseUnseen(): void;
-  abort(frameId: string, reason: string, clearQueue: boolean): void;
-  emit(payload: EventPayload): AgentEvent;
-  drop(queued: Queued[], message: string): void;
-  replayLog(records: LogRecord[], numbering: Numbering, cutOff?: CutOff): void;
-};
-const inside = (actor: SessionActor) => actor as unknown as ActorInternals;
-
-class WritesHost {
-  constructor(private readonly a: SessionActor) {}
-  lose(err: RpcError, why: string): void {
-    inside(this.a).loseSession(err, why);
-  }
-  lost(): RpcError | undefined {
-    return inside(this.a).lost;
-  }
-}
-
-/** The mailbox's one callback: prompts gathered in collect mode are ready to run. */
-class CollectedHost {
-  constructor(private readonly a: SessionActor) {}
-  readonly collected = (): void => inside(this.a).slot.schedule();
-}
-
-class SlotHost {
-  constructor(private readonly a: SessionActor) {}
-  takeNext(): NextRun | undefined {
-    return inside(this.a).takeNext();
-  }
-  execute(next: NextRun, signal: AbortSignal): Promise<void> {
-    return inside(this.a).execute(next, signal);
-  }
-  started(): void {
-    const a = inside(this.a);
-    a.deps.runs?.started(a.owner.tenant);
-  }
-  ended(): void {
-    const a = inside(this.a);
-    a.deps.runs?.ended(a.owner.tenant);
-    // Steering or follow-ups that came too late for the run are not lost: they run next.
-    a.mailbox.requeueLate();
-    a.releaseUnseen();
-  }
-  nothingOwed(): void {
-    const a = inside(this.a);
-    a.journal.trimIdle();
-    // Prompts still gathering (collect mode) are work to come: not idle until they have run.
-    if (a.idle) for (const wake of a.idleWaiters.splice(0)) wake();
-  }
-}
-
-class JournalHostOf implements JournalHost {
-  constructor(private readonly a: SessionActor) {}
-  get sessionId(): string {
-    return this.a.sessionId;
-  }
-  turnId(): string {
-    return inside(this.a).slot.turnId ?? "";
-  }
-  persist(record: LogRecord, sync: boolean): Promise<void> {
-    return inside(this.a).writes.append(record, sync);
-  }
-  readLog(): Promise<LogRecord[]> {
-    const a = inside(this.a);
-    return a.deps.store.read(a.ref);
-  }
-  published(event: AgentEvent): void {
-    const a = inside(this.a);
-    const now = Date.now();
-    a.updatedMs = now;
-    a.activeMs = now;
-    if (event.payload.case === "compactionEnd") {
-      a.compaction = {
-        summary: event.payload.value.summary,
-        firstKeptMessageId: event.payload.value.firstKeptMessageId,
-      };
-    }
-  }
-}
-
-class AdmissionHostOf implements AdmissionHost {
-  constructor(private readonly a: SessionActor) {}
-  get sessionId(): string {
-    return this.a.sessionId;
-  }
-  get mailbox(): Mailbox {
-    return inside(this.a).mailbox;
-  }
-  lost(): RpcError | undefined {
-    return inside(this.a).lost;
-  }
-  failed(): string | undefined {
-    return inside(this.a).supervision.failed;
-  }
-  restarting(): Promise<void> | undefined {
-    return inside(this.a).supervision.restarting;
-  }
-  running(): boolean {
-    return inside(this.a).slot.busy;
-  }
-  takeRun(): void {
-    const a = inside(this.a);
-    a.deps.runs?.admit(a.owner.tenant);
-  }
-  record(frame: ClientFrame): Promise<void> {
-    return inside(this.a).writes.appendOrRefuse({ t: "frame", frame: toJson(ClientFrameSchema, frame) }, true);
-  }
-  emit(payload: EventPayload): AgentEvent {
-    return inside(this.a).emit(payload);
-  }
-  placed(frame: ClientFrame, interrupt: boolean): void {
-    const a = inside(this.a);
-    if (frame.kind.case === "abort") a.abort(frame.frameId, frame.kind.value.reason, frame.kind.value.clearQueue);
-    if (interrupt && a.slot.busy) a.abort(frame.frameId, "interrupted by a prompt in interrupt mode", false);
-    a.slot.schedule();
-  }
-}
-
-class RestartHostOf implements RestartHost {
-  constructor(private readonly a: SessionActor) {}
-  get sessionId(): string {
-    return this.a.sessionId;
-  }
-  admitting(): number {
-    return inside(this.a).admission.admitting;
-  }
-  async readLog(): Promise<LogRecord[]> {
-    const a = inside(this.a);
-    await a.log.flush().catch(() => undefined);
-    return a.deps.store.read(a.ref);
-  }
-  rebuild(records: LogRecord[], cutOff: CutOff): void {
-    const a = inside(this.a);
-    const live = a.journal.lastSeq;
-    a.history.clear();
-    a.admission.clear();
-    a.mailbox.clear();
-    a.compaction = undefined;
-    a.replayLog(records, { live }, cutOff);
-  }
-  emit(payload: EventPayload): void {
-    inside(this.a).emit(payload);
-  }
-  dropQueued(message: string): void {
-    const a = inside(this.a);
-    a.drop(a.mailbox.queue.splice(0).flat(), message);
   }
 }
