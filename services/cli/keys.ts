@@ -1,14 +1,14 @@
 // `troupe keys`: the gateway's API keys. Only hashes are stored, so `create` is the one time a key
 // can be read; a running gateway picks changes up within seconds, and a revoked key's open
 // streams end then too.
-//   troupe keys create --tenant T --principal P [--role user|adapter|admin] [--channel C]... [--name N]
+//   troupe keys create --tenant T --principal P [--role user|adapter|approver|admin] [--channel C]... [--name N]
 //   troupe keys ls
 //   troupe keys revoke NAME
 import { createApiKey, listApiKeys, revokeApiKey, ROLES, type Role } from "../shared/auth/api-keys.js";
 import { loadConfig } from "../shared/config/config.js";
 import { printTable } from "./table.js";
 
-const USAGE = `usage: troupe keys create --tenant TENANT --principal PRINCIPAL [--role user|adapter|admin] [--channel CHANNEL]... [--name NAME] [--api-keys FILE]
+const USAGE = `usage: troupe keys create --tenant TENANT --principal PRINCIPAL [--role user|adapter|approver|admin] [--channel CHANNEL]... [--name NAME] [--api-keys FILE]
        troupe keys ls [--api-keys FILE]
        troupe keys revoke NAME [--api-keys FILE]
 An adapter key (--role adapter) may call Deliver for the channels it names with --channel, and only those.

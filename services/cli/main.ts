@@ -57,7 +57,7 @@ operations:
                         what the services of \`troupe up\` wrote (DATA_DIR/logs)
   memory add|search|forget|stats|reembed
                         store, find (--debug: stage scores) and delete memories
-  keys create --tenant T --principal P [--role user|adapter|admin] [--channel C]... [--name N]
+  keys create --tenant T --principal P [--role user|adapter|approver|admin] [--channel C]... [--name N]
                         add an API key (printed once; only its hash is kept)
   keys ls | keys revoke NAME
                         list the keys (never the keys themselves); revoke one

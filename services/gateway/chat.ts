@@ -8,7 +8,7 @@ import { create } from "@bufbuild/protobuf";
 import { context } from "@opentelemetry/api";
 import { callerOf, identityOf, onBehalfOf } from "../shared/auth/auth.js";
 import { Status, toStatus } from "../shared/errors.js";
-import { catchStopCommand, validateFrame } from "../shared/frames.js";
+import { catchStopCommand, stampDecider, validateFrame } from "../shared/frames.js";
 import type { ChatRequest, ChatResponse } from "../shared/gen/troupe/v1/gateway_pb.js";
 import type { AttachResponse } from "../shared/gen/troupe/v1/runner_pb.js";
 import { ClientFrameSchema, type ClientFrame } from "../shared/gen/troupe/v1/session_pb.js";
@@ -149,7 +149,7 @@ export function chatHandler(deps: ChatDeps): (call: grpc.ServerDuplexStream<Chat
           return;
         }
         validateFrame(frame, true, true);
-        const stopAware = catchStopCommand(frame);
+        const stopAware = stampDecider(catchStopCommand(frame), who.principal);
         // Over a limit, the stream ends with RESOURCE_EXHAUSTED and when to retry; frames not
         // yet acknowledged are the client's to resend, as after any broken stream.
         admit(tenant, sessionId, stopAware);

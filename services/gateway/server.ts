@@ -3,10 +3,24 @@
 // to that runner. Events flow runner -> gateway -> client with backpressure honoured at each step;
 // the router is never on that path.
 import { create } from "@bufbuild/protobuf";
-import { apiKeyAuth, callerOf, identityOf, internalCredentials, onBehalfOf } from "../shared/auth/auth.js";
+import {
+  apiKeyAuth,
+  callerOf,
+  identityMetadata,
+  identityOf,
+  internalCredentials,
+  onBehalfOf,
+} from "../shared/auth/auth.js";
+import { NAME } from "../shared/auth/api-keys.js";
 import type { Config } from "../shared/config/config-types.js";
-import { invalidArgument, toStatus } from "../shared/errors.js";
-import { catchStopCommand, validateFrame, validateModelName, validateSessionRef } from "../shared/frames.js";
+import { invalidArgument, permissionDenied, toStatus } from "../shared/errors.js";
+import {
+  catchStopCommand,
+  stampDecider,
+  validateFrame,
+  validateModelName,
+  validateSessionRef,
+} from "../shared/frames.js";
 import { AdminService } from "../shared/gen/troupe/v1/admin_pb.js";
 import { GatewayService } from "../shared/gen/troupe/v1/gateway_pb.js";
 import { Health } from "../shared/gen/grpc/health/v1/health_pb.js";
@@ -75,11 +89,17 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
     }
   };
 
-  const submit = async (sessionId: string, sent: ClientFrame, call: { metadata: grpc.Metadata }) => {
-    const metadata = call.metadata;
-    const caller = onBehalfOf(call);
+  /**
+   * Submits a client's frame to its session. `owner`: the session is another principal's of the
+   * caller's tenant (an approver's decision); the caller's right to that was checked.
+   */
+  const submit = async (sessionId: string, sent: ClientFrame, call: { metadata: grpc.Metadata }, owner?: string) => {
+    const metadata = owner
+      ? identityMetadata({ tenant: identityOf(call.metadata).tenant, principal: owner })
+      : call.metadata;
+    const caller = owner ? metadata : onBehalfOf(call);
     validateFrame(sent, true, true);
-    const frame = catchStopCommand(sent);
+    const frame = stampDecider(catchStopCommand(sent), identityOf(call.metadata).principal);
     admit(identityOf(metadata).tenant, sessionId, frame);
     const spans = new TurnSpans(
       extractContext(metadata),
@@ -88,7 +108,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
     );
     const traced = spans.start(frame);
     try {
-      const res = await withRunner(call, sessionId, (runner) =>
+      const res = await withRunner({ metadata }, sessionId, (runner) =>
         runner.submit({ sessionId, frame: traced }, { metadata: caller }),
       );
       return { accepted: res.accepted };
@@ -153,6 +173,34 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
         }),
         call,
       ),
+
+    decideToolCall: (req, call) => {
+      const me = callerOf(call.metadata);
+      const owner = req.principal === "" || req.principal === me.principal ? undefined : req.principal;
+      // Someone else's session: only the tenant's approvers decide there, and nobody learns whether it exists.
+      if (owner !== undefined && me.role !== "approver")
+        throw permissionDenied(
+          `only the session's own principal or a key with the approver role may decide on its tool calls (this key's role is ${me.role})`,
+        );
+      if (owner !== undefined && !NAME.test(owner)) throw invalidArgument("principal is not a valid principal name");
+      return submit(
+        req.sessionId,
+        create(ClientFrameSchema, {
+          frameId: req.frameId,
+          kind: {
+            case: "toolDecision",
+            value: {
+              toolCallId: req.toolCallId,
+              verdict: req.verdict,
+              message: req.message,
+              argumentsJson: req.argumentsJson,
+            },
+          },
+        }),
+        call,
+        owner,
+      );
+    },
 
     // Served over the runner's Attach stream (open with replay_after_seq, no create) rather than
     // Replay, so that a client leaving ends the runner's stream without a reset.

@@ -18,12 +18,14 @@
 //     "webFetch": true,                       // web_fetch of public pages
 //     "http": { "allowHosts": ["api.github.com"], "secrets": { "GITHUB_TOKEN": ["api.github.com"] } },
 //     "egress": { "allowHosts": ["registry.npmjs.org"], "budgetMb": 1024 },  // sandboxed commands' way out
-//     "timeZone": "Europe/Berlin"             // the users' time zone: the prompt's clock says it
+//     "timeZone": "Europe/Berlin",            // the users' time zone: the prompt's clock says it
+//     "approvals": { "tools": { "exec": "ask" } }  // calls that wait for a person (tools/approvals.ts)
 //   }
 import { readFile, stat } from "node:fs/promises";
 import path from "node:path";
 import { schemaProblems } from "../shared/json-schema.js";
 import type { ReasoningEffort } from "../shared/models/model-rules.js";
+import { type ApprovalPolicy, policyProblems } from "./tools/approvals.js";
 
 export interface RetryPolicy {
   /** Retries of one model call (so maxRetries + 1 attempts per model of the chain). */
@@ -63,6 +65,8 @@ export interface AgentConfig {
   egress: { allowHosts: string[]; budgetMb: number };
   /** The users' time zone (IANA name): the prompt's current time is said in it; absent: UTC. */
   timeZone?: string;
+  /** Which tool calls wait for a person's decision (tools/approvals.ts); undefined: none. */
+  approvals?: ApprovalPolicy;
 }
 
 export const DEFAULT_AGENT: Readonly<Omit<AgentConfig, "name">> = {
@@ -140,6 +144,8 @@ export function parseAgentConfig(agentId: string, json: unknown): AgentConfig {
       );
     }
   }
+  const badPatterns = policyProblems(cfg.approvals);
+  if (badPatterns.length > 0) throw new AgentConfigError(badPatterns.join("; "));
   if (cfg.reserveTokens >= cfg.contextWindow)
     throw new AgentConfigError(
       `reserveTokens (${cfg.reserveTokens}) must be below contextWindow (${cfg.contextWindow})`,

@@ -2,7 +2,13 @@
 // (which owns the session and must not trust its callers either).
 import { createHash } from "node:crypto";
 import { create } from "@bufbuild/protobuf";
-import { ClientFrameSchema, FrameKind, type ClientFrame } from "./gen/troupe/v1/session_pb.js";
+import {
+  ClientFrameSchema,
+  FrameKind,
+  ToolVerdict,
+  type ClientFrame,
+  type ToolDecision,
+} from "./gen/troupe/v1/session_pb.js";
 import { failedPrecondition, invalidArgument } from "./errors.js";
 import { isAgentId, isFrameId, isSessionId } from "./ids.js";
 import { validateAttachments, validateImages } from "./media.js";
@@ -13,6 +19,7 @@ export const FRAME_KIND: Record<NonNullable<ClientFrame["kind"]["case"]>, FrameK
   steer: FrameKind.STEER,
   followUp: FrameKind.FOLLOW_UP,
   abort: FrameKind.ABORT,
+  toolDecision: FrameKind.TOOL_DECISION,
 };
 
 /**
@@ -35,6 +42,12 @@ export function catchStopCommand(frame: ClientFrame): ClientFrame {
       kind: { case: "abort", value: { reason: `${k.value.text.trim()} typed as a message` } },
     });
   }
+  return frame;
+}
+
+/** The frame with its decider named, for a tool decision: the gateway says who decided, from the caller's key. */
+export function stampDecider(frame: ClientFrame, principal: string): ClientFrame {
+  if (frame.kind.case === "toolDecision") frame.kind.value.decidedBy = principal;
   return frame;
 }
 
@@ -74,7 +87,9 @@ export function validateFrame(
     );
   const kind = frame.kind;
   if (kind.case === undefined)
-    throw invalidArgument(`frame ${frame.frameId} has no kind: set one of open, prompt, steer, follow_up, abort`);
+    throw invalidArgument(
+      `frame ${frame.frameId} has no kind: set one of open, prompt, steer, follow_up, abort, tool_decision`,
+    );
   if (!opened && kind.case !== "open")
     throw failedPrecondition(
       `frame ${frame.frameId} (${kind.case}) arrived before the session was opened: send an open frame first`,
@@ -103,7 +118,33 @@ export function validateFrame(
       break;
     case "abort":
       break;
+    case "toolDecision":
+      validateDecision(frame.frameId, kind.value, fromClient);
+      break;
   }
+}
+
+/** A decision's own fields; whether its call waits is the session's to say. */
+function validateDecision(frameId: string, d: ToolDecision, fromClient: boolean): void {
+  if (!/^[\x21-\x7e]{1,256}$/.test(d.toolCallId))
+    throw invalidArgument(`frame ${frameId}: tool_call_id must be 1-256 printable ASCII characters`);
+  if (d.verdict === ToolVerdict.UNSPECIFIED || ToolVerdict[d.verdict] === undefined)
+    throw invalidArgument(`frame ${frameId}: verdict must be APPROVE, REJECT or EDIT`);
+  if (d.message.length > 8000) throw invalidArgument(`frame ${frameId}: message must be at most 8000 characters`);
+  if (d.verdict === ToolVerdict.EDIT) {
+    let args: unknown;
+    try {
+      args = JSON.parse(d.argumentsJson);
+    } catch {
+      throw invalidArgument(`frame ${frameId}: an edit's arguments_json must be a JSON object`);
+    }
+    if (typeof args !== "object" || args === null || Array.isArray(args))
+      throw invalidArgument(`frame ${frameId}: an edit's arguments_json must be a JSON object`);
+  } else if (d.argumentsJson !== "") throw invalidArgument(`frame ${frameId}: arguments_json is only for an edit`);
+  if (fromClient && d.decidedBy !== "")
+    throw invalidArgument(
+      `frame ${frameId}: decided_by is set by the gateway from the caller's key, never by a client`,
+    );
 }
 
 /** A model name as a client may choose one: empty (no choice), or provider/model of at most 200 characters. */

@@ -127,6 +127,7 @@ export function testRunDeps(
   return {
     agentId: "main",
     tenant: "t",
+    principal: "alice",
     log: quietLogger,
     triggerOrigin: async () => "",
     defaultModel: "test-model",

@@ -68,6 +68,8 @@ function host(
       const gone = new Set(ids);
       h.messages.splice(0, h.messages.length, ...h.messages.filter((m) => !gone.has(m.id)));
     },
+    isHeld: () => false,
+    decisionOf: () => undefined,
     events,
     of: (k) => events.filter((e) => e.case === k).map((e) => e.value) as never,
   };

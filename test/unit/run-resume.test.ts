@@ -27,7 +27,11 @@ const log = (messages: ReturnType<typeof message>[], openTurnFrom = 0): Replayed
 describe("what a cut-off run becomes", () => {
   test("resumed when its messages are in the log and it had not answered", () => {
     const asked = message(Role.ASSISTANT, { toolCalls: [{ id: "c1", name: "exec", argumentsJson: "{}" }] });
-    assert.deepEqual(cutRunOf(log([message(Role.USER), message(Role.USER), asked], 1)), { resume: true, from: 1 });
+    assert.deepEqual(cutRunOf(log([message(Role.USER), message(Role.USER), asked], 1)), {
+      resume: true,
+      from: 1,
+      interrupted: [],
+    });
   });
 
   test("closed as it ended when its final answer is in the log: asking again would answer twice", () => {
@@ -95,6 +99,31 @@ describe("a session loaded after its runner died mid-run", () => {
       ["build and deploy"],
       "the prompt is in the history once",
     );
+  });
+
+  test("a call that never started (behind the one running) runs after the restart; only the running one is interrupted", async () => {
+    const ran: string[] = [];
+    const deploys: string[] = [];
+    const model = new ScriptedModel((r) =>
+      r.messages.some((m) => m.role === "tool" && m.content.startsWith("Interrupted"))
+        ? say("finished")
+        : call(["deploy", { text: "v3" }], ["echo", { text: "notify" }]),
+    );
+    const { actor, events, store, deps } = await newActor(() =>
+      testRunDeps(model, [echoTool("echo", 0, ran), hangingTool(deploys)]),
+    );
+    await actor.submit(prompt("deploy, then notify"));
+    await events.waitFor((e) => e.payload.case === "toolExecutionStart" && e.payload.value.toolName === "deploy");
+    while (!store.records(actor.ref).some((r) => JSON.stringify(r).includes("toolExecutionStart")))
+      await new Promise((r) => setTimeout(r, 5));
+    const again = await SessionActor.load(actor.ref, deps);
+    const later = new Collector();
+    await again.attach(later);
+    await later.waitFor((e) => e.payload.case === "agentEnd");
+    const deployCall = again.history.messages.flatMap((m) => m.toolCalls).find((c) => c.name === "deploy")!;
+    assert.deepEqual(later.of("runResumed")[0].interruptedToolCallIds, [deployCall.id]);
+    assert.deepEqual(ran, ["notify"], "the call that never started ran once, after the restart");
+    assert.deepEqual(deploys, ["v3"]);
   });
 
   test("a resumed run speaks for the person whose message it had taken, not the session's first speaker", async () => {

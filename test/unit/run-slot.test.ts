@@ -65,7 +65,7 @@ describe("the run slot", () => {
   });
 
   test("a resumed run keeps the turn it was cut off in", async () => {
-    const { slot, log } = slotOver([{ first: [], resume: { turnId: "turn-7", from: 3 } }]);
+    const { slot, log } = slotOver([{ first: [], resume: { turnId: "turn-7", from: 3, interrupted: [] } }]);
     slot.schedule();
     assert.equal(slot.turnId, "turn-7");
     assert.ok(log.includes("run resume:turn-7 as turn-7"));

@@ -9,7 +9,9 @@
 //       stream the assistant's reply, with retries and fallbacks  -> chat span
 //       run its tool calls: validated, hooked, parallel where the   -> execute_tool spans
 //         tools allow; before each group, look for steering: if some arrived, the rest of the
-//         batch is skipped (paired results say so) and the steering goes in before the next call
+//         batch is skipped (paired results say so) and the steering goes in before the next call;
+//         a group with a call the approval policy holds stops the run here (RunWaiting): it
+//         goes on as a resume once the held calls are decided
 //     when the model stops asking for tools, take the follow-ups queued meanwhile
 //
 // Side effects come in through RunHost (events, queues, the abort signal) and RunDeps (model,
@@ -35,6 +37,7 @@ import {
   hookFailed,
   pushMessage,
   report,
+  unansweredCalls,
   type QueuedMessage,
   type RunDeps,
   type RunHost,
@@ -108,6 +111,8 @@ export async function runAgent(
     });
     if (outcome.stopReason === StopReason.ERROR)
       span.setStatus({ code: SpanStatusCode.ERROR, message: outcome.errorMessage });
+    // A waiting run has not ended: its resume sends agent_end (or the wait's abort does).
+    if (outcome.waiting) return { ...outcome, waiting: { from: startedAt } };
     host.emit({
       case: "agentEnd",
       value: { stopReason: outcome.stopReason, errorMessage: outcome.errorMessage, usage },
@@ -129,8 +134,9 @@ export async function runAgent(
     return outcome;
   } finally {
     span.end();
-    const phase =
-      outcome.stopReason === StopReason.ABORTED
+    const phase = outcome.waiting
+      ? "waiting"
+      : outcome.stopReason === StopReason.ABORTED
         ? "aborted"
         : outcome.stopReason === StopReason.ERROR
           ? "failed"
@@ -140,11 +146,12 @@ export async function runAgent(
       "troupe.turn.phase": phase,
       ...(phase === "failed" ? { "error.type": lastError || "UNKNOWN" } : {}),
     });
-    deps.hooks.observe(
-      "agent_end",
-      { ...info, stopReason: StopReason[outcome.stopReason] ?? "ERROR", errorMessage: outcome.errorMessage },
-      hookFailed(host),
-    );
+    if (!outcome.waiting)
+      deps.hooks.observe(
+        "agent_end",
+        { ...info, stopReason: StopReason[outcome.stopReason] ?? "ERROR", errorMessage: outcome.errorMessage },
+        hookFailed(host),
+      );
   }
 }
 
@@ -190,6 +197,22 @@ async function runLoop(
   span.setAttribute(GenAI.REQUEST_MODEL, turn.models[0]);
   let pending: QueuedMessage[] = initial;
   let step = 0;
+  // A resumed run first runs the calls of its last step that never started: held for a decision
+  // (now decided, or skipped by steering), or behind one, or cut off before their turn.
+  const unstarted = resume ? unansweredCalls(host.messages) : [];
+  if (unstarted.length > 0) {
+    step++;
+    host.emit({ case: "turnStart", value: { step } });
+    const asked = host.messages.findLast((m) => m.toolCalls.some((c) => c.id === unstarted[0].id))!;
+    const done = await executeToolCalls(turn, { ...asked, toolCalls: unstarted });
+    host.emit({ case: "turnEnd", value: { step, stopReason: asked.stopReason } });
+    if (done.waiting) return waitOn(host, done.waiting);
+    pending = await admit(host, deps, info, done.steering);
+    if (host.signal.aborted) {
+      injectUserMessages(host, pending);
+      return { stopReason: StopReason.ABORTED, errorMessage: "" };
+    }
+  }
   for (;;) {
     for (;;) {
       step++;
@@ -219,8 +242,10 @@ async function runLoop(
         host.emit({ case: "turnEnd", value: { step, stopReason: assistant.stopReason } });
         return { stopReason: assistant.stopReason, errorMessage };
       }
-      pending = calls.length > 0 ? await admit(host, deps, info, await executeToolCalls(turn, assistant)) : [];
+      const done = calls.length > 0 ? await executeToolCalls(turn, assistant) : { steering: [] };
       host.emit({ case: "turnEnd", value: { step, stopReason: assistant.stopReason } });
+      if (done.waiting) return waitOn(host, done.waiting);
+      pending = await admit(host, deps, info, done.steering);
       if (host.signal.aborted) {
         injectUserMessages(host, pending); // steering taken during the batch, kept (see above)
         return { stopReason: StopReason.ABORTED, errorMessage: "" };
@@ -237,6 +262,12 @@ async function runLoop(
     pending = await admit(host, deps, info, host.takeFollowUps());
     if (pending.length === 0) return { stopReason: StopReason.COMPLETED, errorMessage: "" };
   }
+}
+
+/** The run stops to wait on decisions about these calls; it has not ended (runAgent sends no agent_end). */
+function waitOn(host: RunHost, toolCallIds: string[]): RunOutcome {
+  host.emit({ case: "runWaiting", value: { toolCallIds } });
+  return { stopReason: StopReason.UNSPECIFIED, errorMessage: "", waiting: { from: 0 } };
 }
 
 /** Puts user messages into the conversation, each announced as applied. Also used by recovery. */

@@ -182,6 +182,7 @@ export function runDepsFor(parts: RunnerParts): (actor: SessionActor, first: rea
     return {
       agentId,
       tenant: owner.tenant,
+      principal: owner.principal,
       log: logger,
       placeFiles: async (q) => {
         for (const a of q.attachments ?? [])

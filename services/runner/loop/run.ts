@@ -15,6 +15,7 @@ import {
   type Image,
   type Attachment,
   type ToolCall,
+  type ToolDecided,
   type Usage,
 } from "../../shared/gen/troupe/v1/session_pb.js";
 import { newId } from "../../shared/ids.js";
@@ -84,6 +85,10 @@ export interface RunHost {
   compaction(): Compaction | undefined;
   /** Takes these messages out of the history, durably (their events stay). Contract: never throws. */
   elide(messageIds: string[]): void;
+  /** Whether this call is already held for a decision (its request is out). Contract: never throws. */
+  isHeld(toolCallId: string): boolean;
+  /** The decision on a held call, once one came. Contract: never throws. */
+  decisionOf(toolCallId: string): ToolDecided | undefined;
 }
 
 /** What the run asks for its system prompt. */
@@ -108,6 +113,8 @@ export interface RunDeps {
   agentId: string;
   /** The session owner's tenant: what per-tenant metrics count under. */
   tenant: string;
+  /** The session owner's principal: who may decide on the calls its runs hold (tools/approvals.ts). */
+  principal: string;
   /** The runner's log; records made during the run carry its trace, tenant and session. */
   log: Logger;
   /** The runner's model, for agents whose agent.json names none. */
@@ -160,6 +167,11 @@ export interface RunDeps {
 export interface RunOutcome {
   stopReason: StopReason;
   errorMessage: string;
+  /**
+   * The run stopped to wait on decisions (RunWaiting) and has not ended: no agent_end was sent.
+   * `from` is where its messages begin in RunHost.messages, for the resume that goes on with it.
+   */
+  waiting?: { from: number };
 }
 
 /** Marks the request as a summary for a compaction (the scripted model answers it by rule). */
@@ -207,14 +219,19 @@ export function pushMessage(host: Pick<RunHost, "emit" | "messages">, message: C
   host.messages.push(message);
 }
 
-/** Every tool call in `messages` still without a result gets `text` as an error result; returns their ids. */
+/**
+ * Every tool call in `messages` still without a result (of those in `only`, when given) gets
+ * `text` as an error result; returns their ids.
+ */
 export function answerUnanswered(
   emit: (payload: EventPayload) => void,
   messages: ChatMessage[],
   text: string,
+  only?: ReadonlySet<string>,
 ): string[] {
   const ids: string[] = [];
   for (const call of unansweredCalls(messages)) {
+    if (only && !only.has(call.id)) continue;
     {
       const result = create(ChatMessageSchema, {
         id: newId(),

@@ -1,18 +1,21 @@
-// Tool calls: arguments parsed and checked against each tool's schema, before/after hooks,
-// parallel groups where the tools allow, steering looked for before each group, results paired
-// with their calls (skipped ones too), and the run's quota of tool calls.
-// tools, prompt, hooks); the loop itself holds no state between runs.
+// Tool calls: arguments parsed and checked against each tool's schema, the approval policy
+// (a call may wait for a person's decision), before/after hooks, parallel groups where the tools
+// allow, steering looked for before each group, results paired with their calls (skipped ones
+// too), and the run's quota of tool calls.
 import { create } from "@bufbuild/protobuf";
 import { timestampNow } from "@bufbuild/protobuf/wkt";
 import { SpanKind, SpanStatusCode, context, trace } from "@opentelemetry/api";
 import { Ajv, type ValidateFunction } from "ajv";
+import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import {
   ChatMessageSchema,
   Role,
   StopReason,
+  ToolVerdict,
   type ChatMessage,
   type ToolCall,
 } from "../../shared/gen/troupe/v1/session_pb.js";
+import { approvalOf } from "../tools/approvals.js";
 import { newId } from "../../shared/ids.js";
 import { instruments, secondsSince } from "../../shared/process/metrics.js";
 import { GenAI, tracer } from "../../shared/process/telemetry.js";
@@ -22,21 +25,30 @@ import { hookFailed, pushMessage, report, type QueuedMessage, type RunHost, type
 const SKIPPED_BY_STEER = "Skipped due to queued user message.";
 const SKIPPED_BY_ABORT = "Not run: the run was aborted.";
 
+/** What a batch left: steering to inject before the next model call, or the calls the run now waits on. */
+export interface BatchEnd {
+  steering: QueuedMessage[];
+  /** The calls of the batch held for a decision: the run stops here (RunWaiting) and goes on once they are decided. */
+  waiting?: string[];
+}
+
 /**
  * Runs the batch in the model's order. Consecutive calls of tools that declare themselves
  * parallel run together; any other call runs alone. Before each group the steering queue is read:
  * if a message is waiting, this group and the rest are skipped with paired results, and the
- * steering messages are returned to be injected before the next model call. A call that is
- * already running always finishes (or is cancelled by an abort).
+ * steering messages are returned to be injected before the next model call. A group with a call
+ * the approval policy holds for a decision does not start: its held calls are announced
+ * (ToolApprovalRequested) and the batch ends waiting. A call that is already running always
+ * finishes (or is cancelled by an abort).
  */
-export async function executeToolCalls(turn: Turn, assistant: ChatMessage): Promise<QueuedMessage[]> {
+export async function executeToolCalls(turn: Turn, assistant: ChatMessage): Promise<BatchEnd> {
   const { host, deps } = turn;
   const calls = assistant.toolCalls;
   const parallel = (c: ToolCall) => deps.tools.find((t) => t.name === c.name)?.parallel === true;
   for (let i = 0; i < calls.length; ) {
     if (host.signal.aborted) {
       skipCalls(host, calls.slice(i), SKIPPED_BY_ABORT);
-      return [];
+      return { steering: [] };
     }
     const steering = host.takeSteering();
     if (steering.length > 0) {
@@ -46,7 +58,7 @@ export async function executeToolCalls(turn: Turn, assistant: ChatMessage): Prom
         value: { frameId: steering[0].frameId, toolCallIds: skipped.map((c) => c.id) },
       });
       skipCalls(host, skipped, SKIPPED_BY_STEER);
-      return steering;
+      return { steering };
     }
     if (assistant.stopReason === StopReason.LENGTH) {
       finishCall(
@@ -68,23 +80,117 @@ export async function executeToolCalls(turn: Turn, assistant: ChatMessage): Prom
         calls.slice(i),
         "Not run: this run reached its quota of tool calls (toolCallsPerRun). Answer with what you have.",
       );
-      return host.takeSteering();
+      return { steering: host.takeSteering() };
     }
     let end = i + 1;
     if (parallel(calls[i])) while (end < calls.length && parallel(calls[end]) && end - i < turn.budget.toolCalls) end++;
     const group = calls.slice(i, end);
+    const gates = group.map((call) => gateOf(turn, call));
+    const held = group.filter((_, k) => gates[k].kind === "wait");
+    if (held.length > 0) {
+      // Every held call of the rest of the batch is asked now: a person decides on the batch
+      // at once, and the run goes on when all of it is decided.
+      const rest = calls.slice(i);
+      const restGates = [...gates, ...calls.slice(end).map((call) => gateOf(turn, call))];
+      const waiting = rest.filter((_, k) => restGates[k].kind === "wait");
+      for (const [k, call] of rest.entries()) {
+        const gate = restGates[k];
+        if (gate.kind !== "wait" || host.isHeld(call.id)) continue;
+        const now = Date.now();
+        host.emit({
+          case: "toolApprovalRequested",
+          value: {
+            toolCallId: call.id,
+            toolName: call.name,
+            argumentsJson: call.argumentsJson,
+            rule: gate.rule,
+            deadline: timestampFromMs(now + gate.timeoutMs),
+            onTimeout: gate.onTimeout,
+            principal: deps.principal,
+          },
+        });
+      }
+      return { steering: [], waiting: waiting.map((c) => c.id) };
+    }
     turn.budget.toolCalls -= group.length;
     const results = await Promise.all(
-      group.map(async (call) => {
-        const result = await runToolCall(turn, call);
+      group.map(async (call, k) => {
+        const gate = gates[k];
+        if (gate.kind === "answer") return gate.result;
+        const edited = gate.kind === "run" ? gate.edited : undefined;
+        let result = await runToolCall(turn, edited ? { ...call, argumentsJson: edited.json } : call);
+        // The model asked with other arguments: it is told what ran.
+        if (edited)
+          result = {
+            ...result,
+            output: `(This call ran with arguments edited by ${edited.by}: ${edited.json})\n${result.output}`,
+          };
         return deps.screenToolResult ? deps.screenToolResult(call, result) : result;
       }),
     );
-    for (const [k, call] of group.entries()) finishCall(host, call, results[k], false);
+    for (const [k, call] of group.entries()) {
+      const gate = gates[k];
+      if (gate.kind === "answer") {
+        host.emit({
+          case: "toolExecutionStart",
+          value: { toolCallId: call.id, toolName: call.name, argumentsJson: call.argumentsJson },
+        });
+      }
+      finishCall(host, call, results[k], gate.kind === "answer");
+    }
     i = end;
   }
-  return host.takeSteering();
+  return { steering: host.takeSteering() };
 }
+
+/** What the approval policy and the decisions taken make of one call. */
+type Gate =
+  | { kind: "run"; edited?: { json: string; by: string } }
+  | { kind: "answer"; result: ToolResult }
+  | { kind: "wait"; rule: string; timeoutMs: number; onTimeout: string };
+
+const RUN: Gate = { kind: "run" };
+
+/**
+ * The policy's word on a call, with the decision on it if one came. A call whose tool is unknown
+ * or whose arguments are off its schema runs (runToolCall answers it with why): it cannot do
+ * anything, so nobody is asked about it.
+ */
+function gateOf(turn: Turn, call: ToolCall): Gate {
+  const { host, deps } = turn;
+  const tool = deps.tools.find((t) => t.name === call.name);
+  if (!tool || !turn.agent.approvals) return RUN;
+  let args: Record<string, unknown>;
+  try {
+    args = parseArguments(tool, call);
+  } catch {
+    return RUN;
+  }
+  const verdict = approvalOf(turn.agent.approvals, deps.tenant, call.name, args);
+  if (verdict.mode === "allow") return RUN;
+  if (verdict.mode === "deny")
+    return {
+      kind: "answer",
+      result: { output: `Not run: the approval policy denies this call (${verdict.rule}).`, isError: true },
+    };
+  const decision = host.decisionOf(call.id);
+  if (!decision)
+    return { kind: "wait", rule: verdict.rule, timeoutMs: verdict.timeoutMs, onTimeout: verdict.onTimeout };
+  if (decision.verdict === ToolVerdict.APPROVE) return RUN;
+  if (decision.verdict === ToolVerdict.EDIT)
+    return { kind: "run", edited: { json: decision.argumentsJson, by: decision.decidedBy } };
+  const by = decision.decidedBy === TIMED_OUT ? "nobody decided in time, so the policy" : decision.decidedBy;
+  return {
+    kind: "answer",
+    result: {
+      output: `Not run: ${by} rejected this call${decision.message ? `: ${decision.message}` : "."}`,
+      isError: true,
+    },
+  };
+}
+
+/** Who a decision made by the policy's timeout names as its maker. */
+export const TIMED_OUT = "policy:timeout";
 
 function skipCalls(host: RunHost, calls: readonly ToolCall[], reason: string): void {
   for (const call of calls) {
@@ -125,6 +231,16 @@ const ajv = new Ajv({ allErrors: true, strict: false });
  * their schemas again each run (0.7 ms each), and ajv keeps every schema object it compiled.
  */
 const validators = new Map<string, ValidateFunction>();
+
+/** Why `argumentsJson` is not a valid call of `tool` (an edit's check); undefined when it is. */
+export function argumentProblems(tool: Tool, argumentsJson: string): string | undefined {
+  try {
+    parseArguments(tool, { id: "", name: tool.name, argumentsJson } as ToolCall);
+    return undefined;
+  } catch (err) {
+    return (err as Error).message;
+  }
+}
 
 /** The call's arguments, parsed and checked against the tool's schema. */
 function parseArguments(tool: Tool, call: ToolCall): Record<string, unknown> {

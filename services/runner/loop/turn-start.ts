@@ -20,9 +20,13 @@ import {
 } from "./run.js";
 import type { TokenCounter } from "./tokens.js";
 
-/** Where a resumed run's messages begin in the history (recovery.ts cutRunOf). */
+/** A run that goes on: where its messages begin in the history (recovery.ts cutRunOf), and why. */
 export interface Resume {
   from: number;
+  /** Calls that were running when the runner died: answered as interrupted, not run again. */
+  interrupted: readonly string[];
+  /** The run had stopped to wait on decisions (RunWaiting), and goes on because the wait ended. */
+  afterWait?: boolean;
 }
 
 /**
@@ -56,9 +60,15 @@ export async function startTurn(
   }));
   const models = [...new Set([resolved.payload.model, ...agent.fallbacks])];
   if (resume) {
-    const interrupted = unansweredCalls(host.messages).map((c) => c.id);
-    host.emit({ case: "runResumed", value: { model: models[0], interruptedToolCallIds: interrupted } });
-    answerUnanswered(host.emit, host.messages, INTERRUPTED_CALL);
+    const running = new Set(resume.interrupted);
+    const interrupted = unansweredCalls(host.messages)
+      .map((c) => c.id)
+      .filter((id) => running.has(id));
+    host.emit({
+      case: "runResumed",
+      value: { model: models[0], interruptedToolCallIds: interrupted, afterWait: resume.afterWait === true },
+    });
+    answerUnanswered(host.emit, host.messages, INTERRUPTED_CALL, running);
   } else {
     const trigger = triggerOf(initial[0].frameId);
     host.emit({

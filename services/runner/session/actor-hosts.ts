@@ -18,6 +18,7 @@ import type { LogRecord, SessionLog, SessionOwner, SessionStore } from "./sessio
 import type { SessionWrites } from "./session-writes.js";
 import type { RestartHost, Supervision } from "./supervision.js";
 import type { TenantRuns } from "./tenant-runs.js";
+import { ToolWaits, WAIT_EVENTS } from "./tool-waits.js";
 
 /** What the hosts below use of an actor (its members, private ones among them, by name). */
 export type ActorInternals = {
@@ -47,6 +48,12 @@ export type ActorInternals = {
   emit(payload: EventPayload): AgentEvent;
   drop(queued: Queued[], message: string): void;
   replayLog(records: LogRecord[], numbering: Numbering, cutOff?: CutOff): void;
+  waits?: ToolWaits;
+  waitTimer?: NodeJS.Timeout;
+  checkDecision(frame: ClientFrame): RpcError | "duplicate" | undefined;
+  decide(frame: ClientFrame): void;
+  goOnIfDue(): void;
+  armWaitTimer(): void;
 };
 
 export class WritesHost {
@@ -80,8 +87,9 @@ export class SlotHost {
   ended(): void {
     const a = this.a;
     a.deps.runs?.ended(a.owner.tenant);
-    // Steering or follow-ups that came too late for the run are not lost: they run next.
-    a.mailbox.requeueLate();
+    // Steering or follow-ups that came too late for the run are not lost: they run next. A run
+    // that stopped to wait keeps them: steering ends its wait, follow-ups join it.
+    if (!a.waits?.suspended) a.mailbox.requeueLate();
     a.releaseUnseen();
   }
   nothingOwed(): void {
@@ -112,6 +120,15 @@ export class JournalHostOf implements JournalHost {
     const now = Date.now();
     a.updatedMs = now;
     a.activeMs = now;
+    const kind = event.payload.case ?? "";
+    if (WAIT_EVENTS.has(kind)) {
+      a.waits ??= new ToolWaits(event.turnId);
+      a.waits.apply(event);
+      if (kind === "toolApprovalRequested" || kind === "toolDecided") a.armWaitTimer();
+    } else if (kind === "agentEnd" && a.waits) {
+      a.waits = undefined;
+      a.armWaitTimer();
+    }
     if (event.payload.case === "compactionEnd") {
       a.compaction = {
         summary: event.payload.value.summary,
@@ -138,8 +155,12 @@ export class AdmissionHostOf implements AdmissionHost {
   restarting(): Promise<void> | undefined {
     return this.a.supervision.restarting;
   }
+  /** A run that waits counts as going: messages are placed as its queue mode says for a running run. */
   running(): boolean {
-    return this.a.slot.busy;
+    return this.a.slot.busy || this.a.waits?.suspended === true;
+  }
+  check(frame: ClientFrame): RpcError | "duplicate" | undefined {
+    return this.a.checkDecision(frame);
   }
   takeRun(): void {
     const a = this.a;
@@ -154,7 +175,10 @@ export class AdmissionHostOf implements AdmissionHost {
   placed(frame: ClientFrame, interrupt: boolean): void {
     const a = this.a;
     if (frame.kind.case === "abort") a.abort(frame.frameId, frame.kind.value.reason, frame.kind.value.clearQueue);
-    if (interrupt && a.slot.busy) a.abort(frame.frameId, "interrupted by a prompt in interrupt mode", false);
+    if (frame.kind.case === "toolDecision") a.decide(frame);
+    if (interrupt && (a.slot.busy || a.waits?.suspended))
+      a.abort(frame.frameId, "interrupted by a prompt in interrupt mode", false);
+    a.goOnIfDue();
     a.slot.schedule();
   }
 }

@@ -27,6 +27,11 @@ export interface AdmissionHost {
   record(frame: ClientFrame): Promise<void>;
   /** Publishes an event. Contract: never throws. */
   emit(payload: EventPayload): AgentEvent;
+  /**
+   * Why this frame cannot be taken (a decision on a call nobody waits on, say), "duplicate" when it
+   * repeats what was already taken, or undefined. Contract: never throws.
+   */
+  check(frame: ClientFrame): RpcError | "duplicate" | undefined;
   /** Acts on a frame now in the mailbox (an abort, an interrupt, a run to start). Contract: never throws. */
   placed(frame: ClientFrame, interrupt: boolean): void;
 }
@@ -90,10 +95,17 @@ export class Admission {
     const kind = frame.kind;
     const failed = this.failedRefusal(frame);
     if (failed) throw failed;
+    const checked = host.check(frame);
+    if (checked === "duplicate")
+      return host.emit({
+        case: "frameAccepted",
+        value: { frameId: frame.frameId, kind: FRAME_KIND[kind.case!], duplicate: true },
+      });
+    if (checked) throw this.refuse(frame, checked);
     const full = host.mailbox.refusal(frame, host.running(), this.inFlight, host.sessionId);
     if (full) throw this.refuse(frame, full);
     // A message that would start a run in an idle session waits for its tenant's quota of runs.
-    if (kind.case !== "abort" && !host.running() && host.mailbox.empty) {
+    if (kind.case !== "abort" && kind.case !== "toolDecision" && !host.running() && host.mailbox.empty) {
       try {
         host.takeRun();
       } catch (err) {

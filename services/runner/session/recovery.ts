@@ -16,6 +16,7 @@ import {
 import { injectUserMessages } from "../loop/loop.js";
 import { answerUnanswered, type Compaction, type EventPayload, type QueuedMessage } from "../loop/run.js";
 import type { LogRecord } from "./session-log.js";
+import { ToolWaits, WAIT_EVENTS } from "./tool-waits.js";
 
 /** Why a run the log shows as unfinished ended, and (when this process saw it fail) what started it. */
 export interface CutOff {
@@ -77,6 +78,10 @@ export interface ReplayedLog {
   accepted: ClientFrame[];
   /** Frames dropped on request (an abort that cleared the queue, a failed session, a hook's block). */
   dropped: Set<string>;
+  /** The open turn's tool calls that started and never ended (running when the runner stopped). */
+  running: Set<string>;
+  /** What the open turn waits on, if it held calls for a decision (tool-waits.ts). */
+  waits?: ToolWaits;
 }
 
 /** Reads a session's state out of its records; records it does not know are skipped. */
@@ -88,6 +93,7 @@ export function replayRecords(records: readonly LogRecord[]): ReplayedLog {
     accepted: [],
     dropped: new Set(),
     openTurnFrom: 0,
+    running: new Set(),
   };
   const accepted = new Map<string, ClientFrame>();
   for (const rec of records) {
@@ -116,7 +122,19 @@ export function replayRecords(records: readonly LogRecord[]): ReplayedLog {
       else if (p.case === "agentStart") {
         out.openTurn = ev.turnId;
         out.openTurnFrom = out.messages.length;
-      } else if (p.case === "agentEnd") out.openTurn = undefined;
+        out.running.clear();
+        out.waits = undefined;
+      } else if (p.case === "agentEnd") {
+        out.openTurn = undefined;
+        out.running.clear();
+        out.waits = undefined;
+      } else if (p.case === "toolExecutionStart") out.running.add(p.value.toolCallId);
+      else if (p.case === "toolExecutionEnd") out.running.delete(p.value.toolCallId);
+      if (out.openTurn !== undefined && WAIT_EVENTS.has(p.case ?? "")) {
+        out.waits ??= new ToolWaits(out.openTurn);
+        out.waits.apply(ev);
+        out.waits.from = out.openTurnFrom;
+      }
     }
   }
   out.accepted = [...accepted.values()];
@@ -142,7 +160,7 @@ export function closeCutOffRun(
 /** What the actor does with a run its runner died in (see RunResumed in session.proto). */
 export type CutRun =
   /** Its messages are in the history: it goes on from its last complete step. */
-  | { resume: true; from: number }
+  | { resume: true; from: number; interrupted: string[] }
   /** It had answered (the runner died before agent_end): it is closed as it ended. */
   | { resume: false; ended: StopReason };
 
@@ -158,7 +176,7 @@ export function cutRunOf(log: ReplayedLog): CutRun | undefined {
     const ended = last.stopReason === StopReason.UNSPECIFIED ? StopReason.COMPLETED : last.stopReason;
     return { resume: false, ended };
   }
-  return { resume: true, from: log.openTurnFrom };
+  return { resume: true, from: log.openTurnFrom, interrupted: [...log.running] };
 }
 
 /** Supervision: this many unexpected run failures within RESTART_WINDOW_MS mark the session failed. */

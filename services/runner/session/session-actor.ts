@@ -8,13 +8,18 @@ import {
   AgentEventSchema,
   type QueueMode,
   SessionInfoSchema,
+  StopReason,
+  ToolVerdict,
   type AgentEvent,
   type ChatMessage,
   type ClientFrame,
   type SessionInfo,
 } from "../../shared/gen/troupe/v1/session_pb.js";
 import { validateFrame } from "../../shared/frames.js";
-import type { RpcError } from "../../shared/errors.js";
+import { type RpcError, failedPrecondition, invalidArgument, notFound } from "../../shared/errors.js";
+import { answerUnanswered } from "../loop/run.js";
+import { argumentProblems, TIMED_OUT } from "../loop/tool-calls.js";
+import { type ToolWaits, VERDICT_NAME, sameDecision } from "./tool-waits.js";
 import { failure, type Logger } from "../../shared/process/log.js";
 import { runAgent } from "../loop/loop.js";
 import { resumedMessages } from "../loop/turn-start.js";
@@ -88,6 +93,10 @@ export class SessionActor {
   private resuming?: Resume;
   /** The latest compaction: what the model sees in place of the messages before the cut. */
   private compaction?: Compaction;
+  /** What the open run holds for decisions, while it holds any (tool-waits.ts). */
+  private waits?: ToolWaits;
+  /** Fires at the earliest deadline of a held call (the approval policy's timeout). */
+  private waitTimer?: NodeJS.Timeout;
   private idleWaiters: (() => void)[] = [];
   /**
    * Set once the session is lost here: another runner took it (ABORTED), or its log could not be
@@ -189,6 +198,11 @@ export class SessionActor {
       },
       emit: (payload) => this.emit(payload),
       asRun: (turnId, close) => this.slot.asRun(turnId, close),
+      waiting: (waits) => {
+        this.waits = waits;
+        this.armWaitTimer();
+      },
+      decide: (frame) => this.decide(frame),
     };
   }
 
@@ -232,6 +246,172 @@ export class SessionActor {
     if (clearQueue)
       this.drop(this.mailbox.clear(), `dropped by an abort that cleared the queue${reason ? `: ${reason}` : ""}`);
     this.slot.abort(new Error(reason || "aborted"));
+    this.endWait(
+      StopReason.ABORTED,
+      `the run was aborted while this call waited for a decision${reason ? ` (${reason})` : ""}`,
+    );
+  }
+
+  /**
+   * Why a decision frame cannot be taken, "duplicate" when it repeats the decision already taken,
+   * or undefined. Checked before the frame is recorded, so a refused decision changes nothing.
+   */
+  protected checkDecision(frame: ClientFrame): RpcError | "duplicate" | undefined {
+    const k = frame.kind;
+    if (k.case !== "toolDecision") return undefined;
+    const d = k.value;
+    const held = this.waits?.held.get(d.toolCallId);
+    if (!held)
+      return notFound(`no tool call ${JSON.stringify(d.toolCallId)} waits for a decision in session ${this.sessionId}`);
+    const taken = this.waits!.decided.get(d.toolCallId);
+    if (taken)
+      return sameDecision(taken, d)
+        ? "duplicate"
+        : failedPrecondition(
+            `tool call ${d.toolCallId} was already ${VERDICT_NAME[taken.verdict]} by ${taken.decidedBy}; a decision is taken once`,
+          );
+    if (d.verdict === ToolVerdict.EDIT) {
+      const name = held.request.toolName;
+      const tool = this.deps.runDeps(this, []).tools.find((t) => t.name === name);
+      const why = tool ? argumentProblems(tool, d.argumentsJson) : `tool ${name} is no longer offered`;
+      if (why) return invalidArgument(`the edited arguments of tool call ${d.toolCallId} are not valid: ${why}`);
+    }
+    return undefined;
+  }
+
+  /** Takes a decision on a held call: its audit record, then the run goes on if it was all it waited for. */
+  protected decide(frame: ClientFrame): void {
+    const k = frame.kind;
+    const waits = this.waits;
+    if (k.case !== "toolDecision" || !waits) return;
+    const d = k.value;
+    const held = waits.held.get(d.toolCallId);
+    // Two different decisions raced past the check: the first one recorded stands.
+    if (!held || waits.decided.has(d.toolCallId)) return;
+    const decidedBy = d.decidedBy || this.owner.principal;
+    const argumentsJson = d.verdict === ToolVerdict.EDIT ? d.argumentsJson : "";
+    this.emitInWait(waits, {
+      case: "toolDecided",
+      value: {
+        toolCallId: d.toolCallId,
+        verdict: d.verdict,
+        decidedBy,
+        message: d.message,
+        argumentsJson,
+        frameId: frame.frameId,
+      },
+    });
+    this.auditDecision(
+      waits.turnId,
+      held.request.toolName,
+      d.toolCallId,
+      d.verdict,
+      decidedBy,
+      frame.frameId,
+      d.message,
+      argumentsJson,
+    );
+    this.goOnIfDue();
+  }
+
+  private auditDecision(
+    turnId: string,
+    toolName: string,
+    toolCallId: string,
+    verdict: ToolVerdict,
+    decidedBy: string,
+    frameId: string,
+    message: string,
+    argumentsJson: string,
+  ): void {
+    this.deps.audit
+      .record({
+        action: "tool_decision",
+        sessionId: this.sessionId,
+        tenant: this.owner.tenant,
+        turnId,
+        toolCallId,
+        toolName,
+        verdict: VERDICT_NAME[verdict],
+        decidedBy,
+        frameId,
+        message,
+        argumentsJson,
+      })
+      .catch((err: unknown) => this.deps.logger.error("audit log write failed", { error: String(err) }));
+  }
+
+  /** Publishes an event of the waiting run under its turn (no run is going while it waits). */
+  private emitInWait(waits: ToolWaits, payload: EventPayload): void {
+    if (this.slot.busy) this.emit(payload);
+    else this.slot.asRun(waits.turnId, () => this.emit(payload));
+  }
+
+  /** A run stopped to wait goes on when every call it holds is decided, or steering came for it. */
+  protected goOnIfDue(): void {
+    const waits = this.waits;
+    if (!waits?.suspended || this.slot.busy || this.resuming || this.lost) return;
+    if (!waits.due && this.mailbox.steering.length === 0) return;
+    this.resuming = { turnId: waits.turnId, from: waits.from, interrupted: [], afterWait: true };
+    this.slot.schedule();
+  }
+
+  /** Ends a run stopped to wait: its held calls are answered with why, then agent_end. */
+  private endWait(reason: StopReason, why: string): void {
+    const waits = this.waits;
+    if (!waits?.suspended || this.slot.busy || this.resuming) return;
+    this.slot.asRun(waits.turnId, () => {
+      answerUnanswered((p) => void this.emit(p), this.history.messages, `Not run: ${why}.`);
+      this.emit({
+        case: "agentEnd",
+        value: { stopReason: reason, errorMessage: reason === StopReason.ABORTED ? "" : why },
+      });
+    });
+    this.releaseUnseen();
+    this.slot.schedule();
+  }
+
+  /** Arms the timer for the earliest deadline of a call still waiting. */
+  protected armWaitTimer(): void {
+    clearTimeout(this.waitTimer);
+    this.waitTimer = undefined;
+    const next = this.waits?.nextDeadlineMs();
+    if (next === undefined || !Number.isFinite(next)) return;
+    this.waitTimer = setTimeout(() => this.waitExpired(), Math.min(Math.max(0, next - Date.now()), 2 ** 31 - 1));
+    this.waitTimer.unref();
+  }
+
+  /** Held calls past their deadline are decided by the policy: rejected, or the run aborted. */
+  private waitExpired(): void {
+    const waits = this.waits;
+    if (!waits || this.lost) return;
+    const now = Date.now();
+    for (const h of waits.pending()) {
+      if (h.deadlineMs > now) continue;
+      const { toolCallId, toolName, onTimeout } = h.request;
+      const seconds = Math.round((h.deadlineMs - h.sinceMs) / 1000);
+      if (onTimeout === "abort") {
+        const why = `nobody decided on ${toolName} within ${seconds} s, so the approval policy aborted the run`;
+        if (this.slot.busy) this.slot.abort(new Error(why));
+        else this.endWait(StopReason.ABORTED, why);
+        return;
+      }
+      const message = `no decision came within ${seconds} s`;
+      this.emitInWait(waits, {
+        case: "toolDecided",
+        value: {
+          toolCallId,
+          verdict: ToolVerdict.REJECT,
+          decidedBy: TIMED_OUT,
+          message,
+          argumentsJson: "",
+          frameId: "",
+        },
+      });
+      this.auditDecision(waits.turnId, toolName, toolCallId, ToolVerdict.REJECT, TIMED_OUT, "", message, "");
+    }
+    this.armWaitTimer();
+    this.goOnIfDue();
   }
 
   /** Tells every subscriber these messages will not run (a replay leaves them out too). */
@@ -248,13 +428,28 @@ export class SessionActor {
     return this.mailbox.depth;
   }
 
+  /** Nothing will happen without something from outside: no run going or owed (a run that waits counts as none). */
   get idle(): boolean {
-    return !this.slot.busy && !this.resuming && this.mailbox.empty;
+    return !this.slot.busy && !this.resuming && (this.mailbox.empty || this.waits?.suspended === true);
   }
 
-  /** Nothing running, waiting, arriving or watching: the actor may leave memory. */
+  /** A run waits on decisions (RunWaiting). */
+  get waitingOnDecision(): boolean {
+    return this.waits?.suspended === true;
+  }
+
+  /**
+   * Nothing running, waiting, arriving or watching: the actor may leave memory. A run that waits
+   * keeps it here: its deadline is this actor's timer.
+   */
   get passivatable(): boolean {
-    return this.idle && this.journal.subscriberCount === 0 && this.admission.admitting === 0 && !this.slot.stopped;
+    return (
+      this.idle &&
+      this.waits === undefined &&
+      this.journal.subscriberCount === 0 &&
+      this.admission.admitting === 0 &&
+      !this.slot.stopped
+    );
   }
 
   /** Last time anything happened in or to this actor. */
@@ -273,6 +468,8 @@ export class SessionActor {
     const resume = this.resuming;
     this.resuming = undefined;
     if (resume) return { first: [], resume };
+    // Nothing starts beside a run that waits: queued messages run after it ends.
+    if (this.waits?.suspended) return undefined;
     const first = this.mailbox.queue.shift();
     return first && { first };
   }
@@ -283,7 +480,7 @@ export class SessionActor {
    * where what the model sees can have moved: a run's end, a replay's end, a reset.
    */
   private releaseUnseen(): void {
-    if (this.slot.busy || this.resuming) return;
+    if (this.slot.busy || this.resuming || this.waits) return;
     this.compaction = this.history.releaseUnseen(this.compaction, this.choices.contextFrom);
   }
 
@@ -297,6 +494,7 @@ export class SessionActor {
 
   protected async execute({ first, resume }: NextRun, signal: AbortSignal): Promise<void> {
     const { history } = this;
+    const released = history.released;
     const host: RunHost = {
       sessionId: this.sessionId,
       model: this.choices.model,
@@ -316,12 +514,15 @@ export class SessionActor {
         history.messages.splice(0, history.messages.length, ...history.messages.filter((m) => !gone.has(m.id)));
         void this.writes.append({ t: "elided", messageIds: ids }, false);
       },
+      isHeld: (id) => this.waits?.held.has(id) === true,
+      decisionOf: (id) => this.waits?.decided.get(id),
     };
     try {
       // A resume's index is absolute (the log's); nothing is let go while a resume waits.
-      const resumeAt = resume && { from: resume.from - history.released };
+      const resumeAt = resume && { ...resume, from: resume.from - released };
       const starters = resumeAt ? resumedMessages(history.messages, resumeAt.from) : first;
-      await runAgent(host, this.deps.runDeps(this, starters), first, resumeAt);
+      const outcome = await runAgent(host, this.deps.runDeps(this, starters), first, resumeAt);
+      if (outcome.waiting && this.waits) this.waits.from = outcome.waiting.from + released;
     } catch (err) {
       // Not a model or tool failure (those end runs normally): a bug. Its state is suspect, so
       // the actor rebuilds itself from its log; other sessions are untouched.
@@ -346,6 +547,7 @@ export class SessionActor {
   private loseSession(err: RpcError, why: string): void {
     if (this.lost) return;
     this.lost = err;
+    clearTimeout(this.waitTimer);
     this.deps.logger.warn(why, { session: this.sessionId });
     void this.slot.stop(err);
     this.mailbox.stop();
@@ -379,6 +581,16 @@ export class SessionActor {
       lastSeq: BigInt(this.journal.lastSeq),
       messageCount: this.history.length,
       running: this.running,
+      pending: (this.waits?.pending() ?? []).map((h) => ({
+        toolCallId: h.request.toolCallId,
+        toolName: h.request.toolName,
+        argumentsJson: h.request.argumentsJson,
+        rule: h.request.rule,
+        since: timestampFromMs(h.sinceMs),
+        deadline: h.request.deadline,
+        onTimeout: h.request.onTimeout,
+        principal: h.request.principal,
+      })),
     });
   }
 
@@ -398,8 +610,10 @@ export class SessionActor {
    * next call. `end`: streams end with it.
    */
   async close(options: { handOver?: boolean; exiting?: boolean; end?: RpcError } = {}): Promise<void> {
-    const handedOver = options.handOver === true && this.slot.busy;
+    // A run that waits is handed over like a running one: its next runner keeps its deadline.
+    const handedOver = options.handOver === true && (this.slot.busy || this.waits !== undefined);
     if (handedOver) this.frozen = true;
+    clearTimeout(this.waitTimer);
     const ended = this.slot.stop(new Error("runner shutting down"));
     this.mailbox.stop();
     await ended;

@@ -4,7 +4,7 @@
 // acknowledgements, the end of a run that was cut off, or the run to resume, and the messages
 // accepted but never run.
 import { ROOT_CONTEXT } from "@opentelemetry/api";
-import { Role, type AgentEvent } from "../../shared/gen/troupe/v1/session_pb.js";
+import { Role, type AgentEvent, type ClientFrame } from "../../shared/gen/troupe/v1/session_pb.js";
 import { FRAME_KIND } from "../../shared/frames.js";
 import * as recovery from "./recovery.js";
 import type { CutOff } from "./recovery.js";
@@ -16,6 +16,7 @@ import type { HeldHistory } from "./held-history.js";
 import type { Mailbox } from "./mailbox.js";
 import type { SessionChoices } from "./session-choices.js";
 import type { LogRecord } from "./session-log.js";
+import type { ToolWaits } from "./tool-waits.js";
 
 /** The parts of an actor a rebuild writes into, bound in one place (SessionActor.rebuildParts). */
 export interface RebuiltParts {
@@ -31,6 +32,10 @@ export interface RebuiltParts {
   emit(payload: EventPayload): AgentEvent;
   /** Runs `close` with turn `turnId` as the actor's run, so what it emits belongs to that turn. */
   asRun(turnId: string, close: () => void): void;
+  /** The open run holds calls for decisions: the actor keeps `waits` (and arms its deadline). */
+  waiting(waits: ToolWaits): void;
+  /** Takes a decision whose frame the log has and whose ToolDecided it has not (the runner died between). */
+  decide(frame: ClientFrame): void;
 }
 
 /**
@@ -39,10 +44,13 @@ export interface RebuiltParts {
  */
 export type Numbering = { live: number } | { resumeAt: number; reservedUpTo: number };
 
-/** A run its runner died in, to go on with before anything queued (recovery.ts cutRunOf). */
+/** A run to go on with before anything queued: one its runner died in (recovery.ts cutRunOf), or one whose wait ended. */
 export interface Resume {
   turnId: string;
   from: number;
+  /** Calls running when the runner died: answered as interrupted. */
+  interrupted: string[];
+  afterWait?: boolean;
 }
 
 /**
@@ -70,7 +78,20 @@ export function rebuildFromLog(
   const inHistory = new Set(history.messages.filter((m) => m.role === Role.USER).map((m) => m.frameId));
   const cut = "live" in numbering || cutOff !== INTERRUPTED ? undefined : recovery.cutRunOf(log);
   let resume: Resume | undefined;
-  if (log.openTurn !== undefined && cut?.resume) resume = { turnId: log.openTurn, from: cut.from };
+  const waits = "live" in numbering ? undefined : log.waits;
+  if (log.openTurn !== undefined && waits) {
+    parts.waiting(waits);
+    for (const frame of log.accepted) {
+      const k = frame.kind;
+      if (k.case === "toolDecision" && waits.held.has(k.value.toolCallId) && !waits.decided.has(k.value.toolCallId))
+        parts.decide(frame);
+    }
+  }
+  if (log.openTurn !== undefined && waits?.suspended) {
+    // A run stopped to wait stays waiting; it goes on once every call it holds is decided.
+    if (waits.due) resume = { turnId: log.openTurn, from: waits.from, interrupted: [], afterWait: true };
+  } else if (log.openTurn !== undefined && cut?.resume)
+    resume = { turnId: log.openTurn, from: cut.from, interrupted: cut.interrupted };
   else if (log.openTurn !== undefined && cut && !cut.resume) {
     const ended = cut.ended;
     parts.asRun(log.openTurn, () => parts.emit({ case: "agentEnd", value: { stopReason: ended, errorMessage: "" } }));

@@ -6,6 +6,21 @@ import path from "node:path";
 
 export type AuditRecord =
   | {
+      /** A decision on a tool call the approval policy held (who, what; the record's time is when). */
+      action: "tool_decision";
+      sessionId: string;
+      tenant: string;
+      turnId: string;
+      toolCallId: string;
+      toolName: string;
+      verdict: string;
+      decidedBy: string;
+      /** The decision's frame; "" for the policy's timeout. */
+      frameId: string;
+      message: string;
+      argumentsJson: string;
+    }
+  | {
       action: "abort";
       sessionId: string;
       tenant: string;

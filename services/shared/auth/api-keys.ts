@@ -5,6 +5,8 @@
 // - `adapter`: a channel adapter (a Telegram bot, a Slack app); it may call Deliver, speaking for
 //   the senders of the channels the key names and no others, and may mark a sender as allowed to
 //   use commands;
+// - `approver`: a user who may also decide on the tool calls other principals' sessions of its
+//   tenant hold for approval (DecideToolCall naming the session's principal);
 // - `admin`: an operator.
 // Only keys' SHA-256 hashes are stored; the key itself is shown once, when it is made.
 import { createHash, randomBytes } from "node:crypto";
@@ -14,7 +16,7 @@ import { replaceFile } from "../exclusive-file.js";
 import { parseJson, schemaProblems } from "../json-schema.js";
 import { ReloadingFile } from "../config/reloading-file.js";
 
-export const ROLES = ["user", "adapter", "admin"] as const;
+export const ROLES = ["user", "adapter", "approver", "admin"] as const;
 export type Role = (typeof ROLES)[number];
 
 /** Tenants become memory scopes and file names: a strict alphabet. */
