@@ -12,12 +12,12 @@ import { GatewayService } from "../services/shared/gen/troupe/v1/gateway_pb.js";
 import { RouterService } from "../services/shared/gen/troupe/v1/router_pb.js";
 import { PgSessionStore } from "../services/runner/store/pg-session-store.js";
 import { openPool } from "../services/shared/pg.js";
-import { Role, StopReason, type AgentEvent } from "../services/shared/gen/troupe/v1/session_pb.js";
+import { Role, StopReason, ToolVerdict, type AgentEvent } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { createClient, type ServiceClient } from "../services/shared/rpc.js";
 import { refKey, refOf } from "../services/shared/session-ref.js";
 import { testPostgres } from "./helpers/postgres.js";
 import { ChatSession, loggedEvents, runOutcome, subscribeUntil, tokensReply } from "./helpers/session.js";
-import { LOAD_QUOTAS, startStack, waitFor, type Stack } from "./helpers/stack.js";
+import { LOAD_QUOTAS, startStack, waitFor, writeAgent, type Stack } from "./helpers/stack.js";
 
 type Gateway = ServiceClient<(typeof GatewayService)["method"]>;
 const LIVENESS_MS = 2000;
@@ -213,6 +213,52 @@ describe("a cluster on PostgreSQL", () => {
         stopReason: StopReason.COMPLETED,
         answers: [tokensReply(60)],
       });
+    } finally {
+      await restart("runner-2");
+      await waitFor("three live runners", async () => (await liveRunners()).length === 3);
+    }
+  });
+
+  test("a tool call held for approval outlives its runner: another runner holds the wait and runs the call once", async () => {
+    await writeAgent(stack.dataDir, "guarded", { approvals: { tools: { exec: "ask" } } });
+    const sessionId = await sessionOn("runner-2", "held");
+    const ref = refOf(DEV_IDENTITY, sessionId);
+    const events = async () => loggedEvents(await reader.read(ref).catch(() => []));
+    await stack.gateway.createSession({ sessionId, agentId: "guarded" });
+    await stack.gateway.sendMessage({ sessionId, frameId: "m1", text: "$ echo held-once" });
+    const asked = await waitFor("the run to wait", async () => {
+      const evs = await events();
+      return (
+        evs.some((e) => e.payload.case === "runWaiting") && evs.find((e) => e.payload.case === "toolApprovalRequested")
+      );
+    });
+    const callId = asked.payload.case === "toolApprovalRequested" ? asked.payload.value.toolCallId : "";
+    await stack.kill("runner-2", "SIGKILL");
+    try {
+      // Past the dead runner's lease, a live runner adopts the session and holds the wait.
+      await waitFor(
+        "another runner to hold the wait",
+        async () => {
+          const listed = await gateway2.listSessions({}).catch(() => undefined);
+          return listed?.sessions.find((x) => x.sessionId === sessionId)?.pending[0]?.toolCallId === callId;
+        },
+        30_000,
+      );
+      await gateway2.decideToolCall({ sessionId, frameId: "d1", toolCallId: callId, verdict: ToolVerdict.APPROVE });
+      const done = await waitFor(
+        "the approved call to run and the run to end",
+        async () => {
+          const evs = await events();
+          return evs.some((e) => e.payload.case === "agentEnd") && evs;
+        },
+        30_000,
+      );
+      assert.equal(done.filter((e) => e.payload.case === "toolApprovalRequested").length, 1, "asked once");
+      assert.equal(done.filter((e) => e.payload.case === "toolExecutionStart").length, 1, "run once");
+      const end = done.find((e) => e.payload.case === "agentEnd");
+      assert.equal(end?.payload.case === "agentEnd" && end.payload.value.stopReason, StopReason.COMPLETED);
+      const result = done.find((e) => e.payload.case === "toolExecutionEnd");
+      assert.match(result?.payload.case === "toolExecutionEnd" ? result.payload.value.result : "", /held-once/);
     } finally {
       await restart("runner-2");
       await waitFor("three live runners", async () => (await liveRunners()).length === 3);

@@ -3,12 +3,13 @@
 import { sessionLogPath } from "../services/runner/store/jsonl-session-store.js";
 import { refOf } from "../services/shared/session-ref.js";
 import { DEV_IDENTITY } from "../services/shared/auth/auth.js";
-import { after, before, test } from "node:test";
+import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { readFile, writeFile } from "node:fs/promises";
-import { Role, StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
+import { Role, StopReason, ToolVerdict } from "../services/shared/gen/troupe/v1/session_pb.js";
+import { Status } from "../services/shared/errors.js";
 import { ChatSession } from "./helpers/session.js";
-import { startStack, type Stack } from "./helpers/stack.js";
+import { startStack, waitFor, writeAgent, type Stack } from "./helpers/stack.js";
 
 let stack: Stack;
 before(async () => {
@@ -182,4 +183,114 @@ test("SIGTERM past the grace: the run is handed over, and the next runner goes o
   assert.ok(again.events.some((e) => e.payload.case === "runResumed" && e.turnId === turnId));
   const history = await stack.gateway.getHistory({ sessionId: "drain-2" });
   assert.match(history.messages.find((m) => m.role === Role.TOOL)?.text ?? "", /^Interrupted: the runner stopped/);
+});
+
+describe("a tool call held for a person's approval, through real processes", () => {
+  /** A session of an agent whose exec calls wait for a decision, waiting on its first one. */
+  const heldSession = async (sessionId: string, agentId: string, approvals: object, command: string) => {
+    await writeAgent(stack.dataDir, agentId, { approvals });
+    const s = new ChatSession(stack.gateway);
+    s.send({ case: "open", value: { sessionId, agentId, create: true } });
+    await s.waitOpened();
+    s.prompt(`$ ${command}`);
+    const asked = await s.waitFor((e) => e.payload.case === "toolApprovalRequested");
+    await s.waitFor((e) => e.payload.case === "runWaiting");
+    const callId = asked.payload.case === "toolApprovalRequested" ? asked.payload.value.toolCallId : "";
+    return { s, callId };
+  };
+  const pendingOf = async (sessionId: string) =>
+    (await stack.gateway.listSessions({})).sessions.find((x) => x.sessionId === sessionId)?.pending ?? [];
+  const code = async (p: Promise<unknown>) =>
+    p.then(
+      () => "taken",
+      (err: { code: number }) => Status[err.code],
+    );
+
+  test("survives a SIGKILL, is listed, refuses strangers, and runs with an approver's edit", async () => {
+    const { s, callId } = await heldSession(
+      "held-1",
+      "guarded",
+      { tools: { exec: { mode: "ask", allowArguments: { command: ["echo [a-z]+"] } } } },
+      "echo unsafe > /workspace/held.txt; cat /workspace/held.txt",
+    );
+    assert.ok(!s.events.some((e) => e.payload.case === "toolExecutionStart"), "nothing ran before the decision");
+    const lastSeen = Number(s.events.at(-1)!.seq);
+    await stack.kill("runner", "SIGKILL");
+    await s.ended();
+    await stack.start("runner");
+    // The restarted runner adopts the session (its holder is gone) and lists what it waits on.
+    const [pending] = await waitFor("the wait to be listed after the restart", async () => {
+      const p = await pendingOf("held-1").catch(() => []);
+      return p.length > 0 && p;
+    });
+    assert.equal(pending.toolCallId, callId);
+    assert.equal(pending.toolName, "exec");
+    assert.equal(pending.principal, "dev");
+    assert.match(pending.rule, /exec: ask/);
+
+    // Someone else of the tenant, not an approver: refused before anything is looked up.
+    const mallory = await stack.gatewayAs("local", "mallory");
+    const decide = { sessionId: "held-1", frameId: "m-1", toolCallId: callId, verdict: ToolVerdict.APPROVE };
+    assert.equal(await code(mallory.decideToolCall({ ...decide, principal: "dev" })), "PERMISSION_DENIED");
+    // In mallory's own namespace there is no such session.
+    assert.equal(await code(mallory.decideToolCall(decide)), "NOT_FOUND");
+    mallory.close();
+    // An approver of another tenant reaches nothing of this one.
+    const outsider = await stack.gatewayAs("acme", "boss", undefined, { role: "approver" });
+    assert.equal(await code(outsider.decideToolCall({ ...decide, principal: "dev" })), "NOT_FOUND");
+    outsider.close();
+
+    const again = await resume("held-1", lastSeen);
+    const boss = await stack.gatewayAs("local", "boss", undefined, { role: "approver" });
+    const bad = {
+      ...decide,
+      frameId: "b-0",
+      principal: "dev",
+      verdict: ToolVerdict.EDIT,
+      argumentsJson: '{"command": 7}',
+    };
+    assert.equal(await code(boss.decideToolCall(bad)), "INVALID_ARGUMENT");
+    const edit = {
+      ...bad,
+      frameId: "b-1",
+      argumentsJson: '{"command": "echo edited > /workspace/held.txt; cat /workspace/held.txt"}',
+    };
+    await boss.decideToolCall(edit);
+    const end = await again.waitFor((e) => e.payload.case === "agentEnd", 30_000);
+    assert.equal(end.payload.case === "agentEnd" && end.payload.value.stopReason, StopReason.COMPLETED);
+    // The same decision again is a duplicate; the run is over, so the call waits no more.
+    assert.equal(await code(boss.decideToolCall({ ...edit, frameId: "b-2" })), "NOT_FOUND");
+    boss.close();
+    const decided = again.events.find((e) => e.payload.case === "toolDecided");
+    assert.equal(decided?.payload.case === "toolDecided" && decided.payload.value.decidedBy, "boss");
+    const ran = again.events.filter((e) => e.payload.case === "toolExecutionStart");
+    assert.equal(ran.length, 1, "the call ran once");
+    const result = (await stack.gateway.getHistory({ sessionId: "held-1" })).messages.find((m) => m.role === Role.TOOL);
+    assert.match(result?.text ?? "", /edited by boss/);
+    assert.match(result?.text ?? "", /^edited$/m, "the edited command is what ran");
+    assert.doesNotMatch(result?.text ?? "", /unsafe/);
+    assert.deepEqual(await pendingOf("held-1"), []);
+    again.close();
+  });
+
+  test("an abort ends a waiting run; the policy's timeout ends another", async () => {
+    const aborted = await heldSession("held-2", "guarded-2", { tools: { exec: "ask" } }, "echo never");
+    await stack.gateway.abort({ sessionId: "held-2", frameId: "stop-1", reason: "not now" });
+    const end = await aborted.s.waitFor((e) => e.payload.case === "agentEnd");
+    assert.equal(end.payload.case === "agentEnd" && end.payload.value.stopReason, StopReason.ABORTED);
+    const answered = (await stack.gateway.getHistory({ sessionId: "held-2" })).messages.find(
+      (m) => m.role === Role.TOOL,
+    );
+    assert.match(answered?.text ?? "", /aborted while this call waited for a decision \(not now\)/);
+    aborted.s.close();
+
+    const timed = await heldSession("held-3", "guarded-3", { tools: { exec: "ask" }, timeoutSeconds: 1 }, "echo never");
+    const over = await timed.s.waitFor((e) => e.payload.case === "agentEnd", 10_000);
+    assert.equal(over.payload.case === "agentEnd" && over.payload.value.stopReason, StopReason.COMPLETED);
+    const decided = timed.s.events.find((e) => e.payload.case === "toolDecided");
+    assert.equal(decided?.payload.case === "toolDecided" && decided.payload.value.decidedBy, "policy:timeout");
+    const result = (await stack.gateway.getHistory({ sessionId: "held-3" })).messages.find((m) => m.role === Role.TOOL);
+    assert.match(result?.text ?? "", /nobody decided in time/);
+    timed.s.close();
+  });
 });

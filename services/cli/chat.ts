@@ -6,7 +6,9 @@
 //                           default, and how a line typed during a turn is queued
 //   --model PROVIDER/MODEL  the session's model from now on (one its agent allows)
 //   troupe chat             interactive (a terminal, or -i): a line typed while the agent works
-//                           is sent as steering; Ctrl-C aborts the running turn, a second exits
+//                           is sent as steering; Ctrl-C aborts the running turn, a second exits;
+//                           a tool call held for approval is answered with y, n [reason] or
+//                           e {json} (decisions.ts)
 //   A connection lost mid-session (a runner or gateway restarting) is made again, and the
 //   session's events go on from the last one seen (chat-stream.ts).
 import readline from "node:readline";
@@ -14,7 +16,15 @@ import { randomBytes } from "node:crypto";
 import { loadConfig } from "../shared/config/config.js";
 import { statusName } from "../shared/errors.js";
 import { toJson } from "@bufbuild/protobuf";
-import { AgentEventSchema, QueueMode, Role, StopReason, type AgentEvent } from "../shared/gen/troupe/v1/session_pb.js";
+import {
+  AgentEventSchema,
+  QueueMode,
+  Role,
+  StopReason,
+  type AgentEvent,
+  type ToolApprovalRequested,
+} from "../shared/gen/troupe/v1/session_pb.js";
+import { askLine, parseDecision } from "./decisions.js";
 import { StreamedText } from "../shared/streamed-text.js";
 import { ChatStream } from "./chat-stream.js";
 import { CLIENT_FLAGS, gatewayClient, listAllSessions } from "./gateway-client.js";
@@ -69,6 +79,9 @@ export async function chatCommand(args: string[]): Promise<number> {
   let interrupts = 0;
   // What was printed of each assistant message, so that a replay's gap leaves no hole in one.
   const printed = new StreamedText();
+  /** Held calls not yet decided, oldest first: a typed y / n / e answers the first. */
+  const held: ToolApprovalRequested[] = [];
+  let openedAs = sessionId;
 
   const render = (ev: AgentEvent) => {
     const p = ev.payload;
@@ -76,7 +89,25 @@ export async function chatCommand(args: string[]): Promise<number> {
       case "runResumed":
         // What streamed of a message the restart cut off stays as it is, on a line of its own.
         if (printed.resumed().some((shown) => shown !== "")) process.stdout.write("\n");
-        process.stderr.write(dim("\n[the run goes on after a runner restart]\n"));
+        process.stderr.write(
+          dim(p.value.afterWait ? "\n[the run goes on]\n" : "\n[the run goes on after a runner restart]\n"),
+        );
+        break;
+      case "toolApprovalRequested":
+        process.stderr.write(`\n${askLine(p.value.toolName, p.value.argumentsJson, p.value.rule)}\n`);
+        break;
+      case "toolDecided":
+        process.stderr.write(
+          dim(`[${p.value.toolCallId}: ${DECIDED[p.value.verdict] ?? "decided"} by ${p.value.decidedBy}]\n`),
+        );
+        break;
+      case "runWaiting":
+        if (message)
+          process.stderr.write(
+            dim(
+              `[the run waits for a decision: troupe sessions decide ${openedAs} ${p.value.toolCallIds[0]} approve|reject|edit]\n`,
+            ),
+          );
         break;
       case "gap":
         printed.gap(ev.seq);
@@ -156,8 +187,10 @@ export async function chatCommand(args: string[]): Promise<number> {
 
   const stream = new ChatStream(client, {
     open: { sessionId, agentId: String(cfg.flags.agent ?? ""), queueMode, model: String(cfg.flags.model ?? "") },
-    onOpened: (id, again) =>
-      process.stderr.write(again ? dim(`[reconnected to session ${id}]\n`) : dim(`session ${id}\n`)),
+    onOpened: (id, again) => {
+      openedAs = id;
+      process.stderr.write(again ? dim(`[reconnected to session ${id}]\n`) : dim(`session ${id}\n`));
+    },
     onLost: (err) =>
       process.stderr.write(
         dim(`\n[connection lost (${statusName(err.code ?? 2)}: ${err.details ?? err.message}); reconnecting]\n`),
@@ -170,6 +203,13 @@ export async function chatCommand(args: string[]): Promise<number> {
       const p = ev.payload;
       if (p.case === "agentStart" || p.case === "runResumed") running = true;
       if (p.case === "agentEnd") [running, lastStop] = [false, p.value.stopReason];
+      if (p.case === "toolApprovalRequested" && !held.some((h) => h.toolCallId === p.value.toolCallId))
+        held.push(p.value);
+      if (p.case === "toolDecided") {
+        const at = held.findIndex((h) => h.toolCallId === p.value.toolCallId);
+        if (at >= 0) held.splice(at, 1);
+      }
+      if (p.case === "agentEnd") held.length = 0;
     },
   });
   const ended = stream.ended.then((err) => {
@@ -200,6 +240,19 @@ export async function chatCommand(args: string[]): Promise<number> {
   rl.on("line", (line) => {
     const text = line.trim();
     if (!text) return;
+    // A held call waits: y / n / e answer it; anything else is a message as usual (steering ends the wait).
+    const decided = held.length > 0 ? parseDecision(text) : undefined;
+    if (decided && "error" in decided) {
+      process.stderr.write(red(`[${decided.error}]\n`));
+      return;
+    }
+    if (decided) {
+      stream.send({
+        frameId: frameId(),
+        kind: { case: "toolDecision", value: { toolCallId: held[0].toolCallId, ...decided } },
+      });
+      return;
+    }
     // While the agent works, what you type corrects it (or queues as --queue-mode says);
     // otherwise it starts a new turn.
     const kind =
@@ -225,6 +278,8 @@ export async function chatCommand(args: string[]): Promise<number> {
   client.close();
   return code;
 }
+
+const DECIDED: Record<number, string> = { 1: "approved", 2: "rejected", 3: "edited" };
 
 const QUEUE_MODES: Record<string, QueueMode> = {
   steer: QueueMode.STEER,

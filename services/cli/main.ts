@@ -33,7 +33,11 @@ client:
                         now on (its agent.json "models"); -i: type lines even from a pipe;
                         --tls (system roots) or --ca FILE for a gateway serving TLS
   sessions ls | show ID | rm ID [--forget-memories]
-                        your sessions; one's history; delete one (--json: JSON lines)
+                        your sessions; one's history and the calls it waits on; delete one
+                        (--json: JSON lines)
+  sessions decide ID CALL approve | reject [--message M] | edit --args JSON [--principal P]
+                        decide on a tool call a session holds for approval (--principal: an
+                        approver key deciding in another principal's session)
   schedules ls SESSION | rm SESSION ID
   schedules add SESSION (--cron EXPR [--tz ZONE] | --every SECONDS) [--id ID] TEXT
                         a session's scheduled turns (cron in an IANA time zone, or a heartbeat)

@@ -1,12 +1,15 @@
-// `troupe sessions ls|show|rm` and `troupe schedules ls|add|rm`: the caller's own sessions and
-// their schedules, through the gateway with the caller's API key (what the key's principal
-// owns, nothing else). --json prints one JSON object per line, as the API's JSON mapping has it.
+// `troupe sessions ls|show|decide|rm` and `troupe schedules ls|add|rm`: the caller's own sessions
+// and their schedules, through the gateway with the caller's API key (what the key's principal
+// owns, nothing else; an approver key decides in others' sessions with --principal). --json
+// prints one JSON object per line, as the API's JSON mapping has it.
 import { toJson, type DescMessage, type MessageShape } from "@bufbuild/protobuf";
 import { timestampMs, type Timestamp } from "@bufbuild/protobuf/wkt";
 import { loadConfig } from "../shared/config/config.js";
 import { describeError } from "../shared/errors.js";
 import { ScheduleSchema } from "../shared/gen/troupe/v1/schedule_pb.js";
-import { ChatMessageSchema, Role, SessionInfoSchema } from "../shared/gen/troupe/v1/session_pb.js";
+import { randomBytes } from "node:crypto";
+import { ChatMessageSchema, Role, SessionInfoSchema, type SessionInfo } from "../shared/gen/troupe/v1/session_pb.js";
+import { parseDecision } from "./decisions.js";
 import { CLIENT_FLAGS, gatewayClient, listAllSessions, type GatewayClient } from "./gateway-client.js";
 import { printTable } from "./table.js";
 
@@ -51,19 +54,26 @@ const need = (value: string | undefined, what: string): string => {
 
 export function sessionsCommand(args: string[]): Promise<number> {
   const [sub, ...rest] = args;
-  return withGateway(rest, { "forget-memories": { type: "boolean" } }, async (gw, words, flags) => {
+  const extra = {
+    "forget-memories": { type: "boolean" },
+    principal: { type: "string" },
+    message: { type: "string" },
+    args: { type: "string" },
+  } as const;
+  return withGateway(rest, extra, async (gw, words, flags) => {
     if (sub === "ls") {
       const sessions = await listAllSessions(gw);
       if (flags.json) for (const s of sessions) jsonLine(SessionInfoSchema, s);
       else
         printTable(
-          ["SESSION", "AGENT", "MESSAGES", "UPDATED", "RUNNING"],
+          ["SESSION", "AGENT", "MESSAGES", "UPDATED", "RUNNING", "WAITING"],
           sessions.map((s) => [
             s.sessionId,
             s.agentId,
             String(s.messageCount),
             when(s.updateTime),
             s.running ? "yes" : "",
+            s.pending.length > 0 ? `${s.pending.length} decision(s)` : "",
           ]),
         );
       return 0;
@@ -82,6 +92,26 @@ export function sessionsCommand(args: string[]): Promise<number> {
         }
         pageToken = page.nextPageToken;
       } while (pageToken);
+      const info = (await listAllSessions(gw)).find((s) => s.sessionId === sessionId);
+      if (info && !flags.json) printPending(info);
+      return 0;
+    }
+    if (sub === "decide") {
+      const toolCallId = need(words[1], "the tool call id");
+      const said = parseDecision(
+        [need(words[2], "approve, reject or edit"), flags.message ?? flags.args ?? ""].join(" "),
+      );
+      if (!said) throw new UsageError(`the decision is approve, reject or edit, not ${JSON.stringify(words[2])}`);
+      if ("error" in said) throw new UsageError("edit takes --args '{\"name\": value}' (a JSON object)");
+      const res = await gw.decideToolCall({
+        sessionId,
+        frameId: `cli-decide-${randomBytes(6).toString("hex")}`,
+        principal: String(flags.principal ?? ""),
+        toolCallId,
+        ...said,
+      });
+      const dup = res.accepted?.payload.case === "frameAccepted" && res.accepted.payload.value.duplicate;
+      process.stdout.write(`${toolCallId}: ${words[2]}${dup ? " (already decided so)" : ""}\n`);
       return 0;
     }
     const res = await gw.deleteSession({ sessionId, forgetMemories: flags["forget-memories"] === true });
@@ -94,6 +124,16 @@ export function sessionsCommand(args: string[]): Promise<number> {
     );
     return 0;
   });
+}
+
+/** The calls a session's run waits on, who may decide and until when. */
+function printPending(info: SessionInfo): void {
+  for (const p of info.pending)
+    process.stdout.write(
+      `waiting since ${when(p.since)}: ${p.toolName} ${p.argumentsJson} (call ${p.toolCallId})\n` +
+        `  ${p.rule}; ${p.principal} or the tenant's approvers decide; on ${when(p.deadline)} the policy will ${p.onTimeout}\n` +
+        `  troupe sessions decide ${info.sessionId} ${p.toolCallId} approve|reject|edit\n`,
+    );
 }
 
 export function schedulesCommand(args: string[]): Promise<number> {

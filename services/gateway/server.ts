@@ -174,7 +174,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
         call,
       ),
 
-    decideToolCall: (req, call) => {
+    decideToolCall: async (req, call) => {
       const me = callerOf(call.metadata);
       const owner = req.principal === "" || req.principal === me.principal ? undefined : req.principal;
       // Someone else's session: only the tenant's approvers decide there, and nobody learns whether it exists.

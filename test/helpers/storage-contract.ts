@@ -51,6 +51,8 @@ export function storageContract(kind: string, make: (t: TestContext) => Promise<
         ],
       );
       assert.deepEqual((await storage.sessions.list()).length, 2, "and in the listing of everyone's");
+      // Times become protobuf Timestamps (ListSessions): whole milliseconds, or the encoding fails.
+      for (const s of listed) assert.ok(Number.isInteger(s.createdMs) && Number.isInteger(s.updateMs), s.sessionId);
     });
 
     test("a removed session is gone for good: its id may be made again, empty; a stranger's is not touched", async (t) => {

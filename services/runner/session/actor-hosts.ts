@@ -121,7 +121,7 @@ export class JournalHostOf implements JournalHost {
     a.updatedMs = now;
     a.activeMs = now;
     const kind = event.payload.case ?? "";
-    if (WAIT_EVENTS.has(kind)) {
+    if (WAIT_EVENTS.has(kind) && (a.waits || kind === "toolApprovalRequested")) {
       a.waits ??= new ToolWaits(event.turnId);
       a.waits.apply(event);
       if (kind === "toolApprovalRequested" || kind === "toolDecided") a.armWaitTimer();

@@ -130,7 +130,11 @@ export function replayRecords(records: readonly LogRecord[]): ReplayedLog {
         out.waits = undefined;
       } else if (p.case === "toolExecutionStart") out.running.add(p.value.toolCallId);
       else if (p.case === "toolExecutionEnd") out.running.delete(p.value.toolCallId);
-      if (out.openTurn !== undefined && WAIT_EVENTS.has(p.case ?? "")) {
+      if (
+        out.openTurn !== undefined &&
+        WAIT_EVENTS.has(p.case ?? "") &&
+        (out.waits || p.case === "toolApprovalRequested")
+      ) {
         out.waits ??= new ToolWaits(out.openTurn);
         out.waits.apply(ev);
         out.waits.from = out.openTurnFrom;

@@ -18,7 +18,7 @@ export interface HeldCall {
   deadlineMs: number;
 }
 
-/** The events that change a wait; the actor hands only these to `apply`. */
+/** The events that change a wait (the first request makes one); the actor hands only these to `apply`. */
 export const WAIT_EVENTS = new Set(["toolApprovalRequested", "toolDecided", "runWaiting", "runResumed"]);
 
 export class ToolWaits {

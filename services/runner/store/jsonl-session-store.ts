@@ -264,7 +264,7 @@ export class JsonlSessionStore implements SessionStore {
         agentId: head.agentId,
         owner: ownerOf(head),
         createdMs: head.createdMs,
-        updateMs: st.mtimeMs,
+        updateMs: Math.floor(st.mtimeMs), // file times have sub-millisecond parts; a Timestamp wants whole nanoseconds
         ...(head.subagent ? { parentSessionId: head.subagent.parentSessionId } : {}),
       });
     }
