@@ -202,6 +202,19 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       );
     },
 
+    submitToolResult: (req, call) =>
+      submit(
+        req.sessionId,
+        create(ClientFrameSchema, {
+          frameId: req.frameId,
+          kind: {
+            case: "clientToolResult",
+            value: { toolCallId: req.toolCallId, output: req.output, isError: req.isError },
+          },
+        }),
+        call,
+      ),
+
     // Served over the runner's Attach stream (open with replay_after_seq, no create) rather than
     // Replay, so that a client leaving ends the runner's stream without a reset.
     async subscribe(call) {

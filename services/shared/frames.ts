@@ -7,6 +7,7 @@ import {
   FrameKind,
   ToolVerdict,
   type ClientFrame,
+  type ClientTool,
   type ToolDecision,
 } from "./gen/troupe/v1/session_pb.js";
 import { failedPrecondition, invalidArgument } from "./errors.js";
@@ -20,6 +21,7 @@ export const FRAME_KIND: Record<NonNullable<ClientFrame["kind"]["case"]>, FrameK
   followUp: FrameKind.FOLLOW_UP,
   abort: FrameKind.ABORT,
   toolDecision: FrameKind.TOOL_DECISION,
+  clientToolResult: FrameKind.CLIENT_TOOL_RESULT,
 };
 
 /**
@@ -101,6 +103,7 @@ export function validateFrame(
       validateSessionRef(kind.value.sessionId, kind.value.agentId, true);
       validateModelName(kind.value.model);
       validateReasoningEffort(kind.value.reasoningEffort);
+      validateClientTools(frame.frameId, kind.value.clientTools);
       break;
     case "prompt":
     case "steer":
@@ -114,6 +117,7 @@ export function validateFrame(
       if (kind.case === "prompt") {
         validateImages(kind.value.images);
         validateAttachments(kind.value.attachments);
+        validateClientTools(frame.frameId, kind.value.clientTools);
       }
       break;
     case "abort":
@@ -121,12 +125,59 @@ export function validateFrame(
     case "toolDecision":
       validateDecision(frame.frameId, kind.value, fromClient);
       break;
+    case "clientToolResult":
+      if (!TOOL_CALL_ID.test(kind.value.toolCallId))
+        throw invalidArgument(`frame ${frame.frameId}: tool_call_id must be 1-256 printable ASCII characters`);
+      if (kind.value.output.length > MAX_CLIENT_OUTPUT)
+        throw invalidArgument(`frame ${frame.frameId}: output must be at most ${MAX_CLIENT_OUTPUT} characters`);
+      break;
+  }
+}
+
+const TOOL_CALL_ID = /^[\x21-\x7e]{1,256}$/;
+const MAX_CLIENT_OUTPUT = 1 << 20;
+/** What model APIs take as a function's name. */
+const CLIENT_TOOL_NAME = /^[A-Za-z0-9_-]{1,64}$/;
+const MAX_CLIENT_TOOLS = 64;
+
+/** Client tools as declared: names a model API takes, once each, schemas that are JSON objects of an object type. */
+export function validateClientTools(frameId: string, tools: readonly ClientTool[]): void {
+  if (tools.length > MAX_CLIENT_TOOLS)
+    throw invalidArgument(`frame ${frameId}: at most ${MAX_CLIENT_TOOLS} client tools, not ${tools.length}`);
+  const names = new Set<string>();
+  for (const t of tools) {
+    if (!CLIENT_TOOL_NAME.test(t.name))
+      throw invalidArgument(
+        `frame ${frameId}: client tool name ${JSON.stringify(t.name.slice(0, 80))} must be 1-64 of A-Z a-z 0-9 _ -`,
+      );
+    if (names.has(t.name)) throw invalidArgument(`frame ${frameId}: client tool ${t.name} is declared twice`);
+    names.add(t.name);
+    if (t.description.length > 8000)
+      throw invalidArgument(`frame ${frameId}: client tool ${t.name}: description must be at most 8000 characters`);
+    if (t.parametersJson.trim() === "") continue;
+    if (t.parametersJson.length > 65_536)
+      throw invalidArgument(`frame ${frameId}: client tool ${t.name}: parameters_json must be at most 64 KiB`);
+    let schema: unknown;
+    try {
+      schema = JSON.parse(t.parametersJson);
+    } catch {
+      throw invalidArgument(`frame ${frameId}: client tool ${t.name}: parameters_json is not JSON`);
+    }
+    if (
+      typeof schema !== "object" ||
+      schema === null ||
+      Array.isArray(schema) ||
+      (schema as { type?: unknown }).type !== "object"
+    )
+      throw invalidArgument(
+        `frame ${frameId}: client tool ${t.name}: parameters_json must be a JSON Schema of "type": "object"`,
+      );
   }
 }
 
 /** A decision's own fields; whether its call waits is the session's to say. */
 function validateDecision(frameId: string, d: ToolDecision, fromClient: boolean): void {
-  if (!/^[\x21-\x7e]{1,256}$/.test(d.toolCallId))
+  if (!TOOL_CALL_ID.test(d.toolCallId))
     throw invalidArgument(`frame ${frameId}: tool_call_id must be 1-256 printable ASCII characters`);
   if (d.verdict === ToolVerdict.UNSPECIFIED || ToolVerdict[d.verdict] === undefined)
     throw invalidArgument(`frame ${frameId}: verdict must be APPROVE, REJECT or EDIT`);

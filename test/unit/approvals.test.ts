@@ -299,3 +299,131 @@ describe("a run that waits on a decision", () => {
     assert.match(actor.history.messages.find((m) => m.role === Role.TOOL)!.text, /approval policy denies/);
   });
 });
+
+describe("client tools", () => {
+  const weather = {
+    name: "get_weather",
+    description: "the weather in a city",
+    parametersJson: JSON.stringify({
+      type: "object",
+      properties: { city: { type: "string" } },
+      required: ["city"],
+      additionalProperties: false,
+    }),
+  };
+  /** A model that calls get_weather once with `args`, then says what the tool answered. */
+  const weatherModel = (args: Record<string, unknown> = { city: "Oslo" }) =>
+    new ScriptedModel((r, n) => {
+      if (n === 0) return call(["get_weather", args]);
+      const tool = [...r.messages].reverse().find((m) => m.role === "tool");
+      return say(`it is ${tool && "content" in tool ? String(tool.content) : "?"}`);
+    });
+  const result = (toolCallId: string, output: string, isError = false, id?: string) =>
+    frame({ case: "clientToolResult", value: { toolCallId, output, isError } }, id);
+  const CALL = "call-0-get_weather";
+
+  test("declared for the session: offered to the model, its call goes to the client, the run waits for the result", async () => {
+    const model = weatherModel();
+    const { actor, events } = await newActor(() => testRunDeps(model, [echoTool("slow")]));
+    await actor.settle({ clientTools: [weather as never] });
+    await actor.submit(prompt("weather?"));
+    const sent = await events.waitFor((e) => e.payload.case === "clientToolCall");
+    assert.deepEqual(
+      sent.payload.case === "clientToolCall" && [sent.payload.value.toolName, sent.payload.value.argumentsJson],
+      ["get_weather", '{"city":"Oslo"}'],
+    );
+    assert.ok(
+      model.requests[0].tools?.some((t) => t.name === "get_weather"),
+      "the model saw the client's tool",
+    );
+    assert.ok(
+      model.requests[0].tools?.some((t) => t.name === "slow"),
+      "beside the agent's own",
+    );
+    await actor.whenIdle();
+    assert.deepEqual(
+      actor.info().pending.map((p) => [p.kind, p.toolName]),
+      [["client", "get_weather"]],
+    );
+    await actor.submit(result(CALL, "sunny, 21 C", false, "r1"));
+    const again = await actor.submit(result(CALL, "sunny, 21 C", false, "r2"));
+    assert.equal(
+      again.payload.case === "frameAccepted" && again.payload.value.duplicate,
+      true,
+      "sent twice, used once",
+    );
+    await events.waitFor((e) => e.payload.case === "agentEnd");
+    assert.equal(actor.history.messages.at(-1)?.text, "it is sunny, 21 C");
+    assert.equal(events.of("clientToolAnswered").length, 1);
+    const other = await refusal(actor.submit(result(CALL, "rain")));
+    assert.equal(other.code, Status.NOT_FOUND, "the run is over: nothing waits for a result any more");
+  });
+
+  test("declared with a prompt: for its run only, offered again after a reload, an error result allowed", async () => {
+    const model = weatherModel();
+    const { actor, events, deps } = await newActor(() => testRunDeps(model));
+    await actor.submit(frame({ case: "prompt", value: { text: "weather?", clientTools: [weather] } }));
+    await events.waitFor((e) => e.payload.case === "runWaiting");
+    const wrong = await refusal(actor.submit(result("call-x", "?")));
+    assert.equal(wrong.code, Status.NOT_FOUND);
+    await actor.close({ handOver: true });
+    const loaded = await SessionActor.load(actor.ref, deps);
+    const later = new Collector();
+    await loaded.attach(later);
+    await loaded.submit(result(CALL, "the weather service is down", true));
+    await later.waitFor((e) => e.payload.case === "agentEnd");
+    assert.ok(
+      model.requests.at(-1)?.tools?.some((t) => t.name === "get_weather"),
+      "the resumed run offers it again",
+    );
+    const toolMessage = loaded.history.messages.find((m) => m.role === Role.TOOL)!;
+    assert.equal(toolMessage.isError, true);
+    assert.equal(toolMessage.text, "the weather service is down");
+    // The next run has no client tools: they were the prompt's.
+    await loaded.submit(prompt("and now?"));
+    await later.waitFor((e) => e.payload.case === "agentEnd" && later.of("agentEnd").length === 2);
+    assert.ok(!model.requests.at(-1)?.tools?.some((t) => t.name === "get_weather"));
+  });
+
+  test("a second, different result is refused; a client tool may not shadow the agent's", async () => {
+    const { actor, events } = await newActor(() => testRunDeps(weatherModel(), [echoTool("slow")]));
+    const shadow = await refusal(actor.settle({ clientTools: [{ ...weather, name: "slow" } as never] }));
+    assert.equal(shadow.code, Status.INVALID_ARGUMENT);
+    assert.match(shadow.message, /slow/);
+    const inPrompt = await refusal(
+      actor.submit(frame({ case: "prompt", value: { text: "x", clientTools: [{ ...weather, name: "slow" }] } })),
+    );
+    assert.equal(inPrompt.code, Status.INVALID_ARGUMENT);
+    await actor.submit(frame({ case: "prompt", value: { text: "weather?", clientTools: [weather] } }));
+    await events.waitFor((e) => e.payload.case === "runWaiting");
+    await actor.submit(result(CALL, "sunny"));
+    const changed = await refusal(actor.submit(result(CALL, "rainy")));
+    assert.ok(changed.code === Status.FAILED_PRECONDITION || changed.code === Status.NOT_FOUND);
+    await events.waitFor((e) => e.payload.case === "agentEnd");
+  });
+
+  test("arguments off the tool's schema never reach the client: the model is told why", async () => {
+    const model = weatherModel({ town: "Oslo" });
+    const { actor, events } = await newActor(() => testRunDeps(model));
+    await actor.submit(frame({ case: "prompt", value: { text: "weather?", clientTools: [weather] } }));
+    await events.waitFor((e) => e.payload.case === "agentEnd");
+    assert.equal(events.of("clientToolCall").length, 0);
+    assert.match(actor.history.messages.find((m) => m.role === Role.TOOL)!.text, /do not match its schema/);
+  });
+
+  test("the approval policy applies to client tools: asked first, then sent to the client", async () => {
+    const model = weatherModel();
+    const { actor, events } = await newActor(() =>
+      testRunDeps(model, [], { config: { approvals: { tools: { get_weather: "ask" } } } }),
+    );
+    await actor.submit(frame({ case: "prompt", value: { text: "weather?", clientTools: [weather] } }));
+    await events.waitFor((e) => e.payload.case === "toolApprovalRequested");
+    assert.equal(events.of("clientToolCall").length, 0, "not sent before it is approved");
+    await actor.submit(decision(CALL, ToolVerdict.EDIT, { argumentsJson: '{"city": "Bergen"}' }));
+    const sent = await events.waitFor((e) => e.payload.case === "clientToolCall");
+    assert.equal(sent.payload.case === "clientToolCall" && sent.payload.value.argumentsJson, '{"city": "Bergen"}');
+    await actor.submit(result(CALL, "windy"));
+    await events.waitFor((e) => e.payload.case === "agentEnd");
+    assert.equal(actor.history.messages.at(-1)?.text, "it is windy");
+  });
+});

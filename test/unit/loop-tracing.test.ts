@@ -43,6 +43,8 @@ test("a run with a tool call is one trace: invoke_agent, then chat and execute_t
     elide: () => undefined,
     isHeld: () => false,
     decisionOf: () => undefined,
+    clientTools: [],
+    clientResultOf: () => undefined,
   };
   await runAgent(host, testRunDeps(model, [echoTool("t")]), [
     { frameId: "p", kind: FrameKind.PROMPT, text: "go", traceContext: ROOT_CONTEXT },

@@ -70,6 +70,8 @@ function host(
     },
     isHeld: () => false,
     decisionOf: () => undefined,
+    clientTools: [],
+    clientResultOf: () => undefined,
     events,
     of: (k) => events.filter((e) => e.case === k).map((e) => e.value) as never,
   };

@@ -26,6 +26,7 @@ import type { ModelClient, ModelTool } from "../providers/model.js";
 import type { SafetyVerdict } from "./safety.js";
 import type { TokenCounter } from "./tokens.js";
 import type { Tool, ToolResult } from "../tools/tools.js";
+import type { ClientToolSpec } from "../tools/client-tools.js";
 import type { Logger } from "../../shared/process/log.js";
 
 export type EventPayload = NonNullable<MessageInitShape<typeof AgentEventSchema>["payload"]>;
@@ -41,6 +42,8 @@ export interface QueuedMessage {
   images?: Image[];
   /** A prompt's files, for the session's workspace (RunDeps.placeFiles). */
   attachments?: Attachment[];
+  /** A prompt's client tools, for the run it starts (tools/client-tools.ts). */
+  clientTools?: ClientToolSpec[];
   /** Who sent it, when a channel said (Deliver); otherwise the session's principal. */
   speaker?: { id: string; displayName: string };
   /** Trace context of the frame that carried it. */
@@ -85,10 +88,14 @@ export interface RunHost {
   compaction(): Compaction | undefined;
   /** Takes these messages out of the history, durably (their events stay). Contract: never throws. */
   elide(messageIds: string[]): void;
-  /** Whether this call is already held for a decision (its request is out). Contract: never throws. */
-  isHeld(toolCallId: string): boolean;
+  /** The client's tools this run offers beside the agent's (the session's and its prompt's). */
+  readonly clientTools: readonly ClientToolSpec[];
+  /** Whether this call is already held (its approval request or client call is out). Contract: never throws. */
+  isHeld(toolCallId: string, kind: "approval" | "client"): boolean;
   /** The decision on a held call, once one came. Contract: never throws. */
   decisionOf(toolCallId: string): ToolDecided | undefined;
+  /** The client's answer to a call of a client tool, once it came. Contract: never throws. */
+  clientResultOf(toolCallId: string): ToolResult | undefined;
 }
 
 /** What the run asks for its system prompt. */

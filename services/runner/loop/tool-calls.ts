@@ -95,20 +95,27 @@ export async function executeToolCalls(turn: Turn, assistant: ChatMessage): Prom
       const waiting = rest.filter((_, k) => restGates[k].kind === "wait");
       for (const [k, call] of rest.entries()) {
         const gate = restGates[k];
-        if (gate.kind !== "wait" || host.isHeld(call.id)) continue;
-        const now = Date.now();
-        host.emit({
-          case: "toolApprovalRequested",
-          value: {
-            toolCallId: call.id,
-            toolName: call.name,
-            argumentsJson: call.argumentsJson,
-            rule: gate.rule,
-            deadline: timestampFromMs(now + gate.timeoutMs),
-            onTimeout: gate.onTimeout,
-            principal: deps.principal,
-          },
-        });
+        if (gate.kind !== "wait" || host.isHeld(call.id, gate.hold)) continue;
+        const deadline = timestampFromMs(Date.now() + gate.timeoutMs);
+        const { argumentsJson } = gate;
+        if (gate.hold === "client")
+          host.emit({
+            case: "clientToolCall",
+            value: { toolCallId: call.id, toolName: call.name, argumentsJson, deadline },
+          });
+        else
+          host.emit({
+            case: "toolApprovalRequested",
+            value: {
+              toolCallId: call.id,
+              toolName: call.name,
+              argumentsJson,
+              rule: gate.rule,
+              deadline,
+              onTimeout: gate.onTimeout,
+              principal: deps.principal,
+            },
+          });
       }
       return { steering: [], waiting: waiting.map((c) => c.id) };
     }
@@ -136,30 +143,39 @@ export async function executeToolCalls(turn: Turn, assistant: ChatMessage): Prom
           value: { toolCallId: call.id, toolName: call.name, argumentsJson: call.argumentsJson },
         });
       }
-      finishCall(host, call, results[k], gate.kind === "answer");
+      finishCall(host, call, results[k], gate.kind === "answer" && !gate.ran);
     }
     i = end;
   }
   return { steering: host.takeSteering() };
 }
 
-/** What the approval policy and the decisions taken make of one call. */
+/** What the approval policy, the decisions taken and the client's answers make of one call. */
 type Gate =
   | { kind: "run"; edited?: { json: string; by: string } }
-  | { kind: "answer"; result: ToolResult }
-  | { kind: "wait"; rule: string; timeoutMs: number; onTimeout: string };
+  /** Answered without running here: denied, rejected (`ran` false), or run by the client (`ran`). */
+  | { kind: "answer"; result: ToolResult; ran?: boolean }
+  /** Held: for a person's decision, or for the client's result (with the arguments it gets). */
+  | {
+      kind: "wait";
+      hold: "approval" | "client";
+      rule: string;
+      timeoutMs: number;
+      onTimeout: string;
+      argumentsJson: string;
+    };
 
 const RUN: Gate = { kind: "run" };
 
 /**
- * The policy's word on a call, with the decision on it if one came. A call whose tool is unknown
- * or whose arguments are off its schema runs (runToolCall answers it with why): it cannot do
- * anything, so nobody is asked about it.
+ * The policy's word on a call, with the decision on it if one came; then, for a client tool, the
+ * client's answer if one came. A call whose tool is unknown or whose arguments are off its
+ * schema runs (runToolCall answers it with why): it cannot do anything, so nobody is asked.
  */
 function gateOf(turn: Turn, call: ToolCall): Gate {
   const { host, deps } = turn;
   const tool = deps.tools.find((t) => t.name === call.name);
-  if (!tool || !turn.agent.approvals) return RUN;
+  if (!tool || (!turn.agent.approvals && !tool.client)) return RUN;
   let args: Record<string, unknown>;
   try {
     args = parseArguments(tool, call);
@@ -167,26 +183,34 @@ function gateOf(turn: Turn, call: ToolCall): Gate {
     return RUN;
   }
   const verdict = approvalOf(turn.agent.approvals, deps.tenant, call.name, args);
-  if (verdict.mode === "allow") return RUN;
+  let gate: Gate = RUN;
   if (verdict.mode === "deny")
     return {
       kind: "answer",
       result: { output: `Not run: the approval policy denies this call (${verdict.rule}).`, isError: true },
     };
-  const decision = host.decisionOf(call.id);
-  if (!decision)
-    return { kind: "wait", rule: verdict.rule, timeoutMs: verdict.timeoutMs, onTimeout: verdict.onTimeout };
-  if (decision.verdict === ToolVerdict.APPROVE) return RUN;
-  if (decision.verdict === ToolVerdict.EDIT)
-    return { kind: "run", edited: { json: decision.argumentsJson, by: decision.decidedBy } };
-  const by = decision.decidedBy === TIMED_OUT ? "nobody decided in time, so the policy" : decision.decidedBy;
-  return {
-    kind: "answer",
-    result: {
-      output: `Not run: ${by} rejected this call${decision.message ? `: ${decision.message}` : "."}`,
-      isError: true,
-    },
-  };
+  if (verdict.mode === "ask") {
+    const decision = host.decisionOf(call.id);
+    if (!decision) return { kind: "wait", hold: "approval", ...verdict, argumentsJson: call.argumentsJson };
+    if (decision.verdict === ToolVerdict.REJECT) {
+      const by = decision.decidedBy === TIMED_OUT ? "nobody decided in time, so the policy" : decision.decidedBy;
+      return {
+        kind: "answer",
+        result: {
+          output: `Not run: ${by} rejected this call${decision.message ? `: ${decision.message}` : "."}`,
+          isError: true,
+        },
+      };
+    }
+    if (decision.verdict === ToolVerdict.EDIT)
+      gate = { kind: "run", edited: { json: decision.argumentsJson, by: decision.decidedBy } };
+  }
+  if (!tool.client) return gate;
+  // The client runs it, with the arguments a person may have edited.
+  const answered = host.clientResultOf(call.id);
+  if (answered) return { kind: "answer", result: answered, ran: true };
+  const argumentsJson = gate.kind === "run" && gate.edited ? gate.edited.json : call.argumentsJson;
+  return { kind: "wait", hold: "client", rule: "", timeoutMs: verdict.timeoutMs, onTimeout: "deny", argumentsJson };
 }
 
 /** Who a decision made by the policy's timeout names as its maker. */

@@ -4,6 +4,7 @@
 import { ROOT_CONTEXT } from "@opentelemetry/api";
 import { FrameKind, Role, type ChatMessage, type Usage } from "../../shared/gen/troupe/v1/session_pb.js";
 import { sessionModel, toolOffered, type AgentConfig } from "../agent-config.js";
+import { asTools } from "../tools/client-tools.js";
 import { failpoint } from "./failpoints.js";
 import { triggerOf } from "../../shared/frames.js";
 import { DRIFT_THRESHOLD } from "./context.js";
@@ -52,8 +53,11 @@ export async function startTurn(
   const agent = host.reasoningEffort
     ? { ...configured, reasoningEffort: host.reasoningEffort as AgentConfig["reasoningEffort"] }
     : configured;
-  // Tools the agent's configuration leaves out are neither offered nor callable in this run.
-  deps = { ...deps, tools: deps.tools.filter((t) => toolOffered(agent, t.name)) };
+  // Tools the agent's configuration leaves out are neither offered nor callable in this run; the
+  // client's are offered beside the rest (a name the agent's tools have was refused when declared).
+  const own = deps.tools.filter((t) => toolOffered(agent, t.name));
+  const clients = asTools(host.clientTools.filter((c) => !own.some((t) => t.name === c.name)));
+  deps = { ...deps, tools: [...own, ...clients] };
   const chosen = sessionModel(deps.agentId, agent, deps.defaultModel, host.model);
   const resolved = await deps.hooks.modify("before_model_resolve", { ...info, model: chosen.model }, (p, r) => ({
     payload: r.model ? { ...p, model: r.model } : p,

@@ -18,7 +18,7 @@ import type { LogRecord, SessionLog, SessionOwner, SessionStore } from "./sessio
 import type { SessionWrites } from "./session-writes.js";
 import type { RestartHost, Supervision } from "./supervision.js";
 import type { TenantRuns } from "./tenant-runs.js";
-import { ToolWaits, WAIT_EVENTS } from "./tool-waits.js";
+import { ToolWaits, WAIT_EVENTS, WAIT_STARTS } from "./tool-waits.js";
 
 /** What the hosts below use of an actor (its members, private ones among them, by name). */
 export type ActorInternals = {
@@ -50,7 +50,8 @@ export type ActorInternals = {
   replayLog(records: LogRecord[], numbering: Numbering, cutOff?: CutOff): void;
   waits?: ToolWaits;
   waitTimer?: NodeJS.Timeout;
-  checkDecision(frame: ClientFrame): RpcError | "duplicate" | undefined;
+  startClientTools?: unknown;
+  checkFrame(frame: ClientFrame): RpcError | "duplicate" | undefined;
   decide(frame: ClientFrame): void;
   goOnIfDue(): void;
   armWaitTimer(): void;
@@ -121,13 +122,16 @@ export class JournalHostOf implements JournalHost {
     a.updatedMs = now;
     a.activeMs = now;
     const kind = event.payload.case ?? "";
-    if (WAIT_EVENTS.has(kind) && (a.waits || kind === "toolApprovalRequested")) {
+    if (WAIT_EVENTS.has(kind) && (a.waits || WAIT_STARTS.has(kind))) {
       a.waits ??= new ToolWaits(event.turnId);
       a.waits.apply(event);
-      if (kind === "toolApprovalRequested" || kind === "toolDecided") a.armWaitTimer();
-    } else if (kind === "agentEnd" && a.waits) {
-      a.waits = undefined;
-      a.armWaitTimer();
+      if (kind !== "runWaiting" && kind !== "runResumed") a.armWaitTimer();
+    } else if (kind === "agentEnd") {
+      a.startClientTools = undefined;
+      if (a.waits) {
+        a.waits = undefined;
+        a.armWaitTimer();
+      }
     }
     if (event.payload.case === "compactionEnd") {
       a.compaction = {
@@ -160,7 +164,7 @@ export class AdmissionHostOf implements AdmissionHost {
     return this.a.slot.busy || this.a.waits?.suspended === true;
   }
   check(frame: ClientFrame): RpcError | "duplicate" | undefined {
-    return this.a.checkDecision(frame);
+    return this.a.checkFrame(frame);
   }
   takeRun(): void {
     const a = this.a;
@@ -175,7 +179,7 @@ export class AdmissionHostOf implements AdmissionHost {
   placed(frame: ClientFrame, interrupt: boolean): void {
     const a = this.a;
     if (frame.kind.case === "abort") a.abort(frame.frameId, frame.kind.value.reason, frame.kind.value.clearQueue);
-    if (frame.kind.case === "toolDecision") a.decide(frame);
+    if (frame.kind.case === "toolDecision" || frame.kind.case === "clientToolResult") a.decide(frame);
     if (interrupt && (a.slot.busy || a.waits?.suspended))
       a.abort(frame.frameId, "interrupted by a prompt in interrupt mode", false);
     a.goOnIfDue();

@@ -8,6 +8,7 @@ import { FRAME_KIND } from "../../shared/frames.js";
 import { type ClientFrame, QueueMode } from "../../shared/gen/troupe/v1/session_pb.js";
 import { RpcError, type Status, failedPrecondition, resourceExhausted } from "../../shared/errors.js";
 import type { QueuedMessage } from "../loop/run.js";
+import { clientToolSpecs } from "../tools/client-tools.js";
 
 /** Messages a session holds waiting (queued, steering, follow-ups, collecting) before it refuses more. */
 export const MAILBOX_LIMIT = 100;
@@ -60,6 +61,9 @@ export class Mailbox {
       instruction,
       ...(k.case === "prompt" && k.value.images.length > 0 ? { images: k.value.images } : {}),
       ...(k.case === "prompt" && k.value.attachments.length > 0 ? { attachments: k.value.attachments } : {}),
+      ...(k.case === "prompt" && k.value.clientTools.length > 0
+        ? { clientTools: clientToolSpecs(k.value.clientTools) }
+        : {}),
       ...(frame.speaker?.id ? { speaker: { id: frame.speaker.id, displayName: frame.speaker.displayName } } : {}),
       traceContext: ctx,
       arrival: ++this.arrivals,

@@ -15,8 +15,8 @@ import {
 } from "../../shared/gen/troupe/v1/session_pb.js";
 import { injectUserMessages } from "../loop/loop.js";
 import { answerUnanswered, type Compaction, type EventPayload, type QueuedMessage } from "../loop/run.js";
-import type { LogRecord } from "./session-log.js";
-import { ToolWaits, WAIT_EVENTS } from "./tool-waits.js";
+import type { ClientToolRecord, LogRecord } from "./session-log.js";
+import { ToolWaits, WAIT_EVENTS, WAIT_STARTS } from "./tool-waits.js";
 
 /** Why a run the log shows as unfinished ended, and (when this process saw it fail) what started it. */
 export interface CutOff {
@@ -56,6 +56,10 @@ export interface ReplayedLog {
   queueMode?: QueueMode;
   /** The last model chosen for the session, if any was. */
   model?: string;
+  /** The session's client tools, as last set. */
+  clientTools?: ClientToolRecord[];
+  /** The frame whose message started the open turn. */
+  openTurnFrame?: string;
   /** The last reasoning effort chosen ("" once set back to the agent's). */
   reasoningEffort?: string;
   /** The first message the model sees after the latest reset. */
@@ -102,6 +106,7 @@ export function replayRecords(records: readonly LogRecord[]): ReplayedLog {
       if (rec.model !== undefined) out.model = rec.model;
       if (rec.reasoningEffort !== undefined) out.reasoningEffort = rec.reasoningEffort;
       if (rec.contextFrom !== undefined) out.contextFrom = rec.contextFrom;
+      if (rec.clientTools !== undefined) out.clientTools = rec.clientTools;
     } else if (rec.t === "elided") {
       const gone = new Set(rec.messageIds);
       out.messages = out.messages.filter((m) => !gone.has(m.id));
@@ -122,6 +127,7 @@ export function replayRecords(records: readonly LogRecord[]): ReplayedLog {
       else if (p.case === "agentStart") {
         out.openTurn = ev.turnId;
         out.openTurnFrom = out.messages.length;
+        out.openTurnFrame = p.value.frameId;
         out.running.clear();
         out.waits = undefined;
       } else if (p.case === "agentEnd") {
@@ -130,11 +136,7 @@ export function replayRecords(records: readonly LogRecord[]): ReplayedLog {
         out.waits = undefined;
       } else if (p.case === "toolExecutionStart") out.running.add(p.value.toolCallId);
       else if (p.case === "toolExecutionEnd") out.running.delete(p.value.toolCallId);
-      if (
-        out.openTurn !== undefined &&
-        WAIT_EVENTS.has(p.case ?? "") &&
-        (out.waits || p.case === "toolApprovalRequested")
-      ) {
+      if (out.openTurn !== undefined && WAIT_EVENTS.has(p.case ?? "") && (out.waits || WAIT_STARTS.has(p.case ?? ""))) {
         out.waits ??= new ToolWaits(out.openTurn);
         out.waits.apply(ev);
         out.waits.from = out.openTurnFrom;

@@ -13,13 +13,15 @@ import {
   type AgentEvent,
   type ChatMessage,
   type ClientFrame,
+  type ClientTool,
   type SessionInfo,
 } from "../../shared/gen/troupe/v1/session_pb.js";
 import { validateFrame } from "../../shared/frames.js";
 import { type RpcError, failedPrecondition, invalidArgument, notFound } from "../../shared/errors.js";
 import { answerUnanswered } from "../loop/run.js";
 import { argumentProblems, TIMED_OUT } from "../loop/tool-calls.js";
-import { type ToolWaits, VERDICT_NAME, sameDecision } from "./tool-waits.js";
+import { type ToolWaits, VERDICT_NAME, sameAnswer, sameDecision } from "./tool-waits.js";
+import { asTools, clientToolSpecs, mergeSpecs, shadowed, type ClientToolSpec } from "../tools/client-tools.js";
 import { failure, type Logger } from "../../shared/process/log.js";
 import { runAgent } from "../loop/loop.js";
 import { resumedMessages } from "../loop/turn-start.js";
@@ -34,6 +36,7 @@ import { Mailbox, type Queued } from "./mailbox.js";
 import { Admission } from "./admission.js";
 import {
   ownerOf,
+  type ClientToolRecord,
   type LogRecord,
   type SessionLog,
   type SessionOwner,
@@ -95,6 +98,10 @@ export class SessionActor {
   private compaction?: Compaction;
   /** What the open run holds for decisions, while it holds any (tool-waits.ts). */
   private waits?: ToolWaits;
+  /** The session's client tools (OpenSession.client_tools), kept in its log's settings. */
+  private clientTools: ClientToolSpec[] = [];
+  /** The client tools of the prompt that started the open run (kept until it ends: a resume offers them again). */
+  private startClientTools?: ClientToolSpec[];
   /** Fires at the earliest deadline of a held call (the approval policy's timeout). */
   private waitTimer?: NodeJS.Timeout;
   private idleWaiters: (() => void)[] = [];
@@ -203,6 +210,10 @@ export class SessionActor {
         this.armWaitTimer();
       },
       decide: (frame) => this.decide(frame),
+      clientTools: (session, run) => {
+        this.clientTools = clientToolSpecs(session);
+        this.startClientTools = run.length > 0 ? clientToolSpecs(run) : undefined;
+      },
     };
   }
 
@@ -218,8 +229,24 @@ export class SessionActor {
    * changed, and with `reset` starts its conversation over (the model sees nothing before it): in
    * one log record. The caller has checked that the agent allows the model.
    */
-  async settle(s: { queueMode?: QueueMode } & Choice): Promise<void> {
-    const changed: { queueMode?: number } & ChoiceRecord = this.choices.apply(s, this.history.length);
+  async settle(
+    s: { queueMode?: QueueMode; clientTools?: ClientTool[]; clearClientTools?: boolean } & Choice,
+  ): Promise<void> {
+    const changed: { queueMode?: number; clientTools?: ClientToolRecord[] } & ChoiceRecord = this.choices.apply(
+      s,
+      this.history.length,
+    );
+    if (s.clearClientTools || (s.clientTools?.length ?? 0) > 0) {
+      const specs = s.clearClientTools ? [] : clientToolSpecs(s.clientTools ?? []);
+      const refused = this.checkClientTools(specs);
+      if (refused) throw refused;
+      changed.clientTools = (s.clearClientTools ? [] : (s.clientTools ?? [])).map((t) => ({
+        name: t.name,
+        description: t.description,
+        parametersJson: t.parametersJson,
+      }));
+      this.clientTools = specs;
+    }
     if (s.queueMode && s.queueMode !== this.mailbox.mode) changed.queueMode = this.mailbox.mode = s.queueMode;
     if (Object.keys(changed).length > 0) await this.writes.appendOrRefuse({ t: "settings", ...changed }, true);
     if (changed.contextFrom !== undefined) this.releaseUnseen();
@@ -256,8 +283,11 @@ export class SessionActor {
    * Why a decision frame cannot be taken, "duplicate" when it repeats the decision already taken,
    * or undefined. Checked before the frame is recorded, so a refused decision changes nothing.
    */
-  protected checkDecision(frame: ClientFrame): RpcError | "duplicate" | undefined {
+  protected checkFrame(frame: ClientFrame): RpcError | "duplicate" | undefined {
     const k = frame.kind;
+    if (k.case === "clientToolResult") return this.checkClientResult(k.value);
+    if (k.case === "prompt" && k.value.clientTools.length > 0)
+      return this.checkClientTools(clientToolSpecs(k.value.clientTools));
     if (k.case !== "toolDecision") return undefined;
     const d = k.value;
     const held = this.waits?.held.get(d.toolCallId);
@@ -271,18 +301,61 @@ export class SessionActor {
             `tool call ${d.toolCallId} was already ${VERDICT_NAME[taken.verdict]} by ${taken.decidedBy}; a decision is taken once`,
           );
     if (d.verdict === ToolVerdict.EDIT) {
-      const name = held.request.toolName;
-      const tool = this.deps.runDeps(this, []).tools.find((t) => t.name === name);
+      const name = held.toolName;
+      const tool = [...this.deps.runDeps(this, []).tools, ...asTools(this.runTools())].find((t) => t.name === name);
       const why = tool ? argumentProblems(tool, d.argumentsJson) : `tool ${name} is no longer offered`;
       if (why) return invalidArgument(`the edited arguments of tool call ${d.toolCallId} are not valid: ${why}`);
     }
     return undefined;
   }
 
-  /** Takes a decision on a held call: its audit record, then the run goes on if it was all it waited for. */
+  /** A client's answer: to a call of a client tool the run waits on, and only once. */
+  private checkClientResult(r: {
+    toolCallId: string;
+    output: string;
+    isError: boolean;
+  }): RpcError | "duplicate" | undefined {
+    if (!this.waits?.clientCalls.has(r.toolCallId))
+      return notFound(
+        `no client tool call ${JSON.stringify(r.toolCallId)} waits for a result in session ${this.sessionId}`,
+      );
+    const taken = this.waits.answered.get(r.toolCallId);
+    if (taken)
+      return sameAnswer(taken, r)
+        ? "duplicate"
+        : failedPrecondition(`tool call ${r.toolCallId} was already answered; a result is taken once`);
+    return undefined;
+  }
+
+  /** Client tools may not take the name of one of the agent's own. */
+  checkClientTools(specs: readonly ClientToolSpec[]): RpcError | undefined {
+    if (specs.length === 0) return undefined;
+    const clash = shadowed(specs, this.deps.runDeps(this, []).tools);
+    return clash.length > 0
+      ? invalidArgument(`client tools may not take the names of the agent's own tools: ${clash.join(", ")}`)
+      : undefined;
+  }
+
+  /** The client tools the open run offers: the session's, and those of the prompt that started it. */
+  private runTools(): ClientToolSpec[] {
+    return mergeSpecs(this.clientTools, this.startClientTools);
+  }
+
+  /** Takes a decision on a held call, or a client's answer: recorded, then the run goes on if that was all it waited for. */
   protected decide(frame: ClientFrame): void {
     const k = frame.kind;
     const waits = this.waits;
+    if (k.case === "clientToolResult" && waits) {
+      const r = k.value;
+      // Two different answers raced past the check: the first one recorded stands.
+      if (!waits.clientCalls.has(r.toolCallId) || waits.answered.has(r.toolCallId)) return;
+      this.emitInWait(waits, {
+        case: "clientToolAnswered",
+        value: { toolCallId: r.toolCallId, output: r.output, isError: r.isError, frameId: frame.frameId },
+      });
+      this.goOnIfDue();
+      return;
+    }
     if (k.case !== "toolDecision" || !waits) return;
     const d = k.value;
     const held = waits.held.get(d.toolCallId);
@@ -303,7 +376,7 @@ export class SessionActor {
     });
     this.auditDecision(
       waits.turnId,
-      held.request.toolName,
+      held.toolName,
       d.toolCallId,
       d.verdict,
       decidedBy,
@@ -388,8 +461,16 @@ export class SessionActor {
     const now = Date.now();
     for (const h of waits.pending()) {
       if (h.deadlineMs > now) continue;
-      const { toolCallId, toolName, onTimeout } = h.request;
+      const { toolCallId, toolName, onTimeout } = h;
       const seconds = Math.round((h.deadlineMs - h.sinceMs) / 1000);
+      if (h.kind === "client") {
+        const output = `The client did not answer this call within ${seconds} s.`;
+        this.emitInWait(waits, {
+          case: "clientToolAnswered",
+          value: { toolCallId, output, isError: true, frameId: "" },
+        });
+        continue;
+      }
       if (onTimeout === "abort") {
         const why = `nobody decided on ${toolName} within ${seconds} s, so the approval policy aborted the run`;
         if (this.slot.busy) this.slot.abort(new Error(why));
@@ -494,6 +575,7 @@ export class SessionActor {
 
   protected async execute({ first, resume }: NextRun, signal: AbortSignal): Promise<void> {
     const { history } = this;
+    if (!resume) this.startClientTools = mergeSpecs(...first.map((q) => q.clientTools));
     const released = history.released;
     const host: RunHost = {
       sessionId: this.sessionId,
@@ -514,8 +596,13 @@ export class SessionActor {
         history.messages.splice(0, history.messages.length, ...history.messages.filter((m) => !gone.has(m.id)));
         void this.writes.append({ t: "elided", messageIds: ids }, false);
       },
-      isHeld: (id) => this.waits?.held.has(id) === true,
+      clientTools: this.runTools(),
+      isHeld: (id, kind) => (kind === "client" ? this.waits?.clientCalls : this.waits?.held)?.has(id) === true,
       decisionOf: (id) => this.waits?.decided.get(id),
+      clientResultOf: (id) => {
+        const a = this.waits?.answered.get(id);
+        return a && { output: a.output, isError: a.isError };
+      },
     };
     try {
       // A resume's index is absolute (the log's); nothing is let go while a resume waits.
@@ -582,14 +669,15 @@ export class SessionActor {
       messageCount: this.history.length,
       running: this.running,
       pending: (this.waits?.pending() ?? []).map((h) => ({
-        toolCallId: h.request.toolCallId,
-        toolName: h.request.toolName,
-        argumentsJson: h.request.argumentsJson,
-        rule: h.request.rule,
+        toolCallId: h.toolCallId,
+        toolName: h.toolName,
+        argumentsJson: h.argumentsJson,
+        rule: h.rule,
         since: timestampFromMs(h.sinceMs),
-        deadline: h.request.deadline,
-        onTimeout: h.request.onTimeout,
-        principal: h.request.principal,
+        ...(Number.isFinite(h.deadlineMs) ? { deadline: timestampFromMs(h.deadlineMs) } : {}),
+        onTimeout: h.onTimeout,
+        principal: h.principal || this.owner.principal,
+        kind: h.kind,
       })),
     });
   }

@@ -24,8 +24,15 @@ export type LogRecord =
   | { t: "epoch"; epoch: number; runnerId: string }
   | { t: "frame"; frame: unknown }
   // The session's default queue mode, model or reasoning effort changed, or its conversation was
-  // reset to start at message `contextFrom` (each only when set).
-  | { t: "settings"; queueMode?: number; model?: string; reasoningEffort?: string; contextFrom?: number }
+  // reset to start at message `contextFrom`, or its client tools were set (each only when set).
+  | {
+      t: "settings";
+      queueMode?: number;
+      model?: string;
+      reasoningEffort?: string;
+      contextFrom?: number;
+      clientTools?: ClientToolRecord[];
+    }
   | { t: "event"; event: unknown }
   // seq values up to `upTo` may have been handed out; a restart continues after it.
   | { t: "seq"; upTo: number }
@@ -33,6 +40,13 @@ export type LogRecord =
   | { t: "closed"; seq: number }
   // These messages leave the history (a heartbeat that found nothing to say); their events stay.
   | { t: "elided"; messageIds: string[] };
+
+/** A client tool as the log keeps it (ClientTool's fields). */
+export interface ClientToolRecord {
+  name: string;
+  description: string;
+  parametersJson: string;
+}
 
 /** A sub-agent's session (delegate_task): whose child it is, how deep, and its task instruction. */
 export interface Subagent {

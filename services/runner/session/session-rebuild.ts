@@ -15,7 +15,7 @@ import type { EventJournal } from "./event-journal.js";
 import type { HeldHistory } from "./held-history.js";
 import type { Mailbox } from "./mailbox.js";
 import type { SessionChoices } from "./session-choices.js";
-import type { LogRecord } from "./session-log.js";
+import type { ClientToolRecord, LogRecord } from "./session-log.js";
 import type { ToolWaits } from "./tool-waits.js";
 
 /** The parts of an actor a rebuild writes into, bound in one place (SessionActor.rebuildParts). */
@@ -34,8 +34,10 @@ export interface RebuiltParts {
   asRun(turnId: string, close: () => void): void;
   /** The open run holds calls for decisions: the actor keeps `waits` (and arms its deadline). */
   waiting(waits: ToolWaits): void;
-  /** Takes a decision whose frame the log has and whose ToolDecided it has not (the runner died between). */
+  /** Takes a decision (or a client's result) whose frame the log has and whose event it has not (the runner died between). */
   decide(frame: ClientFrame): void;
+  /** The session's client tools, and those of the prompt that started the open run. */
+  clientTools(session: ClientToolRecord[], run: ClientToolRecord[]): void;
 }
 
 /**
@@ -70,6 +72,11 @@ export function rebuildFromLog(
   parts.choices.restore(log);
   history.messages.push(...log.messages);
   for (const [frameId, ev] of log.acks) admission.restore(frameId, () => ev);
+  const starter = log.accepted.find((f) => f.frameId === log.openTurnFrame)?.kind;
+  parts.clientTools(
+    log.clientTools ?? [],
+    log.openTurn !== undefined && starter?.case === "prompt" ? starter.value.clientTools : [],
+  );
   parts.restored(log.compaction, log.updatedMs);
   journal.saw(log.lastSeq);
   if ("live" in numbering) journal.saw(numbering.live);
@@ -83,8 +90,12 @@ export function rebuildFromLog(
     parts.waiting(waits);
     for (const frame of log.accepted) {
       const k = frame.kind;
-      if (k.case === "toolDecision" && waits.held.has(k.value.toolCallId) && !waits.decided.has(k.value.toolCallId))
-        parts.decide(frame);
+      const owed =
+        (k.case === "toolDecision" && waits.held.has(k.value.toolCallId) && !waits.decided.has(k.value.toolCallId)) ||
+        (k.case === "clientToolResult" &&
+          waits.clientCalls.has(k.value.toolCallId) &&
+          !waits.answered.has(k.value.toolCallId));
+      if (owed) parts.decide(frame);
     }
   }
   if (log.openTurn !== undefined && waits?.suspended) {

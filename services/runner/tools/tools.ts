@@ -31,6 +31,8 @@ export interface Tool {
    * change something (exec, write_file) run alone, in the order the model gave them.
    */
   parallel?: boolean;
+  /** The client runs it (client-tools.ts): a call is sent to the client, not executed here. */
+  client?: boolean;
   execute(args: Record<string, unknown>, ctx: ToolContext): Promise<ToolResult>;
 }
 
