@@ -8,6 +8,7 @@ import { mkdir, mkdtemp, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import OpenAI from "openai";
+import { Agent, OpenAIChatCompletionsModel, run, setTracingDisabled, tool } from "@openai/agents";
 import { Role } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { startStack, waitFor, type Stack } from "./helpers/stack.js";
 
@@ -143,9 +144,19 @@ describe("the OpenAI-compatible endpoint, through the openai SDK", () => {
         /only text content parts/,
       ],
       [
-        { tools: [{ type: "function", function: { name: "f", parameters: {} } }] },
+        { tools: [{ type: "function", function: { name: "f", parameters: {} } }], tool_choice: "required" },
         OpenAI.BadRequestError,
-        /client-side tools are not supported/,
+        /tool_choice/,
+      ],
+      [
+        { tools: [{ type: "function", function: { name: "no spaces", parameters: {} } }] },
+        OpenAI.BadRequestError,
+        /function.name/,
+      ],
+      [
+        { messages: [{ role: "tool", tool_call_id: "call_made_up", content: "x" }] },
+        OpenAI.BadRequestError,
+        /not one this server gave out/,
       ],
     ];
     for (const [params, kind, message] of cases) {
@@ -220,5 +231,133 @@ describe("the OpenAI-compatible endpoint, through the openai SDK", () => {
     const { choices } = await asked;
     assert.equal(choices[0].message.content?.trim(), words(40));
     assert.equal(choices[0].finish_reason, "stop");
+  });
+});
+
+describe("function calling, as OpenAI's clients do it", () => {
+  const weather: OpenAI.ChatCompletionTool = {
+    type: "function",
+    function: {
+      name: "get_weather",
+      description: "The weather in a city",
+      parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"], additionalProperties: false },
+    },
+  };
+  const asking = '!call get_weather {"city": "Oslo"}';
+
+  test("not streamed: tool_calls with finish_reason tool_calls, then the tool message resumes the run", async () => {
+    const first = await client.chat.completions.create({
+      model: "troupe/main",
+      messages: [{ role: "user", content: asking }],
+      tools: [weather],
+    });
+    const choice = first.choices[0];
+    assert.equal(choice.finish_reason, "tool_calls");
+    assert.equal(choice.message.content, null);
+    const [call] = choice.message.tool_calls ?? [];
+    assert.equal(call?.type, "function");
+    assert.equal(call.type === "function" && call.function.name, "get_weather");
+    assert.deepEqual(call.type === "function" && JSON.parse(call.function.arguments), { city: "Oslo" });
+    const history: OpenAI.ChatCompletionMessageParam[] = [
+      { role: "user", content: asking },
+      choice.message,
+      { role: "tool", tool_call_id: call.id, content: "sunny, 21 C" },
+    ];
+    const second = await client.chat.completions.create({ model: "troupe/main", messages: history, tools: [weather] });
+    assert.equal(second.choices[0].finish_reason, "stop");
+    assert.match(second.choices[0].message.content ?? "", /Tool results: sunny, 21 C/);
+    // The same request again (a client's retry) is answered the same, and the result is used once.
+    const { data: again, response } = await client.chat.completions
+      .create({ model: "troupe/main", messages: history, tools: [weather] })
+      .withResponse();
+    assert.equal(again.choices[0].message.content, second.choices[0].message.content);
+    const session = response.headers.get("x-troupe-session") ?? "";
+    const kept = (await stack.gateway.getHistory({ sessionId: session })).messages;
+    assert.equal(kept.filter((m) => m.role === Role.TOOL).length, 1, "one result in the history");
+    // Another answer to the same call is refused: it was answered.
+    await assert.rejects(
+      client.chat.completions.create({
+        model: "troupe/main",
+        tools: [weather],
+        messages: [...history.slice(0, 2), { role: "tool", tool_call_id: call.id, content: "rain" }],
+      }),
+      (e: unknown) => e instanceof OpenAI.NotFoundError || e instanceof OpenAI.BadRequestError,
+    );
+  });
+
+  test("streamed: the call's id and name, then its arguments as deltas; the answer streams after the tool message", async () => {
+    const stream = await client.chat.completions.create({
+      model: "troupe/main",
+      messages: [{ role: "user", content: asking }],
+      tools: [weather],
+      stream: true,
+    });
+    const calls: { id: string; name: string; arguments: string }[] = [];
+    let finish: string | null = null;
+    let argumentDeltas = 0;
+    for await (const chunk of stream) {
+      for (const d of chunk.choices[0]?.delta.tool_calls ?? []) {
+        calls[d.index] ??= { id: "", name: "", arguments: "" };
+        if (d.id) calls[d.index].id = d.id;
+        if (d.function?.name) calls[d.index].name = d.function.name;
+        if (d.function?.arguments) {
+          calls[d.index].arguments += d.function.arguments;
+          argumentDeltas++;
+        }
+      }
+      finish = chunk.choices[0]?.finish_reason ?? finish;
+    }
+    assert.equal(finish, "tool_calls");
+    assert.equal(calls.length, 1);
+    assert.equal(calls[0].name, "get_weather");
+    assert.ok(argumentDeltas >= 1);
+    assert.deepEqual(JSON.parse(calls[0].arguments), { city: "Oslo" });
+    const answer = await client.chat.completions.create({
+      model: "troupe/main",
+      stream: true,
+      tools: [weather],
+      messages: [
+        { role: "user", content: asking },
+        {
+          role: "assistant",
+          content: null,
+          tool_calls: [{ id: calls[0].id, type: "function", function: { name: calls[0].name, arguments: calls[0].arguments } }],
+        },
+        { role: "tool", tool_call_id: calls[0].id, content: "cloudy" },
+      ],
+    });
+    let text = "";
+    for await (const chunk of answer) text += chunk.choices[0]?.delta.content ?? "";
+    assert.match(text, /Tool results: cloudy/);
+  });
+
+  test("the OpenAI Agents SDK runs an agent on Troupe's /v1, its function tool running in this process", async () => {
+    setTracingDisabled(true);
+    const cities: string[] = [];
+    const getWeather = tool({
+      name: "get_weather",
+      description: "The weather in a city",
+      parameters: {
+        type: "object",
+        properties: { city: { type: "string" } },
+        required: ["city"],
+        additionalProperties: false,
+      },
+      strict: true,
+      execute: async (args: unknown) => {
+        const { city } = args as { city: string };
+        cities.push(city);
+        return `foggy in ${city}`;
+      },
+    } as never);
+    const agent = new Agent({
+      name: "weather-asker",
+      instructions: "Answer with the weather.",
+      model: new OpenAIChatCompletionsModel(client as never, "troupe/main"),
+      tools: [getWeather],
+    });
+    const result = await run(agent, asking);
+    assert.deepEqual(cities, ["Oslo"], "the SDK ran the tool once, here");
+    assert.match(String(result.finalOutput), /Tool results: foggy in Oslo/);
   });
 });

@@ -148,7 +148,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
         req.sessionId,
         create(ClientFrameSchema, {
           frameId: req.frameId,
-          kind: { case: "prompt", value: { text: req.text, queueMode: req.queueMode } },
+          kind: { case: "prompt", value: { text: req.text, queueMode: req.queueMode, clientTools: req.clientTools } },
         }),
         call,
       ),

@@ -13,14 +13,17 @@
 //     last user message is sent: it is the prompt (system messages and earlier turns are the
 //     client's copy of what the session already holds, or the agent's own prompt's business);
 //   - the agent's own tools run server-side; with `x-troupe-tool-progress: 1`, their calls and
-//     results are streamed as content lines; client-side `tools` are refused, not ignored;
+//     results are streamed as content lines; the request's function `tools` are the run's client
+//     tools: a call to one ends the response with `tool_calls`, and the next request, ending in
+//     the `tool` messages, answers the waiting run and gets the rest of it (openai-tools.ts);
 //   - usage is the run's, summed over its model calls;
 //   - a runner that dies mid-run is waited for: the run goes on after its restart (run-events.ts).
 // Every step is a gateway gRPC call with the caller's key (gateway/http/edge.ts), so keys, limits and
 // quotas are the gRPC API's.
 import { createHash, randomUUID } from "node:crypto";
 import { readdir } from "node:fs/promises";
-import { QueueMode, Role, StopReason } from "../../shared/gen/troupe/v1/session_pb.js";
+import { QueueMode, Role, StopReason, type AgentEvent } from "../../shared/gen/troupe/v1/session_pb.js";
+import { callIdFor, callOf, clientToolsOf, toolResultsOf } from "./openai-tools.js";
 import { DEFAULT_AGENT, isAgentId } from "../../shared/ids.js";
 import type { GatewayClient } from "./edge.js";
 import type { NodeServerRequest, NodeServerResponse } from "./answer.js";
@@ -41,6 +44,8 @@ import {
 /** A run this long without its end is given up on (the run itself goes on). */
 const RUN_TIMEOUT_MS = 15 * 60_000;
 const TOOL_PROGRESS_CHARS = 500;
+/** A streamed call's arguments go out in pieces of this many characters, as deltas. */
+const ARGUMENT_PIECE = 256;
 
 /** A path segment's escapes decoded; a segment whose escapes do not decode names no model. */
 function decodedOr404(segment: string): string {
@@ -65,23 +70,50 @@ export function openAiCompat(gateway: GatewayClient, opts: { maxBodyBytes: numbe
   const chatRequest = async (req: NodeServerRequest) => {
     const body = await readJson(req, opts.maxBodyBytes);
     const agentId = agentOf(body.model);
-    const prompt = promptOf(body.messages);
-    if (Array.isArray(body.tools) && body.tools.length > 0)
-      throw new ApiError(
-        400,
-        "client-side tools are not supported: the agent runs its own tools",
-        undefined,
-        null,
-        "tools",
-      );
+    const clientTools = clientToolsOf(body);
+    // A request that ends in `tool` messages answers a run waiting on them; any other asks anew.
+    const results = toolResultsOf(body.messages);
+    const prompt = results.length > 0 ? "" : promptOf(body.messages);
     if (body.n !== undefined && body.n !== 1) throw new ApiError(400, "only n = 1 is supported", undefined, null, "n");
     if (body.user !== undefined && (typeof body.user !== "string" || body.user.length > 256))
       throw new ApiError(400, "`user` must be a string of at most 256 characters", undefined, null, "user");
-    return { body, agentId, prompt };
+    return { body, agentId, prompt, clientTools, results };
+  };
+
+  /**
+   * Answers the waiting run's client calls with the request's `tool` messages; returns the session,
+   * where to follow its events from, and how to know the run's first event. A resent request's
+   * answers are duplicates (their frame ids come from the call and the output), so the run is
+   * followed from the session's start.
+   */
+  const answerCalls = async (
+    results: { toolCallId: string; output: string }[],
+    named: string,
+    metadata: ReturnType<typeof forwardedMetadata>,
+  ) => {
+    const calls = results.map((r) => ({ ...r, ...callOf(r.toolCallId) }));
+    const sessionId = calls[0].sessionId;
+    if (calls.some((c) => c.sessionId !== sessionId) || (named !== "" && named !== sessionId))
+      throw new ApiError(400, "the tool messages answer calls of more than one session", undefined, null, "messages");
+    const frames = new Set<string>();
+    let afterSeq: bigint | undefined;
+    for (const c of calls) {
+      const frameId = `oa-tool-${createHash("sha256").update(`${c.toolCallId}\0${c.output}`).digest("hex").slice(0, 40)}`;
+      frames.add(frameId);
+      const ack = await gateway.submitToolResult(
+        { sessionId, frameId, toolCallId: c.id, output: c.output, isError: false },
+        { metadata },
+      );
+      const a = ack.accepted!;
+      const dup = a.payload.case === "frameAccepted" && a.payload.value.duplicate;
+      afterSeq = dup ? 0n : afterSeq === undefined || a.seq - 1n < afterSeq ? a.seq - 1n : afterSeq;
+    }
+    const joins = (e: AgentEvent) => e.payload.case === "clientToolAnswered" && frames.has(e.payload.value.frameId);
+    return { sessionId, afterSeq: afterSeq ?? 0n, joins };
   };
 
   const chat = async (req: NodeServerRequest, res: NodeServerResponse) => {
-    const { body, agentId, prompt } = await chatRequest(req);
+    const { body, agentId, prompt, clientTools, results } = await chatRequest(req);
     const stream = body.stream === true;
     const includeUsage = (body.stream_options as { include_usage?: unknown } | undefined)?.include_usage === true;
     const toolProgress = req.headers["x-troupe-tool-progress"] === "1";
@@ -96,13 +128,22 @@ export function openAiCompat(gateway: GatewayClient, opts: { maxBodyBytes: numbe
         : typeof body.user === "string" && body.user !== ""
           ? `openai-${createHash("sha256").update(`${agentId}\0${body.user}`).digest("hex").slice(0, 40)}`
           : "";
-    const opened = await gateway.createSession({ sessionId, agentId }, { metadata });
-    const session = opened.session!.sessionId;
     const frameId = randomUUID();
-    const sent = await gateway.sendMessage(
-      { sessionId: session, frameId, text: prompt, queueMode: QueueMode.FOLLOWUP },
-      { metadata },
-    );
+    let session: string;
+    let following: { afterSeq: bigint; joins?: (e: AgentEvent) => boolean };
+    if (results.length > 0) {
+      const answered = await answerCalls(results, typeof named === "string" ? named : "", metadata);
+      session = answered.sessionId;
+      following = answered;
+    } else {
+      const opened = await gateway.createSession({ sessionId, agentId }, { metadata });
+      session = opened.session!.sessionId;
+      const sent = await gateway.sendMessage(
+        { sessionId: session, frameId, text: prompt, queueMode: QueueMode.FOLLOWUP, clientTools },
+        { metadata },
+      );
+      following = { afterSeq: sent.accepted!.seq };
+    }
 
     const id = `chatcmpl-${frameId}`;
     const created = Math.floor(Date.now() / 1000);
@@ -134,6 +175,8 @@ export function openAiCompat(gateway: GatewayClient, opts: { maxBodyBytes: numbe
     };
 
     let text = "";
+    /** The client's calls the run waits on, as the response hands them out. */
+    const toolCalls: { id: string; type: "function"; function: { name: string; arguments: string } }[] = [];
     let usage = { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 };
     let finishReason = "stop";
     let assistantMessages = 0;
@@ -154,10 +197,11 @@ export function openAiCompat(gateway: GatewayClient, opts: { maxBodyBytes: numbe
     try {
       for await (const event of runEvents(gateway, {
         sessionId: session,
-        afterSeq: sent.accepted!.seq,
+        afterSeq: following.afterSeq,
         frameId,
         metadata,
         signal: stop.signal,
+        joins: following.joins,
       })) {
         runningTurn = true;
         const p = event.payload;
@@ -181,6 +225,25 @@ export function openAiCompat(gateway: GatewayClient, opts: { maxBodyBytes: numbe
           await content(
             `[${p.value.isError ? "failed" : "done"}: ${out}${p.value.result.length > TOOL_PROGRESS_CHARS ? "..." : ""}]\n`,
           );
+        } else if (p.case === "clientToolCall") {
+          const call = {
+            id: callIdFor(session, p.value.toolCallId),
+            type: "function" as const,
+            function: { name: p.value.toolName, arguments: p.value.argumentsJson },
+          };
+          const index = toolCalls.push(call) - 1;
+          if (stream) {
+            // As the reference streams a call: its id and name first, then its arguments in pieces.
+            await write(chunk({ tool_calls: [{ index, ...call, function: { name: call.function.name, arguments: "" } }] }));
+            for (let at = 0; at < call.function.arguments.length; at += ARGUMENT_PIECE)
+              await write(
+                chunk({ tool_calls: [{ index, function: { arguments: call.function.arguments.slice(at, at + ARGUMENT_PIECE) } }] }),
+              );
+          }
+        } else if (p.case === "runWaiting" && toolCalls.length > 0) {
+          // The run waits for the client: this response ends here, the next request goes on.
+          finishReason = "tool_calls";
+          break;
         } else if (p.case === "agentEnd") {
           const u = p.value.usage;
           usage = {
@@ -219,7 +282,12 @@ export function openAiCompat(gateway: GatewayClient, opts: { maxBodyBytes: numbe
           choices: [
             {
               index: 0,
-              message: { role: "assistant", content: text, refusal: null },
+              message: {
+                role: "assistant",
+                content: toolCalls.length > 0 && text === "" ? null : text,
+                refusal: null,
+                ...(toolCalls.length > 0 ? { tool_calls: toolCalls } : {}),
+              },
               logprobs: null,
               finish_reason: finishReason,
             },

@@ -8,7 +8,10 @@ import type { GatewayClient } from "./edge.js";
 import type { forwardedMetadata } from "./metadata.js";
 import { ApiError, apiErrorOf } from "./openai-request.js";
 
-/** The events of the run `frameId` started, from after `afterSeq` until its agent_end. */
+/**
+ * The events of the run `frameId` started (or, with `joins`, of the run the first event `joins`
+ * accepts belongs to: one that goes on after a wait), from after `afterSeq` until its agent_end.
+ */
 export async function* runEvents(
   gateway: GatewayClient,
   opts: {
@@ -18,6 +21,7 @@ export async function* runEvents(
     metadata: ReturnType<typeof forwardedMetadata>;
     signal: AbortSignal;
     resumeForMs?: number;
+    joins?: (event: AgentEvent) => boolean;
   },
 ): AsyncGenerator<AgentEvent> {
   let afterSeq = opts.afterSeq;
@@ -35,7 +39,8 @@ export async function* runEvents(
         if (event.seq > afterSeq) afterSeq = event.seq;
         const p = event.payload;
         if (!turnId) {
-          if (p.case === "agentStart" && p.value.frameId === opts.frameId) turnId = event.turnId;
+          if (opts.joins ? opts.joins(event) : p.case === "agentStart" && p.value.frameId === opts.frameId)
+            turnId = event.turnId;
           else if (p.case === "messageBlocked" && p.value.frameId === opts.frameId)
             throw new ApiError(
               400,
