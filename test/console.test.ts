@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import { existsSync, mkdirSync } from "node:fs";
 import path from "node:path";
 import puppeteer, { type Browser, type Page } from "puppeteer-core";
-import { startStack, type Stack } from "./helpers/stack.js";
+import { startStack, writeAgent, type Stack } from "./helpers/stack.js";
 
 // The page's globals, as the functions run in the browser use them (the project's lib has no DOM).
 declare const document: {
@@ -25,6 +25,8 @@ let page: Page;
 before(async () => {
   assert.ok(CHROMIUM, "Debian's chromium is not installed (make test installs it)");
   stack = await startStack({ env: { TROUPE_SANDBOX_POOL: "0", TROUPE_MEMORY_LEARN: "0" } });
+  // The console's sessions are the default agent's: its schedules wait for a person (approvals.md).
+  await writeAgent(stack.dataDir, "main", { approvals: { tools: { manage_schedule: "ask" } } });
   browser = await puppeteer.launch({
     executablePath: CHROMIUM,
     headless: true,
@@ -94,6 +96,21 @@ describe("the web console in Chromium", () => {
     await shot("2-tool-call");
     const sessions = await text("#sessions");
     assert.match(sessions, /main/);
+  });
+
+  test("a call held for approval shows its buttons; Reject asks why, Approve runs it", async () => {
+    page.once("dialog", (d) => void d.accept("not today"));
+    await send('!call manage_schedule {"action": "list"}');
+    await page.waitForSelector('.tool.held button[data-verdict="TOOL_VERDICT_REJECT"]', { timeout: 20_000 });
+    await waitText("#events", /the run waits for a decision/);
+    await shot("3-approval");
+    await page.click('.tool.held button[data-verdict="TOOL_VERDICT_REJECT"]');
+    await waitText("#events", /rejected by dev: not today[\s\S]*run ended: completed/);
+    assert.equal(await page.$$eval(".tool.held .decide", (n) => n.length), 0, "a decided call has no buttons");
+    await send('!call manage_schedule {"action": "list"}');
+    await page.waitForSelector('.tool.held .decide button[data-verdict="TOOL_VERDICT_APPROVE"]', { timeout: 20_000 });
+    await page.click('.tool.held .decide button[data-verdict="TOOL_VERDICT_APPROVE"]');
+    await waitText("#events", /approved by dev[\s\S]*\(no schedules\)[\s\S]*run ended: completed/);
   });
 
   test("steering a running turn, then aborting one", async () => {

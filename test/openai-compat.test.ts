@@ -240,7 +240,12 @@ describe("function calling, as OpenAI's clients do it", () => {
     function: {
       name: "get_weather",
       description: "The weather in a city",
-      parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"], additionalProperties: false },
+      parameters: {
+        type: "object",
+        properties: { city: { type: "string" } },
+        required: ["city"],
+        additionalProperties: false,
+      },
     },
   };
   const asking = '!call get_weather {"city": "Oslo"}';
@@ -321,7 +326,9 @@ describe("function calling, as OpenAI's clients do it", () => {
         {
           role: "assistant",
           content: null,
-          tool_calls: [{ id: calls[0].id, type: "function", function: { name: calls[0].name, arguments: calls[0].arguments } }],
+          tool_calls: [
+            { id: calls[0].id, type: "function", function: { name: calls[0].name, arguments: calls[0].arguments } },
+          ],
         },
         { role: "tool", tool_call_id: calls[0].id, content: "cloudy" },
       ],

@@ -19,6 +19,7 @@ const TOKEN = "123456:ABC-test-token";
 const ALICE = { id: 1001, first_name: "Alice" };
 const BOB = { id: 1002, first_name: "Bob" };
 const CAROL = { id: 1003, first_name: "Carol" };
+const HANK = { id: 1004, first_name: "Hank" };
 const DAVE = { id: 2001, first_name: "Dave" };
 const ERIN = { id: 2002, first_name: "Erin" };
 const FRANK = { id: 3001, first_name: "Frank" };
@@ -41,7 +42,7 @@ const start = async () => {
       TELEGRAM_API_URL: apiUrl,
       TROUPE_ADAPTER_COMMAND_USERS: String(ALICE.id),
       // Known people, let in by name; strangers meet the default DM policy, pairing.
-      TROUPE_ADAPTER_ALLOW_FROM: [BOB.id, CAROL.id].join(","),
+      TROUPE_ADAPTER_ALLOW_FROM: [BOB.id, CAROL.id, HANK.id].join(","),
     },
     /telegram adapter polling as @troupe_bot/,
   );
@@ -55,7 +56,14 @@ before(async () => {
     JSON.stringify({ bindings: [{ agent: "main", match: { channel: "shared" }, dmScope: "main" }] }),
   );
   await mkdir(path.join(dataDir, "agents", "main"), { recursive: true });
-  await writeFile(path.join(dataDir, "agents", "main", "agent.json"), JSON.stringify({ models: ["scripted-2"] }));
+  // Listing schedules waits for a person's approval (creating one does not: a test below does).
+  await writeFile(
+    path.join(dataDir, "agents", "main", "agent.json"),
+    JSON.stringify({
+      models: ["scripted-2"],
+      approvals: { tools: { manage_schedule: { mode: "ask", allowArguments: { action: ["create", "delete"] } } } },
+    }),
+  );
   stack = await startStack({
     dataDir,
     services: ["model-server", "router", "memory", "runner", "gateway"],
@@ -64,7 +72,7 @@ before(async () => {
   adapterKey = await stack.keyFor("local", "tg-bot", { role: "adapter", channels: ["telegram"] });
   telegram = new TelegramApiServer(TOKEN);
   apiUrl = await telegram.start();
-  for (const id of [ALICE.id, BOB.id, DAVE.id, ERIN.id]) telegram.addChat({ id, type: "private" });
+  for (const id of [ALICE.id, BOB.id, HANK.id, DAVE.id, ERIN.id]) telegram.addChat({ id, type: "private" });
   telegram.addChat({ id: -100500, type: "supergroup", title: "Team", is_forum: true });
   await start();
 });
@@ -99,6 +107,55 @@ test("a private message is answered in the chat, streamed as edits of one messag
     telegram.refusals.filter((r) => !r.includes("Too Many Requests")),
     [],
     "nothing Telegram would refuse, apart from flood control the adapter waits out",
+  );
+});
+
+test("a tool call held for approval is asked with buttons; only the chat's person decides; a press runs it once", async () => {
+  const before = telegram.botMessages(HANK.id).length;
+  telegram.userSays(HANK.id, HANK, '!call manage_schedule {"action": "list"}');
+  const question = await waitFor("the question with its buttons", async () =>
+    telegram
+      .botMessages(HANK.id)
+      .slice(before)
+      .find((m) => m.reply_markup),
+  );
+  assert.match(question.text, /manage_schedule[\s\S]*"action": ?"list"/);
+  const [approve, reject] = question.reply_markup!.inline_keyboard[0]!;
+  assert.deepEqual([approve!.text, reject!.text], ["Approve", "Reject"]);
+  // Someone who is not this chat's person (nor an operator): refused with an alert, nothing decided.
+  const foreign = telegram.press(HANK.id, question.message_id, DAVE, approve!.callback_data);
+  const refused = await waitFor("the foreign press answered", async () => telegram.queries.get(foreign));
+  assert.equal(refused.show_alert, true);
+  assert.match(refused.text ?? "", /Only the person this chat is with/);
+  assert.ok(question.reply_markup, "the buttons are still there");
+  // Hank approves: the press is answered, the question says so and loses its buttons, the tool runs.
+  const pressed = telegram.press(HANK.id, question.message_id, HANK, approve!.callback_data);
+  const answered = await waitFor("the press answered", async () => telegram.queries.get(pressed));
+  assert.match(answered.text ?? "", /Approved by Hank/);
+  await waitFor("the run's reply", async () =>
+    telegram
+      .botMessages(HANK.id)
+      .slice(before)
+      .some((m) => /Tool results: \(no schedules\)/.test(m.text)),
+  );
+  assert.equal(question.reply_markup, undefined, "a decided question has no buttons");
+  assert.match(question.text, /Approved by Hank\.$/);
+  // A second press on the old keyboard changes nothing.
+  const again = telegram.press(HANK.id, question.message_id, HANK, reject!.callback_data);
+  const late = await waitFor("the late press answered", async () => telegram.queries.get(again));
+  assert.match(late.text ?? "", /no longer open/);
+  assert.equal(
+    telegram
+      .botMessages(HANK.id)
+      .slice(before)
+      .filter((m) => /Tool results/.test(m.text)).length,
+    1,
+    "the call ran once",
+  );
+  assert.deepEqual(
+    telegram.refusals.filter((r) => !r.includes("Too Many Requests")),
+    [],
+    "nothing Telegram would refuse",
   );
 });
 

@@ -53,6 +53,16 @@ export interface TgMessage {
 export interface TgUpdate {
   update_id: number;
   message?: TgMessage;
+  callback_query?: TgCallbackQuery;
+}
+
+/** A press of an inline keyboard's button (https://core.telegram.org/bots/api#callbackquery). */
+export interface TgCallbackQuery {
+  id: string;
+  from: TgUser;
+  /** The bot's message the button was on (absent when too old). */
+  message?: TgMessage;
+  data?: string;
 }
 
 export class BotApi {

@@ -20,6 +20,17 @@ export interface ReplySink {
   draft?(to: Address, key: string, post: Post, text: string): void;
   /** Posts the complete reply (editing the draft when there is one); resolves once the platform has it. */
   final(to: Address, key: string, post: Post, text: string): Promise<void>;
+  /** Puts a held tool call to the people of the chat, with buttons to decide; resolves once posted. */
+  ask?(to: Address, post: Post, held: HeldCall): Promise<void>;
+}
+
+/** A tool call a run holds for a decision (ToolApprovalRequested). */
+export interface HeldCall {
+  sessionId: string;
+  toolCallId: string;
+  toolName: string;
+  argumentsJson: string;
+  rule: string;
 }
 
 export class InboxReplies {
@@ -145,6 +156,22 @@ export class InboxReplies {
     } else if (p.case === "messageEnd" && p.value.message?.role === Role.ASSISTANT) {
       this.drafts.delete(p.value.message.id);
       await this.finish(to, `${session}/${p.value.message.id}`, p.value.message.text);
+    } else if (p.case === "toolApprovalRequested" && this.sink.ask) {
+      // Asked once, whatever restarts: the post records that the question went out.
+      const post = this.postOf(`${session}/${p.value.toolCallId}/ask`);
+      if (post.final) return;
+      const { toolCallId, toolName, argumentsJson, rule } = p.value;
+      try {
+        await this.sink.ask(to, post, { sessionId: session, toolCallId, toolName, argumentsJson, rule });
+      } catch (err) {
+        this.logger.error("a tool call could not be put to the chat; decide it elsewhere", {
+          sessionId: session,
+          toolCallId,
+          error: String(err),
+        });
+      }
+      post.final = true;
+      await this.state.save();
     } else if (p.case === "agentEnd" && p.value.stopReason === StopReason.ERROR) {
       await this.finish(to, `${run}/error`, `The agent could not answer: ${p.value.errorMessage || "it failed"}`);
     }

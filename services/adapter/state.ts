@@ -16,6 +16,13 @@ export interface Post {
 
 const MAX_ENTRIES = 10_000;
 
+/** A tool call put to a person in a chat, to approve or reject. */
+export interface Ask {
+  sessionId: string;
+  toolCallId: string;
+  toolName: string;
+}
+
 class Bounded<V> extends Map<string, V> {
   override set(key: string, value: V): this {
     super.delete(key);
@@ -37,6 +44,8 @@ export class AdapterState {
   readonly runs = new Bounded<Address>();
   /** session id / message id -> what was posted of that reply. */
   readonly posts = new Bounded<Post>();
+  /** A question put to a person (an inline keyboard's token) -> the session and the tool call it decides. */
+  readonly asks = new Bounded<Ask>();
   /** Threads the bot takes part in unmentioned (Slack: "channel:thread_ts" of the threads it answered in). */
   readonly threads = new Bounded<boolean>();
   private saving: Promise<void> = Promise.resolve();
@@ -62,7 +71,7 @@ export class AdapterState {
     }
     state.cursor = typeof doc.cursor === "string" ? doc.cursor : "";
     state.offset = typeof doc.offset === "string" ? doc.offset : "";
-    for (const name of ["frames", "sessions", "runs", "posts", "threads"] as const) {
+    for (const name of ["frames", "sessions", "runs", "posts", "threads", "asks"] as const) {
       const entries = doc[name];
       if (Array.isArray(entries)) for (const [k, v] of entries as [string, never][]) state[name].set(k, v);
     }
@@ -81,6 +90,7 @@ export class AdapterState {
       runs: [...this.runs],
       posts: [...this.posts],
       threads: [...this.threads],
+      asks: [...this.asks],
     });
     this.saving = this.saving.then(async () => {
       await mkdir(path.dirname(this.file), { recursive: true });

@@ -3,7 +3,8 @@
 // forgets the update) only once the gateway has it; by webhook, the 200 comes only then. Either
 // way a bot killed mid-update gets it again, and the gateway's idempotency keys (chat:message)
 // drop what it already had. In groups the bot takes what is addressed to it: a
-// mention, a reply to one of its messages, or a /command. Replies: telegram-replies.ts.
+// mention, a reply to one of its messages, or a /command. Replies: telegram-chat.ts; tool calls
+// put to a person, and their buttons' presses: telegram-approvals.ts.
 import type http from "node:http";
 import { ChatType } from "../shared/gen/troupe/v1/inbound_pb.js";
 import type { Logger } from "../shared/process/log.js";
@@ -18,6 +19,8 @@ import { equalSecrets } from "./signature.js";
 import { telegramChat } from "./telegram-chat.js";
 import { DmGate, type DmSettings } from "./dm-gate.js";
 import type { ChannelAdapter } from "./channel-adapter.js";
+import { telegramApprovals } from "./telegram-approvals.js";
+import type { ReplySink } from "./replies.js";
 
 export interface TelegramOptions {
   token: string;
@@ -34,6 +37,8 @@ export interface TelegramOptions {
 }
 
 const POLL_TIMEOUT_S = 25;
+/** Messages, and presses of the buttons of the bot's questions (telegram-approvals.ts). */
+const ALLOWED_UPDATES = ["message", "callback_query"];
 const CHAT_TYPES = {
   private: ChatType.DIRECT,
   group: ChatType.GROUP,
@@ -51,7 +56,26 @@ export async function startTelegramAdapter(gateway: GatewayClient, state: Adapte
     throw err;
   }
   const chat = telegramChat(api);
-  const replies = new DraftedReplies(chat, state, opts.draftIntervalMs, opts.logger);
+  const drafted = new DraftedReplies(chat, state, opts.draftIntervalMs, opts.logger);
+  const approvals = telegramApprovals({
+    api,
+    gateway,
+    state,
+    channel: opts.channel,
+    commandUsers: opts.commandUsers,
+    logger: opts.logger,
+  });
+  const replies: ReplySink & { settle(): Promise<void> } = {
+    draft: (to, key, post, text) => drafted.draft(to, key, post, text),
+    final: (to, key, post, text) => drafted.final(to, key, post, text),
+    ask: (to, post, held) => approvals.ask(to, post, held),
+    settle: () => drafted.settle(),
+  };
+  /** One update: a message, or a press of one of the bot's buttons. */
+  const takeUpdate = async (u: TgUpdate): Promise<void> => {
+    if (u.message) await take(u.message);
+    else if (u.callback_query) await approvals.pressed(u.callback_query);
+  };
   const gate = await DmGate.start({
     ...opts.dm,
     tell: (to, text) => sendText(chat, to, text, [], () => undefined),
@@ -118,11 +142,11 @@ export async function startTelegramAdapter(gateway: GatewayClient, state: Adapte
         const offset = state.offset === "" ? undefined : Number(state.offset);
         const updates = await api.call<TgUpdate[]>(
           "getUpdates",
-          { offset, timeout: POLL_TIMEOUT_S, allowed_updates: ["message"] },
+          { offset, timeout: POLL_TIMEOUT_S, allowed_updates: ALLOWED_UPDATES },
           stop.signal,
         );
         for (const u of updates) {
-          if (u.message) await take(u.message);
+          await takeUpdate(u);
           state.offset = String(u.update_id + 1);
           await state.save();
         }
@@ -157,7 +181,7 @@ export async function startTelegramAdapter(gateway: GatewayClient, state: Adapte
       return { status: 400, body: { error: "the body is not JSON" } };
     }
     try {
-      if (update.message) await take(update.message);
+      await takeUpdate(update);
       return { status: 200, body: {} };
     } catch (err) {
       opts.logger.warn("a Telegram update was not delivered; Telegram will send it again", { error: String(err) });
@@ -171,7 +195,7 @@ export async function startTelegramAdapter(gateway: GatewayClient, state: Adapte
     await api.call("setWebhook", {
       url: opts.webhook.url,
       secret_token: opts.webhook.secret,
-      allowed_updates: ["message"],
+      allowed_updates: ALLOWED_UPDATES,
     });
     running = server;
   } else {

@@ -93,13 +93,19 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
    * Submits a client's frame to its session. `owner`: the session is another principal's of the
    * caller's tenant (an approver's decision); the caller's right to that was checked.
    */
-  const submit = async (sessionId: string, sent: ClientFrame, call: { metadata: grpc.Metadata }, owner?: string) => {
+  const submit = async (
+    sessionId: string,
+    sent: ClientFrame,
+    call: { metadata: grpc.Metadata },
+    owner?: string,
+    decider = identityOf(call.metadata).principal,
+  ) => {
     const metadata = owner
       ? identityMetadata({ tenant: identityOf(call.metadata).tenant, principal: owner })
       : call.metadata;
     const caller = owner ? metadata : onBehalfOf(call);
     validateFrame(sent, true, true);
-    const frame = stampDecider(catchStopCommand(sent), identityOf(call.metadata).principal);
+    const frame = stampDecider(catchStopCommand(sent), decider);
     admit(identityOf(metadata).tenant, sessionId, frame);
     const spans = new TurnSpans(
       extractContext(metadata),
@@ -183,6 +189,14 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
           `only the session's own principal or a key with the approver role may decide on its tool calls (this key's role is ${me.role})`,
         );
       if (owner !== undefined && !NAME.test(owner)) throw invalidArgument("principal is not a valid principal name");
+      // An adapter decides for a person of a channel it speaks for; the decision names that person.
+      let decider = me.principal;
+      if (req.channelSender !== "") {
+        const channel = /^([a-z0-9_-]{1,64}):[\x21-\x7e]{1,128}$/.exec(req.channelSender)?.[1];
+        if (me.role !== "adapter" || channel === undefined || !me.channels.includes(channel))
+          throw permissionDenied("channel_sender is for adapter keys, naming a sender of a channel the key speaks for");
+        decider = req.channelSender;
+      }
       return submit(
         req.sessionId,
         create(ClientFrameSchema, {
@@ -199,6 +213,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
         }),
         call,
         owner,
+        decider,
       );
     },
 

@@ -8,7 +8,10 @@
 // control per chat (429 with retry_after; the FAQ's one message a second per chat, with a small
 // burst, and 20 a minute in groups); setWebhook's rules (HTTPS on ports 443, 80, 88 or 8443, a
 // secret token of A-Z a-z 0-9 _ -), updates POSTed with X-Telegram-Bot-Api-Secret-Token and sent
-// again until answered 2xx, and getUpdates refused while a webhook is set.
+// again until answered 2xx, and getUpdates refused while a webhook is set. Inline keyboards
+// (sendMessage's reply_markup: buttons of 1-64 bytes of callback_data), a user's press as a
+// callback_query update (sent only when allowed_updates allows it), answerCallbackQuery (once per
+// query, text of at most 200 characters), and an edit without reply_markup dropping the keyboard.
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 
@@ -36,6 +39,7 @@ interface StoredMessage {
   caption?: string;
   /** Every text it had, first to last (sent, then each edit). */
   versions: string[];
+  reply_markup?: { inline_keyboard: { text: string; callback_data: string }[][] };
 }
 
 type Answer = { status: number; body: object | Buffer };
@@ -49,7 +53,11 @@ const badRequest = (what: string) => fail(400, `Bad Request: ${what}`);
 export class TelegramApiServer {
   readonly bot = { id: 7_000_001, is_bot: true, first_name: "Troupe", username: "troupe_bot" };
   private readonly chats = new Map<number, { spec: TgChatSpec; messages: Map<number, StoredMessage>; next: number }>();
-  private readonly updates: { update_id: number; message: object }[] = [];
+  private readonly updates: { update_id: number; message?: object; callback_query?: object }[] = [];
+  /** The update types the bot asked for (getUpdates' or setWebhook's allowed_updates); undefined: Telegram's default, every common type. */
+  private allowed?: string[];
+  /** callback_query ids given out -> how each was answered (undefined: not yet). */
+  readonly queries = new Map<string, { text?: string; show_alert?: boolean } | undefined>();
   /** file_id -> its path and bytes (getFile, then /file/bot<token>/<path>). */
   private readonly files = new Map<string, { path: string; bytes: Buffer }>();
   private nextUpdate = 1;
@@ -140,6 +148,34 @@ export class TelegramApiServer {
     return m.message_id;
   }
 
+  /**
+   * A user presses a button of an inline keyboard on the bot's message: a callback_query update,
+   * if the bot's allowed_updates take them (Telegram sends no other kind). Returns the query's id.
+   */
+  press(chatId: number, messageId: number, from: TgUserSpec, data: string): string {
+    const chat = this.chats.get(chatId)!;
+    const m = chat.messages.get(messageId)!;
+    const id = `${Date.now()}${this.queries.size}`;
+    this.queries.set(id, undefined);
+    if (this.allowed && !this.allowed.includes("callback_query")) return id;
+    const update = {
+      update_id: this.nextUpdate++,
+      callback_query: {
+        id,
+        from: { ...from, is_bot: false },
+        message: this.wire(m),
+        chat_instance: String(chatId),
+        data,
+      },
+    };
+    if (this.webhook) this.deliver(update, this.webhook);
+    else {
+      this.updates.push(update);
+      for (const w of [...this.waiting]) w();
+    }
+    return id;
+  }
+
   /** POSTs an update to the webhook, in order, again after a failure (a second apart here), as Telegram does. */
   private deliver(update: object, hook: { url: string; secret: string }): void {
     this.delivering = this.delivering.then(async () => {
@@ -180,6 +216,7 @@ export class TelegramApiServer {
       ...(m.photo ? { photo: m.photo, caption: m.caption } : { text: m.text }),
       ...(m.message_thread_id !== undefined ? { message_thread_id: m.message_thread_id, is_topic_message: true } : {}),
       ...(replied ? { reply_to_message: this.wire({ ...replied, reply_to: undefined }) } : {}),
+      ...(m.reply_markup ? { reply_markup: m.reply_markup } : {}),
     };
   }
 
@@ -222,6 +259,17 @@ export class TelegramApiServer {
         return this.sendMessage(p);
       case "editMessageText":
         return this.editMessageText(p);
+      case "answerCallbackQuery": {
+        const id = String(p.callback_query_id ?? "");
+        if (!this.queries.has(id) || this.queries.get(id) !== undefined)
+          return badRequest("query is too old and response timeout expired or query ID is invalid");
+        if (p.text !== undefined && String(p.text).length > 200) return badRequest("MESSAGE_TOO_LONG");
+        this.queries.set(id, {
+          text: p.text === undefined ? undefined : String(p.text),
+          show_alert: p.show_alert === true || p.show_alert === "true",
+        });
+        return ok(true);
+      }
       case "setWebhook": {
         const url = String(p.url ?? "");
         if (!URL.canParse(url) || new URL(url).protocol !== "https:")
@@ -233,6 +281,7 @@ export class TelegramApiServer {
         if (secret !== "" && !/^[A-Za-z0-9_-]{1,256}$/.test(secret))
           return badRequest("secret token contains unallowed characters");
         this.webhook = { url, secret };
+        if (p.allowed_updates !== undefined) this.allowed = this.updateTypes(p.allowed_updates);
         return ok(true);
       }
       case "deleteWebhook":
@@ -261,6 +310,7 @@ export class TelegramApiServer {
       );
     // A newer getUpdates ends the one still waiting: that one is answered 409, as Telegram does.
     this.supersede?.();
+    if (p.allowed_updates !== undefined) this.allowed = this.updateTypes(p.allowed_updates);
     const offset = p.offset === undefined ? undefined : Number(p.offset);
     const timeoutS = Math.min(Number(p.timeout ?? 0), 50);
     // An offset confirms every update before it: they are never returned again.
@@ -287,6 +337,29 @@ export class TelegramApiServer {
         );
     }
     return ok(this.updates.slice(0, Math.min(Number(p.limit ?? 100), 100)));
+  }
+
+  /** allowed_updates as JSON or (from a form) a JSON string. */
+  private updateTypes(v: unknown): string[] {
+    const list = typeof v === "string" ? (JSON.parse(v) as unknown) : v;
+    return Array.isArray(list) ? list.map(String) : [];
+  }
+
+  /** An inline keyboard's problem, as the Bot API words it; undefined when it is fine. */
+  private markupProblem(markup: unknown): string | undefined {
+    if (markup === undefined) return undefined;
+    const rows = (markup as { inline_keyboard?: unknown })?.inline_keyboard;
+    if (!Array.isArray(rows)) return 'field "inline_keyboard" must be an Array';
+    for (const row of rows)
+      for (const b of Array.isArray(row) ? row : [row]) {
+        const button = b as { text?: unknown; callback_data?: unknown };
+        if (typeof button?.text !== "string" || button.text === "")
+          return "text buttons are unallowed in the inline keyboard";
+        const data = button.callback_data;
+        if (typeof data !== "string" || Buffer.byteLength(data) < 1 || Buffer.byteLength(data) > 64)
+          return "BUTTON_DATA_INVALID";
+      }
+    return undefined;
   }
 
   private chatOf(p: Record<string, unknown>) {
@@ -329,9 +402,13 @@ export class TelegramApiServer {
     const reply = p.reply_parameters as { message_id?: unknown; allow_sending_without_reply?: boolean } | undefined;
     if (reply && !chat.messages.has(Number(reply.message_id)) && !reply.allow_sending_without_reply)
       return badRequest("message to be replied not found");
+    const markup = typeof p.reply_markup === "string" ? JSON.parse(p.reply_markup) : p.reply_markup;
+    const badMarkup = this.markupProblem(markup);
+    if (badMarkup) return badRequest(badMarkup);
     const flooded = this.flooded(chat.spec);
     if (flooded) return flooded;
     const m: StoredMessage = {
+      ...(markup ? { reply_markup: markup } : {}),
       message_id: chat.next++,
       chat: chat.spec,
       from: this.bot,
@@ -362,6 +439,10 @@ export class TelegramApiServer {
     if (flooded) return flooded;
     m.text = p.text as string;
     m.versions.push(m.text);
+    // An edit without reply_markup leaves the message without its inline keyboard.
+    const markup = typeof p.reply_markup === "string" ? JSON.parse(p.reply_markup) : p.reply_markup;
+    if (markup === undefined) delete m.reply_markup;
+    else m.reply_markup = markup;
     return ok(this.wire(m));
   }
 }

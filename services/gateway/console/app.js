@@ -112,15 +112,39 @@ async function refreshSessions() {
       const item = el("li", s.sessionId === state.session ? "current" : "", s.sessionId);
       item.dataset.session = s.sessionId;
       const when = s.updateTime ? new Date(s.updateTime).toLocaleString() : "";
-      item.append(el("small", "", `${s.agentId} · ${when}${s.running ? " · running" : ""}`));
+      const waits = s.pending?.length ? ` · waits on ${s.pending.length} decision(s)` : "";
+      item.append(el("small", "", `${s.agentId} · ${when}${s.running ? " · running" : ""}${waits}`));
       item.onclick = () => openSession(s.sessionId);
       return item;
     }),
   );
 }
 
-/** Renders events as they come; messages by id, tool calls by call id. */
-const view = { messages: new Map(), tools: new Map() };
+/** Renders events as they come; messages by id, tool calls (and calls held for a decision) by call id. */
+const view = { messages: new Map(), tools: new Map(), held: new Map() };
+
+const VERDICTS = [
+  ["Approve", "TOOL_VERDICT_APPROVE"],
+  ["Reject", "TOOL_VERDICT_REJECT"],
+  ["Edit", "TOOL_VERDICT_EDIT"],
+];
+
+/** Sends a decision on a held call (docs/approvals.md); a reject asks why, an edit asks for the arguments. */
+async function decide(toolCallId, verdict, argumentsJson) {
+  const body = { sessionId: state.session, frameId: crypto.randomUUID(), toolCallId, verdict };
+  if (verdict === "TOOL_VERDICT_REJECT") body.message = window.prompt("Why not? (the agent reads this)") ?? "";
+  if (verdict === "TOOL_VERDICT_EDIT") {
+    const edited = window.prompt("Run it with these arguments (JSON):", argumentsJson);
+    if (edited === null) return;
+    body.argumentsJson = edited;
+  }
+  try {
+    await call("DecideToolCall", body);
+    $("status").textContent = "";
+  } catch (err) {
+    $("status").textContent = err.message;
+  }
+}
 
 function note(text, error = false) {
   $("events").append(el("div", error ? "note error" : "note", text));
@@ -159,6 +183,29 @@ function render(event) {
     if (!node.querySelector("pre")) node.append(el("pre"));
     node.querySelector("pre").textContent = p.skipped ? "(skipped)" : (p.result ?? "");
     if (p.isError) node.classList.add("failed");
+  } else if (kind === "toolApprovalRequested") {
+    const node = el("div", "tool held", `⏸ ${p.toolName} ${p.argumentsJson ?? ""}`);
+    node.dataset.call = p.toolCallId;
+    node.append(el("small", "", `${p.rule ?? ""}; on ${p.deadline ? new Date(p.deadline).toLocaleString() : "?"} the policy will ${p.onTimeout ?? "deny"}`));
+    const buttons = el("div", "decide");
+    for (const [label, verdict] of VERDICTS) {
+      const button = el("button", "", label);
+      button.type = "button";
+      button.dataset.verdict = verdict;
+      button.onclick = () => decide(p.toolCallId, verdict, p.argumentsJson ?? "{}");
+      buttons.append(button);
+    }
+    node.append(buttons);
+    view.held.set(p.toolCallId, node);
+    events.append(node);
+  } else if (kind === "toolDecided") {
+    view.held.get(p.toolCallId)?.querySelector(".decide")?.remove();
+    const word = { TOOL_VERDICT_APPROVE: "approved", TOOL_VERDICT_REJECT: "rejected", TOOL_VERDICT_EDIT: "edited" }[p.verdict] ?? "decided";
+    note(`${p.toolCallId}: ${word} by ${p.decidedBy}${p.message ? `: ${p.message}` : ""}`);
+  } else if (kind === "clientToolCall") {
+    note(`the client is asked to run ${p.toolName} ${p.argumentsJson ?? ""}`);
+  } else if (kind === "runWaiting") {
+    note("the run waits for a decision");
   } else if (kind === "frameAccepted") {
     note(`${(p.kind ?? "").replace("FRAME_KIND_", "").toLowerCase()} accepted${p.queuePosition ? `, ${p.queuePosition} ahead` : ""}`);
   } else if (kind === "queueApplied") {
@@ -199,6 +246,7 @@ async function openSession(sessionId) {
   state.lastSeq = 0;
   view.messages.clear();
   view.tools.clear();
+  view.held.clear();
   sessionStorage.setItem("troupe.session", sessionId);
   $("session").hidden = false;
   $("title").textContent = sessionId;

@@ -234,10 +234,16 @@ export function openAiCompat(gateway: GatewayClient, opts: { maxBodyBytes: numbe
           const index = toolCalls.push(call) - 1;
           if (stream) {
             // As the reference streams a call: its id and name first, then its arguments in pieces.
-            await write(chunk({ tool_calls: [{ index, ...call, function: { name: call.function.name, arguments: "" } }] }));
+            await write(
+              chunk({ tool_calls: [{ index, ...call, function: { name: call.function.name, arguments: "" } }] }),
+            );
             for (let at = 0; at < call.function.arguments.length; at += ARGUMENT_PIECE)
               await write(
-                chunk({ tool_calls: [{ index, function: { arguments: call.function.arguments.slice(at, at + ARGUMENT_PIECE) } }] }),
+                chunk({
+                  tool_calls: [
+                    { index, function: { arguments: call.function.arguments.slice(at, at + ARGUMENT_PIECE) } },
+                  ],
+                }),
               );
           }
         } else if (p.case === "runWaiting" && toolCalls.length > 0) {

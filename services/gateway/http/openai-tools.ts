@@ -12,7 +12,9 @@ import { ApiError } from "./openai-request.js";
 const NAME = /^[A-Za-z0-9_-]{1,64}$/;
 
 /** The request's function tools as client tools; none when tool_choice is "none". */
-export function clientToolsOf(body: Record<string, unknown>): { name: string; description: string; parametersJson: string }[] {
+export function clientToolsOf(
+  body: Record<string, unknown>,
+): { name: string; description: string; parametersJson: string }[] {
   const { tools, tool_choice: choice } = body;
   if (tools === undefined || tools === null) {
     if (choice !== undefined && choice !== "none" && choice !== "auto")
@@ -41,7 +43,11 @@ export function clientToolsOf(body: Record<string, unknown>): { name: string; de
     const parameters = fn.parameters ?? { type: "object", properties: {} };
     if (typeof parameters !== "object" || parameters === null || Array.isArray(parameters))
       throw new ApiError(400, `tools[${i}].function.parameters must be a JSON Schema object`, undefined, null, "tools");
-    return { name: fn.name, description: (fn.description as string | undefined) ?? "", parametersJson: JSON.stringify(parameters) };
+    return {
+      name: fn.name,
+      description: (fn.description as string | undefined) ?? "",
+      parametersJson: JSON.stringify(parameters),
+    };
   });
   return choice === "none" ? [] : out;
 }
@@ -53,7 +59,14 @@ export const callIdFor = (sessionId: string, id: string): string =>
 /** The session and the call an id handed out names. */
 export function callOf(handedOut: string): { sessionId: string; id: string } {
   const m = /^tc\.([A-Za-z0-9_-]+)\.(.+)$/s.exec(handedOut);
-  if (!m) throw new ApiError(400, `tool_call_id ${JSON.stringify(handedOut.slice(0, 100))} is not one this server gave out`, undefined, null, "messages");
+  if (!m)
+    throw new ApiError(
+      400,
+      `tool_call_id ${JSON.stringify(handedOut.slice(0, 100))} is not one this server gave out`,
+      undefined,
+      null,
+      "messages",
+    );
   return { sessionId: Buffer.from(m[1], "base64url").toString("utf8"), id: m[2] };
 }
 
