@@ -5,7 +5,7 @@
 // an adapter killed mid-reply finishing that reply in place after a restart.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
-import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { startAdapter, type AdapterProcess } from "./helpers/adapter.js";
@@ -17,6 +17,8 @@ const SECRET = "8f742231b10e8888abcd99yyyzzz85a5";
 const DM = "D0DM00001";
 const GENERAL = "C0GENERAL";
 const STRANGER_DM = "D0DM00002";
+/** A conversation of Alice's where a tool call waits for her (its own session: per-channel-peer). */
+const APPROVALS_DM = "D0DM00003";
 let stack: Stack;
 let dataDir: string;
 let slack: SlackServer;
@@ -46,9 +48,15 @@ const start = async (env: NodeJS.ProcessEnv = {}) => {
 before(async () => {
   dataDir = await mkdtemp(path.join(os.tmpdir(), "troupe-slack-"));
   await writeFile(path.join(dataDir, "routing.json"), JSON.stringify({ session: { dmScope: "per-channel-peer" } }));
+  // Listing schedules waits for a person's approval (docs/approvals.md).
+  await mkdir(path.join(dataDir, "agents", "main"), { recursive: true });
+  await writeFile(
+    path.join(dataDir, "agents", "main", "agent.json"),
+    JSON.stringify({ approvals: { tools: { manage_schedule: "ask" } } }),
+  );
   stack = await startStack({ dataDir, services: ["model-server", "router", "memory", "runner", "gateway"] });
   adapterKey = await stack.keyFor("local", "slack-app", { role: "adapter", channels: ["slack"] });
-  slack = new SlackServer(TOKEN, SECRET, new Set([DM, GENERAL, STRANGER_DM]));
+  slack = new SlackServer(TOKEN, SECRET, new Set([DM, GENERAL, STRANGER_DM, APPROVALS_DM]));
   apiUrl = await slack.start();
   eventsUrl = `http://127.0.0.1:${await freePort()}/slack/events`;
   await start();
@@ -220,6 +228,62 @@ test("killed mid-reply and started again: the reply is finished in place, nothin
   await new Promise((r) => setTimeout(r, 2000));
   assert.equal(slack.botMessages(DM).length, before + 1);
   assert.equal(last(msgs.at(-1)!).trim(), tokens(60));
+});
+
+test("a tool call held for approval is asked with buttons; a click in the DM decides it once", async () => {
+  const ts = slack.nextTs();
+  await slack.sendEvent(eventsUrl, {
+    type: "message",
+    channel: APPROVALS_DM,
+    channel_type: "im",
+    user: "U0ALICE01",
+    text: '!call manage_schedule {"action": "list"}',
+    ts,
+  });
+  const question = await waitFor("the question with its buttons", async () =>
+    slack.botMessages(APPROVALS_DM).find((m) => m.blocks?.some((b) => b.type === "actions")),
+  );
+  assert.match(last(question), /manage_schedule/);
+  // A forged click (a signature that does not match) is refused and decides nothing.
+  const forged = await fetch(eventsUrl, {
+    method: "POST",
+    headers: {
+      "content-type": "application/x-www-form-urlencoded",
+      "x-slack-request-timestamp": String(Math.floor(Date.now() / 1000)),
+      "x-slack-signature": "v0=00",
+    },
+    body: "payload=%7B%7D",
+  });
+  assert.equal(forged.status, 401);
+  assert.ok(
+    question.blocks?.some((b) => b.type === "actions"),
+    "still asking",
+  );
+  const status = await slack.click(eventsUrl, {
+    user: "U0ALICE01",
+    channel: APPROVALS_DM,
+    message: question,
+    actionId: "troupe_approve",
+  });
+  assert.equal(status, 200);
+  await waitFor("the run's reply", async () =>
+    slack.botMessages(APPROVALS_DM).some((m) => /Tool results: \(no schedules\)/.test(last(m))),
+  );
+  assert.match(last(question), /Approved by <@U0ALICE01>\.$/);
+  assert.ok(!question.blocks?.some((b) => b.type === "actions"), "a decided question has no buttons");
+  // A second click on the old buttons changes nothing.
+  assert.equal(
+    await slack.click(eventsUrl, {
+      user: "U0ALICE01",
+      channel: APPROVALS_DM,
+      message: question,
+      actionId: "troupe_reject",
+    }),
+    200,
+  );
+  await new Promise((r) => setTimeout(r, 500));
+  assert.equal(slack.botMessages(APPROVALS_DM).filter((m) => /Tool results/.test(last(m))).length, 1, "run once");
+  assert.deepEqual(slack.refusals, []);
 });
 
 test("a bot token Slack refuses stops the adapter with the reason", async () => {

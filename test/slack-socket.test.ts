@@ -6,7 +6,7 @@
 // refuses.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
-import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { startAdapter, type AdapterProcess } from "./helpers/adapter.js";
@@ -15,6 +15,7 @@ import { startStack, waitFor, type Stack } from "./helpers/stack.js";
 
 const TOKEN = "xoxb-test-token";
 const DM = "D0DM00002";
+const APPROVALS_DM = "D0DM00003";
 let stack: Stack;
 let dataDir: string;
 let slack: SlackServer;
@@ -37,9 +38,14 @@ const env = (extra: NodeJS.ProcessEnv = {}): NodeJS.ProcessEnv => ({
 before(async () => {
   dataDir = await mkdtemp(path.join(os.tmpdir(), "troupe-slack-socket-"));
   await writeFile(path.join(dataDir, "routing.json"), JSON.stringify({ session: { dmScope: "per-channel-peer" } }));
+  await mkdir(path.join(dataDir, "agents", "main"), { recursive: true });
+  await writeFile(
+    path.join(dataDir, "agents", "main", "agent.json"),
+    JSON.stringify({ approvals: { tools: { manage_schedule: "ask" } } }),
+  );
   stack = await startStack({ dataDir, services: ["model-server", "router", "memory", "runner", "gateway"] });
   adapterKey = await stack.keyFor("local", "slack-app", { role: "adapter", channels: ["slack"] });
-  slack = new SlackServer(TOKEN, "unused-signing-secret", new Set([DM]));
+  slack = new SlackServer(TOKEN, "unused-signing-secret", new Set([DM, APPROVALS_DM]));
   apiUrl = await slack.start();
   adapter = await startAdapter("slack", env(), /slack adapter taking events by Socket Mode/);
 });
@@ -186,6 +192,25 @@ test("each connection is replaced after the refresh interval, so one gone silent
   ]);
   if (exit !== 0) await stopped.kill("SIGKILL");
   assert.equal(exit, 0);
+});
+
+test("a button's click comes as an interactive envelope, is acknowledged, and decides the held call", async () => {
+  adapter = await startAdapter("slack", env(), /by Socket Mode/);
+  const ts = slack.nextTs();
+  const asking = '!call manage_schedule {"action": "list"}';
+  const event = { type: "message", channel: APPROVALS_DM, channel_type: "im", user: "U0ALICE01", text: asking, ts };
+  assert.equal(await slack.sendSocketEvent(event), true);
+  const question = await waitFor("the question with its buttons", async () =>
+    slack.botMessages(APPROVALS_DM).find((m) => m.blocks?.some((b) => b.type === "actions")),
+  );
+  const by = { user: "U0ALICE01", channel: APPROVALS_DM, message: question, actionId: "troupe_reject" };
+  assert.equal(await slack.clickBySocket(by), true, "acknowledged");
+  await waitFor("the run's reply", async () =>
+    slack
+      .botMessages(APPROVALS_DM)
+      .some((m) => /Tool results: Not run: slack:U0ALICE01 rejected/.test(m.versions.at(-1)!)),
+  );
+  assert.match(question.versions.at(-1)!, /Rejected by <@U0ALICE01>\.$/);
 });
 
 test("tokens Slack refuses stop the adapter with the reason", async () => {

@@ -26,6 +26,8 @@ export interface SocketModeOptions {
   apiUrl: string;
   appToken: string;
   logger: Logger;
+  /** Handles one interactive envelope's payload (a button's click). Contract: never throws. */
+  onInteractive?(payload: unknown): Promise<void>;
   /** Handles one events_api envelope's payload (an event_callback). Contract: never throws. */
   onEvents(payload: unknown, retryAttempt: number): Promise<EnvelopeOutcome>;
   /** How long one connection is kept before it is replaced by a new one (0: until Slack closes it). */
@@ -157,8 +159,16 @@ export class SocketModeClient {
     const ack = () => {
       if (ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify({ envelope_id: id }));
     };
-    // Only the Events API is served; slash commands and interactions are acknowledged and left,
-    // so that Slack does not send them again.
+    // Events and button clicks are served; slash commands are acknowledged and left, so that
+    // Slack does not send them again.
+    if (env.type === "interactive" && this.opts.onInteractive) {
+      const done = this.opts
+        .onInteractive(env.payload)
+        .then(ack)
+        .finally(() => this.handling.delete(done));
+      this.handling.add(done);
+      return;
+    }
     if (env.type !== "events_api") {
       ack();
       return;

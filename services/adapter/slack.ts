@@ -9,7 +9,8 @@
 // acknowledges it, so a failure is a 5xx (or no acknowledgement) and Slack sends the event again
 // (its retries, and a message arriving as both `message` and `app_mention`, are one message: the
 // idempotency key is channel:ts). Replies go in the thread of the message they answer,
-// streamed by chat.update (drafted-replies.ts).
+// streamed by chat.update (drafted-replies.ts). Tool calls held for a person are asked with
+// buttons; their clicks come to the same URL, form-encoded, or by Socket Mode (slack-approvals.ts).
 import { DmGate, type DmSettings } from "./dm-gate.js";
 import type http from "node:http";
 import { ChatType } from "../shared/gen/troupe/v1/inbound_pb.js";
@@ -23,6 +24,8 @@ import { serveInbound, type InboundAnswer } from "./http-inbound.js";
 import { type EnvelopeOutcome, SocketModeClient } from "./slack-socket.js";
 import type { AdapterState, Address } from "./state.js";
 import type { ChannelAdapter } from "./channel-adapter.js";
+import type { ReplySink } from "./replies.js";
+import { type BlockActions, slackApprovals } from "./slack-approvals.js";
 
 export interface SlackOptions {
   listen: string;
@@ -90,7 +93,28 @@ export async function startSlackAdapter(gateway: GatewayClient, state: AdapterSt
       ? new Error("Slack refused SLACK_BOT_TOKEN (invalid_auth)")
       : err;
   });
-  const replies = new DraftedReplies(chat, state, opts.draftIntervalMs, opts.logger);
+  const drafted = new DraftedReplies(chat, state, opts.draftIntervalMs, opts.logger);
+  const approvals = slackApprovals({
+    api,
+    gateway,
+    state,
+    channel: opts.channel,
+    commandUsers: opts.commandUsers,
+    logger: opts.logger,
+  });
+  const replies: ReplySink & { settle(): Promise<void> } = {
+    draft: (to, key, post, text) => drafted.draft(to, key, post, text),
+    final: (to, key, post, text) => drafted.final(to, key, post, text),
+    ask: (to, post, held) => approvals.ask(to, post, held),
+    settle: () => drafted.settle(),
+  };
+  /** A button's click; answered 200 (Slack does not send interactions again), its failure logged. */
+  const interactive = async (payload: unknown): Promise<void> => {
+    if ((payload as { type?: string })?.type !== "block_actions") return;
+    await approvals
+      .clicked(payload as BlockActions)
+      .catch((err: unknown) => opts.logger.error("a decision from Slack could not be taken", { error: String(err) }));
+  };
   const gate = await DmGate.start({
     ...opts.dm,
     tell: (to, text) => sendText(chat, to, text, [], () => undefined),
@@ -164,6 +188,17 @@ export async function startSlackAdapter(gateway: GatewayClient, state: AdapterSt
   const handle = async (raw: Buffer, req: http.IncomingMessage): Promise<InboundAnswer> => {
     const bad = signatureProblem(SLACK_SIGNATURE, opts.signingSecret, req.headers, raw);
     if (bad) return { status: 401, body: { error: bad } };
+    // Interactions (the Interactivity Request URL, set to this one) come form-encoded: payload=<json>.
+    if (String(req.headers["content-type"] ?? "").startsWith("application/x-www-form-urlencoded")) {
+      let payload: unknown;
+      try {
+        payload = JSON.parse(new URLSearchParams(raw.toString("utf8")).get("payload") ?? "");
+      } catch {
+        return { status: 400, body: { error: "the interaction's payload is not JSON" } };
+      }
+      await interactive(payload);
+      return { status: 200, body: {} };
+    }
     let doc: { type?: string; challenge?: string; team_id?: string; event?: SlackEvent };
     try {
       doc = JSON.parse(raw.toString("utf8"));
@@ -200,6 +235,7 @@ export async function startSlackAdapter(gateway: GatewayClient, state: AdapterSt
       logger: opts.logger,
       refreshMs: opts.socketRefreshMs,
       onEvents: (payload) => callback((payload ?? {}) as Parameters<typeof callback>[0]),
+      onInteractive: interactive,
     });
     await socket.start();
     return {

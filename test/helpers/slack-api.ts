@@ -12,7 +12,12 @@
 // URL is asked for with an app-level token (a bot token is not_allowed_token_type) and takes one
 // connection; Slack says hello, sends events_api envelopes and sends one again (retry_attempt,
 // retry_reason "timeout") when no {"envelope_id"} comes back on that socket within 3 s; it recycles
-// a connection with a `disconnect` message before closing it.
+// a connection with a `disconnect` message before closing it. Block Kit
+// (https://api.slack.com/reference/block-kit/blocks): section and actions blocks, buttons with a
+// plain_text label of at most 75 characters, an action_id of at most 255 unique in its block, a
+// value of at most 2,000 (invalid_blocks otherwise); a click as a block_actions interaction
+// (https://api.slack.com/reference/interaction-payloads/block-actions), POSTed form-encoded as
+// payload=<json> and signed like events; chat.postEphemeral.
 import { createHmac, randomUUID } from "node:crypto";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
@@ -25,13 +30,19 @@ interface Posted {
   thread_ts?: string;
   /** Every text it had, first to last. */
   versions: string[];
+  blocks?: Block[];
 }
+
+type Block = { type: string; text?: { type: string; text: string }; elements?: Button[] };
+type Button = { type: string; text?: { type: string; text: string }; action_id?: string; value?: string };
 
 export class SlackServer {
   readonly botUser = "U0BOT0001";
   readonly team = "T0TEAM001";
   readonly messages: Posted[] = [];
   readonly refusals: string[] = [];
+  /** chat.postEphemeral's messages: seen by one user only. */
+  readonly ephemerals: { channel: string; user: string; text: string }[] = [];
   /** Event deliveries: the status the app answered each (retries included). */
   readonly deliveries: { eventId: string; retry: number; status: number }[] = [];
   private readonly files = new Map<string, Buffer>();
@@ -105,6 +116,77 @@ export class SlackServer {
       signal: AbortSignal.timeout(3000),
     });
     return { status: res.status, body: (await res.json().catch(() => ({}))) as Record<string, unknown> };
+  }
+
+  /** A user clicks a button of a bot message: the block_actions interaction, signed, form-encoded. */
+  async click(url: string, by: { user: string; channel: string; message: Posted; actionId: string }) {
+    const payload = this.clickPayload(by);
+    const body = new URLSearchParams({ payload: JSON.stringify(payload) }).toString();
+    const ts = String(Math.floor(Date.now() / 1000));
+    const sig = `v0=${createHmac("sha256", this.signingSecret).update(`v0:${ts}:${body}`).digest("hex")}`;
+    const res = await fetch(url, {
+      method: "POST",
+      headers: {
+        "content-type": "application/x-www-form-urlencoded",
+        "x-slack-request-timestamp": ts,
+        "x-slack-signature": sig,
+      },
+      body,
+      signal: AbortSignal.timeout(3000),
+    });
+    await res.arrayBuffer();
+    return res.status;
+  }
+
+  /** The same click by Socket Mode: an `interactive` envelope; resolves to whether it was acknowledged within 3 s. */
+  async clickBySocket(by: { user: string; channel: string; message: Posted; actionId: string }): Promise<boolean> {
+    const socket = this.liveSocket();
+    if (!socket) return false;
+    const envelopeId = randomUUID();
+    const acked = new Promise<boolean>((resolve) => {
+      const timer = setTimeout(() => resolve(false), 3000);
+      this.acks.set(envelopeId, () => {
+        clearTimeout(timer);
+        resolve(true);
+      });
+    });
+    socket.sendText(
+      JSON.stringify({
+        envelope_id: envelopeId,
+        payload: this.clickPayload(by),
+        type: "interactive",
+        accepts_response_payload: true,
+      }),
+    );
+    const ok = await acked;
+    this.acks.delete(envelopeId);
+    return ok;
+  }
+
+  private clickPayload(by: { user: string; channel: string; message: Posted; actionId: string }) {
+    const action = by.message.blocks?.flatMap((b) => b.elements ?? []).find((e) => e.action_id === by.actionId);
+    const payload = {
+      type: "block_actions",
+      user: { id: by.user, team_id: this.team },
+      team: { id: this.team },
+      api_app_id: "A0APP0001",
+      container: { type: "message", message_ts: by.message.ts, channel_id: by.channel },
+      channel: { id: by.channel },
+      message: { type: "message", ts: by.message.ts, text: by.message.versions.at(-1), blocks: by.message.blocks },
+      trigger_id: randomUUID(),
+      response_url: `${this.base}/actions/${randomUUID()}`,
+      actions: [
+        {
+          type: "button",
+          action_id: by.actionId,
+          block_id: "b1",
+          value: action?.value,
+          text: action?.text,
+          action_ts: String(Date.now() / 1000),
+        },
+      ],
+    };
+    return payload;
   }
 
   /** The Events API's URL check: the app must answer with the challenge. */
@@ -290,9 +372,11 @@ export class SlackServer {
         if (!this.memberOf.has(channel)) return refuse("not_in_channel");
         const bad = this.textProblem(p.text);
         if (bad) return refuse(bad);
+        if (p.blocks !== undefined && !this.validBlocks(p.blocks)) return refuse("invalid_blocks");
         const wait = this.limited(channel);
         if (wait) return json(429, { ok: false, error: "ratelimited" }, { "retry-after": String(wait) });
         const msg: Posted = {
+          ...(p.blocks ? { blocks: p.blocks as Block[] } : {}),
           channel,
           ts: this.nextTs(),
           user: this.botUser,
@@ -313,12 +397,45 @@ export class SlackServer {
         if (msg.user !== this.botUser) return refuse("cant_update_message");
         const bad = this.textProblem(p.text);
         if (bad) return refuse(bad);
+        if (p.blocks !== undefined && !this.validBlocks(p.blocks)) return refuse("invalid_blocks");
+        if (p.blocks !== undefined) msg.blocks = p.blocks as Block[];
         msg.versions.push(String(p.text));
         return json(200, { ok: true, channel: msg.channel, ts: msg.ts, text: p.text });
+      }
+      case "chat.postEphemeral": {
+        const channel = String(p.channel ?? "");
+        if (!this.memberOf.has(channel)) return refuse("channel_not_found");
+        if (typeof p.user !== "string" || p.user === "") return refuse("user_not_in_channel");
+        const bad = this.textProblem(p.text);
+        if (bad) return refuse(bad);
+        this.ephemerals.push({ channel, user: p.user, text: String(p.text) });
+        return json(200, { ok: true, message_ts: this.nextTs() });
       }
       default:
         return refuse("unknown_method");
     }
+  }
+
+  /** Block Kit's rules for the blocks an adapter sends (section, actions of buttons). */
+  private validBlocks(blocks: unknown): boolean {
+    if (!Array.isArray(blocks) || blocks.length > 50) return false;
+    for (const b of blocks as Block[]) {
+      if (b?.type === "section") {
+        if (!b.text || !["mrkdwn", "plain_text"].includes(b.text.type) || b.text.text.length > 3000) return false;
+      } else if (b?.type === "actions") {
+        const els = b.elements ?? [];
+        if (els.length === 0 || els.length > 25) return false;
+        const ids = new Set<string>();
+        for (const e of els) {
+          if (e.type !== "button" || e.text?.type !== "plain_text" || !e.text.text || e.text.text.length > 75)
+            return false;
+          if (!e.action_id || e.action_id.length > 255 || ids.has(e.action_id)) return false;
+          ids.add(e.action_id);
+          if ((e.value ?? "").length > 2000) return false;
+        }
+      } else return false;
+    }
+    return true;
   }
 
   private textProblem(text: unknown): string | undefined {
