@@ -18,14 +18,25 @@ import type { LogRecord, SessionLog, SessionOwner, SessionStore } from "./sessio
 import type { SessionWrites } from "./session-writes.js";
 import type { RestartHost, Supervision } from "./supervision.js";
 import type { TenantRuns } from "./tenant-runs.js";
-import { ToolWaits, WAIT_EVENTS, WAIT_STARTS } from "./tool-waits.js";
+import type { HeldCallsHost, HeldCalls } from "./held-calls.js";
+import type { Resume } from "./session-rebuild.js";
+import type { AuditRecord, AuditSink } from "../store/audit-log.js";
+import type { Logger } from "../../shared/process/log.js";
+import type { Tool } from "../tools/tools.js";
+import type { ChatMessage } from "../../shared/gen/troupe/v1/session_pb.js";
 
 /** What the hosts below use of an actor (its members, private ones among them, by name). */
 export type ActorInternals = {
   sessionId: string;
   owner: SessionOwner;
   ref: SessionRef;
-  deps: { store: SessionStore; runs?: TenantRuns };
+  deps: {
+    store: SessionStore;
+    runs?: TenantRuns;
+    audit: AuditSink;
+    logger: Logger;
+    runDeps(actor: never, first: readonly never[]): { tools: readonly Tool[] };
+  };
   log: SessionLog;
   lost?: RpcError;
   mailbox: Mailbox;
@@ -48,13 +59,8 @@ export type ActorInternals = {
   emit(payload: EventPayload): AgentEvent;
   drop(queued: Queued[], message: string): void;
   replayLog(records: LogRecord[], numbering: Numbering, cutOff?: CutOff): void;
-  waits?: ToolWaits;
-  waitTimer?: NodeJS.Timeout;
-  startClientTools?: unknown;
-  checkFrame(frame: ClientFrame): RpcError | "duplicate" | undefined;
-  decide(frame: ClientFrame): void;
-  goOnIfDue(): void;
-  armWaitTimer(): void;
+  held: HeldCalls;
+  resuming?: Resume;
 };
 
 export class WritesHost {
@@ -90,7 +96,7 @@ export class SlotHost {
     a.deps.runs?.ended(a.owner.tenant);
     // Steering or follow-ups that came too late for the run are not lost: they run next. A run
     // that stopped to wait keeps them: steering ends its wait, follow-ups join it.
-    if (!a.waits?.suspended) a.mailbox.requeueLate();
+    if (!a.held.suspended) a.mailbox.requeueLate();
     a.releaseUnseen();
   }
   nothingOwed(): void {
@@ -121,18 +127,7 @@ export class JournalHostOf implements JournalHost {
     const now = Date.now();
     a.updatedMs = now;
     a.activeMs = now;
-    const kind = event.payload.case ?? "";
-    if (WAIT_EVENTS.has(kind) && (a.waits || WAIT_STARTS.has(kind))) {
-      a.waits ??= new ToolWaits(event.turnId);
-      a.waits.apply(event);
-      if (kind !== "runWaiting" && kind !== "runResumed") a.armWaitTimer();
-    } else if (kind === "agentEnd") {
-      a.startClientTools = undefined;
-      if (a.waits) {
-        a.waits = undefined;
-        a.armWaitTimer();
-      }
-    }
+    a.held.published(event);
     if (event.payload.case === "compactionEnd") {
       a.compaction = {
         summary: event.payload.value.summary,
@@ -161,10 +156,10 @@ export class AdmissionHostOf implements AdmissionHost {
   }
   /** A run that waits counts as going: messages are placed as its queue mode says for a running run. */
   running(): boolean {
-    return this.a.slot.busy || this.a.waits?.suspended === true;
+    return this.a.slot.busy || this.a.held.suspended;
   }
   check(frame: ClientFrame): RpcError | "duplicate" | undefined {
-    return this.a.checkFrame(frame);
+    return this.a.held.check(frame);
   }
   takeRun(): void {
     const a = this.a;
@@ -179,10 +174,10 @@ export class AdmissionHostOf implements AdmissionHost {
   placed(frame: ClientFrame, interrupt: boolean): void {
     const a = this.a;
     if (frame.kind.case === "abort") a.abort(frame.frameId, frame.kind.value.reason, frame.kind.value.clearQueue);
-    if (frame.kind.case === "toolDecision" || frame.kind.case === "clientToolResult") a.decide(frame);
-    if (interrupt && (a.slot.busy || a.waits?.suspended))
+    if (frame.kind.case === "toolDecision" || frame.kind.case === "clientToolResult") a.held.take(frame);
+    if (interrupt && (a.slot.busy || a.held.suspended))
       a.abort(frame.frameId, "interrupted by a prompt in interrupt mode", false);
-    a.goOnIfDue();
+    a.held.goOnIfDue();
     a.slot.schedule();
   }
 }
@@ -215,5 +210,57 @@ export class RestartHostOf implements RestartHost {
   dropQueued(message: string): void {
     const a = this.a;
     a.drop(a.mailbox.queue.splice(0).flat(), message);
+  }
+}
+
+export class HeldCallsHostOf implements HeldCallsHost {
+  constructor(private readonly a: ActorInternals) {}
+  get sessionId(): string {
+    return this.a.sessionId;
+  }
+  get tenant(): string {
+    return this.a.owner.tenant;
+  }
+  get principal(): string {
+    return this.a.owner.principal;
+  }
+  running(): boolean {
+    return this.a.slot.busy;
+  }
+  blocked(): boolean {
+    return this.a.resuming !== undefined || this.a.lost !== undefined;
+  }
+  steering(): boolean {
+    return this.a.mailbox.steering.length > 0;
+  }
+  asRun(turnId: string, fn: () => void): void {
+    this.a.slot.asRun(turnId, fn);
+  }
+  emit(payload: EventPayload): void {
+    this.a.emit(payload);
+  }
+  resume(resume: Resume): void {
+    this.a.resuming = resume;
+    this.a.slot.schedule();
+  }
+  messages(): ChatMessage[] {
+    return this.a.history.messages;
+  }
+  closed(): void {
+    this.a.releaseUnseen();
+    this.a.slot.schedule();
+  }
+  abortRun(why: string): void {
+    this.a.slot.abort(new Error(why));
+  }
+  agentTools(): readonly Tool[] {
+    const a = this.a;
+    return a.deps.runDeps(a as never, []).tools;
+  }
+  audit(record: AuditRecord): void {
+    const a = this.a;
+    a.deps.audit
+      .record(record)
+      .catch((err: unknown) => a.deps.logger.error("audit log write failed", { error: String(err) }));
   }
 }

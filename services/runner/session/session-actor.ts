@@ -9,7 +9,6 @@ import {
   type QueueMode,
   SessionInfoSchema,
   StopReason,
-  ToolVerdict,
   type AgentEvent,
   type ChatMessage,
   type ClientFrame,
@@ -17,11 +16,9 @@ import {
   type SessionInfo,
 } from "../../shared/gen/troupe/v1/session_pb.js";
 import { validateFrame } from "../../shared/frames.js";
-import { type RpcError, failedPrecondition, invalidArgument, notFound } from "../../shared/errors.js";
-import { answerUnanswered } from "../loop/run.js";
-import { argumentProblems, TIMED_OUT } from "../loop/tool-calls.js";
-import { type ToolWaits, VERDICT_NAME, sameAnswer, sameDecision } from "./tool-waits.js";
-import { asTools, clientToolSpecs, mergeSpecs, shadowed, type ClientToolSpec } from "../tools/client-tools.js";
+import type { RpcError } from "../../shared/errors.js";
+import { clientToolSpecs } from "../tools/client-tools.js";
+import { HeldCalls } from "./held-calls.js";
 import { failure, type Logger } from "../../shared/process/log.js";
 import { runAgent } from "../loop/loop.js";
 import { resumedMessages } from "../loop/turn-start.js";
@@ -54,6 +51,7 @@ import {
   AdmissionHostOf,
   CollectedHost,
   JournalHostOf,
+  HeldCallsHostOf,
   RestartHostOf,
   SlotHost,
   WritesHost,
@@ -96,14 +94,8 @@ export class SessionActor {
   private resuming?: Resume;
   /** The latest compaction: what the model sees in place of the messages before the cut. */
   private compaction?: Compaction;
-  /** What the open run holds for decisions, while it holds any (tool-waits.ts). */
-  private waits?: ToolWaits;
-  /** The session's client tools (OpenSession.client_tools), kept in its log's settings. */
-  private clientTools: ClientToolSpec[] = [];
-  /** The client tools of the prompt that started the open run (kept until it ends: a resume offers them again). */
-  private startClientTools?: ClientToolSpec[];
-  /** Fires at the earliest deadline of a held call (the approval policy's timeout). */
-  private waitTimer?: NodeJS.Timeout;
+  /** The calls the open run holds for a decision or a client's result, and the client's tools (held-calls.ts). */
+  private readonly held: HeldCalls;
   private idleWaiters: (() => void)[] = [];
   /**
    * Set once the session is lost here: another runner took it (ABORTED), or its log could not be
@@ -131,6 +123,7 @@ export class SessionActor {
     this.journal = new EventJournal(new JournalHostOf(self));
     this.admission = new Admission(new AdmissionHostOf(self));
     this.supervision = new Supervision(new RestartHostOf(self));
+    this.held = new HeldCalls(new HeldCallsHostOf(self));
   }
 
   /** The session as its owner names it (the store's and the registry's key). */
@@ -205,15 +198,9 @@ export class SessionActor {
       },
       emit: (payload) => this.emit(payload),
       asRun: (turnId, close) => this.slot.asRun(turnId, close),
-      waiting: (waits) => {
-        this.waits = waits;
-        this.armWaitTimer();
-      },
-      decide: (frame) => this.decide(frame),
-      clientTools: (session, run) => {
-        this.clientTools = clientToolSpecs(session);
-        this.startClientTools = run.length > 0 ? clientToolSpecs(run) : undefined;
-      },
+      waiting: (waits) => this.held.restoreWaits(waits),
+      decide: (frame) => this.held.take(frame),
+      clientTools: (session, run) => this.held.restoreTools(session, run),
     };
   }
 
@@ -237,15 +224,13 @@ export class SessionActor {
       this.history.length,
     );
     if (s.clearClientTools || (s.clientTools?.length ?? 0) > 0) {
-      const specs = s.clearClientTools ? [] : clientToolSpecs(s.clientTools ?? []);
-      const refused = this.checkClientTools(specs);
+      const refused = this.held.setSessionTools(s.clearClientTools ? [] : clientToolSpecs(s.clientTools ?? []));
       if (refused) throw refused;
       changed.clientTools = (s.clearClientTools ? [] : (s.clientTools ?? [])).map((t) => ({
         name: t.name,
         description: t.description,
         parametersJson: t.parametersJson,
       }));
-      this.clientTools = specs;
     }
     if (s.queueMode && s.queueMode !== this.mailbox.mode) changed.queueMode = this.mailbox.mode = s.queueMode;
     if (Object.keys(changed).length > 0) await this.writes.appendOrRefuse({ t: "settings", ...changed }, true);
@@ -273,226 +258,10 @@ export class SessionActor {
     if (clearQueue)
       this.drop(this.mailbox.clear(), `dropped by an abort that cleared the queue${reason ? `: ${reason}` : ""}`);
     this.slot.abort(new Error(reason || "aborted"));
-    this.endWait(
+    this.held.endWait(
       StopReason.ABORTED,
       `the run was aborted while this call waited for a decision${reason ? ` (${reason})` : ""}`,
     );
-  }
-
-  /**
-   * Why a decision frame cannot be taken, "duplicate" when it repeats the decision already taken,
-   * or undefined. Checked before the frame is recorded, so a refused decision changes nothing.
-   */
-  protected checkFrame(frame: ClientFrame): RpcError | "duplicate" | undefined {
-    const k = frame.kind;
-    if (k.case === "clientToolResult") return this.checkClientResult(k.value);
-    if (k.case === "prompt" && k.value.clientTools.length > 0)
-      return this.checkClientTools(clientToolSpecs(k.value.clientTools));
-    if (k.case !== "toolDecision") return undefined;
-    const d = k.value;
-    const held = this.waits?.held.get(d.toolCallId);
-    if (!held)
-      return notFound(`no tool call ${JSON.stringify(d.toolCallId)} waits for a decision in session ${this.sessionId}`);
-    const taken = this.waits!.decided.get(d.toolCallId);
-    if (taken)
-      return sameDecision(taken, d)
-        ? "duplicate"
-        : failedPrecondition(
-            `tool call ${d.toolCallId} was already ${VERDICT_NAME[taken.verdict]} by ${taken.decidedBy}; a decision is taken once`,
-          );
-    if (d.verdict === ToolVerdict.EDIT) {
-      const name = held.toolName;
-      const tool = [...this.deps.runDeps(this, []).tools, ...asTools(this.runTools())].find((t) => t.name === name);
-      const why = tool ? argumentProblems(tool, d.argumentsJson) : `tool ${name} is no longer offered`;
-      if (why) return invalidArgument(`the edited arguments of tool call ${d.toolCallId} are not valid: ${why}`);
-    }
-    return undefined;
-  }
-
-  /** A client's answer: to a call of a client tool the run waits on, and only once. */
-  private checkClientResult(r: {
-    toolCallId: string;
-    output: string;
-    isError: boolean;
-  }): RpcError | "duplicate" | undefined {
-    if (!this.waits?.clientCalls.has(r.toolCallId))
-      return notFound(
-        `no client tool call ${JSON.stringify(r.toolCallId)} waits for a result in session ${this.sessionId}`,
-      );
-    const taken = this.waits.answered.get(r.toolCallId);
-    if (taken)
-      return sameAnswer(taken, r)
-        ? "duplicate"
-        : failedPrecondition(`tool call ${r.toolCallId} was already answered; a result is taken once`);
-    return undefined;
-  }
-
-  /** Client tools may not take the name of one of the agent's own. */
-  checkClientTools(specs: readonly ClientToolSpec[]): RpcError | undefined {
-    if (specs.length === 0) return undefined;
-    const clash = shadowed(specs, this.deps.runDeps(this, []).tools);
-    return clash.length > 0
-      ? invalidArgument(`client tools may not take the names of the agent's own tools: ${clash.join(", ")}`)
-      : undefined;
-  }
-
-  /** The client tools the open run offers: the session's, and those of the prompt that started it. */
-  private runTools(): ClientToolSpec[] {
-    return mergeSpecs(this.clientTools, this.startClientTools);
-  }
-
-  /** Takes a decision on a held call, or a client's answer: recorded, then the run goes on if that was all it waited for. */
-  protected decide(frame: ClientFrame): void {
-    const k = frame.kind;
-    const waits = this.waits;
-    if (k.case === "clientToolResult" && waits) {
-      const r = k.value;
-      // Two different answers raced past the check: the first one recorded stands.
-      if (!waits.clientCalls.has(r.toolCallId) || waits.answered.has(r.toolCallId)) return;
-      this.emitInWait(waits, {
-        case: "clientToolAnswered",
-        value: { toolCallId: r.toolCallId, output: r.output, isError: r.isError, frameId: frame.frameId },
-      });
-      this.goOnIfDue();
-      return;
-    }
-    if (k.case !== "toolDecision" || !waits) return;
-    const d = k.value;
-    const held = waits.held.get(d.toolCallId);
-    // Two different decisions raced past the check: the first one recorded stands.
-    if (!held || waits.decided.has(d.toolCallId)) return;
-    const decidedBy = d.decidedBy || this.owner.principal;
-    const argumentsJson = d.verdict === ToolVerdict.EDIT ? d.argumentsJson : "";
-    this.emitInWait(waits, {
-      case: "toolDecided",
-      value: {
-        toolCallId: d.toolCallId,
-        verdict: d.verdict,
-        decidedBy,
-        message: d.message,
-        argumentsJson,
-        frameId: frame.frameId,
-      },
-    });
-    this.auditDecision(
-      waits.turnId,
-      held.toolName,
-      d.toolCallId,
-      d.verdict,
-      decidedBy,
-      frame.frameId,
-      d.message,
-      argumentsJson,
-    );
-    this.goOnIfDue();
-  }
-
-  private auditDecision(
-    turnId: string,
-    toolName: string,
-    toolCallId: string,
-    verdict: ToolVerdict,
-    decidedBy: string,
-    frameId: string,
-    message: string,
-    argumentsJson: string,
-  ): void {
-    this.deps.audit
-      .record({
-        action: "tool_decision",
-        sessionId: this.sessionId,
-        tenant: this.owner.tenant,
-        turnId,
-        toolCallId,
-        toolName,
-        verdict: VERDICT_NAME[verdict],
-        decidedBy,
-        frameId,
-        message,
-        argumentsJson,
-      })
-      .catch((err: unknown) => this.deps.logger.error("audit log write failed", { error: String(err) }));
-  }
-
-  /** Publishes an event of the waiting run under its turn (no run is going while it waits). */
-  private emitInWait(waits: ToolWaits, payload: EventPayload): void {
-    if (this.slot.busy) this.emit(payload);
-    else this.slot.asRun(waits.turnId, () => this.emit(payload));
-  }
-
-  /** A run stopped to wait goes on when every call it holds is decided, or steering came for it. */
-  protected goOnIfDue(): void {
-    const waits = this.waits;
-    if (!waits?.suspended || this.slot.busy || this.resuming || this.lost) return;
-    if (!waits.due && this.mailbox.steering.length === 0) return;
-    this.resuming = { turnId: waits.turnId, from: waits.from, interrupted: [], afterWait: true };
-    this.slot.schedule();
-  }
-
-  /** Ends a run stopped to wait: its held calls are answered with why, then agent_end. */
-  private endWait(reason: StopReason, why: string): void {
-    const waits = this.waits;
-    if (!waits?.suspended || this.slot.busy || this.resuming) return;
-    this.slot.asRun(waits.turnId, () => {
-      answerUnanswered((p) => void this.emit(p), this.history.messages, `Not run: ${why}.`);
-      this.emit({
-        case: "agentEnd",
-        value: { stopReason: reason, errorMessage: reason === StopReason.ABORTED ? "" : why },
-      });
-    });
-    this.releaseUnseen();
-    this.slot.schedule();
-  }
-
-  /** Arms the timer for the earliest deadline of a call still waiting. */
-  protected armWaitTimer(): void {
-    clearTimeout(this.waitTimer);
-    this.waitTimer = undefined;
-    const next = this.waits?.nextDeadlineMs();
-    if (next === undefined || !Number.isFinite(next)) return;
-    this.waitTimer = setTimeout(() => this.waitExpired(), Math.min(Math.max(0, next - Date.now()), 2 ** 31 - 1));
-    this.waitTimer.unref();
-  }
-
-  /** Held calls past their deadline are decided by the policy: rejected, or the run aborted. */
-  private waitExpired(): void {
-    const waits = this.waits;
-    if (!waits || this.lost) return;
-    const now = Date.now();
-    for (const h of waits.pending()) {
-      if (h.deadlineMs > now) continue;
-      const { toolCallId, toolName, onTimeout } = h;
-      const seconds = Math.round((h.deadlineMs - h.sinceMs) / 1000);
-      if (h.kind === "client") {
-        const output = `The client did not answer this call within ${seconds} s.`;
-        this.emitInWait(waits, {
-          case: "clientToolAnswered",
-          value: { toolCallId, output, isError: true, frameId: "" },
-        });
-        continue;
-      }
-      if (onTimeout === "abort") {
-        const why = `nobody decided on ${toolName} within ${seconds} s, so the approval policy aborted the run`;
-        if (this.slot.busy) this.slot.abort(new Error(why));
-        else this.endWait(StopReason.ABORTED, why);
-        return;
-      }
-      const message = `no decision came within ${seconds} s`;
-      this.emitInWait(waits, {
-        case: "toolDecided",
-        value: {
-          toolCallId,
-          verdict: ToolVerdict.REJECT,
-          decidedBy: TIMED_OUT,
-          message,
-          argumentsJson: "",
-          frameId: "",
-        },
-      });
-      this.auditDecision(waits.turnId, toolName, toolCallId, ToolVerdict.REJECT, TIMED_OUT, "", message, "");
-    }
-    this.armWaitTimer();
-    this.goOnIfDue();
   }
 
   /** Tells every subscriber these messages will not run (a replay leaves them out too). */
@@ -511,12 +280,12 @@ export class SessionActor {
 
   /** Nothing will happen without something from outside: no run going or owed (a run that waits counts as none). */
   get idle(): boolean {
-    return !this.slot.busy && !this.resuming && (this.mailbox.empty || this.waits?.suspended === true);
+    return !this.slot.busy && !this.resuming && (this.mailbox.empty || this.held.suspended);
   }
 
   /** A run waits on decisions (RunWaiting). */
   get waitingOnDecision(): boolean {
-    return this.waits?.suspended === true;
+    return this.held.suspended;
   }
 
   /**
@@ -526,7 +295,7 @@ export class SessionActor {
   get passivatable(): boolean {
     return (
       this.idle &&
-      this.waits === undefined &&
+      this.held.waits === undefined &&
       this.journal.subscriberCount === 0 &&
       this.admission.admitting === 0 &&
       !this.slot.stopped
@@ -550,7 +319,7 @@ export class SessionActor {
     this.resuming = undefined;
     if (resume) return { first: [], resume };
     // Nothing starts beside a run that waits: queued messages run after it ends.
-    if (this.waits?.suspended) return undefined;
+    if (this.held.suspended) return undefined;
     const first = this.mailbox.queue.shift();
     return first && { first };
   }
@@ -561,7 +330,7 @@ export class SessionActor {
    * where what the model sees can have moved: a run's end, a replay's end, a reset.
    */
   private releaseUnseen(): void {
-    if (this.slot.busy || this.resuming || this.waits) return;
+    if (this.slot.busy || this.resuming || this.held.waits) return;
     this.compaction = this.history.releaseUnseen(this.compaction, this.choices.contextFrom);
   }
 
@@ -575,7 +344,7 @@ export class SessionActor {
 
   protected async execute({ first, resume }: NextRun, signal: AbortSignal): Promise<void> {
     const { history } = this;
-    if (!resume) this.startClientTools = mergeSpecs(...first.map((q) => q.clientTools));
+    if (!resume) this.held.startRun(first.map((q) => q.clientTools));
     const released = history.released;
     const host: RunHost = {
       sessionId: this.sessionId,
@@ -596,20 +365,17 @@ export class SessionActor {
         history.messages.splice(0, history.messages.length, ...history.messages.filter((m) => !gone.has(m.id)));
         void this.writes.append({ t: "elided", messageIds: ids }, false);
       },
-      clientTools: this.runTools(),
-      isHeld: (id, kind) => (kind === "client" ? this.waits?.clientCalls : this.waits?.held)?.has(id) === true,
-      decisionOf: (id) => this.waits?.decided.get(id),
-      clientResultOf: (id) => {
-        const a = this.waits?.answered.get(id);
-        return a && { output: a.output, isError: a.isError };
-      },
+      clientTools: this.held.runTools(),
+      isHeld: (id, kind) => this.held.isHeld(id, kind),
+      decisionOf: (id) => this.held.decisionOf(id),
+      clientResultOf: (id) => this.held.clientResultOf(id),
     };
     try {
       // A resume's index is absolute (the log's); nothing is let go while a resume waits.
       const resumeAt = resume && { ...resume, from: resume.from - released };
       const starters = resumeAt ? resumedMessages(history.messages, resumeAt.from) : first;
       const outcome = await runAgent(host, this.deps.runDeps(this, starters), first, resumeAt);
-      if (outcome.waiting && this.waits) this.waits.from = outcome.waiting.from + released;
+      if (outcome.waiting && this.held.waits) this.held.waits.from = outcome.waiting.from + released;
     } catch (err) {
       // Not a model or tool failure (those end runs normally): a bug. Its state is suspect, so
       // the actor rebuilds itself from its log; other sessions are untouched.
@@ -634,7 +400,7 @@ export class SessionActor {
   private loseSession(err: RpcError, why: string): void {
     if (this.lost) return;
     this.lost = err;
-    clearTimeout(this.waitTimer);
+    this.held.stop();
     this.deps.logger.warn(why, { session: this.sessionId });
     void this.slot.stop(err);
     this.mailbox.stop();
@@ -668,7 +434,7 @@ export class SessionActor {
       lastSeq: BigInt(this.journal.lastSeq),
       messageCount: this.history.length,
       running: this.running,
-      pending: (this.waits?.pending() ?? []).map((h) => ({
+      pending: this.held.pending().map((h) => ({
         toolCallId: h.toolCallId,
         toolName: h.toolName,
         argumentsJson: h.argumentsJson,
@@ -699,9 +465,9 @@ export class SessionActor {
    */
   async close(options: { handOver?: boolean; exiting?: boolean; end?: RpcError } = {}): Promise<void> {
     // A run that waits is handed over like a running one: its next runner keeps its deadline.
-    const handedOver = options.handOver === true && (this.slot.busy || this.waits !== undefined);
+    const handedOver = options.handOver === true && (this.slot.busy || this.held.waits !== undefined);
     if (handedOver) this.frozen = true;
-    clearTimeout(this.waitTimer);
+    this.held.stop();
     const ended = this.slot.stop(new Error("runner shutting down"));
     this.mailbox.stop();
     await ended;

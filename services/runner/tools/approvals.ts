@@ -105,7 +105,7 @@ function fullMatch(pattern: string, value: string): boolean {
     }
     compiled.set(pattern, re);
   }
-  return re !== null && re.test(value);
+  return re?.test(value) === true;
 }
 
 function hostOf(value: unknown): string | undefined {
