@@ -8,6 +8,8 @@ import assert from "node:assert/strict";
 import { readFile, writeFile } from "node:fs/promises";
 import { Role, StopReason, ToolVerdict } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { Status } from "../services/shared/errors.js";
+import { AdminService } from "../services/shared/gen/troupe/v1/admin_pb.js";
+import { createClient } from "../services/shared/rpc.js";
 import { ChatSession } from "./helpers/session.js";
 import { startStack, waitFor, writeAgent, type Stack } from "./helpers/stack.js";
 
@@ -271,6 +273,67 @@ describe("a tool call held for a person's approval, through real processes", () 
     assert.doesNotMatch(result?.text ?? "", /unsafe/);
     assert.deepEqual(await pendingOf("held-1"), []);
     again.close();
+    // The decision is an audit record: who, what, when.
+    const admin = createClient(AdminService, stack.addr.gateway, {
+      headers: { authorization: `Bearer ${await stack.keyFor("local", "ops", { role: "admin" })}` },
+    });
+    try {
+      const audit = await waitFor("the decision's audit record", async () => {
+        const { entries } = await admin.listAuditRecords({ sessionId: "held-1" });
+        return entries.find((e) => e.action === "tool_decision");
+      });
+      assert.equal(audit.record?.decidedBy, "boss");
+      assert.equal(audit.record?.verdict, "edited");
+      assert.equal(audit.record?.toolCallId, callId);
+      assert.ok(audit.time);
+    } finally {
+      admin.close();
+    }
+  });
+
+  test("a client tool over the Chat stream: the call goes to the client, its result frame is taken once", async () => {
+    const s = new ChatSession(stack.gateway);
+    s.send({ case: "open", value: { sessionId: "client-tools-1", create: true } });
+    await s.waitOpened();
+    const weather = {
+      name: "get_weather",
+      description: "the weather in a city",
+      parametersJson: JSON.stringify({ type: "object", properties: { city: { type: "string" } }, required: ["city"] }),
+    };
+    s.send({ case: "prompt", value: { text: '!call get_weather {"city": "Oslo"}', clientTools: [weather] } });
+    const sent = await s.waitFor((e) => e.payload.case === "clientToolCall");
+    const callId = sent.payload.case === "clientToolCall" ? sent.payload.value.toolCallId : "";
+    await s.waitFor((e) => e.payload.case === "runWaiting");
+    // Another principal of the tenant reaches no such session: its result is refused.
+    const mallory = await stack.gatewayAs("local", "mallory");
+    const stranger = await mallory
+      .submitToolResult({ sessionId: "client-tools-1", frameId: "x-1", toolCallId: callId, output: "lies" })
+      .then(
+        () => "taken",
+        (err: { code: number }) => Status[err.code],
+      );
+    mallory.close();
+    assert.equal(stranger, "NOT_FOUND");
+    s.send({ case: "clientToolResult", value: { toolCallId: callId, output: "sunny" } }, "r-1");
+    s.send({ case: "clientToolResult", value: { toolCallId: callId, output: "sunny" } }, "r-2");
+    const end = await s.waitFor((e) => e.payload.case === "agentEnd");
+    assert.equal(end.payload.case === "agentEnd" && end.payload.value.stopReason, StopReason.COMPLETED);
+    // Sent twice, used once: the second is a duplicate while the first waits to be taken, or refused
+    // once the run went on (nothing waits for it), and never a second answer.
+    await s.until(() =>
+      s.events.some(
+        (e) => (e.payload.case === "frameAccepted" || e.payload.case === "error") && e.payload.value.frameId === "r-2",
+      ),
+    );
+    assert.equal(s.events.filter((e) => e.payload.case === "clientToolAnswered").length, 1);
+    const tools = (await stack.gateway.getHistory({ sessionId: "client-tools-1" })).messages.filter(
+      (m) => m.role === Role.TOOL,
+    );
+    assert.deepEqual(
+      tools.map((m) => m.text),
+      ["sunny"],
+    );
+    s.close();
   });
 
   test("an abort ends a waiting run; the policy's timeout ends another", async () => {
