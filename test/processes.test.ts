@@ -29,6 +29,7 @@ import {
   waitFor,
   waitServing,
   startUp,
+  writeAgent,
   type StackAddresses,
 } from "./helpers/stack.js";
 
@@ -380,6 +381,32 @@ describe("troupe chat", () => {
     assert.match(err, /\[steering: skipped 1 tool call\(s\)\]/);
   });
 
+  test("interactive: a call held for approval is asked at the prompt; n with a reason rejects, y approves", async () => {
+    await writeAgent(stack.dataDir, "guarded", { approvals: { tools: { manage_schedule: "ask" } } });
+    const argv = [MAIN, "chat", "-i", "--data-dir", stack.dataDir, "--gateway", stack.addr.gateway];
+    const proc = spawn(process.execPath, [...argv, "--agent", "guarded", "--session", "cli-approve"], {
+      stdio: ["pipe", "pipe", "pipe"],
+    });
+    let out = "";
+    let err = "";
+    proc.stdout!.on("data", (d) => (out += d));
+    proc.stderr!.on("data", (d) => (err += d));
+    await waitFor("the session to open", async () => err.includes("session cli-approve"));
+    const asking = '!call manage_schedule {"action": "list"}\n';
+    proc.stdin!.write(asking);
+    await waitFor("the question", async () => err.includes("[approval needed: manage_schedule"));
+    proc.stdin!.write("n not now\n");
+    await waitFor("the rejection's answer", async () => out.includes("Not run: dev rejected this call: not now"));
+    proc.stdin!.write(asking);
+    await waitFor("the second question", async () => err.split("[approval needed").length === 3);
+    proc.stdin!.write("y\n");
+    await waitFor("the approved call's answer", async () => out.includes("(no schedules)"), 20_000);
+    proc.stdin!.end();
+    const code = await new Promise((resolve) => proc.once("exit", resolve));
+    assert.equal(code, 0);
+    assert.match(err, /rejected by dev[\s\S]*approved by dev/);
+  });
+
   test("piped stdin is one message; --instruction reaches the turn's prompt; a bad --queue-mode is refused", () => {
     const chat = (args: string[], input: string) =>
       spawnSync(
@@ -414,8 +441,13 @@ describe("troupe chat", () => {
         (e: { code: number; stderr: string }) => e,
       );
     const listed = (await troupe("sessions", "ls")).stdout;
-    assert.match(listed, /^SESSION\s+AGENT\s+MESSAGES\s+UPDATED\s+RUNNING\n/);
-    assert.match(listed, /\ncli-1\s+main\s+\d+\s+\d{4}-\d\d-\d\dT/);
+    assert.match(listed, /^SESSION\s+AGENT\s+MESSAGES\s+UPDATED\s+STATE\n/);
+    assert.match(listed, /\ncli-1\s+main\s+\d+\s+\d{4}-\d\d-\d\dT\S+\s+idle/);
+    // A decision on a call nobody waits on: the gateway's NOT_FOUND, said, exit 1; a bad verdict is usage.
+    const undecided = await fails("sessions", "decide", "cli-1", "call-1", "approve");
+    assert.equal(undecided.code, 1);
+    assert.match(undecided.stderr, /no tool call "call-1" waits for a decision/);
+    assert.equal((await fails("sessions", "decide", "cli-1", "call-1", "maybe")).code, 2);
     const json = (await troupe("sessions", "ls", "--json")).stdout
       .trim()
       .split("\n")
@@ -457,7 +489,7 @@ describe("troupe chat", () => {
     assert.deepEqual([missing.code, /NOT_FOUND/.test(missing.stderr)], [1, true]);
     const typo = await fails("sessions", "lsit");
     assert.deepEqual(
-      [typo.code, /unknown sessions subcommand "lsit"; one of: ls, show, rm/.test(typo.stderr)],
+      [typo.code, /unknown sessions subcommand "lsit"; one of: ls, show, decide, rm/.test(typo.stderr)],
       [2, true],
     );
     assert.equal((await troupe("sessions", "rm", "cli-steer")).stdout.split(" (")[0].trim(), "deleted cli-steer");

@@ -97,7 +97,7 @@ const SUBCOMMANDS: Record<string, string[]> = {
   keys: ["create", "ls", "revoke"],
   sandbox: ["ls", "exec", "rm"],
   store: ["migrate", "status"],
-  sessions: ["ls", "show", "rm"],
+  sessions: ["ls", "show", "decide", "rm"],
   schedules: ["ls", "add", "rm"],
   adapter: Object.keys(CHANNEL_ADAPTERS),
   pairing: ["ls", "approve", "reject", "revoke"],

@@ -8,7 +8,13 @@ import { loadConfig } from "../shared/config/config.js";
 import { describeError } from "../shared/errors.js";
 import { ScheduleSchema } from "../shared/gen/troupe/v1/schedule_pb.js";
 import { randomBytes } from "node:crypto";
-import { ChatMessageSchema, Role, SessionInfoSchema, type SessionInfo } from "../shared/gen/troupe/v1/session_pb.js";
+import {
+  ChatMessageSchema,
+  Role,
+  SessionInfoSchema,
+  SessionState,
+  type SessionInfo,
+} from "../shared/gen/troupe/v1/session_pb.js";
 import { parseDecision } from "./decisions.js";
 import { CLIENT_FLAGS, gatewayClient, listAllSessions, type GatewayClient } from "./gateway-client.js";
 import { printTable } from "./table.js";
@@ -66,15 +72,8 @@ export function sessionsCommand(args: string[]): Promise<number> {
       if (flags.json) for (const s of sessions) jsonLine(SessionInfoSchema, s);
       else
         printTable(
-          ["SESSION", "AGENT", "MESSAGES", "UPDATED", "RUNNING", "WAITING"],
-          sessions.map((s) => [
-            s.sessionId,
-            s.agentId,
-            String(s.messageCount),
-            when(s.updateTime),
-            s.running ? "yes" : "",
-            s.pending.length > 0 ? `${s.pending.length} decision(s)` : "",
-          ]),
+          ["SESSION", "AGENT", "MESSAGES", "UPDATED", "STATE"],
+          sessions.map((s) => [s.sessionId, s.agentId, String(s.messageCount), when(s.updateTime), stateOf(s)]),
         );
       return 0;
     }
@@ -124,6 +123,14 @@ export function sessionsCommand(args: string[]): Promise<number> {
     );
     return 0;
   });
+}
+
+/** A session's state in a word; a waiting one says on how many calls. */
+function stateOf(s: SessionInfo): string {
+  if (s.state === SessionState.WAITING) return `waiting (${s.pending.length})`;
+  if (s.state === SessionState.RUNNING || s.running) return "running";
+  if (s.state === SessionState.FAILED) return "failed";
+  return "idle";
 }
 
 /** The calls a session's run waits on, who may decide and until when. */

@@ -3,7 +3,13 @@
 // from its log, and ends a wait by timeout, abort or steering.
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { QueueMode, Role, StopReason, ToolVerdict } from "../../services/shared/gen/troupe/v1/session_pb.js";
+import {
+  QueueMode,
+  Role,
+  SessionState,
+  StopReason,
+  ToolVerdict,
+} from "../../services/shared/gen/troupe/v1/session_pb.js";
 import { Status } from "../../services/shared/errors.js";
 import { approvalOf, type ApprovalPolicy } from "../../services/runner/tools/approvals.js";
 import { parseAgentConfig, AgentConfigError } from "../../services/runner/agent-config.js";
@@ -123,6 +129,7 @@ describe("a run that waits on a decision", () => {
     await actor.whenIdle();
     assert.ok(actor.waitingOnDecision);
     assert.equal(actor.running, false);
+    assert.equal(actor.info().state, SessionState.WAITING);
     assert.deepEqual(
       actor.info().pending.map((p) => [p.toolCallId, p.toolName]),
       [[HELD, "slow"]],
@@ -140,6 +147,7 @@ describe("a run that waits on a decision", () => {
     assert.equal(events.of("agentEnd")[0].stopReason, StopReason.COMPLETED);
     assert.ok(events.events.filter((e) => e.payload.case === "agentEnd").every((e) => e.turnId === turn));
     assert.equal(actor.info().pending.length, 0);
+    assert.equal(actor.info().state, SessionState.IDLE);
   });
 
   test("a rejection is the call's result, with the person's message; the tool never runs", async () => {

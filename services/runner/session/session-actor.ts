@@ -8,6 +8,7 @@ import {
   AgentEventSchema,
   type QueueMode,
   SessionInfoSchema,
+  SessionState,
   StopReason,
   type AgentEvent,
   type ChatMessage,
@@ -273,6 +274,14 @@ export class SessionActor {
     return this.slot.busy;
   }
 
+  /** Where the session stands, as SessionInfo says it. */
+  get state(): SessionState {
+    if (this.supervision.failed) return SessionState.FAILED;
+    if (this.slot.busy || this.resuming) return SessionState.RUNNING;
+    if (this.held.suspended) return SessionState.WAITING;
+    return this.mailbox.empty ? SessionState.IDLE : SessionState.RUNNING;
+  }
+
   /** Messages waiting in this session's mailbox. */
   get waiting(): number {
     return this.mailbox.depth;
@@ -434,6 +443,7 @@ export class SessionActor {
       lastSeq: BigInt(this.journal.lastSeq),
       messageCount: this.history.length,
       running: this.running,
+      state: this.state,
       pending: this.held.pending().map((h) => ({
         toolCallId: h.toolCallId,
         toolName: h.toolName,
