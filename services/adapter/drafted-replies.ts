@@ -87,12 +87,18 @@ export class DraftedReplies implements ReplySink {
   /** The chat a rate limit holds back -> when the platform lets the bot write there again. */
   private readonly blockedUntil = new Map<string, number>();
 
+  /** Puts a held tool call to the chat (the platform's questions with buttons), when it has them. */
+  readonly ask?: ReplySink["ask"];
+
   constructor(
     private readonly api: ChatApi,
     private readonly state: AdapterState,
     private readonly intervalMs: number,
     private readonly logger: Logger,
-  ) {}
+    asks?: Required<Pick<ReplySink, "ask">>,
+  ) {
+    if (asks) this.ask = (to, post, held) => asks.ask(to, post, held);
+  }
 
   draft(to: Address, key: string, post: Post, text: string): void {
     const waiting = this.pending.get(key);

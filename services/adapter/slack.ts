@@ -24,7 +24,6 @@ import { serveInbound, type InboundAnswer } from "./http-inbound.js";
 import { type EnvelopeOutcome, SocketModeClient } from "./slack-socket.js";
 import type { AdapterState, Address } from "./state.js";
 import type { ChannelAdapter } from "./channel-adapter.js";
-import type { ReplySink } from "./replies.js";
 import { type BlockActions, slackApprovals } from "./slack-approvals.js";
 
 export interface SlackOptions {
@@ -93,7 +92,6 @@ export async function startSlackAdapter(gateway: GatewayClient, state: AdapterSt
       ? new Error("Slack refused SLACK_BOT_TOKEN (invalid_auth)")
       : err;
   });
-  const drafted = new DraftedReplies(chat, state, opts.draftIntervalMs, opts.logger);
   const approvals = slackApprovals({
     api,
     gateway,
@@ -102,12 +100,7 @@ export async function startSlackAdapter(gateway: GatewayClient, state: AdapterSt
     commandUsers: opts.commandUsers,
     logger: opts.logger,
   });
-  const replies: ReplySink & { settle(): Promise<void> } = {
-    draft: (to, key, post, text) => drafted.draft(to, key, post, text),
-    final: (to, key, post, text) => drafted.final(to, key, post, text),
-    ask: (to, post, held) => approvals.ask(to, post, held),
-    settle: () => drafted.settle(),
-  };
+  const replies = new DraftedReplies(chat, state, opts.draftIntervalMs, opts.logger, approvals);
   /** A button's click; answered 200 (Slack does not send interactions again), its failure logged. */
   const interactive = async (payload: unknown): Promise<void> => {
     if ((payload as { type?: string })?.type !== "block_actions") return;

@@ -20,7 +20,6 @@ import { telegramChat } from "./telegram-chat.js";
 import { DmGate, type DmSettings } from "./dm-gate.js";
 import type { ChannelAdapter } from "./channel-adapter.js";
 import { telegramApprovals } from "./telegram-approvals.js";
-import type { ReplySink } from "./replies.js";
 
 export interface TelegramOptions {
   token: string;
@@ -56,7 +55,6 @@ export async function startTelegramAdapter(gateway: GatewayClient, state: Adapte
     throw err;
   }
   const chat = telegramChat(api);
-  const drafted = new DraftedReplies(chat, state, opts.draftIntervalMs, opts.logger);
   const approvals = telegramApprovals({
     api,
     gateway,
@@ -65,12 +63,7 @@ export async function startTelegramAdapter(gateway: GatewayClient, state: Adapte
     commandUsers: opts.commandUsers,
     logger: opts.logger,
   });
-  const replies: ReplySink & { settle(): Promise<void> } = {
-    draft: (to, key, post, text) => drafted.draft(to, key, post, text),
-    final: (to, key, post, text) => drafted.final(to, key, post, text),
-    ask: (to, post, held) => approvals.ask(to, post, held),
-    settle: () => drafted.settle(),
-  };
+  const replies = new DraftedReplies(chat, state, opts.draftIntervalMs, opts.logger, approvals);
   /** One update: a message, or a press of one of the bot's buttons. */
   const takeUpdate = async (u: TgUpdate): Promise<void> => {
     if (u.message) await take(u.message);
