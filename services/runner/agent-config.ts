@@ -19,13 +19,15 @@
 //     "http": { "allowHosts": ["api.github.com"], "secrets": { "GITHUB_TOKEN": ["api.github.com"] } },
 //     "egress": { "allowHosts": ["registry.npmjs.org"], "budgetMb": 1024 },  // sandboxed commands' way out
 //     "timeZone": "Europe/Berlin",            // the users' time zone: the prompt's clock says it
-//     "approvals": { "tools": { "exec": "ask" } }  // calls that wait for a person (tools/approvals.ts)
+//     "approvals": { "tools": { "exec": "ask" } },  // calls that wait for a person (tools/approvals.ts)
+//     "mcpServers": { "docs": { "url": "https://mcp.example.com/mcp" } }  // tools/mcp/mcp-config.ts
 //   }
 import { readFile, stat } from "node:fs/promises";
 import path from "node:path";
 import { schemaProblems } from "../shared/json-schema.js";
 import type { ReasoningEffort } from "../shared/models/model-rules.js";
 import { type ApprovalPolicy, policyProblems } from "./tools/approvals.js";
+import { type McpServers, type McpServerSpec, serverProblems } from "./tools/mcp/mcp-config.js";
 
 export interface RetryPolicy {
   /** Retries of one model call (so maxRetries + 1 attempts per model of the chain). */
@@ -67,6 +69,9 @@ export interface AgentConfig {
   timeZone?: string;
   /** Which tool calls wait for a person's decision (tools/approvals.ts); undefined: none. */
   approvals?: ApprovalPolicy;
+  /** MCP servers whose tools runs are offered, and a tenant's own (tools/mcp/mcp-config.ts). */
+  mcpServers?: McpServers;
+  mcpTenants?: Record<string, Record<string, McpServerSpec | null>>;
 }
 
 export const DEFAULT_AGENT: Readonly<Omit<AgentConfig, "name">> = {
@@ -144,7 +149,16 @@ export function parseAgentConfig(agentId: string, json: unknown): AgentConfig {
       );
     }
   }
-  const badPatterns = policyProblems(cfg.approvals);
+  const badPatterns = [
+    ...policyProblems(cfg.approvals),
+    ...serverProblems(cfg.mcpServers, "mcpServers"),
+    ...Object.entries(cfg.mcpTenants ?? {}).flatMap(([t, own]) =>
+      serverProblems(
+        Object.fromEntries(Object.entries(own).filter(([, v]) => v !== null)) as McpServers,
+        `mcpTenants.${t}`,
+      ),
+    ),
+  ];
   if (badPatterns.length > 0) throw new AgentConfigError(badPatterns.join("; "));
   if (cfg.reserveTokens >= cfg.contextWindow)
     throw new AgentConfigError(

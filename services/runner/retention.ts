@@ -30,6 +30,8 @@ export interface SessionParts {
   schedules: ScheduleStore;
   /** Called when schedules changed. Contract: never throws. */
   schedulesChanged(): void;
+  /** Closes the session's MCP connections. Contract: never throws. */
+  closeMcp?(sessionId: string): Promise<void>;
   logger: Logger;
 }
 
@@ -50,6 +52,7 @@ export async function clearSessionParts(
   }
   await parts.schedules.write(actor.ref, undefined);
   parts.schedulesChanged();
+  await parts.closeMcp?.(sessionId);
   // A sandbox the service cannot remove now is removed by its idle timeout.
   const sandboxRemoved = await parts.sandbox
     .releaseSandbox({ sessionId, agentId: actor.agentId }, { metadata: identityMetadata(owner), timeoutMs: 30_000 })

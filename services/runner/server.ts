@@ -51,6 +51,7 @@ import { operatorCalls } from "./transport/operator-calls.js";
 import { attachManyHandler } from "./transport/attach-many.js";
 import { attachHandler } from "./transport/attach-stream.js";
 import { BackgroundProcesses } from "./tools/background.js";
+import { McpHub } from "./tools/mcp/mcp-hub.js";
 import { Secrets } from "./tools/web-tools.js";
 import { DEFAULT_NET_POLICY } from "../shared/net/net-guard.js";
 import { TenantQuotas } from "../shared/auth/quotas.js";
@@ -112,13 +113,17 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
 
   const book = new ScheduleBook(storage.schedules, cfg.minHeartbeatSeconds);
   const background = new BackgroundProcesses(sandbox);
+  const secrets = new Secrets(cfg.secretsFile);
+  const net = { ...DEFAULT_NET_POLICY, ...cfg.net, proxy: cfg.outboundProxy };
+  const mcp = new McpHub({ net, secrets, sandbox });
   const runDeps = runDepsFor({
     defaultModel: cfg.model,
     execTimeoutMs: cfg.execTimeoutMs,
     sandboxScope: cfg.sandboxScope,
-    net: { ...DEFAULT_NET_POLICY, ...cfg.net, proxy: cfg.outboundProxy },
-    secrets: new Secrets(cfg.secretsFile),
+    net,
+    secrets,
     background,
+    mcp,
     // The scheduler starts below; a tool call can only come after it has.
     schedules: { book, changed: () => scheduler.changed() },
     model,
@@ -191,7 +196,14 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   );
   scheduler.start();
   // What a deleted session has outside its log (retention.ts), and the sweep of idle ones.
-  const parts = { memory, sandbox, schedules: storage.schedules, schedulesChanged: () => scheduler.changed(), logger };
+  const parts = {
+    memory,
+    sandbox,
+    schedules: storage.schedules,
+    schedulesChanged: () => scheduler.changed(),
+    closeMcp: (sessionId: string) => mcp.closeSession(sessionId),
+    logger,
+  };
   const retention = startRetention({ store, registry, agents, parts, everyMs: cfg.retentionSweepMs });
 
   // Session calls come from the gateway with the client's verified identity; a session answers
@@ -351,6 +363,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
       scheduler.stop();
       retention.stop();
       background.stopAll();
+      await mcp.stop();
       quotas.stop();
       await registration.stop();
       const started = Date.now();

@@ -27,6 +27,9 @@ import type { BackgroundProcesses } from "../tools/background.js";
 import type { ScheduleBook } from "../schedules/schedules.js";
 import type { Secrets } from "../tools/web-tools.js";
 import { toolsFor } from "../tools/registry.js";
+import type { McpHub } from "../tools/mcp/mcp-hub.js";
+import { serversFor } from "../tools/mcp/mcp-config.js";
+import type { Tool } from "../tools/tools.js";
 
 /** The runner's parts a run draws on. */
 export interface RunnerParts {
@@ -40,6 +43,8 @@ export interface RunnerParts {
   secrets: Secrets;
   /** Background processes of every session (the process tool). */
   background: BackgroundProcesses;
+  /** Every session's MCP connections (tools/mcp/mcp-hub.ts). */
+  mcp: McpHub;
   /** The schedules of every session, and how to tell the scheduler one changed. */
   schedules: { book: ScheduleBook; changed(): void };
   model: ModelClient;
@@ -179,6 +184,8 @@ export function runDepsFor(parts: RunnerParts): (actor: SessionActor, first: rea
       subagentsRunning,
       createChild: (childId, sub) => parts.createChild(childId, actor, sub),
     });
+    // The MCP servers' tools of this run, for the system prompt's list too.
+    let mcpTools: Tool[] = [];
     return {
       agentId,
       tenant: owner.tenant,
@@ -205,6 +212,13 @@ export function runDepsFor(parts: RunnerParts): (actor: SessionActor, first: rea
       triggerOrigin,
       sender,
       tools: runTools,
+      async externalTools(agent) {
+        const servers = serversFor(agent, owner.tenant);
+        if (Object.keys(servers).length === 0) return { tools: [], warnings: [] };
+        const found = await parts.mcp.toolsFor({ sessionId, agentId, owner }, servers);
+        mcpTools = found.tools;
+        return found;
+      },
       agent: () => agents.get(agentId),
       tokens: parts.tokens,
       runQuotas: () => quotas.of(owner.tenant),
@@ -241,7 +255,7 @@ export function runDepsFor(parts: RunnerParts): (actor: SessionActor, first: rea
             session: actor.ref,
             channel: channelOf(sessionId),
             sender: who,
-            tools: runTools.filter((t) => toolOffered(req.agent, t.name)),
+            tools: [...runTools.filter((t) => toolOffered(req.agent, t.name)), ...mcpTools],
             memories,
             ephemeral: subagent ? [subagent.instruction, ...req.ephemeral] : req.ephemeral,
             skipContextFiles: subagent !== undefined,

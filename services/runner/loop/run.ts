@@ -128,6 +128,8 @@ export interface RunDeps {
   defaultModel: string;
   model: ModelClient;
   tools: readonly Tool[];
+  /** The tools of the agent's MCP servers for this run, and why a server offers none. May be absent. */
+  externalTools?(agent: AgentConfig): Promise<{ tools: Tool[]; warnings: string[] }>;
   hooks: Hooks;
   /** Who speaks in this session (principal or channel identity), for hooks. */
   sender: string;

@@ -175,14 +175,14 @@ const RUN: Gate = { kind: "run" };
 function gateOf(turn: Turn, call: ToolCall): Gate {
   const { host, deps } = turn;
   const tool = deps.tools.find((t) => t.name === call.name);
-  if (!tool || (!turn.agent.approvals && !tool.client)) return RUN;
+  if (!tool || (!turn.agent.approvals && !tool.client && !tool.mcp)) return RUN;
   let args: Record<string, unknown>;
   try {
     args = parseArguments(tool, call);
   } catch {
     return RUN;
   }
-  const verdict = approvalOf(turn.agent.approvals, deps.tenant, call.name, args);
+  const verdict = approvalOf(turn.agent.approvals, deps.tenant, call.name, args, tool.mcp);
   let gate: Gate = RUN;
   if (verdict.mode === "deny")
     return {
@@ -248,7 +248,7 @@ function finishCall(host: RunHost, call: ToolCall, result: ToolResult, skipped: 
 /** A call the model got wrong (unknown tool, bad JSON, arguments off the schema): it sees why and can correct. */
 class ToolInputError extends Error {}
 
-const ajv = new Ajv({ allErrors: true, strict: false });
+const ajv = new Ajv({ allErrors: true, strict: false, logger: false });
 /**
  * Compiled validators by schema text. Some tools are made anew for every run (the memory tools
  * and delegate_task carry the session's scope), so keying by the tool object would compile

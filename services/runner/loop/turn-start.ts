@@ -87,6 +87,13 @@ export async function startTurn(
     });
   }
   if (error) report(host, "AGENT_CONFIG", error);
+  if (deps.externalTools) {
+    // The agent's MCP servers' tools, connected now if not yet (a server that fails says why).
+    const external = await deps.externalTools(agent);
+    for (const w of external.warnings) report(host, "MCP_SERVER", w);
+    const taken = new Set(deps.tools.map((t) => t.name));
+    deps = { ...deps, tools: [...deps.tools, ...external.tools.filter((t) => !taken.has(t.name))] };
+  }
   if (chosen.refused) report(host, "AGENT_CONFIG", `${chosen.refused}; this run uses ${chosen.model}`);
   resolved.failures.forEach(hookFailed(host));
   failpoint("runner.run", query);

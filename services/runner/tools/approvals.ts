@@ -44,17 +44,24 @@ export interface ApprovalVerdict {
 
 export const DEFAULT_APPROVAL_TIMEOUT_S = 3600;
 
-/** The policy's word on a call of `tool` with `args` in a session of `tenant`. */
+/**
+ * The policy's word on a call of `tool` with `args` in a session of `tenant`. A tool of MCP server
+ * `mcpServer` is matched by its name, then `<server>__*`, then `*`; with no rule it asks: its code
+ * is nobody's here to review.
+ */
 export function approvalOf(
   policy: ApprovalPolicy | undefined,
   tenant: string,
   tool: string,
   args: Record<string, unknown>,
+  mcpServer?: string,
 ): ApprovalVerdict {
   const own = policy?.tenants?.[tenant];
   const timeoutMs = 1000 * (own?.timeoutSeconds ?? policy?.timeoutSeconds ?? DEFAULT_APPROVAL_TIMEOUT_S);
   const onTimeout = own?.onTimeout ?? policy?.onTimeout ?? "deny";
-  const found = ruleFor(own?.tools, tool) ?? ruleFor(policy?.tools, tool);
+  const server = mcpServer !== undefined ? `${mcpServer}__*` : undefined;
+  const found = ruleFor(own?.tools, tool, server) ?? ruleFor(policy?.tools, tool, server);
+  if (!found && server) return { mode: "ask", rule: "MCP tools ask unless a rule names them", timeoutMs, onTimeout };
   if (!found) return { mode: "allow", rule: "no approval rule names this tool", timeoutMs, onTimeout };
   const { key, rule } = found;
   const where = `${own?.tools?.[key] !== undefined ? `tenant ${tenant}'s` : "the agent's"} rule for ${key}`;
@@ -69,9 +76,11 @@ export function approvalOf(
 function ruleFor(
   tools: Record<string, ToolRule> | undefined,
   tool: string,
+  server?: string,
 ): { key: string; rule: ToolRule } | undefined {
   if (!tools) return undefined;
   if (tools[tool] !== undefined) return { key: tool, rule: tools[tool] };
+  if (server && tools[server] !== undefined) return { key: server, rule: tools[server] };
   if (tools["*"] !== undefined) return { key: "*", rule: tools["*"] };
   return undefined;
 }

@@ -33,6 +33,8 @@ export interface Tool {
   parallel?: boolean;
   /** The client runs it (client-tools.ts): a call is sent to the client, not executed here. */
   client?: boolean;
+  /** The MCP server it comes from (mcp/mcp-hub.ts); such calls ask for approval unless the policy says otherwise. */
+  mcp?: string;
   execute(args: Record<string, unknown>, ctx: ToolContext): Promise<ToolResult>;
 }
 

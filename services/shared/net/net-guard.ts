@@ -117,37 +117,61 @@ export interface GuardedResponse {
 
 const REDIRECTS = new Set([301, 302, 303, 307, 308]);
 
-/** Sends a request through the guard (see the top of this file) and reads at most maxBytes of its body. */
-export async function guardedRequest(raw: string, req: GuardedRequest, policy: NetPolicy): Promise<GuardedResponse> {
+/** A response whose headers came, its body not yet read: the last hop of guardedOpen. */
+export interface GuardedOpen {
+  url: URL;
+  status: number;
+  headers: Record<string, string | string[] | undefined>;
+  body: AsyncIterable<Uint8Array> & { destroy(): void };
+  redirectedFrom: string[];
+}
+
+/**
+ * Sends a request through the guard (see the top of this file), following redirects, and returns
+ * once the last hop's headers come. `signal` ends it, body included. The caller reads or destroys
+ * the body.
+ */
+export async function guardedOpen(
+  raw: string | URL,
+  req: Omit<GuardedRequest, "maxBytes" | "timeoutMs">,
+  policy: NetPolicy,
+  signal: AbortSignal,
+): Promise<GuardedOpen> {
   const allow = blockList(policy.allow);
-  const timeout = AbortSignal.timeout(req.timeoutMs);
-  const signal = req.signal ? AbortSignal.any([req.signal, timeout]) : timeout;
   let method = (req.method ?? "GET").toUpperCase();
   let body = req.body;
   const redirectedFrom: string[] = [];
   let next: string | URL = raw;
-  try {
-    for (;;) {
-      const target = await checkTarget(next, policy, allow);
-      req.checkHop?.(target.url);
-      const res = await send(target, method, req.headers?.(target.url) ?? {}, body, signal, policy.proxy);
-      const location = res.headers.location;
-      if (REDIRECTS.has(res.statusCode) && typeof location === "string") {
-        await res.body.dump().catch(() => undefined);
-        if (redirectedFrom.length >= policy.maxRedirects)
-          throw new NetRefusal(`more than ${policy.maxRedirects} redirects`);
-        redirectedFrom.push(target.url.href);
-        next = new URL(location, target.url);
-        // As browsers do: 303, and 301/302 after a POST, become a GET without a body.
-        if (res.statusCode === 303 || ((res.statusCode === 301 || res.statusCode === 302) && method === "POST")) {
-          method = method === "HEAD" ? "HEAD" : "GET";
-          body = undefined;
-        }
-        continue;
+  for (;;) {
+    const target = await checkTarget(next, policy, allow);
+    req.checkHop?.(target.url);
+    const res = await send(target, method, req.headers?.(target.url) ?? {}, body, signal, policy.proxy);
+    const location = res.headers.location;
+    if (REDIRECTS.has(res.statusCode) && typeof location === "string") {
+      await res.body.dump().catch(() => undefined);
+      if (redirectedFrom.length >= policy.maxRedirects)
+        throw new NetRefusal(`more than ${policy.maxRedirects} redirects`);
+      redirectedFrom.push(target.url.href);
+      next = new URL(location, target.url);
+      // As browsers do: 303, and 301/302 after a POST, become a GET without a body.
+      if (res.statusCode === 303 || ((res.statusCode === 301 || res.statusCode === 302) && method === "POST")) {
+        method = method === "HEAD" ? "HEAD" : "GET";
+        body = undefined;
       }
-      const { data, truncated } = await readCapped(res.body, req.maxBytes);
-      return { url: target.url, status: res.statusCode, headers: res.headers, body: data, truncated, redirectedFrom };
+      continue;
     }
+    return { url: target.url, status: res.statusCode, headers: res.headers, body: res.body, redirectedFrom };
+  }
+}
+
+/** Sends a request through the guard (see the top of this file) and reads at most maxBytes of its body. */
+export async function guardedRequest(raw: string, req: GuardedRequest, policy: NetPolicy): Promise<GuardedResponse> {
+  const timeout = AbortSignal.timeout(req.timeoutMs);
+  const signal = req.signal ? AbortSignal.any([req.signal, timeout]) : timeout;
+  try {
+    const res = await guardedOpen(raw, req, policy, signal);
+    const { data, truncated } = await readCapped(res.body, req.maxBytes);
+    return { ...res, body: data, truncated };
   } catch (err) {
     if (timeout.aborted && !req.signal?.aborted) throw new NetRefusal(`no complete answer within ${req.timeoutMs} ms`);
     throw err;
