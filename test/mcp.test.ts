@@ -5,7 +5,9 @@
 // floods progress, answers 11 MB). As a server: the gateway's /mcp, reached with the SDK's client.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { type ChildProcess, spawn } from "node:child_process";
+import { type ChildProcess, execFile, spawn } from "node:child_process";
+import { request } from "node:http";
+import { promisify } from "node:util";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import { mkdtemp, rm } from "node:fs/promises";
@@ -15,6 +17,8 @@ import path from "node:path";
 import { Server as McpServer } from "@modelcontextprotocol/sdk/server/index.js";
 import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
 import { CallToolRequestSchema, ListToolsRequestSchema } from "@modelcontextprotocol/sdk/types.js";
+import { Client } from "@modelcontextprotocol/sdk/client/index.js";
+import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import { ChatSession } from "./helpers/session.js";
 import { startStack, waitFor, writeAgent, type Stack } from "./helpers/stack.js";
 import { of } from "./helpers/turn-stack.js";
@@ -233,5 +237,215 @@ describe("MCP servers as an agent's tools", () => {
     const echo = await call(acme, 'everything__echo {"message": "acme"}');
     assert.equal(echo.end.result, "Echo: acme");
     acme.close();
+  });
+});
+
+/** The SDK's own client on the gateway's /mcp, with `key` as its Bearer credential. */
+async function mcpClient(key: string): Promise<Client> {
+  const client = new Client({ name: "troupe-test-host", version: "1.0.0" });
+  await client.connect(
+    new StreamableHTTPClientTransport(new URL(`http://${stack.addr.http}/mcp`), {
+      requestInit: { headers: { authorization: `Bearer ${key}` } },
+    }),
+  );
+  return client;
+}
+
+const textOf = (r: Awaited<ReturnType<Client["callTool"]>>) =>
+  (r.content as { type: string; text?: string }[]).map((c) => c.text ?? "").join("");
+
+describe("Troupe's agents as an MCP server at /mcp", () => {
+  test("an MCP host lists the agents, talks to one, continues its session, and reads it", async () => {
+    const client = await mcpClient(stack.apiKey);
+    const tools = (await client.listTools()).tools.map((t) => t.name);
+    for (const agent of ["main", "tools", "asks", "private"]) assert.ok(tools.includes(agent), `${agent} in ${tools}`);
+    const first = await client.callTool({ name: "main", arguments: { prompt: "hello there" } });
+    assert.equal(first.isError, false, textOf(first));
+    assert.equal(textOf(first), "You said: hello there");
+    const session = (first.structuredContent as { session: string }).session;
+    assert.ok(session);
+    const second = await client.callTool({ name: "main", arguments: { prompt: "and again", session } });
+    assert.equal((second.structuredContent as { session: string }).session, session);
+    const resources = (await client.listResources()).resources;
+    const mine = resources.find((r) => r.name === session);
+    assert.ok(mine, JSON.stringify(resources));
+    const read = await client.readResource({ uri: mine.uri });
+    const transcript = (read.contents[0] as { text: string }).text;
+    assert.match(transcript, /user: hello there[\s\S]*assistant: You said: hello there[\s\S]*user: and again/);
+    // Bad input is the protocol's error, not a run.
+    await assert.rejects(
+      client.callTool({ name: "no-such-agent", arguments: { prompt: "x" } }),
+      /no agent no-such-agent/,
+    );
+    await assert.rejects(client.callTool({ name: "main", arguments: {} }), /prompt/);
+    await client.close();
+  });
+
+  test("progress while a run goes; a cancelled request aborts its run", async () => {
+    const client = await mcpClient(stack.apiKey);
+    const seen: string[] = [];
+    const r = await client.callTool(
+      { name: "tools", arguments: { prompt: '!call everything__echo {"message": "via mcp"}' } },
+      undefined,
+      { onprogress: (p) => seen.push(p.message ?? "") },
+    );
+    assert.match(textOf(r), /Echo: via mcp/);
+    assert.ok(
+      seen.includes("everything__echo running") && seen.includes("everything__echo done"),
+      JSON.stringify(seen),
+    );
+    const stop = new AbortController();
+    const slow = client.callTool({ name: "main", arguments: { prompt: "!tokens 400 rate=20" } }, undefined, {
+      signal: stop.signal,
+      onprogress: () => undefined,
+    });
+    const startedMs = Date.now();
+    await new Promise((res) => setTimeout(res, 1500));
+    stop.abort();
+    await assert.rejects(slow);
+    // The run was aborted: the session's last run ended ABORTED, long before its 20 s of tokens.
+    const sessions = await stack.gateway.listSessions({ pageSize: 100 });
+    await waitFor("the cancelled run's end", async () => {
+      for (const s of sessions.sessions) {
+        const h = await stack.gateway.getHistory({ sessionId: s.sessionId, pageSize: 100 });
+        if (h.messages.some((m) => m.text === "!tokens 400 rate=20")) {
+          const info = (await stack.gateway.listSessions({ pageSize: 100 })).sessions.find(
+            (x) => x.sessionId === s.sessionId,
+          );
+          return info?.running === false;
+        }
+      }
+      return false;
+    });
+    assert.ok(Date.now() - startedMs < 15_000, "the run stopped when the request was cancelled");
+    await client.close();
+  });
+
+  test("the MCP Inspector's CLI lists the agents and asks one", async () => {
+    const cli = require.resolve("@modelcontextprotocol/inspector-cli/build/index.js");
+    const inspect = async (...args: string[]) => {
+      const { stdout } = await promisify(execFile)(
+        process.execPath,
+        [cli, `http://${stack.addr.http}/mcp`, "--header", `Authorization: Bearer ${stack.apiKey}`, ...args],
+        // Its build looks for its package.json relative to the working directory and imports it
+        // relative to itself: run from its own folder, the two agree.
+        { timeout: 60_000, cwd: path.dirname(cli) },
+      );
+      return JSON.parse(stdout) as Record<string, unknown>;
+    };
+    const listed = (await inspect("--method", "tools/list")) as { tools: { name: string }[] };
+    assert.ok(listed.tools.some((t) => t.name === "main"));
+    const called = (await inspect(
+      "--method",
+      "tools/call",
+      "--tool-name",
+      "main",
+      "--tool-arg",
+      "prompt=from the inspector",
+    )) as {
+      content: { text: string }[];
+    };
+    assert.equal(called.content[0].text, "You said: from the inspector");
+  });
+
+  test("keys: none is 401 with the scheme; another tenant's session is not found", async () => {
+    const bare = await fetch(`http://${stack.addr.http}/mcp`, {
+      method: "POST",
+      headers: { "content-type": "application/json", accept: "application/json, text/event-stream" },
+      body: JSON.stringify({ jsonrpc: "2.0", id: 1, method: "tools/list" }),
+    });
+    assert.equal(bare.status, 401);
+    assert.match(bare.headers.get("www-authenticate") ?? "", /^Bearer/);
+    const owner = await mcpClient(stack.apiKey);
+    const mine = await owner.callTool({ name: "main", arguments: { prompt: "private words" } });
+    const session = (mine.structuredContent as { session: string }).session;
+    const stranger = await mcpClient(await stack.keyFor("acme", "eve"));
+    await assert.rejects(stranger.readResource({ uri: `troupe://sessions/${session}` }), /no resource/);
+    assert.ok(!(await stranger.listResources()).resources.some((r) => r.name === session));
+    // The same id names the stranger's own session, never the owner's.
+    const theirs = await stranger.callTool({ name: "main", arguments: { prompt: "let me in", session } });
+    assert.equal(theirs.isError, false, textOf(theirs));
+    const read = await stranger.readResource({ uri: `troupe://sessions/${session}` });
+    assert.doesNotMatch((read.contents[0] as { text: string }).text, /private words/);
+    // Nor does the stranger's key reach the owner's MCP session.
+    const hijack = await fetch(`http://${stack.addr.http}/mcp`, {
+      method: "POST",
+      headers: {
+        "content-type": "application/json",
+        accept: "application/json, text/event-stream",
+        authorization: `Bearer ${await stack.keyFor("acme", "eve")}`,
+        "mcp-session-id": (owner as unknown as { transport: { sessionId: string } }).transport.sessionId,
+        "mcp-protocol-version": "2025-06-18",
+      },
+      body: JSON.stringify({ jsonrpc: "2.0", id: 9, method: "resources/list" }),
+    });
+    assert.equal(hijack.status, 404);
+    await owner.close();
+    await stranger.close();
+  });
+});
+
+/** The conformance suite's command line, its exit status and what it printed. */
+async function conformance(args: string[]): Promise<{ ok: boolean; out: string }> {
+  const bin = require.resolve("@modelcontextprotocol/conformance/dist/index.js");
+  try {
+    const { stdout, stderr } = await promisify(execFile)(process.execPath, [bin, ...args], { timeout: 120_000 });
+    return { ok: true, out: stdout + stderr };
+  } catch (err) {
+    const e = err as { stdout?: string; stderr?: string };
+    return { ok: false, out: `${e.stdout ?? ""}${e.stderr ?? ""}` };
+  }
+}
+
+describe("the MCP conformance suite (@modelcontextprotocol/conformance)", () => {
+  test("/mcp passes the server scenarios that apply to it", async () => {
+    // The suite has no way to send a key: a host in front of /mcp adds it, as a host holding a
+    // Troupe key does; everything else (Host and Origin included) goes through as sent.
+    const key = stack.apiKey;
+    const [host, port] = stack.addr.http.split(":");
+    const front = createServer((req, res) => {
+      const upstream = request(
+        {
+          host,
+          port: Number(port),
+          method: req.method,
+          path: req.url,
+          headers: { ...req.headers, authorization: `Bearer ${key}` },
+        },
+        (answer) => {
+          res.writeHead(answer.statusCode ?? 502, answer.headers);
+          answer.pipe(res);
+        },
+      );
+      upstream.on("error", () => res.destroy());
+      req.pipe(upstream);
+    });
+    await new Promise<void>((r) => front.listen(0, "127.0.0.1", r));
+    const url = `http://127.0.0.1:${(front.address() as AddressInfo).port}/mcp`;
+    try {
+      // The rest are about features /mcp does not offer (prompts, completion, sampling,
+      // elicitation, subscriptions) or name tools of the suite's own reference server.
+      for (const scenario of [
+        "server-initialize",
+        "ping",
+        "tools-list",
+        "resources-list",
+        "dns-rebinding-protection",
+      ]) {
+        const run = await conformance(["server", "--url", url, "--scenario", scenario]);
+        assert.ok(run.ok, `${scenario}:\n${run.out}`);
+      }
+    } finally {
+      front.closeAllConnections();
+      front.close();
+    }
+  });
+
+  test("the runner's MCP client passes the client scenarios", async () => {
+    const client = `${process.execPath} ${path.resolve("dist/test/helpers/mcp-conformance-client.js")}`;
+    for (const scenario of ["initialize", "tools_call"]) {
+      const run = await conformance(["client", "--command", client, "--scenario", scenario]);
+      assert.ok(run.ok, `${scenario}:\n${run.out}`);
+    }
   });
 });

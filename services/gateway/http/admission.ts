@@ -39,7 +39,8 @@ export function admission(authenticate: Authenticator, isPublic: (req: NodeServe
         answer(
           res,
           401,
-          { "content-type": "application/json" },
+          // An MCP host (and any HTTP client) learns the scheme it must use.
+          { "content-type": "application/json", "www-authenticate": 'Bearer realm="troupe"' },
           JSON.stringify({ code: "unauthenticated", message: details }),
         );
       return false;

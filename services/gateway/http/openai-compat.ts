@@ -21,10 +21,9 @@
 // Every step is a gateway gRPC call with the caller's key (gateway/http/edge.ts), so keys, limits and
 // quotas are the gRPC API's.
 import { createHash, randomUUID } from "node:crypto";
-import { readdir } from "node:fs/promises";
 import { QueueMode, Role, StopReason, type AgentEvent } from "../../shared/gen/troupe/v1/session_pb.js";
 import { callIdFor, callOf, clientToolsOf, toolResultsOf } from "./openai-tools.js";
-import { DEFAULT_AGENT, isAgentId } from "../../shared/ids.js";
+import { listAgents } from "./agent-list.js";
 import type { GatewayClient } from "./edge.js";
 import type { NodeServerRequest, NodeServerResponse } from "./answer.js";
 import { forwardedMetadata } from "./metadata.js";
@@ -57,14 +56,13 @@ function decodedOr404(segment: string): string {
 }
 
 export function openAiCompat(gateway: GatewayClient, opts: { maxBodyBytes: number; agentsDir: string }) {
-  const listModels = async () => {
-    const agents = new Set([DEFAULT_AGENT]);
-    for (const e of await readdir(opts.agentsDir, { withFileTypes: true }).catch(() => []))
-      if (e.isDirectory() && isAgentId(e.name)) agents.add(e.name);
-    return [...agents]
-      .sort()
-      .map((a) => ({ id: `${MODEL_PREFIX}${a}`, object: "model", created: 0, owned_by: "troupe" }));
-  };
+  const listModels = async () =>
+    (await listAgents(opts.agentsDir)).map((a) => ({
+      id: `${MODEL_PREFIX}${a}`,
+      object: "model",
+      created: 0,
+      owned_by: "troupe",
+    }));
 
   /** What the request asks for. Its key was checked before its body was read (admission.ts). */
   const chatRequest = async (req: NodeServerRequest) => {

@@ -1,5 +1,6 @@
 // The gateway's HTTP address, put together: the Connect routes (gateway/http/edge.ts) in front of the
-// gateway's own gRPC server, and the OpenAI-compatible endpoint (openai-compat.ts) beside them.
+// gateway's own gRPC server, and beside them the OpenAI-compatible endpoint (openai-compat.ts) and
+// the MCP server (mcp-server.ts).
 import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -12,6 +13,10 @@ import { createClient, type RpcServer } from "../../shared/rpc.js";
 import { answer, type NodeServerRequest, type NodeServerResponse } from "./answer.js";
 import { type HttpEdge, startHttpEdge } from "./edge.js";
 import { openAiCompat } from "./openai-compat.js";
+import { mcpServer } from "./mcp-server.js";
+
+/** An HTTP address only this machine reaches. */
+const LOOPBACK_ADDR = /^(localhost|127(\.\d{1,3}){3}|\[::1\]):\d+$/;
 
 /**
  * The gateway's HTTP face for a gateway whose gRPC server is `server`: binds that server on a
@@ -30,6 +35,12 @@ export async function serveHttp(
   const gateway = createClient(GatewayService, `unix:${socket}`, { maxMessageBytes: cfg.maxMessageBytes });
   const admin = createClient(AdminService, `unix:${socket}`, { maxMessageBytes: cfg.maxMessageBytes });
   const openAi = openAiCompat(gateway, { maxBodyBytes: cfg.maxMessageBytes, agentsDir: cfg.agentsDir });
+  const mcp = mcpServer(gateway, {
+    maxBodyBytes: cfg.maxMessageBytes,
+    agentsDir: cfg.agentsDir,
+    loopback: LOOPBACK_ADDR.test(cfg.httpAddr),
+    cors: cfg.httpCors,
+  });
   const webConsole = consoleFiles(logger);
   const edge = await startHttpEdge({
     address: cfg.httpAddr,
@@ -41,7 +52,7 @@ export async function serveHttp(
     authenticate,
     isPublic: webConsole.has,
     connections: cfg.httpConnections,
-    fallback: async (req, res) => (await openAi(req, res)) || webConsole.serve(req, res),
+    fallback: async (req, res) => (await openAi(req, res)) || (await mcp(req, res)) || webConsole.serve(req, res),
     logger,
   });
   logger.info(`gateway HTTP on port ${edge.port}${cfg.tls ? " (TLS)" : ""}`, { cors: cfg.httpCors.join(",") });
