@@ -24,7 +24,7 @@ TROUPE := node dist/services/cli/main.js
 NODE_TEST := node --test --test-force-exit --require ./dist/test/helpers/whole-report.js
 UNIT_TIER := $(NODE_TEST) --test-timeout=60000 'dist/test/unit/*.test.js'
 
-.PHONY: build run test test-unit readme-settings lint kubectl images bench soak soak-long toolchain host postgres sandbox-image sandbox-image-if-missing sandbox-image-debian python-client openssl chromium jemalloc clean
+.PHONY: build run test test-unit readme-settings lint kubectl images bench soak soak-long toolchain host postgres sandbox-image sandbox-image-if-missing sandbox-image-debian sandbox-image-mcp sandbox-image-mcp-if-missing python-client openssl chromium jemalloc clean
 
 toolchain: $(TOOLCHAIN_NODE)
 .toolchain/node_modules/.bin/node:
@@ -118,6 +118,27 @@ sandbox-image-debian: host
 	  tar -C "$$ctx/root" -cf "$$ctx/rootfs.tar" .; cp sandbox/Dockerfile.debian "$$ctx/Dockerfile"; $(AGENT_BUILD); \
 	  docker build -q -t troupe-sandbox:debian "$$ctx" >/dev/null; echo "built troupe-sandbox:debian"
 
+# The MCP image (sandbox/Dockerfile.mcp): Debian's Node.js and Python from debootstrap, and the
+# MCP servers MCP_SERVERS names installed from npm into /opt/mcp, for stdio servers run in a
+# session's sandbox (docs/mcp.md). Its troupe.agent label also covers the server list, so a
+# changed list makes it again; make test builds it when missing (test/mcp.test.ts uses it).
+MCP_SANDBOX_IMAGE ?= troupe-sandbox:mcp
+MCP_SERVERS ?= @modelcontextprotocol/server-everything@2026.8.31 @modelcontextprotocol/server-filesystem@2026.8.31
+MCP_IMAGE_HASH = $(shell (cat sandbox/agent/*.[ch] sandbox/Dockerfile.mcp; echo $(MCP_SERVERS)) | sha256sum | cut -c1-16)
+sandbox-image-mcp: host
+	@command -v debootstrap >/dev/null || (apt-get update -qq && apt-get install -y -qq debootstrap >/dev/null)
+	@set -e; ctx=$$(mktemp -d); trap 'rm -rf "$$ctx"' EXIT; \
+	  debootstrap --variant=minbase --include=nodejs,python3 bookworm "$$ctx/root" >/dev/null; \
+	  tar -C "$$ctx/root" -cf "$$ctx/rootfs.tar" .; rm -rf "$$ctx/root"; \
+	  mkdir -p "$$ctx/mcp" && echo '{"private":true}' > "$$ctx/mcp/package.json"; \
+	  npm install --prefix "$$ctx/mcp" --omit=dev --no-audit --no-fund --no-package-lock $(MCP_SERVERS) >/dev/null; \
+	  cp sandbox/Dockerfile.mcp "$$ctx/Dockerfile"; $(AGENT_BUILD); \
+	  docker build -q --label troupe.agent=$(MCP_IMAGE_HASH) -t $(MCP_SANDBOX_IMAGE) "$$ctx" >/dev/null; echo "built $(MCP_SANDBOX_IMAGE)"
+
+sandbox-image-mcp-if-missing: host
+	@test "$$(docker image inspect -f '{{index .Config.Labels "troupe.agent"}}' $(MCP_SANDBOX_IMAGE) 2>/dev/null)" = "$(MCP_IMAGE_HASH)" \
+	  || $(MAKE) --no-print-directory sandbox-image-mcp
+
 # The Python example client (examples/python): Debian's grpcio and protoc, stubs made from proto/.
 # Debian's own python3, not whichever one comes first on PATH: the packages are installed for it.
 PYTHON := /usr/bin/python3
@@ -161,7 +182,7 @@ test-unit: build openssl
 # about 3 minutes, SOAK_SESSIONS=N and SOAK_KILLS=N change it; and the cluster soak on
 # PostgreSQL, CLUSTER_SESSIONS=N and CLUSTER_DISRUPTIONS=N). Then no sandbox container made
 # during the run may be left (test/leftovers.ts).
-test: build lint sandbox-image-if-missing python-client postgres openssl chromium jemalloc
+test: build lint sandbox-image-if-missing sandbox-image-mcp-if-missing python-client postgres openssl chromium jemalloc
 	$(UNIT_TIER)
 	since=$$(date +%s%3N); \
 	$(NODE_TEST) --test-concurrency=1 --test-timeout=600000 'dist/test/*.test.js' 'dist/test/soak/*.test.js'; \

@@ -17,10 +17,11 @@ import path from "node:path";
 import { Server as McpServer } from "@modelcontextprotocol/sdk/server/index.js";
 import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
 import { CallToolRequestSchema, ListToolsRequestSchema } from "@modelcontextprotocol/sdk/types.js";
+import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import { ChatSession } from "./helpers/session.js";
-import { startStack, waitFor, writeAgent, type Stack } from "./helpers/stack.js";
+import { MAIN, startStack, waitFor, writeAgent, type Stack } from "./helpers/stack.js";
 import { of } from "./helpers/turn-stack.js";
 
 const require = createRequire(import.meta.url);
@@ -33,6 +34,8 @@ let stack: Stack;
 let dataDir = "";
 /** The answer the bad server's `die` call is being given: destroyed mid-call. */
 let dying: ServerResponse | undefined;
+/** The bad server's `grow` was called: it lists one more tool, and said so. */
+let grown = false;
 
 async function freePort(): Promise<number> {
   const s = createServer();
@@ -44,7 +47,7 @@ async function freePort(): Promise<number> {
 
 /** A server that does everything wrong, on the SDK's low-level server (one per request, stateless). */
 function badServer(): McpServer {
-  const server = new McpServer({ name: "bad", version: "1.0.0" }, { capabilities: { tools: {} } });
+  const server = new McpServer({ name: "bad", version: "1.0.0" }, { capabilities: { tools: { listChanged: true } } });
   server.setRequestHandler(ListToolsRequestSchema, async () => ({
     tools: [
       { name: "hang", inputSchema: { type: "object" } },
@@ -60,6 +63,8 @@ function badServer(): McpServer {
         outputSchema: { type: "object", properties: { n: { type: "integer" } }, required: ["n"] },
       },
       { name: "has.dot", inputSchema: { type: "object" } },
+      { name: "grow", inputSchema: { type: "object" } },
+      ...(grown ? [{ name: "grown", inputSchema: { type: "object" } }] : []),
     ],
   }));
   server.setRequestHandler(CallToolRequestSchema, async (req, extra) => {
@@ -78,6 +83,11 @@ function badServer(): McpServer {
           params: { progressToken: token, progress: i },
         });
       return { content: [{ type: "text", text: "flooded" }] };
+    }
+    if (name === "grow") {
+      grown = true;
+      await extra.sendNotification({ method: "notifications/tools/list_changed" });
+      return { content: [{ type: "text", text: "grew" }] };
     }
     if (name === "wrong-output") return { content: [{ type: "text", text: "{}" }], structuredContent: { n: "many" } };
     return { content: [{ type: "text", text: `ok ${JSON.stringify(req.params.arguments)}` }] };
@@ -116,6 +126,15 @@ before(async () => {
     mcpTenants: { acme: { bad: null } },
     approvals: { tools: { "everything__*": "allow", bad__ok: "allow", "bad__*": "allow" } },
   });
+  // Reference servers over stdio, run in the session's sandbox (the MCP image has them).
+  await writeAgent(dataDir, "stdio", {
+    mcpServers: {
+      everything: { command: "mcp-server-everything", args: ["stdio"] },
+      files: { command: "mcp-server-filesystem", args: ["/workspace"] },
+      missing: { command: "no-such-mcp-server" },
+    },
+    approvals: { tools: { "*": "allow" } },
+  });
   // No rule names its tools: they ask.
   await writeAgent(dataDir, "asks", { mcpServers: { everything: { url: url(everythingPort) } } });
   // The loopback address the policy does not allow, and a redirect there.
@@ -127,6 +146,8 @@ before(async () => {
     dataDir,
     env: {
       TROUPE_SANDBOX_POOL: "0",
+      // Debian's Node.js with the reference servers (make sandbox-image-mcp).
+      TROUPE_SANDBOX_IMAGE: "troupe-sandbox:mcp",
       TROUPE_NET_ALLOW: `${HOST}/32`,
       TROUPE_NET_PORTS: `80,443,${everythingPort},${badPort}`,
       TROUPE_MEMORY_LEARN: "0",
@@ -174,10 +195,110 @@ describe("MCP servers as an agent's tools", () => {
       updates.some((u) => u.includes("[progress 3/3]")),
       JSON.stringify(updates),
     );
+    // An abort mid-call cancels it at the server (notifications/cancelled) and ends the run.
+    const from = s.events.length;
+    s.prompt('!call everything__trigger-long-running-operation {"duration": 30, "steps": 30}');
+    await s.waitFor((e) => e.payload.case === "toolExecutionUpdate", 15_000, from);
+    const abortedAt = Date.now();
+    s.send({ case: "abort", value: { reason: "enough" } });
+    const ended = await s.waitFor((e) => e.payload.case === "toolExecutionEnd", 10_000, from);
+    assert.equal(ended.payload.case === "toolExecutionEnd" && ended.payload.value.isError, true);
+    assert.ok(Date.now() - abortedAt < 5000, "the call ended at the abort, not at the operation's end");
+    await s.waitFor((e) => e.payload.case === "agentEnd", 10_000, from);
     // Arguments off the server's schema never reach it.
     const wrong = await call(s, 'everything__get-sum {"a": "two", "b": 40}');
     assert.equal(wrong.end.isError, true);
     assert.match(wrong.end.result, /do not match its schema/);
+    s.close();
+  });
+
+  test("stdio servers run in the session's sandbox: server-everything and server-filesystem", async () => {
+    const s = await open("stdio");
+    const first = await s.turn('!call everything__echo {"message": "from the sandbox"}', 60_000);
+    assert.equal(
+      of(first, "toolExecutionEnd")[0]?.result,
+      "Echo: from the sandbox",
+      JSON.stringify(of(first, "error")),
+    );
+    // A server that cannot start costs its own tools, said once per run, and nothing else.
+    const said = of(first, "error").map((e) => e.message);
+    assert.ok(
+      said.some((m) => /MCP server missing offers no tools.*no-such-mcp-server/.test(m)),
+      JSON.stringify(said),
+    );
+    // The server's environment is the sandbox's: no runner variable reached it.
+    const env = await call(s, "everything__get-env {}");
+    assert.match(env.end.result, /"PATH"/);
+    assert.doesNotMatch(env.end.result, /TROUPE_/);
+    // The filesystem server writes the workspace the agent's own tools see.
+    assert.equal((await call(s, 'files__create_directory {"path": "/workspace/notes"}')).end.isError, false);
+    const wrote = await call(s, 'files__write_file {"path": "/workspace/notes/plan.txt", "content": "step one"}');
+    assert.equal(wrote.end.isError, false, wrote.end.result);
+    assert.match((await call(s, 'exec {"command": "cat /workspace/notes/plan.txt"}')).end.result, /step one/);
+    const listed = await call(s, 'files__list_directory {"path": "/workspace/notes"}');
+    assert.match(listed.end.result, /\[FILE\] plan\.txt/);
+    // Outside its allowed directory, the server itself refuses.
+    const outside = await call(s, 'files__read_text_file {"path": "/etc/passwd"}');
+    assert.equal(outside.end.isError, true);
+    // A server killed in the sandbox is started again on a later call (only a node process is
+    // looked at: the shell's own command line names the server too).
+    const killed = await call(
+      s,
+      'exec {"command": "for p in /proc/[0-9]*; do case $(head -c 4 $p/cmdline 2>/dev/null) in node) grep -qa server-everything $p/cmdline && kill $(basename $p) && echo KILLED;; esac; done; true"}',
+    );
+    assert.match(killed.end.result, /KILLED/);
+    await waitFor(
+      "server-everything started again",
+      async () => /Echo: again/.test((await call(s, 'everything__echo {"message": "again"}', 60_000)).end.result),
+      30_000,
+    );
+    s.close();
+    await stack.gateway.deleteSession({ sessionId: s.opened!.sessionId });
+  });
+
+  test("troupe mcp ls: each server, its state and its tools; a session's own connections", async () => {
+    const mcpLs = async (...args: string[]) => {
+      try {
+        const { stdout } = await promisify(execFile)(
+          process.execPath,
+          [MAIN, "mcp", "ls", "--data-dir", stack.dataDir, "--gateway", stack.addr.gateway, ...args],
+          { encoding: "utf8", timeout: 120_000 },
+        );
+        return { code: 0, stdout };
+      } catch (err) {
+        return { code: (err as { code: number }).code, stdout: (err as { stdout: string }).stdout };
+      }
+    };
+    // The stdio servers are connected for the asking, in a sandbox made for it and removed after.
+    const probe = await mcpLs("--agent", "stdio");
+    assert.equal(probe.code, 1, "a server that cannot start makes it exit 1");
+    assert.match(probe.stdout, /^everything +stdio +ready +1\d /m);
+    assert.match(probe.stdout, /^files +stdio +ready +1\d /m);
+    assert.match(probe.stdout, /^missing +stdio +failed +0 +cannot connect: .*no-such-mcp-server/m);
+    assert.match(probe.stdout, /^ {2}files__read_text_file$/m);
+    await waitFor(
+      "the probe's sandbox removed",
+      async () =>
+        !(await stack.client(SandboxService, stack.addr.sandbox).listSandboxes({})).sandboxes.some((s) =>
+          s.scopeKey.includes("mcp-probe-"),
+        ),
+    );
+    // The bad server's unusable tools are listed, and said why.
+    const http = await mcpLs("--agent", "tools", "--json");
+    const bad = http.stdout
+      .trim()
+      .split("\n")
+      .map((l) => JSON.parse(l) as { name: string; tools: { name: string; refused?: string }[] })
+      .find((s) => s.name === "bad");
+    assert.match(bad?.tools.find((t) => t.name === "bad__broken-schema")?.refused ?? "", /not a schema/);
+    assert.equal(http.code, 0, http.stdout);
+    // A session's own connections, as its runs use them.
+    const s = await open("tools");
+    await call(s, 'everything__echo {"message": "hi"}');
+    const own = await mcpLs("--session", s.opened!.sessionId);
+    assert.match(own.stdout, /^everything +http +ready /m);
+    const foreign = await mcpLs("--session", "nobody-has-this-one");
+    assert.equal(foreign.code, 1);
     s.close();
   });
 
@@ -214,6 +335,9 @@ describe("MCP servers as an agent's tools", () => {
       const r = await call(s, `${refused} {}`);
       assert.match(r.end.result, /not found/, refused);
     }
+    // A tool the server adds, saying so (notifications/tools/list_changed), is offered next run.
+    assert.equal((await call(s, "bad__grow {}")).end.result, "grew");
+    await waitFor("bad__grown offered", async () => /^ok/.test((await call(s, "bad__grown {}")).end.result));
     // And the session goes on, the server's good tool working.
     const ok = await call(s, 'bad__ok {"n": 7}');
     assert.equal(ok.end.result, 'ok {"n":7}');

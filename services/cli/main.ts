@@ -38,6 +38,8 @@ client:
   sessions decide ID CALL approve | reject [--message M] | edit --args JSON [--principal P]
                         decide on a tool call a session holds for approval (--principal: an
                         approver key deciding in another principal's session)
+  mcp ls --agent NAME [--session ID]
+                        the agent's MCP servers, their state and tools (exit 1 if one fails)
   schedules ls SESSION | rm SESSION ID
   schedules add SESSION (--cron EXPR [--tz ZONE] | --every SECONDS) [--id ID] TEXT
                         a session's scheduled turns (cron in an IANA time zone, or a heartbeat)
@@ -98,6 +100,7 @@ const SUBCOMMANDS: Record<string, string[]> = {
   sandbox: ["ls", "exec", "rm"],
   store: ["migrate", "status"],
   sessions: ["ls", "show", "decide", "rm"],
+  mcp: ["ls"],
   schedules: ["ls", "add", "rm"],
   adapter: Object.keys(CHANNEL_ADAPTERS),
   pairing: ["ls", "approve", "reject", "revoke"],
@@ -115,6 +118,7 @@ const COMMANDS = [
   "adapter",
   "pairing",
   "sessions",
+  "mcp",
   "schedules",
   "keys",
   "status",
@@ -223,6 +227,12 @@ async function main(argv: string[]): Promise<void> {
       return void (process.exitCode = unknown(`${command} subcommand`, sub ?? "", SUBCOMMANDS[command]));
     const cli = await import("./sessions.js");
     process.exitCode = await (command === "sessions" ? cli.sessionsCommand(args) : cli.schedulesCommand(args));
+    return;
+  }
+  if (command === "mcp") {
+    if (!SUBCOMMANDS.mcp.includes(sub ?? ""))
+      return void (process.exitCode = unknown("mcp subcommand", sub ?? "", SUBCOMMANDS.mcp));
+    process.exitCode = await (await import("./mcp.js")).mcpCommand(args);
     return;
   }
   if (command === "adapter") {

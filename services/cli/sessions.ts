@@ -20,13 +20,13 @@ import { CLIENT_FLAGS, gatewayClient, listAllSessions, type GatewayClient } from
 import { printTable } from "./table.js";
 
 const when = (t?: Timestamp) => (t ? new Date(timestampMs(t)).toISOString().replace(/\.\d+Z$/, "Z") : "-");
-const jsonLine = <D extends DescMessage>(schema: D, m: MessageShape<D>) =>
+export const jsonLine = <D extends DescMessage>(schema: D, m: MessageShape<D>) =>
   process.stdout.write(`${JSON.stringify(toJson(schema, m))}\n`);
 
-class UsageError extends Error {}
+export class UsageError extends Error {}
 
 /** Runs `work` with a gateway client; a failed call is reported as the status says, exit 1. */
-async function withGateway(
+export async function withGateway(
   args: string[],
   extra: Parameters<typeof loadConfig>[2],
   work: (gw: GatewayClient, rest: string[], flags: Record<string, unknown>) => Promise<number>,

@@ -2,6 +2,7 @@
 // session which runner owns it (and caches the answer), then connects the client's stream straight
 // to that runner. Events flow runner -> gateway -> client with backpressure honoured at each step;
 // the router is never on that path.
+import { randomUUID } from "node:crypto";
 import { create } from "@bufbuild/protobuf";
 import {
   apiKeyAuth,
@@ -12,6 +13,7 @@ import {
   onBehalfOf,
 } from "../shared/auth/auth.js";
 import { NAME } from "../shared/auth/api-keys.js";
+import { isAgentId } from "../shared/ids.js";
 import type { Config } from "../shared/config/config-types.js";
 import { invalidArgument, permissionDenied, toStatus } from "../shared/errors.js";
 import {
@@ -370,6 +372,20 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       hints: inboxHints,
       logger,
     }),
+
+    async listMcpServers(req, call) {
+      if (!isAgentId(req.agentId) && req.sessionId === "") throw invalidArgument("agent_id must name an agent");
+      // Without a session, the servers are connected for the asking, in a sandbox session made
+      // for it (and removed after); it is placed like any session of the caller's.
+      const probeId = req.sessionId === "" ? `mcp-probe-${randomUUID()}` : "";
+      const res = await withRunner(call, req.sessionId || probeId, (runner) =>
+        runner.describeMcpServers(
+          { agentId: req.agentId, sessionId: req.sessionId, probeId },
+          { metadata: onBehalfOf(call), timeoutMs: 90_000 },
+        ),
+      );
+      return { servers: res.servers };
+    },
 
     async listSessions(req, call) {
       const caller = onBehalfOf(call);

@@ -104,6 +104,12 @@ export function toolOffered(agent: AgentConfig, name: string): boolean {
   return true;
 }
 
+/** The sandbox's way out for the agent's commands (an Exec's grant); undefined: no network. */
+export function egressGrant(agent: AgentConfig): { allowHosts: string[]; budgetBytes: bigint } | undefined {
+  const { allowHosts, budgetMb } = agent.egress;
+  return allowHosts.length > 0 ? { allowHosts, budgetBytes: BigInt(budgetMb) << 20n } : undefined;
+}
+
 /**
  * The model a session's run starts with: the session's choice while its agent still allows it
  * (its model, a fallback, or one of `models`), else the agent's own. `refused` says why a choice

@@ -37,7 +37,8 @@ import type { SessionActor } from "./session/session-actor.js";
 import { RUNNER_STORES } from "./store/registry.js";
 import { storeKind } from "../shared/store-kind.js";
 import { SessionRegistry } from "./session/session-registry.js";
-import { AgentConfigs, sessionModel } from "./agent-config.js";
+import { AgentConfigs, egressGrant, sessionModel } from "./agent-config.js";
+import { serversFor } from "./tools/mcp/mcp-config.js";
 import { ContextSources } from "./loop/context.js";
 import { Hooks, loadPlugins } from "./loop/hooks.js";
 import { InboundSafety } from "./loop/safety.js";
@@ -228,6 +229,28 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
       logger,
       cfg.maxMessageBytes,
     ),
+
+    async describeMcpServers(req, call) {
+      const who = identityOf(call.metadata);
+      // A session's own connections (its agent's servers), or a probe's, removed after.
+      const actor = req.sessionId ? await requireActor(req.sessionId, call) : undefined;
+      const agentId = actor?.agentId ?? req.agentId;
+      if (!actor && !req.probeId.startsWith("mcp-probe-")) throw invalidArgument("a probe needs a probe_id");
+      const { config } = await agents.get(agentId);
+      const sessionId = actor?.sessionId ?? req.probeId;
+      const owner = actor?.owner ?? who;
+      const statuses = await mcp.status(
+        { sessionId, agentId, owner, egress: async () => egressGrant(config) },
+        serversFor(config, owner.tenant),
+      );
+      if (!actor) {
+        await mcp.closeSession(sessionId);
+        await sandbox
+          .releaseSandbox({ sessionId, agentId }, { metadata: identityMetadata(owner), timeoutMs: 10_000 })
+          .catch(() => undefined);
+      }
+      return { servers: statuses };
+    },
 
     async ensureSession(req, call) {
       if (!req.open) throw invalidArgument("open is required");

@@ -12,7 +12,7 @@ const url = new URL(process.argv[process.argv.length - 1]);
 if (url.hostname === "localhost") url.hostname = "127.0.0.1";
 const net = { ports: [Number(url.port)], allow: ["127.0.0.1/32"], maxRedirects: 5 };
 const fetch = guardedFetch(net, { maxBytes: 10 << 20, headersTimeoutMs: 10_000 });
-const connection = new McpConnection("conformance", () => new StreamableHTTPClientTransport(url, { fetch }), {
+const connection = new McpConnection("conformance", async () => new StreamableHTTPClientTransport(url, { fetch }), {
   scrub: (t) => t,
 });
 const ctx = {

@@ -9,7 +9,7 @@ import type { Logger } from "../../shared/process/log.js";
 import type { NetPolicy } from "../../shared/net/net-guard.js";
 import type { TenantQuotas } from "../../shared/auth/quotas.js";
 import type { ServiceClient } from "../../shared/rpc.js";
-import { toolOffered, type AgentConfig, type AgentConfigs } from "../agent-config.js";
+import { egressGrant, toolOffered, type AgentConfig, type AgentConfigs } from "../agent-config.js";
 import type { AuditSink } from "../store/audit-log.js";
 import { buildSystemPrompt, type ContextSources } from "./context.js";
 import type { Sender } from "./prompt-input.js";
@@ -150,10 +150,7 @@ export function runDepsFor(parts: RunnerParts): (actor: SessionActor, first: rea
   return (actor: SessionActor, first: readonly QueuedMessage[]): RunDeps => {
     const { agentId, owner, subagent, sessionId } = actor;
     const agentConfig = async () => (await agents.get(agentId)).config;
-    const egress = async () => {
-      const { allowHosts, budgetMb } = (await agentConfig()).egress;
-      return allowHosts.length > 0 ? { allowHosts, budgetBytes: BigInt(budgetMb) << 20n } : undefined;
-    };
+    const egress = async () => egressGrant(await agentConfig());
     const starter = first[0];
     const sender = starter?.speaker?.id || speakerOf(owner);
     const triggerOrigin = (trigger: string) => originOf(parts.schedules.book, actor.ref, trigger);
@@ -215,7 +212,7 @@ export function runDepsFor(parts: RunnerParts): (actor: SessionActor, first: rea
       async externalTools(agent) {
         const servers = serversFor(agent, owner.tenant);
         if (Object.keys(servers).length === 0) return { tools: [], warnings: [] };
-        const found = await parts.mcp.toolsFor({ sessionId, agentId, owner }, servers);
+        const found = await parts.mcp.toolsFor({ sessionId, agentId, owner, egress }, servers);
         mcpTools = found.tools;
         return found;
       },

@@ -51,7 +51,7 @@ export class McpConnection {
 
   constructor(
     readonly server: string,
-    private readonly open: () => Transport,
+    private readonly open: () => Promise<Transport>,
     private readonly opts: { callTimeoutMs?: number; scrub: (text: string) => string; now?: () => number },
   ) {}
 
@@ -96,8 +96,10 @@ export class McpConnection {
       this.client = undefined;
       if (this.state === "ready") this.fail("the connection ended");
     };
+    let transport: Transport | undefined;
     try {
-      await client.connect(this.open(), { timeout: CONNECT_TIMEOUT_MS });
+      transport = await this.open();
+      await client.connect(transport, { timeout: CONNECT_TIMEOUT_MS });
       const listed = await client.listTools(undefined, { timeout: CONNECT_TIMEOUT_MS });
       this.client = client;
       this.tools = this.entries(listed.tools);
@@ -106,7 +108,10 @@ export class McpConnection {
       this.error = "";
     } catch (err) {
       await client.close().catch(() => undefined);
-      this.fail(`cannot connect: ${this.opts.scrub((err as Error).message)}`);
+      // A process that ended at once usually said why on stderr (a stdio server in the sandbox).
+      const said = (transport as { lastStderr?: string } | undefined)?.lastStderr;
+      const why = `${(err as Error).message}${said ? ` (its stderr: ${said.slice(-500)})` : ""}`;
+      this.fail(`cannot connect: ${this.opts.scrub(why)}`);
       throw new Error(this.error);
     }
   }

@@ -10,10 +10,10 @@ import type { Identity } from "../../../shared/auth/auth.js";
 import { guardedFetch } from "../../../shared/net/guarded-fetch.js";
 import type { NetPolicy } from "../../../shared/net/net-guard.js";
 import type { ServiceClient } from "../../../shared/rpc.js";
-import type { Tool } from "../tools.js";
+import type { EgressOf, Tool } from "../tools.js";
 import type { Secrets } from "../web-tools.js";
 import { fillSecrets, type McpServers, type McpServerSpec, secretsNamed } from "./mcp-config.js";
-import { McpConnection, type McpToolEntry } from "./mcp-connection.js";
+import { McpConnection } from "./mcp-connection.js";
 import { SandboxStdioTransport, shellLine } from "./sandbox-stdio.js";
 
 const IDLE_MS = 10 * 60_000;
@@ -24,15 +24,17 @@ export interface McpSession {
   sessionId: string;
   agentId: string;
   owner: Identity;
+  /** The agent's egress grant, which a stdio server's process gets as every command does. */
+  egress: EgressOf;
 }
 
-/** One server of a session, as `troupe mcp ls` shows it. */
+/** One server of a session, as `troupe mcp ls` shows it (the McpServerStatus message). */
 export interface McpServerStatus {
-  server: string;
-  kind: "http" | "stdio";
+  name: string;
+  transport: "http" | "stdio";
   state: string;
   error: string;
-  tools: McpToolEntry[];
+  tools: { name: string; description: string; refused: string }[];
 }
 
 interface Held {
@@ -81,11 +83,11 @@ export class McpHub {
     const held = await this.held(session, servers);
     await Promise.all([...held.values()].map(({ connection }) => connection.ready().catch(() => undefined)));
     return [...held.entries()].map(([server, { connection }]) => ({
-      server,
-      kind: servers[server].url !== undefined ? "http" : "stdio",
+      name: server,
+      transport: servers[server].url !== undefined ? "http" : "stdio",
       state: connection.state,
       error: connection.error,
-      tools: connection.tools,
+      tools: connection.tools.map((t) => ({ name: t.name, description: t.description, refused: t.refused ?? "" })),
     }));
   }
 
@@ -127,7 +129,7 @@ export class McpHub {
       const named = secretsNamed(spec, secrets);
       const scrub = (text: string) =>
         named.reduce((t, [n, v]) => (v.length >= 4 ? t.split(v).join(`[secret ${n}]`) : t), text);
-      const connection = new McpConnection(server, () => this.transport(session, server, spec, secrets), {
+      const connection = new McpConnection(server, async () => this.transport(session, server, spec, secrets), {
         callTimeoutMs: spec.timeoutSeconds !== undefined ? spec.timeoutSeconds * 1000 : undefined,
         scrub,
       });
@@ -136,12 +138,12 @@ export class McpHub {
     return mine;
   }
 
-  private transport(
+  private async transport(
     session: McpSession,
     server: string,
     spec: McpServerSpec,
     secrets: Record<string, string>,
-  ): Transport {
+  ): Promise<Transport> {
     if (spec.url !== undefined) {
       const origin = new URL(spec.url).origin;
       const headers = Object.fromEntries(
@@ -172,6 +174,7 @@ export class McpHub {
       sessionId: session.sessionId,
       agentId: session.agentId,
       commandLine: shellLine(spec.command ?? "", spec.args ?? [], env),
+      egress: await session.egress(),
     });
   }
 }

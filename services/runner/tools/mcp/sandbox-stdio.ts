@@ -28,6 +28,8 @@ export interface SandboxProcess {
   agentId: string;
   /** The whole command line, quoted for /bin/sh. */
   commandLine: string;
+  /** The agent's way out, as every command of the sandbox gets it (each Exec's grant replaces the last). */
+  egress?: { allowHosts: string[]; budgetBytes: bigint };
 }
 
 export class SandboxStdioTransport implements Transport {
@@ -40,6 +42,11 @@ export class SandboxStdioTransport implements Transport {
   private received = 0;
   private stderr = "";
   private closed = false;
+  private exit = "";
+  private markEnded!: () => void;
+  private readonly ended = new Promise<void>((resolve) => {
+    this.markEnded = resolve;
+  });
 
   constructor(private readonly proc: SandboxProcess) {}
 
@@ -49,9 +56,17 @@ export class SandboxStdioTransport implements Transport {
   }
 
   start(): Promise<void> {
-    const { sandbox, owner, sessionId, agentId, commandLine } = this.proc;
+    const { sandbox, owner, sessionId, agentId, commandLine, egress } = this.proc;
     const call = sandbox.exec(
-      { sessionId, agentId, command: commandLine, timeoutMs: LIFETIME_MS, openStdin: true, maxOutputBytes: OUTPUT_CAP },
+      {
+        sessionId,
+        agentId,
+        command: commandLine,
+        timeoutMs: LIFETIME_MS,
+        openStdin: true,
+        maxOutputBytes: OUTPUT_CAP,
+        egress,
+      },
       { signal: this.cancel.signal, metadata: identityMetadata(owner) },
     );
     this.execId = new Promise<string>((resolve, reject) => {
@@ -64,11 +79,8 @@ export class SandboxStdioTransport implements Transport {
             else if (kind.case === "stderr") this.stderr = (this.stderr + Buffer.from(kind.value)).slice(-STDERR_KEPT);
             else if (kind.case === "exit" && !this.closed) {
               const e = kind.value;
-              this.onerror?.(
-                new Error(
-                  `the server's process ended (exit ${e.exitCode}${e.timedOut ? ", at the sandbox's time limit" : ""})`,
-                ),
-              );
+              this.exit = `exit ${e.exitCode}${e.timedOut ? ", at the sandbox's time limit" : ""}`;
+              this.onerror?.(new Error(`the server's process ended (${this.exit})`));
             }
           }
           reject(new Error("the sandbox ended the server before it started"));
@@ -90,10 +102,17 @@ export class SandboxStdioTransport implements Transport {
   async send(message: JSONRPCMessage): Promise<void> {
     if (this.closed || !this.execId) throw new Error("the server's process is not running");
     const { sandbox, owner, sessionId, agentId } = this.proc;
-    await sandbox.writeStdin(
-      { sessionId, agentId, execId: await this.execId, data: Buffer.from(serializeMessage(message)) },
-      { metadata: identityMetadata(owner), timeoutMs: 10_000 },
-    );
+    try {
+      await sandbox.writeStdin(
+        { sessionId, agentId, execId: await this.execId, data: Buffer.from(serializeMessage(message)) },
+        { metadata: identityMetadata(owner), timeoutMs: 10_000 },
+      );
+    } catch (err) {
+      // The process is gone (it ended at once, say): its end, and what it said, are the reason.
+      await Promise.race([this.ended, new Promise((r) => setTimeout(r, 2000))]);
+      if (this.exit) throw new Error(`the server's process ended (${this.exit})`);
+      throw err;
+    }
   }
 
   async close(): Promise<void> {
@@ -131,6 +150,7 @@ export class SandboxStdioTransport implements Transport {
   private finish(): void {
     if (this.closed) return;
     this.closed = true;
+    this.markEnded();
     this.buffer.clear();
     this.onclose?.();
   }
