@@ -10,7 +10,7 @@ import { request } from "node:http";
 import { promisify } from "node:util";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { createRequire } from "node:module";
 import os from "node:os";
 import path from "node:path";
@@ -46,7 +46,7 @@ async function freePort(): Promise<number> {
 }
 
 /** A server that does everything wrong, on the SDK's low-level server (one per request, stateless). */
-function badServer(): McpServer {
+function badServer(authorization = ""): McpServer {
   const server = new McpServer({ name: "bad", version: "1.0.0" }, { capabilities: { tools: { listChanged: true } } });
   server.setRequestHandler(ListToolsRequestSchema, async () => ({
     tools: [
@@ -64,6 +64,7 @@ function badServer(): McpServer {
       },
       { name: "has.dot", inputSchema: { type: "object" } },
       { name: "grow", inputSchema: { type: "object" } },
+      { name: "whoami", inputSchema: { type: "object" } },
       ...(grown ? [{ name: "grown", inputSchema: { type: "object" } }] : []),
     ],
   }));
@@ -84,6 +85,7 @@ function badServer(): McpServer {
         });
       return { content: [{ type: "text", text: "flooded" }] };
     }
+    if (name === "whoami") return { content: [{ type: "text", text: `you sent ${authorization}` }] };
     if (name === "grow") {
       grown = true;
       await extra.sendNotification({ method: "notifications/tools/list_changed" });
@@ -95,13 +97,23 @@ function badServer(): McpServer {
   return server;
 }
 
+/** The Authorization headers the bad server was sent, by path. */
+const seenAuthorization: string[] = [];
+const BAD_TOKEN = "bad-server-token-7f3a91";
+
 async function serveBad(req: IncomingMessage, res: ServerResponse): Promise<void> {
+  seenAuthorization.push(`${req.url} ${req.headers.authorization ?? "-"}`);
+  // A redirect to this machine's loopback (which the runner's policy does not allow).
+  if (req.url === "/redirect") {
+    req.resume();
+    return void res.writeHead(307, { location: `http://127.0.0.1:${badPort}/mcp` }).end();
+  }
   const chunks: Buffer[] = [];
   for await (const c of req) chunks.push(c as Buffer);
   const body = chunks.length > 0 ? JSON.parse(Buffer.concat(chunks).toString()) : undefined;
   if (JSON.stringify(body ?? "").includes('"die"')) dying = res;
   const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined });
-  await badServer().connect(transport);
+  await badServer(String(req.headers.authorization ?? "")).connect(transport);
   await transport.handleRequest(req, res, body);
 }
 
@@ -122,7 +134,10 @@ before(async () => {
   dataDir = await mkdtemp(path.join(os.tmpdir(), "troupe-mcp-"));
   const url = (port: number) => `http://${HOST}:${port}/mcp`;
   await writeAgent(dataDir, "tools", {
-    mcpServers: { everything: { url: url(everythingPort) }, bad: { url: url(badPort), timeoutSeconds: 3 } },
+    mcpServers: {
+      everything: { url: url(everythingPort) },
+      bad: { url: url(badPort), timeoutSeconds: 3, headers: { authorization: "Bearer {{secret:BAD_TOKEN}}" } },
+    },
     mcpTenants: { acme: { bad: null } },
     approvals: { tools: { "everything__*": "allow", bad__ok: "allow", "bad__*": "allow" } },
   });
@@ -139,9 +154,13 @@ before(async () => {
   await writeAgent(dataDir, "asks", { mcpServers: { everything: { url: url(everythingPort) } } });
   // The loopback address the policy does not allow, and a redirect there.
   await writeAgent(dataDir, "private", {
-    mcpServers: { local: { url: `http://127.0.0.1:${everythingPort}/mcp` } },
+    mcpServers: {
+      local: { url: `http://127.0.0.1:${everythingPort}/mcp` },
+      hop: { url: `http://${HOST}:${badPort}/redirect`, headers: { authorization: "Bearer {{secret:BAD_TOKEN}}" } },
+    },
     approvals: { tools: { "*": "allow" } },
   });
+  await writeFile(path.join(dataDir, "secrets.json"), JSON.stringify({ BAD_TOKEN }));
   stack = await startStack({
     dataDir,
     env: {
@@ -338,6 +357,10 @@ describe("MCP servers as an agent's tools", () => {
     // A tool the server adds, saying so (notifications/tools/list_changed), is offered next run.
     assert.equal((await call(s, "bad__grow {}")).end.result, "grew");
     await waitFor("bad__grown offered", async () => /^ok/.test((await call(s, "bad__grown {}")).end.result));
+    // The credential comes from the secrets file; the model never sees it, even echoed back.
+    const whoami = await call(s, "bad__whoami {}");
+    assert.equal(whoami.end.result, "you sent Bearer [secret BAD_TOKEN]");
+    assert.ok(seenAuthorization.some((a) => a === `/mcp Bearer ${BAD_TOKEN}`));
     // And the session goes on, the server's good tool working.
     const ok = await call(s, 'bad__ok {"n": 7}');
     assert.equal(ok.end.result, 'ok {"n":7}');
@@ -353,6 +376,11 @@ describe("MCP servers as an agent's tools", () => {
       JSON.stringify(errors),
     );
     assert.match(of(events, "toolExecutionEnd")[0].result, /not found/);
+    // A redirect to a private address is refused too: nothing is sent there.
+    assert.ok(
+      errors.some((m) => /MCP server hop offers no tools.*127\.0\.0\.1 is not a public address/.test(m)),
+      JSON.stringify(errors),
+    );
     s.close();
     // Tenant acme's sessions of the same agent have no `bad` server (mcpTenants removes it).
     const acme = await open("tools", await stack.gatewayAs("acme", "ann"));
