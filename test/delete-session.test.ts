@@ -9,6 +9,7 @@ import path from "node:path";
 import { sessionLogPath } from "../services/runner/store/jsonl-session-store.js";
 import { refOf } from "../services/shared/session-ref.js";
 import { Status } from "../services/shared/errors.js";
+import { CONVERSATION_SESSION_PREFIX } from "../services/shared/ids.js";
 import { MemoryService } from "../services/shared/gen/troupe/v1/memory_pb.js";
 import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
 import { DEV_IDENTITY } from "../services/shared/auth/auth.js";
@@ -224,13 +225,22 @@ describe("DeleteSession", () => {
     await converseWith("brief", "brief-old", "hello");
     await converseWith("brief", "brief-new", "hello");
     await converseWith("main", "main-old", "hello");
+    // A session the OpenAI endpoint made from one request's messages goes after an idle hour.
+    const conversation = `${CONVERSATION_SESSION_PREFIX}retention-test`;
+    await converseWith("main", conversation, "hello");
+    const hoursAgo = new Date(Date.now() - 2 * 3_600_000);
+    await utimes(sessionLogPath(dataDir, refOf(DEV_IDENTITY, conversation)), hoursAgo, hoursAgo);
     // Two days without activity, as the store sees it (the log's modification time).
     const twoDaysAgo = new Date(Date.now() - 2 * 86_400_000);
     for (const id of ["brief-old", "main-old"])
       await utimes(sessionLogPath(dataDir, refOf(DEV_IDENTITY, id)), twoDaysAgo, twoDaysAgo);
     // Listing reads the store without loading (loading would count as activity).
     const listed = async () => (await stack.gateway.listSessions({})).sessions.map((x) => x.sessionId);
-    await waitFor("the sweep", async () => !(await listed()).includes("brief-old"), 10_000);
+    await waitFor(
+      "the sweep",
+      async () => !(await listed()).includes("brief-old") && !(await listed()).includes(conversation),
+      10_000,
+    );
     assert.equal(await codeOf(stack.gateway.getHistory({ sessionId: "brief-old" })), Status.NOT_FOUND);
     assert.equal((await stack.gateway.getHistory({ sessionId: "brief-new" })).messages.length, 2, "recent: kept");
     assert.equal((await stack.gateway.getHistory({ sessionId: "main-old" })).messages.length, 2, "no retention: kept");

@@ -103,6 +103,104 @@ describe("the OpenAI-compatible endpoint, through the openai SDK", () => {
     );
   });
 
+  test("without a session, the request's messages are the conversation: nothing is lost between requests", async () => {
+    // As Open WebUI or LangChain's ChatOpenAI talk: the whole history each time, no session.
+    const messages: OpenAI.ChatCompletionMessageParam[] = [
+      { role: "system", content: "Answer as a pirate would." },
+      { role: "user", content: "My name is Ada." },
+    ];
+    const first = await client.chat.completions.create({ model: "troupe/main", messages }).withResponse();
+    assert.equal(first.response.headers.get("x-troupe-history"), "client");
+    messages.push(first.data.choices[0].message, { role: "user", content: "!first" });
+    const second = await client.chat.completions.create({ model: "troupe/main", messages }).withResponse();
+    // The model saw the conversation from its start, not only the last message.
+    assert.match(second.data.choices[0].message.content ?? "", /My name is Ada\./);
+    assert.notEqual(second.response.headers.get("x-troupe-session"), first.response.headers.get("x-troupe-session"));
+    const held = await stack.gateway.getHistory({ sessionId: second.response.headers.get("x-troupe-session")! });
+    assert.deepEqual(
+      held.messages.map((m) => [Role[m.role], m.text.trim()]),
+      [
+        ["USER", "My name is Ada."],
+        ["ASSISTANT", "You said: My name is Ada."],
+        ["USER", "!first"],
+        ["ASSISTANT", second.data.choices[0].message.content?.trim()],
+      ],
+    );
+    // The client's system message is the run's instruction, below the agent's own prompt.
+    const system = await client.chat.completions.create({
+      model: "troupe/main",
+      messages: [messages[0], { role: "user", content: "!system" }],
+    });
+    assert.match(system.choices[0].message.content ?? "", /Answer as a pirate would\./);
+    // An image as a data URL goes with the message (to a vision model; kept in the history).
+    const png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAQAAAC1HAwCAAAAC0lEQVR42mNkYAAAAAYAAjCB0C8AAAAASUVORK5CYII=";
+    const pictured = await client.chat.completions
+      .create({
+        model: "troupe/main",
+        messages: [
+          {
+            role: "user",
+            content: [
+              { type: "text", text: "what is this?" },
+              { type: "image_url", image_url: { url: `data:image/png;base64,${png}` } },
+            ],
+          },
+        ],
+      })
+      .withResponse();
+    const withImage = await stack.gateway.getHistory({ sessionId: pictured.response.headers.get("x-troupe-session")! });
+    assert.equal(withImage.messages[0].images[0]?.mimeType, "image/png");
+  });
+
+  test("a named session holds the history: earlier messages that differ from it are a 400", async () => {
+    const history: OpenAI.ChatCompletionMessageParam[] = [
+      { role: "user", content: "one" },
+      { role: "assistant", content: "You said: one" },
+      { role: "user", content: "two" },
+    ];
+    // A new session takes the request's earlier messages as its history.
+    const first = await client.chat.completions
+      .create({ model: "troupe/main", messages: history, user: "kept-history" })
+      .withResponse();
+    assert.equal(first.response.headers.get("x-troupe-history"), "session");
+    const session = first.response.headers.get("x-troupe-session")!;
+    history.push(first.data.choices[0].message, { role: "user", content: "three" });
+    // The whole history again, or only the new message: both continue it.
+    await client.chat.completions.create({ model: "troupe/main", messages: history, user: "kept-history" });
+    await client.chat.completions.create({
+      model: "troupe/main",
+      messages: [{ role: "user", content: "four" }],
+      user: "kept-history",
+    });
+    const held = await stack.gateway.getHistory({ sessionId: session });
+    assert.deepEqual(
+      held.messages.filter((m) => m.role === Role.USER).map((m) => m.text),
+      ["one", "two", "three", "four"],
+    );
+    // A history that is not the session's is refused, naming what differs; nothing is added.
+    await assert.rejects(
+      client.chat.completions.create({
+        model: "troupe/main",
+        messages: [
+          { role: "user", content: "four" },
+          { role: "assistant", content: "something else" },
+          { role: "user", content: "five" },
+        ],
+        user: "kept-history",
+      }),
+      (e: unknown) =>
+        e instanceof OpenAI.BadRequestError &&
+        e.code === "conversation_mismatch" &&
+        /do not continue session .*earlier message 2 \(assistant\)/.test(e.message),
+    );
+    assert.equal((await stack.gateway.getHistory({ sessionId: session })).messages.length, held.messages.length);
+    // Over the API: history is taken only by a session without messages.
+    await assert.rejects(
+      stack.gateway.createSession({ sessionId: session, agentId: "main", history: [{ role: Role.USER, text: "x" }] }),
+      /INVALID_ARGUMENT: session .* has messages: history is taken only by a session without any/,
+    );
+  });
+
   test("models: the default agent and each agent folder", async () => {
     const ids = [];
     for await (const m of client.models.list()) ids.push(m.id);
@@ -141,7 +239,30 @@ describe("the OpenAI-compatible endpoint, through the openai SDK", () => {
       [
         { messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: "http://x/y.png" } }] }] },
         OpenAI.BadRequestError,
-        /only text content parts/,
+        /the image at http:\/\/x\/y\.png cannot be fetched: x does not resolve/,
+      ],
+      [
+        {
+          messages: [
+            { role: "user", content: [{ type: "image_url", image_url: { url: "http://169.254.169.254/a.png" } }] },
+          ],
+        },
+        OpenAI.BadRequestError,
+        /cannot be fetched: .*not a public address/,
+      ],
+      [
+        { messages: [{ role: "user", content: [{ type: "input_audio", input_audio: { data: "", format: "wav" } }] }] },
+        OpenAI.BadRequestError,
+        /content parts must be text or image_url/,
+      ],
+      [
+        {
+          messages: [
+            { role: "user", content: [{ type: "image_url", image_url: { url: "data:image/png;base64,aGVsbG8=" } }] },
+          ],
+        },
+        OpenAI.BadRequestError,
+        /not a PNG, JPEG, GIF or WebP image/,
       ],
       [
         { tools: [{ type: "function", function: { name: "f", parameters: {} } }], tool_choice: "required" },

@@ -143,6 +143,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
               create: true,
               queueMode: req.queueMode,
               model: req.model,
+              history: req.history,
             },
           },
           { metadata: onBehalfOf(call) },
@@ -156,7 +157,16 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
         req.sessionId,
         create(ClientFrameSchema, {
           frameId: req.frameId,
-          kind: { case: "prompt", value: { text: req.text, queueMode: req.queueMode, clientTools: req.clientTools } },
+          kind: {
+            case: "prompt",
+            value: {
+              text: req.text,
+              queueMode: req.queueMode,
+              clientTools: req.clientTools,
+              instruction: req.instruction,
+              images: req.images,
+            },
+          },
         }),
         call,
       ),

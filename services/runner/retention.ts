@@ -1,7 +1,8 @@
 // Sessions have an end. DeleteSession's work outside the log (memories when asked, schedules, the
 // sandbox) is done here, and so is retention: an agent.json may say how many days an idle session
 // is kept (retentionDays); a sweep (hourly by default) deletes the older ones as DeleteSession
-// would, memories kept.
+// would, memories kept. A session the OpenAI endpoint made from one request's messages
+// (CONVERSATION_SESSION_PREFIX) goes after an idle hour, whatever its agent says.
 //
 // A session goes with its descendants: the sub-agent sessions delegate_task made (delegate.ts),
 // their children, and what each has outside its log. The memories of all of them go first when
@@ -13,6 +14,7 @@ import type { MemoryService } from "../shared/gen/troupe/v1/memory_pb.js";
 import type { SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
 import { identityMetadata } from "../shared/auth/auth.js";
 import type { Logger } from "../shared/process/log.js";
+import { CONVERSATION_SESSION_IDLE_MS, CONVERSATION_SESSION_PREFIX } from "../shared/ids.js";
 import type { ServiceClient } from "../shared/rpc.js";
 import type { AgentConfigs } from "./agent-config.js";
 import type { ScheduleStore } from "./store/schedule-files.js";
@@ -164,7 +166,11 @@ export function startRetention(o: Deletion & { agents: AgentConfigs; everyMs: nu
     for (const s of all) {
       if (s.parentSessionId !== undefined) continue; // goes with its parent
       const days = (await o.agents.get(s.agentId)).config.retentionDays;
-      if (days === undefined || now - s.updateMs < days * DAY_MS) continue;
+      const idleMs = now - s.updateMs;
+      const expired = s.sessionId.startsWith(CONVERSATION_SESSION_PREFIX)
+        ? idleMs >= CONVERSATION_SESSION_IDLE_MS
+        : days !== undefined && idleMs >= days * DAY_MS;
+      if (!expired) continue;
       try {
         await deleteSessionTree(o, s.sessionId, s.owner, false);
         deleted++;

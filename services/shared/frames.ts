@@ -5,7 +5,9 @@ import { create } from "@bufbuild/protobuf";
 import {
   ClientFrameSchema,
   FrameKind,
+  Role,
   ToolVerdict,
+  type ChatMessage,
   type ClientFrame,
   type ClientTool,
   type ToolDecision,
@@ -104,6 +106,7 @@ export function validateFrame(
       validateModelName(kind.value.model);
       validateReasoningEffort(kind.value.reasoningEffort);
       validateClientTools(frame.frameId, kind.value.clientTools);
+      validateHistory(frame.frameId, kind.value.history);
       break;
     case "prompt":
     case "steer":
@@ -135,6 +138,33 @@ export function validateFrame(
 }
 
 const TOOL_CALL_ID = /^[\x21-\x7e]{1,256}$/;
+/** The most messages OpenSession.history may bring. */
+export const MAX_HISTORY_MESSAGES = 500;
+
+/**
+ * A client's conversation for a new session (OpenSession.history): user messages with text or
+ * images, assistant messages with text or tool calls, tool results naming the call they answer.
+ */
+export function validateHistory(frameId: string, history: readonly ChatMessage[]): void {
+  if (history.length > MAX_HISTORY_MESSAGES)
+    throw invalidArgument(`frame ${frameId}: history may hold at most ${MAX_HISTORY_MESSAGES} messages`);
+  for (const [i, m] of history.entries()) {
+    const at = `frame ${frameId}: history[${i}]`;
+    if (m.role === Role.USER) {
+      if (m.text.trim() === "" && m.images.length === 0)
+        throw invalidArgument(`${at}: a user message needs text or images`);
+      validateImages(m.images);
+    } else if (m.role === Role.ASSISTANT) {
+      if (m.text.trim() === "" && m.toolCalls.length === 0)
+        throw invalidArgument(`${at}: an assistant message needs text or tool calls`);
+      for (const c of m.toolCalls)
+        if (!TOOL_CALL_ID.test(c.id) || !CLIENT_TOOL_NAME.test(c.name))
+          throw invalidArgument(`${at}: a tool call needs an id (1-256 printable ASCII) and a function name`);
+    } else if (m.role === Role.TOOL) {
+      if (!TOOL_CALL_ID.test(m.toolCallId)) throw invalidArgument(`${at}: a tool message names the call it answers`);
+    } else throw invalidArgument(`${at}: role must be user, assistant or tool`);
+  }
+}
 const MAX_CLIENT_OUTPUT = 1 << 20;
 /** What model APIs take as a function's name. */
 const CLIENT_TOOL_NAME = /^[A-Za-z0-9_-]{1,64}$/;

@@ -17,3 +17,11 @@ export const CHANNEL_NAME = /^[a-z0-9_-]{1,32}$/;
 export const isSessionId = (s: string): boolean => SESSION_ID.test(s) && !s.includes("..");
 export const isFrameId = (s: string): boolean => FRAME_ID.test(s);
 export const isAgentId = (s: string): boolean => AGENT_ID.test(s);
+
+/**
+ * Sessions made from a client's own conversation for one request (the OpenAI endpoint's Chat
+ * Completions without a session): kept for a retry or a client tool's result, deleted by the
+ * runner's retention sweep after an idle hour.
+ */
+export const CONVERSATION_SESSION_PREFIX = "openai-conversation-";
+export const CONVERSATION_SESSION_IDLE_MS = 60 * 60_000;

@@ -7,11 +7,17 @@
 //
 // What maps to what:
 //   - `model` picks the agent: `troupe/<agent>` (or `troupe`, the default agent);
-//   - the session: the `x-troupe-session` header names one of the caller's sessions; else `user`
-//     names a stable one (one per caller, agent and user); else each request gets a new one. The
-//     session id comes back in `x-troupe-session`. The session keeps the history, so only the
-//     last user message is sent: it is the prompt (system messages and earlier turns are the
-//     client's copy of what the session already holds, or the agent's own prompt's business);
+//   - the conversation (openai-history.ts): with no session named, the request's messages are
+//     the conversation, as Chat Completions is meant: a session is made from the messages before
+//     the last user message, the last one is the prompt (`x-troupe-history: client`); that
+//     session, unnamed, stays for a retry or the client's tool results, and goes after an idle
+//     hour (retention.ts). The `x-troupe-session` header naming one of the
+//     caller's sessions, or `user` naming a stable one (one per caller, agent and user), makes the
+//     session hold the history (`x-troupe-history: session`): the request's earlier messages are
+//     checked against it (400 when they differ; a new session takes them as its history). The
+//     session id comes back in `x-troupe-session`. System and developer messages are the run's
+//     instruction, below the agent's own prompt; the last message's image_url parts (data URLs,
+//     or http(s) fetched through the SSRF guard) go to vision models as channel images do;
 //   - the agent's own tools run server-side; with `x-troupe-tool-progress: 1`, their calls and
 //     results are streamed as content lines; the request's function `tools` are the run's client
 //     tools: a call to one ends the response with `tool_calls`, and the next request, ending in
@@ -21,24 +27,18 @@
 // Every step is a gateway gRPC call with the caller's key (gateway/http/edge.ts), so keys, limits and
 // quotas are the gRPC API's.
 import { createHash, randomUUID } from "node:crypto";
+import type { NetPolicy } from "../../shared/net/net-guard.js";
+import { type Conversation, requestConversation, sameConversation } from "./openai-history.js";
 import { QueueMode, Role, StopReason, type AgentEvent } from "../../shared/gen/troupe/v1/session_pb.js";
 import { callIdFor, callOf, clientToolsOf, toolResultsOf } from "./openai-tools.js";
 import { listAgents } from "./agent-list.js";
+import { CONVERSATION_SESSION_PREFIX } from "../../shared/ids.js";
 import type { GatewayClient } from "./edge.js";
 import type { NodeServerRequest, NodeServerResponse } from "./answer.js";
 import { forwardedMetadata } from "./metadata.js";
 import { runEvents } from "./run-events.js";
 import { StreamedText } from "../../shared/streamed-text.js";
-import {
-  agentOf,
-  ApiError,
-  apiErrorOf,
-  MODEL_PREFIX,
-  promptOf,
-  readJson,
-  sendError,
-  sendJson,
-} from "./openai-request.js";
+import { agentOf, ApiError, apiErrorOf, MODEL_PREFIX, readJson, sendError, sendJson } from "./openai-request.js";
 
 /** A run this long without its end is given up on (the run itself goes on). */
 const RUN_TIMEOUT_MS = 15 * 60_000;
@@ -55,7 +55,15 @@ function decodedOr404(segment: string): string {
   }
 }
 
-export function openAiCompat(gateway: GatewayClient, opts: { maxBodyBytes: number; agentsDir: string }) {
+/** A request without a session is answered in one made from its messages (retention.ts removes it). */
+const EPHEMERAL = CONVERSATION_SESSION_PREFIX;
+/** Pages of a session's history read to check a request's earlier messages against it. */
+const HISTORY_PAGES = 20;
+
+export function openAiCompat(
+  gateway: GatewayClient,
+  opts: { maxBodyBytes: number; agentsDir: string; net: NetPolicy },
+) {
   const listModels = async () =>
     (await listAgents(opts.agentsDir)).map((a) => ({
       id: `${MODEL_PREFIX}${a}`,
@@ -71,11 +79,75 @@ export function openAiCompat(gateway: GatewayClient, opts: { maxBodyBytes: numbe
     const clientTools = clientToolsOf(body);
     // A request that ends in `tool` messages answers a run waiting on them; any other asks anew.
     const results = toolResultsOf(body.messages);
-    const prompt = results.length > 0 ? "" : promptOf(body.messages);
+    const conversation = results.length > 0 ? undefined : await requestConversation(body.messages, opts.net);
     if (body.n !== undefined && body.n !== 1) throw new ApiError(400, "only n = 1 is supported", undefined, null, "n");
     if (body.user !== undefined && (typeof body.user !== "string" || body.user.length > 256))
       throw new ApiError(400, "`user` must be a string of at most 256 characters", undefined, null, "user");
-    return { body, agentId, prompt, clientTools, results };
+    return { body, agentId, conversation, clientTools, results };
+  };
+
+  /** Every message of a session, oldest first (up to HISTORY_PAGES pages). */
+  const sessionHistory = async (sessionId: string, metadata: ReturnType<typeof forwardedMetadata>) => {
+    const out = [];
+    let pageToken = "";
+    for (let i = 0; i < HISTORY_PAGES; i++) {
+      const page = await gateway.getHistory({ sessionId, pageSize: 1000, pageToken }, { metadata });
+      out.push(...page.messages);
+      pageToken = page.nextPageToken;
+      if (pageToken === "") break;
+    }
+    return out;
+  };
+
+  /**
+   * Opens the session a request continues and puts its prompt in: a named one, whose history the
+   * request's earlier messages must match (or become, when it has none); or one made from them.
+   */
+  const ask = async (
+    named: string,
+    agentId: string,
+    c: Conversation,
+    clientTools: ReturnType<typeof clientToolsOf>,
+    frameId: string,
+    metadata: ReturnType<typeof forwardedMetadata>,
+  ) => {
+    let session: string;
+    if (named === "") {
+      const opened = await gateway.createSession(
+        { sessionId: `${EPHEMERAL}${randomUUID()}`, agentId, history: c.earlier },
+        { metadata },
+      );
+      session = opened.session!.sessionId;
+    } else {
+      session = (await gateway.createSession({ sessionId: named, agentId }, { metadata })).session!.sessionId;
+      const held = await sessionHistory(session, metadata);
+      if (held.length === 0 && c.earlier.length > 0)
+        await gateway.createSession({ sessionId: session, agentId, history: c.earlier }, { metadata });
+      else {
+        const differs = sameConversation(c.earlier, held);
+        if (differs)
+          throw new ApiError(
+            400,
+            `the messages do not continue session ${session}: ${differs}. Send only the new message, or the session's own history, or name no session (no x-troupe-session header, no user) to have the messages be the conversation`,
+            undefined,
+            "conversation_mismatch",
+            "messages",
+          );
+      }
+    }
+    const sent = await gateway.sendMessage(
+      {
+        sessionId: session,
+        frameId,
+        text: c.prompt.text,
+        queueMode: QueueMode.FOLLOWUP,
+        clientTools,
+        instruction: c.instruction,
+        images: c.prompt.images,
+      },
+      { metadata },
+    );
+    return { session, afterSeq: sent.accepted!.seq };
   };
 
   /**
@@ -111,7 +183,7 @@ export function openAiCompat(gateway: GatewayClient, opts: { maxBodyBytes: numbe
   };
 
   const chat = async (req: NodeServerRequest, res: NodeServerResponse) => {
-    const { body, agentId, prompt, clientTools, results } = await chatRequest(req);
+    const { body, agentId, conversation, clientTools, results } = await chatRequest(req);
     const stream = body.stream === true;
     const includeUsage = (body.stream_options as { include_usage?: unknown } | undefined)?.include_usage === true;
     const toolProgress = req.headers["x-troupe-tool-progress"] === "1";
@@ -134,14 +206,15 @@ export function openAiCompat(gateway: GatewayClient, opts: { maxBodyBytes: numbe
       session = answered.sessionId;
       following = answered;
     } else {
-      const opened = await gateway.createSession({ sessionId, agentId }, { metadata });
-      session = opened.session!.sessionId;
-      const sent = await gateway.sendMessage(
-        { sessionId: session, frameId, text: prompt, queueMode: QueueMode.FOLLOWUP, clientTools },
-        { metadata },
-      );
-      following = { afterSeq: sent.accepted!.seq };
+      const asked = await ask(sessionId, agentId, conversation!, clientTools, frameId, metadata);
+      session = asked.session;
+      following = { afterSeq: asked.afterSeq };
     }
+    // Which held the conversation: the request's messages, or the session.
+    const sessionHeaders = {
+      "x-troupe-history": session.startsWith(EPHEMERAL) ? "client" : "session",
+      "x-troupe-session": session,
+    };
 
     const id = `chatcmpl-${frameId}`;
     const created = Math.floor(Date.now() / 1000);
@@ -188,7 +261,7 @@ export function openAiCompat(gateway: GatewayClient, opts: { maxBodyBytes: numbe
       (res as { writeHead(s: number, h: Record<string, string>): void }).writeHead(200, {
         "content-type": "text/event-stream",
         "cache-control": "no-cache",
-        "x-troupe-session": session,
+        ...sessionHeaders,
       });
       await write(chunk({ role: "assistant", content: "" }));
     }
@@ -298,7 +371,7 @@ export function openAiCompat(gateway: GatewayClient, opts: { maxBodyBytes: numbe
           ],
           usage,
         },
-        { "x-troupe-session": session },
+        sessionHeaders,
       );
     }
     await write(chunk({}, finishReason));

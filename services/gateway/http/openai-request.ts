@@ -89,22 +89,3 @@ export function agentOf(model: unknown): string {
     );
   return agent;
 }
-
-/** The prompt: the last message, which must be the user's; text parts joined. */
-export function promptOf(messages: unknown): string {
-  if (!Array.isArray(messages) || messages.length === 0)
-    throw new ApiError(400, "`messages` must be a non-empty array", undefined, null, "messages");
-  const last = messages.at(-1) as { role?: unknown; content?: unknown };
-  if (last?.role !== "user")
-    throw new ApiError(400, "the last message must be the user's", undefined, null, "messages");
-  const content = last.content;
-  if (typeof content === "string" && content.trim() !== "") return content;
-  if (Array.isArray(content)) {
-    const parts = content as { type?: unknown; text?: unknown }[];
-    if (parts.some((p) => p?.type !== "text" || typeof p.text !== "string"))
-      throw new ApiError(400, "only text content parts are supported", undefined, null, "messages");
-    const text = parts.map((p) => p.text as string).join("\n");
-    if (text.trim() !== "") return text;
-  }
-  throw new ApiError(400, "the last user message has no text", undefined, null, "messages");
-}

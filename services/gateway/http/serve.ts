@@ -13,6 +13,7 @@ import { createClient, type RpcServer } from "../../shared/rpc.js";
 import { answer, type NodeServerRequest, type NodeServerResponse } from "./answer.js";
 import { type HttpEdge, startHttpEdge } from "./edge.js";
 import { openAiCompat } from "./openai-compat.js";
+import { DEFAULT_NET_POLICY } from "../../shared/net/net-guard.js";
 import { mcpServer } from "./mcp-server.js";
 
 /** An HTTP address only this machine reaches. */
@@ -34,7 +35,12 @@ export async function serveHttp(
   await server.listen(`unix:${socket}`);
   const gateway = createClient(GatewayService, `unix:${socket}`, { maxMessageBytes: cfg.maxMessageBytes });
   const admin = createClient(AdminService, `unix:${socket}`, { maxMessageBytes: cfg.maxMessageBytes });
-  const openAi = openAiCompat(gateway, { maxBodyBytes: cfg.maxMessageBytes, agentsDir: cfg.agentsDir });
+  const openAi = openAiCompat(gateway, {
+    maxBodyBytes: cfg.maxMessageBytes,
+    agentsDir: cfg.agentsDir,
+    // What an image_url may be fetched from: the SSRF guard's policy, as for channel media.
+    net: { ...DEFAULT_NET_POLICY, ...cfg.net, proxy: cfg.outboundProxy },
+  });
   const mcp = mcpServer(gateway, {
     maxBodyBytes: cfg.maxMessageBytes,
     agentsDir: cfg.agentsDir,

@@ -6,6 +6,7 @@ import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import { ROOT_CONTEXT, type Context } from "@opentelemetry/api";
 import {
   AgentEventSchema,
+  ChatMessageSchema,
   type QueueMode,
   SessionInfoSchema,
   SessionState,
@@ -17,11 +18,14 @@ import {
   type SessionInfo,
 } from "../../shared/gen/troupe/v1/session_pb.js";
 import { validateFrame } from "../../shared/frames.js";
+import { invalidArgument } from "../../shared/errors.js";
+import { newId } from "../../shared/ids.js";
 import type { RpcError } from "../../shared/errors.js";
 import { clientToolSpecs } from "../tools/client-tools.js";
 import { HeldCalls } from "./held-calls.js";
 import { failure, type Logger } from "../../shared/process/log.js";
 import { runAgent } from "../loop/loop.js";
+import { pushMessage } from "../loop/run.js";
 import { resumedMessages } from "../loop/turn-start.js";
 import * as recovery from "./recovery.js";
 import { type CutOff, INTERRUPTED } from "./recovery.js";
@@ -236,6 +240,22 @@ export class SessionActor {
     if (s.queueMode && s.queueMode !== this.mailbox.mode) changed.queueMode = this.mailbox.mode = s.queueMode;
     if (Object.keys(changed).length > 0) await this.writes.appendOrRefuse({ t: "settings", ...changed }, true);
     if (changed.contextFrom !== undefined) this.releaseUnseen();
+  }
+
+  /**
+   * Puts a conversation the client held (OpenSession.history) in a new session's history, as
+   * messages said before its first run: each a message_start and message_end, durable before
+   * this resolves. Refused once the session has a message or a run (an open that finds a session
+   * with none, a new one or one made empty, may bring it).
+   */
+  async seed(history: readonly ChatMessage[]): Promise<void> {
+    if (history.length === 0) return;
+    if (this.history.length > 0 || this.running || this.waiting > 0)
+      throw invalidArgument(`session ${this.sessionId} has messages: history is taken only by a session without any`);
+    const host = { emit: (p: EventPayload) => void this.emit(p), messages: this.history.messages };
+    const time = timestampFromMs(Date.now());
+    for (const m of history) pushMessage(host, create(ChatMessageSchema, { ...m, id: newId(), time, frameId: "" }));
+    await this.journal.delivered();
   }
 
   /** The default queue mode new messages take. */

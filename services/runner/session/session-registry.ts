@@ -147,6 +147,7 @@ export class SessionRegistry {
     authorize(actor, caller);
     if (!created) await this.checkModel(actor.agentId, open.model);
     await actor.settle(open);
+    await actor.seed(open.history);
     const opened = create(SessionOpenedSchema, {
       sessionId,
       agentId: actor.agentId,
