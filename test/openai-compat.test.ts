@@ -201,6 +201,35 @@ describe("the OpenAI-compatible endpoint, through the openai SDK", () => {
     );
   });
 
+  test("temperature and max_tokens reach the model; what a run cannot do is a 400 naming it", async () => {
+    const params = async (extra: Partial<OpenAI.ChatCompletionCreateParamsNonStreaming>) =>
+      (await ask("!params", extra)).choices[0].message.content?.trim();
+    // The agent's own (no temperature; 4096 tokens) unless the request says otherwise.
+    assert.equal(await params({}), "temperature=- max_tokens=4096");
+    assert.equal(await params({ temperature: 0.3, max_tokens: 77 }), "temperature=0.3 max_tokens=77");
+    assert.equal(await params({ max_completion_tokens: 99 }), "temperature=- max_tokens=99");
+    // A library's defaults ask for nothing and pass.
+    assert.equal(
+      await params({ n: 1, top_p: 1, response_format: { type: "text" }, parallel_tool_calls: true }),
+      "temperature=- max_tokens=4096",
+    );
+    for (const [extra, param] of [
+      [{ top_p: 0.5 }, "top_p"],
+      [{ stop: ["END"] }, "stop"],
+      [{ seed: 7 }, "seed"],
+      [{ response_format: { type: "json_object" } }, "response_format"],
+      [{ n: 2 }, "n"],
+      [{ logprobs: true }, "logprobs"],
+      [{ temperature: 3 }, "temperature"],
+      [{ max_tokens: 0 }, "max_tokens"],
+    ] as const)
+      await assert.rejects(
+        ask("hi", extra as Partial<OpenAI.ChatCompletionCreateParamsNonStreaming>),
+        (e: unknown) => e instanceof OpenAI.BadRequestError && e.param === param,
+        param,
+      );
+  });
+
   test("models: the default agent and each agent folder", async () => {
     const ids = [];
     for await (const m of client.models.list()) ids.push(m.id);

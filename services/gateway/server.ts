@@ -165,6 +165,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
               clientTools: req.clientTools,
               instruction: req.instruction,
               images: req.images,
+              sampling: req.sampling,
             },
           },
         }),

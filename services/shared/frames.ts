@@ -10,6 +10,7 @@ import {
   type ChatMessage,
   type ClientFrame,
   type ClientTool,
+  type Sampling,
   type ToolDecision,
 } from "./gen/troupe/v1/session_pb.js";
 import { failedPrecondition, invalidArgument } from "./errors.js";
@@ -118,6 +119,7 @@ export function validateFrame(
         );
       }
       if (kind.case === "prompt") {
+        validateSampling(frame.frameId, kind.value.sampling);
         validateImages(kind.value.images);
         validateAttachments(kind.value.attachments);
         validateClientTools(frame.frameId, kind.value.clientTools);
@@ -138,6 +140,13 @@ export function validateFrame(
 }
 
 const TOOL_CALL_ID = /^[\x21-\x7e]{1,256}$/;
+function validateSampling(frameId: string, s: Sampling | undefined): void {
+  if (s?.temperature !== undefined && !(s.temperature >= 0 && s.temperature <= 2))
+    throw invalidArgument(`frame ${frameId}: sampling.temperature must be between 0 and 2`);
+  if (s?.maxOutputTokens !== undefined && (s.maxOutputTokens < 1 || s.maxOutputTokens > 1_000_000))
+    throw invalidArgument(`frame ${frameId}: sampling.max_output_tokens must be between 1 and 1000000`);
+}
+
 /** The most messages OpenSession.history may bring. */
 export const MAX_HISTORY_MESSAGES = 500;
 

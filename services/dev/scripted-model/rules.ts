@@ -13,6 +13,7 @@
 //   "!call NAME ARGS [;; NAME ARGS]" -> calls of tool NAME with ARGS as their raw arguments text, one batch
 //   "!first"                       -> the first message after the system prompt (to see a compaction summary)
 //   "!system"                      -> the request's system prompt, word by word (to test context)
+//   "!params"                      -> "temperature=T max_tokens=N" as the request set them ("-": unset)
 //   "!finish REASON"               -> a short reply that ends with finish_reason REASON
 //   "!overflow N"                  -> 400 context_length_exceeded while the request has more than N messages
 //   system prompt "[troupe:summarize]" -> a structured summary of the transcript (fails with 500 if
@@ -117,7 +118,12 @@ export class ScriptedModel {
   constructor(private readonly tokenRate: number) {}
 
   /** The reply the rules give for a conversation. */
-  reply(messages: InMessage[], toolNames: Set<string>, model = ""): Reply {
+  reply(
+    messages: InMessage[],
+    toolNames: Set<string>,
+    model = "",
+    sampling: { temperature?: unknown; maxTokens?: unknown } = {},
+  ): Reply {
     const rate = this.tokenRate;
     // The memory service's learning requests (services/memory/learn.ts), by the marker their system prompt starts with.
     const system = messages[0]?.role === "system" ? contentText(messages[0].content) : "";
@@ -190,6 +196,11 @@ export class ScriptedModel {
           if (toolCalls.length === 0) break;
           return { text: [], rate, toolCalls };
         }
+        case "params":
+          return {
+            text: words(`temperature=${sampling.temperature ?? "-"} max_tokens=${sampling.maxTokens ?? "-"}`),
+            rate,
+          };
         case "heard":
           return { text: words(heard), rate };
         case "first": {

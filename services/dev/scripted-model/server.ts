@@ -216,7 +216,10 @@ export async function startScriptedModelServer(options: ScriptedServerOptions = 
           return sendJson(res, 400, {
             error: { message: `Invalid parameter: ${unpaired}`, type: "invalid_request_error", code: null },
           });
-        const reply = model.reply(messages, new Set(tools.map((t) => t.function?.name ?? "")), modelName);
+        const reply = model.reply(messages, new Set(tools.map((t) => t.function?.name ?? "")), modelName, {
+          temperature: body.temperature,
+          maxTokens: body.max_completion_tokens ?? body.max_tokens,
+        });
         if (reply.fail) {
           const type =
             reply.fail.status === 429

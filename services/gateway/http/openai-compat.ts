@@ -18,6 +18,8 @@
 //     session id comes back in `x-troupe-session`. System and developer messages are the run's
 //     instruction, below the agent's own prompt; the last message's image_url parts (data URLs,
 //     or http(s) fetched through the SSRF guard) go to vision models as channel images do;
+//   - `temperature` and `max_tokens` are the run's (Prompt.sampling); any other parameter that
+//     asks for something is a 400 naming it (openai-request.ts samplingOf);
 //   - the agent's own tools run server-side; with `x-troupe-tool-progress: 1`, their calls and
 //     results are streamed as content lines; the request's function `tools` are the run's client
 //     tools: a call to one ends the response with `tool_calls`, and the next request, ending in
@@ -38,7 +40,16 @@ import type { NodeServerRequest, NodeServerResponse } from "./answer.js";
 import { forwardedMetadata } from "./metadata.js";
 import { runEvents } from "./run-events.js";
 import { StreamedText } from "../../shared/streamed-text.js";
-import { agentOf, ApiError, apiErrorOf, MODEL_PREFIX, readJson, sendError, sendJson } from "./openai-request.js";
+import {
+  agentOf,
+  ApiError,
+  apiErrorOf,
+  MODEL_PREFIX,
+  readJson,
+  samplingOf,
+  sendError,
+  sendJson,
+} from "./openai-request.js";
 
 /** A run this long without its end is given up on (the run itself goes on). */
 const RUN_TIMEOUT_MS = 15 * 60_000;
@@ -80,10 +91,10 @@ export function openAiCompat(
     // A request that ends in `tool` messages answers a run waiting on them; any other asks anew.
     const results = toolResultsOf(body.messages);
     const conversation = results.length > 0 ? undefined : await requestConversation(body.messages, opts.net);
-    if (body.n !== undefined && body.n !== 1) throw new ApiError(400, "only n = 1 is supported", undefined, null, "n");
+    const sampling = samplingOf(body);
     if (body.user !== undefined && (typeof body.user !== "string" || body.user.length > 256))
       throw new ApiError(400, "`user` must be a string of at most 256 characters", undefined, null, "user");
-    return { body, agentId, conversation, clientTools, results };
+    return { body, agentId, conversation, clientTools, results, sampling };
   };
 
   /** Every message of a session, oldest first (up to HISTORY_PAGES pages). */
@@ -106,7 +117,7 @@ export function openAiCompat(
   const ask = async (
     named: string,
     agentId: string,
-    c: Conversation,
+    c: Conversation & { sampling: ReturnType<typeof samplingOf> },
     clientTools: ReturnType<typeof clientToolsOf>,
     frameId: string,
     metadata: ReturnType<typeof forwardedMetadata>,
@@ -144,6 +155,7 @@ export function openAiCompat(
         clientTools,
         instruction: c.instruction,
         images: c.prompt.images,
+        sampling: c.sampling,
       },
       { metadata },
     );
@@ -183,7 +195,7 @@ export function openAiCompat(
   };
 
   const chat = async (req: NodeServerRequest, res: NodeServerResponse) => {
-    const { body, agentId, conversation, clientTools, results } = await chatRequest(req);
+    const { body, agentId, conversation, clientTools, results, sampling } = await chatRequest(req);
     const stream = body.stream === true;
     const includeUsage = (body.stream_options as { include_usage?: unknown } | undefined)?.include_usage === true;
     const toolProgress = req.headers["x-troupe-tool-progress"] === "1";
@@ -206,7 +218,7 @@ export function openAiCompat(
       session = answered.sessionId;
       following = answered;
     } else {
-      const asked = await ask(sessionId, agentId, conversation!, clientTools, frameId, metadata);
+      const asked = await ask(sessionId, agentId, { ...conversation!, sampling }, clientTools, frameId, metadata);
       session = asked.session;
       following = { afterSeq: asked.afterSeq };
     }

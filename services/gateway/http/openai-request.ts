@@ -89,3 +89,67 @@ export function agentOf(model: unknown): string {
     );
   return agent;
 }
+
+/** The request fields /v1/chat/completions acts on. */
+const TAKEN = new Set([
+  "model",
+  "messages",
+  "stream",
+  "stream_options",
+  "user",
+  "tools",
+  "tool_choice",
+  "temperature",
+  "max_tokens",
+  "max_completion_tokens",
+]);
+
+/**
+ * Fields that ask nothing when they hold their default: a client library may send them so.
+ * Any other value of theirs is something a run cannot do.
+ */
+const DEFAULTS: Record<string, (v: unknown) => boolean> = {
+  n: (v) => v === 1,
+  top_p: (v) => v === 1,
+  frequency_penalty: (v) => v === 0,
+  presence_penalty: (v) => v === 0,
+  logprobs: (v) => v === false,
+  parallel_tool_calls: (v) => v === true,
+  store: (v) => v === false,
+  response_format: (v) => (v as { type?: unknown })?.type === "text",
+  stop: (v) => Array.isArray(v) && v.length === 0,
+  metadata: (v) => typeof v === "object" && v !== null && Object.keys(v).length === 0,
+};
+
+/**
+ * The run's temperature and reply length from the request (Prompt.sampling); any other field
+ * that asks for something is a 400 naming it, as OpenAI answers an argument it does not know,
+ * never a request quietly answered without it.
+ */
+export function samplingOf(body: Record<string, unknown>): { temperature?: number; maxOutputTokens?: number } {
+  for (const [key, value] of Object.entries(body)) {
+    if (TAKEN.has(key) || value === null || value === undefined || DEFAULTS[key]?.(value)) continue;
+    throw new ApiError(
+      400,
+      `\`${key.slice(0, 64)}\` is not supported here: a Troupe agent's run takes temperature and max_tokens (or max_completion_tokens) from a request, and its agent.json the rest`,
+      undefined,
+      "unsupported_parameter",
+      key.slice(0, 64),
+    );
+  }
+  const out: { temperature?: number; maxOutputTokens?: number } = {};
+  const t = body.temperature;
+  if (t !== undefined && t !== null) {
+    if (typeof t !== "number" || !(t >= 0 && t <= 2))
+      throw new ApiError(400, "`temperature` must be a number from 0 to 2", undefined, null, "temperature");
+    out.temperature = t;
+  }
+  for (const key of ["max_completion_tokens", "max_tokens"] as const) {
+    const n = body[key];
+    if (n === undefined || n === null || out.maxOutputTokens !== undefined) continue;
+    if (!Number.isInteger(n) || (n as number) < 1 || (n as number) > 1_000_000)
+      throw new ApiError(400, `\`${key}\` must be an integer from 1 to 1000000`, undefined, null, key);
+    out.maxOutputTokens = n as number;
+  }
+  return out;
+}

@@ -62,7 +62,11 @@ export async function buildRequest(
     };
     promptTokens = viewTokens(turn, view);
   }
-  const maxTokens = Math.max(MIN_REPLY_TOKENS, Math.min(agent.maxOutputTokens, agent.contextWindow - promptTokens));
+  // A nearly full context still leaves MIN_REPLY_TOKENS for the reply; never more than asked for.
+  const maxTokens = Math.min(
+    agent.maxOutputTokens,
+    Math.max(MIN_REPLY_TOKENS, Math.min(agent.maxOutputTokens, agent.contextWindow - promptTokens)),
+  );
   return {
     request: {
       model,

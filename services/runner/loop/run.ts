@@ -40,6 +40,8 @@ export interface QueuedMessage {
   instruction?: string;
   /** A prompt's images, for vision models. */
   images?: Image[];
+  /** A prompt's temperature and reply length for the run it starts, in place of the agent's. */
+  sampling?: { temperature?: number; maxOutputTokens?: number };
   /** A prompt's files, for the session's workspace (RunDeps.placeFiles). */
   attachments?: Attachment[];
   /** A prompt's client tools, for the run it starts (tools/client-tools.ts). */

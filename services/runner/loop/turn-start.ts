@@ -50,9 +50,14 @@ export async function startTurn(
   const { config: configured, error } = await deps.agent();
   // A session's own reasoning effort (/think) stands in for its agent's; each model still gets it
   // only if it takes that value (model-rules.ts).
-  const agent = host.reasoningEffort
-    ? { ...configured, reasoningEffort: host.reasoningEffort as AgentConfig["reasoningEffort"] }
-    : configured;
+  // The prompt that started the run may set its own temperature and reply length (Prompt.sampling).
+  const sampling = initial[0]?.sampling;
+  const agent: AgentConfig = {
+    ...configured,
+    ...(host.reasoningEffort ? { reasoningEffort: host.reasoningEffort as AgentConfig["reasoningEffort"] } : {}),
+    ...(sampling?.temperature !== undefined ? { temperature: sampling.temperature } : {}),
+    ...(sampling?.maxOutputTokens !== undefined ? { maxOutputTokens: sampling.maxOutputTokens } : {}),
+  };
   // Tools the agent's configuration leaves out are neither offered nor callable in this run; the
   // client's are offered beside the rest (a name the agent's tools have was refused when declared).
   const own = deps.tools.filter((t) => toolOffered(agent, t.name));

@@ -60,6 +60,7 @@ export class Mailbox {
       text: k.value.text,
       instruction,
       ...(k.case === "prompt" && k.value.images.length > 0 ? { images: k.value.images } : {}),
+      ...(k.case === "prompt" && k.value.sampling ? { sampling: k.value.sampling } : {}),
       ...(k.case === "prompt" && k.value.attachments.length > 0 ? { attachments: k.value.attachments } : {}),
       ...(k.case === "prompt" && k.value.clientTools.length > 0
         ? { clientTools: clientToolSpecs(k.value.clientTools) }
