@@ -2,7 +2,12 @@
 // aborts), a cap on open streams, RESOURCE_EXHAUSTED with a retry hint, and nothing accepted lost.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import type * as grpc from "@grpc/grpc-js";
+import * as grpc from "@grpc/grpc-js";
+import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
+import { anyUnpack } from "@bufbuild/protobuf/wkt";
+import { ErrorInfoSchema, RetryInfoSchema } from "../services/shared/gen/google/rpc/error_details_pb.js";
+import { StatusSchema } from "../services/shared/gen/google/rpc/status_pb.js";
+import { SendMessageRequestSchema, SendMessageResponseSchema } from "../services/shared/gen/troupe/v1/gateway_pb.js";
 import { GatewayLimits, RETRY_AFTER_KEY } from "../services/gateway/limits.js";
 import { Status } from "../services/shared/errors.js";
 import type { GatewayService } from "../services/shared/gen/troupe/v1/gateway_pb.js";
@@ -91,6 +96,74 @@ describe("limits through the gateway", () => {
       return h.includes("lim-1-4") && h;
     });
     assert.deepEqual([...ids].sort(), ["lim-1-0", "lim-1-1", "lim-1-2", "lim-1-4"]);
+  });
+
+  test("the wait, as gRPC clients read it: grpc-js's retry policy waits the pushback; RetryInfo and ErrorInfo", async () => {
+    await alice.createSession({ sessionId: "lim-retry" });
+    // grpc-js's own client and retry policy (gRPC A6), no Troupe code: a refusal's
+    // grpc-retry-pushback-ms says when to try again, in place of the policy's 10 ms backoff.
+    const serviceConfig = {
+      methodConfig: [
+        {
+          name: [{ service: "troupe.v1.GatewayService" }],
+          retryPolicy: {
+            maxAttempts: 5,
+            initialBackoff: "0.01s",
+            maxBackoff: "0.01s",
+            backoffMultiplier: 1,
+            retryableStatusCodes: ["RESOURCE_EXHAUSTED"],
+          },
+        },
+      ],
+    };
+    const raw = new grpc.Client(stack.addr.gateway, grpc.credentials.createInsecure(), {
+      "grpc.service_config": JSON.stringify(serviceConfig),
+    });
+    const key = await stack.keyFor("acme", "alice");
+    const send = (n: number) =>
+      new Promise<{ ms: number }>((resolve, reject) => {
+        const metadata = new grpc.Metadata();
+        metadata.set("authorization", `Bearer ${key}`);
+        const started = Date.now();
+        raw.makeUnaryRequest(
+          "/troupe.v1.GatewayService/SendMessage",
+          (r: { sessionId: string; frameId: string; text: string }) =>
+            Buffer.from(toBinary(SendMessageRequestSchema, create(SendMessageRequestSchema, r))),
+          (b: Buffer) => fromBinary(SendMessageResponseSchema, b),
+          { sessionId: "lim-retry", frameId: `lim-retry-${n}`, text: "!tokens 1" },
+          metadata,
+          (err) => (err ? reject(err) : resolve({ ms: Date.now() - started })),
+        );
+      });
+    // The session's burst (3), then one a second: the fourth is refused, waits its pushback
+    // (about 1 s; the policy alone would give up after 5 x 10 ms), and is taken.
+    for (let i = 0; i < 3; i++) await send(i);
+    const fourth = await send(3);
+    assert.ok(fourth.ms >= 500, `the retry waited ${fourth.ms} ms`);
+    raw.close();
+    // The refusal itself, as google.rpc.Status details.
+    let trailers: grpc.Metadata | undefined;
+    await assert.rejects(
+      Promise.all(
+        [0, 1, 2, 3].map((i) =>
+          alice.sendMessage({ sessionId: "lim-retry", frameId: `lim-retry-x${i}`, text: "!tokens 1" }),
+        ),
+      ),
+      (err: grpc.ServiceError) => {
+        trailers = err.metadata;
+        return err.code === Status.RESOURCE_EXHAUSTED;
+      },
+    );
+    const pushback = Number(trailers?.get("grpc-retry-pushback-ms")[0]);
+    assert.ok(pushback > 0 && pushback <= 1000, `pushback ${pushback}`);
+    const status = fromBinary(StatusSchema, trailers?.get("grpc-status-details-bin")[0] as Buffer);
+    assert.equal(status.code, Status.RESOURCE_EXHAUSTED);
+    const retry = status.details.map((d) => anyUnpack(d, RetryInfoSchema)).find(Boolean);
+    const info = status.details.map((d) => anyUnpack(d, ErrorInfoSchema)).find(Boolean);
+    const delayMs = Number(retry?.retryDelay?.seconds ?? 0n) * 1000 + (retry?.retryDelay?.nanos ?? 0) / 1e6;
+    assert.equal(delayMs, pushback);
+    assert.equal(info?.reason, "RATE_LIMITED");
+    assert.equal(info?.domain, "troupe.v1");
   });
 
   test("a tenant's open streams are capped; a closed one frees its place", async () => {

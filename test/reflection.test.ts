@@ -8,6 +8,10 @@ import {
   ServerReflection,
   type ServerReflectionResponse,
 } from "../services/shared/gen/grpc/reflection/v1/reflection_pb.js";
+import {
+  ServerReflection as AlphaReflection,
+  type ServerReflectionResponse as AlphaResponse,
+} from "../services/shared/gen/grpc/reflection/v1alpha/reflection_pb.js";
 import { AgentEventSchema } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { createClient } from "../services/shared/rpc.js";
 import { startStack, type Stack } from "./helpers/stack.js";
@@ -51,6 +55,7 @@ test("lists the gateway's services without credentials", async () => {
   assert.deepEqual(names, [
     "grpc.health.v1.Health",
     "grpc.reflection.v1.ServerReflection",
+    "grpc.reflection.v1alpha.ServerReflection",
     "troupe.v1.AdminService",
     "troupe.v1.GatewayService",
   ]);
@@ -98,4 +103,33 @@ test("the schema fetched by symbol is enough to decode Troupe's events; unknown 
   assert.equal(unknown.messageResponse.case, "errorResponse");
   assert.equal(unknown.messageResponse.case === "errorResponse" && unknown.messageResponse.value.errorCode, 5);
   assert.equal(byFile.messageResponse.case, "fileDescriptorResponse");
+});
+
+test("a client that speaks only v1alpha lists the services and fetches the schema", async () => {
+  const client = createClient(AlphaReflection, stack.addr.gateway);
+  const call = client.serverReflectionInfo();
+  const out: AlphaResponse[] = [];
+  const done = new Promise<void>((resolve, reject) => {
+    call.on("data", (r: AlphaResponse) => out.push(r));
+    call.on("end", resolve);
+    call.on("error", reject);
+  });
+  call.write({ messageRequest: { case: "listServices", value: "" } });
+  call.write({ messageRequest: { case: "fileContainingSymbol", value: "troupe.v1.GatewayService" } });
+  call.end();
+  await done;
+  client.close();
+  const [list, file] = out;
+  assert.equal(list.messageResponse.case, "listServicesResponse");
+  assert.ok(
+    list.messageResponse.case === "listServicesResponse" &&
+      list.messageResponse.value.service.some((s) => s.name === "troupe.v1.GatewayService"),
+  );
+  assert.equal(file.messageResponse.case, "fileDescriptorResponse");
+  const protos =
+    file.messageResponse.case === "fileDescriptorResponse"
+      ? file.messageResponse.value.fileDescriptorProto.map((b) => fromBinary(FileDescriptorProtoSchema, b).name)
+      : [];
+  assert.ok(protos.includes("troupe/v1/gateway.proto"), protos.join(", "));
+  assert.equal(file.originalRequest?.messageRequest.case, "fileContainingSymbol");
 });

@@ -57,7 +57,8 @@ export class GatewayLimits {
     const now = this.now();
     const b = this.bucket(this.aborts, tenant, perSecond, perSecond * 2, now);
     const wait = b.wait(now);
-    if (wait > 0) throw new RateLimited(`tenant ${tenant} is over its quota of ${perSecond} aborts/s`, wait);
+    if (wait > 0)
+      throw new RateLimited(`tenant ${tenant} is over its quota of ${perSecond} aborts/s`, wait, "QUOTA_EXCEEDED");
     b.take();
   }
 
@@ -65,7 +66,7 @@ export class GatewayLimits {
   openStream(tenant: string): () => void {
     const n = this.streams.get(tenant) ?? 0;
     if (n >= this.config.tenantStreams)
-      throw new RateLimited(`tenant ${tenant} has ${n} streams open, its limit`, 1000);
+      throw new RateLimited(`tenant ${tenant} has ${n} streams open, its limit`, 1000, "QUOTA_EXCEEDED");
     this.streams.set(tenant, n + 1);
     let released = false;
     return () => {

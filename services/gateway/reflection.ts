@@ -1,17 +1,26 @@
-// gRPC server reflection (grpc.reflection.v1) from the descriptors protobuf-es generated: the same
-// schema the adapter serves, so what tools discover is exactly what the server speaks. Answers
-// list_services, file_by_filename and file_containing_symbol (each file with everything it
-// imports); extensions are not used by Troupe's API and are answered as NOT_FOUND.
-import { create, toBinary, type DescFile, type DescMessage, type DescService } from "@bufbuild/protobuf";
+// gRPC server reflection (grpc.reflection.v1, and v1alpha for the tools that still speak only it)
+// from the descriptors protobuf-es generated: the same schema the adapter serves, so what tools
+// discover is exactly what the server speaks. Answers list_services, file_by_filename and
+// file_containing_symbol (each file with everything it imports); extensions are not used by
+// Troupe's API and are answered as NOT_FOUND. The two versions' messages are the same on the
+// wire; an answer is made as v1's and handed to v1alpha's callers as that.
+import { create, fromBinary, toBinary, type DescFile, type DescMessage, type DescService } from "@bufbuild/protobuf";
 import type { GenService, GenServiceMethods } from "@bufbuild/protobuf/codegenv2";
 import { FileDescriptorProtoSchema } from "@bufbuild/protobuf/wkt";
 import { Status } from "../shared/errors.js";
 import {
   ServerReflection,
+  ServerReflectionRequestSchema,
   ServerReflectionResponseSchema,
   type ServerReflectionRequest,
   type ServerReflectionResponse,
 } from "../shared/gen/grpc/reflection/v1/reflection_pb.js";
+import {
+  ServerReflection as AlphaReflection,
+  ServerReflectionRequestSchema as AlphaRequestSchema,
+  ServerReflectionResponseSchema as AlphaResponseSchema,
+  type ServerReflectionRequest as AlphaRequest,
+} from "../shared/gen/grpc/reflection/v1alpha/reflection_pb.js";
 import type { ServiceImpl } from "../shared/rpc.js";
 
 class DescriptorIndex {
@@ -105,12 +114,16 @@ function answer(index: DescriptorIndex, req: ServerReflectionRequest): ServerRef
   }
 }
 
-/** The reflection service for a server that serves `services` (reflection itself is added). */
-export function reflectionService(
-  services: readonly GenService<GenServiceMethods>[],
-): ServiceImpl<(typeof ServerReflection)["method"]> {
-  const index = new DescriptorIndex([...services, ServerReflection]);
-  return {
+/**
+ * The reflection services (v1 and v1alpha) for a server that serves `services`, reflection
+ * itself included. Add both: `server.add(ServerReflection, v1)`, `server.add(AlphaReflection, v1alpha)`.
+ */
+export function reflectionServices(services: readonly GenService<GenServiceMethods>[]): {
+  v1: ServiceImpl<(typeof ServerReflection)["method"]>;
+  v1alpha: ServiceImpl<(typeof AlphaReflection)["method"]>;
+} {
+  const index = new DescriptorIndex([...services, ServerReflection, AlphaReflection]);
+  const v1: ServiceImpl<(typeof ServerReflection)["method"]> = {
     serverReflectionInfo(call) {
       call.on("data", (req: ServerReflectionRequest) => {
         if (!call.writableEnded) call.write(answer(index, req));
@@ -118,4 +131,15 @@ export function reflectionService(
       call.on("end", () => call.end());
     },
   };
+  const v1alpha: ServiceImpl<(typeof AlphaReflection)["method"]> = {
+    serverReflectionInfo(call) {
+      call.on("data", (alpha: AlphaRequest) => {
+        if (call.writableEnded) return;
+        const req = fromBinary(ServerReflectionRequestSchema, toBinary(AlphaRequestSchema, alpha));
+        call.write(fromBinary(AlphaResponseSchema, toBinary(ServerReflectionResponseSchema, answer(index, req))));
+      });
+      call.on("end", () => call.end());
+    },
+  };
+  return { v1, v1alpha };
 }

@@ -27,7 +27,8 @@ import { AdminService } from "../shared/gen/troupe/v1/admin_pb.js";
 import { GatewayService } from "../shared/gen/troupe/v1/gateway_pb.js";
 import { Health } from "../shared/gen/grpc/health/v1/health_pb.js";
 import { ServerReflection } from "../shared/gen/grpc/reflection/v1/reflection_pb.js";
-import { reflectionService } from "./reflection.js";
+import { ServerReflection as AlphaReflection } from "../shared/gen/grpc/reflection/v1alpha/reflection_pb.js";
+import { reflectionServices } from "./reflection.js";
 import { adminService } from "./admin.js";
 import { GatewayLimits } from "./limits.js";
 import { TenantQuotas } from "../shared/auth/quotas.js";
@@ -412,7 +413,9 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
 
   server.add(AdminService, adminService(router, runners));
   // Reflection (grpcurl list, describe) is open to all, like health: the schema is public, not what it reaches.
-  server.add(ServerReflection, reflectionService([GatewayService, AdminService, Health]));
+  const reflection = reflectionServices([GatewayService, AdminService, Health]);
+  server.add(ServerReflection, reflection.v1);
+  server.add(AlphaReflection, reflection.v1alpha);
 
   const port = await server.listen(cfg.addr.gateway, cfg.tls);
   logger.info(`gateway serving on port ${port}${cfg.tls ? " (TLS)" : ""}`, { maxMessageBytes: cfg.maxMessageBytes });

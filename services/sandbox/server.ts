@@ -118,6 +118,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
       throw new RateLimited(
         `tenant ${tenant} has ${mine} live sandboxes, its quota; release one (or let it idle out) first`,
         5000,
+        "QUOTA_EXCEEDED",
       );
   };
 

@@ -1,6 +1,7 @@
 // Errors that cross a gRPC boundary. Handlers throw RpcError with the status a caller should see;
 // anything else thrown is a bug and reaches the caller as INTERNAL without its message.
 import { Metadata, status as Status } from "@grpc/grpc-js";
+import { addRetryDetails, PUSHBACK_TRAILER, STATUS_DETAILS_TRAILER } from "./retry-details.js";
 
 export { Status };
 
@@ -16,6 +17,11 @@ export class RpcError extends Error {
   /** Trailing metadata the caller receives with the status (for example where to retry). */
   get trailers(): Record<string, string> {
     return {};
+  }
+
+  /** A stable reason for ErrorInfo (UPPER_SNAKE_CASE), where the refusal has one. */
+  get reason(): string | undefined {
+    return undefined;
   }
 }
 
@@ -53,6 +59,9 @@ export function toStatus(err: unknown): { code: Status; details: string; metadat
     if (entries.length === 0) return { code: err.code, details: err.message };
     const metadata = new Metadata();
     for (const [k, v] of entries) metadata.set(k, v);
+    const retry = err.trailers[RETRY_AFTER_TRAILER];
+    if (retry !== undefined)
+      addRetryDetails(metadata, err.code, err.message, Number(retry), err.reason ?? "RETRY_LATER");
     return { code: err.code, details: err.message, metadata };
   }
   const code = grpcCode(err);
@@ -61,10 +70,17 @@ export function toStatus(err: unknown): { code: Status; details: string; metadat
   // services (a session owner's internal address) and stay inside.
   if (code !== undefined && code !== Status.OK) {
     const details = (err as { details?: string }).details ?? String(err);
-    const retry = (err as { metadata?: Metadata }).metadata?.get(RETRY_AFTER_TRAILER)[0];
+    const from = (err as { metadata?: Metadata }).metadata;
+    const retry = from?.get(RETRY_AFTER_TRAILER)[0];
     if (retry === undefined) return { code, details };
     const metadata = new Metadata();
     metadata.set(RETRY_AFTER_TRAILER, String(retry));
+    // The service that refused said why (retry-details.ts): its details pass on as they are.
+    const said = from?.get(STATUS_DETAILS_TRAILER)[0];
+    if (Buffer.isBuffer(said)) {
+      metadata.set(PUSHBACK_TRAILER, String(retry));
+      metadata.set(STATUS_DETAILS_TRAILER, said);
+    } else addRetryDetails(metadata, code, details, Number(retry), "RETRY_LATER");
     return { code, details, metadata };
   }
   return { code: Status.INTERNAL, details: "internal error" };

@@ -17,7 +17,8 @@ export class TenantRuns {
   admit(tenant: string): void {
     const limit = this.quotas.of(tenant).concurrentRuns;
     const n = this.going.get(tenant) ?? 0;
-    if (n >= limit) throw new RateLimited(`tenant ${tenant} has ${n} runs going, its quota`, RETRY_AFTER_MS);
+    if (n >= limit)
+      throw new RateLimited(`tenant ${tenant} has ${n} runs going, its quota`, RETRY_AFTER_MS, "QUOTA_EXCEEDED");
   }
 
   started(tenant: string): void {

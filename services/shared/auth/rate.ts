@@ -1,6 +1,7 @@
 // Token buckets and the refusal that says when to come back: RESOURCE_EXHAUSTED with the wait in
-// the trailer `retry-after-ms` and in the message. Used by the gateway's limits and the quotas of
-// the runner and the sandbox service.
+// the trailer `retry-after-ms`, in the message, and as gRPC's retry pushback and RetryInfo
+// (retry-details.ts). Used by the gateway's limits and the quotas of the runner and the sandbox
+// service.
 import { RETRY_AFTER_TRAILER, RpcError, Status } from "../errors.js";
 
 export const RETRY_AFTER_KEY = RETRY_AFTER_TRAILER;
@@ -8,13 +9,19 @@ export const RETRY_AFTER_KEY = RETRY_AFTER_TRAILER;
 /** A refusal that says when to come back. */
 export class RateLimited extends RpcError {
   readonly retryAfterMs: number;
-  constructor(message: string, retryAfterMs: number) {
+  /** ErrorInfo's reason: RATE_LIMITED for a rate, QUOTA_EXCEEDED for a quota. */
+  private readonly why: string;
+  constructor(message: string, retryAfterMs: number, reason = "RATE_LIMITED") {
     const ms = Math.max(1, Math.ceil(retryAfterMs));
     super(Status.RESOURCE_EXHAUSTED, `${message}; retry in ${ms} ms`);
     this.retryAfterMs = ms;
+    this.why = reason;
   }
   override get trailers(): Record<string, string> {
     return { [RETRY_AFTER_KEY]: String(this.retryAfterMs) };
+  }
+  override get reason(): string {
+    return this.why;
   }
 }
 
