@@ -515,6 +515,9 @@ describe("connections cannot be held open", () => {
       assert.equal(r.status, 401, path);
     }
     assert.equal((await fetch(`${base}/healthz`)).status, 200);
+    const ready = await fetch(`${base}/readyz`);
+    assert.equal(ready.status, 200);
+    assert.equal(await ready.text(), "ready\n");
     assert.equal((await fetch(`${base}/`)).status, 200);
   });
 

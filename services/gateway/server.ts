@@ -99,7 +99,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
   const submit = async (
     sessionId: string,
     sent: ClientFrame,
-    call: { metadata: grpc.Metadata },
+    call: grpc.ServerUnaryCall<unknown, unknown>,
     owner?: string,
     decider = identityOf(call.metadata).principal,
   ) => {
@@ -118,7 +118,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
     const traced = spans.start(frame);
     try {
       const res = await withRunner({ metadata }, sessionId, (runner) =>
-        runner.submit({ sessionId, frame: traced }, { metadata: caller }),
+        runner.submit({ sessionId, frame: traced }, { metadata: caller, parent: call }),
       );
       return { accepted: res.accepted };
     } finally {
@@ -147,7 +147,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
               history: req.history,
             },
           },
-          { metadata: onBehalfOf(call) },
+          { metadata: onBehalfOf(call), parent: call },
         ),
       );
       return { session: res.session };
@@ -334,21 +334,24 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       if (!req.schedule) throw invalidArgument("schedule is required");
       const schedule = req.schedule;
       const res = await withRunner(call, schedule.sessionId, (runner) =>
-        runner.putSchedule({ schedule }, { metadata: onBehalfOf(call) }),
+        runner.putSchedule({ schedule }, { metadata: onBehalfOf(call), parent: call }),
       );
       return { schedule: res.schedule };
     },
 
     async listSchedules(req, call) {
       const res = await withRunner(call, req.sessionId, (runner) =>
-        runner.readSchedules({ sessionId: req.sessionId }, { metadata: onBehalfOf(call) }),
+        runner.readSchedules({ sessionId: req.sessionId }, { metadata: onBehalfOf(call), parent: call }),
       );
       return { schedules: res.schedules };
     },
 
     async deleteSchedule(req, call) {
       const res = await withRunner(call, req.sessionId, (runner) =>
-        runner.removeSchedule({ sessionId: req.sessionId, scheduleId: req.scheduleId }, { metadata: onBehalfOf(call) }),
+        runner.removeSchedule(
+          { sessionId: req.sessionId, scheduleId: req.scheduleId },
+          { metadata: onBehalfOf(call), parent: call },
+        ),
       );
       return { deleted: res.deleted };
     },
@@ -357,7 +360,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       const page = await withRunner(call, req.sessionId, (runner) =>
         runner.readHistory(
           { sessionId: req.sessionId, pageSize: req.pageSize, pageToken: req.pageToken },
-          { metadata: onBehalfOf(call) },
+          { metadata: onBehalfOf(call), parent: call },
         ),
       );
       return { messages: page.messages, nextPageToken: page.nextPageToken };
@@ -367,7 +370,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       const res = await withRunner(call, req.sessionId, (runner) =>
         runner.deleteStoredSession(
           { sessionId: req.sessionId, forgetMemories: req.forgetMemories },
-          { metadata: onBehalfOf(call) },
+          { metadata: onBehalfOf(call), parent: call },
         ),
       );
       placements.invalidate(identityOf(call.metadata), req.sessionId);
@@ -393,7 +396,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       const res = await withRunner(call, req.sessionId || probeId, (runner) =>
         runner.describeMcpServers(
           { agentId: req.agentId, sessionId: req.sessionId, probeId },
-          { metadata: onBehalfOf(call), timeoutMs: 90_000 },
+          { metadata: onBehalfOf(call), timeoutMs: 90_000, parent: call },
         ),
       );
       return { servers: res.servers };

@@ -23,7 +23,7 @@ export type Admission = (req: NodeServerRequest, res: NodeServerResponse, closeA
 export function admission(authenticate: Authenticator, isPublic: (req: NodeServerRequest) => boolean): Admission {
   return (req, res, closeAfter = false) => {
     const pathname = (req.url ?? "").split("?")[0];
-    if (pathname === "/healthz" || isPublic(req)) return true;
+    if (pathname === "/healthz" || pathname === "/readyz" || isPublic(req)) return true;
     try {
       // A copy: the check rewrites what it is given, and each call builds its own.
       authenticate(forwardedMetadata(req.headers), pathname);

@@ -47,7 +47,9 @@ export interface HttpEdgeOptions {
    * so, not what else is wrong with its request, and costs no decoding.
    */
   authenticate: Authenticator;
-  /** Requests anyone may make besides /healthz (the console's files). */
+  /** Whether the gateway takes new work: /readyz answers 200 while it does, 503 from its drain on. */
+  ready?: () => boolean;
+  /** Requests anyone may make besides /healthz and /readyz (the console's files). */
   isPublic?: (req: NodeServerRequest) => boolean;
   /** Deadlines for every connection's bytes and a cap on their number (connection-guard.ts). */
   connections: ConnectionLimits;
@@ -142,7 +144,12 @@ export async function startHttpEdge(opts: HttpEdgeOptions): Promise<HttpEdge> {
     readMaxBytes: opts.maxMessageBytes,
     writeMaxBytes: opts.maxMessageBytes,
     fallback: (req, res) => {
+      // Liveness: the process answers. Readiness: it takes new work (not while draining).
       if (req.url === "/healthz") return answer(res, 200, { "content-type": "text/plain" }, "ok\n");
+      if (req.url === "/readyz")
+        return (opts.ready?.() ?? true)
+          ? answer(res, 200, { "content-type": "text/plain" }, "ready\n")
+          : answer(res, 503, { "content-type": "text/plain" }, "draining\n");
       void (opts.fallback?.(req, res) ?? Promise.resolve(false)).then(
         (done) => {
           if (!done) answer(res, 404, { "content-type": "text/plain" }, "not found\n");

@@ -57,6 +57,7 @@ export async function serveHttp(
     tls: cfg.tls,
     authenticate,
     isPublic: webConsole.has,
+    ready: () => server.serving,
     connections: cfg.httpConnections,
     fallback: async (req, res) => (await openAi(req, res)) || (await mcp(req, res)) || webConsole.serve(req, res),
     logger,

@@ -81,6 +81,8 @@ export function createClient<S extends GenServiceMethods>(
       injectContext(spanContext(context.active(), span), metadata);
       const timeout = opts?.timeoutMs ?? (unary ? defaultDeadline : undefined);
       const callOptions: grpc.CallOptions = timeout === undefined ? {} : { deadline: Date.now() + timeout };
+      // grpc-js takes the earlier of this deadline and the parent's, and cancels with the parent.
+      if (opts?.parent) callOptions.parent = opts.parent;
       return { span, metadata, callOptions };
     };
     const linkSignal = (call: grpc.Call, signal?: AbortSignal) => {

@@ -302,6 +302,11 @@ export class RpcServer {
     });
   }
 
+  /** Whether the server as a whole reports SERVING (false from drain on). */
+  get serving(): boolean {
+    return this.statuses.get("") === Serving.SERVING;
+  }
+
   /**
    * Go NOT_SERVING, stop accepting, give running calls graceMs to end. Calls still running after
    * it stay open until close(), so that the service can finish its own shutdown first (a runner

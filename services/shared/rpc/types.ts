@@ -26,6 +26,11 @@ export interface CallOptions {
   timeoutMs?: number;
   signal?: AbortSignal;
   metadata?: grpc.Metadata;
+  /**
+   * The call being served that this call is made for: its deadline bounds this one (and its
+   * cancellation cancels it), as gRPC's deadline propagation has it.
+   */
+  parent?: grpc.CallOptions["parent"];
 }
 
 /** Client side: one function per method. */
