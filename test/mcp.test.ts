@@ -18,6 +18,7 @@ import { Server as McpServer } from "@modelcontextprotocol/sdk/server/index.js";
 import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
 import { CallToolRequestSchema, ListToolsRequestSchema } from "@modelcontextprotocol/sdk/types.js";
 import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
+import { Role } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import { ChatSession } from "./helpers/session.js";
@@ -207,7 +208,11 @@ describe("MCP servers as an agent's tools", () => {
     const structured = await call(s, 'everything__get-structured-content {"location": "Chicago"}');
     assert.match(structured.end.result, /"temperature":/);
     const image = await call(s, "everything__get-tiny-image {}");
-    assert.match(image.end.result, /\[image image\/png, \d+ bytes, not shown\]/);
+    assert.match(image.end.result, /\[image image\/png, \d+ bytes\]/);
+    // The image itself is kept with the result, for a vision model (the next request carries it).
+    const kept = await stack.gateway.getHistory({ sessionId: s.opened!.sessionId, pageSize: 1000 });
+    const result = kept.messages.find((m) => m.toolName === "everything__get-tiny-image" && m.role === Role.TOOL);
+    assert.equal(result?.images[0]?.mimeType, "image/png");
     const long = await call(s, 'everything__trigger-long-running-operation {"duration": 1, "steps": 3}');
     const updates = of(long.events, "toolExecutionUpdate").map((u) => u.output);
     assert.ok(

@@ -6,7 +6,10 @@ import assert from "node:assert/strict";
 import { AgentConfigError, parseAgentConfig } from "../../services/runner/agent-config.js";
 import { approvalOf } from "../../services/runner/tools/approvals.js";
 import { fillSecrets, serversFor } from "../../services/runner/tools/mcp/mcp-config.js";
-import { resultText } from "../../services/runner/tools/mcp/mcp-connection.js";
+import { resultImages, resultText } from "../../services/runner/tools/mcp/mcp-connection.js";
+import { toModelMessages } from "../../services/runner/session/transcript.js";
+import { create } from "@bufbuild/protobuf";
+import { ChatMessageSchema, Role } from "../../services/shared/gen/troupe/v1/session_pb.js";
 import { shellLine } from "../../services/runner/tools/mcp/sandbox-stdio.js";
 
 describe("MCP configuration", () => {
@@ -78,10 +81,55 @@ describe("MCP plumbing", () => {
           { type: "resource", resource: { uri: "file:///b", text: "B" } },
         ],
       }),
-      "here\n[image image/png, 3 bytes, not shown]\n[resource file:///a (a)]\n[resource file:///b]\nB",
+      "here\n[image image/png, 3 bytes]\n[resource file:///a (a)]\n[resource file:///b]\nB",
     );
     assert.equal(resultText({ content: [], structuredContent: { n: 1 } }), '{"n":1}');
     assert.equal(resultText({ content: [{ type: "text", text: '{"n":1}' }], structuredContent: { n: 1 } }), '{"n":1}');
     assert.equal(resultText({ content: [], isError: true }), "(the tool failed and said nothing)");
+  });
+});
+
+describe("images a tool returned", () => {
+  const png = Buffer.from(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAQAAAC1HAwCAAAAC0lEQVR42mNkYAAAAAYAAjCB0C8AAAAASUVORK5CYII=",
+    "base64",
+  );
+  test("a result's images are kept by their bytes' type; what is not an image is left out", () => {
+    const images = resultImages({
+      content: [
+        { type: "image", data: png.toString("base64"), mimeType: "image/jpeg" },
+        { type: "image", data: Buffer.from("not an image").toString("base64"), mimeType: "image/png" },
+      ],
+    });
+    assert.deepEqual(
+      images.map((i) => i.mimeType),
+      ["image/png"],
+    );
+  });
+
+  test("they reach the model after their batch's last result, as a user message naming the tools", () => {
+    const call = create(ChatMessageSchema, {
+      role: Role.ASSISTANT,
+      toolCalls: [
+        { id: "a", name: "srv__shot" },
+        { id: "b", name: "srv__text" },
+      ],
+    });
+    const shot = create(ChatMessageSchema, {
+      role: Role.TOOL,
+      toolCallId: "a",
+      toolName: "srv__shot",
+      text: "[image image/png, 70 bytes]",
+      images: [{ mimeType: "image/png", data: png }],
+    });
+    const text = create(ChatMessageSchema, { role: Role.TOOL, toolCallId: "b", toolName: "srv__text", text: "t" });
+    const out = toModelMessages("sys", undefined, [call, shot, text]);
+    assert.deepEqual(
+      out.map((m) => m.role),
+      ["system", "assistant", "tool", "tool", "user"],
+    );
+    const last = out[4] as { content: string; images?: { mimeType: string }[] };
+    assert.match(last.content, /The images srv__shot returned/);
+    assert.equal(last.images?.[0]?.mimeType, "image/png");
   });
 });

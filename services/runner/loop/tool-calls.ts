@@ -240,6 +240,7 @@ function finishCall(host: RunHost, call: ToolCall, result: ToolResult, skipped: 
       toolName: call.name,
       text: result.output,
       isError: result.isError,
+      images: result.images ?? [],
       time: timestampNow(),
     }),
   );

@@ -158,7 +158,8 @@ export function toModelMessages(
 ): ModelMessage[] {
   const out: ModelMessage[] = [{ role: "system", content: system }];
   if (summary) out.push(summaryMessage(summary));
-  for (const m of history) {
+  const pendingImages: { tool: string; images: ChatMessage["images"] }[] = [];
+  for (const [i, m] of history.entries()) {
     if (m.role === Role.USER)
       out.push({
         role: "user",
@@ -172,7 +173,20 @@ export function toModelMessages(
         toolCalls: m.toolCalls.map((c) => ({ id: c.id, name: c.name, argumentsJson: c.argumentsJson })),
         ...(m.reasoning ? { model: m.model, reasoning: m.reasoning } : {}),
       });
-    else if (m.role === Role.TOOL) out.push({ role: "tool", toolCallId: m.toolCallId, content: m.text });
+    else if (m.role === Role.TOOL) {
+      out.push({ role: "tool", toolCallId: m.toolCallId, content: m.text });
+      if (m.images.length > 0) pendingImages.push({ tool: m.toolName, images: m.images });
+    }
+    // Images tools returned go after the last result of their batch (a result's own place takes
+    // text only in most providers' APIs), as a user message that says where they came from.
+    if (pendingImages.length > 0 && history[i + 1]?.role !== Role.TOOL) {
+      out.push({
+        role: "user",
+        content: `[The images ${[...new Set(pendingImages.map((p) => p.tool))].join(", ")} returned, in order]`,
+        images: pendingImages.flatMap((p) => p.images.map((img) => ({ mimeType: img.mimeType, data: img.data }))),
+      });
+      pendingImages.length = 0;
+    }
   }
   return out;
 }

@@ -3,6 +3,7 @@
 // anything outside the runner (shell commands, workspace files) go through the sandbox service:
 // nothing the model asks for runs or is written in the runner's own process or file system.
 import type { SandboxService } from "../../shared/gen/troupe/v1/sandbox_pb.js";
+import type { Image } from "../../shared/gen/troupe/v1/session_pb.js";
 import type { ServiceClient } from "../../shared/rpc.js";
 import { identityMetadata, type Identity } from "../../shared/auth/auth.js";
 import { grpcCode, Status } from "../../shared/errors.js";
@@ -19,6 +20,8 @@ export interface ToolContext {
 export interface ToolResult {
   output: string;
   isError: boolean;
+  /** Images the tool returned (an MCP server's image content), checked: a vision model sees them. */
+  images?: Image[];
 }
 
 export interface Tool {

@@ -7,7 +7,10 @@
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import type { Transport } from "@modelcontextprotocol/sdk/shared/transport.js";
 import type { CallToolResult, Tool as McpTool } from "@modelcontextprotocol/sdk/types.js";
+import { create } from "@bufbuild/protobuf";
 import { Ajv } from "ajv";
+import { type Image, ImageSchema } from "../../../shared/gen/troupe/v1/session_pb.js";
+import { MAX_IMAGE_BYTES, MAX_IMAGES, sniffImage } from "../../../shared/media.js";
 import { clip, type ToolContext, type ToolResult } from "../tools.js";
 
 export type McpState = "connecting" | "ready" | "failed" | "closed";
@@ -187,7 +190,12 @@ export class McpConnection {
           ctx.onUpdate(this.opts.scrub(`[progress ${p.progress}${of}]${p.message ? ` ${p.message}` : ""}\n`));
         },
       })) as CallToolResult;
-      return { output: clip(this.opts.scrub(resultText(result))), isError: result.isError === true };
+      const images = resultImages(result);
+      return {
+        output: clip(this.opts.scrub(resultText(result))),
+        isError: result.isError === true,
+        ...(images.length > 0 ? { images } : {}),
+      };
     } catch (err) {
       const why = stop.signal.aborted && !ctx.signal.aborted ? (stop.signal.reason as Error) : (err as Error);
       if (ctx.signal.aborted) return { output: `${name}: aborted`, isError: true };
@@ -217,13 +225,33 @@ function paramsOf(schema: McpTool["inputSchema"]): Record<string, unknown> {
   return { ...rest, type: "object" };
 }
 
+/**
+ * A result's images for a vision model: PNG, JPEG, GIF or WebP by their bytes (a server's stated
+ * type is not taken on trust), at most MAX_IMAGES and MAX_IMAGE_BYTES in all, as a message's.
+ */
+export function resultImages(result: CallToolResult): Image[] {
+  const out: Image[] = [];
+  let total = 0;
+  for (const c of result.content ?? []) {
+    if (c.type !== "image" || out.length >= MAX_IMAGES) continue;
+    const data = Buffer.from(c.data, "base64");
+    const type = sniffImage(data);
+    if (!type || total + data.length > MAX_IMAGE_BYTES) continue;
+    total += data.length;
+    out.push(create(ImageSchema, { mimeType: type, data, sizeBytes: BigInt(data.length) }));
+  }
+  return out;
+}
+
 /** A result's content as the text the model reads: text as is, the rest said for what it is. */
 export function resultText(result: CallToolResult): string {
   const parts: string[] = [];
   for (const c of result.content ?? []) {
     if (c.type === "text") parts.push(c.text);
     else if (c.type === "image" || c.type === "audio")
-      parts.push(`[${c.type} ${c.mimeType}, ${Math.floor((c.data.length * 3) / 4)} bytes, not shown]`);
+      parts.push(
+        `[${c.type} ${c.mimeType}, ${Math.floor((c.data.length * 3) / 4)} bytes${c.type === "audio" ? ", not shown" : ""}]`,
+      );
     else if (c.type === "resource_link") parts.push(`[resource ${c.uri}${c.name ? ` (${c.name})` : ""}]`);
     else if (c.type === "resource")
       parts.push(
