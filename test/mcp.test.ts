@@ -250,6 +250,19 @@ describe("MCP servers as an agent's tools", () => {
       said.some((m) => /MCP server missing offers no tools.*no-such-mcp-server/.test(m)),
       JSON.stringify(said),
     );
+    // Structured content, images and progress come through the sandbox's channel as over HTTP.
+    assert.match(
+      (await call(s, 'everything__get-structured-content {"location": "Chicago"}')).end.result,
+      /"temperature":/,
+    );
+    assert.match((await call(s, "everything__get-tiny-image {}")).end.result, /\[image image\/png, \d+ bytes\]/);
+    const long = await call(s, 'everything__trigger-long-running-operation {"duration": 1, "steps": 2}');
+    // Its last progress comes in the same chunk as its result, and is still seen.
+    const progress = of(long.events, "toolExecutionUpdate").map((u) => u.output);
+    assert.ok(
+      progress.some((u) => u.includes("[progress 2/2]")),
+      progress.join(""),
+    );
     // The server's environment is the sandbox's: no runner variable reached it.
     const env = await call(s, "everything__get-env {}");
     assert.match(env.end.result, /"PATH"/);

@@ -42,6 +42,8 @@ export class SandboxStdioTransport implements Transport {
   private received = 0;
   private stderr = "";
   private closed = false;
+  private readonly inbox: JSONRPCMessage[] = [];
+  private delivering = false;
   private exit = "";
   private markEnded!: () => void;
   private readonly ended = new Promise<void>((resolve) => {
@@ -139,12 +141,30 @@ export class SandboxStdioTransport implements Transport {
         continue;
       }
       if (message === null) break;
-      this.onmessage?.(message);
+      this.inbox.push(message);
     }
+    this.deliver();
     if (this.received > RESTART_AFTER) {
       this.onerror?.(new Error("the server's output neared the sandbox's cap; it is started again"));
       void this.close();
     }
+  }
+
+  /**
+   * Hands the messages read to the client one per turn of the event loop. Several lines often come
+   * in one chunk (a progress notification and then the result); the SDK handles a notification a
+   * microtask later but a response at once, so handed over together the result would end the call
+   * before its last progress is seen.
+   */
+  private deliver(): void {
+    if (this.delivering || this.inbox.length === 0) return;
+    this.delivering = true;
+    setImmediate(() => {
+      this.delivering = false;
+      const next = this.inbox.shift();
+      if (next && !this.closed) this.onmessage?.(next);
+      this.deliver();
+    });
   }
 
   private finish(): void {
