@@ -142,6 +142,12 @@ before(async () => {
     mcpTenants: { acme: { bad: null } },
     approvals: { tools: { "everything__*": "allow", bad__ok: "allow", "bad__*": "allow" } },
   });
+  // One server name, two tenants, two servers: acme's `everything` is the bad server.
+  await writeAgent(dataDir, "same-name", {
+    mcpServers: { everything: { url: url(everythingPort) } },
+    mcpTenants: { acme: { everything: { url: url(badPort) } } },
+    approvals: { tools: { "*": "allow" } },
+  });
   // Reference servers over stdio, run in the session's sandbox (the MCP image has them).
   await writeAgent(dataDir, "stdio", {
     mcpServers: {
@@ -407,6 +413,29 @@ describe("MCP servers as an agent's tools", () => {
     const echo = await call(acme, 'everything__echo {"message": "acme"}');
     assert.equal(echo.end.result, "Echo: acme");
     acme.close();
+  });
+
+  test("two owners' sessions of one id hold their own connections", async () => {
+    // Session ids are the clients' to choose: dev's and acme's "same-id" are two sessions.
+    const mine = new ChatSession(stack.gateway);
+    mine.send({ case: "open", value: { sessionId: "same-id", agentId: "same-name", create: true } });
+    await mine.waitOpened();
+    const from = mine.events.length;
+    mine.prompt('!call everything__trigger-long-running-operation {"duration": 3, "steps": 6}');
+    await mine.waitFor((e) => e.payload.case === "toolExecutionUpdate", 15_000, from);
+    // Meanwhile acme's session of that id runs its own server under the same name.
+    const theirs = new ChatSession(await stack.gatewayAs("acme", "ann"));
+    theirs.send({ case: "open", value: { sessionId: "same-id", agentId: "same-name", create: true } });
+    await theirs.waitOpened();
+    assert.equal((await call(theirs, 'everything__ok {"n": 2}')).end.result, 'ok {"n":2}');
+    // Dev's call, on dev's connection, ends as its server says: nothing of acme's touched it.
+    const ended = await mine.waitFor((e) => e.payload.case === "toolExecutionEnd", 15_000, from);
+    assert.match(
+      ended.payload.case === "toolExecutionEnd" ? ended.payload.value.result : "",
+      /Long running operation completed/,
+    );
+    mine.close();
+    theirs.close();
   });
 });
 

@@ -16,6 +16,7 @@ import { identityMetadata } from "../shared/auth/auth.js";
 import type { Logger } from "../shared/process/log.js";
 import { CONVERSATION_SESSION_IDLE_MS, CONVERSATION_SESSION_PREFIX } from "../shared/ids.js";
 import type { ServiceClient } from "../shared/rpc.js";
+import type { SessionRef } from "../shared/session-ref.js";
 import type { AgentConfigs } from "./agent-config.js";
 import type { ScheduleStore } from "./store/schedule-files.js";
 import type { Identity } from "../shared/auth/auth.js";
@@ -33,7 +34,7 @@ export interface SessionParts {
   /** Called when schedules changed. Contract: never throws. */
   schedulesChanged(): void;
   /** Closes the session's MCP connections. Contract: never throws. */
-  closeMcp?(sessionId: string): Promise<void>;
+  closeMcp?(ref: SessionRef): Promise<void>;
   logger: Logger;
 }
 
@@ -54,7 +55,7 @@ export async function clearSessionParts(
   }
   await parts.schedules.write(actor.ref, undefined);
   parts.schedulesChanged();
-  await parts.closeMcp?.(sessionId);
+  await parts.closeMcp?.(actor.ref);
   // A sandbox the service cannot remove now is removed by its idle timeout.
   const sandboxRemoved = await parts.sandbox
     .releaseSandbox({ sessionId, agentId: actor.agentId }, { metadata: identityMetadata(owner), timeoutMs: 30_000 })

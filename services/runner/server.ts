@@ -202,7 +202,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
     sandbox,
     schedules: storage.schedules,
     schedulesChanged: () => scheduler.changed(),
-    closeMcp: (sessionId: string) => mcp.closeSession(sessionId),
+    closeMcp: (ref: SessionRef) => mcp.closeSession(ref),
     logger,
   };
   const retention = startRetention({ store, registry, agents, parts, everyMs: cfg.retentionSweepMs });
@@ -244,7 +244,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
         serversFor(config, owner.tenant),
       );
       if (!actor) {
-        await mcp.closeSession(sessionId);
+        await mcp.closeSession({ tenant: owner.tenant, principal: owner.principal, sessionId });
         await sandbox
           .releaseSandbox({ sessionId, agentId }, { metadata: identityMetadata(owner), timeoutMs: 10_000 })
           .catch(() => undefined);

@@ -1,8 +1,9 @@
 // Every session's MCP connections in this runner. A session's servers are connected when its
 // first run starts (their tools offered from that run on) and kept while it is used: a connection
 // unused for IDLE_MS is closed, and made again by the next run. Connections are the session's own,
-// so one tenant's servers, credentials and results never reach another's session; a server whose
-// spec changes in agent.json is connected anew.
+// held under its whole ref (tenant, principal, id: session ids are chosen by clients and repeat
+// across owners), so one tenant's servers, credentials and results never reach another's session;
+// a server whose spec changes in agent.json is connected anew.
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import type { Transport } from "@modelcontextprotocol/sdk/shared/transport.js";
 import type { SandboxService } from "../../../shared/gen/troupe/v1/sandbox_pb.js";
@@ -10,6 +11,7 @@ import type { Identity } from "../../../shared/auth/auth.js";
 import { guardedFetch } from "../../../shared/net/guarded-fetch.js";
 import type { NetPolicy } from "../../../shared/net/net-guard.js";
 import type { ServiceClient } from "../../../shared/rpc.js";
+import { refKey, type SessionRef } from "../../../shared/session-ref.js";
 import type { EgressOf, Tool } from "../tools.js";
 import type { Secrets } from "../web-tools.js";
 import { fillSecrets, type McpServers, type McpServerSpec, secretsNamed } from "./mcp-config.js";
@@ -92,32 +94,41 @@ export class McpHub {
   }
 
   /** Closes a session's connections (the session was deleted or left this runner). */
-  async closeSession(sessionId: string): Promise<void> {
-    const held = this.sessions.get(sessionId);
-    this.sessions.delete(sessionId);
+  async closeSession(ref: SessionRef): Promise<void> {
+    await this.close(refKey(ref));
+  }
+
+  private async close(key: string): Promise<void> {
+    const held = this.sessions.get(key);
+    this.sessions.delete(key);
     await Promise.all([...(held?.values() ?? [])].map((h) => h.connection.close()));
   }
 
   async closeIdle(now: number): Promise<void> {
-    for (const [sessionId, held] of this.sessions) {
+    for (const [key, held] of this.sessions) {
       for (const [server, h] of held)
         if (now - h.connection.lastUsedMs > IDLE_MS) {
           held.delete(server);
           await h.connection.close();
         }
-      if (held.size === 0) this.sessions.delete(sessionId);
+      if (held.size === 0) this.sessions.delete(key);
     }
   }
 
   async stop(): Promise<void> {
     clearInterval(this.sweep);
-    await Promise.all([...this.sessions.keys()].map((id) => this.closeSession(id)));
+    await Promise.all([...this.sessions.keys()].map((key) => this.close(key)));
   }
 
   /** The session's connections for `servers`: new ones made, changed ones replaced, dropped ones closed. */
   private async held(session: McpSession, servers: McpServers): Promise<Map<string, Held>> {
-    const mine = this.sessions.get(session.sessionId) ?? new Map<string, Held>();
-    this.sessions.set(session.sessionId, mine);
+    const key = refKey({
+      tenant: session.owner.tenant,
+      principal: session.owner.principal,
+      sessionId: session.sessionId,
+    });
+    const mine = this.sessions.get(key) ?? new Map<string, Held>();
+    this.sessions.set(key, mine);
     const secrets = await this.deps.secrets.all();
     for (const [server, h] of mine)
       if (JSON.stringify(servers[server]) !== h.spec) {
