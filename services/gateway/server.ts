@@ -37,7 +37,7 @@ import { RouterService, type ResolveSessionResponse } from "../shared/gen/troupe
 import type { RunnerService } from "../shared/gen/troupe/v1/runner_pb.js";
 import { ClientFrameSchema, type ClientFrame } from "../shared/gen/troupe/v1/session_pb.js";
 import type { Logger } from "../shared/process/log.js";
-import { RpcServer, createClient, type grpc, type ServiceClient } from "../shared/rpc.js";
+import { RECONNECT_WAIT_MS, RpcServer, createClient, type grpc, type ServiceClient } from "../shared/rpc.js";
 import type { RunningService } from "../shared/process/service.js";
 import { extractContext } from "../shared/process/telemetry.js";
 import { PlacementCache, RunnerPool } from "./placement.js";
@@ -80,14 +80,17 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
   ): Promise<T> => {
     validateSessionRef(sessionId, "", false);
     const who = identityOf(call.metadata);
-    // A runner that moved or restarted: placed again and retried, the last time after 1 s (limits.ts).
+    // A runner that moved or restarted: placed again and retried. A restarted runner's channel may
+    // be in its reconnect backoff (at most 2.4 s, limits.ts), where a call fails at once: a retry
+    // waits for the channel first, so a caller does not see UNAVAILABLE from a runner that is back.
     for (let attempt = 0; ; attempt++) {
       const placement = await placements.resolve(who, sessionId, "");
+      const runner = runners.get(placement.runner!.address);
+      if (attempt > 0) await runner.ready(RECONNECT_WAIT_MS);
       try {
-        return await fn(runners.get(placement.runner!.address), placement);
+        return await fn(runner, placement);
       } catch (err) {
         if (attempt >= 2 || !placements.reroute(who, sessionId, err)) throw err;
-        if (attempt > 0) await new Promise((r) => setTimeout(r, 1000));
       }
     }
   };

@@ -67,7 +67,10 @@ export function createClient<S extends GenServiceMethods>(
     : grpc.credentials.createInsecure();
   const raw = new Ctor(address, credentials, channel);
   const defaultDeadline = options.defaultDeadlineMs ?? DEFAULT_DEADLINE_MS;
-  const client: Record<string, unknown> = { close: () => raw.close() };
+  const client: Record<string, unknown> = {
+    close: () => raw.close(),
+    ready: (ms: number) => new Promise<boolean>((resolve) => raw.waitForReady(Date.now() + ms, (err) => resolve(!err))),
+  };
   const fixedHeaders = Object.entries(options.headers ?? {});
 
   for (const method of service.methods) {

@@ -12,6 +12,9 @@ export const DEFAULT_DEADLINE_MS = 10_000;
  */
 export const RECEIVE_WINDOW_BYTES = 1024 * 1024;
 
+/** Longest reconnect backoff with grpc-js's 20% jitter, and a margin: what a retry waits for a peer. */
+export const RECONNECT_WAIT_MS = 2_500;
+
 export function channelOptions(maxMessageBytes: number): grpc.ChannelOptions {
   return {
     "grpc.max_receive_message_length": maxMessageBytes,

@@ -42,4 +42,11 @@ export type ServiceClient<S extends GenServiceMethods> = {
       : S[K]["methodKind"] extends "client_streaming"
         ? (options?: CallOptions) => Promise<never>
         : (options?: CallOptions) => grpc.ClientDuplexStream<InInit<S[K]>, Out<S[K]>>;
-} & { readonly close: () => void };
+} & {
+  readonly close: () => void;
+  /**
+   * Resolves true once the channel is connected, false after `ms` without: waits out grpc-js's
+   * reconnect backoff to a peer that restarted, where a call would fail at once.
+   */
+  readonly ready: (ms: number) => Promise<boolean>;
+};
