@@ -8,7 +8,8 @@ import { mkdir, mkdtemp, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import OpenAI from "openai";
-import { Agent, OpenAIChatCompletionsModel, run, setTracingDisabled, tool } from "@openai/agents";
+import { Agent, OpenAIChatCompletionsModel, run, setTracingDisabled } from "@openai/agents";
+import { weatherTool } from "./helpers/weather-tool.js";
 import { Role } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { startStack, waitFor, type Stack } from "./helpers/stack.js";
 
@@ -491,22 +492,7 @@ describe("function calling, as OpenAI's clients do it", () => {
   test("the OpenAI Agents SDK runs an agent on Troupe's /v1, its function tool running in this process", async () => {
     setTracingDisabled(true);
     const cities: string[] = [];
-    const getWeather = tool({
-      name: "get_weather",
-      description: "The weather in a city",
-      parameters: {
-        type: "object",
-        properties: { city: { type: "string" } },
-        required: ["city"],
-        additionalProperties: false,
-      },
-      strict: true,
-      execute: async (args: unknown) => {
-        const { city } = args as { city: string };
-        cities.push(city);
-        return `foggy in ${city}`;
-      },
-    } as never);
+    const getWeather = weatherTool(cities);
     const agent = new Agent({
       name: "weather-asker",
       instructions: "Answer with the weather.",

@@ -25,3 +25,8 @@ export const isAgentId = (s: string): boolean => AGENT_ID.test(s);
  */
 export const CONVERSATION_SESSION_PREFIX = "openai-conversation-";
 export const CONVERSATION_SESSION_IDLE_MS = 60 * 60_000;
+/**
+ * Sessions made for a stored Responses API conversation (POST /v1/responses without
+ * previous_response_id): they hold its responses, and are kept as the agent keeps any session.
+ */
+export const RESPONSE_SESSION_PREFIX = "openai-response-";

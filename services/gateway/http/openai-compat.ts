@@ -1,6 +1,7 @@
 // An OpenAI-compatible endpoint on the gateway's HTTP address, so the official `openai` clients,
 // and the tools built on them, talk to a Troupe agent with `base_url` pointed here:
-//   POST /v1/chat/completions (streamed as server-sent events, or not), GET /v1/models[/{id}].
+//   POST /v1/chat/completions (streamed as server-sent events, or not), GET /v1/models[/{id}],
+//   and the Responses API's calls (openai-responses.ts).
 // Shapes follow OpenAI's API reference: https://platform.openai.com/docs/api-reference/chat
 // (the chat completion object, the chunk object, usage) and .../api-reference/models; errors are
 // its `{"error": {message, type, param, code}}` with the HTTP statuses its clients map to classes.
@@ -30,9 +31,11 @@
 // quotas are the gRPC API's.
 import { createHash, randomUUID } from "node:crypto";
 import type { NetPolicy } from "../../shared/net/net-guard.js";
-import { type Conversation, requestConversation, sameConversation } from "./openai-history.js";
-import { QueueMode, Role, StopReason, type AgentEvent } from "../../shared/gen/troupe/v1/session_pb.js";
-import { callIdFor, callOf, clientToolsOf, toolResultsOf } from "./openai-tools.js";
+import { requestConversation } from "./openai-history.js";
+import { conversationRuns } from "./openai-session.js";
+import { openAiResponses } from "./openai-responses.js";
+import { Role, StopReason, type AgentEvent } from "../../shared/gen/troupe/v1/session_pb.js";
+import { callIdFor, clientToolsOf, toolResultsOf } from "./openai-tools.js";
 import { listAgents } from "./agent-list.js";
 import { CONVERSATION_SESSION_PREFIX } from "../../shared/ids.js";
 import type { GatewayClient } from "./edge.js";
@@ -68,8 +71,6 @@ function decodedOr404(segment: string): string {
 
 /** A request without a session is answered in one made from its messages (retention.ts removes it). */
 const EPHEMERAL = CONVERSATION_SESSION_PREFIX;
-/** Pages of a session's history read to check a request's earlier messages against it. */
-const HISTORY_PAGES = 20;
 
 export function openAiCompat(
   gateway: GatewayClient,
@@ -97,102 +98,7 @@ export function openAiCompat(
     return { body, agentId, conversation, clientTools, results, sampling };
   };
 
-  /** Every message of a session, oldest first (up to HISTORY_PAGES pages). */
-  const sessionHistory = async (sessionId: string, metadata: ReturnType<typeof forwardedMetadata>) => {
-    const out = [];
-    let pageToken = "";
-    for (let i = 0; i < HISTORY_PAGES; i++) {
-      const page = await gateway.getHistory({ sessionId, pageSize: 1000, pageToken }, { metadata });
-      out.push(...page.messages);
-      pageToken = page.nextPageToken;
-      if (pageToken === "") break;
-    }
-    return out;
-  };
-
-  /**
-   * Opens the session a request continues and puts its prompt in: a named one, whose history the
-   * request's earlier messages must match (or become, when it has none); or one made from them.
-   */
-  const ask = async (
-    named: string,
-    agentId: string,
-    c: Conversation & { sampling: ReturnType<typeof samplingOf> },
-    clientTools: ReturnType<typeof clientToolsOf>,
-    frameId: string,
-    metadata: ReturnType<typeof forwardedMetadata>,
-  ) => {
-    let session: string;
-    if (named === "") {
-      const opened = await gateway.createSession(
-        { sessionId: `${EPHEMERAL}${randomUUID()}`, agentId, history: c.earlier },
-        { metadata },
-      );
-      session = opened.session!.sessionId;
-    } else {
-      session = (await gateway.createSession({ sessionId: named, agentId }, { metadata })).session!.sessionId;
-      const held = await sessionHistory(session, metadata);
-      if (held.length === 0 && c.earlier.length > 0)
-        await gateway.createSession({ sessionId: session, agentId, history: c.earlier }, { metadata });
-      else {
-        const differs = sameConversation(c.earlier, held);
-        if (differs)
-          throw new ApiError(
-            400,
-            `the messages do not continue session ${session}: ${differs}. Send only the new message, or the session's own history, or name no session (no x-troupe-session header, no user) to have the messages be the conversation`,
-            undefined,
-            "conversation_mismatch",
-            "messages",
-          );
-      }
-    }
-    const sent = await gateway.sendMessage(
-      {
-        sessionId: session,
-        frameId,
-        text: c.prompt.text,
-        queueMode: QueueMode.FOLLOWUP,
-        clientTools,
-        instruction: c.instruction,
-        images: c.prompt.images,
-        sampling: c.sampling,
-      },
-      { metadata },
-    );
-    return { session, afterSeq: sent.accepted!.seq };
-  };
-
-  /**
-   * Answers the waiting run's client calls with the request's `tool` messages; returns the session,
-   * where to follow its events from, and how to know the run's first event. A resent request's
-   * answers are duplicates (their frame ids come from the call and the output), so the run is
-   * followed from the session's start.
-   */
-  const answerCalls = async (
-    results: { toolCallId: string; output: string }[],
-    named: string,
-    metadata: ReturnType<typeof forwardedMetadata>,
-  ) => {
-    const calls = results.map((r) => ({ ...r, ...callOf(r.toolCallId) }));
-    const sessionId = calls[0].sessionId;
-    if (calls.some((c) => c.sessionId !== sessionId) || (named !== "" && named !== sessionId))
-      throw new ApiError(400, "the tool messages answer calls of more than one session", undefined, null, "messages");
-    const frames = new Set<string>();
-    let afterSeq: bigint | undefined;
-    for (const c of calls) {
-      const frameId = `oa-tool-${createHash("sha256").update(`${c.toolCallId}\0${c.output}`).digest("hex").slice(0, 40)}`;
-      frames.add(frameId);
-      const ack = await gateway.submitToolResult(
-        { sessionId, frameId, toolCallId: c.id, output: c.output, isError: false },
-        { metadata },
-      );
-      const a = ack.accepted!;
-      const dup = a.payload.case === "frameAccepted" && a.payload.value.duplicate;
-      afterSeq = dup ? 0n : afterSeq === undefined || a.seq - 1n < afterSeq ? a.seq - 1n : afterSeq;
-    }
-    const joins = (e: AgentEvent) => e.payload.case === "clientToolAnswered" && frames.has(e.payload.value.frameId);
-    return { sessionId, afterSeq: afterSeq ?? 0n, joins };
-  };
+  const { ask, answerCalls } = conversationRuns(gateway);
 
   const chat = async (req: NodeServerRequest, res: NodeServerResponse) => {
     const { body, agentId, conversation, clientTools, results, sampling } = await chatRequest(req);
@@ -218,7 +124,15 @@ export function openAiCompat(
       session = answered.sessionId;
       following = answered;
     } else {
-      const asked = await ask(sessionId, agentId, { ...conversation!, sampling }, clientTools, frameId, metadata);
+      const asked = await ask(
+        sessionId,
+        EPHEMERAL,
+        agentId,
+        { ...conversation!, sampling },
+        clientTools,
+        frameId,
+        metadata,
+      );
       session = asked.session;
       following = { afterSeq: asked.afterSeq };
     }
@@ -400,10 +314,13 @@ export function openAiCompat(
     res.end("data: [DONE]\n\n");
   };
 
+  const responses = openAiResponses(gateway, opts);
+
   return async (req: NodeServerRequest, res: NodeServerResponse): Promise<boolean> => {
     const url = new URL(req.url ?? "/", "http://troupe");
     if (!url.pathname.startsWith("/v1/")) return false;
     try {
+      if (await responses(req, res, url)) return true;
       if (url.pathname === "/v1/chat/completions") {
         if (req.method !== "POST") throw new ApiError(405, "use POST");
         await chat(req, res);

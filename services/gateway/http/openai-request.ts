@@ -122,21 +122,34 @@ const DEFAULTS: Record<string, (v: unknown) => boolean> = {
 };
 
 /**
- * The run's temperature and reply length from the request (Prompt.sampling); any other field
- * that asks for something is a 400 naming it, as OpenAI answers an argument it does not know,
- * never a request quietly answered without it.
+ * Refuses the first field of `body` outside `taken` that asks for something (is neither null nor
+ * at its default): a 400 naming it, as OpenAI answers an argument it does not know, never a
+ * request quietly answered without it. `takes` says what a run does take, for the message.
  */
-export function samplingOf(body: Record<string, unknown>): { temperature?: number; maxOutputTokens?: number } {
+export function refuseUnsupported(
+  body: Record<string, unknown>,
+  taken: ReadonlySet<string>,
+  defaults: Record<string, (v: unknown) => boolean>,
+  takes: string,
+): void {
   for (const [key, value] of Object.entries(body)) {
-    if (TAKEN.has(key) || value === null || value === undefined || DEFAULTS[key]?.(value)) continue;
+    if (taken.has(key) || value === null || value === undefined || defaults[key]?.(value)) continue;
     throw new ApiError(
       400,
-      `\`${key.slice(0, 64)}\` is not supported here: a Troupe agent's run takes temperature and max_tokens (or max_completion_tokens) from a request, and its agent.json the rest`,
+      `\`${key.slice(0, 64)}\` is not supported here: a Troupe agent's run takes ${takes} from a request, and its agent.json the rest`,
       undefined,
       "unsupported_parameter",
       key.slice(0, 64),
     );
   }
+}
+
+/**
+ * The run's temperature and reply length from a Chat Completions request (Prompt.sampling); any
+ * other field that asks for something is refused (refuseUnsupported).
+ */
+export function samplingOf(body: Record<string, unknown>): { temperature?: number; maxOutputTokens?: number } {
+  refuseUnsupported(body, TAKEN, DEFAULTS, "temperature and max_tokens (or max_completion_tokens)");
   const out: { temperature?: number; maxOutputTokens?: number } = {};
   const t = body.temperature;
   if (t !== undefined && t !== null) {
