@@ -56,9 +56,18 @@ test("lists the gateway's services without credentials", async () => {
     "grpc.health.v1.Health",
     "grpc.reflection.v1.ServerReflection",
     "grpc.reflection.v1alpha.ServerReflection",
+    "lf.a2a.v1.A2AService",
     "troupe.v1.AdminService",
     "troupe.v1.GatewayService",
   ]);
+  // A2A's service comes with what it imports (an A2A tool can build its messages from it).
+  const [a2a] = await ask([{ messageRequest: { case: "fileContainingSymbol", value: "lf.a2a.v1.A2AService" } }]);
+  const files =
+    a2a.messageResponse.case === "fileDescriptorResponse"
+      ? a2a.messageResponse.value.fileDescriptorProto.map((b) => fromBinary(FileDescriptorProtoSchema, b).name)
+      : [];
+  for (const f of ["lf/a2a/v1/a2a.proto", "google/protobuf/struct.proto", "google/protobuf/timestamp.proto"])
+    assert.ok(files.includes(f), `${f} in ${files.join(", ")}`);
 });
 
 test("the schema fetched by symbol is enough to decode Troupe's events; unknown symbols are NOT_FOUND and the stream goes on", async () => {

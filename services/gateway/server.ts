@@ -49,6 +49,10 @@ import { InboxHints, InboxStream } from "./inbox.js";
 import { deliverHandler } from "./deliver.js";
 import { DEFAULT_NET_POLICY } from "../shared/net/net-guard.js";
 import { watchedKeys } from "./revocation.js";
+import { A2AService } from "../shared/gen/lf/a2a/v1/a2a_pb.js";
+import { a2aCore } from "./a2a/a2a-core.js";
+import { a2aGrpc, keepingCallerKey } from "./a2a/grpc-binding.js";
+import { type Loopback, openLoopback } from "./loopback.js";
 
 type RunnerClient = ServiceClient<(typeof RunnerService)["method"]>;
 
@@ -129,7 +133,8 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
     }
   };
 
-  const authenticate = apiKeyAuth(keys);
+  // An A2A call keeps its key, for the calls the binding makes for it (a2a/grpc-binding.ts).
+  const authenticate = keepingCallerKey(apiKeyAuth(keys));
   const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes, authenticate, logger });
   server.add(GatewayService, {
     chat: chatHandler({ placements, runners, limits, streams, admit, logger }),
@@ -419,15 +424,34 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
 
   server.add(AdminService, adminService(router, runners));
   // Reflection (grpcurl list, describe) is open to all, like health: the schema is public, not what it reaches.
-  const reflection = reflectionServices([GatewayService, AdminService, Health]);
+  const reflection = reflectionServices([GatewayService, AdminService, A2AService, Health]);
   server.add(ServerReflection, reflection.v1);
   server.add(AlphaReflection, reflection.v1alpha);
 
+  // A2A's gRPC binding, beside Troupe's services; it and the HTTP edge call the gateway back.
+  let loopback: Loopback | undefined;
+  const a2a = a2aCore(() => loopback!.gateway, {
+    agentsDir: cfg.agentsDir,
+    net: { ...DEFAULT_NET_POLICY, ...cfg.net, proxy: cfg.outboundProxy },
+  });
+  server.add(
+    A2AService,
+    a2aGrpc(() => a2a),
+  );
+
   const port = await server.listen(cfg.addr.gateway, cfg.tls);
   logger.info(`gateway serving on port ${port}${cfg.tls ? " (TLS)" : ""}`, { maxMessageBytes: cfg.maxMessageBytes });
+  loopback = await openLoopback(server, cfg.maxMessageBytes);
   // The HTTP address's modules (Connect, the console) load only when it is on: 8 MB resident.
   const http = cfg.httpAddr
-    ? await (await import("./http/serve.js")).serveHttp(cfg, server, authenticate, logger)
+    ? await (await import("./http/serve.js")).serveHttp(
+        cfg,
+        server,
+        loopback,
+        { core: a2a, grpcPort: port },
+        authenticate,
+        logger,
+      )
     : undefined;
   return {
     async drain() {
@@ -439,6 +463,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       await server.close();
       runners.close();
       router.close();
+      loopback?.close();
     },
   };
 }

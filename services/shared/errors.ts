@@ -1,7 +1,13 @@
 // Errors that cross a gRPC boundary. Handlers throw RpcError with the status a caller should see;
 // anything else thrown is a bug and reaches the caller as INTERNAL without its message.
 import { Metadata, status as Status } from "@grpc/grpc-js";
-import { addRetryDetails, PUSHBACK_TRAILER, STATUS_DETAILS_TRAILER } from "./retry-details.js";
+import {
+  addErrorInfo,
+  addRetryDetails,
+  ERROR_DOMAIN,
+  PUSHBACK_TRAILER,
+  STATUS_DETAILS_TRAILER,
+} from "./retry-details.js";
 
 export { Status };
 
@@ -22,6 +28,11 @@ export class RpcError extends Error {
   /** A stable reason for ErrorInfo (UPPER_SNAKE_CASE), where the refusal has one. */
   get reason(): string | undefined {
     return undefined;
+  }
+
+  /** Whose reasons `reason` is one of (ErrorInfo.domain). */
+  get domain(): string {
+    return ERROR_DOMAIN;
   }
 }
 
@@ -56,12 +67,13 @@ export const RETRY_AFTER_TRAILER = "retry-after-ms";
 export function toStatus(err: unknown): { code: Status; details: string; metadata?: Metadata } {
   if (err instanceof RpcError) {
     const entries = Object.entries(err.trailers);
-    if (entries.length === 0) return { code: err.code, details: err.message };
+    if (entries.length === 0 && err.reason === undefined) return { code: err.code, details: err.message };
     const metadata = new Metadata();
     for (const [k, v] of entries) metadata.set(k, v);
     const retry = err.trailers[RETRY_AFTER_TRAILER];
     if (retry !== undefined)
       addRetryDetails(metadata, err.code, err.message, Number(retry), err.reason ?? "RETRY_LATER");
+    else if (err.reason !== undefined) addErrorInfo(metadata, err.code, err.message, err.reason, err.domain);
     return { code: err.code, details: err.message, metadata };
   }
   const code = grpcCode(err);

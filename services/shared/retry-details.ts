@@ -38,3 +38,13 @@ export function addRetryDetails(metadata: Metadata, code: number, message: strin
   });
   metadata.set(STATUS_DETAILS_TRAILER, Buffer.from(toBinary(StatusSchema, status)));
 }
+
+/** Adds google.rpc.Status details with one ErrorInfo (a refusal's stable reason) to `metadata`. */
+export function addErrorInfo(metadata: Metadata, code: number, message: string, reason: string, domain: string): void {
+  const status = create(StatusSchema, {
+    code,
+    message,
+    details: [anyPack(ErrorInfoSchema, create(ErrorInfoSchema, { reason, domain }))],
+  });
+  metadata.set(STATUS_DETAILS_TRAILER, Buffer.from(toBinary(StatusSchema, status)));
+}

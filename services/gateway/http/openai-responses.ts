@@ -25,8 +25,6 @@ import { randomUUID } from "node:crypto";
 import type { NetPolicy } from "../../shared/net/net-guard.js";
 import { Status, grpcCode } from "../../shared/errors.js";
 import { CONVERSATION_SESSION_PREFIX, RESPONSE_SESSION_PREFIX } from "../../shared/ids.js";
-import type { ChatResponse } from "../../shared/gen/troupe/v1/gateway_pb.js";
-import type { AgentEvent } from "../../shared/gen/troupe/v1/session_pb.js";
 import type { GatewayClient } from "./edge.js";
 import type { NodeServerRequest, NodeServerResponse } from "./answer.js";
 import { forwardedMetadata } from "./metadata.js";
@@ -36,7 +34,7 @@ import { conversationRuns } from "./openai-session.js";
 import { toolResultsOf } from "./openai-tools.js";
 import { newResponse, ResponseFold, type StreamEvent } from "./responses-output.js";
 import { type ResponseRef, responseIdOf, responseRefOf, responsesRequestOf } from "./responses-input.js";
-import { runEvents } from "./run-events.js";
+import { joinsOf, runEvents, runSnapshot } from "./run-events.js";
 
 /** A run this long without its end is given up on by the request (the run itself goes on). */
 const RUN_TIMEOUT_MS = 15 * 60_000;
@@ -54,53 +52,8 @@ const notFound = (id: string) =>
     "response_id",
   );
 
-/** Which events belong to the run a response names: its prompt's run, or the run a client result joined. */
-const joinsOf = (ref: ResponseRef) =>
-  ref.kind === "c"
-    ? (e: AgentEvent) => e.payload.case === "clientToolAnswered" && e.payload.value.frameId === ref.frameId
-    : (e: AgentEvent) => e.payload.case === "agentStart" && e.payload.value.frameId === ref.frameId;
-
 export function openAiResponses(gateway: GatewayClient, opts: { maxBodyBytes: number; net: NetPolicy }) {
   const { ask, answerCalls } = conversationRuns(gateway);
-
-  /**
-   * The session's events after `afterSeq` as they stand now: a session stream opened without
-   * creating (NOT_FOUND for a session that is not the caller's), read up to the last seq it
-   * reported at its open. `stop` ends the read early.
-   */
-  const eventsNow = async (
-    sessionId: string,
-    afterSeq: bigint,
-    metadata: Metadata,
-    stop: (e: AgentEvent) => boolean,
-  ): Promise<{ agentId: string; events: AgentEvent[] }> => {
-    const call = gateway.chat({ metadata, timeoutMs: 30_000 });
-    const events: AgentEvent[] = [];
-    let agentId = "";
-    try {
-      call.write({
-        frame: {
-          frameId: `read-${randomUUID()}`,
-          kind: { case: "open", value: { sessionId, create: false, replayAfterSeq: afterSeq } },
-        },
-      });
-      let last = -1n;
-      for await (const res of call as AsyncIterable<ChatResponse>) {
-        if (res.kind.case === "opened") {
-          agentId = res.kind.value.agentId;
-          last = res.kind.value.lastSeq;
-        } else if (res.kind.case === "event") {
-          const e = res.kind.value;
-          events.push(e);
-          if (stop(e) || e.seq >= last) break;
-        }
-        if (last >= 0n && last <= afterSeq) break;
-      }
-      return { agentId, events };
-    } finally {
-      call.cancel();
-    }
-  };
 
   /**
    * The response `id` names, as it stands now, read from its session; with `toPresent`, the
@@ -109,37 +62,24 @@ export function openAiResponses(gateway: GatewayClient, opts: { maxBodyBytes: nu
   const current = async (id: string, metadata: Metadata, toPresent = false) => {
     const ref = responseRefOf(id);
     if (!ref) throw notFound(id);
-    const joins = joinsOf(ref);
-    let turnId = "";
-    let fold: ResponseFold | undefined;
-    const read = await eventsNow(ref.sessionId, ref.afterSeq, metadata, (e) => {
-      if (!turnId && joins(e)) turnId = e.turnId;
-      return !toPresent && turnId !== "" && e.turnId === turnId && e.payload.case === "agentEnd";
-    }).catch((err) => {
+    const run = await runSnapshot(gateway, ref, metadata, toPresent).catch((err) => {
       throw grpcCode(err) === Status.NOT_FOUND ? notFound(id) : err;
     });
-    const mine = read.events.filter((e) => turnId !== "" && (e.turnId === turnId || e.payload.case === "gap"));
-    // A run not yet started: the prompt must be in the log (accepted), or the id names nothing.
-    const accepted = read.events.some(
-      (e) => joins(e) || (e.payload.case === "frameAccepted" && e.payload.value.frameId === ref.frameId),
-    );
-    if (!accepted) throw notFound(id);
-    fold = new ResponseFold(
+    if (!run.accepted) throw notFound(id);
+    const fold = new ResponseFold(
       newResponse({
         id,
-        model: `${MODEL_PREFIX}${read.agentId}`,
+        model: `${MODEL_PREFIX}${run.agentId}`,
         background: false,
         store: true,
         previous_response_id: null,
-        created_at: Number(read.events[0]?.time?.seconds ?? BigInt(Math.floor(Date.now() / 1000))),
+        created_at: run.acceptedAt,
       }),
       ref.sessionId,
     );
-    for (const e of mine) fold.take(e);
+    for (const e of run.events) fold.take(e);
     fold.settle();
-    // Whether the session went on to another run after this one.
-    const later = read.events.some((e) => e.payload.case === "agentStart" && turnId !== "" && e.turnId !== turnId);
-    return { ref, fold, later };
+    return { ref, fold, later: run.later };
   };
 
   /** Writes one server-sent event; waits while the client is slow. */

@@ -78,7 +78,10 @@ export function conversationRuns(gateway: GatewayClient) {
       },
       { metadata },
     );
-    return { session, afterSeq: sent.accepted!.seq };
+    const accepted = sent.accepted!;
+    // A frame sent before (a client's retry) is not run again: its run is the one it started.
+    const duplicate = accepted.payload.case === "frameAccepted" && accepted.payload.value.duplicate;
+    return { session, afterSeq: accepted.seq, duplicate };
   };
 
   /**

@@ -5,32 +5,15 @@
 // (input items: messages with input_text / input_image / output_text parts, function_call,
 // function_call_output).
 //
-// A response id names the session that holds its run, where the run's events start, and how to
-// know the run: `resp_<session id, base64url>.<seq>.<p|c><frame>`: p, the run the prompt of that
-// frame started; c, the rest of a waiting run, from the client result of that frame on. It is
-// looked up under the caller's key like any session, so an id names nothing of anyone else's.
+// A response id is a RunRef (run-events.ts) under the prefix `resp_`.
 import { ApiError, refuseUnsupported, samplingOf } from "./openai-request.js";
 import { clientToolsOf } from "./openai-tools.js";
+import { type RunRef, runIdOf, runRefOf } from "./run-events.js";
 
-export interface ResponseRef {
-  sessionId: string;
-  afterSeq: bigint;
-  /** p: a prompt's run; c: a waiting run's rest, joined at a client result. */
-  kind: "p" | "c";
-  frameId: string;
-}
-
-export const responseIdOf = (r: ResponseRef): string =>
-  `resp_${Buffer.from(r.sessionId).toString("base64url")}.${r.afterSeq}.${r.kind}${r.frameId}`;
-
+export type ResponseRef = RunRef;
+export const responseIdOf = (r: RunRef): string => runIdOf("resp_", r);
 /** The response an id names; undefined for one this server did not make (a 404 to the caller). */
-export function responseRefOf(id: string): ResponseRef | undefined {
-  const m = /^resp_([A-Za-z0-9_-]{1,400})\.(\d{1,20})\.([pc])([A-Za-z0-9_-]{1,80})$/.exec(id);
-  if (!m) return undefined;
-  const sessionId = Buffer.from(m[1], "base64url").toString("utf8");
-  if (Buffer.from(sessionId).toString("base64url") !== m[1]) return undefined;
-  return { sessionId, afterSeq: BigInt(m[2]), kind: m[3] as "p" | "c", frameId: m[4] };
-}
+export const responseRefOf = (id: string): RunRef | undefined => runRefOf("resp_", id);
 
 /** The request fields POST /v1/responses acts on (beside sampling, read by samplingOf). */
 const TAKEN = new Set([

@@ -1,15 +1,14 @@
 // The gateway's HTTP address, put together: the Connect routes (gateway/http/edge.ts) in front of the
-// gateway's own gRPC server, and beside them the OpenAI-compatible endpoint (openai-compat.ts) and
-// the MCP server (mcp-server.ts).
-import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
-import os from "node:os";
-import path from "node:path";
+// gateway's own gRPC server, and beside them the OpenAI-compatible endpoint (openai-compat.ts),
+// the MCP server (mcp-server.ts) and A2A's cards and JSON-RPC binding (a2a/jsonrpc.ts).
+import { existsSync, readFileSync } from "node:fs";
 import type { Authenticator } from "../../shared/auth/auth.js";
 import type { Config } from "../../shared/config/config-types.js";
-import { AdminService } from "../../shared/gen/troupe/v1/admin_pb.js";
-import { GatewayService } from "../../shared/gen/troupe/v1/gateway_pb.js";
 import type { Logger } from "../../shared/process/log.js";
-import { createClient, type RpcServer } from "../../shared/rpc.js";
+import type { RpcServer } from "../../shared/rpc.js";
+import type { A2aCore } from "../a2a/a2a-core.js";
+import { a2aJsonRpc } from "../a2a/jsonrpc.js";
+import type { Loopback } from "../loopback.js";
 import { answer, type NodeServerRequest, type NodeServerResponse } from "./answer.js";
 import { type HttpEdge, startHttpEdge } from "./edge.js";
 import { openAiCompat } from "./openai-compat.js";
@@ -20,21 +19,18 @@ import { mcpServer } from "./mcp-server.js";
 const LOOPBACK_ADDR = /^(localhost|127(\.\d{1,3}){3}|\[::1\]):\d+$/;
 
 /**
- * The gateway's HTTP face for a gateway whose gRPC server is `server`: binds that server on a
- * private Unix socket (a directory only this user can enter; calls through it still need an API
- * key) and serves HTTP on cfg.httpAddr, passing calls through.
+ * The gateway's HTTP face for a gateway whose gRPC server is `server`: serves HTTP on
+ * cfg.httpAddr, passing calls through to that server over its loopback socket (loopback.ts).
  */
 export async function serveHttp(
   cfg: Config,
   server: RpcServer,
+  loopback: Loopback,
+  a2a: { core: A2aCore; grpcPort: number },
   authenticate: Authenticator,
   logger: Logger,
 ): Promise<HttpEdge> {
-  const dir = mkdtempSync(path.join(os.tmpdir(), "troupe-gateway-"));
-  const socket = path.join(dir, "grpc.sock");
-  await server.listen(`unix:${socket}`);
-  const gateway = createClient(GatewayService, `unix:${socket}`, { maxMessageBytes: cfg.maxMessageBytes });
-  const admin = createClient(AdminService, `unix:${socket}`, { maxMessageBytes: cfg.maxMessageBytes });
+  const { gateway, admin } = loopback;
   const openAi = openAiCompat(gateway, {
     maxBodyBytes: cfg.maxMessageBytes,
     agentsDir: cfg.agentsDir,
@@ -47,6 +43,11 @@ export async function serveHttp(
     loopback: LOOPBACK_ADDR.test(cfg.httpAddr),
     cors: cfg.httpCors,
   });
+  const agents = a2aJsonRpc(a2a.core, {
+    maxBodyBytes: cfg.maxMessageBytes,
+    agentsDir: cfg.agentsDir,
+    card: { grpcPort: a2a.grpcPort, tls: cfg.tls !== undefined },
+  });
   const webConsole = consoleFiles(logger);
   const edge = await startHttpEdge({
     address: cfg.httpAddr,
@@ -56,10 +57,11 @@ export async function serveHttp(
     cors: cfg.httpCors,
     tls: cfg.tls,
     authenticate,
-    isPublic: webConsole.has,
+    isPublic: (req) => webConsole.has(req) || agents.isPublic(req),
     ready: () => server.serving,
     connections: cfg.httpConnections,
-    fallback: async (req, res) => (await openAi(req, res)) || (await mcp(req, res)) || webConsole.serve(req, res),
+    fallback: async (req, res) =>
+      (await openAi(req, res)) || (await mcp(req, res)) || (await agents.serve(req, res)) || webConsole.serve(req, res),
     logger,
   });
   logger.info(`gateway HTTP on port ${edge.port}${cfg.tls ? " (TLS)" : ""}`, { cors: cfg.httpCors.join(",") });
@@ -67,9 +69,6 @@ export async function serveHttp(
     port: edge.port,
     async close(graceMs) {
       await edge.close(graceMs);
-      gateway.close();
-      admin.close();
-      rmSync(dir, { recursive: true, force: true });
     },
   };
 }

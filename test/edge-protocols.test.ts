@@ -1,14 +1,32 @@
-// The Responses API (openai-responses.ts) driven by the official `openai` SDK and by the OpenAI
-// Agents SDK's default model, which speaks it: responses whole and streamed with the events the
-// API reference lists, GET (and its replayed stream), previous_response_id, instructions,
-// function tools as client tools, background runs and their cancel, store: false, and the
-// errors the SDK raises as its classes. Replies come from the scripted model
-// (docs/scripted-model.md).
+// The standard protocols on Troupe's edges, driven by clients nobody here wrote, against one stack:
+// - the Responses API (openai-responses.ts) through the official `openai` SDK and the OpenAI
+//   Agents SDK's default model: responses whole and streamed with the reference's events, GET
+//   (and its replayed stream), previous_response_id, instructions, function tools as client
+//   tools, background runs and their cancel, store: false, errors as the SDK's classes;
+// - A2A (gateway/a2a/) through `@a2a-js/sdk`'s client, on both bindings: cards, send, stream,
+//   get, cancel, resubscribe, contexts, idempotent sends, errors as its classes, strangers.
+// Replies come from the scripted model (docs/scripted-model.md).
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import OpenAI from "openai";
 import { Agent, run, setDefaultOpenAIClient, setTracingDisabled } from "@openai/agents";
 import { ASKING_WEATHER, WEATHER_PARAMETERS, weatherTool } from "./helpers/weather-tool.js";
+import { randomUUID } from "node:crypto";
+import { Role as A2aRole, TaskState, type Task, type StreamResponse } from "@a2a-js/sdk";
+import {
+  type Client as A2aClient,
+  ClientFactory,
+  ClientFactoryOptions,
+  createAuthenticatingFetchWithRetry,
+  JsonRpcTransportFactory,
+} from "@a2a-js/sdk/client";
+import { GrpcTransportFactory } from "@a2a-js/sdk/client/grpc";
+import {
+  TaskNotCancelableError,
+  TaskNotFoundError,
+  UnsupportedOperationError,
+  ContentTypeNotSupportedError,
+} from "@a2a-js/sdk/errors";
 import { grpcCode, Status } from "../services/shared/errors.js";
 import { startStack, waitFor, type Stack } from "./helpers/stack.js";
 
@@ -274,4 +292,212 @@ describe("the Responses API, through the openai SDK", () => {
     // The service goes on serving.
     assert.equal((await client.responses.create({ model, input: "!tokens 1" })).status, "completed");
   });
+});
+
+/** An A2A client of `key`, from the agent's card, on the binding asked for. */
+async function a2aClient(key: string, binding: "JSONRPC" | "GRPC", agent = "main"): Promise<A2aClient> {
+  const fetchImpl = createAuthenticatingFetchWithRetry(fetch, {
+    headers: async () => ({ authorization: `Bearer ${key}` }),
+    shouldRetryWithHeaders: async () => undefined,
+  });
+  const factory = new ClientFactory(
+    ClientFactoryOptions.createFrom(ClientFactoryOptions.default, {
+      transports: [new JsonRpcTransportFactory({ fetchImpl }), new GrpcTransportFactory()],
+      preferredTransports: [binding],
+    }),
+  );
+  return factory.createFromUrl(`http://${stack.addr.http}/a2a/${agent}/`);
+}
+
+const keyed = (key: string) => ({ serviceParameters: { authorization: `Bearer ${key}` } });
+const userMessage = (text: string, more: Record<string, unknown> = {}) => ({
+  message: {
+    messageId: randomUUID(),
+    contextId: "",
+    taskId: "",
+    role: A2aRole.ROLE_USER,
+    parts: [{ content: { $case: "text" as const, value: text }, metadata: undefined, filename: "", mediaType: "" }],
+    metadata: undefined,
+    extensions: [],
+    referenceTaskIds: [],
+    ...more,
+  },
+  tenant: "",
+  configuration: undefined,
+  metadata: undefined,
+});
+const replyOf = (t: Task) =>
+  t.artifacts
+    .flatMap((a) => a.parts)
+    .map((p) => (p.content?.$case === "text" ? p.content.value : ""))
+    .join("");
+const asTask = (r: unknown): Task => {
+  assert.ok(r && typeof r === "object" && "status" in r, `a task: ${JSON.stringify(r)}`);
+  return r as Task;
+};
+/** The reply a stream of updates builds, and the states it went through. */
+function readUpdates(updates: StreamResponse[]) {
+  let text = "";
+  const states: TaskState[] = [];
+  for (const u of updates) {
+    const p = u.payload;
+    if (p?.$case === "task") {
+      states.push(p.value.status!.state);
+      text += replyOf(p.value);
+    } else if (p?.$case === "statusUpdate") states.push(p.value.status!.state);
+    else if (p?.$case === "artifactUpdate")
+      text += p.value.artifact!.parts.map((x) => (x.content?.$case === "text" ? x.content.value : "")).join("");
+  }
+  return { text, states };
+}
+async function collect<T>(it: AsyncIterable<T>): Promise<T[]> {
+  const out: T[] = [];
+  for await (const x of it) out.push(x);
+  return out;
+}
+
+describe("A2A, through @a2a-js/sdk's client", () => {
+  test("cards are public and name both bindings and the key scheme; calls need a key", async () => {
+    const card = (await (await fetch(`http://${stack.addr.http}/.well-known/agent-card.json`)).json()) as {
+      name: string;
+      supportedInterfaces: { protocolBinding: string; url: string; tenant?: string }[];
+      securitySchemes: { apiKey: { httpAuthSecurityScheme: { scheme: string } } };
+    };
+    assert.equal(card.name, "main");
+    const bindings = Object.fromEntries(card.supportedInterfaces.map((i) => [i.protocolBinding, i]));
+    assert.equal(bindings.JSONRPC.url, `http://${stack.addr.http}/a2a/main`);
+    assert.equal(bindings.GRPC.url, `127.0.0.1:${stack.addr.gateway.split(":")[1]}`);
+    assert.equal(bindings.GRPC.tenant, "main");
+    assert.equal(card.securitySchemes.apiKey.httpAuthSecurityScheme.scheme, "Bearer");
+    assert.equal((await fetch(`http://${stack.addr.http}/a2a/nobody/.well-known/agent-card.json`)).status, 404);
+    const bare = await fetch(`http://${stack.addr.http}/a2a/main`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ jsonrpc: "2.0", id: 1, method: "GetTask", params: { id: "x" } }),
+    });
+    assert.equal(bare.status, 401);
+  });
+
+  for (const binding of ["JSONRPC", "GRPC"] as const)
+    test(`${binding}: send, continue the context, send again idempotently, stream, get`, async () => {
+      const client = await a2aClient(stack.apiKey, binding);
+      const auth = keyed(stack.apiKey);
+      const first = asTask(await client.sendMessage(userMessage("My name is Ada."), auth));
+      assert.equal(first.status?.state, TaskState.TASK_STATE_COMPLETED);
+      assert.match(first.contextId, /^a2a-/);
+      const sent = userMessage("!first", { contextId: first.contextId });
+      const second = asTask(await client.sendMessage(sent, auth));
+      assert.equal(second.contextId, first.contextId);
+      assert.equal(replyOf(second).trim(), "My name is Ada.", "the context held the conversation");
+      assert.deepEqual(
+        second.history.map((m) => m.role),
+        [A2aRole.ROLE_USER, A2aRole.ROLE_AGENT],
+      );
+      // The same message again (a client's retry): the same task, not a second run.
+      const again = asTask(await client.sendMessage(sent, auth));
+      assert.equal(again.id, second.id);
+      const held = await stack.gateway.getHistory({ sessionId: first.contextId });
+      assert.equal(held.messages.filter((m) => m.text === "!first").length, 1);
+
+      const updates = await collect(client.sendMessageStream(userMessage("!tokens 5 rate=50"), auth));
+      const { text, states } = readUpdates(updates);
+      assert.equal(text.trim(), "t1 t2 t3 t4 t5");
+      assert.equal(states[0], TaskState.TASK_STATE_SUBMITTED);
+      assert.ok(states.includes(TaskState.TASK_STATE_WORKING));
+      assert.equal(states.at(-1), TaskState.TASK_STATE_COMPLETED);
+      const taskId = updates[0].payload?.$case === "task" ? updates[0].payload.value.id : "";
+      const got = await client.getTask({ id: taskId, tenant: "", historyLength: 1 }, auth);
+      assert.equal(got.status?.state, TaskState.TASK_STATE_COMPLETED);
+      assert.equal(replyOf(got).trim(), "t1 t2 t3 t4 t5");
+      assert.equal(got.history.length, 1, "history_length");
+    });
+
+  for (const binding of ["JSONRPC", "GRPC"] as const)
+    test(`${binding}: a task in the background is resubscribed to, and canceled`, async () => {
+      const client = await a2aClient(stack.apiKey, binding);
+      const auth = keyed(stack.apiKey);
+      const background = {
+        returnImmediately: true,
+        acceptedOutputModes: ["text/plain"],
+        historyLength: undefined,
+        taskPushNotificationConfig: undefined,
+      };
+      const quick = asTask(
+        await client.sendMessage({ ...userMessage("!tokens 20 rate=20"), configuration: background }, auth),
+      );
+      assert.ok(!replyOf(quick).includes("t20"));
+      const { text, states } = readUpdates(await collect(client.resubscribeTask({ id: quick.id, tenant: "" }, auth)));
+      assert.equal(
+        text.trim(),
+        Array.from({ length: 20 }, (_, i) => `t${i + 1}`).join(" "),
+        "nothing lost, nothing twice",
+      );
+      assert.equal(states.at(-1), TaskState.TASK_STATE_COMPLETED);
+
+      const slow = asTask(
+        await client.sendMessage({ ...userMessage("!tokens 400 rate=40"), configuration: background }, auth),
+      );
+      await waitFor(
+        "tokens flowing",
+        async () => replyOf(await client.getTask({ id: slow.id, tenant: "", historyLength: undefined }, auth)) !== "",
+      );
+      const canceled = await client.cancelTask({ id: slow.id, tenant: "", metadata: undefined }, auth);
+      assert.equal(canceled.status?.state, TaskState.TASK_STATE_CANCELED);
+      assert.ok(replyOf(canceled).split(" ").length < 400);
+      await assert.rejects(
+        client.cancelTask({ id: slow.id, tenant: "", metadata: undefined }, auth),
+        TaskNotCancelableError,
+      );
+    });
+
+  for (const binding of ["JSONRPC", "GRPC"] as const)
+    test(`${binding}: bad requests get A2A's errors; another tenant's task is not found`, async () => {
+      const client = await a2aClient(stack.apiKey, binding);
+      const auth = keyed(stack.apiKey);
+      await assert.rejects(
+        client.getTask({ id: "task-nope", tenant: "", historyLength: undefined }, auth),
+        TaskNotFoundError,
+      );
+      await assert.rejects(
+        client.sendMessage(userMessage("hi", { taskId: "task-x" }), auth),
+        UnsupportedOperationError,
+      );
+      const pdf = userMessage("read this");
+      pdf.message.parts = [
+        {
+          content: { $case: "url", value: "https://example.com/a.pdf" } as never,
+          metadata: undefined,
+          filename: "a.pdf",
+          mediaType: "application/pdf",
+        },
+      ];
+      await assert.rejects(client.sendMessage(pdf, auth), ContentTypeNotSupportedError);
+      const mine = asTask(await client.sendMessage(userMessage("!tokens 1"), auth));
+      const eve = await stack.keyFor("acme", "eve");
+      const stranger = await a2aClient(eve, binding);
+      await assert.rejects(
+        stranger.getTask({ id: mine.id, tenant: "", historyLength: undefined }, keyed(eve)),
+        TaskNotFoundError,
+      );
+      await assert.rejects(
+        stranger.cancelTask({ id: mine.id, tenant: "", metadata: undefined }, keyed(eve)),
+        TaskNotFoundError,
+      );
+      // The stranger's message in the owner's context id is in a context of the stranger's own.
+      const theirs = asTask(
+        await stranger.sendMessage(userMessage("!first", { contextId: mine.contextId }), keyed(eve)),
+      );
+      assert.equal(replyOf(theirs).trim(), "!first");
+      // Without a key, nothing is served (JSON-RPC's 401 is in the cards' test; this client's
+      // fetch adds the key to every request).
+      if (binding === "GRPC")
+        await assert.rejects(
+          client.getTask({ id: mine.id, tenant: "", historyLength: undefined }, { serviceParameters: {} }),
+          /UNAUTHENTICATED|16/,
+        );
+      assert.equal(
+        asTask(await client.sendMessage(userMessage("!tokens 1"), auth)).status?.state,
+        TaskState.TASK_STATE_COMPLETED,
+      );
+    });
 });
