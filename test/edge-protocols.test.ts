@@ -12,7 +12,7 @@ import OpenAI from "openai";
 import { Agent, run, setDefaultOpenAIClient, setTracingDisabled } from "@openai/agents";
 import { ASKING_WEATHER, WEATHER_PARAMETERS, weatherTool } from "./helpers/weather-tool.js";
 import { randomUUID } from "node:crypto";
-import { Role as A2aRole, TaskState, type Task, type StreamResponse } from "@a2a-js/sdk";
+import { AgentCard, Role as A2aRole, TaskState, type Task, type StreamResponse } from "@a2a-js/sdk";
 import {
   type Client as A2aClient,
   ClientFactory,
@@ -309,6 +309,28 @@ async function a2aClient(key: string, binding: "JSONRPC" | "GRPC", agent = "main
   return factory.createFromUrl(`http://${stack.addr.http}/a2a/${agent}/`);
 }
 
+/**
+ * A client that speaks A2A 0.3 (the SDK's legacy JSON-RPC transport: message/send, tasks/get...),
+ * as an agent built before 1.0 does, to the agent's JSON-RPC endpoint.
+ */
+async function legacyClient(key: string): Promise<A2aClient> {
+  const fetchImpl = createAuthenticatingFetchWithRetry(fetch, {
+    headers: async () => ({ authorization: `Bearer ${key}` }),
+    shouldRetryWithHeaders: async () => undefined,
+  });
+  const json = await (await fetch(`http://${stack.addr.http}/a2a/main/.well-known/agent-card.json`)).json();
+  const card = AgentCard.fromJSON(json);
+  card.supportedInterfaces = card.supportedInterfaces
+    .filter((i) => i.protocolBinding === "JSONRPC")
+    .map((i) => ({ ...i, protocolVersion: "0.3" }));
+  const factory = new ClientFactory(
+    ClientFactoryOptions.createFrom(ClientFactoryOptions.default, {
+      transports: [new JsonRpcTransportFactory({ fetchImpl, legacyCompat: { enabled: true } })],
+    }),
+  );
+  return factory.createFromAgentCard(card);
+}
+
 const keyed = (key: string) => ({ serviceParameters: { authorization: `Bearer ${key}` } });
 const userMessage = (text: string, more: Record<string, unknown> = {}) => ({
   message: {
@@ -376,6 +398,12 @@ describe("A2A, through @a2a-js/sdk's client", () => {
       body: JSON.stringify({ jsonrpc: "2.0", id: 1, method: "GetTask", params: { id: "x" } }),
     });
     assert.equal(bare.status, 401);
+    const later = await fetch(`http://${stack.addr.http}/a2a/main`, {
+      method: "POST",
+      headers: { "content-type": "application/json", authorization: `Bearer ${stack.apiKey}`, "a2a-version": "2.0" },
+      body: JSON.stringify({ jsonrpc: "2.0", id: 1, method: "GetTask", params: { id: "x" } }),
+    });
+    assert.equal(((await later.json()) as { error: { code: number } }).error.code, -32009, "VersionNotSupported");
   });
 
   for (const binding of ["JSONRPC", "GRPC"] as const)
@@ -449,6 +477,49 @@ describe("A2A, through @a2a-js/sdk's client", () => {
         TaskNotCancelableError,
       );
     });
+
+  test("0.3's methods on the same endpoint: message/send, message/stream, tasks/get, tasks/cancel", async () => {
+    const client = await legacyClient(stack.apiKey);
+    const auth = keyed(stack.apiKey);
+    const first = asTask(await client.sendMessage(userMessage("My name is Grace."), auth));
+    assert.equal(first.status?.state, TaskState.TASK_STATE_COMPLETED);
+    const second = asTask(await client.sendMessage(userMessage("!first", { contextId: first.contextId }), auth));
+    assert.equal(replyOf(second).trim(), "My name is Grace.");
+    const { text, states } = readUpdates(
+      await collect(client.sendMessageStream(userMessage("!tokens 4 rate=40"), auth)),
+    );
+    assert.equal(text.trim(), "t1 t2 t3 t4");
+    assert.equal(states.at(-1), TaskState.TASK_STATE_COMPLETED);
+    const got = await client.getTask({ id: second.id, tenant: "", historyLength: undefined }, auth);
+    assert.equal(replyOf(got).trim(), "My name is Grace.");
+    const background = {
+      returnImmediately: true,
+      acceptedOutputModes: [],
+      historyLength: undefined,
+      taskPushNotificationConfig: undefined,
+    };
+    const slow = asTask(
+      await client.sendMessage({ ...userMessage("!tokens 400 rate=40"), configuration: background }, auth),
+    );
+    await waitFor(
+      "tokens flowing",
+      async () => replyOf(await client.getTask({ id: slow.id, tenant: "", historyLength: undefined }, auth)) !== "",
+    );
+    const canceled = await client.cancelTask({ id: slow.id, tenant: "", metadata: undefined }, auth);
+    assert.equal(canceled.status?.state, TaskState.TASK_STATE_CANCELED);
+    await assert.rejects(
+      client.getTask({ id: "task-nope", tenant: "", historyLength: undefined }, auth),
+      TaskNotFoundError,
+    );
+    // The wire carried 0.3's method names (what a 0.3 agent sends), not 1.0's.
+    const raw = await fetch(`http://${stack.addr.http}/a2a/main`, {
+      method: "POST",
+      headers: { "content-type": "application/json", authorization: `Bearer ${stack.apiKey}` },
+      body: JSON.stringify({ jsonrpc: "2.0", id: 7, method: "tasks/get", params: { id: second.id } }),
+    });
+    const body = (await raw.json()) as { result: { kind: string; status: { state: string } } };
+    assert.deepEqual([body.result.kind, body.result.status.state], ["task", "completed"]);
+  });
 
   for (const binding of ["JSONRPC", "GRPC"] as const)
     test(`${binding}: bad requests get A2A's errors; another tenant's task is not found`, async () => {

@@ -1,21 +1,26 @@
 // A2A on the HTTP edge: each agent's card, and the JSON-RPC binding (A2A 1.0: methods SendMessage,
 // SendStreamingMessage, GetTask, CancelTask, SubscribeToTask; params and results are the
-// protocol's messages as ProtoJSON; streams are server-sent events, one JSON-RPC response each).
+// protocol's messages as ProtoJSON; streams are server-sent events, one JSON-RPC response each;
+// and 0.3's message/send, message/stream, tasks/get, tasks/cancel, tasks/resubscribe, v03.ts).
 //   GET  /.well-known/agent-card.json                 the default agent's card
 //   GET  /a2a/{agent}/.well-known/agent-card.json     an agent's card (its base URL: /a2a/{agent}/)
 //   POST /a2a/{agent}                                 JSON-RPC
 // Cards are public, as A2A discovery has them: they name the agent, its endpoints and the key
 // scheme, nothing of any tenant's. Calls need a key, like every other route (admission.ts).
-import { fromJson, type JsonValue, toJson } from "@bufbuild/protobuf";
+import { create, fromJson, type JsonValue, toJson } from "@bufbuild/protobuf";
 import {
   CancelTaskRequestSchema,
   GetTaskRequestSchema,
+  type SendMessageRequest,
   SendMessageRequestSchema,
   SendMessageResponseSchema,
+  type StreamResponse,
   StreamResponseSchema,
   SubscribeToTaskRequestSchema,
+  type Task,
   TaskSchema,
 } from "../../shared/gen/lf/a2a/v1/a2a_pb.js";
+import { sendRequestIn, streamOut, taskOut, taskParamsIn, V03_METHODS } from "./v03.js";
 import { DEFAULT_AGENT } from "../../shared/ids.js";
 import { listAgents } from "../http/agent-list.js";
 import { answer, type NodeServerRequest, type NodeServerResponse } from "../http/answer.js";
@@ -106,12 +111,23 @@ export function a2aJsonRpc(core: A2aCore, opts: { maxBodyBytes: number; agentsDi
     const { id, method, params } = rpc;
     if (rpc.jsonrpc !== "2.0" || typeof method !== "string" || !(typeof id === "string" || typeof id === "number"))
       return send(res, failure(id, -32600, 'a JSON-RPC 2.0 request needs "jsonrpc": "2.0", a method and an id'));
-    const version = req.headers["a2a-version"];
-    if (typeof version === "string" && version !== "" && version !== VERSION && version !== "1")
-      return send(res, failure(id, -32009, `A2A version ${version.slice(0, 20)} is not served: ${VERSION} is`));
     const metadata = forwardedMetadata(req.headers);
     const stop = new AbortController();
     res.once("close", () => stop.abort());
+    // 0.3's methods are 1.0's with 0.3's JSON (v03.ts).
+    const legacy = Object.hasOwn(V03_METHODS, method);
+    const verb = legacy ? V03_METHODS[method] : method;
+    const version = req.headers["a2a-version"];
+    const served = legacy ? /^0\.3(\.\d+)?$/ : /^1(\.0)?$/;
+    if (typeof version === "string" && version !== "" && !served.test(version))
+      return send(
+        res,
+        failure(
+          id,
+          -32009,
+          `A2A version ${version.slice(0, 20)} is not served for ${method.slice(0, 64)}: ${legacy ? "0.3" : VERSION} is`,
+        ),
+      );
     const parse = <T>(schema: Parameters<typeof fromJson>[0]) => {
       try {
         return fromJson(schema, (params ?? {}) as JsonValue) as T;
@@ -119,30 +135,42 @@ export function a2aJsonRpc(core: A2aCore, opts: { maxBodyBytes: number; agentsDi
         throw invalidParams(`params: ${(err as Error).message}`);
       }
     };
+    const sendParams = () => (legacy ? sendRequestIn(params) : parse<SendMessageRequest>(SendMessageRequestSchema));
+    const taskParams = <T>(schema: Parameters<typeof fromJson>[0]) =>
+      (legacy ? create(schema, taskParamsIn(params) as never) : parse(schema)) as T;
+    const taskResult = (t: Task) => (legacy ? taskOut(t) : toJson(TaskSchema, t));
+    const update = (u: StreamResponse) => (legacy ? streamOut(u) : toJson(StreamResponseSchema, u));
     try {
-      switch (method) {
+      switch (verb) {
         case "SendMessage": {
-          const result = await core.sendMessage(parse(SendMessageRequestSchema), agent, metadata);
-          return send(res, { jsonrpc: "2.0", id, result: toJson(SendMessageResponseSchema, result) });
+          const result = await core.sendMessage(sendParams(), agent, metadata);
+          return send(res, {
+            jsonrpc: "2.0",
+            id,
+            result:
+              legacy && result.payload.case === "task"
+                ? taskOut(result.payload.value)
+                : toJson(SendMessageResponseSchema, result),
+          });
         }
         case "GetTask":
           return send(res, {
             jsonrpc: "2.0",
             id,
-            result: toJson(TaskSchema, await core.getTask(parse(GetTaskRequestSchema), metadata)),
+            result: taskResult(await core.getTask(taskParams(GetTaskRequestSchema), metadata)),
           });
         case "CancelTask":
           return send(res, {
             jsonrpc: "2.0",
             id,
-            result: toJson(TaskSchema, await core.cancelTask(parse(CancelTaskRequestSchema), metadata)),
+            result: taskResult(await core.cancelTask(taskParams(CancelTaskRequestSchema), metadata)),
           });
         case "SendStreamingMessage":
         case "SubscribeToTask": {
           const updates =
-            method === "SendStreamingMessage"
-              ? core.sendStreamingMessage(parse(SendMessageRequestSchema), agent, metadata, stop.signal)
-              : core.subscribeToTask(parse(SubscribeToTaskRequestSchema), metadata, stop.signal);
+            verb === "SendStreamingMessage"
+              ? core.sendStreamingMessage(sendParams(), agent, metadata, stop.signal)
+              : core.subscribeToTask(taskParams(SubscribeToTaskRequestSchema), metadata, stop.signal);
           // The first update is awaited before the stream's head: a refusal is a plain answer.
           const first = await updates.next();
           (res as { writeHead(s: number, h: Record<string, string>): void }).writeHead(200, {
@@ -154,8 +182,8 @@ export function a2aJsonRpc(core: A2aCore, opts: { maxBodyBytes: number; agentsDi
               await new Promise((r) => res.once("drain", r));
           };
           try {
-            if (!first.done) await write({ jsonrpc: "2.0", id, result: toJson(StreamResponseSchema, first.value) });
-            for await (const u of updates) await write({ jsonrpc: "2.0", id, result: toJson(StreamResponseSchema, u) });
+            if (!first.done) await write({ jsonrpc: "2.0", id, result: update(first.value) });
+            for await (const u of updates) await write({ jsonrpc: "2.0", id, result: update(u) });
           } catch (err) {
             if (!res.destroyed) {
               const e = a2aErrorOf(err);
