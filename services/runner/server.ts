@@ -121,6 +121,7 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
     defaultModel: cfg.model,
     execTimeoutMs: cfg.execTimeoutMs,
     sandboxScope: cfg.sandboxScope,
+    workspacesKept: cfg.sandboxWorkspaces === "kept",
     net,
     secrets,
     background,

@@ -101,7 +101,11 @@ export function execHandler(deps: ExecDeps): (call: grpc.ServerWritableStream<Ex
       void fleet.discard(sandbox, "its agent did not end a command at its timeout");
     }, timeoutMs + deps.killTimeoutMs);
     try {
-      const first = write(call, create(ExecResponseSchema, { kind: { case: "started", value: { execId } } }));
+      const note = fleet.takeNote(sandbox);
+      const first = write(
+        call,
+        create(ExecResponseSchema, { kind: { case: "started", value: { execId, workspaceNote: note } } }),
+      );
       if (first) await first;
       while (!cancelled) {
         const part = queue.shift();
@@ -115,6 +119,7 @@ export function execHandler(deps: ExecDeps): (call: grpc.ServerWritableStream<Ex
     } finally {
       clearTimeout(fallback);
       running.delete(execId);
+      fleet.used(sandbox);
       call.removeListener("cancelled", onCancelled);
     }
     if (cancelled) return;

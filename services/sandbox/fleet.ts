@@ -14,6 +14,7 @@ import { AgentConnection, type AttachOptions } from "./agent-connection.js";
 import type { AgentSocket } from "./agent-socket.js";
 import { type ContainerDeath, ContainerEvents } from "./container-events.js";
 import { configHash, containerName, containerSpec, poolPrefix, type FleetOptions } from "./container-spec.js";
+import { SAVE_AFTER_MS, type WorkspaceSaves } from "./workspace-saves.js";
 
 /** One running sandbox and the connection to its agent. */
 export interface Sandbox {
@@ -24,6 +25,13 @@ export interface Sandbox {
   name: string;
   key: string;
   lastUsed: number;
+  /** What the next command is told of its workspace (it was restored, or could not be). */
+  note?: string;
+  /** Work happened since the workspace's last save (workspace-saves.ts). */
+  unsaved?: boolean;
+  saveTimer?: NodeJS.Timeout;
+  /** The save under way, which a release waits for before removing the save. */
+  saving?: Promise<void>;
 }
 
 export interface SandboxSummary {
@@ -58,6 +66,8 @@ export class SandboxFleet {
     private readonly logger: Logger,
     /** A command's connection to its sandbox's egress port (egress-proxy.ts); closed when absent. */
     private readonly onConnection?: (socket: AgentSocket, agent: AgentConnection) => void,
+    /** Where workspaces are kept past their containers; absent: a workspace goes with its container. */
+    private readonly saves?: WorkspaceSaves,
   ) {
     this.events = new ContainerEvents(docker, opts.instance, (death) => void this.died(death));
   }
@@ -105,12 +115,75 @@ export class SandboxFleet {
     return adopted;
   }
 
-  /** Removes the key's sandbox and its workspace; false if it had none. */
+  /** Removes the key's sandbox and its workspace, saved or not; false if it had neither. */
   async release(key: string): Promise<boolean> {
     const known = await this.byKey.get(key)?.catch(() => undefined);
     this.byKey.delete(key);
+    if (known) {
+      clearTimeout(known.saveTimer);
+      known.unsaved = false;
+      await known.saving;
+    }
     known?.agent.close();
-    return this.remove(this.docker.getContainer(containerName(this.opts.instance, key)));
+    const removed = await this.remove(this.docker.getContainer(containerName(this.opts.instance, key)));
+    const saved = (await this.saves?.remove(key)) ?? false;
+    return removed || saved;
+  }
+
+  /**
+   * Work was done in the sandbox: its workspace is saved once SAVE_AFTER_MS pass without more.
+   * A no-op without saves.
+   */
+  used(sandbox: Sandbox): void {
+    if (!this.saves || sandbox.key === "") return;
+    sandbox.unsaved = true;
+    clearTimeout(sandbox.saveTimer);
+    sandbox.saveTimer = setTimeout(() => void this.saveNow(sandbox), SAVE_AFTER_MS);
+    sandbox.saveTimer.unref();
+  }
+
+  /** What the sandbox's next command is told of its workspace, once. */
+  takeNote(sandbox: Sandbox): string {
+    const note = sandbox.note ?? "";
+    sandbox.note = undefined;
+    return note;
+  }
+
+  /** Saves the sandbox's workspace if work was done since its last save. */
+  private async saveNow(sandbox: Sandbox): Promise<void> {
+    clearTimeout(sandbox.saveTimer);
+    await sandbox.saving;
+    if (!this.saves || !sandbox.unsaved || !sandbox.agent.alive) return;
+    sandbox.unsaved = false;
+    const saves = this.saves;
+    sandbox.saving = (async () => {
+      try {
+        await saves.save(sandbox.key, sandbox.agent);
+      } catch (err) {
+        sandbox.unsaved = true;
+        this.logger.warn("could not save a workspace", { scope: sandbox.key, error: (err as Error).message });
+      }
+    })();
+    await sandbox.saving;
+    sandbox.saving = undefined;
+  }
+
+  /** Unpacks the key's saved workspace into its new sandbox, and notes for its next command what came of it. */
+  private async restored(sandbox: Sandbox): Promise<Sandbox> {
+    if (!this.saves) return sandbox;
+    try {
+      const info = await this.saves.restore(sandbox.key, sandbox.agent);
+      if (info)
+        sandbox.note =
+          `this sandbox is new: /workspace was restored from its save of ${new Date(info.savedAt).toISOString()}` +
+          (info.running > 0
+            ? `; ${info.running} command(s) running then (background processes) were stopped and are not running now`
+            : "; processes from before are not running");
+    } catch (err) {
+      this.logger.warn("could not restore a saved workspace", { scope: sandbox.key, error: (err as Error).message });
+      sandbox.note = `this sandbox is new and /workspace could not be restored from its save (${(err as Error).message}): it starts empty`;
+    }
+    return sandbox;
   }
 
   /** Removes a sandbox that stopped answering; its key gets a new one on next use. */
@@ -126,8 +199,8 @@ export class SandboxFleet {
     const existing = await this.adopt(key, name);
     if (existing) return existing;
     const claimed = await this.claimFromPool(key, name);
-    if (claimed) return claimed;
-    return this.make(name, key);
+    if (claimed) return this.restored(claimed);
+    return this.restored(await this.make(name, key));
   }
 
   /**
@@ -289,6 +362,9 @@ export class SandboxFleet {
                     ? "idle"
                     : undefined;
       if (!why) continue;
+      // Work not yet saved is saved before the container goes (a stopped one cannot be asked).
+      if (mine?.unsaved && c.State === "running") await this.saveNow(mine);
+      if (mine) clearTimeout(mine.saveTimer);
       await this.forget(c.Id);
       this.firstSeen.delete(c.Id);
       this.events.forget(c.Id);
@@ -334,8 +410,12 @@ export class SandboxFleet {
     });
   }
 
-  /** Ends the engine watch and removes the pool (tenant-neutral, cheap to make again). Claimed sandboxes stay. */
+  /**
+   * Ends the engine watch and removes the pool (tenant-neutral, cheap to make again). Claimed
+   * sandboxes stay, their unsaved work saved.
+   */
   async shutdown(): Promise<void> {
+    for (const s of await this.live()) if (s[1].unsaved) await this.saveNow(s[1]);
     this.closed = true;
     this.events.close();
     await this.filling;

@@ -21,7 +21,9 @@ import type { Logger } from "../shared/process/log.js";
 import { RpcServer, ServingStatus, type grpc } from "../shared/rpc.js";
 import type { RunningService } from "../shared/process/service.js";
 import { AgentError, AgentGone, within } from "./agent-connection.js";
+import path from "node:path";
 import { SandboxFleet, type Sandbox } from "./fleet.js";
+import { WorkspaceSaves } from "./workspace-saves.js";
 import { execHandler, type RunningCommand } from "./exec-stream.js";
 import { EgressProxy } from "./egress-proxy.js";
 import { Engine, engineAddress } from "./engine.js";
@@ -61,6 +63,9 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
     },
     logger,
     (socket, agent) => egress.serve(socket, agent.claimedFor, agent.egress),
+    cfg.sandboxWorkspaces === "kept"
+      ? new WorkspaceSaves(path.join(cfg.dataDir, "workspaces"), DEFAULT_LIMITS.workspaceBytes, logger)
+      : undefined,
   );
   instruments()
     .meter.createObservableGauge("troupe.sandboxes", { description: "sandboxes of this service, claimed and pooled" })
@@ -157,6 +162,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
     const sandbox = await fleet.get(key);
     sandbox.lastUsed = Date.now();
     try {
+      fleet.used(sandbox);
       return await within(
         op(sandbox),
         FILE_OP_TIMEOUT_MS,

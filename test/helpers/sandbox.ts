@@ -19,6 +19,8 @@ export interface ExecResult {
   out: string;
   bytes: number;
   exit: ExecExit;
+  /** What the service said of the workspace (ExecStarted.workspace_note). */
+  note: string;
 }
 
 export async function exec(
@@ -34,6 +36,7 @@ export async function exec(
 ): Promise<ExecResult> {
   const chunks: Buffer[] = [];
   let exit: ExecExit | undefined;
+  let note = "";
   for await (const m of sandbox.exec({
     sessionId,
     command,
@@ -44,10 +47,11 @@ export async function exec(
   })) {
     if (m.kind.case === "stdout" || m.kind.case === "stderr") chunks.push(Buffer.from(m.kind.value));
     if (m.kind.case === "exit") exit = m.kind.value;
+    if (m.kind.case === "started") note = m.kind.value.workspaceNote;
   }
   if (!exit) throw new Error(`${command}: the stream ended without an exit status`);
   const all = Buffer.concat(chunks);
-  return { out: all.toString("utf8"), bytes: all.length, exit };
+  return { out: all.toString("utf8"), bytes: all.length, exit, note };
 }
 
 /** Asserts the call fails with `code`, and returns its message. */

@@ -311,8 +311,11 @@ function workspaceLines(input: PromptInput): string[] {
         ? `a sandbox shared by every session of agent ${input.agentId} in this tenant: other conversations read and change the same files`
         : "a sandbox shared by every session of this tenant: other conversations and agents read and change the same files";
   const hosts = input.agent.egress.allowHosts;
+  const kept = input.workspacesKept
+    ? " Its files are kept across turns and days; the sandbox itself may be replaced in between (then processes left running are gone, and the next command's output says so)."
+    : " Its files last only as long as the sandbox, which is removed when idle.";
   return [
-    `Workspace: /workspace in ${shared} (shell commands and files go there).`,
+    `Workspace: /workspace in ${shared} (shell commands and files go there).${kept}`,
     hosts.length > 0
       ? `Network: commands in the sandbox reach only these hosts, through the proxy in HTTP_PROXY and HTTPS_PROXY (curl, wget, pip and npm use it): ${hosts.join(", ")}. Nothing else is reachable.`
       : "Network: commands in the sandbox have none.",

@@ -34,6 +34,8 @@ export interface PromptInput {
   now: Date;
   /** Who shares the session's sandbox (TROUPE_SANDBOX_SCOPE, the deployment's). */
   sandboxScope: "session" | "agent" | "shared";
+  /** The sandbox service keeps workspaces past their containers (TROUPE_SANDBOX_WORKSPACES=kept). */
+  workspacesKept?: boolean;
 }
 
 /** Something in the context sources that could not be used as it was; the run says so by event. */

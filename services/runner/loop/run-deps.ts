@@ -38,6 +38,8 @@ export interface RunnerParts {
   execTimeoutMs: number;
   /** Who shares a sandbox (TROUPE_SANDBOX_SCOPE), for the prompt to say. */
   sandboxScope: "session" | "agent" | "shared";
+  /** Whether workspaces outlive their containers (TROUPE_SANDBOX_WORKSPACES), for the prompt to say. */
+  workspacesKept: boolean;
   /** What web_fetch and http_request may reach, and the secrets http_request may send. */
   net: NetPolicy;
   secrets: Secrets;
@@ -259,6 +261,7 @@ export function runDepsFor(parts: RunnerParts): (actor: SessionActor, first: rea
             driftReminder: req.driftReminder,
             now: new Date(),
             sandboxScope: parts.sandboxScope,
+            workspacesKept: parts.workspacesKept,
           },
           req.tokens,
           req.budget,

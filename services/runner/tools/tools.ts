@@ -230,6 +230,9 @@ export function execTool(sandbox: SandboxClient, defaultTimeoutMs: number, owner
             const text = Buffer.from(kind.value).toString("utf8");
             output += text;
             ctx.onUpdate(text);
+          } else if (kind.case === "started" && kind.value.workspaceNote !== "") {
+            // The workspace's truth first: the model reads it before the output it explains.
+            output += `[${kind.value.workspaceNote}]\n`;
           } else if (kind.case === "exit") {
             exit = kind.value;
           }

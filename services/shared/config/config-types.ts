@@ -82,6 +82,8 @@ export interface Config {
   sandboxMaxAgeMs: number;
   /** Sandbox: how many started, unclaimed containers wait for new sessions (0: none). */
   sandboxPoolSize: number;
+  /** Sandbox: whether a workspace is kept past its container (saved and restored) or goes with it. */
+  sandboxWorkspaces: "kept" | "discarded";
   /** Sandbox: who shares a container: each session, each agent, or everyone. */
   sandboxScope: "session" | "agent" | "shared";
   /** Gateway: TLS certificate and key files; undefined: plain gRPC. */

@@ -209,6 +209,7 @@ export function loadConfig(
     sandboxIdleMs: v.sandboxIdleMs,
     sandboxMaxAgeMs: v.sandboxMaxAgeMs,
     sandboxPoolSize: v.sandboxPoolSize,
+    sandboxWorkspaces: str("sandboxWorkspaces") as Config["sandboxWorkspaces"],
     sandboxScope: str("sandboxScope") as Config["sandboxScope"],
     quotaDefaults: Object.fromEntries(
       Object.keys(DEFAULT_QUOTAS).map((k) => [k, raw[`quota.${k}`] as number]),

@@ -353,6 +353,12 @@ export const SETTINGS = {
       schema: int(),
     },
     sandboxPoolSize: { env: "TROUPE_SANDBOX_POOL", doc: "warm sandboxes (0: none)", default: 2, schema: int(0) },
+    sandboxWorkspaces: {
+      env: "TROUPE_SANDBOX_WORKSPACES",
+      doc: "kept: a sandbox's /workspace is saved in the data directory after work and restored into its key's next sandbox (after an idle reap, the maximum age, a crash); discarded: it goes with its container",
+      default: "kept",
+      schema: oneOf("kept", "discarded"),
+    },
     dockerHost: {
       env: "DOCKER_HOST",
       doc: "the Docker engine: unix:///path, tcp://host:port (TLS with DOCKER_TLS_VERIFY, certificates in DOCKER_CERT_PATH), https://host:port or ssh://[user@]host[:port]; unset: the docker context, else the system socket, else the rootless one",
