@@ -15,7 +15,7 @@ import { scopeKey } from "../services/sandbox/scope.js";
 import { Status } from "../services/shared/errors.js";
 import { createClient } from "../services/shared/rpc.js";
 import { containerName, instanceOf } from "../services/sandbox/container-spec.js";
-import { exec, failsWith, type SandboxClient, sessionContainer } from "./helpers/sandbox.js";
+import { exec, failsWith, savedAfter, type SandboxClient, sessionContainer } from "./helpers/sandbox.js";
 import { MAIN, startStack, waitFor, type Stack, sandboxContainers } from "./helpers/stack.js";
 import { tempDir } from "./helpers/tempdir.js";
 
@@ -79,6 +79,22 @@ for (const runtime of ["runc", "runsc"] as const) {
         sandbox.writeFile({ sessionId: id, path: "no/such/dir/f", data: Buffer.from("x") }),
         Status.NOT_FOUND,
       );
+    });
+
+    test("the workspace outlives its container: a new one gets the files, and its first command is told", async () => {
+      const since = Date.now();
+      await sandbox.writeFile({
+        sessionId: id,
+        path: "kept/note.txt",
+        data: Buffer.from("still here"),
+        createParents: true,
+      });
+      assert.equal((await exec(sandbox, id, "echo more > kept/more.txt && echo ok")).out, "ok\n");
+      await savedAfter(stack.dataDir, id, since);
+      await run("docker", ["rm", "-f", sessionContainer(stack.dataDir, id)]);
+      const back = await exec(sandbox, id, "cat kept/note.txt kept/more.txt");
+      assert.equal(back.out, "still heremore\n");
+      assert.match(back.note, /restored from its save/);
     });
 
     test("#19 path traversal, absolute paths, NUL bytes and overlong paths are refused", async () => {

@@ -5,13 +5,12 @@
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
-import { readdir, readFile } from "node:fs/promises";
+import { readdir } from "node:fs/promises";
 import path from "node:path";
 import { promisify } from "node:util";
 import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
 import { DEV_IDENTITY } from "../services/shared/auth/auth.js";
-import { scopeKey } from "../services/sandbox/scope.js";
-import { exec, sessionContainer, type SandboxClient } from "./helpers/sandbox.js";
+import { exec, savedAfter, sessionContainer, type SandboxClient } from "./helpers/sandbox.js";
 import { ChatSession } from "./helpers/session.js";
 import { startStack, waitFor, type Stack } from "./helpers/stack.js";
 
@@ -40,22 +39,10 @@ const exists = (name: string) =>
 const saves = async () =>
   (await readdir(path.join(dataDir, "workspaces")).catch(() => [])).filter((f) => f.endsWith(".tar"));
 
-/** Waits for a save of session `id`'s workspace made after `since` (ms). */
-async function savedAfter(id: string, since: number): Promise<void> {
-  const key = scopeKey("session", DEV_IDENTITY, id, "");
-  const dir = path.join(dataDir, "workspaces");
-  await waitFor(
-    `a save of ${id}`,
-    async () => {
-      for (const f of (await readdir(dir).catch(() => [])).filter((x) => x.endsWith(".json"))) {
-        const meta = JSON.parse(await readFile(path.join(dir, f), "utf8").catch(() => "{}"));
-        if (meta.key === key && meta.savedAt > since) return true;
-      }
-      return false;
-    },
-    20_000,
-    100,
-  );
+/** Removes a container as a crash would (the idle reaper may be removing it already: either way it goes). */
+async function lose(name: string): Promise<void> {
+  await run("docker", ["rm", "-f", name]).catch(() => undefined);
+  await waitFor(`${name} gone`, async () => !(await exists(name)), 10_000, 100);
 }
 
 /** The tool result of the one exec call a scripted turn makes. */
@@ -80,15 +67,11 @@ test("files survive the idle reap; the next command is told its sandbox is new, 
 test("a container that dies is replaced with the saved files; its running commands are said to be gone", async () => {
   // A command left running (as a background process the agent started would be).
   const held = exec(sandbox, "w-crash", "sleep 120", { timeoutMs: 130_000 }).catch(() => undefined);
+  const wrote = Date.now();
   assert.equal((await exec(sandbox, "w-crash", "echo v1 > f && echo ok")).out, "ok\n");
-  await waitFor(
-    "the save",
-    async () => (await saves()).length > 0 && (await exists(sessionContainer(dataDir, "w-crash"))),
-    10_000,
-  );
   // The save comes a few seconds after the last command.
-  await new Promise((r) => setTimeout(r, 6500));
-  await run("docker", ["rm", "-f", sessionContainer(dataDir, "w-crash")]);
+  await savedAfter(dataDir, "w-crash", wrote);
+  await lose(sessionContainer(dataDir, "w-crash"));
   await held;
   const back = await exec(sandbox, "w-crash", "cat f");
   assert.equal(back.out, "v1\n");
@@ -112,8 +95,8 @@ test("through the runner: a sandbox service SIGKILL, a runner SIGKILL and a lost
   await again.waitOpened();
   const read = Date.now();
   assert.match(await toolResult(again, "cat t.txt"), /from-a-turn/);
-  await savedAfter("w-stack", read);
-  await run("docker", ["rm", "-f", sessionContainer(dataDir, "w-stack")]);
+  await savedAfter(dataDir, "w-stack", read);
+  await lose(sessionContainer(dataDir, "w-stack"));
   const told = await toolResult(again, "cat t.txt");
   assert.match(told, /^\[this sandbox is new: \/workspace was restored from its save of [^\]]+\]\nfrom-a-turn/);
   again.close();
@@ -126,7 +109,7 @@ test("DeleteSession removes the saved workspace: the id's next session starts em
   const before = (await saves()).length;
   const wrote = Date.now();
   await toolResult(s, "echo secret > s.txt");
-  await savedAfter("w-gone", wrote);
+  await savedAfter(dataDir, "w-gone", wrote);
   assert.equal((await saves()).length, before + 1, "saved");
   s.close();
   await stack.gateway.deleteSession({ sessionId: "w-gone" });

@@ -338,6 +338,17 @@ export class SandboxFleet {
    * its key may come back.
    */
   async reap(): Promise<number> {
+    // Work not yet saved in sandboxes the reaper may remove is saved first: a save takes a while,
+    // and the removals below must go by a fresh listing (one taken before a save saw containers
+    // then being made as not running).
+    if (this.saves)
+      for (const s of (await this.live()).values())
+        if (
+          s.unsaved &&
+          s.key !== "" &&
+          (Date.now() - s.lastUsed > this.opts.idleMs || Date.now() - s.createdAt > this.opts.maxAgeMs)
+        )
+          await this.saveNow(s);
     const now = Date.now();
     let removed = 0;
     for (const { c, name, mine, pooled, created } of await this.containers()) {
@@ -362,8 +373,8 @@ export class SandboxFleet {
                     ? "idle"
                     : undefined;
       if (!why) continue;
-      // Work not yet saved is saved before the container goes (a stopped one cannot be asked).
-      if (mine?.unsaved && c.State === "running") await this.saveNow(mine);
+      // Work not saved yet (done after the saves above): the next pass decides again.
+      if (mine?.unsaved && c.State === "running" && why !== "stopped") continue;
       if (mine) clearTimeout(mine.saveTimer);
       await this.forget(c.Id);
       this.firstSeen.delete(c.Id);

@@ -1,6 +1,9 @@
 // Running a command through the sandbox service, for tests: its whole output and exit status;
 // asserting a call fails with a status; and the container a test session's sandbox runs in.
 import assert from "node:assert/strict";
+import { readdir, readFile } from "node:fs/promises";
+import path from "node:path";
+import { waitFor } from "./stack.js";
 import { containerName, instanceOf } from "../../services/sandbox/container-spec.js";
 import { scopeKey } from "../../services/sandbox/scope.js";
 import { DEV_IDENTITY } from "../../services/shared/auth/auth.js";
@@ -63,4 +66,22 @@ export async function failsWith(call: Promise<unknown>, code: Status): Promise<s
     return true;
   });
   return details;
+}
+
+/** Waits for a save of session `id`'s workspace (workspace-saves.ts) made after `since` (ms). */
+export async function savedAfter(dataDir: string, id: string, since: number): Promise<void> {
+  const key = scopeKey("session", DEV_IDENTITY, id, "");
+  const dir = path.join(dataDir, "workspaces");
+  await waitFor(
+    `a save of ${id}`,
+    async () => {
+      for (const f of (await readdir(dir).catch(() => [])).filter((x) => x.endsWith(".json"))) {
+        const meta = JSON.parse(await readFile(path.join(dir, f), "utf8").catch(() => "{}"));
+        if (meta.key === key && meta.savedAt > since) return true;
+      }
+      return false;
+    },
+    20_000,
+    100,
+  );
 }
