@@ -89,6 +89,7 @@ export class WorkspaceSaves {
     let bytes = 0;
     // Counted before tar runs, which is a command too.
     const running = agent.runningCommands;
+    const started = Date.now();
     try {
       // Headers and padding on top of the files: the cap is the workspace's size, twice.
       const { exit, stderr } = await run(
@@ -104,6 +105,7 @@ export class WorkspaceSaves {
       if (exit.exitCode !== 0 || exit.truncated || exit.timedOut)
         throw new Error(`tar ended with ${exit.exitCode}${exit.truncated ? " (too large)" : ""}: ${stderr.trim()}`);
       const info = { savedAt: Date.now(), bytes, running };
+      this.logger.debug("saved a workspace", { scope: key, bytes, ms: info.savedAt - started });
       await rename(partial, target);
       await writeFile(`${target}.json`, JSON.stringify({ key, ...info }), { mode: 0o600 });
       return info;
@@ -122,8 +124,10 @@ export class WorkspaceSaves {
       .then((s) => s.size)
       .catch(() => -1);
     if (size < 0) return undefined;
+    const started = Date.now();
     const { exit, stderr } = await run(agent, "tar -xf -", 64 * 1024, undefined, createReadStream(this.file(key)));
     if (exit.exitCode !== 0) throw new Error(`tar -x ended with ${exit.exitCode}: ${stderr.trim()}`);
+    this.logger.debug("restored a workspace", { scope: key, bytes: size, ms: Date.now() - started });
     return info;
   }
 
