@@ -4,6 +4,9 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import path from "node:path";
 import { promisify } from "node:util";
 import {
   Health,
@@ -26,15 +29,23 @@ for (const runtime of ["runc", "runsc"] as const) {
   describe(`sandbox workspace files (${runtime})`, () => {
     let stack: Stack;
     let sandbox: Sandbox;
+    let quotas: string;
     const id = `files-${runtime}`;
     before(async () => {
-      stack = await startStack({ services: ["sandbox"], env: { TROUPE_SANDBOX_RUNTIME: runtime } });
+      // Tenant "tight" has a workspace quota of 1 MiB.
+      quotas = path.join(await mkdtemp(path.join(tmpdir(), "troupe-quotas-")), "quotas.json");
+      await writeFile(quotas, JSON.stringify({ tenants: { tight: { workspaceMegabytes: 1 } } }));
+      stack = await startStack({
+        services: ["sandbox"],
+        env: { TROUPE_SANDBOX_RUNTIME: runtime, TROUPE_QUOTAS_FILE: quotas },
+      });
       sandbox = stack.client(SandboxService, stack.addr.sandbox, { as: DEV_IDENTITY });
     });
     after(async () => {
       await sandbox?.releaseSandbox({ sessionId: id }).catch(() => undefined);
       sandbox?.close();
       await stack?.stop();
+      await rm(path.dirname(quotas), { recursive: true, force: true });
     });
 
     test("write, read and list round trip; commands see the same files", async () => {
@@ -95,6 +106,33 @@ for (const runtime of ["runc", "runsc"] as const) {
       const back = await exec(sandbox, id, "cat kept/note.txt kept/more.txt");
       assert.equal(back.out, "still heremore\n");
       assert.match(back.note, /restored from its save/);
+    });
+
+    test("a snapshot of the workspace starts another session with its files", async () => {
+      const { snapshot } = await sandbox.createSnapshot({ sessionId: id, name: runtime });
+      await sandbox.restoreSnapshot({ snapshotId: snapshot!.snapshotId, sessionId: `${id}-copy` });
+      const copy = await exec(sandbox, `${id}-copy`, "cat kept/note.txt kept/more.txt");
+      assert.equal(copy.out, "still heremore\n");
+      assert.match(copy.note, new RegExp(`restored from snapshot ${snapshot!.snapshotId} \\("${runtime}"\\)`));
+      await sandbox.releaseSandbox({ sessionId: `${id}-copy` });
+      await sandbox.deleteSnapshot({ snapshotId: snapshot!.snapshotId });
+    });
+
+    test("a save over the tenant's workspace quota is not kept, and the sandbox's next command is told", async () => {
+      const tight = stack.client(SandboxService, stack.addr.sandbox, { as: { tenant: "tight", principal: "p" } });
+      const owner = { tenant: "tight", principal: "p" };
+      try {
+        const since = Date.now();
+        await exec(tight, "q", "head -c 2000000 /dev/urandom > big");
+        assert.match((await savedAfter(stack.dataDir, "q", since, owner)).refused ?? "", /workspace quota \(1 MiB/);
+        const told = await exec(tight, "q", "ls");
+        assert.equal(told.out, "big\n", "the live workspace is untouched");
+        assert.match(told.note, /^\/workspace was not saved: it is larger than the 1\.0 MiB left of tenant tight's/);
+        assert.match(told.note, /These files are lost when this sandbox is reaped unless room is made/);
+        await tight.releaseSandbox({ sessionId: "q" });
+      } finally {
+        tight.close();
+      }
     });
 
     test("#19 path traversal, absolute paths, NUL bytes and overlong paths are refused", async () => {

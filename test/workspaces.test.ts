@@ -2,26 +2,45 @@
 // a real Docker engine: a session's files survive the idle reap, a container's crash, a sandbox
 // service SIGKILL and a runner SIGKILL; the next command is told when its sandbox is new and what
 // did not survive (and the model reads it in the tool result); DeleteSession removes the save too.
+// Snapshots: made from a session's workspace, restored into another session of the tenant, invisible
+// to other tenants, counted with saves in the tenant's workspace quota (a save over it is not kept,
+// and the next command is told; a snapshot over it is RESOURCE_EXHAUSTED).
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
-import { readdir } from "node:fs/promises";
+import { mkdtemp, readdir, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { spawnSync } from "node:child_process";
 import path from "node:path";
 import { promisify } from "node:util";
 import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
 import { DEV_IDENTITY } from "../services/shared/auth/auth.js";
-import { exec, savedAfter, sessionContainer, type SandboxClient } from "./helpers/sandbox.js";
+import { Status } from "../services/shared/errors.js";
+import { exec, failsWith, savedAfter, sessionContainer, type SandboxClient } from "./helpers/sandbox.js";
 import { ChatSession } from "./helpers/session.js";
-import { startStack, waitFor, type Stack } from "./helpers/stack.js";
+import { MAIN, flagsFor, startStack, waitFor, type Stack } from "./helpers/stack.js";
 
 const run = promisify(execFile);
 let stack: Stack;
 let sandbox: SandboxClient;
 let dataDir: string;
+let quotaDir: string;
+/** A tenant whose workspace quota is 1 MiB (the quotas file below). */
+const TIGHT = { tenant: "tight", principal: "p" };
 
 before(async () => {
+  quotaDir = await mkdtemp(path.join(tmpdir(), "troupe-quotas-"));
+  await writeFile(
+    path.join(quotaDir, "quotas.json"),
+    JSON.stringify({ tenants: { tight: { workspaceMegabytes: 1 } } }),
+  );
   stack = await startStack({
-    env: { TROUPE_SANDBOX_IDLE_MS: "2500", TROUPE_SANDBOX_POOL: "1", TROUPE_MEMORY_LEARN: "0" },
+    env: {
+      TROUPE_SANDBOX_IDLE_MS: "2500",
+      TROUPE_SANDBOX_POOL: "1",
+      TROUPE_MEMORY_LEARN: "0",
+      TROUPE_QUOTAS_FILE: path.join(quotaDir, "quotas.json"),
+    },
   });
   dataDir = stack.dataDir;
   sandbox = stack.client(SandboxService, stack.addr.sandbox, { as: DEV_IDENTITY });
@@ -29,6 +48,7 @@ before(async () => {
 after(async () => {
   sandbox?.close();
   await stack?.stop();
+  await rm(quotaDir, { recursive: true, force: true });
 });
 
 const exists = (name: string) =>
@@ -76,7 +96,7 @@ test("a container that dies is replaced with the saved files; its running comman
   const back = await exec(sandbox, "w-crash", "cat f");
   assert.equal(back.out, "v1\n");
   assert.match(back.note, /restored/);
-  assert.match(back.note, /1 command\(s\) running then .* were stopped/);
+  assert.match(back.note, /1 command\(s\) running then .* were stopped and are not running now: "sleep 120"$/);
 });
 
 test("through the runner: a sandbox service SIGKILL, a runner SIGKILL and a lost container keep the files, and the model is told", async () => {
@@ -121,4 +141,110 @@ test("DeleteSession removes the saved workspace: the id's next session starts em
   assert.match(read, /No such file/);
   assert.doesNotMatch(read, /restored/);
   next.close();
+});
+
+test("a snapshot starts another session of the tenant with its files; other tenants cannot see or use it", async () => {
+  await exec(sandbox, "w-snap-src", "mkdir -p app && echo v1 > app/config && echo ok");
+  const { snapshot } = await sandbox.createSnapshot({ sessionId: "w-snap-src", name: "base" });
+  assert.match(snapshot?.snapshotId ?? "", /^snap-[0-9a-f-]{36}$/);
+  assert.ok(Number(snapshot?.sizeBytes) > 0);
+  const listed = await sandbox.listSnapshots({});
+  assert.deepEqual(
+    listed.snapshots.map((x) => [x.snapshotId, x.name, x.sourceSessionId]),
+    [[snapshot!.snapshotId, "base", "w-snap-src"]],
+  );
+  assert.ok(listed.usedBytes >= snapshot!.sizeBytes, "the snapshot counts in the tenant's usage");
+  // The source goes on; the snapshot is what it was.
+  await exec(sandbox, "w-snap-src", "echo v2 > app/config");
+
+  // Another principal of the same tenant starts a session from it.
+  const colleague = stack.client(SandboxService, stack.addr.sandbox, {
+    as: { ...DEV_IDENTITY, principal: "colleague" },
+  });
+  const stranger = stack.client(SandboxService, stack.addr.sandbox, { as: { tenant: "elsewhere", principal: "dev" } });
+  try {
+    await colleague.restoreSnapshot({ snapshotId: snapshot!.snapshotId, sessionId: "w-snap-dst" });
+    const first = await exec(colleague, "w-snap-dst", "cat app/config");
+    assert.equal(first.out, "v1\n");
+    assert.match(first.note, new RegExp(`restored from snapshot ${snapshot!.snapshotId} \\("base"\\)`));
+
+    // A session with a workspace is not overwritten unless asked.
+    await failsWith(
+      colleague.restoreSnapshot({ snapshotId: snapshot!.snapshotId, sessionId: "w-snap-dst" }),
+      Status.FAILED_PRECONDITION,
+    );
+    await exec(colleague, "w-snap-dst", "echo changed > app/config");
+    await colleague.restoreSnapshot({ snapshotId: snapshot!.snapshotId, sessionId: "w-snap-dst", replace: true });
+    assert.equal((await exec(colleague, "w-snap-dst", "cat app/config")).out, "v1\n");
+
+    // Another tenant: nothing listed, and its id answers as an unknown one does.
+    assert.deepEqual((await stranger.listSnapshots({})).snapshots, []);
+    const unknown = "snap-00000000-0000-4000-8000-000000000000";
+    for (const id of [snapshot!.snapshotId, unknown]) {
+      const said = await failsWith(stranger.restoreSnapshot({ snapshotId: id, sessionId: "x1" }), Status.NOT_FOUND);
+      assert.equal(said, `no snapshot ${id}`);
+      await failsWith(stranger.deleteSnapshot({ snapshotId: id }), Status.NOT_FOUND);
+    }
+    // Nor can it snapshot this tenant's session: the id names a session of its own, which has no workspace.
+    await failsWith(stranger.createSnapshot({ sessionId: "w-snap-src" }), Status.NOT_FOUND);
+    await failsWith(sandbox.restoreSnapshot({ snapshotId: "../../etc", sessionId: "x1" }), Status.INVALID_ARGUMENT);
+    await failsWith(
+      sandbox.createSnapshot({ sessionId: "w-snap-src", name: "n".repeat(101) }),
+      Status.INVALID_ARGUMENT,
+    );
+
+    // The operator's command line: snapshot a session, list, delete.
+    const troupe = (...args: string[]) =>
+      spawnSync(process.execPath, [MAIN, "sandbox", ...args, ...flagsFor(stack.addr, dataDir)], {
+        encoding: "utf8",
+        timeout: 60_000,
+      });
+    const made = troupe("snapshot", "w-snap-src", "--name", "by-cli");
+    assert.equal(made.status, 0, made.stderr);
+    const id = made.stdout.trim();
+    const table = troupe("snapshots");
+    assert.equal(table.status, 0, table.stderr);
+    assert.match(table.stdout, new RegExp(`^${id} +by-cli +w-snap-src `, "m"));
+    assert.match(table.stdout, /tenant local keeps [\d.]+ of 4096 MiB/);
+    assert.equal(troupe("snapshot-rm", id).status, 0);
+    const gone = troupe("restore", id, "--session", "w-snap-x");
+    assert.equal(gone.status, 1);
+    assert.match(gone.stderr, /NOT_FOUND/);
+
+    await sandbox.deleteSnapshot({ snapshotId: snapshot!.snapshotId });
+    assert.deepEqual((await sandbox.listSnapshots({})).snapshots, []);
+  } finally {
+    colleague.close();
+    stranger.close();
+  }
+});
+
+test("the workspace quota: a save over it is not kept and the next sandbox says so; a snapshot is RESOURCE_EXHAUSTED", async () => {
+  const tight = stack.client(SandboxService, stack.addr.sandbox, { as: TIGHT });
+  try {
+    const small = Date.now();
+    await exec(tight, "w-quota", "head -c 200000 /dev/urandom > small && echo ok");
+    assert.equal((await savedAfter(dataDir, "w-quota", small, TIGHT)).refused, undefined, "200 KB fit in 1 MiB");
+    const big = Date.now();
+    await exec(tight, "w-quota", "head -c 2000000 /dev/urandom > big && echo ok");
+    const record = await savedAfter(dataDir, "w-quota", big, TIGHT);
+    assert.match(record.refused ?? "", /left of tenant tight's workspace quota \(1 MiB/);
+    // The idle reaper (2.5 s here) took the sandbox after that refused save: what was lost is said.
+    const told = await exec(tight, "w-quota", "ls");
+    assert.equal(told.out, "", "nothing was kept");
+    assert.match(
+      told.note,
+      /^this sandbox is new and \/workspace starts empty: its files of 20\d\d-\S+ were not kept \(it is larger than the 1\.0 MiB left of tenant tight's workspace quota \(1 MiB for saved workspaces and snapshots\)\)$/,
+    );
+    await exec(tight, "w-quota", "head -c 2000000 /dev/urandom > big");
+    const said = await failsWith(tight.createSnapshot({ sessionId: "w-quota" }), Status.RESOURCE_EXHAUSTED);
+    assert.match(said, /^this snapshot does not fit: it is larger than the [\d.]+ MiB left of tenant tight's/);
+    // Room made: the next save is kept again.
+    const freed = Date.now();
+    await exec(tight, "w-quota", "rm big");
+    assert.equal((await savedAfter(dataDir, "w-quota", freed, TIGHT)).refused, undefined);
+    assert.equal((await tight.listSnapshots({})).quotaBytes, BigInt(1024 * 1024));
+  } finally {
+    tight.close();
+  }
 });

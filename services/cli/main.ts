@@ -75,6 +75,8 @@ operations:
                         bring the PostgreSQL store's schema up to date, or say where it is
   sandbox ls | exec --session ID -- CMD... | rm --session ID
                         list sandboxes, run a command in one, remove one
+  sandbox snapshot SESSION | snapshots | restore SNAPSHOT --session ID | snapshot-rm SNAPSHOT
+                        keep a session's workspace, list, start a session from one, delete
 
 flags (also as environment variables):
   --data-dir DIR        TROUPE_DATA_DIR (default ./data)
@@ -97,7 +99,7 @@ const SUBCOMMANDS: Record<string, string[]> = {
   memory: ["add", "search", "forget", "stats", "reembed"],
   config: ["validate", "schema"],
   keys: ["create", "ls", "revoke"],
-  sandbox: ["ls", "exec", "rm"],
+  sandbox: ["ls", "exec", "rm", "snapshot", "snapshots", "restore", "snapshot-rm"],
   store: ["migrate", "status"],
   sessions: ["ls", "show", "decide", "rm"],
   mcp: ["ls"],
@@ -210,7 +212,7 @@ async function main(argv: string[]): Promise<void> {
     process.exitCode = 2;
     return;
   }
-  if (command === "memory" && ["add", "search", "forget", "stats", "reembed"].includes(args[0] ?? "")) {
+  if (command === "memory" && SUBCOMMANDS.memory.includes(args[0] ?? "")) {
     process.exitCode = await (await import("./memory.js")).memoryCommand(args);
     return;
   }
@@ -257,7 +259,7 @@ async function main(argv: string[]): Promise<void> {
     process.exitCode = await (await import("./keys.js")).keysCommand(args);
     return;
   }
-  if (command === "sandbox" && ["ls", "exec", "rm"].includes(args[0] ?? "")) {
+  if (command === "sandbox" && SUBCOMMANDS.sandbox.includes(args[0] ?? "")) {
     process.exitCode = await (await import("./sandbox.js")).sandboxCommand(args);
     return;
   }

@@ -3,6 +3,10 @@
 //   troupe sandbox exec --session ID [--stdin] -- CMD ARG...   run CMD with its arguments in the
 //                                                       session's sandbox, as `docker exec` does; exits with its code
 //   troupe sandbox rm --session ID                      remove the session's sandbox and workspace
+//   troupe sandbox snapshot SESSION [--name N]          archive the session's workspace as a snapshot
+//   troupe sandbox snapshots                            the tenant's snapshots, and its workspace quota
+//   troupe sandbox restore SNAPSHOT --session ID [--replace]   make a snapshot the session's workspace
+//   troupe sandbox snapshot-rm SNAPSHOT                 delete a snapshot
 // --agent NAME names the session's agent (it matters when TROUPE_SANDBOX_SCOPE=agent); --tenant and
 // --principal name the session's owner (default: the development identity, local/dev).
 import { timestampMs } from "@bufbuild/protobuf/wkt";
@@ -16,7 +20,13 @@ import { printTable } from "./table.js";
 const USAGE = `usage: troupe sandbox ls
        troupe sandbox exec --session ID [--tenant T] [--principal P] [--agent NAME] [--timeout-ms N] [--stdin] -- COMMAND [ARG...]
        troupe sandbox rm --session ID [--tenant T] [--principal P] [--agent NAME]
+       troupe sandbox snapshot SESSION [--name N] [--tenant T] [--principal P] [--agent NAME]
+       troupe sandbox snapshots [--tenant T]
+       troupe sandbox restore SNAPSHOT --session ID [--replace] [--tenant T] [--principal P] [--agent NAME]
+       troupe sandbox snapshot-rm SNAPSHOT [--tenant T]
 `;
+
+const MIB = 1024 * 1024;
 
 /** One word for /bin/sh, quoted so the shell passes it on unchanged. */
 const shellQuote = (word: string): string =>
@@ -49,6 +59,8 @@ export async function sandboxCommand(args: string[]): Promise<number> {
     principal: { type: "string" },
     "timeout-ms": { type: "string" },
     stdin: { type: "boolean" },
+    name: { type: "string" },
+    replace: { type: "boolean" },
   });
   const flags = cfg.flags as Record<string, string | boolean | undefined>;
   const sessionId = (flags.session as string | undefined) ?? "";
@@ -112,6 +124,53 @@ export async function sandboxCommand(args: string[]): Promise<number> {
         }
         const { removed } = await client.releaseSandbox({ sessionId, agentId }, { timeoutMs: 30_000 });
         process.stdout.write(removed ? `removed the sandbox of ${sessionId}\n` : `${sessionId} had no sandbox\n`);
+        return 0;
+      }
+      case "snapshot": {
+        const [session] = cfg.rest;
+        if (!session || cfg.rest.length > 1) {
+          process.stderr.write(USAGE);
+          return 2;
+        }
+        const name = (flags.name as string | undefined) ?? "";
+        const { snapshot } = await client.createSnapshot({ sessionId: session, agentId, name }, { timeoutMs: 180_000 });
+        process.stdout.write(`${snapshot?.snapshotId}\n`);
+        return 0;
+      }
+      case "snapshots": {
+        const { snapshots, usedBytes, quotaBytes } = await client.listSnapshots({}, { timeoutMs: 10_000 });
+        const rows = snapshots.map((s) => [
+          s.snapshotId,
+          s.name || "-",
+          s.sourceSessionId,
+          `${(Number(s.sizeBytes) / MIB).toFixed(1)} MiB`,
+          ago(s.createTime ? timestampMs(s.createTime) : undefined),
+        ]);
+        printTable(["SNAPSHOT", "NAME", "FROM SESSION", "SIZE", "CREATED"], rows);
+        process.stdout.write(
+          `tenant ${owner.tenant} keeps ${(Number(usedBytes) / MIB).toFixed(1)} of ${Number(quotaBytes) / MIB} MiB (saved workspaces and snapshots)\n`,
+        );
+        return 0;
+      }
+      case "restore": {
+        const [snapshotId] = cfg.rest;
+        if (!snapshotId || !sessionId || cfg.rest.length > 1) {
+          process.stderr.write(USAGE);
+          return 2;
+        }
+        const replace = flags.replace === true;
+        await client.restoreSnapshot({ snapshotId, sessionId, agentId, replace }, { timeoutMs: 60_000 });
+        process.stdout.write(`${sessionId}'s next command finds the files of ${snapshotId}\n`);
+        return 0;
+      }
+      case "snapshot-rm": {
+        const [snapshotId] = cfg.rest;
+        if (!snapshotId || cfg.rest.length > 1) {
+          process.stderr.write(USAGE);
+          return 2;
+        }
+        await client.deleteSnapshot({ snapshotId }, { timeoutMs: 10_000 });
+        process.stdout.write(`deleted ${snapshotId}\n`);
         return 0;
       }
       default:

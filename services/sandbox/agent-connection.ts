@@ -84,6 +84,8 @@ interface Pending {
 
 /** A running command as this side accounts for it. */
 interface ExecState {
+  /** The command line, for saying which commands a lost sandbox was running. */
+  command: string;
   handlers: ExecHandlers;
   window: number;
   maxOutput: number;
@@ -180,6 +182,11 @@ export class AgentConnection {
     return this.execs.size;
   }
 
+  /** The command lines running now, oldest first. */
+  get runningCommandLines(): string[] {
+    return [...this.execs.values()].map((e) => e.command);
+  }
+
   /**
    * Greets the agent and checks its version; ends commands an earlier connection left behind.
    * Sets claimedFor from its answer.
@@ -211,6 +218,7 @@ export class AgentConnection {
     if (this.ended) throw this.ended;
     const id = this.nextId++;
     this.execs.set(id, {
+      command,
       handlers,
       window: opts.windowBytes,
       maxOutput: opts.maxOutputBytes,

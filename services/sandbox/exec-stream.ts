@@ -10,6 +10,7 @@ import { instruments, secondsSince } from "../shared/process/metrics.js";
 import { write, type grpc } from "../shared/rpc.js";
 import { AgentError, type AgentExit, type RunningExec } from "./agent-connection.js";
 import type { SandboxFleet, Sandbox } from "./fleet.js";
+import { identityOf } from "../shared/auth/auth.js";
 import { DEFAULT_EGRESS_BUDGET, DEFAULT_OUTPUT_BYTES, agentStatus, validateExec } from "./requests.js";
 
 /** Output the agent may send ahead of what the caller has taken. */
@@ -119,7 +120,7 @@ export function execHandler(deps: ExecDeps): (call: grpc.ServerWritableStream<Ex
     } finally {
       clearTimeout(fallback);
       running.delete(execId);
-      fleet.used(sandbox);
+      fleet.used(sandbox, identityOf(call.metadata).tenant);
       call.removeListener("cancelled", onCancelled);
     }
     if (cancelled) return;

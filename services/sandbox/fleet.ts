@@ -14,24 +14,16 @@ import { AgentConnection, type AttachOptions } from "./agent-connection.js";
 import type { AgentSocket } from "./agent-socket.js";
 import { type ContainerDeath, ContainerEvents } from "./container-events.js";
 import { configHash, containerName, containerSpec, poolPrefix, type FleetOptions } from "./container-spec.js";
-import { SAVE_AFTER_MS, type WorkspaceSaves } from "./workspace-saves.js";
+import type { KeptWorkspace, WorkspaceSaves } from "./workspace-saves.js";
 
-/** One running sandbox and the connection to its agent. */
-export interface Sandbox {
+/** One running sandbox and the connection to its agent; its workspace's keeping is workspace-saves.ts's. */
+export interface Sandbox extends KeptWorkspace {
   readonly id: string;
   readonly container: Container;
-  readonly agent: AgentConnection;
   readonly createdAt: number;
   name: string;
   key: string;
   lastUsed: number;
-  /** What the next command is told of its workspace (it was restored, or could not be). */
-  note?: string;
-  /** Work happened since the workspace's last save (workspace-saves.ts). */
-  unsaved?: boolean;
-  saveTimer?: NodeJS.Timeout;
-  /** The save under way, which a release waits for before removing the save. */
-  saving?: Promise<void>;
 }
 
 export interface SandboxSummary {
@@ -130,59 +122,24 @@ export class SandboxFleet {
     return removed || saved;
   }
 
-  /**
-   * Work was done in the sandbox: its workspace is saved once SAVE_AFTER_MS pass without more.
-   * A no-op without saves.
-   */
-  used(sandbox: Sandbox): void {
-    if (!this.saves || sandbox.key === "") return;
-    sandbox.unsaved = true;
-    clearTimeout(sandbox.saveTimer);
-    sandbox.saveTimer = setTimeout(() => void this.saveNow(sandbox), SAVE_AFTER_MS);
-    sandbox.saveTimer.unref();
+  /** Work was done in the sandbox for `tenant`: its workspace is saved soon (a no-op without saves). */
+  used(sandbox: Sandbox, tenant: string): void {
+    this.saves?.used(sandbox, tenant);
   }
 
   /** What the sandbox's next command is told of its workspace, once. */
   takeNote(sandbox: Sandbox): string {
-    const note = sandbox.note ?? "";
-    sandbox.note = undefined;
-    return note;
+    return this.saves?.takeNote(sandbox) ?? "";
   }
 
-  /** Saves the sandbox's workspace if work was done since its last save. */
-  private async saveNow(sandbox: Sandbox): Promise<void> {
-    clearTimeout(sandbox.saveTimer);
-    await sandbox.saving;
-    if (!this.saves || !sandbox.unsaved || !sandbox.agent.alive) return;
-    sandbox.unsaved = false;
-    const saves = this.saves;
-    sandbox.saving = (async () => {
-      try {
-        await saves.save(sandbox.key, sandbox.agent);
-      } catch (err) {
-        sandbox.unsaved = true;
-        this.logger.warn("could not save a workspace", { scope: sandbox.key, error: (err as Error).message });
-      }
-    })();
-    await sandbox.saving;
-    sandbox.saving = undefined;
+  /** Saves the sandbox's workspace now if work was done since its last save. */
+  private saveNow(sandbox: Sandbox): Promise<void> {
+    return this.saves?.saveNow(sandbox) ?? Promise.resolve();
   }
 
-  /** Unpacks the key's saved workspace into its new sandbox, and notes for its next command what came of it. */
+  /** Unpacks the key's saved workspace into its new sandbox (workspace-saves.ts). */
   private async restored(sandbox: Sandbox): Promise<Sandbox> {
-    if (!this.saves) return sandbox;
-    try {
-      const info = await this.saves.restore(sandbox.key, sandbox.agent);
-      if (info)
-        sandbox.note =
-          `this sandbox is new: /workspace was restored from its save of ${new Date(info.savedAt).toISOString()}` +
-          (info.running > 0
-            ? `; ${info.running} command(s) running then (background processes) were stopped and are not running now`
-            : "; processes from before are not running");
-    } catch (err) {
-      this.logger.warn("could not restore a saved workspace", { scope: sandbox.key, error: (err as Error).message });
-      sandbox.note = `this sandbox is new and /workspace could not be restored from its save (${(err as Error).message}): it starts empty`;
-    }
+    await this.saves?.restoreInto(sandbox);
     return sandbox;
   }
 

@@ -24,6 +24,9 @@ import { AgentError, AgentGone, within } from "./agent-connection.js";
 import path from "node:path";
 import { SandboxFleet, type Sandbox } from "./fleet.js";
 import { WorkspaceSaves } from "./workspace-saves.js";
+import { WorkspaceUsage } from "./workspace-usage.js";
+import { Snapshots } from "./snapshots.js";
+import { snapshotCalls } from "./snapshot-calls.js";
 import { execHandler, type RunningCommand } from "./exec-stream.js";
 import { EgressProxy } from "./egress-proxy.js";
 import { Engine, engineAddress } from "./engine.js";
@@ -50,6 +53,20 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
     { ...DEFAULT_NET_POLICY, ports: cfg.net.ports, allow: cfg.net.allow, proxy: cfg.outboundProxy },
     logger,
   );
+  const quotas = await new TenantQuotas(cfg.quotaDefaults, cfg.quotasFile).start((err) =>
+    logger.error("quotas file rejected; keeping the quotas read before", {
+      error: String((err as Error).message ?? err),
+    }),
+  );
+  // Saved workspaces and snapshots, counted together in each tenant's workspace quota.
+  const usage = new WorkspaceUsage();
+  const quotaOf = (tenant: string) => quotas.of(tenant).workspaceMegabytes * 1024 * 1024;
+  const saves =
+    cfg.sandboxWorkspaces === "kept"
+      ? new WorkspaceSaves(path.join(cfg.dataDir, "workspaces"), DEFAULT_LIMITS.workspaceBytes, logger, usage, quotaOf)
+      : undefined;
+  const snapshots = new Snapshots(path.join(cfg.dataDir, "snapshots"), usage, quotaOf, logger);
+  await Promise.all([saves?.load(), snapshots.load()]);
   const fleet = new SandboxFleet(
     docker,
     {
@@ -63,9 +80,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
     },
     logger,
     (socket, agent) => egress.serve(socket, agent.claimedFor, agent.egress),
-    cfg.sandboxWorkspaces === "kept"
-      ? new WorkspaceSaves(path.join(cfg.dataDir, "workspaces"), DEFAULT_LIMITS.workspaceBytes, logger)
-      : undefined,
+    saves,
   );
   instruments()
     .meter.createObservableGauge("troupe.sandboxes", { description: "sandboxes of this service, claimed and pooled" })
@@ -103,11 +118,6 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
     if (!(engineUp || (await checkEngine()))) throw unavailable(engineHint);
   };
 
-  const quotas = await new TenantQuotas(cfg.quotaDefaults, cfg.quotasFile).start((err) =>
-    logger.error("quotas file rejected; keeping the quotas read before", {
-      error: String((err as Error).message ?? err),
-    }),
-  );
   /**
    * A request that would make the key a new sandbox, from a tenant at its quota of live sandboxes,
    * is refused (RESOURCE_EXHAUSTED, retry once one is released or reaped). Counted over the
@@ -162,7 +172,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
     const sandbox = await fleet.get(key);
     sandbox.lastUsed = Date.now();
     try {
-      fleet.used(sandbox);
+      fleet.used(sandbox, identityOf(call.metadata).tenant);
       return await within(
         op(sandbox),
         FILE_OP_TIMEOUT_MS,
@@ -175,6 +185,16 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
   };
 
   server.add(SandboxService, {
+    ...snapshotCalls({
+      fleet,
+      snapshots,
+      saves,
+      usage,
+      quotaOf,
+      workspaceBytes: DEFAULT_LIMITS.workspaceBytes,
+      scopeKey,
+      requireEngine,
+    }),
     exec: execHandler({
       fleet,
       running,

@@ -1,64 +1,69 @@
 // Workspaces that outlive their containers. A sandbox's /workspace stays what it was, a tmpfs with
 // the same mount options and size bound, under the same user, seccomp filter and limits on runc
 // and runsc; what is added is a save: after a burst of work (SAVE_AFTER_MS without a command) the
-// workspace is archived by `tar` run inside the sandbox, as the sandbox's own user, and the archive
-// is kept in the service's data directory. When the key next gets a sandbox (after an idle reap,
-// the maximum age, a crash of the container or of the engine) the archive is unpacked into it,
-// again by `tar` inside the sandbox, and the first command is told so.
+// workspace is archived (workspace-archive.ts) into the service's data directory. When the key
+// next gets a sandbox (after an idle reap, the maximum age, a crash of the container or of the
+// engine) the archive is unpacked into it, and the first command is told so.
 //
-// The host never reads an archive's contents: it only stores bytes a sandbox wrote (bounded by
-// the workspace's own size) and hands them back to a sandbox of the same key. A save is of one
-// key only, under a name made of its key's hash. Release (DeleteSession, retention) removes it.
+// A save is of one key only, under a name made of its key's hash, and counts in its tenant's
+// workspace quota: a save that would not fit is not kept (the last one is removed, as it is stale)
+// and the session's next command is told. Release (DeleteSession, retention) removes it.
 import { createHash } from "node:crypto";
-import { createReadStream, createWriteStream } from "node:fs";
-import { mkdir, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
+import { copyFile, mkdir, readdir, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
 import path from "node:path";
 import type { Logger } from "../shared/process/log.js";
-import type { AgentConnection, AgentExit } from "./agent-connection.js";
+import type { AgentConnection } from "./agent-connection.js";
+import { ArchiveTooLarge, archiveWorkspace, unpackWorkspace } from "./workspace-archive.js";
+import type { WorkspaceUsage } from "./workspace-usage.js";
 
 /** A workspace is saved once this long has passed without a command in its sandbox. */
 export const SAVE_AFTER_MS = 5_000;
-const TAR_TIMEOUT_MS = 120_000;
-const WINDOW_BYTES = 1 << 20;
 
 export interface SaveInfo {
   savedAt: number;
   bytes: number;
   /** Commands that were running in the sandbox when it was saved (they do not come back). */
   running: number;
+  /** Their command lines (the first STOPPED_LISTED, each cut at STOPPED_CHARS). */
+  stopped?: string[];
+  /** What the save was made from when not from the key's own sandbox (a snapshot). */
+  from?: string;
+  /** Why the workspace of `savedAt` was not kept (its tenant's quota); no archive then. */
+  refused?: string;
 }
 
-/** Runs `command` in the sandbox; its stdout goes to `sink`, stdin comes from `source`. */
-function run(
-  agent: AgentConnection,
-  command: string,
-  maxOutputBytes: number,
-  sink?: (data: Buffer) => Promise<void>,
-  source?: AsyncIterable<Buffer>,
-): Promise<{ exit: AgentExit; stderr: string }> {
-  return new Promise((resolve, reject) => {
-    let stderr = "";
-    let writing = Promise.resolve();
-    const exec = agent.exec(
-      command,
-      { timeoutMs: TAR_TIMEOUT_MS, maxOutputBytes, windowBytes: WINDOW_BYTES, openStdin: source !== undefined },
-      {
-        output: (stream, data) => {
-          if (stream === "stderr") stderr = (stderr + data.toString("utf8")).slice(-2000);
-          else if (sink) writing = writing.then(() => sink(data)).then(() => exec.credit(data.length));
-          if (stream === "stderr") exec.credit(data.length);
-        },
-        exit: (exit) => void writing.then(() => resolve({ exit, stderr }), reject),
-        lost: reject,
-      },
-    );
-    if (source)
-      void (async () => {
-        for await (const chunk of source) exec.writeStdin(chunk);
-        exec.closeStdin();
-      })().catch(reject);
-  });
+/** A sandbox as its workspace's keeping sees it (fleet.ts's Sandbox is one). */
+export interface KeptWorkspace {
+  readonly key: string;
+  readonly agent: AgentConnection;
+  /** The tenant the workspace counts for, named by the calls that used it. */
+  tenant?: string;
+  /** What the next command is told of its workspace (restored, not restored, not saved). */
+  note?: string;
+  /** Work happened since the workspace's last save. */
+  unsaved?: boolean;
+  saveTimer?: NodeJS.Timeout;
+  /** The save under way, which a release waits for before removing the save. */
+  saving?: Promise<void>;
 }
+
+const MIB = 1024 * 1024;
+const STOPPED_LISTED = 10;
+const STOPPED_CHARS = 200;
+
+/** What a restored workspace's first command is told of the commands its save found running. */
+function stoppedNote({ running, stopped = [] }: SaveInfo): string {
+  if (running === 0) return "; processes from before are not running";
+  const listed = stopped.map((c) => JSON.stringify(c)).join(", ");
+  const more = running > stopped.length ? ` and ${running - stopped.length} more` : "";
+  return `; ${running} command(s) running then (background processes) were stopped and are not running now${listed ? `: ${listed}${more}` : ""}`;
+}
+
+/** Why an archive was refused: the tenant's room left under its quota. */
+export const overQuota = (tenant: string, room: number, limit: number): string =>
+  `it is larger than the ${(room / MIB).toFixed(1)} MiB left of tenant ${tenant}'s workspace quota ` +
+  `(${Math.floor(limit / MIB)} MiB for saved workspaces and snapshots)`;
+const item = (key: string) => `save:${key}`;
 
 export class WorkspaceSaves {
   constructor(
@@ -66,75 +71,153 @@ export class WorkspaceSaves {
     /** A workspace's size bound: no save is larger (the archive's headers aside). */
     private readonly maxBytes: number,
     private readonly logger: Logger,
+    private readonly usage: WorkspaceUsage,
+    /** The tenant's workspaceMegabytes quota, in bytes. */
+    private readonly quotaOf: (tenant: string) => number,
   ) {}
+
+  /** Counts the saves on disk in their tenants' usage; call once before serving. */
+  async load(): Promise<void> {
+    const names = await readdir(this.dir).catch(() => [] as string[]);
+    for (const name of names.filter((n) => n.endsWith(".tar.json"))) {
+      const meta = await this.meta(path.join(this.dir, name));
+      if (meta?.tenant && !meta.refused) this.usage.set(meta.tenant, item(meta.key), meta.bytes);
+    }
+  }
 
   private file(key: string): string {
     return path.join(this.dir, `${createHash("sha256").update(key).digest("hex").slice(0, 40)}.tar`);
   }
 
-  /** When the key's workspace was last saved, and its size; undefined when it has no save. */
-  async info(key: string): Promise<SaveInfo | undefined> {
-    const meta = await readFile(`${this.file(key)}.json`, "utf8").catch(() => undefined);
-    if (!meta) return undefined;
-    const info = JSON.parse(meta) as SaveInfo & { key: string };
-    return info.key === key ? { savedAt: info.savedAt, bytes: info.bytes, running: info.running ?? 0 } : undefined;
+  private async meta(file: string): Promise<(SaveInfo & { key: string; tenant?: string }) | undefined> {
+    const text = await readFile(file, "utf8").catch(() => undefined);
+    return text === undefined ? undefined : (JSON.parse(text) as SaveInfo & { key: string; tenant?: string });
   }
 
-  /** Archives the sandbox's workspace as the key's save (replacing the last one only once whole). */
-  async save(key: string, agent: AgentConnection): Promise<SaveInfo> {
+  /** The key's save (or the note of a refused one); undefined when it has none. */
+  async info(key: string): Promise<SaveInfo | undefined> {
+    const m = await this.meta(`${this.file(key)}.json`);
+    if (m?.key !== key) return undefined;
+    const { savedAt, bytes, running = 0, stopped, from, refused } = m;
+    return { savedAt, bytes, running, stopped, from, refused };
+  }
+
+  private async record(key: string, tenant: string | undefined, info: SaveInfo): Promise<void> {
+    await writeFile(`${this.file(key)}.json`, JSON.stringify({ key, tenant, ...info }), { mode: 0o600 });
+    if (tenant && !info.refused) this.usage.set(tenant, item(key), info.bytes);
+    else if (tenant) this.usage.delete(tenant, item(key));
+  }
+
+  /** The archive file of the key's save, when it has one (snapshots copy it). */
+  async archiveOf(key: string): Promise<{ file: string; info: SaveInfo } | undefined> {
+    const info = await this.info(key);
+    if (!info || info.refused) return undefined;
+    const file = this.file(key);
+    return (await stat(file).catch(() => undefined)) ? { file, info } : undefined;
+  }
+
+  /** Work was done in the sandbox: its workspace is saved once SAVE_AFTER_MS pass without more. */
+  used(w: KeptWorkspace, tenant: string): void {
+    if (w.key === "") return;
+    w.tenant = tenant;
+    w.unsaved = true;
+    clearTimeout(w.saveTimer);
+    w.saveTimer = setTimeout(() => void this.saveNow(w), SAVE_AFTER_MS);
+    w.saveTimer.unref();
+  }
+
+  /** Saves the sandbox's workspace if work was done since its last save. */
+  async saveNow(w: KeptWorkspace): Promise<void> {
+    clearTimeout(w.saveTimer);
+    await w.saving;
+    if (!w.unsaved || !w.agent.alive) return;
+    w.unsaved = false;
+    w.saving = this.save(w).catch((err: unknown) => {
+      w.unsaved = true;
+      this.logger.warn("could not save a workspace", { scope: w.key, error: (err as Error).message });
+    });
+    await w.saving;
+    w.saving = undefined;
+  }
+
+  /** Archives the workspace as the key's save, within its tenant's room. */
+  private async save(w: KeptWorkspace): Promise<void> {
     await mkdir(this.dir, { recursive: true, mode: 0o700 });
-    const target = this.file(key);
-    const partial = `${target}.partial`;
-    const out = createWriteStream(partial, { mode: 0o600 });
-    let bytes = 0;
-    // Counted before tar runs, which is a command too.
-    const running = agent.runningCommands;
+    const limit = w.tenant ? this.quotaOf(w.tenant) : Number.POSITIVE_INFINITY;
+    const room = w.tenant ? this.usage.room(w.tenant, limit, item(w.key)) : Number.POSITIVE_INFINITY;
+    // Headers and padding on top of the files: the cap is the workspace's size, twice.
+    const cap = 2 * this.maxBytes + MIB;
+    // Taken before tar runs, which is a command too.
+    const lines = w.agent.runningCommandLines;
+    const running = lines.length;
+    const stopped = lines
+      .slice(0, STOPPED_LISTED)
+      .map((c) => (c.length > STOPPED_CHARS ? `${c.slice(0, STOPPED_CHARS)}…` : c));
     const started = Date.now();
     try {
-      // Headers and padding on top of the files: the cap is the workspace's size, twice.
-      const { exit, stderr } = await run(
-        agent,
-        "tar -cf - .",
-        Math.min(2 * this.maxBytes + (1 << 20), 0xffffffff),
-        async (data) => {
-          bytes += data.length;
-          if (!out.write(data)) await new Promise<void>((r) => out.once("drain", () => r()));
-        },
-      );
-      await new Promise<void>((resolve, reject) => out.end((err?: Error | null) => (err ? reject(err) : resolve())));
-      if (exit.exitCode !== 0 || exit.truncated || exit.timedOut)
-        throw new Error(`tar ended with ${exit.exitCode}${exit.truncated ? " (too large)" : ""}: ${stderr.trim()}`);
-      const info = { savedAt: Date.now(), bytes, running };
-      this.logger.debug("saved a workspace", { scope: key, bytes, ms: info.savedAt - started });
-      await rename(partial, target);
-      await writeFile(`${target}.json`, JSON.stringify({ key, ...info }), { mode: 0o600 });
-      return info;
+      const bytes = await archiveWorkspace(w.agent, this.file(w.key), Math.min(cap, room));
+      await this.record(w.key, w.tenant, { savedAt: Date.now(), bytes, running, stopped });
+      this.logger.debug("saved a workspace", { scope: w.key, bytes, ms: Date.now() - started });
     } catch (err) {
-      out.destroy();
-      await rm(partial, { force: true });
-      throw err;
+      if (!(err instanceof ArchiveTooLarge) || room >= cap) throw err;
+      const refused = `/workspace was not saved: ${overQuota(w.tenant!, room, limit)}`;
+      await rm(this.file(w.key), { force: true });
+      await this.record(w.key, w.tenant, { savedAt: Date.now(), bytes: 0, running, refused });
+      w.note = `${refused}. These files are lost when this sandbox is reaped unless room is made (fewer files here, or snapshots and sessions deleted).`;
+      this.logger.warn("a workspace save was over its tenant's quota", { scope: w.key, tenant: w.tenant });
     }
   }
 
-  /** Unpacks the key's save into a new sandbox's workspace; undefined when it has none. */
-  async restore(key: string, agent: AgentConnection): Promise<SaveInfo | undefined> {
-    const info = await this.info(key);
-    if (!info) return undefined;
-    const size = await stat(this.file(key))
-      .then((s) => s.size)
-      .catch(() => -1);
-    if (size < 0) return undefined;
-    const started = Date.now();
-    const { exit, stderr } = await run(agent, "tar -xf -", 64 * 1024, undefined, createReadStream(this.file(key)));
-    if (exit.exitCode !== 0) throw new Error(`tar -x ended with ${exit.exitCode}: ${stderr.trim()}`);
-    this.logger.debug("restored a workspace", { scope: key, bytes: size, ms: Date.now() - started });
-    return info;
+  /** Unpacks the key's save into its new sandbox, and notes for its next command what came of it. */
+  async restoreInto(w: KeptWorkspace): Promise<void> {
+    try {
+      const info = await this.info(w.key);
+      if (!info) return;
+      const when = new Date(info.savedAt).toISOString();
+      if (info.refused) {
+        w.note = `this sandbox is new and /workspace starts empty: its files of ${when} were not kept (${info.refused.replace("/workspace was not saved: ", "")})`;
+        return;
+      }
+      const found = await this.archiveOf(w.key);
+      if (!found) return;
+      const started = Date.now();
+      await unpackWorkspace(w.agent, found.file);
+      this.logger.debug("restored a workspace", { scope: w.key, bytes: info.bytes, ms: Date.now() - started });
+      w.note = info.from
+        ? `this sandbox is new: /workspace was restored from ${info.from}`
+        : `this sandbox is new: /workspace was restored from its save of ${when}${stoppedNote(info)}`;
+    } catch (err) {
+      this.logger.warn("could not restore a saved workspace", { scope: w.key, error: (err as Error).message });
+      w.note = `this sandbox is new and /workspace could not be restored from its save (${(err as Error).message}): it starts empty`;
+    }
+  }
+
+  /** What the sandbox's next command is told of its workspace, once. */
+  takeNote(w: KeptWorkspace): string {
+    const note = w.note ?? "";
+    w.note = undefined;
+    return note;
+  }
+
+  /**
+   * Makes `archive` (a snapshot's, of `bytes`) the key's save, counted for `tenant`; false when
+   * it would not fit the tenant's quota (nothing changed then).
+   */
+  async adopt(key: string, tenant: string, archive: string, bytes: number, from: string): Promise<boolean> {
+    if (this.usage.room(tenant, this.quotaOf(tenant), item(key)) < bytes) return false;
+    await mkdir(this.dir, { recursive: true, mode: 0o700 });
+    await copyFile(archive, `${this.file(key)}.partial`);
+    await rename(`${this.file(key)}.partial`, this.file(key));
+    await this.record(key, tenant, { savedAt: Date.now(), bytes, running: 0, from });
+    return true;
   }
 
   /** Removes the key's save; whether it had one. */
   async remove(key: string): Promise<boolean> {
-    const had = (await this.info(key)) !== undefined;
+    const m = await this.meta(`${this.file(key)}.json`);
+    const had = m?.key === key;
     await Promise.all([rm(this.file(key), { force: true }), rm(`${this.file(key)}.json`, { force: true })]);
+    if (had && m.tenant) this.usage.delete(m.tenant, item(key));
     if (had) this.logger.info("removed a saved workspace", { scope: key });
     return had;
   }

@@ -68,18 +68,23 @@ export async function failsWith(call: Promise<unknown>, code: Status): Promise<s
   return details;
 }
 
-/** Waits for a save of session `id`'s workspace (workspace-saves.ts) made after `since` (ms). */
-export async function savedAfter(dataDir: string, id: string, since: number): Promise<void> {
-  const key = scopeKey("session", DEV_IDENTITY, id, "");
+/** Waits for a save of session `id`'s workspace (workspace-saves.ts) made after `since` (ms); its record. */
+export async function savedAfter(
+  dataDir: string,
+  id: string,
+  since: number,
+  owner = DEV_IDENTITY,
+): Promise<{ bytes: number; refused?: string }> {
+  const key = scopeKey("session", owner, id, "");
   const dir = path.join(dataDir, "workspaces");
-  await waitFor(
+  return waitFor(
     `a save of ${id}`,
     async () => {
       for (const f of (await readdir(dir).catch(() => [])).filter((x) => x.endsWith(".json"))) {
         const meta = JSON.parse(await readFile(path.join(dir, f), "utf8").catch(() => "{}"));
-        if (meta.key === key && meta.savedAt > since) return true;
+        if (meta.key === key && meta.savedAt > since) return meta as { bytes: number; refused?: string };
       }
-      return false;
+      return undefined;
     },
     20_000,
     100,

@@ -16,6 +16,8 @@ import { ReloadingFile } from "../config/reloading-file.js";
 export interface Quotas {
   /** Sandboxes a tenant may have at once (sandbox service). */
   liveSandboxes: number;
+  /** MiB of saved workspaces and snapshots a tenant may keep (sandbox service). */
+  workspaceMegabytes: number;
   /** Runs going at once (runner). */
   concurrentRuns: number;
   /** Model calls in one run (runner). */
@@ -36,6 +38,7 @@ export interface Quotas {
 
 export const DEFAULT_QUOTAS: Quotas = {
   liveSandboxes: 32,
+  workspaceMegabytes: 4096,
   concurrentRuns: 64,
   stepsPerRun: 50,
   toolCallsPerRun: 200,
