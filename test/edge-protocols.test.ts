@@ -313,6 +313,23 @@ async function a2aClient(key: string, binding: "JSONRPC" | "GRPC", agent = "main
  * A client that speaks A2A 0.3 (the SDK's legacy JSON-RPC transport: message/send, tasks/get...),
  * as an agent built before 1.0 does, to the agent's JSON-RPC endpoint.
  */
+/** Starts a 400-token task in the background, waits for its first tokens and cancels it: the canceled task. */
+async function cancelWhileStreaming(
+  client: A2aClient,
+  auth: ReturnType<typeof keyed>,
+  background: { returnImmediately: boolean; acceptedOutputModes: string[] },
+) {
+  const configuration = { ...background, historyLength: undefined, taskPushNotificationConfig: undefined };
+  const slow = asTask(await client.sendMessage({ ...userMessage("!tokens 400 rate=40"), configuration }, auth));
+  await waitFor(
+    "tokens flowing",
+    async () => replyOf(await client.getTask({ id: slow.id, tenant: "", historyLength: undefined }, auth)) !== "",
+  );
+  const canceled = await client.cancelTask({ id: slow.id, tenant: "", metadata: undefined }, auth);
+  assert.equal(canceled.status?.state, TaskState.TASK_STATE_CANCELED);
+  return canceled;
+}
+
 async function legacyClient(key: string): Promise<A2aClient> {
   const fetchImpl = createAuthenticatingFetchWithRetry(fetch, {
     headers: async () => ({ authorization: `Bearer ${key}` }),
@@ -462,18 +479,10 @@ describe("A2A, through @a2a-js/sdk's client", () => {
       );
       assert.equal(states.at(-1), TaskState.TASK_STATE_COMPLETED);
 
-      const slow = asTask(
-        await client.sendMessage({ ...userMessage("!tokens 400 rate=40"), configuration: background }, auth),
-      );
-      await waitFor(
-        "tokens flowing",
-        async () => replyOf(await client.getTask({ id: slow.id, tenant: "", historyLength: undefined }, auth)) !== "",
-      );
-      const canceled = await client.cancelTask({ id: slow.id, tenant: "", metadata: undefined }, auth);
-      assert.equal(canceled.status?.state, TaskState.TASK_STATE_CANCELED);
+      const canceled = await cancelWhileStreaming(client, auth, background);
       assert.ok(replyOf(canceled).split(" ").length < 400);
       await assert.rejects(
-        client.cancelTask({ id: slow.id, tenant: "", metadata: undefined }, auth),
+        client.cancelTask({ id: canceled.id, tenant: "", metadata: undefined }, auth),
         TaskNotCancelableError,
       );
     });
@@ -498,15 +507,7 @@ describe("A2A, through @a2a-js/sdk's client", () => {
       historyLength: undefined,
       taskPushNotificationConfig: undefined,
     };
-    const slow = asTask(
-      await client.sendMessage({ ...userMessage("!tokens 400 rate=40"), configuration: background }, auth),
-    );
-    await waitFor(
-      "tokens flowing",
-      async () => replyOf(await client.getTask({ id: slow.id, tenant: "", historyLength: undefined }, auth)) !== "",
-    );
-    const canceled = await client.cancelTask({ id: slow.id, tenant: "", metadata: undefined }, auth);
-    assert.equal(canceled.status?.state, TaskState.TASK_STATE_CANCELED);
+    await cancelWhileStreaming(client, auth, background);
     await assert.rejects(
       client.getTask({ id: "task-nope", tenant: "", historyLength: undefined }, auth),
       TaskNotFoundError,

@@ -39,7 +39,15 @@ import { requestConversation } from "../http/openai-history.js";
 import { ApiError } from "../http/openai-request.js";
 import { conversationRuns } from "../http/openai-session.js";
 import { listAgents } from "../http/agent-list.js";
-import { joinsOf, type RunRef, runEvents, runIdOf, runRefOf, runSnapshot } from "../http/run-events.js";
+import {
+  cancelOnceStarted,
+  joinsOf,
+  type RunRef,
+  runEvents,
+  runIdOf,
+  runRefOf,
+  runSnapshot,
+} from "../http/run-events.js";
 import { TaskFold } from "./task-fold.js";
 
 type Metadata = ReturnType<typeof forwardedMetadata>;
@@ -97,7 +105,9 @@ export function a2aErrorOf(err: unknown): A2aError {
 
 /** `client`: the gateway's own API (its loopback, opened once the gateway serves). */
 export function a2aCore(client: () => GatewayClient, opts: { agentsDir: string; net: NetPolicy }) {
-  const ask: ReturnType<typeof conversationRuns>["ask"] = (...a) => conversationRuns(client()).ask(...a);
+  // Made on first use: the loopback client exists only once the gateway serves.
+  let runs: ReturnType<typeof conversationRuns> | undefined;
+  const ask: ReturnType<typeof conversationRuns>["ask"] = (...a) => (runs ??= conversationRuns(client())).ask(...a);
 
   /** The agent an endpoint or a request's tenant names; empty: the default agent. */
   const agentOf = async (name: string) => {
@@ -244,31 +254,27 @@ export function a2aCore(client: () => GatewayClient, opts: { agentsDir: string; 
     },
 
     async cancelTask(req: CancelTaskRequest, metadata: Metadata): Promise<Task> {
-      // The abort waits for the task's own run to start, so that another run of its session
-      // (one it was queued behind) is left alone.
-      const deadline = Date.now() + CANCEL_WAIT_MS;
-      let aborted = false;
-      for (;;) {
-        const now = await current(req.id, metadata);
-        if (now.fold.done) {
-          if (aborted) return now.fold.task;
-          throw new A2aError(
-            Status.FAILED_PRECONDITION,
-            "TASK_NOT_CANCELABLE",
-            -32002,
-            `task ${req.id.slice(0, 200)} has ended: it cannot be canceled`,
-          );
-        }
-        if (Date.now() > deadline) return now.fold.task;
-        if (!aborted && now.taken > 0) {
-          aborted = true;
-          await client().abort(
-            { sessionId: now.ref.sessionId, frameId: randomUUID(), reason: "the A2A task was canceled" },
-            { metadata },
-          );
-        }
-        await new Promise((r) => setTimeout(r, 100));
-      }
+      const { last, aborted } = await cancelOnceStarted(
+        () => current(req.id, metadata),
+        {
+          started: (now) => now.taken > 0,
+          done: (now) => now.fold.done,
+          abort: (now) =>
+            client().abort(
+              { sessionId: now.ref.sessionId, frameId: randomUUID(), reason: "the A2A task was canceled" },
+              { metadata },
+            ),
+        },
+        CANCEL_WAIT_MS,
+      );
+      if (last.fold.done && !aborted)
+        throw new A2aError(
+          Status.FAILED_PRECONDITION,
+          "TASK_NOT_CANCELABLE",
+          -32002,
+          `task ${req.id.slice(0, 200)} has ended: it cannot be canceled`,
+        );
+      return last.fold.task;
     },
 
     async *subscribeToTask(

@@ -23,7 +23,13 @@ import {
 import { sendRequestIn, streamOut, taskOut, taskParamsIn, V03_METHODS } from "./v03.js";
 import { DEFAULT_AGENT } from "../../shared/ids.js";
 import { listAgents } from "../http/agent-list.js";
-import { answer, type NodeServerRequest, type NodeServerResponse } from "../http/answer.js";
+import {
+  answer,
+  openEventStream,
+  writeEvent,
+  type NodeServerRequest,
+  type NodeServerResponse,
+} from "../http/answer.js";
 import { forwardedMetadata } from "../http/metadata.js";
 import { ApiError, readJson } from "../http/openai-request.js";
 import { type A2aCore, a2aErrorOf, invalidParams } from "./a2a-core.js";
@@ -173,14 +179,8 @@ export function a2aJsonRpc(core: A2aCore, opts: { maxBodyBytes: number; agentsDi
               : core.subscribeToTask(taskParams(SubscribeToTaskRequestSchema), metadata, stop.signal);
           // The first update is awaited before the stream's head: a refusal is a plain answer.
           const first = await updates.next();
-          (res as { writeHead(s: number, h: Record<string, string>): void }).writeHead(200, {
-            "content-type": "text/event-stream",
-            "cache-control": "no-cache",
-          });
-          const write = async (data: unknown) => {
-            if (!(res as { write(s: string): boolean }).write(`data: ${JSON.stringify(data)}\n\n`))
-              await new Promise((r) => res.once("drain", r));
-          };
+          openEventStream(res);
+          const write = (data: unknown) => writeEvent(res, data);
           try {
             if (!first.done) await write({ jsonrpc: "2.0", id, result: update(first.value) });
             for await (const u of updates) await write({ jsonrpc: "2.0", id, result: update(u) });

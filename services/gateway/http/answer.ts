@@ -1,5 +1,6 @@
 // What every route of the HTTP edge answers with: the request and response types of Node's HTTP/1
-// and HTTP/2 compatibility servers (the edge serves both), and one whole answer.
+// and HTTP/2 compatibility servers (the edge serves both), one whole answer, and a stream of
+// server-sent events.
 import type http from "node:http";
 import type { ConnectNodeAdapterOptions } from "@connectrpc/connect-node";
 
@@ -16,4 +17,19 @@ export function answer(
   body: string | Buffer = "",
 ): void {
   (res as http.ServerResponse).writeHead(status, headers).end(body);
+}
+
+/** Starts a stream of server-sent events (200, text/event-stream, no caching), with `headers`. */
+export function openEventStream(res: NodeServerResponse, headers: http.OutgoingHttpHeaders = {}): void {
+  (res as http.ServerResponse).writeHead(200, {
+    "content-type": "text/event-stream",
+    "cache-control": "no-cache",
+    ...headers,
+  });
+}
+
+/** Writes one server-sent event of JSON `data` (named `event` when given); waits while the client is slow. */
+export async function writeEvent(res: NodeServerResponse, data: unknown, event?: string): Promise<void> {
+  const text = `${event === undefined ? "" : `event: ${event}\n`}data: ${JSON.stringify(data)}\n\n`;
+  if (!(res as http.ServerResponse).write(text)) await new Promise((r) => res.once("drain", r));
 }

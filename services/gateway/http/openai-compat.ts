@@ -39,7 +39,7 @@ import { callIdFor, clientToolsOf, toolResultsOf } from "./openai-tools.js";
 import { listAgents } from "./agent-list.js";
 import { CONVERSATION_SESSION_PREFIX } from "../../shared/ids.js";
 import type { GatewayClient } from "./edge.js";
-import type { NodeServerRequest, NodeServerResponse } from "./answer.js";
+import { openEventStream, writeEvent, type NodeServerRequest, type NodeServerResponse } from "./answer.js";
 import { forwardedMetadata } from "./metadata.js";
 import { runEvents } from "./run-events.js";
 import { StreamedText } from "../../shared/streamed-text.js";
@@ -166,10 +166,7 @@ export function openAiCompat(
       system_fingerprint: null,
       choices: [{ index: 0, delta, logprobs: null, finish_reason: finishReason }],
     });
-    const write = async (data: unknown) => {
-      if (!(res as { write(s: string): boolean }).write(`data: ${JSON.stringify(data)}\n\n`))
-        await new Promise((r) => res.once("drain", r));
-    };
+    const write = (data: unknown) => writeEvent(res, data);
 
     let text = "";
     /** The client's calls the run waits on, as the response hands them out. */
@@ -184,11 +181,7 @@ export function openAiCompat(
       if (stream && piece !== "") await write(chunk({ content: piece }));
     };
     if (stream) {
-      (res as { writeHead(s: number, h: Record<string, string>): void }).writeHead(200, {
-        "content-type": "text/event-stream",
-        "cache-control": "no-cache",
-        ...sessionHeaders,
-      });
+      openEventStream(res, sessionHeaders);
       await write(chunk({ role: "assistant", content: "" }));
     }
     try {

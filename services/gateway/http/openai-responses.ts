@@ -26,7 +26,7 @@ import type { NetPolicy } from "../../shared/net/net-guard.js";
 import { Status, grpcCode } from "../../shared/errors.js";
 import { CONVERSATION_SESSION_PREFIX, RESPONSE_SESSION_PREFIX } from "../../shared/ids.js";
 import type { GatewayClient } from "./edge.js";
-import type { NodeServerRequest, NodeServerResponse } from "./answer.js";
+import { openEventStream, writeEvent, type NodeServerRequest, type NodeServerResponse } from "./answer.js";
 import { forwardedMetadata } from "./metadata.js";
 import { requestConversation } from "./openai-history.js";
 import { agentOf, ApiError, apiErrorOf, MODEL_PREFIX, readJson, sendJson } from "./openai-request.js";
@@ -34,7 +34,7 @@ import { conversationRuns } from "./openai-session.js";
 import { toolResultsOf } from "./openai-tools.js";
 import { newResponse, ResponseFold, type StreamEvent } from "./responses-output.js";
 import { type ResponseRef, responseIdOf, responseRefOf, responsesRequestOf } from "./responses-input.js";
-import { joinsOf, runEvents, runSnapshot } from "./run-events.js";
+import { cancelOnceStarted, joinsOf, runEvents, runSnapshot } from "./run-events.js";
 
 /** A run this long without its end is given up on by the request (the run itself goes on). */
 const RUN_TIMEOUT_MS = 15 * 60_000;
@@ -82,17 +82,7 @@ export function openAiResponses(gateway: GatewayClient, opts: { maxBodyBytes: nu
     return { ref, fold, later: run.later };
   };
 
-  /** Writes one server-sent event; waits while the client is slow. */
-  const sse = async (res: NodeServerResponse, e: StreamEvent) => {
-    if (!(res as { write(s: string): boolean }).write(`event: ${e.type}\ndata: ${JSON.stringify(e)}\n\n`))
-      await new Promise((r) => res.once("drain", r));
-  };
-  const openSse = (res: NodeServerResponse, headers: Record<string, string>) =>
-    (res as { writeHead(s: number, h: Record<string, string>): void }).writeHead(200, {
-      "content-type": "text/event-stream",
-      "cache-control": "no-cache",
-      ...headers,
-    });
+  const sse = (res: NodeServerResponse, e: StreamEvent) => writeEvent(res, e, e.type);
 
   /**
    * Follows a response's run to its end (or its wait on the client) through `fold`, streaming
@@ -210,7 +200,7 @@ export function openAiResponses(gateway: GatewayClient, opts: { maxBodyBytes: nu
       fold.response.status = "queued";
       return sendJson(res, 200, fold.response, headers);
     }
-    if (r.stream) openSse(res, headers);
+    if (r.stream) openEventStream(res, headers);
     try {
       await follow(ref, fold, metadata, res, r.stream);
     } catch (err) {
@@ -242,7 +232,7 @@ export function openAiResponses(gateway: GatewayClient, opts: { maxBodyBytes: nu
       newResponse({ ...fold.response, status: "in_progress", output: [], usage: null }),
       ref.sessionId,
     );
-    openSse(res, {});
+    openEventStream(res);
     try {
       await follow(ref, replay, metadata, res, true, from);
     } catch (err) {
@@ -254,23 +244,21 @@ export function openAiResponses(gateway: GatewayClient, opts: { maxBodyBytes: nu
 
   const cancel = async (id: string, req: NodeServerRequest, res: NodeServerResponse) => {
     const metadata = forwardedMetadata(req.headers);
-    // An abort stops the session's running run: a response still queued behind another run of
-    // its session is aborted once it starts, so that the other run is left alone. The answer is
-    // the response as the abort left it (or as it stands after CANCEL_WAIT_MS).
-    const deadline = Date.now() + CANCEL_WAIT_MS;
-    let aborted = false;
-    for (;;) {
-      const now = await current(id, metadata);
-      if (now.fold.done || Date.now() > deadline) return sendJson(res, 200, now.fold.response);
-      if (!aborted && now.fold.response.status === "in_progress") {
-        aborted = true;
-        await gateway.abort(
-          { sessionId: now.ref.sessionId, frameId: randomUUID(), reason: "the response was cancelled" },
-          { metadata },
-        );
-      }
-      await new Promise((r) => setTimeout(r, 100));
-    }
+    // The answer is the response as the abort left it (or as it stands after CANCEL_WAIT_MS).
+    const { last } = await cancelOnceStarted(
+      () => current(id, metadata),
+      {
+        started: (now) => now.fold.response.status === "in_progress",
+        done: (now) => now.fold.done,
+        abort: (now) =>
+          gateway.abort(
+            { sessionId: now.ref.sessionId, frameId: randomUUID(), reason: "the response was cancelled" },
+            { metadata },
+          ),
+      },
+      CANCEL_WAIT_MS,
+    );
+    sendJson(res, 200, last.fold.response);
   };
 
   /** Answers the request when it is one of the Responses API's; false when it is not. */

@@ -172,3 +172,27 @@ export async function runSnapshot(
     later: read.some((e) => e.payload.case === "agentStart" && turnId !== "" && e.turnId !== turnId),
   };
 }
+
+/**
+ * Cancels a run by an abort sent once the run has started: an abort stops its session's running
+ * run, so a run still queued behind another one of its session is aborted only when it starts,
+ * leaving the other alone. Looks at the run (`look`) every 100 ms until it is done or `waitMs` has
+ * passed; the last look, and whether the abort was sent.
+ */
+export async function cancelOnceStarted<T>(
+  look: () => Promise<T>,
+  run: { started(v: T): boolean; done(v: T): boolean; abort(v: T): Promise<unknown> },
+  waitMs: number,
+): Promise<{ last: T; aborted: boolean }> {
+  const deadline = Date.now() + waitMs;
+  let aborted = false;
+  for (;;) {
+    const last = await look();
+    if (run.done(last) || Date.now() > deadline) return { last, aborted };
+    if (!aborted && run.started(last)) {
+      aborted = true;
+      await run.abort(last);
+    }
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}

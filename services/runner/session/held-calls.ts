@@ -20,15 +20,7 @@ import { asTools, clientToolSpecs, mergeSpecs, shadowed, type ClientToolSpec } f
 import type { Tool, ToolResult } from "../tools/tools.js";
 import type { Resume } from "./session-rebuild.js";
 import type { ClientToolRecord } from "./session-log.js";
-import {
-  ToolWaits,
-  VERDICT_NAME,
-  WAIT_EVENTS,
-  WAIT_STARTS,
-  sameAnswer,
-  sameDecision,
-  type HeldCall,
-} from "./tool-waits.js";
+import { type ToolWaits, VERDICT_NAME, foldWait, sameAnswer, sameDecision, type HeldCall } from "./tool-waits.js";
 
 /** What the part needs of its session (actor-hosts.ts binds it). */
 export interface HeldCallsHost {
@@ -108,9 +100,9 @@ export class HeldCalls {
   /** A published event: what the wait is made of, and the end of the run. */
   published(event: AgentEvent): void {
     const kind = event.payload.case ?? "";
-    if (WAIT_EVENTS.has(kind) && (this.waits || WAIT_STARTS.has(kind))) {
-      this.waits ??= new ToolWaits(event.turnId);
-      this.waits.apply(event);
+    const folded = foldWait(this.waits, event, event.turnId);
+    if (folded) {
+      this.waits = folded;
       if (kind !== "runWaiting" && kind !== "runResumed") this.arm();
     } else if (kind === "agentEnd") {
       this.startTools = undefined;

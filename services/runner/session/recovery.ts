@@ -16,7 +16,7 @@ import {
 import { injectUserMessages } from "../loop/loop.js";
 import { answerUnanswered, type Compaction, type EventPayload, type QueuedMessage } from "../loop/run.js";
 import type { ClientToolRecord, LogRecord } from "./session-log.js";
-import { ToolWaits, WAIT_EVENTS, WAIT_STARTS } from "./tool-waits.js";
+import { foldWait, type ToolWaits } from "./tool-waits.js";
 
 /** Why a run the log shows as unfinished ended, and (when this process saw it fail) what started it. */
 export interface CutOff {
@@ -136,10 +136,10 @@ export function replayRecords(records: readonly LogRecord[]): ReplayedLog {
         out.waits = undefined;
       } else if (p.case === "toolExecutionStart") out.running.add(p.value.toolCallId);
       else if (p.case === "toolExecutionEnd") out.running.delete(p.value.toolCallId);
-      if (out.openTurn !== undefined && WAIT_EVENTS.has(p.case ?? "") && (out.waits || WAIT_STARTS.has(p.case ?? ""))) {
-        out.waits ??= new ToolWaits(out.openTurn);
-        out.waits.apply(ev);
-        out.waits.from = out.openTurnFrom;
+      const folded = out.openTurn === undefined ? undefined : foldWait(out.waits, ev, out.openTurn);
+      if (folded) {
+        out.waits = folded;
+        folded.from = out.openTurnFrom;
       }
     }
   }

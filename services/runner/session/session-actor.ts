@@ -23,6 +23,7 @@ import { newId } from "../../shared/ids.js";
 import type { RpcError } from "../../shared/errors.js";
 import { clientToolSpecs } from "../tools/client-tools.js";
 import { HeldCalls } from "./held-calls.js";
+import { pendingCallOf } from "./tool-waits.js";
 import { failure, type Logger } from "../../shared/process/log.js";
 import { runAgent } from "../loop/loop.js";
 import { pushMessage } from "../loop/run.js";
@@ -464,17 +465,7 @@ export class SessionActor {
       messageCount: this.history.length,
       running: this.running,
       state: this.state,
-      pending: this.held.pending().map((h) => ({
-        toolCallId: h.toolCallId,
-        toolName: h.toolName,
-        argumentsJson: h.argumentsJson,
-        rule: h.rule,
-        since: timestampFromMs(h.sinceMs),
-        ...(Number.isFinite(h.deadlineMs) ? { deadline: timestampFromMs(h.deadlineMs) } : {}),
-        onTimeout: h.onTimeout,
-        principal: h.principal || this.owner.principal,
-        kind: h.kind,
-      })),
+      pending: this.held.pending().map((h) => pendingCallOf(h, this.owner.principal)),
     });
   }
 

@@ -4,8 +4,11 @@
 // goes on (RunResumed). It is a fold over the run's events and nothing else: the actor applies
 // each event as it publishes it, and a load applies the log's, so a wait survives a restart, a
 // SIGKILL and a hand-over exactly as it was. agent_end ends it (the actor drops the object).
-import { timestampMs } from "@bufbuild/protobuf/wkt";
+import { create } from "@bufbuild/protobuf";
+import { timestampFromMs, timestampMs } from "@bufbuild/protobuf/wkt";
 import {
+  PendingToolCallSchema,
+  type PendingToolCall,
   type AgentEvent,
   type ClientToolAnswered,
   type ToolDecided,
@@ -27,8 +30,22 @@ export interface HeldCall {
   deadlineMs: number;
 }
 
+/** A held call as SessionInfo lists it; `owner`: the session's principal, who may answer when no other is named. */
+export const pendingCallOf = (h: HeldCall, owner: string): PendingToolCall =>
+  create(PendingToolCallSchema, {
+    toolCallId: h.toolCallId,
+    toolName: h.toolName,
+    argumentsJson: h.argumentsJson,
+    rule: h.rule,
+    since: timestampFromMs(h.sinceMs),
+    ...(Number.isFinite(h.deadlineMs) ? { deadline: timestampFromMs(h.deadlineMs) } : {}),
+    onTimeout: h.onTimeout,
+    principal: h.principal || owner,
+    kind: h.kind,
+  });
+
 /** The events that change a wait; the actor hands only these to `apply`. */
-export const WAIT_EVENTS = new Set([
+const WAIT_EVENTS = new Set([
   "toolApprovalRequested",
   "toolDecided",
   "clientToolCall",
@@ -37,7 +54,19 @@ export const WAIT_EVENTS = new Set([
   "runResumed",
 ]);
 /** The events that start a wait (the others only change one that exists). */
-export const WAIT_STARTS = new Set(["toolApprovalRequested", "clientToolCall"]);
+const WAIT_STARTS = new Set(["toolApprovalRequested", "clientToolCall"]);
+
+/**
+ * Applies `event` to the run's wait: to `waits`, or to a new one for `turnId` when the event
+ * starts one. The wait it applied to; undefined when the event is not one of a wait's.
+ */
+export function foldWait(waits: ToolWaits | undefined, event: AgentEvent, turnId: string): ToolWaits | undefined {
+  const kind = event.payload.case ?? "";
+  if (!WAIT_EVENTS.has(kind) || !(waits || WAIT_STARTS.has(kind))) return undefined;
+  const folded = waits ?? new ToolWaits(turnId);
+  folded.apply(event);
+  return folded;
+}
 
 export class ToolWaits {
   /** Approval calls and client calls, each by its id (a call may be both: approved, then sent to the client). */
