@@ -1,4 +1,4 @@
-// bench/workspace: what keeping workspaces past their containers costs (sandbox/workspace-saves.ts),
+// bench/workspace: what keeping workspaces past their containers costs (sandbox/workspaces/workspace-saves.ts),
 // against the docker CLI in the same run.
 //   first command of a session: a warm-pool claim (no save), a resume (the session's container
 //     gone, its save unpacked into a claimed one), and a cold start (no pool: create, start,

@@ -4,6 +4,7 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
+import { createHash } from "node:crypto";
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -23,6 +24,8 @@ import { MAIN, startStack, waitFor, type Stack, sandboxContainers } from "./help
 import { tempDir } from "./helpers/tempdir.js";
 
 const run = promisify(execFile);
+/** An image with python3 and node (make sandbox-image-mcp), allowed here for templates. */
+const MCP_IMAGE = "troupe-sandbox:mcp";
 type Sandbox = SandboxClient;
 
 for (const runtime of ["runc", "runsc"] as const) {
@@ -37,7 +40,7 @@ for (const runtime of ["runc", "runsc"] as const) {
       await writeFile(quotas, JSON.stringify({ tenants: { tight: { workspaceMegabytes: 1 } } }));
       stack = await startStack({
         services: ["sandbox"],
-        env: { TROUPE_SANDBOX_RUNTIME: runtime, TROUPE_QUOTAS_FILE: quotas },
+        env: { TROUPE_SANDBOX_RUNTIME: runtime, TROUPE_QUOTAS_FILE: quotas, TROUPE_SANDBOX_IMAGES: MCP_IMAGE },
       });
       sandbox = stack.client(SandboxService, stack.addr.sandbox, { as: DEV_IDENTITY });
     });
@@ -116,6 +119,56 @@ for (const runtime of ["runc", "runsc"] as const) {
       assert.match(copy.note, new RegExp(`restored from snapshot ${snapshot!.snapshotId} \\("${runtime}"\\)`));
       await sandbox.releaseSandbox({ sessionId: `${id}-copy` });
       await sandbox.deleteSnapshot({ snapshotId: snapshot!.snapshotId });
+    });
+
+    test("an agent's template: its image and files start each new workspace; its pool is kept warm", async () => {
+      const dir = await mkdtemp(path.join(tmpdir(), "troupe-template-"));
+      try {
+        await writeFile(path.join(dir, "hello.py"), "print('hello from the template')\n");
+        const files = (await run("tar", ["--format=ustar", "-C", dir, "-cf", "-", "."], { encoding: "buffer" })).stdout;
+        const filesSha256 = createHash("sha256").update(files).digest("hex");
+        const agentId = `tpl-${runtime}`;
+        // Refused: an image the service does not allow, and files that are not what their hash says.
+        await failsWith(
+          sandbox.putTemplate({ agentId, image: "alpine:latest", files, filesSha256 }),
+          Status.FAILED_PRECONDITION,
+        );
+        await failsWith(
+          sandbox.putTemplate({ agentId, image: MCP_IMAGE, files, filesSha256: "0".repeat(64) }),
+          Status.INVALID_ARGUMENT,
+        );
+        assert.equal((await sandbox.putTemplate({ agentId, image: MCP_IMAGE, files, filesSha256 })).changed, true);
+        assert.equal((await sandbox.putTemplate({ agentId, image: MCP_IMAGE, files, filesSha256 })).changed, false);
+        // The image's pool fills once a template names it.
+        await waitFor(
+          "a warm sandbox of the template's image",
+          async () => (await sandbox.listSandboxes({})).sandboxes.some((x) => x.pooled && x.image === MCP_IMAGE),
+          120_000,
+          250,
+        );
+        const first = await exec(sandbox, `${id}-tpl`, "python3 hello.py && ls", { agentId });
+        assert.equal(first.out, "hello from the template\nhello.py\n", "python3 is the template image's");
+        assert.equal(
+          first.note,
+          `this sandbox is new: /workspace starts with the files of agent ${agentId}'s template`,
+        );
+        const mine = (await sandbox.listSandboxes({})).sandboxes.find(
+          (x) =>
+            x.name ===
+            containerName(instanceOf(stack.dataDir), scopeKey("session", DEV_IDENTITY, `${id}-tpl`, agentId)),
+        );
+        assert.equal(mine?.image, MCP_IMAGE);
+        // Another agent's sessions are untouched: the service's own image, an empty workspace.
+        const plain = await exec(sandbox, `${id}-plain`, "ls; command -v python3 || echo none");
+        assert.equal(plain.out, "none\n");
+        // An empty template removes it.
+        assert.equal((await sandbox.putTemplate({ agentId })).changed, true);
+        assert.equal((await exec(sandbox, `${id}-after`, "ls", { agentId })).out, "");
+        for (const session of [`${id}-tpl`, `${id}-plain`, `${id}-after`])
+          await sandbox.releaseSandbox({ sessionId: session, agentId });
+      } finally {
+        await rm(dir, { recursive: true, force: true });
+      }
     });
 
     test("a save over the tenant's workspace quota is not kept, and the sandbox's next command is told", async () => {

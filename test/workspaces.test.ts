@@ -1,4 +1,4 @@
-// Workspaces that outlive their containers (sandbox/workspace-saves.ts), through real processes and
+// Workspaces that outlive their containers (sandbox/workspaces/workspace-saves.ts), through real processes and
 // a real Docker engine: a session's files survive the idle reap, a container's crash, a sandbox
 // service SIGKILL and a runner SIGKILL; the next command is told when its sandbox is new and what
 // did not survive (and the model reads it in the tool result); DeleteSession removes the save too.
@@ -8,7 +8,7 @@
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
-import { mkdtemp, readdir, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readdir, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { spawnSync } from "node:child_process";
 import path from "node:path";
@@ -18,7 +18,7 @@ import { DEV_IDENTITY } from "../services/shared/auth/auth.js";
 import { Status } from "../services/shared/errors.js";
 import { exec, failsWith, savedAfter, sessionContainer, type SandboxClient } from "./helpers/sandbox.js";
 import { ChatSession } from "./helpers/session.js";
-import { MAIN, flagsFor, startStack, waitFor, type Stack } from "./helpers/stack.js";
+import { MAIN, flagsFor, startStack, waitFor, writeAgent, type Stack } from "./helpers/stack.js";
 
 const run = promisify(execFile);
 let stack: Stack;
@@ -40,6 +40,7 @@ before(async () => {
       TROUPE_SANDBOX_POOL: "1",
       TROUPE_MEMORY_LEARN: "0",
       TROUPE_QUOTAS_FILE: path.join(quotaDir, "quotas.json"),
+      TROUPE_SANDBOX_IMAGES: "troupe-sandbox:mcp",
     },
   });
   dataDir = stack.dataDir;
@@ -229,7 +230,9 @@ test("the workspace quota: a save over it is not kept and the next sandbox says 
     await exec(tight, "w-quota", "head -c 2000000 /dev/urandom > big && echo ok");
     const record = await savedAfter(dataDir, "w-quota", big, TIGHT);
     assert.match(record.refused ?? "", /left of tenant tight's workspace quota \(1 MiB/);
-    // The idle reaper (2.5 s here) took the sandbox after that refused save: what was lost is said.
+    // The idle reaper (2.5 s here) takes the sandbox after that refused save: what was lost is said.
+    const name = sessionContainer(dataDir, "w-quota", TIGHT);
+    await waitFor("the idle sandbox reaped", async () => !(await exists(name)), 20_000, 200);
     const told = await exec(tight, "w-quota", "ls");
     assert.equal(told.out, "", "nothing was kept");
     assert.match(
@@ -247,4 +250,26 @@ test("the workspace quota: a save over it is not kept and the next sandbox says 
   } finally {
     tight.close();
   }
+});
+
+test("an agent's template (agent.json workspace): its image and files are there at the first command, and the model is told", async () => {
+  await writeAgent(dataDir, "starter", { workspace: { image: "troupe-sandbox:mcp", files: "starter-files" } });
+  await mkdir(path.join(dataDir, "agents", "starter", "starter-files", "src"), { recursive: true });
+  await writeFile(
+    path.join(dataDir, "agents", "starter", "starter-files", "src", "hello.py"),
+    "print('hi from starter')\n",
+  );
+  const s = new ChatSession(stack.gateway);
+  s.send({ case: "open", value: { sessionId: "w-template", agentId: "starter", create: true } });
+  await s.waitOpened();
+  const result = await toolResult(s, "python3 src/hello.py");
+  assert.equal(
+    result.split("\n")[0],
+    "[this sandbox is new: /workspace starts with the files of agent starter's template]",
+  );
+  assert.match(result, /\nhi from starter/);
+  // The template is the start of a workspace, not a reset: later commands see the session's own files.
+  await toolResult(s, "echo mine > src/mine.txt");
+  assert.match(await toolResult(s, "ls src"), /^hello\.py\nmine\.txt/);
+  s.close();
 });

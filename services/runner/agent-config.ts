@@ -18,6 +18,7 @@
 //     "webFetch": true,                       // web_fetch of public pages
 //     "http": { "allowHosts": ["api.github.com"], "secrets": { "GITHUB_TOKEN": ["api.github.com"] } },
 //     "egress": { "allowHosts": ["registry.npmjs.org"], "budgetMb": 1024 },  // sandboxed commands' way out
+//     "workspace": { "image": "troupe-sandbox:python", "files": "starter" },  // what sandboxes start from
 //     "timeZone": "Europe/Berlin",            // the users' time zone: the prompt's clock says it
 //     "approvals": { "tools": { "exec": "ask" } },  // calls that wait for a person (tools/approvals.ts)
 //     "mcpServers": { "docs": { "url": "https://mcp.example.com/mcp" } }  // tools/mcp/mcp-config.ts
@@ -65,6 +66,8 @@ export interface AgentConfig {
   http: { allowHosts: string[]; secrets: Record<string, string[]> };
   /** Hosts sandboxed commands reach through the sandbox's egress proxy; empty: no network. */
   egress: { allowHosts: string[]; budgetMb: number };
+  /** The template the agent's sandboxes start from (tools/workspace-templates.ts); undefined: none. */
+  workspace?: { image?: string; files?: string };
   /** The users' time zone (IANA name): the prompt's current time is said in it; absent: UTC. */
   timeZone?: string;
   /** Which tool calls wait for a person's decision (tools/approvals.ts); undefined: none. */

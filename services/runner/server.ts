@@ -1,5 +1,6 @@
 // The runner process: RunnerService over the session actors, plus registration with the router
 // so the gateway can find the runner that owns a session.
+import { WorkspaceTemplates } from "./tools/workspace-templates.js";
 import { randomUUID } from "node:crypto";
 import { create } from "@bufbuild/protobuf";
 import { context } from "@opentelemetry/api";
@@ -117,7 +118,9 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
   const secrets = new Secrets(cfg.secretsFile);
   const net = { ...DEFAULT_NET_POLICY, ...cfg.net, proxy: cfg.outboundProxy };
   const mcp = new McpHub({ net, secrets, sandbox });
+  const templates = new WorkspaceTemplates(sandbox, logger, cfg.maxMessageBytes - 64 * 1024);
   const runDeps = runDepsFor({
+    templates,
     defaultModel: cfg.model,
     execTimeoutMs: cfg.execTimeoutMs,
     sandboxScope: cfg.sandboxScope,

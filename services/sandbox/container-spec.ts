@@ -139,6 +139,7 @@ export function containerSpec(opts: FleetOptions, name: string, key: string | un
     "troupe.instance": opts.instance,
     "troupe.created": String(Date.now()),
     "troupe.config": configHash(opts),
+    "troupe.image": opts.image,
   };
   if (key === undefined) labels["troupe.pool"] = "true";
   else {

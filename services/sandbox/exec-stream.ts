@@ -10,6 +10,8 @@ import { instruments, secondsSince } from "../shared/process/metrics.js";
 import { write, type grpc } from "../shared/rpc.js";
 import { AgentError, type AgentExit, type RunningExec } from "./agent-connection.js";
 import type { SandboxFleet, Sandbox } from "./fleet.js";
+import type { WorkspaceStart } from "./workspaces/templates.js";
+import { takeNote } from "./workspaces/workspace-saves.js";
 import { identityOf } from "../shared/auth/auth.js";
 import { DEFAULT_EGRESS_BUDGET, DEFAULT_OUTPUT_BYTES, agentStatus, validateExec } from "./requests.js";
 
@@ -34,6 +36,8 @@ export interface ExecDeps {
   killTimeoutMs: number;
   /** Whose sandbox the request is for; INVALID_ARGUMENT for a malformed id. */
   scopeKey(req: ExecRequest, call: { metadata: grpc.Metadata }): string;
+  /** What a new sandbox for the request's agent is made from (templates.ts). */
+  startOf(req: ExecRequest): WorkspaceStart;
   /** UNAVAILABLE when no engine answers. */
   requireEngine(): Promise<void>;
   /** RESOURCE_EXHAUSTED when the key would be a new sandbox over its tenant's quota. */
@@ -73,7 +77,7 @@ export function execHandler(deps: ExecDeps): (call: grpc.ServerWritableStream<Ex
     // get() hands out only sandboxes whose agent connection is alive; one that dies from here
     // on reports the command as lost (killed), below.
     requireRoom(key, call);
-    const sandbox = await fleet.get(key);
+    const sandbox = await fleet.get(key, deps.startOf(req));
     // This command's grant is the sandbox's from now on (its budget runs over the sandbox's life).
     sandbox.agent.egress.hosts = hosts;
     sandbox.agent.egress.budgetBytes = Number(req.egress?.budgetBytes || DEFAULT_EGRESS_BUDGET);
@@ -102,7 +106,7 @@ export function execHandler(deps: ExecDeps): (call: grpc.ServerWritableStream<Ex
       void fleet.discard(sandbox, "its agent did not end a command at its timeout");
     }, timeoutMs + deps.killTimeoutMs);
     try {
-      const note = fleet.takeNote(sandbox);
+      const note = takeNote(sandbox);
       const first = write(
         call,
         create(ExecResponseSchema, { kind: { case: "started", value: { execId, workspaceNote: note } } }),

@@ -14,13 +14,18 @@ import { AgentConnection, type AttachOptions } from "./agent-connection.js";
 import type { AgentSocket } from "./agent-socket.js";
 import { type ContainerDeath, ContainerEvents } from "./container-events.js";
 import { configHash, containerName, containerSpec, poolPrefix, type FleetOptions } from "./container-spec.js";
-import type { KeptWorkspace, WorkspaceSaves } from "./workspace-saves.js";
+import type { KeptWorkspace, WorkspaceSaves } from "./workspaces/workspace-saves.js";
+import { startFromTemplate, type WorkspaceStart } from "./workspaces/templates.js";
+import { reapReason } from "./reap-rules.js";
+import { WarmPools } from "./warm-pools.js";
 
-/** One running sandbox and the connection to its agent; its workspace's keeping is workspace-saves.ts's. */
+/** One running sandbox and the connection to its agent; its workspace is kept by workspaces/workspace-saves.ts. */
 export interface Sandbox extends KeptWorkspace {
   readonly id: string;
   readonly container: Container;
   readonly createdAt: number;
+  /** The image it runs (the service's, or one a template names). */
+  readonly image: string;
   name: string;
   key: string;
   lastUsed: number;
@@ -35,12 +40,15 @@ export interface SandboxSummary {
   lastUsed?: number;
   pooled: boolean;
   runningCommands: number;
+  image: string;
 }
 
 export class SandboxFleet {
   private readonly byKey = new Map<string, Promise<Sandbox>>();
-  /** The warm pool: started, greeted, unclaimed. */
-  private readonly pool: Sandbox[] = [];
+  /** The warm pools, one per image: started, greeted, unclaimed. */
+  private readonly pools = new WarmPools<Sandbox>();
+  /** The config labels of containers this fleet may keep: one per image it may run (configHash). */
+  private readonly configs: Set<string>;
   /** Names of containers being made, which the reaper must leave alone. */
   private readonly making = new Set<string>();
   /** The background fill under way, if any (shutdown waits for it, so nothing it makes leaks). */
@@ -60,7 +68,13 @@ export class SandboxFleet {
     private readonly onConnection?: (socket: AgentSocket, agent: AgentConnection) => void,
     /** Where workspaces are kept past their containers; absent: a workspace goes with its container. */
     private readonly saves?: WorkspaceSaves,
+    /** The images it may run (the default's included), and those whose pools it keeps full now. */
+    private readonly images: { allowed: readonly string[]; pooled: () => Iterable<string> } = {
+      allowed: [opts.image],
+      pooled: () => [opts.image],
+    },
   ) {
+    this.configs = new Set([opts.image, ...images.allowed].map((image) => configHash({ ...opts, image })));
     this.events = new ContainerEvents(docker, opts.instance, (death) => void this.died(death));
   }
 
@@ -74,8 +88,11 @@ export class SandboxFleet {
     return this.events.ooms(containerId);
   }
 
-  /** The key's sandbox: the one it has, else one from the pool, else a new one. */
-  async get(key: string): Promise<Sandbox> {
+  /**
+   * The key's sandbox: the one it has, else one from the pool of `start`'s image, else a new one;
+   * a new one gets the key's saved workspace, or else `start`'s files.
+   */
+  async get(key: string, start: WorkspaceStart = { agentId: "", image: this.opts.image }): Promise<Sandbox> {
     let p = this.byKey.get(key);
     if (p) {
       const sandbox = await p.catch(() => undefined);
@@ -84,7 +101,7 @@ export class SandboxFleet {
     }
     p = this.byKey.get(key);
     if (!p) {
-      p = this.acquire(key);
+      p = this.acquire(key, start);
       this.byKey.set(key, p);
       p.catch(() => {
         if (this.byKey.get(key) === p) this.byKey.delete(key);
@@ -127,19 +144,12 @@ export class SandboxFleet {
     this.saves?.used(sandbox, tenant);
   }
 
-  /** What the sandbox's next command is told of its workspace, once. */
-  takeNote(sandbox: Sandbox): string {
-    return this.saves?.takeNote(sandbox) ?? "";
-  }
-
-  /** Saves the sandbox's workspace now if work was done since its last save. */
-  private saveNow(sandbox: Sandbox): Promise<void> {
-    return this.saves?.saveNow(sandbox) ?? Promise.resolve();
-  }
-
-  /** Unpacks the key's saved workspace into its new sandbox (workspace-saves.ts). */
-  private async restored(sandbox: Sandbox): Promise<Sandbox> {
-    await this.saves?.restoreInto(sandbox);
+  /**
+   * Unpacks the key's saved workspace into its new sandbox (workspace-saves.ts), or when it has
+   * none its template's files, and notes for its next command what it starts from.
+   */
+  private async restored(sandbox: Sandbox, start: WorkspaceStart): Promise<Sandbox> {
+    if (!(await this.saves?.restoreInto(sandbox))) await startFromTemplate(sandbox, start, this.logger);
     return sandbox;
   }
 
@@ -151,13 +161,12 @@ export class SandboxFleet {
     await this.remove(sandbox.container);
   }
 
-  private async acquire(key: string): Promise<Sandbox> {
+  private async acquire(key: string, start: WorkspaceStart): Promise<Sandbox> {
     const name = containerName(this.opts.instance, key);
     const existing = await this.adopt(key, name);
     if (existing) return existing;
-    const claimed = await this.claimFromPool(key, name);
-    if (claimed) return this.restored(claimed);
-    return this.restored(await this.make(name, key));
+    const claimed = await this.claimFromPool(key, name, start.image);
+    return this.restored(claimed ?? (await this.make(name, start.image, key)), start);
   }
 
   /**
@@ -169,7 +178,8 @@ export class SandboxFleet {
     const container = this.docker.getContainer(name);
     const info = await container.inspect().catch(() => undefined);
     if (!info) return undefined;
-    if (!info.State.Running || info.Config.Labels?.["troupe.config"] !== configHash(this.opts)) {
+    const labels = info.Config.Labels ?? {};
+    if (!info.State.Running || !this.configs.has(labels["troupe.config"] ?? "")) {
       await this.remove(container);
       return undefined;
     }
@@ -182,13 +192,23 @@ export class SandboxFleet {
       await this.remove(container);
       return undefined;
     }
-    const createdAt = Number(info.Config.Labels?.["troupe.created"] ?? Date.parse(info.Created));
-    return { id: info.Id, container, agent, createdAt, name, key: agent.claimedFor || key, lastUsed: Date.now() };
+    const createdAt = Number(labels["troupe.created"] ?? Date.parse(info.Created));
+    const image = labels["troupe.image"] ?? this.opts.image;
+    return {
+      id: info.Id,
+      container,
+      agent,
+      createdAt,
+      image,
+      name,
+      key: agent.claimedFor || key,
+      lastUsed: Date.now(),
+    };
   }
 
-  private async claimFromPool(key: string, name: string): Promise<Sandbox | undefined> {
+  private async claimFromPool(key: string, name: string, image: string): Promise<Sandbox | undefined> {
     try {
-      return await this.claimOne(key, name);
+      return await this.claimOne(key, name, image);
     } finally {
       // Refilled after the claim, not during it: a container being made competes with the
       // rename for the engine.
@@ -196,8 +216,8 @@ export class SandboxFleet {
     }
   }
 
-  private async claimOne(key: string, name: string): Promise<Sandbox | undefined> {
-    for (let sandbox = this.pool.shift(); sandbox; sandbox = this.pool.shift()) {
+  private async claimOne(key: string, name: string, image: string): Promise<Sandbox | undefined> {
+    for (let sandbox = this.pools.take(image); sandbox; sandbox = this.pools.take(image)) {
       if (!sandbox.agent.alive) continue;
       try {
         await sandbox.container.rename(name);
@@ -216,23 +236,28 @@ export class SandboxFleet {
     return undefined;
   }
 
-  /** Creates, attaches to, starts and greets a sandbox; for a key, or for the pool (no key). */
-  private async make(name: string, key?: string): Promise<Sandbox> {
+  /** Creates, attaches to, starts and greets a sandbox of `image`; for a key, or for the pool (no key). */
+  private async make(name: string, image: string, key?: string): Promise<Sandbox> {
     this.making.add(name);
+    const opts = { ...this.opts, image };
     try {
       let container: Container;
       try {
-        container = await this.docker.createContainer(containerSpec(this.opts, name, key));
+        container = await this.docker.createContainer(containerSpec(opts, name, key));
       } catch (err) {
         const status = (err as { statusCode?: number }).statusCode;
         if (status === 404)
-          throw failedPrecondition(`sandbox image ${this.opts.image} is missing: build it with \`make sandbox-image\``);
+          throw failedPrecondition(
+            image === this.opts.image
+              ? `sandbox image ${image} is missing: build it with \`make sandbox-image\``
+              : `sandbox image ${image} (a template's) is missing from the engine: pull or build it`,
+          );
         if (status === 409 && key !== undefined) {
           // The name is taken: a container made for this key a moment ago by someone else, or
           // one left stopped. Take it if it runs, else clear the name and make it once more.
           const adopted = await this.adopt(key, name);
           if (adopted) return adopted;
-          container = await this.docker.createContainer(containerSpec(this.opts, name, key));
+          container = await this.docker.createContainer(containerSpec(opts, name, key));
         } else throw err;
       }
       try {
@@ -241,7 +266,7 @@ export class SandboxFleet {
         await agent.hello();
         if (key !== undefined) await agent.claim(key);
         const now = Date.now();
-        return { id: container.id, container, agent, createdAt: now, name, key: key ?? "", lastUsed: now };
+        return { id: container.id, container, agent, createdAt: now, image, name, key: key ?? "", lastUsed: now };
       } catch (err) {
         await this.remove(container);
         throw err;
@@ -251,20 +276,26 @@ export class SandboxFleet {
     }
   }
 
-  /** Tops the pool up in the background, one container at a time. */
+  /** The images whose pools are short of the pool size. */
+  private short(): string[] {
+    return [...new Set(this.images.pooled())].filter((image) => this.pools.sizeOf(image) < this.opts.poolSize);
+  }
+
+  /** Tops the pools up in the background, one container at a time. */
   fill(): void {
-    if (this.filling || this.closed || this.pool.length >= this.opts.poolSize) return;
+    if (this.filling || this.closed || this.short().length === 0) return;
     const run = async () => {
-      try {
-        while (!this.closed && this.pool.length < this.opts.poolSize) {
-          const sandbox = await this.make(`${poolPrefix(this.opts.instance)}${randomBytes(6).toString("hex")}`);
+      for (let image = this.short()[0]; image !== undefined && !this.closed; image = this.short()[0]) {
+        try {
+          const sandbox = await this.make(`${poolPrefix(this.opts.instance)}${randomBytes(6).toString("hex")}`, image);
           if (this.closed) {
             sandbox.agent.close();
             await this.remove(sandbox.container);
-          } else this.pool.push(sandbox);
+          } else this.pools.add(image, sandbox);
+        } catch (err) {
+          this.logger.warn("could not fill the sandbox pool", { image, error: (err as Error).message });
+          return;
         }
-      } catch (err) {
-        this.logger.warn("could not fill the sandbox pool", { error: (err as Error).message });
       }
     };
     // Cleared in a callback, which always runs after this assignment.
@@ -272,7 +303,7 @@ export class SandboxFleet {
   }
 
   get pooled(): number {
-    return this.pool.length;
+    return this.pools.size;
   }
 
   /** Sandboxes claimed by a scope key (made or being made) in this process. */
@@ -280,11 +311,11 @@ export class SandboxFleet {
     return this.byKey.size;
   }
 
-  /** Waits until the pool is full (tests and benchmarks), or the deadline passes. */
+  /** Waits until the pools are full (tests and benchmarks), or the deadline passes. */
   async poolReady(timeoutMs: number): Promise<boolean> {
     const until = Date.now() + timeoutMs;
-    while (this.pool.length < this.opts.poolSize && Date.now() < until) await new Promise((r) => setTimeout(r, 20));
-    return this.pool.length >= this.opts.poolSize;
+    while (this.short().length > 0 && Date.now() < until) await new Promise((r) => setTimeout(r, 20));
+    return this.short().length === 0;
   }
 
   /**
@@ -305,30 +336,22 @@ export class SandboxFleet {
           s.key !== "" &&
           (Date.now() - s.lastUsed > this.opts.idleMs || Date.now() - s.createdAt > this.opts.maxAgeMs)
         )
-          await this.saveNow(s);
+          await this.saves.saveNow(s);
     const now = Date.now();
     let removed = 0;
     for (const { c, name, mine, pooled, created } of await this.containers()) {
       if (this.making.has(name)) continue;
       if (c.State === "running" && !mine && !pooled) this.firstSeen.set(c.Id, this.firstSeen.get(c.Id) ?? now);
       const lastUsed = mine?.lastUsed ?? this.firstSeen.get(c.Id) ?? now;
-      const busy = (mine?.agent.runningCommands ?? 0) > 0;
-      // `pooled` goes by name, and the listing may predate a claim's rename: a container this
-      // process holds (in its pool, or just claimed and running a command) is never a leftover.
-      const why =
-        c.State !== "running"
-          ? "stopped"
-          : pooled && !mine
-            ? "a pooled sandbox this process did not make"
-            : now - created > this.opts.maxAgeMs
-              ? "past its maximum age"
-              : busy
-                ? undefined
-                : c.Labels["troupe.config"] !== configHash(this.opts)
-                  ? "made under other settings"
-                  : !pooled && now - lastUsed > this.opts.idleMs
-                    ? "idle"
-                    : undefined;
+      const why = reapReason({
+        running: c.State === "running",
+        leftInPool: pooled && !mine,
+        age: now - created,
+        idle: pooled ? 0 : now - lastUsed,
+        busy: (mine?.agent.runningCommands ?? 0) > 0,
+        knownSettings: this.configs.has(c.Labels["troupe.config"] ?? ""),
+        limits: this.opts,
+      });
       if (!why) continue;
       // Work not saved yet (done after the saves above): the next pass decides again.
       if (mine?.unsaved && c.State === "running" && why !== "stopped") continue;
@@ -357,6 +380,7 @@ export class SandboxFleet {
       lastUsed: mine?.lastUsed,
       pooled,
       runningCommands: mine?.agent.runningCommands ?? 0,
+      image: c.Labels["troupe.image"] ?? this.opts.image,
     }));
   }
 
@@ -383,11 +407,11 @@ export class SandboxFleet {
    * sandboxes stay, their unsaved work saved.
    */
   async shutdown(): Promise<void> {
-    for (const s of await this.live()) if (s[1].unsaved) await this.saveNow(s[1]);
+    for (const s of (await this.live()).values()) if (s.unsaved) await this.saves?.saveNow(s);
     this.closed = true;
     this.events.close();
     await this.filling;
-    const pool = this.pool.splice(0);
+    const pool = this.pools.clear();
     await Promise.all(pool.map(async (s) => (s.agent.close(), this.remove(s.container))));
     for (const p of this.byKey.values())
       void p.then(
@@ -398,7 +422,7 @@ export class SandboxFleet {
 
   private async live(): Promise<Map<string, Sandbox>> {
     const live = new Map<string, Sandbox>();
-    for (const s of this.pool) live.set(s.id, s);
+    for (const s of this.pools.all()) live.set(s.id, s);
     for (const p of this.byKey.values()) {
       const s = await p.catch(() => undefined);
       if (s) live.set(s.id, s);
@@ -408,8 +432,7 @@ export class SandboxFleet {
 
   /** Drops every record of a container (it died, or is being removed). */
   private async forget(containerId: string): Promise<void> {
-    const i = this.pool.findIndex((s) => s.id === containerId);
-    if (i >= 0) this.pool.splice(i, 1)[0].agent.close();
+    this.pools.remove(containerId)?.agent.close();
     for (const [key, p] of this.byKey) {
       const s = await p.catch(() => undefined);
       if (s?.id === containerId && this.byKey.get(key) === p) this.byKey.delete(key);

@@ -13,7 +13,7 @@ import type { Config } from "../shared/config/config-types.js";
 import { failedPrecondition, invalidArgumentIf, notFound, unavailable } from "../shared/errors.js";
 import { instruments } from "../shared/process/metrics.js";
 import { FileType, SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
-import { isAgentId, isSessionId } from "../shared/ids.js";
+import { DEFAULT_AGENT, isAgentId, isSessionId } from "../shared/ids.js";
 import { TenantQuotas } from "../shared/auth/quotas.js";
 import { RateLimited } from "../shared/auth/rate.js";
 import { scopeKey as sandboxScopeKey, tenantOfScopeKey } from "./scope.js";
@@ -23,10 +23,11 @@ import type { RunningService } from "../shared/process/service.js";
 import { AgentError, AgentGone, within } from "./agent-connection.js";
 import path from "node:path";
 import { SandboxFleet, type Sandbox } from "./fleet.js";
-import { WorkspaceSaves } from "./workspace-saves.js";
-import { WorkspaceUsage } from "./workspace-usage.js";
-import { Snapshots } from "./snapshots.js";
-import { snapshotCalls } from "./snapshot-calls.js";
+import { WorkspaceSaves } from "./workspaces/workspace-saves.js";
+import { WorkspaceUsage } from "./workspaces/workspace-usage.js";
+import { Snapshots } from "./workspaces/snapshots.js";
+import { snapshotCalls } from "./workspaces/snapshot-calls.js";
+import { AgentTemplates } from "./workspaces/templates.js";
 import { execHandler, type RunningCommand } from "./exec-stream.js";
 import { EgressProxy } from "./egress-proxy.js";
 import { Engine, engineAddress } from "./engine.js";
@@ -66,7 +67,16 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
       ? new WorkspaceSaves(path.join(cfg.dataDir, "workspaces"), DEFAULT_LIMITS.workspaceBytes, logger, usage, quotaOf)
       : undefined;
   const snapshots = new Snapshots(path.join(cfg.dataDir, "snapshots"), usage, quotaOf, logger);
-  await Promise.all([saves?.load(), snapshots.load()]);
+  const templates = new AgentTemplates(
+    path.join(cfg.dataDir, "templates"),
+    cfg.sandboxImage,
+    cfg.sandboxImages,
+    cfg.maxMessageBytes - 64 * 1024,
+    logger,
+  );
+  await Promise.all([saves?.load(), snapshots.load(), templates.load()]);
+  /** What a new sandbox for a request's agent is made from (its template). */
+  const startOf = (req: { agentId: string }) => templates.of(req.agentId || DEFAULT_AGENT);
   const fleet = new SandboxFleet(
     docker,
     {
@@ -81,6 +91,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
     logger,
     (socket, agent) => egress.serve(socket, agent.claimedFor, agent.egress),
     saves,
+    { allowed: templates.images, pooled: () => templates.usedImages() },
   );
   instruments()
     .meter.createObservableGauge("troupe.sandboxes", { description: "sandboxes of this service, claimed and pooled" })
@@ -169,7 +180,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
     const key = scopeKey(req, call);
     await requireEngine();
     requireRoom(key, call);
-    const sandbox = await fleet.get(key);
+    const sandbox = await fleet.get(key, startOf(req));
     sandbox.lastUsed = Date.now();
     try {
       fleet.used(sandbox, identityOf(call.metadata).tenant);
@@ -201,10 +212,18 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
       execTimeoutMs: cfg.execTimeoutMs,
       killTimeoutMs: KILL_TIMEOUT_MS,
       scopeKey,
+      startOf,
       requireEngine,
       requireRoom,
       killAll,
     }),
+
+    async putTemplate(req) {
+      const changed = await templates.put(req.agentId, req.image, req.files, req.filesSha256);
+      // A new image's pool starts filling now, before its first session asks.
+      if (changed) fleet.fill();
+      return { changed };
+    },
 
     async writeStdin(req, call) {
       const key = scopeKey(req, call);
@@ -311,7 +330,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
           pooled: s.pooled,
           runningCommands: s.runningCommands,
           runtime: cfg.sandboxRuntime,
-          image: cfg.sandboxImage,
+          image: s.image,
         })),
       };
     },

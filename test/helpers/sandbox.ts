@@ -13,9 +13,9 @@ import type { ServiceClient } from "../../services/shared/rpc.js";
 
 export type SandboxClient = ServiceClient<(typeof SandboxService)["method"]>;
 
-/** The container name the service gives the sandbox of a session of the dev identity, under a data directory. */
-export const sessionContainer = (dataDir: string, sessionId: string): string =>
-  containerName(instanceOf(dataDir), scopeKey("session", DEV_IDENTITY, sessionId, ""));
+/** The container name the service gives the sandbox of a session (of the dev identity by default), under a data directory. */
+export const sessionContainer = (dataDir: string, sessionId: string, owner = DEV_IDENTITY): string =>
+  containerName(instanceOf(dataDir), scopeKey("session", owner, sessionId, ""));
 
 export interface ExecResult {
   /** stdout and stderr as they came, decoded as UTF-8. */

@@ -121,6 +121,18 @@ test("a document gets every problem at once, each with its place", () => {
   );
 });
 
+test("an agent's workspace template names an image reference and a folder inside the agent's", () => {
+  const workspace = { image: "troupe-sandbox:mcp", files: "starter/src" };
+  assert.deepEqual(parseAgentConfig("a", { workspace }).workspace, workspace);
+  for (const files of ["../elsewhere", "/etc", "a/../../b", "a/.."])
+    assert.throws(() => parseAgentConfig("a", { workspace: { files } }), /workspace\.files must be a path inside/);
+  assert.throws(
+    () => parseAgentConfig("a", { workspace: { image: "-v /:/host" } }),
+    /workspace\.image must be an image/,
+  );
+  assert.throws(() => parseAgentConfig("a", { workspace: { snapshot: "x" } }), /unknown field snapshot/);
+});
+
 test("the parsers keep what a schema cannot say", () => {
   const adapterless = keysFile([{ tenant: "t", principal: "p", sha256: HASH, channels: ["web"] }]);
   assert.throws(() => parseKeys(adapterless, "k"), /keys\[0\]\.channels is for adapter keys only/);

@@ -30,6 +30,7 @@ import { toolsFor } from "../tools/registry.js";
 import type { McpHub } from "../tools/mcp/mcp-hub.js";
 import { serversFor } from "../tools/mcp/mcp-config.js";
 import type { Tool } from "../tools/tools.js";
+import type { WorkspaceTemplates } from "../tools/workspace-templates.js";
 
 /** The runner's parts a run draws on. */
 export interface RunnerParts {
@@ -51,6 +52,8 @@ export interface RunnerParts {
   schedules: { book: ScheduleBook; changed(): void };
   model: ModelClient;
   sandbox: ServiceClient<(typeof SandboxService)["method"]>;
+  /** Agents' workspace templates, put to the sandbox service as agent.json says. */
+  templates: WorkspaceTemplates;
   memory: ServiceClient<(typeof MemoryService)["method"]>;
   recall: MemoryRecall;
   /** Learning from a completed run (memory-recall.ts), or undefined when it is off. */
@@ -218,7 +221,11 @@ export function runDepsFor(parts: RunnerParts): (actor: SessionActor, first: rea
         mcpTools = found.tools;
         return found;
       },
-      agent: () => agents.get(agentId),
+      async agent() {
+        const loaded = await agents.get(agentId);
+        await parts.templates.ensure(agentId, loaded.config, agents.dirOf(agentId));
+        return loaded;
+      },
       tokens: parts.tokens,
       runQuotas: () => quotas.of(owner.tenant),
       // Sub-agents run quietly: nothing learned from their turns. What a non-owner said is learned

@@ -75,6 +75,8 @@ export interface Config {
   execTimeoutMs: number;
   /** Sandbox image and container runtime (runc or runsc). */
   sandboxImage: string;
+  /** Other images agents may name for their sandboxes (agent.json workspace.image). */
+  sandboxImages: string[];
   sandboxRuntime: string;
   /** Sandbox: a session's container unused for this long is removed (made anew on next use). */
   sandboxIdleMs: number;

@@ -205,6 +205,7 @@ export function loadConfig(
     memoryContextK: v.memoryContextK,
     execTimeoutMs: v.execTimeoutMs,
     sandboxImage: str("sandboxImage")!,
+    sandboxImages: commaList(str("sandboxImages")),
     sandboxRuntime: str("sandboxRuntime")!,
     sandboxIdleMs: v.sandboxIdleMs,
     sandboxMaxAgeMs: v.sandboxMaxAgeMs,

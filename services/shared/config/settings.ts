@@ -327,6 +327,10 @@ export const SETTINGS = {
   },
   sandbox: {
     sandboxImage: { env: "TROUPE_SANDBOX_IMAGE", doc: "sandbox image", default: "troupe-sandbox:busybox" },
+    sandboxImages: {
+      env: "TROUPE_SANDBOX_IMAGES",
+      doc: "other images agents may name for their sandboxes (agent.json workspace.image), comma-separated; each must hold troupe-agent (docs/sandbox.md, templates)",
+    },
     sandboxRuntime: {
       env: "TROUPE_SANDBOX_RUNTIME",
       doc: "container runtime",

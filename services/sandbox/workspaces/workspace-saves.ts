@@ -11,8 +11,8 @@
 import { createHash } from "node:crypto";
 import { copyFile, mkdir, readdir, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
 import path from "node:path";
-import type { Logger } from "../shared/process/log.js";
-import type { AgentConnection } from "./agent-connection.js";
+import type { Logger } from "../../shared/process/log.js";
+import type { AgentConnection } from "../agent-connection.js";
 import { ArchiveTooLarge, archiveWorkspace, unpackWorkspace } from "./workspace-archive.js";
 import type { WorkspaceUsage } from "./workspace-usage.js";
 
@@ -57,6 +57,13 @@ function stoppedNote({ running, stopped = [] }: SaveInfo): string {
   const listed = stopped.map((c) => JSON.stringify(c)).join(", ");
   const more = running > stopped.length ? ` and ${running - stopped.length} more` : "";
   return `; ${running} command(s) running then (background processes) were stopped and are not running now${listed ? `: ${listed}${more}` : ""}`;
+}
+
+/** What the sandbox's next command is told of its workspace (restored, from a template, not saved), once. */
+export function takeNote(w: KeptWorkspace): string {
+  const note = w.note ?? "";
+  w.note = undefined;
+  return note;
 }
 
 /** Why an archive was refused: the tenant's room left under its quota. */
@@ -168,35 +175,33 @@ export class WorkspaceSaves {
     }
   }
 
-  /** Unpacks the key's save into its new sandbox, and notes for its next command what came of it. */
-  async restoreInto(w: KeptWorkspace): Promise<void> {
+  /**
+   * Unpacks the key's save into its new sandbox, and notes for its next command what came of it;
+   * false when the key has no save (nor the record of one refused).
+   */
+  async restoreInto(w: KeptWorkspace): Promise<boolean> {
     try {
       const info = await this.info(w.key);
-      if (!info) return;
+      if (!info) return false;
       const when = new Date(info.savedAt).toISOString();
       if (info.refused) {
         w.note = `this sandbox is new and /workspace starts empty: its files of ${when} were not kept (${info.refused.replace("/workspace was not saved: ", "")})`;
-        return;
+        return true;
       }
       const found = await this.archiveOf(w.key);
-      if (!found) return;
+      if (!found) return false;
       const started = Date.now();
       await unpackWorkspace(w.agent, found.file);
       this.logger.debug("restored a workspace", { scope: w.key, bytes: info.bytes, ms: Date.now() - started });
       w.note = info.from
         ? `this sandbox is new: /workspace was restored from ${info.from}`
         : `this sandbox is new: /workspace was restored from its save of ${when}${stoppedNote(info)}`;
+      return true;
     } catch (err) {
       this.logger.warn("could not restore a saved workspace", { scope: w.key, error: (err as Error).message });
       w.note = `this sandbox is new and /workspace could not be restored from its save (${(err as Error).message}): it starts empty`;
+      return true;
     }
-  }
-
-  /** What the sandbox's next command is told of its workspace, once. */
-  takeNote(w: KeptWorkspace): string {
-    const note = w.note ?? "";
-    w.note = undefined;
-    return note;
   }
 
   /**

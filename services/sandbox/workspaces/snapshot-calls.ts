@@ -3,11 +3,11 @@
 // caller's (the identity in the call's metadata); the session's workspace is found by the same
 // scope key as its commands use, so a session of someone else is one without a workspace.
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
-import { identityOf } from "../shared/auth/auth.js";
-import { failedPrecondition, invalidArgumentIf, notFound, resourceExhausted } from "../shared/errors.js";
-import type { Snapshot } from "../shared/gen/troupe/v1/sandbox_pb.js";
-import type { grpc } from "../shared/rpc.js";
-import type { SandboxFleet } from "./fleet.js";
+import { identityOf } from "../../shared/auth/auth.js";
+import { failedPrecondition, invalidArgumentIf, notFound, resourceExhausted } from "../../shared/errors.js";
+import type { Snapshot } from "../../shared/gen/troupe/v1/sandbox_pb.js";
+import type { grpc } from "../../shared/rpc.js";
+import type { SandboxFleet } from "../fleet.js";
 import { ArchiveTooLarge, archiveWorkspace } from "./workspace-archive.js";
 import type { WorkspaceSaves } from "./workspace-saves.js";
 import { type SnapshotRecord, Snapshots } from "./snapshots.js";

@@ -3,7 +3,7 @@
 // wrote (bounded) and hands them back to a sandbox. Saves and snapshots are both made here.
 import { createReadStream, createWriteStream } from "node:fs";
 import { rename, rm } from "node:fs/promises";
-import type { AgentConnection, AgentExit } from "./agent-connection.js";
+import type { AgentConnection, AgentExit } from "../agent-connection.js";
 
 const TAR_TIMEOUT_MS = 120_000;
 const WINDOW_BYTES = 1 << 20;

@@ -6,9 +6,9 @@
 import { randomUUID } from "node:crypto";
 import { copyFile, mkdir, readdir, readFile, rename, rm, writeFile } from "node:fs/promises";
 import path from "node:path";
-import { invalidArgumentIf, notFound, resourceExhausted } from "../shared/errors.js";
-import type { Logger } from "../shared/process/log.js";
-import { fileName } from "../shared/session-ref.js";
+import { invalidArgumentIf, notFound, resourceExhausted } from "../../shared/errors.js";
+import type { Logger } from "../../shared/process/log.js";
+import { fileName } from "../../shared/session-ref.js";
 import type { WorkspaceUsage } from "./workspace-usage.js";
 import { overQuota } from "./workspace-saves.js";
 
