@@ -273,3 +273,47 @@ test("an agent's template (agent.json workspace): its image and files are there 
   assert.match(await toolResult(s, "ls src"), /^hello\.py\nmine\.txt/);
   s.close();
 });
+
+test("through the gateway: a user snapshots a session and starts another from it; other tenants see nothing", async () => {
+  const s = new ChatSession(stack.gateway);
+  s.open("w-user-src");
+  await s.waitOpened();
+  await toolResult(s, "mkdir -p notes && echo draft-1 > notes/plan.md");
+  s.close();
+  const { snapshot } = await stack.gateway.snapshotWorkspace({ sessionId: "w-user-src", name: "plan" });
+  assert.equal(snapshot?.sourceSessionId, "w-user-src");
+  const mine = await stack.gateway.listWorkspaceSnapshots({});
+  assert.ok(mine.snapshots.some((x) => x.snapshotId === snapshot!.snapshotId && x.name === "plan"));
+  await stack.gateway.restoreWorkspaceSnapshot({ snapshotId: snapshot!.snapshotId, sessionId: "w-user-dst" });
+  const next = new ChatSession(stack.gateway);
+  next.open("w-user-dst");
+  await next.waitOpened();
+  const read = await toolResult(next, "cat notes/plan.md");
+  assert.match(
+    read,
+    new RegExp(
+      `^\\[this sandbox is new: /workspace was restored from snapshot ${snapshot!.snapshotId} \\("plan"\\) of [^\\]]+\\]\\ndraft-1`,
+    ),
+  );
+  next.close();
+
+  const other = await stack.gatewayAs("another-tenant", "eve");
+  try {
+    assert.deepEqual((await other.listWorkspaceSnapshots({})).snapshots, []);
+    const said = await failsWith(
+      other.restoreWorkspaceSnapshot({ snapshotId: snapshot!.snapshotId, sessionId: "x" }),
+      Status.NOT_FOUND,
+    );
+    assert.equal(said, `no snapshot ${snapshot!.snapshotId}`);
+    await failsWith(other.deleteWorkspaceSnapshot({ snapshotId: snapshot!.snapshotId }), Status.NOT_FOUND);
+    // The same session id names eve's own session, which has no workspace.
+    await failsWith(other.snapshotWorkspace({ sessionId: "w-user-src" }), Status.NOT_FOUND);
+  } finally {
+    other.close();
+  }
+  await stack.gateway.deleteWorkspaceSnapshot({ snapshotId: snapshot!.snapshotId });
+  await failsWith(
+    stack.gateway.restoreWorkspaceSnapshot({ snapshotId: snapshot!.snapshotId, sessionId: "w-user-3" }),
+    Status.NOT_FOUND,
+  );
+});

@@ -2,6 +2,8 @@
 // session which runner owns it (and caches the answer), then connects the client's stream straight
 // to that runner. Events flow runner -> gateway -> client with backpressure honoured at each step;
 // the router is never on that path.
+import { SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
+import { workspaceSnapshotCalls } from "./workspace-snapshots.js";
 import { randomUUID } from "node:crypto";
 import { create } from "@bufbuild/protobuf";
 import {
@@ -136,8 +138,11 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
   // An A2A call keeps its key, for the calls the binding makes for it (a2a/grpc-binding.ts).
   const authenticate = keepingCallerKey(apiKeyAuth(keys));
   const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes, authenticate, logger });
+  // Snapshots are the sandbox service's, asked as the caller (workspace-snapshots.ts).
+  const sandbox = createClient(SandboxService, cfg.addr.sandbox, { headers: internal.headers, tls: internal.tls });
   server.add(GatewayService, {
     chat: chatHandler({ placements, runners, limits, streams, admit, logger }),
+    ...workspaceSnapshotCalls(sandbox),
 
     async createSession(req, call) {
       validateSessionRef(req.sessionId, req.agentId, true);
@@ -463,6 +468,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       await server.close();
       runners.close();
       router.close();
+      sandbox.close();
       loopback?.close();
     },
   };
