@@ -5,7 +5,9 @@
 //     greet) — p50 and p99 of `true` through the service;
 //   a 100 MB workspace (100 files of 1 MiB of random bytes): the service's save and restore
 //     (tar inside the sandbox, streamed over the agent's channel; from its debug log) against
-//     `docker exec tar -c` into a file and `docker exec -i tar -x` from it, on the same files.
+//     `docker exec tar -c` into a file and `docker exec -i tar -x` from it, on the same files;
+//     and a snapshot of it (CreateSnapshot, the call's wall time) and its restore into another
+//     session (the unpack at that session's first command, from the debug log), against the same.
 //
 //   node dist/bench/workspace.js [--runtime runc|runsc] [--n 10]
 import { execFile, spawn } from "node:child_process";
@@ -61,6 +63,8 @@ let save = 0;
 let restore = 0;
 let cliSave = 0;
 let cliRestore = 0;
+let snapshot = 0;
+let snapshotRestore = 0;
 const logged = (what: string, id: string) => {
   const line = stack
     .logs()
@@ -129,6 +133,16 @@ try {
   });
   cliRestore = performance.now() - t0;
   await rm(dir, { recursive: true, force: true });
+  // The same 100 MB as a snapshot, and that snapshot restored into another session.
+  t0 = performance.now();
+  const { snapshot: made100 } = await sandbox.createSnapshot({ sessionId: id, name: "bench" }, { timeoutMs: 180_000 });
+  snapshot = performance.now() - t0;
+  await sandbox.restoreSnapshot({ snapshotId: made100!.snapshotId, sessionId: "big-copy" });
+  await first(sandbox, "big-copy");
+  snapshotRestore = logged("restored a workspace", "big-copy");
+  const copied = await exec(sandbox, "big-copy", "du -sm . | cut -f1");
+  if (Number(copied.out.trim()) < 100) throw new Error(`the snapshot restored ${copied.out.trim()} MB`);
+  await sandbox.deleteSnapshot({ snapshotId: made100!.snapshotId });
 } finally {
   sandbox.close();
   await stack.stop();
@@ -150,6 +164,7 @@ console.log(`first command, resume from a save (200 KB): ${fmt(resume)}`);
 console.log(`first command, cold start: ${fmt(cold)}`);
 console.log(`100 MB save: ${save} ms (docker exec tar -c: ${cliSave.toFixed(0)} ms)`);
 console.log(`100 MB restore: ${restore} ms (docker exec -i tar -x: ${cliRestore.toFixed(0)} ms)`);
+console.log(`100 MB snapshot: ${snapshot.toFixed(0)} ms; its restore: ${snapshotRestore} ms`);
 console.log(
-  `RESULT runtime=${values.runtime} claim_p50_ms=${pct(claim, 50).toFixed(1)} resume_p50_ms=${pct(resume, 50).toFixed(1)} resume_p99_ms=${pct(resume, 99).toFixed(1)} cold_p50_ms=${pct(cold, 50).toFixed(1)} save_100mb_ms=${save} save_vs_cli_tar=${(save / cliSave).toFixed(2)} restore_100mb_ms=${restore} restore_vs_cli_tar=${(restore / cliRestore).toFixed(2)}`,
+  `RESULT runtime=${values.runtime} claim_p50_ms=${pct(claim, 50).toFixed(1)} resume_p50_ms=${pct(resume, 50).toFixed(1)} resume_p99_ms=${pct(resume, 99).toFixed(1)} cold_p50_ms=${pct(cold, 50).toFixed(1)} save_100mb_ms=${save} save_vs_cli_tar=${(save / cliSave).toFixed(2)} restore_100mb_ms=${restore} restore_vs_cli_tar=${(restore / cliRestore).toFixed(2)} snapshot_100mb_ms=${snapshot.toFixed(0)} snapshot_vs_cli_tar=${(snapshot / cliSave).toFixed(2)} snapshot_restore_ms=${snapshotRestore} snapshot_restore_vs_cli_tar=${(snapshotRestore / cliRestore).toFixed(2)}`,
 );
