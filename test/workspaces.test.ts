@@ -317,3 +317,35 @@ test("through the gateway: a user snapshots a session and starts another from it
     Status.NOT_FOUND,
   );
 });
+
+test("an agent's template may be a snapshot: its tenant's sessions start from it, another tenant's start empty and are told", async () => {
+  await exec(sandbox, "w-tsnap-src", "echo base > base.txt");
+  const { snapshot } = await sandbox.createSnapshot({ sessionId: "w-tsnap-src", name: "base" });
+  const id = snapshot!.snapshotId;
+  await writeAgent(dataDir, "from-snap", { workspace: { snapshot: id } });
+  const s = new ChatSession(stack.gateway);
+  s.send({ case: "open", value: { sessionId: "w-tsnap-1", agentId: "from-snap", create: true } });
+  await s.waitOpened();
+  assert.equal(
+    await toolResult(s, "cat base.txt"),
+    `[this sandbox is new: /workspace starts with snapshot ${id} (agent from-snap's template)]\nbase\n[exit 0]`,
+  );
+  s.close();
+  const other = await stack.gatewayAs("another-tenant", "eve");
+  const theirs = new ChatSession(other);
+  try {
+    theirs.send({ case: "open", value: { sessionId: "w-tsnap-2", agentId: "from-snap", create: true } });
+    await theirs.waitOpened();
+    const told = await toolResult(theirs, "ls | wc -l");
+    assert.match(
+      told,
+      new RegExp(
+        `^\\[this sandbox is new and /workspace starts empty: agent from-snap's template names snapshot ${id}, which this session's tenant does not hold\\]\\n\\s*0\\n`,
+      ),
+    );
+  } finally {
+    theirs.close();
+    other.close();
+  }
+  await sandbox.deleteSnapshot({ snapshotId: id });
+});

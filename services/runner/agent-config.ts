@@ -18,7 +18,7 @@
 //     "webFetch": true,                       // web_fetch of public pages
 //     "http": { "allowHosts": ["api.github.com"], "secrets": { "GITHUB_TOKEN": ["api.github.com"] } },
 //     "egress": { "allowHosts": ["registry.npmjs.org"], "budgetMb": 1024 },  // sandboxed commands' way out
-//     "workspace": { "image": "troupe-sandbox:python", "files": "starter" },  // what sandboxes start from
+//     "workspace": { "image": "troupe-sandbox:python", "files": "starter" },  // or "snapshot": "snap-..."
 //     "timeZone": "Europe/Berlin",            // the users' time zone: the prompt's clock says it
 //     "approvals": { "tools": { "exec": "ask" } },  // calls that wait for a person (tools/approvals.ts)
 //     "mcpServers": { "docs": { "url": "https://mcp.example.com/mcp" } }  // tools/mcp/mcp-config.ts
@@ -67,7 +67,7 @@ export interface AgentConfig {
   /** Hosts sandboxed commands reach through the sandbox's egress proxy; empty: no network. */
   egress: { allowHosts: string[]; budgetMb: number };
   /** The template the agent's sandboxes start from (tools/workspace-templates.ts); undefined: none. */
-  workspace?: { image?: string; files?: string };
+  workspace?: { image?: string; files?: string; snapshot?: string };
   /** The users' time zone (IANA name): the prompt's current time is said in it; absent: UTC. */
   timeZone?: string;
   /** Which tool calls wait for a person's decision (tools/approvals.ts); undefined: none. */
@@ -169,6 +169,8 @@ export function parseAgentConfig(agentId: string, json: unknown): AgentConfig {
     ),
   ];
   if (badPatterns.length > 0) throw new AgentConfigError(badPatterns.join("; "));
+  if (cfg.workspace?.files !== undefined && cfg.workspace.snapshot !== undefined)
+    throw new AgentConfigError("workspace names files and a snapshot: a workspace starts from one of them");
   if (cfg.reserveTokens >= cfg.contextWindow)
     throw new AgentConfigError(
       `reserveTokens (${cfg.reserveTokens}) must be below contextWindow (${cfg.contextWindow})`,

@@ -37,7 +37,7 @@ export interface ExecDeps {
   /** Whose sandbox the request is for; INVALID_ARGUMENT for a malformed id. */
   scopeKey(req: ExecRequest, call: { metadata: grpc.Metadata }): string;
   /** What a new sandbox for the request's agent is made from (templates.ts). */
-  startOf(req: ExecRequest): WorkspaceStart;
+  startOf(req: ExecRequest, call: { metadata: grpc.Metadata }): WorkspaceStart;
   /** UNAVAILABLE when no engine answers. */
   requireEngine(): Promise<void>;
   /** RESOURCE_EXHAUSTED when the key would be a new sandbox over its tenant's quota. */
@@ -77,7 +77,7 @@ export function execHandler(deps: ExecDeps): (call: grpc.ServerWritableStream<Ex
     // get() hands out only sandboxes whose agent connection is alive; one that dies from here
     // on reports the command as lost (killed), below.
     requireRoom(key, call);
-    const sandbox = await fleet.get(key, deps.startOf(req));
+    const sandbox = await fleet.get(key, deps.startOf(req, call));
     // This command's grant is the sandbox's from now on (its budget runs over the sandbox's life).
     sandbox.agent.egress.hosts = hosts;
     sandbox.agent.egress.budgetBytes = Number(req.egress?.budgetBytes || DEFAULT_EGRESS_BUDGET);

@@ -75,8 +75,14 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
     logger,
   );
   await Promise.all([saves?.load(), snapshots.load(), templates.load()]);
-  /** What a new sandbox for a request's agent is made from (its template). */
-  const startOf = (req: { agentId: string }) => templates.of(req.agentId || DEFAULT_AGENT);
+  /** What a new sandbox for a request's agent is made from (its template; a snapshot one in the caller's tenant). */
+  const startOf = (req: { agentId: string }, call: { metadata: grpc.Metadata }) =>
+    templates.of(req.agentId || DEFAULT_AGENT, (id) =>
+      snapshots.get(identityOf(call.metadata).tenant, id).then(
+        (s) => s.file,
+        () => undefined,
+      ),
+    );
   const fleet = new SandboxFleet(
     docker,
     {
@@ -180,7 +186,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
     const key = scopeKey(req, call);
     await requireEngine();
     requireRoom(key, call);
-    const sandbox = await fleet.get(key, startOf(req));
+    const sandbox = await fleet.get(key, startOf(req, call));
     sandbox.lastUsed = Date.now();
     try {
       fleet.used(sandbox, identityOf(call.metadata).tenant);
@@ -219,7 +225,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
     }),
 
     async putTemplate(req) {
-      const changed = await templates.put(req.agentId, req.image, req.files, req.filesSha256);
+      const changed = await templates.put(req.agentId, req.image, req.files, req.filesSha256, req.snapshotId);
       // A new image's pool starts filling now, before its first session asks.
       if (changed) fleet.fill();
       return { changed };

@@ -130,7 +130,13 @@ test("an agent's workspace template names an image reference and a folder inside
     () => parseAgentConfig("a", { workspace: { image: "-v /:/host" } }),
     /workspace\.image must be an image/,
   );
-  assert.throws(() => parseAgentConfig("a", { workspace: { snapshot: "x" } }), /unknown field snapshot/);
+  assert.throws(
+    () => parseAgentConfig("a", { workspace: { snapshot: "x" } }),
+    /workspace\.snapshot must be a snapshot id/,
+  );
+  const snapshot = "snap-00000000-0000-4000-8000-000000000000";
+  assert.deepEqual(parseAgentConfig("a", { workspace: { snapshot } }).workspace, { snapshot });
+  assert.throws(() => parseAgentConfig("a", { workspace: { snapshot, files: "f" } }), /files and a snapshot/);
 });
 
 test("the parsers keep what a schema cannot say", () => {

@@ -66,7 +66,7 @@ export class WorkspaceTemplates {
   }
 
   private async send(agentId: string, agent: AgentConfig, agentDir: string): Promise<void> {
-    const { image = "", files: folder } = agent.workspace ?? {};
+    const { image = "", files: folder, snapshot: snapshotId = "" } = agent.workspace ?? {};
     let files: Buffer = Buffer.alloc(0);
     if (folder) {
       const dir = path.resolve(agentDir, folder);
@@ -79,7 +79,7 @@ export class WorkspaceTemplates {
     }
     const filesSha256 = files.length > 0 ? createHash("sha256").update(files).digest("hex") : "";
     const { changed } = await this.sandbox.putTemplate(
-      { agentId, image, files, filesSha256 },
+      { agentId, image, files, filesSha256, snapshotId },
       { timeoutMs: PUT_TIMEOUT_MS },
     );
     if (changed) this.logger.info("set the agent's workspace template", { agent: agentId, image, bytes: files.length });

@@ -22,6 +22,7 @@ export interface SnapshotRecord {
 }
 
 const SNAPSHOT_ID = /^snap-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
+export const isSnapshotId = (id: string): boolean => SNAPSHOT_ID.test(id);
 const item = (id: string) => `snapshot:${id}`;
 
 /** Writes a workspace's archive to `target`, at most `maxBytes` (ArchiveTooLarge past it); its size. */

@@ -13,6 +13,7 @@ import type { Logger } from "../../shared/process/log.js";
 import { fileName } from "../../shared/session-ref.js";
 import { unpackWorkspace } from "./workspace-archive.js";
 import type { KeptWorkspace } from "./workspace-saves.js";
+import { isSnapshotId } from "./snapshots.js";
 
 /** What a new sandbox of an agent is made from. */
 export interface WorkspaceStart {
@@ -20,6 +21,8 @@ export interface WorkspaceStart {
   image: string;
   /** The archive of the files a workspace starts with; absent: it starts empty. */
   files?: string;
+  /** Instead: a snapshot, and its archive in the session's tenant (undefined: the tenant has none). */
+  snapshot?: { id: string; file(): Promise<string | undefined> };
 }
 
 interface Template {
@@ -27,6 +30,7 @@ interface Template {
   image: string;
   sha256: string;
   bytes: number;
+  snapshotId?: string;
 }
 
 const SHA256 = /^[0-9a-f]{64}$/;
@@ -63,11 +67,20 @@ export class AgentTemplates {
     }
   }
 
-  /** What a new sandbox of the agent is made from; the default image with no files when it has no template. */
-  of(agentId: string): WorkspaceStart {
+  /**
+   * What a new sandbox of the agent is made from; the default image with no files when it has no
+   * template. `snapshotFile` finds a snapshot template's archive in the session's tenant.
+   */
+  of(agentId: string, snapshotFile: (id: string) => Promise<string | undefined>): WorkspaceStart {
     const t = this.byAgent.get(agentId);
     if (!t) return { agentId, image: this.defaultImage };
-    return { agentId, image: t.image, files: t.sha256 ? this.filesPath(t.sha256) : undefined };
+    const id = t.snapshotId;
+    return {
+      agentId,
+      image: t.image,
+      files: t.sha256 ? this.filesPath(t.sha256) : undefined,
+      snapshot: id ? { id, file: () => snapshotFile(id) } : undefined,
+    };
   }
 
   /** The images templates name now (the warm pool keeps sandboxes of each). */
@@ -80,8 +93,10 @@ export class AgentTemplates {
   }
 
   /** Sets the agent's template (an empty one removes it); whether it changed. */
-  async put(agentId: string, image: string, files: Uint8Array, sha256: string): Promise<boolean> {
+  async put(agentId: string, image: string, files: Uint8Array, sha256: string, snapshotId = ""): Promise<boolean> {
     invalidArgumentIf(!isAgentId(agentId), "agent_id is missing or malformed");
+    invalidArgumentIf(snapshotId !== "" && !isSnapshotId(snapshotId), "snapshot_id is malformed");
+    invalidArgumentIf(snapshotId !== "" && files.length > 0, "a template has files or a snapshot, not both");
     invalidArgumentIf(files.length > this.maxBytes, `files must be an archive of at most ${this.maxBytes} bytes`);
     const chosen = image || this.defaultImage;
     if (!this.allowed.has(chosen))
@@ -95,7 +110,7 @@ export class AgentTemplates {
     );
     const before = this.byAgent.get(agentId);
     const record = path.join(this.dir, `${fileName(agentId)}.json`);
-    if (chosen === this.defaultImage && digest === "") {
+    if (chosen === this.defaultImage && digest === "" && snapshotId === "") {
       if (!before) return false;
       this.byAgent.delete(agentId);
       await rm(record, { force: true });
@@ -103,13 +118,20 @@ export class AgentTemplates {
       this.logger.info("removed an agent's workspace template", { agent: agentId });
       return true;
     }
-    if (before && before.image === chosen && before.sha256 === digest) return false;
+    if (before && before.image === chosen && before.sha256 === digest && (before.snapshotId ?? "") === snapshotId)
+      return false;
     await mkdir(path.join(this.dir, "files"), { recursive: true, mode: 0o700 });
     if (digest) {
       await writeFile(`${this.filesPath(digest)}.partial`, files, { mode: 0o600 });
       await rename(`${this.filesPath(digest)}.partial`, this.filesPath(digest));
     }
-    const t: Template = { agentId, image: chosen, sha256: digest, bytes: files.length };
+    const t: Template = {
+      agentId,
+      image: chosen,
+      sha256: digest,
+      bytes: files.length,
+      snapshotId: snapshotId || undefined,
+    };
     await writeFile(record, JSON.stringify(t), { mode: 0o600 });
     this.byAgent.set(agentId, t);
     if (before) await this.dropUnused(before.sha256);
@@ -124,14 +146,22 @@ export class AgentTemplates {
   }
 }
 
-/** Unpacks a template's files (if it has any) into a new sandbox's workspace, and notes what it starts with. */
+/** Unpacks a template's files or snapshot (if it has either) into a new sandbox's workspace, and notes what it starts with. */
 export async function startFromTemplate(w: KeptWorkspace, start: WorkspaceStart, logger: Logger): Promise<void> {
-  if (!start.files) return;
+  const from = start.snapshot
+    ? `snapshot ${start.snapshot.id} (agent ${start.agentId}'s template)`
+    : `the files of agent ${start.agentId}'s template`;
   try {
-    await unpackWorkspace(w.agent, start.files);
-    w.note = `this sandbox is new: /workspace starts with the files of agent ${start.agentId}'s template`;
+    const file = start.snapshot ? await start.snapshot.file() : start.files;
+    if (!file) {
+      if (start.snapshot)
+        w.note = `this sandbox is new and /workspace starts empty: agent ${start.agentId}'s template names snapshot ${start.snapshot.id}, which this session's tenant does not hold`;
+      return;
+    }
+    await unpackWorkspace(w.agent, file);
+    w.note = `this sandbox is new: /workspace starts with ${from}`;
   } catch (err) {
-    logger.warn("could not unpack a template's files", { scope: w.key, error: (err as Error).message });
-    w.note = `this sandbox is new and /workspace starts empty: agent ${start.agentId}'s template files could not be unpacked (${(err as Error).message})`;
+    logger.warn("could not unpack a template", { scope: w.key, error: (err as Error).message });
+    w.note = `this sandbox is new and /workspace starts empty: ${from} could not be unpacked (${(err as Error).message})`;
   }
 }
