@@ -1,8 +1,9 @@
 // Agents' workspace templates (agent.json `workspace`), put to the sandbox service, which makes
-// the agent's new sandboxes from them (sandbox/workspaces/templates.ts): the image, and the files of a folder
-// of the agent's, sent as a tar archive. Put once per agent.json as loaded (AgentConfigs hands out
-// one config object until the file changes), and again after a failure; an agent without
-// `workspace` puts an empty template, which removes one an earlier agent.json set.
+// the agent's new sandboxes from them (sandbox/workspaces/templates.ts): the image, and the files
+// of a folder of the agent's, sent as a tar archive. Put once per agent.json as loaded
+// (AgentConfigs hands out one config object until the file changes), again after a failure, and
+// again every REPUT_MS (a sandbox service that lost its data directory gets it back); an agent
+// without `workspace` puts an empty template, which removes one an earlier agent.json set.
 import { execFile } from "node:child_process";
 import { createHash } from "node:crypto";
 import path from "node:path";
@@ -12,6 +13,7 @@ import type { ServiceClient } from "../../shared/rpc.js";
 import type { AgentConfig } from "../agent-config.js";
 
 const PUT_TIMEOUT_MS = 5_000;
+const REPUT_MS = 5 * 60_000;
 
 /** The files of `dir` as a tar archive (ustar: busybox's tar and GNU's both read it), at most `maxBytes`. */
 function archiveOf(dir: string, maxBytes: number): Promise<Buffer> {
@@ -36,7 +38,7 @@ function archiveOf(dir: string, maxBytes: number): Promise<Buffer> {
 }
 
 export class WorkspaceTemplates {
-  private readonly put = new WeakMap<AgentConfig, Promise<void>>();
+  private readonly put = new WeakMap<AgentConfig, { at: number; done: Promise<void> }>();
 
   constructor(
     private readonly sandbox: ServiceClient<(typeof SandboxService)["method"]>,
@@ -51,18 +53,19 @@ export class WorkspaceTemplates {
    * (its sandboxes must start from it); one without does not.
    */
   ensure(agentId: string, agent: AgentConfig, agentDir: string): Promise<void> {
-    let done = this.put.get(agent);
-    if (!done) {
-      done = this.send(agentId, agent, agentDir).catch((err: unknown) => {
+    let entry = this.put.get(agent);
+    if (!entry || Date.now() - entry.at > REPUT_MS) {
+      const done = this.send(agentId, agent, agentDir).catch((err: unknown) => {
         this.put.delete(agent);
         this.logger.error("could not set the agent's workspace template in the sandbox service", {
           agent: agentId,
           error: (err as Error).message,
         });
       });
-      this.put.set(agent, done);
+      entry = { at: Date.now(), done };
+      this.put.set(agent, entry);
     }
-    return agent.workspace ? done : Promise.resolve();
+    return agent.workspace ? entry.done : Promise.resolve();
   }
 
   private async send(agentId: string, agent: AgentConfig, agentDir: string): Promise<void> {

@@ -4,13 +4,14 @@
 // compared on every read: another tenant's snapshot is looked up in another folder and answers as
 // a missing one does. Every snapshot counts in its tenant's workspace quota.
 import { randomUUID } from "node:crypto";
-import { copyFile, mkdir, readdir, readFile, rename, rm, writeFile } from "node:fs/promises";
+import { copyFile, mkdir, readdir, rename, rm } from "node:fs/promises";
 import path from "node:path";
 import { invalidArgumentIf, notFound, resourceExhausted } from "../../shared/errors.js";
 import type { Logger } from "../../shared/process/log.js";
 import { fileName } from "../../shared/session-ref.js";
 import type { WorkspaceUsage } from "./workspace-usage.js";
 import { overQuota } from "./workspace-saves.js";
+import { readRecord, writeRecord } from "./workspace-archive.js";
 
 export interface SnapshotRecord {
   id: string;
@@ -51,9 +52,8 @@ export class Snapshots {
     return path.join(this.dir, fileName(tenant));
   }
 
-  private async read(file: string): Promise<SnapshotRecord | undefined> {
-    const text = await readFile(file, "utf8").catch(() => undefined);
-    return text === undefined ? undefined : (JSON.parse(text) as SnapshotRecord);
+  private read(file: string): Promise<SnapshotRecord | undefined> {
+    return readRecord<SnapshotRecord>(file);
   }
 
   /** The tenant's snapshot; NOT_FOUND when it has none of that id (another tenant's included). */
@@ -106,7 +106,7 @@ export class Snapshots {
       throw tooLarge(err) ? full() : err;
     }
     const record: SnapshotRecord = { id, tenant, name, sourceSessionId, createdAt: Date.now(), bytes };
-    await writeFile(`${base}.json`, JSON.stringify(record), { mode: 0o600 });
+    await writeRecord(`${base}.json`, record);
     this.usage.set(tenant, item(id), bytes);
     this.logger.info("made a snapshot", { tenant, snapshot: id, bytes });
     return record;

@@ -5,13 +5,13 @@
 // or one the operator allows (TROUPE_SANDBOX_IMAGES): agents cannot bring an arbitrary image.
 // The files are the operator's, the same for every tenant, so a pooled sandbox may carry them.
 import { createHash } from "node:crypto";
-import { mkdir, readdir, readFile, rename, rm, writeFile } from "node:fs/promises";
+import { mkdir, readdir, rename, rm, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { failedPrecondition, invalidArgumentIf } from "../../shared/errors.js";
 import { isAgentId } from "../../shared/ids.js";
 import type { Logger } from "../../shared/process/log.js";
 import { fileName } from "../../shared/session-ref.js";
-import { unpackWorkspace } from "./workspace-archive.js";
+import { readRecord, unpackWorkspace, writeRecord } from "./workspace-archive.js";
 import type { KeptWorkspace } from "./workspace-saves.js";
 import { isSnapshotId } from "./snapshots.js";
 
@@ -59,7 +59,8 @@ export class AgentTemplates {
   async load(): Promise<void> {
     for (const name of await readdir(this.dir).catch(() => [] as string[])) {
       if (!name.endsWith(".json")) continue;
-      const t = JSON.parse(await readFile(path.join(this.dir, name), "utf8")) as Template;
+      const t = await readRecord<Template>(path.join(this.dir, name));
+      if (!t) continue;
       // An image no longer allowed is not used: the agent's sandboxes fall back to the default.
       if (this.allowed.has(t.image)) this.byAgent.set(t.agentId, t);
       else
@@ -132,7 +133,7 @@ export class AgentTemplates {
       bytes: files.length,
       snapshotId: snapshotId || undefined,
     };
-    await writeFile(record, JSON.stringify(t), { mode: 0o600 });
+    await writeRecord(record, t);
     this.byAgent.set(agentId, t);
     if (before) await this.dropUnused(before.sha256);
     this.logger.info("set an agent's workspace template", { agent: agentId, image: chosen, bytes: files.length });

@@ -1,8 +1,9 @@
 // A workspace as one file: `tar` run inside the sandbox, as the sandbox's own user, writes it and
 // reads it back. The host never reads an archive's contents; it only stores the bytes a sandbox
-// wrote (bounded) and hands them back to a sandbox. Saves and snapshots are both made here.
+// wrote (bounded) and hands them back to a sandbox. Saves and snapshots are both made here, and
+// the JSON records beside their archives are read and written here.
 import { createReadStream, createWriteStream } from "node:fs";
-import { rename, rm } from "node:fs/promises";
+import { readFile, rename, rm, writeFile } from "node:fs/promises";
 import type { AgentConnection, AgentExit } from "../agent-connection.js";
 
 const TAR_TIMEOUT_MS = 120_000;
@@ -72,4 +73,21 @@ export async function archiveWorkspace(agent: AgentConnection, target: string, m
 export async function unpackWorkspace(agent: AgentConnection, file: string): Promise<void> {
   const { exit, stderr } = await run(agent, "tar -xf -", 64 * 1024, undefined, createReadStream(file));
   if (exit.exitCode !== 0) throw new Error(`tar -x ended with ${exit.exitCode}: ${stderr.trim()}`);
+}
+
+/** A JSON record of the store; undefined when it is missing or unreadable (a crash mid-write before records were atomic). */
+export async function readRecord<T>(file: string): Promise<T | undefined> {
+  const text = await readFile(file, "utf8").catch(() => undefined);
+  if (text === undefined) return undefined;
+  try {
+    return JSON.parse(text) as T;
+  } catch {
+    return undefined;
+  }
+}
+
+/** Writes a JSON record whole or not at all (written beside it, then renamed over it). */
+export async function writeRecord(file: string, value: unknown): Promise<void> {
+  await writeFile(`${file}.partial`, JSON.stringify(value), { mode: 0o600 });
+  await rename(`${file}.partial`, file);
 }

@@ -9,11 +9,11 @@
 // workspace quota: a save that would not fit is not kept (the last one is removed, as it is stale)
 // and the session's next command is told. Release (DeleteSession, retention) removes it.
 import { createHash } from "node:crypto";
-import { copyFile, mkdir, readdir, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
+import { copyFile, mkdir, readdir, rename, rm, stat } from "node:fs/promises";
 import path from "node:path";
 import type { Logger } from "../../shared/process/log.js";
 import type { AgentConnection } from "../agent-connection.js";
-import { ArchiveTooLarge, archiveWorkspace, unpackWorkspace } from "./workspace-archive.js";
+import { ArchiveTooLarge, archiveWorkspace, readRecord, unpackWorkspace, writeRecord } from "./workspace-archive.js";
 import type { WorkspaceUsage } from "./workspace-usage.js";
 
 /** A workspace is saved once this long has passed without a command in its sandbox. */
@@ -96,9 +96,8 @@ export class WorkspaceSaves {
     return path.join(this.dir, `${createHash("sha256").update(key).digest("hex").slice(0, 40)}.tar`);
   }
 
-  private async meta(file: string): Promise<(SaveInfo & { key: string; tenant?: string }) | undefined> {
-    const text = await readFile(file, "utf8").catch(() => undefined);
-    return text === undefined ? undefined : (JSON.parse(text) as SaveInfo & { key: string; tenant?: string });
+  private meta(file: string): Promise<(SaveInfo & { key: string; tenant?: string }) | undefined> {
+    return readRecord(file);
   }
 
   /** The key's save (or the note of a refused one); undefined when it has none. */
@@ -110,7 +109,7 @@ export class WorkspaceSaves {
   }
 
   private async record(key: string, tenant: string | undefined, info: SaveInfo): Promise<void> {
-    await writeFile(`${this.file(key)}.json`, JSON.stringify({ key, tenant, ...info }), { mode: 0o600 });
+    await writeRecord(`${this.file(key)}.json`, { key, tenant, ...info });
     if (tenant && !info.refused) this.usage.set(tenant, item(key), info.bytes);
     else if (tenant) this.usage.delete(tenant, item(key));
   }
