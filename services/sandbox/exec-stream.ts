@@ -77,7 +77,7 @@ export function execHandler(deps: ExecDeps): (call: grpc.ServerWritableStream<Ex
     // get() hands out only sandboxes whose agent connection is alive; one that dies from here
     // on reports the command as lost (killed), below.
     requireRoom(key, call);
-    const sandbox = await fleet.get(key, deps.startOf(req, call));
+    const sandbox = await fleet.get(key, () => deps.startOf(req, call));
     // This command's grant is the sandbox's from now on (its budget runs over the sandbox's life).
     sandbox.agent.egress.hosts = hosts;
     sandbox.agent.egress.budgetBytes = Number(req.egress?.budgetBytes || DEFAULT_EGRESS_BUDGET);

@@ -89,10 +89,10 @@ export class SandboxFleet {
   }
 
   /**
-   * The key's sandbox: the one it has, else one from the pool of `start`'s image, else a new one;
-   * a new one gets the key's saved workspace, or else `start`'s files.
+   * The key's sandbox: the one it has, else a pooled or new one of its start's image holding its
+   * save, or else its start's files (`startOf` is asked only when a sandbox is made).
    */
-  async get(key: string, start: WorkspaceStart = { agentId: "", image: this.opts.image }): Promise<Sandbox> {
+  async get(key: string, startOf = (): WorkspaceStart => ({ agentId: "", image: this.opts.image })): Promise<Sandbox> {
     let p = this.byKey.get(key);
     if (p) {
       const sandbox = await p.catch(() => undefined);
@@ -101,7 +101,7 @@ export class SandboxFleet {
     }
     p = this.byKey.get(key);
     if (!p) {
-      p = this.acquire(key, start);
+      p = this.acquire(key, startOf());
       this.byKey.set(key, p);
       p.catch(() => {
         if (this.byKey.get(key) === p) this.byKey.delete(key);

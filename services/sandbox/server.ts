@@ -186,7 +186,7 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
     const key = scopeKey(req, call);
     await requireEngine();
     requireRoom(key, call);
-    const sandbox = await fleet.get(key, startOf(req, call));
+    const sandbox = await fleet.get(key, () => startOf(req, call));
     sandbox.lastUsed = Date.now();
     try {
       fleet.used(sandbox, identityOf(call.metadata).tenant);

@@ -4,11 +4,11 @@
 // scope key as its commands use, so a session of someone else is one without a workspace.
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import { identityOf } from "../../shared/auth/auth.js";
-import { failedPrecondition, invalidArgumentIf, notFound, resourceExhausted } from "../../shared/errors.js";
+import { failedPrecondition, invalidArgumentIf, notFound } from "../../shared/errors.js";
 import type { Snapshot } from "../../shared/gen/troupe/v1/sandbox_pb.js";
 import type { grpc } from "../../shared/rpc.js";
 import type { SandboxFleet } from "../fleet.js";
-import { ArchiveTooLarge, archiveWorkspace } from "./workspace-archive.js";
+import { archiveCap, archiveWorkspace } from "./workspace-archive.js";
 import type { WorkspaceSaves } from "./workspace-saves.js";
 import { type SnapshotRecord, Snapshots } from "./snapshots.js";
 import type { WorkspaceUsage } from "./workspace-usage.js";
@@ -41,7 +41,6 @@ const snapshotOf = (r: SnapshotRecord): Snapshot =>
   }) as Snapshot;
 
 export function snapshotCalls(d: SnapshotDeps) {
-  const tooLarge = (err: unknown) => err instanceof ArchiveTooLarge;
   return {
     async createSnapshot(req: SessionRequest & { name: string }, call: Call) {
       const key = d.scopeKey(req, call);
@@ -52,11 +51,11 @@ export function snapshotCalls(d: SnapshotDeps) {
       const live = await d.fleet.find(key);
       const saved = live ? undefined : await d.saves?.archiveOf(key);
       if (!live && !saved) throw notFound(`session ${req.sessionId} has no workspace to snapshot`);
-      const cap = 2 * d.workspaceBytes + (1 << 20);
       const write = live
-        ? (target: string, max: number) => archiveWorkspace(live.agent, target, Math.min(max, cap))
-        : Snapshots.copying(saved!.file, saved!.info.bytes, () => new ArchiveTooLarge("over the room"));
-      const record = await d.snapshots.create(tenant, req.sessionId, req.name, write, tooLarge);
+        ? (target: string, max: number) =>
+            archiveWorkspace(live.agent, target, Math.min(max, archiveCap(d.workspaceBytes)))
+        : Snapshots.copying(saved!.file, saved!.info.bytes);
+      const record = await d.snapshots.create(tenant, req.sessionId, req.name, write);
       return { snapshot: snapshotOf(record) };
     },
 
@@ -88,10 +87,7 @@ export function snapshotCalls(d: SnapshotDeps) {
         );
       if (has) await d.fleet.release(key);
       const from = `snapshot ${snapshot.id}${snapshot.name ? ` ("${snapshot.name}")` : ""} of ${new Date(snapshot.createdAt).toISOString()}`;
-      if (!(await d.saves.adopt(key, tenant, snapshot.file, snapshot.bytes, from)))
-        throw resourceExhausted(
-          `tenant ${tenant}'s workspace quota (${Math.floor(d.quotaOf(tenant) / (1 << 20))} MiB) has no room for this snapshot's ${snapshot.bytes} bytes`,
-        );
+      await d.saves.adopt(key, tenant, snapshot.file, snapshot.bytes, from);
       return {};
     },
   };

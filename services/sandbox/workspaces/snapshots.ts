@@ -4,14 +4,14 @@
 // compared on every read: another tenant's snapshot is looked up in another folder and answers as
 // a missing one does. Every snapshot counts in its tenant's workspace quota.
 import { randomUUID } from "node:crypto";
-import { copyFile, mkdir, readdir, rename, rm } from "node:fs/promises";
+import { mkdir, readdir, rm } from "node:fs/promises";
 import path from "node:path";
-import { invalidArgumentIf, notFound, resourceExhausted } from "../../shared/errors.js";
+import { invalidArgumentIf, notFound } from "../../shared/errors.js";
 import type { Logger } from "../../shared/process/log.js";
 import { fileName } from "../../shared/session-ref.js";
 import type { WorkspaceUsage } from "./workspace-usage.js";
-import { overQuota } from "./workspace-saves.js";
-import { readRecord, writeRecord } from "./workspace-archive.js";
+import { snapshotDoesNotFit } from "./workspace-saves.js";
+import { ArchiveTooLarge, copyWhole, readRecord, writeRecord } from "./workspace-archive.js";
 
 export interface SnapshotRecord {
   id: string;
@@ -81,20 +81,10 @@ export class Snapshots {
    * A new snapshot of the tenant, its archive written by `write` within the tenant's room;
    * RESOURCE_EXHAUSTED when it would not fit.
    */
-  async create(
-    tenant: string,
-    sourceSessionId: string,
-    name: string,
-    write: ArchiveWriter,
-    tooLarge: (err: unknown) => boolean,
-  ): Promise<SnapshotRecord> {
+  async create(tenant: string, sourceSessionId: string, name: string, write: ArchiveWriter): Promise<SnapshotRecord> {
     const limit = this.quotaOf(tenant);
     const room = this.usage.room(tenant, limit);
-    const full = () =>
-      resourceExhausted(
-        `this snapshot does not fit: ${overQuota(tenant, room, limit)}; delete snapshots or sessions first`,
-      );
-    if (room === 0) throw full();
+    if (room === 0) throw snapshotDoesNotFit(tenant, room, limit);
     const id = `snap-${randomUUID()}`;
     const folder = this.folder(tenant);
     await mkdir(folder, { recursive: true, mode: 0o700 });
@@ -103,7 +93,7 @@ export class Snapshots {
     try {
       bytes = await write(`${base}.tar`, room);
     } catch (err) {
-      throw tooLarge(err) ? full() : err;
+      throw err instanceof ArchiveTooLarge ? snapshotDoesNotFit(tenant, room, limit) : err;
     }
     const record: SnapshotRecord = { id, tenant, name, sourceSessionId, createdAt: Date.now(), bytes };
     await writeRecord(`${base}.json`, record);
@@ -113,11 +103,10 @@ export class Snapshots {
   }
 
   /** Copies an archive file (a save) as a snapshot archive: an ArchiveWriter. */
-  static copying(source: string, bytes: number, tooLarge: () => Error): ArchiveWriter {
+  static copying(source: string, bytes: number): ArchiveWriter {
     return async (target, maxBytes) => {
-      if (bytes > maxBytes) throw tooLarge();
-      await copyFile(source, `${target}.partial`);
-      await rename(`${target}.partial`, target);
+      if (bytes > maxBytes) throw new ArchiveTooLarge(`the save's archive is over ${maxBytes} bytes`);
+      await copyWhole(source, target);
       return bytes;
     };
   }

@@ -5,13 +5,13 @@
 // or one the operator allows (TROUPE_SANDBOX_IMAGES): agents cannot bring an arbitrary image.
 // The files are the operator's, the same for every tenant, so a pooled sandbox may carry them.
 import { createHash } from "node:crypto";
-import { mkdir, readdir, rename, rm, writeFile } from "node:fs/promises";
+import { mkdir, readdir, rm } from "node:fs/promises";
 import path from "node:path";
 import { failedPrecondition, invalidArgumentIf } from "../../shared/errors.js";
 import { isAgentId } from "../../shared/ids.js";
 import type { Logger } from "../../shared/process/log.js";
 import { fileName } from "../../shared/session-ref.js";
-import { readRecord, unpackWorkspace, writeRecord } from "./workspace-archive.js";
+import { readRecord, unpackWorkspace, writeRecord, writeWhole } from "./workspace-archive.js";
 import type { KeptWorkspace } from "./workspace-saves.js";
 import { isSnapshotId } from "./snapshots.js";
 
@@ -122,10 +122,7 @@ export class AgentTemplates {
     if (before && before.image === chosen && before.sha256 === digest && (before.snapshotId ?? "") === snapshotId)
       return false;
     await mkdir(path.join(this.dir, "files"), { recursive: true, mode: 0o700 });
-    if (digest) {
-      await writeFile(`${this.filesPath(digest)}.partial`, files, { mode: 0o600 });
-      await rename(`${this.filesPath(digest)}.partial`, this.filesPath(digest));
-    }
+    if (digest) await writeWhole(this.filesPath(digest), files);
     const t: Template = {
       agentId,
       image: chosen,

@@ -3,11 +3,14 @@
 // wrote (bounded) and hands them back to a sandbox. Saves and snapshots are both made here, and
 // the JSON records beside their archives are read and written here.
 import { createReadStream, createWriteStream } from "node:fs";
-import { readFile, rename, rm, writeFile } from "node:fs/promises";
+import { copyFile, readFile, rename, rm, writeFile } from "node:fs/promises";
 import type { AgentConnection, AgentExit } from "../agent-connection.js";
 
 const TAR_TIMEOUT_MS = 120_000;
 const WINDOW_BYTES = 1 << 20;
+
+/** The largest archive of a workspace of `workspaceBytes`: headers and padding on top of the files, so twice its size. */
+export const archiveCap = (workspaceBytes: number): number => 2 * workspaceBytes + (1 << 20);
 
 /** An archive that would pass its bound: nothing was written. */
 export class ArchiveTooLarge extends Error {}
@@ -86,8 +89,17 @@ export async function readRecord<T>(file: string): Promise<T | undefined> {
   }
 }
 
-/** Writes a JSON record whole or not at all (written beside it, then renamed over it). */
-export async function writeRecord(file: string, value: unknown): Promise<void> {
-  await writeFile(`${file}.partial`, JSON.stringify(value), { mode: 0o600 });
+/** Writes a file of the store whole or not at all (written beside it, then renamed over it). */
+export async function writeWhole(file: string, data: string | Uint8Array): Promise<void> {
+  await writeFile(`${file}.partial`, data, { mode: 0o600 });
   await rename(`${file}.partial`, file);
 }
+
+/** Copies a file of the store whole or not at all, as writeWhole writes. */
+export async function copyWhole(source: string, file: string): Promise<void> {
+  await copyFile(source, `${file}.partial`);
+  await rename(`${file}.partial`, file);
+}
+
+/** Writes a JSON record whole or not at all. */
+export const writeRecord = (file: string, value: unknown): Promise<void> => writeWhole(file, JSON.stringify(value));

@@ -9,11 +9,20 @@
 // workspace quota: a save that would not fit is not kept (the last one is removed, as it is stale)
 // and the session's next command is told. Release (DeleteSession, retention) removes it.
 import { createHash } from "node:crypto";
-import { copyFile, mkdir, readdir, rename, rm, stat } from "node:fs/promises";
+import { mkdir, readdir, rm, stat } from "node:fs/promises";
 import path from "node:path";
 import type { Logger } from "../../shared/process/log.js";
 import type { AgentConnection } from "../agent-connection.js";
-import { ArchiveTooLarge, archiveWorkspace, readRecord, unpackWorkspace, writeRecord } from "./workspace-archive.js";
+import { resourceExhausted, type RpcError } from "../../shared/errors.js";
+import {
+  ArchiveTooLarge,
+  archiveCap,
+  archiveWorkspace,
+  copyWhole,
+  readRecord,
+  unpackWorkspace,
+  writeRecord,
+} from "./workspace-archive.js";
 import type { WorkspaceUsage } from "./workspace-usage.js";
 
 /** A workspace is saved once this long has passed without a command in its sandbox. */
@@ -28,7 +37,7 @@ export interface SaveInfo {
   stopped?: string[];
   /** What the save was made from when not from the key's own sandbox (a snapshot). */
   from?: string;
-  /** Why the workspace of `savedAt` was not kept (its tenant's quota); no archive then. */
+  /** Why the workspace of `savedAt` was not kept (over its tenant's quota: overQuota); no archive then. */
   refused?: string;
 }
 
@@ -70,6 +79,11 @@ export function takeNote(w: KeptWorkspace): string {
 export const overQuota = (tenant: string, room: number, limit: number): string =>
   `it is larger than the ${(room / MIB).toFixed(1)} MiB left of tenant ${tenant}'s workspace quota ` +
   `(${Math.floor(limit / MIB)} MiB for saved workspaces and snapshots)`;
+/** A snapshot (made, or restored as a save) that does not fit its tenant's room: RESOURCE_EXHAUSTED. */
+export const snapshotDoesNotFit = (tenant: string, room: number, limit: number): RpcError =>
+  resourceExhausted(
+    `this snapshot does not fit: ${overQuota(tenant, room, limit)}; delete snapshots or sessions first`,
+  );
 const item = (key: string) => `save:${key}`;
 
 export class WorkspaceSaves {
@@ -117,9 +131,15 @@ export class WorkspaceSaves {
   /** The archive file of the key's save, when it has one (snapshots copy it). */
   async archiveOf(key: string): Promise<{ file: string; info: SaveInfo } | undefined> {
     const info = await this.info(key);
-    if (!info || info.refused) return undefined;
+    const file = info && (await this.archiveFile(key, info));
+    return file ? { file, info: info! } : undefined;
+  }
+
+  /** The archive of a save whose record is `info`; undefined for a refused one, or one whose archive is gone. */
+  private async archiveFile(key: string, info: SaveInfo): Promise<string | undefined> {
+    if (info.refused) return undefined;
     const file = this.file(key);
-    return (await stat(file).catch(() => undefined)) ? { file, info } : undefined;
+    return (await stat(file).catch(() => undefined)) ? file : undefined;
   }
 
   /** Work was done in the sandbox: its workspace is saved once SAVE_AFTER_MS pass without more. */
@@ -151,8 +171,7 @@ export class WorkspaceSaves {
     await mkdir(this.dir, { recursive: true, mode: 0o700 });
     const limit = w.tenant ? this.quotaOf(w.tenant) : Number.POSITIVE_INFINITY;
     const room = w.tenant ? this.usage.room(w.tenant, limit, item(w.key)) : Number.POSITIVE_INFINITY;
-    // Headers and padding on top of the files: the cap is the workspace's size, twice.
-    const cap = 2 * this.maxBytes + MIB;
+    const cap = archiveCap(this.maxBytes);
     // Taken before tar runs, which is a command too.
     const lines = w.agent.runningCommandLines;
     const running = lines.length;
@@ -166,10 +185,10 @@ export class WorkspaceSaves {
       this.logger.debug("saved a workspace", { scope: w.key, bytes, ms: Date.now() - started });
     } catch (err) {
       if (!(err instanceof ArchiveTooLarge) || room >= cap) throw err;
-      const refused = `/workspace was not saved: ${overQuota(w.tenant!, room, limit)}`;
+      const refused = overQuota(w.tenant!, room, limit);
       await rm(this.file(w.key), { force: true });
       await this.record(w.key, w.tenant, { savedAt: Date.now(), bytes: 0, running, refused });
-      w.note = `${refused}. These files are lost when this sandbox is reaped unless room is made (fewer files here, or snapshots and sessions deleted).`;
+      w.note = `/workspace was not saved: ${refused}. These files are lost when this sandbox is reaped unless room is made (fewer files here, or snapshots and sessions deleted).`;
       this.logger.warn("a workspace save was over its tenant's quota", { scope: w.key, tenant: w.tenant });
     }
   }
@@ -184,13 +203,13 @@ export class WorkspaceSaves {
       if (!info) return false;
       const when = new Date(info.savedAt).toISOString();
       if (info.refused) {
-        w.note = `this sandbox is new and /workspace starts empty: its files of ${when} were not kept (${info.refused.replace("/workspace was not saved: ", "")})`;
+        w.note = `this sandbox is new and /workspace starts empty: its files of ${when} were not kept (${info.refused})`;
         return true;
       }
-      const found = await this.archiveOf(w.key);
-      if (!found) return false;
+      const file = await this.archiveFile(w.key, info);
+      if (!file) return false;
       const started = Date.now();
-      await unpackWorkspace(w.agent, found.file);
+      await unpackWorkspace(w.agent, file);
       this.logger.debug("restored a workspace", { scope: w.key, bytes: info.bytes, ms: Date.now() - started });
       w.note = info.from
         ? `this sandbox is new: /workspace was restored from ${info.from}`
@@ -204,16 +223,16 @@ export class WorkspaceSaves {
   }
 
   /**
-   * Makes `archive` (a snapshot's, of `bytes`) the key's save, counted for `tenant`; false when
-   * it would not fit the tenant's quota (nothing changed then).
+   * Makes `archive` (a snapshot's, of `bytes`) the key's save, counted for `tenant`;
+   * RESOURCE_EXHAUSTED when it would not fit the tenant's quota (nothing changed then).
    */
-  async adopt(key: string, tenant: string, archive: string, bytes: number, from: string): Promise<boolean> {
-    if (this.usage.room(tenant, this.quotaOf(tenant), item(key)) < bytes) return false;
+  async adopt(key: string, tenant: string, archive: string, bytes: number, from: string): Promise<void> {
+    const limit = this.quotaOf(tenant);
+    const room = this.usage.room(tenant, limit, item(key));
+    if (room < bytes) throw snapshotDoesNotFit(tenant, room, limit);
     await mkdir(this.dir, { recursive: true, mode: 0o700 });
-    await copyFile(archive, `${this.file(key)}.partial`);
-    await rename(`${this.file(key)}.partial`, this.file(key));
+    await copyWhole(archive, this.file(key));
     await this.record(key, tenant, { savedAt: Date.now(), bytes, running: 0, from });
-    return true;
   }
 
   /** Removes the key's save; whether it had one. */
