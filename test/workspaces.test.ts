@@ -4,18 +4,20 @@
 // did not survive (and the model reads it in the tool result); DeleteSession removes the save too.
 // Snapshots: made from a session's workspace, restored into another session of the tenant, invisible
 // to other tenants, counted with saves in the tenant's workspace quota (a save over it is not kept,
-// and the next command is told; a snapshot over it is RESOURCE_EXHAUSTED).
+// and the next command is told; a snapshot over it is RESOURCE_EXHAUSTED), kept in an S3 bucket
+// here (an endpoint written from S3's reference, helpers/s3-server.ts); sandbox-api.test.ts keeps
+// them in the data directory.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
 import { mkdir, mkdtemp, readdir, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
-import { spawnSync } from "node:child_process";
 import path from "node:path";
 import { promisify } from "node:util";
 import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
 import { DEV_IDENTITY } from "../services/shared/auth/auth.js";
 import { Status } from "../services/shared/errors.js";
+import { S3Server } from "./helpers/s3-server.js";
 import { exec, failsWith, savedAfter, sessionContainer, type SandboxClient } from "./helpers/sandbox.js";
 import { ChatSession } from "./helpers/session.js";
 import { MAIN, flagsFor, startStack, waitFor, writeAgent, type Stack } from "./helpers/stack.js";
@@ -27,6 +29,10 @@ let dataDir: string;
 let quotaDir: string;
 /** A tenant whose workspace quota is 1 MiB (the quotas file below). */
 const TIGHT = { tenant: "tight", principal: "p" };
+const S3_KEYS = { accessKeyId: "AKIDWORKSPACES", secretAccessKey: "workspaces-test-secret" };
+const bucket = new S3Server({ bucket: "troupe-snapshots", ...S3_KEYS, pageKeys: 3 });
+/** The bucket's keys of a snapshot. */
+const objectsOf = (id: string) => [...bucket.objects.keys()].filter((k) => k.includes(id)).sort();
 
 before(async () => {
   quotaDir = await mkdtemp(path.join(tmpdir(), "troupe-quotas-"));
@@ -34,8 +40,12 @@ before(async () => {
     path.join(quotaDir, "quotas.json"),
     JSON.stringify({ tenants: { tight: { workspaceMegabytes: 1 } } }),
   );
+  await bucket.start();
   stack = await startStack({
     env: {
+      TROUPE_SANDBOX_SNAPSHOTS: `s3://troupe-snapshots/kept/?endpoint=${bucket.endpoint}`,
+      AWS_ACCESS_KEY_ID: S3_KEYS.accessKeyId,
+      AWS_SECRET_ACCESS_KEY: S3_KEYS.secretAccessKey,
       TROUPE_SANDBOX_IDLE_MS: "2500",
       TROUPE_SANDBOX_POOL: "1",
       TROUPE_MEMORY_LEARN: "0",
@@ -49,6 +59,7 @@ before(async () => {
 after(async () => {
   sandbox?.close();
   await stack?.stop();
+  await bucket.stop();
   await rm(quotaDir, { recursive: true, force: true });
 });
 
@@ -155,6 +166,9 @@ test("a snapshot starts another session of the tenant with its files; other tena
     [[snapshot!.snapshotId, "base", "w-snap-src"]],
   );
   assert.ok(listed.usedBytes >= snapshot!.sizeBytes, "the snapshot counts in the tenant's usage");
+  const keys = [`kept/local/${snapshot!.snapshotId}.json`, `kept/local/${snapshot!.snapshotId}.tar`];
+  assert.deepEqual(objectsOf(snapshot!.snapshotId), keys, "kept in the bucket");
+  assert.equal(BigInt(bucket.objects.get(keys[1])!.body.length), snapshot!.sizeBytes);
   // The source goes on; the snapshot is what it was.
   await exec(sandbox, "w-snap-src", "echo v2 > app/config");
 
@@ -195,29 +209,75 @@ test("a snapshot starts another session of the tenant with its files; other tena
     );
 
     // The operator's command line: snapshot a session, list, delete.
+    // Run apart from this process's event loop, which serves the bucket the sandbox service writes to.
     const troupe = (...args: string[]) =>
-      spawnSync(process.execPath, [MAIN, "sandbox", ...args, ...flagsFor(stack.addr, dataDir)], {
-        encoding: "utf8",
-        timeout: 60_000,
-      });
-    const made = troupe("snapshot", "w-snap-src", "--name", "by-cli");
+      run(process.execPath, [MAIN, "sandbox", ...args, ...flagsFor(stack.addr, dataDir)], { timeout: 60_000 }).then(
+        (r) => ({ status: 0, ...r }),
+        (err: { code?: number; stdout?: string; stderr?: string }) => ({
+          status: err.code ?? null,
+          stdout: err.stdout ?? "",
+          stderr: err.stderr ?? "",
+        }),
+      );
+    const made = await troupe("snapshot", "w-snap-src", "--name", "by-cli");
     assert.equal(made.status, 0, made.stderr);
     const id = made.stdout.trim();
-    const table = troupe("snapshots");
+    const table = await troupe("snapshots");
     assert.equal(table.status, 0, table.stderr);
     assert.match(table.stdout, new RegExp(`^${id} +by-cli +w-snap-src `, "m"));
     assert.match(table.stdout, /tenant local keeps [\d.]+ of 4096 MiB/);
-    assert.equal(troupe("snapshot-rm", id).status, 0);
-    const gone = troupe("restore", id, "--session", "w-snap-x");
+    assert.equal((await troupe("snapshot-rm", id)).status, 0);
+    const gone = await troupe("restore", id, "--session", "w-snap-x");
     assert.equal(gone.status, 1);
     assert.match(gone.stderr, /NOT_FOUND/);
 
     await sandbox.deleteSnapshot({ snapshotId: snapshot!.snapshotId });
     assert.deepEqual((await sandbox.listSnapshots({})).snapshots, []);
+    assert.deepEqual(objectsOf(snapshot!.snapshotId), [], "its objects are deleted");
   } finally {
     colleague.close();
     stranger.close();
   }
+});
+
+test("snapshots in a bucket: read back after a restart with no cache; a bucket down fails the call, not the commands", async () => {
+  await exec(sandbox, "w-bucket", "echo from the bucket > kept.txt && echo ok");
+  const { snapshot } = await sandbox.createSnapshot({ sessionId: "w-bucket" });
+  const id = snapshot!.snapshotId;
+  await stack.kill("sandbox", "SIGKILL");
+  await rm(path.join(dataDir, "snapshot-cache"), { recursive: true, force: true });
+  await stack.start("sandbox");
+  const listed = await sandbox.listSnapshots({});
+  assert.deepEqual(
+    listed.snapshots.map((x) => x.snapshotId),
+    [id],
+  );
+  assert.ok(listed.usedBytes >= snapshot!.sizeBytes, "counted again from the bucket on start");
+  const gets = bucket.log.filter((l) => l.startsWith(`GET kept/local/${id}.tar`)).length;
+  await sandbox.restoreSnapshot({ snapshotId: id, sessionId: "w-bucket-copy" });
+  assert.equal((await exec(sandbox, "w-bucket-copy", "cat kept.txt")).out, "from the bucket\n");
+  assert.equal(
+    bucket.log.filter((l) => l.startsWith(`GET kept/local/${id}.tar 200`)).length,
+    gets + 1,
+    "the archive came from the bucket",
+  );
+
+  await bucket.stop();
+  try {
+    const said = await failsWith(sandbox.createSnapshot({ sessionId: "w-bucket" }), Status.UNAVAILABLE);
+    assert.match(said, /^snapshot store s3:\/\/troupe-snapshots\/kept\/: writing an archive failed/);
+    await failsWith(sandbox.listSnapshots({}), Status.UNAVAILABLE);
+    assert.equal((await exec(sandbox, "w-bucket", "cat kept.txt")).out, "from the bucket\n", "commands go on");
+  } finally {
+    await bucket.start();
+  }
+  assert.deepEqual(
+    (await sandbox.listSnapshots({})).snapshots.map((x) => x.snapshotId),
+    [id],
+    "the failed snapshot left nothing",
+  );
+  await sandbox.deleteSnapshot({ snapshotId: id });
+  assert.deepEqual(objectsOf(id), []);
 });
 
 test("the workspace quota: a save over it is not kept and the next sandbox says so; a snapshot is RESOURCE_EXHAUSTED", async () => {

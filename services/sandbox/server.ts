@@ -26,6 +26,7 @@ import { SandboxFleet, type Sandbox } from "./fleet.js";
 import { WorkspaceSaves } from "./workspaces/workspace-saves.js";
 import { WorkspaceUsage } from "./workspaces/workspace-usage.js";
 import { Snapshots } from "./workspaces/snapshots.js";
+import { snapshotStoreOf } from "./workspaces/snapshot-stores.js";
 import { snapshotCalls } from "./workspaces/snapshot-calls.js";
 import { AgentTemplates } from "./workspaces/templates.js";
 import { execHandler, type RunningCommand } from "./exec-stream.js";
@@ -66,7 +67,12 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
     cfg.sandboxWorkspaces === "kept"
       ? new WorkspaceSaves(path.join(cfg.dataDir, "workspaces"), DEFAULT_LIMITS.workspaceBytes, logger, usage, quotaOf)
       : undefined;
-  const snapshots = new Snapshots(path.join(cfg.dataDir, "snapshots"), usage, quotaOf, logger);
+  const snapshots = new Snapshots(
+    snapshotStoreOf(cfg.sandboxSnapshots, { dataDir: cfg.dataDir, logger }),
+    usage,
+    quotaOf,
+    logger,
+  );
   const templates = new AgentTemplates(
     path.join(cfg.dataDir, "templates"),
     cfg.sandboxImage,
@@ -74,14 +80,20 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
     cfg.maxMessageBytes - 64 * 1024,
     logger,
   );
-  await Promise.all([saves?.load(), snapshots.load(), templates.load()]);
+  await Promise.all([saves?.load(), templates.load()]);
+  // A bucket that cannot be read yet leaves commands served; snapshot calls try it again.
+  snapshots
+    .ready()
+    .catch((err) =>
+      logger.error("snapshot store not readable yet", { store: snapshots.where, error: String(err.message ?? err) }),
+    );
   /** What a new sandbox for a request's agent is made from (its template; a snapshot one in the caller's tenant). */
   const startOf = (req: { agentId: string }, call: { metadata: grpc.Metadata }) =>
     templates.of(req.agentId || DEFAULT_AGENT, (id) =>
-      snapshots.get(identityOf(call.metadata).tenant, id).then(
-        (s) => s.file,
-        () => undefined,
-      ),
+      snapshots
+        .get(identityOf(call.metadata).tenant, id)
+        .then((s) => snapshots.archiveOf(s))
+        .catch(() => undefined),
     );
   const fleet = new SandboxFleet(
     docker,

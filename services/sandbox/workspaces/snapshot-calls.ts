@@ -87,7 +87,7 @@ export function snapshotCalls(d: SnapshotDeps) {
         );
       if (has) await d.fleet.release(key);
       const from = `snapshot ${snapshot.id}${snapshot.name ? ` ("${snapshot.name}")` : ""} of ${new Date(snapshot.createdAt).toISOString()}`;
-      await d.saves.adopt(key, tenant, snapshot.file, snapshot.bytes, from);
+      await d.saves.adopt(key, tenant, await d.snapshots.archiveOf(snapshot), snapshot.bytes, from);
       return {};
     },
   };

@@ -77,6 +77,8 @@ export interface Config {
   sandboxImage: string;
   /** Other images agents may name for their sandboxes (agent.json workspace.image). */
   sandboxImages: string[];
+  /** Where snapshots are kept: "" (the data directory), a path, or an s3:// URL. */
+  sandboxSnapshots: string;
   sandboxRuntime: string;
   /** Sandbox: a session's container unused for this long is removed (made anew on next use). */
   sandboxIdleMs: number;

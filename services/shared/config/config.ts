@@ -206,6 +206,7 @@ export function loadConfig(
     execTimeoutMs: v.execTimeoutMs,
     sandboxImage: str("sandboxImage")!,
     sandboxImages: commaList(str("sandboxImages")),
+    sandboxSnapshots: str("sandboxSnapshots") ?? "",
     sandboxRuntime: str("sandboxRuntime")!,
     sandboxIdleMs: v.sandboxIdleMs,
     sandboxMaxAgeMs: v.sandboxMaxAgeMs,

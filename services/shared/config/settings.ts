@@ -363,6 +363,10 @@ export const SETTINGS = {
       default: "kept",
       schema: oneOf("kept", "discarded"),
     },
+    sandboxSnapshots: {
+      env: "TROUPE_SANDBOX_SNAPSHOTS",
+      doc: "where workspace snapshots are kept: a directory (default <data-dir>/snapshots) or s3://bucket[/prefix][?region=R&endpoint=URL&path-style=true|false] on S3 or S3-compatible storage, with the AWS SDK's credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, web identity, instance roles; docs/sandbox.md, snapshots)",
+    },
     dockerHost: {
       env: "DOCKER_HOST",
       doc: "the Docker engine: unix:///path, tcp://host:port (TLS with DOCKER_TLS_VERIFY, certificates in DOCKER_CERT_PATH), https://host:port or ssh://[user@]host[:port]; unset: the docker context, else the system socket, else the rootless one",
