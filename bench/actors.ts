@@ -98,7 +98,8 @@ const stack = await startStack({
     TROUPE_TENANT_STREAMS: "1000000",
   },
 });
-const runner = stack.client(RunnerService, stack.addr.runner);
+// Passivating 100,000 sessions takes longer than a call's default deadline.
+const runner = stack.client(RunnerService, stack.addr.runner, { defaultDeadlineMs: 600_000 });
 const runnerPid = stack.process("runner")!.pid!;
 const stats = () => runner.getRunnerStats({ collectGarbage: true });
 const openFiles = async () => (await readdir(`/proc/${runnerPid}/fd`)).length;
@@ -122,7 +123,9 @@ try {
   const atLoad = await latency(stack, N, TURNS, 16);
   const afterLoad = await stats();
 
+  const p0 = performance.now();
   const { passivated } = await runner.passivateIdle({ idleForMs: 0 });
+  const passivateS = (performance.now() - p0) / 1000;
   const gone = await stats();
 
   const idleActor = (Number(live.heapUsedBytes) - Number(empty.heapUsedBytes)) / live.liveSessions;
@@ -131,7 +134,7 @@ try {
     `raised ${N} sessions (one turn each) in ${raiseS.toFixed(1)} s (${(N / raiseS).toFixed(0)} turns/s, ${CONCURRENCY} at a time)`,
   );
   console.log(
-    `runner heap: ${kb(Number(empty.heapUsedBytes))} KB with no actors, ${kb(Number(live.heapUsedBytes))} KB with ${live.liveSessions} idle actors, ${kb(Number(gone.heapUsedBytes))} KB after passivating ${passivated}`,
+    `runner heap: ${kb(Number(empty.heapUsedBytes))} KB with no actors, ${kb(Number(live.heapUsedBytes))} KB with ${live.liveSessions} idle actors, ${kb(Number(gone.heapUsedBytes))} KB after passivating ${passivated} (in ${passivateS.toFixed(1)} s)`,
   );
   console.log(
     `runner rss: ${(Number(live.rssBytes) / 2 ** 20).toFixed(0)} MiB with ${live.liveSessions} actors; open files: ${fdsEmpty} with none, ${fdsLive} with ${live.liveSessions} idle`,

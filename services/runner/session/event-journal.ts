@@ -68,6 +68,8 @@ export class EventJournal {
   private readonly outbox: { event: AgentEvent; durable?: Promise<void> }[] = [];
   private releasing = false;
   private releasedWaiters: (() => void)[] = [];
+  /** The seq at which the session went idle: the ring is packed once all up to it is released. */
+  private idleAt = -1;
 
   constructor(private readonly host: JournalHost) {}
 
@@ -162,6 +164,7 @@ export class EventJournal {
     }
     this.releasing = false;
     for (const wake of this.releasedWaiters.splice(0)) wake();
+    this.packIfIdle();
   }
 
   /** Resolves once every event published so far has been handed to the subscribers. */
@@ -184,9 +187,19 @@ export class EventJournal {
     return waits && Promise.all(waits).then(() => undefined);
   }
 
-  /** The session went idle: the ring keeps only its last few events. */
+  /**
+   * The session went idle: the ring keeps only its last few events, packed, once the events
+   * still held for durability (its agent_end) are out; an event published meanwhile cancels it.
+   */
   trimIdle(): void {
-    this.ring.trim(IDLE_RING_SIZE);
+    this.idleAt = this.seq;
+    this.packIfIdle();
+  }
+
+  private packIfIdle(): void {
+    if (this.idleAt !== this.seq || this.outbox.length > 0) return;
+    this.idleAt = -1;
+    this.ring.pack(IDLE_RING_SIZE);
   }
 
   /**
