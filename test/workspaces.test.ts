@@ -407,5 +407,22 @@ test("an agent's template may be a snapshot: its tenant's sessions start from it
     theirs.close();
     other.close();
   }
+  // The bucket down and the archive not cached: the model is told that, not that its tenant lacks it.
+  await rm(path.join(dataDir, "snapshot-cache"), { recursive: true, force: true });
+  await bucket.stop();
+  const down = new ChatSession(stack.gateway);
+  try {
+    down.send({ case: "open", value: { sessionId: "w-tsnap-3", agentId: "from-snap", create: true } });
+    await down.waitOpened();
+    assert.match(
+      await toolResult(down, "ls | wc -l"),
+      new RegExp(
+        `^\\[this sandbox is new and /workspace starts empty: snapshot ${id} \\(agent from-snap's template\\) could not be read or unpacked \\(snapshot store s3://troupe-snapshots/kept/: reading a record failed`,
+      ),
+    );
+  } finally {
+    down.close();
+    await bucket.start();
+  }
   await sandbox.deleteSnapshot({ snapshotId: id });
 });

@@ -10,7 +10,7 @@
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import { identityOf, internalCredentials, internalServing } from "../shared/auth/auth.js";
 import type { Config } from "../shared/config/config-types.js";
-import { failedPrecondition, invalidArgumentIf, notFound, unavailable } from "../shared/errors.js";
+import { failedPrecondition, grpcCode, invalidArgumentIf, notFound, Status, unavailable } from "../shared/errors.js";
 import { instruments } from "../shared/process/metrics.js";
 import { FileType, SandboxService } from "../shared/gen/troupe/v1/sandbox_pb.js";
 import { DEFAULT_AGENT, isAgentId, isSessionId } from "../shared/ids.js";
@@ -93,7 +93,11 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
       snapshots
         .get(identityOf(call.metadata).tenant, id)
         .then((s) => snapshots.archiveOf(s))
-        .catch(() => undefined),
+        // Not the tenant's: it starts empty and is told so. A store that cannot be read is told as that.
+        .catch((err) => {
+          if (grpcCode(err) === Status.NOT_FOUND) return undefined;
+          throw err;
+        }),
     );
   const fleet = new SandboxFleet(
     docker,

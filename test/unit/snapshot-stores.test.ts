@@ -222,6 +222,13 @@ describe("stores", () => {
     );
     await assert.rejects(refused.list("acme"), code(Status.UNAVAILABLE, /SignatureDoesNotMatch/));
     process.env.AWS_SECRET_ACCESS_KEY = KEYS.secretAccessKey;
+    const noBucket = new Snapshots(
+      snapshotStoreOf(`s3://no-such-bucket/?endpoint=${s3.endpoint}`, { dataDir, logger }),
+      new WorkspaceUsage(),
+      () => 1 << 20,
+      logger,
+    );
+    await assert.rejects(noBucket.list("acme"), code(Status.UNAVAILABLE, /listing snapshots failed: NoSuchBucket/));
   });
 
   test("a setting that names no store is refused at start, saying what is known", () => {

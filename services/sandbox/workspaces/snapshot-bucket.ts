@@ -23,11 +23,11 @@ const PARAMS = new Set(["region", "endpoint", "path-style"]);
 interface SdkError {
   name?: string;
   message?: string;
-  $metadata?: { httpStatusCode?: number };
 }
+/** An object that is not there (a bucket that is not there is the store's failure, not this). */
 const missing = (err: unknown) => {
-  const e = err as SdkError;
-  return e.name === "NoSuchKey" || e.name === "NotFound" || e.$metadata?.httpStatusCode === 404;
+  const name = (err as SdkError).name;
+  return name === "NoSuchKey" || name === "NotFound";
 };
 
 async function sha256Of(file: string): Promise<string> {
@@ -47,6 +47,8 @@ export function bucketStore(url: URL, ctx: StoreContext): SnapshotStore {
   if (prefix !== "" && !prefix.endsWith("/")) prefix += "/";
   const endpoint = url.searchParams.get("endpoint") ?? undefined;
   const pathStyle = url.searchParams.get("path-style");
+  if (pathStyle !== null && pathStyle !== "true" && pathStyle !== "false")
+    throw invalidArgument(`TROUPE_SANDBOX_SNAPSHOTS: path-style is true or false, not "${pathStyle}"`);
   const where = `s3://${bucket}/${prefix}`;
   let client: S3.S3Client | undefined;
   const s3 = () =>

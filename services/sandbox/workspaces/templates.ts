@@ -160,6 +160,6 @@ export async function startFromTemplate(w: KeptWorkspace, start: WorkspaceStart,
     w.note = `this sandbox is new: /workspace starts with ${from}`;
   } catch (err) {
     logger.warn("could not unpack a template", { scope: w.key, error: (err as Error).message });
-    w.note = `this sandbox is new and /workspace starts empty: ${from} could not be unpacked (${(err as Error).message})`;
+    w.note = `this sandbox is new and /workspace starts empty: ${from} could not be read or unpacked (${(err as Error).message})`;
   }
 }
