@@ -129,12 +129,14 @@ export function openAiResponses(gateway: GatewayClient, opts: { maxBodyBytes: nu
     const metadata = forwardedMetadata(req.headers);
     const results = toolResultsOf(r.messages);
     let ref: ResponseRef;
+    let createdAt: number;
     if (results.length > 0) {
       // The input ends in function results: they answer the run that waits on them.
       if (r.previous) await current(r.previousId!, metadata);
       const answered = await answerCalls(results, r.previous?.sessionId ?? "", metadata);
       const first = [...answered.frames][0];
       ref = { sessionId: answered.sessionId, afterSeq: answered.afterSeq, kind: "c", frameId: first };
+      createdAt = answered.acceptedAt;
     } else {
       const conversation = await requestConversation(r.messages, opts.net);
       let named = "";
@@ -178,10 +180,12 @@ export function openAiResponses(gateway: GatewayClient, opts: { maxBodyBytes: nu
         metadata,
       );
       ref = { sessionId: asked.session, afterSeq: asked.afterSeq - 1n, kind: "p", frameId };
+      createdAt = asked.acceptedAt;
     }
     const fold = new ResponseFold(
       newResponse({
         id: responseIdOf(ref),
+        created_at: createdAt,
         model: `${MODEL_PREFIX}${agentId}`,
         background: r.background,
         store: r.store,

@@ -9,6 +9,7 @@ import { callOf, type clientToolsOf } from "./openai-tools.js";
 import type { GatewayClient } from "./edge.js";
 import type { forwardedMetadata } from "./metadata.js";
 import { ApiError, type samplingOf } from "./openai-request.js";
+import { secondsOf } from "./run-events.js";
 
 /** Pages of a session's history read to check a request's earlier messages against it. */
 const HISTORY_PAGES = 20;
@@ -81,7 +82,7 @@ export function conversationRuns(gateway: GatewayClient) {
     const accepted = sent.accepted!;
     // A frame sent before (a client's retry) is not run again: its run is the one it started.
     const duplicate = accepted.payload.case === "frameAccepted" && accepted.payload.value.duplicate;
-    return { session, afterSeq: accepted.seq, duplicate };
+    return { session, afterSeq: accepted.seq, duplicate, acceptedAt: secondsOf(accepted) };
   };
 
   /**
@@ -101,6 +102,7 @@ export function conversationRuns(gateway: GatewayClient) {
       throw new ApiError(400, "the tool messages answer calls of more than one session", undefined, null, "messages");
     const frames = new Set<string>();
     let afterSeq: bigint | undefined;
+    let acceptedAt: number | undefined;
     for (const c of calls) {
       const frameId = `oa-tool-${createHash("sha256").update(`${c.toolCallId}\0${c.output}`).digest("hex").slice(0, 40)}`;
       frames.add(frameId);
@@ -109,11 +111,12 @@ export function conversationRuns(gateway: GatewayClient) {
         { metadata },
       );
       const a = ack.accepted!;
+      acceptedAt ??= secondsOf(a);
       const dup = a.payload.case === "frameAccepted" && a.payload.value.duplicate;
       afterSeq = dup ? 0n : afterSeq === undefined || a.seq - 1n < afterSeq ? a.seq - 1n : afterSeq;
     }
     const joins = (e: AgentEvent) => e.payload.case === "clientToolAnswered" && frames.has(e.payload.value.frameId);
-    return { sessionId, afterSeq: afterSeq ?? 0n, joins, frames };
+    return { sessionId, afterSeq: afterSeq ?? 0n, joins, frames, acceptedAt: acceptedAt ?? secondsOf() };
   };
 
   return { ask, answerCalls };

@@ -167,7 +167,7 @@ export async function runSnapshot(
     agentId,
     events: turnId === "" ? [] : read.filter((e) => e.turnId === turnId || e.payload.case === "gap"),
     accepted: taken !== undefined,
-    acceptedAt: Number(taken?.time?.seconds ?? BigInt(Math.floor(Date.now() / 1000))),
+    acceptedAt: secondsOf(taken),
     acceptedSeq: taken?.seq ?? 0n,
     later: read.some((e) => e.payload.case === "agentStart" && turnId !== "" && e.turnId !== turnId),
   };
@@ -196,3 +196,9 @@ export async function cancelOnceStarted<T>(
     await new Promise((r) => setTimeout(r, 100));
   }
 }
+
+/**
+ * When an acknowledgement's event was logged, in seconds: a response's `created_at`, the same
+ * whether it is streamed live or read back from the log.
+ */
+export const secondsOf = (e?: AgentEvent) => Number(e?.time?.seconds ?? BigInt(Math.floor(Date.now() / 1000)));
