@@ -225,3 +225,86 @@ describe("group commit", () => {
     await Promise.all(logs.map((l) => l.close()));
   });
 });
+
+describe("batched activation", () => {
+  test("a dead runner's sessions are claimed many to a statement; each gets its epoch, records and answer", async (t) => {
+    const { a, b } = await twoRunners(t, 60_000);
+    const refs = Array.from({ length: 60 }, (_, i) => refOf(ALICE, `m${i}`));
+    for (const ref of refs) {
+      const log = await a.store.create(ref, "main", ALICE);
+      await log.append({ t: "settings", queueMode: 1 }, true);
+    }
+    // B keeps one session live; A dies (its beat an hour old) holding the rest.
+    const live = refOf(ALICE, "held-by-b");
+    const held = await b.store.create(live, "main", ALICE);
+    await a.heartbeat.stop().catch(() => undefined);
+    await a.pool.query(
+      "INSERT INTO troupe_runners (runner_id, address, incarnation, host, pid, beat_at) VALUES ($1, $2, $3, 'h', 1, now() - interval '1 hour')",
+      [a.self.runnerId, a.self.address, a.self.incarnation],
+    );
+
+    const c = await member(a.pool.options.connectionString!, "rc", 60_000);
+    t.after(async () => {
+      await c.heartbeat.stop();
+      await c.pool.end();
+    });
+    const before = { ...c.store.activations.stats };
+    const answers = await Promise.allSettled([
+      ...refs.map((ref) => c.store.activate(ref)),
+      c.store.activate(live),
+      c.store.activate(refOf(ALICE, "never-made")),
+      c.store.activate(refOf({ tenant: "t2", principal: "alice" }, "m1")),
+    ]);
+    const batches = c.store.activations.stats.batches - before.batches;
+    assert.ok(batches <= 3, `${refs.length + 3} activations took ${batches} batches`);
+
+    for (const [i, got] of answers.slice(0, refs.length).entries()) {
+      assert.equal(got.status, "fulfilled", `session m${i}: ${got.status === "rejected" ? got.reason : ""}`);
+      const { log, records } = (got as PromiseFulfilledResult<Awaited<ReturnType<typeof c.store.activate>>>).value;
+      assert.deepEqual(
+        records.map((r) => r.t),
+        ["session", "epoch", "settings", "epoch"],
+      );
+      assert.equal((records.at(-1) as { epoch: number }).epoch, 2);
+      // The log goes on after the epoch record, and a reader sees it all in order.
+      await log.append({ t: "settings", queueMode: 5 }, true);
+      const stored = await c.store.read(refs[i]);
+      assert.deepEqual(
+        stored.map((r) => r.t),
+        ["session", "epoch", "settings", "epoch", "settings"],
+      );
+    }
+    // The live one is refused with its owner's address; a missing one and another tenant's are ENOENT alike.
+    const [liveAnswer, missing, foreign] = answers.slice(refs.length);
+    assert.equal(liveAnswer.status, "rejected");
+    assert.ok((liveAnswer as PromiseRejectedResult).reason instanceof SessionElsewhere);
+    assert.equal(((liveAnswer as PromiseRejectedResult).reason as SessionElsewhere).ownerAddress, b.self.address);
+    for (const r of [missing, foreign]) {
+      assert.equal(r.status, "rejected");
+      assert.equal(((r as PromiseRejectedResult).reason as { code?: string }).code, "ENOENT");
+    }
+    // A's late write is fenced; B's session is B's still.
+    await held.append({ t: "settings", queueMode: 7 }, true);
+    await held.close();
+  });
+
+  test("two runners claiming the same sessions at once: each session goes to exactly one", async (t) => {
+    const { a, b } = await twoRunners(t, 60_000);
+    const refs = Array.from({ length: 40 }, (_, i) => refOf(ALICE, `r${i}`));
+    const dead = await member(a.pool.options.connectionString!, "dead", 60_000);
+    for (const ref of refs) await dead.store.create(ref, "main", ALICE);
+    await dead.heartbeat.stop().catch(() => undefined);
+    await dead.pool.end();
+    const [fromA, fromB] = await Promise.all(
+      [a, b].map((m) => Promise.allSettled(refs.map((ref) => m.store.activate(ref)))),
+    );
+    for (const [i, ref] of refs.entries()) {
+      const won = [fromA[i], fromB[i]].filter((r) => r.status === "fulfilled");
+      assert.equal(won.length, 1, `session ${ref.sessionId} taken by ${won.length} runners`);
+      const lost = [fromA[i], fromB[i]].find((r) => r.status === "rejected") as PromiseRejectedResult;
+      assert.ok(lost.reason instanceof SessionElsewhere, String(lost.reason));
+      const epochs = (await a.store.read(ref)).filter((r) => r.t === "epoch");
+      assert.equal(epochs.length, 2, "one epoch record for the one activation");
+    }
+  });
+});

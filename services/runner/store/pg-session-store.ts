@@ -12,10 +12,10 @@
 // beating for livenessMs, or left, no longer holds anything, and the next activation takes over.
 import type pg from "pg";
 import type { Identity } from "../../shared/auth/auth.js";
-import { sqlState } from "../../shared/pg.js";
 import type { SessionRef } from "../../shared/session-ref.js";
+import { holderAlive, PgActivations } from "./pg-activation.js";
 import { PgAppender } from "./pg-appender.js";
-import { SessionElsewhere, sameRunner, type Owner } from "../session/session-lease.js";
+import type { Owner } from "../session/session-lease.js";
 import {
   ownerOf,
   sessionHeader,
@@ -29,15 +29,6 @@ import {
 
 const KEY = "tenant = $1 AND principal = $2 AND session_id = $3";
 const keyOf = (ref: SessionRef) => [ref.tenant, ref.principal, ref.sessionId];
-
-/**
- * Whether a session row `s`'s holder still holds it: its membership row `r` (LEFT JOINed on
- * owner_runner) is that incarnation's and beat within `livenessMs`, the query parameter named.
- * Activation and the orphan sweep judge a holder by this one test.
- */
-const holderAlive = (livenessMs: string) =>
-  `(r.incarnation IS NOT NULL AND r.incarnation = s.owner_incarnation
-    AND r.beat_at > now() - ${livenessMs} * interval '1 millisecond')`;
 
 const notThere = (ref: SessionRef) =>
   Object.assign(new Error(`session ${ref.sessionId} does not exist`), { code: "ENOENT" });
@@ -72,6 +63,7 @@ class PgSessionLog implements SessionLog {
 
 export class PgSessionStore implements SessionStore {
   readonly appender: PgAppender;
+  readonly activations: PgActivations;
 
   constructor(
     private readonly pool: pg.Pool,
@@ -80,6 +72,7 @@ export class PgSessionStore implements SessionStore {
     private readonly livenessMs: number,
   ) {
     this.appender = new PgAppender(pool);
+    this.activations = new PgActivations(pool, self, livenessMs);
   }
 
   async exists(ref: SessionRef): Promise<boolean> {
@@ -123,70 +116,14 @@ export class PgSessionStore implements SessionStore {
   }
 
   async activate(ref: SessionRef): Promise<{ log: SessionLog; records: LogRecord[]; corruptLines: number[] }> {
-    const client = await this.pool.connect();
-    try {
-      await client.query("BEGIN");
-      try {
-        const held = await client.query<{
-          sid: string;
-          owner_address: string | null;
-          alive: boolean;
-          mine: boolean;
-          runner: string;
-        }>(
-          `SELECT s.sid, s.owner_address, s.owner_runner AS runner, s.owner_incarnation = $4 AS mine,
-                  ${holderAlive("$5")} AS alive
-             FROM troupe_sessions s LEFT JOIN troupe_runners r ON r.runner_id = s.owner_runner
-            WHERE s.tenant = $1 AND s.principal = $2 AND s.session_id = $3
-            FOR UPDATE OF s`,
-          [...keyOf(ref), this.self.incarnation, this.livenessMs],
-        );
-        const row = held.rows[0];
-        if (!row) throw notThere(ref);
-        // An earlier process of this runner (not `mine`) may still beat in its membership row
-        // until this process replaces it; it is gone all the same (sameRunner).
-        const earlierSelf = sameRunner({ runnerId: row.runner, address: row.owner_address ?? "" }, this.self);
-        if (row.alive && !row.mine && !earlierSelf)
-          throw new SessionElsewhere(
-            `session ${ref.sessionId} is live on runner ${row.runner} (${row.owner_address}); this runner does not activate a second copy`,
-            row.owner_address ?? undefined,
-          );
-        // Taking the next epoch under the row's lock is what fences every earlier writer.
-        const bumped = await client.query<{ epoch: number }>(
-          `UPDATE troupe_sessions SET epoch = epoch + 1, owner_runner = $4, owner_incarnation = $5, owner_address = $6
-            WHERE ${KEY} RETURNING epoch`,
-          [...keyOf(ref), this.self.runnerId, this.self.incarnation, this.self.address],
-        );
-        const epoch = bumped.rows[0].epoch;
-        const stored = await client.query<{ pos: number; record: string }>(
-          "SELECT pos, record FROM troupe_records WHERE sid = $1 ORDER BY pos",
-          [row.sid],
-        );
-        const { records, corruptLines } = parseRows(stored.rows);
-        const mark: LogRecord = { t: "epoch", epoch, runnerId: this.self.runnerId };
-        const nextPos = stored.rows.length === 0 ? 0 : stored.rows[stored.rows.length - 1].pos + 1;
-        await client.query("INSERT INTO troupe_records (sid, pos, epoch, record) VALUES ($1, $2, $3, $4)", [
-          row.sid,
-          nextPos,
-          epoch,
-          JSON.stringify(mark),
-        ]);
-        await client.query("COMMIT");
-        records.push(mark);
-        return {
-          log: new PgSessionLog(this, ref, epoch, this.appender.writer(ref, row.sid, epoch, nextPos + 1)),
-          records,
-          corruptLines,
-        };
-      } catch (err) {
-        await client.query("ROLLBACK").catch(() => undefined);
-        // Two runners activating at once: the loser meets the winner's lock, then its live lease.
-        if (sqlState(err) === "40P01") throw new SessionElsewhere(`session ${ref.sessionId} is being taken elsewhere`);
-        throw err;
-      }
-    } finally {
-      client.release();
-    }
+    const taken = await this.activations.activate(ref);
+    const { records, corruptLines } = parseRows(taken.rows);
+    records.push(JSON.parse(taken.mark) as LogRecord);
+    return {
+      log: new PgSessionLog(this, ref, taken.epoch, this.appender.writer(ref, taken.sid, taken.epoch, taken.nextPos)),
+      records,
+      corruptLines,
+    };
   }
 
   /** Gives up the lease of `epoch` (if it still holds it), so the next activation anywhere is immediate. */
