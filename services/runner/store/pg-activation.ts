@@ -6,7 +6,9 @@
 //
 // 1. claim: locks the sessions' rows (in sid order, so that two runners' batches never deadlock
 //    each other), and takes the next epoch of each whose holder is gone, is this process, or is
-//    an earlier process of this runner. A session held by a live runner is left as it is.
+//    an earlier process of this runner. A session held by a live runner is left as it is. The
+//    holder is judged after the lock: READ COMMITTED hands a row another runner updated while
+//    this statement waited back in its new version, but a table joined to it stays as it was.
 // 2. read: the taken sessions' records, in a fresh snapshot taken after the locks (a stale
 //    holder's last appends, committed while the claim waited on its lock, are read), and each
 //    one's epoch record appended after them.
@@ -48,20 +50,28 @@ const CLAIM_SQL = `
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) AS q(tenant, principal, session_id)
   ), held AS (
     SELECT s.sid, s.tenant, s.principal, s.session_id, s.owner_runner AS runner, s.owner_address,
-           coalesce(s.owner_incarnation = $4, false) AS mine, coalesce(${holderAlive("$7")}, false) AS alive
+           s.owner_incarnation AS incarnation
       FROM troupe_sessions s
       JOIN q ON q.tenant = s.tenant AND q.principal = s.principal AND q.session_id = s.session_id
-      LEFT JOIN troupe_runners r ON r.runner_id = s.owner_runner
      ORDER BY s.sid
        FOR UPDATE OF s
+  ), judged AS (
+    -- Judged after the lock, on the holder the row names now: a row another runner took while
+    -- this statement waited comes back as that runner left it, and its membership is read here,
+    -- not joined before the lock (a join's row would be the old holder's).
+    SELECT h.*, coalesce(h.incarnation = $4, false) AS mine,
+           EXISTS (SELECT 1 FROM troupe_runners r
+                    WHERE r.runner_id = h.runner AND r.incarnation = h.incarnation
+                      AND r.beat_at > now() - $7 * interval '1 millisecond') AS alive
+      FROM held h
   ), taken AS (
     UPDATE troupe_sessions s SET epoch = s.epoch + 1, owner_runner = $5, owner_incarnation = $4, owner_address = $6
-      FROM held h
+      FROM judged h
      WHERE s.sid = h.sid AND (NOT h.alive OR h.mine OR (h.runner = $5 AND h.owner_address = $6))
     RETURNING s.sid, s.epoch
   )
   SELECT h.sid, h.tenant, h.principal, h.session_id, h.runner, h.owner_address, t.epoch
-    FROM held h LEFT JOIN taken t ON t.sid = h.sid`;
+    FROM judged h LEFT JOIN taken t ON t.sid = h.sid`;
 
 const READ_SQL = `
   WITH t AS (
