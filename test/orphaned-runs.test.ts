@@ -7,6 +7,7 @@ import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { StopReason, type AgentEvent } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { JsonlSessionStore } from "../services/runner/store/jsonl-session-store.js";
+import { settledLog } from "../services/runner/session/session-log.js";
 import { refOf } from "../services/shared/session-ref.js";
 import { loggedEvents as eventsOf, runOutcome, tokensReply } from "./helpers/session.js";
 import { startStack, waitFor, type Stack } from "./helpers/stack.js";
@@ -60,23 +61,29 @@ test("a runner killed mid-run resumes the run at its restart, with no client att
   assert.match(stack.logs(), /loaded sessions whose runner process is gone/);
 });
 
-test("a session left with nothing owed is loaded, and nothing in it runs again", async () => {
+test("a session left with nothing owed is not loaded at the restart; it is taken when next asked for", async () => {
   // left-1 ended above and is held by the restarted runner; left-idle's turn ends before the kill.
   await stack.gateway.createSession({ sessionId: "left-idle" });
   await stack.gateway.sendMessage({ sessionId: "left-idle", frameId: "m1", text: "hello" });
-  await waitFor("the turn", async () => (await loggedEvents("left-idle")).some((e) => e.payload.case === "agentEnd"));
+  const store = new JsonlSessionStore(stack.dataDir);
+  const ref = (id: string) => refOf({ tenant: "local", principal: "dev" }, id);
+  for (const id of ["left-1", "left-idle"])
+    await waitFor(`${id}'s log to say nothing is owed`, async () => settledLog(await store.read(ref(id))));
   const before = stack.logs().length;
   await stack.kill("runner", "SIGKILL");
   await stack.start("runner");
-  // Both were held when the runner was killed: both are found and loaded, nothing else.
-  const line = await waitFor(
-    "the sweep's report",
-    async () => /loaded sessions whose runner process is gone[^\n]*/.exec(stack.logs().slice(before))?.[0],
-  );
-  assert.match(line, /"found":2,"loaded":2/);
-  // Nothing was owed in left-idle: its log has no second run.
-  const runs = (await loggedEvents("left-idle")).filter((e) => e.payload.case === "agentStart");
-  assert.equal(runs.length, 1);
+  // Both were held when the runner was killed, and neither owed anything: the sweep loads neither.
+  await waitFor("the restarted runner to serve", async () => /runner \S+ serving/.test(stack.logs().slice(before)));
+  await new Promise((r) => setTimeout(r, 1000));
+  assert.doesNotMatch(stack.logs().slice(before), /loaded sessions whose runner process is gone/);
+  // Asked for, it is taken over from the dead process and goes on; nothing in it ran again.
+  await stack.gateway.sendMessage({ sessionId: "left-idle", frameId: "m2", text: "again" });
+  const events = await waitFor("the second turn", async () => {
+    const evs = await loggedEvents("left-idle");
+    return evs.filter((e) => e.payload.case === "agentEnd").length === 2 && evs;
+  });
+  assert.equal(events.filter((e) => e.payload.case === "agentStart").length, 2);
+  assert.ok(!events.some((e) => e.payload.case === "runResumed"));
 });
 
 test("a run handed over at a SIGTERM resumes at the restart, with no client attached", async () => {

@@ -153,7 +153,8 @@ export interface ContractRunner {
  * orphans, on runners that share one storage: `first` and `restarted` are two processes of one
  * runner (same id and address, the second a new incarnation), `another` is another runner. A
  * session is an orphan once its holder is gone, to every runner (also one its holder closed
- * keeping the lease); what a live runner holds, or what nobody holds (closed), is not.
+ * keeping the lease); what a live runner holds, or what nobody holds (closed), is not; nor is a
+ * session whose log says it owes nothing (settled, then only seq and epoch records).
  */
 export async function orphansContract(runners: {
   first: ContractRunner;
@@ -171,21 +172,34 @@ export async function orphansContract(runners: {
   // Closed keeping its lease (a run handed over at a shutdown): still held while its process lives.
   await (await first.store.create(refOf(ALICE, "s-kept"), "main", ALICE)).close({ keepLease: true });
   await another.store.create(refOf(ALICE, "s-other"), "main", ALICE);
+  const settled = await first.store.create(refOf(ALICE, "s-settled"), "main", ALICE);
+  await settled.append({ t: "settled" });
+  await settled.append({ t: "seq", upTo: 500 }, true);
+  const owing = await first.store.create(refOf(ALICE, "s-owing"), "main", ALICE);
+  await owing.append({ t: "settled" });
+  await owing.append({ t: "frame", frame: {} }, true);
   assert.deepEqual(await sorted(another), [], "a live runner's sessions are not orphans");
   assert.deepEqual(await sorted(first), [], "nor one's own");
 
   await first.kill();
   await restarted.start();
-  const left = ["t1/alice/s-kept", "t1/alice/s-open", "t2/alice/s-open"];
+  const left = ["t1/alice/s-kept", "t1/alice/s-open", "t1/alice/s-owing", "t2/alice/s-open"];
   assert.deepEqual(await sorted(restarted), left, "what the killed process held, found by its successor");
   assert.deepEqual(await sorted(another), left, "and by any other runner");
   // Taken back, a session is no longer an orphan; closed, it is nobody's.
   const { log } = await restarted.store.activate(refOf(ALICE, "s-open"));
   await (await restarted.store.activate(refOf(ALICE, "s-kept"))).log.close();
-  assert.deepEqual(await sorted(another), ["t2/alice/s-open"]);
+  assert.deepEqual(await sorted(another), ["t1/alice/s-owing", "t2/alice/s-open"]);
   await log.close();
-  assert.deepEqual(await sorted(another), ["t2/alice/s-open"]);
+  assert.deepEqual(await sorted(another), ["t1/alice/s-owing", "t2/alice/s-open"]);
+  // Taken over and left again without work, a settled session stays settled.
+  await (await another.store.activate(refOf(ALICE, "s-settled"))).log.close({ keepLease: true });
+  assert.deepEqual(await sorted(restarted), ["t1/alice/s-owing", "t2/alice/s-open"]);
 
   await another.kill();
-  assert.deepEqual(await sorted(restarted), ["t1/alice/s-other", "t2/alice/s-open"], "another runner's, once it died");
+  assert.deepEqual(
+    await sorted(restarted),
+    ["t1/alice/s-other", "t1/alice/s-owing", "t2/alice/s-open"],
+    "another runner's, once it died",
+  );
 }

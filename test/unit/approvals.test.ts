@@ -14,6 +14,7 @@ import { Status } from "../../services/shared/errors.js";
 import { approvalOf, type ApprovalPolicy } from "../../services/runner/tools/approvals.js";
 import { parseAgentConfig, AgentConfigError } from "../../services/runner/agent-config.js";
 import { SessionActor } from "../../services/runner/session/session-actor.js";
+import { settledLog } from "../../services/runner/session/session-log.js";
 import {
   Collector,
   ScriptedModel,
@@ -209,6 +210,8 @@ describe("a run that waits on a decision", () => {
   test("survives a reload from the log: still waiting, the deadline kept, and a decision then runs the call", async () => {
     const { actor, store, deps, ran } = await waitingSession();
     const deadline = actor.info().pending[0].deadline;
+    // A run that waits is owed its deadline: a runner taking over must load it, so not settled.
+    assert.equal(settledLog(store.records(actor.ref)), false);
     await actor.close({ handOver: true });
     const again = await SessionActor.load(actor.ref, deps);
     const events = new Collector();

@@ -3,11 +3,13 @@
 // quota of runs.
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { QueueMode, Role, StopReason } from "../../services/shared/gen/troupe/v1/session_pb.js";
+import { toJson } from "@bufbuild/protobuf";
+import { ClientFrameSchema, QueueMode, Role, StopReason } from "../../services/shared/gen/troupe/v1/session_pb.js";
 import { Status } from "../../services/shared/errors.js";
 import { TenantQuotas, DEFAULT_QUOTAS } from "../../services/shared/auth/quotas.js";
 import { RETRY_AFTER_KEY } from "../../services/shared/auth/rate.js";
 import { SessionActor } from "../../services/runner/session/session-actor.js";
+import { settledLog } from "../../services/runner/session/session-log.js";
 import { TenantRuns } from "../../services/runner/session/tenant-runs.js";
 import { refOf } from "../../services/shared/session-ref.js";
 import { SUMMARY_MARKER } from "../../services/runner/loop/run.js";
@@ -160,6 +162,36 @@ describe("seqs, supervision and the log", () => {
     await again.whenIdle();
     assert.ok(Number(later.events[0].seq) > lastSeen, `resumed at ${later.events[0].seq}, past ${lastSeen}`);
     assert.deepEqual(users(again), ["go", "again"]);
+  });
+
+  test("a session that owes nothing says so in its log, once; a prompt after it owes again", async () => {
+    const model = new ScriptedModel(() => say("done"));
+    const { actor, store, deps } = await newActor(() => testRunDeps(model));
+    const settledCount = () => store.records(actor.ref).filter((r) => r.t === "settled").length;
+    const written = () => new Promise((r) => setTimeout(r, 20));
+    await actor.submit(prompt("one"));
+    await actor.whenIdle();
+    await written();
+    assert.ok(settledLog(store.records(actor.ref)), "settled after its run");
+    const once = settledCount();
+    // As if the runner died just after taking a prompt: its frame follows the settled record.
+    await actor.close({ handOver: true });
+    const { log } = await store.activate(actor.ref);
+    await log.append({ t: "frame", frame: toJson(ClientFrameSchema, prompt("queued", "q1")) }, true);
+    await log.close();
+    assert.equal(settledLog(store.records(actor.ref)), false, "a prompt taken and not run is owed");
+    const again = await SessionActor.load(actor.ref, deps);
+    await again.whenIdle();
+    await written();
+    assert.deepEqual(users(again), ["one", "queued"]);
+    assert.ok(settledLog(store.records(actor.ref)));
+    assert.equal(settledCount(), once + 1, "one settled record a quiet spell");
+    // Loaded from a settled log with nothing to do, it writes no other.
+    await again.close({ handOver: true });
+    const third = await SessionActor.load(actor.ref, deps);
+    await third.whenIdle();
+    await written();
+    assert.equal(settledCount(), once + 1);
   });
 
   test("the session's model and queue mode are kept in its log, and a reload runs on them", async () => {

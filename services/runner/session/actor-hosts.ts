@@ -39,6 +39,7 @@ export type ActorInternals = {
   };
   log: SessionLog;
   lost?: RpcError;
+  frozen: boolean;
   mailbox: Mailbox;
   slot: RunSlot;
   journal: EventJournal;
@@ -102,6 +103,9 @@ export class SlotHost {
   nothingOwed(): void {
     const a = this.a;
     a.journal.trimIdle();
+    // A run that waits is owed its deadline, which a runner taking over must keep; a run handed
+    // over (frozen) is owed its end: neither is settled.
+    if (a.idle && a.held.waits === undefined && !a.frozen) a.writes.settle();
     // Prompts still gathering (collect mode) are work to come: not idle until they have run.
     if (a.idle) for (const wake of a.idleWaiters.splice(0)) wake();
   }

@@ -43,7 +43,7 @@ export function resumeSeq(records: readonly LogRecord[]): number {
   let reserved = 0;
   let closedAt: number | undefined;
   for (const rec of records) {
-    if (rec.t !== "epoch") closedAt = rec.t === "closed" ? rec.seq : undefined;
+    if (rec.t !== "epoch" && rec.t !== "settled") closedAt = rec.t === "closed" ? rec.seq : undefined;
     if (rec.t === "seq") reserved = Math.max(reserved, rec.upTo);
     else if (rec.t === "event") last = Math.max(last, Number((rec.event as { seq?: string }).seq ?? 0));
   }

@@ -39,6 +39,7 @@ import { Mailbox, type Queued } from "./mailbox.js";
 import { Admission } from "./admission.js";
 import {
   ownerOf,
+  settledLog,
   type ClientToolRecord,
   type LogRecord,
   type SessionLog,
@@ -120,11 +121,13 @@ export class SessionActor {
     private readonly deps: ActorDeps,
     /** Set when the session is a sub-agent's (delegate_task): its parent, depth and instruction. */
     readonly subagent?: Subagent,
+    /** The log it was loaded from ends settled. */
+    settled = false,
   ) {
     // Each part's host is one small object whose methods are on its prototype (actor-hosts.ts):
     // an idle actor holds no closures for them.
     const self = this as unknown as ActorInternals;
-    this.writes = new SessionWrites(log, sessionId, new WritesHost(self));
+    this.writes = new SessionWrites(log, sessionId, new WritesHost(self), settled);
     this.slot = new RunSlot(new SlotHost(self));
     this.journal = new EventJournal(new JournalHostOf(self));
     this.admission = new Admission(new AdmissionHostOf(self));
@@ -145,11 +148,12 @@ export class SessionActor {
     subagent?: Subagent,
   ): Promise<SessionActor> {
     // The first block of seqs is reserved in the log's first write: events reach clients before
-    // the log has them (why: docs/architecture.md, the session actor).
+    // the log has them (why: docs/architecture.md, the session actor). A new session owes nothing.
     const log = await deps.store.create(refOf(owner, sessionId), agentId, owner, subagent, [
       { t: "seq", upTo: SEQ_BLOCK },
+      { t: "settled" },
     ]);
-    const actor = new SessionActor(sessionId, agentId, owner, log, deps, subagent);
+    const actor = new SessionActor(sessionId, agentId, owner, log, deps, subagent, true);
     actor.journal.resumeAt(0, SEQ_BLOCK);
     return actor;
   }
@@ -162,7 +166,15 @@ export class SessionActor {
       await log.close();
       throw new Error(`session log ${ref.sessionId} has no header`);
     }
-    const actor = new SessionActor(ref.sessionId, head.agentId, ownerOf(head), log, deps, head.subagent);
+    const actor = new SessionActor(
+      ref.sessionId,
+      head.agentId,
+      ownerOf(head),
+      log,
+      deps,
+      head.subagent,
+      settledLog(records),
+    );
     actor.createdMs = head.createdMs;
     // Recovery publishes events at once (acknowledgements owed, a resumed run), before the log
     // has them: their seqs are reserved durably first, so no seq is ever handed out twice.

@@ -39,7 +39,23 @@ export type LogRecord =
   // The actor left memory cleanly with `seq` as its last seq: nothing was handed out beyond it.
   | { t: "closed"; seq: number }
   // These messages leave the history (a heartbeat that found nothing to say); their events stay.
-  | { t: "elided"; messageIds: string[] };
+  | { t: "elided"; messageIds: string[] }
+  // Nothing was owed when this was written: no run going, waiting or queued. A log whose last
+  // record (epoch, seq and closed records aside) is this owes nothing to whoever takes it.
+  | { t: "settled" };
+
+/**
+ * Whether the log owes nothing: its last record that is not an epoch, a seq reservation or a
+ * close (written by every activation and every close, a run handed over at a shutdown included)
+ * is `settled`.
+ */
+export function settledLog(records: readonly LogRecord[]): boolean {
+  for (let i = records.length - 1; i >= 0; i--) {
+    const t = records[i].t;
+    if (t !== "epoch" && t !== "seq" && t !== "closed") return t === "settled";
+  }
+  return false;
+}
 
 /** A client tool as the log keeps it (ClientTool's fields). */
 export interface ClientToolRecord {
@@ -142,7 +158,8 @@ export interface SessionStore {
    * The sessions still held by a runner process that is gone without giving them up (a crash, a
    * SIGKILL, the OOM killer, a lost node, or a shutdown that handed a run over: close with
    * keepLease): an earlier process of this runner (same id and address), or another runner whose
-   * heartbeat has stopped. What they may have left half done.
+   * heartbeat has stopped. What they may have left half done: a session whose log is settled
+   * (settledLog) owes nothing and is not listed; it is taken over when it is next asked for.
    */
   orphans(): Promise<SessionRef[]>;
 }

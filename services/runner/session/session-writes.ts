@@ -18,10 +18,27 @@ export class SessionWrites {
     private readonly log: SessionLog,
     private readonly sessionId: string,
     private readonly hooks: SessionWritesHooks,
+    /** The log ends settled (settledLog) as it stands. */
+    private settled = false,
   ) {}
+
+  /**
+   * Says in the log that nothing is owed (a `settled` record), unless it already says so: the
+   * orphan sweep of a runner that takes over leaves such a session until it is asked for.
+   */
+  settle(): void {
+    if (this.settled) return;
+    this.settled = true;
+    void this.append({ t: "settled" }, false);
+  }
+
+  private note(record: LogRecord): void {
+    if (record.t !== "seq" && record.t !== "settled") this.settled = false;
+  }
 
   /** Appends for a caller that answers a client: a failure loses the session and rejects with the status to answer. */
   async appendOrRefuse(record: LogRecord, sync: boolean): Promise<void> {
+    this.note(record);
     try {
       await this.log.append(record, sync);
     } catch (err) {
@@ -31,6 +48,7 @@ export class SessionWrites {
 
   /** Appends what nobody waits on (a run's events, an elision): a failure loses the session; this resolves. */
   append(record: LogRecord, sync: boolean): Promise<void> {
+    this.note(record);
     return this.log.append(record, sync).then(undefined, (err: unknown) => void this.failed(err));
   }
 

@@ -14,6 +14,7 @@ import { SessionLeases, type Owner } from "../session/session-lease.js";
 import {
   ownerOf,
   sessionHeader,
+  settledLog,
   type LogRecord,
   type SessionLog,
   type SessionOwner,
@@ -33,6 +34,8 @@ function headerMatches(records: LogRecord[], ref: SessionRef): boolean {
 /** Where a data directory keeps a session's log (for operators and tests; the store uses the same). */
 /** A log header longer than this is not a header this store wrote. */
 const MAX_HEADER_BYTES = 256 * 1024;
+/** How much of a log's end the orphan sweep reads to see whether it is settled. */
+const TAIL_BYTES = 64 * 1024;
 
 export const sessionLogPath = (dataDir: string, ref: SessionRef): string =>
   path.join(dataDir, "sessions", filePart(ref.tenant), filePart(ref.principal), `${filePart(ref.sessionId)}.jsonl`);
@@ -216,11 +219,33 @@ export class JsonlSessionStore implements SessionStore {
         const key = `${holder.runnerId}\0${holder.address}\0${holder.incarnation}`;
         if (!alive.has(key)) alive.set(key, this.leases.alive(holder));
         if (await alive.get(key)) continue;
-        const head = await this.header(path.join(dir, `${m[1]}.jsonl`));
-        if (head) out.push(refOf(ownerOf(head), head.sessionId));
+        const file = path.join(dir, `${m[1]}.jsonl`);
+        const head = await this.header(file);
+        if (head && !(await this.settledTail(file))) out.push(refOf(ownerOf(head), head.sessionId));
       }
     }
     return out;
+  }
+
+  /** Whether the log ends settled (settledLog), from its last 64 KiB: a log that cannot be read is not. */
+  private async settledTail(file: string): Promise<boolean> {
+    try {
+      const fh = await open(file, "r");
+      try {
+        const { size } = await fh.stat();
+        const from = Math.max(0, size - TAIL_BYTES);
+        const buf = Buffer.alloc(size - from);
+        const { bytesRead } = await fh.read(buf, 0, buf.length, from);
+        let text = buf.subarray(0, bytesRead).toString("utf8");
+        // A tail that starts inside a line starts at the next one.
+        if (from > 0) text = text.slice(text.indexOf("\n") + 1);
+        return settledLog(parseLog(text).records);
+      } finally {
+        await fh.close();
+      }
+    } catch {
+      return false;
+    }
   }
 
   /** A log's header (its first line; 4 KiB are read, not the whole log), if the file is a log that sits where its header puts it. */

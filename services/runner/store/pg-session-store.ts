@@ -178,12 +178,18 @@ export class PgSessionStore implements SessionStore {
   async orphans(): Promise<SessionRef[]> {
     // A row names its holder until the holder closes it (release); migration 2 indexes holders.
     // Gone: an earlier process of this runner, or a holder that is not alive by the test
-    // activate() makes under the row's lock.
+    // activate() makes under the row's lock. Settled logs (settledLog: the last record that is
+    // not an epoch, a seq or a close is settled; records start with their "t") owe nothing.
     const { rows } = await this.pool.query<{ tenant: string; principal: string; session_id: string }>(
       `SELECT s.tenant, s.principal, s.session_id
          FROM troupe_sessions s LEFT JOIN troupe_runners r ON r.runner_id = s.owner_runner
         WHERE s.owner_runner IS NOT NULL AND s.owner_incarnation <> $3
-          AND ((s.owner_runner = $1 AND s.owner_address = $2) OR NOT ${holderAlive("$4")})`,
+          AND ((s.owner_runner = $1 AND s.owner_address = $2) OR NOT ${holderAlive("$4")})
+          AND NOT coalesce((SELECT l.record LIKE '{"t":"settled"%'
+                              FROM troupe_records l
+                             WHERE l.sid = s.sid AND l.record NOT LIKE '{"t":"epoch"%'
+                               AND l.record NOT LIKE '{"t":"seq"%' AND l.record NOT LIKE '{"t":"closed"%'
+                             ORDER BY l.pos DESC LIMIT 1), false)`,
       [this.self.runnerId, this.self.address, this.self.incarnation, this.livenessMs],
     );
     return rows.map((r) => ({ tenant: r.tenant, principal: r.principal, sessionId: r.session_id }));
