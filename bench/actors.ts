@@ -7,17 +7,25 @@
 // - passivated_kb: the same after every session has been passivated (left memory; reloaded from
 //   its log on next use), per session;
 // - latency: prompt -> frame_accepted (ack), -> first token, -> agent_end, over turns on random
-//   sessions; measured first with few live sessions (the baseline, same run) and then at N.
+//   sessions; measured first with few live sessions (the baseline, same run) and then at N;
+// - open: a Chat stream's open -> its `opened` (the session's first answer), on live sessions, and
+//   after all N are passivated on cold ones (activated from the store, their log read).
+//
+// `--store postgres` keeps the sessions in a PostgreSQL server of its own (Debian's package)
+// instead of the file store.
 //
 // The runner runs with --expose-gc so the heap figures follow a collection; memory lookups are off
 // (TROUPE_MEMORY_CONTEXT_K=0) to measure the actors, not the memory service.
 //
-//   node dist/bench/actors.js [--sessions 10000] [--concurrency 64] [--turns 2000]
-import { readdir } from "node:fs/promises";
+//   node dist/bench/actors.js [--sessions 10000] [--concurrency 64] [--turns 2000] [--store file|postgres]
+import { chmod, mkdtemp, readdir, rm } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
 import { parseArgs } from "node:util";
 import { RunnerService } from "../services/shared/gen/troupe/v1/runner_pb.js";
 import { ChatSession } from "../test/helpers/session.js";
 import { LOAD_QUOTAS, startStack, type Stack } from "../test/helpers/stack.js";
+import { startLocalPostgres } from "../services/cli/up/local-postgres.js";
 import { pct } from "./support/stats.js";
 
 const { values } = parseArgs({
@@ -25,8 +33,10 @@ const { values } = parseArgs({
     sessions: { type: "string", default: "10000" },
     concurrency: { type: "string", default: "64" },
     turns: { type: "string", default: "2000" },
+    store: { type: "string", default: "file" },
   },
 });
+if (values.store !== "file" && values.store !== "postgres") throw new Error("--store is file or postgres");
 const N = Number(values.sessions);
 const CONCURRENCY = Number(values.concurrency);
 const TURNS = Number(values.turns);
@@ -45,6 +55,8 @@ async function pool(count: number, task: (i: number) => Promise<void>, concurren
 }
 
 interface Turn {
+  /** Open sent -> opened. */
+  open: number;
   ack: number;
   firstToken: number;
   end: number;
@@ -54,9 +66,11 @@ interface Turn {
 async function turn(stack: Stack, sessionId: string, create: boolean, text: string): Promise<Turn> {
   const s = new ChatSession(stack.gateway);
   try {
+    const o0 = performance.now();
     s.open(sessionId, create);
     await s.waitOpened(30_000);
     const t0 = performance.now();
+    const open = t0 - o0;
     const frameId = s.prompt(text);
     const from = s.events.length;
     await s.waitFor((e) => e.payload.case === "frameAccepted" && e.payload.value.frameId === frameId, 30_000, from);
@@ -68,7 +82,7 @@ async function turn(stack: Stack, sessionId: string, create: boolean, text: stri
     // Leave without a stream reset: thousands of resets on one connection would close it.
     const status = await s.finish();
     if (status.code !== 0) throw new Error(`session ${sessionId} ended with ${status.code} ${status.details}`);
-    return { ack, firstToken, end };
+    return { open, ack, firstToken, end };
   } catch (err) {
     s.close();
     throw err;
@@ -85,6 +99,10 @@ async function latency(stack: Stack, live: number, turns: number, concurrency: n
   return out;
 }
 
+const pgDir = values.store === "postgres" ? await mkdtemp(path.join(os.tmpdir(), "troupe-bench-actors-")) : "";
+// The server runs as Debian's postgres user, which must reach its directory.
+if (pgDir) await chmod(pgDir, 0o711);
+const pg = pgDir ? await startLocalPostgres(path.join(pgDir, "pg")) : undefined;
 const stack = await startStack({
   services: ["model-server", "router", "runner", "gateway"],
   // One tenant opens 10,000 sessions: the per-tenant limits are not what this measures.
@@ -96,6 +114,7 @@ const stack = await startStack({
     TROUPE_TENANT_RATE: "1000000",
     TROUPE_TENANT_BURST: "1000000",
     TROUPE_TENANT_STREAMS: "1000000",
+    ...(pg ? { TROUPE_STORE_URL: await pg.createDatabase("actors") } : {}),
   },
 });
 // Passivating 100,000 sessions takes longer than a call's default deadline.
@@ -127,6 +146,8 @@ try {
   const { passivated } = await runner.passivateIdle({ idleForMs: 0 });
   const passivateS = (performance.now() - p0) / 1000;
   const gone = await stats();
+  // Cold opens: every session passivated, so each open activates one from the store.
+  const cold = await latency(stack, N, Math.min(TURNS, 1000), 16);
 
   const idleActor = (Number(live.heapUsedBytes) - Number(empty.heapUsedBytes)) / live.liveSessions;
   const perPassivated = Math.max(0, Number(gone.heapUsedBytes) - Number(empty.heapUsedBytes)) / N;
@@ -149,6 +170,9 @@ try {
     `latency with ${live.liveSessions} live sessions (${atLoad.length} turns, 16 at a time): ack ${fmt(atLoad.map((t) => t.ack))}; first token ${fmt(atLoad.map((t) => t.firstToken))}; agent_end ${fmt(atLoad.map((t) => t.end))}`,
   );
   console.log(
+    `open -> opened: ${fmt(lowLoad.map((t) => t.open))} with ${WARM} live (baseline); ${fmt(atLoad.map((t) => t.open))} with ${live.liveSessions} live; ${fmt(cold.map((t) => t.open))} on passivated sessions (${values.store} store)`,
+  );
+  console.log(
     `heap after the load turns: ${kb(Number(afterLoad.heapUsedBytes))} KB with ${afterLoad.liveSessions} actors`,
   );
   const ok = live.liveSessions >= 10_000 && idleActor <= 20 * 1024;
@@ -157,9 +181,17 @@ try {
     `RESULT live_sessions=${live.liveSessions} idle_actor_kb=${kb(idleActor)} p99_ms=${pct(
       atLoad.map((t) => t.firstToken),
       99,
-    ).toFixed(1)}`,
+    ).toFixed(1)} open_p99_ms=${pct(
+      atLoad.map((t) => t.open),
+      99,
+    ).toFixed(1)} cold_open_p99_ms=${pct(
+      cold.map((t) => t.open),
+      99,
+    ).toFixed(1)} store=${values.store}`,
   );
 } finally {
   runner.close();
   await stack.stop();
+  await pg?.stop();
+  if (pgDir) await rm(pgDir, { recursive: true, force: true });
 }
