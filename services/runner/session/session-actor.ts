@@ -18,18 +18,16 @@ import {
   type SessionInfo,
 } from "../../shared/gen/troupe/v1/session_pb.js";
 import { validateFrame } from "../../shared/frames.js";
-import { invalidArgument } from "../../shared/errors.js";
+import { invalidArgument, type RpcError } from "../../shared/errors.js";
 import { newId } from "../../shared/ids.js";
-import type { RpcError } from "../../shared/errors.js";
 import { clientToolSpecs } from "../tools/client-tools.js";
 import { HeldCalls } from "./held-calls.js";
 import { pendingCallOf } from "./tool-waits.js";
 import { failure, type Logger } from "../../shared/process/log.js";
 import { runAgent } from "../loop/loop.js";
-import { pushMessage } from "../loop/run.js";
 import { resumedMessages } from "../loop/turn-start.js";
-import * as recovery from "./recovery.js";
-import { type CutOff, INTERRUPTED } from "./recovery.js";
+import { type CutOff, INTERRUPTED, replayRecords, resumeSeq } from "./recovery.js";
+import { pushMessage } from "../loop/run.js";
 import type { Compaction, EventPayload, QueuedMessage, RunDeps, RunHost } from "../loop/run.js";
 import type { AuditSink } from "../store/audit-log.js";
 import { refOf, type SessionRef } from "../../shared/session-ref.js";
@@ -121,13 +119,11 @@ export class SessionActor {
     private readonly deps: ActorDeps,
     /** Set when the session is a sub-agent's (delegate_task): its parent, depth and instruction. */
     readonly subagent?: Subagent,
-    /** The log it was loaded from ends settled. */
-    settled = false,
   ) {
     // Each part's host is one small object whose methods are on its prototype (actor-hosts.ts):
     // an idle actor holds no closures for them.
     const self = this as unknown as ActorInternals;
-    this.writes = new SessionWrites(log, sessionId, new WritesHost(self), settled);
+    this.writes = new SessionWrites(log, sessionId, new WritesHost(self));
     this.slot = new RunSlot(new SlotHost(self));
     this.journal = new EventJournal(new JournalHostOf(self));
     this.admission = new Admission(new AdmissionHostOf(self));
@@ -149,11 +145,10 @@ export class SessionActor {
   ): Promise<SessionActor> {
     // The first block of seqs is reserved in the log's first write: events reach clients before
     // the log has them (why: docs/architecture.md, the session actor). A new session owes nothing.
-    const log = await deps.store.create(refOf(owner, sessionId), agentId, owner, subagent, [
-      { t: "seq", upTo: SEQ_BLOCK },
-      { t: "settled" },
-    ]);
-    const actor = new SessionActor(sessionId, agentId, owner, log, deps, subagent, true);
+    const opening: LogRecord[] = [{ t: "seq", upTo: SEQ_BLOCK }, { t: "settled" }];
+    const log = await deps.store.create(refOf(owner, sessionId), agentId, owner, subagent, opening);
+    const actor = new SessionActor(sessionId, agentId, owner, log, deps, subagent);
+    actor.writes.knownSettled();
     actor.journal.resumeAt(0, SEQ_BLOCK);
     return actor;
   }
@@ -166,19 +161,12 @@ export class SessionActor {
       await log.close();
       throw new Error(`session log ${ref.sessionId} has no header`);
     }
-    const actor = new SessionActor(
-      ref.sessionId,
-      head.agentId,
-      ownerOf(head),
-      log,
-      deps,
-      head.subagent,
-      settledLog(records),
-    );
+    const actor = new SessionActor(ref.sessionId, head.agentId, ownerOf(head), log, deps, head.subagent);
+    if (settledLog(records)) actor.writes.knownSettled();
     actor.createdMs = head.createdMs;
     // Recovery publishes events at once (acknowledgements owed, a resumed run), before the log
     // has them: their seqs are reserved durably first, so no seq is ever handed out twice.
-    const resumeAt = recovery.resumeSeq(records);
+    const resumeAt = resumeSeq(records);
     try {
       await log.append({ t: "seq", upTo: resumeAt + SEQ_BLOCK }, true);
     } catch (err) {
@@ -380,7 +368,7 @@ export class SessionActor {
   historyPage(offset: number, size: number): Promise<ChatMessage[]> {
     return this.history.page(offset, size, async () => {
       await this.log.flush();
-      return recovery.replayRecords(await this.deps.store.read(this.ref)).messages;
+      return replayRecords(await this.deps.store.read(this.ref)).messages;
     });
   }
 

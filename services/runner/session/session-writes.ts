@@ -18,9 +18,15 @@ export class SessionWrites {
     private readonly log: SessionLog,
     private readonly sessionId: string,
     private readonly hooks: SessionWritesHooks,
-    /** The log ends settled (settledLog) as it stands. */
-    private settled = false,
   ) {}
+
+  /** Whether the log ends settled (settledLog) as it stands. */
+  private settled = false;
+
+  /** The log ends settled as it stands (a new session's, or one loaded so). */
+  knownSettled(): void {
+    this.settled = true;
+  }
 
   /**
    * Says in the log that nothing is owed (a `settled` record), unless it already says so: the
