@@ -4,6 +4,7 @@
 import path from "node:path";
 import { loadConfig } from "../shared/config/config.js";
 import { useOutboundProxy } from "../shared/net/outbound-proxy.js";
+import { exitProcess } from "../shared/process/exit.js";
 import { createLogger } from "../shared/process/log.js";
 import { InboxReplies } from "../adapter/replies.js";
 import { AdapterState } from "../adapter/state.js";
@@ -72,7 +73,7 @@ export async function adapterCommand(args: string[]): Promise<number> {
   gateway.close();
   // Everything is closed; a connection whose far side never answers our close (a Socket Mode
   // socket gone silent) would keep the process alive, so it is left to the exit.
-  setTimeout(() => process.exit(), 2000).unref();
+  setTimeout(() => void exitProcess(0), 2000).unref();
   return 0;
 }
 

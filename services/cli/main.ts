@@ -2,6 +2,7 @@
 // troupe: one binary for every service, the supervisor and the chat client.
 import { readFileSync } from "node:fs";
 import { childEnvironment, loadConfig, widenThreadPool } from "../shared/config/config.js";
+import { exitProcess } from "../shared/process/exit.js";
 import { runService } from "../shared/process/service.js";
 import { startOver } from "./allocator.js";
 import { jitFlags } from "./jit.js";
@@ -287,5 +288,5 @@ async function main(argv: string[]): Promise<void> {
 
 main(process.argv.slice(2)).catch((err: Error) => {
   process.stderr.write(`troupe: ${err.message}\n`);
-  process.exit(1);
+  void exitProcess(1);
 });

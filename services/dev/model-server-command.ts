@@ -1,6 +1,7 @@
 import { readFile } from "node:fs/promises";
 import { loadConfig } from "../shared/config/config.js";
 import { splitHostPort } from "../shared/net/host-port.js";
+import { exitProcess } from "../shared/process/exit.js";
 import { createLogger } from "../shared/process/log.js";
 import { startScriptedModelServer } from "./scripted-model/server.js";
 
@@ -29,7 +30,7 @@ export async function modelServerCommand(args: string[]): Promise<void> {
   logger.info(`scripted model server (OpenAI API) on ${scheme}://${host}:${server.port}/v1`, { tokenRate });
   const stop = async () => {
     await server.close();
-    process.exit(0);
+    await exitProcess(0);
   };
   process.on("SIGTERM", () => void stop());
   process.on("SIGINT", () => void stop());

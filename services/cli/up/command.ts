@@ -27,6 +27,7 @@ import { runInOneProcess } from "./one-process.js";
 import type { Child } from "./child.js";
 import { inUse, inUseMessage, type Listener } from "./ports-in-use.js";
 import { allocatorEnvironment, startOver } from "../allocator.js";
+import { exitProcess } from "../../shared/process/exit.js";
 import { jitFlags } from "../jit.js";
 import { upFileWriter } from "./file.js";
 import { reapLeftovers, removeSandboxes } from "./leftovers.js";
@@ -309,7 +310,8 @@ async function superviseChildren(
       if (Date.now() - stoppingSince < SAME_STOP_MS) return;
       logger.warn("second signal: killing children");
       for (const c of children) c.proc?.kill("SIGKILL");
-      process.exit(130);
+      void exitProcess(130);
+      return;
     }
     stoppingSince = Date.now();
     trimmer.stop();
@@ -328,7 +330,7 @@ async function superviseChildren(
       }
       await cleanup();
       logger.info("all services stopped");
-      process.exit(0);
+      await exitProcess(0);
     })();
   };
   process.on("SIGINT", () => stop("SIGINT"));

@@ -5,6 +5,7 @@
 import { unknownVariables } from "../config/config.js";
 import type { Config } from "../config/config-types.js";
 import { resumeOptimizationOnceBusy } from "./deferred-tiering.js";
+import { exitProcess } from "./exit.js";
 import { describeTrim, startIdleTrim } from "./idle-trim.js";
 import { createLogger, type Logger, routeNodeWarnings } from "./log.js";
 import { startMetrics, type Metrics } from "./metrics.js";
@@ -73,7 +74,7 @@ export async function runServices(
     logger.error(`failed to start: ${(err as Error).message}`);
     await drainAll();
     await Promise.all([telemetry.shutdown(), meters.shutdown(), afterDrain()]).catch(() => undefined);
-    process.exit(1);
+    return exitProcess(1);
   }
   const trimmer = startIdleTrim({ idleMs: cfg.idleTrimMs, onTrim: (t) => logger.debug(describeTrim(t)) });
   const stopDeferring = resumeOptimizationOnceBusy((share) =>
@@ -87,12 +88,12 @@ export async function runServices(
     stopDeferring();
     logger.info(`${signal}: draining`);
     const grace = Math.max(...units.map((u) => u.cfg.drainGraceMs));
-    const hardStop = setTimeout(() => process.exit(1), grace * units.length + 5000);
+    const hardStop = setTimeout(() => void exitProcess(1), grace * units.length + 5000);
     hardStop.unref();
     await drainAll();
     await Promise.all([telemetry.shutdown(), meters.shutdown(), afterDrain()]).catch(() => undefined);
     logger.info("stopped");
-    process.exit(0);
+    await exitProcess(0);
   };
   process.on("SIGTERM", () => void stop("SIGTERM"));
   process.on("SIGINT", () => void stop("SIGINT"));
