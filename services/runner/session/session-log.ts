@@ -145,7 +145,8 @@ export interface SessionStore {
   ): Promise<SessionLog>;
   /**
    * Takes a stored session for this runner: its log to append to, its records so far, and the
-   * lines of the log that were damaged and skipped (the actor reports them).
+   * lines of the log that were damaged and skipped (the actor reports them). Rejects with
+   * sessionNotThere's error when there is no such session.
    */
   activate(ref: SessionRef): Promise<{ log: SessionLog; records: LogRecord[]; corruptLines: number[] }>;
   /** The session's valid records (a stale owner's late writes left out). */
@@ -163,3 +164,7 @@ export interface SessionStore {
    */
   orphans(): Promise<SessionRef[]>;
 }
+
+/** What a store rejects with for a session it does not hold: code ENOENT, whatever the backend. */
+export const sessionNotThere = (ref: SessionRef): Error =>
+  Object.assign(new Error(`session ${ref.sessionId} does not exist`), { code: "ENOENT" });

@@ -14,6 +14,7 @@ import { SessionLeases, type Owner } from "../session/session-lease.js";
 import {
   ownerOf,
   sessionHeader,
+  sessionNotThere,
   settledLog,
   type LogRecord,
   type SessionLog,
@@ -39,9 +40,6 @@ const TAIL_BYTES = 64 * 1024;
 
 export const sessionLogPath = (dataDir: string, ref: SessionRef): string =>
   path.join(dataDir, "sessions", filePart(ref.tenant), filePart(ref.principal), `${filePart(ref.sessionId)}.jsonl`);
-
-const notThere = (ref: SessionRef) =>
-  Object.assign(new Error(`session ${ref.sessionId} does not exist`), { code: "ENOENT" });
 
 export class JsonlSessionStore implements SessionStore {
   private readonly dir: string;
@@ -183,7 +181,7 @@ export class JsonlSessionStore implements SessionStore {
 
   private async parsed(ref: SessionRef): Promise<ParsedLog> {
     const parsed = parseLog(await readFile(this.file(ref), "utf8"));
-    if (!headerMatches(parsed.records, ref)) throw notThere(ref);
+    if (!headerMatches(parsed.records, ref)) throw sessionNotThere(ref);
     return parsed;
   }
 
@@ -220,14 +218,18 @@ export class JsonlSessionStore implements SessionStore {
         if (!alive.has(key)) alive.set(key, this.leases.alive(holder));
         if (await alive.get(key)) continue;
         const file = path.join(dir, `${m[1]}.jsonl`);
+        if (await this.settledTail(file)) continue;
         const head = await this.header(file);
-        if (head && !(await this.settledTail(file))) out.push(refOf(ownerOf(head), head.sessionId));
+        if (head) out.push(refOf(ownerOf(head), head.sessionId));
       }
     }
     return out;
   }
 
-  /** Whether the log ends settled (settledLog), from its last 64 KiB: a log that cannot be read is not. */
+  /**
+   * Whether the log ends settled (settledLog), from its last 64 KiB read forwards (a stale holder's
+   * late write is known from the epoch records before it): a log that cannot be read is not.
+   */
   private async settledTail(file: string): Promise<boolean> {
     try {
       const fh = await open(file, "r");

@@ -18,6 +18,7 @@ import type pg from "pg";
 import { sqlState } from "../../shared/pg.js";
 import { refKey, type SessionRef } from "../../shared/session-ref.js";
 import { SessionElsewhere, type Owner } from "../session/session-lease.js";
+import { sessionNotThere, type LogRecord } from "../session/session-log.js";
 
 /** What activating one session found: where its log goes on, and the rows it held. */
 export interface Activation {
@@ -26,7 +27,7 @@ export interface Activation {
   /** The rows before this activation's epoch record, in pos order. */
   rows: { pos: number; record: string }[];
   /** The epoch record appended, and the pos after it. */
-  mark: string;
+  mark: LogRecord;
   nextPos: number;
 }
 
@@ -37,13 +38,14 @@ interface Pending {
 }
 
 /**
- * Whether a session row `s`'s holder still holds it: its membership row `r` (LEFT JOINed on
- * owner_runner) is that incarnation's and beat within `livenessMs`, the query parameter named.
- * Activation and the orphan sweep judge a holder by this one test.
+ * Whether the runner named by the columns `runner` and `incarnation` still holds what they name:
+ * its membership row is that incarnation's and beat within `livenessMs`, the query parameter
+ * named. Activation and the orphan sweep judge a holder by this one test.
  */
-export const holderAlive = (livenessMs: string) =>
-  `(r.incarnation IS NOT NULL AND r.incarnation = s.owner_incarnation
-    AND r.beat_at > now() - ${livenessMs} * interval '1 millisecond')`;
+export const holderAlive = (runner: string, incarnation: string, livenessMs: string) =>
+  `EXISTS (SELECT 1 FROM troupe_runners r
+            WHERE r.runner_id = ${runner} AND r.incarnation = ${incarnation}
+              AND r.beat_at > now() - ${livenessMs} * interval '1 millisecond')`;
 
 const CLAIM_SQL = `
   WITH q AS (
@@ -59,10 +61,7 @@ const CLAIM_SQL = `
     -- Judged after the lock, on the holder the row names now: a row another runner took while
     -- this statement waited comes back as that runner left it, and its membership is read here,
     -- not joined before the lock (a join's row would be the old holder's).
-    SELECT h.*, coalesce(h.incarnation = $4, false) AS mine,
-           EXISTS (SELECT 1 FROM troupe_runners r
-                    WHERE r.runner_id = h.runner AND r.incarnation = h.incarnation
-                      AND r.beat_at > now() - $7 * interval '1 millisecond') AS alive
+    SELECT h.*, coalesce(h.incarnation = $4, false) AS mine, ${holderAlive("h.runner", "h.incarnation", "$7")} AS alive
       FROM held h
   ), taken AS (
     UPDATE troupe_sessions s SET epoch = s.epoch + 1, owner_runner = $5, owner_incarnation = $4, owner_address = $6
@@ -136,7 +135,7 @@ export class PgActivations {
           const got = found.get(refKey(p.ref));
           if (got instanceof Error) p.reject(got);
           else if (got) p.resolve(got);
-          else p.reject(Object.assign(new Error(`session ${p.ref.sessionId} does not exist`), { code: "ENOENT" }));
+          else p.reject(sessionNotThere(p.ref));
         }
         return;
       } catch (err) {
@@ -174,7 +173,7 @@ export class PgActivations {
           this.livenessMs,
         ]);
         const found = new Map<string, Activation | SessionElsewhere>();
-        const taken: { key: string; sid: string; epoch: number; mark: string }[] = [];
+        const taken: { key: string; sid: string; epoch: number; mark: LogRecord }[] = [];
         for (const row of rows) {
           const key = refKey({ tenant: row.tenant, principal: row.principal, sessionId: row.session_id });
           if (row.epoch === null) {
@@ -186,7 +185,7 @@ export class PgActivations {
               ),
             );
           } else {
-            const mark = JSON.stringify({ t: "epoch", epoch: row.epoch, runnerId: this.self.runnerId });
+            const mark: LogRecord = { t: "epoch", epoch: row.epoch, runnerId: this.self.runnerId };
             taken.push({ key, sid: row.sid, epoch: row.epoch, mark });
           }
         }
@@ -194,7 +193,7 @@ export class PgActivations {
           const read = await client.query<{ sid: string; pos: number; record: string | null }>(READ_SQL, [
             taken.map((t) => t.sid),
             taken.map((t) => t.epoch),
-            taken.map((t) => t.mark),
+            taken.map((t) => JSON.stringify(t.mark)),
           ]);
           const bySid = new Map(taken.map((t) => [t.sid, { ...t, rows: [] as Activation["rows"], nextPos: 0 }]));
           for (const r of read.rows) {

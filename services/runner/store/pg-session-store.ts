@@ -19,6 +19,7 @@ import type { Owner } from "../session/session-lease.js";
 import {
   ownerOf,
   sessionHeader,
+  sessionNotThere,
   type LogRecord,
   type SessionLog,
   type SessionOwner,
@@ -29,9 +30,6 @@ import {
 
 const KEY = "tenant = $1 AND principal = $2 AND session_id = $3";
 const keyOf = (ref: SessionRef) => [ref.tenant, ref.principal, ref.sessionId];
-
-const notThere = (ref: SessionRef) =>
-  Object.assign(new Error(`session ${ref.sessionId} does not exist`), { code: "ENOENT" });
 
 /** One activation's log: appends go through the store's appender at this epoch, from `nextPos` on. */
 class PgSessionLog implements SessionLog {
@@ -118,7 +116,7 @@ export class PgSessionStore implements SessionStore {
   async activate(ref: SessionRef): Promise<{ log: SessionLog; records: LogRecord[]; corruptLines: number[] }> {
     const taken = await this.activations.activate(ref);
     const { records, corruptLines } = parseRows(taken.rows);
-    records.push(JSON.parse(taken.mark) as LogRecord);
+    records.push(taken.mark);
     return {
       log: new PgSessionLog(this, ref, taken.epoch, this.appender.writer(ref, taken.sid, taken.epoch, taken.nextPos)),
       records,
@@ -143,7 +141,7 @@ export class PgSessionStore implements SessionStore {
       keyOf(ref),
     );
     const { records } = parseRows(rows);
-    if (records[0]?.t !== "session") throw notThere(ref);
+    if (records[0]?.t !== "session") throw sessionNotThere(ref);
     return records;
   }
 
@@ -182,9 +180,10 @@ export class PgSessionStore implements SessionStore {
     // not an epoch, a seq or a close is settled; records start with their "t") owe nothing.
     const { rows } = await this.pool.query<{ tenant: string; principal: string; session_id: string }>(
       `SELECT s.tenant, s.principal, s.session_id
-         FROM troupe_sessions s LEFT JOIN troupe_runners r ON r.runner_id = s.owner_runner
+         FROM troupe_sessions s
         WHERE s.owner_runner IS NOT NULL AND s.owner_incarnation <> $3
-          AND ((s.owner_runner = $1 AND s.owner_address = $2) OR NOT ${holderAlive("$4")})
+          AND ((s.owner_runner = $1 AND s.owner_address = $2)
+               OR NOT ${holderAlive("s.owner_runner", "s.owner_incarnation", "$4")})
           AND NOT coalesce((SELECT l.record LIKE '{"t":"settled"%'
                               FROM troupe_records l
                              WHERE l.sid = s.sid AND l.record NOT LIKE '{"t":"epoch"%'
