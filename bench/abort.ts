@@ -6,18 +6,16 @@
 //
 //   node dist/bench/abort.js [--runs 30]
 import { scopeKey } from "../services/sandbox/scope.js";
-import { execFile, spawn } from "node:child_process";
-import { once } from "node:events";
+import { execFile } from "node:child_process";
 import { parseArgs } from "node:util";
 import { promisify } from "node:util";
-import { fileURLToPath } from "node:url";
-import * as grpc from "@grpc/grpc-js";
 import { SandboxService } from "../services/shared/gen/troupe/v1/sandbox_pb.js";
 import { DEV_IDENTITY } from "../services/shared/auth/auth.js";
 import { StopReason } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { containerName, instanceOf } from "../services/sandbox/container-spec.js";
 import { ChatSession } from "../test/helpers/session.js";
 import { LOAD_QUOTAS, startStack } from "../test/helpers/stack.js";
+import { rawRoundTrips } from "./support/raw-grpc.js";
 import { pct } from "./support/stats.js";
 
 const run = promisify(execFile);
@@ -67,29 +65,8 @@ try {
     await sandbox.releaseSandbox({ sessionId: opened.sessionId });
   }
 
-  // Baseline 1: a raw grpc-js unary round trip to another process.
-  const server = spawn(process.execPath, [fileURLToPath(new URL("./support/raw-grpc-server.js", import.meta.url))], {
-    stdio: ["ignore", "pipe", "inherit"],
-  });
-  const [line] = (await once(server.stdout!, "data")) as [Buffer];
-  const raw = new grpc.Client(`127.0.0.1:${line.toString().trim()}`, grpc.credentials.createInsecure());
-  const identity = (b: Buffer) => b;
-  const rtt: number[] = [];
-  for (let i = 0; i < RUNS; i++) {
-    const t0 = performance.now();
-    await new Promise<void>((resolve, reject) => {
-      const call = raw.makeBidiStreamRequest("/bench.Raw/Stream", identity, identity);
-      call.once("data", () => resolve());
-      call.on("error", reject);
-      const req = Buffer.alloc(4);
-      req.writeUInt32BE(1);
-      call.write(req);
-      call.end();
-    });
-    rtt.push(performance.now() - t0);
-  }
-  raw.close();
-  server.kill("SIGTERM");
+  // Baseline 1: a raw grpc-js round trip to another process.
+  const rtt = await rawRoundTrips(RUNS);
 
   // Baseline 2: the docker CLI killing a command's processes in a running container.
   const probe = `bench-abort-cli-${Date.now()}`;

@@ -6,7 +6,9 @@
 //   every tool ("*": "ask"), and its one turn called manage_schedule, so the run stopped in
 //   RunWaiting with one held call;
 // - decision_to_start: a ToolDecision (approve) sent on a Chat stream -> that stream's
-//   tool_execution_start, over a sample of the waiting sessions, 16 at a time, with all N waiting.
+//   tool_execution_start, over a sample of the waiting sessions, 16 at a time, with all N waiting;
+// - its floor: raw grpc-js round trips to a bare server in another process, as many, one at a
+//   time, with the N sessions still waiting (the decision's path is two such hops each way).
 //
 // The runner runs with --expose-gc; memory lookups are off (TROUPE_MEMORY_CONTEXT_K=0).
 //
@@ -16,6 +18,7 @@ import { RunnerService } from "../services/shared/gen/troupe/v1/runner_pb.js";
 import { ToolVerdict } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { ChatSession } from "../test/helpers/session.js";
 import { LOAD_QUOTAS, startStack, writeAgent, type Stack } from "../test/helpers/stack.js";
+import { rawRoundTrips } from "./support/raw-grpc.js";
 import { pct } from "./support/stats.js";
 
 const { values } = parseArgs({
@@ -126,6 +129,7 @@ try {
 
   const latencies: number[] = [];
   await pool(DECISIONS, async (i) => void latencies.push(await decide(stack, `wait-${i}`, calls[i])), DECIDING);
+  const rtt = await rawRoundTrips(DECISIONS);
 
   const idleKb = (Number(idle.heapUsedBytes) - Number(empty.heapUsedBytes)) / idle.liveSessions;
   const waitingKb =
@@ -140,8 +144,12 @@ try {
   console.log(
     `decision -> tool start over ${latencies.length} decisions with ${N} waiting, ${DECIDING} at a time: p50=${p50.toFixed(1)} p99=${p99.toFixed(1)} ms (goal p99 <= 20)`,
   );
+  const rttP99 = pct(rtt, 99);
   console.log(
-    `RESULT waiting_sessions=${waiting.liveSessions} waiting_kb=${kb(waitingKb)} idle_kb=${kb(idleKb)} ratio=${(waitingKb / idleKb).toFixed(2)} decision_p99_ms=${p99.toFixed(1)}`,
+    `baseline raw grpc-js round trip, ${rtt.length} one at a time: p50=${pct(rtt, 50).toFixed(1)} p99=${rttP99.toFixed(1)} ms`,
+  );
+  console.log(
+    `RESULT waiting_sessions=${waiting.liveSessions} waiting_kb=${kb(waitingKb)} idle_kb=${kb(idleKb)} ratio=${(waitingKb / idleKb).toFixed(2)} decision_p99_ms=${p99.toFixed(1)} rtt_p99_ms=${rttP99.toFixed(1)} decision_to_rtt_p99=${(p99 / rttP99).toFixed(2)}`,
   );
 } finally {
   runner.close();

@@ -98,3 +98,33 @@ export async function startRaw(streams: number) {
     },
   };
 }
+
+/**
+ * `n` raw grpc-js round trips to a bare server in another process, one after another, each a new
+ * bidi call carrying one request and one reply: ms each. The floor of one hop of a request that
+ * must be answered (bench/abort, bench/approvals).
+ */
+export async function rawRoundTrips(n: number): Promise<number[]> {
+  const { proc: server, port } = await startPortPrinter("./raw-grpc-server.js");
+  const client = new grpc.Client(`127.0.0.1:${port}`, grpc.credentials.createInsecure());
+  try {
+    const times: number[] = [];
+    for (let i = 0; i < n; i++) {
+      const t0 = performance.now();
+      await new Promise<void>((resolve, reject) => {
+        const call = client.makeBidiStreamRequest("/bench.Raw/Stream", identity, identity);
+        call.once("data", () => resolve());
+        call.on("error", reject);
+        const req = Buffer.alloc(4);
+        req.writeUInt32BE(1);
+        call.write(req);
+        call.end();
+      });
+      times.push(performance.now() - t0);
+    }
+    return times;
+  } finally {
+    client.close();
+    server.kill("SIGTERM");
+  }
+}
