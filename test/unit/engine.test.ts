@@ -11,6 +11,7 @@ import { mkdir, mkdtemp, rm, symlink, writeFile } from "node:fs/promises";
 import http from "node:http";
 import os from "node:os";
 import path from "node:path";
+import util from "node:util";
 import { Engine, EngineError, type EngineSettings, engineAddress } from "../../services/sandbox/engine.js";
 import { SandboxFleet } from "../../services/sandbox/fleet.js";
 import { type ContainerDeath, ContainerEvents } from "../../services/sandbox/container-events.js";
@@ -238,6 +239,28 @@ describe("an engine's answers", () => {
     assert.equal(req.method, "POST");
     assert.equal(req.url, "/containers/create?name=troupe-sbx-1");
     assert.deepEqual(JSON.parse(req.body), spec);
+  });
+
+  // docker-modem prints every request's options for its debug line, debug on or not: the
+  // kept-alive agent with its sockets was 8.6 KB of text a request.
+  test("a request's options are cheap to print", async () => {
+    answer = (_req, res) => res.writeHead(200, { "content-type": "text/plain" }).end("OK");
+    await engine.ping();
+    const printed: number[] = [];
+    const inspect = util.inspect;
+    util.inspect = ((value: unknown, options?: util.InspectOptions) => {
+      const text = inspect(value, options);
+      if (options?.showHidden && String((value as { path?: string })?.path).includes("/_ping"))
+        printed.push(text.length);
+      return text;
+    }) as typeof util.inspect;
+    try {
+      await engine.ping();
+    } finally {
+      util.inspect = inspect;
+    }
+    assert.equal(printed.length, 1, "docker-modem printed the request's options once");
+    assert.ok(printed[0] < 1000, `the options printed as ${printed[0]} characters`);
   });
 
   test("a name in use: 409 with the engine's message; a missing object: 404", async () => {
