@@ -29,6 +29,7 @@ import { startLocalPostgres } from "../services/cli/up/local-postgres.js";
 import { ChatSession } from "../test/helpers/session.js";
 import { LOAD_QUOTAS, startStack, type Stack } from "../test/helpers/stack.js";
 import { pct } from "./support/stats.js";
+import { exitProcess } from "../services/shared/process/exit.js";
 
 const { values } = parseArgs({
   options: {
@@ -207,5 +208,5 @@ async function main(): Promise<void> {
 
 main().catch((err) => {
   console.error(err);
-  process.exit(1);
+  void exitProcess(1);
 });

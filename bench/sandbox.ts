@@ -22,6 +22,7 @@ import { SandboxFleet } from "../services/sandbox/fleet.js";
 import { DEFAULT_LIMITS, containerName, instanceOf } from "../services/sandbox/container-spec.js";
 import { LOAD_QUOTAS, startStack } from "../test/helpers/stack.js";
 import { pct } from "./support/stats.js";
+import { exitProcess } from "../services/shared/process/exit.js";
 
 const run = promisify(execFile);
 const { values } = parseArgs({
@@ -207,4 +208,4 @@ console.log(`first exec of a session with a warm pool:     ${fmt(firstWithPool)}
 console.log(
   `RESULT warm_exec_p50_ms=${pct(warm, 50).toFixed(2)} warm_vs_cli_exec=${ratio(warm, cliExec)} cold_vs_cli_run=${ratio(cold, cliRun)} pool_claim_p50_ms=${pct(claim, 50).toFixed(2)} read_4mb_p50_ms=${pct(reads, 50).toFixed(1)} read_vs_cli_cat=${ratio(reads, cliReads)}`,
 );
-process.exit(0);
+await exitProcess(0);

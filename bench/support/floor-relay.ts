@@ -15,6 +15,7 @@ import { pathToFileURL } from "node:url";
 import * as grpc from "@grpc/grpc-js";
 import { bytesStreamMethod } from "./bytes-method.js";
 import { Agent } from "undici";
+import { exitProcess } from "../../services/shared/process/exit.js";
 
 export const FLOOR_METHOD = "/bench.Floor/Stream";
 const identity = (b: Buffer) => b;
@@ -196,6 +197,6 @@ if (import.meta.url === pathToFileURL(process.argv[1]).href) {
   });
   process.on("SIGTERM", () => {
     server.forceShutdown();
-    process.exit(0);
+    void exitProcess(0);
   });
 }

@@ -17,6 +17,7 @@ import {
 import { RouterService } from "../../services/shared/gen/troupe/v1/router_pb.js";
 import { PlacementCache } from "../../services/gateway/placement.js";
 import { RpcServer, createClient } from "../../services/shared/rpc.js";
+import { exitProcess } from "../../services/shared/process/exit.js";
 
 const keysJson = process.argv[2];
 const same = (b: Buffer) => b;
@@ -110,4 +111,4 @@ const ports = {
   auth: await withAuth.listen("127.0.0.1:0"),
 };
 process.stdout.write(`bare=${ports.bare} adapter=${ports.adapter} auth=${ports.auth}\n`);
-process.on("SIGTERM", () => process.exit(0));
+process.on("SIGTERM", () => void exitProcess(0));
