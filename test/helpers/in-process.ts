@@ -2,6 +2,9 @@
 // that plays a script (chunks per call, as pi's agent tests do with their mock stream), and a
 // subscriber that collects events. No ports, no child processes, no Docker.
 import { mkdtempSync } from "node:fs";
+import assert from "node:assert/strict";
+import { after } from "node:test";
+import { UNEXPECTED } from "../../services/runner/session/lifecycle.js";
 import os from "node:os";
 import path from "node:path";
 import type { AgentEvent, ClientFrame } from "../../services/shared/gen/troupe/v1/session_pb.js";
@@ -110,6 +113,19 @@ export function echoTool(name: string, ms = 0, ran: string[] = []): Tool {
 
 export const quietLogger: Logger = { debug() {}, info() {}, warn() {}, error() {} };
 
+/**
+ * The actors' logger: quiet, but a happening the session's lifecycle table does not expect
+ * (lifecycle.ts) fails the test file that met it.
+ */
+const surprises: string[] = [];
+const actorLogger: Logger = {
+  ...quietLogger,
+  error(message, fields) {
+    if (message === UNEXPECTED) surprises.push(JSON.stringify(fields));
+  },
+};
+after(() => assert.deepEqual(surprises, [], "happenings the session lifecycle does not expect"));
+
 /** What a run needs, with test defaults: no memory, a fixed system prompt, no hooks. */
 export function testRunDeps(
   model: ModelClient,
@@ -206,7 +222,7 @@ export async function newActor(
   const deps: ActorDeps = {
     store,
     audit: new AuditLog(mkdtempSync(path.join(os.tmpdir(), "troupe-unit-audit-"))),
-    logger: quietLogger,
+    logger: actorLogger,
     runDeps,
     ...opts.deps,
   };

@@ -1,5 +1,6 @@
 // Starts Troupe's real processes for a test: the scripted model server and the five services, each
 // `node dist/services/cli/main.js <name>` on its own free loopback port, with a fresh data dir.
+import { UNEXPECTED } from "../../services/runner/session/lifecycle.js";
 import { execFile, spawn, type ChildProcess } from "node:child_process";
 import { readFileSync } from "node:fs";
 import https from "node:https";
@@ -483,6 +484,9 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
     async stop() {
       gateway.close();
       await teardown();
+      // A session that met a happening its lifecycle table does not expect is a bug, whatever the test asserted.
+      const surprises = logText.split("\n").filter((line) => line.includes(UNEXPECTED));
+      if (surprises.length > 0) throw new Error(`the runner logged:\n${surprises.slice(0, 10).join("\n")}`);
     },
   };
 }

@@ -1,80 +1,48 @@
-// The turn lock on its own: one run at a time, the next chosen as each ends, a resume keeping its
-// turn, draining and stopping, and a rebuild's stand-in run.
+// The turn lock on its own: one run at a time, a run keeping the turn it is given, draining and
+// stopping, and a rebuild's stand-in run. Which run starts when is the actor's (session-actor.test).
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { type NextRun, RunSlot } from "../../services/runner/session/run-slot.js";
-import type { Queued } from "../../services/runner/session/mailbox.js";
+import { RunSlot } from "../../services/runner/session/run-slot.js";
 
-/** A slot over a queue of named runs; each run waits until the test ends it (or it is aborted). */
-function slotOver(queue: NextRun[]) {
-  const log: string[] = [];
-  const ending = new Map<string, () => void>();
-  const slot: RunSlot = new RunSlot({
-    takeNext: () => queue.shift(),
-    execute: (next, signal) =>
-      new Promise<void>((resolve) => {
-        const name = next.resume ? `resume:${next.resume.turnId}` : next.first.map((q) => q.frameId).join("+");
-        log.push(`run ${name} as ${slot.turnId}`);
-        const end = () => {
-          log.push(`end ${name}`);
-          resolve();
-        };
-        ending.set(name, end);
-        signal.addEventListener("abort", () => {
-          log.push(`abort ${name}: ${(signal.reason as Error).message}`);
-          end();
-        });
-      }),
-    started: () => log.push("started"),
-    ended: () => log.push(`ended, busy=${slot.busy}`),
-    nothingOwed: () => log.push("nothing owed"),
+const settle = () => new Promise((resolve) => setImmediate(resolve));
+
+/** A run in `slot` that goes until `end` (or its abort); what it saw is in `log`. */
+function runIn(slot: RunSlot, turnId: string, log: string[]) {
+  const signal = slot.take(turnId);
+  let end!: () => void;
+  const done = new Promise<void>((resolve) => {
+    end = () => {
+      log.push(`end ${turnId}`);
+      slot.release();
+      resolve();
+    };
+    signal.addEventListener("abort", () => {
+      log.push(`abort ${turnId}: ${(signal.reason as Error).message}`);
+      end();
+    });
   });
-  return { slot, log, end: (name: string) => ending.get(name)?.() };
+  slot.runs(done);
+  return { signal, end, done };
 }
 
-const batch = (...frameIds: string[]): NextRun => ({ first: frameIds.map((frameId) => ({ frameId }) as Queued) });
-const settle = () => new Promise((resolve) => setImmediate(resolve));
-/** The slot's log without each run's turn id (random), which the tests check on their own. */
-const withoutTurns = (log: string[]) => log.map((l) => l.replace(/ as .*/, ""));
-
 describe("the run slot", () => {
-  test("runs one at a time, choosing the next as each ends, and says when nothing is owed", async () => {
-    const queue = [batch("a"), batch("b", "c")];
-    const { slot, log, end } = slotOver(queue);
-    slot.schedule();
-    const first = slot.turnId;
-    slot.schedule();
-    assert.equal(log.filter((l) => l.startsWith("run")).length, 1, "a second schedule while busy starts nothing");
-    end("a");
-    await settle();
-    assert.ok(slot.busy && slot.turnId !== first, "the next run has a turn of its own");
-    end("b+c");
-    await settle();
-    assert.equal(slot.busy, false);
-    assert.deepEqual(withoutTurns(log), [
-      "started",
-      "run a",
-      "end a",
-      "ended, busy=false",
-      "started",
-      "run b+c",
-      "end b+c",
-      "ended, busy=false",
-      "nothing owed",
-    ]);
+  test("holds one run at a time, under the turn it was given, and opens when it is released", () => {
+    const slot = new RunSlot();
+    const log: string[] = [];
+    assert.ok(slot.open && !slot.busy);
+    const a = runIn(slot, "turn-7", log);
+    assert.equal(slot.turnId, "turn-7", "a resumed run keeps the turn it was cut off in");
+    assert.ok(slot.busy && !slot.open);
+    assert.throws(() => slot.take("other"), /not open/, "a second run is refused while one is going");
+    a.end();
+    assert.ok(slot.open && !slot.busy && slot.turnId === undefined);
+    assert.deepEqual(log, ["end turn-7"]);
   });
 
-  test("a resumed run keeps the turn it was cut off in", async () => {
-    const { slot, log } = slotOver([{ first: [], resume: { turnId: "turn-7", from: 3, interrupted: [] } }]);
-    slot.schedule();
-    assert.equal(slot.turnId, "turn-7");
-    assert.ok(log.includes("run resume:turn-7 as turn-7"));
-  });
-
-  test("draining lets the run going end and starts nothing after it", async () => {
-    const queue = [batch("a"), batch("b")];
-    const { slot, log, end } = slotOver(queue);
-    slot.schedule();
+  test("draining lets the run going end and opens for nothing after it", async () => {
+    const slot = new RunSlot();
+    const log: string[] = [];
+    const a = runIn(slot, "a", log);
     const drained = slot.drain();
     let done = false;
     void drained.then(() => {
@@ -82,42 +50,36 @@ describe("the run slot", () => {
     });
     await settle();
     assert.equal(done, false, "drain waits for the run going");
-    end("a");
+    a.end();
     await drained;
-    slot.schedule();
     assert.equal(slot.busy, false);
-    assert.deepEqual(queue, [batch("b")], "b is still queued, for the next runner");
-    assert.ok(!log.some((l) => l.startsWith("run b")));
+    assert.equal(slot.open, false, "nothing starts after a drain");
+    assert.throws(() => slot.take("b"), /not open/);
     assert.equal(await Promise.race([slot.drain().then(() => "resolved"), settle().then(() => "pending")]), "resolved");
   });
 
-  test("stopping aborts the run going with the reason given and never starts another", async () => {
-    const { slot, log } = slotOver([batch("a"), batch("b")]);
-    slot.schedule();
+  test("stopping aborts the run going with the reason given and never opens again", async () => {
+    const slot = new RunSlot();
+    const log: string[] = [];
+    runIn(slot, "a", log);
     await slot.stop(new Error("runner shutting down"));
-    assert.ok(slot.stopped && !slot.busy);
-    slot.schedule();
-    assert.deepEqual(
-      withoutTurns(log),
-      ["started", "run a", "abort a: runner shutting down", "end a", "ended, busy=false"],
-      "b never ran, and the stopped slot did not look for more work",
-    );
+    assert.ok(slot.stopped && !slot.busy && !slot.open);
+    assert.deepEqual(log, ["abort a: runner shutting down", "end a"]);
   });
 
-  test("a rebuild's stand-in run carries its turn, blocks nothing after, and restores the run going", async () => {
-    const { slot, end } = slotOver([batch("a")]);
+  test("a rebuild's stand-in run carries its turn, blocks nothing after, and restores the run going", () => {
+    const slot = new RunSlot();
     const seen: (string | undefined)[] = [];
     slot.asRun("cut-off", () => seen.push(slot.turnId));
     assert.deepEqual(seen, ["cut-off"]);
-    assert.equal(slot.busy, false, "nothing is left going");
-    slot.schedule();
-    const going = slot.turnId;
+    assert.ok(!slot.busy && slot.open, "nothing is left going");
+    const a = runIn(slot, "a", []);
     assert.throws(() =>
       slot.asRun("other", () => {
         throw new Error("the closing failed");
       }),
     );
-    assert.equal(slot.turnId, going, "the real run is put back even when the stand-in throws");
-    end("a");
+    assert.equal(slot.turnId, "a", "the real run is put back even when the stand-in throws");
+    a.end();
   });
 });

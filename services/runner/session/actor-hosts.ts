@@ -1,22 +1,29 @@
-// The session actor's side of each of its parts' host interfaces (session-actor.ts): the run slot,
-// the journal, admission, supervision, the log writes and the mailbox. Each host is one object
-// holding the actor, its methods on the prototype, so an idle actor holds six small objects here
-// and no closures. They reach the actor's private state through `ActorInternals`.
+// The session actor's side of each of its parts' host interfaces (session-actor.ts): the journal,
+// admission, supervision, the log writes and the held calls; and the loop's callbacks for a run
+// (runHostOf). Each host is one object holding the actor, its methods on the prototype, so an idle
+// actor holds five small objects here and no closures. They reach the actor's private state
+// through `ActorInternals`.
 import { toJson } from "@bufbuild/protobuf";
 import type { RpcError } from "../../shared/errors.js";
-import { type AgentEvent, type ClientFrame, ClientFrameSchema } from "../../shared/gen/troupe/v1/session_pb.js";
+import {
+  type AgentEvent,
+  type ClientFrame,
+  ClientFrameSchema,
+  StopReason,
+} from "../../shared/gen/troupe/v1/session_pb.js";
 import type { SessionRef } from "../../shared/session-ref.js";
-import type { Compaction, EventPayload } from "../loop/run.js";
+import type { Compaction, EventPayload, QueuedMessage, RunHost } from "../loop/run.js";
 import type { Admission, AdmissionHost } from "./admission.js";
 import type { EventJournal, JournalHost } from "./event-journal.js";
 import type { HeldHistory } from "./held-history.js";
-import type { Mailbox, Queued } from "./mailbox.js";
+import { COLLECT_WINDOW_MS, type Mailbox, type Placed, type Queued } from "./mailbox.js";
 import type { CutOff } from "./recovery.js";
-import type { NextRun, RunSlot } from "./run-slot.js";
+import type { RunSlot } from "./run-slot.js";
+import type { SessionChoices } from "./session-choices.js";
 import type { Numbering } from "./session-rebuild.js";
 import type { LogRecord, SessionLog, SessionOwner, SessionStore } from "./session-log.js";
 import type { SessionWrites } from "./session-writes.js";
-import type { RestartHost, Supervision } from "./supervision.js";
+import type { Supervision } from "./supervision.js";
 import type { TenantRuns } from "./tenant-runs.js";
 import type { HeldCallsHost, HeldCalls } from "./held-calls.js";
 import type { Resume } from "./session-rebuild.js";
@@ -24,6 +31,7 @@ import type { AuditRecord, AuditSink } from "../store/audit-log.js";
 import type { Logger } from "../../shared/process/log.js";
 import type { Tool } from "../tools/tools.js";
 import type { ChatMessage } from "../../shared/gen/troupe/v1/session_pb.js";
+import type { Happening, Phase } from "./lifecycle.js";
 
 /** What the hosts below use of an actor (its members, private ones among them, by name). */
 export type ActorInternals = {
@@ -39,7 +47,8 @@ export type ActorInternals = {
   };
   log: SessionLog;
   lost?: RpcError;
-  frozen: boolean;
+  phase: Phase;
+  happen(happening: Happening): void;
   mailbox: Mailbox;
   slot: RunSlot;
   journal: EventJournal;
@@ -53,16 +62,23 @@ export type ActorInternals = {
   compaction?: Compaction;
   writes: SessionWrites;
   loseSession(err: RpcError, why: string): void;
-  takeNext(): NextRun | undefined;
-  execute(next: NextRun, signal: AbortSignal): Promise<void>;
+  schedule(): void;
+  collectTimer?: NodeJS.Timeout;
+  choices: SessionChoices;
   releaseUnseen(): void;
-  abort(frameId: string, reason: string, clearQueue: boolean): void;
   emit(payload: EventPayload): AgentEvent;
   drop(queued: Queued[], message: string): void;
   replayLog(records: LogRecord[], numbering: Numbering, cutOff?: CutOff): void;
   held: HeldCalls;
-  resuming?: Resume;
+  owedResume?: Resume;
 };
+
+/** Writes an audit record; a failed write is logged, never thrown. */
+function auditQuietly(a: ActorInternals, record: AuditRecord): void {
+  a.deps.audit
+    .record(record)
+    .catch((err: unknown) => a.deps.logger.error("audit log write failed", { error: String(err) }));
+}
 
 export class WritesHost {
   constructor(private readonly a: ActorInternals) {}
@@ -74,41 +90,36 @@ export class WritesHost {
   }
 }
 
-/** The mailbox's one callback: prompts gathered in collect mode are ready to run. */
-export class CollectedHost {
-  constructor(private readonly a: ActorInternals) {}
-  readonly collected = (): void => this.a.slot.schedule();
-}
-
-export class SlotHost {
-  constructor(private readonly a: ActorInternals) {}
-  takeNext(): NextRun | undefined {
-    return this.a.takeNext();
-  }
-  execute(next: NextRun, signal: AbortSignal): Promise<void> {
-    return this.a.execute(next, signal);
-  }
-  started(): void {
-    const a = this.a;
-    a.deps.runs?.started(a.owner.tenant);
-  }
-  ended(): void {
-    const a = this.a;
-    a.deps.runs?.ended(a.owner.tenant);
-    // Steering or follow-ups that came too late for the run are not lost: they run next. A run
-    // that stopped to wait keeps them: steering ends its wait, follow-ups join it.
-    if (!a.held.suspended) a.mailbox.requeueLate();
-    a.releaseUnseen();
-  }
-  nothingOwed(): void {
-    const a = this.a;
-    a.journal.trimIdle();
-    // A run that waits is owed its deadline, which a runner taking over must keep; a run handed
-    // over (frozen) is owed its end: neither is settled.
-    if (a.idle && a.held.waits === undefined && !a.frozen) a.writes.settle();
-    // Prompts still gathering (collect mode) are work to come: not idle until they have run.
-    if (a.idle) for (const wake of a.idleWaiters.splice(0)) wake();
-  }
+/**
+ * The loop's one object of callbacks for a run (loop/run.ts RunHost holds each one's contract),
+ * bound here and nowhere else.
+ */
+export function runHostOf(a: ActorInternals, signal: AbortSignal): RunHost {
+  const { history, held, journal, mailbox } = a;
+  return {
+    sessionId: a.sessionId,
+    model: a.choices.model,
+    reasoningEffort: a.choices.reasoningEffort,
+    contextFrom: Math.max(0, a.choices.contextFrom - history.released),
+    conversationBefore: history.releasedConversation,
+    signal,
+    messages: history.messages,
+    emit: (payload) => void a.emit(payload),
+    delta: (messageId, kind, text) => journal.delta(messageId, kind, text),
+    pressure: () => journal.pressure(),
+    takeSteering: () => mailbox.steering.splice(0),
+    takeFollowUps: () => mailbox.followUps.splice(0),
+    compaction: () => a.compaction,
+    elide: (ids) => {
+      const gone = new Set(ids);
+      history.messages.splice(0, history.messages.length, ...history.messages.filter((m) => !gone.has(m.id)));
+      void a.writes.append({ t: "elided", messageIds: ids }, false);
+    },
+    clientTools: held.runTools(),
+    isHeld: (id, kind) => held.isHeld(id, kind),
+    decisionOf: (id) => held.decisionOf(id),
+    clientResultOf: (id) => held.clientResultOf(id),
+  };
 }
 
 export class JournalHostOf implements JournalHost {
@@ -153,14 +164,15 @@ export class AdmissionHostOf implements AdmissionHost {
     return this.a.lost;
   }
   failed(): string | undefined {
-    return this.a.supervision.failed;
+    return this.a.phase === "failed" ? this.a.supervision.failed : undefined;
   }
   restarting(): Promise<void> | undefined {
     return this.a.supervision.restarting;
   }
-  /** A run that waits counts as going: messages are placed as its queue mode says for a running run. */
+  /** A run going, owed or waiting counts as going: messages are placed as its queue mode says for a running run. */
   running(): boolean {
-    return this.a.slot.busy || this.a.held.suspended;
+    const { phase } = this.a;
+    return phase === "running" || phase === "restarting" || phase === "resuming" || phase === "waiting";
   }
   check(frame: ClientFrame): RpcError | "duplicate" | undefined {
     return this.a.held.check(frame);
@@ -175,45 +187,79 @@ export class AdmissionHostOf implements AdmissionHost {
   emit(payload: EventPayload): AgentEvent {
     return this.a.emit(payload);
   }
-  placed(frame: ClientFrame, interrupt: boolean): void {
+  placed(frame: ClientFrame, { interrupt, collecting }: Placed): void {
     const a = this.a;
-    if (frame.kind.case === "abort") a.abort(frame.frameId, frame.kind.value.reason, frame.kind.value.clearQueue);
+    if (frame.kind.case === "abort") this.abort(frame.frameId, frame.kind.value.reason, frame.kind.value.clearQueue);
     if (frame.kind.case === "toolDecision" || frame.kind.case === "clientToolResult") a.held.take(frame);
-    if (interrupt && (a.slot.busy || a.held.suspended))
-      a.abort(frame.frameId, "interrupted by a prompt in interrupt mode", false);
+    if (interrupt && this.running()) this.abort(frame.frameId, "interrupted by a prompt in interrupt mode", false);
+    if (collecting) {
+      // Each prompt that joins a collection starts its quiet window again; when it passes, the
+      // gathered prompts are one run.
+      clearTimeout(a.collectTimer);
+      a.collectTimer = setTimeout(() => {
+        a.collectTimer = undefined;
+        if (a.mailbox.closeCollection()) a.schedule();
+      }, COLLECT_WINDOW_MS);
+    }
     a.held.goOnIfDue();
-    a.slot.schedule();
+    a.schedule();
+  }
+  /** An abort (or an interrupting prompt): audited; the run going, or the one waiting, ends. */
+  private abort(frameId: string, reason: string, clearQueue: boolean): void {
+    const a = this.a;
+    const { tenant } = a.owner;
+    auditQuietly(a, {
+      action: "abort",
+      sessionId: a.sessionId,
+      tenant,
+      frameId,
+      reason,
+      turnId: a.slot.turnId ?? "",
+      clearQueue,
+    });
+    if (clearQueue)
+      a.drop(a.mailbox.clear(), `dropped by an abort that cleared the queue${reason ? `: ${reason}` : ""}`);
+    a.slot.abort(new Error(reason || "aborted"));
+    a.held.endWait(
+      StopReason.ABORTED,
+      `the run was aborted while this call waited for a decision${reason ? ` (${reason})` : ""}`,
+    );
   }
 }
 
-export class RestartHostOf implements RestartHost {
-  constructor(private readonly a: ActorInternals) {}
-  get sessionId(): string {
-    return this.a.sessionId;
-  }
-  admitting(): number {
-    return this.a.admission.admitting;
-  }
-  async readLog(): Promise<LogRecord[]> {
-    const a = this.a;
+/**
+ * Restarts an actor whose run (started by `startedBy`) threw, as supervision decided: frames past
+ * admission land in the log first, then after the backoff the actor forgets what it holds and
+ * rebuilds from its log, the failed run closed as an error (its starting messages kept in the
+ * history, not run again); what was queued comes back from the log and runs after.
+ */
+export async function restartFromLog(a: ActorInternals, startedBy: QueuedMessage[]): Promise<void> {
+  const restart = a.supervision.begin(Date.now());
+  const message = "the run failed unexpectedly";
+  a.emit({
+    case: "error",
+    value: { code: "INTERNAL", message: `${message}; the session restarts from its log`, retryable: true },
+  });
+  try {
+    while (a.admission.admitting > 0) await new Promise((r) => setTimeout(r, 5));
+    await new Promise((r) => setTimeout(r, restart.backoffMs));
     await a.log.flush().catch(() => undefined);
-    return a.deps.store.read(a.ref);
-  }
-  rebuild(records: LogRecord[], cutOff: CutOff): void {
-    const a = this.a;
+    const records = await a.deps.store.read(a.ref);
     const live = a.journal.lastSeq;
     a.history.clear();
     a.admission.clear();
     a.mailbox.clear();
     a.compaction = undefined;
-    a.replayLog(records, { live }, cutOff);
-  }
-  emit(payload: EventPayload): void {
-    this.a.emit(payload);
-  }
-  dropQueued(message: string): void {
-    const a = this.a;
-    a.drop(a.mailbox.queue.splice(0).flat(), message);
+    a.replayLog(records, { live }, { reason: StopReason.ERROR, message, startedBy });
+    if (restart.failed) {
+      a.supervision.failed = restart.failed;
+      a.happen("gaveUp");
+      a.drop(a.mailbox.queue.splice(0).flat(), "dropped: the session failed");
+      const failed = `session ${a.sessionId} has failed: ${restart.failed}`;
+      a.emit({ case: "error", value: { code: "SESSION_FAILED", message: failed, retryable: false } });
+    }
+  } finally {
+    restart.done();
   }
 }
 
@@ -228,11 +274,8 @@ export class HeldCallsHostOf implements HeldCallsHost {
   get principal(): string {
     return this.a.owner.principal;
   }
-  running(): boolean {
-    return this.a.slot.busy;
-  }
-  blocked(): boolean {
-    return this.a.resuming !== undefined || this.a.lost !== undefined;
+  phase(): Phase {
+    return this.a.phase;
   }
   steering(): boolean {
     return this.a.mailbox.steering.length > 0;
@@ -244,15 +287,19 @@ export class HeldCallsHostOf implements HeldCallsHost {
     this.a.emit(payload);
   }
   resume(resume: Resume): void {
-    this.a.resuming = resume;
-    this.a.slot.schedule();
+    const a = this.a;
+    a.owedResume = resume;
+    a.happen("waitAnswered");
+    a.schedule();
   }
   messages(): ChatMessage[] {
     return this.a.history.messages;
   }
   closed(): void {
-    this.a.releaseUnseen();
-    this.a.slot.schedule();
+    const a = this.a;
+    a.happen("waitClosed");
+    a.releaseUnseen();
+    a.schedule();
   }
   abortRun(why: string): void {
     this.a.slot.abort(new Error(why));
@@ -262,9 +309,6 @@ export class HeldCallsHostOf implements HeldCallsHost {
     return a.deps.runDeps(a as never, []).tools;
   }
   audit(record: AuditRecord): void {
-    const a = this.a;
-    a.deps.audit
-      .record(record)
-      .catch((err: unknown) => a.deps.logger.error("audit log write failed", { error: String(err) }));
+    auditQuietly(this.a, record);
   }
 }

@@ -6,7 +6,7 @@ import type { Context } from "@opentelemetry/api";
 import { FRAME_KIND } from "../../shared/frames.js";
 import { type RpcError, Status, failedPrecondition, statusName } from "../../shared/errors.js";
 import type { AgentEvent, ClientFrame } from "../../shared/gen/troupe/v1/session_pb.js";
-import { FrameRefused, type Mailbox } from "./mailbox.js";
+import { FrameRefused, type Mailbox, type Placed } from "./mailbox.js";
 import type { EventPayload } from "../loop/run.js";
 
 /** What admission needs from its session (the actor binds these in one literal). */
@@ -32,8 +32,8 @@ export interface AdmissionHost {
    * repeats what was already taken, or undefined. Contract: never throws.
    */
   check(frame: ClientFrame): RpcError | "duplicate" | undefined;
-  /** Acts on a frame now in the mailbox (an abort, an interrupt, a run to start). Contract: never throws. */
-  placed(frame: ClientFrame, interrupt: boolean): void;
+  /** Acts on a frame now in the mailbox (an abort, an interrupt, a collection, a run to start). Contract: never throws. */
+  placed(frame: ClientFrame, placed: Placed): void;
 }
 
 /** What an acknowledged frame's entry becomes: its event is in the log and need not stay in memory. */
@@ -121,14 +121,12 @@ export class Admission {
       if (counted) this.inFlight--;
     }
     const q = host.mailbox.toQueued(frame, traceContext);
-    const { position, interrupt } = q
-      ? host.mailbox.place(q, frame, host.running())
-      : { position: 0, interrupt: false };
+    const placed: Placed = q ? host.mailbox.place(q, frame, host.running()) : { position: 0, interrupt: false };
     const ack = host.emit({
       case: "frameAccepted",
-      value: { frameId: frame.frameId, kind: FRAME_KIND[kind.case!], queuePosition: position },
+      value: { frameId: frame.frameId, kind: FRAME_KIND[kind.case!], queuePosition: placed.position },
     });
-    host.placed(frame, interrupt);
+    host.placed(frame, placed);
     return ack;
   }
 

@@ -19,6 +19,7 @@ import type { AuditRecord } from "../store/audit-log.js";
 import { asTools, clientToolSpecs, mergeSpecs, shadowed, type ClientToolSpec } from "../tools/client-tools.js";
 import type { Tool, ToolResult } from "../tools/tools.js";
 import type { Resume } from "./session-rebuild.js";
+import { type Phase, runGoing } from "./lifecycle.js";
 import type { ClientToolRecord } from "./session-log.js";
 import { type ToolWaits, VERDICT_NAME, foldWait, sameAnswer, sameDecision, type HeldCall } from "./tool-waits.js";
 
@@ -28,10 +29,8 @@ export interface HeldCallsHost {
   /** The session's tenant and principal (the principal decides when a decision names nobody). */
   readonly tenant: string;
   readonly principal: string;
-  /** A run is going. Contract: never throws. */
-  running(): boolean;
-  /** A resume is already owed, or the session is lost: nothing more to start. Contract: never throws. */
-  blocked(): boolean;
+  /** Where the session stands (lifecycle.ts): a wait goes on or ends only in `waiting`. Contract: never throws. */
+  phase(): Phase;
   /** Steering waits in the mailbox. Contract: never throws. */
   steering(): boolean;
   /** Runs `fn` as run `turnId`, so what it emits belongs to that turn. Contract: never throws. */
@@ -197,7 +196,7 @@ export class HeldCalls {
   /** A run stopped to wait goes on when every call it holds is answered, or steering came for it. */
   goOnIfDue(): void {
     const waits = this.waits;
-    if (!waits?.suspended || this.host.running() || this.host.blocked()) return;
+    if (!waits?.suspended || this.host.phase() !== "waiting") return;
     if (!waits.due && !this.host.steering()) return;
     this.host.resume({ turnId: waits.turnId, from: waits.from, interrupted: [], afterWait: true });
   }
@@ -205,7 +204,7 @@ export class HeldCalls {
   /** Ends a run stopped to wait: its held calls are answered with why, then agent_end. */
   endWait(reason: StopReason, why: string): void {
     const waits = this.waits;
-    if (!waits?.suspended || this.host.running() || this.host.blocked()) return;
+    if (!waits?.suspended || this.host.phase() !== "waiting") return;
     this.host.asRun(waits.turnId, () => {
       answerUnanswered((p) => this.host.emit(p), this.host.messages(), `Not run: ${why}.`);
       const errorMessage = reason === StopReason.ABORTED ? "" : why;
@@ -231,7 +230,7 @@ export class HeldCalls {
 
   /** Publishes an event of the waiting run under its turn (no run is going while it waits). */
   private emitInWait(waits: ToolWaits, payload: EventPayload): void {
-    if (this.host.running()) this.host.emit(payload);
+    if (runGoing(this.host.phase())) this.host.emit(payload);
     else this.host.asRun(waits.turnId, () => this.host.emit(payload));
   }
 
@@ -286,7 +285,7 @@ export class HeldCalls {
       }
       if (h.onTimeout === "abort") {
         const why = `nobody decided on ${toolName} within ${seconds} s, so the approval policy aborted the run`;
-        if (this.host.running()) this.host.abortRun(why);
+        if (runGoing(this.host.phase())) this.host.abortRun(why);
         else this.endWait(StopReason.ABORTED, why);
         return;
       }

@@ -1,7 +1,8 @@
 // A session's waiting messages, and where each one goes by its kind and queue mode (the table in
 // docs/architecture.md): runs waiting to start, steering for the running run, follow-ups that
-// join it after its last step, and prompts gathering for a collected run. The mailbox only
-// places and hands out; the actor decides when runs start.
+// join it after its last step, and prompts gathering for a collected run. Plain data: the mailbox
+// places and hands out, and calls nothing; the actor decides when runs start and keeps the timer
+// of a collection's quiet window.
 import type { Context } from "@opentelemetry/api";
 import { contextFromRecord } from "../../shared/process/telemetry.js";
 import { FRAME_KIND } from "../../shared/frames.js";
@@ -34,19 +35,25 @@ export class FrameRefused extends RpcError {
   }
 }
 
+/** Where a placed message went (Mailbox.place). */
+export interface Placed {
+  /** Its queue position, as the acknowledgement reports it. */
+  position: number;
+  /** The running run must be interrupted for it (queue mode interrupt). */
+  interrupt: boolean;
+  /** It joined a collection: its quiet window starts again. */
+  collecting?: boolean;
+}
+
 export class Mailbox {
   /** Runs waiting to start, in order; each is one message or a collected group. */
   readonly queue: Queued[][] = [];
   readonly steering: Queued[] = [];
   readonly followUps: Queued[] = [];
   private collecting: Queued[] = [];
-  private collectTimer?: NodeJS.Timeout;
   private arrivals = 0;
   /** The session's default queue mode (a prompt may name its own). */
   mode = QueueMode.STEER;
-
-  /** @param collected called when a collection's quiet window has passed and its run is queued. Contract: never throws. */
-  constructor(private readonly collected: () => void) {}
 
   /** The message a frame carries (prompt, steer, follow-up), numbered in arrival order; undefined for others. */
   toQueued(frame: ClientFrame, traceContext: Context): Queued | undefined {
@@ -116,9 +123,10 @@ export class Mailbox {
 
   /**
    * Places an admitted message. `running`: a run is going. Returns its queue position as the
-   * acknowledgement reports it, and whether the running run must be interrupted for it.
+   * acknowledgement reports it, whether the running run must be interrupted for it, and whether
+   * it (re)opened a collection, whose quiet window (COLLECT_WINDOW_MS) the actor then times.
    */
-  place(q: Queued, frame: ClientFrame, running: boolean): { position: number; interrupt: boolean } {
+  place(q: Queued, frame: ClientFrame, running: boolean): Placed {
     const kind = frame.kind;
     if (!running) {
       this.queue.push([q]);
@@ -141,9 +149,7 @@ export class Mailbox {
         return { position: this.queue.length, interrupt: false };
       case QueueMode.COLLECT:
         this.collecting.push(q);
-        clearTimeout(this.collectTimer);
-        this.collectTimer = setTimeout(() => this.closeCollection(), COLLECT_WINDOW_MS);
-        return { position: this.queue.length + 1, interrupt: false };
+        return { position: this.queue.length + 1, interrupt: false, collecting: true };
       case QueueMode.INTERRUPT:
         this.queue.unshift([q]);
         return { position: 0, interrupt: true };
@@ -153,13 +159,12 @@ export class Mailbox {
     }
   }
 
-  /** The quiet window passed: the gathered prompts become one run. */
-  private closeCollection(): void {
-    this.collectTimer = undefined;
-    if (this.collecting.length === 0) return;
+  /** The quiet window passed: the gathered prompts become one run. False: nothing was gathering. */
+  closeCollection(): boolean {
+    if (this.collecting.length === 0) return false;
     this.queue.push(this.collecting);
     this.collecting = [];
-    this.collected();
+    return true;
   }
 
   /** Steering and follow-ups that came too late for the run that ended: they run next, in arrival order. */
@@ -170,8 +175,6 @@ export class Mailbox {
 
   /** Empties the mailbox; returns what it held, in arrival order. */
   clear(): Queued[] {
-    clearTimeout(this.collectTimer);
-    this.collectTimer = undefined;
     const all = [
       ...this.steering.splice(0),
       ...this.followUps.splice(0),
@@ -179,10 +182,5 @@ export class Mailbox {
       ...this.collecting.splice(0),
     ];
     return all.sort((a, b) => a.arrival - b.arrival);
-  }
-
-  /** Stops the collection timer (the actor is closing or lost). */
-  stop(): void {
-    clearTimeout(this.collectTimer);
   }
 }

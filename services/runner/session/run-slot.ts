@@ -1,29 +1,15 @@
-// A session's turn lock: at most one agent run at a time. When work arrives or a run ends, the
-// slot asks its session what runs next and starts it. Draining starts nothing new (a shutdown);
-// stopping also aborts the run going (a close, a lost session). The slot knows nothing of what
-// a run does: the session binds that in its hooks.
-import { newId } from "../../shared/ids.js";
+// A session's turn lock: at most one agent run at a time. Plain data: the slot holds the run
+// going (its turn and abort controller) and whether runs may start; it starts and calls nothing.
+// The actor decides what runs and when (SessionActor.schedule): it takes the lock, runs, and
+// releases it when the run has ended. Draining starts nothing new (a shutdown); stopping also
+// aborts the run going (a close, a lost session).
 import type { Queued } from "./mailbox.js";
 import type { Resume } from "./session-rebuild.js";
 
-/** What runs next: queued messages, or (with `resume`) a cut-off run to go on with. */
+/** What runs next: queued messages, or (with `resume`) a cut-off or waiting run to go on with. */
 export interface NextRun {
   first: Queued[];
   resume?: Resume;
-}
-
-/** What the slot asks of its session. */
-export interface RunSlotHooks {
-  /** Takes what runs next off the session's queue; undefined: nothing is owed. Contract: never throws. */
-  takeNext(): NextRun | undefined;
-  /** Runs one run to its end. Contract: never rejects (a failure is the session's to handle). */
-  execute(next: NextRun, signal: AbortSignal): Promise<void>;
-  /** A run has started; `turnId` is already current. */
-  started(): void;
-  /** A run has ended and the slot is free; the next run is chosen right after. */
-  ended(): void;
-  /** Nothing was owed when the slot looked: the session may be idle. */
-  nothingOwed(): void;
 }
 
 interface Run {
@@ -36,8 +22,6 @@ export class RunSlot {
   private run?: Run;
   private draining = false;
   private stopping = false;
-
-  constructor(private readonly hooks: RunSlotHooks) {}
 
   /** The turn of the run going; undefined between runs. */
   get turnId(): string | undefined {
@@ -53,23 +37,27 @@ export class RunSlot {
     return this.stopping;
   }
 
-  /** Starts the next run unless one is going or the slot is draining or stopped. */
-  schedule(): void {
-    if (this.run || this.stopping || this.draining) return;
-    const next = this.hooks.takeNext();
-    if (!next) {
-      this.hooks.nothingOwed();
-      return;
-    }
+  /** A run may start now: none is going, and the slot is neither draining nor stopped. */
+  get open(): boolean {
+    return !this.run && !this.stopping && !this.draining;
+  }
+
+  /** Takes the lock for run `turnId` (only when `open`); the signal returned aborts it. */
+  take(turnId: string): AbortSignal {
+    if (!this.open) throw new Error(`the turn lock is not open for run ${turnId}`);
     const controller = new AbortController();
-    const run: Run = { turnId: next.resume?.turnId ?? newId(), controller, done: Promise.resolve() };
-    this.run = run;
-    this.hooks.started();
-    run.done = this.hooks.execute(next, controller.signal).finally(() => {
-      this.run = undefined;
-      this.hooks.ended();
-      this.schedule();
-    });
+    this.run = { turnId, controller, done: Promise.resolve() };
+    return controller.signal;
+  }
+
+  /** The taken run's end, for drain and stop to wait on. */
+  runs(done: Promise<void>): void {
+    if (this.run) this.run.done = done;
+  }
+
+  /** Frees the lock: the run has ended. */
+  release(): void {
+    this.run = undefined;
   }
 
   /** Aborts the run going, if any, with `reason` as its signal's reason. */

@@ -1,6 +1,7 @@
 // One actor per session. It owns the session's state (conversation, seq, queues), admits client
 // frames in arrival order, runs one agent run at a time (the turn lock), and publishes every event
 // to the streams attached to it. A frame is acknowledged only after it is durably in the log.
+// Where the session stands is one phase, moved only by `happen` through lifecycle.ts's table.
 import { create } from "@bufbuild/protobuf";
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import { ROOT_CONTEXT, type Context } from "@opentelemetry/api";
@@ -9,8 +10,7 @@ import {
   ChatMessageSchema,
   type QueueMode,
   SessionInfoSchema,
-  SessionState,
-  StopReason,
+  type SessionState,
   type AgentEvent,
   type ChatMessage,
   type ClientFrame,
@@ -28,7 +28,7 @@ import { runAgent } from "../loop/loop.js";
 import { resumedMessages } from "../loop/turn-start.js";
 import { type CutOff, INTERRUPTED, replayRecords, resumeSeq } from "./recovery.js";
 import { pushMessage } from "../loop/run.js";
-import type { Compaction, EventPayload, QueuedMessage, RunDeps, RunHost } from "../loop/run.js";
+import type { Compaction, EventPayload, QueuedMessage, RunDeps } from "../loop/run.js";
 import type { AuditSink } from "../store/audit-log.js";
 import { refOf, type SessionRef } from "../../shared/session-ref.js";
 import type { TenantRuns } from "./tenant-runs.js";
@@ -50,15 +50,15 @@ import { SessionChoices, type Choice, type ChoiceRecord } from "./session-choice
 import { HeldHistory } from "./held-history.js";
 import { type Numbering, type RebuiltParts, type Resume, rebuildFromLog } from "./session-rebuild.js";
 import { Supervision } from "./supervision.js";
+import { type Happening, type Phase, UNEXPECTED, idleIn, nextPhase, runGoing, sessionStateOf } from "./lifecycle.js";
 import { type NextRun, RunSlot } from "./run-slot.js";
 import {
   type ActorInternals,
   AdmissionHostOf,
-  CollectedHost,
   JournalHostOf,
   HeldCallsHostOf,
-  RestartHostOf,
-  SlotHost,
+  restartFromLog,
+  runHostOf,
   WritesHost,
 } from "./actor-hosts.js";
 
@@ -79,7 +79,9 @@ export class SessionActor {
   /** Numbering, recording and fan-out of this session's events (event-journal.ts). */
   private readonly journal: EventJournal;
   /** Waiting messages and where each goes (mailbox.ts). */
-  private readonly mailbox: Mailbox = new Mailbox(new CollectedHost(this as unknown as ActorInternals).collected);
+  private readonly mailbox = new Mailbox();
+  /** The quiet window of the collection gathering in the mailbox (collect mode). */
+  private collectTimer?: NodeJS.Timeout;
   private createdMs = Date.now();
   /** Model, reasoning effort and reset point chosen for the session (settle). */
   readonly choices = new SessionChoices();
@@ -88,15 +90,15 @@ export class SessionActor {
   private readonly admission: Admission;
   private activeMs = Date.now();
   /** Restarts from the log after a run that threw, and the failed state (supervision.ts). */
-  private readonly supervision: Supervision;
+  protected readonly supervision = new Supervision();
   /** Appends to the log; a failed one loses the session (session-writes.ts). */
   private readonly writes: SessionWrites;
-  /** The turn lock: one run at a time, started as work arrives (run-slot.ts). */
-  private readonly slot: RunSlot;
-  /** Frozen: a handed-over run's events are dropped. */
-  private frozen = false;
-  /** A run its runner died in, to go on with before anything queued (recovery.ts cutRunOf). */
-  private resuming?: Resume;
+  /** The turn lock: one run at a time (run-slot.ts); `schedule` starts runs in it. */
+  private readonly slot = new RunSlot();
+  /** Where the session stands (lifecycle.ts); changed only by `happen`. */
+  private phase: Phase = "idle";
+  /** The run owed while `resuming`: one its runner died in (recovery.ts cutRunOf), or one whose wait ended. */
+  private owedResume?: Resume;
   /** The latest compaction: what the model sees in place of the messages before the cut. */
   private compaction?: Compaction;
   /** The calls the open run holds for a decision or a client's result, and the client's tools (held-calls.ts). */
@@ -124,10 +126,8 @@ export class SessionActor {
     // an idle actor holds no closures for them.
     const self = this as unknown as ActorInternals;
     this.writes = new SessionWrites(log, sessionId, new WritesHost(self));
-    this.slot = new RunSlot(new SlotHost(self));
     this.journal = new EventJournal(new JournalHostOf(self));
     this.admission = new Admission(new AdmissionHostOf(self));
-    this.supervision = new Supervision(new RestartHostOf(self));
     this.held = new HeldCalls(new HeldCallsHostOf(self));
   }
 
@@ -184,10 +184,11 @@ export class SessionActor {
 
   /** Rebuilds state from the log (session-rebuild.ts), then lets go of what is unseen and runs what is owed. */
   private replayLog(records: LogRecord[], numbering: Numbering, cutOff: CutOff = INTERRUPTED): void {
-    this.resuming = rebuildFromLog(this.rebuildParts, records, numbering, cutOff);
+    this.owedResume = rebuildFromLog(this.rebuildParts, records, numbering, cutOff);
+    this.happen(this.owedResume ? "rebuiltCutOff" : this.held.suspended ? "rebuiltWaiting" : "rebuiltIdle");
     this.releaseUnseen();
     // In a restart the failed run's own ending schedules what is next.
-    if (!("live" in numbering)) this.slot.schedule();
+    if (!("live" in numbering)) this.schedule();
   }
 
   /** What a rebuild from the log writes into. */
@@ -264,43 +265,30 @@ export class SessionActor {
     return this.mailbox.mode;
   }
 
-  /** Reached by the hosts of actor-hosts.ts (protected: not for callers). */
-  protected abort(frameId: string, reason: string, clearQueue: boolean): void {
-    this.deps.audit
-      .record({
-        action: "abort",
-        sessionId: this.sessionId,
-        tenant: this.owner.tenant,
-        frameId,
-        reason,
-        turnId: this.slot.turnId ?? "",
-        clearQueue,
-      })
-      .catch((err: unknown) => this.deps.logger.error("audit log write failed", { error: String(err) }));
-    if (clearQueue)
-      this.drop(this.mailbox.clear(), `dropped by an abort that cleared the queue${reason ? `: ${reason}` : ""}`);
-    this.slot.abort(new Error(reason || "aborted"));
-    this.held.endWait(
-      StopReason.ABORTED,
-      `the run was aborted while this call waited for a decision${reason ? ` (${reason})` : ""}`,
-    );
-  }
-
   /** Tells every subscriber these messages will not run (a replay leaves them out too). */
-  private drop(queued: Queued[], message: string): void {
+  protected drop(queued: Queued[], message: string): void {
     for (const q of queued) this.emit({ case: "error", value: { code: "CANCELLED", message, frameId: q.frameId } });
   }
 
   get running(): boolean {
-    return this.slot.busy;
+    return runGoing(this.phase);
+  }
+
+  /** The open run said it waits (RunWaiting), and has not gone on; its phase is `waiting` once it has returned. */
+  get waitingOnDecision(): boolean {
+    return this.held.suspended;
+  }
+
+  /** Moves the phase as lifecycle.ts's table says; a happening its phase does not expect is a bug, logged. */
+  private happen(happening: Happening): void {
+    const to = nextPhase(this.phase, happening);
+    if (to) this.phase = to;
+    else this.deps.logger.error(UNEXPECTED, { session: this.sessionId, phase: this.phase, happening });
   }
 
   /** Where the session stands, as SessionInfo says it. */
   get state(): SessionState {
-    if (this.supervision.failed) return SessionState.FAILED;
-    if (this.slot.busy || this.resuming) return SessionState.RUNNING;
-    if (this.held.suspended) return SessionState.WAITING;
-    return this.mailbox.empty ? SessionState.IDLE : SessionState.RUNNING;
+    return sessionStateOf(this.phase, this.mailbox.empty);
   }
 
   /** Messages waiting in this session's mailbox. */
@@ -310,12 +298,7 @@ export class SessionActor {
 
   /** Nothing will happen without something from outside: no run going or owed (a run that waits counts as none). */
   get idle(): boolean {
-    return !this.slot.busy && !this.resuming && (this.mailbox.empty || this.held.suspended);
-  }
-
-  /** A run waits on decisions (RunWaiting). */
-  get waitingOnDecision(): boolean {
-    return this.held.suspended;
+    return idleIn(this.phase, this.mailbox.empty, this.slot.busy);
   }
 
   /**
@@ -323,12 +306,9 @@ export class SessionActor {
    * keeps it here: its deadline is this actor's timer.
    */
   get passivatable(): boolean {
+    const settled = (this.phase === "idle" && this.mailbox.empty) || this.phase === "failed";
     return (
-      this.idle &&
-      this.held.waits === undefined &&
-      this.journal.subscriberCount === 0 &&
-      this.admission.admitting === 0 &&
-      !this.slot.stopped
+      settled && this.held.waits === undefined && this.journal.subscriberCount === 0 && this.admission.admitting === 0
     );
   }
 
@@ -343,15 +323,51 @@ export class SessionActor {
     await this.journal.delivered();
   }
 
-  /** What runs next: a cut-off run first, then the mailbox's next batch. */
-  protected takeNext(): NextRun | undefined {
-    const resume = this.resuming;
-    this.resuming = undefined;
-    if (resume) return { first: [], resume };
-    // Nothing starts beside a run that waits: queued messages run after it ends.
-    if (this.held.suspended) return undefined;
-    const first = this.mailbox.queue.shift();
-    return first && { first };
+  /**
+   * Starts what runs next when the turn lock is open: the run owed first, then the mailbox's next
+   * batch; nothing beside a run that waits. The run's end frees the lock and looks again.
+   */
+  protected schedule(): void {
+    if (!this.slot.open) return;
+    const resume = this.phase === "resuming" ? this.owedResume : undefined;
+    const first = resume ? [] : this.phase === "idle" ? this.mailbox.queue.shift() : undefined;
+    if (!first) {
+      this.nothingOwed();
+      return;
+    }
+    this.owedResume = undefined;
+    const signal = this.slot.take(resume?.turnId ?? newId());
+    this.happen("runStarted");
+    this.deps.runs?.started(this.owner.tenant);
+    this.slot.runs(
+      this.execute({ first, resume }, signal).finally(() => {
+        this.slot.release();
+        this.runEnded();
+        this.schedule();
+      }),
+    );
+  }
+
+  /** A run has ended and the lock is free. */
+  private runEnded(): void {
+    this.happen(this.held.suspended ? "runStoppedToWait" : "runEnded");
+    this.deps.runs?.ended(this.owner.tenant);
+    // Steering or follow-ups that came too late for the run are not lost: they run next. A run
+    // that stopped to wait keeps them: steering ends its wait, follow-ups join it.
+    if (!this.held.suspended) this.mailbox.requeueLate();
+    this.releaseUnseen();
+    // What came while the run was stopping (a decision, steering) may already end its wait.
+    this.held.goOnIfDue();
+  }
+
+  /** Nothing was owed when `schedule` looked: the session may be idle, and then settled in its log. */
+  private nothingOwed(): void {
+    this.journal.trimIdle();
+    if (!this.idle) return;
+    // A run that waits is owed its deadline, which a runner taking over must keep; a run handed
+    // over is owed its end: neither is settled.
+    if ((this.phase === "idle" || this.phase === "failed") && this.held.waits === undefined) this.writes.settle();
+    for (const wake of this.idleWaiters.splice(0)) wake();
   }
 
   /**
@@ -360,7 +376,7 @@ export class SessionActor {
    * where what the model sees can have moved: a run's end, a replay's end, a reset.
    */
   private releaseUnseen(): void {
-    if (this.slot.busy || this.resuming || this.held.waits) return;
+    if (!(this.phase === "idle" || this.phase === "failed") || this.held.waits) return;
     this.compaction = this.history.releaseUnseen(this.compaction, this.choices.contextFrom);
   }
 
@@ -372,38 +388,16 @@ export class SessionActor {
     });
   }
 
-  protected async execute({ first, resume }: NextRun, signal: AbortSignal): Promise<void> {
+  /** Runs one run to its end. Never rejects: a run that throws is a bug, and supervision restarts the actor. */
+  private async execute({ first, resume }: NextRun, signal: AbortSignal): Promise<void> {
     const { history } = this;
     if (!resume) this.held.startRun(first.map((q) => q.clientTools));
     const released = history.released;
-    const host: RunHost = {
-      sessionId: this.sessionId,
-      model: this.choices.model,
-      reasoningEffort: this.choices.reasoningEffort,
-      contextFrom: Math.max(0, this.choices.contextFrom - history.released),
-      conversationBefore: history.releasedConversation,
-      signal,
-      messages: history.messages,
-      emit: (payload) => void this.emit(payload),
-      delta: (messageId, kind, text) => this.journal.delta(messageId, kind, text),
-      pressure: () => this.journal.pressure(),
-      takeSteering: () => this.mailbox.steering.splice(0),
-      takeFollowUps: () => this.mailbox.followUps.splice(0),
-      compaction: () => this.compaction,
-      elide: (ids) => {
-        const gone = new Set(ids);
-        history.messages.splice(0, history.messages.length, ...history.messages.filter((m) => !gone.has(m.id)));
-        void this.writes.append({ t: "elided", messageIds: ids }, false);
-      },
-      clientTools: this.held.runTools(),
-      isHeld: (id, kind) => this.held.isHeld(id, kind),
-      decisionOf: (id) => this.held.decisionOf(id),
-      clientResultOf: (id) => this.held.clientResultOf(id),
-    };
     try {
       // A resume's index is absolute (the log's); nothing is let go while a resume waits.
       const resumeAt = resume && { ...resume, from: resume.from - released };
       const starters = resumeAt ? resumedMessages(history.messages, resumeAt.from) : first;
+      const host = runHostOf(this as unknown as ActorInternals, signal);
       const outcome = await runAgent(host, this.deps.runDeps(this, starters), first, resumeAt);
       if (outcome.waiting && this.held.waits) this.held.waits.from = outcome.waiting.from + released;
     } catch (err) {
@@ -413,13 +407,14 @@ export class SessionActor {
         session: this.sessionId,
         ...failure(err),
       });
-      await this.supervision.restart(first);
+      this.happen("runThrew");
+      await restartFromLog(this as unknown as ActorInternals, first);
     }
   }
 
   private emit(payload: EventPayload): AgentEvent {
     // A handed-over run's last moments are not recorded or sent: its next runner redoes them.
-    if (this.frozen) return create(AgentEventSchema, { sessionId: this.sessionId, payload });
+    if (this.phase === "handedOver") return create(AgentEventSchema, { sessionId: this.sessionId, payload });
     return this.journal.emit(payload);
   }
 
@@ -430,10 +425,11 @@ export class SessionActor {
   private loseSession(err: RpcError, why: string): void {
     if (this.lost) return;
     this.lost = err;
+    this.happen("lose");
     this.held.stop();
     this.deps.logger.warn(why, { session: this.sessionId });
     void this.slot.stop(err);
-    this.mailbox.stop();
+    clearTimeout(this.collectTimer);
     this.journal.closeAll(err);
     for (const wake of this.idleWaiters.splice(0)) wake();
     this.onLost?.();
@@ -486,11 +482,11 @@ export class SessionActor {
    */
   async close(options: { handOver?: boolean; exiting?: boolean; end?: RpcError } = {}): Promise<void> {
     // A run that waits is handed over like a running one: its next runner keeps its deadline.
-    const handedOver = options.handOver === true && (this.slot.busy || this.held.waits !== undefined);
-    if (handedOver) this.frozen = true;
+    const handedOver = options.handOver === true && (runGoing(this.phase) || this.held.waits !== undefined);
+    this.happen(handedOver ? "handOver" : "close");
     this.held.stop();
     const ended = this.slot.stop(new Error("runner shutting down"));
-    this.mailbox.stop();
+    clearTimeout(this.collectTimer);
     await ended;
     this.journal.flushDelta();
     await this.log.append({ t: "closed", seq: this.journal.lastSeq }, true).catch(() => undefined);
