@@ -18,6 +18,7 @@ import { RunnerService } from "../services/shared/gen/troupe/v1/runner_pb.js";
 import { ToolVerdict } from "../services/shared/gen/troupe/v1/session_pb.js";
 import { ChatSession } from "../test/helpers/session.js";
 import { LOAD_QUOTAS, startStack, writeAgent, type Stack } from "../test/helpers/stack.js";
+import { cpuMs } from "./support/cpu.js";
 import { rawRoundTrips } from "./support/raw-grpc.js";
 import { pct } from "./support/stats.js";
 
@@ -127,8 +128,21 @@ try {
   await runner.passivateIdle({ idleForMs: 0 });
   const waiting = await stats();
 
+  // Where the decisions' CPU goes: each one opens a stream, resumes a turn (one more model call)
+  // and ends it, so a decision's whole round costs more than its measured part.
+  const processes = ["runner", "gateway", "model-server"] as const;
+  const cpuOf = () => [...processes.map((p) => cpuMs([stack.process(p)!.pid!])), process.cpuUsage()];
+  const cpuBefore = cpuOf();
+  const decidingFrom = performance.now();
   const latencies: number[] = [];
   await pool(DECISIONS, async (i) => void latencies.push(await decide(stack, `wait-${i}`, calls[i])), DECIDING);
+  const decidingS = (performance.now() - decidingFrom) / 1000;
+  const cpuAfter = cpuOf();
+  const perDecision = processes.map(
+    (p, i) => `${p} ${(((cpuAfter[i] as number) - (cpuBefore[i] as number)) / DECISIONS).toFixed(2)}`,
+  );
+  const client = process.cpuUsage(cpuBefore[3] as NodeJS.CpuUsage);
+  perDecision.push(`client ${((client.user + client.system) / 1000 / DECISIONS).toFixed(2)}`);
   const rtt = await rawRoundTrips(DECISIONS);
 
   const idleKb = (Number(idle.heapUsedBytes) - Number(empty.heapUsedBytes)) / idle.liveSessions;
@@ -143,6 +157,9 @@ try {
   const p99 = pct(latencies, 99);
   console.log(
     `decision -> tool start over ${latencies.length} decisions with ${N} waiting, ${DECIDING} at a time: p50=${p50.toFixed(1)} p99=${p99.toFixed(1)} ms (goal p99 <= 20)`,
+  );
+  console.log(
+    `deciding took ${decidingS.toFixed(1)} s (${(DECISIONS / decidingS).toFixed(0)} a second, each a stream opened, the turn resumed and ended); CPU ms a decision: ${perDecision.join(", ")}`,
   );
   const rttP99 = pct(rtt, 99);
   console.log(

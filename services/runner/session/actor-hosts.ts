@@ -1,9 +1,12 @@
-// The session actor's side of each of its parts' host interfaces (session-actor.ts): the journal,
-// admission, supervision, the log writes and the held calls; and the loop's callbacks for a run
-// (runHostOf). Each host is one object holding the actor, its methods on the prototype, so an idle
-// actor holds five small objects here and no closures. They reach the actor's private state
-// through `ActorInternals`.
+// What the session actor (session-actor.ts) carries out for the parts that decide: a frame's way
+// in (admitFrame, as admission.ts decides), a restart (restartFromLog, as supervision.ts decides),
+// and the loop's callbacks for a run (runHostOf). And the actor's side of the host interfaces of
+// the parts that still call out (the journal, the log writes, the held calls): each one object
+// holding the actor, its methods on the prototype, so an idle actor holds three small objects
+// here and no closures. All of it reaches the actor's private state through `ActorInternals`.
 import { toJson } from "@bufbuild/protobuf";
+import type { Context } from "@opentelemetry/api";
+import { FRAME_KIND } from "../../shared/frames.js";
 import type { RpcError } from "../../shared/errors.js";
 import {
   type AgentEvent,
@@ -13,10 +16,10 @@ import {
 } from "../../shared/gen/troupe/v1/session_pb.js";
 import type { SessionRef } from "../../shared/session-ref.js";
 import type { Compaction, EventPayload, QueuedMessage, RunHost } from "../loop/run.js";
-import type { Admission, AdmissionHost } from "./admission.js";
+import { type Admission, duplicateAck, refusalEvent } from "./admission.js";
 import type { EventJournal, JournalHost } from "./event-journal.js";
 import type { HeldHistory } from "./held-history.js";
-import { COLLECT_WINDOW_MS, type Mailbox, type Placed, type Queued } from "./mailbox.js";
+import { COLLECT_WINDOW_MS, FrameRefused, type Mailbox, type Placed, type Queued } from "./mailbox.js";
 import type { CutOff } from "./recovery.js";
 import type { RunSlot } from "./run-slot.js";
 import type { SessionChoices } from "./session-choices.js";
@@ -152,79 +155,107 @@ export class JournalHostOf implements JournalHost {
   }
 }
 
-export class AdmissionHostOf implements AdmissionHost {
-  constructor(private readonly a: ActorInternals) {}
-  get sessionId(): string {
-    return this.a.sessionId;
-  }
-  get mailbox(): Mailbox {
-    return this.a.mailbox;
-  }
-  lost(): RpcError | undefined {
-    return this.a.lost;
-  }
-  failed(): string | undefined {
-    return this.a.phase === "failed" ? this.a.supervision.failed : undefined;
-  }
-  restarting(): Promise<void> | undefined {
-    return this.a.supervision.restarting;
-  }
-  /** A run going, owed or waiting counts as going: messages are placed as its queue mode says for a running run. */
-  running(): boolean {
-    const { phase } = this.a;
-    return phase === "running" || phase === "restarting" || phase === "resuming" || phase === "waiting";
-  }
-  check(frame: ClientFrame): RpcError | "duplicate" | undefined {
-    return this.a.held.check(frame);
-  }
-  takeRun(): void {
-    const a = this.a;
-    a.deps.runs?.admit(a.owner.tenant);
-  }
-  record(frame: ClientFrame): Promise<void> {
-    return this.a.writes.appendOrRefuse({ t: "frame", frame: toJson(ClientFrameSchema, frame) }, true);
-  }
-  emit(payload: EventPayload): AgentEvent {
-    return this.a.emit(payload);
-  }
-  placed(frame: ClientFrame, { interrupt, collecting }: Placed): void {
-    const a = this.a;
-    if (frame.kind.case === "abort") this.abort(frame.frameId, frame.kind.value.reason, frame.kind.value.clearQueue);
-    if (frame.kind.case === "toolDecision" || frame.kind.case === "clientToolResult") a.held.take(frame);
-    if (interrupt && this.running()) this.abort(frame.frameId, "interrupted by a prompt in interrupt mode", false);
-    if (collecting) {
-      // Each prompt that joins a collection starts its quiet window again; when it passes, the
-      // gathered prompts are one run.
-      clearTimeout(a.collectTimer);
-      a.collectTimer = setTimeout(() => {
-        a.collectTimer = undefined;
-        if (a.mailbox.closeCollection()) a.schedule();
-      }, COLLECT_WINDOW_MS);
+/**
+ * Admits one frame (not `open`) as admission.ts decides, and resolves to its frame_accepted event
+ * once the frame is durable in the log. A refused frame rejects with FrameRefused, announced to
+ * every subscriber; nothing of it is recorded.
+ */
+export function admitFrame(a: ActorInternals, frame: ClientFrame, traceContext: Context): Promise<AgentEvent> {
+  if (a.lost) return Promise.reject(a.lost);
+  const failed = a.admission.failedRefusal(frame, a.sessionId, failedWhy(a));
+  if (failed) return Promise.reject(refused(a, frame, failed));
+  const earlier = a.admission.earlier(frame.frameId);
+  if (earlier) return earlier.then(() => a.emit(duplicateAck(frame)));
+  const ack = carryIn(a, frame, traceContext);
+  a.admission.track(frame.frameId, ack);
+  return ack;
+}
+
+async function carryIn(a: ActorInternals, frame: ClientFrame, traceContext: Context): Promise<AgentEvent> {
+  while (a.supervision.restarting) await a.supervision.restarting;
+  const failed = a.admission.failedRefusal(frame, a.sessionId, failedWhy(a));
+  if (failed) throw refused(a, frame, failed);
+  const standing = { sessionId: a.sessionId, mailbox: a.mailbox, running: runOn(a), check: a.held.check(frame) };
+  const screening = a.admission.screen(frame, standing);
+  if (screening === "duplicate") return a.emit(duplicateAck(frame));
+  if ("refuse" in screening) throw refused(a, frame, screening.refuse);
+  if (screening.admit.startsRun) {
+    try {
+      a.deps.runs?.admit(a.owner.tenant);
+    } catch (err) {
+      throw refused(a, frame, err as RpcError);
     }
-    a.held.goOnIfDue();
-    a.schedule();
   }
-  /** An abort (or an interrupting prompt): audited; the run going, or the one waiting, ends. */
-  private abort(frameId: string, reason: string, clearQueue: boolean): void {
-    const a = this.a;
-    const { tenant } = a.owner;
-    auditQuietly(a, {
-      action: "abort",
-      sessionId: a.sessionId,
-      tenant,
-      frameId,
-      reason,
-      turnId: a.slot.turnId ?? "",
-      clearQueue,
-    });
-    if (clearQueue)
-      a.drop(a.mailbox.clear(), `dropped by an abort that cleared the queue${reason ? `: ${reason}` : ""}`);
-    a.slot.abort(new Error(reason || "aborted"));
-    a.held.endWait(
-      StopReason.ABORTED,
-      `the run was aborted while this call waited for a decision${reason ? ` (${reason})` : ""}`,
-    );
+  const written = a.admission.writing(frame);
+  try {
+    // Not acknowledged when this fails, so the client resends; the session reloads from its log.
+    await a.writes.appendOrRefuse({ t: "frame", frame: toJson(ClientFrameSchema, frame) }, true);
+  } finally {
+    written();
   }
+  const q = a.mailbox.toQueued(frame, traceContext);
+  const placed: Placed = q ? a.mailbox.place(q, frame, runOn(a)) : { position: 0, interrupt: false };
+  const ack = a.emit({
+    case: "frameAccepted",
+    value: { frameId: frame.frameId, kind: FRAME_KIND[frame.kind.case!], queuePosition: placed.position },
+  });
+  actOnPlaced(a, frame, placed);
+  return ack;
+}
+
+/** Why the session failed, once it has (it then takes nothing but aborts). */
+function failedWhy(a: ActorInternals): string | undefined {
+  return a.phase === "failed" ? a.supervision.failed : undefined;
+}
+
+/** A run going, owed or waiting counts as going: messages are placed as their queue mode says for a running run. */
+function runOn(a: ActorInternals): boolean {
+  const { phase } = a;
+  return phase === "running" || phase === "restarting" || phase === "resuming" || phase === "waiting";
+}
+
+/** Tells every subscriber why `frame` was refused; the error the caller gets, with its trailers (a retry hint). */
+function refused(a: ActorInternals, frame: ClientFrame, err: RpcError): FrameRefused {
+  a.emit(refusalEvent(frame, err));
+  return new FrameRefused(err.code, err.message, err.trailers);
+}
+
+/** Acts on a frame now in the mailbox: an abort, a decision, an interrupt, a collection, a run to start. */
+function actOnPlaced(a: ActorInternals, frame: ClientFrame, { interrupt, collecting }: Placed): void {
+  if (frame.kind.case === "abort") abortRun(a, frame.frameId, frame.kind.value.reason, frame.kind.value.clearQueue);
+  if (frame.kind.case === "toolDecision" || frame.kind.case === "clientToolResult") a.held.take(frame);
+  if (interrupt && runOn(a)) abortRun(a, frame.frameId, "interrupted by a prompt in interrupt mode", false);
+  if (collecting) {
+    // Each prompt that joins a collection starts its quiet window again; when it passes, the
+    // gathered prompts are one run.
+    clearTimeout(a.collectTimer);
+    a.collectTimer = setTimeout(() => {
+      a.collectTimer = undefined;
+      if (a.mailbox.closeCollection()) a.schedule();
+    }, COLLECT_WINDOW_MS);
+  }
+  a.held.goOnIfDue();
+  a.schedule();
+}
+
+/** An abort (or an interrupting prompt): audited; the run going, or the one waiting, ends. */
+function abortRun(a: ActorInternals, frameId: string, reason: string, clearQueue: boolean): void {
+  const { tenant } = a.owner;
+  auditQuietly(a, {
+    action: "abort",
+    sessionId: a.sessionId,
+    tenant,
+    frameId,
+    reason,
+    turnId: a.slot.turnId ?? "",
+    clearQueue,
+  });
+  if (clearQueue) a.drop(a.mailbox.clear(), `dropped by an abort that cleared the queue${reason ? `: ${reason}` : ""}`);
+  a.slot.abort(new Error(reason || "aborted"));
+  a.held.endWait(
+    StopReason.ABORTED,
+    `the run was aborted while this call waited for a decision${reason ? ` (${reason})` : ""}`,
+  );
 }
 
 /**

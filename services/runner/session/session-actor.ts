@@ -54,7 +54,7 @@ import { type Happening, type Phase, UNEXPECTED, idleIn, nextPhase, runGoing, se
 import { type NextRun, RunSlot } from "./run-slot.js";
 import {
   type ActorInternals,
-  AdmissionHostOf,
+  admitFrame,
   JournalHostOf,
   HeldCallsHostOf,
   restartFromLog,
@@ -86,8 +86,8 @@ export class SessionActor {
   /** Model, reasoning effort and reset point chosen for the session (settle). */
   readonly choices = new SessionChoices();
   private updatedMs = Date.now();
-  /** Refusals, log writes and acknowledgements of incoming frames (admission.ts). */
-  private readonly admission: Admission;
+  /** What becomes of incoming frames, and their acknowledgements (admission.ts; admitFrame carries them in). */
+  private readonly admission = new Admission();
   private activeMs = Date.now();
   /** Restarts from the log after a run that threw, and the failed state (supervision.ts). */
   protected readonly supervision = new Supervision();
@@ -127,7 +127,6 @@ export class SessionActor {
     const self = this as unknown as ActorInternals;
     this.writes = new SessionWrites(log, sessionId, new WritesHost(self));
     this.journal = new EventJournal(new JournalHostOf(self));
-    this.admission = new Admission(new AdmissionHostOf(self));
     this.held = new HeldCalls(new HeldCallsHostOf(self));
   }
 
@@ -215,7 +214,7 @@ export class SessionActor {
   submit(frame: ClientFrame, traceContext: Context = ROOT_CONTEXT): Promise<AgentEvent> {
     validateFrame(frame, true);
     this.activeMs = Date.now();
-    return this.admission.submit(frame, traceContext);
+    return admitFrame(this as unknown as ActorInternals, frame, traceContext);
   }
 
   /**
