@@ -151,6 +151,29 @@ describe("a run that waits on a decision", () => {
     assert.equal(actor.info().state, SessionState.IDLE);
   });
 
+  test("a decision that comes as the run stops to wait is taken, and the run goes on without another frame", async () => {
+    const ran: string[] = [];
+    const model = new ScriptedModel((_r, n) => (n === 0 ? call(["slow", { text: "now" }]) : say("done")));
+    const made = await newActor(() =>
+      testRunDeps(model, [echoTool("slow", 0, ran)], { config: { approvals: { tools: { slow: "ask" } } } }),
+    );
+    // A client that approves the moment it is told the run waits: its decision is recorded and
+    // placed while the run is still returning, before the session is in its waiting phase.
+    let decided: Promise<unknown> | undefined;
+    await made.actor.attach({
+      send: (e) => {
+        if (e.payload.case === "runWaiting") decided = made.actor.submit(decision(HELD, ToolVerdict.APPROVE));
+      },
+      pressure: () => undefined,
+      close: () => undefined,
+    });
+    await made.actor.submit(prompt("go"));
+    await made.events.waitFor((e) => e.payload.case === "agentEnd", 2000);
+    await decided;
+    assert.deepEqual(ran, ["now"]);
+    assert.equal(made.events.of("agentEnd")[0].stopReason, StopReason.COMPLETED);
+  });
+
   test("a rejection is the call's result, with the person's message; the tool never runs", async () => {
     const { actor, events, ran } = await waitingSession();
     await actor.submit(decision(HELD, ToolVerdict.REJECT, { message: "not the build folder" }));

@@ -3,7 +3,9 @@
 // of a folder of the agent's, sent as a tar archive. Put once per agent.json as loaded
 // (AgentConfigs hands out one config object until the file changes), again after a failure, and
 // again every REPUT_MS (a sandbox service that lost its data directory gets it back); an agent
-// without `workspace` puts an empty template, which removes one an earlier agent.json set.
+// without `workspace` puts an empty template, which removes one an earlier agent.json set. That
+// empty put is housekeeping: after a failure it is tried again RETRY_EMPTY_MS later, not on every
+// run, so a runner without a sandbox service does not pay a failed call and an error line a run.
 import { execFile } from "node:child_process";
 import { createHash } from "node:crypto";
 import path from "node:path";
@@ -14,6 +16,7 @@ import type { AgentConfig } from "../agent-config.js";
 
 const PUT_TIMEOUT_MS = 5_000;
 const REPUT_MS = 5 * 60_000;
+const RETRY_EMPTY_MS = 30_000;
 
 /** The files of `dir` as a tar archive (ustar: busybox's tar and GNU's both read it), at most `maxBytes`. */
 function archiveOf(dir: string, maxBytes: number): Promise<Buffer> {
@@ -55,14 +58,17 @@ export class WorkspaceTemplates {
   ensure(agentId: string, agent: AgentConfig, agentDir: string): Promise<void> {
     let entry = this.put.get(agent);
     if (!entry || Date.now() - entry.at > REPUT_MS) {
-      const done = this.send(agentId, agent, agentDir).catch((err: unknown) => {
-        this.put.delete(agent);
+      const fresh = { at: Date.now(), done: Promise.resolve() };
+      fresh.done = this.send(agentId, agent, agentDir).catch((err: unknown) => {
+        // A template the agent's sandboxes must start from is tried again by the next run.
+        if (agent.workspace) this.put.delete(agent);
+        else fresh.at = Date.now() - REPUT_MS + RETRY_EMPTY_MS;
         this.logger.error("could not set the agent's workspace template in the sandbox service", {
           agent: agentId,
           error: (err as Error).message,
         });
       });
-      entry = { at: Date.now(), done };
+      entry = fresh;
       this.put.set(agent, entry);
     }
     return agent.workspace ? entry.done : Promise.resolve();
