@@ -34,17 +34,11 @@ const gc = runInNewContext("gc") as () => void;
 /** µs per event for EVENTS events, after `before` events and two collections, in a new session. */
 function timed(before: number): number {
   let received = 0;
-  const journal = new EventJournal({
-    sessionId: "bench",
-    turnId: () => "t",
-    persist: () => Promise.resolve(),
-    readLog: async () => [],
-    published: () => undefined,
-  });
+  const journal = new EventJournal("bench", { append: () => Promise.resolve(), read: async () => [] });
   void journal.attach({ send: () => void received++, pressure: () => undefined, close: () => undefined });
   const stream = (n: number) => {
     for (let i = 0; i < n; i++) {
-      journal.delta("m", "text", "token ");
+      journal.delta("m", "text", "token ", "t");
       journal.flushDelta();
     }
   };

@@ -9,10 +9,8 @@ import type { LogRecord } from "../../services/runner/session/session-log.js";
 function journalWithSlowSync() {
   const logged: LogRecord[] = [];
   const landings: (() => void)[] = [];
-  const journal = new EventJournal({
-    sessionId: "s",
-    turnId: () => "t1",
-    persist: (record, sync) => {
+  const journal = new EventJournal("s", {
+    append: (record, sync) => {
       if (!sync || record.t === "seq") {
         logged.push(record);
         return Promise.resolve();
@@ -24,8 +22,7 @@ function journalWithSlowSync() {
         }),
       );
     },
-    readLog: async () => logged,
-    published: () => undefined,
+    read: async () => logged,
   });
   const seen: AgentEvent[] = [];
   const sub: EventSubscriber = { send: (e) => void seen.push(e), pressure: () => undefined, close: () => undefined };
@@ -38,9 +35,9 @@ const tick = () => new Promise((r) => setImmediate(r));
 test("a run's end reaches subscribers only once it is durable, and later events wait behind it", async () => {
   const { journal, sub, seen, logged, landings } = journalWithSlowSync();
   await journal.attach(sub);
-  journal.emit({ case: "agentStart", value: {} });
-  journal.emit({ case: "agentEnd", value: {} });
-  journal.emit({ case: "frameAccepted", value: { frameId: "f2" } });
+  journal.emit({ case: "agentStart", value: {} }, "t1");
+  journal.emit({ case: "agentEnd", value: {} }, "t1");
+  journal.emit({ case: "frameAccepted", value: { frameId: "f2" } }, "t1");
   await tick();
   assert.deepEqual(cases(seen), ["agentStart"], "the end and what follows it are held");
   assert.equal(journal.lastSeq, 3, "numbering is not held up");
@@ -60,14 +57,14 @@ test("a run's end reaches subscribers only once it is durable, and later events 
 
 test("a client attaching while an end is held gets it once, in order, after it lands", async () => {
   const { journal, sub, seen, landings } = journalWithSlowSync();
-  journal.emit({ case: "agentStart", value: {} });
-  journal.emit({ case: "agentEnd", value: {} });
+  journal.emit({ case: "agentStart", value: {} }, "t1");
+  journal.emit({ case: "agentEnd", value: {} }, "t1");
   await journal.attach(sub, 0);
   await tick();
   assert.deepEqual(cases(seen), ["agentStart"]);
   landings[0]();
   await tick();
-  journal.emit({ case: "agentStart", value: {} });
+  journal.emit({ case: "agentStart", value: {} }, "t1");
   assert.deepEqual(
     seen.map((e) => [e.seq, e.payload.case]),
     [
@@ -82,10 +79,10 @@ test("a client resuming after a turn that filled the ring gets the deltas the ri
   const { journal, sub, seen } = journalWithSlowSync();
   // 5,000 deltas, each its own event (a flush after each): more than the ring's 4,096.
   for (let i = 1; i <= 5000; i++) {
-    journal.delta("m1", "text", `t${i} `);
+    journal.delta("m1", "text", `t${i} `, "t1");
     journal.flushDelta();
   }
-  journal.emit({ case: "agentStart", value: {} });
+  journal.emit({ case: "agentStart", value: {} }, "t1");
   await journal.attach(sub, 4000);
   const seqs = seen.map((e) => Number(e.seq));
   assert.deepEqual(seqs.slice(0, 5), [4001, 4002, 4003, 4004, 4005], "from the ring, oldest first");

@@ -1,9 +1,9 @@
 // What the session actor (session-actor.ts) carries out for the parts that decide: a frame's way
 // in (admitFrame, as admission.ts decides), a restart (restartFromLog, as supervision.ts decides),
 // and the loop's callbacks for a run (runHostOf). And the actor's side of the host interfaces of
-// the parts that still call out (the journal, the log writes, the held calls): each one object
-// holding the actor, its methods on the prototype, so an idle actor holds three small objects
-// here and no closures. All of it reaches the actor's private state through `ActorInternals`.
+// the two parts that still call out (the log writes, the held calls): each one object holding the
+// actor, its methods on the prototype, so an idle actor holds two small objects here and no
+// closures. All of it reaches the actor's private state through `ActorInternals`.
 import { toJson } from "@bufbuild/protobuf";
 import type { Context } from "@opentelemetry/api";
 import { FRAME_KIND } from "../../shared/frames.js";
@@ -17,7 +17,7 @@ import {
 import type { SessionRef } from "../../shared/session-ref.js";
 import type { Compaction, EventPayload, QueuedMessage, RunHost } from "../loop/run.js";
 import { type Admission, duplicateAck, refusalEvent } from "./admission.js";
-import type { EventJournal, JournalHost } from "./event-journal.js";
+import type { EventJournal } from "./event-journal.js";
 import type { HeldHistory } from "./held-history.js";
 import { COLLECT_WINDOW_MS, FrameRefused, type Mailbox, type Placed, type Queued } from "./mailbox.js";
 import type { CutOff } from "./recovery.js";
@@ -60,8 +60,6 @@ export type ActorInternals = {
   history: HeldHistory;
   idle: boolean;
   idleWaiters: (() => void)[];
-  updatedMs: number;
-  activeMs: number;
   compaction?: Compaction;
   writes: SessionWrites;
   loseSession(err: RpcError, why: string): void;
@@ -108,7 +106,7 @@ export function runHostOf(a: ActorInternals, signal: AbortSignal): RunHost {
     signal,
     messages: history.messages,
     emit: (payload) => void a.emit(payload),
-    delta: (messageId, kind, text) => journal.delta(messageId, kind, text),
+    delta: (messageId, kind, text) => journal.delta(messageId, kind, text, a.slot.turnId ?? ""),
     pressure: () => journal.pressure(),
     takeSteering: () => mailbox.steering.splice(0),
     takeFollowUps: () => mailbox.followUps.splice(0),
@@ -123,36 +121,6 @@ export function runHostOf(a: ActorInternals, signal: AbortSignal): RunHost {
     decisionOf: (id) => held.decisionOf(id),
     clientResultOf: (id) => held.clientResultOf(id),
   };
-}
-
-export class JournalHostOf implements JournalHost {
-  constructor(private readonly a: ActorInternals) {}
-  get sessionId(): string {
-    return this.a.sessionId;
-  }
-  turnId(): string {
-    return this.a.slot.turnId ?? "";
-  }
-  persist(record: LogRecord, sync: boolean): Promise<void> {
-    return this.a.writes.append(record, sync);
-  }
-  readLog(): Promise<LogRecord[]> {
-    const a = this.a;
-    return a.deps.store.read(a.ref);
-  }
-  published(event: AgentEvent): void {
-    const a = this.a;
-    const now = Date.now();
-    a.updatedMs = now;
-    a.activeMs = now;
-    a.held.published(event);
-    if (event.payload.case === "compactionEnd") {
-      a.compaction = {
-        summary: event.payload.value.summary,
-        firstKeptMessageId: event.payload.value.firstKeptMessageId,
-      };
-    }
-  }
 }
 
 /**

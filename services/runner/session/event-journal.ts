@@ -6,6 +6,9 @@
 // An event whose record is synced (a run's end, a compaction's end) reaches no client before the
 // store has it, and events after it wait behind it: a client that saw a turn end finds that turn
 // in the history, whatever becomes of this runner next. Everything before it streams at once.
+//
+// The journal is given its session's log and its subscribers, and calls nothing of the session:
+// the actor numbers an event, looks at it (the held calls' fold), then publishes it.
 import { create, fromJson, type JsonValue, toJson } from "@bufbuild/protobuf";
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import type { RpcError } from "../../shared/errors.js";
@@ -23,20 +26,15 @@ export interface EventSubscriber {
   close(err: RpcError): void;
 }
 
-/** What the journal needs of its session. */
-export interface JournalHost {
-  readonly sessionId: string;
-  /** The run the next event belongs to ("" between runs). Contract: cheap, never throws. */
-  turnId(): string;
+/** Where the journal's records go, and come back from: the session's log (session-writes.ts). */
+export interface JournalLog {
   /**
-   * Appends to the session's log; with `sync`, settles once the record is durable (or its write
-   * failed). Contract: never throws or rejects; a failed write is the host's to handle.
+   * Appends; with `sync`, settles once the record is durable (or its write failed). Contract:
+   * never throws or rejects; a failed write is the log's to handle.
    */
-  persist(record: LogRecord, sync: boolean): Promise<void>;
+  append(record: LogRecord, sync: boolean): Promise<void>;
   /** The session's records, for a replay that reaches past the ring. May reject. */
-  readLog(): Promise<LogRecord[]>;
-  /** Called with every event as it is published, before subscribers get it. Contract: never throws. */
-  published(event: AgentEvent): void;
+  read(): Promise<LogRecord[]>;
 }
 
 /** Recent events (deltas included) kept in memory for resuming clients. */
@@ -62,7 +60,7 @@ export class EventJournal {
   private reservedUpTo = 0;
   private readonly ring = new RecentEvents(RING_SIZE);
   private readonly subscribers = new Set<EventSubscriber>();
-  private pendingDelta?: { messageId: string; kind: "text" | "thinking"; text: string };
+  private pendingDelta?: { messageId: string; kind: "text" | "thinking"; text: string; turnId: string };
   private flushScheduled = false;
   /** Published events held back until the synced record at their head is durable. */
   private readonly outbox: { event: AgentEvent; durable?: Promise<void> }[] = [];
@@ -70,8 +68,13 @@ export class EventJournal {
   private releasedWaiters: (() => void)[] = [];
   /** The seq at which the session went idle: the ring is packed once all up to it is released. */
   private idleAt = -1;
+  /** When the last event was published (0: none yet). */
+  lastPublishedMs = 0;
 
-  constructor(private readonly host: JournalHost) {}
+  constructor(
+    private readonly sessionId: string,
+    private readonly log: JournalLog,
+  ) {}
 
   get lastSeq(): number {
     return this.seq;
@@ -92,21 +95,44 @@ export class EventJournal {
     this.seq = Math.max(this.seq, seq);
   }
 
-  /** Publishes an event (after any delta waiting to go out). */
-  emit(payload: EventPayload): AgentEvent {
-    this.flushDelta();
-    return this.publish(payload);
+  /** Numbers and publishes an event of run `turnId` ("" between runs). */
+  emit(payload: EventPayload, turnId: string): AgentEvent {
+    const event = this.number(payload, turnId);
+    this.publish(event);
+    return event;
   }
 
-  /** Streamed text or thinking; deltas of one burst become one event. */
-  delta(messageId: string, kind: "text" | "thinking", text: string): void {
+  /**
+   * Numbers an event of run `turnId` (after any delta waiting to go out, which is published
+   * first). Whoever numbers it publishes it next, having looked at it before any subscriber can.
+   */
+  number(payload: EventPayload, turnId: string): AgentEvent {
+    this.flushDelta();
+    // create() turns the payload's init object into a message.
+    const event = create(AgentEventSchema, {
+      sessionId: this.sessionId,
+      seq: BigInt(++this.seq),
+      turnId,
+      time: timestampFromMs(Date.now()),
+      payload: payload as never,
+    });
+    // Reserved half a block ahead: this event's seq is already covered, so it need not wait.
+    if (this.seq >= this.reservedUpTo - SEQ_BLOCK / 2) {
+      this.reservedUpTo = this.seq + SEQ_BLOCK;
+      void this.log.append({ t: "seq", upTo: this.reservedUpTo }, true);
+    }
+    return event;
+  }
+
+  /** Streamed text or thinking of run `turnId`; deltas of one burst become one event. */
+  delta(messageId: string, kind: "text" | "thinking", text: string, turnId: string): void {
     const p = this.pendingDelta;
     if (p && p.messageId === messageId && p.kind === kind && p.text.length + text.length <= MAX_DELTA_CHARS) {
       p.text += text;
       return;
     }
     this.flushDelta();
-    this.pendingDelta = { messageId, kind, text };
+    this.pendingDelta = { messageId, kind, text, turnId };
     if (!this.flushScheduled) {
       this.flushScheduled = true;
       setImmediate(() => {
@@ -120,37 +146,28 @@ export class EventJournal {
     const p = this.pendingDelta;
     if (!p) return;
     this.pendingDelta = undefined;
-    this.publish({ case: "messageUpdate", value: { messageId: p.messageId, delta: { case: p.kind, value: p.text } } });
+    const delta = { case: p.kind, value: p.text };
+    this.emit({ case: "messageUpdate", value: { messageId: p.messageId, delta } }, p.turnId);
   }
 
-  private publish(payload: EventPayload): AgentEvent {
-    const now = Date.now();
-    // create() turns the payload's init object into a message.
-    const event = create(AgentEventSchema, {
-      sessionId: this.host.sessionId,
-      seq: BigInt(++this.seq),
-      turnId: this.host.turnId(),
-      time: timestampFromMs(now),
-      payload: payload as never,
-    });
-    // Reserved half a block ahead: this event's seq is already covered, so it need not wait.
-    if (this.seq >= this.reservedUpTo - SEQ_BLOCK / 2) {
-      this.reservedUpTo = this.seq + SEQ_BLOCK;
-      void this.host.persist({ t: "seq", upTo: this.reservedUpTo }, true);
-    }
+  /**
+   * Records a numbered event (complete events go to the log; a run's or a compaction's end is
+   * synced) and hands it to the subscribers, in order: behind a synced record until it is durable.
+   */
+  publish(event: AgentEvent): void {
+    const kind = event.payload.case;
     let durable: Promise<void> | undefined;
-    if (!TRANSIENT.has(payload.case)) {
-      const sync = payload.case === "agentEnd" || payload.case === "compactionEnd";
-      const written = this.host.persist({ t: "event", event: toJson(AgentEventSchema, event) }, sync);
+    if (!TRANSIENT.has(kind)) {
+      const sync = kind === "agentEnd" || kind === "compactionEnd";
+      const written = this.log.append({ t: "event", event: toJson(AgentEventSchema, event) }, sync);
       if (sync) durable = written;
     }
-    this.host.published(event);
+    this.lastPublishedMs = Date.now();
     if (!durable && this.outbox.length === 0) this.release(event);
     else {
       this.outbox.push({ event, durable });
       if (!this.releasing) void this.releaseOutbox();
     }
-    return event;
   }
 
   /** Hands held events out in order, each once the synced record ahead of it is durable. */
@@ -227,7 +244,7 @@ export class EventJournal {
         // Say so rather than leave a hole: the gap event takes the last missing seq.
         sub.send(
           create(AgentEventSchema, {
-            sessionId: this.host.sessionId,
+            sessionId: this.sessionId,
             seq: BigInt(seq - 1),
             turnId: e.turnId,
             time: e.time,
@@ -242,7 +259,7 @@ export class EventJournal {
       const oldest = this.ring.oldest();
       const floor = oldest ? Number(oldest.seq) : this.seq + 1;
       if (afterSeq + 1 < floor) {
-        for (const rec of await this.host.readLog()) {
+        for (const rec of await this.log.read()) {
           if (rec.t !== "event") continue;
           const e = fromJson(AgentEventSchema, rec.event as JsonValue);
           if (Number(e.seq) < floor) forward(e);

@@ -55,7 +55,6 @@ import { type NextRun, RunSlot } from "./run-slot.js";
 import {
   type ActorInternals,
   admitFrame,
-  JournalHostOf,
   HeldCallsHostOf,
   restartFromLog,
   runHostOf,
@@ -125,8 +124,8 @@ export class SessionActor {
     // Each part's host is one small object whose methods are on its prototype (actor-hosts.ts):
     // an idle actor holds no closures for them.
     const self = this as unknown as ActorInternals;
-    this.writes = new SessionWrites(log, sessionId, new WritesHost(self));
-    this.journal = new EventJournal(new JournalHostOf(self));
+    this.writes = new SessionWrites(log, refOf(owner, sessionId), deps.store, new WritesHost(self));
+    this.journal = new EventJournal(sessionId, this.writes);
     this.held = new HeldCalls(new HeldCallsHostOf(self));
   }
 
@@ -313,7 +312,7 @@ export class SessionActor {
 
   /** Last time anything happened in or to this actor. */
   get lastActiveMs(): number {
-    return this.activeMs;
+    return Math.max(this.activeMs, this.journal.lastPublishedMs);
   }
 
   /** Resolves once no run is going, nothing waits for one, and subscribers have every event. */
@@ -414,7 +413,15 @@ export class SessionActor {
   private emit(payload: EventPayload): AgentEvent {
     // A handed-over run's last moments are not recorded or sent: its next runner redoes them.
     if (this.phase === "handedOver") return create(AgentEventSchema, { sessionId: this.sessionId, payload });
-    return this.journal.emit(payload);
+    const event = this.journal.number(payload, this.slot.turnId ?? "");
+    // What the open run waits on, and the latest compaction, follow each event before any subscriber sees it.
+    this.held.published(event);
+    if (event.payload.case === "compactionEnd") {
+      const { summary, firstKeptMessageId } = event.payload.value;
+      this.compaction = { summary, firstKeptMessageId };
+    }
+    this.journal.publish(event);
+    return event;
   }
 
   /**
@@ -455,7 +462,7 @@ export class SessionActor {
       sessionId: this.sessionId,
       agentId: this.agentId,
       createTime: timestampFromMs(this.createdMs),
-      updateTime: timestampFromMs(this.updatedMs),
+      updateTime: timestampFromMs(Math.max(this.updatedMs, this.journal.lastPublishedMs)),
       lastSeq: BigInt(this.journal.lastSeq),
       messageCount: this.history.length,
       running: this.running,

@@ -4,7 +4,9 @@
 // Going on in memory past a hole in the log would answer from state a reload cannot rebuild.
 import { type RpcError, unavailable } from "../../shared/errors.js";
 import { SessionElsewhere } from "./session-lease.js";
-import type { LogRecord, SessionLog } from "./session-log.js";
+import type { LogRecord, SessionLog, SessionStore } from "./session-log.js";
+import type { SessionRef } from "../../shared/session-ref.js";
+import type { JournalLog } from "./event-journal.js";
 
 export interface SessionWritesHooks {
   /** Loses the session with `err` (later calls are refused with it). Contract: never throws; a second loss is ignored. */
@@ -13,12 +15,23 @@ export interface SessionWritesHooks {
   lost(): RpcError | undefined;
 }
 
-export class SessionWrites {
+/** The session's log as its event journal writes and reads it. */
+export class SessionWrites implements JournalLog {
   constructor(
     private readonly log: SessionLog,
-    private readonly sessionId: string,
+    private readonly ref: SessionRef,
+    private readonly store: SessionStore,
     private readonly hooks: SessionWritesHooks,
   ) {}
+
+  private get sessionId(): string {
+    return this.ref.sessionId;
+  }
+
+  /** Every record of the session, as the store has it. May reject. */
+  read(): Promise<LogRecord[]> {
+    return this.store.read(this.ref);
+  }
 
   /** Whether the log ends settled (settledLog) as it stands. */
   private settled = false;
