@@ -103,10 +103,7 @@ export class SessionActor {
   /** The calls the open run holds for a decision or a client's result, and the client's tools (held-calls.ts). */
   private readonly held: HeldCalls;
   private idleWaiters: (() => void)[] = [];
-  /**
-   * Set once the session is lost here: another runner took it (ABORTED), or its log could not be
-   * written (UNAVAILABLE). From then on this actor only refuses; the next call loads it anew.
-   */
+  /** Why the session is lost here (phase `lost`): another runner took it (ABORTED), or its log failed (UNAVAILABLE). */
   private lost?: RpcError;
   /** Called once when the session is lost, so the registry forgets this actor. */
   onLost?: () => void;
@@ -299,10 +296,7 @@ export class SessionActor {
     return idleIn(this.phase, this.mailbox.empty, this.slot.busy);
   }
 
-  /**
-   * Nothing running, waiting, arriving or watching: the actor may leave memory. A run that waits
-   * keeps it here: its deadline is this actor's timer.
-   */
+  /** Nothing running, waiting, arriving or watching: the actor may leave memory (a waiting run's deadline is its timer). */
   get passivatable(): boolean {
     const settled = (this.phase === "idle" && this.mailbox.empty) || this.phase === "failed";
     return (
