@@ -34,7 +34,7 @@ import type { AuditRecord, AuditSink } from "../store/audit-log.js";
 import type { Logger } from "../../shared/process/log.js";
 import type { Tool } from "../tools/tools.js";
 import type { ChatMessage } from "../../shared/gen/troupe/v1/session_pb.js";
-import type { Happening, Phase } from "./lifecycle.js";
+import { type Happening, type Phase, runOn } from "./lifecycle.js";
 
 /** What the hosts below use of an actor (its members, private ones among them, by name). */
 export type ActorInternals = {
@@ -143,7 +143,7 @@ async function carryIn(a: ActorInternals, frame: ClientFrame, traceContext: Cont
   while (a.supervision.restarting) await a.supervision.restarting;
   const failed = a.admission.failedRefusal(frame, a.sessionId, failedWhy(a));
   if (failed) throw refused(a, frame, failed);
-  const standing = { sessionId: a.sessionId, mailbox: a.mailbox, running: runOn(a), check: a.held.check(frame) };
+  const standing = { sessionId: a.sessionId, mailbox: a.mailbox, running: runOn(a.phase), check: a.held.check(frame) };
   const screening = a.admission.screen(frame, standing);
   if (screening === "duplicate") return a.emit(duplicateAck(frame));
   if ("refuse" in screening) throw refused(a, frame, screening.refuse);
@@ -162,7 +162,7 @@ async function carryIn(a: ActorInternals, frame: ClientFrame, traceContext: Cont
     written();
   }
   const q = a.mailbox.toQueued(frame, traceContext);
-  const placed: Placed = q ? a.mailbox.place(q, frame, runOn(a)) : { position: 0, interrupt: false };
+  const placed: Placed = q ? a.mailbox.place(q, frame, runOn(a.phase)) : { position: 0, interrupt: false };
   const ack = a.emit({
     case: "frameAccepted",
     value: { frameId: frame.frameId, kind: FRAME_KIND[frame.kind.case!], queuePosition: placed.position },
@@ -176,12 +176,6 @@ function failedWhy(a: ActorInternals): string | undefined {
   return a.phase === "failed" ? a.supervision.failed : undefined;
 }
 
-/** A run going, owed or waiting counts as going: messages are placed as their queue mode says for a running run. */
-function runOn(a: ActorInternals): boolean {
-  const { phase } = a;
-  return phase === "running" || phase === "restarting" || phase === "resuming" || phase === "waiting";
-}
-
 /** Tells every subscriber why `frame` was refused; the error the caller gets, with its trailers (a retry hint). */
 function refused(a: ActorInternals, frame: ClientFrame, err: RpcError): FrameRefused {
   a.emit(refusalEvent(frame, err));
@@ -192,7 +186,7 @@ function refused(a: ActorInternals, frame: ClientFrame, err: RpcError): FrameRef
 function actOnPlaced(a: ActorInternals, frame: ClientFrame, { interrupt, collecting }: Placed): void {
   if (frame.kind.case === "abort") abortRun(a, frame.frameId, frame.kind.value.reason, frame.kind.value.clearQueue);
   if (frame.kind.case === "toolDecision" || frame.kind.case === "clientToolResult") a.held.take(frame);
-  if (interrupt && runOn(a)) abortRun(a, frame.frameId, "interrupted by a prompt in interrupt mode", false);
+  if (interrupt && runOn(a.phase)) abortRun(a, frame.frameId, "interrupted by a prompt in interrupt mode", false);
   if (collecting) {
     // Each prompt that joins a collection starts its quiet window again; when it passes, the
     // gathered prompts are one run.
@@ -243,7 +237,7 @@ export async function restartFromLog(a: ActorInternals, startedBy: QueuedMessage
     while (a.admission.admitting > 0) await new Promise((r) => setTimeout(r, 5));
     await new Promise((r) => setTimeout(r, restart.backoffMs));
     await a.log.flush().catch(() => undefined);
-    const records = await a.deps.store.read(a.ref);
+    const records = await a.writes.read();
     const live = a.journal.lastSeq;
     a.history.clear();
     a.admission.clear();

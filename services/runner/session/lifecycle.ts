@@ -136,6 +136,16 @@ export function runGoing(phase: Phase): boolean {
   return phase === "running" || phase === "restarting";
 }
 
+/** A run is going, owed or waiting: a message arriving now meets a run, and its queue mode places it. */
+export function runOn(phase: Phase): boolean {
+  return runGoing(phase) || phase === "resuming" || phase === "waiting";
+}
+
+/** At rest: no run going, owed or waiting (idle, or failed, where none starts again). */
+export function atRest(phase: Phase): boolean {
+  return phase === "idle" || phase === "failed";
+}
+
 /** Closed here, one way or another: nothing starts again in this actor. */
 export function ended(phase: Phase): boolean {
   return phase === "closed" || phase === "handedOver" || phase === "lost";

@@ -50,7 +50,8 @@ import { SessionChoices, type Choice, type ChoiceRecord } from "./session-choice
 import { HeldHistory } from "./held-history.js";
 import { type Numbering, type RebuiltParts, type Resume, rebuildFromLog } from "./session-rebuild.js";
 import { Supervision } from "./supervision.js";
-import { type Happening, type Phase, UNEXPECTED, idleIn, nextPhase, runGoing, sessionStateOf } from "./lifecycle.js";
+import type { Happening, Phase } from "./lifecycle.js";
+import { UNEXPECTED, atRest, idleIn, nextPhase, runGoing, sessionStateOf } from "./lifecycle.js";
 import { type NextRun, RunSlot } from "./run-slot.js";
 import {
   type ActorInternals,
@@ -298,10 +299,8 @@ export class SessionActor {
 
   /** Nothing running, waiting, arriving or watching: the actor may leave memory (a waiting run's deadline is its timer). */
   get passivatable(): boolean {
-    const settled = (this.phase === "idle" && this.mailbox.empty) || this.phase === "failed";
-    return (
-      settled && this.held.waits === undefined && this.journal.subscriberCount === 0 && this.admission.admitting === 0
-    );
+    const resting = atRest(this.phase) && this.mailbox.empty && this.held.waits === undefined;
+    return resting && this.journal.subscriberCount === 0 && this.admission.admitting === 0;
   }
 
   /** Last time anything happened in or to this actor. */
@@ -358,7 +357,7 @@ export class SessionActor {
     if (!this.idle) return;
     // A run that waits is owed its deadline, which a runner taking over must keep; a run handed
     // over is owed its end: neither is settled.
-    if ((this.phase === "idle" || this.phase === "failed") && this.held.waits === undefined) this.writes.settle();
+    if (atRest(this.phase) && this.held.waits === undefined) this.writes.settle();
     for (const wake of this.idleWaiters.splice(0)) wake();
   }
 
@@ -368,7 +367,7 @@ export class SessionActor {
    * where what the model sees can have moved: a run's end, a replay's end, a reset.
    */
   private releaseUnseen(): void {
-    if (!(this.phase === "idle" || this.phase === "failed") || this.held.waits) return;
+    if (!atRest(this.phase) || this.held.waits) return;
     this.compaction = this.history.releaseUnseen(this.compaction, this.choices.contextFrom);
   }
 
@@ -376,7 +375,7 @@ export class SessionActor {
   historyPage(offset: number, size: number): Promise<ChatMessage[]> {
     return this.history.page(offset, size, async () => {
       await this.log.flush();
-      return replayRecords(await this.deps.store.read(this.ref)).messages;
+      return replayRecords(await this.writes.read()).messages;
     });
   }
 
