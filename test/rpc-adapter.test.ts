@@ -61,12 +61,11 @@ before(async () => {
     },
   });
   server.add(SandboxService, {
-    exec(call: { request: { command: string }; write(m: unknown): void; end(): void }) {
-      if (call.request.command === "boom") throw new Error("stream internal detail");
+    async *exec(request: { command: string }) {
+      if (request.command === "boom") throw new Error("stream internal detail");
       // Server streaming: echo the command back in pieces, then an exit status.
-      for (const ch of call.request.command) call.write({ kind: { case: "stdout", value: Buffer.from(ch) } } as never);
-      call.write({ kind: { case: "exit", value: { exitCode: 7 } } } as never);
-      call.end();
+      for (const ch of request.command) yield { kind: { case: "stdout", value: Buffer.from(ch) } } as never;
+      yield { kind: { case: "exit", value: { exitCode: 7 } } } as never;
     },
     async releaseSandbox() {
       throw new RpcError(Status.FAILED_PRECONDITION, "nope");

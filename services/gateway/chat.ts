@@ -7,14 +7,14 @@
 import { create } from "@bufbuild/protobuf";
 import { context } from "@opentelemetry/api";
 import { callerOf, identityOf, onBehalfOf } from "../shared/auth/auth.js";
-import { Status, toStatus } from "../shared/errors.js";
 import { catchStopCommand, stampDecider, validateFrame } from "../shared/frames.js";
-import type { ChatRequest, ChatResponse } from "../shared/gen/troupe/v1/gateway_pb.js";
+import type { ChatRequest } from "../shared/gen/troupe/v1/gateway_pb.js";
 import type { AttachResponse } from "../shared/gen/troupe/v1/runner_pb.js";
 import { ClientFrameSchema, type ClientFrame } from "../shared/gen/troupe/v1/session_pb.js";
 import { DEFAULT_AGENT } from "../shared/ids.js";
-import { failure, type Logger } from "../shared/process/log.js";
 import type { grpc } from "../shared/rpc.js";
+import type { CallContext } from "../shared/rpc/call-context.js";
+import { Channel } from "../shared/rpc/channel.js";
 import { extractContext } from "../shared/process/telemetry.js";
 import type { GatewayLimits } from "./limits.js";
 import {
@@ -36,54 +36,54 @@ export interface ChatDeps {
   streams: StreamsByKey;
   /** Draws a frame from the tenant's and session's budgets; throws RESOURCE_EXHAUSTED over one. */
   admit(tenant: string, sessionId: string, frame: ClientFrame): void;
-  logger: Logger;
 }
 
+type RunnerCall = grpc.ClientDuplexStream<AttachRequestInit, Buffer>;
+
 /** The Chat method: one call per client stream. */
-export function chatHandler(deps: ChatDeps): (call: grpc.ServerDuplexStream<ChatRequest, ChatResponse>) => void {
-  const { placements, runners, limits, streams, admit, logger } = deps;
-  return (call) => {
+export function chatHandler(
+  deps: ChatDeps,
+): (requests: AsyncIterable<ChatRequest>, ctx: CallContext) => Channel<Buffer> {
+  const { placements, runners, limits, streams, admit } = deps;
+  return (requests, ctx) => {
     // The call's own span: placing the session (the router) and attaching are part of its trace.
     const chatContext = context.active();
-    let state: "awaiting-open" | "opening" | "open" | "done" = "awaiting-open";
-    let runnerCall: grpc.ClientDuplexStream<AttachRequestInit, Buffer> | undefined;
-    const queued: ClientFrame[] = [];
+    // The runner's responses are the client's (passthrough.ts): bytes, passed on as they are.
+    const out = new Channel<Buffer>();
+    let runnerCall: RunnerCall | undefined;
+    /** Whether runnerCall ended by itself (its end or its error). */
+    let runnerEnded = false;
+    /** Frames that came before the runner answered the open, in order. */
+    let queued: ClientFrame[] | undefined = [];
     let halfClosed = false;
     let sessionId = "";
     let agentId = DEFAULT_AGENT;
     const spans = new TurnSpans(
-      extractContext(call.metadata),
+      extractContext(ctx.metadata),
       () => sessionId,
       () => agentId,
     );
-    const caller = onBehalfOf(call);
-    const who = identityOf(call.metadata);
+    const caller = onBehalfOf(ctx);
+    const who = identityOf(ctx.metadata);
     const tenant = who.tenant;
     let releaseStream: (() => void) | undefined;
-    const unwatch = streams.add(callerOf(call.metadata).keyHash, (err) => finish(err));
-
-    const finish = (err?: unknown) => {
-      if (state === "done") return;
-      state = "done";
-      unwatch();
-      spans.endAll();
-      releaseStream?.();
-      if (err !== undefined && toStatus(err).code === Status.INTERNAL) logger.error("chat stream failed", failure(err));
-      if (err !== undefined) {
-        runnerCall?.cancel();
-        if (!call.cancelled) call.emit("error", toStatus(err));
-      } else if (!call.cancelled) call.end();
-    };
-    const forward = (frame: ClientFrame) => {
-      if (!runnerCall!.write({ frame })) {
-        call.pause();
-        runnerCall!.once("drain", () => call.resume());
-      }
-    };
+    const unwatch = streams.add(callerOf(ctx.metadata).keyHash, (err) => out.fail(err));
+    // The call is over, however it ended: let go of what it held, and of the runner's stream.
+    ctx.signal.addEventListener(
+      "abort",
+      () => {
+        unwatch();
+        spans.endAll();
+        releaseStream?.();
+        if (runnerCall && !runnerEnded) leaveRunnerCall(runnerCall);
+      },
+      { once: true },
+    );
 
     const open = async (openFrame: ClientFrame, attempt: number): Promise<void> => {
       const o = openFrame.kind.case === "open" ? openFrame.kind.value : undefined;
       const placement = await placements.resolve(who, o?.sessionId ?? "", o?.agentId ?? "");
+      if (out.closed) return;
       sessionId = placement.sessionId;
       agentId = placement.agentId;
       // A session the router named for us is new: the runner must create it.
@@ -95,58 +95,60 @@ export function chatHandler(deps: ChatDeps): (call: grpc.ServerDuplexStream<Chat
           });
       const rc = runners.attach(placement.runner!.address, caller);
       runnerCall = rc;
+      runnerEnded = false;
       const answer = answerWithin(rc);
       rc.on("data", (bytes: Buffer) => {
         answer.heard();
-        if (state === "done") return;
+        if (out.closed) return;
         if (needsDecoding(bytes)) {
           let resp: AttachResponse;
           try {
             resp = decodeRunnerResponse(bytes);
           } catch (err) {
-            finish(err);
+            out.fail(err);
             return;
           }
-          if (resp.kind.case === "opened") {
+          if (resp.kind.case === "opened" && queued) {
             agentId = resp.kind.value.agentId;
-            state = "open";
-            for (const f of queued.splice(0)) forward(f);
+            for (const f of queued) rc.write({ frame: f });
+            queued = undefined;
             if (halfClosed) rc.end();
           }
           spans.observe(resp);
         }
-        if (!call.write(bytes as never)) {
+        if (!out.push(bytes)) {
           rc.pause();
-          call.once("drain", () => rc.resume());
+          out.room()?.then(() => rc.resume());
         }
       });
-      let upstreamFailed = false;
       rc.on("error", (error) => {
-        upstreamFailed = true;
+        runnerEnded = true;
         const err = answer.error(error);
-        if (!answer.answered && attempt === 0 && state !== "done" && placements.reroute(who, sessionId, err)) {
-          open(openFrame, 1).catch(finish);
+        if (!answer.answered && attempt === 0 && !out.closed && placements.reroute(who, sessionId, err)) {
+          open(openFrame, 1).catch((e) => out.fail(e));
           return;
         }
-        finish(err);
+        out.fail(err);
       });
       // grpc-js may end the readable side of a call that failed too: only a clean end is one.
       rc.on("end", () => {
-        if (!upstreamFailed) finish();
+        if (runnerEnded) return;
+        runnerEnded = true;
+        out.end();
       });
       rc.write({ frame });
     };
 
-    call.on("data", (req: ChatRequest) => {
-      try {
+    const serve = async () => {
+      let opening = false;
+      for await (const req of requests) {
         const frame = req.frame;
-        if (state === "done") return;
-        if (state === "awaiting-open") {
+        if (!opening) {
           validateFrame(frame, false, true);
           releaseStream = limits.openStream(tenant);
-          state = "opening";
-          context.with(chatContext, () => open(frame, 0)).catch(finish);
-          return;
+          opening = true;
+          context.with(chatContext, () => open(frame, 0)).catch((err) => out.fail(err));
+          continue;
         }
         validateFrame(frame, true, true);
         const stopAware = stampDecider(catchStopCommand(frame), who.principal);
@@ -154,25 +156,30 @@ export function chatHandler(deps: ChatDeps): (call: grpc.ServerDuplexStream<Chat
         // yet acknowledged are the client's to resend, as after any broken stream.
         admit(tenant, sessionId, stopAware);
         const traced = spans.start(stopAware);
-        if (state === "opening") queued.push(traced);
-        else forward(traced);
-      } catch (err) {
-        finish(err);
+        if (queued) queued.push(traced);
+        else if (!runnerCall!.write({ frame: traced })) await drainOf(runnerCall!, ctx.signal);
       }
-    });
-    // The client is done sending: pass that on once its frames are forwarded; the runner ends
-    // the stream when the session has nothing left to do.
-    call.on("end", () => {
+      if (ctx.signal.aborted) return;
+      // The client is done sending: pass that on once its frames are forwarded; the runner ends
+      // the stream when the session has nothing left to do.
       halfClosed = true;
-      if (state === "open") runnerCall!.end();
-      else if (state === "awaiting-open") finish();
-    });
-    call.on("cancelled", () => {
-      state = "done";
-      unwatch();
-      spans.endAll();
-      releaseStream?.();
-      if (runnerCall) leaveRunnerCall(runnerCall);
-    });
+      if (!opening) out.end();
+      else if (!queued) runnerCall!.end();
+    };
+    serve().catch((err) => out.fail(err));
+    return out;
   };
+}
+
+/** Resolves once the runner's stream takes frames again, or the call is over. */
+function drainOf(rc: RunnerCall, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    const done = () => {
+      rc.removeListener("drain", done);
+      signal.removeEventListener("abort", done);
+      resolve();
+    };
+    rc.once("drain", done);
+    signal.addEventListener("abort", done, { once: true });
+  });
 }

@@ -19,7 +19,6 @@ import {
   ServerReflection as AlphaReflection,
   ServerReflectionRequestSchema as AlphaRequestSchema,
   ServerReflectionResponseSchema as AlphaResponseSchema,
-  type ServerReflectionRequest as AlphaRequest,
 } from "../shared/gen/grpc/reflection/v1alpha/reflection_pb.js";
 import type { ServiceImpl } from "../shared/rpc.js";
 
@@ -124,21 +123,16 @@ export function reflectionServices(services: readonly GenService<GenServiceMetho
 } {
   const index = new DescriptorIndex([...services, ServerReflection, AlphaReflection]);
   const v1: ServiceImpl<(typeof ServerReflection)["method"]> = {
-    serverReflectionInfo(call) {
-      call.on("data", (req: ServerReflectionRequest) => {
-        if (!call.writableEnded) call.write(answer(index, req));
-      });
-      call.on("end", () => call.end());
+    async *serverReflectionInfo(requests) {
+      for await (const req of requests) yield answer(index, req);
     },
   };
   const v1alpha: ServiceImpl<(typeof AlphaReflection)["method"]> = {
-    serverReflectionInfo(call) {
-      call.on("data", (alpha: AlphaRequest) => {
-        if (call.writableEnded) return;
+    async *serverReflectionInfo(requests) {
+      for await (const alpha of requests) {
         const req = fromBinary(ServerReflectionRequestSchema, toBinary(AlphaRequestSchema, alpha));
-        call.write(fromBinary(AlphaResponseSchema, toBinary(ServerReflectionResponseSchema, answer(index, req))));
-      });
-      call.on("end", () => call.end());
+        yield fromBinary(AlphaResponseSchema, toBinary(ServerReflectionResponseSchema, answer(index, req)));
+      }
     },
   };
   return { v1, v1alpha };

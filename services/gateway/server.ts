@@ -17,7 +17,7 @@ import {
 import { NAME } from "../shared/auth/api-keys.js";
 import { isAgentId } from "../shared/ids.js";
 import type { Config } from "../shared/config/config-types.js";
-import { invalidArgument, permissionDenied, toStatus } from "../shared/errors.js";
+import { invalidArgument, permissionDenied } from "../shared/errors.js";
 import {
   catchStopCommand,
   stampDecider,
@@ -26,7 +26,7 @@ import {
   validateSessionRef,
 } from "../shared/frames.js";
 import { AdminService } from "../shared/gen/troupe/v1/admin_pb.js";
-import { GatewayService } from "../shared/gen/troupe/v1/gateway_pb.js";
+import { GatewayService, type SubscribeInboxResponse } from "../shared/gen/troupe/v1/gateway_pb.js";
 import { Health } from "../shared/gen/grpc/health/v1/health_pb.js";
 import { ServerReflection } from "../shared/gen/grpc/reflection/v1/reflection_pb.js";
 import { ServerReflection as AlphaReflection } from "../shared/gen/grpc/reflection/v1alpha/reflection_pb.js";
@@ -40,6 +40,7 @@ import type { RunnerService } from "../shared/gen/troupe/v1/runner_pb.js";
 import { ClientFrameSchema, type ClientFrame } from "../shared/gen/troupe/v1/session_pb.js";
 import type { Logger } from "../shared/process/log.js";
 import { RECONNECT_WAIT_MS, RpcServer, createClient, type grpc, type ServiceClient } from "../shared/rpc.js";
+import { Channel } from "../shared/rpc/channel.js";
 import type { RunningService } from "../shared/process/service.js";
 import { extractContext } from "../shared/process/telemetry.js";
 import { PlacementCache, RunnerPool } from "./placement.js";
@@ -141,7 +142,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
   // Snapshots are the sandbox service's, asked as the caller (workspace-snapshots.ts).
   const sandbox = createClient(SandboxService, cfg.addr.sandbox, { headers: internal.headers, tls: internal.tls });
   server.add(GatewayService, {
-    chat: chatHandler({ placements, runners, limits, streams, admit, logger }),
+    chat: chatHandler({ placements, runners, limits, streams, admit }),
     ...workspaceSnapshotCalls(sandbox),
 
     async createSession(req, call) {
@@ -259,52 +260,55 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
 
     // Served over the runner's Attach stream (open with replay_after_seq, no create) rather than
     // Replay, so that a client leaving ends the runner's stream without a reset.
-    async subscribe(call) {
-      const { sessionId, afterSeq } = call.request;
+    subscribe({ sessionId, afterSeq }, ctx) {
       validateSessionRef(sessionId, "", false);
-      let upstream: grpc.ClientDuplexStream<AttachRequestInit, Buffer> | undefined;
-      const caller = onBehalfOf(call);
-      const who = identityOf(call.metadata);
+      const caller = onBehalfOf(ctx);
+      const who = identityOf(ctx.metadata);
       const release = limits.openStream(who.tenant);
+      const out = new Channel<Buffer>();
+      let upstream: { call: grpc.ClientDuplexStream<AttachRequestInit, Buffer>; ended: boolean } | undefined;
       // A revoked key's subscription ends too.
-      const unwatch = streams.add(callerOf(call.metadata).keyHash, (err) => {
-        if (upstream) leaveRunnerCall(upstream);
-        if (!call.cancelled) call.emit("error", toStatus(err));
-      });
-      for (const ev of ["close", "cancelled", "finish", "error"] as const) {
-        call.once(ev, release);
-        call.once(ev, unwatch);
-      }
-      call.on("cancelled", () => upstream && leaveRunnerCall(upstream));
+      const unwatch = streams.add(callerOf(ctx.metadata).keyHash, (err) => out.fail(err));
+      ctx.signal.addEventListener(
+        "abort",
+        () => {
+          release();
+          unwatch();
+          if (upstream && !upstream.ended) leaveRunnerCall(upstream.call);
+        },
+        { once: true },
+      );
       const attempt = async (n: number): Promise<void> => {
         const placement = await placements.resolve(who, sessionId, "");
-        if (call.cancelled) return;
+        if (out.closed) return;
         const up = runners.attach(placement.runner!.address, caller);
-        upstream = up;
-        let failed = false;
+        const current = { call: up, ended: false };
+        upstream = current;
         const answer = answerWithin(up);
         up.on("data", (bytes: Buffer) => {
           answer.heard();
-          if (call.cancelled) return;
           const event = asSubscribeResponse(bytes);
-          if (event && !call.write(event as never)) {
+          if (event && !out.push(event)) {
             up.pause();
-            call.once("drain", () => up.resume());
+            out.room()?.then(() => up.resume());
           }
         });
         up.on("error", (error) => {
-          failed = true;
+          current.ended = true;
           const err = answer.error(error);
-          if (call.cancelled) return;
           // Before anything was sent, a moved session or a gone runner is retried once.
-          if (!answer.answered && n === 0 && placements.reroute(who, sessionId, err)) {
-            attempt(1).catch((e) => call.emit("error", toStatus(e)));
+          if (!answer.answered && n === 0 && !out.closed && placements.reroute(who, sessionId, err)) {
+            attempt(1).catch((e) => out.fail(e));
             return;
           }
-          call.emit("error", toStatus(err));
+          out.fail(err);
         });
         // grpc-js may end the readable side of a failed call too: only a clean end is one.
-        up.on("end", () => failed || call.cancelled || call.end());
+        up.on("end", () => {
+          if (current.ended) return;
+          current.ended = true;
+          out.end();
+        });
         up.write({
           frame: {
             frameId: "subscribe",
@@ -312,12 +316,14 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
           },
         });
       };
-      await attempt(0);
+      attempt(0).catch((e) => out.fail(e));
+      return out;
     },
 
-    async subscribeInbox(call) {
-      const who = identityOf(call.metadata);
+    subscribeInbox(req, ctx) {
+      const who = identityOf(ctx.metadata);
       const release = limits.openStream(who.tenant);
+      const out = new Channel<SubscribeInboxResponse>();
       const inbox = new InboxStream(
         {
           placements,
@@ -327,20 +333,26 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
           logger,
         },
         who,
-        onBehalfOf(call),
-        (res) => call.write(res),
-        (fn) => call.once("drain", fn),
+        onBehalfOf(ctx),
+        (res) => out.push(res),
+        (fn) => {
+          const room = out.room();
+          if (room) void room.then(fn);
+          else fn();
+        },
       );
-      const unwatch = streams.add(callerOf(call.metadata).keyHash, (err) => {
-        inbox.close();
-        if (!call.cancelled) call.emit("error", toStatus(err));
-      });
-      for (const ev of ["close", "cancelled", "finish", "error"] as const) {
-        call.once(ev, release);
-        call.once(ev, unwatch);
-        call.once(ev, () => inbox.close());
-      }
-      await inbox.start(call.request.afterCursor);
+      const unwatch = streams.add(callerOf(ctx.metadata).keyHash, (err) => out.fail(err));
+      ctx.signal.addEventListener(
+        "abort",
+        () => {
+          release();
+          unwatch();
+          inbox.close();
+        },
+        { once: true },
+      );
+      inbox.start(req.afterCursor).catch((err) => out.fail(err));
+      return out;
     },
 
     async createSchedule(req, call) {

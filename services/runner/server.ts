@@ -221,10 +221,11 @@ export async function startRunner(cfg: Config, logger: Logger): Promise<RunningS
     authenticate: credentials.authenticate,
     logger,
   });
-  const attach = attachHandler(registry, logger);
+  const attach = attachHandler(registry);
   server.add(RunnerService, {
     // A session stream is a sub-stream of AttachMany, never a call of its own.
-    async attach() {
+    // biome-ignore lint/correctness/useYield: refused before it would answer anything
+    async *attach() {
       throw new RpcError(Status.UNIMPLEMENTED, "session streams are carried on AttachMany; Attach is not served alone");
     },
     // Sub-streams are Attach calls in all but transport: the same handler, wrapped as the server wraps it.

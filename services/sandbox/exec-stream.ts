@@ -5,9 +5,10 @@
 // container.
 import { randomUUID } from "node:crypto";
 import { create } from "@bufbuild/protobuf";
-import { ExecResponseSchema, type ExecRequest } from "../shared/gen/troupe/v1/sandbox_pb.js";
+import { ExecResponseSchema, type ExecRequest, type ExecResponse } from "../shared/gen/troupe/v1/sandbox_pb.js";
 import { instruments, secondsSince } from "../shared/process/metrics.js";
-import { write, type grpc } from "../shared/rpc.js";
+import type { grpc } from "../shared/rpc.js";
+import type { CallContext } from "../shared/rpc/call-context.js";
 import { AgentError, type AgentExit, type RunningExec } from "./agent-connection.js";
 import type { SandboxFleet, Sandbox } from "./fleet.js";
 import type { WorkspaceStart } from "./workspaces/templates.js";
@@ -47,11 +48,10 @@ export interface ExecDeps {
 }
 
 /** SandboxService.Exec. */
-export function execHandler(deps: ExecDeps): (call: grpc.ServerWritableStream<ExecRequest, unknown>) => Promise<void> {
+export function execHandler(deps: ExecDeps): (req: ExecRequest, ctx: CallContext) => AsyncIterable<ExecResponse> {
   const { fleet, running, scopeKey, requireEngine, requireRoom, killAll } = deps;
-  return async (call) => {
-    const req = call.request;
-    const key = scopeKey(req, call);
+  return async function* (req, ctx) {
+    const key = scopeKey(req, ctx);
     validateExec(req);
     const hosts = req.egress?.allowHosts ?? [];
     await requireEngine();
@@ -76,8 +76,8 @@ export function execHandler(deps: ExecDeps): (call: grpc.ServerWritableStream<Ex
     };
     // get() hands out only sandboxes whose agent connection is alive; one that dies from here
     // on reports the command as lost (killed), below.
-    requireRoom(key, call);
-    const sandbox = await fleet.get(key, () => deps.startOf(req, call));
+    requireRoom(key, ctx);
+    const sandbox = await fleet.get(key, () => deps.startOf(req, ctx));
     // This command's grant is the sandbox's from now on (its budget runs over the sandbox's life).
     sandbox.agent.egress.hosts = hosts;
     sandbox.agent.egress.budgetBytes = Number(req.egress?.budgetBytes || DEFAULT_EGRESS_BUDGET);
@@ -91,14 +91,14 @@ export function execHandler(deps: ExecDeps): (call: grpc.ServerWritableStream<Ex
 
     let cancelled = false;
     let fellBack = false;
-    // Only while the command runs: grpc-js may also report a call it ended itself (with an
-    // error status) as cancelled, and that must not kill the sandbox's other commands.
+    // Only while the command runs: the call ending after it (its status sent) must not kill
+    // the sandbox's other commands.
     const onCancelled = () => {
       cancelled = true;
       wake?.();
       void killAll(sandbox);
     };
-    call.once("cancelled", onCancelled);
+    ctx.signal.addEventListener("abort", onCancelled, { once: true });
     // The agent ends a command at its timeout; if it has not reported by a while after, it is
     // not trusted to, and the container goes.
     const fallback = setTimeout(() => {
@@ -107,16 +107,12 @@ export function execHandler(deps: ExecDeps): (call: grpc.ServerWritableStream<Ex
     }, timeoutMs + deps.killTimeoutMs);
     try {
       const note = takeNote(sandbox);
-      const first = write(
-        call,
-        create(ExecResponseSchema, { kind: { case: "started", value: { execId, workspaceNote: note } } }),
-      );
-      if (first) await first;
+      yield create(ExecResponseSchema, { kind: { case: "started", value: { execId, workspaceNote: note } } });
       while (!cancelled) {
         const part = queue.shift();
         if (part) {
-          const wait = write(call, create(ExecResponseSchema, { kind: { case: part.stream, value: part.data } }));
-          if (wait) await wait;
+          // The next is asked for once the stream took this one: that is the caller's credit.
+          yield create(ExecResponseSchema, { kind: { case: part.stream, value: part.data } });
           exec.credit(part.data.length);
         } else if (outcome) break;
         else await new Promise<void>((resolve) => (wake = resolve));
@@ -124,8 +120,10 @@ export function execHandler(deps: ExecDeps): (call: grpc.ServerWritableStream<Ex
     } finally {
       clearTimeout(fallback);
       running.delete(execId);
-      fleet.used(sandbox, identityOf(call.metadata).tenant);
-      call.removeListener("cancelled", onCancelled);
+      fleet.used(sandbox, identityOf(ctx.metadata).tenant);
+      ctx.signal.removeEventListener("abort", onCancelled);
+      // Left at a response (the caller went while its stream was full): the command goes too.
+      if (ctx.signal.aborted && !cancelled) onCancelled();
     }
     if (cancelled) return;
 
@@ -141,22 +139,19 @@ export function execHandler(deps: ExecDeps): (call: grpc.ServerWritableStream<Ex
     const oomDeadline = Date.now() + 2000;
     while (exit.exitCode === 137 && !exit.timedOut && fleet.ooms(sandbox.id) === oomsBefore && Date.now() < oomDeadline)
       await new Promise((r) => setTimeout(r, 50));
-    call.write(
-      create(ExecResponseSchema, {
-        kind: {
-          case: "exit",
-          value: {
-            exitCode: exit.exitCode,
-            timedOut: exit.timedOut,
-            truncated: exit.truncated,
-            oomKilled: fleet.ooms(sandbox.id) > oomsBefore,
-            durationMs: Math.round(performance.now() - started),
-          },
-        },
-      }),
-    );
-    call.end();
     const ended = exit.timedOut ? "timeout" : exit.exitCode === 0 ? "ok" : exit.exitCode === 137 ? "killed" : "failed";
     instruments().execDuration.record(secondsSince(started), { "troupe.exec.outcome": ended });
+    yield create(ExecResponseSchema, {
+      kind: {
+        case: "exit",
+        value: {
+          exitCode: exit.exitCode,
+          timedOut: exit.timedOut,
+          truncated: exit.truncated,
+          oomKilled: fleet.ooms(sandbox.id) > oomsBefore,
+          durationMs: Math.round(performance.now() - started),
+        },
+      },
+    });
   };
 }

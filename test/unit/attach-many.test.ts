@@ -8,15 +8,17 @@ import assert from "node:assert/strict";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import { attachManyHandler, SUB_STREAM_WINDOW } from "../../services/runner/transport/attach-many.js";
 import { RunnerMux, type AttachCall } from "../../services/gateway/runner-mux.js";
-import { SESSION_OWNER_KEY, Status } from "../../services/shared/errors.js";
+import { RpcError, SESSION_OWNER_KEY, Status } from "../../services/shared/errors.js";
 import {
   AttachManyResponseSchema,
   AttachResponseSchema,
   RunnerService,
+  type AttachManyRequest,
   type AttachRequest,
 } from "../../services/shared/gen/troupe/v1/runner_pb.js";
 import { createLogger } from "../../services/shared/process/log.js";
 import { createClient, grpc, RpcServer, wrappedHandler } from "../../services/shared/rpc.js";
+import type { CallContext } from "../../services/shared/rpc/call-context.js";
 import { serviceDefinition } from "../../services/shared/rpc/definition.js";
 import { endItem, readBatch, responseHead } from "../../services/shared/sub-streams.js";
 
@@ -43,12 +45,12 @@ const eventBytes = (seq: number, size = 0) =>
 interface Seen {
   attachCalls: number;
   attachManyCalls: number;
-  /** Sub-streams whose handler saw the gateway cancel. */
+  /** Sub-streams whose handler saw its call end before its responses did (the gateway cancelled). */
   cancelled: number;
-  /** Whether a write of the script ever found its stream full. */
-  full: boolean;
-  /** AttachMany calls that ended by the gateway's cancel. */
-  manyCancelled: number;
+  /** Events each prompt's handler produced, by the prompt's text. */
+  yielded: Map<string, number>;
+  /** AttachMany calls whose handler saw its call end. */
+  manyEnded: number;
   /** The caller each handler's call metadata named (CALLER_KEY), in the order the handlers began. */
   callers: string[];
 }
@@ -56,55 +58,62 @@ interface Seen {
 /** A metadata entry the gateway's caller sets, which its handler must see. */
 const CALLER_KEY = "x-test-caller";
 
+/** As a runner refuses a session that lives elsewhere: ABORTED, with the owner in the trailers. */
+class Moved extends RpcError {
+  constructor() {
+    super(Status.ABORTED, "the session moved");
+  }
+  override get trailers() {
+    return { [SESSION_OWNER_KEY]: "10.0.0.9:50053" };
+  }
+}
+
 /** The scripted Attach handler: opened on the first frame, then what each prompt says. */
 function scriptedAttach(seen: Seen) {
-  return (call: grpc.ServerDuplexStream<AttachRequest, unknown>) => {
-    seen.callers.push(String(call.metadata.get(CALLER_KEY)[0] ?? ""));
+  return async function* (requests: AsyncIterable<AttachRequest>, ctx: CallContext) {
+    seen.callers.push(String(ctx.metadata.get(CALLER_KEY)[0] ?? ""));
+    let finished = false;
+    ctx.signal.addEventListener("abort", () => finished || seen.cancelled++, { once: true });
     let first = true;
-    let busy = false;
-    let halfClosed = false;
-    call.on("data", async (req: AttachRequest) => {
+    // As the runner: the stream ends once the client half-closed and the session is idle.
+    for await (const req of requests) {
       if (first) {
         first = false;
-        call.write(create(AttachResponseSchema, { kind: { case: "opened", value: { sessionId: "s" } } }));
-        return;
+        yield create(AttachResponseSchema, { kind: { case: "opened", value: { sessionId: "s" } } });
+        continue;
       }
       const kind = req.frame?.kind;
       const text = kind?.case === "prompt" ? kind.value.text : "";
       const [what, n, size] = text.split(" ");
       if (what === "fail") {
-        const metadata = new grpc.Metadata();
-        metadata.set(SESSION_OWNER_KEY, "10.0.0.9:50053");
-        call.emit("error", { code: Status.ABORTED, details: "the session moved", metadata });
-      } else if (what === "big") {
-        call.write(eventBytes(1, Number(n)));
-      } else if (what === "tokens") {
-        busy = true;
-        for (let i = 1; i <= Number(n) && !call.cancelled; i++) {
-          if (!call.write(eventBytes(i, Number(size ?? 0)))) {
-            seen.full = true;
-            await new Promise((r) => call.once("drain", r));
-          }
-        }
-        busy = false;
-        if (halfClosed && !call.writableEnded) call.end();
+        finished = true;
+        throw new Moved();
       }
-    });
-    call.on("cancelled", () => seen.cancelled++);
-    // As the runner: the stream ends once the client half-closed and the session is idle.
-    call.on("end", () => {
-      halfClosed = true;
-      if (!busy && !call.writableEnded) call.end();
-    });
+      if (what === "big") yield eventBytes(1, Number(n));
+      else if (what === "tokens") {
+        for (let i = 1; i <= Number(n); i++) {
+          seen.yielded.set(text, i);
+          yield eventBytes(i, Number(size ?? 0));
+        }
+      }
+    }
+    finished = true;
   };
 }
 
 async function startRunner(options: { maxMessageBytes?: number; withoutAttachMany?: boolean } = {}) {
-  const seen: Seen = { attachCalls: 0, attachManyCalls: 0, cancelled: 0, manyCancelled: 0, full: false, callers: [] };
+  const seen: Seen = {
+    attachCalls: 0,
+    attachManyCalls: 0,
+    cancelled: 0,
+    manyEnded: 0,
+    yielded: new Map(),
+    callers: [],
+  };
   const script = scriptedAttach(seen);
-  const attach = (call: grpc.ServerDuplexStream<AttachRequest, unknown>) => {
+  const attach = (requests: AsyncIterable<AttachRequest>, ctx: CallContext) => {
     seen.attachCalls++;
-    script(call);
+    return script(requests, ctx);
   };
   const max = options.maxMessageBytes ?? 4 * 1024 * 1024;
   let port: number;
@@ -112,7 +121,10 @@ async function startRunner(options: { maxMessageBytes?: number; withoutAttachMan
   if (options.withoutAttachMany) {
     // An older runner: grpc-js answers UNIMPLEMENTED for a method it was not given.
     const server = new grpc.Server();
-    server.addService({ attach: serviceDefinition(RunnerService).attach }, { attach: attach as never });
+    server.addService(
+      { attach: serviceDefinition(RunnerService).attach },
+      { attach: wrappedHandler(RunnerService.method.attach, attach as never) },
+    );
     port = await new Promise<number>((resolve, reject) =>
       server.bindAsync("127.0.0.1:0", grpc.ServerCredentials.createInsecure(), (err, p) =>
         err ? reject(err) : resolve(p),
@@ -124,10 +136,10 @@ async function startRunner(options: { maxMessageBytes?: number; withoutAttachMan
     const server = new RpcServer({ maxMessageBytes: max });
     server.add(RunnerService, {
       attach,
-      attachMany: (call: grpc.ServerDuplexStream<unknown, unknown>) => {
+      attachMany: (requests: AsyncIterable<AttachManyRequest>, ctx: CallContext) => {
         seen.attachManyCalls++;
-        call.on("cancelled", () => seen.manyCancelled++);
-        many(call as never);
+        ctx.signal.addEventListener("abort", () => seen.manyEnded++, { once: true });
+        return many(requests, ctx);
       },
     } as never);
     port = await server.listen("127.0.0.1:0");
@@ -248,7 +260,8 @@ describe("AttachMany", () => {
       await fast.got.ended;
       assert.deepEqual(fast.got.seqs, oneTo(100));
       await new Promise((r) => setTimeout(r, 200));
-      assert.ok(runner.seen.full, "the runner's writes found the paused stream full");
+      const held = runner.seen.yielded.get(`tokens ${count} 1000`) ?? 0;
+      assert.ok(held > 0 && held < count, `the paused stream's handler was held back (${held} of ${count})`);
       assert.deepEqual(slow.got.seqs, [], "nothing is handed on while paused");
       slow.call.resume();
       await slow.got.ended;
@@ -278,9 +291,9 @@ describe("AttachMany", () => {
     const runner = await startRunner();
     try {
       await cutWhileStreaming(runner.mux, () => runner.mux.close());
-      for (let waited = 0; runner.seen.manyCancelled === 0 && waited < 2000; waited += 10)
+      for (let waited = 0; runner.seen.manyEnded === 0 && waited < 2000; waited += 10)
         await new Promise((r) => setTimeout(r, 10));
-      assert.equal(runner.seen.manyCancelled, 1, "the runner saw its AttachMany call end");
+      assert.equal(runner.seen.manyEnded, 1, "the runner saw its AttachMany call end");
       assert.equal(runner.seen.cancelled, 1, "the sub-stream's handler was told");
       // A stream attached after the close goes on a call of its own.
       const later = session(runner.mux, "tokens 10");

@@ -6,14 +6,20 @@ import assert from "node:assert/strict";
 import { Status } from "../../services/shared/errors.js";
 import { RunnerService } from "../../services/shared/gen/troupe/v1/runner_pb.js";
 import { createClient, type grpc, RpcServer } from "../../services/shared/rpc.js";
+import type { CallContext } from "../../services/shared/rpc/call-context.js";
+import { Channel } from "../../services/shared/rpc/channel.js";
 
 /** A runner whose Attach streams never end by themselves; the number of handlers that began. */
 async function endlessRunner() {
   const started = { attach: 0 };
   const server = new RpcServer();
   server.add(RunnerService, {
-    attach: () => {
+    attach: (_requests: AsyncIterable<unknown>, ctx: CallContext) => {
       started.attach++;
+      // Responses that never come: the call ends only when the server ends it.
+      const never = new Channel<never>();
+      ctx.signal.addEventListener("abort", () => never.end(), { once: true });
+      return never;
     },
   } as never);
   const port = await server.listen("127.0.0.1:0");
@@ -58,9 +64,10 @@ test("close after a drain ends the calls still running with UNAVAILABLE", async 
 test("a call that ends within the grace ends as its handler says", async () => {
   const server = new RpcServer();
   server.add(RunnerService, {
-    attach: (call: grpc.ServerDuplexStream<unknown, unknown>) => {
-      call.resume();
-      call.on("end", () => setTimeout(() => call.end(), 20));
+    // Ends 20 ms after its client half-closed.
+    attach: async function* (requests: AsyncIterable<unknown>) {
+      for await (const _ of requests);
+      await new Promise((r) => setTimeout(r, 20));
     },
   } as never);
   const port = await server.listen("127.0.0.1:0");

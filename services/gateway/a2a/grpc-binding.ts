@@ -8,7 +8,7 @@
 // gateway over its loopback socket, so limits and quotas count these calls as any others.
 import type { Authenticator } from "../../shared/auth/auth.js";
 import { A2AService } from "../../shared/gen/lf/a2a/v1/a2a_pb.js";
-import { grpc, type ServiceImpl, write } from "../../shared/rpc.js";
+import { grpc, type ServiceImpl } from "../../shared/rpc.js";
 import { type A2aCore, a2aErrorOf } from "./a2a-core.js";
 
 const A2A_PATH = `/${A2AService.typeName}/`;
@@ -51,25 +51,20 @@ export function a2aGrpc(core: () => A2aCore): ServiceImpl<(typeof A2AService)["m
         throw a2aErrorOf(err);
       }
     };
-  const stream = async <T>(
-    call: grpc.ServerWritableStream<unknown, T>,
-    updates: (signal: AbortSignal) => AsyncIterable<T>,
-  ) => {
-    const stop = new AbortController();
-    call.once("cancelled", () => stop.abort());
+  // The updates end with the call (ctx.signal); an A2A failure is mapped as a unary call's is.
+  async function* stream<T>(updates: AsyncIterable<T>): AsyncIterable<T> {
     try {
-      for await (const u of updates(stop.signal)) await write(call, u);
-      call.end();
+      yield* updates;
     } catch (err) {
       throw a2aErrorOf(err);
     }
-  };
+  }
   return {
     sendMessage: (req, call) => unary((md) => core().sendMessage(req, req.tenant, md))(forwarded(call)),
     getTask: (req, call) => unary((md) => core().getTask(req, md))(forwarded(call)),
     cancelTask: (req, call) => unary((md) => core().cancelTask(req, md))(forwarded(call)),
-    sendStreamingMessage: (call) =>
-      stream(call, (signal) => core().sendStreamingMessage(call.request, call.request.tenant, forwarded(call), signal)),
-    subscribeToTask: (call) => stream(call, (signal) => core().subscribeToTask(call.request, forwarded(call), signal)),
+    sendStreamingMessage: (req, ctx) =>
+      stream(core().sendStreamingMessage(req, req.tenant, forwarded(ctx), ctx.signal)),
+    subscribeToTask: (req, ctx) => stream(core().subscribeToTask(req, forwarded(ctx), ctx.signal)),
   };
 }

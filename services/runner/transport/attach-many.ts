@@ -9,7 +9,7 @@
 // back (what it passed on to its client); past that its writes report a full stream and 'drain'
 // follows the credit, as HTTP/2's window does for an Attach call. The call itself is always read.
 import { EventEmitter } from "node:events";
-import { Status } from "../../shared/errors.js";
+import { RpcError, Status } from "../../shared/errors.js";
 import {
   type AttachManyRequest,
   type AttachResponse,
@@ -17,6 +17,8 @@ import {
 } from "../../shared/gen/troupe/v1/runner_pb.js";
 import type { Logger } from "../../shared/process/log.js";
 import { grpc } from "../../shared/rpc.js";
+import type { CallContext } from "../../shared/rpc/call-context.js";
+import { Channel } from "../../shared/rpc/channel.js";
 import { serialize } from "../../shared/rpc/definition.js";
 import { endItem, metadataOf, metadataRecord, responseHead } from "../../shared/sub-streams.js";
 
@@ -38,7 +40,8 @@ class Outbox {
   private pending: Uint8Array[] = [];
   private pendingBytes = 0;
   constructor(
-    private readonly call: { cancelled: boolean; writableEnded: boolean; write(b: Buffer): boolean },
+    /** The call's responses; unbounded, as the sub-streams' windows bound what they hold. */
+    private readonly out: Channel<Buffer>,
     /** No message over this: BATCH_BYTES, or the call's limit where that is smaller. */
     private readonly limit: number,
   ) {}
@@ -56,8 +59,7 @@ class Outbox {
     const items = this.pending;
     this.pending = [];
     this.pendingBytes = 0;
-    if (this.call.cancelled || this.call.writableEnded) return;
-    this.call.write(items.length === 1 ? (items[0] as Buffer) : Buffer.concat(items));
+    this.out.push(items.length === 1 ? (items[0] as Buffer) : Buffer.concat(items));
   }
 }
 
@@ -149,68 +151,65 @@ export function attachManyHandler(
   attach: (call: grpc.ServerDuplexStream<unknown, unknown>) => void,
   logger: Logger,
   maxMessageBytes: number,
-): (call: grpc.ServerDuplexStream<AttachManyRequest, unknown>) => void {
-  return (call) => {
-    // Bytes already encoded: the adapter writes them as they are.
-    const outbox = new Outbox(
-      call as unknown as grpc.ServerDuplexStream<AttachManyRequest, Buffer>,
-      Math.min(BATCH_BYTES, maxMessageBytes),
-    );
+): (requests: AsyncIterable<AttachManyRequest>, ctx: CallContext) => AsyncIterable<Buffer> {
+  return (requests, ctx) => {
+    const out = new Channel<Buffer>(Number.POSITIVE_INFINITY);
+    const outbox = new Outbox(out, Math.min(BATCH_BYTES, maxMessageBytes));
     const subs = new Map<number, SubStreamCall>();
-    let over = false;
     const endAll = () => {
-      over = true;
       for (const sub of [...subs.values()]) sub.cancel();
     };
+    // The gateway ends the call only when it has no sub-stream left; whatever is left is cancelled.
+    ctx.signal.addEventListener("abort", endAll, { once: true });
     const refuse = (why: string) => {
       logger.error("AttachMany: a gateway sent what it must not", { why });
-      endAll();
-      call.emit("error", { code: Status.INVALID_ARGUMENT, details: why });
+      throw new RpcError(Status.INVALID_ARGUMENT, why);
     };
     // Headers at once: the gateway holds its sub-streams' frames until the call is accepted.
-    call.sendMetadata(new grpc.Metadata());
-    call.on("data", (req: AttachManyRequest) => {
-      if (over) return;
-      for (const item of req.items) {
-        const sub = subs.get(item.stream);
-        switch (item.kind.case) {
-          case "open": {
-            if (sub) return refuse(`sub-stream ${item.stream} opened twice`);
-            if (subs.size >= MAX_SUB_STREAMS) return refuse(`over ${MAX_SUB_STREAMS} sub-streams on one call`);
-            const opened = new SubStreamCall(
-              metadataOf(item.kind.value.metadata),
-              item.stream,
-              outbox,
-              maxMessageBytes,
-              () => subs.delete(item.stream),
-            );
-            subs.set(item.stream, opened);
-            attach(opened as unknown as grpc.ServerDuplexStream<unknown, unknown>);
-            break;
+    ctx.sendHeader();
+    const serve = async () => {
+      for await (const req of requests) {
+        for (const item of req.items) {
+          const sub = subs.get(item.stream);
+          switch (item.kind.case) {
+            case "open": {
+              if (sub) refuse(`sub-stream ${item.stream} opened twice`);
+              if (subs.size >= MAX_SUB_STREAMS) refuse(`over ${MAX_SUB_STREAMS} sub-streams on one call`);
+              const opened = new SubStreamCall(
+                metadataOf(item.kind.value.metadata),
+                item.stream,
+                outbox,
+                maxMessageBytes,
+                () => subs.delete(item.stream),
+              );
+              subs.set(item.stream, opened);
+              attach(opened as unknown as grpc.ServerDuplexStream<unknown, unknown>);
+              break;
+            }
+            case "request":
+              sub?.emit("data", item.kind.value);
+              break;
+            case "halfClose":
+              sub?.emit("end");
+              break;
+            case "cancel":
+              sub?.cancel();
+              break;
+            case "credit":
+              sub?.credit(item.kind.value);
+              break;
+            default:
+              refuse(`sub-stream ${item.stream}: an item with nothing in it`);
           }
-          case "request":
-            sub?.emit("data", item.kind.value);
-            break;
-          case "halfClose":
-            sub?.emit("end");
-            break;
-          case "cancel":
-            sub?.cancel();
-            break;
-          case "credit":
-            sub?.credit(item.kind.value);
-            break;
-          default:
-            return refuse(`sub-stream ${item.stream}: an item with nothing in it`);
         }
       }
-    });
-    // The gateway ends the call only when it has no sub-stream left; whatever is left is cancelled.
-    call.on("end", () => {
       endAll();
-      if (!call.cancelled && !call.writableEnded) call.end();
+      out.end();
+    };
+    serve().catch((err) => {
+      endAll();
+      out.fail(err);
     });
-    call.on("cancelled", endAll);
-    call.on("close", endAll);
+    return out;
   };
 }

@@ -13,6 +13,8 @@ import { instruments, secondsSince } from "../process/metrics.js";
 import { extractContext, spanContext, tracer } from "../process/telemetry.js";
 import { MalformedMessage, serviceDefinition } from "./definition.js";
 import { channelOptions, DEFAULT_MAX_MESSAGE_BYTES } from "./limits.js";
+import { type CallContext, type Responses, serveStream } from "./call-context.js";
+import { Channel } from "./channel.js";
 import { LiveCalls } from "./live-calls.js";
 import type { ServiceImpl } from "./types.js";
 
@@ -116,27 +118,30 @@ function wrapHandler(
     });
   };
 
-  if (method.methodKind === "unary" || method.methodKind === "client_streaming") {
+  if (method.methodKind === "client_streaming") throw new Error(`${path}: client-streaming methods are not served`);
+  if (method.methodKind === "unary") {
     const fn = handler as unknown as (a: unknown, b?: unknown) => Promise<unknown>;
     const unary = (call: AnyCall, callback: grpc.sendUnaryData<unknown>) => {
       const started = startSpan(call);
-      const run = method.methodKind === "unary" ? () => fn(call.request, call) : () => fn(call);
-      context.with(started.ctx, run).then(
-        (response) => {
-          endSpan(started, Status.OK);
-          callback(null, response);
-        },
-        (err: unknown) => {
-          const status = toStatus(err);
-          if (!(err instanceof RpcError) && status.code === Status.INTERNAL) unexpected(path, err, started.ctx);
-          endSpan(started, status.code);
-          callback(status);
-        },
-      );
+      context
+        .with(started.ctx, () => fn(call.request, call))
+        .then(
+          (response) => {
+            endSpan(started, Status.OK);
+            callback(null, response);
+          },
+          (err: unknown) => {
+            const status = toStatus(err);
+            if (!(err instanceof RpcError) && status.code === Status.INTERNAL) unexpected(path, err, started.ctx);
+            endSpan(started, status.code);
+            callback(status);
+          },
+        );
     };
     return unary as unknown as grpc.UntypedHandleCall;
   }
-  const fn = handler as unknown as (call: AnyCall) => unknown;
+  const fn = handler as unknown as (input: unknown, ctx: CallContext) => Responses<unknown>;
+  const bidi = method.methodKind === "bidi_streaming";
   const streaming = (call: AnyCall) => {
     const started = startSpan(call);
     let ended = false;
@@ -147,18 +152,12 @@ function wrapHandler(
     };
     call.once("finish", () => finish(Status.OK));
     call.once("cancelled", () => finish(Status.CANCELLED));
-    try {
-      const result = context.with(started.ctx, () => fn(call));
-      if (result instanceof Promise) result.catch(fail);
-    } catch (err) {
-      fail(err);
-    }
-    function fail(err: unknown): void {
+    const failed = (err: unknown) => {
       const status = toStatus(err);
       if (!(err instanceof RpcError) && status.code === Status.INTERNAL) unexpected(path, err, started.ctx);
       finish(status.code);
-      if (!call.cancelled && !call.writableEnded) call.emit("error", status);
-    }
+    };
+    context.with(started.ctx, () => serveStream(call, path, bidi, fn, failed));
   };
   return streaming as unknown as grpc.UntypedHandleCall;
 }
@@ -225,7 +224,7 @@ const CLOSE_WAIT_MS = 1000;
 export class RpcServer {
   private readonly server: grpc.Server;
   private readonly statuses = new Map<string, Serving>([["", Serving.SERVING]]);
-  private readonly watchers = new Map<string, Set<grpc.ServerWritableStream<unknown, unknown>>>();
+  private readonly watchers = new Map<string, Set<Channel<{ status: Serving }>>>();
   private readonly unexpected: Unexpected;
   private readonly live = new LiveCalls();
 
@@ -249,13 +248,15 @@ export class RpcServer {
         if (status === undefined) throw new RpcError(Status.NOT_FOUND, `unknown service ${req.service}`);
         return { status };
       },
-      watch: (call) => {
-        const name = call.request.service;
-        let set = this.watchers.get(name);
-        if (!set) this.watchers.set(name, (set = new Set()));
-        set.add(call as never);
-        call.write({ status: this.statuses.get(name) ?? Serving.SERVICE_UNKNOWN } as never);
-        call.on("cancelled", () => set.delete(call as never));
+      watch: (req, ctx) => {
+        const updates = new Channel<{ status: Serving }>();
+        let set = this.watchers.get(req.service);
+        if (!set) this.watchers.set(req.service, (set = new Set()));
+        const watchers = set;
+        watchers.add(updates);
+        updates.push({ status: this.statuses.get(req.service) ?? Serving.SERVICE_UNKNOWN });
+        ctx.signal.addEventListener("abort", () => watchers.delete(updates), { once: true });
+        return updates;
       },
     });
   }
@@ -272,7 +273,7 @@ export class RpcServer {
 
   setStatus(service: string, status: Serving): void {
     this.statuses.set(service, status);
-    for (const call of this.watchers.get(service) ?? []) call.write({ status } as never);
+    for (const updates of this.watchers.get(service) ?? []) updates.push({ status });
   }
 
   /**
@@ -314,7 +315,7 @@ export class RpcServer {
    */
   async drain(graceMs: number): Promise<void> {
     for (const name of this.statuses.keys()) this.setStatus(name, Serving.NOT_SERVING);
-    for (const set of this.watchers.values()) for (const call of set) call.end();
+    for (const set of this.watchers.values()) for (const updates of set) updates.end();
     await new Promise<void>((resolve) => {
       const timer = setTimeout(() => {
         this.server.forceShutdown();

@@ -3,6 +3,7 @@
 import type * as grpc from "@grpc/grpc-js";
 import type { MessageInitShape, MessageShape } from "@bufbuild/protobuf";
 import type { GenServiceMethods } from "@bufbuild/protobuf/codegenv2";
+import type { CallContext, Responses } from "./call-context.js";
 
 export type Method = GenServiceMethods[string];
 export type In<M extends Method> = MessageShape<M["input"]>;
@@ -10,15 +11,20 @@ export type Out<M extends Method> = MessageShape<M["output"]>;
 export type OutInit<M extends Method> = MessageInitShape<M["output"]>;
 export type InInit<M extends Method> = MessageInitShape<M["input"]>;
 
-/** Server side: what a service implementation provides, method by method. */
+/**
+ * Server side: what a service implementation provides, method by method. Unary handlers are async
+ * functions of the request; streaming ones take the request (or an async iterable of them) and a
+ * CallContext, and return their responses as an async iterable (call-context.ts). Troupe has no
+ * client-streaming method.
+ */
 export type ServiceImpl<S extends GenServiceMethods> = {
   [K in keyof S]: S[K]["methodKind"] extends "unary"
     ? (request: In<S[K]>, call: grpc.ServerUnaryCall<In<S[K]>, Out<S[K]>>) => Promise<OutInit<S[K]>>
     : S[K]["methodKind"] extends "server_streaming"
-      ? (call: grpc.ServerWritableStream<In<S[K]>, Out<S[K]>>) => void | Promise<void>
+      ? (request: In<S[K]>, ctx: CallContext) => Responses<OutInit<S[K]>>
       : S[K]["methodKind"] extends "client_streaming"
-        ? (call: grpc.ServerReadableStream<In<S[K]>, Out<S[K]>>) => Promise<OutInit<S[K]>>
-        : (call: grpc.ServerDuplexStream<In<S[K]>, Out<S[K]>>) => void | Promise<void>;
+        ? never
+        : (requests: AsyncIterable<In<S[K]>>, ctx: CallContext) => Responses<OutInit<S[K]>>;
 };
 
 export interface CallOptions {
