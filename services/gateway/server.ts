@@ -40,6 +40,7 @@ import type { RunnerService } from "../shared/gen/troupe/v1/runner_pb.js";
 import { ClientFrameSchema, type ClientFrame } from "../shared/gen/troupe/v1/session_pb.js";
 import type { Logger } from "../shared/process/log.js";
 import { RECONNECT_WAIT_MS, RpcServer, createClient, type grpc, type ServiceClient } from "../shared/rpc.js";
+import type { CallContext } from "../shared/rpc/call-context.js";
 import { Channel } from "../shared/rpc/channel.js";
 import type { RunningService } from "../shared/process/service.js";
 import { extractContext } from "../shared/process/telemetry.js";
@@ -139,6 +140,23 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
   // An A2A call keeps its key, for the calls the binding makes for it (a2a/grpc-binding.ts).
   const authenticate = keepingCallerKey(apiKeyAuth(keys));
   const server = new RpcServer({ maxMessageBytes: cfg.maxMessageBytes, authenticate, logger });
+  /**
+   * A client's stream takes one of its tenant's open streams, and fails with the reason when its
+   * key is revoked; both are let go when the call ends, and `leave` is called then.
+   */
+  const holdClientStream = (ctx: CallContext, out: { fail(err: unknown): void }, leave: () => void) => {
+    const release = limits.openStream(identityOf(ctx.metadata).tenant);
+    const unwatch = streams.add(callerOf(ctx.metadata).keyHash, (err) => out.fail(err));
+    ctx.signal.addEventListener(
+      "abort",
+      () => {
+        release();
+        unwatch();
+        leave();
+      },
+      { once: true },
+    );
+  };
   // Snapshots are the sandbox service's, asked as the caller (workspace-snapshots.ts).
   const sandbox = createClient(SandboxService, cfg.addr.sandbox, { headers: internal.headers, tls: internal.tls });
   server.add(GatewayService, {
@@ -264,20 +282,9 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       validateSessionRef(sessionId, "", false);
       const caller = onBehalfOf(ctx);
       const who = identityOf(ctx.metadata);
-      const release = limits.openStream(who.tenant);
       const out = new Channel<Buffer>();
       let upstream: { call: grpc.ClientDuplexStream<AttachRequestInit, Buffer>; ended: boolean } | undefined;
-      // A revoked key's subscription ends too.
-      const unwatch = streams.add(callerOf(ctx.metadata).keyHash, (err) => out.fail(err));
-      ctx.signal.addEventListener(
-        "abort",
-        () => {
-          release();
-          unwatch();
-          if (upstream && !upstream.ended) leaveRunnerCall(upstream.call);
-        },
-        { once: true },
-      );
+      holdClientStream(ctx, out, () => upstream && !upstream.ended && leaveRunnerCall(upstream.call));
       const attempt = async (n: number): Promise<void> => {
         const placement = await placements.resolve(who, sessionId, "");
         if (out.closed) return;
@@ -322,7 +329,6 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
 
     subscribeInbox(req, ctx) {
       const who = identityOf(ctx.metadata);
-      const release = limits.openStream(who.tenant);
       const out = new Channel<SubscribeInboxResponse>();
       const inbox = new InboxStream(
         {
@@ -341,16 +347,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
           else fn();
         },
       );
-      const unwatch = streams.add(callerOf(ctx.metadata).keyHash, (err) => out.fail(err));
-      ctx.signal.addEventListener(
-        "abort",
-        () => {
-          release();
-          unwatch();
-          inbox.close();
-        },
-        { once: true },
-      );
+      holdClientStream(ctx, out, () => inbox.close());
       inbox.start(req.afterCursor).catch((err) => out.fail(err));
       return out;
     },

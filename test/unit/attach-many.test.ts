@@ -21,26 +21,9 @@ import { createClient, grpc, RpcServer, wrappedHandler } from "../../services/sh
 import type { CallContext } from "../../services/shared/rpc/call-context.js";
 import { serviceDefinition } from "../../services/shared/rpc/definition.js";
 import { endItem, readBatch, responseHead } from "../../services/shared/sub-streams.js";
+import { eventBytes } from "../helpers/event-bytes.js";
 
 const logger = createLogger("runner", "error", "json");
-
-/** An AttachResponse carrying an event whose seq is `seq`, padded with `size` bytes of text. */
-const eventBytes = (seq: number, size = 0) =>
-  toBinary(
-    AttachResponseSchema,
-    create(AttachResponseSchema, {
-      kind: {
-        case: "event",
-        value: {
-          seq: BigInt(seq),
-          payload: {
-            case: "messageUpdate",
-            value: { delta: { case: "text", value: "x".repeat(size) } },
-          },
-        },
-      },
-    }),
-  );
 
 interface Seen {
   attachCalls: number;
