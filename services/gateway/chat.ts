@@ -14,7 +14,7 @@ import { ClientFrameSchema, type ClientFrame } from "../shared/gen/troupe/v1/ses
 import { DEFAULT_AGENT } from "../shared/ids.js";
 import type { grpc } from "../shared/rpc.js";
 import type { CallContext } from "../shared/rpc/call-context.js";
-import { Channel } from "../shared/rpc/channel.js";
+import { BYTES_MARK, byteLength, Channel } from "../shared/rpc/channel.js";
 import { extractContext } from "../shared/process/telemetry.js";
 import type { GatewayLimits } from "./limits.js";
 import {
@@ -49,7 +49,7 @@ export function chatHandler(
     // The call's own span: placing the session (the router) and attaching are part of its trace.
     const chatContext = context.active();
     // The runner's responses are the client's (passthrough.ts): bytes, passed on as they are.
-    const out = new Channel<Buffer>();
+    const out = new Channel<Buffer>(BYTES_MARK, byteLength);
     let runnerCall: RunnerCall | undefined;
     /** Whether runnerCall ended by itself (its end or its error). */
     let runnerEnded = false;

@@ -41,7 +41,7 @@ import { ClientFrameSchema, type ClientFrame } from "../shared/gen/troupe/v1/ses
 import type { Logger } from "../shared/process/log.js";
 import { RECONNECT_WAIT_MS, RpcServer, createClient, type grpc, type ServiceClient } from "../shared/rpc.js";
 import type { CallContext } from "../shared/rpc/call-context.js";
-import { Channel } from "../shared/rpc/channel.js";
+import { BYTES_MARK, byteLength, Channel } from "../shared/rpc/channel.js";
 import type { RunningService } from "../shared/process/service.js";
 import { extractContext } from "../shared/process/telemetry.js";
 import { PlacementCache, RunnerPool } from "./placement.js";
@@ -282,7 +282,7 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       validateSessionRef(sessionId, "", false);
       const caller = onBehalfOf(ctx);
       const who = identityOf(ctx.metadata);
-      const out = new Channel<Buffer>();
+      const out = new Channel<Buffer>(BYTES_MARK, byteLength);
       let upstream: { call: grpc.ClientDuplexStream<AttachRequestInit, Buffer>; ended: boolean } | undefined;
       holdClientStream(ctx, out, () => upstream && !upstream.ended && leaveRunnerCall(upstream.call));
       const attempt = async (n: number): Promise<void> => {

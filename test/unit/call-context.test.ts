@@ -9,7 +9,7 @@ import { RunnerService, type AttachRequest } from "../../services/shared/gen/tro
 import { SandboxService, type ExecRequest } from "../../services/shared/gen/troupe/v1/sandbox_pb.js";
 import { createClient, type grpc, RpcServer, type ServiceClient } from "../../services/shared/rpc.js";
 import type { CallContext } from "../../services/shared/rpc/call-context.js";
-import { Channel } from "../../services/shared/rpc/channel.js";
+import { byteLength, Channel } from "../../services/shared/rpc/channel.js";
 import { eventBytes } from "../helpers/event-bytes.js";
 
 /** Responses a flooding handler offers: far more than the stream's windows hold. */
@@ -206,6 +206,17 @@ describe("Channel", () => {
     await sleep(0);
     assert.equal(roomy, true);
     assert.equal(ch.room(), undefined);
+  });
+
+  test("weighed in bytes, it is full once the bytes queued reach the mark, whatever their count", async () => {
+    const ch = new Channel<Uint8Array>(1000, byteLength);
+    assert.equal(ch.push(new Uint8Array(600)), true);
+    assert.equal(ch.push(new Uint8Array(600)), false, "two items, 1,200 bytes: full");
+    await ch.next();
+    assert.equal(ch.room(), undefined, "600 bytes left: room again");
+    const small = new Channel<Uint8Array>(1000, byteLength);
+    for (let i = 0; i < 99; i++)
+      assert.equal(small.push(new Uint8Array(10)), true, "99 small items are under the mark");
   });
 
   test("end: what is queued is read first; end(err) then throws err once; pushes after are dropped", async () => {

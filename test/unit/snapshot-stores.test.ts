@@ -4,7 +4,7 @@
 // Through real processes and a real sandbox: test/snapshot-store.test.ts.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readdir, readFile, rm, utimes, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import {
@@ -184,6 +184,30 @@ describe("stores", () => {
       assert.deepEqual(cache, [], "no staged archive left");
     });
   }
+
+  test("directory: what a crash left of a write (staged, or an archive without its record) goes at the next start", async () => {
+    const folder = path.join(dataDir, "snapshots", "crashed");
+    await mkdir(folder, { recursive: true });
+    const hoursAgo = new Date(Date.now() - 2 * 3_600_000);
+    const plant = async (name: string, old: boolean) => {
+      await writeFile(path.join(folder, name), "x");
+      if (old) await utimes(path.join(folder, name), hoursAgo, hoursAgo);
+    };
+    await plant("snap-a.tar.partial", true);
+    await plant("snap-b.tar", true);
+    await plant("snap-c.tar.partial", false);
+    await plant("snap-d.tar", false);
+    await plant("snap-e.tar", true);
+    await plant("snap-e.json", true);
+    const usage = new WorkspaceUsage();
+    await new Snapshots(snapshotStoreOf("", { dataDir, logger }), usage, () => 1 << 20, logger).ready();
+    assert.deepEqual(
+      (await readdir(folder)).sort(),
+      ["snap-c.tar.partial", "snap-d.tar", "snap-e.json", "snap-e.tar"],
+      "old leftovers went; a write that may be in flight, and a whole snapshot, stayed",
+    );
+    await rm(folder, { recursive: true, force: true });
+  });
 
   test("bucket: a store that is down, or refuses the key, is UNAVAILABLE naming it; nothing is counted", async () => {
     const usage = new WorkspaceUsage();

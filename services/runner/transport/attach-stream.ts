@@ -9,7 +9,7 @@ import { validateFrame } from "../../shared/frames.js";
 import { AttachResponseSchema, type AttachRequest } from "../../shared/gen/troupe/v1/runner_pb.js";
 import type { AgentEvent } from "../../shared/gen/troupe/v1/session_pb.js";
 import type { CallContext } from "../../shared/rpc/call-context.js";
-import { Channel } from "../../shared/rpc/channel.js";
+import { BYTES_MARK, byteLength, Channel } from "../../shared/rpc/channel.js";
 import { attachEventBytes } from "../session/event-bytes.js";
 import type { EventSubscriber } from "../session/event-journal.js";
 import { FrameRefused } from "../session/mailbox.js";
@@ -67,7 +67,8 @@ export function attachHandler(
   registry: SessionRegistry,
 ): (requests: AsyncIterable<AttachRequest>, ctx: CallContext) => AsyncIterable<AttachOut> {
   return (requests, ctx) => {
-    const out = new Channel<AttachOut>();
+    // Weighed in bytes: a coalesced delta is up to 16 KB, and the window ahead of this is 1 MiB.
+    const out = new Channel<AttachOut>(BYTES_MARK, byteLength);
     const subscriber = new ChannelSubscriber(out, ctx);
     let opened: Promise<SessionActor> | undefined;
     const inflight = new Set<Promise<unknown>>();

@@ -21,7 +21,15 @@ export interface SnapshotStore {
   names(folder?: string): Promise<string[]>;
   /** Removes `name`'s record, then its archive. */
   remove(name: string): Promise<void>;
+  /**
+   * Removes what a write cut short left behind (a staged archive, an archive whose record was
+   * never written), once it is over STALE_MS old; the number removed. Run once, before counting.
+   */
+  sweep?(): Promise<number>;
 }
+
+/** How old a leftover must be before a sweep takes it: no write in flight is that slow. */
+export const STALE_MS = 3_600_000;
 
 /** What every store is made with: the service's data directory (the default store, caches) and its logger. */
 export interface StoreContext {

@@ -61,6 +61,9 @@ export class Snapshots {
   }
 
   private async load(): Promise<void> {
+    const swept = await this.store.sweep?.();
+    if (swept)
+      this.logger.info("removed what cut-short snapshot writes left", { files: swept, store: this.store.where });
     for (const r of await this.readAll(await this.store.names())) this.usage.set(r.tenant, item(r.id), r.bytes);
   }
 

@@ -13,12 +13,19 @@
 
 /** Items a channel holds before push() reports it full, unless told otherwise. */
 export const CHANNEL_MARK = 64;
+/** A mark for a channel of bytes, weighed by their length: what one Node stream buffers. */
+export const BYTES_MARK = 64 * 1024;
+
+/** How much an item of bytes weighs: its length. */
+export const byteLength = (item: Uint8Array | object): number => (item instanceof Uint8Array ? item.length : 64);
 
 type Waiter<T> = { resolve(r: IteratorResult<T>): void; reject(err: unknown): void };
 
 export class Channel<T> implements AsyncIterableIterator<T> {
   private items: (T | undefined)[] = [];
   private head = 0;
+  /** What the queued items weigh (their count, unless a weigh function was given). */
+  private weight = 0;
   private reader?: Waiter<T>;
   private roomWaiters: (() => void)[] = [];
   private over = false;
@@ -26,7 +33,14 @@ export class Channel<T> implements AsyncIterableIterator<T> {
   private afterQueue: { err: unknown } | undefined;
   private failed = false;
 
-  constructor(private readonly mark = CHANNEL_MARK) {}
+  /**
+   * `mark`: the weight at which push() reports the channel full; `weigh`: an item's weight (1 by
+   * default, so the mark counts items; byteLength makes it count bytes, as a stream's buffer does).
+   */
+  constructor(
+    private readonly mark = CHANNEL_MARK,
+    private readonly weigh: (item: T) => number = () => 1,
+  ) {}
 
   /** Items queued and not yet taken. */
   get size(): number {
@@ -38,7 +52,7 @@ export class Channel<T> implements AsyncIterableIterator<T> {
     return this.over;
   }
 
-  /** Queues `item`; false once the queue is at its mark (await room() before the next, if you can wait). */
+  /** Queues `item`; false once what is queued weighs its mark (await room() before the next, if you can wait). */
   push(item: T): boolean {
     if (this.over) return true;
     const reader = this.reader;
@@ -48,12 +62,13 @@ export class Channel<T> implements AsyncIterableIterator<T> {
       return true;
     }
     this.items.push(item);
-    return this.size < this.mark;
+    this.weight += this.weigh(item);
+    return this.weight < this.mark;
   }
 
-  /** Resolves once the queue is under its mark or the channel ended; undefined if it is already. */
+  /** Resolves once what is queued weighs under the mark or the channel ended; undefined if it is already. */
   room(): Promise<void> | undefined {
-    if (this.over || this.size < this.mark) return undefined;
+    if (this.over || this.weight < this.mark) return undefined;
     return new Promise((resolve) => this.roomWaiters.push(resolve));
   }
 
@@ -81,11 +96,13 @@ export class Channel<T> implements AsyncIterableIterator<T> {
     if (this.head < this.items.length) {
       const value = this.items[this.head] as T;
       this.items[this.head++] = undefined;
+      this.weight -= this.weigh(value);
       if (this.head === this.items.length) {
         this.items.length = 0;
         this.head = 0;
+        this.weight = 0;
       }
-      if (this.roomWaiters.length > 0 && this.size < this.mark) this.releaseRoom();
+      if (this.roomWaiters.length > 0 && this.weight < this.mark) this.releaseRoom();
       return Promise.resolve({ value, done: false });
     }
     if (this.over) return this.finalResult();
@@ -110,6 +127,7 @@ export class Channel<T> implements AsyncIterableIterator<T> {
   private drop(): void {
     this.items = [];
     this.head = 0;
+    this.weight = 0;
   }
 
   /** A waiting reader learns the end (or the failure); producers waiting for room go on. */
