@@ -242,6 +242,33 @@ describe("Channel", () => {
     await assert.rejects(read, /cut too/);
   });
 
+  test("sunk: items are written as pushed; past a full writer they wait for flush; the end comes after them", async () => {
+    const ch = new Channel<number>(3);
+    const written: number[] = [];
+    let room = true;
+    const sunk = ch.sinkTo((n) => (written.push(n), room));
+    ch.push(1);
+    assert.deepEqual(written, [1], "written at once, in the push");
+    room = false;
+    ch.push(2);
+    assert.deepEqual(written, [1, 2], "taken by a writer that then said it is full");
+    assert.equal(ch.push(3), true);
+    assert.equal(ch.push(4), true);
+    assert.equal(ch.push(5), false, "three waiting behind the full writer: at the mark");
+    assert.deepEqual(written, [1, 2]);
+    ch.end(new Error("moved"));
+    room = true;
+    ch.flush();
+    assert.deepEqual(written, [1, 2, 3, 4, 5]);
+    await assert.rejects(sunk, /moved/, "the end, after what was queued");
+    const failing = new Channel<number>();
+    const failed = failing.sinkTo(() => false);
+    failing.push(1);
+    failing.push(2);
+    failing.fail(new Error("cut"));
+    await assert.rejects(failed, /cut/);
+  });
+
   test("a reader that leaves ends it: a waiting producer goes on, later pushes are dropped", async () => {
     const ch = new Channel<number>(1);
     ch.push(1);

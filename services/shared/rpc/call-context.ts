@@ -80,14 +80,17 @@ export async function serveStream(
   const input = bidi ? requestsOf(call, controller.signal) : (call as unknown as { request: unknown }).request;
   let responses: AsyncIterator<unknown> | undefined;
   try {
-    responses = handle(input, ctx)[Symbol.asyncIterator]();
+    const returned = handle(input, ctx);
+    responses = returned[Symbol.asyncIterator]();
     // The handler leaves with the call: a response it is waiting for will not be read.
     controller.signal.addEventListener("abort", () => void responses?.return?.(), { once: true });
-    for (;;) {
-      const next = await responses.next();
-      if (next.done || controller.signal.aborted) break;
-      if (!call.write(next.value)) await drained(call, controller.signal);
-    }
+    if (returned instanceof Channel) await sinkInto(call, returned);
+    else
+      for (;;) {
+        const next = await responses.next();
+        if (next.done || controller.signal.aborted) break;
+        if (!call.write(next.value)) await drained(call, controller.signal);
+      }
     if (!settled) {
       settled = true;
       if (!call.cancelled && !call.writableEnded) call.end();
@@ -96,6 +99,20 @@ export async function serveStream(
     fail(err);
   } finally {
     controller.abort();
+  }
+}
+
+/**
+ * A channel's responses written as they are pushed, with no promise between a response and its
+ * write; past a full stream they wait in the channel until 'drain'.
+ */
+async function sinkInto(call: StreamCall, responses: Channel<unknown>): Promise<void> {
+  const flush = () => responses.flush();
+  call.on("drain", flush);
+  try {
+    await responses.sinkTo((response) => call.write(response));
+  } finally {
+    call.removeListener("drain", flush);
   }
 }
 
