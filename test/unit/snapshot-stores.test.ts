@@ -5,6 +5,7 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { mkdir, mkdtemp, readdir, readFile, rm, utimes, writeFile } from "node:fs/promises";
+import { createHash } from "node:crypto";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import {
@@ -185,29 +186,55 @@ describe("stores", () => {
     });
   }
 
-  test("directory: what a crash left of a write (staged, or an archive without its record) goes at the next start", async () => {
-    const folder = path.join(dataDir, "snapshots", "crashed");
-    await mkdir(folder, { recursive: true });
-    const hoursAgo = new Date(Date.now() - 2 * 3_600_000);
-    const plant = async (name: string, old: boolean) => {
-      await writeFile(path.join(folder, name), "x");
-      if (old) await utimes(path.join(folder, name), hoursAgo, hoursAgo);
-    };
-    await plant("snap-a.tar.partial", true);
-    await plant("snap-b.tar", true);
-    await plant("snap-c.tar.partial", false);
-    await plant("snap-d.tar", false);
-    await plant("snap-e.tar", true);
-    await plant("snap-e.json", true);
-    const usage = new WorkspaceUsage();
-    await new Snapshots(snapshotStoreOf("", { dataDir, logger }), usage, () => 1 << 20, logger).ready();
-    assert.deepEqual(
-      (await readdir(folder)).sort(),
-      ["snap-c.tar.partial", "snap-d.tar", "snap-e.json", "snap-e.tar"],
-      "old leftovers went; a write that may be in flight, and a whole snapshot, stayed",
-    );
-    await rm(folder, { recursive: true, force: true });
-  });
+  for (const kind of ["directory", "bucket"] as const)
+    test(`${kind}: what a crash left of a write (staged, or an archive without its record) goes at the next start`, async () => {
+      const hoursAgo = new Date(Date.now() - 2 * 3_600_000);
+      const folder = path.join(dataDir, "snapshots", "crashed");
+      // Each a file of the directory store, or an object of the bucket under its prefix.
+      const plant = async (name: string, old: boolean) => {
+        if (kind === "bucket") {
+          // Staged archives are local files of the bucket store's cache, trimmed there.
+          if (name.endsWith(".partial")) return;
+          const body = Buffer.from("x");
+          s3.objects.set(`troupe/crashed/${name}`, {
+            body,
+            contentType: "application/octet-stream",
+            etag: `"${createHash("md5").update(body).digest("hex")}"`,
+            modified: old ? hoursAgo : new Date(),
+          });
+          return;
+        }
+        await mkdir(folder, { recursive: true });
+        await writeFile(path.join(folder, name), "x");
+        if (old) await utimes(path.join(folder, name), hoursAgo, hoursAgo);
+      };
+      const left = async () =>
+        kind === "bucket"
+          ? [...s3.objects.keys()].filter((k) => k.startsWith("troupe/crashed/")).map((k) => k.slice(15))
+          : await readdir(folder);
+      await plant("snap-a.tar.partial", true);
+      await plant("snap-b.tar", true);
+      await plant("snap-c.tar.partial", false);
+      await plant("snap-d.tar", false);
+      await plant("snap-e.tar", true);
+      await plant("snap-e.json", true);
+      const setting = kind === "bucket" ? `s3://snaps/troupe/?endpoint=${s3.endpoint}` : "";
+      await new Snapshots(
+        snapshotStoreOf(setting, { dataDir, logger }),
+        new WorkspaceUsage(),
+        () => 1 << 20,
+        logger,
+      ).ready();
+      assert.deepEqual(
+        (await left()).sort(),
+        kind === "bucket"
+          ? ["snap-d.tar", "snap-e.json", "snap-e.tar"]
+          : ["snap-c.tar.partial", "snap-d.tar", "snap-e.json", "snap-e.tar"],
+        "old leftovers went; a write that may be in flight, and a whole snapshot, stayed",
+      );
+      for (const k of [...s3.objects.keys()]) if (k.startsWith("troupe/crashed/")) s3.objects.delete(k);
+      await rm(folder, { recursive: true, force: true });
+    });
 
   test("bucket: a store that is down, or refuses the key, is UNAVAILABLE naming it; nothing is counted", async () => {
     const usage = new WorkspaceUsage();

@@ -4,7 +4,8 @@
 // `<prefix><folder>/<id>.tar` and `.json`. An archive is uploaded with its SHA-256, which the
 // storage checks, and read back with checksum mode on, which the SDK checks. Sandboxes read
 // archives from local files, so a read downloads into the data directory's snapshot-cache/, which
-// keeps the CACHED most recently used archives (a snapshot never changes once made).
+// keeps the CACHED most recently used archives (a snapshot never changes once made). What a crash
+// left of a write is swept at the next start.
 import { createHash } from "node:crypto";
 import { createReadStream, createWriteStream } from "node:fs";
 import { mkdir, readdir, rename, rm, stat, utimes } from "node:fs/promises";
@@ -14,7 +15,7 @@ import { pipeline } from "node:stream/promises";
 import type * as S3 from "@aws-sdk/client-s3";
 import { invalidArgument, unavailable } from "../../shared/errors.js";
 import { lazyModule } from "../../shared/process/lazy-module.js";
-import type { SnapshotStore, StoreContext } from "./snapshot-store.js";
+import { STALE_MS, type SnapshotStore, type StoreContext } from "./snapshot-store.js";
 
 const sdk = lazyModule<typeof S3>("@aws-sdk/client-s3");
 const CACHED = 8;
@@ -73,6 +74,21 @@ export function bucketStore(url: URL, ctx: StoreContext): SnapshotStore {
     }
   };
   const key = (name: string, ext: string) => `${prefix}${name}.${ext}`;
+  /** The store's objects under `under`, page by page: each `<folder>/<id>` with its kind and age. */
+  async function* listed(under: string): AsyncGenerator<{ name: string; ext: "json" | "tar"; modifiedMs: number }> {
+    let token: string | undefined;
+    do {
+      const page = await send<S3.ListObjectsV2CommandOutput>(
+        "listing snapshots",
+        new (sdk().ListObjectsV2Command)({ Bucket: bucket, Prefix: under, ContinuationToken: token }),
+      );
+      for (const o of page.Contents ?? []) {
+        const m = /^([^/]+\/[^/]+)\.(json|tar)$/.exec(o.Key?.slice(prefix.length) ?? "");
+        if (m) yield { name: m[1]!, ext: m[2] as "json" | "tar", modifiedMs: o.LastModified?.getTime() ?? Date.now() };
+      }
+      token = page.IsTruncated ? page.NextContinuationToken : undefined;
+    } while (token);
+  }
 
   const cacheDir = path.join(ctx.dataDir, "snapshot-cache");
   // Folder parts never contain "." (session-ref.ts filePart), so this flattening is injective.
@@ -180,21 +196,27 @@ export function bucketStore(url: URL, ctx: StoreContext): SnapshotStore {
       }
     },
     async names(folder) {
-      const under = folder === undefined ? prefix : `${prefix}${folder}/`;
       const names: string[] = [];
-      let token: string | undefined;
-      do {
-        const page = await send<S3.ListObjectsV2CommandOutput>(
-          "listing snapshots",
-          new (sdk().ListObjectsV2Command)({ Bucket: bucket, Prefix: under, ContinuationToken: token }),
-        );
-        for (const o of page.Contents ?? []) {
-          const rest = o.Key?.slice(prefix.length) ?? "";
-          if (/^[^/]+\/[^/]+\.json$/.test(rest)) names.push(rest.slice(0, -".json".length));
-        }
-        token = page.IsTruncated ? page.NextContinuationToken : undefined;
-      } while (token);
+      for await (const o of listed(folder === undefined ? prefix : `${prefix}${folder}/`))
+        if (o.ext === "json") names.push(o.name);
       return names;
+    },
+    // A crash between the archive and its record leaves `<id>.tar` alone: never listed, never
+    // counted. Taken once it is over STALE_MS old (a write in flight elsewhere is younger).
+    async sweep() {
+      const records = new Set<string>();
+      const archives: { name: string; at: number }[] = [];
+      for await (const o of listed(prefix))
+        if (o.ext === "json") records.add(o.name);
+        else archives.push({ name: o.name, at: o.modifiedMs });
+      const before = Date.now() - STALE_MS;
+      let removed = 0;
+      for (const { name, at } of archives) {
+        if (records.has(name) || at >= before) continue;
+        await send("sweeping an archive", new (sdk().DeleteObjectCommand)({ Bucket: bucket, Key: key(name, "tar") }));
+        removed++;
+      }
+      return removed;
     },
     async remove(name) {
       for (const ext of ["json", "tar"])
