@@ -12,18 +12,11 @@ import type { ChatRequest } from "../shared/gen/troupe/v1/gateway_pb.js";
 import type { AttachResponse } from "../shared/gen/troupe/v1/runner_pb.js";
 import { ClientFrameSchema, type ClientFrame } from "../shared/gen/troupe/v1/session_pb.js";
 import { DEFAULT_AGENT } from "../shared/ids.js";
-import type { grpc } from "../shared/rpc.js";
 import type { CallContext } from "../shared/rpc/call-context.js";
 import { BYTES_MARK, byteLength, Channel } from "../shared/rpc/channel.js";
 import { extractContext } from "../shared/process/telemetry.js";
 import type { GatewayLimits } from "./limits.js";
-import {
-  answerWithin,
-  decodeRunnerResponse,
-  leaveRunnerCall,
-  needsDecoding,
-  type AttachRequestInit,
-} from "./passthrough.js";
+import { decodeRunnerResponse, needsDecoding, relayRunner, type RunnerRelay } from "./passthrough.js";
 import type { PlacementCache, RunnerPool } from "./placement.js";
 import type { StreamsByKey } from "./revocation.js";
 import { TurnSpans } from "./turn-spans.js";
@@ -38,8 +31,6 @@ export interface ChatDeps {
   admit(tenant: string, sessionId: string, frame: ClientFrame): void;
 }
 
-type RunnerCall = grpc.ClientDuplexStream<AttachRequestInit, Buffer>;
-
 /** The Chat method: one call per client stream. */
 export function chatHandler(
   deps: ChatDeps,
@@ -50,9 +41,7 @@ export function chatHandler(
     const chatContext = context.active();
     // The runner's responses are the client's (passthrough.ts): bytes, passed on as they are.
     const out = new Channel<Buffer>(BYTES_MARK, byteLength);
-    let runnerCall: RunnerCall | undefined;
-    /** Whether runnerCall ended by itself (its end or its error). */
-    let runnerEnded = false;
+    let runner: RunnerRelay | undefined;
     /** Frames that came before the runner answered the open, in order. */
     let queued: ClientFrame[] | undefined = [];
     let halfClosed = false;
@@ -75,7 +64,7 @@ export function chatHandler(
         unwatch();
         spans.endAll();
         releaseStream?.();
-        if (runnerCall && !runnerEnded) leaveRunnerCall(runnerCall);
+        runner?.leave();
       },
       { once: true },
     );
@@ -94,48 +83,30 @@ export function chatHandler(
             kind: { case: "open", value: { ...o!, sessionId, create: true } },
           });
       const rc = runners.attach(placement.runner!.address, caller);
-      runnerCall = rc;
-      runnerEnded = false;
-      const answer = answerWithin(rc);
-      rc.on("data", (bytes: Buffer) => {
-        answer.heard();
-        if (out.closed) return;
-        if (needsDecoding(bytes)) {
-          let resp: AttachResponse;
-          try {
-            resp = decodeRunnerResponse(bytes);
-          } catch (err) {
-            out.fail(err);
-            return;
-          }
-          if (resp.kind.case === "opened" && queued) {
-            agentId = resp.kind.value.agentId;
-            for (const f of queued) rc.write({ frame: f });
-            queued = undefined;
-            if (halfClosed) rc.end();
-          }
-          spans.observe(resp);
+      const pass = (bytes: Buffer): Buffer | undefined => {
+        if (!needsDecoding(bytes)) return bytes;
+        let resp: AttachResponse;
+        try {
+          resp = decodeRunnerResponse(bytes);
+        } catch (err) {
+          out.fail(err);
+          return undefined;
         }
-        if (!out.push(bytes)) {
-          rc.pause();
-          out.room()?.then(() => rc.resume());
+        if (resp.kind.case === "opened" && queued) {
+          agentId = resp.kind.value.agentId;
+          for (const f of queued) rc.write({ frame: f });
+          queued = undefined;
+          if (halfClosed) rc.end();
         }
-      });
-      rc.on("error", (error) => {
-        runnerEnded = true;
-        const err = answer.error(error);
-        if (!answer.answered && attempt === 0 && !out.closed && placements.reroute(who, sessionId, err)) {
-          open(openFrame, 1).catch((e) => out.fail(e));
-          return;
-        }
-        out.fail(err);
-      });
-      // grpc-js may end the readable side of a call that failed too: only a clean end is one.
-      rc.on("end", () => {
-        if (runnerEnded) return;
-        runnerEnded = true;
-        out.end();
-      });
+        spans.observe(resp);
+        return bytes;
+      };
+      const reroute = (err: unknown) => {
+        if (attempt > 0 || !placements.reroute(who, sessionId, err)) return false;
+        open(openFrame, 1).catch((e) => out.fail(e));
+        return true;
+      };
+      runner = relayRunner(rc, out, pass, reroute);
       rc.write({ frame });
     };
 
@@ -157,29 +128,17 @@ export function chatHandler(
         admit(tenant, sessionId, stopAware);
         const traced = spans.start(stopAware);
         if (queued) queued.push(traced);
-        else if (!runnerCall!.write({ frame: traced })) await drainOf(runnerCall!, ctx.signal);
+        // A sub-stream takes every frame (runner-mux.ts); the budgets above bound them.
+        else runner!.call.write({ frame: traced });
       }
       if (ctx.signal.aborted) return;
       // The client is done sending: pass that on once its frames are forwarded; the runner ends
       // the stream when the session has nothing left to do.
       halfClosed = true;
       if (!opening) out.end();
-      else if (!queued) runnerCall!.end();
+      else if (!queued) runner!.call.end();
     };
     serve().catch((err) => out.fail(err));
     return out;
   };
-}
-
-/** Resolves once the runner's stream takes frames again, or the call is over. */
-function drainOf(rc: RunnerCall, signal: AbortSignal): Promise<void> {
-  return new Promise((resolve) => {
-    const done = () => {
-      rc.removeListener("drain", done);
-      signal.removeEventListener("abort", done);
-      resolve();
-    };
-    rc.once("drain", done);
-    signal.addEventListener("abort", done, { once: true });
-  });
 }

@@ -11,6 +11,7 @@ import {
 } from "../shared/gen/troupe/v1/runner_pb.js";
 import { AgentEventSchema } from "../shared/gen/troupe/v1/session_pb.js";
 import type { grpc } from "../shared/rpc.js";
+import type { Channel } from "../shared/rpc/channel.js";
 import { RpcError, Status, unavailable } from "../shared/errors.js";
 import { cursor, skipValue, varintAt } from "../shared/varint.js";
 
@@ -83,6 +84,54 @@ export function decodeRunnerResponse(bytes: Uint8Array): AttachResponse {
 }
 
 export type AttachRequestInit = MessageInitShape<typeof AttachRequestSchema>;
+/** A session stream to a runner, as a client stream (runner-mux.ts gives a sub-stream of AttachMany). */
+export type RunnerCall = grpc.ClientDuplexStream<AttachRequestInit, Buffer>;
+
+/** A runner's session stream being relayed into a client's stream (relayRunner). */
+export interface RunnerRelay {
+  readonly call: RunnerCall;
+  /** The client's stream is over: leaves the runner's without a reset, unless it ended already. */
+  leave(): void;
+}
+
+/**
+ * Relays a runner's session stream into a client's: each response as `pass` makes it (undefined
+ * drops it) goes to `out`, and the runner is paused while `out` is full. The runner's clean end
+ * ends `out`; its failure fails `out`, unless it failed before saying anything and `reroute(err)`
+ * takes it over (a session moved or a runner gone: the caller tries once where it is placed now).
+ */
+export function relayRunner(
+  call: RunnerCall,
+  out: Channel<Buffer>,
+  pass: (bytes: Buffer) => Buffer | undefined,
+  reroute: (err: unknown) => boolean,
+): RunnerRelay {
+  /** Whether the runner's stream ended by itself (its end or its error). */
+  let ended = false;
+  const answer = answerWithin(call);
+  call.on("data", (bytes: Buffer) => {
+    answer.heard();
+    if (out.closed) return;
+    const response = pass(bytes);
+    if (response && !out.push(response)) {
+      call.pause();
+      out.room()?.then(() => call.resume());
+    }
+  });
+  call.on("error", (error) => {
+    ended = true;
+    const err = answer.error(error);
+    if (!answer.answered && !out.closed && reroute(err)) return;
+    out.fail(err);
+  });
+  // grpc-js may end the readable side of a failed call too: only a clean end is one.
+  call.on("end", () => {
+    if (ended) return;
+    ended = true;
+    out.end();
+  });
+  return { call, leave: () => ended || leaveRunnerCall(call) };
+}
 
 /**
  * Leaves a runner's Attach stream without resetting it: `detach`, then half-close; the runner

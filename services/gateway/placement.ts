@@ -6,7 +6,8 @@ import { SESSION_OWNER_KEY, Status, grpcCode } from "../shared/errors.js";
 import type { RouterService, ResolveSessionResponse } from "../shared/gen/troupe/v1/router_pb.js";
 import { RunnerService } from "../shared/gen/troupe/v1/runner_pb.js";
 import { createClient, type grpc, type ServiceClient } from "../shared/rpc.js";
-import { type AttachCall, RunnerMux } from "./runner-mux.js";
+import type { RunnerCall } from "./passthrough.js";
+import { RunnerMux } from "./runner-mux.js";
 
 type RunnerClient = ServiceClient<(typeof RunnerService)["method"]>;
 type RouterClient = ServiceClient<(typeof RouterService)["method"]>;
@@ -77,7 +78,7 @@ export class RunnerPool {
    * A client stream's session stream to the runner at `address`, acting for `caller`: a
    * sub-stream of the one AttachMany call to that runner (runner-mux.ts).
    */
-  attach(address: string, caller: grpc.Metadata): AttachCall {
+  attach(address: string, caller: grpc.Metadata): RunnerCall {
     let mux = this.muxes.get(address);
     if (!mux) this.muxes.set(address, (mux = new RunnerMux(this.get(address))));
     return mux.attach(caller);

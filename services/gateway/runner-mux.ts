@@ -20,11 +20,10 @@ import { grpc, type ServiceClient } from "../shared/rpc.js";
 import { metadataOf, metadataRecord, readBatch } from "../shared/sub-streams.js";
 import { endClientSpan, startClientSpan } from "../shared/rpc/client.js";
 import { injectContext, spanContext } from "../shared/process/telemetry.js";
-import type { AttachRequestInit } from "./passthrough.js";
+import type { AttachRequestInit, RunnerCall } from "./passthrough.js";
 
 type RunnerClient = ServiceClient<(typeof RunnerService)["method"]>;
 type ItemInit = MessageInitShape<typeof SubStreamRequestSchema>;
-export type AttachCall = grpc.ClientDuplexStream<AttachRequestInit, Buffer>;
 
 /** Credit is returned once a sub-stream has passed on this many bytes (the runner's window is 1 MiB). */
 const CREDIT_EVERY = 64 * 1024;
@@ -217,7 +216,7 @@ export class RunnerMux {
   constructor(private readonly client: RunnerClient) {}
 
   /** A session stream to this runner for a caller (`metadata`: the identity it acts for). */
-  attach(metadata: grpc.Metadata): AttachCall {
+  attach(metadata: grpc.Metadata): RunnerCall {
     if (!this.current?.open) {
       this.current?.retire();
       const call = new MuxCall(this.client, () => {
@@ -227,7 +226,7 @@ export class RunnerMux {
     }
     const id = this.nextId;
     this.nextId = this.nextId >= 0xfffffff0 ? 1 : this.nextId + 1;
-    return this.current.attach(id, metadata) as unknown as AttachCall;
+    return this.current.attach(id, metadata) as unknown as RunnerCall;
   }
 
   /**

@@ -45,7 +45,7 @@ import { BYTES_MARK, byteLength, Channel } from "../shared/rpc/channel.js";
 import type { RunningService } from "../shared/process/service.js";
 import { extractContext } from "../shared/process/telemetry.js";
 import { PlacementCache, RunnerPool } from "./placement.js";
-import { answerWithin, asSubscribeResponse, leaveRunnerCall, type AttachRequestInit } from "./passthrough.js";
+import { asSubscribeResponse, relayRunner, type RunnerRelay } from "./passthrough.js";
 import { TurnSpans } from "./turn-spans.js";
 import { chatHandler } from "./chat.js";
 import { listOwnedSessions } from "./session-listing.js";
@@ -283,38 +283,16 @@ export async function startGateway(cfg: Config, logger: Logger): Promise<Running
       const caller = onBehalfOf(ctx);
       const who = identityOf(ctx.metadata);
       const out = new Channel<Buffer>(BYTES_MARK, byteLength);
-      let upstream: { call: grpc.ClientDuplexStream<AttachRequestInit, Buffer>; ended: boolean } | undefined;
-      holdClientStream(ctx, out, () => upstream && !upstream.ended && leaveRunnerCall(upstream.call));
+      let runner: RunnerRelay | undefined;
+      holdClientStream(ctx, out, () => runner?.leave());
       const attempt = async (n: number): Promise<void> => {
         const placement = await placements.resolve(who, sessionId, "");
         if (out.closed) return;
         const up = runners.attach(placement.runner!.address, caller);
-        const current = { call: up, ended: false };
-        upstream = current;
-        const answer = answerWithin(up);
-        up.on("data", (bytes: Buffer) => {
-          answer.heard();
-          const event = asSubscribeResponse(bytes);
-          if (event && !out.push(event)) {
-            up.pause();
-            out.room()?.then(() => up.resume());
-          }
-        });
-        up.on("error", (error) => {
-          current.ended = true;
-          const err = answer.error(error);
-          // Before anything was sent, a moved session or a gone runner is retried once.
-          if (!answer.answered && n === 0 && !out.closed && placements.reroute(who, sessionId, err)) {
-            attempt(1).catch((e) => out.fail(e));
-            return;
-          }
-          out.fail(err);
-        });
-        // grpc-js may end the readable side of a failed call too: only a clean end is one.
-        up.on("end", () => {
-          if (current.ended) return;
-          current.ended = true;
-          out.end();
+        runner = relayRunner(up, out, asSubscribeResponse, (err) => {
+          if (n > 0 || !placements.reroute(who, sessionId, err)) return false;
+          attempt(1).catch((e) => out.fail(e));
+          return true;
         });
         up.write({
           frame: {

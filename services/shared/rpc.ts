@@ -18,5 +18,4 @@ export type { CallOptions, ServiceClient, ServiceImpl } from "./rpc/types.js";
 export { DEFAULT_DEADLINE_MS, DEFAULT_MAX_MESSAGE_BYTES, RECONNECT_WAIT_MS } from "./rpc/limits.js";
 export { RpcServer, ServingStatus, type ServerOptions, wrappedHandler } from "./rpc/server.js";
 export { createClient, type ClientOptions } from "./rpc/client.js";
-export { write } from "./rpc/streams.js";
 export { routeGrpcLogs } from "./rpc/logging.js";

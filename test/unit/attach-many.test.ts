@@ -7,7 +7,8 @@ import { describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import { attachManyHandler, SUB_STREAM_WINDOW } from "../../services/runner/transport/attach-many.js";
-import { RunnerMux, type AttachCall } from "../../services/gateway/runner-mux.js";
+import type { RunnerCall } from "../../services/gateway/passthrough.js";
+import { RunnerMux } from "../../services/gateway/runner-mux.js";
 import { RpcError, SESSION_OWNER_KEY, Status } from "../../services/shared/errors.js";
 import {
   AttachManyResponseSchema,
@@ -142,7 +143,7 @@ interface Received {
 }
 
 /** Opens a sub-stream, sends the open frame and `prompt`, and half-closes; collects what comes back. */
-function session(mux: RunnerMux, prompt: string, paused = false, caller = ""): { call: AttachCall; got: Received } {
+function session(mux: RunnerMux, prompt: string, paused = false, caller = ""): { call: RunnerCall; got: Received } {
   const metadata = new grpc.Metadata();
   if (caller) metadata.set(CALLER_KEY, caller);
   const call = mux.attach(metadata);

@@ -49,7 +49,7 @@ const REQUESTS_AHEAD = 32;
  * an iterable of a bidirectional one's) and the context, and its responses are written with
  * backpressure: the next is taken only once the stream has room. The call ends OK when the
  * responses end, with the thrown error's status when they fail, and quietly if the client left.
- * Resolves to the status the call ended with.
+ * Resolves once the call is over; it never rejects.
  */
 export async function serveStream(
   call: StreamCall,
