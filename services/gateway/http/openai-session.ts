@@ -101,8 +101,7 @@ export function conversationRuns(gateway: GatewayClient) {
     if (calls.some((c) => c.sessionId !== sessionId) || (named !== "" && named !== sessionId))
       throw new ApiError(400, "the tool messages answer calls of more than one session", undefined, null, "messages");
     const frames = new Set<string>();
-    let afterSeq: bigint | undefined;
-    let acceptedAt: number | undefined;
+    const accepted: AgentEvent[] = [];
     for (const c of calls) {
       const frameId = `oa-tool-${createHash("sha256").update(`${c.toolCallId}\0${c.output}`).digest("hex").slice(0, 40)}`;
       frames.add(frameId);
@@ -110,13 +109,15 @@ export function conversationRuns(gateway: GatewayClient) {
         { sessionId, frameId, toolCallId: c.id, output: c.output, isError: false },
         { metadata },
       );
-      const a = ack.accepted!;
-      acceptedAt ??= secondsOf(a);
-      const dup = a.payload.case === "frameAccepted" && a.payload.value.duplicate;
-      afterSeq = dup ? 0n : afterSeq === undefined || a.seq - 1n < afterSeq ? a.seq - 1n : afterSeq;
+      accepted.push(ack.accepted!);
     }
+    const duplicate = accepted.some((a) => a.payload.case === "frameAccepted" && a.payload.value.duplicate);
+    // Followed from just before the first answer the session took, or from its start for a resend.
+    const afterSeq = duplicate
+      ? 0n
+      : accepted.reduce((low, a) => (a.seq - 1n < low ? a.seq - 1n : low), accepted[0].seq);
     const joins = (e: AgentEvent) => e.payload.case === "clientToolAnswered" && frames.has(e.payload.value.frameId);
-    return { sessionId, afterSeq: afterSeq ?? 0n, joins, frames, acceptedAt: acceptedAt ?? secondsOf() };
+    return { sessionId, afterSeq, joins, frames, acceptedAt: secondsOf(accepted[0]) };
   };
 
   return { ask, answerCalls };

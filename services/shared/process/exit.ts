@@ -7,7 +7,7 @@
 import { setFlagsFromString } from "node:v8";
 
 /** The V8 flags that keep every compile that allocates on the heap on the main thread. */
-export const HEAP_SAFE_EXIT_FLAGS: readonly string[] = ["--no-concurrent-sparkplug", "--no-maglev"];
+const HEAP_SAFE_EXIT_FLAGS: readonly string[] = ["--no-concurrent-sparkplug", "--no-maglev"];
 
 /** How long compiles already running get to finish, and a collection one asked for to run. */
 const SETTLE_MS = 100;
