@@ -41,6 +41,12 @@ export interface StreamCall {
   sendMetadata?(metadata: grpc.Metadata): void;
 }
 
+/**
+ * The reason every call's signal gives when it is over. Made once: abort() with no reason makes a
+ * DOMException, stack and all, at every call's end (about 35 µs, 3% of a warm sandbox exec's CPU).
+ */
+const CALL_OVER = new RpcError(Status.CANCELLED, "the call is over");
+
 /** Requests a client may send ahead of the handler before the call stops reading them. */
 const REQUESTS_AHEAD = 32;
 
@@ -65,9 +71,9 @@ export async function serveStream(
     settled = true;
     onFailure(err);
     if (!call.cancelled && !call.writableEnded) call.emit("error", toStatus(err));
-    controller.abort();
+    controller.abort(CALL_OVER);
   };
-  const over = () => controller.abort();
+  const over = () => controller.abort(CALL_OVER);
   call.once("cancelled", over);
   call.once("close", over);
   const ctx: CallContext = {
@@ -98,7 +104,7 @@ export async function serveStream(
   } catch (err) {
     fail(err);
   } finally {
-    controller.abort();
+    controller.abort(CALL_OVER);
   }
 }
 
