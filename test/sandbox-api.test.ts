@@ -161,9 +161,15 @@ for (const runtime of ["runc", "runsc"] as const) {
         // Another agent's sessions are untouched: the service's own image, an empty workspace.
         const plain = await exec(sandbox, `${id}-plain`, "ls; command -v python3 || echo none");
         assert.equal(plain.out, "none\n");
-        // An empty template removes it.
+        // An empty template removes it, and the warm sandboxes kept for its image go with it.
         assert.equal((await sandbox.putTemplate({ agentId })).changed, true);
         assert.equal((await exec(sandbox, `${id}-after`, "ls", { agentId })).out, "");
+        await waitFor(
+          "the template image's pool to go",
+          async () => !(await sandbox.listSandboxes({})).sandboxes.some((x) => x.pooled && x.image === MCP_IMAGE),
+          30_000,
+          250,
+        );
         for (const session of [`${id}-tpl`, `${id}-plain`, `${id}-after`])
           await sandbox.releaseSandbox({ sessionId: session, agentId });
       } finally {

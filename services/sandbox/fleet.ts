@@ -281,14 +281,23 @@ export class SandboxFleet {
     return [...new Set(this.images.pooled())].filter((image) => this.pools.sizeOf(image) < this.opts.poolSize);
   }
 
-  /** Tops the pools up in the background, one container at a time. */
+  /**
+   * Tops the pools up in the background, one container at a time; a pool whose image nothing
+   * names now (its template was changed or removed) goes: tenant-neutral, cheap to make again.
+   */
   fill(): void {
-    if (this.filling || this.closed || this.short().length === 0) return;
+    if (this.closed) return;
+    for (const s of this.pools.dropExcept(new Set(this.images.pooled()))) {
+      s.agent.close();
+      void this.remove(s.container);
+    }
+    if (this.filling || this.short().length === 0) return;
     const run = async () => {
       for (let image = this.short()[0]; image !== undefined && !this.closed; image = this.short()[0]) {
         try {
           const sandbox = await this.make(`${poolPrefix(this.opts.instance)}${randomBytes(6).toString("hex")}`, image);
-          if (this.closed) {
+          // Made for nothing: the service is closing, or the image's template went meanwhile.
+          if (this.closed || !new Set(this.images.pooled()).has(image)) {
             sandbox.agent.close();
             await this.remove(sandbox.container);
           } else this.pools.add(image, sandbox);

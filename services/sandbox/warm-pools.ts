@@ -43,6 +43,17 @@ export class WarmPools<S extends Pooled> {
     return undefined;
   }
 
+  /** Empties the pools of every image not in `wanted`; what they held. */
+  dropExcept(wanted: ReadonlySet<string>): S[] {
+    const dropped: S[] = [];
+    for (const [image, pool] of this.byImage)
+      if (!wanted.has(image)) {
+        dropped.push(...pool);
+        this.byImage.delete(image);
+      }
+    return dropped;
+  }
+
   /** Empties every pool; what they held. */
   clear(): S[] {
     const all = this.all();

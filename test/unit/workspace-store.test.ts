@@ -59,6 +59,20 @@ test("warm pools are kept per image: a claim takes the oldest of its image only"
   assert.equal(pools.size, 0);
 });
 
+test("the pool of an image nothing names now is let go, the others kept", () => {
+  const pools = new WarmPools<{ id: string }>();
+  pools.add("busybox", { id: "a" });
+  pools.add("python", { id: "b" });
+  pools.add("python", { id: "c" });
+  assert.deepEqual(
+    pools.dropExcept(new Set(["busybox", "node"])).map((s) => s.id),
+    ["b", "c"],
+  );
+  assert.equal(pools.sizeOf("python"), 0);
+  assert.equal(pools.take("busybox")?.id, "a");
+  assert.deepEqual(pools.dropExcept(new Set()), []);
+});
+
 test("a record is written whole or not at all, and a damaged one reads as missing", async (t) => {
   const dir = await mkdtemp(path.join(tmpdir(), "troupe-records-"));
   t.after(() => rm(dir, { recursive: true, force: true }));
