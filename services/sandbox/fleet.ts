@@ -157,8 +157,7 @@ export class SandboxFleet {
   async discard(sandbox: Sandbox, why: string): Promise<void> {
     this.logger.warn(`discarding the sandbox of ${sandbox.key}: ${why}`);
     await this.forget(sandbox.id);
-    sandbox.agent.close();
-    await this.remove(sandbox.container);
+    await this.letGo(sandbox);
   }
 
   private async acquire(key: string, start: WorkspaceStart): Promise<Sandbox> {
@@ -224,8 +223,7 @@ export class SandboxFleet {
         await sandbox.agent.claim(key);
       } catch (err) {
         this.logger.warn("could not claim a pooled sandbox; trying another", { error: (err as Error).message });
-        sandbox.agent.close();
-        await this.remove(sandbox.container);
+        await this.letGo(sandbox);
         continue;
       }
       sandbox.name = name;
@@ -281,26 +279,18 @@ export class SandboxFleet {
     return [...new Set(this.images.pooled())].filter((image) => this.pools.sizeOf(image) < this.opts.poolSize);
   }
 
-  /**
-   * Tops the pools up in the background, one container at a time; a pool whose image nothing
-   * names now (its template was changed or removed) goes: tenant-neutral, cheap to make again.
-   */
+  /** Lets go of the pools of images nothing names now; tops the others up in the background. */
   fill(): void {
     if (this.closed) return;
-    for (const s of this.pools.dropExcept(new Set(this.images.pooled()))) {
-      s.agent.close();
-      void this.remove(s.container);
-    }
+    for (const unwanted of this.pools.dropExcept(new Set(this.images.pooled()))) void this.letGo(unwanted);
     if (this.filling || this.short().length === 0) return;
     const run = async () => {
       for (let image = this.short()[0]; image !== undefined && !this.closed; image = this.short()[0]) {
         try {
           const sandbox = await this.make(`${poolPrefix(this.opts.instance)}${randomBytes(6).toString("hex")}`, image);
           // Made for nothing: the service is closing, or the image's template went meanwhile.
-          if (this.closed || !new Set(this.images.pooled()).has(image)) {
-            sandbox.agent.close();
-            await this.remove(sandbox.container);
-          } else this.pools.add(image, sandbox);
+          if (this.closed || !new Set(this.images.pooled()).has(image)) await this.letGo(sandbox);
+          else this.pools.add(image, sandbox);
         } catch (err) {
           this.logger.warn("could not fill the sandbox pool", { image, error: (err as Error).message });
           return;
@@ -318,13 +308,6 @@ export class SandboxFleet {
   /** Sandboxes claimed by a scope key (made or being made) in this process. */
   get claimed(): number {
     return this.byKey.size;
-  }
-
-  /** Waits until the pools are full (tests and benchmarks), or the deadline passes. */
-  async poolReady(timeoutMs: number): Promise<boolean> {
-    const until = Date.now() + timeoutMs;
-    while (this.short().length > 0 && Date.now() < until) await new Promise((r) => setTimeout(r, 20));
-    return this.short().length === 0;
   }
 
   /**
@@ -421,7 +404,7 @@ export class SandboxFleet {
     this.events.close();
     await this.filling;
     const pool = this.pools.clear();
-    await Promise.all(pool.map(async (s) => (s.agent.close(), this.remove(s.container))));
+    await Promise.all(pool.map((s) => this.letGo(s)));
     for (const p of this.byKey.values())
       void p.then(
         (s) => s.agent.close(),
@@ -466,6 +449,12 @@ export class SandboxFleet {
         scope: held?.key || scope || "(pool)",
       });
     await this.forget(id);
+  }
+
+  /** Closes a sandbox's agent connection and removes its container. */
+  private letGo(sandbox: Sandbox): Promise<boolean> {
+    sandbox.agent.close();
+    return this.remove(sandbox.container);
   }
 
   private async remove(container: Container): Promise<boolean> {
