@@ -110,9 +110,9 @@ export class SandboxFleet {
     return p;
   }
 
-  /** The keys this process holds a sandbox for (or is making one for). */
-  heldKeys(): IterableIterator<string> {
-    return this.byKey.keys();
+  /** The keys this process holds a sandbox for (or is making one for), read-only. */
+  get held(): ReadonlyMap<string, unknown> {
+    return this.byKey;
   }
 
   /** The key's sandbox if it has one (adopting one a previous service process left), without making one. */

@@ -157,11 +157,13 @@ export async function startSandbox(cfg: Config, logger: Logger): Promise<Running
    * sandboxes this process holds.
    */
   const requireRoom = (key: string, call: { metadata: grpc.Metadata }) => {
-    const held = [...fleet.heldKeys()];
-    if (held.includes(key)) return;
+    // Every command asks: a key that has its sandbox is answered without a look at the others.
+    if (fleet.held.has(key)) return;
     const { tenant } = identityOf(call.metadata);
     const limit = quotas.of(tenant).liveSandboxes;
-    const mine = held.filter((k) => tenantOfScopeKey(k) === tenantOfScopeKey(key)).length;
+    const owner = tenantOfScopeKey(key);
+    let mine = 0;
+    for (const k of fleet.held.keys()) if (tenantOfScopeKey(k) === owner) mine++;
     if (mine >= limit)
       throw new RateLimited(
         `tenant ${tenant} has ${mine} live sandboxes, its quota; release one (or let it idle out) first`,
