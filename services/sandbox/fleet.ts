@@ -274,22 +274,25 @@ export class SandboxFleet {
     }
   }
 
+  /** The images whose pools are kept now (the service's, and those its templates name). */
+  private readonly wanted = (): Set<string> => new Set(this.images.pooled());
+
   /** The images whose pools are short of the pool size. */
   private short(): string[] {
-    return [...new Set(this.images.pooled())].filter((image) => this.pools.sizeOf(image) < this.opts.poolSize);
+    return [...this.wanted()].filter((image) => this.pools.sizeOf(image) < this.opts.poolSize);
   }
 
   /** Lets go of the pools of images nothing names now; tops the others up in the background. */
   fill(): void {
     if (this.closed) return;
-    for (const unwanted of this.pools.dropExcept(new Set(this.images.pooled()))) void this.letGo(unwanted);
+    for (const unwanted of this.pools.dropExcept(this.wanted())) void this.letGo(unwanted);
     if (this.filling || this.short().length === 0) return;
     const run = async () => {
       for (let image = this.short()[0]; image !== undefined && !this.closed; image = this.short()[0]) {
         try {
           const sandbox = await this.make(`${poolPrefix(this.opts.instance)}${randomBytes(6).toString("hex")}`, image);
           // Made for nothing: the service is closing, or the image's template went meanwhile.
-          if (this.closed || !new Set(this.images.pooled()).has(image)) await this.letGo(sandbox);
+          if (this.closed || !this.wanted().has(image)) await this.letGo(sandbox);
           else this.pools.add(image, sandbox);
         } catch (err) {
           this.logger.warn("could not fill the sandbox pool", { image, error: (err as Error).message });
