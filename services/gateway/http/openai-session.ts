@@ -112,10 +112,9 @@ export function conversationRuns(gateway: GatewayClient) {
       accepted.push(ack.accepted!);
     }
     const duplicate = accepted.some((a) => a.payload.case === "frameAccepted" && a.payload.value.duplicate);
-    // Followed from just before the first answer the session took, or from its start for a resend.
-    const afterSeq = duplicate
-      ? 0n
-      : accepted.reduce((low, a) => (a.seq - 1n < low ? a.seq - 1n : low), accepted[0].seq);
+    // Followed from just before the first answer the session took (answers are sent one after
+    // another, so the first has the lowest seq), or from the session's start for a resend.
+    const afterSeq = duplicate ? 0n : accepted[0].seq - 1n;
     const joins = (e: AgentEvent) => e.payload.case === "clientToolAnswered" && frames.has(e.payload.value.frameId);
     return { sessionId, afterSeq, joins, frames, acceptedAt: secondsOf(accepted[0]) };
   };
