@@ -5,7 +5,11 @@
 //   file read: ReadFile of a 4 MB file in a session's running sandbox vs `docker exec cat` of it;
 //   pool claim: taking a warm container for a new session (rename, claim), measured in-process
 //              on the service's own fleet, and the first command of a session with a warm pool
-//              through the service.
+//              through the service;
+//   the warm exec's floor, in the same run: the two parts of it no code of the service can
+//              shorten, added: a bare grpc-js call of two replies between two processes (the
+//              started message and the exit), and `true` through the agent's channel, in-process
+//              on a fleet (a frame each way through the engine's attach stream, and the fork).
 //
 //   node dist/bench/sandbox.js [--runtime runc|runsc] [--warm 200] [--cold 15]
 import { scopeKey } from "../services/sandbox/scope.js";
@@ -22,6 +26,8 @@ import { SandboxFleet } from "../services/sandbox/fleet.js";
 import { DEFAULT_LIMITS, containerName, instanceOf } from "../services/sandbox/container-spec.js";
 import { LOAD_QUOTAS, startStack } from "../test/helpers/stack.js";
 import { pct } from "./support/stats.js";
+import { rawRoundTrips } from "./support/raw-grpc.js";
+import { cpuMs } from "./support/cpu.js";
 import { exitProcess } from "../services/shared/process/exit.js";
 
 const run = promisify(execFile);
@@ -35,6 +41,8 @@ const { values } = parseArgs({
 const RUNTIME = values.runtime!;
 const WARM = Number(values.warm);
 const COLD = Number(values.cold);
+/** Warm calls made before each warm figure is measured, unmeasured. */
+const WARMUP = 500;
 const IMAGE = process.env.TROUPE_SANDBOX_IMAGE ?? "troupe-sandbox:busybox";
 const fmt = (xs: number[]) => `p50=${pct(xs, 50).toFixed(1)} ms p95=${pct(xs, 95).toFixed(1)} ms (n=${xs.length})`;
 type Sandbox = ServiceClient<(typeof SandboxService)["method"]>;
@@ -56,6 +64,8 @@ const cold: number[] = [];
 const warm: number[] = [];
 let cliExec: number[] = [];
 const reads: number[] = [];
+/** The sandbox service's CPU per warm exec, µs (clock ticks of 10 ms, over the whole loop). */
+let serviceCpuUs = 0;
 const cliReads: number[] = [];
 /** The file read: 4 MB, under what one read returns (4 MiB less 64 KiB, the reply's room in a message). */
 const FILE_BYTES = 4_000_000;
@@ -71,8 +81,12 @@ try {
   // Warm: one session's running sandbox, through the service and through the CLI.
   const id = "bench-warm";
   await timedExec(coldClient, id);
-  for (let i = 0; i < 20; i++) await timedExec(coldClient, id);
+  // Warmed as a service that has run for a while is: V8 optimizes a function after some hundreds of calls.
+  for (let i = 0; i < WARMUP; i++) await timedExec(coldClient, id);
+  const servicePid = [coldStack.process("sandbox")!.pid!];
+  const cpuBefore = cpuMs(servicePid);
   for (let i = 0; i < WARM; i++) warm.push(await timedExec(coldClient, id));
+  serviceCpuUs = ((cpuMs(servicePid) - cpuBefore) * 1000) / WARM;
   const name = containerName(instanceOf(coldStack.dataDir), scopeKey("session", DEV_IDENTITY, id, ""));
   const cliRuns = Math.min(WARM, 50);
   for (let i = 0; i < cliRuns + 5; i++) {
@@ -159,6 +173,7 @@ const fleet = new SandboxFleet(
   logger,
 );
 const claim: number[] = [];
+const agentRoundTrips: number[] = [];
 try {
   for (let i = 0; i < COLD; i++) {
     fleet.fill();
@@ -173,6 +188,24 @@ try {
     claim.push(performance.now() - t0);
     await fleet.release(key);
   }
+  // The agent's part of a warm exec: `true` over the channel the service holds, no gRPC.
+  const sandbox = await fleet.get("session:bench-agent");
+  const agentExec = () =>
+    new Promise<void>((resolve, reject) => {
+      const options = { timeoutMs: 10_000, maxOutputBytes: 1 << 20, windowBytes: 256 * 1024 };
+      sandbox.agent.exec("true", options, {
+        output: () => undefined,
+        exit: (exit) => (exit.exitCode === 0 ? resolve() : reject(new Error(`true exited ${exit.exitCode}`))),
+        lost: reject,
+      });
+    });
+  for (let i = 0; i < WARMUP; i++) await agentExec();
+  for (let i = 0; i < WARM; i++) {
+    const t0 = performance.now();
+    await agentExec();
+    agentRoundTrips.push(performance.now() - t0);
+  }
+  await fleet.release("session:bench-agent");
 } finally {
   await fleet.shutdown();
   engine.close();
@@ -199,17 +232,26 @@ try {
   await poolStack.stop();
 }
 
+// The gRPC part of the floor: a call of one request and two replies, to its status, as timedExec waits.
+const grpcCalls = (await rawRoundTrips(WARMUP + WARM, { replies: 2, untilEnd: true })).slice(WARMUP);
+const floor = pct(grpcCalls, 50) + pct(agentRoundTrips, 50);
+
 const ratio = (a: number[], b: number[]) => (pct(a, 50) / pct(b, 50)).toFixed(2);
 console.log(`runtime=${RUNTIME} image=${IMAGE}`);
 console.log(`cold exec through the service (no pool):      ${fmt(cold)}`);
 console.log(`baseline docker run --rm through the CLI:     ${fmt(cliRun)}`);
-console.log(`warm exec through the service:                ${fmt(warm)}`);
+console.log(`warm exec through the service:                ${fmt(warm)}, its CPU ${serviceCpuUs.toFixed(0)} µs each`);
 console.log(`baseline docker exec through the CLI:         ${fmt(cliExec)}`);
 console.log(`4 MB file read through the service:           ${fmt(reads)}`);
 console.log(`baseline docker exec cat through the CLI:     ${fmt(cliReads)}`);
 console.log(`pool claim (in-process fleet):                ${fmt(claim)}`);
 console.log(`first exec of a session with a warm pool:     ${fmt(firstWithPool)}`);
+console.log(`floor: bare grpc-js call, two replies:       ${fmt(grpcCalls)}`);
+console.log(`floor: \`true\` through the agent, in-process: ${fmt(agentRoundTrips)}`);
 console.log(
-  `RESULT warm_exec_p50_ms=${pct(warm, 50).toFixed(2)} warm_vs_cli_exec=${ratio(warm, cliExec)} cold_vs_cli_run=${ratio(cold, cliRun)} pool_claim_p50_ms=${pct(claim, 50).toFixed(2)} read_4mb_p50_ms=${pct(reads, 50).toFixed(1)} read_vs_cli_cat=${ratio(reads, cliReads)}`,
+  `warm exec p50 against the floor's (the two p50s added, ${floor.toFixed(2)} ms): ${(pct(warm, 50) / floor).toFixed(2)}`,
+);
+console.log(
+  `RESULT warm_exec_p50_ms=${pct(warm, 50).toFixed(2)} warm_floor_ms=${floor.toFixed(2)} warm_vs_floor=${(pct(warm, 50) / floor).toFixed(2)} service_cpu_us=${serviceCpuUs.toFixed(0)} warm_vs_cli_exec=${ratio(warm, cliExec)} cold_vs_cli_run=${ratio(cold, cliRun)} pool_claim_p50_ms=${pct(claim, 50).toFixed(2)} read_4mb_p50_ms=${pct(reads, 50).toFixed(1)} read_vs_cli_cat=${ratio(reads, cliReads)}`,
 );
 await exitProcess(0);

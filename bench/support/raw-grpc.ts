@@ -101,10 +101,11 @@ export async function startRaw(streams: number) {
 
 /**
  * `n` raw grpc-js round trips to a bare server in another process, one after another, each a new
- * bidi call carrying one request and one reply: ms each. The floor of one hop of a request that
- * must be answered (bench/abort, bench/approvals).
+ * bidi call carrying one request and `replies` replies: ms each, to the first reply (the floor of
+ * one hop of a request that must be answered: bench/abort, bench/approvals) or, `untilEnd`, to the
+ * call's status after the last (a whole call: bench/sandbox's exec, a started message and an exit).
  */
-export async function rawRoundTrips(n: number): Promise<number[]> {
+export async function rawRoundTrips(n: number, { replies = 1, untilEnd = false } = {}): Promise<number[]> {
   const { proc: server, port } = await startPortPrinter("./raw-grpc-server.js");
   const client = new grpc.Client(`127.0.0.1:${port}`, grpc.credentials.createInsecure());
   try {
@@ -113,10 +114,16 @@ export async function rawRoundTrips(n: number): Promise<number[]> {
       const t0 = performance.now();
       await new Promise<void>((resolve, reject) => {
         const call = client.makeBidiStreamRequest("/bench.Raw/Stream", identity, identity);
-        call.once("data", () => resolve());
+        let got = 0;
+        call.on("data", () => {
+          if (++got === 1 && !untilEnd) resolve();
+        });
+        call.on("status", (s: grpc.StatusObject) =>
+          s.code === grpc.status.OK && got === replies ? resolve() : reject(new Error(`raw: ${s.details}`)),
+        );
         call.on("error", reject);
         const req = Buffer.alloc(4);
-        req.writeUInt32BE(1);
+        req.writeUInt32BE(replies);
         call.write(req);
         call.end();
       });
