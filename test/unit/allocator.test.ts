@@ -53,18 +53,20 @@ test("TROUPE_ALLOCATOR takes only the three choices", () => {
   );
 });
 
-test("V8's tiers: router and sandbox interpreted; the gateway deferred, lean defers more; on gives all; a flag given wins", () => {
+test("V8's tiers: router interpreted, sandbox up to Maglev, gateway deferred; lean defers more; on gives all; a flag given wins", () => {
   for (const choice of ["auto", "lean"] as const) {
     assert.deepEqual(jitFlags("router", choice), ["--max-opt=0"], choice);
-    assert.deepEqual(jitFlags("sandbox", choice), ["--max-opt=0"], choice);
     assert.deepEqual(jitFlags("gateway", choice), DEFERRING_FLAGS, choice);
   }
+  assert.deepEqual(jitFlags("sandbox", "auto"), ["--max-opt=2"]);
+  assert.deepEqual(jitFlags("sandbox", "lean"), ["--max-opt=0"]);
   for (const service of ["runner", "memory"]) {
     assert.deepEqual(jitFlags(service, "auto"), [], service);
     assert.deepEqual(jitFlags(service, "lean"), DEFERRING_FLAGS, service);
   }
   for (const service of ["model-server", "adapter"]) assert.deepEqual(jitFlags(service, "lean"), [], service);
-  for (const service of ["router", "gateway", "runner"]) assert.deepEqual(jitFlags(service, "on"), [], service);
+  for (const service of ["router", "sandbox", "gateway", "runner"])
+    assert.deepEqual(jitFlags(service, "on"), [], service);
   assert.deepEqual(missingFlags(["--max-opt=0"], ["--expose-gc"]), ["--max-opt=0"]);
   assert.deepEqual(missingFlags(["--max-opt=0"], ["--max-opt=0"]), [], "already started with it: no start over");
   assert.deepEqual(missingFlags(["--max-opt=0"], ["--max_opt=3"]), [], "the operator's own value wins");

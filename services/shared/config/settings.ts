@@ -123,7 +123,7 @@ export const SETTINGS = {
     },
     jit: {
       env: "TROUPE_JIT",
-      doc: "V8's compilers: auto runs the router and the sandbox on the interpreter alone (10 to 12 MB smaller each; they do little work a call), starts the gateway with optimization deferred until busy (9 MB smaller idle; the token path's CPU the same), and the runner and the memory service with every tier; lean: as auto, and the runner and the memory service deferred too (2 to 9 MB smaller idle each); on: every tier in every service from the start",
+      doc: "V8's compilers: auto runs the router on the interpreter alone (10 to 12 MB smaller; it does little work a call), the sandbox without TurboFan (5 MB smaller than every tier, 5 MB larger than the interpreter, on which a warm command took twice the CPU), starts the gateway with optimization deferred until busy (9 MB smaller idle; the token path's CPU the same), and the runner and the memory service with every tier; lean: as auto, the runner and the memory service deferred too (2 to 9 MB smaller idle each), the sandbox on the interpreter; on: every tier in every service from the start",
       default: "auto",
       schema: oneOf("auto", "on", "lean"),
     },
