@@ -38,7 +38,7 @@ const entry = (service: string) =>
 const DEFERRED: Record<string, string[]> = {
   gateway: ["@connectrpc/connect-node", "@connectrpc/connect", "undici", "openai", "pg"],
   router: ["undici", "openai", "pg"],
-  runner: ["openai", "croner", "pg", "html-to-text", "gpt-tokenizer"],
+  runner: ["openai", "croner", "pg", "html-to-text", "gpt-tokenizer", "@modelcontextprotocol/sdk"],
   sandbox: ["undici", "openai", "pg"],
   memory: ["openai", "pg"],
   up: ["pg", "openai", "@connectrpc/connect-node", "undici"],
