@@ -75,13 +75,17 @@ export class ChatSession {
     return hit!;
   }
 
-  /** Resolves once `condition` (over the whole session so far) holds; checked once per arrival. */
+  /**
+   * Resolves once `condition` (over the whole session so far) holds; checked once per arrival.
+   * Deadlines here are on the monotonic clock: a step of the wall clock (a VM paused, NTP) once
+   * made a wait of 10 s give up after 1.1 s, with the awaited event on its way.
+   */
   async until(condition: () => boolean, timeoutMs = 15_000): Promise<void> {
-    const deadline = Date.now() + timeoutMs;
+    const deadline = performance.now() + timeoutMs;
     while (!condition()) {
       if (this.status)
         throw new Error(`stream ended (${this.status.code} ${this.status.details}) first; got: ${this.describe()}`);
-      const left = deadline - Date.now();
+      const left = deadline - performance.now();
       if (left <= 0) throw new Error(`timed out; got: ${this.describe()}`);
       await new Promise<void>((resolve) => {
         const t = setTimeout(resolve, left);
@@ -98,19 +102,19 @@ export class ChatSession {
   }
 
   async waitOpened(timeoutMs = 10_000): Promise<SessionOpened> {
-    const deadline = Date.now() + timeoutMs;
+    const deadline = performance.now() + timeoutMs;
     while (!this.opened) {
       if (this.status) throw new Error(`stream ended: ${this.status.code} ${this.status.details}`);
-      if (Date.now() > deadline) throw new Error("not opened in time");
+      if (performance.now() > deadline) throw new Error("not opened in time");
       await new Promise((r) => setTimeout(r, 20));
     }
     return this.opened;
   }
 
   async ended(timeoutMs = 15_000): Promise<grpc.StatusObject> {
-    const deadline = Date.now() + timeoutMs;
+    const deadline = performance.now() + timeoutMs;
     while (!this.status) {
-      if (Date.now() > deadline) throw new Error(`stream did not end; got: ${this.describe()}`);
+      if (performance.now() > deadline) throw new Error(`stream did not end; got: ${this.describe()}`);
       await new Promise((r) => setTimeout(r, 20));
     }
     return this.status;

@@ -160,9 +160,9 @@ export async function waitFor<T>(
   timeoutMs = 20_000,
   everyMs = 100,
 ): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
+  const deadline = performance.now() + timeoutMs;
   let lastErr: unknown;
-  while (Date.now() < deadline) {
+  while (performance.now() < deadline) {
     try {
       const v = await fn();
       if (v) return v;
