@@ -34,6 +34,11 @@ class Inspector {
       this.waiting.get(msg.id)?.(msg);
       this.waiting.delete(msg.id);
     });
+    // A process that died fails the bench instead of leaving it waiting for an answer.
+    ws.addEventListener("close", () => {
+      for (const answer of this.waiting.values()) answer({ error: { message: "the inspector's connection closed" } });
+      this.waiting.clear();
+    });
   }
 
   static async connect(port: number): Promise<Inspector> {
@@ -87,16 +92,19 @@ async function takeAll(inspectors: Map<string, Inspector>): Promise<Ran> {
   return ran;
 }
 
+/** Adds `fns`' calls to `file`'s in `into`. */
+function addCalls(into: Map<string, Map<string, number>>, file: string, fns: Iterable<[string, number]>): void {
+  const calls = into.get(file) ?? new Map<string, number>();
+  for (const [fn, n] of fns) calls.set(fn, (calls.get(fn) ?? 0) + n);
+  into.set(file, calls);
+}
+
 /** The files of `window` in which something ran that did not run while idle. */
 function beyond(window: Ran, idle: Ran): Map<string, Map<string, number>> {
   const out = new Map<string, Map<string, number>>();
   for (const [key, fns] of window) {
-    const file = key.slice(key.indexOf(" ") + 1);
     const own = [...fns].filter(([fn]) => !idle.get(key)?.has(fn));
-    if (own.length === 0) continue;
-    const into = out.get(file) ?? new Map<string, number>();
-    for (const [fn, n] of own) into.set(fn, (into.get(fn) ?? 0) + n);
-    out.set(file, into);
+    if (own.length > 0) addCalls(out, key.slice(key.indexOf(" ") + 1), own);
   }
   return out;
 }
@@ -162,8 +170,8 @@ try {
   report("the prompt, to its first token on the client", firstFiles);
   const restFiles = beyond(rest, idle);
   report("the rest of its run, to agent_end", restFiles);
-  const whole = new Map(firstFiles);
-  for (const [f, fns] of restFiles) whole.set(f, new Map([...(whole.get(f) ?? []), ...fns]));
+  const whole = new Map<string, Map<string, number>>();
+  for (const [f, fns] of [...firstFiles, ...restFiles]) addCalls(whole, f, fns);
   const promptFiles = report("the prompt, whole", whole);
   console.log(`RESULT prompt_files=${promptFiles} to_first_token_files=${firstFiles.size} open_files=${openFiles}`);
 } finally {
