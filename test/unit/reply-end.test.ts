@@ -4,11 +4,12 @@
 // told otherwise; here the end comes later, never, or after bytes that should not be there.
 import { after, describe, test } from "node:test";
 import assert from "node:assert/strict";
+import { PassThrough } from "node:stream";
 import { setTimeout as sleep } from "node:timers/promises";
 import { AnthropicModelClient } from "../../services/runner/providers/anthropic-model.js";
 import { OpenAIModelClient } from "../../services/runner/providers/chat-completions-model.js";
 import type { ModelChunk, ProviderClient } from "../../services/runner/providers/model.js";
-import { REST_BYTES, REST_MS } from "../../services/runner/providers/reply-rest.js";
+import { REST_BYTES, REST_MS, untilFinalEvent } from "../../services/runner/providers/reply-rest.js";
 import { OpenAIResponsesClient } from "../../services/runner/providers/responses-model.js";
 import { AnthropicApiServer } from "../helpers/anthropic-api.js";
 import type { ApiServer } from "../helpers/api-server.js";
@@ -125,3 +126,91 @@ for (const p of PROTOCOLS) {
     });
   });
 }
+
+// The reader of a Node body itself (its 'data' events into a queue of its own), on a stream of
+// Node's own: what a caller that reads slowly, a body that fails and a caller that leaves get.
+describe("a Node body, read by its events", () => {
+  const KB = 1024;
+  const chunk = (n: number, kb = 16) => Buffer.alloc(kb * KB, n);
+
+  test("a caller that reads slowly holds the body back, and gets every byte in order", async () => {
+    const body = new PassThrough({ highWaterMark: 16 * KB });
+    const reader = untilFinalEvent(body, () => false);
+    const first = reader.next();
+    // 40 chunks of 16 KB written at once: the reader queues 64 KB, then pauses the body.
+    let written = 0;
+    for (let i = 0; i < 40; i++) if (body.write(chunk(i))) written++;
+    await sleep(20);
+    assert.ok(body.isPaused(), "the body flowed on past what the caller had not taken");
+    assert.ok(written < 40, "the writer never saw the body full");
+    body.end();
+    const got: Buffer[] = [(await first).value as Buffer];
+    for (let next = await reader.next(); !next.done; next = await reader.next()) {
+      got.push(next.value as Buffer);
+      await sleep(1);
+    }
+    const all = Buffer.concat(got);
+    assert.equal(all.length, 40 * 16 * KB);
+    for (let i = 0; i < 40; i++) assert.equal(all[i * 16 * KB], i, `chunk ${i} out of order`);
+  });
+
+  test("a body that fails: what came before the failure is read, then the failure is thrown", async () => {
+    const body = new PassThrough();
+    const reader = untilFinalEvent(body, () => false);
+    body.write(chunk(1, 1));
+    body.write(chunk(2, 1));
+    await sleep(5);
+    body.destroy(new Error("connection reset"));
+    assert.equal(((await reader.next()).value as Buffer)[0], 1);
+    assert.equal(((await reader.next()).value as Buffer)[0], 2);
+    await assert.rejects(reader.next(), /connection reset/);
+  });
+
+  test("a caller waiting for a chunk learns of a failure at once", async () => {
+    const body = new PassThrough();
+    const reader = untilFinalEvent(body, () => false);
+    const waiting = reader.next();
+    body.destroy(new Error("aborted"));
+    await assert.rejects(waiting, /aborted/);
+  });
+
+  test("a caller that leaves before the final event cuts the body", async () => {
+    const body = new PassThrough();
+    const reader = untilFinalEvent(body, () => false);
+    body.write(chunk(1, 1));
+    for await (const bytes of reader) {
+      assert.equal((bytes as Buffer)[0], 1);
+      break;
+    }
+    assert.ok(body.destroyed, "the body of an abandoned reply was left open");
+  });
+
+  test("after the final event the rest is read and dropped; the body ends on its own", async () => {
+    const body = new PassThrough();
+    let final = false;
+    const reader = untilFinalEvent(body, () => final);
+    body.write(chunk(1, 1));
+    const got = await reader.next();
+    assert.equal((got.value as Buffer)[0], 1);
+    final = true;
+    assert.equal((await reader.next()).done, true);
+    body.write(chunk(2, 8));
+    body.end();
+    await sleep(20);
+    assert.ok(body.readableEnded, "the rest was not read to the body's end");
+    assert.equal(body.errored, null, "a body that ended within bounds was cut");
+  });
+
+  test("more than REST_BYTES after the final event cuts the body", async () => {
+    const body = new PassThrough();
+    let final = false;
+    const reader = untilFinalEvent(body, () => final);
+    body.write(chunk(1, 1));
+    await reader.next();
+    final = true;
+    await reader.next();
+    for (let i = 0; i <= REST_BYTES / (16 * KB); i++) body.write(chunk(3));
+    await sleep(20);
+    assert.ok(body.destroyed, "a body flooding past its final event was not cut");
+  });
+});

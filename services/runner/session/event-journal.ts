@@ -55,13 +55,24 @@ const MAX_DELTA_CHARS = 16 * 1024;
 /** Payloads too fine-grained to log: the complete message follows them. */
 const TRANSIENT: ReadonlySet<EventPayload["case"]> = new Set(["messageUpdate", "toolExecutionUpdate"]);
 
+/**
+ * Journals holding a delta, flushed together after this turn of the event loop. One immediate for
+ * all of them: at a real model's pace each token comes in a read of its own, and an immediate per
+ * token per session cost the runner more than the event it delayed (bench/stream, paced).
+ */
+const deltasWaiting = new Set<EventJournal>();
+const flushWaitingDeltas = (): void => {
+  const journals = [...deltasWaiting];
+  deltasWaiting.clear();
+  for (const journal of journals) journal.flushDelta();
+};
+
 export class EventJournal {
   private seq = 0;
   private reservedUpTo = 0;
   private readonly ring = new RecentEvents(RING_SIZE);
   private readonly subscribers = new Set<EventSubscriber>();
   private pendingDelta?: { messageId: string; kind: "text" | "thinking"; text: string; turnId: string };
-  private flushScheduled = false;
   /** Published events held back until the synced record at their head is durable. */
   private readonly outbox: { event: AgentEvent; durable?: Promise<void> }[] = [];
   private releasing = false;
@@ -133,13 +144,8 @@ export class EventJournal {
     }
     this.flushDelta();
     this.pendingDelta = { messageId, kind, text, turnId };
-    if (!this.flushScheduled) {
-      this.flushScheduled = true;
-      setImmediate(() => {
-        this.flushScheduled = false;
-        this.flushDelta();
-      });
-    }
+    if (deltasWaiting.size === 0) setImmediate(flushWaitingDeltas);
+    deltasWaiting.add(this);
   }
 
   flushDelta(): void {
