@@ -8,18 +8,17 @@
 // AbortError with its stack. So what follows the final event is read in the background instead,
 // within bounds, and the connection goes back to the pool once the body ends.
 //
-// A Node body (pool-fetch.ts, every provider's) is read by its 'data' events into a queue of its
-// own, not through the stream's async iterator under a generator: at a real model's pace each
-// token is a read of its own, and those two layers made a dozen promises a read, about 2.9 µs of
-// CPU against 0.8 for this reader (1,000 bodies, one event each a turn, in one process).
+// A Node body (pool-fetch.ts, every provider's) is read by its 'data' events into a channel
+// (rpc/channel.ts), not through the stream's async iterator under a generator: at a real model's
+// pace each token is a read of its own, and those two layers made a dozen promises a read, about
+// 2.9 µs of CPU against 0.8 for this reader (1,000 bodies, one event each a turn, in one process).
 import { finished, type Readable } from "node:stream";
+import { BYTES_MARK, byteLength, Channel } from "../../shared/rpc/channel.js";
 
 /** How long the rest of a reply may take after its final event before its connection is closed. */
 export const REST_MS = 1_000;
 /** How many bytes may follow a reply's final event before its connection is closed. */
 export const REST_BYTES = 64 * 1024;
-/** Bytes read ahead of the caller before the body is paused: what one Node stream buffers. */
-const READ_AHEAD = 64 * 1024;
 
 /**
  * The body's chunks, until the body ends or `ended()` is true after the caller has handled one;
@@ -39,13 +38,12 @@ const isNodeStream = (body: object): body is Readable =>
 
 const DONE: IteratorResult<never> = { value: undefined, done: true };
 
-/** A Node body read by its events: one promise per chunk the caller waits for, none otherwise. */
+/**
+ * A Node body read by its events into a channel weighed in bytes: one promise per chunk the caller
+ * waits for, none otherwise; the body is paused while a stream's worth (BYTES_MARK) waits.
+ */
 class NodeReply implements AsyncIterableIterator<Uint8Array> {
-  private readonly queue: Uint8Array[] = [];
-  private queuedBytes = 0;
-  private reader?: { resolve(r: IteratorResult<Uint8Array>): void; reject(err: unknown): void };
-  /** How the body ended: undefined while it flows, null for its end, else the error. */
-  private outcome: unknown = undefined;
+  private readonly chunks = new Channel<Uint8Array>(BYTES_MARK, byteLength);
   /** The caller is done with it: past the final event (rest read in the background), or it left. */
   private released = false;
 
@@ -54,7 +52,8 @@ class NodeReply implements AsyncIterableIterator<Uint8Array> {
     private readonly ended: () => boolean,
   ) {
     body.on("data", this.onData);
-    finished(body, (err) => this.settle(err ?? null));
+    // What was read before a failure still reaches the caller; then the failure does.
+    finished(body, (err) => this.chunks.end(err ?? undefined));
   }
 
   next(): Promise<IteratorResult<Uint8Array>> {
@@ -63,15 +62,7 @@ class NodeReply implements AsyncIterableIterator<Uint8Array> {
       this.handOver();
       return Promise.resolve(DONE);
     }
-    const chunk = this.queue.shift();
-    if (chunk) {
-      this.queuedBytes -= chunk.byteLength;
-      if (this.body.isPaused() && this.queuedBytes < READ_AHEAD) this.body.resume();
-      return Promise.resolve({ value: chunk, done: false });
-    }
-    if (this.outcome === null) return Promise.resolve(DONE);
-    if (this.outcome !== undefined) return Promise.reject(this.outcome);
-    return new Promise((resolve, reject) => (this.reader = { resolve, reject }));
+    return this.chunks.next();
   }
 
   /** The caller left before the final event: the body is cut, its connection with it. */
@@ -79,6 +70,7 @@ class NodeReply implements AsyncIterableIterator<Uint8Array> {
     if (!this.released) {
       this.released = true;
       this.body.off("data", this.onData);
+      this.chunks.return();
       this.body.destroy();
     }
     return Promise.resolve(DONE);
@@ -89,35 +81,18 @@ class NodeReply implements AsyncIterableIterator<Uint8Array> {
   }
 
   private readonly onData = (chunk: Uint8Array): void => {
-    const reader = this.reader;
-    if (reader) {
-      this.reader = undefined;
-      reader.resolve({ value: chunk, done: false });
-      return;
-    }
-    this.queue.push(chunk);
-    this.queuedBytes += chunk.byteLength;
-    if (this.queuedBytes >= READ_AHEAD) this.body.pause();
+    if (this.chunks.push(chunk)) return;
+    this.body.pause();
+    this.chunks.room()?.then(() => this.body.resume());
   };
-
-  private settle(outcome: unknown): void {
-    if (this.outcome !== undefined) return;
-    // A body that failed after its final event cost the reply nothing: it was whole.
-    this.outcome = outcome;
-    const reader = this.reader;
-    if (!reader) return;
-    this.reader = undefined;
-    if (outcome === null) reader.resolve(DONE);
-    else reader.reject(outcome);
-  }
 
   /** Past the final event: what follows is read and dropped, within bounds, so the body can end. */
   private handOver(): void {
     this.released = true;
     this.body.off("data", this.onData);
-    if (this.outcome !== undefined) return;
-    let bytes = this.queuedBytes;
-    this.queue.length = 0;
+    if (this.chunks.closed) return;
+    let bytes = this.chunks.queuedWeight;
+    this.chunks.return();
     const cut = () => {
       clearTimeout(timer);
       this.body.destroy();

@@ -59,6 +59,11 @@ export class Channel<T> implements AsyncIterableIterator<T> {
     return this.items.length - this.head;
   }
 
+  /** What the queued items weigh (their bytes, for a channel of bytes weighed by byteLength). */
+  get queuedWeight(): number {
+    return this.weight;
+  }
+
   /** Whether it ended (end, fail or the consumer left): pushes are dropped. */
   get closed(): boolean {
     return this.over;
